@@ -1,0 +1,130 @@
+# kolo - build, test, install.
+#
+#   make                 libkolo (.so and .a), kolo-bench, kolorun, the test binary, under build/
+#   make test            installs what the tests need, then runs every test (plain, ASan+UBSan, TSan)
+#   make demo            the main job: a multi-worker run on this machine, printing its throughput
+#   make install PREFIX=/usr/local
+#   make WERROR=1        warnings are errors (CI)
+#
+# Sanitizer builds live in their own trees: `make O=build/asan SAN=asan`, `make O=build/tsan SAN=tsan`.
+
+O       ?= build
+PREFIX  ?= /usr/local
+CC      ?= cc
+SAN     ?=
+WERROR  ?=
+
+WARN := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion -Wstrict-prototypes \
+        -Wmissing-prototypes -Wpointer-arith -Wundef -Wwrite-strings -Wformat=2 -Wvla
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+
+OPT ?= -O2
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -pthread -Iinclude $(WARN)
+LIBCFLAGS   := $(CFLAGS_BASE) -DKOLO_BUILDING -fvisibility=hidden
+LDLIBS      := -lcrypto -lpthread -lm
+
+ifeq ($(SAN),asan)
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+ifeq ($(SAN),tsan)
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+endif
+
+LIB_SRC   := $(sort $(wildcard src/*/*.c))
+LIB_OBJ   := $(patsubst src/%.c,$(O)/obj/%.o,$(LIB_SRC))
+TEST_SRC  := $(sort $(wildcard tests/*.c))
+TEST_OBJ  := $(patsubst tests/%.c,$(O)/obj/tests/%.o,$(TEST_SRC))
+RUN_SRC   := $(sort $(wildcard tools/kolorun/*.c))
+RUN_OBJ   := $(patsubst tools/%.c,$(O)/obj/tools/%.o,$(RUN_SRC))
+BENCH_SRC := bench/kolo-bench.c
+
+SO   := $(O)/lib/libkolo.so
+AR_  := $(O)/lib/libkolo.a
+BINS := $(O)/bin/kolo-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
+TESTBIN := $(O)/tests/kolo-tests
+
+.PHONY: all lib test test-c test-python demo deps install clean check-build bench-compare
+
+all: lib $(BINS) $(TESTBIN)
+lib: $(SO) $(AR_)
+
+$(O)/obj/%.o: src/%.c $(wildcard src/*/*.h) include/kolo.h
+	@mkdir -p $(dir $@)
+	$(CC) $(LIBCFLAGS) $(SANFLAGS) -c $< -o $@
+
+$(O)/obj/tests/%.o: tests/%.c tests/kt.h include/kolo.h $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -Wno-missing-prototypes -c $< -o $@
+
+$(O)/obj/tools/%.o: tools/%.c include/kolo.h $(wildcard src/*/*.h) $(wildcard tools/kolorun/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -c $< -o $@
+
+$(SO): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libkolo.so.0 $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(AR_): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# Tools and tests link the static library: they may use kolo's private (kolo__) symbols.
+$(O)/bin/kolo-bench: $(BENCH_SRC) $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+$(O)/bin/kolorun: $(RUN_OBJ) $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $(RUN_OBJ) $(AR_) $(LDLIBS)
+
+$(TESTBIN): $(TEST_OBJ) $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $(TEST_OBJ) $(AR_) $(LDLIBS)
+
+# ---- what the README promises ----
+
+# Installs the build and test dependencies from Debian's packages when they are missing.
+deps:
+	@sh scripts/deps.sh
+
+# Every test: the C suite, the same suite under ASan+UBSan, the threaded parts under TSan,
+# then the Python suites under kolorun.
+test: deps
+	$(MAKE) all
+	$(MAKE) test-c
+	$(MAKE) O=build/asan SAN=asan OPT=-O1 all
+	KT_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  build/asan/tests/kolo-tests $(ASAN_TESTS)
+	$(MAKE) O=build/tsan SAN=tsan OPT=-O1 all
+	KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  build/tsan/tests/kolo-tests $(TSAN_TESTS)
+	$(MAKE) test-python
+
+test-c: all
+	$(TESTBIN) $(T)
+
+test-python:
+	@if [ -d python/tests ]; then sh scripts/test-python.sh; else echo "no python tests yet"; fi
+
+# The main job. Until the PyTorch training demo exists: kolo-bench allreduce on 4 local ranks.
+demo: deps
+	$(MAKE) all
+	sh scripts/demo.sh
+
+check-build: all
+	$(O)/bin/kolo-bench --version
+
+install: lib $(BINS)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/kolo.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(SO) $(DESTDIR)$(PREFIX)/lib/libkolo.so.0
+	ln -sf libkolo.so.0 $(DESTDIR)$(PREFIX)/lib/libkolo.so
+	install -m 644 $(AR_) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define KOLO_VERSION_STRING "\(.*\)"/\1/p' include/kolo.h)|' \
+	  kolo.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kolo.pc
+
+clean:
+	rm -rf build

@@ -1,0 +1,240 @@
+/* kolo.h - the whole public C API of libkolo, a data-parallel training runtime.
+ *
+ * A program runs as N copies ("ranks"). Each copy calls kolo_init(), which
+ * learns who it is from the environment (kolorun, horovodrun, torchrun, mpirun,
+ * srun, or nothing: a world of one), meets the others through a rendezvous
+ * store, and connects to every one of them (shared memory on the same host,
+ * TCP between hosts). The collectives below then move data between ranks.
+ *
+ * Conventions that hold for every function unless its comment says otherwise:
+ *   - Functions return a kolo_status_t: KOLO_OK (0) or a negative error.
+ *     After an error, kolo_last_error() on the same thread returns a message
+ *     naming the cause (and the peer rank and host, or the tensor, if any).
+ *   - Counts are in elements of the given dtype, never bytes.
+ *   - Buffers stay owned by the caller. A blocking call reads and writes them
+ *     only until it returns.
+ *   - The direct collectives (kolo_allreduce ... kolo_barrier) block the
+ *     calling thread until the result is complete. Every rank of the process
+ *     set must call the same collectives in the same order (as with MPI).
+ *     They may be called from any thread, but calls are serialized
+ *     internally: issue them from one thread per process to keep the
+ *     cross-rank order well defined.
+ *   - Nothing here calls abort() or exit(), or prints to stdout; diagnostics
+ *     go to stderr through the log (KOLO_LOG_LEVEL).
+ */
+#ifndef KOLO_H
+#define KOLO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KOLO_BUILDING) && defined(__GNUC__)
+#define KOLO_EXTERN __attribute__((visibility("default")))
+#else
+#define KOLO_EXTERN
+#endif
+
+#define KOLO_VERSION_MAJOR 0
+#define KOLO_VERSION_MINOR 1
+#define KOLO_VERSION_PATCH 0
+#define KOLO_VERSION_STRING "0.1.0"
+/* major * 10000 + minor * 100 + patch */
+#define KOLO_VERSION_NUMBER 100
+
+/* ---- Status codes --------------------------------------------------------
+ * Grouped by what they damage. Errors of this call leave the job usable;
+ * errors of the job mean the job cannot go on (every later collective fails
+ * the same way); errors of the system carry errno's text in the message. */
+typedef enum kolo_status {
+    KOLO_OK = 0,
+    /* this call */
+    KOLO_ERR_INVALID_ARG = -1,     /* a bad argument; nothing was sent */
+    KOLO_ERR_NO_MEMORY = -2,       /* an allocation failed */
+    KOLO_ERR_NOT_INITIALIZED = -3, /* kolo_init() has not succeeded */
+    KOLO_ERR_NOT_MEMBER = -4,      /* this rank is not in the process set */
+    /* the job */
+    KOLO_ERR_PEER_LOST = -10,      /* a peer process died or closed its connection */
+    KOLO_ERR_TIMEOUT = -11,        /* a peer did not answer in time */
+    KOLO_ERR_MISMATCH = -12,       /* ranks disagree on a collective's arguments */
+    KOLO_ERR_SHUT_DOWN = -13,      /* kolo was shut down, or an earlier job error ended it */
+    KOLO_ERR_PROTOCOL = -14,       /* a peer sent bytes that are not kolo's protocol */
+    KOLO_ERR_AUTH = -15,           /* a peer could not prove it holds the job secret */
+    KOLO_ERR_STARTUP = -16,        /* the job could not be assembled (rendezvous, missing ranks) */
+    /* the system */
+    KOLO_ERR_SYSTEM = -20,         /* a system call failed; the message has errno's text */
+    KOLO_ERR_INTERNAL = -21        /* a bug in kolo; please report the message */
+} kolo_status_t;
+
+/* A static string naming the status ("invalid argument", "peer lost", ...). */
+KOLO_EXTERN const char *kolo_strerror(int status);
+
+/* The message of the last error on the calling thread: what failed, and why,
+ * with rank, host and tensor where known. Never NULL; "" when there was none.
+ * Valid until the next kolo call on this thread. */
+KOLO_EXTERN const char *kolo_last_error(void);
+
+/* ---- Data types and reduction operations --------------------------------- */
+typedef enum kolo_dtype {
+    KOLO_UINT8 = 0,
+    KOLO_INT8,
+    KOLO_UINT16,
+    KOLO_INT16,
+    KOLO_INT32,
+    KOLO_INT64,
+    KOLO_FLOAT16,  /* IEEE 754 binary16; reduced in float32 arithmetic */
+    KOLO_BFLOAT16, /* bfloat16; reduced in float32 arithmetic */
+    KOLO_FLOAT32,
+    KOLO_FLOAT64,
+    KOLO_BOOL,     /* one byte, 0 or 1; sum/max act as OR, min/product as AND */
+    KOLO_DTYPE_COUNT
+} kolo_dtype_t;
+
+typedef enum kolo_op {
+    KOLO_SUM = 0,
+    KOLO_AVERAGE, /* sum, then divide by the process set's size; integers truncate toward zero */
+    KOLO_MIN,
+    KOLO_MAX,
+    KOLO_PRODUCT,
+    KOLO_OP_COUNT
+} kolo_op_t;
+
+/* Size in bytes of one element, or 0 for an unknown dtype. */
+KOLO_EXTERN size_t kolo_dtype_size(kolo_dtype_t dtype);
+/* "float32", "bfloat16", ...; "unknown" for an unknown dtype. */
+KOLO_EXTERN const char *kolo_dtype_name(kolo_dtype_t dtype);
+/* "sum", "average", ...; "unknown" for an unknown op. */
+KOLO_EXTERN const char *kolo_op_name(kolo_op_t op);
+
+/* ---- Version and build ---------------------------------------------------- */
+/* KOLO_VERSION_NUMBER of the library actually loaded (bindings check it). */
+KOLO_EXTERN int kolo_version(void);
+/* A static, human-readable line: version, transports, vector units. */
+KOLO_EXTERN const char *kolo_build_info(void);
+
+/* ---- Start and stop -------------------------------------------------------- */
+
+/* Joins the job. Reads rank, size and the rendezvous address from the
+ * environment (KOLO_*, then HOROVOD_*, torchrun's RANK/WORLD_SIZE/MASTER_*,
+ * OMPI_COMM_WORLD_*, PMI_*/PMIX_*, SLURM_*; nothing set: a world of one),
+ * meets every other rank and connects to it. Blocks until the whole job is
+ * connected or KOLO_START_TIMEOUT seconds (default 30) have passed; then
+ * fails with KOLO_ERR_STARTUP and a message naming the ranks that never came.
+ * Calling it again while initialized returns KOLO_OK and does nothing.
+ * After kolo_shutdown() it may be called again to join a new job.
+ * Call it from one thread; not concurrently with any other kolo call. */
+KOLO_EXTERN int kolo_init(void);
+
+/* Leaves the job: stops the engine (its pending requests complete with
+ * KOLO_ERR_SHUT_DOWN), closes every connection, frees everything.
+ * Not collective: it does not wait for other ranks. Returns KOLO_OK, also
+ * when not initialized. Not concurrently with other kolo calls. */
+KOLO_EXTERN int kolo_shutdown(void);
+
+/* 1 between a successful kolo_init() and kolo_shutdown(), else 0. */
+KOLO_EXTERN int kolo_is_initialized(void);
+
+/* This rank's place in the job; -1 when not initialized.
+ * local: among the ranks on this host; cross: among the hosts, i.e. the
+ * index of this host (cross_size = number of hosts when every host runs the
+ * same number of ranks, as in Horovod). */
+KOLO_EXTERN int kolo_rank(void);
+KOLO_EXTERN int kolo_size(void);
+KOLO_EXTERN int kolo_local_rank(void);
+KOLO_EXTERN int kolo_local_size(void);
+KOLO_EXTERN int kolo_cross_rank(void);
+KOLO_EXTERN int kolo_cross_size(void);
+
+/* The transport used to reach world rank `peer` ("self", "shm", "tcp"), or
+ * NULL when not initialized or peer is out of range. Static string. */
+KOLO_EXTERN const char *kolo_peer_transport(int peer);
+
+/* ---- Process sets ------------------------------------------------------------
+ * A process set is a subset of the world's ranks on which collectives run.
+ * KOLO_WORLD (0) is every rank. Ids are small non-negative integers. */
+#define KOLO_WORLD 0
+
+/* Creates a process set of the given world ranks (strictly increasing, each in
+ * [0, size)). Collective over the WORLD: every rank must call it with the same
+ * list, in the same order relative to other collectives; a rank whose list
+ * differs gets KOLO_ERR_MISMATCH on every rank. On success *id is set (the
+ * same on every rank); ranks outside the set get the id too, but their
+ * collectives on it fail with KOLO_ERR_NOT_MEMBER. Blocks. */
+KOLO_EXTERN int kolo_process_set_add(const int *ranks, int nranks, int *id);
+
+/* Removes a process set. Collective over the WORLD, like add. KOLO_WORLD
+ * cannot be removed (KOLO_ERR_INVALID_ARG). Blocks. */
+KOLO_EXTERN int kolo_process_set_remove(int id);
+
+/* This rank's rank within the set (-1 if not a member) and the set's size.
+ * Return KOLO_ERR_INVALID_ARG for an unknown id. */
+KOLO_EXTERN int kolo_process_set_rank(int id, int *rank);
+KOLO_EXTERN int kolo_process_set_size(int id, int *size);
+/* Copies the set's world ranks into ranks[0 .. min(cap, size)). */
+KOLO_EXTERN int kolo_process_set_ranks(int id, int *ranks, int cap);
+
+/* ---- Direct collectives (blocking) ------------------------------------------
+ * Every member of the process set `pset` must call the same function with
+ * matching arguments. Results are bit-identical on every rank. sendbuf may
+ * equal recvbuf (in place) where the comment says so. A peer's death makes
+ * the call fail with KOLO_ERR_PEER_LOST within a few seconds; a peer that
+ * stops answering makes it fail with KOLO_ERR_TIMEOUT after KOLO_OP_TIMEOUT
+ * seconds. After a job error, every later collective fails the same way. */
+
+/* recvbuf[i] = postscale * OP over ranks of (prescale * sendbuf[i]), i < count.
+ * In place allowed. Scale factors of 1.0 cost nothing; for integer dtypes
+ * scaling is done in double and truncated toward zero. KOLO_AVERAGE divides
+ * the sum by the set's size (after postscale). */
+KOLO_EXTERN int kolo_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+                               kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                               double postscale, int pset);
+
+/* Concatenates every rank's sendbuf, in rank order, into recvbuf.
+ * recvcounts[r] is the number of elements rank r sends (a different first
+ * dimension per rank is allowed); NULL means every rank sends sendcount.
+ * recvbuf holds the sum of the counts. sendbuf may point into recvbuf at this
+ * rank's offset (in place). */
+KOLO_EXTERN int kolo_allgather(const void *sendbuf, size_t sendcount, void *recvbuf,
+                               const size_t *recvcounts, kolo_dtype_t dtype, int pset);
+
+/* Copies root's buf[0 .. count) into every rank's buf. root is a rank of
+ * the set (not a world rank). */
+KOLO_EXTERN int kolo_broadcast(void *buf, size_t count, kolo_dtype_t dtype, int root, int pset);
+
+/* Sends sendcounts[r] elements to each rank r of the set, taken from
+ * sendbuf in rank order, and receives recvcounts[r] elements from each rank r
+ * into recvbuf in rank order. recvcounts[r] must equal what rank r sends here;
+ * if it does not, the call fails with KOLO_ERR_MISMATCH naming both ranks.
+ * Not in place. */
+KOLO_EXTERN int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf,
+                              const size_t *recvcounts, kolo_dtype_t dtype, int pset);
+
+/* Reduces every rank's sendbuf of rows * row_count elements (OP as in
+ * kolo_allreduce, with the scale factors) and leaves rank r with its share of
+ * the rows: rows / n each, and one more for the first rows % n ranks, in rank
+ * order. recvbuf holds kolo_reducescatter_rows(rows, n, r) * row_count
+ * elements. Not in place. */
+KOLO_EXTERN int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows,
+                                   size_t row_count, kolo_dtype_t dtype, kolo_op_t op,
+                                   double prescale, double postscale, int pset);
+
+/* Number of rows rank `r` of `n` receives from kolo_reducescatter. */
+KOLO_EXTERN size_t kolo_reducescatter_rows(size_t rows, int n, int r);
+
+/* Returns once every rank of the set has entered it. */
+KOLO_EXTERN int kolo_barrier(int pset);
+
+/* ---- Testing hooks ------------------------------------------------------------
+ * For tests that prove failure paths: make the Nth allocation (counting from
+ * 1 at this call) or the Nth transport send fail. 0 disables. Process-wide;
+ * not for production use. */
+KOLO_EXTERN void kolo_test_fail_alloc(long nth);
+KOLO_EXTERN void kolo_test_fail_send(long nth);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KOLO_H */

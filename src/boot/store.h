@@ -1,0 +1,42 @@
+/* store.h - the rendezvous key-value store: a small authenticated TCP server and its client. */
+#ifndef KOLO_STORE_H
+#define KOLO_STORE_H
+
+#include "../common/common.h"
+
+/* ---- Server ----
+ * Runs on its own thread; serves any number of clients until stopped.
+ * Every connection must first pass the challenge-response with the job secret;
+ * a stranger, a wrong secret, a malformed or oversized frame closes that connection
+ * and logs one warning line with the peer's address. Other clients are unaffected. */
+typedef struct kolo__store_server kolo__store_server;
+
+/* Binds host:port (host "" or NULL: all interfaces; port 0: any free port) and starts.
+ * A taken port fails with KOLO_ERR_SYSTEM and a message that prints host:port. */
+int kolo__store_server_start(kolo__store_server **out, const char *host, int port,
+                             const void *secret, size_t secret_len);
+/* The port actually bound. */
+int kolo__store_server_port(const kolo__store_server *s);
+/* Stops the thread, closes every connection, frees. NULL is a no-op. */
+void kolo__store_server_stop(kolo__store_server *s);
+
+/* ---- Client ----
+ * One connection, used by one thread at a time. Keys are <= 255 bytes of text, values
+ * <= 16 MiB of bytes. */
+typedef struct kolo__store kolo__store;
+
+/* Connects and authenticates, retrying a refused connection until timeout_s passes (the
+ * server may start after us). Fails with KOLO_ERR_TIMEOUT naming host:port, or
+ * KOLO_ERR_AUTH when the server does not accept our secret (or cannot prove its own). */
+int kolo__store_connect(kolo__store **out, const char *host, int port, const void *secret,
+                        size_t secret_len, double timeout_s);
+int kolo__store_set(kolo__store *c, const char *key, const void *val, size_t len);
+/* Waits until key exists (at most timeout_s; 0 means just look) and returns a copy of the
+ * value in *val (free with kolo__free), its length in *len. KOLO_ERR_TIMEOUT if absent. */
+int kolo__store_get(kolo__store *c, const char *key, void **val, size_t *len, double timeout_s);
+/* Atomically adds delta to the integer stored at key (absent: 0) and returns the new value. */
+int kolo__store_add(kolo__store *c, const char *key, int64_t delta, int64_t *result);
+/* Closes. NULL is a no-op. */
+void kolo__store_close(kolo__store *c);
+
+#endif

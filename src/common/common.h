@@ -1,0 +1,132 @@
+/* common.h - what every kolo source file uses: errors, logging, allocation, clocks, settings. */
+#ifndef KOLO_COMMON_H
+#define KOLO_COMMON_H
+
+#include "kolo.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define KOLO_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define KOLO_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KOLO_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#if defined(__GNUC__)
+#define KOLO_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define KOLO_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KOLO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KOLO_PRINTF(f, a)
+#define KOLO_LIKELY(x) (x)
+#define KOLO_UNLIKELY(x) (x)
+#endif
+
+/* ---- Errors ----------------------------------------------------------------
+ * kolo__err() records a message for kolo_last_error() on this thread and
+ * returns `status`, so a failing path reads `return kolo__err(KOLO_ERR_..., "...")`.
+ * It does not log: the place that first finds an error logs it once with
+ * KOLO_LOG_WARN/ERROR if a user would want to see it without asking. */
+int kolo__err(int status, const char *fmt, ...) KOLO_PRINTF(2, 3);
+/* Same, with ": <strerror(err)>" appended. Returns KOLO_ERR_SYSTEM. */
+int kolo__err_sys(int err, const char *fmt, ...) KOLO_PRINTF(2, 3);
+/* Copy of the current thread's message (for handing to another thread). */
+const char *kolo__errmsg(void);
+void kolo__err_clear(void);
+
+/* ---- Logging -----------------------------------------------------------------
+ * One line per call on stderr: "[kolo <rank> <level>] message". Level from
+ * KOLO_LOG_LEVEL (trace, debug, info, warning, error, fatal, none; default warning). */
+enum { KOLO_LOG_TRACE = 0, KOLO_LOG_DEBUG, KOLO_LOG_INFO, KOLO_LOG_WARNING, KOLO_LOG_ERROR, KOLO_LOG_NONE };
+extern int kolo__log_level;
+void kolo__log_init(void);
+void kolo__log_set_rank(int rank);
+void kolo__log(int level, const char *fmt, ...) KOLO_PRINTF(2, 3);
+#define KOLO_LOG(lvl, ...)                                                                          \
+    do {                                                                                            \
+        if ((lvl) >= kolo__log_level) kolo__log((lvl), __VA_ARGS__);                                \
+    } while (0)
+#define KOLO_TRACE(...) KOLO_LOG(KOLO_LOG_TRACE, __VA_ARGS__)
+#define KOLO_DEBUG(...) KOLO_LOG(KOLO_LOG_DEBUG, __VA_ARGS__)
+#define KOLO_INFO(...) KOLO_LOG(KOLO_LOG_INFO, __VA_ARGS__)
+#define KOLO_WARN(...) KOLO_LOG(KOLO_LOG_WARNING, __VA_ARGS__)
+#define KOLO_ERROR(...) KOLO_LOG(KOLO_LOG_ERROR, __VA_ARGS__)
+
+/* ---- Allocation ----------------------------------------------------------------
+ * Every allocation in the library goes through these so that tests can make
+ * the Nth one fail (kolo_test_fail_alloc). They return NULL on failure and
+ * never abort; the caller turns NULL into KOLO_ERR_NO_MEMORY. */
+void *kolo__malloc(size_t n);
+void *kolo__calloc(size_t count, size_t size);
+void *kolo__realloc(void *p, size_t n);
+/* 64-byte aligned, freed with kolo__free */
+void *kolo__malloc_aligned(size_t n);
+char *kolo__strdup(const char *s);
+void kolo__free(void *p);
+/* true when the Nth-send failure hook fires for this send */
+bool kolo__inject_send_failure(void);
+
+/* ---- Clocks ---------------------------------------------------------------------- */
+static inline uint64_t kolo__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+static inline double kolo__now_s(void) { return (double)kolo__now_ns() * 1e-9; }
+/* Wall clock in microseconds since the epoch (for timestamps that cross processes). */
+uint64_t kolo__wall_us(void);
+
+/* ---- Settings --------------------------------------------------------------------
+ * Every knob is one row of the table in settings.c: a KOLO_* name, Horovod
+ * aliases, a default and a help line. Values are read from the environment at
+ * each call (cheap: callers read them at init, not on hot paths). */
+typedef enum kolo_setting {
+    KOLO_SET_LOG_LEVEL,
+    KOLO_SET_START_TIMEOUT,
+    KOLO_SET_OP_TIMEOUT,
+    KOLO_SET_TRANSPORT,
+    KOLO_SET_IFACE,
+    KOLO_SET_RENDEZVOUS,
+    KOLO_SET_SECRET,
+    KOLO_SET_HOSTNAME,
+    KOLO_SET_SHM_CMA,
+    KOLO_SET_SHM_RING_SIZE,
+    KOLO_SET_SMALL_ALLREDUCE_MAX,
+    KOLO_SET_RING_CHUNK,
+    KOLO_SET_SPIN_US,
+    KOLO_SET_FUSION_THRESHOLD,
+    KOLO_SET_CYCLE_TIME,
+    KOLO_SET_CACHE_CAPACITY,
+    KOLO_SET_TIMELINE,
+    KOLO_SET_TIMELINE_MARK_CYCLES,
+    KOLO_SET_STALL_CHECK_DISABLE,
+    KOLO_SET_STALL_CHECK_TIME,
+    KOLO_SET_STALL_SHUTDOWN_TIME,
+    KOLO_SET_COUNT
+} kolo_setting_t;
+
+typedef struct kolo__setting_info {
+    const char *name;     /* KOLO_... */
+    const char *aliases;  /* space-separated other names (HOROVOD_...), or "" */
+    const char *def;      /* default as text; "" means unset */
+    const char *help;
+} kolo__setting_info;
+
+const kolo__setting_info *kolo__setting_table(size_t *n);
+/* The value from the environment (the KOLO_ name first, then aliases), or the default.
+ * Never NULL (an unset setting with no default is ""). */
+const char *kolo__setting_str(kolo_setting_t s);
+/* Integer and float settings; a value that does not parse logs a warning once and gives the default. */
+long kolo__setting_long(kolo_setting_t s);
+double kolo__setting_double(kolo_setting_t s);
+/* Byte sizes with K/M/G suffixes ("64M", "1048576"). */
+size_t kolo__setting_bytes(kolo_setting_t s);
+/* Parses "123", "4K", "64M", "1G" (powers of 1024). Returns false if malformed. */
+bool kolo__parse_bytes(const char *s, size_t *out);
+
+#endif /* KOLO_COMMON_H */

@@ -1,0 +1,48 @@
+/* log.c - leveled, line-at-a-time diagnostics on stderr (KOLO_LOG_LEVEL). */
+#include "common.h"
+
+#include <stdio.h>
+#include <strings.h>
+#include <unistd.h>
+
+int kolo__log_level = KOLO_LOG_WARNING;
+static int log_rank = -1;
+
+static const char *const level_names[] = {"trace", "debug", "info", "warning", "error", "none"};
+
+void kolo__log_init(void)
+{
+    const char *v = kolo__setting_str(KOLO_SET_LOG_LEVEL);
+    if (!*v) return;
+    for (int i = 0; i < (int)KOLO_ARRAY_SIZE(level_names); i++) {
+        if (strcasecmp(v, level_names[i]) == 0) {
+            kolo__log_level = i;
+            return;
+        }
+    }
+    /* Horovod also accepts "fatal" and "warn" */
+    if (strcasecmp(v, "fatal") == 0) kolo__log_level = KOLO_LOG_ERROR;
+    else if (strcasecmp(v, "warn") == 0) kolo__log_level = KOLO_LOG_WARNING;
+    else fprintf(stderr, "[kolo] unknown KOLO_LOG_LEVEL '%s' (trace, debug, info, warning, error, none); using warning\n", v);
+}
+
+void kolo__log_set_rank(int rank) { log_rank = rank; }
+
+void kolo__log(int level, const char *fmt, ...)
+{
+    char line[2048];
+    int n;
+    if (log_rank >= 0)
+        n = snprintf(line, sizeof(line), "[kolo %d %s] ", log_rank, level_names[level]);
+    else
+        n = snprintf(line, sizeof(line), "[kolo %s] ", level_names[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : KOLO_MIN((size_t)m, sizeof(line) - (size_t)n - 2));
+    line[len++] = '\n';
+    /* one write() so that lines of concurrent threads and processes do not interleave */
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}

@@ -1,0 +1,144 @@
+/* settings.c - the one table of every KOLO_* setting, its Horovod aliases, default and meaning. */
+#include "common.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+
+/* Order must follow enum kolo_setting in common.h. `kolorun --help-env` prints
+ * this table, and docs/environment.md is written from it. */
+static const kolo__setting_info table[KOLO_SET_COUNT] = {
+    [KOLO_SET_LOG_LEVEL] = {"KOLO_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning",
+                            "trace, debug, info, warning, error or none; info prints the transport chosen per peer"},
+    [KOLO_SET_START_TIMEOUT] = {"KOLO_START_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
+                                "seconds kolo_init() waits for every rank to arrive before naming the missing ones"},
+    [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",
+                             "seconds a collective waits for a silent (not dead) peer before failing"},
+    [KOLO_SET_TRANSPORT] = {"KOLO_TRANSPORT", "", "auto",
+                            "auto (shared memory on one host, TCP between hosts) or tcp (TCP everywhere)"},
+    [KOLO_SET_IFACE] = {"KOLO_IFACE", "HOROVOD_GLOO_IFACE NCCL_SOCKET_IFNAME", "",
+                        "network interfaces for TCP: 'eth0,eth1' to use, '^lo,docker' to avoid, '=eth0' exact; "
+                        "default: the one that reaches the rendezvous host"},
+    [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",
+                             "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
+    [KOLO_SET_SECRET] = {"KOLO_SECRET", "", "",
+                         "the job secret every connection must prove (set by kolorun; hex or text)"},
+    [KOLO_SET_HOSTNAME] = {"KOLO_HOSTNAME", "HOROVOD_HOSTNAME", "",
+                           "the name this host reports in messages (default: gethostname)"},
+    [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "1",
+                          "1: large shared-memory messages are read single-copy from the peer (process_vm_readv); "
+                          "0: copy through the shared ring"},
+    [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
+                                "bytes of each shared-memory ring (one per direction per peer)"},
+    [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
+                                      "allreduces up to this many bytes use the latency-optimal algorithm, "
+                                      "larger ones the ring"},
+    [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "512K",
+                             "bytes per pipelined chunk in ring algorithms"},
+    [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
+                          "microseconds a waiting rank busy-polls before it starts yielding its core"},
+    [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
+                                   "bytes of tensors fused into one collective; 0 disables fusion"},
+    [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",
+                             "milliseconds between engine cycles (it wakes early when work arrives)"},
+    [KOLO_SET_CACHE_CAPACITY] = {"KOLO_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
+                                 "negotiated tensor names remembered as a bit; 0 disables the cache"},
+    [KOLO_SET_TIMELINE] = {"KOLO_TIMELINE", "HOROVOD_TIMELINE", "",
+                           "path of a Chrome-trace timeline; each rank writes PATH (rank 0) or PATH.<rank>"},
+    [KOLO_SET_TIMELINE_MARK_CYCLES] = {"KOLO_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
+                                       "1: mark every engine cycle in the timeline"},
+    [KOLO_SET_STALL_CHECK_DISABLE] = {"KOLO_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "0",
+                                      "1: never warn about tensors some ranks have not submitted"},
+    [KOLO_SET_STALL_CHECK_TIME] = {"KOLO_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS", "60",
+                                   "seconds before a tensor submitted by some ranks only is reported, "
+                                   "with the missing ranks"},
+    [KOLO_SET_STALL_SHUTDOWN_TIME] = {"KOLO_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
+                                      "seconds after which a stall becomes an error on every rank; 0 never"},
+};
+
+const kolo__setting_info *kolo__setting_table(size_t *n)
+{
+    *n = KOLO_SET_COUNT;
+    return table;
+}
+
+const char *kolo__setting_str(kolo_setting_t s)
+{
+    const kolo__setting_info *info = &table[s];
+    const char *v = getenv(info->name);
+    if (v) return v;
+    const char *a = info->aliases;
+    while (*a) {
+        char name[64];
+        size_t n = strcspn(a, " ");
+        if (n < sizeof(name)) {
+            memcpy(name, a, n);
+            name[n] = '\0';
+            v = getenv(name);
+            if (v) return v;
+        }
+        a += n;
+        while (*a == ' ') a++;
+    }
+    return info->def;
+}
+
+long kolo__setting_long(kolo_setting_t s)
+{
+    const char *v = kolo__setting_str(s);
+    char *end;
+    errno = 0;
+    long r = strtol(v, &end, 10);
+    if (errno || end == v || *end) {
+        long d = strtol(table[s].def, NULL, 10);
+        KOLO_WARN("%s='%s' is not an integer; using %ld", table[s].name, v, d);
+        return d;
+    }
+    return r;
+}
+
+double kolo__setting_double(kolo_setting_t s)
+{
+    const char *v = kolo__setting_str(s);
+    char *end;
+    errno = 0;
+    double r = strtod(v, &end);
+    if (errno || end == v || *end) {
+        double d = strtod(table[s].def, NULL);
+        KOLO_WARN("%s='%s' is not a number; using %g", table[s].name, v, d);
+        return d;
+    }
+    return r;
+}
+
+bool kolo__parse_bytes(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !isdigit((unsigned char)*s)) return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno) return false;
+    unsigned long long mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B' || *end == 'b') end++; /* "64MiB", "64MB" */
+    if (*end == 'B') end++;
+    if (*end) return false;
+    if (mul > 1 && v > (unsigned long long)SIZE_MAX / mul) return false;
+    *out = (size_t)(v * mul);
+    return true;
+}
+
+size_t kolo__setting_bytes(kolo_setting_t s)
+{
+    const char *v = kolo__setting_str(s);
+    size_t r;
+    if (kolo__parse_bytes(v, &r)) return r;
+    size_t d = 0;
+    kolo__parse_bytes(table[s].def, &d);
+    KOLO_WARN("%s='%s' is not a byte size (e.g. 65536, 64K, 64M); using %zu", table[s].name, v, d);
+    return d;
+}

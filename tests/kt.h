@@ -1,0 +1,86 @@
+/* kt.h - kolo's test harness: self-registering tests, each run by tests/runner.c in its own
+ * process group with a timeout; helpers that fork a job's ranks on 127.0.0.1. */
+#ifndef KOLO_KT_H
+#define KOLO_KT_H
+
+#include "kolo.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+typedef struct kt_test {
+    const char *name;
+    void (*fn)(void);
+    int timeout_s;
+    struct kt_test *next;
+} kt_test;
+
+void kt_register(kt_test *t);
+
+/* KT_TEST(name, timeout_seconds) { ... }  -- the body runs in a fresh child process;
+ * it passes if it returns (or exits 0), and fails on a failed assertion, a crash,
+ * a non-zero exit, or the timeout. */
+#define KT_TEST(name, timeout)                                                                     \
+    static void kt_fn_##name(void);                                                                \
+    static kt_test kt_t_##name = {#name, kt_fn_##name, timeout, NULL};                            \
+    __attribute__((constructor)) static void kt_reg_##name(void) { kt_register(&kt_t_##name); }   \
+    static void kt_fn_##name(void)
+
+void kt_fail(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+
+#define KT_ASSERT(c)                                                                               \
+    do {                                                                                           \
+        if (!(c)) kt_fail(__FILE__, __LINE__, "assertion failed: %s", #c);                        \
+    } while (0)
+#define KT_ASSERTF(c, ...)                                                                         \
+    do {                                                                                           \
+        if (!(c)) kt_fail(__FILE__, __LINE__, __VA_ARGS__);                                        \
+    } while (0)
+#define KT_EQ(a, b)                                                                                \
+    do {                                                                                           \
+        long long kt_a = (long long)(a), kt_b = (long long)(b);                                    \
+        if (kt_a != kt_b) kt_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, kt_a, #b, kt_b); \
+    } while (0)
+/* a kolo call that must succeed; prints kolo_last_error() if not */
+#define KT_OK(call)                                                                                \
+    do {                                                                                           \
+        int kt_s = (call);                                                                         \
+        if (kt_s != 0) kt_fail(__FILE__, __LINE__, "%s -> %d (%s): %s", #call, kt_s, kolo_strerror(kt_s), kolo_last_error()); \
+    } while (0)
+/* a kolo call that must fail with `status` */
+#define KT_STATUS(call, status)                                                                    \
+    do {                                                                                           \
+        int kt_s = (call);                                                                         \
+        if (kt_s != (status)) kt_fail(__FILE__, __LINE__, "%s -> %d (%s), expected %d (%s); message: %s", #call, kt_s, kolo_strerror(kt_s), (int)(status), kolo_strerror(status), kolo_last_error()); \
+    } while (0)
+#define KT_CONTAINS(hay, needle)                                                                   \
+    do {                                                                                           \
+        const char *kt_h = (hay);                                                                  \
+        if (!kt_h || !strstr(kt_h, (needle))) kt_fail(__FILE__, __LINE__, "'%s' does not contain '%s'", kt_h ? kt_h : "(null)", (needle)); \
+    } while (0)
+
+/* ---- Multi-rank jobs ----
+ * kt_job runs fn(rank, arg) in n forked processes that form one kolo job: the parent starts
+ * a rendezvous store on 127.0.0.1 port 0 with a fresh secret and gives each child
+ * KOLO_RANK, KOLO_SIZE, KOLO_RENDEZVOUS, KOLO_SECRET and KOLO_JOB_ID (fn calls kolo_init).
+ * A child passes when fn returns (it then calls kolo_shutdown and exits 0).
+ * opts may be NULL. Returns once every child has ended; status[r] gets each child's raw
+ * wait status (when status is not NULL). The return value is the number of children that
+ * did not exit 0. */
+typedef struct kt_job_opts {
+    const char *env[16];          /* "NAME=VALUE" set in every rank (NULL-terminated) */
+    int tcp_only;                 /* set KOLO_TRANSPORT=tcp */
+    int no_store;                 /* do not start a store (the test handles rendezvous) */
+    void (*parent)(pid_t *pids, int n, void *arg); /* runs in the parent while ranks run */
+} kt_job_opts;
+int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts *opts, int *status);
+
+/* Same job run once with shared memory and once over TCP (fails the test if any rank fails). */
+void kt_job_both(int n, void (*fn)(int rank, void *arg), void *arg);
+
+/* Deterministic pseudo-random fill for test data. */
+void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed);
+
+#endif

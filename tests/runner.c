@@ -1,0 +1,239 @@
+/* runner.c - runs every KT_TEST (or those whose name contains an argument) each in its own
+ * process group under its timeout, and prints one line per test and "N passed, N failed". */
+#define _GNU_SOURCE
+#include "kt.h"
+
+#include "../src/boot/auth.h"
+#include "../src/boot/store.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static kt_test *tests;
+static kt_test **tail = &tests;
+
+void kt_register(kt_test *t)
+{
+    *tail = t; /* keep file order: constructors run in definition order within a file */
+    tail = &t->next;
+}
+
+void kt_fail(const char *file, int line, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "  FAIL %s:%d [pid %d]: %s\n", file, line, (int)getpid(), msg);
+    fflush(stderr);
+    _exit(1);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs one test in a child that leads its own process group, so that on timeout the
+ * whole group (the test and every rank it forked) is killed. */
+static int run_one(kt_test *t, double scale)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 0;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        t->fn();
+        fflush(stdout);
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    double t0 = now(), limit = t->timeout_s * scale;
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) break;
+        if (now() - t0 > limit) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            printf("not ok - %s (timed out after %.0f s)\n", t->name, limit);
+            return 0;
+        }
+        usleep(2000);
+    }
+    kill(-pid, SIGKILL); /* leftovers of the test's own process group, if any */
+    double dt = now() - t0;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        printf("ok - %s (%.2f s)\n", t->name, dt);
+        return 1;
+    }
+    if (WIFSIGNALED(st))
+        printf("not ok - %s (killed by signal %d: %s)\n", t->name, WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        printf("not ok - %s (exit %d)\n", t->name, WEXITSTATUS(st));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    /* KT_TIMEOUT_SCALE stretches every timeout (sanitizer builds run slower). */
+    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
+    if (scale <= 0) scale = 1.0;
+    int list = argc > 1 && strcmp(argv[1], "--list") == 0;
+    int passed = 0, failed = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (kt_test *t = tests; t; t = t->next) {
+        int selected = argc <= 1 || list;
+        for (int i = 1; i < argc && !selected; i++)
+            if (strstr(t->name, argv[i])) selected = 1;
+        if (!selected) continue;
+        if (list) {
+            printf("%s\n", t->name);
+            continue;
+        }
+        if (run_one(t, scale)) passed++;
+        else failed++;
+    }
+    if (!list) printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
+
+/* ---- multi-rank jobs ---- */
+
+static void child_env(int rank, int n, int port, const char *secret, const char *jobid,
+                      const kt_job_opts *o)
+{
+    char buf[64];
+    /* remove what another launcher convention might have left in our environment */
+    static const char *const drop[] = {"HOROVOD_RANK", "HOROVOD_SIZE", "RANK", "WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
+                                       "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                                       "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_TRANSPORT"};
+    for (size_t i = 0; i < sizeof(drop) / sizeof(drop[0]); i++) unsetenv(drop[i]);
+    snprintf(buf, sizeof(buf), "%d", rank);
+    setenv("KOLO_RANK", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", n);
+    setenv("KOLO_SIZE", buf, 1);
+    if (port > 0) {
+        snprintf(buf, sizeof(buf), "127.0.0.1:%d", port);
+        setenv("KOLO_RENDEZVOUS", buf, 1);
+    }
+    setenv("KOLO_SECRET", secret, 1);
+    setenv("KOLO_JOB_ID", jobid, 1);
+    if (o && o->tcp_only) setenv("KOLO_TRANSPORT", "tcp", 1);
+    for (int i = 0; o && i < 16 && o->env[i]; i++) {
+        char kv[512];
+        snprintf(kv, sizeof(kv), "%s", o->env[i]);
+        char *eq = strchr(kv, '=');
+        if (!eq) continue;
+        *eq = '\0';
+        setenv(kv, eq + 1, 1);
+    }
+}
+
+int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts *opts, int *status)
+{
+    char secret[80], jobid[64];
+    if (kolo__secret_make(secret, sizeof(secret)) != 0) kt_fail(__FILE__, __LINE__, "secret");
+    snprintf(jobid, sizeof(jobid), "kt%d-%ld", (int)getpid(), (long)(now() * 1e6));
+    kolo__store_server *srv = NULL;
+    int port = 0;
+    if (!(opts && opts->no_store)) {
+        int s = kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret));
+        if (s != 0) kt_fail(__FILE__, __LINE__, "store server: %s", kolo_last_error());
+        port = kolo__store_server_port(srv);
+    }
+    pid_t pids[64];
+    if (n > 64) kt_fail(__FILE__, __LINE__, "too many ranks");
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) kt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+        if (pids[r] == 0) {
+            child_env(r, n, port, secret, jobid, opts);
+            fn(r, arg);
+            kolo_shutdown();
+            fflush(stdout);
+            fflush(stderr);
+            _exit(0);
+        }
+    }
+    if (opts && opts->parent) opts->parent(pids, n, arg);
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        int st;
+        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR) {}
+        if (status) status[r] = st;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) bad++;
+    }
+    kolo__store_server_stop(srv);
+    return bad;
+}
+
+void kt_job_both(int n, void (*fn)(int rank, void *arg), void *arg)
+{
+    kt_job_opts tcp = {.tcp_only = 1};
+    int bad = kt_job(n, fn, arg, NULL, NULL);
+    if (bad) kt_fail(__FILE__, __LINE__, "%d of %d ranks failed (shared memory)", bad, n);
+    bad = kt_job(n, fn, arg, &tcp, NULL);
+    if (bad) kt_fail(__FILE__, __LINE__, "%d of %d ranks failed (tcp)", bad, n);
+}
+
+void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    unsigned char *b = buf;
+    size_t es = kolo_dtype_size(dtype);
+    for (size_t i = 0; i < count; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int v = (int)(x % 17) - 8; /* small values: sums stay exact in every dtype */
+        unsigned char *p = b + i * es;
+        switch (dtype) {
+        case KOLO_UINT8: *p = (unsigned char)(v + 8); break;
+        case KOLO_INT8: *(int8_t *)p = (int8_t)v; break;
+        case KOLO_UINT16: *(uint16_t *)p = (uint16_t)(v + 8); break;
+        case KOLO_INT16: *(int16_t *)p = (int16_t)v; break;
+        case KOLO_INT32: *(int32_t *)p = v; break;
+        case KOLO_INT64: *(int64_t *)p = v; break;
+        case KOLO_FLOAT32: *(float *)p = (float)v * 0.5f; break;
+        case KOLO_FLOAT64: *(double *)p = v * 0.5; break;
+        case KOLO_BOOL: *p = (unsigned char)(v > 0); break;
+        case KOLO_FLOAT16: { /* exact small halves: v*0.5 */
+            float f = (float)v * 0.5f;
+            uint16_t h = 0;
+            if (f != 0) {
+                int sign = f < 0;
+                float a = sign ? -f : f;
+                int e = 0;
+                while (a >= 2.0f) { a /= 2; e++; }
+                while (a < 1.0f) { a *= 2; e--; }
+                h = (uint16_t)((sign << 15) | ((e + 15) << 10) | (int)((a - 1.0f) * 1024));
+            }
+            *(uint16_t *)p = h;
+            break;
+        }
+        case KOLO_BFLOAT16: {
+            float f = (float)v * 0.5f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            *(uint16_t *)p = (uint16_t)(u >> 16);
+            break;
+        }
+        default: break;
+        }
+    }
+}
