@@ -113,6 +113,11 @@ demo: deps
 	$(MAKE) all
 	sh scripts/demo.sh
 
+# Side-by-side comparison with Open MPI, MPICH, Gloo (torch.distributed) and Horovod.
+bench-compare: deps
+	$(MAKE) all
+	sh bench/compare.sh
+
 check-build: all
 	$(O)/bin/kolo-bench --version
 

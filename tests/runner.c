@@ -22,6 +22,31 @@ void kt_register(kt_test *t)
     tail = &t->next;
 }
 
+static kt_worker *workers;
+void kt_register_worker(kt_worker *w)
+{
+    w->next = workers;
+    workers = w;
+}
+
+static char self_path[4096], build_dir[4096];
+const char *kt_self(void) { return self_path; }
+const char *kt_build_dir(void) { return build_dir; }
+
+/* self_path = /proc/self/exe; build_dir = its directory's parent (<build>/tests/kolo-tests) */
+static void find_paths(void)
+{
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
+    if (n <= 0) return;
+    self_path[n] = '\0';
+    snprintf(build_dir, sizeof(build_dir), "%s", self_path);
+    for (int i = 0; i < 2; i++) {
+        char *slash = strrchr(build_dir, '/');
+        if (slash) *slash = '\0';
+    }
+    setenv("KT_BUILD_DIR", build_dir, 1);
+}
+
 void kt_fail(const char *file, int line, const char *fmt, ...)
 {
     char msg[2048];
@@ -90,6 +115,13 @@ int main(int argc, char **argv)
     /* KT_TIMEOUT_SCALE stretches every timeout (sanitizer builds run slower). */
     double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
     if (scale <= 0) scale = 1.0;
+    find_paths();
+    if (argc > 2 && strcmp(argv[1], "--worker") == 0) {
+        for (kt_worker *w = workers; w; w = w->next)
+            if (strcmp(w->name, argv[2]) == 0) return w->fn(argc - 2, argv + 2);
+        fprintf(stderr, "kolo-tests: no worker named '%s'\n", argv[2]);
+        return 2;
+    }
     int list = argc > 1 && strcmp(argv[1], "--list") == 0;
     int passed = 0, failed = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
