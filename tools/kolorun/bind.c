@@ -1,0 +1,188 @@
+/* bind.c - CPU topology from /sys and the --map-by/--bind-to placement of local workers.
+ *
+ * The topology is the CPUs kolorun itself may run on (sched_getaffinity: a cpuset or taskset
+ * around kolorun is respected), grouped into cores (package id + core id: hyperthreads of
+ * one core stay together), sockets (package id) and NUMA nodes (/sys/devices/system/node).
+ * --map-by picks, for each local rank in order, a core: slot and core take the cores in
+ * order; socket and numa go round-robin over the domains, so neighbouring ranks land on
+ * different sockets (Open MPI's meaning). --bind-to then widens that core to the CPU set the
+ * rank may use: the core, its socket or its NUMA node. More ranks than cores wrap around. */
+#include "kolorun.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int cpu_first;            /* lowest CPU number of the core */
+    int package, core_id, node;
+    cpu_set_t cpus;
+} core_t;
+
+static int read_int(const char *path, int def)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return def;
+    int v = def;
+    if (fscanf(f, "%d", &v) != 1) v = def;
+    fclose(f);
+    return v;
+}
+
+/* Parses a /sys cpulist ("0-3,8,10-11") into set. */
+static bool read_cpulist(const char *path, cpu_set_t *set)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return false;
+    char buf[4096];
+    bool ok = fgets(buf, sizeof(buf), f) != NULL;
+    fclose(f);
+    CPU_ZERO(set);
+    if (!ok) return false;
+    char *p = buf;
+    while (*p && *p != '\n') {
+        char *end;
+        long a = strtol(p, &end, 10);
+        if (end == p) return false;
+        long b = a;
+        p = end;
+        if (*p == '-') {
+            b = strtol(p + 1, &end, 10);
+            p = end;
+        }
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++) CPU_SET((int)c, set);
+        if (*p == ',') p++;
+    }
+    return true;
+}
+
+static void format_cpus(const cpu_set_t *set, char *out, size_t cap)
+{
+    size_t w = 0;
+    out[0] = '\0';
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, set)) continue;
+        int e = c;
+        while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, set)) e++;
+        int n = e > c ? snprintf(out + w, cap - w, "%s%d-%d", w ? "," : "", c, e)
+                      : snprintf(out + w, cap - w, "%s%d", w ? "," : "", c);
+        if (n < 0 || (size_t)n >= cap - w) break;
+        w += (size_t)n;
+        c = e;
+    }
+}
+
+static int cmp_core(const void *a, const void *b)
+{
+    const core_t *x = a, *y = b;
+    if (x->package != y->package) return x->package < y->package ? -1 : 1;
+    if (x->core_id != y->core_id) return x->core_id < y->core_id ? -1 : 1;
+    return x->cpu_first < y->cpu_first ? -1 : x->cpu_first > y->cpu_first;
+}
+
+/* Distinct values of a domain key, in order of first appearance among sorted cores. */
+static int domain_of(const core_t *c, enum kr_map m) { return m == KR_MAP_NUMA ? c->node : c->package; }
+
+int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
+{
+    if (o->bind_to == KR_BIND_NONE && !o->report_bindings) return 0;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+        kr_say("error: --bind-to: sched_getaffinity: %s", strerror(errno));
+        return KR_EXIT_LAUNCH;
+    }
+    /* cpu -> numa node */
+    static int node_of[CPU_SETSIZE];
+    for (int c = 0; c < CPU_SETSIZE; c++) node_of[c] = 0;
+    for (int nd = 0; nd < 1024; nd++) {
+        char path[128];
+        cpu_set_t s;
+        snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", nd);
+        if (!read_cpulist(path, &s)) continue;
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &s)) node_of[c] = nd;
+    }
+    core_t *cores = calloc(CPU_SETSIZE, sizeof(core_t));
+    if (!cores) {
+        kr_say("error: out of memory");
+        return KR_EXIT_LAUNCH;
+    }
+    int ncores = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &allowed)) continue;
+        char path[128];
+        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", c);
+        int pkg = read_int(path, 0);
+        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/core_id", c);
+        int core = read_int(path, c);
+        int k = 0;
+        while (k < ncores && !(cores[k].package == pkg && cores[k].core_id == core)) k++;
+        if (k == ncores) {
+            cores[k].cpu_first = c;
+            cores[k].package = pkg;
+            cores[k].core_id = core;
+            cores[k].node = node_of[c];
+            CPU_ZERO(&cores[k].cpus);
+            ncores++;
+        }
+        CPU_SET(c, &cores[k].cpus);
+    }
+    if (ncores == 0) {
+        free(cores);
+        kr_say("error: --bind-to: no CPU available to kolorun");
+        return KR_EXIT_LAUNCH;
+    }
+    qsort(cores, (size_t)ncores, sizeof(core_t), cmp_core);
+
+    int doms[CPU_SETSIZE];
+    int ndoms = 0;
+    enum kr_map m = o->map_by;
+    if (m == KR_MAP_SOCKET || m == KR_MAP_NUMA) {
+        for (int k = 0; k < ncores; k++) {
+            int d = domain_of(&cores[k], m), j = 0;
+            while (j < ndoms && doms[j] != d) j++;
+            if (j == ndoms) doms[ndoms++] = d;
+        }
+    }
+    int max_local = 0;
+    for (int i = 0; i < n; i++) max_local = ranks[i].local_size > max_local ? ranks[i].local_size : max_local;
+    if (o->bind_to == KR_BIND_CORE && max_local > ncores)
+        kr_say("warning: %d workers on one host but only %d cores: some share a core", max_local, ncores);
+
+    for (int i = 0; i < n; i++) {
+        kr_rank *r = &ranks[i];
+        if (!o->hosts[r->host].local) continue;
+        int lr = r->local_rank, pick = 0;
+        if (ndoms > 0) {
+            /* the (lr / ndoms)-th core of domain lr % ndoms, wrapping inside the domain */
+            int d = doms[lr % ndoms], want = lr / ndoms, inside = 0;
+            for (int k = 0; k < ncores; k++) inside += domain_of(&cores[k], m) == d;
+            int idx = want % inside, cnt = 0;
+            for (int k = 0; k < ncores; k++)
+                if (domain_of(&cores[k], m) == d && cnt++ == idx) pick = k;
+        } else {
+            pick = lr % ncores;
+        }
+        const core_t *c = &cores[pick];
+        CPU_ZERO(&r->cpus);
+        switch (o->bind_to) {
+        case KR_BIND_CORE: r->cpus = c->cpus; break;
+        case KR_BIND_SOCKET:
+        case KR_BIND_NUMA:
+            for (int k = 0; k < ncores; k++) {
+                bool same = o->bind_to == KR_BIND_SOCKET ? cores[k].package == c->package : cores[k].node == c->node;
+                if (same) CPU_OR(&r->cpus, &r->cpus, &cores[k].cpus);
+            }
+            break;
+        case KR_BIND_NONE: r->cpus = allowed; break;
+        }
+        r->bound = o->bind_to != KR_BIND_NONE;
+        char list[96];
+        format_cpus(&r->cpus, list, sizeof(list));
+        snprintf(r->bind_desc, sizeof(r->bind_desc), "%s %s (core %d, socket %d, numa %d)",
+                 r->bound ? "bound to cpus" : "not bound; may use cpus", list, c->core_id, c->package, c->node);
+    }
+    free(cores);
+    return 0;
+}

@@ -1,0 +1,397 @@
+/* cli.c - kolorun's command line: options, their checks, and the usage text. */
+#include "kolorun.h"
+
+#include "../../src/common/common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const char usage_text[] =
+    "usage: kolorun -np N [-H host1:slots,host2:slots | --hostfile FILE] [options] [--] command [args...]\n"
+    "\n"
+    "Starts N copies of command as one kolo job: rank, size and the rendezvous address in each\n"
+    "worker's environment, output tagged per rank, every worker stopped when one fails.\n"
+    "\n"
+    "Hosts\n"
+    "  -np, -n, --num-proc N         number of workers (default: the slots of -H/--hostfile)\n"
+    "  -H, --hosts h1:s1,h2:s2       hosts and their slots (default: localhost:N)\n"
+    "  --hostfile FILE               lines 'host slots=N' or 'host:N' ('#' starts a comment)\n"
+    "  -p, --ssh-port PORT           ssh port for remote hosts\n"
+    "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
+    "  --ssh COMMAND                 ssh program and options (default: ssh)\n"
+    "  --start-timeout S             seconds for remote workers to start, and for kolo_init (30)\n"
+    "Environment\n"
+    "  -x NAME[=VALUE]               set NAME in every worker (no VALUE: this process's value)\n"
+    "Output and failure\n"
+    "  --tag-output=rank|none        prefix lines with [rank]<stdout>: (default rank)\n"
+    "  --prefix-timestamp            prefix lines with the wall-clock time\n"
+    "  --output-filename DIR         also write DIR/rank.N/stdout and DIR/rank.N/stderr\n"
+    "  --grace-seconds S             after SIGTERM, wait S seconds before SIGKILL (default 5)\n"
+    "CPU binding of local workers\n"
+    "  --bind-to none|core|socket|numa   (default none)\n"
+    "  --map-by slot|core|socket|numa    (default slot)\n"
+    "  --report-bindings             print each rank's CPU set at start\n"
+    "Engine settings (exported as KOLO_* variables)\n"
+    "  --fusion-threshold-mb N       KOLO_FUSION_THRESHOLD = N MiB; 0 disables fusion\n"
+    "  --cycle-time-ms MS            KOLO_CYCLE_TIME\n"
+    "  --cache-capacity N            KOLO_CACHE_CAPACITY; 0 disables the response cache\n"
+    "  --timeline-filename FILE      KOLO_TIMELINE\n"
+    "  --timeline-mark-cycles        KOLO_TIMELINE_MARK_CYCLES=1\n"
+    "  --no-stall-check              KOLO_STALL_CHECK_DISABLE=1\n"
+    "  --stall-check-warning-time-seconds S   KOLO_STALL_CHECK_TIME\n"
+    "  --stall-check-shutdown-time-seconds S  KOLO_STALL_SHUTDOWN_TIME\n"
+    "  --log-level LEVEL             KOLO_LOG_LEVEL: trace, debug, info, warning, error, none\n"
+    "  --network-interface(s) IFS    KOLO_IFACE, e.g. eth0 or eth0,eth1\n"
+    "Information\n"
+    "  -h, --help                    this text\n"
+    "  -v, --version                 the version\n"
+    "  --help-env                    every KOLO_* setting with its aliases, default and meaning\n"
+    "  -cb, --check-build            what this build supports\n"
+    "  --verbose                     print what kolorun does\n"
+    "\n"
+    "Exit code: 0 when every worker exits 0; else the failing worker's code (the lowest rank's\n"
+    "when several fail together; 128+N for a worker killed by signal N); 128+N when kolorun\n"
+    "itself got signal N; 2 for a usage error; 127/126 for a command that cannot be run.\n";
+
+int kr_usage_error(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    kr_say("error: %s (see kolorun --help)", msg);
+    return KR_EXIT_USAGE;
+}
+
+static int print_help_env(void)
+{
+    size_t n;
+    const kolo__setting_info *t = kolo__setting_table(&n);
+    printf("kolo settings: each is read from the environment of every worker; kolorun's options set\n"
+           "some of them, -x NAME=VALUE sets any. Horovod's names are accepted as aliases.\n\n");
+    for (size_t i = 0; i < n; i++) {
+        printf("%s\n", t[i].name);
+        if (t[i].aliases[0]) printf("    aliases: %s\n", t[i].aliases);
+        printf("    default: %s\n", t[i].def[0] ? t[i].def : "(unset)");
+        printf("    %s\n", t[i].help);
+    }
+    return 0;
+}
+
+static int print_check_build(void)
+{
+    printf("kolo v%s:\n\n", KOLO_VERSION_STRING);
+    printf("Available transports:\n"
+           "    [X] shm  (shared memory between ranks of one host)\n"
+           "    [X] tcp  (between hosts; also on one host with KOLO_TRANSPORT=tcp)\n\n");
+    /* Honest status: the bindings are planned (python/kolo) but none ships in this build yet. */
+    printf("Available frameworks (python/kolo over libkolo.so):\n"
+           "    [ ] NumPy        [ ] PyTorch        [ ] TensorFlow/Keras\n"
+           "    (the Python bindings are not built yet; C programs link libkolo directly)\n\n");
+    printf("Launchers kolo workers start under (environment detection, no MPI library linked):\n"
+           "    [X] kolorun      (KOLO_*)\n"
+           "    [X] horovodrun --gloo (HOROVOD_* + HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT)\n"
+           "    [X] torchrun     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)\n"
+           "    [X] mpirun       (Open MPI OMPI_COMM_WORLD_*, MPICH/Hydra PMI_*, PMIx)\n"
+           "    [X] srun         (SLURM_PROCID, SLURM_NTASKS, first host of the node list)\n\n");
+    printf("kolorun: local workers with fork/exec, remote ones over ssh; CPU binding %s\n",
+           "from /sys (core, socket, numa)");
+    return 0;
+}
+
+/* ---- value parsing ---- */
+
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || isspace((unsigned char)*s)) return false;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_num(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || isspace((unsigned char)*s)) return false;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+/* Setting strings are made once per run and live until exit. */
+static int add_setting(kr_opts *o, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int add_setting(kr_opts *o, const char *name, const char *fmt, ...)
+{
+    char val[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(val, sizeof(val), fmt, ap);
+    va_end(ap);
+    size_t len = strlen(name) + strlen(val) + 2;
+    char *kv = malloc(len);
+    const char **grown = realloc(o->setenv, (size_t)(o->nsetenv + 1) * sizeof(*grown));
+    if (!kv || !grown) {
+        free(kv);
+        if (grown) o->setenv = grown;
+        kr_say("error: out of memory");
+        return KR_EXIT_LAUNCH;
+    }
+    snprintf(kv, len, "%s=%s", name, val);
+    o->setenv = grown;
+    o->setenv[o->nsetenv++] = kv;
+    return -1;
+}
+
+static int parse_enum(const char *opt, const char *v, const char *const *names, int count, int *out)
+{
+    for (int i = 0; i < count; i++)
+        if (strcasecmp(v, names[i]) == 0) {
+            *out = i;
+            return -1;
+        }
+    char list[256] = "";
+    for (int i = 0; i < count; i++) {
+        strncat(list, names[i], sizeof(list) - strlen(list) - 1);
+        if (i + 1 < count) strncat(list, "|", sizeof(list) - strlen(list) - 1);
+    }
+    return kr_usage_error("%s: '%s' is not one of %s", opt, v, list);
+}
+
+/* Options that take a value. `names` lists every spelling, separated by spaces. */
+typedef enum {
+    O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
+    O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
+    O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE,
+    /* flags (no value) from here */
+    O_FLAGS_START,
+    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_HELP, O_VERSION,
+    O_HELP_ENV, O_CHECK_BUILD, O_VERBOSE, O_COUNT
+} opt_id;
+
+static const struct {
+    opt_id id;
+    const char *names;
+} options[] = {
+    {O_NP, "-np -n --num-proc -N"},
+    {O_HOSTS, "-H --hosts --host -host"},
+    {O_HOSTFILE, "--hostfile -hostfile"},
+    {O_X, "-x"},
+    {O_SSH_PORT, "-p --ssh-port"},
+    {O_SSH_ID, "-i --ssh-identity-file"},
+    {O_SSH, "--ssh"},
+    {O_START_TIMEOUT, "--start-timeout"},
+    {O_GRACE, "--grace-seconds"},
+    {O_TAG_OUTPUT, "--tag-output"},
+    {O_OUTPUT_FILENAME, "--output-filename"},
+    {O_BIND_TO, "--bind-to -bind-to"},
+    {O_MAP_BY, "--map-by -map-by"},
+    {O_FUSION, "--fusion-threshold-mb"},
+    {O_CYCLE, "--cycle-time-ms"},
+    {O_CACHE, "--cache-capacity"},
+    {O_TIMELINE, "--timeline-filename"},
+    {O_STALL_WARN, "--stall-check-warning-time-seconds"},
+    {O_STALL_SHUTDOWN, "--stall-check-shutdown-time-seconds"},
+    {O_LOG_LEVEL, "--log-level"},
+    {O_IFACE, "--network-interface --network-interfaces"},
+    {O_PREFIX_TS, "--prefix-timestamp -prefix-timestamp --prefix-output-with-timestamp"},
+    {O_REPORT_BINDINGS, "--report-bindings"},
+    {O_MARK_CYCLES, "--timeline-mark-cycles"},
+    {O_NO_STALL, "--no-stall-check"},
+    {O_HELP, "-h --help"},
+    {O_VERSION, "-v --version"},
+    {O_HELP_ENV, "--help-env"},
+    {O_CHECK_BUILD, "-cb --check-build"},
+    {O_VERBOSE, "--verbose"},
+};
+
+/* Finds the option named by arg (up to '=' for long options). */
+static int lookup(const char *arg, size_t len)
+{
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(options); i++) {
+        const char *p = options[i].names;
+        while (*p) {
+            size_t n = strcspn(p, " ");
+            if (n == len && strncmp(p, arg, len) == 0) return (int)options[i].id;
+            p += n;
+            while (*p == ' ') p++;
+        }
+    }
+    return -1;
+}
+
+static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
+{
+    long l;
+    double d;
+    switch (id) {
+    case O_NP:
+        if (!parse_int(v, 1, 1 << 20, &l)) return kr_usage_error("%s: '%s' is not a positive integer", opt, v);
+        o->np = (int)l;
+        return -1;
+    case O_HOSTS:
+        if (o->hostfile) return kr_usage_error("%s: give -H or --hostfile, not both", opt);
+        o->hosts_arg = v;
+        return -1;
+    case O_HOSTFILE:
+        if (o->hosts_arg) return kr_usage_error("%s: give -H or --hostfile, not both", opt);
+        o->hostfile = v;
+        return -1;
+    case O_X: {
+        size_t n = strcspn(v, "=");
+        if (n == 0) return kr_usage_error("-x '%s': expected NAME or NAME=VALUE", v);
+        for (size_t i = 0; i < n; i++)
+            if (!(isalnum((unsigned char)v[i]) || v[i] == '_') || (i == 0 && isdigit((unsigned char)v[0])))
+                return kr_usage_error("-x '%s': '%.*s' is not a variable name", v, (int)n, v);
+        const char **grown = realloc(o->xenv, (size_t)(o->nxenv + 1) * sizeof(*grown));
+        if (!grown) return kr_usage_error("out of memory");
+        o->xenv = grown;
+        o->xenv[o->nxenv++] = v;
+        return -1;
+    }
+    case O_SSH_PORT:
+        if (!parse_int(v, 1, 65535, &l)) return kr_usage_error("%s: '%s' is not a port (1-65535)", opt, v);
+        o->ssh_port = (int)l;
+        return -1;
+    case O_SSH_ID:
+        o->ssh_identity = v;
+        return -1;
+    case O_SSH:
+        if (!*v) return kr_usage_error("%s: empty command", opt);
+        o->ssh_cmd = v;
+        return -1;
+    case O_START_TIMEOUT:
+        if (!parse_num(v, 0.001, 1e7, &d)) return kr_usage_error("%s: '%s' is not a positive number of seconds", opt, v);
+        o->start_timeout = d;
+        o->start_timeout_given = true;
+        return add_setting(o, "KOLO_START_TIMEOUT", "%s", v);
+    case O_GRACE:
+        if (!parse_num(v, 0, 1e6, &d)) return kr_usage_error("%s: '%s' is not a number of seconds >= 0", opt, v);
+        o->grace = d;
+        return -1;
+    case O_TAG_OUTPUT: {
+        static const char *const names[] = {"none", "rank"};
+        int t = 1;
+        int r = parse_enum(opt, v, names, 2, &t);
+        o->tag_output = t == 1;
+        return r;
+    }
+    case O_OUTPUT_FILENAME:
+        if (!*v) return kr_usage_error("%s: empty directory name", opt);
+        o->output_dir = v;
+        return -1;
+    case O_BIND_TO: {
+        static const char *const names[] = {"none", "core", "socket", "numa"};
+        int t = 0;
+        int r = parse_enum(opt, v, names, 4, &t);
+        o->bind_to = (enum kr_bind)t;
+        return r;
+    }
+    case O_MAP_BY: {
+        static const char *const names[] = {"slot", "core", "socket", "numa"};
+        int t = 0;
+        int r = parse_enum(opt, v, names, 4, &t);
+        o->map_by = (enum kr_map)t;
+        return r;
+    }
+    case O_FUSION:
+        if (!parse_num(v, 0, 1 << 20, &d)) return kr_usage_error("%s: '%s' is not a number of MiB >= 0", opt, v);
+        return add_setting(o, "KOLO_FUSION_THRESHOLD", "%llu", (unsigned long long)llround(d * 1048576.0));
+    case O_CYCLE:
+        if (!parse_num(v, 0.001, 1e6, &d)) return kr_usage_error("%s: '%s' is not a positive number of ms", opt, v);
+        return add_setting(o, "KOLO_CYCLE_TIME", "%s", v);
+    case O_CACHE:
+        if (!parse_int(v, 0, 1L << 30, &l)) return kr_usage_error("%s: '%s' is not an integer >= 0", opt, v);
+        return add_setting(o, "KOLO_CACHE_CAPACITY", "%ld", l);
+    case O_TIMELINE:
+        if (!*v) return kr_usage_error("%s: empty file name", opt);
+        return add_setting(o, "KOLO_TIMELINE", "%s", v);
+    case O_STALL_WARN:
+        if (!parse_num(v, 0, 1e7, &d)) return kr_usage_error("%s: '%s' is not a number of seconds >= 0", opt, v);
+        return add_setting(o, "KOLO_STALL_CHECK_TIME", "%s", v);
+    case O_STALL_SHUTDOWN:
+        if (!parse_num(v, 0, 1e7, &d)) return kr_usage_error("%s: '%s' is not a number of seconds >= 0", opt, v);
+        return add_setting(o, "KOLO_STALL_SHUTDOWN_TIME", "%s", v);
+    case O_LOG_LEVEL: {
+        /* Horovod spells them in capitals and has FATAL; kolo's table has none instead. */
+        static const char *const names[] = {"trace", "debug", "info", "warning", "error", "fatal", "none", "warn"};
+        int t = 0;
+        int r = parse_enum(opt, v, names, 8, &t);
+        if (r != -1) return r;
+        static const char *const canon[] = {"trace", "debug", "info", "warning", "error", "error", "none", "warning"};
+        return add_setting(o, "KOLO_LOG_LEVEL", "%s", canon[t]);
+    }
+    case O_IFACE:
+        if (!*v) return kr_usage_error("%s: empty interface list", opt);
+        return add_setting(o, "KOLO_IFACE", "%s", v);
+    case O_PREFIX_TS: o->prefix_timestamp = true; return -1;
+    case O_REPORT_BINDINGS: o->report_bindings = true; return -1;
+    case O_MARK_CYCLES: return add_setting(o, "KOLO_TIMELINE_MARK_CYCLES", "1");
+    case O_NO_STALL: return add_setting(o, "KOLO_STALL_CHECK_DISABLE", "1");
+    case O_HELP: fputs(usage_text, stdout); return 0;
+    case O_VERSION: printf("kolorun (kolo) %s\n", KOLO_VERSION_STRING); return 0;
+    case O_HELP_ENV: return print_help_env();
+    case O_CHECK_BUILD: return print_check_build();
+    case O_VERBOSE: o->verbose = true; return -1;
+    case O_COUNT: break;
+    }
+    return kr_usage_error("internal: option %s", opt);
+}
+
+int kr_cli_parse(int argc, char **argv, kr_opts *o)
+{
+    o->tag_output = true;
+    o->grace = 5.0;
+    o->start_timeout = 30.0;
+    o->ssh_cmd = "ssh";
+    const char *env_st = getenv("KOLO_START_TIMEOUT");
+    double d;
+    if (env_st && parse_num(env_st, 0.001, 1e7, &d)) o->start_timeout = d;
+
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0') break; /* the command starts here */
+        const char *eq = a[1] == '-' ? strchr(a, '=') : NULL;
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        int id = lookup(a, len);
+        if (id < 0) {
+            if (eq) return kr_usage_error("unknown option '%.*s' (argument %d)", (int)len, a, i);
+            return kr_usage_error("unknown option '%s' (argument %d)", a, i);
+        }
+        char opt[64];
+        snprintf(opt, sizeof(opt), "%.*s", (int)KOLO_MIN(len, sizeof(opt) - 1), a);
+        const char *val = NULL;
+        if (id < O_FLAGS_START) {
+            if (eq) val = eq + 1;
+            else if (i + 1 < argc) val = argv[++i];
+            else return kr_usage_error("%s needs a value", opt);
+        } else if (eq) {
+            return kr_usage_error("%s takes no value (got '%s')", opt, eq + 1);
+        }
+        int r = apply(o, (opt_id)id, opt, val);
+        if (r != -1) return r;
+    }
+    if (i >= argc) return kr_usage_error("no command given (e.g. kolorun -np 2 python train.py)");
+    o->cmd = argv + i;
+    o->ncmd = argc - i;
+    if (!o->np && !o->hosts_arg && !o->hostfile)
+        return kr_usage_error("-np is required when no -H or --hostfile is given");
+    return -1;
+}

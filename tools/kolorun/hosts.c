@@ -1,0 +1,269 @@
+/* hosts.c - the host list (-H, --hostfile, default), rank placement, and which hosts are this machine. */
+#include "kolorun.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+const char *kr_hostname(void)
+{
+    static char name[KR_HOST_MAX];
+    if (!name[0]) {
+        if (gethostname(name, sizeof(name) - 1) != 0 || !name[0]) snprintf(name, sizeof(name), "localhost");
+        name[sizeof(name) - 1] = '\0';
+    }
+    return name;
+}
+
+static bool same_addr(const struct sockaddr *a, const struct sockaddr *b)
+{
+    if (a->sa_family != b->sa_family) return false;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+bool kr_host_is_local(const char *name)
+{
+    if (strcasecmp(name, "localhost") == 0 || strcmp(name, "::1") == 0 || strncmp(name, "127.", 4) == 0)
+        return true;
+    const char *me = kr_hostname();
+    if (strcasecmp(name, me) == 0) return true;
+    /* "node1" against "node1.cluster" and the other way round */
+    size_t nl = strcspn(name, "."), ml = strcspn(me, ".");
+    if (nl == ml && strncasecmp(name, me, nl) == 0 && (!name[nl] || !me[ml])) return true;
+
+    /* An address (or a name resolving to one) of one of our interfaces. Names that do not
+     * resolve here may still mean something to ssh (its config's Host aliases): remote. */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(name, NULL, &hints, &res) != 0) return false;
+    struct ifaddrs *ifs = NULL;
+    bool local = false;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct addrinfo *ai = res; ai && !local; ai = ai->ai_next) {
+            if (ai->ai_family == AF_INET &&
+                (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127)
+                local = true;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && same_addr(i->ifa_addr, ai->ai_addr)) local = true;
+        }
+        freeifaddrs(ifs);
+    }
+    freeaddrinfo(res);
+    return local;
+}
+
+/* The UDP connect() trick: no packet is sent, but the kernel picks the route and with it
+ * the source address that the host would see us as. */
+bool kr_route_source(const char *host, char *out, size_t cap)
+{
+    if (kr_host_is_local(host)) {
+        snprintf(out, cap, "127.0.0.1");
+        return true;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (getaddrinfo(host, "9", &hints, &res) != 0) return false;
+    bool ok = false;
+    for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+            const void *a = ss.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&ss)->sin_addr
+                                                    : (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr;
+            char txt[INET6_ADDRSTRLEN];
+            if (inet_ntop(ss.ss_family, a, txt, sizeof(txt))) {
+                /* an IPv6 address needs brackets in host:port */
+                if (ss.ss_family == AF_INET6) snprintf(out, cap, "[%s]", txt);
+                else snprintf(out, cap, "%s", txt);
+                ok = true;
+            }
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+static bool valid_host_name(const char *s, size_t n)
+{
+    if (n == 0 || n >= KR_HOST_MAX) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '.' || s[i] == '-' || s[i] == '_')) return false;
+    return true;
+}
+
+static int add_host(kr_opts *o, const char *name, size_t nlen, long slots, const char *where)
+{
+    for (int i = 0; i < o->nhosts; i++)
+        if (strlen(o->hosts[i].name) == nlen && strncmp(o->hosts[i].name, name, nlen) == 0)
+            return kr_usage_error("%s: host '%.*s' is listed twice", where, (int)nlen, name);
+    kr_host *grown = realloc(o->hosts, (size_t)(o->nhosts + 1) * sizeof(*grown));
+    if (!grown) return kr_usage_error("out of memory");
+    o->hosts = grown;
+    kr_host *h = &o->hosts[o->nhosts++];
+    memset(h, 0, sizeof(*h));
+    memcpy(h->name, name, nlen);
+    h->name[nlen] = '\0';
+    h->slots = (int)slots;
+    return 0;
+}
+
+static bool parse_slots(const char *s, size_t n, long *out)
+{
+    if (n == 0 || n > 7) return false;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < 1) return false;
+    *out = v;
+    return true;
+}
+
+/* -H h1:2,h2:4 (a host without ":N" has one slot, as with mpirun). */
+static int parse_hosts_arg(kr_opts *o, const char *arg)
+{
+    const char *p = arg;
+    for (int item = 1;; item++) {
+        size_t n = strcspn(p, ",");
+        const char *colon = memchr(p, ':', n);
+        size_t hl = colon ? (size_t)(colon - p) : n;
+        long slots = 1;
+        char where[64];
+        snprintf(where, sizeof(where), "-H item %d", item);
+        if (!valid_host_name(p, hl))
+            return kr_usage_error("-H '%s': item %d '%.*s' is not host:slots (e.g. node1:4,node2:4)", arg, item,
+                                  (int)n, p);
+        if (colon && !parse_slots(colon + 1, n - hl - 1, &slots))
+            return kr_usage_error("-H '%s': item %d '%.*s' has no valid slot count after ':'", arg, item, (int)n, p);
+        int r = add_host(o, p, hl, slots, where);
+        if (r) return r;
+        if (!p[n]) break;
+        p += n + 1;
+    }
+    return 0;
+}
+
+/* Lines "host", "host slots=N [max_slots=M]" (Open MPI, Horovod) or "host:N" (MPICH). */
+static int parse_hostfile(kr_opts *o, const char *path)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return kr_usage_error("--hostfile %s: %s", path, strerror(errno));
+    char line[4096];
+    int lineno = 0, r = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lineno++;
+        char where[512];
+        snprintf(where, sizeof(where), "%.400s:%d", path, lineno);
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *s = line;
+        while (isspace((unsigned char)*s)) s++;
+        size_t len = strlen(s);
+        while (len && isspace((unsigned char)s[len - 1])) s[--len] = '\0';
+        if (!len) continue;
+        size_t hl = strcspn(s, " \t:");
+        long slots = 1;
+        const char *rest = s + hl;
+        if (*rest == ':') {
+            if (!parse_slots(rest + 1, strlen(rest + 1), &slots)) {
+                r = kr_usage_error("%s: '%s': expected 'host slots=N' or 'host:N'", where, s);
+                break;
+            }
+        } else {
+            /* key=value words; slots= sets the count, max_slots= is accepted and ignored */
+            bool bad = false;
+            while (*rest && !bad) {
+                while (isspace((unsigned char)*rest)) rest++;
+                size_t wl = strcspn(rest, " \t");
+                if (wl > 6 && strncmp(rest, "slots=", 6) == 0) {
+                    if (!parse_slots(rest + 6, wl - 6, &slots)) bad = true;
+                } else if (wl > 10 && strncmp(rest, "max_slots=", 10) == 0) {
+                    long ignored;
+                    if (!parse_slots(rest + 10, wl - 10, &ignored)) bad = true;
+                } else if (wl) {
+                    bad = true;
+                }
+                rest += wl;
+            }
+            if (bad) {
+                r = kr_usage_error("%s: '%s': expected 'host slots=N' or 'host:N'", where, s);
+                break;
+            }
+        }
+        if (!valid_host_name(s, hl)) {
+            r = kr_usage_error("%s: '%.*s' is not a host name", where, (int)hl, s);
+            break;
+        }
+        r = add_host(o, s, hl, slots, where);
+        if (r) break;
+    }
+    if (!r && ferror(f)) r = kr_usage_error("--hostfile %s: read error", path);
+    fclose(f);
+    if (!r && o->nhosts == 0) r = kr_usage_error("--hostfile %s: no hosts in the file", path);
+    return r;
+}
+
+int kr_hosts_resolve(kr_opts *o)
+{
+    int r = 0;
+    if (o->hosts_arg) r = parse_hosts_arg(o, o->hosts_arg);
+    else if (o->hostfile) r = parse_hostfile(o, o->hostfile);
+    else r = add_host(o, "localhost", strlen("localhost"), o->np, "default hosts");
+    if (r) return r;
+    long total = 0;
+    for (int i = 0; i < o->nhosts; i++) total += o->hosts[i].slots;
+    if (!o->np) o->np = total > (1 << 20) ? (1 << 20) : (int)total;
+    if (o->np > total)
+        return kr_usage_error("-np %d is more than the %ld slot%s of %s", o->np, total, total == 1 ? "" : "s",
+                              o->hosts_arg ? "-H" : "--hostfile");
+    for (int i = 0; i < o->nhosts; i++) o->hosts[i].local = kr_host_is_local(o->hosts[i].name);
+    return 0;
+}
+
+/* Host-major placement, as horovodrun's get_host_assignments: ranks fill the first host's
+ * slots, then the next host's. cross_rank is this host's index among the hosts that have a
+ * rank with the same local_rank; cross_size the number of such hosts. */
+void kr_hosts_assign(const kr_opts *o, kr_rank *ranks)
+{
+    int rank = 0;
+    int *per_host = calloc((size_t)o->nhosts, sizeof(int));
+    for (int h = 0; h < o->nhosts && rank < o->np; h++) {
+        for (int s = 0; s < o->hosts[h].slots && rank < o->np; s++, rank++) {
+            ranks[rank].rank = rank;
+            ranks[rank].host = h;
+            ranks[rank].local_rank = s;
+        }
+    }
+    for (int r = 0; r < o->np; r++)
+        if (per_host) per_host[ranks[r].host]++;
+    for (int r = 0; r < o->np; r++) {
+        ranks[r].local_size = per_host ? per_host[ranks[r].host] : 1;
+        int cross_rank = 0, cross_size = 0;
+        for (int h = 0; h < o->nhosts; h++) {
+            if (per_host && per_host[h] > ranks[r].local_rank) {
+                if (h < ranks[r].host) cross_rank++;
+                cross_size++;
+            }
+        }
+        ranks[r].cross_rank = cross_rank;
+        ranks[r].cross_size = cross_size;
+    }
+    free(per_host);
+}

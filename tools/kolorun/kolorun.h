@@ -1,0 +1,169 @@
+/* kolorun.h - the launcher's shared types: options, hosts, ranks and the functions each file provides. */
+#ifndef KOLORUN_H
+#define KOLORUN_H
+
+#include <sched.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Exit codes of kolorun itself (a worker's failure is reported with the worker's own code). */
+#define KR_EXIT_USAGE 2        /* bad command line, host list or hostfile: nothing was started */
+#define KR_EXIT_LAUNCH 1       /* the job could not be started (store, fork, ssh start-up) */
+#define KR_EXIT_NOEXEC 126     /* the command exists but cannot be executed (like a shell) */
+#define KR_EXIT_NOTFOUND 127   /* the command does not exist (like a shell) */
+
+#define KR_HOST_MAX 256        /* bytes of a host name, NUL included */
+#define KR_TAIL_LINES 10       /* last stderr lines kept per rank for the failure summary */
+#define KR_TAIL_COLS 400       /* bytes kept of each of those lines */
+#define KR_LINE_MAX 65536      /* a longer line is forwarded in pieces of this size */
+
+enum kr_bind { KR_BIND_NONE, KR_BIND_CORE, KR_BIND_SOCKET, KR_BIND_NUMA };
+enum kr_map { KR_MAP_SLOT, KR_MAP_CORE, KR_MAP_SOCKET, KR_MAP_NUMA };
+
+typedef struct kr_host {
+    char name[KR_HOST_MAX];
+    int slots;
+    bool local;               /* started with fork/exec here rather than over ssh */
+    char rdv_addr[64];        /* the address of this machine that the host can reach */
+} kr_host;
+
+/* Everything the command line says. Strings point into argv or into memory that lives
+ * until exit. */
+typedef struct kr_opts {
+    int np;                   /* 0: not given */
+    const char *hosts_arg;    /* -H value, or NULL */
+    const char *hostfile;     /* --hostfile value, or NULL */
+    kr_host *hosts;           /* resolved host list (hosts.c) */
+    int nhosts;
+
+    char **cmd;               /* the command and its arguments, NULL-terminated */
+    int ncmd;
+
+    const char **xenv;        /* -x NAME[=VALUE] as given */
+    int nxenv;
+    const char **setenv;      /* engine settings from options, "NAME=VALUE" */
+    int nsetenv;
+
+    int ssh_port;             /* 0: ssh's default */
+    const char *ssh_identity;
+    const char *ssh_cmd;      /* default "ssh" */
+
+    double start_timeout;     /* seconds; also exported as KOLO_START_TIMEOUT when given */
+    bool start_timeout_given;
+    double grace;             /* seconds between SIGTERM and SIGKILL */
+
+    bool tag_output;          /* [rank]<stdout>: prefix */
+    bool prefix_timestamp;
+    const char *output_dir;   /* --output-filename */
+
+    enum kr_bind bind_to;
+    enum kr_map map_by;
+    bool report_bindings;
+    bool verbose;
+} kr_opts;
+
+/* One line stream (a worker's stdout or stderr) on its way to our stdout/stderr and files. */
+typedef struct kr_stream {
+    int fd;                   /* read end of the worker's pipe; -1 once closed */
+    bool is_err;
+    char *buf;                /* partial line, KR_LINE_MAX bytes */
+    size_t len;
+    int file_fd;              /* --output-filename file, or -1 */
+    bool marker_seen;         /* remote stdout: the wrapper's start marker has arrived */
+} kr_stream;
+
+typedef struct kr_rank {
+    int rank, local_rank, local_size, cross_rank, cross_size;
+    int host;                 /* index into opts.hosts */
+
+    pid_t pid;                /* worker (or its ssh); also its process group id; 0: not started */
+    bool running;             /* not yet reaped */
+    bool started;             /* remote: the wrapper said it started the command */
+    int wstatus;              /* raw wait status once reaped */
+    double end_time;          /* when reaped, seconds since launch */
+    bool failed;              /* ended badly on its own (not because kolorun terminated it) */
+    bool terminated;          /* kolorun sent it SIGTERM/SIGKILL (or forwarded a signal) first */
+    bool killed;              /* kolorun had to SIGKILL it */
+
+    kr_stream out, err;
+    int stdin_fd;             /* write end of rank 0's stdin pipe, or -1 */
+    char (*tail)[KR_TAIL_COLS]; /* ring of the last KR_TAIL_LINES stderr lines */
+    int tail_next, tail_count;
+
+    cpu_set_t cpus;           /* binding (bind.c); valid when bound */
+    bool bound;
+    char bind_desc[128];
+} kr_rank;
+
+/* ---- cli.c ---- */
+/* Parses argv into *o. On a usage error prints one line to stderr and returns
+ * KR_EXIT_USAGE; returns -1 to go on, or 0 when it already did what was asked
+ * (--help, --version, --help-env, --check-build). */
+int kr_cli_parse(int argc, char **argv, kr_opts *o);
+/* Prints "kolorun: error: <fmt>" and a hint on one line; returns KR_EXIT_USAGE. */
+int kr_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- hosts.c ---- */
+/* Fills o->hosts from -H, --hostfile or the default (np local slots), checks np against the
+ * slots. Usage errors print one line and return KR_EXIT_USAGE; 0 on success. */
+int kr_hosts_resolve(kr_opts *o);
+/* Assigns rank, local and cross ranks host-major (Horovod's rule). ranks has o->np entries. */
+void kr_hosts_assign(const kr_opts *o, kr_rank *ranks);
+/* True when the name is this machine (localhost, 127.x, ::1, our host name or one of our addresses). */
+bool kr_host_is_local(const char *name);
+/* Writes into out the local address a packet to `host` would leave from ("127.0.0.1" for
+ * local hosts). Returns false when the host cannot be resolved or routed. */
+bool kr_route_source(const char *host, char *out, size_t cap);
+/* This machine's host name. */
+const char *kr_hostname(void);
+
+/* ---- workerenv.c ---- */
+/* Builds the NULL-terminated environment of one worker: the user's environment, then
+ * kolo's, Horovod's and torch's rank variables, the settings from options, then -x. */
+char **kr_env_build(const kr_opts *o, const kr_rank *r, const char *rdv, const char *secret,
+                    const char *job_id);
+void kr_env_free(char **env);
+/* Looks for the executable `cmd` in PATH (taken from env) the way execvp would. Writes the
+ * path in out. Returns 0, or KR_EXIT_NOTFOUND / KR_EXIT_NOEXEC with errno-like reason. */
+int kr_find_exec(const char *cmd, char *const *env, char *out, size_t cap);
+/* Shell-quotes s into a freshly allocated string ('...' with ' as '\''). */
+char *kr_shell_quote(const char *s);
+
+/* ---- bind.c ---- */
+/* Computes the CPU set of every local rank for --bind-to/--map-by. Returns 0, or prints an
+ * error and returns KR_EXIT_LAUNCH when the topology cannot be read. */
+int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n);
+
+/* ---- spawn.c ---- */
+/* Starts the guard process that kills every worker group if kolorun dies without saying
+ * goodbye. Returns the write end of its pipe (O_CLOEXEC), or -1. */
+int kr_guard_start(void);
+void kr_guard_add(int guard_fd, pid_t pgid);
+/* Tells the guard the job ended cleanly; it exits without killing anything. */
+void kr_guard_done(int guard_fd);
+/* Starts rank r (locally or over ssh). Sets r->pid and the pipes. Returns 0, or an exit code
+ * (KR_EXIT_NOTFOUND, KR_EXIT_NOEXEC, KR_EXIT_LAUNCH) after printing why. */
+int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bool give_stdin);
+
+/* ---- output.c ---- */
+int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n);
+/* Reads what is available on s; forwards complete lines. Returns false at EOF (fd closed). */
+bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s);
+/* Forwards the partial line left at EOF and closes the stream. */
+void kr_output_flush(const kr_opts *o, kr_rank *r, kr_stream *s);
+/* Prints one launcher line on stderr, "kolorun: ..." (whole line in one write). */
+void kr_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Writes all of buf, retrying on EINTR and partial writes. Returns false on error. */
+bool kr_write_all(int fd, const void *buf, size_t n);
+
+/* ---- supervise.c ---- */
+/* Runs the job until every worker has ended; returns kolorun's exit code. A non-zero
+ * launch_code (a rank could not be started) terminates the ranks already running at once
+ * and becomes the exit code. */
+int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code);
+/* The time base of the job (seconds, monotonic). */
+double kr_now(void);
+
+#endif

@@ -1,0 +1,232 @@
+/* main.c - kolorun: parse, place ranks, start the rendezvous store and the workers, supervise, clean up. */
+#include "kolorun.h"
+
+#include "../../src/boot/auth.h"
+#include "../../src/boot/store.h"
+#include "../../src/common/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A closed 0/1/2 would be handed to the first pipe we make and confuse everything after. */
+static void ensure_std_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0) continue;
+        int d = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (d >= 0 && d != fd) {
+            dup2(d, fd);
+            close(d);
+        }
+    }
+}
+
+static int alloc_ranks(int n, kr_rank **out)
+{
+    kr_rank *r = calloc((size_t)n, sizeof(*r));
+    if (!r) return -1;
+    for (int i = 0; i < n; i++) {
+        r[i].out.fd = r[i].err.fd = r[i].stdin_fd = -1;
+        r[i].out.file_fd = r[i].err.file_fd = -1;
+        r[i].err.is_err = true;
+        r[i].out.buf = malloc(KR_LINE_MAX);
+        r[i].err.buf = malloc(KR_LINE_MAX);
+        r[i].tail = calloc(KR_TAIL_LINES, sizeof(*r[i].tail));
+        if (!r[i].out.buf || !r[i].err.buf || !r[i].tail) {
+            *out = r;
+            return -1;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+static void free_ranks(kr_rank *r, int n)
+{
+    if (!r) return;
+    for (int i = 0; i < n; i++) {
+        free(r[i].out.buf);
+        free(r[i].err.buf);
+        free(r[i].tail);
+    }
+    free(r);
+}
+
+/* The command must exist before anything starts: a typo gives one line and exit 127,
+ * not N identical failures. Remote hosts need ssh here; their command is checked there. */
+static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_path, size_t cap, char *ssh_path,
+                          size_t ssh_cap)
+{
+    bool any_local = false, any_remote = false;
+    for (int i = 0; i < o->np; i++) {
+        if (o->hosts[ranks[i].host].local) any_local = true;
+        else any_remote = true;
+    }
+    if (any_local) {
+        for (int i = 0; i < o->np; i++) {
+            if (!o->hosts[ranks[i].host].local) continue;
+            /* PATH as the worker will see it (-x PATH=... counts) */
+            char **env = kr_env_build(o, &ranks[i], "", "", "");
+            if (!env) {
+                kr_say("error: out of memory");
+                return KR_EXIT_LAUNCH;
+            }
+            int r = kr_find_exec(o->cmd[0], env, exec_path, cap);
+            kr_env_free(env);
+            if (r == KR_EXIT_NOTFOUND) {
+                kr_say("error: command not found: '%s'%s", o->cmd[0],
+                       strchr(o->cmd[0], '/') ? "" : " (searched PATH)");
+                return r;
+            }
+            if (r == KR_EXIT_NOEXEC) {
+                kr_say("error: '%s' is not an executable file (permission denied or a directory)", exec_path);
+                return r;
+            }
+            break;
+        }
+    }
+    if (any_remote) {
+        char first[256];
+        snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->ssh_cmd, " \t"), o->ssh_cmd);
+        extern char **environ;
+        if (kr_find_exec(first, environ, ssh_path, ssh_cap) != 0) {
+            kr_say("error: '%s' not found, but it is needed to start workers on remote hosts", first);
+            return KR_EXIT_NOTFOUND;
+        }
+    }
+    return 0;
+}
+
+static void report_bindings(const kr_opts *o, const kr_rank *ranks)
+{
+    for (int i = 0; i < o->np; i++) {
+        const kr_host *h = &o->hosts[ranks[i].host];
+        if (!h->local) kr_say("rank %d on %s: not bound (remote host)", i, h->name);
+        else kr_say("rank %d on %s: %s", i, h->name, ranks[i].bind_desc);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    ensure_std_fds();
+    kr_opts o;
+    memset(&o, 0, sizeof(o));
+    int code = kr_cli_parse(argc, argv, &o);
+    if (code >= 0) return code;
+    code = kr_hosts_resolve(&o);
+    if (code) return code;
+
+    kr_rank *ranks = NULL;
+    if (alloc_ranks(o.np, &ranks) != 0) {
+        kr_say("error: out of memory for %d ranks", o.np);
+        free_ranks(ranks, o.np);
+        return KR_EXIT_LAUNCH;
+    }
+    kr_hosts_assign(&o, ranks);
+
+    static char exec_path[4096], ssh_path[4096];
+    code = check_commands(&o, ranks, exec_path, sizeof(exec_path), ssh_path, sizeof(ssh_path));
+    if (code) goto out_free;
+    code = kr_bind_plan(&o, ranks, o.np);
+    if (code) goto out_free;
+    if (o.report_bindings) report_bindings(&o, ranks);
+
+    /* Signals arrive through a signalfd in the poll loop. They are blocked before the store
+     * server's thread exists, so that it inherits the mask and never takes one. */
+    sigset_t mask;
+    sigemptyset(&mask);
+    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(sigs); i++) sigaddset(&mask, sigs[i]);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sigfd < 0) {
+        kr_say("error: signalfd: %s", strerror(errno));
+        code = KR_EXIT_LAUNCH;
+        goto out_free;
+    }
+    /* Orphans of workers (children of a shell that already exited) become ours to reap. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    int guard_fd = kr_guard_start();
+    if (guard_fd < 0) kr_say("warning: no guard process (%s): if kolorun is killed, grandchildren of workers may stay",
+                             strerror(errno));
+
+    bool any_remote = false;
+    for (int h = 0; h < o.nhosts; h++) any_remote |= !o.hosts[h].local;
+    char secret[80], rnd[80], job_id[96];
+    if (kolo__secret_make(secret, sizeof(secret)) != 0 || kolo__secret_make(rnd, sizeof(rnd)) != 0) {
+        kr_say("error: cannot make the job secret: %s", kolo_last_error());
+        code = KR_EXIT_LAUNCH;
+        goto out_guard;
+    }
+    snprintf(job_id, sizeof(job_id), "kolorun-%.40s-%d-%.8s", kr_hostname(), (int)getpid(), rnd);
+
+    /* Local-only jobs keep the store on loopback; with remote hosts it listens everywhere
+     * and each host is told the address it reaches us by. */
+    kolo__store_server *store = NULL;
+    if (kolo__store_server_start(&store, any_remote ? NULL : "127.0.0.1", 0, secret, strlen(secret)) != 0) {
+        kr_say("error: cannot start the rendezvous store: %s", kolo_last_error());
+        code = KR_EXIT_LAUNCH;
+        goto out_guard;
+    }
+    int port = kolo__store_server_port(store);
+    for (int h = 0; h < o.nhosts; h++) {
+        kr_host *host = &o.hosts[h];
+        if (host->local) snprintf(host->rdv_addr, sizeof(host->rdv_addr), "127.0.0.1");
+        else if (!kr_route_source(host->name, host->rdv_addr, sizeof(host->rdv_addr))) {
+            /* ssh may know the name (its config) where we do not: let the host resolve ours */
+            snprintf(host->rdv_addr, sizeof(host->rdv_addr), "%.60s", kr_hostname());
+            kr_say("warning: no route to host %s from here; its workers will look for the store at %s:%d",
+                   host->name, host->rdv_addr, port);
+        }
+    }
+    if (o.verbose) kr_say("rendezvous store on port %d, job %s", port, job_id);
+
+    code = kr_output_open_files(&o, ranks, o.np);
+    int launch_code = code;
+    for (int i = 0; i < o.np && !launch_code; i++) {
+        kr_rank *r = &ranks[i];
+        const kr_host *h = &o.hosts[r->host];
+        char rdv[128];
+        snprintf(rdv, sizeof(rdv), "%s:%d", h->rdv_addr, port);
+        char **env = kr_env_build(&o, r, rdv, secret, job_id);
+        if (!env) {
+            kr_say("error: out of memory building rank %d's environment", i);
+            launch_code = KR_EXIT_LAUNCH;
+            break;
+        }
+        launch_code = kr_spawn(&o, r, env, h->local ? exec_path : ssh_path, i == 0 && h->local);
+        kr_env_free(env);
+        if (!launch_code) {
+            kr_guard_add(guard_fd, r->pid);
+            if (o.verbose) kr_say("rank %d on %s: pid %d", i, h->name, (int)r->pid);
+        }
+    }
+    code = kr_supervise(&o, ranks, o.np, sigfd, launch_code);
+    kolo__store_server_stop(store);
+
+out_guard:
+    kr_guard_done(guard_fd);
+    /* reap what kill(-group) left as zombies of ours (subreaper) */
+    for (int tries = 0; tries < 100; tries++) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p < 0) break;
+        if (p == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    close(sigfd);
+out_free:
+    free_ranks(ranks, o.np);
+    return code;
+}

@@ -1,0 +1,342 @@
+/* spawn.c - starting workers: fork/exec here, ssh for other hosts, and the guard that outlives a killed kolorun.
+ *
+ * Local worker: fork; in the child (only async-signal-safe calls: the store server's thread
+ * exists) reset signals, make a process group of its own (so that kolorun can signal the
+ * worker and everything it starts), PR_SET_PDEATHSIG=SIGKILL then check getppid() (kolorun
+ * may have died before prctl), connect the pipes, bind CPUs, mark every other fd
+ * close-on-exec, execve. A CLOEXEC pipe reports an execve failure to the parent.
+ *
+ * Remote worker: the same, running `ssh host '<remote command>'`. The remote command goes to
+ * the working directory, sets the environment with env(1) and runs a small POSIX sh wrapper
+ * (below) that starts the command in a new session and watches its own stdin, which is the
+ * ssh connection: when the connection drops (kolorun or ssh killed, network gone) the
+ * watcher's `cat` sees end of file and the wrapper SIGTERMs the command's process group,
+ * waits the grace period and SIGKILLs it. kolorun keeps the write end of ssh's stdin open for
+ * the whole job, so the remote stdin closes exactly when kolorun (or its ssh) goes away.
+ *
+ * Guard: a process forked before anything else, in a process group of its own, that knows
+ * every worker's process group. kolorun says goodbye (a 0) when it ends normally; if its pipe
+ * closes without that (kolorun got SIGKILL) the guard SIGKILLs every group. PDEATHSIG alone
+ * only reaches each worker's first process, not the shell's children. */
+#include "kolorun.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+const char kr_start_marker[] = "\x01kolorun-remote-started\x01";
+
+static const int reset_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD};
+
+/* ---- guard ---- */
+
+static pid_t guard_pid;
+
+__attribute__((noreturn)) static void guard_main(int rfd)
+{
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+    }
+    for (size_t i = 0; i < sizeof(reset_signals) / sizeof(reset_signals[0]); i++)
+        signal(reset_signals[i], SIG_IGN);
+    signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    pid_t *groups = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        int32_t msg;
+        ssize_t r = read(rfd, &msg, sizeof(msg));
+        if (r < 0 && errno == EINTR) continue;
+        if (r != (ssize_t)sizeof(msg)) break; /* kolorun is gone without saying goodbye */
+        if (msg == 0) _exit(0);
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            pid_t *g = realloc(groups, cap * sizeof(*g));
+            if (!g) break; /* cannot remember more: act now rather than miss one later */
+            groups = g;
+        }
+        groups[n++] = (pid_t)msg;
+    }
+    for (size_t i = 0; i < n; i++) kill(-groups[i], SIGKILL);
+    _exit(0);
+}
+
+int kr_guard_start(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(p[1]);
+        setpgid(0, 0); /* not in kolorun's group: a Ctrl-C or kill of that group spares it */
+        guard_main(p[0]);
+    }
+    setpgid(pid, pid);
+    close(p[0]);
+    guard_pid = pid;
+    return p[1];
+}
+
+void kr_guard_add(int guard_fd, pid_t pgid)
+{
+    int32_t msg = (int32_t)pgid;
+    if (guard_fd >= 0) (void)kr_write_all(guard_fd, &msg, sizeof(msg));
+}
+
+void kr_guard_done(int guard_fd)
+{
+    if (guard_fd < 0) return;
+    int32_t msg = 0;
+    (void)kr_write_all(guard_fd, &msg, sizeof(msg));
+    close(guard_fd);
+    if (guard_pid > 0) {
+        int st;
+        while (waitpid(guard_pid, &st, 0) < 0 && errno == EINTR) {}
+    }
+}
+
+/* ---- the remote wrapper ----
+ * $1 grace seconds, then the command. fd 3 keeps the ssh connection's stdin for the
+ * watcher (an asynchronous list's stdin is /dev/null unless redirected explicitly). */
+static const char remote_wrapper[] =
+    "g=$1; shift\n"
+    "exec 3<&0\n"
+    "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n"
+    "$S \"$@\" 3<&- </dev/null &\n"
+    "c=$!\n"
+    "$S sh -c 'cat >/dev/null; kill -TERM -$1 $1 2>/dev/null; sleep $2; kill -KILL -$1 $1 2>/dev/null' "
+    "kolorun-watch $c $g <&3 >/dev/null 2>&1 &\n"
+    "w=$!\n"
+    "exec 3<&-\n"
+    "trap 'kill -TERM -$c $c 2>/dev/null' TERM HUP INT\n"
+    "printf '\\001kolorun-remote-started\\001\\n'\n"
+    "while :; do wait $c; s=$?; kill -0 $c 2>/dev/null || break; done\n"
+    "kill -KILL -$w $w 2>/dev/null\n"
+    "exit $s\n";
+
+typedef struct {
+    char **v;
+    int n;
+} argvec;
+
+static bool arg_push(argvec *a, char *s)
+{
+    if (!s) return false;
+    char **g = realloc(a->v, (size_t)(a->n + 2) * sizeof(char *));
+    if (!g) {
+        free(s);
+        return false;
+    }
+    a->v = g;
+    a->v[a->n++] = s;
+    a->v[a->n] = NULL;
+    return true;
+}
+
+static void arg_free(argvec *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    free(a->v);
+}
+
+/* Appends s to *buf (growing). */
+static bool cat(char **buf, size_t *len, const char *s)
+{
+    if (!s) return false;
+    size_t n = strlen(s);
+    char *g = realloc(*buf, *len + n + 2);
+    if (!g) return false;
+    *buf = g;
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+    return true;
+}
+
+static bool cat_quoted(char **buf, size_t *len, const char *s)
+{
+    char *q = kr_shell_quote(s);
+    bool ok = q && cat(buf, len, " ") && cat(buf, len, q);
+    free(q);
+    return ok;
+}
+
+/* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] host 'remote command'.
+ * Options of --ssh come first: ssh keeps the first value it sees for an option. */
+static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argvec *a)
+{
+    char *words = strdup(o->ssh_cmd);
+    if (!words) return false;
+    bool ok = true;
+    for (char *save = NULL, *w = strtok_r(words, " \t", &save); w && ok; w = strtok_r(NULL, " \t", &save))
+        ok = arg_push(a, strdup(w));
+    free(words);
+    char ct[64];
+    snprintf(ct, sizeof(ct), "ConnectTimeout=%d", (int)(o->start_timeout < 1 ? 1 : o->start_timeout));
+    ok = ok && arg_push(a, strdup("-T")) && arg_push(a, strdup("-o")) && arg_push(a, strdup("BatchMode=yes")) &&
+         arg_push(a, strdup("-o")) && arg_push(a, strdup(ct)) && arg_push(a, strdup("-o")) &&
+         arg_push(a, strdup("StrictHostKeyChecking=accept-new"));
+    if (ok && o->ssh_port) {
+        char port[16];
+        snprintf(port, sizeof(port), "%d", o->ssh_port);
+        ok = arg_push(a, strdup("-p")) && arg_push(a, strdup(port));
+    }
+    if (ok && o->ssh_identity) ok = arg_push(a, strdup("-i")) && arg_push(a, strdup(o->ssh_identity));
+    ok = ok && arg_push(a, strdup(o->hosts[r->host].name));
+
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof(cwd))) snprintf(cwd, sizeof(cwd), ".");
+    char *cmd = NULL;
+    size_t len = 0;
+    char *qcwd = kr_shell_quote(cwd);
+    char grace[32];
+    snprintf(grace, sizeof(grace), "%g", o->grace);
+    /* Like Open MPI: a missing directory on the remote host is a warning, and the worker
+     * runs in the home directory there. */
+    ok = ok && qcwd && cat(&cmd, &len, "cd ") && cat(&cmd, &len, qcwd) &&
+         cat(&cmd, &len, " 2>/dev/null || { echo \"kolorun: warning: no directory ") && cat(&cmd, &len, qcwd) &&
+         cat(&cmd, &len, " on $(hostname); running in $HOME\" >&2; cd; }; exec env");
+    free(qcwd);
+    for (char **e = env; ok && e && *e; e++) ok = cat_quoted(&cmd, &len, *e);
+    ok = ok && cat(&cmd, &len, " /bin/sh -c") && cat_quoted(&cmd, &len, remote_wrapper) &&
+         cat(&cmd, &len, " kolorun-wrap") && cat_quoted(&cmd, &len, grace);
+    for (int i = 0; ok && i < o->ncmd; i++) ok = cat_quoted(&cmd, &len, o->cmd[i]);
+    if (ok) ok = arg_push(a, cmd);
+    else free(cmd);
+    return ok;
+}
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Runs in the forked child: async-signal-safe calls only. Never returns. */
+__attribute__((noreturn)) static void child(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd, const kr_rank *r,
+                  const char *path, char **argv, char **env)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof(reset_signals) / sizeof(reset_signals[0]); i++)
+        sigaction(reset_signals[i], &dfl, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(KR_EXIT_LAUNCH);
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) {
+        int e = errno;
+        (void)!write(status_fd, &e, sizeof(e));
+        _exit(KR_EXIT_LAUNCH);
+    }
+    if (r->bound) (void)sched_setaffinity(0, sizeof(r->cpus), &r->cpus);
+    /* Whatever another part of kolorun (or a library) opened without O_CLOEXEC stays here. */
+    (void)syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
+    execve(path, argv, env);
+    int e = errno;
+    (void)!write(status_fd, &e, sizeof(e));
+    _exit(e == ENOENT ? KR_EXIT_NOTFOUND : KR_EXIT_NOEXEC);
+}
+
+int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bool give_stdin)
+{
+    bool remote = !o->hosts[r->host].local;
+    argvec a = {0};
+    char **argv = o->cmd;
+    if (remote) {
+        if (!build_ssh_argv(o, r, env, &a)) {
+            arg_free(&a);
+            kr_say("error: out of memory building the ssh command for rank %d", r->rank);
+            return KR_EXIT_LAUNCH;
+        }
+        argv = a.v;
+    }
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1}, st[2] = {-1, -1};
+    int code = KR_EXIT_LAUNCH;
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(st, O_CLOEXEC)) {
+        kr_say("error: rank %d: pipe: %s", r->rank, strerror(errno));
+        goto err_close;
+    }
+    /* stdin: rank 0 (local) reads what kolorun forwards; a remote worker's ssh gets a pipe
+     * kept open as the lifeline; every other worker reads /dev/null. */
+    if (give_stdin || remote) {
+        if (pipe2(in, O_CLOEXEC)) {
+            kr_say("error: rank %d: pipe: %s", r->rank, strerror(errno));
+            goto err_close;
+        }
+    } else {
+        in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in[0] < 0) {
+            kr_say("error: /dev/null: %s", strerror(errno));
+            goto err_close;
+        }
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        kr_say("error: rank %d: fork: %s", r->rank, strerror(errno));
+        goto err_close;
+    }
+    if (pid == 0) child(parent, in[0], out[1], err[1], st[1], r, exec_path, argv, env);
+
+    setpgid(pid, pid); /* both sides set it, so that it holds whoever runs first */
+    close(out[1]);
+    close(err[1]);
+    close(in[0]);
+    close(st[1]);
+    out[1] = err[1] = in[0] = st[1] = -1;
+    int e = 0;
+    ssize_t n;
+    while ((n = read(st[0], &e, sizeof(e))) < 0 && errno == EINTR) {}
+    close(st[0]);
+    st[0] = -1;
+    if (n == (ssize_t)sizeof(e)) { /* execve failed: the child exits at once */
+        int ws;
+        while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
+        code = e == ENOENT ? KR_EXIT_NOTFOUND : KR_EXIT_NOEXEC;
+        kr_say("error: rank %d: cannot run '%s': %s", r->rank, exec_path, strerror(e));
+        goto err_close;
+    }
+    r->pid = pid;
+    r->running = true;
+    r->out.fd = out[0];
+    r->err.fd = err[0];
+    r->stdin_fd = in[1];
+    set_nonblock(out[0]);
+    set_nonblock(err[0]);
+    if (in[1] >= 0) set_nonblock(in[1]);
+    arg_free(&a);
+    return 0;
+
+err_close:
+    for (int i = 0; i < 2; i++) {
+        if (out[i] >= 0) close(out[i]);
+        if (err[i] >= 0) close(err[i]);
+        if (in[i] >= 0) close(in[i]);
+        if (st[i] >= 0) close(st[i]);
+    }
+    arg_free(&a);
+    return code;
+}

@@ -1,0 +1,412 @@
+/* supervise.c - the job's one poll() loop: output, stdin, signals, worker deaths, the gang-kill and the summary.
+ *
+ * States: RUNNING until a worker fails (exits non-zero or dies of a signal) or kolorun gets
+ * SIGINT/SIGTERM/SIGHUP/SIGQUIT. A failure first waits SETTLE_S, so that workers failing
+ * together (one bad input on every rank) are all counted as failures and the lowest rank's
+ * code is the exit code; then every other worker's process group gets SIGTERM (TERMINATING)
+ * and, after --grace-seconds, SIGKILL. A second SIGINT SIGKILLs at once. When every worker
+ * has been reaped, whatever is left in their process groups is SIGKILLed and the output
+ * pipes are drained (at most DRAIN_S, in case a process escaped its group holding a pipe).
+ *
+ * Exit code: the root failure's (exit code, or 128+signal), else 128+the signal kolorun got,
+ * else the launch error, else 0. */
+#include "kolorun.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SETTLE_S 0.05
+#define DRAIN_S 1.0
+
+enum phase { RUNNING, SETTLING, TERMINATING, KILLED };
+
+typedef struct {
+    const kr_opts *o;
+    kr_rank *ranks;
+    int n;
+    enum phase phase;
+    double deadline;          /* end of SETTLING or TERMINATING */
+    double t0;
+    int got_signal;           /* the first terminating signal kolorun received */
+    int sigints;
+    int root;                 /* rank of the root-cause failure, -1 none */
+    int launch_code;
+    bool start_timed_out;
+    /* stdin forwarding to rank 0 */
+    bool stdin_on;
+    char *sbuf;
+    size_t slen, soff;
+} sup;
+
+double kr_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void signal_groups(sup *s, int sig, bool mark_terminated, bool local_only)
+{
+    for (int i = 0; i < s->n; i++) {
+        kr_rank *r = &s->ranks[i];
+        if (!r->running) continue;
+        if (local_only && !s->o->hosts[r->host].local) continue;
+        kill(-r->pid, sig);
+        if (mark_terminated && !r->failed) r->terminated = true;
+        if (sig == SIGKILL) r->killed = true;
+    }
+}
+
+static void begin_terminate(sup *s, int sig)
+{
+    signal_groups(s, sig, true, false);
+    s->phase = TERMINATING;
+    s->deadline = kr_now() + s->o->grace;
+}
+
+static int count_running(const sup *s)
+{
+    int c = 0;
+    for (int i = 0; i < s->n; i++) c += s->ranks[i].running;
+    return c;
+}
+
+static void reap(sup *s)
+{
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        kr_rank *r = NULL;
+        for (int i = 0; i < s->n && !r; i++)
+            if (s->ranks[i].pid == pid && s->ranks[i].running) r = &s->ranks[i];
+        if (!r) continue; /* the guard, or an orphan of a worker (kolorun is their subreaper) */
+        r->running = false;
+        r->wstatus = st;
+        r->end_time = kr_now() - s->t0;
+        if (r->stdin_fd >= 0) {
+            close(r->stdin_fd);
+            r->stdin_fd = -1;
+        }
+        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (s->o->verbose) kr_say("rank %d (pid %d) ended: status 0x%x", r->rank, (int)pid, st);
+        if (ok || r->terminated) continue;
+        if (s->phase == RUNNING || s->phase == SETTLING) {
+            r->failed = true;
+            if (s->phase == RUNNING) {
+                s->phase = SETTLING;
+                s->deadline = kr_now() + SETTLE_S;
+            }
+        }
+    }
+}
+
+static const char *sig_name(int sig)
+{
+    static char buf[32];
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev) snprintf(buf, sizeof(buf), "SIG%s", abbrev);
+    else snprintf(buf, sizeof(buf), "signal %d", sig);
+    return buf;
+}
+
+static void on_signal(sup *s, int sig)
+{
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+        /* passed on to local workers only: for ssh it would be a kill */
+        signal_groups(s, sig, false, true);
+        return;
+    }
+    if (sig == SIGINT) s->sigints++;
+    if (sig == SIGINT && s->sigints >= 2) {
+        kr_say("second SIGINT: killing every worker now");
+        signal_groups(s, SIGKILL, true, false);
+        s->phase = KILLED;
+        return;
+    }
+    if (!s->got_signal && s->root < 0) s->got_signal = sig;
+    int live = count_running(s);
+    kr_say("got %s: passing it to %d worker%s%s", sig_name(sig), live, live == 1 ? "" : "s",
+           sig == SIGINT ? " (Ctrl-C again kills them at once)" : "");
+    signal_groups(s, sig, true, false);
+    if (s->phase != TERMINATING && s->phase != KILLED) {
+        s->phase = TERMINATING;
+        s->deadline = kr_now() + s->o->grace;
+    }
+}
+
+static int code_of(int st)
+{
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return 1;
+}
+
+static void describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
+{
+    bool remote = !o->hosts[r->host].local;
+    if (remote && !r->started && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 255)
+        snprintf(out, cap, "could not be started over ssh (ssh exited with 255)");
+    else if (WIFEXITED(r->wstatus))
+        snprintf(out, cap, "exited with code %d", WEXITSTATUS(r->wstatus));
+    else if (WIFSIGNALED(r->wstatus))
+        snprintf(out, cap, "was killed by %s (%s)%s", sig_name(WTERMSIG(r->wstatus)), strsignal(WTERMSIG(r->wstatus)),
+                 WCOREDUMP(r->wstatus) ? ", core dumped" : "");
+    else
+        snprintf(out, cap, "ended with wait status 0x%x", r->wstatus);
+}
+
+static void print_tail(const kr_rank *r)
+{
+    if (!r->tail || r->tail_count == 0) {
+        kr_say("  (rank %d wrote nothing on stderr)", r->rank);
+        return;
+    }
+    kr_say("  last %d line%s of rank %d's stderr:", r->tail_count, r->tail_count == 1 ? "" : "s", r->rank);
+    int first = (r->tail_next - r->tail_count + KR_TAIL_LINES) % KR_TAIL_LINES;
+    for (int k = 0; k < r->tail_count; k++) kr_say("  | %s", r->tail[(first + k) % KR_TAIL_LINES]);
+}
+
+/* Appends "a,b,c-d" lists of ranks that match. */
+static int rank_list(const sup *s, bool (*pred)(const kr_rank *), char *out, size_t cap)
+{
+    size_t w = 0;
+    int count = 0;
+    out[0] = '\0';
+    for (int i = 0; i < s->n; i++) {
+        if (!pred(&s->ranks[i])) continue;
+        int j = i;
+        while (j + 1 < s->n && pred(&s->ranks[j + 1])) j++;
+        int m = j > i ? snprintf(out + w, cap - w, "%s%d-%d", w ? "," : "", i, j)
+                      : snprintf(out + w, cap - w, "%s%d", w ? "," : "", i);
+        if (m < 0 || (size_t)m >= cap - w) break;
+        w += (size_t)m;
+        count += j - i + 1;
+        i = j;
+    }
+    return count;
+}
+
+static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0; }
+static bool is_killed(const kr_rank *r) { return r->killed && !r->failed && r->pid > 0; }
+static bool never_started(const kr_rank *r) { return r->pid == 0; }
+
+static void summary(sup *s)
+{
+    char list[1024];
+    const kr_opts *o = s->o;
+    if (s->root >= 0) {
+        const kr_rank *r = &s->ranks[s->root];
+        char how[256];
+        describe(r, o, how, sizeof(how));
+        kr_say("rank %d on host %s %s after %.2f s (pid %d): the first failure of this job", r->rank,
+               o->hosts[r->host].name, how, r->end_time, (int)r->pid);
+        print_tail(r);
+        for (int i = 0; i < s->n; i++) {
+            const kr_rank *q = &s->ranks[i];
+            if (!q->failed || i == s->root) continue;
+            describe(q, o, how, sizeof(how));
+            kr_say("rank %d on host %s also failed at the same time: it %s", q->rank, o->hosts[q->host].name, how);
+        }
+    } else if (s->start_timed_out) {
+        for (int i = 0; i < s->n; i++) {
+            const kr_rank *q = &s->ranks[i];
+            if (o->hosts[q->host].local || q->started) continue;
+            kr_say("rank %d on host %s did not start within %g s (--start-timeout)", q->rank, o->hosts[q->host].name,
+                   o->start_timeout);
+            print_tail(q);
+        }
+    }
+    int t = rank_list(s, is_terminated, list, sizeof(list));
+    if (t) {
+        const char *why = s->root >= 0 ? "after that failure" : s->got_signal ? "on kolorun's signal" : "at the end";
+        kr_say("rank%s %s terminated by kolorun %s (not a failure of %s)", t == 1 ? "" : "s", list, why,
+               t == 1 ? "its own" : "their own");
+    }
+    int k = rank_list(s, is_killed, list, sizeof(list));
+    if (k)
+        kr_say("rank%s %s did not stop within %g s of SIGTERM (or got a second Ctrl-C): killed with SIGKILL",
+               k == 1 ? "" : "s", list, o->grace);
+    int ns = rank_list(s, never_started, list, sizeof(list));
+    if (ns) kr_say("rank%s %s never started", ns == 1 ? "" : "s", list);
+}
+
+static void settle_done(sup *s)
+{
+    for (int i = 0; i < s->n && s->root < 0; i++)
+        if (s->ranks[i].failed) s->root = i;
+    s->got_signal = 0;
+    int live = count_running(s);
+    if (live) kr_say("rank %d failed: terminating the other %d worker%s", s->root, live, live == 1 ? "" : "s");
+    begin_terminate(s, SIGTERM);
+}
+
+static void forward_stdin(sup *s, short rev0, short rev_pipe)
+{
+    kr_rank *r0 = &s->ranks[0];
+    if (rev_pipe & (POLLERR | POLLHUP)) { /* rank 0 closed its stdin */
+        s->stdin_on = false;
+        return;
+    }
+    if ((rev0 & (POLLIN | POLLHUP | POLLERR)) && s->slen == 0) {
+        ssize_t n = read(0, s->sbuf, 65536);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+        if (n <= 0) { /* end of our stdin: rank 0 sees it too */
+            s->stdin_on = false;
+            close(r0->stdin_fd);
+            r0->stdin_fd = -1;
+            return;
+        }
+        s->slen = (size_t)n;
+        s->soff = 0;
+    }
+    if (s->slen > s->soff && r0->stdin_fd >= 0) {
+        ssize_t w = write(r0->stdin_fd, s->sbuf + s->soff, s->slen - s->soff);
+        if (w < 0 && (errno == EINTR || errno == EAGAIN)) return;
+        if (w < 0) { /* EPIPE: rank 0 no longer reads */
+            s->stdin_on = false;
+            return;
+        }
+        s->soff += (size_t)w;
+        if (s->soff == s->slen) s->slen = s->soff = 0;
+    }
+}
+
+int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code)
+{
+    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = kr_now()};
+    s.sbuf = malloc(65536);
+    /* Forward stdin only when reading it cannot stop us: a terminal we do not own (kolorun
+     * started with &) would send SIGTTIN. */
+    s.stdin_on = s.sbuf && n > 0 && ranks[0].stdin_fd >= 0 && o->hosts[ranks[0].host].local &&
+                 (!isatty(0) || tcgetpgrp(0) == getpgrp());
+    if (launch_code) {
+        begin_terminate(&s, SIGTERM);
+    }
+    double start_deadline = s.t0 + o->start_timeout;
+    double drain_deadline = 0;
+    bool groups_cleared = false;
+
+    struct pollfd *pfd = calloc((size_t)(3 + 2 * n), sizeof(*pfd));
+    kr_stream **who = calloc((size_t)(3 + 2 * n), sizeof(*who));
+    kr_rank **whose = calloc((size_t)(3 + 2 * n), sizeof(*whose));
+    if (!pfd || !who || !whose) {
+        kr_say("error: out of memory");
+        signal_groups(&s, SIGKILL, true, false);
+        free(pfd);
+        free(who);
+        free(whose);
+        free(s.sbuf);
+        return KR_EXIT_LAUNCH;
+    }
+
+    for (;;) {
+        reap(&s);
+        double now = kr_now();
+        if (s.phase == SETTLING && now >= s.deadline) settle_done(&s);
+        if (s.phase == TERMINATING && now >= s.deadline) {
+            signal_groups(&s, SIGKILL, true, false);
+            s.phase = KILLED;
+        }
+        if (s.phase == RUNNING && now >= start_deadline) {
+            bool missing = false;
+            for (int i = 0; i < n; i++)
+                if (ranks[i].running && !o->hosts[ranks[i].host].local && !ranks[i].started) missing = true;
+            if (missing) {
+                s.start_timed_out = true;
+                begin_terminate(&s, SIGTERM);
+            }
+            start_deadline = now + 1e9;
+        }
+        int open_streams = 0;
+        for (int i = 0; i < n; i++) open_streams += (ranks[i].out.fd >= 0) + (ranks[i].err.fd >= 0);
+        if (count_running(&s) == 0) {
+            if (!groups_cleared) {
+                /* what is left in the workers' groups (background children) goes too */
+                for (int i = 0; i < n; i++)
+                    if (ranks[i].pid > 0) kill(-ranks[i].pid, SIGKILL);
+                groups_cleared = true;
+                drain_deadline = now + DRAIN_S;
+            }
+            if (open_streams == 0 || now >= drain_deadline) break;
+        }
+
+        int np = 0;
+        pfd[np++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+        int stdin_idx = -1, pipe_idx = -1;
+        if (s.stdin_on && ranks[0].stdin_fd >= 0) {
+            if (s.slen == 0) {
+                stdin_idx = np;
+                pfd[np++] = (struct pollfd){.fd = 0, .events = POLLIN};
+            }
+            pipe_idx = np;
+            pfd[np++] = (struct pollfd){.fd = ranks[0].stdin_fd, .events = s.slen ? POLLOUT : 0};
+        }
+        int first_stream = np;
+        for (int i = 0; i < n; i++) {
+            kr_stream *ss[2] = {&ranks[i].out, &ranks[i].err};
+            for (int k = 0; k < 2; k++) {
+                if (ss[k]->fd < 0) continue;
+                who[np] = ss[k];
+                whose[np] = &ranks[i];
+                pfd[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
+            }
+        }
+        double wake = now + 3600;
+        if (s.phase == SETTLING || s.phase == TERMINATING) wake = s.deadline < wake ? s.deadline : wake;
+        if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
+        if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
+        int timeout_ms = (int)((wake - now) * 1000.0) + 1;
+        if (timeout_ms < 0) timeout_ms = 0;
+        int pr = poll(pfd, (nfds_t)np, timeout_ms);
+        if (pr < 0) {
+            if (errno == EINTR) continue;
+            kr_say("error: poll: %s", strerror(errno));
+            signal_groups(&s, SIGKILL, true, false);
+            s.phase = KILLED;
+            continue;
+        }
+        if (pfd[0].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            ssize_t r;
+            while ((r = read(sigfd, &si, sizeof(si))) == (ssize_t)sizeof(si)) {
+                if ((int)si.ssi_signo == SIGCHLD) reap(&s);
+                else on_signal(&s, (int)si.ssi_signo);
+            }
+        }
+        if (pipe_idx >= 0) forward_stdin(&s, stdin_idx >= 0 ? pfd[stdin_idx].revents : 0, pfd[pipe_idx].revents);
+        for (int i = first_stream; i < np; i++) {
+            if (!pfd[i].revents) continue;
+            if (!kr_output_read(o, whose[i], who[i])) { /* stream ended */ }
+        }
+    }
+    /* whatever is still buffered (a stream cut at the drain deadline) */
+    for (int i = 0; i < n; i++) {
+        kr_output_flush(o, &ranks[i], &ranks[i].out);
+        kr_output_flush(o, &ranks[i], &ranks[i].err);
+        if (ranks[i].stdin_fd >= 0) close(ranks[i].stdin_fd);
+        ranks[i].stdin_fd = -1;
+    }
+    free(pfd);
+    free(who);
+    free(whose);
+    free(s.sbuf);
+
+    for (int i = 0; i < n && s.root < 0; i++) /* a failure seen just before a signal arrived */
+        if (ranks[i].failed) s.root = i;
+    int code = 0;
+    if (s.root >= 0) code = code_of(ranks[s.root].wstatus);
+    else if (s.got_signal) code = 128 + s.got_signal;
+    else if (s.launch_code) code = s.launch_code;
+    else if (s.start_timed_out) code = KR_EXIT_LAUNCH;
+    if (s.root >= 0 || s.got_signal || s.start_timed_out || s.launch_code) summary(&s);
+    if (code && (s.root >= 0 || s.start_timed_out)) kr_say("exit code %d", code);
+    return code;
+}
