@@ -119,7 +119,7 @@ KOLO_EXTERN const char *kolo_build_info(void);
 
 /* Joins the job. Reads rank, size and the rendezvous address from the
  * environment (KOLO_*, then HOROVOD_*, torchrun's RANK/WORLD_SIZE/MASTER_*,
- * OMPI_COMM_WORLD_*, PMI_*/PMIX_*, SLURM_*; nothing set: a world of one),
+ * OMPI_COMM_WORLD_*, PMI_* and PMIX_*, SLURM_*; nothing set: a world of one),
  * meets every other rank and connects to it. Blocks until the whole job is
  * connected or KOLO_START_TIMEOUT seconds (default 30) have passed; then
  * fails with KOLO_ERR_STARTUP and a message naming the ranks that never came.

@@ -1,0 +1,579 @@
+/* kolo-bench.c - collective benchmark with nccl-tests' flags, columns and bus-bandwidth factors.
+ *
+ *   kolo-bench allreduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -d float32 -o sum [-np 4]
+ *
+ * Runs under any launcher kolo supports (kolorun, mpirun, srun, torchrun); with -np N and no
+ * launcher in the environment it forks N local ranks itself, with its own rendezvous store.
+ * Per size it prints out-of-place and in-place time (average per iteration over -n iterations
+ * after -w warm-ups, averaged across ranks), algbw = size / time and busbw = algbw * factor
+ * (allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n; broadcast 1), and #wrong,
+ * the elements that differ from the expected result (-c 1).
+ */
+#include "kolo.h"
+
+#include "../src/boot/auth.h"
+#include "../src/boot/store.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum coll { ALLREDUCE, ALLGATHER, BROADCAST, REDUCESCATTER, ALLTOALL };
+static const char *const coll_names[] = {"allreduce", "allgather", "broadcast", "reducescatter", "alltoall"};
+
+typedef struct opts {
+    enum coll coll;
+    size_t minb, maxb, step;
+    double factor;
+    int iters, warmup, check, root, np, avg_mode;
+    kolo_dtype_t dtype;
+    kolo_op_t op;
+} opts;
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; end++; break;
+    case 'm': case 'M': v *= 1024 * 1024; end++; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int parse_dtype(const char *s, kolo_dtype_t *d)
+{
+    static const struct { const char *name; kolo_dtype_t d; } t[] = {
+        {"float32", KOLO_FLOAT32}, {"float", KOLO_FLOAT32}, {"f32", KOLO_FLOAT32}, {"float16", KOLO_FLOAT16},
+        {"half", KOLO_FLOAT16}, {"f16", KOLO_FLOAT16}, {"bfloat16", KOLO_BFLOAT16}, {"bf16", KOLO_BFLOAT16},
+        {"float64", KOLO_FLOAT64}, {"double", KOLO_FLOAT64}, {"int8", KOLO_INT8}, {"uint8", KOLO_UINT8},
+        {"int16", KOLO_INT16}, {"uint16", KOLO_UINT16}, {"int32", KOLO_INT32}, {"int", KOLO_INT32},
+        {"int64", KOLO_INT64}, {"bool", KOLO_BOOL}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (strcmp(s, t[i].name) == 0) {
+            *d = t[i].d;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_op(const char *s, kolo_op_t *o)
+{
+    static const struct { const char *name; kolo_op_t o; } t[] = {
+        {"sum", KOLO_SUM}, {"avg", KOLO_AVERAGE}, {"average", KOLO_AVERAGE}, {"min", KOLO_MIN},
+        {"max", KOLO_MAX}, {"prod", KOLO_PRODUCT}, {"product", KOLO_PRODUCT}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (strcmp(s, t[i].name) == 0) {
+            *o = t[i].o;
+            return 0;
+        }
+    return -1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kolo-bench [allreduce|allgather|broadcast|reducescatter|alltoall] [flags]\n"
+            "  -b SIZE   smallest size in bytes (K/M/G suffixes; default 8)\n"
+            "  -e SIZE   largest size (default 64M)\n"
+            "  -f N      multiply the size by N each step (default 2)\n"
+            "  -i SIZE   add SIZE each step instead of multiplying\n"
+            "  -n N      timed iterations per size (default 20)\n"
+            "  -w N      warm-up iterations (default 5)\n"
+            "  -c 0|1    check results (default 1)\n"
+            "  -d TYPE   float32 float16 bfloat16 float64 int8 uint8 int16 uint16 int32 int64 bool (default float32)\n"
+            "  -o OP     sum avg min max prod (default sum)\n"
+            "  -r ROOT   broadcast root (default 0)\n"
+            "  -a 0|1|2|3  time reported: rank 0's, the average (default), min or max across ranks\n"
+            "  -np N     fork N local ranks (when no launcher started us)\n"
+            "  --version print the library's build information\n");
+}
+
+/* value of element i on rank r: small integers, exact in every dtype for sums of a few ranks */
+static double val(int r, size_t i, kolo_op_t op)
+{
+    if (op == KOLO_PRODUCT) return ((i + (size_t)r) % 5 == 0) ? 2.0 : 1.0;
+    return (double)((long)((i * 7 + (size_t)r * 3) % 11) - 5);
+}
+
+static void put(void *buf, size_t i, kolo_dtype_t d, double v);
+static double get(const void *buf, size_t i, kolo_dtype_t d);
+
+static double expect(int n, size_t i, kolo_op_t op, kolo_dtype_t d)
+{
+    double acc = val(0, i, op);
+    for (int r = 1; r < n; r++) {
+        double v = val(r, i, op);
+        switch (op) {
+        case KOLO_SUM: case KOLO_AVERAGE: acc += v; break;
+        case KOLO_MIN: acc = fmin(acc, v); break;
+        case KOLO_MAX: acc = fmax(acc, v); break;
+        case KOLO_PRODUCT: acc *= v; break;
+        default: break;
+        }
+    }
+    if (op == KOLO_AVERAGE) {
+        bool integer = d != KOLO_FLOAT16 && d != KOLO_BFLOAT16 && d != KOLO_FLOAT32 && d != KOLO_FLOAT64;
+        acc = integer ? trunc(acc / n) : acc / n;
+    }
+    if (d == KOLO_UINT8 || d == KOLO_UINT16) acc = fmod(acc + 65536.0 * 16, d == KOLO_UINT8 ? 256.0 : 65536.0);
+    if (d == KOLO_BOOL) acc = acc != 0;
+    return acc;
+}
+
+static uint16_t to_half(float f)
+{
+    /* exact for the small integers and halves the benchmark uses */
+    if (f == 0) return 0;
+    uint16_t sign = f < 0 ? 0x8000 : 0;
+    float a = fabsf(f);
+    int e = 0;
+    while (a >= 2.0f) { a /= 2; e++; }
+    while (a < 1.0f) { a *= 2; e--; }
+    return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | (uint16_t)((a - 1.0f) * 1024.0f + 0.5f));
+}
+
+static float from_half(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : ldexpf(1.0f + (float)m / 1024.0f, e - 15);
+    return (h & 0x8000) ? -v : v;
+}
+
+static void put(void *buf, size_t i, kolo_dtype_t d, double v)
+{
+    switch (d) {
+    case KOLO_UINT8: ((uint8_t *)buf)[i] = (uint8_t)((long)v & 255); break;
+    case KOLO_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case KOLO_UINT16: ((uint16_t *)buf)[i] = (uint16_t)((long)v & 65535); break;
+    case KOLO_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case KOLO_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case KOLO_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case KOLO_FLOAT16: ((uint16_t *)buf)[i] = to_half((float)v); break;
+    case KOLO_BFLOAT16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+        break;
+    }
+    case KOLO_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case KOLO_FLOAT64: ((double *)buf)[i] = v; break;
+    case KOLO_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+    default: break;
+    }
+}
+
+static double get(const void *buf, size_t i, kolo_dtype_t d)
+{
+    switch (d) {
+    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
+    case KOLO_INT8: return ((const int8_t *)buf)[i];
+    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
+    case KOLO_INT16: return ((const int16_t *)buf)[i];
+    case KOLO_INT32: return ((const int32_t *)buf)[i];
+    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
+    case KOLO_FLOAT16: return from_half(((const uint16_t *)buf)[i]);
+    case KOLO_BFLOAT16: {
+        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case KOLO_FLOAT32: return ((const float *)buf)[i];
+    case KOLO_FLOAT64: return ((const double *)buf)[i];
+    case KOLO_BOOL: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+static bool close_enough(double got, double want, kolo_dtype_t d)
+{
+    double tol = (d == KOLO_FLOAT16 || d == KOLO_BFLOAT16) ? 1e-2 : 1e-6;
+    return fabs(got - want) <= tol * fmax(1.0, fabs(want));
+}
+
+typedef struct run {
+    const opts *o;
+    int n, r;
+    size_t es;
+    char *send, *recv;
+} run;
+
+/* one call of the collective at `bytes` (nccl-tests' size); in_place uses recv as both */
+static int call(run *R, size_t bytes, int in_place)
+{
+    const opts *o = R->o;
+    size_t es = R->es, n = (size_t)R->n;
+    switch (o->coll) {
+    case ALLREDUCE: {
+        size_t count = bytes / es;
+        return kolo_allreduce(in_place ? R->recv : R->send, R->recv, count, o->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
+    }
+    case BROADCAST: return kolo_broadcast(R->recv, bytes / es, o->dtype, o->root, KOLO_WORLD);
+    case ALLGATHER: {
+        size_t count = bytes / es / n;
+        const void *s = in_place ? R->recv + (size_t)R->r * count * es : R->send;
+        return kolo_allgather(s, count, R->recv, NULL, o->dtype, KOLO_WORLD);
+    }
+    case REDUCESCATTER: {
+        size_t rows = bytes / es / n * n;
+        /* in place is not supported: both columns run out of place */
+        return kolo_reducescatter(R->send, R->recv, rows, 1, o->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
+    }
+    case ALLTOALL: {
+        size_t count = bytes / es / n;
+        size_t counts[1024];
+        for (size_t i = 0; i < n; i++) counts[i] = count;
+        return kolo_alltoall(R->send, counts, R->recv, counts, o->dtype, KOLO_WORLD);
+    }
+    }
+    return KOLO_ERR_INVALID_ARG;
+}
+
+static void fill(run *R, size_t bytes, int in_place)
+{
+    const opts *o = R->o;
+    size_t es = R->es, n = (size_t)R->n, elems = bytes / es;
+    switch (o->coll) {
+    case ALLREDUCE:
+        for (size_t i = 0; i < elems; i++) put(in_place ? R->recv : R->send, i, o->dtype, val(R->r, i, o->op));
+        break;
+    case BROADCAST:
+        for (size_t i = 0; i < elems; i++) put(R->recv, i, o->dtype, R->r == o->root ? val(o->root, i, KOLO_SUM) : 99);
+        break;
+    case ALLGATHER: {
+        size_t count = elems / n;
+        char *dst = in_place ? R->recv + (size_t)R->r * count * es : R->send;
+        for (size_t i = 0; i < count; i++) put(dst, i, o->dtype, val(R->r, i, KOLO_SUM));
+        break;
+    }
+    case REDUCESCATTER:
+        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, o->dtype, val(R->r, i, o->op));
+        break;
+    case ALLTOALL:
+        /* element j of the block for destination d carries (source, d, j) */
+        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, o->dtype, val(R->r, i, KOLO_SUM));
+        break;
+    }
+}
+
+static long check(run *R, size_t bytes)
+{
+    const opts *o = R->o;
+    size_t es = R->es, n = (size_t)R->n, elems = bytes / es;
+    long wrong = 0;
+    switch (o->coll) {
+    case ALLREDUCE:
+        for (size_t i = 0; i < elems; i++)
+            if (!close_enough(get(R->recv, i, o->dtype), expect(R->n, i, o->op, o->dtype), o->dtype)) wrong++;
+        break;
+    case BROADCAST:
+        for (size_t i = 0; i < elems; i++)
+            if (!close_enough(get(R->recv, i, o->dtype), val(o->root, i, KOLO_SUM), o->dtype)) wrong++;
+        break;
+    case ALLGATHER: {
+        size_t count = elems / n;
+        for (size_t r = 0; r < n; r++)
+            for (size_t i = 0; i < count; i++)
+                if (!close_enough(get(R->recv, r * count + i, o->dtype), val((int)r, i, KOLO_SUM), o->dtype)) wrong++;
+        break;
+    }
+    case REDUCESCATTER: {
+        size_t count = elems / n, base = (size_t)R->r * count;
+        for (size_t i = 0; i < count; i++)
+            if (!close_enough(get(R->recv, i, o->dtype), expect(R->n, base + i, o->op, o->dtype), o->dtype)) wrong++;
+        break;
+    }
+    case ALLTOALL: {
+        size_t count = elems / n;
+        for (size_t src = 0; src < n; src++)
+            for (size_t j = 0; j < count; j++)
+                if (!close_enough(get(R->recv, src * count + j, o->dtype),
+                                  val((int)src, (size_t)R->r * count + j, KOLO_SUM), o->dtype))
+                    wrong++;
+        break;
+    }
+    }
+    return wrong;
+}
+
+static double busbw_factor(enum coll c, int n)
+{
+    switch (c) {
+    case ALLREDUCE: return 2.0 * (n - 1) / n;
+    case BROADCAST: return 1.0;
+    default: return (double)(n - 1) / n;
+    }
+}
+
+/* time per iteration across ranks per -a */
+static double reduce_time(double t, int mode)
+{
+    double in[1] = {t}, out[1];
+    kolo_op_t op = mode == 2 ? KOLO_MIN : mode == 3 ? KOLO_MAX : KOLO_AVERAGE;
+    if (mode == 0) {
+        kolo_broadcast(in, 1, KOLO_FLOAT64, 0, KOLO_WORLD);
+        return in[0];
+    }
+    if (kolo_allreduce(in, out, 1, KOLO_FLOAT64, op, 1.0, 1.0, KOLO_WORLD) != KOLO_OK) return t;
+    return out[0];
+}
+
+static void fmt_num(char *buf, size_t cap, double v)
+{
+    if (v < 1e5) snprintf(buf, cap, "%.2f", v);
+    else snprintf(buf, cap, "%.3g", v);
+}
+
+static int bench(const opts *o)
+{
+    int st = kolo_init();
+    if (st != KOLO_OK) {
+        fprintf(stderr, "kolo-bench: kolo_init failed: %s\n", kolo_last_error());
+        return 1;
+    }
+    run R = {.o = o, .n = kolo_size(), .r = kolo_rank(), .es = kolo_dtype_size(o->dtype)};
+    int n = R.n, me = R.r;
+    if (o->coll == BROADCAST && (o->root < 0 || o->root >= n)) {
+        if (me == 0) fprintf(stderr, "kolo-bench: root %d is not a rank (size %d)\n", o->root, n);
+        kolo_shutdown();
+        return 2;
+    }
+    size_t cap = o->maxb + 64 * (size_t)n * R.es;
+    R.send = aligned_alloc(64, (cap + 63) / 64 * 64);
+    R.recv = aligned_alloc(64, (cap + 63) / 64 * 64);
+    if (!R.send || !R.recv) {
+        fprintf(stderr, "kolo-bench: cannot allocate %zu bytes\n", cap);
+        return 1;
+    }
+    memset(R.send, 0, cap);
+    memset(R.recv, 0, cap);
+    if (me == 0) {
+        printf("# Collective test starting: kolo-bench %s\n", coll_names[o->coll]);
+        printf("# nRanks %d minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d validation: %d\n", n,
+               o->minb, o->maxb, o->step ? (double)o->step : o->factor, o->step ? "bytes" : "factor", o->warmup,
+               o->iters, o->check);
+        printf("# %s\n", kolo_build_info());
+        printf("# transport to rank 1: %s\n", n > 1 ? kolo_peer_transport(1) : "self");
+        printf("#\n");
+        printf("#%68s%31s\n", "out-of-place", "in-place");
+        printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
+               "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+        printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+               "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+        fflush(stdout);
+    }
+    long total_wrong = 0;
+    double bw_sum = 0;
+    int bw_n = 0;
+    int failed = 0;
+    size_t unit = R.es * ((o->coll == ALLREDUCE || o->coll == BROADCAST) ? 1 : (size_t)n);
+    for (size_t b = o->minb; b <= o->maxb && !failed;) {
+        size_t bytes = b / unit * unit;
+        if (bytes == 0) bytes = unit;
+        double t[2];
+        long wrong[2] = {0, 0};
+        for (int ip = 0; ip < 2 && !failed; ip++) {
+            fill(&R, bytes, ip);
+            for (int w = 0; w < o->warmup; w++) {
+                if ((st = call(&R, bytes, ip)) != KOLO_OK) break;
+            }
+            if (st == KOLO_OK && o->check) {
+                fill(&R, bytes, ip);
+                st = call(&R, bytes, ip);
+                if (st == KOLO_OK) wrong[ip] = check(&R, bytes);
+            }
+            if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+            double t0 = now_us();
+            for (int it = 0; it < o->iters && st == KOLO_OK; it++) st = call(&R, bytes, ip);
+            t[ip] = (now_us() - t0) / (o->iters ? o->iters : 1);
+            if (st != KOLO_OK) {
+                fprintf(stderr, "kolo-bench: rank %d: %s failed at %zu bytes: %s\n", me, coll_names[o->coll], bytes,
+                        kolo_last_error());
+                failed = 1;
+                break;
+            }
+            t[ip] = reduce_time(t[ip], o->avg_mode);
+            long wl[1] = {wrong[ip]}, wsum[1];
+            if (kolo_allreduce(wl, wsum, 1, KOLO_INT64, KOLO_SUM, 1.0, 1.0, KOLO_WORLD) == KOLO_OK) wrong[ip] = wsum[0];
+        }
+        if (failed) break;
+        total_wrong += wrong[0] + wrong[1];
+        if (me == 0) {
+            char cols[2][3][32];
+            for (int ip = 0; ip < 2; ip++) {
+                double algbw = (double)bytes / (t[ip] * 1e3);
+                double busbw = algbw * busbw_factor(o->coll, n);
+                fmt_num(cols[ip][0], 32, t[ip]);
+                fmt_num(cols[ip][1], 32, algbw);
+                fmt_num(cols[ip][2], 32, busbw);
+                bw_sum += busbw;
+            }
+            bw_n += 2;
+            char root[16];
+            snprintf(root, sizeof(root), "%d", o->coll == BROADCAST ? o->root : -1);
+            char w0[16], w1[16];
+            if (o->check) {
+                snprintf(w0, sizeof(w0), "%ld", wrong[0]);
+                snprintf(w1, sizeof(w1), "%ld", wrong[1]);
+            } else {
+                snprintf(w0, sizeof(w0), "N/A");
+                snprintf(w1, sizeof(w1), "N/A");
+            }
+            printf("%12zu %12zu %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", bytes, bytes / R.es,
+                   kolo_dtype_name(o->dtype),
+                   (o->coll == ALLREDUCE || o->coll == REDUCESCATTER) ? kolo_op_name(o->op) : "none", root, cols[0][0],
+                   cols[0][1], cols[0][2], w0, cols[1][0], cols[1][1], cols[1][2], w1);
+            fflush(stdout);
+        }
+        if (o->step) b += o->step;
+        else {
+            size_t nb = (size_t)((double)b * o->factor);
+            b = nb > b ? nb : b + 1;
+        }
+    }
+    if (me == 0 && !failed) {
+        printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+        printf("#\n# Collective test concluded: kolo-bench %s\n", coll_names[o->coll]);
+    }
+    free(R.send);
+    free(R.recv);
+    kolo_shutdown();
+    return failed ? 1 : (total_wrong ? 3 : 0);
+}
+
+/* -np N without a launcher: serve a store, fork N ranks, wait for them. */
+static int fork_ranks(const opts *o)
+{
+    char secret[80], buf[64];
+    if (kolo__secret_make(secret, sizeof(secret)) != KOLO_OK) {
+        fprintf(stderr, "kolo-bench: %s\n", kolo_last_error());
+        return 1;
+    }
+    kolo__store_server *srv = NULL;
+    if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) != KOLO_OK) {
+        fprintf(stderr, "kolo-bench: cannot start the rendezvous store: %s\n", kolo_last_error());
+        return 1;
+    }
+    snprintf(buf, sizeof(buf), "127.0.0.1:%d", kolo__store_server_port(srv));
+    setenv("KOLO_RENDEZVOUS", buf, 1);
+    setenv("KOLO_SECRET", secret, 1);
+    snprintf(buf, sizeof(buf), "kolo-bench-%d", (int)getpid());
+    setenv("KOLO_JOB_ID", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", o->np);
+    setenv("KOLO_SIZE", buf, 1);
+    pid_t pids[256];
+    fflush(stdout);
+    for (int r = 0; r < o->np; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            snprintf(buf, sizeof(buf), "%d", r);
+            setenv("KOLO_RANK", buf, 1);
+            fflush(stdout);
+            _exit(bench(o));
+        }
+    }
+    int rc = 0;
+    for (int r = 0; r < o->np; r++) {
+        int s;
+        waitpid(pids[r], &s, 0);
+        int code = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+        if (code && !rc) rc = code;
+        if (code) {
+            /* a failed rank: the others fail too within seconds; don't wait on stragglers */
+            for (int q = 0; q < o->np; q++) kill(pids[q], SIGTERM);
+        }
+    }
+    kolo__store_server_stop(srv);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.coll = ALLREDUCE, .minb = 8, .maxb = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
+              .dtype = KOLO_FLOAT32, .op = KOLO_SUM, .avg_mode = 1};
+    int i = 1;
+    if (i < argc && argv[i][0] != '-') {
+        int found = 0;
+        for (int c = 0; c < 5; c++)
+            if (strcmp(argv[i], coll_names[c]) == 0) {
+                o.coll = (enum coll)c;
+                found = 1;
+            }
+        if (!found) {
+            fprintf(stderr, "kolo-bench: unknown collective '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("%s\n", kolo_build_info());
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kolo-bench: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        int bad = 0;
+        if (!strcmp(a, "-b")) bad = parse_size(v, &o.minb);
+        else if (!strcmp(a, "-e")) bad = parse_size(v, &o.maxb);
+        else if (!strcmp(a, "-i")) bad = parse_size(v, &o.step);
+        else if (!strcmp(a, "-f")) o.factor = strtod(v, &end), bad = *end || o.factor <= 1.0;
+        else if (!strcmp(a, "-n")) o.iters = (int)strtol(v, &end, 10), bad = *end || o.iters < 0;
+        else if (!strcmp(a, "-w")) o.warmup = (int)strtol(v, &end, 10), bad = *end || o.warmup < 0;
+        else if (!strcmp(a, "-c")) o.check = (int)strtol(v, &end, 10), bad = *end;
+        else if (!strcmp(a, "-r")) o.root = (int)strtol(v, &end, 10), bad = *end || o.root < 0;
+        else if (!strcmp(a, "-a")) o.avg_mode = (int)strtol(v, &end, 10), bad = *end || o.avg_mode < 0 || o.avg_mode > 3;
+        else if (!strcmp(a, "-np")) o.np = (int)strtol(v, &end, 10), bad = *end || o.np < 1 || o.np > 256;
+        else if (!strcmp(a, "-d")) bad = parse_dtype(v, &o.dtype);
+        else if (!strcmp(a, "-o")) bad = parse_op(v, &o.op);
+        else {
+            fprintf(stderr, "kolo-bench: unknown flag '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "kolo-bench: bad value '%s' for %s\n", v, a);
+            return 2;
+        }
+    }
+    if (o.minb > o.maxb) {
+        fprintf(stderr, "kolo-bench: -b %zu is larger than -e %zu\n", o.minb, o.maxb);
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    bool launched = getenv("KOLO_RANK") || getenv("HOROVOD_RANK") || getenv("RANK") ||
+                    getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
+    if (o.np > 1 && !launched) return fork_ranks(&o);
+    return bench(&o);
+}

@@ -1,0 +1,115 @@
+/* allreduce.c - allreduce: a one-round exchange for small buffers, the ring for large ones.
+ *
+ * Small (at most KOLO_SMALL_ALLREDUCE_MAX bytes, or fewer elements than members): every member
+ * sends its whole buffer to every other and combines all n buffers in member order 0..n-1, so
+ * every member computes the same bits. One round trip, n-1 messages each way: the latency
+ * optimum for the few ranks of one training job per host. Large: ring reduce-scatter, then
+ * the owner of each block applies the final scaling (post, and 1/n for AVERAGE) to its block
+ * alone, then ring allgather.
+ */
+#include "coll.h"
+
+#include "../reduce/reduce.h"
+
+static size_t small_max(void)
+{
+    static size_t v = (size_t)-1;
+    if (v == (size_t)-1) v = kolo__setting_bytes(KOLO_SET_SMALL_ALLREDUCE_MAX);
+    return v;
+}
+
+static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                           kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+{
+    int n = g->size, r = g->rank;
+    size_t es = kolo_dtype_size(dtype), bytes = count * es;
+    size_t stride = (bytes + 63) & ~(size_t)63;
+    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, stride * (size_t)n);
+    if (!tmp) return KOLO_ERR_NO_MEMORY;
+    char *own = tmp + stride * (size_t)r;
+    /* a private copy of our contribution: recv may alias send and is overwritten below */
+    if (pre != 1.0) kolo__scale(own, send, count, dtype, pre);
+    else if (bytes) memcpy(own, send, bytes);
+    kolo__xfer xs[128];
+    kolo__xfer *ptrs[128];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == r) continue;
+        kolo__isend(m, kolo__g2w(g, i), own, bytes, &xs[k++]);
+        kolo__irecv(m, kolo__g2w(g, i), tmp + stride * (size_t)i, bytes, &xs[k++]);
+    }
+    for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
+    int st = kolo__wait(m, ptrs, k);
+    if (st != KOLO_OK) return st;
+    if (n == 1) {
+        if (bytes) memcpy(recv, own, bytes);
+    } else {
+        kolo__reduce(recv, tmp, tmp + stride, count, dtype, op);
+        for (int i = 2; i < n; i++) kolo__reduce(recv, recv, tmp + stride * (size_t)i, count, dtype, op);
+    }
+    kolo__coll_finish_scale(recv, count, dtype, op, post, n);
+    return KOLO_OK;
+}
+
+int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                         kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+{
+    int n = g->size;
+    size_t es = kolo_dtype_size(dtype);
+    if (n == 1) {
+        if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
+        else if (send != recv && count) memcpy(recv, send, count * es);
+        kolo__coll_finish_scale(recv, count, dtype, op, post, 1);
+        return KOLO_OK;
+    }
+    if (count * es <= small_max() || count < (size_t)n || n > 64)
+        if (n <= 64) return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+
+    size_t offs[1024], cnts[1024];
+    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+    size_t base = count / (size_t)n, extra = count % (size_t)n, o = 0;
+    for (int i = 0; i < n; i++) {
+        cnts[i] = base + ((size_t)i < extra);
+        offs[i] = o;
+        o += cnts[i];
+    }
+    const char *src = send;
+    if (pre != 1.0) {
+        kolo__scale(recv, send, count, dtype, pre);
+        src = recv;
+    }
+    int st = kolo__ring_reduce_scatter(m, g, src, recv, offs, cnts, dtype, op, 0);
+    if (st != KOLO_OK) return st;
+    int r = g->rank;
+    kolo__coll_finish_scale((char *)recv + offs[r] * es, cnts[r], dtype, op, post, n);
+    return kolo__ring_allgather(m, g, recv, offs, cnts, es, 0);
+}
+
+int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                             const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+{
+    int n = g->size, r = g->rank;
+    size_t es = kolo_dtype_size(dtype);
+    size_t offs[1024];
+    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = total;
+        total += counts[i];
+    }
+    if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
+    /* the ring accumulates partial blocks in a full-size work buffer; this member's block ends
+     * there and is copied out */
+    char *work = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, total * es);
+    if (!work) return KOLO_ERR_NO_MEMORY;
+    const char *src = send;
+    if (pre != 1.0) {
+        kolo__scale(work, send, total, dtype, pre);
+        src = work;
+    }
+    int st = kolo__ring_reduce_scatter(m, g, src, work, offs, counts, dtype, op, 0);
+    if (st != KOLO_OK) return st;
+    if (counts[r]) memcpy(recv, work + offs[r] * es, counts[r] * es);
+    kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);
+    return KOLO_OK;
+}

@@ -1,0 +1,48 @@
+/* alltoall.c - alltoall with per-destination counts: every pair exchanges its one message at once
+ * (all sends and receives posted together), the local block is a copy. */
+#include "coll.h"
+
+int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const size_t *sendcounts,
+                        void *recv, const size_t *recvcounts, size_t es)
+{
+    int n = g->size, r = g->rank;
+    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+    kolo__xfer *xs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer));
+    kolo__xfer **ptrs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer *));
+    if (!xs || !ptrs) {
+        kolo__free(xs);
+        kolo__free(ptrs);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for alltoall bookkeeping");
+    }
+    const char *s = send;
+    char *d = recv;
+    size_t so = 0, ro = 0;
+    int k = 0;
+    /* post in a rotated order so that not every rank starts with rank 0 */
+    size_t soff[1024], roff[1024];
+    for (int i = 0; i < n; i++) {
+        soff[i] = so;
+        roff[i] = ro;
+        so += sendcounts[i];
+        ro += recvcounts[i];
+    }
+    for (int step = 1; step < n; step++) {
+        int to = (r + step) % n, from = (r - step + n) % n;
+        kolo__irecv(m, kolo__g2w(g, from), d + roff[from] * es, recvcounts[from] * es, &xs[k]);
+        ptrs[k] = &xs[k];
+        k++;
+        kolo__isend(m, kolo__g2w(g, to), s + soff[to] * es, sendcounts[to] * es, &xs[k]);
+        ptrs[k] = &xs[k];
+        k++;
+    }
+    int st = KOLO_OK;
+    if (sendcounts[r] != recvcounts[r])
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "alltoall: rank sends %zu elements to itself but expects %zu",
+                       sendcounts[r], recvcounts[r]);
+    else if (sendcounts[r])
+        memcpy(d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es);
+    int st2 = kolo__wait(m, ptrs, k);
+    kolo__free(xs);
+    kolo__free(ptrs);
+    return st != KOLO_OK ? st : st2;
+}

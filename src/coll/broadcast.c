@@ -1,0 +1,61 @@
+/* broadcast.c - broadcast: the root sends to everyone directly when small or few members; a
+ * pipelined chain (root -> next -> next ...) in chunks otherwise, so every link carries the
+ * buffer once and all links work at the same time. Chunks are received in place, no copies. */
+#include "coll.h"
+
+#define DIRECT_MAX (64u << 10)
+#define MAX_CHUNKS 4096
+
+int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root)
+{
+    int n = g->size, r = g->rank;
+    if (n == 1) return KOLO_OK;
+    char *p = buf;
+    if (n <= 3 || bytes <= DIRECT_MAX) {
+        if (r != root) {
+            kolo__xfer x;
+            kolo__irecv(m, kolo__g2w(g, root), p, bytes, &x);
+            return kolo__wait1(m, &x);
+        }
+        kolo__xfer xs[1024];
+        kolo__xfer *ptrs[1024];
+        if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (i == root) continue;
+            kolo__isend(m, kolo__g2w(g, i), p, bytes, &xs[k]);
+            ptrs[k] = &xs[k];
+            k++;
+        }
+        return kolo__wait(m, ptrs, k);
+    }
+    int v = (r - root + n) % n; /* position in the chain */
+    int prev = kolo__g2w(g, (r - 1 + n) % n), next = kolo__g2w(g, (r + 1) % n);
+    size_t chunk = kolo__coll_chunk();
+    if (bytes / chunk >= MAX_CHUNKS) chunk = bytes / (MAX_CHUNKS - 1);
+    size_t nc = (bytes + chunk - 1) / chunk;
+    kolo__xfer *rx = kolo__calloc(2 * nc, sizeof(kolo__xfer));
+    kolo__xfer **ptrs = kolo__calloc(nc, sizeof(kolo__xfer *));
+    if (!rx || !ptrs) {
+        kolo__free(rx);
+        kolo__free(ptrs);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for broadcast bookkeeping");
+    }
+    kolo__xfer *sx = rx + nc;
+    int st = KOLO_OK;
+    bool last = v == n - 1;
+    if (v != 0)
+        for (size_t c = 0; c < nc; c++)
+            kolo__irecv(m, prev, p + c * chunk, KOLO_MIN(chunk, bytes - c * chunk), &rx[c]);
+    for (size_t c = 0; c < nc && st == KOLO_OK; c++) {
+        if (v != 0) st = kolo__wait1(m, &rx[c]);
+        if (st == KOLO_OK && !last) kolo__isend(m, next, p + c * chunk, KOLO_MIN(chunk, bytes - c * chunk), &sx[c]);
+    }
+    if (st == KOLO_OK && !last) {
+        for (size_t c = 0; c < nc; c++) ptrs[c] = &sx[c];
+        st = kolo__wait(m, ptrs, (int)nc);
+    }
+    kolo__free(rx);
+    kolo__free(ptrs);
+    return st;
+}

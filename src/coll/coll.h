@@ -1,0 +1,68 @@
+/* coll.h - the collective algorithms. They see ranks (a group of world ranks) and the mesh's
+ * non-blocking point-to-point calls, never sockets or shared memory.
+ *
+ * Every function here is blocking for the calling thread, runs on one mesh (one thread at a
+ * time per mesh), validates nothing the public API already validated, and returns a status with
+ * kolo__err's message set. Counts are elements; `es` is the element size where no dtype is needed.
+ * All members of the group must call the same function with matching arguments in the same order.
+ */
+#ifndef KOLO_COLL_H
+#define KOLO_COLL_H
+
+#include "../net/transport.h"
+
+typedef struct kolo__group {
+    int size;    /* members */
+    int rank;    /* this process's index in ranks[], or -1 when not a member */
+    int *ranks;  /* world ranks, strictly increasing */
+} kolo__group;
+
+/* World rank of group member i. */
+static inline int kolo__g2w(const kolo__group *g, int i) { return g->ranks[i]; }
+
+/* recv = post * OP_r(pre * send_r); AVERAGE divides by the group size. send may equal recv. */
+int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                         kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
+
+/* recv = concatenation of each member's counts[i] elements, in member order. send may already
+ * be in place at its offset in recv. */
+int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                         const size_t *counts, size_t es);
+
+/* root (a member index) sends bytes to everyone. */
+int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root);
+
+/* member i receives sendcounts[i] elements from here; here receives recvcounts[i] from i. */
+int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const size_t *sendcounts,
+                        void *recv, const size_t *recvcounts, size_t es);
+
+/* recv = this member's block (counts[rank] elements at the prefix-sum offset) of the reduction. */
+int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                             const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
+
+int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
+
+/* ---- shared by the algorithm files (coll_util.c) ---- */
+
+/* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
+ * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for
+ * the algorithm that calls the ring. Valid until the next call for the same area. */
+enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1 };
+void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
+/* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
+void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
+/* Ring chunk size in bytes, a multiple of 64 (KOLO_RING_CHUNK). */
+size_t kolo__coll_chunk(void);
+/* Ring reduce-scatter over blocks (off[b], cnt[b] in elements). Member `rank` ends with the fully
+ * reduced block `final_block(rank)` = (rank + shift) mod n, stored at dst + off[that block].
+ * Other blocks are accumulated in dst too (dst must be a full-size buffer). src holds this
+ * member's contribution (may equal dst). */
+int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *src, char *dst,
+                              const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op,
+                              int shift);
+/* Ring allgather of blocks already placed: member i's block is at buf + off[i]*es (bytes of
+ * cnt[i]*es); member `rank` owns block (rank + shift) mod n. */
+int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
+                         size_t es, int shift);
+
+#endif

@@ -1,0 +1,41 @@
+/* coll_util.c - scratch memory, chunk size and final scaling shared by the collective algorithms. */
+#include "coll.h"
+
+#include "../reduce/reduce.h"
+
+void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
+{
+    if (n <= m->scratch_cap[area]) return m->scratch[area];
+    void *p = kolo__malloc_aligned(n);
+    if (!p) {
+        kolo__err(KOLO_ERR_NO_MEMORY, "no memory for %zu bytes of collective scratch space", n);
+        return NULL;
+    }
+    kolo__free(m->scratch[area]);
+    m->scratch[area] = p;
+    m->scratch_cap[area] = n;
+    return p;
+}
+
+size_t kolo__coll_chunk(void)
+{
+    static size_t chunk;
+    if (!chunk) {
+        size_t c = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
+        if (c < 4096) c = 4096;
+        chunk = c & ~(size_t)63;
+    }
+    return chunk;
+}
+
+void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n)
+{
+    bool integer = dtype != KOLO_FLOAT16 && dtype != KOLO_BFLOAT16 && dtype != KOLO_FLOAT32 && dtype != KOLO_FLOAT64;
+    if (integer) {
+        if (post != 1.0) kolo__scale(buf, buf, count, dtype, post);
+        if (op == KOLO_AVERAGE && n > 1) kolo__divide(buf, count, dtype, n);
+        return;
+    }
+    double f = post * (op == KOLO_AVERAGE ? 1.0 / n : 1.0);
+    if (f != 1.0) kolo__scale(buf, buf, count, dtype, f);
+}

@@ -1,0 +1,520 @@
+/* kolo.c - the public API: init and shutdown, who-am-I, process sets, and the direct collectives
+ * with their argument checks (every input is validated here, before anything is sent). */
+#include "world.h"
+
+#include "../boot/auth.h"
+#include "../reduce/reduce.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+
+kolo__world kolo__W = {.direct_lock = PTHREAD_MUTEX_INITIALIZER, .pset_lock = PTHREAD_MUTEX_INITIALIZER};
+#define W kolo__W
+
+/* ---- names and version ---- */
+
+static const char *const dtype_names[KOLO_DTYPE_COUNT] = {
+    "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"};
+static const size_t dtype_sizes[KOLO_DTYPE_COUNT] = {1, 1, 2, 2, 4, 8, 2, 2, 4, 8, 1};
+static const char *const op_names[KOLO_OP_COUNT] = {"sum", "average", "min", "max", "product"};
+
+size_t kolo_dtype_size(kolo_dtype_t d) { return (unsigned)d < KOLO_DTYPE_COUNT ? dtype_sizes[d] : 0; }
+const char *kolo_dtype_name(kolo_dtype_t d) { return (unsigned)d < KOLO_DTYPE_COUNT ? dtype_names[d] : "unknown"; }
+const char *kolo_op_name(kolo_op_t o) { return (unsigned)o < KOLO_OP_COUNT ? op_names[o] : "unknown"; }
+int kolo_version(void) { return KOLO_VERSION_NUMBER; }
+
+const char *kolo_build_info(void)
+{
+    static char buf[256];
+    if (!buf[0])
+        snprintf(buf, sizeof(buf), "kolo %s; transports: shm (CMA single-copy), tcp; kernels: %s", KOLO_VERSION_STRING,
+                 kolo__reduce_isa());
+    return buf;
+}
+
+/* ---- init / shutdown ---- */
+
+static int make_world_group(void)
+{
+    kolo__group *g = kolo__calloc(1, sizeof(*g));
+    if (g) g->ranks = kolo__calloc((size_t)W.info.size, sizeof(int));
+    if (!g || !g->ranks) {
+        kolo__free(g);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the world group");
+    }
+    g->size = W.info.size;
+    g->rank = W.info.rank;
+    for (int i = 0; i < g->size; i++) g->ranks[i] = i;
+    W.psets[0] = g;
+    W.next_pset = 1;
+    return KOLO_OK;
+}
+
+/* Local and cross ranks from the host keys every rank published (Horovod's definitions:
+ * cross_size = hosts that have a rank with this local rank; cross_rank = this host's index
+ * among them). */
+static void compute_topology(void)
+{
+    int n = W.info.size, me = W.info.rank;
+    if (!W.peers) {
+        W.local_rank = 0;
+        W.local_size = 1;
+        W.cross_rank = 0;
+        W.cross_size = 1;
+        return;
+    }
+    int lr = 0, ls = 0;
+    for (int r = 0; r < n; r++) {
+        if (strcmp(W.peers[r].hostkey, W.peers[me].hostkey) != 0) continue;
+        if (r < me) lr++;
+        ls++;
+    }
+    int cr = 0, cs = 0;
+    for (int r = 0; r < n; r++) {
+        /* is r the rank with local rank lr on its host? */
+        int its_lr = 0;
+        for (int q = 0; q < r; q++)
+            if (strcmp(W.peers[q].hostkey, W.peers[r].hostkey) == 0) its_lr++;
+        if (its_lr != lr) continue;
+        if (r < me) cr++;
+        cs++;
+    }
+    W.local_rank = lr;
+    W.local_size = ls;
+    W.cross_rank = cr;
+    W.cross_size = cs;
+}
+
+static void teardown(void)
+{
+    for (int c = 0; c < KOLO_NCHANNELS; c++) {
+        kolo__mesh_destroy(W.mesh[c]);
+        W.mesh[c] = NULL;
+    }
+    kolo__free(W.peers);
+    W.peers = NULL;
+    kolo__store_server_stop(W.server);
+    W.server = NULL;
+    for (int i = 0; i < KOLO_MAX_PSETS; i++) {
+        if (W.psets[i]) {
+            kolo__free(W.psets[i]->ranks);
+            kolo__free(W.psets[i]);
+            W.psets[i] = NULL;
+        }
+    }
+}
+
+int kolo_init(void)
+{
+    if (W.initialized) return KOLO_OK;
+    kolo__err_clear();
+    kolo__log_init();
+    int st = kolo__env_detect(&W.info);
+    if (st != KOLO_OK) return st;
+    kolo__log_set_rank(W.info.size > 1 ? W.info.rank : -1);
+    /* let same-host peers read our buffers with process_vm_readv under Yama's ptrace scope 1 */
+#ifdef PR_SET_PTRACER
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+#endif
+    if (W.info.size > 1) {
+        if (W.info.rdv_serve && W.info.rank == 0) {
+            st = kolo__store_server_start(&W.server, "", W.info.rdv_port, W.info.secret, W.info.secret_len);
+            if (st != KOLO_OK) {
+                kolo__err(st, "rank 0 could not serve the rendezvous store: %s (set KOLO_RENDEZVOUS=host:port to "
+                          "choose another address)", kolo__errmsg());
+                goto fail;
+            }
+        }
+        kolo__store *store = NULL;
+        st = kolo__store_connect(&store, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
+                                 kolo__setting_double(KOLO_SET_START_TIMEOUT));
+        if (st != KOLO_OK) {
+            kolo__err(st, "rank %d could not reach the rendezvous store at %s:%d: %s", W.info.rank, W.info.rdv_host,
+                      W.info.rdv_port, kolo__errmsg());
+            goto fail;
+        }
+        st = kolo__mesh_build(W.mesh, &W.peers, &W.info, store);
+        kolo__store_close(store);
+        if (st != KOLO_OK) goto fail;
+    }
+    compute_topology();
+    st = make_world_group();
+    if (st != KOLO_OK) goto fail;
+    if (W.server) {
+        /* everyone has read the store once all are connected and past this barrier */
+        st = kolo__coll_barrier(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0]);
+        if (st != KOLO_OK) goto fail;
+        kolo__store_server_stop(W.server);
+        W.server = NULL;
+    }
+    W.initialized = 1;
+    KOLO_INFO("rank %d of %d (local %d of %d, cross %d of %d) started via %s", W.info.rank, W.info.size, W.local_rank,
+              W.local_size, W.cross_rank, W.cross_size, W.info.source);
+    return KOLO_OK;
+fail:
+    KOLO_ERROR("%s", kolo__errmsg());
+    teardown();
+    return st;
+}
+
+int kolo_shutdown(void)
+{
+    if (!W.initialized) return KOLO_OK;
+    pthread_mutex_lock(&W.direct_lock);
+    pthread_mutex_lock(&W.pset_lock);
+    teardown();
+    W.initialized = 0;
+    pthread_mutex_unlock(&W.pset_lock);
+    pthread_mutex_unlock(&W.direct_lock);
+    return KOLO_OK;
+}
+
+int kolo_is_initialized(void) { return W.initialized; }
+int kolo_rank(void) { return W.initialized ? W.info.rank : -1; }
+int kolo_size(void) { return W.initialized ? W.info.size : -1; }
+int kolo_local_rank(void) { return W.initialized ? W.local_rank : -1; }
+int kolo_local_size(void) { return W.initialized ? W.local_size : -1; }
+int kolo_cross_rank(void) { return W.initialized ? W.cross_rank : -1; }
+int kolo_cross_size(void) { return W.initialized ? W.cross_size : -1; }
+
+const char *kolo_peer_transport(int peer)
+{
+    if (!W.initialized || peer < 0 || peer >= W.info.size) return NULL;
+    if (peer == W.info.rank) return "self";
+    kolo__conn *c = W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer];
+    return c && c->tp ? c->tp->name : NULL;
+}
+
+/* ---- process sets ---- */
+
+kolo__group *kolo__pset_get(int id)
+{
+    if (id < 0 || id >= KOLO_MAX_PSETS || !W.psets[id]) {
+        kolo__err(KOLO_ERR_INVALID_ARG, "unknown process set %d", id);
+        return NULL;
+    }
+    return W.psets[id];
+}
+
+static int check_init(void)
+{
+    if (!W.initialized) return kolo__err(KOLO_ERR_NOT_INITIALIZED, "kolo is not initialized: call kolo_init() first");
+    return KOLO_OK;
+}
+
+int kolo_process_set_add(const int *ranks, int nranks, int *id)
+{
+    int st = check_init();
+    if (st) return st;
+    if (!id) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_process_set_add: id is NULL");
+    if (!ranks || nranks < 1 || nranks > W.info.size)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_process_set_add: need 1 to %d ranks, got %d%s", W.info.size, nranks,
+                         ranks ? "" : " (ranks is NULL)");
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= W.info.size)
+            return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_process_set_add: rank %d is not in [0, %d)", ranks[i], W.info.size);
+        if (i && ranks[i] <= ranks[i - 1])
+            return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_process_set_add: ranks must be strictly increasing (%d after %d)",
+                             ranks[i], ranks[i - 1]);
+    }
+    /* every rank must pass the same list: gather a fingerprint of each rank's list */
+    uint64_t fp = 1469598103934665603ull;
+    for (int i = 0; i < nranks; i++) fp = (fp ^ (uint64_t)ranks[i]) * 1099511628211ull;
+    fp = (fp ^ (uint64_t)nranks) * 1099511628211ull;
+    uint64_t *all = kolo__calloc((size_t)W.info.size, sizeof(uint64_t));
+    size_t *counts = kolo__calloc((size_t)W.info.size, sizeof(size_t));
+    if (!all || !counts) {
+        kolo__free(all);
+        kolo__free(counts);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for process set agreement");
+    }
+    for (int i = 0; i < W.info.size; i++) counts[i] = 1;
+    pthread_mutex_lock(&W.direct_lock);
+    st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &fp, all, counts, sizeof(uint64_t));
+    pthread_mutex_unlock(&W.direct_lock);
+    if (st == KOLO_OK) {
+        for (int i = 1; i < W.info.size; i++)
+            if (all[i] != all[0]) {
+                st = kolo__err(KOLO_ERR_MISMATCH, "kolo_process_set_add: rank %d passed a different list of ranks than rank 0", i);
+                break;
+            }
+    }
+    kolo__free(all);
+    kolo__free(counts);
+    if (st != KOLO_OK) return st;
+    kolo__group *g = kolo__calloc(1, sizeof(*g));
+    if (g) g->ranks = kolo__malloc((size_t)nranks * sizeof(int));
+    if (!g || !g->ranks) {
+        kolo__free(g);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a process set");
+    }
+    g->size = nranks;
+    g->rank = -1;
+    for (int i = 0; i < nranks; i++) {
+        g->ranks[i] = ranks[i];
+        if (ranks[i] == W.info.rank) g->rank = i;
+    }
+    pthread_mutex_lock(&W.pset_lock);
+    /* ids are assigned in call order, identical on every rank because the calls are collective */
+    int nid = -1;
+    for (int k = 0; k < KOLO_MAX_PSETS - 1; k++) {
+        int cand = (W.next_pset + k - 1) % (KOLO_MAX_PSETS - 1) + 1;
+        if (!W.psets[cand]) {
+            nid = cand;
+            break;
+        }
+    }
+    if (nid > 0) {
+        W.psets[nid] = g;
+        W.next_pset = nid + 1;
+    }
+    pthread_mutex_unlock(&W.pset_lock);
+    if (nid < 0) {
+        kolo__free(g->ranks);
+        kolo__free(g);
+        return kolo__err(KOLO_ERR_INVALID_ARG, "too many process sets (at most %d)", KOLO_MAX_PSETS - 1);
+    }
+    *id = nid;
+    return KOLO_OK;
+}
+
+int kolo_process_set_remove(int id)
+{
+    int st = check_init();
+    if (st) return st;
+    if (id == KOLO_WORLD) return kolo__err(KOLO_ERR_INVALID_ARG, "the world process set (0) cannot be removed");
+    pthread_mutex_lock(&W.pset_lock);
+    kolo__group *g = kolo__pset_get(id);
+    pthread_mutex_unlock(&W.pset_lock);
+    if (!g) return KOLO_ERR_INVALID_ARG;
+    /* collective, so that no rank removes a set another is still using */
+    pthread_mutex_lock(&W.direct_lock);
+    st = kolo__coll_barrier(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0]);
+    pthread_mutex_unlock(&W.direct_lock);
+    if (st != KOLO_OK) return st;
+    pthread_mutex_lock(&W.pset_lock);
+    W.psets[id] = NULL;
+    pthread_mutex_unlock(&W.pset_lock);
+    kolo__free(g->ranks);
+    kolo__free(g);
+    return KOLO_OK;
+}
+
+int kolo_process_set_rank(int id, int *rank)
+{
+    int st = check_init();
+    if (st) return st;
+    pthread_mutex_lock(&W.pset_lock);
+    kolo__group *g = kolo__pset_get(id);
+    if (g && rank) *rank = g->rank;
+    pthread_mutex_unlock(&W.pset_lock);
+    if (!rank) return kolo__err(KOLO_ERR_INVALID_ARG, "rank is NULL");
+    return g ? KOLO_OK : KOLO_ERR_INVALID_ARG;
+}
+
+int kolo_process_set_size(int id, int *size)
+{
+    int st = check_init();
+    if (st) return st;
+    pthread_mutex_lock(&W.pset_lock);
+    kolo__group *g = kolo__pset_get(id);
+    if (g && size) *size = g->size;
+    pthread_mutex_unlock(&W.pset_lock);
+    if (!size) return kolo__err(KOLO_ERR_INVALID_ARG, "size is NULL");
+    return g ? KOLO_OK : KOLO_ERR_INVALID_ARG;
+}
+
+int kolo_process_set_ranks(int id, int *ranks, int cap)
+{
+    int st = check_init();
+    if (st) return st;
+    if (!ranks && cap > 0) return kolo__err(KOLO_ERR_INVALID_ARG, "ranks is NULL");
+    pthread_mutex_lock(&W.pset_lock);
+    kolo__group *g = kolo__pset_get(id);
+    if (g)
+        for (int i = 0; i < g->size && i < cap; i++) ranks[i] = g->ranks[i];
+    pthread_mutex_unlock(&W.pset_lock);
+    return g ? KOLO_OK : KOLO_ERR_INVALID_ARG;
+}
+
+/* ---- direct collectives ---- */
+
+/* Common checks; on success *g is the member group and the direct lock is held. */
+static int enter(const char *fn, int pset, kolo__group **g)
+{
+    int st = check_init();
+    if (st) return st;
+    pthread_mutex_lock(&W.direct_lock);
+    if (!W.initialized) {
+        pthread_mutex_unlock(&W.direct_lock);
+        return kolo__err(KOLO_ERR_NOT_INITIALIZED, "%s: kolo was shut down", fn);
+    }
+    pthread_mutex_lock(&W.pset_lock);
+    *g = kolo__pset_get(pset);
+    pthread_mutex_unlock(&W.pset_lock);
+    if (!*g) {
+        pthread_mutex_unlock(&W.direct_lock);
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: unknown process set %d", fn, pset);
+    }
+    if ((*g)->rank < 0) {
+        pthread_mutex_unlock(&W.direct_lock);
+        return kolo__err(KOLO_ERR_NOT_MEMBER, "%s: rank %d is not a member of process set %d", fn, W.info.rank, pset);
+    }
+    return KOLO_OK;
+}
+
+static int leave(int st)
+{
+    pthread_mutex_unlock(&W.direct_lock);
+    return st;
+}
+
+static int check_dtype_op(const char *fn, kolo_dtype_t dtype, int op)
+{
+    if ((unsigned)dtype >= KOLO_DTYPE_COUNT) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
+    if (op < 0) return KOLO_OK;
+    if ((unsigned)op >= KOLO_OP_COUNT) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: unknown reduction op %d", fn, op);
+    if (!kolo__op_valid(dtype, (kolo_op_t)op))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: op %s is not defined for dtype %s", fn, kolo_op_name((kolo_op_t)op),
+                         kolo_dtype_name(dtype));
+    return KOLO_OK;
+}
+
+static int check_scale(const char *fn, double pre, double post)
+{
+    if (!(pre == pre) || !(post == post) || pre - pre != 0 || post - post != 0)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: scale factors must be finite (prescale %g, postscale %g)", fn, pre, post);
+    return KOLO_OK;
+}
+
+static int check_count(const char *fn, const char *what, size_t count, kolo_dtype_t dtype)
+{
+    if (count > ((size_t)1 << 48) / kolo_dtype_size(dtype))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s %zu is too large (negative value cast to size_t?)", fn, what, count);
+    return KOLO_OK;
+}
+
+int kolo_allreduce(const void *sendbuf, void *recvbuf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                   double postscale, int pset)
+{
+    const char *fn = "kolo_allreduce";
+    int st = check_dtype_op(fn, dtype, (int)op);
+    if (!st) st = check_scale(fn, prescale, postscale);
+    if (!st) st = check_count(fn, "count", count, dtype);
+    if (st) return st;
+    if (count && (!sendbuf || !recvbuf))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn, sendbuf ? "recvbuf" : "sendbuf", count);
+    kolo__group *g;
+    if ((st = enter(fn, pset, &g))) return st;
+    return leave(kolo__coll_allreduce(W.mesh[0], g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
+}
+
+int kolo_allgather(const void *sendbuf, size_t sendcount, void *recvbuf, const size_t *recvcounts, kolo_dtype_t dtype,
+                   int pset)
+{
+    const char *fn = "kolo_allgather";
+    int st = check_dtype_op(fn, dtype, -1);
+    if (!st) st = check_count(fn, "sendcount", sendcount, dtype);
+    if (st) return st;
+    kolo__group *g;
+    if ((st = enter(fn, pset, &g))) return st;
+    size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
+    if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
+    size_t total = 0;
+    for (int i = 0; i < g->size; i++) {
+        counts[i] = recvcounts ? recvcounts[i] : sendcount;
+        total += counts[i];
+    }
+    if (recvcounts && recvcounts[g->rank] != sendcount)
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: recvcounts[%d] is %zu but this rank sends %zu", fn, g->rank,
+                       recvcounts[g->rank], sendcount);
+    else if ((sendcount && !sendbuf) || (total && !recvbuf))
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, !recvbuf ? "recvbuf" : "sendbuf");
+    else if (total > ((size_t)1 << 48) / kolo_dtype_size(dtype))
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: recvcounts add up to %zu elements: too large", fn, total);
+    if (!st) st = kolo__coll_allgather(W.mesh[0], g, sendbuf, recvbuf, counts, kolo_dtype_size(dtype));
+    kolo__free(counts);
+    return leave(st);
+}
+
+int kolo_broadcast(void *buf, size_t count, kolo_dtype_t dtype, int root, int pset)
+{
+    const char *fn = "kolo_broadcast";
+    int st = check_dtype_op(fn, dtype, -1);
+    if (!st) st = check_count(fn, "count", count, dtype);
+    if (st) return st;
+    if (count && !buf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: buf is NULL with count %zu", fn, count);
+    kolo__group *g;
+    if ((st = enter(fn, pset, &g))) return st;
+    if (root < 0 || root >= g->size)
+        return leave(kolo__err(KOLO_ERR_INVALID_ARG, "%s: root %d is not a rank of process set %d (size %d)", fn, root,
+                               pset, g->size));
+    return leave(kolo__coll_broadcast(W.mesh[0], g, buf, count * kolo_dtype_size(dtype), root));
+}
+
+int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf, const size_t *recvcounts,
+                  kolo_dtype_t dtype, int pset)
+{
+    const char *fn = "kolo_alltoall";
+    int st = check_dtype_op(fn, dtype, -1);
+    if (st) return st;
+    if (!sendcounts || !recvcounts)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, sendcounts ? "recvcounts" : "sendcounts");
+    kolo__group *g;
+    if ((st = enter(fn, pset, &g))) return st;
+    size_t stot = 0, rtot = 0;
+    for (int i = 0; i < g->size && !st; i++) {
+        if ((st = check_count(fn, "sendcounts[i]", sendcounts[i], dtype))) break;
+        if ((st = check_count(fn, "recvcounts[i]", recvcounts[i], dtype))) break;
+        stot += sendcounts[i];
+        rtot += recvcounts[i];
+    }
+    if (!st && ((stot && !sendbuf) || (rtot && !recvbuf)))
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, stot && !sendbuf ? "sendbuf" : "recvbuf");
+    if (!st && sendcounts[g->rank] != recvcounts[g->rank])
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: this rank sends itself %zu elements but expects %zu", fn,
+                       sendcounts[g->rank], recvcounts[g->rank]);
+    if (!st && sendbuf && recvbuf && sendbuf == recvbuf && stot)
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: cannot run in place (sendbuf == recvbuf)", fn);
+    if (!st) st = kolo__coll_alltoall(W.mesh[0], g, sendbuf, sendcounts, recvbuf, recvcounts, kolo_dtype_size(dtype));
+    return leave(st);
+}
+
+size_t kolo_reducescatter_rows(size_t rows, int n, int r)
+{
+    if (n <= 0 || r < 0 || r >= n) return 0;
+    return rows / (size_t)n + ((size_t)r < rows % (size_t)n);
+}
+
+int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t row_count, kolo_dtype_t dtype,
+                       kolo_op_t op, double prescale, double postscale, int pset)
+{
+    const char *fn = "kolo_reducescatter";
+    int st = check_dtype_op(fn, dtype, (int)op);
+    if (!st) st = check_scale(fn, prescale, postscale);
+    if (!st && row_count && rows > ((size_t)1 << 48) / row_count)
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: %zu rows of %zu elements is too large", fn, rows, row_count);
+    if (!st) st = check_count(fn, "rows * row_count", rows * row_count, dtype);
+    if (st) return st;
+    if (rows != 0 && row_count != 0 && !sendbuf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
+    kolo__group *g;
+    if ((st = enter(fn, pset, &g))) return st;
+    size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
+    if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
+    for (int i = 0; i < g->size; i++) counts[i] = kolo_reducescatter_rows(rows, g->size, i) * row_count;
+    if (counts[g->rank] && !recvbuf) st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: recvbuf is NULL", fn);
+    else if (sendbuf && sendbuf == recvbuf && counts[g->rank])
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: cannot run in place (sendbuf == recvbuf)", fn);
+    if (!st) st = kolo__coll_reducescatter(W.mesh[0], g, sendbuf, recvbuf, counts, dtype, op, prescale, postscale);
+    kolo__free(counts);
+    return leave(st);
+}
+
+int kolo_barrier(int pset)
+{
+    kolo__group *g;
+    int st = enter("kolo_barrier", pset, &g);
+    if (st) return st;
+    return leave(kolo__coll_barrier(W.mesh[0], g));
+}

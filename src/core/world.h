@@ -1,0 +1,35 @@
+/* world.h - the process-wide state behind the public API, shared with the engine. */
+#ifndef KOLO_WORLD_H
+#define KOLO_WORLD_H
+
+#include "../boot/env.h"
+#include "../boot/store.h"
+#include "../coll/coll.h"
+
+#include <pthread.h>
+
+#define KOLO_MAX_PSETS 256
+
+typedef struct kolo__world {
+    int initialized;
+    kolo__world_info info;
+    int local_rank, local_size, cross_rank, cross_size;
+    kolo__mesh *mesh[KOLO_NCHANNELS];
+    kolo__peer_info *peers;
+    kolo__store_server *server; /* when this rank serves the rendezvous store */
+    /* Serializes direct collectives of user threads on channel 0. Lock order: direct_lock,
+     * then pset_lock. */
+    pthread_mutex_t direct_lock;
+    /* Guards the process-set table (the engine thread reads it). */
+    pthread_mutex_t pset_lock;
+    kolo__group *psets[KOLO_MAX_PSETS]; /* [0] is the world; NULL: free id */
+    int next_pset;
+} kolo__world;
+
+extern kolo__world kolo__W;
+
+/* The group of a process set id, or NULL (message set) when the id is unknown. Caller holds
+ * pset_lock or is the only thread touching the table. */
+kolo__group *kolo__pset_get(int id);
+
+#endif

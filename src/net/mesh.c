@@ -1,0 +1,749 @@
+/* mesh.c - assembling the job: publish this rank, learn every peer, connect to all of them.
+ *
+ * Steps:
+ *   1. Pick the local address: the one on the interface that routes to the rendezvous host
+ *      (a UDP connect() reveals it without sending anything), or the first address of an
+ *      interface allowed by KOLO_IFACE. Listen there on port 0.
+ *   2. Publish "<job>/peer/<rank>" = address, port, pid, host key, host name; read every
+ *      other rank's entry, waiting until KOLO_START_TIMEOUT, then name the missing ranks.
+ *   3. For each channel and each pair, the higher rank connects to the lower one. Handshake
+ *      (all fixed-size binary messages; HMAC-SHA256 with the job secret, distinct labels):
+ *        A (acceptor) -> C: "KOLOMSH1", rank_a, nonce_a
+ *        C -> A: "KOLOMSH1", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
+ *        A -> C: mac(accept: job, nonce_c, rank_a, channel, rank_c), transport offer
+ *                (tcp, or shm with a segment name), A's pid and a probe address for CMA
+ *        C -> A: shm opened and token matched?, CMA read of A's probe worked?, C's probe address
+ *        A -> C: CMA read of C's probe worked?
+ *      A proves its identity to C and C to A; neither answer can be replayed (fresh nonces,
+ *      labels per direction). Shared memory is offered only when the host keys (boot id +
+ *      network namespace) are equal, and used only when the peer actually finds the creator's
+ *      token in the segment, so "same host" is proven, not guessed from a hostname.
+ *   4. Anything else that connects (a stranger, garbage, a wrong secret, a duplicate) is
+ *      refused, logged with its address, and the start-up goes on. All sockets are
+ *      non-blocking in one poll() loop, so a silent stranger cannot stall the others.
+ *      The listening socket is closed at the end: no port stays open after start-up.
+ */
+#include "transport.h"
+
+#include "../boot/auth.h"
+#include "../boot/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define HS_MAGIC "KOLOMSH1"
+#define HELLO_A_LEN (8 + 4 + KOLO_NONCE_LEN)
+#define HELLO_C_LEN (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)
+#define SHM_NAME_LEN 96
+#define ACK_LEN (KOLO_MAC_LEN + 4 + SHM_NAME_LEN + 4 + 8 + 8)
+#define RESULT_LEN (4 + 4 + 8 + 8)
+#define FINAL_LEN 4
+#define HS_BUF 192
+
+/* CMA probe: a value the peer reads from our memory to prove process_vm_readv works */
+static volatile uint64_t cma_probe = 0x6b6f6c6f2d636d61ull;
+
+enum hs_state {
+    HS_CONNECTING,  /* C: waiting for connect() */
+    HS_WAIT_HELLO_A,
+    HS_WAIT_HELLO_C,
+    HS_WAIT_ACK,
+    HS_WAIT_RESULT,
+    HS_WAIT_FINAL,
+    HS_DONE,
+    HS_FREE
+};
+
+typedef struct hs {
+    int fd, state, role; /* role: 'A' or 'C' */
+    int peer, channel;
+    uint64_t deadline, retry_at;
+    size_t need, have;
+    unsigned char in[HS_BUF];
+    unsigned char nonce[KOLO_NONCE_LEN];
+    char shm_name[SHM_NAME_LEN];
+    char from[96];
+    kolo__conn *conn;
+} hs;
+
+typedef struct build {
+    const kolo__world_info *wi;
+    kolo__mesh **meshes;
+    kolo__peer_info *peers;
+    int tcp_only, want_cma;
+    size_t ring, cma_threshold;
+    hs *hss;
+    size_t nhs, caphs;
+    int pending_in, pending_out;
+    unsigned char *ready; /* [channel * size + peer]: handshake complete */
+} build;
+
+/* ---- local address ---- */
+
+static bool iface_allowed(const char *name, const char *spec)
+{
+    if (!spec || !*spec) return strncmp(name, "lo", 2) != 0 && strncmp(name, "docker", 6) != 0;
+    bool exclude = spec[0] == '^';
+    if (exclude) spec++;
+    bool exact = spec[0] == '=';
+    if (exact) spec++;
+    bool match = false;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (exact ? strcmp(name, tok) == 0 : strncmp(name, tok, strlen(tok)) == 0) match = true;
+    }
+    return exclude ? !match : match;
+}
+
+static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
+{
+    const char *spec = kolo__setting_str(KOLO_SET_IFACE);
+    if (!*spec) {
+        /* the address that routes to the rendezvous host */
+        struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+        char port[16];
+        snprintf(port, sizeof(port), "%d", wi->rdv_port);
+        int g = getaddrinfo(wi->rdv_host, port, &hints, &res);
+        if (g != 0)
+            return kolo__err(KOLO_ERR_STARTUP, "cannot resolve the rendezvous host '%s': %s", wi->rdv_host,
+                             gai_strerror(g));
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof(sa);
+        int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                 getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
+        int e = errno;
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        if (!ok) return kolo__err_sys(e, "no route to the rendezvous host %s:%d", wi->rdv_host, wi->rdv_port);
+        inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
+        return KOLO_OK;
+    }
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return kolo__err_sys(errno, "listing network interfaces");
+    int found = 0;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+        if (!iface_allowed(i->ifa_name, spec)) continue;
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, (socklen_t)cap);
+        found = 1;
+    }
+    freeifaddrs(ifs);
+    if (!found) return kolo__err(KOLO_ERR_STARTUP, "no IPv4 interface matches KOLO_IFACE='%s'", spec);
+    return KOLO_OK;
+}
+
+static void host_key(char *out, size_t cap)
+{
+    char boot[64] = "noboot", ns[64] = "nons";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (fgets(boot, sizeof(boot), f)) boot[strcspn(boot, "\n")] = '\0';
+        fclose(f);
+    }
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+    if (n > 0) ns[n] = '\0';
+    snprintf(out, cap, "%s/%s", boot, ns);
+}
+
+/* ---- helpers ---- */
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t get32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* HMAC over job id, nonce and three integers: the fields each side must bind. */
+static int hs_mac(uint8_t out[KOLO_MAC_LEN], const kolo__world_info *wi, const char *label,
+                  const unsigned char *nonce, uint32_t a, uint32_t b, uint32_t c)
+{
+    unsigned char msg[sizeof(wi->job_id) + KOLO_NONCE_LEN + 12];
+    size_t jl = strlen(wi->job_id);
+    memcpy(msg, wi->job_id, jl);
+    memcpy(msg + jl, nonce, KOLO_NONCE_LEN);
+    put32(msg + jl + KOLO_NONCE_LEN, a);
+    put32(msg + jl + KOLO_NONCE_LEN + 4, b);
+    put32(msg + jl + KOLO_NONCE_LEN + 8, c);
+    return kolo__hmac(out, wi->secret, wi->secret_len, label, msg, jl + KOLO_NONCE_LEN + 12);
+}
+
+static int send_all(hs *h, const void *buf, size_t len)
+{
+    /* handshake messages are < 200 bytes on a fresh socket: they always fit its buffer */
+    ssize_t k = send(h->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k == (ssize_t)len) return 0;
+    return -1;
+}
+
+static hs *hs_new(build *b)
+{
+    for (size_t i = 0; i < b->nhs; i++)
+        if (b->hss[i].state == HS_FREE) return memset(&b->hss[i], 0, sizeof(hs));
+    if (b->nhs == b->caphs) {
+        size_t nc = b->caphs ? b->caphs * 2 : 16;
+        hs *n = kolo__realloc(b->hss, nc * sizeof(hs));
+        if (!n) return NULL;
+        b->hss = n;
+        b->caphs = nc;
+    }
+    return memset(&b->hss[b->nhs++], 0, sizeof(hs));
+}
+
+static void refuse(hs *h, const char *why)
+{
+    KOLO_WARN("refused a connection from %s: %s", h->from, why);
+    close(h->fd);
+    h->fd = -1;
+    h->state = HS_FREE;
+}
+
+static kolo__conn *conn_new(build *b, int channel, int peer, int fd)
+{
+    kolo__conn *c = kolo__calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->mesh = b->meshes[channel];
+    c->peer = peer;
+    c->fd = fd;
+    c->sendq_tail = &c->sendq;
+    c->recvq_tail = &c->recvq;
+    return c;
+}
+
+/* ---- acceptor side ---- */
+
+static int on_hello_c(build *b, hs *h)
+{
+    const kolo__world_info *wi = b->wi;
+    if (memcmp(h->in, HS_MAGIC, 8) != 0) {
+        refuse(h, "not a kolo peer (bad magic)");
+        return KOLO_OK;
+    }
+    uint32_t rc = get32(h->in + 8), ch = get32(h->in + 12);
+    const unsigned char *nonce_c = h->in + 16, *mac = h->in + 16 + KOLO_NONCE_LEN;
+    uint8_t want[KOLO_MAC_LEN];
+    if (hs_mac(want, wi, "kolo-mesh-connect", h->nonce, rc, ch, (uint32_t)wi->rank) != KOLO_OK) return KOLO_ERR_INTERNAL;
+    if (!kolo__mac_equal(want, mac)) {
+        refuse(h, "it does not hold this job's secret (or belongs to another job)");
+        return KOLO_OK;
+    }
+    if ((int)rc <= wi->rank || (int)rc >= wi->size || ch >= KOLO_NCHANNELS) {
+        refuse(h, "it claims a rank or channel that cannot connect here");
+        return KOLO_OK;
+    }
+    if (b->meshes[ch]->conns[rc]) {
+        refuse(h, "duplicate connection for a rank already connected");
+        return KOLO_OK;
+    }
+    h->peer = (int)rc;
+    h->channel = (int)ch;
+    kolo__conn *c = conn_new(b, (int)ch, (int)rc, h->fd);
+    if (!c) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a connection");
+    h->conn = c;
+    b->meshes[ch]->conns[rc] = c;
+
+    unsigned char ack[ACK_LEN];
+    memset(ack, 0, sizeof(ack));
+    if (hs_mac(ack, wi, "kolo-mesh-accept", nonce_c, (uint32_t)wi->rank, ch, rc) != KOLO_OK) return KOLO_ERR_INTERNAL;
+    uint32_t offer = 0;
+    if (!b->tcp_only && strcmp(b->peers[rc].hostkey, b->peers[wi->rank].hostkey) == 0) {
+        if (kolo__shm_create(c, h->shm_name, sizeof(h->shm_name), b->ring) == KOLO_OK) offer = 1;
+        else KOLO_WARN("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
+    }
+    put32(ack + KOLO_MAC_LEN, offer);
+    memcpy(ack + KOLO_MAC_LEN + 4, h->shm_name, SHM_NAME_LEN);
+    put32(ack + KOLO_MAC_LEN + 4 + SHM_NAME_LEN, (uint32_t)getpid());
+    put64(ack + KOLO_MAC_LEN + 8 + SHM_NAME_LEN, (uint64_t)(uintptr_t)&cma_probe);
+    put64(ack + KOLO_MAC_LEN + 16 + SHM_NAME_LEN, cma_probe);
+    if (send_all(h, ack, sizeof(ack)) != 0) {
+        return kolo__err(KOLO_ERR_STARTUP, "rank %d on %s hung up during the handshake", (int)rc, h->from);
+    }
+    h->state = HS_WAIT_RESULT;
+    h->need = RESULT_LEN;
+    h->have = 0;
+    return KOLO_OK;
+}
+
+static bool cma_probe_peer(int pid, uint64_t addr, uint64_t expect)
+{
+    uint64_t v = 0;
+    struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)addr, sizeof(v)};
+    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) && v == expect;
+}
+
+static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
+{
+    kolo__conn *c = h->conn;
+    if (!shm_ok) {
+        if (c->tp == &kolo__shm_transport) c->tp->close(c);
+        c->priv = NULL;
+        int st = kolo__tcp_attach(c);
+        if (st != KOLO_OK) return st;
+    } else {
+        int st = set_nonblock(c->fd);
+        if (st != 0) return kolo__err_sys(errno, "configuring the socket to rank %d", c->peer);
+        if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold);
+    }
+    KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
+              kolo__peer_name(c->mesh, c->peer), c->tp->name,
+              c->tp == &kolo__shm_transport ? (cma_ok && b->want_cma ? " (single-copy CMA for large messages)" : " (ring copies)") : "");
+    h->state = HS_DONE;
+    h->fd = -1; /* owned by the conn now */
+    b->ready[h->channel * b->wi->size + c->peer] = 1;
+    return KOLO_OK;
+}
+
+static int on_result(build *b, hs *h)
+{
+    bool shm_ok = get32(h->in) != 0, cma_c = get32(h->in + 4) != 0;
+    uint64_t addr = get64(h->in + 8), val = get64(h->in + 16);
+    bool cma_a = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);
+    unsigned char fin[FINAL_LEN];
+    put32(fin, cma_a);
+    if (send_all(h, fin, sizeof(fin)) != 0)
+        return kolo__err(KOLO_ERR_STARTUP, "rank %d hung up during the handshake", h->peer);
+    if (h->shm_name[0]) kolo__shm_unlink(h->shm_name);
+    h->shm_name[0] = '\0';
+    b->pending_in--;
+    return finish_transport(b, h, shm_ok, cma_a && cma_c);
+}
+
+/* ---- connector side ---- */
+
+static int on_hello_a(build *b, hs *h)
+{
+    const kolo__world_info *wi = b->wi;
+    if (memcmp(h->in, HS_MAGIC, 8) != 0 || (int)get32(h->in + 8) != h->peer)
+        return kolo__err(KOLO_ERR_PROTOCOL, "the process at %s:%d is not rank %d of this job (bad greeting)",
+                         b->peers[h->peer].addr, b->peers[h->peer].port, h->peer);
+    unsigned char msg[HELLO_C_LEN];
+    memcpy(msg, HS_MAGIC, 8);
+    put32(msg + 8, (uint32_t)wi->rank);
+    put32(msg + 12, (uint32_t)h->channel);
+    int st = kolo__random_bytes(h->nonce, KOLO_NONCE_LEN);
+    if (st != KOLO_OK) return st;
+    memcpy(msg + 16, h->nonce, KOLO_NONCE_LEN);
+    if (hs_mac(msg + 16 + KOLO_NONCE_LEN, wi, "kolo-mesh-connect", h->in + 12, (uint32_t)wi->rank,
+               (uint32_t)h->channel, (uint32_t)h->peer) != KOLO_OK)
+        return KOLO_ERR_INTERNAL;
+    if (send_all(h, msg, sizeof(msg)) != 0)
+        return kolo__err(KOLO_ERR_STARTUP, "rank %d hung up during the handshake", h->peer);
+    h->state = HS_WAIT_ACK;
+    h->need = ACK_LEN;
+    h->have = 0;
+    return KOLO_OK;
+}
+
+static int on_ack(build *b, hs *h)
+{
+    const kolo__world_info *wi = b->wi;
+    uint8_t want[KOLO_MAC_LEN];
+    if (hs_mac(want, wi, "kolo-mesh-accept", h->nonce, (uint32_t)h->peer, (uint32_t)h->channel,
+               (uint32_t)wi->rank) != KOLO_OK)
+        return KOLO_ERR_INTERNAL;
+    if (!kolo__mac_equal(want, h->in))
+        return kolo__err(KOLO_ERR_AUTH,
+                         "the process at %s:%d (published as rank %d) could not prove it holds the job secret",
+                         b->peers[h->peer].addr, b->peers[h->peer].port, h->peer);
+    kolo__conn *c = conn_new(b, h->channel, h->peer, h->fd);
+    if (!c) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a connection");
+    h->conn = c;
+    b->meshes[h->channel]->conns[h->peer] = c;
+    uint32_t offer = get32(h->in + KOLO_MAC_LEN);
+    char name[SHM_NAME_LEN + 1];
+    memcpy(name, h->in + KOLO_MAC_LEN + 4, SHM_NAME_LEN);
+    name[SHM_NAME_LEN] = '\0';
+    uint64_t addr = get64(h->in + KOLO_MAC_LEN + 8 + SHM_NAME_LEN);
+    uint64_t val = get64(h->in + KOLO_MAC_LEN + 16 + SHM_NAME_LEN);
+    bool shm_ok = false, cma_c = false;
+    if (offer == 1) {
+        shm_ok = kolo__shm_open(c, name, b->ring) == KOLO_OK;
+        if (!shm_ok) KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
+        cma_c = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);
+    }
+    unsigned char res[RESULT_LEN];
+    put32(res, shm_ok);
+    put32(res + 4, cma_c);
+    put64(res + 8, (uint64_t)(uintptr_t)&cma_probe);
+    put64(res + 16, cma_probe);
+    if (send_all(h, res, sizeof(res)) != 0)
+        return kolo__err(KOLO_ERR_STARTUP, "rank %d hung up during the handshake", h->peer);
+    h->shm_name[0] = shm_ok ? 1 : 0; /* remember the outcome until FINAL */
+    h->state = HS_WAIT_FINAL;
+    h->need = FINAL_LEN;
+    h->have = 0;
+    return KOLO_OK;
+}
+
+static int start_connect(build *b, hs *h)
+{
+    const kolo__peer_info *p = &b->peers[h->peer];
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
+    if (inet_pton(AF_INET, p->addr, &sa.sin_addr) != 1)
+        return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
+    h->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (h->fd < 0) return kolo__err_sys(errno, "socket()");
+    snprintf(h->from, sizeof(h->from), "%s:%d", p->addr, p->port);
+    if (connect(h->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        close(h->fd);
+        h->fd = -1;
+        if (e == ECONNREFUSED) { /* retry shortly */
+            h->retry_at = kolo__now_ns() + 20000000;
+            return KOLO_OK;
+        }
+        return kolo__err_sys(e, "connecting to rank %d at %s", h->peer, h->from);
+    }
+    h->state = HS_CONNECTING;
+    return KOLO_OK;
+}
+
+static int on_readable(build *b, hs *h)
+{
+    ssize_t k = recv(h->fd, h->in + h->have, h->need - h->have, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return KOLO_OK;
+    if (k <= 0) {
+        if (h->role == 'A' && (h->state == HS_WAIT_HELLO_C)) {
+            refuse(h, "it hung up before identifying itself");
+            return KOLO_OK;
+        }
+        return kolo__err(KOLO_ERR_STARTUP, "rank %d (%s) hung up during the connection handshake", h->peer, h->from);
+    }
+    h->have += (size_t)k;
+    if (h->have < h->need) return KOLO_OK;
+    switch (h->state) {
+    case HS_WAIT_HELLO_C: return on_hello_c(b, h);
+    case HS_WAIT_HELLO_A: return on_hello_a(b, h);
+    case HS_WAIT_ACK: return on_ack(b, h);
+    case HS_WAIT_RESULT: return on_result(b, h);
+    case HS_WAIT_FINAL: {
+        bool cma_a = get32(h->in) != 0;
+        bool shm_ok = h->shm_name[0] == 1;
+        b->pending_out--;
+        return finish_transport(b, h, shm_ok, cma_a && shm_ok && h->conn->priv);
+    }
+    default: return kolo__err(KOLO_ERR_INTERNAL, "handshake in state %d", h->state);
+    }
+}
+
+/* ---- the loop ---- */
+
+static int run_handshakes(build *b, int lfd, uint64_t deadline)
+{
+    const kolo__world_info *wi = b->wi;
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        for (int p = 0; p < wi->rank; p++) {
+            hs *h = hs_new(b);
+            if (!h) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the handshake table");
+            h->role = 'C';
+            h->peer = p;
+            h->channel = ch;
+            h->fd = -1;
+            h->state = HS_CONNECTING;
+            h->retry_at = 1; /* connect at once */
+        }
+    }
+    struct pollfd *pfd = NULL;
+    size_t cap = 0;
+    int st = KOLO_OK;
+    while (b->pending_in > 0 || b->pending_out > 0) {
+        uint64_t now = kolo__now_ns();
+        if (now > deadline) {
+            char missing[512] = "";
+            size_t w = 0;
+            for (int p = 0; p < wi->size && w < sizeof(missing) - 16; p++) {
+                if (p == wi->rank) continue;
+                for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
+                    if (!b->ready[ch * wi->size + p]) {
+                        w += (size_t)snprintf(missing + w, sizeof(missing) - w, "%s%d", w ? ", " : "", p);
+                        break;
+                    }
+            }
+            return kolo__err(KOLO_ERR_STARTUP,
+                             "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%.0f s): "
+                             "a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
+                             wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
+        }
+        if (cap < b->nhs + 1) {
+            cap = b->nhs + 16;
+            struct pollfd *n = kolo__realloc(pfd, cap * sizeof(*pfd));
+            if (!n) {
+                kolo__free(pfd);
+                return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for poll()");
+            }
+            pfd = n;
+        }
+        nfds_t n = 0;
+        pfd[n].fd = lfd;
+        pfd[n].events = POLLIN;
+        n++;
+        for (size_t i = 0; i < b->nhs; i++) {
+            hs *h = &b->hss[i];
+            if (h->state == HS_DONE || h->state == HS_FREE) continue;
+            if (h->role == 'C' && h->fd < 0 && h->retry_at && now >= h->retry_at) {
+                st = start_connect(b, h);
+                if (st != KOLO_OK) goto out;
+            }
+            if (h->role == 'A' && now > h->deadline) {
+                refuse(h, "it sent no valid greeting within 5 s");
+                continue;
+            }
+            if (h->fd < 0) continue;
+            pfd[n].fd = h->fd;
+            pfd[n].events = h->state == HS_CONNECTING ? POLLOUT : POLLIN;
+            pfd[n].revents = 0;
+            n++;
+        }
+        int r = poll(pfd, n, 10);
+        if (r < 0 && errno != EINTR) {
+            st = kolo__err_sys(errno, "poll()");
+            goto out;
+        }
+        if (pfd[0].revents & POLLIN) {
+            struct sockaddr_in sa;
+            socklen_t sl = sizeof(sa);
+            int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                hs *h = hs_new(b);
+                if (!h) {
+                    close(fd);
+                    st = kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the handshake table");
+                    goto out;
+                }
+                h->role = 'A';
+                h->fd = fd;
+                h->peer = -1;
+                h->state = HS_WAIT_HELLO_C;
+                h->need = HELLO_C_LEN;
+                h->deadline = kolo__now_ns() + 5000000000ull;
+                char ip[32];
+                inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+                snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(sa.sin_port));
+                unsigned char hello[HELLO_A_LEN];
+                memcpy(hello, HS_MAGIC, 8);
+                put32(hello + 8, (uint32_t)wi->rank);
+                st = kolo__random_bytes(h->nonce, KOLO_NONCE_LEN);
+                if (st != KOLO_OK) goto out;
+                memcpy(hello + 12, h->nonce, KOLO_NONCE_LEN);
+                if (send_all(h, hello, sizeof(hello)) != 0) refuse(h, "it hung up at once");
+            }
+        }
+        /* pfd entries after the listener map onto live handshakes in table order */
+        nfds_t k = 1;
+        for (size_t i = 0; i < b->nhs && k < n; i++) {
+            hs *h = &b->hss[i];
+            if (h->state == HS_DONE || h->state == HS_FREE || h->fd < 0 || pfd[k].fd != h->fd) continue;
+            short re = pfd[k++].revents;
+            if (!re) continue;
+            if (h->state == HS_CONNECTING) {
+                int err = 0;
+                socklen_t el = sizeof(err);
+                getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+                if (err) {
+                    close(h->fd);
+                    h->fd = -1;
+                    h->retry_at = kolo__now_ns() + 20000000;
+                    continue;
+                }
+                h->state = HS_WAIT_HELLO_A;
+                h->need = HELLO_A_LEN;
+                h->have = 0;
+                continue;
+            }
+            st = on_readable(b, h);
+            if (st != KOLO_OK) goto out;
+        }
+    }
+out:
+    kolo__free(pfd);
+    return st;
+}
+
+static int publish_and_learn(build *b, kolo__store *store, const char *addr, int port, uint64_t deadline)
+{
+    const kolo__world_info *wi = b->wi;
+    kolo__peer_info *me = &b->peers[wi->rank];
+    snprintf(me->addr, sizeof(me->addr), "%s", addr);
+    me->port = port;
+    me->pid = (int)getpid();
+    host_key(me->hostkey, sizeof(me->hostkey));
+    const char *hn = kolo__setting_str(KOLO_SET_HOSTNAME);
+    if (*hn) snprintf(me->hostname, sizeof(me->hostname), "%s", hn);
+    else if (gethostname(me->hostname, sizeof(me->hostname)) != 0) snprintf(me->hostname, sizeof(me->hostname), "?");
+    me->hostname[sizeof(me->hostname) - 1] = '\0';
+
+    char key[160], val[512];
+    snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, wi->rank);
+    int n = snprintf(val, sizeof(val), "%s %d %d %s %s", me->addr, me->port, me->pid, me->hostkey, me->hostname);
+    int st = kolo__store_set(store, key, val, (size_t)n);
+    if (st != KOLO_OK) return st;
+    for (int r = 0; r < wi->size; r++) {
+        if (r == wi->rank) continue;
+        snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, r);
+        void *v = NULL;
+        size_t len = 0;
+        double left = (double)(deadline > kolo__now_ns() ? deadline - kolo__now_ns() : 0) * 1e-9;
+        st = kolo__store_get(store, key, &v, &len, left);
+        if (st == KOLO_ERR_TIMEOUT) {
+            /* name every rank that is still missing */
+            char missing[512] = "";
+            size_t w = 0;
+            int count = 0;
+            for (int q = r; q < wi->size; q++) {
+                if (q == wi->rank) continue;
+                snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, q);
+                void *v2 = NULL;
+                size_t l2;
+                if (kolo__store_get(store, key, &v2, &l2, 0) == KOLO_OK) {
+                    kolo__free(v2);
+                    continue;
+                }
+                count++;
+                if (w < sizeof(missing) - 16) w += (size_t)snprintf(missing + w, sizeof(missing) - w, "%s%d", w ? ", " : "", q);
+            }
+            return kolo__err(KOLO_ERR_STARTUP,
+                             "rank %d waited %.0f s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
+                             "rendezvous %s:%d: missing rank(s) %s",
+                             wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), count, wi->rdv_host, wi->rdv_port,
+                             missing);
+        }
+        if (st != KOLO_OK) return st;
+        char text[512];
+        size_t tl = KOLO_MIN(len, sizeof(text) - 1);
+        memcpy(text, v, tl);
+        text[tl] = '\0';
+        kolo__free(v);
+        kolo__peer_info *p = &b->peers[r];
+        if (sscanf(text, "%63s %d %d %95s %127s", p->addr, &p->port, &p->pid, p->hostkey, p->hostname) != 5)
+            return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a malformed address record '%s'", r, text);
+    }
+    return KOLO_OK;
+}
+
+int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers_out,
+                     const kolo__world_info *wi, kolo__store *store)
+{
+    build b;
+    memset(&b, 0, sizeof(b));
+    b.wi = wi;
+    b.meshes = meshes;
+    const char *tp = kolo__setting_str(KOLO_SET_TRANSPORT);
+    if (strcmp(tp, "tcp") == 0) b.tcp_only = 1;
+    else if (strcmp(tp, "auto") != 0 && strcmp(tp, "shm") != 0 && *tp)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_TRANSPORT='%s' is not one of auto, tcp", tp);
+    b.want_cma = kolo__setting_long(KOLO_SET_SHM_CMA) != 0;
+    b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
+    b.cma_threshold = 128 * 1024;
+    uint64_t deadline = kolo__now_ns() + (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
+
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) meshes[ch] = NULL;
+    b.peers = kolo__calloc((size_t)wi->size, sizeof(kolo__peer_info));
+    b.ready = kolo__calloc((size_t)wi->size * KOLO_NCHANNELS, 1);
+    if (!b.peers || !b.ready) {
+        kolo__free(b.peers);
+        kolo__free(b.ready);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for %d peers", wi->size);
+    }
+    int st = KOLO_OK;
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        kolo__mesh *m = kolo__calloc(1, sizeof(*m));
+        if (m) m->conns = kolo__calloc((size_t)wi->size, sizeof(kolo__conn *));
+        if (!m || !m->conns) {
+            kolo__free(m);
+            st = kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the connection table");
+            goto err;
+        }
+        m->rank = wi->rank;
+        m->size = wi->size;
+        m->channel = ch;
+        m->peers = b.peers;
+        m->op_timeout_ns = (uint64_t)(kolo__setting_double(KOLO_SET_OP_TIMEOUT) * 1e9);
+        m->spin_ns = (uint64_t)kolo__setting_long(KOLO_SET_SPIN_US) * 1000u;
+        meshes[ch] = m;
+    }
+    char addr[64];
+    st = pick_address(wi, addr, sizeof(addr));
+    if (st != KOLO_OK) goto err;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (lfd < 0) {
+        st = kolo__err_sys(errno, "socket()");
+        goto err;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    socklen_t sl = sizeof(sa);
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 128) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
+        st = kolo__err_sys(errno, "listening on %s:0", addr);
+        close(lfd);
+        goto err;
+    }
+    st = publish_and_learn(&b, store, addr, ntohs(sa.sin_port), deadline);
+    if (st == KOLO_OK) {
+        b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;
+        b.pending_out = wi->rank * KOLO_NCHANNELS;
+        st = run_handshakes(&b, lfd, deadline);
+    }
+    close(lfd);
+    for (size_t i = 0; i < b.nhs; i++) {
+        hs *h = &b.hss[i];
+        if (h->fd >= 0 && h->state != HS_DONE && h->state != HS_FREE && !h->conn) close(h->fd);
+        if (h->shm_name[0] == '/') kolo__shm_unlink(h->shm_name);
+    }
+    kolo__free(b.hss);
+    kolo__free(b.ready);
+    b.ready = NULL;
+    if (st != KOLO_OK) goto err;
+    *peers_out = b.peers;
+    return KOLO_OK;
+err:
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        kolo__mesh_destroy(meshes[ch]);
+        meshes[ch] = NULL;
+    }
+    kolo__free(b.peers);
+    kolo__free(b.ready);
+    return st;
+}
+
+void kolo__mesh_destroy(kolo__mesh *m)
+{
+    if (!m) return;
+    for (int p = 0; p < m->size; p++) {
+        kolo__conn *c = m->conns[p];
+        if (!c) continue;
+        if (c->tp) c->tp->close(c);
+        if (c->fd >= 0) close(c->fd);
+        kolo__free(c);
+    }
+    kolo__free(m->conns);
+    kolo__free(m->scratch[0]);
+    kolo__free(m->scratch[1]);
+    kolo__free(m);
+}

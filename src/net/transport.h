@@ -1,0 +1,156 @@
+/* transport.h - point-to-point connections behind one vtable of non-blocking calls, and the
+ * mesh of connections from this rank to every other rank of the job.
+ *
+ * A connection (kolo__conn) is an ordered, reliable stream of framed messages to one peer on
+ * one channel. Sends and receives are queued as kolo__xfer records and complete in the order
+ * they were posted, per direction. Matching is by order: both sides of a pair must post their
+ * messages in the same order (the collectives guarantee it), and every message carries a
+ * 16-byte header with a magic number and its length, so a receiver that expected another
+ * size reports a mismatch naming the peer instead of reading garbage.
+ *
+ * Channels: the job has KOLO_NCHANNELS independent meshes over the same peers. Channel 0
+ * carries the direct (blocking) collectives of user threads, channel 1 belongs to the engine
+ * thread; messages of the two never share a stream, so neither can see the other's bytes.
+ *
+ * Transports fill a kolo__transport table:
+ *   tcp.c  non-blocking sockets (writev/readv straight from and to user buffers)
+ *   shm.c  a ring per direction in a shared segment; large messages optionally read
+ *          single-copy from the sender's memory with process_vm_readv (CMA)
+ * Every connection, whatever its transport, keeps the TCP socket it was authenticated on:
+ * for shm it is the liveness sentinel (the kernel closes it when the peer dies).
+ */
+#ifndef KOLO_TRANSPORT_H
+#define KOLO_TRANSPORT_H
+
+#include "../boot/env.h"
+#include "../common/common.h"
+
+#define KOLO_NCHANNELS 2
+#define KOLO_CHANNEL_DIRECT 0
+#define KOLO_CHANNEL_ENGINE 1
+
+#define KOLO_MSG_MAGIC 0x4b4f4c4du /* "KOLM" */
+#define KOLO_HDR_LEN 16
+
+typedef struct kolo__conn kolo__conn;
+typedef struct kolo__xfer kolo__xfer;
+typedef struct kolo__mesh kolo__mesh;
+
+enum { KOLO_XFER_SEND = 1, KOLO_XFER_RECV = 2 };
+
+/* One queued send or receive. Owned by the caller (usually on its stack) until it completes;
+ * the caller must not touch buf meanwhile. */
+struct kolo__xfer {
+    kolo__xfer *next;
+    kolo__conn *conn;
+    char *buf;
+    size_t len;       /* payload bytes */
+    size_t done;      /* payload bytes moved */
+    unsigned hdr_done;
+    int kind;
+    int status;       /* 1 pending, 0 done, < 0 failed */
+    uint64_t cma_seq; /* shm: sequence of a single-copy send awaiting the peer's ack */
+    unsigned char hdr[KOLO_HDR_LEN];
+};
+
+typedef struct kolo__transport {
+    const char *name;
+    /* Moves as many queued bytes as possible without blocking; completes xfers. Returns
+     * KOLO_OK, or an error that has already been recorded with kolo__err and that fails the
+     * whole connection. */
+    int (*progress)(kolo__conn *c);
+    /* Frees the transport's private state (not the socket, not the conn). */
+    void (*close)(kolo__conn *c);
+} kolo__transport;
+
+struct kolo__conn {
+    const kolo__transport *tp;
+    kolo__mesh *mesh;
+    int peer;              /* world rank */
+    int fd;                /* TCP socket: data (tcp) or liveness sentinel (shm) */
+    kolo__xfer *sendq, *recvq;
+    kolo__xfer **sendq_tail, **recvq_tail;
+    int error;             /* 0, or the status that broke this connection */
+    void *priv;            /* transport state */
+};
+
+/* What every rank publishes about itself at rendezvous. */
+typedef struct kolo__peer_info {
+    char addr[64];        /* numeric IP it listens on */
+    int port;
+    int pid;
+    char hostkey[96];     /* boot id + network namespace: equal means "maybe the same host" */
+    char hostname[128];
+} kolo__peer_info;
+
+struct kolo__mesh {
+    int rank, size, channel;
+    kolo__conn **conns;             /* [size]; conns[rank] is NULL */
+    const kolo__peer_info *peers;   /* shared by all channels; owned by the world */
+    uint64_t op_timeout_ns;
+    uint64_t spin_ns;
+    int failed;                     /* first job error seen on this mesh, or 0 */
+    char failmsg[512];
+    /* scratch memory of the collectives running on this mesh (one thread at a time) */
+    void *scratch[2];
+    size_t scratch_cap[2];
+};
+
+/* The transports (tcp.c, shm.c). */
+extern const kolo__transport kolo__tcp_transport;
+extern const kolo__transport kolo__shm_transport;
+
+/* ---- Posting and waiting (xfer.c) ---- */
+
+/* Queue a send or receive of len bytes on the connection to world rank `peer`. Never blocks.
+ * On a broken mesh or connection the xfer fails at once (x->status < 0). */
+void kolo__isend(kolo__mesh *m, int peer, const void *buf, size_t len, kolo__xfer *x);
+void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
+
+/* Drives every connection of the mesh until all n xfers are complete. Busy-polls for
+ * KOLO_SPIN_US, then yields the core between polls, then sleeps in short steps (so idle
+ * waiters on an oversubscribed host let the others run). Watches every peer's liveness:
+ * a peer that dies, even one not involved in these xfers, fails the wait within a few
+ * milliseconds with KOLO_ERR_PEER_LOST naming it. No progress for KOLO_OP_TIMEOUT
+ * seconds fails with KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also
+ * marks the mesh failed: later calls fail at once with the same message. */
+int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
+/* kolo__wait for one xfer */
+int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
+
+/* Helpers for transports: frame header and queue bookkeeping. */
+void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t len);
+/* Validates a received header against the xfer's expected length; returns status (with a
+ * message naming the peer). *flags receives the header's flags. */
+int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);
+/* Marks the head xfer of a queue complete and pops it. */
+void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status);
+/* Breaks the connection: records status/message, fails every queued xfer, marks the mesh. */
+int kolo__conn_fail(kolo__conn *c, int status);
+
+/* ---- Mesh (mesh.c) ---- */
+
+/* Builds KOLO_NCHANNELS meshes: listens, publishes this rank through the store (already
+ * connected), learns every peer, connects to all of them with the job secret's
+ * challenge-response, and picks shm or tcp per peer. On success meshes[c] are set and
+ * *peers (array of size) and per-rank host info are filled in. */
+struct kolo__store;
+int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
+                     const kolo__world_info *wi, struct kolo__store *store);
+void kolo__mesh_destroy(kolo__mesh *m);
+
+/* Host of a world rank for messages: "hostname (addr)". */
+const char *kolo__peer_name(const kolo__mesh *m, int peer);
+
+/* ---- Transport set-up hooks used by mesh.c ---- */
+int kolo__tcp_attach(kolo__conn *c);
+/* Lower rank creates the segment; returns the name to send to the peer. */
+int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size);
+int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size);
+/* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
+ * if a process dies later). */
+void kolo__shm_unlink(const char *name);
+/* Enables single-copy reads from the peer (after a successful CMA probe). */
+void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold);
+
+#endif

@@ -1,0 +1,282 @@
+/* xfer.c - posting sends and receives on a mesh, and the one wait loop every collective uses.
+ *
+ * The wait loop is where latency and fairness are decided (see shared/reference/machine.md:
+ * a blocking wake-up costs ~35 us on this kind of VM, a spinning poll ~0.2 us over shared
+ * memory). So a waiter busy-polls for KOLO_SPIN_US, then yields its core between polls
+ * (sched_yield lets an oversubscribed peer run), and after ~5 ms of nothing sleeps in short
+ * steps, or in poll() when only sockets are pending. About every millisecond it also polls
+ * the sockets of ALL peers for a hang-up: a dead rank's kernel closes its sockets, so every
+ * survivor learns of the death within milliseconds even if it was waiting on someone else.
+ */
+#include "transport.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t len)
+{
+    uint32_t magic = KOLO_MSG_MAGIC;
+    memcpy(hdr, &magic, 4);
+    memcpy(hdr + 4, &flags, 4);
+    memcpy(hdr + 8, &len, 8);
+}
+
+const char *kolo__peer_name(const kolo__mesh *m, int peer)
+{
+    static _Thread_local char buf[224];
+    if (!m->peers || peer < 0 || peer >= m->size) return "?";
+    snprintf(buf, sizeof(buf), "%s (%s)", m->peers[peer].hostname, m->peers[peer].addr);
+    return buf;
+}
+
+int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
+{
+    uint32_t magic;
+    uint64_t len;
+    memcpy(&magic, x->hdr, 4);
+    memcpy(flags, x->hdr + 4, 4);
+    memcpy(&len, x->hdr + 8, 8);
+    if (magic != KOLO_MSG_MAGIC)
+        return kolo__err(KOLO_ERR_PROTOCOL,
+                         "garbled message from rank %d on %s: bad magic 0x%08x (expected 0x%08x)", c->peer,
+                         kolo__peer_name(c->mesh, c->peer), magic, KOLO_MSG_MAGIC);
+    if (len != x->len)
+        return kolo__err(KOLO_ERR_MISMATCH,
+                         "rank %d on %s sent %llu bytes where rank %d expected %zu: the ranks called "
+                         "collectives with different counts, dtypes or orders",
+                         c->peer, kolo__peer_name(c->mesh, c->peer), (unsigned long long)len, c->mesh->rank,
+                         x->len);
+    return KOLO_OK;
+}
+
+void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status)
+{
+    kolo__xfer *x = *q;
+    *q = x->next;
+    if (!*q) *tail = q;
+    x->next = NULL;
+    x->status = status;
+}
+
+static void mesh_mark_failed(kolo__mesh *m, int status)
+{
+    if (m->failed) return;
+    m->failed = status;
+    snprintf(m->failmsg, sizeof(m->failmsg), "%s", kolo__errmsg());
+}
+
+int kolo__conn_fail(kolo__conn *c, int status)
+{
+    if (!c->error) {
+        c->error = status;
+        KOLO_ERROR("%s", kolo__errmsg());
+    }
+    mesh_mark_failed(c->mesh, status);
+    while (c->sendq) kolo__xfer_complete(&c->sendq, &c->sendq_tail, status);
+    while (c->recvq) kolo__xfer_complete(&c->recvq, &c->recvq_tail, status);
+    return status;
+}
+
+static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, int kind)
+{
+    x->next = NULL;
+    x->buf = buf;
+    x->len = len;
+    x->done = 0;
+    x->hdr_done = 0;
+    x->kind = kind;
+    x->cma_seq = 0;
+    x->status = 1;
+    kolo__conn *c = (peer >= 0 && peer < m->size) ? m->conns[peer] : NULL;
+    x->conn = c;
+    if (!c) {
+        x->status = kolo__err(KOLO_ERR_INTERNAL, "no connection from rank %d to rank %d", m->rank, peer);
+        return;
+    }
+    if (m->failed) {
+        x->status = kolo__err(m->failed, "%s", m->failmsg);
+        return;
+    }
+    if (kind == KOLO_XFER_SEND) {
+        if (kolo__inject_send_failure()) {
+            x->status = kolo__err(KOLO_ERR_SYSTEM, "send to rank %d on %s failed: injected failure (test hook)",
+                                  peer, kolo__peer_name(m, peer));
+            kolo__conn_fail(c, x->status);
+            return;
+        }
+        kolo__hdr_pack(x->hdr, 0, len);
+        *c->sendq_tail = x;
+        c->sendq_tail = &x->next;
+    } else {
+        *c->recvq_tail = x;
+        c->recvq_tail = &x->next;
+    }
+}
+
+void kolo__isend(kolo__mesh *m, int peer, const void *buf, size_t len, kolo__xfer *x)
+{
+    post(m, peer, (char *)(uintptr_t)buf, len, x, KOLO_XFER_SEND);
+}
+
+void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x)
+{
+    post(m, peer, buf, len, x, KOLO_XFER_RECV);
+}
+
+/* Polls every peer's socket for a hang-up without consuming data. */
+static int check_liveness(kolo__mesh *m)
+{
+    struct pollfd pfd[64];
+    int idx[64];
+    for (int base = 0; base < m->size; base += 64) {
+        int n = 0;
+        for (int p = base; p < m->size && n < 64; p++) {
+            kolo__conn *c = m->conns[p];
+            if (!c || c->error || c->fd < 0) continue;
+            pfd[n].fd = c->fd;
+            pfd[n].events = POLLRDHUP;
+            pfd[n].revents = 0;
+            idx[n++] = p;
+        }
+        if (n == 0) continue;
+        int r = poll(pfd, (nfds_t)n, 0);
+        if (r <= 0) continue;
+        for (int i = 0; i < n; i++) {
+            if (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+                kolo__conn *c = m->conns[idx[i]];
+                /* A tcp conn may still hold the peer's last bytes; let progress drain them and
+                 * report EOF itself. A shm sentinel carries no data: a hang-up is a death. */
+                if (c->tp == &kolo__tcp_transport) {
+                    int st = c->tp->progress(c);
+                    if (st == KOLO_OK && !c->error) {
+                        char b;
+                        ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                        if (k > 0) continue; /* data for a later receive */
+                    } else if (c->error) {
+                        return c->error;
+                    }
+                }
+                kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: its connection closed (the process died or shut down)",
+                          c->peer, kolo__peer_name(m, c->peer));
+                return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
+            }
+        }
+    }
+    return KOLO_OK;
+}
+
+static int all_done(kolo__xfer *const *xs, int n, int *status)
+{
+    int done = 1;
+    for (int i = 0; i < n; i++) {
+        if (xs[i]->status < 0) {
+            *status = xs[i]->status;
+            return 1;
+        }
+        if (xs[i]->status != 0) done = 0;
+    }
+    return done;
+}
+
+/* Blocks in poll() on the sockets of pending tcp conns, up to ms milliseconds. */
+static void sleep_on_sockets(kolo__mesh *m, int ms)
+{
+    struct pollfd pfd[64];
+    int n = 0;
+    bool only_tcp = true;
+    for (int p = 0; p < m->size && n < 64; p++) {
+        kolo__conn *c = m->conns[p];
+        if (!c || c->error || (!c->sendq && !c->recvq)) continue;
+        if (c->tp != &kolo__tcp_transport) {
+            only_tcp = false;
+            break;
+        }
+        pfd[n].fd = c->fd;
+        pfd[n].events = (short)((c->recvq ? POLLIN : 0) | (c->sendq ? POLLOUT : 0));
+        pfd[n].revents = 0;
+        n++;
+    }
+    if (only_tcp && n > 0) {
+        poll(pfd, (nfds_t)n, ms);
+    } else {
+        struct timespec ts = {0, 100000}; /* 100 us */
+        nanosleep(&ts, NULL);
+    }
+}
+
+int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
+{
+    int status = KOLO_OK;
+    if (all_done(xs, n, &status)) goto out;
+    uint64_t start = kolo__now_ns(), last_progress = start, next_check = start + 1000000;
+    for (unsigned iter = 0;; iter++) {
+        bool moved = false;
+        for (int p = 0; p < m->size; p++) {
+            kolo__conn *c = m->conns[p];
+            if (!c || (!c->sendq && !c->recvq)) continue;
+            size_t before = (c->sendq ? c->sendq->done + c->sendq->hdr_done : 0) +
+                            (c->recvq ? c->recvq->done + c->recvq->hdr_done : 0);
+            kolo__xfer *sq = c->sendq, *rq = c->recvq;
+            int st = c->tp->progress(c);
+            if (st != KOLO_OK) break; /* the conn failed its xfers; all_done sees it */
+            size_t after = (c->sendq ? c->sendq->done + c->sendq->hdr_done : 0) +
+                           (c->recvq ? c->recvq->done + c->recvq->hdr_done : 0);
+            if (after != before || sq != c->sendq || rq != c->recvq) moved = true;
+        }
+        if (all_done(xs, n, &status)) goto out;
+        if (moved) {
+            last_progress = 0; /* re-read the clock lazily */
+            continue;
+        }
+        if ((iter & 63) != 0) {
+            cpu_relax();
+            continue;
+        }
+        uint64_t now = kolo__now_ns();
+        if (last_progress == 0) last_progress = now;
+        if (now >= next_check) {
+            next_check = now + 1000000;
+            status = check_liveness(m);
+            if (status != KOLO_OK) {
+                all_done(xs, n, &status);
+                goto out;
+            }
+            if (now - last_progress > m->op_timeout_ns) {
+                char who[256] = "";
+                size_t w = 0;
+                for (int i = 0; i < n && w < sizeof(who) - 16; i++)
+                    if (xs[i]->status == 1 && xs[i]->conn)
+                        w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d", w ? ", " : "", xs[i]->conn->peer);
+                status = kolo__err(KOLO_ERR_TIMEOUT,
+                                   "rank %d waited %.0f s for rank(s) %s without progress (KOLO_OP_TIMEOUT): "
+                                   "the peer is alive but stopped answering (stopped, swapping, or stuck "
+                                   "outside kolo)",
+                                   m->rank, (double)m->op_timeout_ns * 1e-9, who);
+                KOLO_ERROR("%s", kolo__errmsg());
+                mesh_mark_failed(m, status);
+                goto out;
+            }
+        }
+        uint64_t idle = now - last_progress;
+        if (idle < m->spin_ns) {
+            cpu_relax();
+        } else if (idle < 5000000) {
+            sched_yield();
+        } else {
+            sleep_on_sockets(m, 1);
+        }
+    }
+out:
+    return status;
+}
+
+int kolo__wait1(kolo__mesh *m, kolo__xfer *x) { return kolo__wait(m, &x, 1); }
