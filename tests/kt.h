@@ -61,6 +61,28 @@ void kt_fail(const char *file, int line, const char *fmt, ...) __attribute__((no
         if (!kt_h || !strstr(kt_h, (needle))) kt_fail(__FILE__, __LINE__, "'%s' does not contain '%s'", kt_h ? kt_h : "(null)", (needle)); \
     } while (0)
 
+/* ---- Workers ----
+ * KT_WORKER(name) { ... } defines a program the test binary runs as `kolo-tests --worker name
+ * [args]` (e.g. under kolorun or mpirun); its body gets argc/argv from the name on (argv[0] is
+ * the name) and returns the exit code. */
+typedef struct kt_worker {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    struct kt_worker *next;
+} kt_worker;
+void kt_register_worker(kt_worker *w);
+#define KT_WORKER(name)                                                                            \
+    static int kt_w_fn_##name(int argc, char **argv);                                              \
+    static kt_worker kt_w_##name = {#name, kt_w_fn_##name, NULL};                                 \
+    __attribute__((constructor)) static void kt_wreg_##name(void) { kt_register_worker(&kt_w_##name); } \
+    static int kt_w_fn_##name(int argc, char **argv)
+
+/* The build tree this test binary belongs to (e.g. "/work/main/build" or ".../build/asan"), so
+ * tests can run kt_build_dir()/bin/kolorun. Also exported to children as KT_BUILD_DIR. */
+const char *kt_build_dir(void);
+/* Absolute path of this test binary (to run it as a worker). */
+const char *kt_self(void);
+
 /* ---- Multi-rank jobs ----
  * kt_job runs fn(rank, arg) in n forked processes that form one kolo job: the parent starts
  * a rendezvous store on 127.0.0.1 port 0 with a fresh secret and gives each child

@@ -1,6 +1,5 @@
 /* runner.c - runs every KT_TEST (or those whose name contains an argument) each in its own
  * process group under its timeout, and prints one line per test and "N passed, N failed". */
-#define _GNU_SOURCE
 #include "kt.h"
 
 #include "../src/boot/auth.h"
