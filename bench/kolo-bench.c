@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -463,7 +465,8 @@ static int bench(const opts *o)
     return failed ? 1 : (total_wrong ? 3 : 0);
 }
 
-/* -np N without a launcher: serve a store, fork N ranks, wait for them. */
+/* -np N without a launcher: a store in a child process (so that this process stays
+ * single-threaded and forks its ranks safely), N forked ranks, wait for all. */
 static int fork_ranks(const opts *o)
 {
     char secret[80], buf[64];
@@ -471,12 +474,27 @@ static int fork_ranks(const opts *o)
         fprintf(stderr, "kolo-bench: %s\n", kolo_last_error());
         return 1;
     }
-    kolo__store_server *srv = NULL;
-    if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) != KOLO_OK) {
-        fprintf(stderr, "kolo-bench: cannot start the rendezvous store: %s\n", kolo_last_error());
+    int p[2], port = -1;
+    if (pipe(p) != 0) return 1;
+    fflush(stdout);
+    pid_t store = fork();
+    if (store == 0) {
+        close(p[0]);
+        kolo__store_server *srv = NULL;
+        if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) == KOLO_OK)
+            port = kolo__store_server_port(srv);
+        else
+            fprintf(stderr, "kolo-bench: cannot start the rendezvous store: %s\n", kolo_last_error());
+        if (write(p[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(1);
+        for (;;) pause();
+    }
+    close(p[1]);
+    if (store < 0 || read(p[0], &port, sizeof(port)) != (ssize_t)sizeof(port) || port <= 0) {
+        if (store > 0) kill(store, SIGKILL);
         return 1;
     }
-    snprintf(buf, sizeof(buf), "127.0.0.1:%d", kolo__store_server_port(srv));
+    close(p[0]);
+    snprintf(buf, sizeof(buf), "127.0.0.1:%d", port);
     setenv("KOLO_RENDEZVOUS", buf, 1);
     setenv("KOLO_SECRET", secret, 1);
     snprintf(buf, sizeof(buf), "kolo-bench-%d", (int)getpid());
@@ -484,28 +502,32 @@ static int fork_ranks(const opts *o)
     snprintf(buf, sizeof(buf), "%d", o->np);
     setenv("KOLO_SIZE", buf, 1);
     pid_t pids[256];
-    fflush(stdout);
     for (int r = 0; r < o->np; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             snprintf(buf, sizeof(buf), "%d", r);
             setenv("KOLO_RANK", buf, 1);
-            fflush(stdout);
             _exit(bench(o));
         }
     }
     int rc = 0;
-    for (int r = 0; r < o->np; r++) {
+    for (int left = o->np; left > 0; left--) {
         int s;
-        waitpid(pids[r], &s, 0);
+        pid_t w = wait(&s);
+        if (w == store) {
+            left++;
+            continue;
+        }
         int code = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-        if (code && !rc) rc = code;
-        if (code) {
-            /* a failed rank: the others fail too within seconds; don't wait on stragglers */
+        if (code && !rc) {
+            rc = code;
+            /* the others fail within moments; make sure none lingers */
             for (int q = 0; q < o->np; q++) kill(pids[q], SIGTERM);
         }
     }
-    kolo__store_server_stop(srv);
+    kill(store, SIGKILL);
+    waitpid(store, NULL, 0);
     return rc;
 }
 

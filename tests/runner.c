@@ -173,18 +173,40 @@ static void child_env(int rank, int n, int port, const char *secret, const char 
     }
 }
 
+/* The store runs in a child process of its own: forking ranks from a process that has a server
+ * thread could copy a lock that thread holds (OpenSSL's, for instance) into the rank, which
+ * would then deadlock on it. The parent stays single-threaded. */
+static pid_t spawn_store(const char *secret, int *port)
+{
+    int p[2];
+    if (pipe(p) != 0) kt_fail(__FILE__, __LINE__, "pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) kt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(p[0]);
+        kolo__store_server *srv = NULL;
+        int prt = -1;
+        if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) == 0) prt = kolo__store_server_port(srv);
+        else fprintf(stderr, "store server: %s\n", kolo_last_error());
+        if (write(p[1], &prt, sizeof(prt)) != (ssize_t)sizeof(prt)) _exit(1);
+        close(p[1]);
+        for (;;) pause(); /* killed by kt_job */
+    }
+    close(p[1]);
+    if (read(p[0], port, sizeof(*port)) != (ssize_t)sizeof(*port) || *port <= 0)
+        kt_fail(__FILE__, __LINE__, "the store server did not start");
+    close(p[0]);
+    return pid;
+}
+
 int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts *opts, int *status)
 {
     char secret[80], jobid[64];
     if (kolo__secret_make(secret, sizeof(secret)) != 0) kt_fail(__FILE__, __LINE__, "secret");
     snprintf(jobid, sizeof(jobid), "kt%d-%ld", (int)getpid(), (long)(now() * 1e6));
-    kolo__store_server *srv = NULL;
+    pid_t store = -1;
     int port = 0;
-    if (!(opts && opts->no_store)) {
-        int s = kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret));
-        if (s != 0) kt_fail(__FILE__, __LINE__, "store server: %s", kolo_last_error());
-        port = kolo__store_server_port(srv);
-    }
+    if (!(opts && opts->no_store)) store = spawn_store(secret, &port);
     pid_t pids[64];
     if (n > 64) kt_fail(__FILE__, __LINE__, "too many ranks");
     fflush(stdout);
@@ -209,7 +231,10 @@ int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts 
         if (status) status[r] = st;
         if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) bad++;
     }
-    kolo__store_server_stop(srv);
+    if (store > 0) {
+        kill(store, SIGKILL);
+        waitpid(store, NULL, 0);
+    }
     return bad;
 }
 

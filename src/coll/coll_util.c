@@ -5,6 +5,7 @@
 
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
 {
+    if (n == 0) n = 64; /* a valid pointer even for empty buffers */
     if (n <= m->scratch_cap[area]) return m->scratch[area];
     void *p = kolo__malloc_aligned(n);
     if (!p) {

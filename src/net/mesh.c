@@ -598,14 +598,18 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     else if (gethostname(me->hostname, sizeof(me->hostname)) != 0) snprintf(me->hostname, sizeof(me->hostname), "?");
     me->hostname[sizeof(me->hostname) - 1] = '\0';
 
+    /* keys carry the init epoch: a job whose ranks shut down and init again (in lockstep)
+     * must not read the addresses of their previous incarnation */
+    static int epoch;
+    epoch++;
     char key[160], val[512];
-    snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, wi->rank);
+    snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, wi->rank);
     int n = snprintf(val, sizeof(val), "%s %d %d %s %s", me->addr, me->port, me->pid, me->hostkey, me->hostname);
     int st = kolo__store_set(store, key, val, (size_t)n);
     if (st != KOLO_OK) return st;
     for (int r = 0; r < wi->size; r++) {
         if (r == wi->rank) continue;
-        snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, r);
+        snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, r);
         void *v = NULL;
         size_t len = 0;
         double left = (double)(deadline > kolo__now_ns() ? deadline - kolo__now_ns() : 0) * 1e-9;
@@ -617,7 +621,7 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
             int count = 0;
             for (int q = r; q < wi->size; q++) {
                 if (q == wi->rank) continue;
-                snprintf(key, sizeof(key), "%s/peer/%d", wi->job_id, q);
+                snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, q);
                 void *v2 = NULL;
                 size_t l2;
                 if (kolo__store_get(store, key, &v2, &l2, 0) == KOLO_OK) {
@@ -738,6 +742,7 @@ void kolo__mesh_destroy(kolo__mesh *m)
     for (int p = 0; p < m->size; p++) {
         kolo__conn *c = m->conns[p];
         if (!c) continue;
+        if (c->tp && !c->error && !m->failed) c->tp->goodbye(c);
         if (c->tp) c->tp->close(c);
         if (c->fd >= 0) close(c->fd);
         kolo__free(c);

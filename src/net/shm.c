@@ -37,6 +37,7 @@ typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
     _Alignas(64) uint64_t token;
+    _Atomic uint32_t closed; /* the producer shut down cleanly after its last message */
 } ring_ctl;
 
 typedef struct shm_priv {
@@ -238,7 +239,19 @@ static void shm_close(kolo__conn *c)
     c->priv = NULL;
 }
 
-const kolo__transport kolo__shm_transport = {"shm", shm_progress, shm_close};
+static void shm_goodbye(kolo__conn *c)
+{
+    shm_priv *s = c->priv;
+    if (s) atomic_store_explicit(&s->tx_ctl->closed, 1, memory_order_release);
+}
+
+static bool shm_left_cleanly(kolo__conn *c)
+{
+    shm_priv *s = c->priv;
+    return s && atomic_load_explicit(&s->rx_ctl->closed, memory_order_acquire) == 1;
+}
+
+const kolo__transport kolo__shm_transport = {"shm", shm_progress, shm_close, shm_goodbye, shm_left_cleanly};
 
 static int map_segment(kolo__conn *c, int fd, size_t ring, int creator)
 {

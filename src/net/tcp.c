@@ -120,7 +120,37 @@ static int tcp_progress(kolo__conn *c)
 
 static void tcp_close(kolo__conn *c) { (void)c; }
 
-const kolo__transport kolo__tcp_transport = {"tcp", tcp_progress, tcp_close};
+static void tcp_goodbye(kolo__conn *c)
+{
+    unsigned char hdr[KOLO_HDR_LEN];
+    kolo__hdr_pack(hdr, KOLO_HDR_GOODBYE, 0);
+    ssize_t k = send(c->fd, hdr, sizeof(hdr), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)k; /* best effort: a peer that misses it only reports us as lost */
+}
+
+/* The unread bytes must be whole frames ending with a goodbye. More than we can peek is taken
+ * as clean: a later receive that needs more than the peer sent still fails at EOF. */
+static bool tcp_left_cleanly(kolo__conn *c)
+{
+    static _Thread_local unsigned char buf[1 << 16];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return false;
+    size_t pos = 0;
+    while (pos + KOLO_HDR_LEN <= (size_t)n) {
+        uint32_t magic, flags;
+        uint64_t len;
+        memcpy(&magic, buf + pos, 4);
+        memcpy(&flags, buf + pos + 4, 4);
+        memcpy(&len, buf + pos + 8, 8);
+        if (magic != KOLO_MSG_MAGIC) return false;
+        if (flags & KOLO_HDR_GOODBYE) return pos + KOLO_HDR_LEN == (size_t)n;
+        if (len > (size_t)n) return true;
+        pos += KOLO_HDR_LEN + (size_t)len;
+    }
+    return pos > (size_t)n;
+}
+
+const kolo__transport kolo__tcp_transport = {"tcp", tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly};
 
 int kolo__tcp_attach(kolo__conn *c)
 {

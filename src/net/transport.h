@@ -31,6 +31,8 @@
 
 #define KOLO_MSG_MAGIC 0x4b4f4c4du /* "KOLM" */
 #define KOLO_HDR_LEN 16
+/* header flag of the last frame a rank sends on a stream when it shuts down cleanly */
+#define KOLO_HDR_GOODBYE 0x80000000u
 
 typedef struct kolo__conn kolo__conn;
 typedef struct kolo__xfer kolo__xfer;
@@ -61,6 +63,10 @@ typedef struct kolo__transport {
     int (*progress)(kolo__conn *c);
     /* Frees the transport's private state (not the socket, not the conn). */
     void (*close)(kolo__conn *c);
+    /* Clean shutdown: tell the peer this side leaves on purpose (all its sends are done). */
+    void (*goodbye)(kolo__conn *c);
+    /* After the peer hung up and everything it sent before was drained: did it say goodbye? */
+    bool (*left_cleanly)(kolo__conn *c);
 } kolo__transport;
 
 struct kolo__conn {
@@ -71,6 +77,7 @@ struct kolo__conn {
     kolo__xfer *sendq, *recvq;
     kolo__xfer **sendq_tail, **recvq_tail;
     int error;             /* 0, or the status that broke this connection */
+    int gone;              /* the peer shut down cleanly (said goodbye) */
     void *priv;            /* transport state */
 };
 
@@ -125,7 +132,9 @@ void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t le
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);
 /* Marks the head xfer of a queue complete and pops it. */
 void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status);
-/* Breaks the connection: records status/message, fails every queued xfer, marks the mesh. */
+/* Breaks the connection: records status/message, fails every queued xfer, and fails the mesh:
+ * a job error aborts every connection of the mesh (shutdown of its sockets), so that every
+ * peer sees this rank hang up without a goodbye and fails too, within milliseconds. */
 int kolo__conn_fail(kolo__conn *c, int status);
 
 /* ---- Mesh (mesh.c) ---- */

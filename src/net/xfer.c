@@ -45,6 +45,11 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
     memcpy(&magic, x->hdr, 4);
     memcpy(flags, x->hdr + 4, 4);
     memcpy(&len, x->hdr + 8, 8);
+    if (magic == KOLO_MSG_MAGIC && (*flags & KOLO_HDR_GOODBYE))
+        return kolo__err(KOLO_ERR_PEER_LOST,
+                         "rank %d on %s shut down while rank %d still expected %zu bytes from it: the ranks did not "
+                         "call the same collectives",
+                         c->peer, kolo__peer_name(c->mesh, c->peer), c->mesh->rank, x->len);
     if (magic != KOLO_MSG_MAGIC)
         return kolo__err(KOLO_ERR_PROTOCOL,
                          "garbled message from rank %d on %s: bad magic 0x%08x (expected 0x%08x)", c->peer,
@@ -72,6 +77,9 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     if (m->failed) return;
     m->failed = status;
     snprintf(m->failmsg, sizeof(m->failmsg), "%s", kolo__errmsg());
+    /* abort: every peer sees us hang up without a goodbye and fails as well */
+    for (int p = 0; p < m->size; p++)
+        if (m->conns[p] && m->conns[p]->fd >= 0) shutdown(m->conns[p]->fd, SHUT_RDWR);
 }
 
 int kolo__conn_fail(kolo__conn *c, int status)
@@ -132,6 +140,28 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x)
     post(m, peer, buf, len, x, KOLO_XFER_RECV);
 }
 
+static int lost(kolo__conn *c, const char *why)
+{
+    kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer), why);
+    return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
+}
+
+/* A peer hung up. It is an error if it left without a goodbye (it died, or it failed and
+ * aborted the job), or if we still need bytes from it or have bytes for it. */
+static int on_hangup(kolo__conn *c)
+{
+    int st = c->tp->progress(c); /* drain what it sent before leaving */
+    if (st != KOLO_OK || c->error) return c->error ? c->error : st;
+    if (!c->gone && !c->tp->left_cleanly(c))
+        return lost(c, "its connection closed without a goodbye (the process died, or it hit an error and aborted "
+                       "the job)");
+    c->gone = 1;
+    if (c->sendq || c->recvq)
+        return lost(c, "it shut down while this rank still had messages to exchange with it: the ranks did not "
+                       "call the same collectives");
+    return KOLO_OK;
+}
+
 /* Polls every peer's socket for a hang-up without consuming data. */
 static int check_liveness(kolo__mesh *m)
 {
@@ -139,9 +169,10 @@ static int check_liveness(kolo__mesh *m)
     int idx[64];
     for (int base = 0; base < m->size; base += 64) {
         int n = 0;
-        for (int p = base; p < m->size && n < 64; p++) {
+        for (int p = base; p < m->size && p < base + 64; p++) {
             kolo__conn *c = m->conns[p];
             if (!c || c->error || c->fd < 0) continue;
+            if (c->gone && !c->sendq && !c->recvq) continue;
             pfd[n].fd = c->fd;
             pfd[n].events = POLLRDHUP;
             pfd[n].revents = 0;
@@ -152,22 +183,8 @@ static int check_liveness(kolo__mesh *m)
         if (r <= 0) continue;
         for (int i = 0; i < n; i++) {
             if (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-                kolo__conn *c = m->conns[idx[i]];
-                /* A tcp conn may still hold the peer's last bytes; let progress drain them and
-                 * report EOF itself. A shm sentinel carries no data: a hang-up is a death. */
-                if (c->tp == &kolo__tcp_transport) {
-                    int st = c->tp->progress(c);
-                    if (st == KOLO_OK && !c->error) {
-                        char b;
-                        ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-                        if (k > 0) continue; /* data for a later receive */
-                    } else if (c->error) {
-                        return c->error;
-                    }
-                }
-                kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: its connection closed (the process died or shut down)",
-                          c->peer, kolo__peer_name(m, c->peer));
-                return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
+                int st = on_hangup(m->conns[idx[i]]);
+                if (st != KOLO_OK) return st;
             }
         }
     }

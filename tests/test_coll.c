@@ -1,0 +1,373 @@
+/* test_coll.c - the conformance suite: every collective x dtype x op x size class against a
+ * reference computed here, on 1 to 8 forked ranks, over shared memory and TCP, with the
+ * default algorithms and with the ring forced on small buffers with tiny chunks. */
+#include "kt.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <unistd.h>
+
+static const kolo_dtype_t all_dtypes[] = {KOLO_UINT8,   KOLO_INT8,     KOLO_UINT16,  KOLO_INT16,
+                                          KOLO_INT32,   KOLO_INT64,    KOLO_FLOAT16, KOLO_BFLOAT16,
+                                          KOLO_FLOAT32, KOLO_FLOAT64,  KOLO_BOOL};
+
+static float half_to_float(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf(1.0f + (float)m / 1024.0f, e - 15);
+    return (h & 0x8000) ? -v : v;
+}
+
+static double getv(const void *buf, size_t i, kolo_dtype_t d)
+{
+    switch (d) {
+    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
+    case KOLO_INT8: return ((const int8_t *)buf)[i];
+    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
+    case KOLO_INT16: return ((const int16_t *)buf)[i];
+    case KOLO_INT32: return ((const int32_t *)buf)[i];
+    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
+    case KOLO_FLOAT16: return half_to_float(((const uint16_t *)buf)[i]);
+    case KOLO_BFLOAT16: {
+        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case KOLO_FLOAT32: return ((const float *)buf)[i];
+    case KOLO_FLOAT64: return ((const double *)buf)[i];
+    case KOLO_BOOL: return ((const uint8_t *)buf)[i] != 0;
+    default: return NAN;
+    }
+}
+
+static int is_float(kolo_dtype_t d)
+{
+    return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
+}
+
+/* wraps a double into the integer type's range, as C arithmetic in that type does */
+static double wrap(double v, kolo_dtype_t d)
+{
+    switch (d) {
+    case KOLO_UINT8: return (uint8_t)(int64_t)v;
+    case KOLO_INT8: return (int8_t)(int64_t)v;
+    case KOLO_UINT16: return (uint16_t)(int64_t)v;
+    case KOLO_INT16: return (int16_t)(int64_t)v;
+    case KOLO_INT32: return (int32_t)(int64_t)v;
+    default: return v;
+    }
+}
+
+/* Expected result of an allreduce over n ranks whose inputs are kt_fill(seed + r), into ref[]. */
+static void reference(double *ref, int n, unsigned seed, size_t count, kolo_dtype_t d, kolo_op_t op, double pre,
+                      double post)
+{
+    size_t es = kolo_dtype_size(d);
+    unsigned char *buf = malloc(count * es + 1);
+    for (int r = 0; r < n; r++) {
+        kt_fill(buf, count, d, seed + (unsigned)r);
+        for (size_t i = 0; i < count; i++) {
+            double v = getv(buf, i, d), acc = ref[i];
+            if (d == KOLO_BOOL) v = v != 0;
+            else if (is_float(d)) v = v * pre;
+            else v = trunc(v * pre);
+            if (r == 0) acc = v;
+            else if (d == KOLO_BOOL) acc = (op == KOLO_SUM || op == KOLO_MAX) ? (acc || v) : (acc && v);
+            else switch (op) {
+                case KOLO_SUM: case KOLO_AVERAGE: acc = wrap(acc + v, d); break;
+                case KOLO_MIN: acc = fmin(acc, v); break;
+                case KOLO_MAX: acc = fmax(acc, v); break;
+                case KOLO_PRODUCT: acc = wrap(acc * v, d); break;
+                default: break;
+                }
+            ref[i] = acc;
+        }
+    }
+    free(buf);
+    for (size_t i = 0; i < count; i++) {
+        double acc = ref[i];
+        if (d == KOLO_BOOL) continue;
+        if (is_float(d)) {
+            ref[i] = acc * post / (op == KOLO_AVERAGE ? n : 1);
+            continue;
+        }
+        acc = wrap(trunc(acc * post), d);
+        if (op == KOLO_AVERAGE) acc = trunc(acc / n);
+        ref[i] = acc;
+    }
+}
+
+static int near(double got, double want, kolo_dtype_t d, kolo_op_t op)
+{
+    if (!is_float(d) || op != KOLO_AVERAGE) {
+        if (d == KOLO_FLOAT16 || d == KOLO_BFLOAT16) return fabs(got - want) <= 1e-2 * fmax(1, fabs(want));
+        return got == want;
+    }
+    double tol = (d == KOLO_FLOAT16 || d == KOLO_BFLOAT16) ? 1e-2 : 1e-6;
+    return fabs(got - want) <= tol * fmax(1, fabs(want));
+}
+
+/* the sizes every collective is run at: empty, one, odd, just below and above the rank count,
+ * a vector tail, and one above the small-allreduce threshold when `big` */
+static size_t sizes[] = {0, 1, 7, 1003, 40000};
+
+static void check_allreduce(int rank, int n, kolo_dtype_t d, kolo_op_t op, size_t count, int inplace, double pre,
+                            double post)
+{
+    size_t es = kolo_dtype_size(d);
+    unsigned seed = (unsigned)(count * 31 + (size_t)d * 7 + (size_t)op);
+    char *send = malloc(count * es + 1), *recv = malloc(count * es + 1);
+    kt_fill(send, count, d, seed + (unsigned)rank);
+    if (inplace) memcpy(recv, send, count * es);
+    KT_OK(kolo_allreduce(inplace ? recv : send, recv, count, d, op, pre, post, KOLO_WORLD));
+    double *ref = calloc(count + 1, sizeof(double));
+    reference(ref, n, seed, count, d, op, pre, post);
+    for (size_t i = 0; i < count; i++) {
+        double want = ref[i], got = getv(recv, i, d);
+        KT_ASSERTF(near(got, want, d, op), "allreduce %s %s count %zu%s pre %g post %g: element %zu is %g, expected %g",
+                   kolo_dtype_name(d), kolo_op_name(op), count, inplace ? " in place" : "", pre, post, i, got, want);
+    }
+    free(ref);
+    /* every rank holds the same bits */
+    size_t bytes = count * es;
+    char *all = malloc(bytes * (size_t)n + 1);
+    KT_OK(kolo_allgather(recv, bytes, all, NULL, KOLO_UINT8, KOLO_WORLD));
+    for (int r = 1; r < n; r++) KT_ASSERTF(memcmp(all, all + bytes * (size_t)r, bytes) == 0, "rank %d's result differs from rank 0's", r);
+    free(all);
+    free(send);
+    free(recv);
+}
+
+static void conformance(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    KT_EQ(kolo_rank(), rank);
+    /* allreduce: every dtype and op that means something for it, every size class */
+    for (size_t di = 0; di < sizeof(all_dtypes) / sizeof(all_dtypes[0]); di++) {
+        kolo_dtype_t d = all_dtypes[di];
+        for (int op = 0; op < KOLO_OP_COUNT; op++) {
+            if (d == KOLO_BOOL && op == KOLO_AVERAGE) continue;
+            for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+                if (sizes[si] > 1003 && op != KOLO_SUM && op != KOLO_MAX) continue;
+                check_allreduce(rank, n, d, (kolo_op_t)op, sizes[si], (int)(si % 2), 1.0, 1.0);
+            }
+        }
+    }
+    /* scale factors */
+    check_allreduce(rank, n, KOLO_FLOAT32, KOLO_SUM, 1003, 0, 0.5, 4.0);
+    check_allreduce(rank, n, KOLO_FLOAT16, KOLO_AVERAGE, 40000, 1, 2.0, 0.5);
+    check_allreduce(rank, n, KOLO_INT32, KOLO_SUM, 1003, 0, 2.0, 3.0);
+    check_allreduce(rank, n, KOLO_INT64, KOLO_AVERAGE, 7, 1, 1.0, 1.0);
+
+    /* allgather with a different count per rank (rank 1 sends nothing) */
+    for (size_t base = 0; base < 3000; base += 1499) {
+        size_t counts[16], total = 0;
+        for (int r = 0; r < n; r++) {
+            counts[r] = r == 1 ? 0 : base + (size_t)r * 3 + 1;
+            total += counts[r];
+        }
+        int32_t *send = malloc(counts[rank] * 4 + 4), *recv = malloc(total * 4 + 4);
+        for (size_t i = 0; i < counts[rank]; i++) send[i] = rank * 100000 + (int32_t)i;
+        KT_OK(kolo_allgather(send, counts[rank], recv, counts, KOLO_INT32, KOLO_WORLD));
+        size_t o = 0;
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < counts[r]; i++, o++)
+                KT_ASSERTF(recv[o] == r * 100000 + (int32_t)i, "allgather: element %zu of rank %d is %d", i, r, recv[o]);
+        /* in place: our block already sits at its offset */
+        size_t off = 0;
+        for (int r = 0; r < rank; r++) off += counts[r];
+        memset(recv, 0, total * 4);
+        for (size_t i = 0; i < counts[rank]; i++) recv[off + i] = rank * 100000 + (int32_t)i;
+        KT_OK(kolo_allgather(recv + off, counts[rank], recv, counts, KOLO_INT32, KOLO_WORLD));
+        o = 0;
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < counts[r]; i++, o++)
+                KT_ASSERTF(recv[o] == r * 100000 + (int32_t)i, "allgather in place: element %zu of rank %d is %d", i, r, recv[o]);
+        free(send);
+        free(recv);
+    }
+    /* broadcast from every root, small and chunked sizes */
+    for (int root = 0; root < n; root++) {
+        size_t counts[] = {0, 1, 333, 300000};
+        for (size_t k = 0; k < 4; k++) {
+            size_t c = counts[k];
+            double *buf = malloc(c * 8 + 8);
+            for (size_t i = 0; i < c; i++) buf[i] = rank == root ? (double)i * 0.25 + root : -1;
+            KT_OK(kolo_broadcast(buf, c, KOLO_FLOAT64, root, KOLO_WORLD));
+            for (size_t i = 0; i < c; i++)
+                KT_ASSERTF(buf[i] == (double)i * 0.25 + root, "broadcast from %d: element %zu is %g", root, i, buf[i]);
+            free(buf);
+        }
+    }
+    /* alltoall with uneven splits, zeros included */
+    {
+        size_t sc[16], rc[16], stot = 0, rtot = 0;
+        for (int d = 0; d < n; d++) {
+            sc[d] = (size_t)((rank + 2 * d) % 3) * 500;
+            rc[d] = (size_t)((d + 2 * rank) % 3) * 500;
+            stot += sc[d];
+            rtot += rc[d];
+        }
+        int64_t *send = malloc(stot * 8 + 8), *recv = malloc(rtot * 8 + 8);
+        size_t o = 0;
+        for (int d = 0; d < n; d++)
+            for (size_t j = 0; j < sc[d]; j++) send[o++] = rank * 1000000 + d * 10000 + (int64_t)j;
+        KT_OK(kolo_alltoall(send, sc, recv, rc, KOLO_INT64, KOLO_WORLD));
+        o = 0;
+        for (int s = 0; s < n; s++)
+            for (size_t j = 0; j < rc[s]; j++, o++)
+                KT_ASSERTF(recv[o] == s * 1000000 + rank * 10000 + (int64_t)j, "alltoall: element %zu from rank %d is %lld", j,
+                           s, (long long)recv[o]);
+        free(send);
+        free(recv);
+    }
+    /* reducescatter: rows not divisible by n, the first rows % n ranks get one more */
+    {
+        size_t rows_list[] = {0, 1, (size_t)n * 5 + (size_t)(n > 1 ? n - 1 : 0), 9001};
+        for (size_t k = 0; k < 4; k++) {
+            size_t rows = rows_list[k], rc = 3, total = rows * rc;
+            float *send = malloc(total * 4 + 4);
+            for (size_t i = 0; i < total; i++) send[i] = (float)((i % 13) + (size_t)rank);
+            size_t mine = kolo_reducescatter_rows(rows, n, rank);
+            size_t first = 0;
+            for (int r = 0; r < rank; r++) first += kolo_reducescatter_rows(rows, n, r);
+            KT_EQ(mine, rows / (size_t)n + ((size_t)rank < rows % (size_t)n));
+            float *recv = malloc(mine * rc * 4 + 4);
+            KT_OK(kolo_reducescatter(send, recv, rows, rc, KOLO_FLOAT32, KOLO_AVERAGE, 1.0, 1.0, KOLO_WORLD));
+            for (size_t i = 0; i < mine * rc; i++) {
+                size_t g = first * rc + i;
+                double want = (double)(g % 13) + (n - 1) / 2.0;
+                KT_ASSERTF(fabs(recv[i] - want) < 1e-5, "reducescatter rows %zu: element %zu is %g, expected %g", rows, i,
+                           recv[i], want);
+            }
+            free(send);
+            free(recv);
+        }
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_shutdown());
+}
+
+#define CONF_SHM(n) KT_TEST(conformance_shm_np##n, 120) { KT_EQ(kt_job(n, conformance, NULL, NULL, NULL), 0); }
+#define CONF_TCP(n)                                                                                \
+    KT_TEST(conformance_tcp_np##n, 120)                                                            \
+    {                                                                                              \
+        kt_job_opts o = {.tcp_only = 1};                                                           \
+        KT_EQ(kt_job(n, conformance, NULL, &o, NULL), 0);                                          \
+    }
+#define CONF_RING(n)                                                                               \
+    KT_TEST(conformance_forced_ring_np##n, 120)                                                    \
+    {                                                                                              \
+        kt_job_opts o = {.env = {"KOLO_SMALL_ALLREDUCE_MAX=0", "KOLO_RING_CHUNK=4096", "KOLO_SHM_RING_SIZE=65536"}}; \
+        KT_EQ(kt_job(n, conformance, NULL, &o, NULL), 0);                                          \
+    }
+
+CONF_SHM(1)
+CONF_SHM(2)
+CONF_SHM(3)
+CONF_SHM(4)
+CONF_SHM(5)
+CONF_SHM(7)
+CONF_SHM(8)
+CONF_TCP(2)
+CONF_TCP(3)
+CONF_TCP(5)
+CONF_RING(2)
+CONF_RING(3)
+CONF_RING(4)
+
+/* No launcher variables at all: a world of one, no sockets. */
+KT_TEST(world_of_one_without_environment, 10)
+{
+    static const char *const vars[] = {"KOLO_RANK", "KOLO_SIZE", "HOROVOD_RANK", "RANK", "WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
+    KT_OK(kolo_init());
+    KT_EQ(kolo_size(), 1);
+    KT_EQ(kolo_rank(), 0);
+    KT_EQ(kolo_local_size(), 1);
+    float x[3] = {1, 2, 3}, y[3];
+    KT_OK(kolo_allreduce(x, y, 3, KOLO_FLOAT32, KOLO_AVERAGE, 1.0, 1.0, KOLO_WORLD));
+    KT_ASSERT(y[0] == 1 && y[1] == 2 && y[2] == 3);
+    KT_OK(kolo_shutdown());
+    KT_EQ(kolo_size(), -1);
+    KT_OK(kolo_init()); /* again after shutdown */
+    KT_EQ(kolo_size(), 1);
+    KT_OK(kolo_shutdown());
+}
+
+/* Topology: forked ranks share the host, so local == world and one cross group. */
+static void topology(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    KT_EQ(kolo_local_rank(), rank);
+    KT_EQ(kolo_local_size(), kolo_size());
+    KT_EQ(kolo_cross_rank(), 0);
+    KT_EQ(kolo_cross_size(), 1);
+    const char *want = getenv("KOLO_TRANSPORT") ? "tcp" : "shm";
+    for (int p = 0; p < kolo_size(); p++)
+        if (p != rank) KT_CONTAINS(kolo_peer_transport(p), want);
+    KT_CONTAINS(kolo_peer_transport(rank), "self");
+    KT_ASSERT(kolo_peer_transport(kolo_size()) == NULL);
+}
+
+KT_TEST(topology_and_transport_choice, 30) { kt_job_both(3, topology, NULL); }
+
+/* Process sets: a subset runs collectives, outsiders are told they are not members, mismatched
+ * definitions are refused on every rank, removal works. */
+static void psets(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int ranks[] = {0, 2}, id = -1;
+    KT_OK(kolo_process_set_add(ranks, 2, &id));
+    KT_ASSERT(id > 0);
+    int sz = 0, pr = -2;
+    KT_OK(kolo_process_set_size(id, &sz));
+    KT_EQ(sz, 2);
+    KT_OK(kolo_process_set_rank(id, &pr));
+    KT_EQ(pr, rank == 0 ? 0 : rank == 2 ? 1 : -1);
+    int v = rank + 1, out = 0;
+    if (rank == 1) {
+        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, id), KOLO_ERR_NOT_MEMBER);
+    } else {
+        KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, id));
+        KT_EQ(out, 1 + 3);
+        int b = rank == 2 ? 42 : 0;
+        KT_OK(kolo_broadcast(&b, 1, KOLO_INT32, 1, id)); /* root is set rank 1 = world rank 2 */
+        KT_EQ(b, 42);
+    }
+    /* disagreement about the members */
+    int mine[2] = {0, rank == 1 ? 1 : 2}, bad = -1;
+    KT_STATUS(kolo_process_set_add(mine, 2, &bad), KOLO_ERR_MISMATCH);
+    KT_STATUS(kolo_process_set_add(NULL, 2, &bad), KOLO_ERR_INVALID_ARG);
+    int unsorted[] = {2, 0};
+    KT_STATUS(kolo_process_set_add(unsorted, 2, &bad), KOLO_ERR_INVALID_ARG);
+    KT_OK(kolo_process_set_remove(id));
+    KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, id), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_process_set_remove(KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    /* the world still works */
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(out, 6);
+}
+
+KT_TEST(process_sets, 30) { KT_EQ(kt_job(3, psets, NULL, NULL, NULL), 0); }
+
+/* A job whose ranks shut down and init again in lockstep forms a working job again. */
+static void reinit(int rank, void *arg)
+{
+    (void)arg;
+    for (int round = 0; round < 3; round++) {
+        KT_OK(kolo_init());
+        int v = rank + round, out = 0;
+        KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(out, 1 + 2 * round);
+        KT_OK(kolo_shutdown());
+    }
+}
+
+KT_TEST(reinit_after_shutdown, 30) { KT_EQ(kt_job(2, reinit, NULL, NULL, NULL), 0); }
