@@ -227,6 +227,137 @@ KOLO_EXTERN size_t kolo_reducescatter_rows(size_t rows, int n, int r);
 /* Returns once every rank of the set has entered it. */
 KOLO_EXTERN int kolo_barrier(int pset);
 
+/* ---- The engine: named asynchronous requests ----------------------------------
+ * A background thread (started by kolo_init, one per process) owns its own connections to
+ * every peer (separate from the ones of the direct collectives above, so both kinds can be
+ * used in one program: neither sees the other's bytes). Every request has a name. Ranks may
+ * submit requests in any order; the engine negotiates which names are ready on every rank of
+ * the process set, checks that they agree (op, dtype, shape, root, scale factors), runs them
+ * in one order that every rank follows, fusing small compatible tensors into one collective
+ * (KOLO_FUSION_THRESHOLD), and completes each request: its handle becomes ready and its
+ * callback (if any) runs on the engine thread.
+ *
+ * Buffers: from submission until the request completes, the engine may read sendbuf and
+ * write recvbuf at any time; the caller must keep them alive and not touch recvbuf (nor
+ * write sendbuf). Outputs whose size is known only after negotiation (allgather, alltoall,
+ * reducescatter) are owned by the request until kolo_request_release.
+ *
+ * Names: a non-NULL name is copied. NULL gets "<op>.noname.<n>" from a per-process counter
+ * (so unnamed requests must be issued in the same order on every rank). Submitting a name
+ * that is still in flight on this rank fails at once with KOLO_ERR_INVALID_ARG.
+ *
+ * Errors found in negotiation (KOLO_ERR_MISMATCH, a joined rank, a stall past
+ * KOLO_STALL_SHUTDOWN_TIME) fail that request on every rank with a message naming the tensor,
+ * what differs and the ranks. A lost peer fails every pending request (KOLO_ERR_PEER_LOST,
+ * naming the rank); afterwards every submission fails at once with KOLO_ERR_SHUT_DOWN and a
+ * message that names the original cause.
+ *
+ * Thread safety: every function below may be called from any thread. */
+
+typedef struct kolo_request kolo_request_t;
+
+#define KOLO_MAX_DIMS 8
+typedef struct kolo_shape {
+    int ndim;                      /* 0 for a scalar */
+    int64_t dims[KOLO_MAX_DIMS];
+} kolo_shape_t;
+
+/* Runs on the engine thread when the request completes (success or error). It must not
+ * block; it may call kolo_request_status/error/output but not wait or release. */
+typedef void (*kolo_callback_t)(kolo_request_t *req, void *user);
+
+/* Common optional arguments of a submission; NULL means all defaults. */
+typedef struct kolo_submit_opts {
+    int process_set;          /* default KOLO_WORLD */
+    kolo_callback_t callback; /* default none */
+    void *user;               /* passed to the callback */
+    const char *device;       /* "cpu" (default); the seam for device buffers, checked in negotiation */
+} kolo_submit_opts_t;
+
+/* recvbuf (shape of sendbuf) = postscale * OP over ranks (prescale * sendbuf). In place allowed. */
+KOLO_EXTERN int kolo_iallreduce(const char *name, const void *sendbuf, void *recvbuf, kolo_dtype_t dtype,
+                                const kolo_shape_t *shape, kolo_op_t op, double prescale, double postscale,
+                                const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* Several allreduces submitted atomically as one group: the engine runs them together (in one
+ * fused collective when they fit). names may be NULL (all unnamed) or hold NULLs. */
+KOLO_EXTERN int kolo_igrouped_allreduce(int n, const char *const *names, const void *const *sendbufs,
+                                        void *const *recvbufs, kolo_dtype_t dtype, const kolo_shape_t *shapes,
+                                        kolo_op_t op, double prescale, double postscale,
+                                        const kolo_submit_opts_t *opts, kolo_request_t **reqs);
+
+/* Concatenates every rank's tensor along the first dimension (which may differ per rank; the
+ * other dimensions must agree). The output is owned by the request: kolo_request_output. */
+KOLO_EXTERN int kolo_iallgather(const char *name, const void *sendbuf, kolo_dtype_t dtype,
+                                const kolo_shape_t *shape, const kolo_submit_opts_t *opts,
+                                kolo_request_t **req);
+
+/* Root's buf is copied into every rank's buf (same shape everywhere). root is a rank of the set. */
+KOLO_EXTERN int kolo_ibroadcast(const char *name, void *buf, kolo_dtype_t dtype, const kolo_shape_t *shape,
+                                int root, const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* Sends splits[r] first-dimension rows to each rank r of the set (splits NULL: the rows divided
+ * evenly; the first dimension must then be divisible by the set's size). The received rows,
+ * concatenated in rank order, are the request's output; kolo_request_splits gives how many
+ * came from each rank. */
+KOLO_EXTERN int kolo_ialltoall(const char *name, const void *sendbuf, kolo_dtype_t dtype,
+                               const kolo_shape_t *shape, const int64_t *splits,
+                               const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* Reduces every rank's tensor and leaves rank r its share of the first dimension (as
+ * kolo_reducescatter). The output is owned by the request. */
+KOLO_EXTERN int kolo_ireducescatter(const char *name, const void *sendbuf, kolo_dtype_t dtype,
+                                    const kolo_shape_t *shape, kolo_op_t op, double prescale, double postscale,
+                                    const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* This rank has no more data. Until every rank of the set has joined, allreduces of the others
+ * proceed with this rank contributing zeros (it receives nothing); other collectives fail with
+ * an error naming the joined ranks. Completes when all have joined;
+ * kolo_request_join_last_rank then gives the last rank to join. */
+KOLO_EXTERN int kolo_ijoin(const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* Completes once every rank of the set has submitted it. */
+KOLO_EXTERN int kolo_ibarrier(const kolo_submit_opts_t *opts, kolo_request_t **req);
+
+/* Non-blocking: *done = 1 when the request has completed. Returns KOLO_OK or INVALID_ARG. */
+KOLO_EXTERN int kolo_request_test(kolo_request_t *req, int *done);
+/* Blocks until the request completes or timeout_s passes (timeout_s < 0: forever). Returns the
+ * request's status, or KOLO_ERR_TIMEOUT if it has not completed (it goes on). */
+KOLO_EXTERN int kolo_request_wait(kolo_request_t *req, double timeout_s);
+/* The status of a completed request (1 while still pending) and its error message ("" if none). */
+KOLO_EXTERN int kolo_request_status(const kolo_request_t *req);
+KOLO_EXTERN const char *kolo_request_error(const kolo_request_t *req);
+/* The request's name (static for the request's life). */
+KOLO_EXTERN const char *kolo_request_name(const kolo_request_t *req);
+/* Output of allgather, alltoall and reducescatter after completion: data owned by the request
+ * (valid until release), its dtype and shape. For allreduce/broadcast: recvbuf/buf. */
+KOLO_EXTERN int kolo_request_output(const kolo_request_t *req, const void **data, kolo_shape_t *shape);
+/* Rows received from each rank by an alltoall: splits[0 .. min(cap, set size)). */
+KOLO_EXTERN int kolo_request_splits(const kolo_request_t *req, int64_t *splits, int cap);
+/* The last rank to join, for a completed join request. */
+KOLO_EXTERN int kolo_request_join_last_rank(const kolo_request_t *req);
+/* Frees the handle. A request still pending is released when it completes (its buffers must
+ * still stay valid until then). NULL is a no-op. */
+KOLO_EXTERN void kolo_request_release(kolo_request_t *req);
+
+/* Timeline: start writing a Chrome-trace JSON of this rank's engine activity to path (each rank
+ * its own file), or stop and close it. KOLO_TIMELINE starts one at init. */
+KOLO_EXTERN int kolo_timeline_start(const char *path, int mark_cycles);
+KOLO_EXTERN int kolo_timeline_stop(void);
+
+/* Counters of the engine, for tests and tuning. */
+typedef struct kolo_engine_stats {
+    uint64_t cycles;          /* engine cycles that did work */
+    uint64_t requests;        /* requests completed */
+    uint64_t cache_hits;      /* names negotiated through the response cache's bits */
+    uint64_t cache_misses;    /* names negotiated through full descriptions */
+    uint64_t cache_evictions;
+    uint64_t fused_collectives; /* collectives that carried more than one tensor */
+    uint64_t collectives;     /* collectives run by the engine */
+    uint64_t stall_warnings;
+} kolo_engine_stats_t;
+KOLO_EXTERN int kolo_engine_stats(kolo_engine_stats_t *out);
+
 /* ---- Testing hooks ------------------------------------------------------------
  * For tests that prove failure paths: make the Nth allocation (counting from
  * 1 at this call) or the Nth transport send fail. 0 disables. Process-wide;
