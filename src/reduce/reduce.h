@@ -42,4 +42,10 @@ void kolo__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 /* Which vector code the kernels picked at run time ("avx512", "avx2+f16c", "generic"). */
 const char *kolo__reduce_isa(void);
 
+/* For tests and benchmarks: makes every later call use the named vector code (a name
+ * kolo__reduce_isa() returns), or the best one for this CPU when name is NULL. Returns
+ * false, changing nothing, when this CPU or build cannot run it. Call it while no other
+ * thread is inside a kernel. */
+bool kolo__reduce_set_isa(const char *name);
+
 #endif
