@@ -62,6 +62,7 @@ typedef struct kr_opts {
     enum kr_map map_by;
     bool report_bindings;
     bool verbose;
+    double t_launch;          /* kr_now() when the first worker was started */
 } kr_opts;
 
 /* One line stream (a worker's stdout or stderr) on its way to our stdout/stderr and files. */

@@ -192,6 +192,7 @@ int main(int argc, char **argv)
 
     code = kr_output_open_files(&o, ranks, o.np);
     int launch_code = code;
+    o.t_launch = kr_now();
     for (int i = 0; i < o.np && !launch_code; i++) {
         kr_rank *r = &ranks[i];
         const kr_host *h = &o.hosts[r->host];

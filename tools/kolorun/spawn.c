@@ -117,15 +117,21 @@ void kr_guard_done(int guard_fd)
 }
 
 /* ---- the remote wrapper ----
- * $1 grace seconds, then the command. fd 3 keeps the ssh connection's stdin for the
- * watcher (an asynchronous list's stdin is /dev/null unless redirected explicitly). */
+ * $1: the grace period in half-seconds, then the command. fd 3 keeps the ssh connection's
+ * stdin for the watcher (an asynchronous list's stdin is /dev/null unless redirected
+ * explicitly). The watcher: wait for end of file, SIGTERM the command's group, poll every
+ * half second until it is gone, SIGKILL it when the grace period is over. The wrapper kills
+ * the watcher once the command has ended, and exits with the command's status (128+N when
+ * a signal killed it: sh cannot re-raise it across ssh). */
 static const char remote_wrapper[] =
     "g=$1; shift\n"
     "exec 3<&0\n"
     "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n"
     "$S \"$@\" 3<&- </dev/null &\n"
     "c=$!\n"
-    "$S sh -c 'cat >/dev/null; kill -TERM -$1 $1 2>/dev/null; sleep $2; kill -KILL -$1 $1 2>/dev/null' "
+    "$S sh -c 'cat >/dev/null; kill -TERM -$1 $1 2>/dev/null; n=0; "
+    "while kill -0 -$1 2>/dev/null || kill -0 $1 2>/dev/null; do "
+    "[ $n -ge $2 ] && { kill -KILL -$1 $1 2>/dev/null; break; }; sleep 0.5; n=$((n+1)); done' "
     "kolorun-watch $c $g <&3 >/dev/null 2>&1 &\n"
     "w=$!\n"
     "exec 3<&-\n"
@@ -210,7 +216,7 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
     size_t len = 0;
     char *qcwd = kr_shell_quote(cwd);
     char grace[32];
-    snprintf(grace, sizeof(grace), "%g", o->grace);
+    snprintf(grace, sizeof(grace), "%ld", (long)(o->grace * 2 + 0.999));
     /* Like Open MPI: a missing directory on the remote host is a warning, and the worker
      * runs in the home directory there. */
     ok = ok && qcwd && cat(&cmd, &len, "cd ") && cat(&cmd, &len, qcwd) &&

@@ -37,6 +37,7 @@ typedef struct {
     double t0;
     int got_signal;           /* the first terminating signal kolorun received */
     int sigints;
+    bool hard_kill;           /* the second SIGINT SIGKILLed everything without grace */
     int root;                 /* rank of the root-cause failure, -1 none */
     int launch_code;
     bool start_timed_out;
@@ -127,6 +128,7 @@ static void on_signal(sup *s, int sig)
     if (sig == SIGINT) s->sigints++;
     if (sig == SIGINT && s->sigints >= 2) {
         kr_say("second SIGINT: killing every worker now");
+        s->hard_kill = true;
         signal_groups(s, SIGKILL, true, false);
         s->phase = KILLED;
         return;
@@ -195,7 +197,10 @@ static int rank_list(const sup *s, bool (*pred)(const kr_rank *), char *out, siz
 }
 
 static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0; }
-static bool is_killed(const kr_rank *r) { return r->killed && !r->failed && r->pid > 0; }
+static bool is_killed(const kr_rank *r)
+{
+    return r->killed && !r->failed && r->pid > 0 && WIFSIGNALED(r->wstatus) && WTERMSIG(r->wstatus) == SIGKILL;
+}
 static bool never_started(const kr_rank *r) { return r->pid == 0; }
 
 static void summary(sup *s)
@@ -226,13 +231,18 @@ static void summary(sup *s)
     }
     int t = rank_list(s, is_terminated, list, sizeof(list));
     if (t) {
-        const char *why = s->root >= 0 ? "after that failure" : s->got_signal ? "on kolorun's signal" : "at the end";
-        kr_say("rank%s %s terminated by kolorun %s (not a failure of %s)", t == 1 ? "" : "s", list, why,
+        char why[64];
+        if (s->root >= 0) snprintf(why, sizeof(why), "after rank %d failed", s->root);
+        else if (s->got_signal) snprintf(why, sizeof(why), "because kolorun got %s", sig_name(s->got_signal));
+        else snprintf(why, sizeof(why), "because the job could not start");
+        kr_say("rank%s %s: terminated by kolorun %s (not a failure of %s)", t == 1 ? "" : "s", list, why,
                t == 1 ? "its own" : "their own");
     }
     int k = rank_list(s, is_killed, list, sizeof(list));
-    if (k)
-        kr_say("rank%s %s did not stop within %g s of SIGTERM (or got a second Ctrl-C): killed with SIGKILL",
+    if (k && s->hard_kill)
+        kr_say("rank%s %s: killed with SIGKILL at the second Ctrl-C", k == 1 ? "" : "s", list);
+    else if (k)
+        kr_say("rank%s %s: still running %g s after SIGTERM (--grace-seconds), killed with SIGKILL",
                k == 1 ? "" : "s", list, o->grace);
     int ns = rank_list(s, never_started, list, sizeof(list));
     if (ns) kr_say("rank%s %s never started", ns == 1 ? "" : "s", list);
@@ -281,7 +291,7 @@ static void forward_stdin(sup *s, short rev0, short rev_pipe)
 
 int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code)
 {
-    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = kr_now()};
+    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch};
     s.sbuf = malloc(65536);
     /* Forward stdin only when reading it cannot stop us: a terminal we do not own (kolorun
      * started with &) would send SIGTTIN. */

@@ -1,0 +1,819 @@
+/* test_kolorun.c - the launcher, run as a user runs it: arguments, worker environment, output, exit codes, teardown.
+ *
+ * Each test starts build/bin/kolorun with `sh -c` workers and checks what comes out. Tests
+ * that check "nothing is left" make the test process a child subreaper first: every process
+ * kolorun started (and their children) then becomes ours when orphaned, so "waitpid(-1)
+ * says ECHILD" proves that no descendant is alive and none is an unreaped zombie. */
+#include "kt.h"
+
+#include "../src/boot/store.h"
+#include "../src/common/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- running kolorun ---- */
+
+typedef struct {
+    pid_t pid;
+    int out, err, in;
+    char *obuf, *ebuf;
+    size_t olen, elen, cap;
+    int status;
+    bool done;
+    double t0, t_end;
+} kproc;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const char *kolorun_path(void)
+{
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s/bin/kolorun", kt_build_dir());
+    return path;
+}
+
+static void subreaper(void) { KT_ASSERT(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0); }
+
+/* Starts kolorun with args (NULL-terminated, without the program name). */
+static void kp_start(kproc *p, const char *const *args, bool stdin_pipe)
+{
+    memset(p, 0, sizeof(*p));
+    p->cap = 4 << 20;
+    p->obuf = calloc(1, p->cap + 1);
+    p->ebuf = calloc(1, p->cap + 1);
+    KT_ASSERT(p->obuf && p->ebuf);
+    int o[2], e[2], i[2];
+    KT_ASSERT(pipe2(o, O_CLOEXEC) == 0 && pipe2(e, O_CLOEXEC) == 0 && pipe2(i, O_CLOEXEC) == 0);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = kolorun_path();
+    for (int k = 0; args[k] && n < 63; k++) argv[n++] = args[k];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    p->t0 = now_s();
+    p->pid = fork();
+    KT_ASSERT(p->pid >= 0);
+    if (p->pid == 0) {
+        dup2(i[0], 0);
+        dup2(o[1], 1);
+        dup2(e[1], 2);
+        if (!stdin_pipe) {
+            int dn = open("/dev/null", O_RDONLY);
+            dup2(dn, 0);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(99);
+    }
+    close(o[1]);
+    close(e[1]);
+    close(i[0]);
+    p->out = o[0];
+    p->err = e[0];
+    p->in = i[1];
+    if (!stdin_pipe) {
+        close(p->in);
+        p->in = -1;
+    }
+}
+
+/* Reads what is there (waiting up to timeout_ms). */
+static void kp_pump(kproc *p, int timeout_ms)
+{
+    struct pollfd f[2] = {{.fd = p->out, .events = POLLIN}, {.fd = p->err, .events = POLLIN}};
+    if (p->out < 0 && p->err < 0) {
+        usleep((useconds_t)timeout_ms * 1000);
+        return;
+    }
+    if (poll(f, 2, timeout_ms) <= 0) return;
+    for (int k = 0; k < 2; k++) {
+        int *fd = k ? &p->err : &p->out;
+        if (*fd < 0 || !f[k].revents) continue;
+        char *buf = k ? p->ebuf : p->obuf;
+        size_t *len = k ? &p->elen : &p->olen;
+        ssize_t r = read(*fd, buf + *len, p->cap - *len);
+        if (r <= 0) {
+            close(*fd);
+            *fd = -1;
+        } else {
+            *len += (size_t)r;
+            buf[*len] = '\0';
+        }
+    }
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int c = 0;
+    for (const char *s = hay; (s = strstr(s, needle)); s++) c++;
+    return c;
+}
+
+/* Pumps until stdout holds `needle` at least `count` times. */
+static void kp_wait_for(kproc *p, const char *needle, int count, double timeout)
+{
+    double end = now_s() + timeout;
+    while (count_of(p->obuf, needle) < count) {
+        if (now_s() > end)
+            kt_fail(__FILE__, __LINE__, "no %d x '%s' within %.0f s; stdout:\n%s\nstderr:\n%s", count, needle, timeout,
+                    p->obuf, p->ebuf);
+        kp_pump(p, 50);
+    }
+}
+
+/* Reads to the end and reaps kolorun; returns its exit code (128+N for a signal). */
+static int kp_finish(kproc *p, double timeout)
+{
+    double end = now_s() + timeout;
+    while (!p->done || p->out >= 0 || p->err >= 0) {
+        if (now_s() > end)
+            kt_fail(__FILE__, __LINE__, "kolorun did not finish within %.0f s; stdout:\n%s\nstderr:\n%s", timeout,
+                    p->obuf, p->ebuf);
+        kp_pump(p, 20);
+        if (!p->done && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
+            p->done = true;
+            p->t_end = now_s();
+        }
+    }
+    if (p->in >= 0) close(p->in);
+    return WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 128 + WTERMSIG(p->status);
+}
+
+static int run(kproc *p, const char *const *args, double timeout)
+{
+    kp_start(p, args, false);
+    return kp_finish(p, timeout);
+}
+
+/* With the test as subreaper: waits until no descendant is left at all. */
+static void assert_no_descendants(double timeout)
+{
+    double end = now_s() + timeout;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(-1, &st, WNOHANG);
+        if (r < 0 && errno == ECHILD) return;
+        if (r > 0) continue;
+        if (now_s() > end) {
+            char cmd[128];
+            snprintf(cmd, sizeof(cmd), "ps -o pid,ppid,pgid,stat,args --ppid %d >&2", (int)getpid());
+            if (system(cmd)) {}
+            kt_fail(__FILE__, __LINE__, "processes left %.1f s after kolorun ended", timeout);
+        }
+        usleep(10000);
+    }
+}
+
+/* Collects "name=value" out of lines "[rank]<stdout>:name=value" for one rank. */
+static bool rank_var(const char *out, int rank, const char *name, char *val, size_t cap)
+{
+    char pat[128];
+    snprintf(pat, sizeof(pat), "[%d]<stdout>:%s=", rank, name);
+    for (const char *s = out; (s = strstr(s, pat)); s++) {
+        if (s != out && s[-1] != '\n') continue;
+        s += strlen(pat);
+        size_t n = strcspn(s, "\n");
+        snprintf(val, cap, "%.*s", (int)n, s);
+        return true;
+    }
+    return false;
+}
+
+static void expect_var(const char *out, int rank, const char *name, const char *want)
+{
+    char v[4096];
+    if (!rank_var(out, rank, name, v, sizeof(v))) kt_fail(__FILE__, __LINE__, "rank %d has no %s", rank, name);
+    if (strcmp(v, want) != 0) kt_fail(__FILE__, __LINE__, "rank %d: %s='%s', expected '%s'", rank, name, v, want);
+}
+
+static void expect_vari(const char *out, int rank, const char *name, int want)
+{
+    char w[32];
+    snprintf(w, sizeof(w), "%d", want);
+    expect_var(out, rank, name, w);
+}
+
+static char *tmpdir(void)
+{
+    static char d[64];
+    snprintf(d, sizeof(d), "/tmp/kt-kolorun-XXXXXX");
+    KT_ASSERT(mkdtemp(d) != NULL);
+    return d;
+}
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    KT_ASSERT(f);
+    fputs(text, f);
+    fclose(f);
+    chmod(path, mode);
+}
+
+/* ---- command line ---- */
+
+KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
+{
+    char *d = tmpdir();
+    char marker[128], worker[256], hf[128];
+    snprintf(marker, sizeof(marker), "%s/started", d);
+    snprintf(worker, sizeof(worker), "touch %s", marker);
+    snprintf(hf, sizeof(hf), "%s/hosts", d);
+    write_file(hf, "# two hosts\nlocalhost slots=2\nnode2 slots=two\n", 0644);
+    struct {
+        const char *args[12];
+        const char *says;
+    } cases[] = {
+        {{NULL}, "no command"},
+        {{"-np", "2", NULL}, "no command"},
+        {{"-np", "0", "sh", "-c", worker, NULL}, "-np"},
+        {{"-np", "abc", "sh", "-c", worker, NULL}, "'abc'"},
+        {{"--bogus", "sh", "-c", worker, NULL}, "unknown option '--bogus'"},
+        {{"sh", "-c", worker, NULL}, "-np is required"},
+        {{"-np", "3", "-H", "localhost:1,127.0.0.1:1", "sh", "-c", worker, NULL}, "-np 3 is more than the 2 slots"},
+        {{"-np", "1", "-H", "localhost:x", "sh", "-c", worker, NULL}, "item 1"},
+        {{"-np", "1", "-H", "localhost:1,,b:1", "sh", "-c", worker, NULL}, "item 2"},
+        {{"-np", "1", "-H", "a:1,a:2", "sh", "-c", worker, NULL}, "listed twice"},
+        {{"-np", "1", "--hostfile", hf, "sh", "-c", worker, NULL}, "hosts:3"},
+        {{"-np", "1", "--hostfile", "/nonexistent/hosts", "sh", "-c", worker, NULL}, "/nonexistent/hosts"},
+        {{"-np", "1", "-H", "localhost:1", "--hostfile", hf, "sh", "-c", worker, NULL}, "not both"},
+        {{"-np", "1", "-x", "1BAD=2", "sh", "-c", worker, NULL}, "not a variable name"},
+        {{"-np", "1", "--bind-to", "cache", "sh", "-c", worker, NULL}, "none|core|socket|numa"},
+        {{"-np", "1", "--tag-output=loud", "sh", "-c", worker, NULL}, "none|rank"},
+        {{"-np", "1", "--fusion-threshold-mb", "-1", "sh", "-c", worker, NULL}, "--fusion-threshold-mb"},
+        {{"-np", "1", "--log-level", "chatty", "sh", "-c", worker, NULL}, "--log-level"},
+        {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
+        {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
+    };
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++) {
+        kproc p;
+        int code = run(&p, cases[c].args, 10);
+        KT_ASSERTF(code == 2, "case %zu: exit %d, expected 2; stderr: %s", c, code, p.ebuf);
+        KT_ASSERTF(count_of(p.ebuf, "\n") == 1, "case %zu: expected one line on stderr, got: %s", c, p.ebuf);
+        KT_ASSERTF(strncmp(p.ebuf, "kolorun: error: ", 16) == 0, "case %zu: %s", c, p.ebuf);
+        KT_ASSERTF(strstr(p.ebuf, cases[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, cases[c].says);
+        KT_EQ(p.olen, 0);
+        KT_ASSERTF(access(marker, F_OK) != 0, "case %zu started a worker", c);
+    }
+}
+
+KT_TEST(kolorun_command_not_found_127_not_executable_126, 10)
+{
+    kproc p;
+    const char *a1[] = {"-np", "2", "kolo-no-such-command-xyz", NULL};
+    KT_EQ(run(&p, a1, 5), 127);
+    KT_CONTAINS(p.ebuf, "kolo-no-such-command-xyz");
+    KT_EQ(count_of(p.ebuf, "\n"), 1);
+    const char *a2[] = {"-np", "1", "./no/such/path", NULL};
+    KT_EQ(run(&p, a2, 5), 127);
+    char *d = tmpdir(), f[128];
+    snprintf(f, sizeof(f), "%s/notexec", d);
+    write_file(f, "#!/bin/sh\necho hi\n", 0644);
+    const char *a3[] = {"-np", "1", f, NULL};
+    KT_EQ(run(&p, a3, 5), 126);
+    KT_CONTAINS(p.ebuf, "not an executable");
+}
+
+KT_TEST(kolorun_help_env_check_build_version, 10)
+{
+    kproc p;
+    const char *a1[] = {"--help-env", NULL};
+    KT_EQ(run(&p, a1, 5), 0);
+    size_t n;
+    const kolo__setting_info *t = kolo__setting_table(&n);
+    for (size_t i = 0; i < n; i++) {
+        KT_CONTAINS(p.obuf, t[i].name);
+        KT_CONTAINS(p.obuf, t[i].help);
+        if (t[i].aliases[0]) KT_CONTAINS(p.obuf, t[i].aliases);
+    }
+    KT_CONTAINS(p.obuf, "default: 64M");
+    const char *a2[] = {"--check-build", NULL};
+    KT_EQ(run(&p, a2, 5), 0);
+    KT_CONTAINS(p.obuf, KOLO_VERSION_STRING);
+    KT_CONTAINS(p.obuf, "[X] shm");
+    KT_CONTAINS(p.obuf, "[X] tcp");
+    KT_CONTAINS(p.obuf, "mpirun");
+    const char *a3[] = {"--help", NULL};
+    KT_EQ(run(&p, a3, 5), 0);
+    KT_CONTAINS(p.obuf, "usage: kolorun -np N");
+    const char *a4[] = {"--version", NULL};
+    KT_EQ(run(&p, a4, 5), 0);
+    KT_CONTAINS(p.obuf, KOLO_VERSION_STRING);
+}
+
+/* ---- the workers' environment ---- */
+
+static const char print_env[] =
+    "for v in KOLO_RANK KOLO_SIZE KOLO_LOCAL_RANK KOLO_LOCAL_SIZE KOLO_CROSS_RANK KOLO_CROSS_SIZE KOLO_HOSTNAME "
+    "KOLO_RENDEZVOUS KOLO_SECRET KOLO_JOB_ID HOROVOD_RANK HOROVOD_SIZE HOROVOD_LOCAL_RANK HOROVOD_LOCAL_SIZE "
+    "HOROVOD_CROSS_RANK HOROVOD_CROSS_SIZE HOROVOD_HOSTNAME RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK "
+    "KOLO_FUSION_THRESHOLD KOLO_CYCLE_TIME KOLO_CACHE_CAPACITY KOLO_TIMELINE KOLO_TIMELINE_MARK_CYCLES "
+    "KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_STALL_SHUTDOWN_TIME KOLO_LOG_LEVEL KOLO_IFACE "
+    "KOLO_START_TIMEOUT KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
+    "eval \"[ -n \\\"\\${$v+x}\\\" ] && echo $v=\\$$v\"; done; true; ";
+
+KT_TEST(kolorun_worker_environment, 20)
+{
+    char *d = tmpdir(), done[128], script[8192];
+    snprintf(done, sizeof(done), "%s/done", d);
+    /* the workers wait, so that the test can talk to the store they were given */
+    snprintf(script, sizeof(script), "%s echo ready; while [ ! -e %s ]; do sleep 0.02; done", print_env, done);
+    setenv("KT_PASSED", "from-user-env", 1);
+    setenv("KT_X2", "from-x-without-value", 1);
+    setenv("KT_OVERRIDE", "old", 1);
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    const char *args[] = {"-np", "3", "-x", "KT_X1=one=1", "-x", "KT_X2", "-x", "KT_OVERRIDE=new",
+                          "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5", "--cache-capacity", "7",
+                          "--timeline-filename", "/tmp/kt-tl.json", "--timeline-mark-cycles", "--no-stall-check",
+                          "--stall-check-warning-time-seconds", "9", "--stall-check-shutdown-time-seconds", "11",
+                          "--log-level", "DEBUG", "--network-interface", "lo", "--start-timeout", "12",
+                          "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "<stdout>:ready", 3, 10);
+
+    char secret[256], job[256], rdv[256];
+    KT_ASSERT(rank_var(p.obuf, 0, "KOLO_SECRET", secret, sizeof(secret)));
+    KT_ASSERT(rank_var(p.obuf, 0, "KOLO_JOB_ID", job, sizeof(job)));
+    KT_ASSERT(rank_var(p.obuf, 0, "KOLO_RENDEZVOUS", rdv, sizeof(rdv)));
+    KT_EQ(strlen(secret), 64);
+    KT_ASSERT(strspn(secret, "0123456789abcdef") == 64);
+    KT_ASSERT(strlen(job) > 8);
+    for (int r = 0; r < 3; r++) {
+        static const char *const pre[] = {"KOLO_", "HOROVOD_"};
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof(name), "%sRANK", pre[k]);
+            expect_vari(p.obuf, r, name, r);
+            snprintf(name, sizeof(name), "%sSIZE", pre[k]);
+            expect_vari(p.obuf, r, name, 3);
+            snprintf(name, sizeof(name), "%sLOCAL_RANK", pre[k]);
+            expect_vari(p.obuf, r, name, r);
+            snprintf(name, sizeof(name), "%sLOCAL_SIZE", pre[k]);
+            expect_vari(p.obuf, r, name, 3);
+            snprintf(name, sizeof(name), "%sCROSS_RANK", pre[k]);
+            expect_vari(p.obuf, r, name, 0);
+            snprintf(name, sizeof(name), "%sCROSS_SIZE", pre[k]);
+            expect_vari(p.obuf, r, name, 1);
+            char host[256];
+            snprintf(name, sizeof(name), "%sHOSTNAME", pre[k]);
+            KT_ASSERT(gethostname(host, sizeof(host)) == 0);
+            expect_var(p.obuf, r, name, host);
+        }
+        expect_vari(p.obuf, r, "RANK", r);
+        expect_vari(p.obuf, r, "WORLD_SIZE", 3);
+        expect_vari(p.obuf, r, "LOCAL_RANK", r);
+        expect_vari(p.obuf, r, "LOCAL_WORLD_SIZE", 3);
+        expect_vari(p.obuf, r, "GROUP_RANK", 0);
+        expect_var(p.obuf, r, "KOLO_SECRET", secret);
+        expect_var(p.obuf, r, "KOLO_JOB_ID", job);
+        expect_var(p.obuf, r, "KOLO_RENDEZVOUS", rdv);
+        expect_var(p.obuf, r, "KOLO_FUSION_THRESHOLD", "2097152");
+        expect_var(p.obuf, r, "KOLO_CYCLE_TIME", "3.5");
+        expect_var(p.obuf, r, "KOLO_CACHE_CAPACITY", "7");
+        expect_var(p.obuf, r, "KOLO_TIMELINE", "/tmp/kt-tl.json");
+        expect_var(p.obuf, r, "KOLO_TIMELINE_MARK_CYCLES", "1");
+        expect_var(p.obuf, r, "KOLO_STALL_CHECK_DISABLE", "1");
+        expect_var(p.obuf, r, "KOLO_STALL_CHECK_TIME", "9");
+        expect_var(p.obuf, r, "KOLO_STALL_SHUTDOWN_TIME", "11");
+        expect_var(p.obuf, r, "KOLO_LOG_LEVEL", "debug");
+        expect_var(p.obuf, r, "KOLO_IFACE", "lo");
+        expect_var(p.obuf, r, "KOLO_START_TIMEOUT", "12");
+        expect_var(p.obuf, r, "KT_PASSED", "from-user-env");
+        expect_var(p.obuf, r, "KT_X1", "one=1");
+        expect_var(p.obuf, r, "KT_X2", "from-x-without-value");
+        expect_var(p.obuf, r, "KT_OVERRIDE", "new");
+        char v[64];
+        KT_ASSERTF(!rank_var(p.obuf, r, "MASTER_ADDR", v, sizeof(v)), "MASTER_ADDR must not be set");
+        KT_ASSERTF(!rank_var(p.obuf, r, "MASTER_PORT", v, sizeof(v)), "MASTER_PORT must not be set");
+    }
+    /* the rendezvous address is a live store that knows the secret */
+    char host[128];
+    int port = 0;
+    KT_ASSERTF(sscanf(rdv, "%127[^:]:%d", host, &port) == 2 && port > 0, "KOLO_RENDEZVOUS=%s", rdv);
+    KT_EQ(strcmp(host, "127.0.0.1"), 0);
+    kolo__store *c = NULL;
+    KT_OK(kolo__store_connect(&c, host, port, secret, strlen(secret), 5));
+    KT_OK(kolo__store_set(c, "kt-key", "v", 1));
+    void *val = NULL;
+    size_t len = 0;
+    KT_OK(kolo__store_get(c, "kt-key", &val, &len, 1));
+    KT_EQ(len, 1);
+    kolo__free(val);
+    kolo__store_close(c);
+    kolo__store *bad = NULL;
+    KT_ASSERT(kolo__store_connect(&bad, host, port, "wrong", 5, 2) != 0);
+
+    write_file(done, "", 0644);
+    KT_EQ(kp_finish(&p, 10), 0);
+
+    /* a second job gets its own secret and id */
+    unlink(done);
+    write_file(done, "", 0644);
+    kproc q;
+    const char *args2[] = {"-np", "1", "sh", "-c", print_env, NULL};
+    KT_EQ(run(&q, args2, 10), 0);
+    char secret2[256], job2[256];
+    KT_ASSERT(rank_var(q.obuf, 0, "KOLO_SECRET", secret2, sizeof(secret2)));
+    KT_ASSERT(rank_var(q.obuf, 0, "KOLO_JOB_ID", job2, sizeof(job2)));
+    KT_ASSERT(strcmp(secret, secret2) != 0);
+    KT_ASSERT(strcmp(job, job2) != 0);
+}
+
+KT_TEST(kolorun_hostfile_places_ranks_host_major, 15)
+{
+    /* two names of this machine: both local, placed as two hosts */
+    char *d = tmpdir(), hf[128];
+    snprintf(hf, sizeof(hf), "%s/hosts", d);
+    write_file(hf, "# the first host\n  localhost slots=2   # comment\n\n127.0.0.1:2\n", 0644);
+    const char *args[] = {"-np", "3", "--hostfile", hf, "sh", "-c", print_env, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 10), 0);
+    int lr[] = {0, 1, 0}, ls[] = {2, 2, 1}, cr[] = {0, 0, 1}, cs[] = {2, 1, 2}, gr[] = {0, 0, 1};
+    const char *hn[] = {"localhost", "localhost", "127.0.0.1"};
+    for (int r = 0; r < 3; r++) {
+        expect_vari(p.obuf, r, "KOLO_LOCAL_RANK", lr[r]);
+        expect_vari(p.obuf, r, "KOLO_LOCAL_SIZE", ls[r]);
+        expect_vari(p.obuf, r, "KOLO_CROSS_RANK", cr[r]);
+        expect_vari(p.obuf, r, "KOLO_CROSS_SIZE", cs[r]);
+        expect_vari(p.obuf, r, "GROUP_RANK", gr[r]);
+        expect_var(p.obuf, r, "KOLO_HOSTNAME", hn[r]);
+    }
+    /* -H with the other syntax, and no -np: every slot */
+    const char *args2[] = {"-H", "localhost:1,127.0.0.1:1", "sh", "-c", "echo size=$KOLO_SIZE", NULL};
+    KT_EQ(run(&p, args2, 10), 0);
+    KT_EQ(count_of(p.obuf, "<stdout>:size=2\n"), 2);
+}
+
+/* ---- output ---- */
+
+KT_TEST(kolorun_output_whole_lines_tagged_per_stream, 20)
+{
+    /* 3 ranks x 400 lines on each stream, written while the others write; lines split over
+     * two writes; a last line without newline */
+    char x[101], script[1024];
+    memset(x, 'x', 100);
+    x[100] = '\0';
+    snprintf(script, sizeof(script),
+             "i=0; x=%s; "
+             "while [ $i -lt 400 ]; do echo \"r$KOLO_RANK out $i $x$x$x\"; echo \"r$KOLO_RANK err $i $x\" >&2; "
+             "i=$((i+1)); done; printf 'split-'; sleep 0.05; printf 'line-%%s\\n' $KOLO_RANK; "
+             "printf 'no-newline-%%s' $KOLO_RANK; printf 'err-tail-%%s' $KOLO_RANK >&2",
+             x);
+    const char *args[] = {"-np", "3", "sh", "-c", script, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 15), 0);
+    for (int r = 0; r < 3; r++) {
+        char w[64];
+        snprintf(w, sizeof(w), "[%d]<stdout>:split-line-%d\n", r, r);
+        KT_EQ(count_of(p.obuf, w), 1);
+        snprintf(w, sizeof(w), "[%d]<stdout>:no-newline-%d\n", r, r);
+        KT_EQ(count_of(p.obuf, w), 1);
+    }
+    /* then every line, in place (the buffers are cut into strings) */
+    int next[2][3] = {{0}};
+    for (int k = 0; k < 2; k++) {
+        char *buf = k ? p.ebuf : p.obuf;
+        const char *tag = k ? "err" : "out";
+        for (char *line = buf; *line;) {
+            char *nl = strchr(line, '\n');
+            KT_ASSERTF(nl, "output does not end with a newline: '%s'", line);
+            *nl = '\0';
+            int r = -1, i = -1, r2 = -1;
+            char stream[8], what[8];
+            if (sscanf(line, "[%d]<%7[a-z]>:r%d %7s %d", &r, stream, &r2, what, &i) == 5) {
+                KT_ASSERTF(r == r2 && strcmp(what, tag) == 0 && strncmp(stream, k ? "stderr" : "stdout", 6) == 0,
+                           "mixed line: '%s'", line);
+                KT_ASSERTF(i == next[k][r], "rank %d %s line %d came after %d: '%s'", r, tag, i, next[k][r] - 1, line);
+                const char *xs = strrchr(line, ' ') + 1;
+                KT_EQ(strlen(xs), k ? 100 : 300);
+                KT_EQ(strspn(xs, "x"), strlen(xs));
+                next[k][r]++;
+            } else if (!k) {
+                KT_ASSERTF(sscanf(line, "[%d]<stdout>:split-line-%d", &r, &r2) == 2 ||
+                               sscanf(line, "[%d]<stdout>:no-newline-%d", &r, &r2) == 2,
+                           "unexpected stdout line '%s'", line);
+                KT_EQ(r, r2);
+            } else {
+                KT_ASSERTF(sscanf(line, "[%d]<stderr>:err-tail-%d", &r, &r2) == 2 && r == r2,
+                           "unexpected stderr line '%s'", line);
+            }
+            line = nl + 1;
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        KT_EQ(next[0][r], 400);
+        KT_EQ(next[1][r], 400);
+    }
+}
+
+KT_TEST(kolorun_tag_none_timestamps_and_output_files, 20)
+{
+    char *d = tmpdir(), dir[128];
+    snprintf(dir, sizeof(dir), "%s/logs", d);
+    const char *script = "echo \"hello $KOLO_RANK\"; echo \"oops $KOLO_RANK\" >&2; printf 'last'";
+    const char *args[] = {"-np", "11", "--tag-output=none", "--output-filename", dir, "sh", "-c", script, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 15), 0);
+    for (int r = 0; r < 11; r++) {
+        char line[64], path[256];
+        snprintf(line, sizeof(line), "hello %d\n", r);
+        KT_EQ(count_of(p.obuf, line), 1);
+        snprintf(path, sizeof(path), "%s/rank.%02d/stdout", dir, r);
+        FILE *f = fopen(path, "r");
+        KT_ASSERTF(f, "no %s", path);
+        char buf[256] = "";
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+        snprintf(line, sizeof(line), "hello %d\nlast\n", r);
+        KT_ASSERTF(strcmp(buf, line) == 0, "%s holds '%s'", path, buf);
+        snprintf(path, sizeof(path), "%s/rank.%02d/stderr", dir, r);
+        f = fopen(path, "r");
+        KT_ASSERTF(f, "no %s", path);
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+        snprintf(line, sizeof(line), "oops %d\n", r);
+        KT_ASSERTF(strcmp(buf, line) == 0, "%s holds '%s'", path, buf);
+    }
+    KT_ASSERT(strstr(p.obuf, "<stdout>") == NULL);
+    KT_EQ(count_of(p.obuf, "last\n"), 11);
+
+    const char *args2[] = {"-np", "1", "--prefix-timestamp", "sh", "-c", "echo stamped", NULL};
+    KT_EQ(run(&p, args2, 10), 0);
+    int y, mo, da, h, mi, s, ms;
+    char rest[64];
+    KT_ASSERTF(sscanf(p.obuf, "%4d-%2d-%2dT%2d:%2d:%2d.%3d %63s", &y, &mo, &da, &h, &mi, &s, &ms, rest) == 8,
+               "'%s'", p.obuf);
+    KT_EQ(strcmp(rest, "[0]<stdout>:stamped"), 0);
+}
+
+KT_TEST(kolorun_stdin_goes_to_rank_0_only, 10)
+{
+    const char *script = "read a; read b; echo \"r$KOLO_RANK:$a,$b\"";
+    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, true);
+    KT_ASSERT(write(p.in, "hello\nworld\n", 12) == 12);
+    close(p.in);
+    p.in = -1;
+    KT_EQ(kp_finish(&p, 8), 0);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:r0:hello,world\n");
+    KT_CONTAINS(p.obuf, "[1]<stdout>:r1:,\n");
+}
+
+/* ---- exit codes and teardown ---- */
+
+KT_TEST(kolorun_exit_codes, 20)
+{
+    kproc p;
+    const char *ok[] = {"-np", "3", "sh", "-c", "exit 0", NULL};
+    KT_EQ(run(&p, ok, 10), 0);
+    KT_EQ(p.elen, 0);
+
+    const char *one[] = {"-np", "3", "sh", "-c", "[ $KOLO_RANK = 2 ] && exit 7; exit 0", NULL};
+    KT_EQ(run(&p, one, 10), 7);
+    KT_CONTAINS(p.ebuf, "rank 2 on host localhost exited with code 7");
+
+    /* ranks 1 and 2 fail together (released by the same file): the lowest rank's code */
+    char *d = tmpdir(), go[128], script[512];
+    snprintf(go, sizeof(go), "%s/go", d);
+    snprintf(script, sizeof(script),
+             "[ $KOLO_RANK = 0 ] && { sleep 0.3; touch %s; sleep 30; }; while [ ! -e %s ]; do :; done; "
+             "exit $((2 + KOLO_RANK))", go, go);
+    const char *two[] = {"-np", "3", "sh", "-c", script, NULL};
+    KT_EQ(run(&p, two, 10), 3);
+    KT_CONTAINS(p.ebuf, "rank 1 on host localhost exited with code 3");
+    KT_CONTAINS(p.ebuf, "rank 2 on host localhost also failed at the same time: it exited with code 4");
+    KT_CONTAINS(p.ebuf, "rank 0: terminated by kolorun after rank 1 failed");
+
+    const char *sig[] = {"-np", "2", "sh", "-c", "[ $KOLO_RANK = 1 ] && kill -KILL $$; sleep 30", NULL};
+    KT_EQ(run(&p, sig, 10), 128 + SIGKILL);
+    KT_CONTAINS(p.ebuf, "rank 1 on host localhost was killed by SIGKILL");
+}
+
+KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
+{
+    subreaper();
+    const char *script = "echo \"pid $$\"; if [ $KOLO_RANK = 2 ]; then sleep 0.3; echo 'it broke here' >&2; "
+                         "echo 'bad thing' >&2; exit 9; fi; sleep 30";
+    const char *args[] = {"-np", "4", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "pid ", 4, 10);
+    pid_t pids[4];
+    for (int r = 0; r < 4; r++) {
+        char v[32];
+        char pat[32];
+        snprintf(pat, sizeof(pat), "[%d]<stdout>:pid ", r);
+        const char *s = strstr(p.obuf, pat);
+        KT_ASSERT(s);
+        KT_ASSERT(sscanf(s + strlen(pat), "%31s", v) == 1);
+        pids[r] = (pid_t)atoi(v);
+    }
+    KT_EQ(kp_finish(&p, 15), 9);
+    double took = p.t_end - p.t0;
+    KT_ASSERTF(took < 3.0, "kolorun took %.2f s", took);
+    KT_CONTAINS(p.ebuf, "rank 2 on host localhost exited with code 9");
+    KT_CONTAINS(p.ebuf, "| it broke here\n");
+    KT_CONTAINS(p.ebuf, "| bad thing\n");
+    KT_CONTAINS(p.ebuf, "ranks 0-1,3: terminated by kolorun after rank 2 failed (not a failure of their own)");
+    KT_ASSERT(strstr(p.ebuf, "rank 0 on host") == NULL);
+    assert_no_descendants(3);
+    for (int r = 0; r < 4; r++) KT_ASSERTF(kill(pids[r], 0) != 0 && errno == ESRCH, "rank %d pid %d alive", r, pids[r]);
+}
+
+KT_TEST(kolorun_sigterm_ignoring_worker_is_killed_after_grace, 15)
+{
+    subreaper();
+    const char *script = "if [ $KOLO_RANK = 0 ]; then sleep 0.3; exit 1; fi; trap '' TERM; sleep 30";
+    const char *args[] = {"-np", "2", "--grace-seconds", "1", "sh", "-c", script, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 10), 1);
+    double took = p.t_end - p.t0;
+    KT_ASSERTF(took > 1.2 && took < 4, "took %.2f s with a 1 s grace", took);
+    KT_CONTAINS(p.ebuf, "rank 1: still running 1 s after SIGTERM (--grace-seconds), killed with SIGKILL");
+    assert_no_descendants(3);
+}
+
+KT_TEST(kolorun_forwards_sigterm_to_workers, 15)
+{
+    subreaper();
+    const char *script = "trap 'echo got-term-$KOLO_RANK; exit 0' TERM; echo ready; sleep 30 & wait";
+    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "<stdout>:ready", 2, 10);
+    usleep(100000); /* the shells reach `wait` */
+    kill(p.pid, SIGTERM);
+    KT_EQ(kp_finish(&p, 10), 128 + SIGTERM);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:got-term-0\n");
+    KT_CONTAINS(p.obuf, "[1]<stdout>:got-term-1\n");
+    KT_CONTAINS(p.ebuf, "got SIGTERM: passing it to 2 workers");
+    assert_no_descendants(3);
+}
+
+KT_TEST(kolorun_second_sigint_kills_at_once, 15)
+{
+    subreaper();
+    const char *script = "trap '' INT TERM; echo ready; sleep 30";
+    const char *args[] = {"-np", "2", "--grace-seconds", "20", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "<stdout>:ready", 2, 10);
+    kill(p.pid, SIGINT);
+    usleep(200000);
+    double t = now_s();
+    kill(p.pid, SIGINT);
+    KT_EQ(kp_finish(&p, 10), 128 + SIGINT);
+    KT_ASSERTF(p.t_end - t < 2, "took %.2f s after the second SIGINT", p.t_end - t);
+    KT_CONTAINS(p.ebuf, "second SIGINT");
+    assert_no_descendants(3);
+}
+
+KT_TEST(kolorun_killed_launcher_takes_workers_along, 15)
+{
+    subreaper();
+    /* the shell's child (sleep) is not reached by PDEATHSIG: the guard must kill it */
+    const char *script = "echo \"pid $$\"; sleep 30; echo never";
+    const char *args[] = {"-np", "3", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "pid ", 3, 10);
+    kill(p.pid, SIGKILL);
+    kp_finish(&p, 10);
+    KT_EQ(p.status, SIGKILL);
+    assert_no_descendants(3);
+    KT_ASSERT(strstr(p.obuf, "never") == NULL);
+}
+
+/* ---- remote hosts, through a stand-in for ssh that runs the command here ---- */
+
+/* Like the real thing, the "remote" side runs apart from the local ssh process (here: in a
+ * session of its own, out of reach of kolorun's process-group signals), and its stdin is
+ * kolorun's end of the connection, so it sees end of file when kolorun goes away. */
+static const char fake_ssh[] =
+    "#!/bin/sh\n"
+    "echo \"$@\" >> \"$(dirname \"$0\")/ssh.log\"\n"
+    "while [ $# -gt 0 ]; do case \"$1\" in -o|-p|-i|-l) shift 2;; -*) shift;; *) break;; esac; done\n"
+    "host=$1; shift\n"
+    "case $host in\n"
+    "  unreachable*) echo \"ssh: connect to host $host port 22: No route to host\" >&2; exit 255;;\n"
+    "  hanging*) exec sleep 30;;\n"
+    "esac\n"
+    "exec 3<&0\n"
+    "setsid sh -c \"$*\" <&3 3<&- &\n"
+    "wait $!\n";
+
+static char *make_fake_ssh(void)
+{
+    static char path[160];
+    char *d = tmpdir();
+    snprintf(path, sizeof(path), "%s/fakessh", d);
+    write_file(path, fake_ssh, 0755);
+    return path;
+}
+
+KT_TEST(kolorun_remote_workers_over_ssh, 20)
+{
+    subreaper();
+    char *ssh = make_fake_ssh();
+    const char *script = "echo \"on $KOLO_HOSTNAME rank $KOLO_RANK local $KOLO_LOCAL_RANK dir $(pwd)\"; "
+                         "echo \"rdv=$KOLO_RENDEZVOUS\"; [ $KOLO_RANK = 3 ] && { sleep 0.5; exit 5; }; exit 0";
+    const char *args[] = {"-H", "localhost:1,kt-remote-a:2,kt-remote-b:1", "--ssh", ssh, "-p", "2222",
+                          "-i", "/tmp/id_kt", "sh", "-c", script, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 15), 5);
+    char cwd[1024], w[1200];
+    KT_ASSERT(getcwd(cwd, sizeof(cwd)));
+    snprintf(w, sizeof(w), "[1]<stdout>:on kt-remote-a rank 1 local 0 dir %s\n", cwd);
+    KT_CONTAINS(p.obuf, w);
+    snprintf(w, sizeof(w), "[2]<stdout>:on kt-remote-a rank 2 local 1 dir %s\n", cwd);
+    KT_CONTAINS(p.obuf, w);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:rdv=127.0.0.1:");
+    KT_ASSERT(strstr(p.obuf, "kolorun-remote-started") == NULL);
+    KT_CONTAINS(p.ebuf, "rank 3 on host kt-remote-b exited with code 5");
+    char log[200], buf[8192] = "";
+    snprintf(log, sizeof(log), "%.*s/ssh.log", (int)(strrchr(ssh, '/') - ssh), ssh);
+    FILE *f = fopen(log, "r");
+    KT_ASSERT(f);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    KT_CONTAINS(buf, "-p 2222 -i /tmp/id_kt kt-remote-a ");
+    KT_CONTAINS(buf, "BatchMode=yes");
+    assert_no_descendants(3);
+}
+
+KT_TEST(kolorun_remote_ssh_failure_and_start_timeout, 20)
+{
+    subreaper();
+    char *ssh = make_fake_ssh();
+    const char *args[] = {"-H", "localhost:1,unreachable-host:1", "--ssh", ssh, "sh", "-c", "sleep 30", NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 10), 255);
+    KT_CONTAINS(p.ebuf, "rank 1 on host unreachable-host could not be started over ssh");
+    KT_CONTAINS(p.ebuf, "| ssh: connect to host unreachable-host port 22: No route to host");
+    assert_no_descendants(3);
+
+    const char *args2[] = {"-H", "localhost:1,hanging-host:1", "--ssh", ssh, "--start-timeout", "1",
+                           "sh", "-c", "sleep 30", NULL};
+    KT_EQ(run(&p, args2, 10), 1);
+    KT_ASSERTF(p.t_end - p.t0 < 4, "took %.2f s", p.t_end - p.t0);
+    KT_CONTAINS(p.ebuf, "rank 1 on host hanging-host did not start within 1 s (--start-timeout)");
+    assert_no_descendants(3);
+}
+
+KT_TEST(kolorun_killed_launcher_stops_remote_workers, 20)
+{
+    subreaper();
+    char *ssh = make_fake_ssh();
+    /* the remote command runs in a session of its own: only the wrapper's watcher, which sees
+     * the connection (its stdin) close, can stop it */
+    const char *args[] = {"-H", "kt-remote-c:2", "--ssh", ssh, "--grace-seconds", "1", "sh", "-c",
+                          "echo \"pid $$\"; sleep 30", NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kp_wait_for(&p, "pid ", 2, 10);
+    kill(p.pid, SIGKILL);
+    kp_finish(&p, 10);
+    assert_no_descendants(5);
+}
+
+/* ---- CPU binding ---- */
+
+KT_TEST(kolorun_bind_to_core_sets_affinity, 10)
+{
+    const char *args[] = {"-np", "2", "--bind-to", "core", "--map-by", "core", "--report-bindings", "sh", "-c",
+                          "grep Cpus_allowed_list /proc/self/status", NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 10), 0);
+    for (int r = 0; r < 2; r++) {
+        char pat[64], got[64] = "", want[64] = "";
+        snprintf(pat, sizeof(pat), "[%d]<stdout>:Cpus_allowed_list:", r);
+        const char *s = strstr(p.obuf, pat);
+        KT_ASSERTF(s, "no affinity line for rank %d: %s", r, p.obuf);
+        KT_ASSERT(sscanf(s + strlen(pat), " %63s", got) == 1);
+        snprintf(pat, sizeof(pat), "kolorun: rank %d on localhost: bound to cpus ", r);
+        s = strstr(p.ebuf, pat);
+        KT_ASSERTF(s, "no report for rank %d: %s", r, p.ebuf);
+        KT_ASSERT(sscanf(s + strlen(pat), "%63s", want) == 1);
+        KT_ASSERTF(strcmp(got, want) == 0, "rank %d runs on %s, reported %s", r, got, want);
+    }
+}
