@@ -350,6 +350,17 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     return kr_usage_error("internal: option %s", opt);
 }
 
+void kr_opts_free(kr_opts *o)
+{
+    for (int i = 0; i < o->nsetenv; i++) free((void *)(uintptr_t)o->setenv[i]);
+    free(o->setenv);
+    free(o->xenv);
+    free(o->hosts);
+    o->setenv = o->xenv = NULL;
+    o->hosts = NULL;
+    o->nsetenv = o->nxenv = o->nhosts = 0;
+}
+
 int kr_cli_parse(int argc, char **argv, kr_opts *o)
 {
     o->tag_output = true;

@@ -103,6 +103,8 @@ typedef struct kr_rank {
  * KR_EXIT_USAGE; returns -1 to go on, or 0 when it already did what was asked
  * (--help, --version, --help-env, --check-build). */
 int kr_cli_parse(int argc, char **argv, kr_opts *o);
+/* Frees what parsing and host resolution allocated. */
+void kr_opts_free(kr_opts *o);
 /* Prints "kolorun: error: <fmt>" and a hint on one line; returns KR_EXIT_USAGE. */
 int kr_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

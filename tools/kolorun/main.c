@@ -120,14 +120,21 @@ int main(int argc, char **argv)
     kr_opts o;
     memset(&o, 0, sizeof(o));
     int code = kr_cli_parse(argc, argv, &o);
-    if (code >= 0) return code;
+    if (code >= 0) {
+        kr_opts_free(&o);
+        return code;
+    }
     code = kr_hosts_resolve(&o);
-    if (code) return code;
+    if (code) {
+        kr_opts_free(&o);
+        return code;
+    }
 
     kr_rank *ranks = NULL;
     if (alloc_ranks(o.np, &ranks) != 0) {
         kr_say("error: out of memory for %d ranks", o.np);
         free_ranks(ranks, o.np);
+        kr_opts_free(&o);
         return KR_EXIT_LAUNCH;
     }
     kr_hosts_assign(&o, ranks);
@@ -229,5 +236,6 @@ out_guard:
     close(sigfd);
 out_free:
     free_ranks(ranks, o.np);
+    kr_opts_free(&o);
     return code;
 }
