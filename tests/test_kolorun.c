@@ -817,3 +817,34 @@ KT_TEST(kolorun_bind_to_core_sets_affinity, 10)
         KT_ASSERTF(strcmp(got, want) == 0, "rank %d runs on %s, reported %s", r, got, want);
     }
 }
+
+/* ---- a real kolo job ---- */
+
+KT_WORKER(kolorun_init)
+{
+    (void)argc;
+    (void)argv;
+    int s = kolo_init();
+    if (s != 0) {
+        fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
+        return 1;
+    }
+    printf("rank %d of %d initialized\n", kolo_rank(), kolo_size());
+    fflush(stdout);
+    return kolo_shutdown() == 0 ? 0 : 1;
+}
+
+KT_TEST(kolorun_starts_a_kolo_job_that_initializes, 20)
+{
+    subreaper();
+    const char *args[] = {"-np", "3", kt_self(), "--worker", "kolorun_init", NULL};
+    kproc p;
+    int code = run(&p, args, 15);
+    KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
+    for (int r = 0; r < 3; r++) {
+        char w[64];
+        snprintf(w, sizeof(w), "[%d]<stdout>:rank %d of 3 initialized\n", r, r);
+        KT_CONTAINS(p.obuf, w);
+    }
+    assert_no_descendants(3);
+}
