@@ -154,7 +154,7 @@ static void host_key(char *out, size_t cap)
     }
     ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
     if (n > 0) ns[n] = '\0';
-    snprintf(out, cap, "%s/%s", boot, ns);
+    snprintf(out, cap, "%.40s/%.40s", boot, ns);
 }
 
 /* ---- helpers ---- */

@@ -24,8 +24,8 @@ static int io_error(kolo__conn *c, const char *what, int err)
 {
     kolo__mesh *m = c->mesh;
     if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
-        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: connection %s while %s",
-                  c->peer, kolo__peer_name(m, c->peer), err ? strerror(err) : "closed by the peer", what);
+        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s it failed (%s): the process died or aborted the job",
+                  c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
     else
         kolo__err_sys(err, "%s rank %d on %s failed", what, c->peer, kolo__peer_name(m, c->peer));
     return kolo__conn_fail(c, err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN
@@ -52,7 +52,7 @@ static int progress_send(kolo__conn *c)
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
-            return io_error(c, "sending to", errno);
+            return io_error(c, "sending to it", errno);
         }
         size_t u = (size_t)k;
         if (x->hdr_done < KOLO_HDR_LEN) {
@@ -87,9 +87,9 @@ static int progress_recv(kolo__conn *c)
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
-            return io_error(c, "receiving from", errno);
+            return io_error(c, "receiving from it", errno);
         }
-        if (k == 0) return io_error(c, "receiving from", 0);
+        if (k == 0) return io_error(c, "receiving from it", 0);
         size_t u = (size_t)k;
         if (x->hdr_done < KOLO_HDR_LEN) {
             size_t h = KOLO_MIN(u, (size_t)(KOLO_HDR_LEN - x->hdr_done));

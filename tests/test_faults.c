@@ -1,0 +1,414 @@
+/* test_faults.c - failure paths of the core, on purpose: a rank killed mid-collective, a stopped
+ * rank, strangers and garbage on the listening ports, a wrong secret, ranks that never arrive,
+ * failed allocations and sends, bad arguments, mismatched calls. Every one must end in a clear
+ * error on every rank, never a hang. */
+#include "kt.h"
+
+#include "../src/boot/auth.h"
+#include "../src/boot/store.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* memory shared by the ranks of one job (created before kt_job forks) */
+typedef struct shared {
+    volatile int pid[16];
+    volatile double t_kill;
+    volatile int flag;
+} shared;
+
+static shared *make_shared(void)
+{
+    shared *s = mmap(NULL, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    KT_ASSERT(s != MAP_FAILED);
+    memset(s, 0, sizeof(*s));
+    return s;
+}
+
+/* ---- a rank dies in the middle of large collectives ---- */
+
+static void die_midway(int rank, void *arg)
+{
+    shared *sh = arg;
+    KT_OK(kolo_init());
+    size_t n = 4 << 20;
+    float *buf = calloc(n, sizeof(float));
+    for (int it = 0;; it++) {
+        if (rank == 2 && it == 3) {
+            sh->t_kill = now_s();
+            raise(SIGKILL);
+        }
+        int st = kolo_allreduce(buf, buf, n, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+        if (st != KOLO_OK) {
+            double dt = now_s() - sh->t_kill;
+            KT_EQ(st, KOLO_ERR_PEER_LOST);
+            KT_CONTAINS(kolo_last_error(), "lost rank");
+            /* the rank whose ring neighbour died names it; others may name the neighbour
+             * that aborted after it, but everyone fails within the bound */
+            KT_ASSERTF(dt < 5.0, "rank %d learned of the death after %.2f s", rank, dt);
+            /* later collectives fail at once with the same cause */
+            KT_STATUS(kolo_allreduce(buf, buf, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PEER_LOST);
+            KT_STATUS(kolo_barrier(KOLO_WORLD), KOLO_ERR_PEER_LOST);
+            free(buf);
+            return;
+        }
+        KT_ASSERTF(it < 10000, "rank %d never noticed rank 2's death", rank);
+    }
+}
+
+static void run_die(int n, int tcp)
+{
+    shared *sh = make_shared();
+    kt_job_opts o = {.tcp_only = tcp, .env = {"KOLO_OP_TIMEOUT=60"}};
+    int status[8];
+    kt_job(n, die_midway, sh, &o, status);
+    for (int r = 0; r < n; r++) {
+        if (r == 2) KT_ASSERT(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL);
+        else KT_ASSERTF(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d failed", r);
+    }
+}
+
+KT_TEST(peer_killed_mid_allreduce_shm, 40) { run_die(4, 0); }
+KT_TEST(peer_killed_mid_allreduce_tcp, 40) { run_die(3, 1); }
+
+/* The rank next to the dead one names it, with its host. */
+static void die_named(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int v = 1, out;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    if (rank == 1) raise(SIGKILL);
+    int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    KT_EQ(st, KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "rank 1 on ");
+}
+
+KT_TEST(peer_loss_names_rank_and_host, 30)
+{
+    int status[2];
+    kt_job(2, die_named, NULL, NULL, status);
+    KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
+}
+
+/* ---- a stopped rank: timeout, not a hang ---- */
+
+static void stopped(int rank, void *arg)
+{
+    shared *sh = arg;
+    KT_OK(kolo_init());
+    sh->pid[rank] = (int)getpid();
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank == 1) {
+        raise(SIGSTOP);
+        return;
+    }
+    double t0 = now_s();
+    float x = 1, y;
+    int st = kolo_allreduce(&x, &y, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    double dt = now_s() - t0;
+    kill(sh->pid[1], SIGKILL); /* release the stopped rank */
+    KT_EQ(st, KOLO_ERR_TIMEOUT);
+    KT_CONTAINS(kolo_last_error(), "rank(s) 1");
+    KT_CONTAINS(kolo_last_error(), "KOLO_OP_TIMEOUT");
+    KT_ASSERTF(dt > 1.5 && dt < 10, "timed out after %.2f s with KOLO_OP_TIMEOUT=2", dt);
+}
+
+KT_TEST(stopped_peer_times_out, 30)
+{
+    shared *sh = make_shared();
+    kt_job_opts o = {.env = {"KOLO_OP_TIMEOUT=2"}};
+    int status[2];
+    kt_job(2, stopped, sh, &o, status);
+    KT_ASSERTF(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0, "rank 0 failed");
+}
+
+/* ---- strangers, garbage and a wrong secret at start-up ---- */
+
+static int connect_to(const char *addr, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Rank 2 first plays stranger against rank 0's listening port (found in the store), then joins. */
+static void strangers(int rank, void *arg)
+{
+    (void)arg;
+    char logpath[64];
+    if (rank == 0) {
+        /* keep rank 0's log to check that the refusals were reported */
+        snprintf(logpath, sizeof(logpath), "/tmp/kolo-kt-strangers-%d.log", (int)getppid());
+        int fd = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+        dup2(fd, 2);
+        close(fd);
+    }
+    if (rank == 2) {
+        const char *rdv = getenv("KOLO_RENDEZVOUS"), *secret = getenv("KOLO_SECRET"), *job = getenv("KOLO_JOB_ID");
+        char host[64];
+        int port = atoi(strchr(rdv, ':') + 1);
+        snprintf(host, sizeof(host), "%.*s", (int)(strchr(rdv, ':') - rdv), rdv);
+        kolo__store *st = NULL;
+        KT_OK(kolo__store_connect(&st, host, port, secret, strlen(secret), 10));
+        char key[128];
+        /* a placeholder record lets ranks 0 and 1 reach their accept loops (they only accept
+         * from rank 2, so the address in it is never used); kolo_init rewrites it */
+        snprintf(key, sizeof(key), "%s/1/peer/2", job);
+        const char placeholder[] = "127.0.0.1 1 1 placeholder placeholder";
+        KT_OK(kolo__store_set(st, key, placeholder, strlen(placeholder)));
+        snprintf(key, sizeof(key), "%s/1/peer/0", job);
+        void *val = NULL;
+        size_t len = 0;
+        KT_OK(kolo__store_get(st, key, &val, &len, 10));
+        char rec[256], addr[64];
+        int p0 = 0;
+        snprintf(rec, sizeof(rec), "%.*s", (int)len, (char *)val);
+        KT_ASSERT(sscanf(rec, "%63s %d", addr, &p0) == 2);
+        free(val);
+        kolo__store_close(st);
+        /* 1: garbage */
+        int fd = connect_to(addr, p0);
+        KT_ASSERT(fd >= 0);
+        const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: a stranger who wants to see if anything answers\r\n\r\n";
+        KT_ASSERT(write(fd, junk, sizeof(junk)) > 0);
+        /* 2: silent */
+        int quiet = connect_to(addr, p0);
+        KT_ASSERT(quiet >= 0);
+        /* 3: the right magic with a forged MAC (what a wrong secret produces) */
+        int forged = connect_to(addr, p0);
+        unsigned char hello_a[44], msg[80];
+        KT_ASSERT(read(forged, hello_a, sizeof(hello_a)) == (ssize_t)sizeof(hello_a));
+        memset(msg, 0x5a, sizeof(msg));
+        memcpy(msg, "KOLOMSH1", 8);
+        uint32_t r2 = 2, ch = 0;
+        memcpy(msg + 8, &r2, 4);
+        memcpy(msg + 12, &ch, 4);
+        KT_ASSERT(write(forged, msg, sizeof(msg)) == (ssize_t)sizeof(msg));
+        char b;
+        KT_ASSERT(read(forged, &b, 1) <= 0); /* refused: closed without an answer */
+        close(fd);
+        close(forged);
+        KT_OK(kolo_init()); /* the quiet one is still open: it must not stall the start-up */
+        close(quiet);
+    } else {
+        KT_OK(kolo_init());
+    }
+    int v = rank, out = 0;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(out, 3);
+    if (rank == 0) {
+        KT_OK(kolo_shutdown());
+        char text[8192] = "";
+        FILE *f = fopen(logpath, "r");
+        KT_ASSERT(f);
+        size_t n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        unlink(logpath);
+        KT_CONTAINS(text, "refused a connection from 127.0.0.1");
+        KT_CONTAINS(text, "not a kolo peer");
+        KT_CONTAINS(text, "does not hold this job's secret");
+    }
+}
+
+KT_TEST(strangers_and_garbage_refused_at_startup, 30) { KT_EQ(kt_job(3, strangers, NULL, NULL, NULL), 0); }
+
+/* A rank with the wrong secret is refused by the store; the others name it as missing. */
+static void wrong_secret(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 2) setenv("KOLO_SECRET", "not-the-job-secret", 1);
+    int st = kolo_init();
+    if (rank == 2) {
+        KT_EQ(st, KOLO_ERR_AUTH);
+        return;
+    }
+    KT_EQ(st, KOLO_ERR_STARTUP);
+    KT_CONTAINS(kolo_last_error(), "missing rank(s) 2");
+}
+
+KT_TEST(wrong_secret_is_refused_and_named_missing, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=2"}};
+    KT_EQ(kt_job(3, wrong_secret, NULL, &o, NULL), 0);
+}
+
+/* Ranks 3 and 4 never come: the others fail after KOLO_START_TIMEOUT naming both. */
+static void never_arrive(int rank, void *arg)
+{
+    (void)arg;
+    if (rank >= 3) return;
+    double t0 = now_s();
+    KT_STATUS(kolo_init(), KOLO_ERR_STARTUP);
+    KT_CONTAINS(kolo_last_error(), "missing rank(s) 3, 4");
+    KT_ASSERT(now_s() - t0 < 10);
+    KT_EQ(kolo_is_initialized(), 0);
+}
+
+KT_TEST(missing_ranks_named_after_start_timeout, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=1.5"}};
+    KT_EQ(kt_job(5, never_arrive, NULL, &o, NULL), 0);
+}
+
+/* ---- injected failures ---- */
+
+KT_TEST(alloc_failure_during_init_is_an_error_not_a_crash, 20)
+{
+    unsetenv("KOLO_RANK");
+    unsetenv("KOLO_SIZE");
+    int failures = 0;
+    for (long nth = 1; nth < 40; nth++) {
+        kolo_test_fail_alloc(nth);
+        int st = kolo_init();
+        kolo_test_fail_alloc(0);
+        if (st == KOLO_OK) {
+            KT_OK(kolo_shutdown());
+            continue;
+        }
+        failures++;
+        KT_EQ(st, KOLO_ERR_NO_MEMORY);
+        KT_EQ(kolo_is_initialized(), 0);
+    }
+    KT_ASSERT(failures >= 1);
+    KT_OK(kolo_init());
+    KT_OK(kolo_shutdown());
+}
+
+/* Both ranks fail the same allocation: both get NO_MEMORY, and the job goes on. */
+static void alloc_in_collective(int rank, void *arg)
+{
+    (void)arg;
+    (void)rank;
+    KT_OK(kolo_init());
+    size_t n = 100000;
+    float *x = calloc(n, sizeof(float));
+    kolo_test_fail_alloc(1);
+    KT_STATUS(kolo_allgather(x, n, calloc(2 * n, sizeof(float)), NULL, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_NO_MEMORY);
+    kolo_test_fail_alloc(0);
+    for (size_t i = 0; i < n; i++) x[i] = 1;
+    KT_OK(kolo_allreduce(x, x, n, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(x[0] == 2 && x[n - 1] == 2);
+    free(x);
+}
+
+KT_TEST(alloc_failure_in_collective_leaves_job_usable, 20) { KT_EQ(kt_job(2, alloc_in_collective, NULL, NULL, NULL), 0); }
+
+/* Rank 1's send fails: it reports the injected failure, rank 0 learns that rank 1 aborted. */
+static void send_failure(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int v = 1, out;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    if (rank == 1) kolo_test_fail_send(1);
+    int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    if (rank == 1) {
+        KT_EQ(st, KOLO_ERR_SYSTEM);
+        KT_CONTAINS(kolo_last_error(), "injected");
+    } else {
+        KT_EQ(st, KOLO_ERR_PEER_LOST);
+        KT_CONTAINS(kolo_last_error(), "rank 1");
+    }
+}
+
+KT_TEST(send_failure_fails_both_sides, 20) { KT_EQ(kt_job(2, send_failure, NULL, NULL, NULL), 0); }
+
+/* ---- arguments ---- */
+
+static void bad_args(int rank, void *arg)
+{
+    (void)arg;
+    float x[4] = {0}, y[8];
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_NOT_INITIALIZED);
+    KT_OK(kolo_init());
+    KT_STATUS(kolo_allreduce(NULL, y, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "sendbuf is NULL");
+    KT_STATUS(kolo_allreduce(x, y, 4, (kolo_dtype_t)99, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "unknown dtype");
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_BOOL, KOLO_AVERAGE, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "average is not defined for dtype bool");
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_FLOAT32, (kolo_op_t)42, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_FLOAT32, KOLO_SUM, NAN, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_allreduce(x, y, (size_t)-1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, 77), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "unknown process set 77");
+    KT_STATUS(kolo_broadcast(x, 4, KOLO_FLOAT32, 2, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "root 2");
+    KT_STATUS(kolo_broadcast(x, 4, KOLO_FLOAT32, -1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    size_t sc[2] = {1, 1}, rc[2] = {2, 1}, rc_ok[2] = {1, 1};
+    size_t *self_bad = rank == 0 ? rc : (size_t[]){1, 2};
+    KT_STATUS(kolo_alltoall(x, sc, y, self_bad, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_alltoall(x, NULL, y, rc_ok, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_alltoall(x, sc, x, rc_ok, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    size_t counts[2] = {3, 3};
+    KT_STATUS(kolo_allgather(x, 4, y, counts, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_reducescatter(x, x, 4, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_reducescatter(NULL, y, 4, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_INVALID_ARG);
+    /* nothing was sent: the job still works */
+    float one = 1, two = 0;
+    KT_OK(kolo_allreduce(&one, &two, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(two == 2);
+    KT_EQ(kolo_dtype_size((kolo_dtype_t)99), 0);
+    KT_CONTAINS(kolo_strerror(KOLO_ERR_PEER_LOST), "peer lost");
+    KT_CONTAINS(kolo_dtype_name(KOLO_BFLOAT16), "bfloat16");
+}
+
+KT_TEST(invalid_arguments_send_nothing, 20) { KT_EQ(kt_job(2, bad_args, NULL, NULL, NULL), 0); }
+
+/* Ranks that call the same collective with different counts both get a mismatch naming the peer. */
+static void mismatch(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[16] = {0};
+    int st = kolo_allreduce(x, x, rank == 0 ? 10 : 12, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    KT_ASSERT(st == KOLO_ERR_MISMATCH || st == KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), rank == 0 ? "rank 1" : "rank 0");
+}
+
+KT_TEST(mismatched_counts_fail_every_rank, 20)
+{
+    KT_EQ(kt_job(2, mismatch, NULL, NULL, NULL), 0);
+    kt_job_opts o = {.tcp_only = 1};
+    KT_EQ(kt_job(2, mismatch, NULL, &o, NULL), 0);
+}
+
+/* A rank that shuts down while another still waits for it: the waiter is told, not hung. */
+static void early_exit(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    if (rank == 1) return; /* kt_job calls kolo_shutdown: a clean goodbye */
+    int v = 0, out;
+    KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "rank 1");
+}
+
+KT_TEST(peer_shutdown_while_awaited, 20)
+{
+    kt_job_opts o = {.env = {"KOLO_OP_TIMEOUT=60"}};
+    KT_EQ(kt_job(2, early_exit, NULL, &o, NULL), 0);
+}
