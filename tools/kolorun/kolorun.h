@@ -95,7 +95,7 @@ typedef struct kr_rank {
 
     cpu_set_t cpus;           /* binding (bind.c); valid when bound */
     bool bound;
-    char bind_desc[128];
+    char bind_desc[256];
 } kr_rank;
 
 /* ---- cli.c ---- */
