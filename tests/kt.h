@@ -99,6 +99,11 @@ typedef struct kt_job_opts {
 } kt_job_opts;
 int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts *opts, int *status);
 
+/* Runs a rendezvous store on 127.0.0.1 (port 0) in a child process and returns its pid (kill it
+ * with SIGKILL). Tests that fork must not run the store as a thread of the forking process:
+ * a child could inherit a lock (OpenSSL's) held by that thread and hang. */
+pid_t kt_spawn_store(const char *secret, int *port);
+
 /* Same job run once with shared memory and once over TCP (fails the test if any rank fails). */
 void kt_job_both(int n, void (*fn)(int rank, void *arg), void *arg);
 

@@ -176,7 +176,7 @@ static void child_env(int rank, int n, int port, const char *secret, const char 
 /* The store runs in a child process of its own: forking ranks from a process that has a server
  * thread could copy a lock that thread holds (OpenSSL's, for instance) into the rank, which
  * would then deadlock on it. The parent stays single-threaded. */
-static pid_t spawn_store(const char *secret, int *port)
+pid_t kt_spawn_store(const char *secret, int *port)
 {
     int p[2];
     if (pipe(p) != 0) kt_fail(__FILE__, __LINE__, "pipe: %s", strerror(errno));
@@ -206,7 +206,7 @@ int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts 
     snprintf(jobid, sizeof(jobid), "kt%d-%ld", (int)getpid(), (long)(now() * 1e6));
     pid_t store = -1;
     int port = 0;
-    if (!(opts && opts->no_store)) store = spawn_store(secret, &port);
+    if (!(opts && opts->no_store)) store = kt_spawn_store(secret, &port);
     pid_t pids[64];
     if (n > 64) kt_fail(__FILE__, __LINE__, "too many ranks");
     fflush(stdout);
