@@ -1,0 +1,331 @@
+"""DistributedOptimizer: wraps a torch optimizer so that every gradient is averaged over the
+ranks, each one as soon as backward has produced it (horovod/torch/optimizer.py).
+
+How: a hook on each parameter's gradient accumulator (the AccumulateGrad node reached through
+p.expand_as(p).grad_fn.next_functions[0][0], as Horovod does) submits an in-place
+allreduce_async_ of that gradient the moment it is final, named after the parameter. The
+engine negotiates and fuses these while backward computes the earlier layers. step() waits
+for all of them (synchronize()) and then runs the wrapped optimizer's step.
+"""
+
+import os
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from kolo.basics import Average, Adasum, global_process_set, size
+from kolo.torch.compression import Compression
+from kolo.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
+                                synchronize)
+from kolo.torch.functions import broadcast_object
+
+
+def _split_list(items, n):
+    """n nearly equal consecutive parts."""
+    k, m = divmod(len(items), n)
+    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    _kolo_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
+                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                                for i, param_group in enumerate(self.param_groups)
+                                for j, v in enumerate(param_group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
+                             "produced by model.named_parameters().")
+
+        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+        if len(dups) > 0:
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
+                             % ", ".join(sorted(dups)))
+
+        all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
+        named_param_ids = {id(v) for k, v in named_parameters}
+        unnamed_param_ids = all_param_ids - named_param_ids
+        if len(unnamed_param_ids):
+            raise ValueError("named_parameters was specified, but one or more model parameters were not "
+                             "named. Python object ids: %s" % ", ".join(str(i) for i in unnamed_param_ids))
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: self.backward_passes_per_step
+                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+
+        if groups is not None:
+            if not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+                raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+            if isinstance(groups, list):
+                seen = set()
+                for group in groups:
+                    for p in group:
+                        if not isinstance(p, torch.Tensor):
+                            raise ValueError("groups must consist of torch.Tensor.")
+                        if id(p) in seen:
+                            raise ValueError("A parameter can only appear once in groups.")
+                        seen.add(id(p))
+        self._groups = groups
+        self._p_to_group = {}
+        self._group_counts = {}
+
+        if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+            self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    @staticmethod
+    def find_duplicates(lst):
+        seen, dups = set(), set()
+        for el in lst:
+            if el in seen:
+                dups.add(el)
+            seen.add(el)
+        return dups
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _register_hooks(self):
+        if self._groups is not None:
+            p_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+            # Every rank must form the same groups in the same order: take rank 0's order.
+            names = broadcast_object([self._parameter_names.get(p) for p in p_list], root_rank=0,
+                                     name="optimizer_param_order", process_set=self.process_set)
+            pos = {n: i for i, n in enumerate(names)}
+            p_list = sorted(p_list, key=lambda p: pos.get(self._parameter_names.get(p), len(pos)))
+            if isinstance(self._groups, list):
+                p_groups, grouped = [], set()
+                ids = {id(p) for p in p_list}
+                for group in self._groups:
+                    p_groups.append([p for p in group if id(p) in ids])
+                    grouped.update(id(p) for p in p_groups[-1])
+                p_groups += [[p] for p in p_list if id(p) not in grouped]
+            else:
+                p_groups = _split_list(p_list, self._groups)
+            for group in (tuple(g) for g in p_groups if g):
+                for p in group:
+                    self._p_to_group[p] = group
+                self._group_counts[group] = 0
+
+        for param_group in self.param_groups:
+            for p in param_group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    p_tmp = p.expand_as(p)
+                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    def _scale_factors(self):
+        if self.op == Average:
+            # The engine divides by the set's size for Average; split the rest as asked.
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # This rank did not compute the gradient (a branch not taken); others may have,
+            # so it still takes part, with zeros.
+            p.grad = p.data.new(p.size()).zero_()
+        name = self._parameter_names.get(p)
+        tensor = p.grad
+        if tensor.is_sparse:
+            if self.sparse_as_dense:
+                p.grad = tensor = tensor.to_dense()
+            else:
+                return sparse_allreduce_async(tensor, name=name, op=self.op, process_set=self.process_set), None
+        tensor_compressed, ctx = self._compression.compress(tensor)
+        prescale, postscale = self._scale_factors()
+        handle = allreduce_async_(tensor_compressed, name=name, op=self.op, prescale_factor=prescale,
+                                  postscale_factor=postscale, process_set=self.process_set)
+        return handle, ctx
+
+    def _grouped_allreduce_grad_async(self, ps):
+        name = self._parameter_names.get(ps[0])
+        for p in ps:
+            if p.grad is None:
+                p.grad = p.data.new(p.size()).zero_()
+        compressed = [self._compression.compress(p.grad) for p in ps]
+        prescale, postscale = self._scale_factors()
+        handle = grouped_allreduce_async_([c[0] for c in compressed], name=name, op=self.op,
+                                          prescale_factor=prescale, postscale_factor=postscale,
+                                          process_set=self.process_set)
+        return handle, [c[1] for c in compressed]
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times before call to "
+                        "step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                if self._groups is not None:
+                    group = self._p_to_group[p]
+                    self._group_counts[group] += 1
+                    if self._group_counts[group] == len(group):
+                        handle, ctxs = self._grouped_allreduce_grad_async(group)
+                        self._handles[group] = (handle, ctxs)
+                        for gp in group:  # the group's entry replaces its members' placeholders
+                            self._handles.pop(gp, None)
+                        self._group_counts[group] = 0
+                        return
+                else:
+                    handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (submitting, with zeros, those that backward did
+        not produce on this rank) and writes the averaged gradients into p.grad."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        completed = set()
+        for key in self._handles.keys():
+            if isinstance(key, tuple):
+                completed.update(key)
+            else:
+                completed.add(key)
+        missing = self._requires_update - completed
+        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
+            if self._groups is not None and len(self._p_to_group.get(p, ())) > 1:
+                group = self._p_to_group[p]
+                if group not in self._handles:
+                    self._handles[group] = self._grouped_allreduce_grad_async(group)
+                    for gp in group:
+                        self._handles.pop(gp, None)
+                    self._group_counts[group] = 0
+                continue
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for p, (handle, ctx) in self._handles.items():
+                if isinstance(p, tuple):
+                    outputs = synchronize(handle)
+                    for gp, output, gctx in zip(p, outputs, ctx):
+                        self._allreduce_delay[gp] = self.backward_passes_per_step
+                        gp.grad.set_(self._compression.decompress(output, gctx))
+                elif callable(handle):  # sparse
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    p.grad = handle()
+                else:
+                    output = synchronize(handle)
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    p.grad.set_(self._compression.decompress(output, ctx))
+        finally:
+            # After a failure too: drop the handles (each synchronize above consumed its own, or
+            # will be dropped with the job), so zero_grad() does not report a race.
+            for p, (handle, ctx) in self._handles.items():
+                if not callable(handle):
+                    synchronize_quiet(handle)
+                for q in (p if isinstance(p, tuple) else (p,)):
+                    self._allreduce_delay[q] = self.backward_passes_per_step
+            self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit synchronize(), e.g. to clip gradients:
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                                 "cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def synchronize_quiet(handle):
+    """Waits for a handle that may already be consumed, swallowing its error (the first
+    error has been raised already)."""
+    try:
+        synchronize(handle)
+    except Exception:
+        pass
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+    """An optimizer that wraps another torch.optim.Optimizer and averages gradients over every
+    rank before applying them (Horovod's DistributedOptimizer; same arguments).
+
+    named_parameters: model.named_parameters(), so that allreduces carry the parameters'
+    names. compression: Compression.none or Compression.fp16 (gradients travel as float16).
+    backward_passes_per_step: local gradient accumulation before each allreduce.
+    op: Average (default) or Sum. gradient_predivide_factor f: gradients are scaled by 1/f
+    before the sum and f/size after it (Average only). groups: an int (that many groups of
+    parameters, each reduced in one grouped_allreduce) or a list of lists of parameters.
+    sparse_as_dense: sparse gradients are densified first.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == Adasum and size() > 1:
+        raise NotImplementedError("kolo does not implement Adasum; use op=hvd.Average (the default) or hvd.Sum")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
