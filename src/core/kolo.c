@@ -141,8 +141,8 @@ int kolo_init(void)
     compute_topology();
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
-    if (W.server) {
-        /* everyone has read the store once all are connected and past this barrier */
+    if (W.info.rdv_serve && W.info.size > 1) {
+        /* rank 0 serves the store: every rank has read it once all are past this barrier */
         st = kolo__coll_barrier(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0]);
         if (st != KOLO_OK) goto fail;
         kolo__store_server_stop(W.server);
