@@ -217,17 +217,32 @@ KT_TEST(launch_with_horovod_environment, 30)
     KT_EQ(kt_job(2, env_rank, &j, &o, NULL), 0);
 }
 
-KT_TEST(launch_with_torchrun_environment_leaves_master_port_alone, 30)
+KT_TEST(launch_with_torchrun_environment_leaves_master_port_alone, 60)
 {
-    /* a stand-in for torchrun's TCPStore holds MASTER_PORT for the whole job */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t sl = sizeof(sa);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    KT_ASSERT(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(fd, 8) == 0);
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    envjob j = {"torch", 2, ntohs(sa.sin_port)};
-    kt_job_opts o = {.no_store = 1};
+    /* A stand-in for torchrun's TCPStore holds MASTER_PORT for the whole job; kolo's rank 0
+     * serves at MASTER_PORT + 1, so pick a port whose neighbour is free too (ephemeral ports
+     * often have busy neighbours; torchrun's usual 29500/29501 do not). */
+    int fd = -1, port = 0;
+    for (int tries = 0; tries < 50 && fd < 0; tries++) {
+        int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        socklen_t sl = sizeof(sa);
+        sa.sin_addr.s_addr = htonl(INADDR_ANY);
+        KT_ASSERT(bind(a, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(a, 8) == 0);
+        getsockname(a, (struct sockaddr *)&sa, &sl);
+        int p = ntohs(sa.sin_port);
+        sa.sin_port = htons((uint16_t)(p + 1));
+        if (p < 65535 && bind(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            fd = a;
+            port = p;
+        } else {
+            close(a);
+        }
+        close(b);
+    }
+    KT_ASSERT(fd >= 0);
+    envjob j = {"torch", 2, port};
+    kt_job_opts o = {.no_store = 1, .env = {"KOLO_START_TIMEOUT=10"}};
     KT_EQ(kt_job(2, env_rank, &j, &o, NULL), 0);
     close(fd);
 }
