@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #define SHM_FLAG_CMA 1u
+#define SHM_CLOSED 1u
+#define SHM_ABORTED 2u
 #define CMA_DESC_LEN 16
 
 typedef struct ring_ctl {
@@ -37,7 +39,7 @@ typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
     _Alignas(64) uint64_t token;
-    _Atomic uint32_t closed; /* the producer shut down cleanly after its last message */
+    _Atomic uint32_t closed; /* SHM_CLOSED: the producer shut down cleanly; SHM_ABORTED: it gave up */
 } ring_ctl;
 
 typedef struct shm_priv {
@@ -145,6 +147,10 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
         ssize_t k = process_vm_readv(s->peer_pid, &local, 1, &remote, 1, 0);
         if (k < 0) {
             if (errno == EINTR) continue;
+            if (errno == EFAULT || atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)
+                return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
+                                                    "lost rank %d on %s: it aborted the job while this rank was reading its buffer",
+                                                    c->peer, kolo__peer_name(c->mesh, c->peer)));
             if (errno == ESRCH)
                 kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone", c->peer,
                           kolo__peer_name(c->mesh, c->peer));
@@ -158,6 +164,12 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
                                                 c->peer, kolo__peer_name(c->mesh, c->peer)));
         x->done += (size_t)k;
     }
+    /* The sender marks its rings aborted before its buffers go back to its user; data read
+     * before the mark was still its own. After it, the bytes may be anything. */
+    if (atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)
+        return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
+                                            "lost rank %d on %s: it aborted the job while this rank was reading its buffer",
+                                            c->peer, kolo__peer_name(c->mesh, c->peer)));
     return KOLO_OK;
 }
 
@@ -242,16 +254,22 @@ static void shm_close(kolo__conn *c)
 static void shm_goodbye(kolo__conn *c)
 {
     shm_priv *s = c->priv;
-    if (s) atomic_store_explicit(&s->tx_ctl->closed, 1, memory_order_release);
+    if (s) atomic_store_explicit(&s->tx_ctl->closed, SHM_CLOSED, memory_order_release);
 }
 
 static bool shm_left_cleanly(kolo__conn *c)
 {
     shm_priv *s = c->priv;
-    return s && atomic_load_explicit(&s->rx_ctl->closed, memory_order_acquire) == 1;
+    return s && atomic_load_explicit(&s->rx_ctl->closed, memory_order_acquire) == SHM_CLOSED;
 }
 
-const kolo__transport kolo__shm_transport = {"shm", shm_progress, shm_close, shm_goodbye, shm_left_cleanly};
+static void shm_abort(kolo__conn *c)
+{
+    shm_priv *s = c->priv;
+    if (s) atomic_store(&s->tx_ctl->closed, SHM_ABORTED); /* seq_cst: before our user reuses buffers */
+}
+
+const kolo__transport kolo__shm_transport = {"shm", shm_progress, shm_close, shm_goodbye, shm_left_cleanly, shm_abort};
 
 static int map_segment(kolo__conn *c, int fd, size_t ring, int creator)
 {

@@ -33,38 +33,56 @@ static int io_error(kolo__conn *c, const char *what, int err)
                                   : KOLO_ERR_SYSTEM);
 }
 
+/* The remaining [header, payload] of an xfer as an iovec; returns the count, *want the bytes. */
+static int remaining(kolo__xfer *x, struct iovec iov[2], size_t *want)
+{
+    int n = 0;
+    *want = 0;
+    if (x->hdr_done < KOLO_HDR_LEN) {
+        iov[n].iov_base = x->hdr + x->hdr_done;
+        iov[n].iov_len = KOLO_HDR_LEN - x->hdr_done;
+        *want += iov[n++].iov_len;
+    }
+    if (x->done < x->len) {
+        iov[n].iov_base = x->buf + x->done;
+        iov[n].iov_len = KOLO_MIN(x->len - x->done, (size_t)TCP_IO_MAX);
+        *want += iov[n++].iov_len;
+    }
+    return n;
+}
+
+/* Accounts k moved bytes; returns true when the header has just become complete. */
+static bool advance(kolo__xfer *x, size_t k)
+{
+    bool hdr_now = false;
+    if (x->hdr_done < KOLO_HDR_LEN) {
+        size_t h = KOLO_MIN(k, (size_t)(KOLO_HDR_LEN - x->hdr_done));
+        x->hdr_done += (unsigned)h;
+        k -= h;
+        hdr_now = x->hdr_done == KOLO_HDR_LEN;
+    }
+    x->done += k;
+    return hdr_now;
+}
+
+static bool finished(const kolo__xfer *x) { return x->hdr_done == KOLO_HDR_LEN && x->done == x->len; }
+
 static int progress_send(kolo__conn *c)
 {
     while (c->sendq) {
         kolo__xfer *x = c->sendq;
         struct iovec iov[2];
-        int n = 0;
-        if (x->hdr_done < KOLO_HDR_LEN) {
-            iov[n].iov_base = x->hdr + x->hdr_done;
-            iov[n++].iov_len = KOLO_HDR_LEN - x->hdr_done;
-        }
-        if (x->done < x->len) {
-            iov[n].iov_base = x->buf + x->done;
-            iov[n++].iov_len = KOLO_MIN(x->len - x->done, (size_t)TCP_IO_MAX);
-        }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        size_t want;
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)remaining(x, iov, &want)};
         ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
             return io_error(c, "sending to it", errno);
         }
-        size_t u = (size_t)k;
-        if (x->hdr_done < KOLO_HDR_LEN) {
-            size_t h = KOLO_MIN(u, (size_t)(KOLO_HDR_LEN - x->hdr_done));
-            x->hdr_done += (unsigned)h;
-            u -= h;
-        }
-        x->done += u;
-        if (x->hdr_done == KOLO_HDR_LEN && x->done == x->len)
-            kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
-        else if ((size_t)k < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0))
-            return KOLO_OK; /* socket buffer full */
+        advance(x, (size_t)k);
+        if (finished(x)) kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
+        else if ((size_t)k < want) return KOLO_OK; /* socket buffer full */
     }
     return KOLO_OK;
 }
@@ -74,38 +92,21 @@ static int progress_recv(kolo__conn *c)
     while (c->recvq) {
         kolo__xfer *x = c->recvq;
         struct iovec iov[2];
-        int n = 0;
-        if (x->hdr_done < KOLO_HDR_LEN) {
-            iov[n].iov_base = x->hdr + x->hdr_done;
-            iov[n++].iov_len = KOLO_HDR_LEN - x->hdr_done;
-        }
-        if (x->done < x->len) {
-            iov[n].iov_base = x->buf + x->done;
-            iov[n++].iov_len = KOLO_MIN(x->len - x->done, (size_t)TCP_IO_MAX);
-        }
-        ssize_t k = readv(c->fd, iov, n);
+        size_t want;
+        ssize_t k = readv(c->fd, iov, remaining(x, iov, &want));
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
             return io_error(c, "receiving from it", errno);
         }
         if (k == 0) return io_error(c, "receiving from it", 0);
-        size_t u = (size_t)k;
-        if (x->hdr_done < KOLO_HDR_LEN) {
-            size_t h = KOLO_MIN(u, (size_t)(KOLO_HDR_LEN - x->hdr_done));
-            x->hdr_done += (unsigned)h;
-            u -= h;
-            if (x->hdr_done == KOLO_HDR_LEN) {
-                uint32_t flags;
-                int st = kolo__hdr_check(c, x, &flags);
-                if (st != KOLO_OK) return kolo__conn_fail(c, st);
-            }
+        if (advance(x, (size_t)k)) {
+            uint32_t flags;
+            int st = kolo__hdr_check(c, x, &flags);
+            if (st != KOLO_OK) return kolo__conn_fail(c, st);
         }
-        x->done += u;
-        if (x->hdr_done == KOLO_HDR_LEN && x->done == x->len)
-            kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
-        else if ((size_t)k < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0))
-            return KOLO_OK; /* drained the socket */
+        if (finished(x)) kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
+        else if ((size_t)k < want) return KOLO_OK; /* drained the socket */
     }
     return KOLO_OK;
 }
@@ -150,7 +151,10 @@ static bool tcp_left_cleanly(kolo__conn *c)
     return pos > (size_t)n;
 }
 
-const kolo__transport kolo__tcp_transport = {"tcp", tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly};
+/* Nothing to do: a TCP peer only ever holds copies of our bytes. */
+static void tcp_abort(kolo__conn *c) { (void)c; }
+
+const kolo__transport kolo__tcp_transport = {"tcp", tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly, tcp_abort};
 
 int kolo__tcp_attach(kolo__conn *c)
 {

@@ -67,6 +67,9 @@ typedef struct kolo__transport {
     void (*goodbye)(kolo__conn *c);
     /* After the peer hung up and everything it sent before was drained: did it say goodbye? */
     bool (*left_cleanly)(kolo__conn *c);
+    /* This rank gives up on the job: after this returns, the peer must not trust any data it
+     * still reads from our memory (our buffers go back to the user). */
+    void (*abort)(kolo__conn *c);
 } kolo__transport;
 
 struct kolo__conn {

@@ -78,8 +78,12 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     m->failed = status;
     snprintf(m->failmsg, sizeof(m->failmsg), "%s", kolo__errmsg());
     /* abort: every peer sees us hang up without a goodbye and fails as well */
-    for (int p = 0; p < m->size; p++)
-        if (m->conns[p] && m->conns[p]->fd >= 0) shutdown(m->conns[p]->fd, SHUT_RDWR);
+    for (int p = 0; p < m->size; p++) {
+        kolo__conn *c = m->conns[p];
+        if (!c) continue;
+        if (c->tp) c->tp->abort(c);
+        if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+    }
 }
 
 int kolo__conn_fail(kolo__conn *c, int status)
