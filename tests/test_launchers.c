@@ -109,6 +109,36 @@ KT_TEST(launch_under_mpich_mpirun, 60)
     KT_CONTAINS(out, "worker rank 1 of 2 local 1 of 2 ok");
 }
 
+/* A listening socket on a port whose neighbour (port + 1) is free too: kolo's rank 0 serves at
+ * MASTER_PORT + 1 under torchrun (ephemeral ports often have busy neighbours; torchrun's usual
+ * 29500/29501 do not). Returns the fd, or -1 and *port = 0 when none was found. */
+static int listen_port_pair(int *port, int keep)
+{
+    for (int tries = 0; tries < 50; tries++) {
+        int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        socklen_t sl = sizeof(sa);
+        sa.sin_addr.s_addr = htonl(INADDR_ANY);
+        KT_ASSERT(bind(a, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(a, 8) == 0);
+        getsockname(a, (struct sockaddr *)&sa, &sl);
+        int p = ntohs(sa.sin_port);
+        sa.sin_port = htons((uint16_t)(p + 1));
+        int ok = p < 65535 && bind(b, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        close(b);
+        if (ok) {
+            *port = p;
+            if (!keep) {
+                close(a);
+                return 0;
+            }
+            return a;
+        }
+        close(a);
+    }
+    *port = 0;
+    return -1;
+}
+
 KT_TEST(launch_under_torchrun, 90)
 {
     if (!have("torchrun")) {
@@ -118,9 +148,12 @@ KT_TEST(launch_under_torchrun, 90)
     /* torchrun serves its own store on MASTER_PORT; kolo must rendezvous elsewhere.
      * "--redirects 1 --tee 1": Debian's torch 1.13 on Python 3.11 cannot parse its own default
      * "0" (Python 3.11's Flag iteration skips the zero member), so we ask for stdout teeing. */
-    char out[8192];
-    char *argv[] = {S("torchrun"), S("--standalone"), S("--nnodes"), S("1"), S("--nproc_per_node"), S("2"), S("--redirects"), S("1"), S("--tee"), S("1"),
-                    S("--no_python"),
+    char out[8192], port[16];
+    int p;
+    listen_port_pair(&p, 0);
+    snprintf(port, sizeof(port), "%d", p);
+    char *argv[] = {S("torchrun"), S("--nnodes"), S("1"), S("--nproc_per_node"), S("2"), S("--master_addr"), S("127.0.0.1"),
+                    S("--master_port"), port, S("--redirects"), S("1"), S("--tee"), S("1"), S("--no_python"),
                     (char *)kt_self(), S("--worker"), S("launched"), S("2"), NULL};
     int rc = run(argv, out, sizeof(out), NULL);
     KT_ASSERTF(rc == 0, "torchrun exited %d; output:\n%s", rc, out);
@@ -219,27 +252,8 @@ KT_TEST(launch_with_horovod_environment, 30)
 
 KT_TEST(launch_with_torchrun_environment_leaves_master_port_alone, 60)
 {
-    /* A stand-in for torchrun's TCPStore holds MASTER_PORT for the whole job; kolo's rank 0
-     * serves at MASTER_PORT + 1, so pick a port whose neighbour is free too (ephemeral ports
-     * often have busy neighbours; torchrun's usual 29500/29501 do not). */
-    int fd = -1, port = 0;
-    for (int tries = 0; tries < 50 && fd < 0; tries++) {
-        int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET};
-        socklen_t sl = sizeof(sa);
-        sa.sin_addr.s_addr = htonl(INADDR_ANY);
-        KT_ASSERT(bind(a, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(a, 8) == 0);
-        getsockname(a, (struct sockaddr *)&sa, &sl);
-        int p = ntohs(sa.sin_port);
-        sa.sin_port = htons((uint16_t)(p + 1));
-        if (p < 65535 && bind(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-            fd = a;
-            port = p;
-        } else {
-            close(a);
-        }
-        close(b);
-    }
+    /* a stand-in for torchrun's TCPStore holds MASTER_PORT for the whole job */
+    int port, fd = listen_port_pair(&port, 1);
     KT_ASSERT(fd >= 0);
     envjob j = {"torch", 2, port};
     kt_job_opts o = {.no_store = 1, .env = {"KOLO_START_TIMEOUT=10"}};
