@@ -45,7 +45,7 @@ AR_  := $(O)/lib/libkolo.a
 BINS := $(O)/bin/kolo-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
 TESTBIN := $(O)/tests/kolo-tests
 
-.PHONY: all lib test test-c test-python demo deps install clean check-build bench-compare
+.PHONY: all lib test test-c test-python test-install demo deps install clean check-build bench-compare
 
 all: lib $(BINS) $(TESTBIN)
 lib: $(SO) $(AR_)
@@ -100,7 +100,20 @@ test: deps
 	$(MAKE) O=build/tsan SAN=tsan OPT=-O1 all
 	KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  build/tsan/tests/kolo-tests $(TSAN_TESTS)
+	$(MAKE) test-install
 	$(MAKE) test-python
+
+# make install into a scratch prefix, build an example against it with pkg-config, run it with
+# the installed kolorun: what a C user does first.
+test-install: lib $(BINS)
+	rm -rf $(O)/install-test
+	$(MAKE) install PREFIX=$(CURDIR)/$(O)/install-test >/dev/null
+	PKG_CONFIG_PATH=$(O)/install-test/lib/pkgconfig $(CC) examples/c/hello_allreduce.c \
+	  $$(PKG_CONFIG_PATH=$(O)/install-test/lib/pkgconfig pkg-config --cflags --libs kolo) \
+	  -Wl,-rpath,$(CURDIR)/$(O)/install-test/lib -o $(O)/install-test/hello_allreduce
+	$(O)/install-test/bin/kolorun -np 3 $(O)/install-test/hello_allreduce | sort > $(O)/install-test/out.txt
+	grep -c "mean rank 1.0, mean one 1.0" $(O)/install-test/out.txt | grep -qx 3
+	@echo "test-install: 1 passed, 0 failed"
 
 test-c: all
 	$(TESTBIN) $(T)
