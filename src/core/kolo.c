@@ -3,6 +3,7 @@
 #include "world.h"
 
 #include "../boot/auth.h"
+#include "../engine/engine.h"
 #include "../reduce/reduce.h"
 
 #include <stdio.h>
@@ -148,6 +149,8 @@ int kolo_init(void)
         kolo__store_server_stop(W.server);
         W.server = NULL;
     }
+    st = kolo__engine_start();
+    if (st != KOLO_OK) goto fail;
     W.initialized = 1;
     KOLO_INFO("rank %d of %d (local %d of %d, cross %d of %d) started via %s", W.info.rank, W.info.size, W.local_rank,
               W.local_size, W.cross_rank, W.cross_size, W.info.source);
@@ -161,6 +164,7 @@ fail:
 int kolo_shutdown(void)
 {
     if (!W.initialized) return KOLO_OK;
+    kolo__engine_stop(); /* before the meshes go: it says goodbye on its own */
     pthread_mutex_lock(&W.direct_lock);
     pthread_mutex_lock(&W.pset_lock);
     teardown();

@@ -1,0 +1,545 @@
+/* engine.c - the engine thread: its cycle, the world step, process-set activation, start and stop.
+ *
+ * Ownership. One engine thread per process owns kolo__W.mesh[KOLO_CHANNEL_ENGINE] (no other
+ * thread sends or receives on it), every process set's negotiation state (negotiate.c), the
+ * fusion buffer and every request from the moment it leaves the submission queue until it
+ * completes. User threads only validate a submission, add its name to the in-flight table,
+ * append it to the queue and signal `wake` (request.c); they read a request's result fields
+ * only after seeing `done` set (acquire), which the engine sets after writing them (release).
+ *
+ * Locks, in the order they may be taken (never the other way round):
+ *   kolo__E.lock      queue, in-flight names, noname counters, running/stop/down state
+ *   kolo__W.pset_lock the core's process-set table (the engine only reads it, to snapshot it)
+ *   done_lock         (request.c) publication of completions to waiting threads
+ * In practice the engine takes each of them alone: it never holds one while taking another,
+ * and it never holds any while it runs a collective or a callback.
+ *
+ * The cycle. Every rank of the job runs the same sequence of steps on the engine mesh:
+ *   1. the world step: the negotiation of process set 0 (see negotiate.c), whose fixed part
+ *      also carries each rank's control flags: "leaving" (kolo_shutdown), "busy" (it holds
+ *      requests) and the bitmap of process sets it sees in the core's table;
+ *   2. from the gathered control flags, every rank decides the same things: if any rank is
+ *      leaving, the engine stops everywhere (pending requests fail with KOLO_ERR_SHUT_DOWN
+ *      naming the rank); a process set becomes active when every rank sees it and inactive
+ *      when any rank no longer does (kolo_process_set_add/remove are collective, so every rank
+ *      sees the change within a cycle or two, and all switch in the same cycle);
+ *   3. the world's responses run, then each active set this rank belongs to runs its own
+ *      negotiation and responses, in increasing id order, among its members only.
+ * The cycle repeats every KOLO_CYCLE_TIME while any rank is busy. When no rank is busy, the
+ * period doubles each cycle up to IDLE_MAX: an idle engine sleeps on its condition variable
+ * and spends a few microseconds every few milliseconds, and a submission wakes it at once (its
+ * first exchange then waits at most IDLE_MAX for the other ranks). A world of one sleeps until
+ * there is work. */
+#include "internal.h"
+
+#include "../trace/trace.h"
+
+#include <stdio.h>
+
+#define W kolo__W
+#define E kolo__E
+
+#define IDLE_MAX_NS 4000000ull
+
+kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- going down ---- */
+
+void kolo__engine_fail_mesh(int status)
+{
+    kolo__mesh *m = E.mesh;
+    if (!m || m->failed) return;
+    for (int p = 0; p < m->size; p++)
+        if (m->conns[p]) {
+            kolo__conn_fail(m->conns[p], status); /* fails the whole mesh: peers see us abort */
+            return;
+        }
+}
+
+static void fail_list(kolo_request_t *q, int status, const char *msg)
+{
+    while (q) {
+        kolo_request_t *r = q;
+        q = q->qnext;
+        kolo__req_complete(r, status, msg);
+    }
+}
+
+static void fail_everything(int status, const char *msg)
+{
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        if (E.sets[id]) kolo__pset_fail_all(E.sets[id], status, msg);
+        kolo_request_t *q = E.waiting[id];
+        E.waiting[id] = NULL;
+        fail_list(q, status, msg);
+    }
+    pthread_mutex_lock(&E.lock);
+    kolo_request_t *q = E.qhead;
+    E.qhead = E.qtail = NULL;
+    pthread_mutex_unlock(&E.lock);
+    fail_list(q, status, msg);
+    E.local_pending = 0;
+}
+
+/* The engine stops working for good: every pending request fails with (status, msg) and every
+ * later submission fails at once with KOLO_ERR_SHUT_DOWN pointing at msg. */
+static void go_down(int status, const char *msg)
+{
+    char copy[768];
+    snprintf(copy, sizeof(copy), "%s", msg);
+    pthread_mutex_lock(&E.lock);
+    if (!E.down) {
+        E.down = 1;
+        E.down_status = status;
+        snprintf(E.down_msg, sizeof(E.down_msg), "%s", copy);
+    }
+    pthread_mutex_unlock(&E.lock);
+    fail_everything(status, copy);
+}
+
+/* When a peer is lost, the rank this engine heard from first may be one that aborted because
+ * another died (a failed mesh aborts all its connections). Name the ranks of this host whose
+ * process is gone, so that every survivor's message names the dead rank. */
+static void explain_loss(char *msg, size_t cap)
+{
+    const kolo__peer_info *peers = W.peers;
+    if (!peers) return;
+    char dead[256] = "";
+    size_t w = 0;
+    for (int p = 0; p < E.size && w + 64 < sizeof(dead); p++) {
+        if (p == E.rank || strcmp(peers[p].hostkey, peers[E.rank].hostkey) != 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", peers[p].pid);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')');
+        bool gone = !paren || paren[1] != ' ' || paren[2] == 'Z' || paren[2] == 'X';
+        if (gone) w += (size_t)snprintf(dead + w, sizeof(dead) - w, "%s%d", w ? ", " : "", p);
+    }
+    if (!w) return;
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "rank %s (on this host) died; %s", dead, msg);
+    size_t l = KOLO_MIN(strlen(tmp), cap - 1);
+    memcpy(msg, tmp, l);
+    msg[l] = '\0';
+}
+
+/* ---- process sets ---- */
+
+/* Reads the core's table: which sets this rank sees, with a private copy of each new one. A set
+ * whose group was replaced (removed and added again between two cycles) is reported absent
+ * once, so that it is deactivated everywhere before the new one is activated. */
+static void snapshot(void)
+{
+    memset(E.present, 0, sizeof(E.present));
+    pthread_mutex_lock(&W.pset_lock);
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        const kolo__group *g = W.psets[id];
+        if (g != E.seen_ptr[id]) {
+            bool was_active = E.sets[id] != NULL;
+            kolo__free(E.seen[id].ranks);
+            memset(&E.seen[id], 0, sizeof(E.seen[id]));
+            E.seen_ptr[id] = NULL;
+            if (g) {
+                E.seen[id].ranks = kolo__malloc((size_t)g->size * sizeof(int));
+                if (!E.seen[id].ranks) continue; /* absent this cycle; tried again next cycle */
+                memcpy(E.seen[id].ranks, g->ranks, (size_t)g->size * sizeof(int));
+                E.seen[id].size = g->size;
+                E.seen[id].rank = g->rank;
+                E.seen_ptr[id] = g;
+            }
+            if (was_active) continue;
+        }
+        if (E.seen_ptr[id]) E.present[id / 64] |= 1ull << (id % 64);
+    }
+    pthread_mutex_unlock(&W.pset_lock);
+}
+
+static void route(kolo_request_t *r)
+{
+    kolo__pset_state *s = E.sets[r->pset];
+    if (s) {
+        kolo__pset_add_local(s, r);
+        return;
+    }
+    r->qnext = E.waiting[r->pset];
+    E.waiting[r->pset] = r;
+}
+
+/* Applies the set changes every rank agreed on (AND of the presence bitmaps). */
+static int update_sets(const uint64_t *agreed)
+{
+    for (int id = 1; id < KOLO_MAX_PSETS; id++) {
+        bool on = (agreed[id / 64] >> (id % 64)) & 1;
+        if (E.sets[id] && !on) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "process set %d was removed while this request was pending", id);
+            kolo__pset_fail_all(E.sets[id], KOLO_ERR_SHUT_DOWN, msg);
+            kolo__pset_free(E.sets[id]);
+            E.sets[id] = NULL;
+        } else if (!E.sets[id] && on && E.seen[id].rank >= 0 && E.seen[id].ranks) {
+            E.sets[id] = kolo__pset_new(id, &E.seen[id], E.seen[id].rank, E.capacity);
+            if (!E.sets[id]) return KOLO_ERR_NO_MEMORY;
+        }
+        if (E.waiting[id]) {
+            kolo_request_t *q = E.waiting[id];
+            if (E.sets[id]) {
+                /* the waiting list is newest first: restore submission order */
+                kolo_request_t *rev = NULL;
+                while (q) {
+                    kolo_request_t *r = q;
+                    q = q->qnext;
+                    r->qnext = rev;
+                    rev = r;
+                }
+                E.waiting[id] = NULL;
+                while (rev) {
+                    kolo_request_t *r = rev;
+                    rev = rev->qnext;
+                    kolo__pset_add_local(E.sets[id], r);
+                }
+            } else if (!E.seen_ptr[id]) {
+                char msg[160];
+                snprintf(msg, sizeof(msg), "process set %d was removed before this request could run", id);
+                E.waiting[id] = NULL;
+                fail_list(q, KOLO_ERR_SHUT_DOWN, msg);
+            }
+        }
+    }
+    return KOLO_OK;
+}
+
+static int count_pending(void)
+{
+    int n = 0;
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        if (E.sets[id]) n += (int)E.sets[id]->nlocal + (E.sets[id]->join_req != NULL);
+        if (E.waiting[id]) n++;
+    }
+    return n;
+}
+
+/* ---- the cycle ---- */
+
+static int set_step(kolo__pset_state *s)
+{
+    int st = kolo__negotiate_build(s, 0, NULL);
+    if (!st) st = kolo__negotiate_gather_fixed(s);
+    if (!st) st = kolo__negotiate_decide(s);
+    if (!st) st = kolo__execute(s);
+    if (!st) st = kolo__negotiate_finish(s);
+    if (!st) kolo__negotiate_stall_check(s);
+    return st;
+}
+
+static int cycle(kolo_request_t *q)
+{
+    if (kolo__trace_on() && kolo__trace_mark_cycles()) kolo__trace_cycle();
+    while (q) {
+        kolo_request_t *r = q;
+        q = q->qnext;
+        route(r);
+    }
+    snapshot();
+    kolo__pset_state *s0 = E.sets[0];
+    uint64_t t0 = kolo__now_ns();
+    uint32_t flags = count_pending() ? KOLO__F_BUSY : 0;
+    int st = kolo__negotiate_build(s0, flags, E.present);
+    if (!st) st = kolo__negotiate_gather_fixed(s0);
+    if (st) return st;
+    /* the control fields every rank reads the same */
+    uint64_t agreed[KOLO_MAX_PSETS / 64];
+    memset(agreed, 0xff, sizeof(agreed));
+    int leaving = -1, busy = 0, described = 0;
+    for (int r = 0; r < s0->n; r++) {
+        const kolo__fixed_hdr *h = kolo__fixed_of(s0, r);
+        if ((h->flags & KOLO__F_LEAVING) && leaving < 0) leaving = r;
+        busy |= (h->flags & KOLO__F_BUSY) != 0;
+        described |= h->varlen != 0;
+        for (int w = 0; w < KOLO_MAX_PSETS / 64; w++) agreed[w] &= h->present[w];
+    }
+    if (leaving >= 0) {
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "rank %d left the job (kolo_shutdown) while this request was pending; its engine stops with it",
+                 leaving);
+        go_down(KOLO_ERR_SHUT_DOWN, msg);
+        return KOLO_OK;
+    }
+    E.world_busy = busy;
+    st = kolo__negotiate_decide(s0);
+    if (st) return st;
+    if (!described) {
+        atomic_fetch_add_explicit(&E.st.negotiations, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&E.st.negotiation_ns, kolo__now_ns() - t0, memory_order_relaxed);
+    }
+    int worked = s0->nresp > 0;
+    if ((st = kolo__execute(s0)) || (st = kolo__negotiate_finish(s0))) return st;
+    kolo__negotiate_stall_check(s0);
+    if ((st = update_sets(agreed))) return st;
+    for (int id = 1; id < KOLO_MAX_PSETS; id++) {
+        kolo__pset_state *s = E.sets[id];
+        if (!s) continue;
+        if ((st = set_step(s))) return st;
+        worked |= s->nresp > 0;
+    }
+    if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
+    E.local_pending = count_pending();
+    E.idle_cycles = busy || E.local_pending ? 0 : E.idle_cycles + 1;
+    return KOLO_OK;
+}
+
+/* Tells the others this rank leaves, then fails what it still holds. */
+static void leave(kolo_request_t *q)
+{
+    while (q) {
+        kolo_request_t *r = q;
+        q = q->qnext;
+        route(r);
+    }
+    if (!E.down && E.size > 1) {
+        kolo__pset_state *s0 = E.sets[0];
+        int st = kolo__negotiate_build(s0, KOLO__F_LEAVING, E.present);
+        if (!st) st = kolo__negotiate_gather_fixed(s0);
+        if (st) KOLO_DEBUG("engine: the goodbye exchange failed: %s", kolo__errmsg());
+    }
+    fail_everything(KOLO_ERR_SHUT_DOWN, "kolo_shutdown was called while this request was pending");
+}
+
+static uint64_t period_ns(bool busy)
+{
+    uint64_t c = (uint64_t)(E.cycle_s * 1e9);
+    if (busy) return c;
+    uint64_t p = c ? c : 100000;
+    for (int i = 0; i < E.idle_cycles && p < IDLE_MAX_NS; i++) p *= 2;
+    return KOLO_MIN(p, IDLE_MAX_NS);
+}
+
+static void *engine_main(void *arg)
+{
+    (void)arg;
+    E.t_last = kolo__now_ns();
+    for (;;) {
+        pthread_mutex_lock(&E.lock);
+        for (;;) {
+            if (E.stop) break;
+            bool work = E.qhead != NULL;
+            if (E.down && !work) {
+                pthread_cond_wait(&E.wake, &E.lock);
+                continue;
+            }
+            bool busy = work || E.local_pending || E.world_busy;
+            if (!busy && E.size == 1) {
+                pthread_cond_wait(&E.wake, &E.lock);
+                continue;
+            }
+            uint64_t now = kolo__now_ns(), dl = E.t_last + period_ns(busy);
+            if (now >= dl) break;
+            struct timespec ts = {(time_t)(dl / 1000000000ull), (long)(dl % 1000000000ull)};
+            pthread_cond_timedwait(&E.wake, &E.lock, &ts);
+        }
+        int stop = E.stop, down = E.down;
+        kolo_request_t *q = E.qhead;
+        E.qhead = E.qtail = NULL;
+        pthread_mutex_unlock(&E.lock);
+        if (stop) {
+            leave(q);
+            break;
+        }
+        if (down) {
+            fail_list(q, KOLO_ERR_SHUT_DOWN, E.down_msg);
+            continue;
+        }
+        E.t_last = kolo__now_ns();
+        int st = cycle(q);
+        if (st != KOLO_OK) {
+            char msg[768];
+            snprintf(msg, sizeof(msg), "%s", kolo__errmsg());
+            if (st == KOLO_ERR_PEER_LOST) explain_loss(msg, sizeof(msg));
+            if (st != KOLO_ERR_PEER_LOST && st != KOLO_ERR_TIMEOUT) KOLO_ERROR("engine: %s", msg);
+            kolo__err(st, "%s", msg);
+            kolo__engine_fail_mesh(st);
+            go_down(st, msg);
+        }
+    }
+    return NULL;
+}
+
+/* ---- start and stop ---- */
+
+static void timeline_path(const char *path, int rank, char *out, size_t cap)
+{
+    if (rank == 0) snprintf(out, cap, "%s", path);
+    else snprintf(out, cap, "%s.%d", path, rank);
+}
+
+/* Every rank adopts rank 0's cache capacity and fusion threshold: the bits and the fusion
+ * buckets must mean the same on every rank. */
+static int agree_settings(void)
+{
+    uint64_t mine[2] = {(uint64_t)E.capacity, (uint64_t)E.fusion};
+    uint64_t *all = kolo__calloc((size_t)E.size * 2, sizeof(uint64_t));
+    size_t *counts = kolo__calloc((size_t)E.size, sizeof(size_t));
+    int st = (all && counts) ? KOLO_OK : kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the engine's start");
+    for (int r = 0; r < E.size && !st; r++) counts[r] = sizeof(mine);
+    if (!st) st = kolo__coll_allgather(E.mesh, W.psets[0], mine, all, counts, 1);
+    if (!st) {
+        if (all[0] != mine[0] || all[1] != mine[1])
+            KOLO_WARN("engine: rank 0 uses KOLO_CACHE_CAPACITY=%llu and KOLO_FUSION_THRESHOLD=%llu; this rank had "
+                      "%llu and %llu and follows rank 0",
+                      (unsigned long long)all[0], (unsigned long long)all[1], (unsigned long long)mine[0],
+                      (unsigned long long)mine[1]);
+        E.capacity = (int)all[0];
+        E.fusion = (size_t)all[1];
+    }
+    kolo__free(all);
+    kolo__free(counts);
+    return st;
+}
+
+static void reset_stats(void)
+{
+    kolo__stats_atomic *s = &E.st;
+    _Atomic uint64_t *f[] = {&s->cycles, &s->requests, &s->cache_hits, &s->cache_misses, &s->cache_evictions,
+                             &s->fused_collectives, &s->collectives, &s->stall_warnings, &s->negotiations,
+                             &s->negotiation_ns};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(f); i++) atomic_store(f[i], 0);
+}
+
+static void free_state(void)
+{
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        kolo__pset_free(E.sets[id]);
+        E.sets[id] = NULL;
+        kolo__free(E.seen[id].ranks);
+        memset(&E.seen[id], 0, sizeof(E.seen[id]));
+        E.seen_ptr[id] = NULL;
+    }
+    kolo__execute_free();
+}
+
+int kolo__engine_start(void)
+{
+    E.mesh = W.mesh[KOLO_CHANNEL_ENGINE];
+    E.rank = W.info.rank;
+    E.size = W.info.size;
+    double ms = kolo__setting_double(KOLO_SET_CYCLE_TIME);
+    E.cycle_s = ms > 0 && ms < 1e6 ? ms * 1e-3 : 0;
+    long cap = kolo__setting_long(KOLO_SET_CACHE_CAPACITY);
+    E.capacity = (int)(cap < 0 ? 0 : cap > 65536 ? 65536 : cap);
+    E.fusion = kolo__setting_bytes(KOLO_SET_FUSION_THRESHOLD);
+    E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
+    E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
+    E.stall_shutdown = kolo__setting_double(KOLO_SET_STALL_SHUTDOWN_TIME);
+    E.world_busy = 0;
+    E.idle_cycles = 0;
+    E.local_pending = 0;
+    memset(E.noname, 0, sizeof(E.noname));
+    memset(E.present, 0, sizeof(E.present));
+    reset_stats();
+    int st = kolo__hmap_init(&E.inflight, 256);
+    if (st) return st;
+    if (E.size > 1 && (st = agree_settings())) goto err_map;
+    E.sets[0] = kolo__pset_new(0, W.psets[0], W.psets[0]->rank, E.capacity);
+    if (!E.sets[0]) {
+        st = KOLO_ERR_NO_MEMORY;
+        goto err_map;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&E.wake, &ca);
+    pthread_condattr_destroy(&ca);
+    E.stop = E.down = 0;
+    E.down_msg[0] = '\0';
+    E.qhead = E.qtail = NULL;
+    pthread_mutex_lock(&E.lock);
+    E.running = 1;
+    pthread_mutex_unlock(&E.lock);
+    int err = pthread_create(&E.thread, NULL, engine_main, NULL);
+    if (err) {
+        st = kolo__err_sys(err, "could not start the engine thread");
+        pthread_mutex_lock(&E.lock);
+        E.running = 0;
+        pthread_mutex_unlock(&E.lock);
+        goto err_cond;
+    }
+    const char *tl = kolo__setting_str(KOLO_SET_TIMELINE);
+    if (*tl && strcmp(tl, "DYNAMIC") != 0) {
+        char path[4096];
+        timeline_path(tl, E.rank, path, sizeof(path));
+        if (kolo__trace_start(path, E.rank, kolo__setting_long(KOLO_SET_TIMELINE_MARK_CYCLES) > 0) != KOLO_OK)
+            KOLO_WARN("could not start the timeline (KOLO_TIMELINE): %s", kolo__errmsg());
+    }
+    return KOLO_OK;
+err_cond:
+    pthread_cond_destroy(&E.wake);
+    free_state();
+err_map:
+    kolo__hmap_free(&E.inflight);
+    return st;
+}
+
+void kolo__engine_stop(void)
+{
+    pthread_mutex_lock(&E.lock);
+    if (!E.running) {
+        pthread_mutex_unlock(&E.lock);
+        return;
+    }
+    E.stop = 1;
+    pthread_cond_signal(&E.wake);
+    pthread_mutex_unlock(&E.lock);
+    pthread_join(E.thread, NULL);
+    fail_everything(KOLO_ERR_SHUT_DOWN, "kolo_shutdown was called while this request was pending");
+    kolo__trace_stop();
+    free_state();
+    pthread_mutex_lock(&E.lock);
+    kolo__hmap_free(&E.inflight);
+    E.running = 0;
+    E.stop = 0;
+    E.down = 0;
+    pthread_mutex_unlock(&E.lock);
+    pthread_cond_destroy(&E.wake);
+    E.mesh = NULL;
+}
+
+/* ---- public: timeline and statistics ---- */
+
+int kolo_timeline_start(const char *path, int mark_cycles)
+{
+    if (!path || !*path) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_timeline_start: path is empty");
+    pthread_mutex_lock(&E.lock);
+    int running = E.running;
+    pthread_mutex_unlock(&E.lock);
+    if (!running) return kolo__err(KOLO_ERR_NOT_INITIALIZED, "kolo_timeline_start: kolo is not initialized");
+    char p[4096];
+    timeline_path(path, W.info.rank, p, sizeof(p));
+    kolo__trace_stop();
+    return kolo__trace_start(p, W.info.rank, mark_cycles);
+}
+
+int kolo_timeline_stop(void) { return kolo__trace_stop(); }
+
+int kolo_engine_stats(kolo_engine_stats_t *out)
+{
+    if (!out) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_engine_stats: out is NULL");
+    kolo__stats_atomic *s = &E.st;
+    out->cycles = atomic_load(&s->cycles);
+    out->requests = atomic_load(&s->requests);
+    out->cache_hits = atomic_load(&s->cache_hits);
+    out->cache_misses = atomic_load(&s->cache_misses);
+    out->cache_evictions = atomic_load(&s->cache_evictions);
+    out->fused_collectives = atomic_load(&s->fused_collectives);
+    out->collectives = atomic_load(&s->collectives);
+    out->stall_warnings = atomic_load(&s->stall_warnings);
+    return KOLO_OK;
+}
+
+void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns)
+{
+    *cycles = atomic_load(&E.st.negotiations);
+    *ns = atomic_load(&E.st.negotiation_ns);
+}

@@ -1,0 +1,22 @@
+/* engine.h - the engine's entry points for the core (kolo_init / kolo_shutdown). The rest of
+ * the engine's API is public (the "engine" section of kolo.h). */
+#ifndef KOLO_ENGINE_H
+#define KOLO_ENGINE_H
+
+/* Starts the engine thread over kolo__W.mesh[KOLO_CHANNEL_ENGINE]; called at the end of
+ * kolo_init, once the meshes and the world group exist. Reads the engine's settings, starts the
+ * timeline when KOLO_TIMELINE is set. Returns KOLO_OK, or an error with its message set (then
+ * nothing is left running). */
+int kolo__engine_start(void);
+
+/* Stops the engine thread (it tells the other ranks it leaves), completes every pending request
+ * with KOLO_ERR_SHUT_DOWN, stops the timeline, frees the engine's state. Called at the start of
+ * kolo_shutdown, before the meshes are torn down. No-op when the engine is not running. */
+void kolo__engine_stop(void);
+
+/* For the benchmark: world-step negotiations that exchanged no descriptions, and the total
+ * nanoseconds they took (build, exchange, decide). */
+#include <stdint.h>
+void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns);
+
+#endif

@@ -1,0 +1,292 @@
+/* execute.c - runs a cycle's response list on every member, in list order, and completes this
+ * rank's requests.
+ *
+ * Fusion: an allreduce response starts a bucket; later allreduce responses of the same list with
+ * the same dtype, op, scale factors and device join it (look-ahead past responses that do not
+ * match, as Horovod does) while the bucket stays within KOLO_FUSION_THRESHOLD bytes. Every member
+ * forms the same buckets because they depend only on the response list. A bucket of several
+ * tensors is copied into the fusion buffer (MEMCPY_IN_FUSION_BUFFER), reduced in place by one
+ * collective, and copied back out (MEMCPY_OUT_FUSION_BUFFER). A tensor larger than
+ * FUSE_TENSOR_MAX runs alone, straight from the caller's buffers: on a memory-bound host the
+ * two copies of a large tensor cost more than the collective's fixed overhead they would save.
+ * A bucket of one tensor also runs in place, without copies.
+ *
+ * A joined member has no request for what it runs: it contributes zeros of the negotiated size
+ * and throws the result away.
+ *
+ * Every step either succeeds on this rank or is a job error: an allocation that fails here (an
+ * output buffer, the fusion buffer) fails the engine's mesh, so that the other members fail too
+ * instead of waiting for a collective this rank will not run. */
+#include "internal.h"
+
+#include "../trace/trace.h"
+
+#include <stdio.h>
+
+#define E kolo__E
+
+/* Tensors above this many bytes are never copied into the fusion buffer. */
+#define FUSE_TENSOR_MAX ((size_t)1 << 20)
+
+static void *grow(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap && *buf) return *buf;
+    size_t c = KOLO_MAX(need, (size_t)4096);
+    void *p = kolo__malloc_aligned(c);
+    if (!p) {
+        kolo__err(KOLO_ERR_NO_MEMORY, "no memory for %zu bytes of engine buffer", c);
+        return NULL;
+    }
+    kolo__free(*buf);
+    *buf = p;
+    *cap = c;
+    return p;
+}
+
+static int counts(int n)
+{
+    if (n <= E.cnt_cap) return KOLO_OK;
+    size_t *a = kolo__malloc((size_t)n * sizeof(size_t)), *b = kolo__malloc((size_t)n * sizeof(size_t));
+    if (!a || !b) {
+        kolo__free(a);
+        kolo__free(b);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for collective counts");
+    }
+    kolo__free(E.cnt_a);
+    kolo__free(E.cnt_b);
+    E.cnt_a = a;
+    E.cnt_b = b;
+    E.cnt_cap = n;
+    return KOLO_OK;
+}
+
+void kolo__execute_free(void)
+{
+    kolo__free(E.fbuf);
+    kolo__free(E.zbuf);
+    kolo__free(E.cnt_a);
+    kolo__free(E.cnt_b);
+    kolo__free(E.bidx);
+    E.fbuf = E.zbuf = NULL;
+    E.cnt_a = E.cnt_b = NULL;
+    E.bidx = NULL;
+    E.fbuf_cap = E.zbuf_cap = E.bidx_cap = 0;
+    E.cnt_cap = 0;
+}
+
+/* ---- timeline ---- */
+
+static void trace_start(const kolo__resp *rp)
+{
+    char args[320], sh[256];
+    snprintf(args, sizeof(args), "\"dtype\":\"%s\",\"shape\":\"%s\"", kolo_dtype_name((kolo_dtype_t)rp->d.dtype),
+             kolo__shape_str(rp->d.dims, rp->d.ndim, sh, sizeof(sh)));
+    kolo__trace_begin(rp->name, kolo__kind_upper[rp->d.kind], args);
+    kolo__trace_begin(rp->name, "QUEUE", NULL);
+}
+
+static const char *transfer_name(int kind)
+{
+    static const char *const names[KOLO__KIND_COUNT] = {"KOLO_ALLREDUCE", "KOLO_ALLGATHER", "KOLO_BROADCAST",
+                                                         "KOLO_ALLTOALL", "KOLO_REDUCESCATTER", "KOLO_JOIN",
+                                                         "KOLO_BARRIER"};
+    return names[kind];
+}
+
+/* ---- the collectives ---- */
+
+static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool tracing)
+{
+    kolo__resp *r0 = &s->resp[idx[0]];
+    kolo_dtype_t dt = (kolo_dtype_t)r0->d.dtype;
+    size_t es = kolo_dtype_size(dt), total = 0;
+    for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
+    if (tracing)
+        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
+    int st;
+    if (k == 1 && r0->req) {
+        if (tracing) kolo__trace_begin(r0->name, transfer_name(KOLO__ALLREDUCE), NULL);
+        st = kolo__coll_allreduce(E.mesh, &s->g, r0->req->send, r0->req->recv, total, dt, (kolo_op_t)r0->d.op,
+                                  r0->d.pre, r0->d.post);
+        if (tracing) kolo__trace_end(r0->name, transfer_name(KOLO__ALLREDUCE));
+    } else {
+        char *buf = grow(&E.fbuf, &E.fbuf_cap, total * es);
+        if (!buf) return KOLO_ERR_NO_MEMORY;
+        size_t off = 0;
+        for (size_t i = 0; i < k; i++) {
+            kolo__resp *rp = &s->resp[idx[i]];
+            if (tracing && k > 1) kolo__trace_begin(rp->name, "MEMCPY_IN_FUSION_BUFFER", NULL);
+            if (rp->req) {
+                if (rp->bytes) memcpy(buf + off, rp->req->send, rp->bytes);
+            } else {
+                memset(buf + off, 0, rp->bytes); /* joined: zeros */
+            }
+            if (tracing && k > 1) kolo__trace_end(rp->name, "MEMCPY_IN_FUSION_BUFFER");
+            off += rp->bytes;
+        }
+        if (tracing)
+            for (size_t i = 0; i < k; i++) kolo__trace_begin(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE), NULL);
+        st = kolo__coll_allreduce(E.mesh, &s->g, buf, buf, total, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post);
+        if (tracing)
+            for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE));
+        off = 0;
+        for (size_t i = 0; i < k && st == KOLO_OK; i++) {
+            kolo__resp *rp = &s->resp[idx[i]];
+            if (rp->req && rp->bytes) {
+                if (tracing && k > 1) kolo__trace_begin(rp->name, "MEMCPY_OUT_FUSION_BUFFER", NULL);
+                memcpy(rp->req->recv, buf + off, rp->bytes);
+                if (tracing && k > 1) kolo__trace_end(rp->name, "MEMCPY_OUT_FUSION_BUFFER");
+            }
+            off += rp->bytes;
+        }
+    }
+    atomic_fetch_add_explicit(&E.st.collectives, 1, memory_order_relaxed);
+    if (k > 1) atomic_fetch_add_explicit(&E.st.fused_collectives, 1, memory_order_relaxed);
+    return st;
+}
+
+static int alloc_out(kolo_request_t *r, size_t bytes)
+{
+    r->out = kolo__malloc(bytes ? bytes : 1);
+    if (!r->out) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the %zu-byte output of '%s'", bytes, r->name);
+    return KOLO_OK;
+}
+
+static int run_other(kolo__pset_state *s, kolo__resp *rp, bool tracing)
+{
+    const kolo__desc *d = &rp->d;
+    kolo_request_t *r = rp->req;
+    int n = s->n, me = s->me, k = d->kind, st = KOLO_OK;
+    kolo_dtype_t dt = (kolo_dtype_t)d->dtype;
+    size_t es = kolo_dtype_size(dt), row = kolo__desc_row(d);
+    if (k == KOLO__JOIN) return KOLO_OK;
+    if (!r && k != KOLO__BARRIER)
+        return kolo__err(KOLO_ERR_INTERNAL, "rank %d runs %s '%s' without a request", kolo__W.info.rank,
+                         kolo__kind_lower[k], rp->name);
+    if ((st = counts(n))) return st;
+    size_t *a = E.cnt_a, *b = E.cnt_b;
+    if (tracing) {
+        kolo__trace_end(rp->name, "QUEUE");
+        kolo__trace_begin(rp->name, transfer_name(k), NULL);
+    }
+    switch (k) {
+    case KOLO__ALLGATHER: {
+        size_t rows = 0;
+        for (int i = 0; i < n; i++) {
+            a[i] = (size_t)rp->per_rank[i] * row;
+            rows += (size_t)rp->per_rank[i];
+        }
+        if ((st = alloc_out(r, rows * row * es))) break;
+        r->out_shape.ndim = d->ndim;
+        memcpy(r->out_shape.dims, d->dims, sizeof(d->dims));
+        r->out_shape.dims[0] = (int64_t)rows;
+        st = kolo__coll_allgather(E.mesh, &s->g, r->send, r->out, a, es);
+        break;
+    }
+    case KOLO__BROADCAST:
+        st = kolo__coll_broadcast(E.mesh, &s->g, r->recv, kolo__desc_count(d) * es, d->root);
+        break;
+    case KOLO__ALLTOALL: {
+        size_t rows = 0;
+        r->out_splits = kolo__malloc((size_t)n * sizeof(int64_t));
+        if (!r->out_splits) {
+            st = kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the splits of '%s'", r->name);
+            break;
+        }
+        r->n_out_splits = n;
+        for (int i = 0; i < n; i++) {
+            int64_t from = rp->per_rank[(size_t)i * (size_t)n + (size_t)me];
+            a[i] = (size_t)r->splits[i] * row;
+            b[i] = (size_t)from * row;
+            r->out_splits[i] = from;
+            rows += (size_t)from;
+        }
+        if ((st = alloc_out(r, rows * row * es))) break;
+        r->out_shape.ndim = d->ndim;
+        memcpy(r->out_shape.dims, d->dims, sizeof(d->dims));
+        r->out_shape.dims[0] = (int64_t)rows;
+        st = kolo__coll_alltoall(E.mesh, &s->g, r->send, a, r->out, b, es);
+        break;
+    }
+    case KOLO__REDUCESCATTER: {
+        for (int i = 0; i < n; i++) a[i] = kolo_reducescatter_rows((size_t)d->dims[0], n, i) * row;
+        if ((st = alloc_out(r, a[me] * es))) break;
+        r->out_shape.ndim = d->ndim;
+        memcpy(r->out_shape.dims, d->dims, sizeof(d->dims));
+        r->out_shape.dims[0] = (int64_t)kolo_reducescatter_rows((size_t)d->dims[0], n, me);
+        st = kolo__coll_reducescatter(E.mesh, &s->g, r->send, r->out, a, dt, (kolo_op_t)d->op, d->pre, d->post);
+        break;
+    }
+    case KOLO__BARRIER:
+        st = kolo__coll_barrier(E.mesh, &s->g);
+        break;
+    default:
+        st = kolo__err(KOLO_ERR_INTERNAL, "unknown response kind %d", k);
+    }
+    if (tracing) kolo__trace_end(rp->name, transfer_name(k));
+    atomic_fetch_add_explicit(&E.st.collectives, 1, memory_order_relaxed);
+    return st;
+}
+
+static bool fusable(const kolo__resp *a, const kolo__resp *b)
+{
+    return b->d.kind == KOLO__ALLREDUCE && !b->done && b->status == KOLO_OK && b->bytes <= FUSE_TENSOR_MAX &&
+           a->d.dtype == b->d.dtype && a->d.op == b->d.op && a->d.pre == b->d.pre && a->d.post == b->d.post &&
+           strcmp(a->d.device, b->d.device) == 0;
+}
+
+int kolo__execute(kolo__pset_state *s)
+{
+    bool tracing = kolo__trace_on();
+    if (s->nresp > E.bidx_cap) {
+        size_t *p = kolo__malloc(s->nresp * sizeof(size_t));
+        if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for fusion bookkeeping");
+        kolo__free(E.bidx);
+        E.bidx = p;
+        E.bidx_cap = s->nresp;
+    }
+    if (tracing)
+        for (size_t i = 0; i < s->nresp; i++) {
+            kolo__resp *rp = &s->resp[i];
+            rp->traced = rp->status == KOLO_OK && rp->d.kind != KOLO__JOIN;
+            if (rp->traced) trace_start(rp);
+        }
+    for (size_t i = 0; i < s->nresp; i++) {
+        kolo__resp *rp = &s->resp[i];
+        if (rp->done) continue;
+        if (rp->status != KOLO_OK) {
+            rp->done = 1;
+            if (rp->req) kolo__pset_complete(s, rp->req, rp->status, rp->err);
+            continue;
+        }
+        size_t k = 1;
+        E.bidx[0] = i;
+        int st;
+        if (rp->d.kind == KOLO__ALLREDUCE) {
+            size_t total = rp->bytes;
+            if (E.fusion && rp->bytes <= FUSE_TENSOR_MAX)
+                for (size_t j = i + 1; j < s->nresp && total < E.fusion; j++) {
+                    kolo__resp *q = &s->resp[j];
+                    if (!fusable(rp, q) || total + q->bytes > E.fusion) continue;
+                    E.bidx[k++] = j;
+                    total += q->bytes;
+                }
+            st = run_allreduce(s, E.bidx, k, tracing);
+        } else {
+            st = run_other(s, rp, tracing);
+        }
+        for (size_t b = 0; b < k; b++) {
+            kolo__resp *q = &s->resp[E.bidx[b]];
+            q->done = 1;
+            if (q->traced) {
+                kolo__trace_end(q->name, kolo__kind_upper[q->d.kind]);
+                q->traced = 0;
+            }
+            if (st != KOLO_OK) continue;
+            if (q->d.kind == KOLO__JOIN && q->req) q->req->last_joined = s->last_joined;
+            if (q->req) kolo__pset_complete(s, q->req, KOLO_OK, NULL);
+        }
+        if (st != KOLO_OK) return st; /* a job error: the caller fails everything that is left */
+    }
+    return KOLO_OK;
+}

@@ -1,0 +1,981 @@
+/* negotiate.c - one process set's negotiation: which names are ready on every member, do the
+ * members agree on them, and in which order do they run.
+ *
+ * Protocol of one cycle, run by every member of the set in lock step (even with nothing new):
+ *
+ *   1. Each member builds a blob. Its fixed part (the same size on every member) holds flags
+ *      (joined; for the world set also "leaving" and "busy"), the length of its variable part,
+ *      the process sets it sees (world set only), and one bit per response-cache slot: set when
+ *      this member has a pending request that matches the cached response of that slot. Its
+ *      variable part holds a full description (kind, dtype, shape, op, root, scale factors,
+ *      device, name; alltoall: splits) of each request that is not cached, and, from the
+ *      coordinator (set rank 0) only, the names it declares stalled past KOLO_STALL_SHUTDOWN_TIME.
+ *   2. One allgather of the fixed parts. In steady state (everything cached) that is the whole
+ *      exchange: a name is ready when every member that has not joined set its bit (a bitwise
+ *      AND computed locally from the gathered bits).
+ *   3. When any member has a variable part, a second allgather (of variable sizes) carries the
+ *      descriptions to every member. Every member adds them to its copy of the message table;
+ *      a description of a name that is in the cache erases that slot everywhere (a member whose
+ *      request differs from the cached response reports it in full, and every member then falls
+ *      back to descriptions for that name).
+ *   4. Every member computes the same ordered response list from the same gathered bytes:
+ *      ready cached slots in slot order, then ready table entries in the order they were first
+ *      reported, then JOIN when every member has joined. A table entry whose descriptions
+ *      disagree becomes an error response naming the tensor, the field, both values and both
+ *      ranks. Then every member runs the list (execute.c) and updates the cache in list order
+ *      (insertions take the lowest free slot, or evict the least recently used slot), so the
+ *      caches stay identical without further messages.
+ *
+ * Decisions that depend on a clock (stall errors) are made by the coordinator alone and reach
+ * the others through its next blob, so that every member applies them in the same cycle. */
+#include "internal.h"
+
+#include "../trace/trace.h"
+
+#include <stdio.h>
+
+#define W kolo__W
+#define E kolo__E
+
+enum { REC_DESC = 1, REC_STALL = 2 };
+
+static bool cacheable(int kind) { return kind <= KOLO__REDUCESCATTER; }
+
+static int wrank(const kolo__pset_state *s, int r) { return s->g.ranks[r]; }
+
+/* ---- set state ---- */
+
+kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capacity)
+{
+    kolo__pset_state *s = kolo__calloc(1, sizeof(*s));
+    if (!s) goto nomem;
+    s->id = id;
+    s->n = g->size;
+    s->me = me;
+    s->g.size = g->size;
+    s->g.rank = me;
+    s->cap = capacity;
+    s->words = (capacity + 63) / 64;
+    s->fixed_len = sizeof(kolo__fixed_hdr) + (size_t)s->words * 8;
+    size_t n = (size_t)s->n, wb = (size_t)(s->words ? s->words : 1) * 8;
+    s->g.ranks = kolo__malloc(n * sizeof(int));
+    s->slots = kolo__calloc((size_t)(capacity ? capacity : 1), sizeof(kolo__slot));
+    s->slot_req = kolo__calloc((size_t)(capacity ? capacity : 1), sizeof(kolo_request_t *));
+    s->erased = kolo__calloc(4, wb);
+    s->joined = kolo__calloc(n, 1);
+    s->fix_mine = kolo__calloc(1, s->fixed_len);
+    s->fix_all = kolo__calloc(n, s->fixed_len);
+    s->counts = kolo__calloc(n, sizeof(size_t));
+    if (!s->g.ranks || !s->slots || !s->slot_req || !s->erased || !s->joined || !s->fix_mine || !s->fix_all ||
+        !s->counts)
+        goto nomem_free;
+    s->partial_prev = s->erased + (size_t)(s->words ? s->words : 1);
+    s->and_bits = s->partial_prev + (size_t)(s->words ? s->words : 1);
+    s->any_bits = s->and_bits + (size_t)(s->words ? s->words : 1);
+    memcpy(s->g.ranks, g->ranks, n * sizeof(int));
+    if (kolo__hmap_init(&s->lmap, 64) || kolo__hmap_init(&s->cmap, 64) || kolo__hmap_init(&s->emap, 64))
+        goto nomem_free;
+    s->last_joined = -1;
+    s->last_stall_check = kolo__now_s();
+    return s;
+nomem_free:
+    kolo__pset_free(s);
+nomem:
+    kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the negotiation state of process set %d", id);
+    return NULL;
+}
+
+static void entry_free(kolo__entry *e)
+{
+    if (!e) return;
+    kolo__free(e->name);
+    kolo__free(e->rep);
+    kolo__free(e->descs);
+    kolo__free(e->splits);
+    kolo__free(e->per_rank);
+    kolo__free(e);
+}
+
+static void entry_remove(kolo__pset_state *s, kolo__entry *e)
+{
+    if (e->prev) e->prev->next = e->next;
+    else s->ehead = e->next;
+    if (e->next) e->next->prev = e->prev;
+    else s->etail = e->prev;
+    kolo__hmap_del(&s->emap, &e->node);
+    s->nentries--;
+    entry_free(e);
+}
+
+void kolo__pset_free(kolo__pset_state *s)
+{
+    if (!s) return;
+    while (s->ehead) entry_remove(s, s->ehead);
+    if (s->slots)
+        for (int i = 0; i < s->cap; i++) {
+            kolo__free(s->slots[i].name);
+            kolo__free(s->slots[i].per_rank);
+        }
+    for (size_t i = 0; i < s->nresp; i++) kolo__free(s->resp[i].err);
+    kolo__hmap_free(&s->lmap);
+    kolo__hmap_free(&s->cmap);
+    kolo__hmap_free(&s->emap);
+    kolo__free(s->g.ranks);
+    kolo__free(s->slots);
+    kolo__free(s->slot_req);
+    kolo__free(s->erased);
+    kolo__free(s->joined);
+    kolo__free(s->fix_mine);
+    kolo__free(s->fix_all);
+    kolo__free(s->var_mine);
+    kolo__free(s->var_all);
+    kolo__free(s->counts);
+    kolo__free(s->sent);
+    kolo__free(s->resp);
+    kolo__free(s);
+}
+
+/* ---- local requests ---- */
+
+void kolo__pset_add_local(kolo__pset_state *s, kolo_request_t *r)
+{
+    if (r->d.kind == KOLO__JOIN) {
+        s->join_req = r;
+        return;
+    }
+    r->lstate = KOLO__L_NEW;
+    r->slot = -1;
+    r->lnext = NULL;
+    r->lprev = s->ltail;
+    if (s->ltail) s->ltail->lnext = r;
+    else s->lhead = r;
+    s->ltail = r;
+    s->nlocal++;
+    kolo__hmap_put(&s->lmap, &r->loc, r->name, 0, kolo__hash(r->name, 0));
+}
+
+static void local_remove(kolo__pset_state *s, kolo_request_t *r)
+{
+    if (r == s->join_req) {
+        s->join_req = NULL;
+        return;
+    }
+    if (r->lprev) r->lprev->lnext = r->lnext;
+    else s->lhead = r->lnext;
+    if (r->lnext) r->lnext->lprev = r->lprev;
+    else s->ltail = r->lprev;
+    r->lnext = r->lprev = NULL;
+    s->nlocal--;
+    kolo__hmap_del(&s->lmap, &r->loc);
+}
+
+static kolo_request_t *local_find(const kolo__pset_state *s, const char *name)
+{
+    kolo__hnode *h = kolo__hmap_get(&s->lmap, name, 0, kolo__hash(name, 0));
+    return h ? KOLO__CONTAINER(h, kolo_request_t, loc) : NULL;
+}
+
+void kolo__pset_fail_all(kolo__pset_state *s, int status, const char *msg)
+{
+    while (s->lhead) {
+        kolo_request_t *r = s->lhead;
+        local_remove(s, r);
+        kolo__req_complete(r, status, msg);
+    }
+    if (s->join_req) {
+        kolo_request_t *r = s->join_req;
+        s->join_req = NULL;
+        kolo__req_complete(r, status, msg);
+    }
+}
+
+void kolo__pset_complete(kolo__pset_state *s, kolo_request_t *r, int status, const char *msg)
+{
+    local_remove(s, r);
+    kolo__req_complete(r, status, msg);
+}
+
+/* ---- the response cache ---- */
+
+static int cache_find(const kolo__pset_state *s, const char *name)
+{
+    if (!s->cap) return -1;
+    kolo__hnode *h = kolo__hmap_get(&s->cmap, name, 0, kolo__hash(name, 0));
+    return h ? (int)(KOLO__CONTAINER(h, kolo__slot, node) - s->slots) : -1;
+}
+
+/* Does this rank's request match the cached response exactly (its own per-rank part included)? */
+static bool cache_matches(const kolo__pset_state *s, const kolo__slot *sl, const kolo_request_t *r)
+{
+    const kolo__desc *a = &sl->d, *b = &r->d;
+    if (a->kind != b->kind || a->dtype != b->dtype || a->op != b->op || a->ndim != b->ndim || a->root != b->root ||
+        a->pre != b->pre || a->post != b->post || strcmp(a->device, b->device) != 0)
+        return false;
+    int first = (a->kind == KOLO__ALLGATHER || a->kind == KOLO__ALLTOALL) ? 1 : 0;
+    for (int i = first; i < a->ndim; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    if (a->kind == KOLO__ALLGATHER) return sl->per_rank[s->me] == b->dims[0];
+    if (a->kind == KOLO__ALLTOALL)
+        return memcmp(sl->per_rank + (size_t)s->me * (size_t)s->n, r->splits, (size_t)s->n * sizeof(int64_t)) == 0;
+    return true;
+}
+
+/* Removes a slot on every member (called from deterministic points only). Local requests that
+ * were waiting on its bit fall back to a full description in the next cycle. */
+static void cache_erase(kolo__pset_state *s, int i)
+{
+    kolo__slot *sl = &s->slots[i];
+    if (!sl->valid) return;
+    for (kolo_request_t *r = s->lhead; r; r = r->lnext)
+        if (r->lstate == KOLO__L_CACHED && r->slot == i) {
+            r->lstate = KOLO__L_NEEDDESC;
+            r->slot = -1;
+        }
+    if (sl->negotiating && kolo__trace_on())
+        kolo__trace_end(sl->name, "NEGOTIATE"); /* closed without a response */
+    kolo__hmap_del(&s->cmap, &sl->node);
+    kolo__free(sl->name);
+    kolo__free(sl->per_rank);
+    memset(sl, 0, sizeof(*sl));
+    s->erased[i / 64] |= 1ull << (i % 64);
+}
+
+static int cache_insert(kolo__pset_state *s, const kolo__resp *rp)
+{
+    int victim = -1;
+    for (int i = 0; i < s->cap; i++)
+        if (!s->slots[i].valid) {
+            victim = i;
+            break;
+        }
+    if (victim < 0) {
+        uint64_t best = UINT64_MAX;
+        for (int i = 0; i < s->cap; i++)
+            if (s->slots[i].lru < best) {
+                best = s->slots[i].lru;
+                victim = i;
+            }
+        static atomic_int warned;
+        if (!atomic_exchange(&warned, 1))
+            KOLO_WARN("a response was evicted from the cache of process set %d (capacity %d): more distinct tensor "
+                      "names are in use than KOLO_CACHE_CAPACITY; raise it (or set 0 to disable the cache)",
+                      s->id, s->cap);
+        atomic_fetch_add_explicit(&E.st.cache_evictions, 1, memory_order_relaxed);
+        cache_erase(s, victim);
+        s->erased[victim / 64] &= ~(1ull << (victim % 64));
+    }
+    kolo__slot *sl = &s->slots[victim];
+    size_t npr = rp->d.kind == KOLO__ALLGATHER ? (size_t)s->n
+                 : rp->d.kind == KOLO__ALLTOALL ? (size_t)s->n * (size_t)s->n : 0;
+    sl->name = kolo__strdup(rp->name);
+    sl->per_rank = npr ? kolo__malloc(npr * sizeof(int64_t)) : NULL;
+    if (!sl->name || (npr && !sl->per_rank)) {
+        kolo__free(sl->name);
+        kolo__free(sl->per_rank);
+        memset(sl, 0, sizeof(*sl));
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the response cache of process set %d", s->id);
+    }
+    if (npr) memcpy(sl->per_rank, rp->per_rank, npr * sizeof(int64_t));
+    sl->d = rp->d;
+    sl->valid = 1;
+    sl->lru = ++s->clock;
+    kolo__hmap_put(&s->cmap, &sl->node, sl->name, 0, kolo__hash(sl->name, 0));
+    return KOLO_OK;
+}
+
+/* ---- blobs ---- */
+
+static int var_reserve(kolo__pset_state *s, size_t more)
+{
+    if (s->var_len + more <= s->var_cap) return KOLO_OK;
+    size_t cap = KOLO_MAX(s->var_cap * 2, s->var_len + more + 4096);
+    unsigned char *p = kolo__realloc(s->var_mine, cap);
+    if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation messages");
+    s->var_mine = p;
+    s->var_cap = cap;
+    return KOLO_OK;
+}
+
+static void put(kolo__pset_state *s, const void *p, size_t n)
+{
+    memcpy(s->var_mine + s->var_len, p, n);
+    s->var_len += n;
+}
+
+static int put_desc(kolo__pset_state *s, const kolo_request_t *r)
+{
+    const kolo__desc *d = &r->d;
+    size_t devlen = strlen(d->device), namelen = strlen(r->name) + 1;
+    size_t len = 1 + 4 + 4 + 16 + (size_t)d->ndim * 8 + 1 + devlen + 2 + namelen +
+                 (d->kind == KOLO__ALLTOALL ? (size_t)s->n * 8 : 0);
+    int st = var_reserve(s, len);
+    if (st) return st;
+    uint8_t hdr[5] = {REC_DESC, d->kind, d->dtype, d->op, d->ndim};
+    put(s, hdr, 5);
+    put(s, &d->root, 4);
+    put(s, &d->pre, 8);
+    put(s, &d->post, 8);
+    put(s, d->dims, (size_t)d->ndim * 8);
+    uint8_t dl = (uint8_t)devlen;
+    put(s, &dl, 1);
+    put(s, d->device, devlen);
+    uint16_t nl = (uint16_t)namelen;
+    put(s, &nl, 2);
+    put(s, r->name, namelen);
+    if (d->kind == KOLO__ALLTOALL) put(s, r->splits, (size_t)s->n * 8);
+    return KOLO_OK;
+}
+
+static int put_stall(kolo__pset_state *s, const char *name)
+{
+    size_t namelen = strlen(name) + 1;
+    int st = var_reserve(s, 3 + namelen);
+    if (st) return st;
+    uint8_t t = REC_STALL;
+    uint16_t nl = (uint16_t)namelen;
+    put(s, &t, 1);
+    put(s, &nl, 2);
+    put(s, name, namelen);
+    return KOLO_OK;
+}
+
+int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *present)
+{
+    s->var_len = 0;
+    s->nsent = 0;
+    memset(s->fix_mine, 0, s->fixed_len);
+    if (s->cap) memset(s->slot_req, 0, (size_t)s->cap * sizeof(kolo_request_t *));
+    uint64_t *bits = (uint64_t *)(void *)(s->fix_mine + sizeof(kolo__fixed_hdr));
+    if (s->sent_cap < s->nlocal) {
+        size_t cap = KOLO_MAX(s->nlocal, 2 * s->sent_cap);
+        kolo_request_t **p = kolo__realloc(s->sent, cap * sizeof(*p));
+        if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation");
+        s->sent = p;
+        s->sent_cap = cap;
+    }
+    for (kolo_request_t *r = s->lhead; r; r = r->lnext) {
+        if (r->lstate == KOLO__L_NEW) {
+            r->lstate = KOLO__L_NEEDDESC;
+            int i = cacheable(r->d.kind) ? cache_find(s, r->name) : -1;
+            if (i >= 0 && cache_matches(s, &s->slots[i], r)) {
+                r->lstate = KOLO__L_CACHED;
+                r->slot = i;
+            }
+        }
+        if (r->lstate == KOLO__L_CACHED) {
+            bits[r->slot / 64] |= 1ull << (r->slot % 64);
+            s->slot_req[r->slot] = r;
+        } else if (r->lstate == KOLO__L_NEEDDESC) {
+            int st = put_desc(s, r);
+            if (st) return st;
+            r->lstate = KOLO__L_SENT;
+            s->sent[s->nsent++] = r;
+        }
+    }
+    if (s->me == 0) {
+        /* the coordinator's stall decisions (see kolo__negotiate_stall_check) */
+        for (kolo__entry *e = s->ehead; e; e = e->next)
+            if (e->stall_fail == KOLO__STALL_DECIDED) {
+                int st = put_stall(s, e->name);
+                if (st) return st;
+                e->stall_fail = KOLO__STALL_SENT;
+            }
+        for (int i = 0; i < s->cap && s->had_stall; i++)
+            if (s->slots[i].valid && s->slots[i].stall_fail == KOLO__STALL_DECIDED) {
+                int st = put_stall(s, s->slots[i].name);
+                if (st) return st;
+                s->slots[i].stall_fail = KOLO__STALL_SENT;
+            }
+    }
+    kolo__fixed_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.flags = flags | (s->join_req ? KOLO__F_JOINED : 0u);
+    h.varlen = (uint32_t)s->var_len;
+    if (present) memcpy(h.present, present, sizeof(h.present));
+    memcpy(s->fix_mine, &h, sizeof(h));
+    return KOLO_OK;
+}
+
+int kolo__negotiate_gather_fixed(kolo__pset_state *s)
+{
+    for (int r = 0; r < s->n; r++) s->counts[r] = s->fixed_len;
+    return kolo__coll_allgather(E.mesh, &s->g, s->fix_mine, s->fix_all, s->counts, 1);
+}
+
+/* ---- deciding ---- */
+
+typedef struct reader {
+    const unsigned char *p, *end;
+    int bad;
+} reader;
+
+static void get(reader *rd, void *out, size_t n)
+{
+    if (rd->bad || (size_t)(rd->end - rd->p) < n) {
+        rd->bad = 1;
+        memset(out, 0, n);
+        return;
+    }
+    memcpy(out, rd->p, n);
+    rd->p += n;
+}
+
+static const char *get_name(reader *rd)
+{
+    uint16_t nl;
+    get(rd, &nl, 2);
+    if (rd->bad || nl == 0 || (size_t)(rd->end - rd->p) < nl || rd->p[nl - 1] != '\0') {
+        rd->bad = 1;
+        return NULL;
+    }
+    const char *name = (const char *)rd->p;
+    rd->p += nl;
+    return name;
+}
+
+static int resp_reserve(kolo__pset_state *s)
+{
+    if (s->nresp < s->resp_cap) return KOLO_OK;
+    size_t cap = KOLO_MAX(16, s->resp_cap * 2);
+    kolo__resp *p = kolo__realloc(s->resp, cap * sizeof(*p));
+    if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the response list");
+    s->resp = p;
+    s->resp_cap = cap;
+    return KOLO_OK;
+}
+
+static kolo__resp *resp_add(kolo__pset_state *s, const char *name, const kolo__desc *d)
+{
+    if (resp_reserve(s)) return NULL;
+    kolo__resp *rp = &s->resp[s->nresp++];
+    memset(rp, 0, sizeof(*rp));
+    rp->name = name;
+    rp->d = *d;
+    rp->slot = -1;
+    if (d->kind == KOLO__ALLREDUCE) {
+        rp->count = kolo__desc_count(d);
+        rp->bytes = rp->count * kolo_dtype_size((kolo_dtype_t)d->dtype);
+    }
+    return rp;
+}
+
+static void resp_error(kolo__resp *rp, int status, const char *msg)
+{
+    rp->status = status;
+    rp->err = kolo__strdup(msg); /* NULL: the status's name is shown */
+}
+
+static const char *ranks_list(const kolo__pset_state *s, const uint8_t *mark, int want, char *buf, size_t cap)
+{
+    size_t w = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < s->n && w + 16 < cap; r++)
+        if ((mark[r] != 0) == (want != 0)) w += (size_t)snprintf(buf + w, cap - w, "%s%d", w ? ", " : "", wrank(s, r));
+    return buf;
+}
+
+/* A joined member has no data for collectives other than allreduce and barrier. */
+static bool join_blocks(int kind) { return kind == KOLO__ALLGATHER || kind == KOLO__BROADCAST || kind == KOLO__ALLTOALL || kind == KOLO__REDUCESCATTER; }
+
+static void join_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
+{
+    char who[256], msg[768];
+    size_t w = 0;
+    who[0] = '\0';
+    for (int r = 0; r < s->n && w + 16 < sizeof(who); r++)
+        if (s->joined[r] && !has[r]) w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d", w ? ", " : "", wrank(s, r));
+    snprintf(msg, sizeof(msg),
+             "%s '%s' cannot run while rank(s) %s of process set %d have joined (kolo_ijoin): joined ranks take part "
+             "in allreduces (with zeros) and barriers only",
+             kolo__kind_lower[rp->d.kind], rp->name, who, s->id);
+    resp_error(rp, KOLO_ERR_MISMATCH, msg);
+}
+
+/* Checks that every reporter agrees with the first; on disagreement an error response. */
+static int construct(kolo__pset_state *s, kolo__entry *e)
+{
+    int first = -1;
+    for (int r = 0; r < s->n; r++)
+        if (e->rep[r]) {
+            first = r;
+            break;
+        }
+    const kolo__desc *a = &e->descs[first];
+    kolo__resp *rp = resp_add(s, e->name, a);
+    if (!rp) return KOLO_ERR_NO_MEMORY;
+    rp->e = e;
+    char msg[1024] = "", va[256], vb[256];
+    const char *kl = kolo__kind_lower[a->kind];
+    int bad = -1;
+    for (int r = first + 1; r < s->n && !msg[0]; r++) {
+        if (!e->rep[r]) continue;
+        const kolo__desc *b = &e->descs[r];
+        bad = r;
+        int wa = wrank(s, first), wb = wrank(s, r);
+        if (a->kind != b->kind) {
+            snprintf(msg, sizeof(msg), "Mismatched operations for '%s': rank %d did an %s, rank %d did an %s", e->name,
+                     wa, kolo__kind_lower[a->kind], wb, kolo__kind_lower[b->kind]);
+            break;
+        }
+        if (a->kind == KOLO__BARRIER) continue;
+        if (a->dtype != b->dtype) {
+            snprintf(msg, sizeof(msg), "Mismatched %s data types for '%s': rank %d sent %s, rank %d sent %s", kl,
+                     e->name, wa, kolo_dtype_name((kolo_dtype_t)a->dtype), wb, kolo_dtype_name((kolo_dtype_t)b->dtype));
+            break;
+        }
+        if (strcmp(a->device, b->device) != 0) {
+            snprintf(msg, sizeof(msg), "Mismatched %s devices for '%s': rank %d sent %s, rank %d sent %s", kl, e->name,
+                     wa, a->device, wb, b->device);
+            break;
+        }
+        bool row_only = a->kind == KOLO__ALLGATHER || a->kind == KOLO__ALLTOALL;
+        bool shape_ok = a->ndim == b->ndim;
+        for (int i = row_only ? 1 : 0; shape_ok && i < a->ndim; i++) shape_ok = a->dims[i] == b->dims[i];
+        if (!shape_ok) {
+            snprintf(msg, sizeof(msg), "Mismatched %s tensor shapes for '%s': rank %d sent %s, rank %d sent %s%s", kl,
+                     e->name, wa, kolo__shape_str(a->dims, a->ndim, va, sizeof(va)), wb,
+                     kolo__shape_str(b->dims, b->ndim, vb, sizeof(vb)),
+                     row_only ? " (only the first dimension may differ)" : "");
+            break;
+        }
+        if ((a->kind == KOLO__ALLREDUCE || a->kind == KOLO__REDUCESCATTER) && a->op != b->op) {
+            snprintf(msg, sizeof(msg), "Mismatched %s reduction ops for '%s': rank %d sent %s, rank %d sent %s", kl,
+                     e->name, wa, kolo_op_name((kolo_op_t)a->op), wb, kolo_op_name((kolo_op_t)b->op));
+            break;
+        }
+        if (a->pre != b->pre || a->post != b->post) {
+            snprintf(msg, sizeof(msg),
+                     "Mismatched %s prescale/postscale factors for '%s': rank %d sent (%.17g, %.17g), rank %d sent "
+                     "(%.17g, %.17g)",
+                     kl, e->name, wa, a->pre, a->post, wb, b->pre, b->post);
+            break;
+        }
+        if (a->kind == KOLO__BROADCAST && a->root != b->root) {
+            snprintf(msg, sizeof(msg), "Mismatched broadcast root ranks for '%s': rank %d sent %d, rank %d sent %d",
+                     e->name, wa, a->root, wb, b->root);
+            break;
+        }
+    }
+    if (msg[0]) {
+        (void)bad;
+        resp_error(rp, KOLO_ERR_MISMATCH, msg);
+        return KOLO_OK;
+    }
+    if (s->njoined && join_blocks(a->kind)) {
+        bool missing = false;
+        for (int r = 0; r < s->n; r++) missing |= s->joined[r] && !e->rep[r];
+        if (missing) {
+            join_error(s, rp, e->rep);
+            return KOLO_OK;
+        }
+    }
+    if (a->kind == KOLO__ALLGATHER) {
+        e->per_rank = kolo__malloc((size_t)s->n * sizeof(int64_t));
+        if (!e->per_rank) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation");
+        for (int r = 0; r < s->n; r++) e->per_rank[r] = e->descs[r].dims[0];
+        rp->per_rank = e->per_rank;
+    } else if (a->kind == KOLO__ALLTOALL) {
+        rp->per_rank = e->splits;
+    }
+    return KOLO_OK;
+}
+
+static kolo__entry *entry_get(kolo__pset_state *s, const char *name, int *created)
+{
+    uint64_t h = kolo__hash(name, 0);
+    kolo__hnode *hn = kolo__hmap_get(&s->emap, name, 0, h);
+    *created = 0;
+    if (hn) return KOLO__CONTAINER(hn, kolo__entry, node);
+    kolo__entry *e = kolo__calloc(1, sizeof(*e));
+    if (!e) return NULL;
+    e->name = kolo__strdup(name);
+    e->rep = kolo__calloc((size_t)s->n, 1);
+    e->descs = kolo__calloc((size_t)s->n, sizeof(kolo__desc));
+    if (!e->name || !e->rep || !e->descs) {
+        entry_free(e);
+        return NULL;
+    }
+    e->first_seen = kolo__now_s();
+    e->prev = s->etail;
+    if (s->etail) s->etail->next = e;
+    else s->ehead = e;
+    s->etail = e;
+    s->nentries++;
+    kolo__hmap_put(&s->emap, &e->node, e->name, 0, h);
+    *created = 1;
+    return e;
+}
+
+static void tick(const kolo__pset_state *s, const char *name, int r)
+{
+    char rk[16];
+    snprintf(rk, sizeof(rk), "%d", wrank(s, r));
+    kolo__trace_instant(name, rk, NULL);
+}
+
+static const char *negotiate_phase(int kind)
+{
+    static const char *const names[KOLO__KIND_COUNT] = {
+        "NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "NEGOTIATE_BROADCAST", "NEGOTIATE_ALLTOALL",
+        "NEGOTIATE_REDUCESCATTER", "NEGOTIATE_JOIN", "NEGOTIATE_BARRIER"};
+    return names[kind];
+}
+
+static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t len, bool tracing)
+{
+    reader rd = {p, p + len, 0};
+    while (!rd.bad && rd.p < rd.end) {
+        uint8_t t;
+        get(&rd, &t, 1);
+        if (t == REC_DESC) {
+            kolo__desc d;
+            memset(&d, 0, sizeof(d));
+            uint8_t h4[4], dl;
+            get(&rd, h4, 4);
+            d.kind = h4[0];
+            d.dtype = h4[1];
+            d.op = h4[2];
+            d.ndim = h4[3];
+            if (d.kind >= KOLO__KIND_COUNT || d.ndim > KOLO_MAX_DIMS || d.dtype >= KOLO_DTYPE_COUNT ||
+                d.op >= KOLO_OP_COUNT) {
+                rd.bad = 1;
+                break;
+            }
+            get(&rd, &d.root, 4);
+            get(&rd, &d.pre, 8);
+            get(&rd, &d.post, 8);
+            get(&rd, d.dims, (size_t)d.ndim * 8);
+            get(&rd, &dl, 1);
+            if (dl >= KOLO__DEVICE_MAX) {
+                rd.bad = 1;
+                break;
+            }
+            get(&rd, d.device, dl);
+            const char *name = get_name(&rd);
+            const unsigned char *splits = rd.p;
+            if (d.kind == KOLO__ALLTOALL) {
+                int64_t skip[1];
+                for (int i = 0; i < s->n; i++) get(&rd, skip, 8);
+            }
+            if (rd.bad) break;
+            int slot = cache_find(s, name);
+            if (slot >= 0) cache_erase(s, slot);
+            int created;
+            kolo__entry *e = entry_get(s, name, &created);
+            if (!e) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the message table");
+            if (e->rep[r]) {
+                rd.bad = 1;
+                break;
+            }
+            if (d.kind == KOLO__ALLTOALL) {
+                if (!e->splits) e->splits = kolo__calloc((size_t)s->n * (size_t)s->n, sizeof(int64_t));
+                if (!e->splits) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the message table");
+                memcpy(e->splits + (size_t)r * (size_t)s->n, splits, (size_t)s->n * 8);
+            }
+            e->rep[r] = 1;
+            e->descs[r] = d;
+            e->nrep++;
+            if (created) e->kind = d.kind;
+            if (tracing) {
+                if (created) {
+                    kolo__trace_begin(e->name, negotiate_phase(d.kind), NULL);
+                    e->negotiating = 1;
+                }
+                if (e->negotiating) tick(s, e->name, r);
+            }
+            atomic_fetch_add_explicit(&E.st.cache_misses, r == s->me ? 1 : 0, memory_order_relaxed);
+        } else if (t == REC_STALL) {
+            const char *name = get_name(&rd);
+            if (rd.bad || r != 0) {
+                rd.bad = 1;
+                break;
+            }
+            kolo__hnode *hn = kolo__hmap_get(&s->emap, name, 0, kolo__hash(name, 0));
+            if (hn) KOLO__CONTAINER(hn, kolo__entry, node)->stall_fail = KOLO__STALL_APPLY;
+            int slot = cache_find(s, name);
+            if (slot >= 0) {
+                s->slots[slot].stall_fail = KOLO__STALL_APPLY;
+                s->had_stall = 1;
+            }
+        } else {
+            rd.bad = 1;
+        }
+    }
+    if (rd.bad)
+        return kolo__err(KOLO_ERR_PROTOCOL, "rank %d sent a malformed negotiation message for process set %d",
+                         wrank(s, r), s->id);
+    return KOLO_OK;
+}
+
+static void stall_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
+{
+    char a[256], b[256], msg[1024];
+    uint8_t miss[1024];
+    int n = KOLO_MIN(s->n, 1024);
+    for (int r = 0; r < n; r++) miss[r] = (uint8_t)(!has[r] && !s->joined[r]);
+    snprintf(msg, sizeof(msg),
+             "%s '%s' stalled: submitted by rank(s) %s but not by rank(s) %s for more than %g s "
+             "(KOLO_STALL_SHUTDOWN_TIME)",
+             kolo__kind_lower[rp->d.kind], rp->name, ranks_list(s, has, 1, a, sizeof(a)),
+             ranks_list(s, miss, 1, b, sizeof(b)), E.stall_shutdown);
+    resp_error(rp, KOLO_ERR_TIMEOUT, msg);
+}
+
+int kolo__negotiate_decide(kolo__pset_state *s)
+{
+    int n = s->n, st;
+    size_t total = 0;
+    for (int r = 0; r < n; r++) {
+        s->counts[r] = kolo__fixed_of(s, r)->varlen;
+        total += s->counts[r];
+    }
+    if (total) {
+        if (total > s->var_all_cap) {
+            unsigned char *p = kolo__malloc(total + 4096);
+            if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation messages");
+            kolo__free(s->var_all);
+            s->var_all = p;
+            s->var_all_cap = total + 4096;
+        }
+        st = kolo__coll_allgather(E.mesh, &s->g, s->var_mine, s->var_all, s->counts, 1);
+        if (st) return st;
+    }
+    bool tracing = kolo__trace_on();
+    /* joins: the last member to join in rank order of the cycle it joined in */
+    for (int r = 0; r < n; r++)
+        if ((kolo__fixed_of(s, r)->flags & KOLO__F_JOINED) && !s->joined[r]) {
+            s->joined[r] = 1;
+            s->njoined++;
+            s->last_joined = r;
+        }
+    /* descriptions */
+    for (int w = 0; w < s->words; w++) s->erased[w] = 0;
+    size_t off = 0;
+    for (int r = 0; r < n; r++) {
+        if (s->counts[r] && (st = parse_var(s, r, s->var_all + off, s->counts[r], tracing))) return st;
+        off += s->counts[r];
+    }
+    s->nresp = 0;
+    /* cached names: AND over the members that have not joined, OR over all */
+    double now = kolo__now_s();
+    uint8_t has[1024];
+    for (int w = 0; w < s->words; w++) {
+        uint64_t a = ~0ull, o = 0;
+        for (int r = 0; r < n; r++) {
+            const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
+                                                                      sizeof(kolo__fixed_hdr));
+            o |= bits[w];
+            if (!s->joined[r]) a &= bits[w];
+        }
+        a &= o & ~s->erased[w];
+        o &= ~s->erased[w];
+        s->and_bits[w] = a;
+        s->any_bits[w] = o;
+        uint64_t partial = o & ~a, gone = s->partial_prev[w] & ~partial;
+        s->partial_prev[w] = partial;
+        while (gone) {
+            int i = w * 64 + __builtin_ctzll(gone);
+            gone &= gone - 1;
+            s->slots[i].partial_since = 0;
+            if (s->slots[i].stall_fail != KOLO__STALL_APPLY) s->slots[i].stall_fail = KOLO__STALL_NONE;
+        }
+        uint64_t seen = o;
+        while (seen) {
+            int i = w * 64 + __builtin_ctzll(seen);
+            seen &= seen - 1;
+            kolo__slot *sl = &s->slots[i];
+            if (!sl->valid) continue;
+            bool ready = (a >> (i % 64)) & 1;
+            if (!ready && sl->partial_since == 0) sl->partial_since = now;
+            if (tracing) {
+                if (!sl->negotiating) {
+                    kolo__trace_begin(sl->name, negotiate_phase(sl->d.kind), NULL);
+                    sl->negotiating = 1;
+                    sl->seen_mask = 0;
+                }
+                for (int r = 0; r < n && r < 64; r++) {
+                    const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
+                                                                              sizeof(kolo__fixed_hdr));
+                    if (((bits[w] >> (i % 64)) & 1) && !((sl->seen_mask >> r) & 1)) {
+                        sl->seen_mask |= 1ull << r;
+                        tick(s, sl->name, r);
+                    }
+                }
+            }
+            bool fail = sl->stall_fail == KOLO__STALL_APPLY;
+            if (!ready && !fail) continue;
+            kolo__resp *rp = resp_add(s, sl->name, &sl->d);
+            if (!rp) return KOLO_ERR_NO_MEMORY;
+            rp->slot = i;
+            rp->per_rank = sl->per_rank;
+            rp->req = s->slot_req[i];
+            for (int r = 0; r < n && r < 1024; r++) {
+                const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
+                                                                          sizeof(kolo__fixed_hdr));
+                has[r] = (uint8_t)((bits[w] >> (i % 64)) & 1);
+            }
+            if (sl->negotiating) {
+                if (tracing) kolo__trace_end(sl->name, negotiate_phase(sl->d.kind));
+                sl->negotiating = 0;
+            }
+            if (fail) {
+                stall_error(s, rp, has);
+                sl->stall_fail = KOLO__STALL_NONE;
+                sl->partial_since = 0;
+            } else if (s->njoined && join_blocks(sl->d.kind)) {
+                bool missing = false;
+                for (int r = 0; r < n && r < 1024; r++) missing |= s->joined[r] && !has[r];
+                if (missing) join_error(s, rp, has);
+            }
+            if (rp->req && rp->status == KOLO_OK) atomic_fetch_add_explicit(&E.st.cache_hits, 1, memory_order_relaxed);
+        }
+    }
+    /* described names, in the order they were first reported */
+    for (kolo__entry *e = s->ehead; e; e = e->next) {
+        bool ready = true;
+        for (int r = 0; r < n && ready; r++) ready = e->rep[r] || s->joined[r];
+        if (!ready && e->stall_fail != KOLO__STALL_APPLY) continue;
+        if (e->negotiating) {
+            if (tracing) kolo__trace_end(e->name, negotiate_phase(e->kind));
+            e->negotiating = 0;
+        }
+        size_t before = s->nresp;
+        if (!ready) {
+            int first = 0;
+            while (!e->rep[first]) first++;
+            kolo__resp *rp = resp_add(s, e->name, &e->descs[first]);
+            if (!rp) return KOLO_ERR_NO_MEMORY;
+            rp->e = e;
+            stall_error(s, rp, e->rep);
+        } else if ((st = construct(s, e))) {
+            return st;
+        }
+        kolo__resp *rp = &s->resp[before];
+        kolo_request_t *r = local_find(s, e->name);
+        if (r && r->lstate == KOLO__L_SENT && e->rep[s->me]) rp->req = r;
+    }
+    /* stall errors for cached names nobody holds any more are void */
+    if (s->had_stall) {
+        for (int i = 0; i < s->cap; i++)
+            if (s->slots[i].stall_fail == KOLO__STALL_APPLY) s->slots[i].stall_fail = KOLO__STALL_NONE;
+        s->had_stall = 0;
+    }
+    /* every member has joined: the join completes, everyone learns the last to join */
+    if (s->njoined == n) {
+        kolo__desc d;
+        memset(&d, 0, sizeof(d));
+        d.kind = KOLO__JOIN;
+        kolo__resp *rp = resp_add(s, "join.noname", &d);
+        if (!rp) return KOLO_ERR_NO_MEMORY;
+        rp->req = s->join_req;
+    }
+    return KOLO_OK;
+}
+
+int kolo__negotiate_finish(kolo__pset_state *s)
+{
+    int st = KOLO_OK;
+    for (size_t i = 0; i < s->nresp; i++) {
+        kolo__resp *rp = &s->resp[i];
+        if (rp->d.kind == KOLO__JOIN) {
+            memset(s->joined, 0, (size_t)s->n);
+            s->njoined = 0;
+            s->last_joined = -1;
+        } else if (rp->slot >= 0) {
+            if (rp->status == KOLO_OK) s->slots[rp->slot].lru = ++s->clock;
+        } else if (rp->e) {
+            if (rp->status == KOLO_OK && s->cap && cacheable(rp->d.kind) && !st) st = cache_insert(s, rp);
+            entry_remove(s, rp->e);
+        }
+        kolo__free(rp->err);
+        rp->err = NULL;
+    }
+    s->nresp = 0;
+    return st;
+}
+
+/* ---- the stall inspector ----
+ * Every member scans its copy of the table a few times per KOLO_STALL_CHECK_TIME and, once per
+ * period, logs the names that some members reported more than that long ago, listed under each
+ * member that has not (Horovod's format). Only the coordinator turns a stall older than
+ * KOLO_STALL_SHUTDOWN_TIME into an error, through its next blob. */
+
+typedef struct stalled {
+    const char *name;
+    const uint8_t *rep;  /* entries */
+    int slot;            /* cached: bits in fix_all */
+} stalled;
+
+static bool has_it(const kolo__pset_state *s, const stalled *t, int r)
+{
+    if (t->rep) return t->rep[r] != 0;
+    const uint64_t *bits =
+        (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r + sizeof(kolo__fixed_hdr));
+    return (bits[t->slot / 64] >> (t->slot % 64)) & 1;
+}
+
+void kolo__negotiate_stall_check(kolo__pset_state *s)
+{
+    if (E.stall_disable || E.stall_check <= 0) return;
+    double now = kolo__now_s();
+    if (now - s->last_stall_check < KOLO_MIN(0.1, E.stall_check / 4)) return;
+    s->last_stall_check = now;
+    bool partial = false;
+    for (int w = 0; w < s->words; w++) partial |= s->partial_prev[w] != 0;
+    if (!s->ehead && !partial) return;
+    bool coordinator = s->me == 0 && E.stall_shutdown > 0;
+    bool warn = now - s->last_stall_warn >= E.stall_check;
+    if (!coordinator && !warn) return;
+    enum { MAXLIST = 256 };
+    stalled list[MAXLIST];
+    int nl = 0;
+    for (kolo__entry *e = s->ehead; e; e = e->next) {
+        double age = now - e->first_seen;
+        if (age <= E.stall_check && !(coordinator && age > E.stall_shutdown)) continue;
+        if (coordinator && age > E.stall_shutdown && e->stall_fail == KOLO__STALL_NONE) e->stall_fail = KOLO__STALL_DECIDED;
+        if (age > E.stall_check && nl < MAXLIST) list[nl++] = (stalled){e->name, e->rep, -1};
+    }
+    for (int w = 0; w < s->words; w++) {
+        uint64_t p = s->partial_prev[w];
+        while (p) {
+            int i = w * 64 + __builtin_ctzll(p);
+            p &= p - 1;
+            kolo__slot *sl = &s->slots[i];
+            if (!sl->valid || sl->partial_since == 0) continue;
+            double age = now - sl->partial_since;
+            if (coordinator && age > E.stall_shutdown && sl->stall_fail == KOLO__STALL_NONE) {
+                sl->stall_fail = KOLO__STALL_DECIDED;
+                s->had_stall = 1;
+            }
+            if (age > E.stall_check && nl < MAXLIST) list[nl++] = (stalled){sl->name, NULL, i};
+        }
+    }
+    if (!warn || nl == 0) return;
+    s->last_stall_warn = now;
+    char msg[1900], tag[48] = "";
+    if (s->id) snprintf(tag, sizeof(tag), " (process set %d)", s->id);
+    size_t w = (size_t)snprintf(
+        msg, sizeof(msg),
+        "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "
+        "waiting for remainder of ranks for more than %g seconds. This may indicate that different ranks are trying "
+        "to submit different tensors or that only subset of ranks is submitting tensors, which will cause "
+        "deadlock.%s\nMissing ranks:",
+        E.stall_check, tag);
+    for (int r = 0; r < s->n && w + 64 < sizeof(msg); r++) {
+        if (s->joined[r]) continue;
+        int shown = 0, more = 0;
+        for (int k = 0; k < nl; k++) {
+            if (has_it(s, &list[k], r)) continue;
+            if (shown == 6 || w + strlen(list[k].name) + 32 >= sizeof(msg)) {
+                more = 1;
+                break;
+            }
+            if (!shown) w += (size_t)snprintf(msg + w, sizeof(msg) - w, "\n%d: [", wrank(s, r));
+            w += (size_t)snprintf(msg + w, sizeof(msg) - w, "%s%s", shown ? ", " : "", list[k].name);
+            shown++;
+        }
+        if (shown) w += (size_t)snprintf(msg + w, sizeof(msg) - w, "%s]", more ? ", ..." : "");
+    }
+    KOLO_WARN("%s", msg);
+    atomic_fetch_add_explicit(&E.st.stall_warnings, 1, memory_order_relaxed);
+}

@@ -1,0 +1,915 @@
+/* test_engine.c - the engine: named asynchronous requests negotiated across ranks, fused, cached
+ * and ordered; its errors (mismatches, duplicates, stalls, dead peers), join, process sets,
+ * shutdown and re-init, and every request kind. */
+#include "kt.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define WAIT_S 25.0
+
+static kolo_shape_t shape1(int64_t a)
+{
+    kolo_shape_t s;
+    memset(&s, 0, sizeof(s));
+    s.ndim = 1;
+    s.dims[0] = a;
+    return s;
+}
+
+static kolo_shape_t shape2(int64_t a, int64_t b)
+{
+    kolo_shape_t s = shape1(a);
+    s.ndim = 2;
+    s.dims[1] = b;
+    return s;
+}
+
+static void wait_ok(kolo_request_t *r)
+{
+    int st = kolo_request_wait(r, WAIT_S);
+    if (st != KOLO_OK)
+        kt_fail(__FILE__, __LINE__, "request '%s' -> %d (%s): %s", kolo_request_name(r), st, kolo_strerror(st),
+                kolo_request_error(r));
+}
+
+/* A deterministic permutation of 0..n-1 that differs per seed. */
+static void permute(int *p, int n, unsigned seed)
+{
+    for (int i = 0; i < n; i++) p[i] = i;
+    uint64_t x = seed * 2654435761u + 12345;
+    for (int i = n - 1; i > 0; i--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((x >> 33) % (uint64_t)(i + 1));
+        int t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+/* Memory shared by the ranks of a job and the test (for results compared across runs). */
+static void *shared_mem(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    KT_ASSERT(p != MAP_FAILED);
+    memset(p, 0, n);
+    return p;
+}
+
+/* ---- basics: order, many tensors, every kind ---- */
+
+static void basic(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    float x[4] = {1, 2, 3, 4}, y[4];
+    for (int i = 0; i < 4; i++) x[i] += (float)rank;
+    kolo_shape_t sh = shape1(4);
+    kolo_request_t *r;
+    KT_OK(kolo_iallreduce("x", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    wait_ok(r);
+    for (int i = 0; i < 4; i++) KT_ASSERTF(y[i] == (float)(n * (i + 1) + n * (n - 1) / 2), "y[%d] = %g", i, y[i]);
+    const void *data;
+    kolo_shape_t out;
+    KT_OK(kolo_request_output(r, &data, &out));
+    KT_ASSERT(data == y && out.ndim == 1 && out.dims[0] == 4);
+    KT_EQ(kolo_request_status(r), KOLO_OK);
+    KT_CONTAINS(kolo_request_name(r), "x");
+    kolo_request_release(r);
+}
+
+KT_TEST(engine_basic_allreduce, 20) { kt_job_both(2, basic, NULL); }
+
+/* Every rank submits the same names in its own order; the results are right everywhere. */
+static void order(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    enum { T = 40 };
+    int perm[T];
+    permute(perm, T, (unsigned)rank * 7 + 1);
+    static double in[T][33], out[T][33];
+    kolo_request_t *reqs[T];
+    for (int k = 0; k < T; k++) {
+        int t = perm[k];
+        int len = 1 + t % 33;
+        for (int i = 0; i < len; i++) in[t][i] = t * 100 + i + rank;
+        char name[32];
+        snprintf(name, sizeof(name), "layer%d.weight", t);
+        kolo_shape_t sh = shape1(len);
+        KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT64, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+        if (k % 7 == 3) usleep(300); /* spread the submissions over several cycles */
+    }
+    for (int t = 0; t < T; t++) {
+        wait_ok(reqs[t]);
+        for (int i = 0; i < 1 + t % 33; i++) {
+            double want = n * (t * 100.0 + i) + n * (n - 1) / 2.0;
+            KT_ASSERTF(out[t][i] == want, "tensor %d element %d is %g, expected %g", t, i, out[t][i], want);
+        }
+        kolo_request_release(reqs[t]);
+    }
+}
+
+KT_TEST(engine_submission_order_differs_per_rank, 30)
+{
+    KT_EQ(kt_job(3, order, NULL, NULL, NULL), 0);
+    kt_job_opts o = {.tcp_only = 1};
+    KT_EQ(kt_job(2, order, NULL, &o, NULL), 0);
+}
+
+/* 1000 small named tensors in one step, submitted in a different order on each rank. */
+static void thousand(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    enum { T = 1000 };
+    int *perm = malloc(T * sizeof(int));
+    int32_t(*in)[5] = malloc(T * sizeof(*in)), (*out)[5] = malloc(T * sizeof(*out));
+    kolo_request_t **reqs = malloc(T * sizeof(*reqs));
+    permute(perm, T, (unsigned)rank + 3);
+    for (int step = 0; step < 2; step++) {
+        for (int k = 0; k < T; k++) {
+            int t = perm[k];
+            for (int i = 0; i < 5; i++) in[t][i] = t + i * rank + step;
+            char name[32];
+            snprintf(name, sizeof(name), "small.%d", t);
+            kolo_shape_t sh = shape1(1 + t % 5);
+            KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            for (int i = 0; i < 1 + t % 5; i++)
+                KT_ASSERTF(out[t][i] == n * (t + step) + i * n * (n - 1) / 2, "tensor %d element %d is %d", t, i,
+                           out[t][i]);
+            kolo_request_release(reqs[t]);
+        }
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.fused_collectives > 0, "no fused collective for 1000 small tensors");
+    KT_ASSERTF(st.collectives < 200, "%llu collectives for 2000 small tensors", (unsigned long long)st.collectives);
+    free(perm);
+    free(in);
+    free(out);
+    free(reqs);
+}
+
+KT_TEST(engine_thousand_small_tensors, 30) { KT_EQ(kt_job(2, thousand, NULL, NULL, NULL), 0); }
+
+/* ---- fusion on and off: bit-identical ---- */
+
+enum { FT = 60, FLEN = 3000 };
+
+static void fusion_run(int rank, float *res)
+{
+    int perm[FT];
+    permute(perm, FT, (unsigned)rank + 11);
+    float *in = malloc(sizeof(float) * FT * FLEN);
+    kolo_request_t *reqs[FT];
+    kt_fill(in, (size_t)FT * FLEN, KOLO_FLOAT32, 99 + (unsigned)rank);
+    for (int i = 0; i < FT * FLEN; i++) in[i] = in[i] * 0.37f + (float)rank * 1e-3f; /* inexact sums */
+    for (int k = 0; k < FT; k++) {
+        int t = perm[k];
+        char name[32];
+        snprintf(name, sizeof(name), "f%d", t);
+        kolo_shape_t sh = shape1(1 + (t * 97) % FLEN);
+        kolo_op_t op = t % 3 == 0 ? KOLO_AVERAGE : KOLO_SUM;
+        double post = t % 5 == 0 ? 0.25 : 1.0;
+        KT_OK(kolo_iallreduce(name, in + (size_t)t * FLEN, res + (size_t)t * FLEN, KOLO_FLOAT32, &sh, op, 1.5, post,
+                              NULL, &reqs[t]));
+    }
+    for (int t = 0; t < FT; t++) {
+        wait_ok(reqs[t]);
+        kolo_request_release(reqs[t]);
+    }
+    free(in);
+}
+
+static void fusion(int rank, void *arg)
+{
+    float *res = arg; /* [2][n][FT*FLEN] shared */
+    int n = 2;
+    setenv("KOLO_FUSION_THRESHOLD", "64M", 1);
+    KT_OK(kolo_init());
+    n = kolo_size();
+    float *a = res + (size_t)rank * FT * FLEN;
+    fusion_run(rank, a);
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.fused_collectives > 0, "fusion on: no fused collective");
+    KT_OK(kolo_shutdown());
+    setenv("KOLO_FUSION_THRESHOLD", "0", 1);
+    KT_OK(kolo_init());
+    float *b = res + ((size_t)n + (size_t)rank) * FT * FLEN;
+    fusion_run(rank, b);
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(st.fused_collectives, 0);
+    KT_EQ(st.collectives, FT);
+}
+
+KT_TEST(engine_fusion_on_and_off_bit_identical, 30)
+{
+    size_t per = (size_t)FT * FLEN;
+    float *res = shared_mem(4 * per * sizeof(float));
+    KT_EQ(kt_job(2, fusion, res, NULL, NULL), 0);
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(memcmp(res + r * per, res + (2 + r) * per, per * sizeof(float)) == 0,
+                   "rank %d: results with fusion differ from results without", r);
+    KT_ASSERT(memcmp(res, res + per, per * sizeof(float)) == 0);
+    KT_ASSERT(res[FLEN + 5] != 0);
+}
+
+/* ---- the response cache ---- */
+
+static void cache(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    enum { T = 20 };
+    float in[T][8], out[T][8];
+    kolo_request_t *reqs[T];
+    kolo_engine_stats_t st;
+    int perm[T];
+    for (int step = 0; step < 6; step++) {
+        permute(perm, T, (unsigned)(rank * 31 + step));
+        for (int k = 0; k < T; k++) {
+            int t = perm[k];
+            char name[32];
+            snprintf(name, sizeof(name), "c%d", t);
+            for (int i = 0; i < 8; i++) in[t][i] = (float)(t + step);
+            kolo_shape_t sh = shape1(8);
+            KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            KT_ASSERT(out[t][7] == 2.0f * (float)(t + step));
+            kolo_request_release(reqs[t]);
+        }
+        KT_OK(kolo_engine_stats(&st));
+        if (step == 0) KT_EQ(st.cache_hits, 0);
+    }
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(st.cache_misses, T);
+    KT_EQ(st.cache_hits, 5 * T);
+    KT_EQ(st.cache_evictions, 0);
+    KT_EQ(st.requests, 6 * T);
+    /* a changed shape under a cached name goes back to full negotiation, on every rank */
+    float big[16] = {0}, bigout[16];
+    kolo_shape_t sh = shape1(16);
+    kolo_request_t *r;
+    KT_OK(kolo_iallreduce("c3", big, bigout, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    wait_ok(r);
+    kolo_request_release(r);
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(st.cache_misses, T + 1);
+}
+
+KT_TEST(engine_cache_hits_after_warmup, 30) { KT_EQ(kt_job(2, cache, NULL, NULL, NULL), 0); }
+
+static void eviction(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    enum { T = 10 };
+    int32_t in[T], out[T];
+    kolo_request_t *reqs[T];
+    int perm[T];
+    for (int step = 0; step < 4; step++) {
+        permute(perm, T, (unsigned)(rank + step * 5));
+        for (int k = 0; k < T; k++) {
+            int t = perm[k];
+            char name[32];
+            snprintf(name, sizeof(name), "e%d", t);
+            in[t] = t * 10 + rank + step;
+            kolo_shape_t sh = shape1(1);
+            KT_OK(kolo_iallreduce(name, &in[t], &out[t], KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+            if (k % 3 == 0) usleep(1500);
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            KT_EQ(out[t], 2 * (t * 10 + step) + 1);
+            kolo_request_release(reqs[t]);
+        }
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.cache_evictions > 0, "no eviction with capacity 4 and 10 names");
+    KT_EQ(st.requests, 4 * T);
+}
+
+KT_TEST(engine_cache_eviction_small_capacity, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_CACHE_CAPACITY=4", "KOLO_LOG_LEVEL=error"}};
+    KT_EQ(kt_job(2, eviction, NULL, &o, NULL), 0);
+    kt_job_opts off = {.env = {"KOLO_CACHE_CAPACITY=0"}};
+    KT_EQ(kt_job(2, order, NULL, &off, NULL), 0);
+}
+
+/* ---- mismatches: reported on every rank, naming tensor, values and ranks ---- */
+
+typedef struct mm_case {
+    const char *want[4];
+} mm_case;
+
+static void mismatch_one(int rank, const char *name, kolo_request_t *r, const char *const *want)
+{
+    int st = kolo_request_wait(r, WAIT_S);
+    KT_ASSERTF(st == KOLO_ERR_MISMATCH, "rank %d: '%s' -> %d (%s) %s", rank, name, st, kolo_strerror(st),
+               kolo_request_error(r));
+    for (int i = 0; want[i]; i++) KT_CONTAINS(kolo_request_error(r), want[i]);
+    KT_CONTAINS(kolo_last_error(), name);
+    kolo_request_release(r);
+}
+
+static void mismatches(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float buf[64] = {0}, out[64];
+    kolo_request_t *r;
+    /* shape */
+    kolo_shape_t sh = rank == 0 ? shape2(2, 3) : shape2(3, 3);
+    KT_OK(kolo_iallreduce("fc.weight", buf, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    const char *w1[] = {"Mismatched allreduce tensor shapes for 'fc.weight'", "rank 0 sent [2, 3]",
+                        "rank 1 sent [3, 3]", NULL};
+    mismatch_one(rank, "fc.weight", r, w1);
+    /* dtype */
+    sh = shape1(4);
+    KT_OK(kolo_iallreduce("d", buf, out, rank ? KOLO_INT32 : KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    const char *w2[] = {"data types for 'd'", "rank 0 sent float32", "rank 1 sent int32", NULL};
+    mismatch_one(rank, "d", r, w2);
+    /* op */
+    KT_OK(kolo_iallreduce("o", buf, out, KOLO_FLOAT32, &sh, rank ? KOLO_MAX : KOLO_SUM, 1, 1, NULL, &r));
+    const char *w3[] = {"reduction ops for 'o'", "rank 0 sent sum", "rank 1 sent max", NULL};
+    mismatch_one(rank, "o", r, w3);
+    /* scale factors */
+    KT_OK(kolo_iallreduce("s", buf, out, KOLO_FLOAT32, &sh, KOLO_SUM, rank ? 0.5 : 1, 1, NULL, &r));
+    const char *w4[] = {"prescale/postscale factors for 's'", "rank 0 sent (1, 1)", "rank 1 sent (0.5, 1)", NULL};
+    mismatch_one(rank, "s", r, w4);
+    /* root */
+    KT_OK(kolo_ibroadcast("b", buf, KOLO_FLOAT32, &sh, rank, NULL, &r));
+    const char *w5[] = {"broadcast root ranks for 'b'", "rank 0 sent 0", "rank 1 sent 1", NULL};
+    mismatch_one(rank, "b", r, w5);
+    /* a different collective under the same name */
+    if (rank == 0) KT_OK(kolo_iallreduce("k", buf, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    else KT_OK(kolo_iallgather("k", buf, KOLO_FLOAT32, &sh, NULL, &r));
+    const char *w6[] = {"Mismatched operations for 'k'", "rank 0 did an allreduce", "rank 1 did an allgather", NULL};
+    mismatch_one(rank, "k", r, w6);
+    /* device */
+    kolo_submit_opts_t o = {.device = rank ? "gpu0" : "cpu"};
+    KT_OK(kolo_iallreduce("dev", buf, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r));
+    const char *w7[] = {"devices for 'dev'", "rank 0 sent cpu", "rank 1 sent gpu0", NULL};
+    mismatch_one(rank, "dev", r, w7);
+    /* allgather: only the first dimension may differ */
+    kolo_shape_t ag = rank ? shape2(2, 4) : shape2(2, 3);
+    KT_OK(kolo_iallgather("ag", buf, KOLO_FLOAT32, &ag, NULL, &r));
+    const char *w8[] = {"allgather tensor shapes for 'ag'", "[2, 3]", "[2, 4]", NULL};
+    mismatch_one(rank, "ag", r, w8);
+    /* a cached name resubmitted with another dtype on one rank */
+    for (int step = 0; step < 3; step++) {
+        kolo_dtype_t dt = step == 2 && rank == 1 ? KOLO_INT32 : KOLO_FLOAT32;
+        KT_OK(kolo_iallreduce("cached", buf, out, dt, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        if (step < 2) {
+            wait_ok(r);
+            kolo_request_release(r);
+        } else {
+            const char *w9[] = {"data types for 'cached'", "float32", "int32", NULL};
+            mismatch_one(rank, "cached", r, w9);
+        }
+    }
+    /* and the engine still works */
+    buf[0] = 1;
+    KT_OK(kolo_iallreduce("after", buf, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    wait_ok(r);
+    KT_ASSERT(out[0] == 2);
+    kolo_request_release(r);
+}
+
+KT_TEST(engine_mismatches_reported_on_every_rank, 30) { KT_EQ(kt_job(2, mismatches, NULL, NULL, NULL), 0); }
+
+/* ---- duplicate names ---- */
+
+static void duplicate(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[2] = {1, 2}, y[2], z[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a, *b;
+    if (rank == 0) usleep(20000); /* rank 1's first request stays in flight for a while */
+    KT_OK(kolo_iallreduce("dup", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    KT_STATUS(kolo_iallreduce("dup", x, z, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "'dup'");
+    KT_CONTAINS(kolo_last_error(), "in flight");
+    wait_ok(a);
+    kolo_request_release(a);
+    /* once complete, the name may be used again */
+    KT_OK(kolo_iallreduce("dup", x, z, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    wait_ok(b);
+    KT_ASSERT(z[1] == 4);
+    kolo_request_release(b);
+    /* the same name twice in one group */
+    const char *names[2] = {"g", "g"};
+    const void *sb[2] = {x, x};
+    void *rb[2] = {y, z};
+    kolo_shape_t shs[2] = {sh, sh};
+    kolo_request_t *rs[2];
+    KT_STATUS(kolo_igrouped_allreduce(2, names, sb, rb, KOLO_FLOAT32, shs, KOLO_SUM, 1, 1, NULL, rs),
+              KOLO_ERR_INVALID_ARG);
+}
+
+KT_TEST(engine_duplicate_name_fails_at_once, 20) { KT_EQ(kt_job(2, duplicate, NULL, NULL, NULL), 0); }
+
+/* ---- stalls ---- */
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return strdup("");
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void capture_stderr(const char *path)
+{
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    KT_ASSERT(fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+static void stall(int rank, void *arg)
+{
+    const char *dir = arg;
+    char path[256];
+    snprintf(path, sizeof(path), "%s/stall.%d.log", dir, rank);
+    capture_stderr(path);
+    KT_OK(kolo_init());
+    float x[2] = {1, 1}, y[2], z[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a, *b;
+    if (rank == 1) usleep(1500000); /* past KOLO_STALL_CHECK_TIME=0.5 */
+    KT_OK(kolo_iallreduce("fc.weight", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    KT_OK(kolo_iallreduce("fc.bias", x, z, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    wait_ok(a);
+    wait_ok(b);
+    KT_ASSERT(y[0] == 2 && z[1] == 2);
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.stall_warnings >= 1, "rank %d: no stall warning", rank);
+    fflush(stderr);
+    const char *log = slurp(path);
+    KT_CONTAINS(log, "submitted to be reduced, gathered or broadcasted by subset of ranks");
+    KT_CONTAINS(log, "Missing ranks:");
+    KT_CONTAINS(log, "1: [fc.weight, fc.bias]");
+    KT_ASSERTF(!strstr(log, "0: ["), "rank 0 is listed as missing: %s", log);
+    kolo_request_release(a);
+    kolo_request_release(b);
+}
+
+KT_TEST(engine_stall_warning_names_missing_ranks, 30)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.5"}};
+    KT_EQ(kt_job(2, stall, dir, &o, NULL), 0);
+}
+
+static void stall_shutdown(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[2] = {1, 1}, y[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a;
+    if (rank == 0) {
+        KT_OK(kolo_iallreduce("lonely", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_TIMEOUT);
+        KT_CONTAINS(kolo_request_error(a), "'lonely'");
+        KT_CONTAINS(kolo_request_error(a), "not by rank(s) 1");
+        KT_CONTAINS(kolo_request_error(a), "KOLO_STALL_SHUTDOWN_TIME");
+        kolo_request_release(a);
+    } else {
+        usleep(2500000);
+    }
+    /* the job goes on */
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_iallreduce("after", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    wait_ok(a);
+    KT_ASSERT(y[0] == 2);
+    kolo_request_release(a);
+}
+
+KT_TEST(engine_stall_shutdown_fails_the_request, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3", "KOLO_STALL_SHUTDOWN_TIME=1", "KOLO_LOG_LEVEL=error"}};
+    KT_EQ(kt_job(2, stall_shutdown, NULL, &o, NULL), 0);
+}
+
+/* ---- dead peers ---- */
+
+static void death_negotiation(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[2] = {1, 1}, y[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a;
+    if (rank == 1) {
+        usleep(200000);
+        raise(SIGKILL);
+    }
+    KT_OK(kolo_iallreduce("waits.for.rank1", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_request_error(a), "rank 1");
+    kolo_request_release(a);
+    int st = kolo_iallreduce("later", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a);
+    KT_EQ(st, KOLO_ERR_SHUT_DOWN);
+    KT_CONTAINS(kolo_last_error(), "rank 1");
+}
+
+KT_TEST(engine_peer_death_during_negotiation, 30)
+{
+    int status[3];
+    kt_job_opts o = {.env = {"KOLO_LOG_LEVEL=none"}};
+    kt_job(3, death_negotiation, NULL, &o, status);
+    KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
+    KT_ASSERT(WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 0);
+}
+
+static void death_fused(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    enum { T = 64, L = 200000 }; /* 64 x 800 KB: fused buckets of 64 MiB at most */
+    float *in = calloc((size_t)T * L, sizeof(float)), *out = calloc((size_t)T * L, sizeof(float));
+    kolo_request_t *reqs[T];
+    for (int step = 0;; step++) {
+        for (int t = 0; t < T; t++) {
+            char name[32];
+            snprintf(name, sizeof(name), "big%d", t);
+            kolo_shape_t sh = shape1(L);
+            KT_OK(kolo_iallreduce(name, in + (size_t)t * L, out + (size_t)t * L, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1,
+                                  NULL, &reqs[t]));
+        }
+        if (rank == 1 && step == 2) {
+            usleep(3000); /* the engine is in the middle of the step's collectives */
+            raise(SIGKILL);
+        }
+        int lost = 0;
+        for (int t = 0; t < T; t++) {
+            int st = kolo_request_wait(reqs[t], WAIT_S);
+            if (st != KOLO_OK) {
+                KT_EQ(st, KOLO_ERR_PEER_LOST);
+                KT_CONTAINS(kolo_request_error(reqs[t]), "rank 1");
+                lost++;
+            }
+            kolo_request_release(reqs[t]);
+        }
+        if (lost) break;
+        KT_ASSERTF(step < 50, "rank %d never noticed rank 1's death", rank);
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERT(st.fused_collectives > 0);
+    free(in);
+    free(out);
+}
+
+KT_TEST(engine_peer_death_during_fused_collective, 30)
+{
+    int status[2];
+    kt_job_opts o = {.env = {"KOLO_LOG_LEVEL=none"}};
+    kt_job(2, death_fused, NULL, &o, status);
+    KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
+}
+
+/* ---- join ---- */
+
+static void join(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    int steps = 3 + 2 * rank; /* rank n-1 runs longest */
+    float g[2][6], out[2][6];
+    kolo_shape_t sh = shape1(6);
+    for (int step = 0; step < steps; step++) {
+        kolo_request_t *r[2];
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < 6; i++) g[k][i] = (float)(rank + 1);
+            char name[16];
+            snprintf(name, sizeof(name), "grad.%d", k);
+            KT_OK(kolo_iallreduce(name, g[k], out[k], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r[k]));
+        }
+        float want = 0;
+        for (int q = 0; q < n; q++)
+            if (3 + 2 * q > step) want += (float)(q + 1);
+        for (int k = 0; k < 2; k++) {
+            wait_ok(r[k]);
+            KT_ASSERTF(out[k][5] == want, "rank %d step %d: %g, expected %g (joined ranks add zeros)", rank, step,
+                       out[k][5], want);
+            kolo_request_release(r[k]);
+        }
+        if (rank == n - 1 && step == steps - 1) {
+            /* every other rank has joined by now: an allgather cannot run */
+            kolo_request_t *ag;
+            KT_OK(kolo_iallgather("gather.while.joined", g[0], KOLO_FLOAT32, &sh, NULL, &ag));
+            KT_STATUS(kolo_request_wait(ag, WAIT_S), KOLO_ERR_MISMATCH);
+            KT_CONTAINS(kolo_request_error(ag), "joined");
+            KT_CONTAINS(kolo_request_error(ag), "'gather.while.joined'");
+            kolo_request_release(ag);
+        }
+    }
+    kolo_request_t *j;
+    KT_OK(kolo_ijoin(NULL, &j));
+    wait_ok(j);
+    KT_EQ(kolo_request_join_last_rank(j), n - 1);
+    kolo_request_release(j);
+    /* after the join everyone is back */
+    kolo_request_t *r;
+    g[0][0] = 1;
+    KT_OK(kolo_iallreduce("after.join", g[0], out[0], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    wait_ok(r);
+    KT_ASSERT(out[0][0] == (float)n);
+    kolo_request_release(r);
+}
+
+KT_TEST(engine_join_with_uneven_steps, 30) { KT_EQ(kt_job(3, join, NULL, NULL, NULL), 0); }
+
+/* ---- process sets ---- */
+
+static void psets(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int ranks[2] = {0, 2}, id;
+    KT_OK(kolo_process_set_add(ranks, 2, &id));
+    float x[3] = {1, 2, 3}, y[3];
+    kolo_shape_t sh = shape1(3);
+    kolo_submit_opts_t o = {.process_set = id};
+    kolo_request_t *r;
+    for (int i = 0; i < 3; i++) x[i] += (float)rank;
+    if (rank == 1) {
+        KT_STATUS(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r), KOLO_ERR_NOT_MEMBER);
+    } else {
+        for (int step = 0; step < 3; step++) {
+            KT_OK(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1, 1, &o, &r));
+            wait_ok(r);
+            KT_ASSERTF(y[0] == 2 && y[2] == 4, "set average: %g %g", y[0], y[2]);
+            kolo_request_release(r);
+        }
+        /* the same name on the world at the same time is another request */
+        kolo_request_t *w;
+        KT_OK(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r));
+        KT_OK(kolo_iallreduce("ps", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &w));
+        wait_ok(r);
+        kolo_request_release(r);
+        wait_ok(w);
+        kolo_request_release(w);
+    }
+    if (rank == 1) {
+        kolo_request_t *w;
+        KT_OK(kolo_iallreduce("ps", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &w));
+        wait_ok(w);
+        kolo_request_release(w);
+    }
+    /* a request pending on a set that is removed fails */
+    if (rank == 0) KT_OK(kolo_iallreduce("orphan", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r));
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_process_set_remove(id));
+    if (rank == 0) {
+        KT_STATUS(kolo_request_wait(r, WAIT_S), KOLO_ERR_SHUT_DOWN);
+        KT_CONTAINS(kolo_request_error(r), "removed");
+        kolo_request_release(r);
+    }
+    KT_STATUS(kolo_iallreduce("gone", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r), KOLO_ERR_INVALID_ARG);
+    /* a new set right away, used at once */
+    int all[3] = {0, 1, 2}, id2;
+    KT_OK(kolo_process_set_add(all, 3, &id2));
+    kolo_submit_opts_t o2 = {.process_set = id2};
+    x[0] = 1;
+    KT_OK(kolo_iallreduce("ps2", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o2, &r));
+    wait_ok(r);
+    KT_ASSERT(y[0] == 3);
+    kolo_request_release(r);
+}
+
+KT_TEST(engine_process_sets_added_used_removed, 30) { KT_EQ(kt_job(3, psets, NULL, NULL, NULL), 0); }
+
+/* ---- shutdown, re-init, unnamed requests ---- */
+
+static void reinit(int rank, void *arg)
+{
+    (void)arg;
+    for (int round = 0; round < 3; round++) {
+        KT_OK(kolo_init());
+        int32_t x = rank + round, y;
+        kolo_shape_t sh = shape1(1);
+        kolo_request_t *r;
+        KT_OK(kolo_iallreduce(NULL, &x, &y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        KT_CONTAINS(kolo_request_name(r), "allreduce.noname.1");
+        wait_ok(r);
+        KT_EQ(y, 1 + 2 * round);
+        kolo_request_release(r);
+        KT_OK(kolo_iallreduce(NULL, &x, &y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        KT_CONTAINS(kolo_request_name(r), "allreduce.noname.2");
+        wait_ok(r);
+        kolo_request_release(r);
+        kolo_request_t *pending = NULL;
+        if (rank == 0) KT_OK(kolo_iallreduce("never", &x, &y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &pending));
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        KT_OK(kolo_shutdown());
+        if (pending) {
+            KT_EQ(kolo_request_status(pending), KOLO_ERR_SHUT_DOWN);
+            KT_STATUS(kolo_request_wait(pending, 1), KOLO_ERR_SHUT_DOWN);
+            kolo_request_release(pending);
+        }
+        KT_STATUS(kolo_iallreduce("x", &x, &y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_NOT_INITIALIZED);
+        KT_OK(kolo_barrier(KOLO_WORLD) == KOLO_ERR_NOT_INITIALIZED ? KOLO_OK : -1);
+        usleep(20000);
+    }
+}
+
+KT_TEST(engine_shutdown_and_reinit, 30) { KT_EQ(kt_job(2, reinit, NULL, NULL, NULL), 0); }
+
+/* A rank that leaves while another still has a request in flight fails it cleanly. */
+static void early_leave(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    if (rank == 1) return; /* kt_job calls kolo_shutdown */
+    float x = 1, y;
+    kolo_shape_t sh = shape1(1);
+    kolo_request_t *r;
+    KT_OK(kolo_iallreduce("left.behind", &x, &y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    KT_STATUS(kolo_request_wait(r, WAIT_S), KOLO_ERR_SHUT_DOWN);
+    KT_CONTAINS(kolo_request_error(r), "rank 1 left");
+    kolo_request_release(r);
+    KT_STATUS(kolo_iallreduce("later", &x, &y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_SHUT_DOWN);
+    KT_CONTAINS(kolo_last_error(), "rank 1 left");
+}
+
+KT_TEST(engine_peer_shutdown_fails_pending, 20) { KT_EQ(kt_job(2, early_leave, NULL, NULL, NULL), 0); }
+
+/* ---- every request kind ---- */
+
+static _Atomic int callbacks;
+static pthread_t main_thread;
+static void on_done(kolo_request_t *r, void *user)
+{
+    KT_ASSERT(!pthread_equal(pthread_self(), main_thread));
+    KT_ASSERT(user == &callbacks);
+    KT_EQ(kolo_request_status(r), KOLO_OK);
+    callbacks++;
+}
+
+static void kinds(int rank, void *arg)
+{
+    (void)arg;
+    main_thread = pthread_self();
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    kolo_submit_opts_t cb = {.callback = on_done, .user = &callbacks};
+    for (int step = 0; step < 2; step++) { /* the second time through the cache */
+        callbacks = 0;
+        /* allgather: rank r sends r+1 rows of 3 */
+        int32_t ag_in[64 * 3];
+        for (int i = 0; i < (rank + 1) * 3; i++) ag_in[i] = rank * 1000 + i;
+        kolo_shape_t ags = shape2(rank + 1, 3);
+        kolo_request_t *ag;
+        KT_OK(kolo_iallgather("ag", ag_in, KOLO_INT32, &ags, &cb, &ag));
+        /* broadcast from rank 1 */
+        double bc[5];
+        int root = n > 1 ? 1 : 0;
+        for (int i = 0; i < 5; i++) bc[i] = rank == root ? i * 1.5 : -1;
+        kolo_shape_t bcs = shape1(5);
+        kolo_request_t *b;
+        KT_OK(kolo_ibroadcast("bc", bc, KOLO_FLOAT64, &bcs, root, &cb, &b));
+        /* alltoall: rank r sends (r + d) % 3 rows of 2 to rank d */
+        int64_t splits[16], total = 0;
+        for (int d = 0; d < n; d++) {
+            splits[d] = (rank + d) % 3;
+            total += splits[d];
+        }
+        int16_t at_in[128];
+        int64_t o = 0;
+        for (int d = 0; d < n; d++)
+            for (int64_t k = 0; k < splits[d] * 2; k++) at_in[o++] = (int16_t)(rank * 100 + d * 10 + k);
+        kolo_shape_t ats = shape2(total, 2);
+        kolo_request_t *at;
+        KT_OK(kolo_ialltoall("at", at_in, KOLO_INT16, &ats, splits, &cb, &at));
+        /* reducescatter: 7 rows of 2 */
+        float rs_in[14];
+        for (int i = 0; i < 14; i++) rs_in[i] = (float)(i + rank);
+        kolo_shape_t rss = shape2(7, 2);
+        kolo_request_t *rs;
+        KT_OK(kolo_ireducescatter("rs", rs_in, KOLO_FLOAT32, &rss, KOLO_SUM, 1, 1, &cb, &rs));
+        /* grouped allreduce */
+        float g0[3] = {1, 1, 1}, g1[2] = {2, 2}, o0[3], o1[2];
+        const char *names[2] = {"grp.a", "grp.b"};
+        const void *sb[2] = {g0, g1};
+        void *rb[2] = {o0, o1};
+        kolo_shape_t shs[2] = {shape1(3), shape1(2)};
+        kolo_request_t *gr[2];
+        KT_OK(kolo_igrouped_allreduce(2, names, sb, rb, KOLO_FLOAT32, shs, KOLO_SUM, 1, 1, &cb, gr));
+        /* barrier */
+        kolo_request_t *bar;
+        KT_OK(kolo_ibarrier(&cb, &bar));
+
+        wait_ok(ag);
+        const void *data;
+        kolo_shape_t out;
+        KT_OK(kolo_request_output(ag, &data, &out));
+        int rows = n * (n + 1) / 2;
+        KT_EQ(out.ndim, 2);
+        KT_EQ(out.dims[0], rows);
+        KT_EQ(out.dims[1], 3);
+        const int32_t *agv = data;
+        int off = 0;
+        for (int q = 0; q < n; q++)
+            for (int i = 0; i < (q + 1) * 3; i++, off++) KT_EQ(agv[off], q * 1000 + i);
+        wait_ok(b);
+        for (int i = 0; i < 5; i++) KT_ASSERT(bc[i] == i * 1.5);
+        wait_ok(at);
+        KT_OK(kolo_request_output(at, &data, &out));
+        int64_t got[16];
+        KT_OK(kolo_request_splits(at, got, 16));
+        const int16_t *atv = data;
+        off = 0;
+        for (int s = 0; s < n; s++) {
+            KT_EQ(got[s], (s + rank) % 3);
+            for (int64_t k = 0; k < got[s] * 2; k++, off++) KT_EQ(atv[off], s * 100 + rank * 10 + k);
+        }
+        KT_EQ(out.dims[0], off / 2);
+        wait_ok(rs);
+        KT_OK(kolo_request_output(rs, &data, &out));
+        size_t mine = kolo_reducescatter_rows(7, n, rank), first = 0;
+        for (int q = 0; q < rank; q++) first += kolo_reducescatter_rows(7, n, q);
+        KT_EQ(out.dims[0], (int64_t)mine);
+        for (size_t i = 0; i < mine * 2; i++)
+            KT_ASSERT(((const float *)data)[i] == (float)(n * (int)(first * 2 + i) + n * (n - 1) / 2));
+        wait_ok(gr[0]);
+        int done;
+        KT_OK(kolo_request_test(gr[1], &done));
+        KT_EQ(done, 1); /* a group completes together */
+        KT_ASSERT(o0[2] == (float)n && o1[1] == (float)(2 * n));
+        wait_ok(bar);
+        KT_EQ(callbacks, 7);
+        kolo_request_release(ag);
+        kolo_request_release(b);
+        kolo_request_release(at);
+        kolo_request_release(rs);
+        kolo_request_release(gr[0]);
+        kolo_request_release(gr[1]);
+        kolo_request_release(bar);
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.cache_hits >= 6, "cache hits %llu", (unsigned long long)st.cache_hits);
+}
+
+KT_TEST(engine_every_request_kind, 30)
+{
+    KT_EQ(kt_job(3, kinds, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(1, kinds, NULL, NULL, NULL), 0);
+}
+
+/* Invalid submissions fail at once, naming the problem. */
+static void bad_args(int rank, void *arg)
+{
+    (void)arg;
+    (void)rank;
+    float x[4] = {0};
+    kolo_shape_t sh = shape1(4);
+    kolo_request_t *r;
+    KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_NOT_INITIALIZED);
+    KT_OK(kolo_init());
+    KT_STATUS(kolo_iallreduce("x", x, x, KOLO_BOOL, &sh, KOLO_AVERAGE, 1, 1, NULL, &r), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, NAN, 1, NULL, &r), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_iallreduce("x", NULL, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_ibroadcast("x", x, KOLO_FLOAT32, &sh, 5, NULL, &r), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "root 5");
+    int64_t splits[2] = {3, 3};
+    KT_STATUS(kolo_ialltoall("x", x, KOLO_FLOAT32, &sh, splits, NULL, &r), KOLO_ERR_INVALID_ARG);
+    kolo_shape_t odd = shape1(3);
+    KT_STATUS(kolo_ialltoall("x", x, KOLO_FLOAT32, &odd, NULL, NULL, &r), KOLO_ERR_INVALID_ARG);
+    kolo_submit_opts_t o = {.process_set = 77};
+    KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r), KOLO_ERR_INVALID_ARG);
+    KT_STATUS(kolo_request_wait(NULL, 1), KOLO_ERR_INVALID_ARG);
+    kolo_request_release(NULL);
+}
+
+KT_TEST(engine_invalid_submissions, 20) { KT_EQ(kt_job(2, bad_args, NULL, NULL, NULL), 0); }
