@@ -1,0 +1,814 @@
+/* trace.c - the timeline: a lock-free event ring, drained by a writer thread to Chrome JSON.
+ *
+ * Events are written as a Chrome trace that is a valid JSON document after every flush.
+ *
+ * Recording (any thread, kolo__trace_begin/end/instant/cycle) never blocks, never allocates
+ * and never touches the file: it takes a timestamp and copies the strings into one fixed-size
+ * slot of a bounded multi-producer, single-consumer ring (Vyukov's bounded queue):
+ *
+ *   - `enq` counts the positions reserved so far; bit 63 (CLOSED) is set while no timeline is
+ *     running. Producers reserve position p with a compare-and-swap of enq from p to p + 1,
+ *     which they attempt only when enq is not CLOSED and the slot's `seq` equals p (the slot
+ *     is free for lap p / SLOTS). If seq is behind p, the ring is full: the event is dropped
+ *     and `dropped` is incremented. The CAS is relaxed; the data travels through `seq`.
+ *   - The producer that won p fills the slot, then publishes it by storing seq = p + 1 with
+ *     release order.
+ *   - The writer thread alone owns `deq` (a plain variable). It consumes slot p when an
+ *     acquire load of seq reads p + 1, formats it, then frees the slot for the next lap by
+ *     storing seq = p + SLOTS with release order (the producer's acquire load of seq pairs
+ *     with it before the slot is overwritten).
+ *   - Stop sets CLOSED with a fetch-or, which makes every later reservation fail and yields
+ *     the final position F; every position below F was reserved and will be published, so
+ *     the writer drains exactly up to F (yielding while a producer finishes its copy). Start
+ *     clears CLOSED with release order after setting up, so positions continue from F and a
+ *     slot's seq always matches its lap. The ring is allocated at the first start and never
+ *     freed: a thread that was inside a call when the timeline stopped may still read a
+ *     slot's seq, and must never read freed memory. (Such a call may also win the first
+ *     position of the next timeline; its event then belongs to that one, which is harmless,
+ *     and the writer skips a cycle mark if the new timeline has them off.)
+ *   - Producers wake the writer (a semaphore, also never destroyed) every SLOTS/2 positions,
+ *     so a burst is drained once the ring is half full; otherwise the writer wakes every
+ *     FLUSH_MS.
+ *
+ * The file is a JSON array with one event per line: "[", the first event, then each further
+ * event on a line that starts with ",", then "]". Each flush is a single pwrite at the end of
+ * the events written so far that carries the new event lines followed by "\n]\n"; the next
+ * flush overwrites that closing bracket with its first event. So once a flush returns the file
+ * on disk is a complete JSON document. A process killed inside a flush can leave a torn last
+ * line instead; no raw newline ever occurs inside an event (names are escaped, newlines in
+ * args are turned into spaces), so the file is recovered by keeping everything up to the last
+ * "}" that is followed by a newline and appending "\n]\n" (docs/timeline.md). */
+#include "trace.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
+
+enum {
+    SLOTS = 16384,            /* ring capacity in events (power of two); 512 bytes each */
+    WAKE_EVERY = SLOTS / 2,   /* producers wake the writer every this many positions */
+    TENSOR_MAX = 128,         /* bytes of a tensor name kept (longer: head...tail) */
+    PHASE_MAX = 64,           /* bytes of a phase or mark name kept */
+    ARGS_MAX = 296,           /* bytes of args kept (longer: written as a string) */
+    FLUSH_MS = 5,             /* the writer's period when nothing wakes it */
+    OUT_CAP = 1 << 20,        /* the writer's output buffer */
+    OUT_SLACK = 8192,         /* more than one formatted event with its row's metadata */
+    ROW_CYCLES = 0,           /* tid of the CYCLE_START row */
+    ROW_TIMELINE = 1,         /* tid of the row for the timeline's own marks (drops) */
+    ROW_FIRST_TENSOR = 2,
+};
+
+#define CLOSED (1ull << 63)
+#define TAIL "\n]\n"
+
+enum { K_BEGIN = 1, K_END, K_INSTANT, K_CYCLE };
+enum { F_ARGS_CUT = 1 };
+
+/* One event; strings are not NUL-terminated (lengths say). 512 bytes. */
+typedef struct slot {
+    _Atomic uint64_t seq;
+    uint64_t ns;
+    uint8_t kind, flags, tlen, nlen;
+    uint16_t alen;
+    char tensor[TENSOR_MAX];
+    char name[PHASE_MAX];
+    char args[ARGS_MAX];
+} slot;
+_Static_assert(sizeof(slot) == 512, "a slot is 512 bytes");
+
+/* Shared with producers. Each hot word on its own cache line. */
+static struct {
+    _Alignas(64) _Atomic uint64_t enq;
+    _Alignas(64) atomic_ullong dropped;
+    _Alignas(64) atomic_bool on;
+    atomic_bool cycles;
+    slot *slots;  /* set once, before the ring first opens (release on enq); never freed */
+    sem_t wake;   /* initialised once with the ring; never destroyed */
+} ring = {.enq = CLOSED};
+
+/* A tensor row: name -> tid (open addressing; the writer's alone). */
+typedef struct row {
+    char *name; /* NULL: empty entry */
+    size_t len;
+    int tid;
+} row;
+
+/* The writer's state. Set up by start before the thread exists, read back by stop after it
+ * has been joined; in between only the writer thread touches it (stop_at excepted, written
+ * before `stopping` is released). */
+static struct {
+    pthread_t thread;
+    atomic_bool stopping;
+    uint64_t stop_at;
+    uint64_t deq;
+    int fd;
+    char *path;
+    int rank;
+    uint64_t t0;
+    char *out;
+    size_t out_len;
+    off_t file_end; /* where the closing bracket starts */
+    int err;        /* first write errno */
+    bool cycles;    /* this timeline marks cycles */
+    bool have_cycles_row, have_timeline_row;
+    row *rows;
+    size_t rows_cap, rows_n;
+    int next_tid;
+} w;
+
+/* Start and stop, and whether a timeline is running. ring_stale: this is a forked child whose
+ * ring may hold slots reserved by threads that did not come along. */
+static pthread_mutex_t ctl = PTHREAD_MUTEX_INITIALIZER;
+static bool running, ring_ready, ring_stale;
+
+/* ---- Recording (any thread) ---- */
+
+/* Copies s (NULL as "") into dst[cap]; a longer string keeps its head and tail around "...",
+ * since tensor names that share a long prefix differ at the end. Returns the length kept. */
+static size_t copy_name(char *dst, size_t cap, const char *s)
+{
+    if (!s) return 0;
+    size_t n = strnlen(s, cap);
+    if (KOLO_LIKELY(n < cap)) {
+        memcpy(dst, s, n);
+        return n;
+    }
+    size_t full = n + strlen(s + n), head = cap / 4, tail = cap - head - 3;
+    memcpy(dst, s, head);
+    memcpy(dst + head, "...", 3);
+    memcpy(dst + head + 3, s + full - tail, tail);
+    return cap;
+}
+
+static void push(int kind, const char *tensor, const char *name, const char *args)
+{
+    uint64_t pos = atomic_load_explicit(&ring.enq, memory_order_acquire);
+    slot *s;
+    for (;;) {
+        if (pos & CLOSED) return;
+        s = &ring.slots[pos & (SLOTS - 1)];
+        uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        int64_t dif = (int64_t)(seq - pos);
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(&ring.enq, &pos, pos + 1, memory_order_relaxed,
+                                                      memory_order_relaxed))
+                break;
+        } else if (dif < 0) {
+            atomic_fetch_add_explicit(&ring.dropped, 1, memory_order_relaxed);
+            return;
+        } else {
+            pos = atomic_load_explicit(&ring.enq, memory_order_acquire);
+        }
+    }
+    s->ns = kolo__now_ns();
+    s->kind = (uint8_t)kind;
+    s->flags = 0;
+    s->tlen = (uint8_t)copy_name(s->tensor, TENSOR_MAX, tensor);
+    s->nlen = (uint8_t)copy_name(s->name, PHASE_MAX, name);
+    size_t alen = args ? strnlen(args, ARGS_MAX) : 0;
+    if (alen == ARGS_MAX) s->flags |= F_ARGS_CUT;
+    memcpy(s->args, args ? args : "", alen);
+    s->alen = (uint16_t)alen;
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+    if (KOLO_UNLIKELY(((pos + 1) & (WAKE_EVERY - 1)) == 0)) sem_post(&ring.wake);
+}
+
+bool kolo__trace_on(void) { return atomic_load_explicit(&ring.on, memory_order_relaxed); }
+bool kolo__trace_mark_cycles(void) { return atomic_load_explicit(&ring.cycles, memory_order_relaxed); }
+
+void kolo__trace_begin(const char *tensor, const char *phase, const char *args)
+{
+    push(K_BEGIN, tensor, phase, args);
+}
+
+void kolo__trace_end(const char *tensor, const char *phase) { push(K_END, tensor, phase, NULL); }
+
+void kolo__trace_instant(const char *tensor, const char *name, const char *args)
+{
+    push(K_INSTANT, tensor, name, args);
+}
+
+void kolo__trace_cycle(void)
+{
+    if (!atomic_load_explicit(&ring.cycles, memory_order_relaxed)) return;
+    push(K_CYCLE, NULL, "CYCLE_START", NULL);
+}
+
+/* ---- Formatting (writer thread) ---- */
+
+static void put(const char *s, size_t n)
+{
+    memcpy(w.out + w.out_len, s, n);
+    w.out_len += n;
+}
+#define PUTS(lit) put(lit, sizeof(lit) - 1)
+
+static void put_u64(uint64_t v)
+{
+    char tmp[20];
+    size_t i = sizeof(tmp);
+    do {
+        tmp[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    put(tmp + i, sizeof(tmp) - i);
+}
+
+static void put_int(int v)
+{
+    if (v < 0) PUTS("-");
+    put_u64(v < 0 ? 0 - (uint64_t)(int64_t)v : (uint64_t)v);
+}
+
+/* Microseconds with three decimals. */
+static void put_ts(uint64_t ns)
+{
+    put_u64(ns / 1000);
+    unsigned f = (unsigned)(ns % 1000);
+    char d[4] = {'.', (char)('0' + f / 100), (char)('0' + f / 10 % 10), (char)('0' + f % 10)};
+    put(d, 4);
+}
+
+/* Length of the well-formed UTF-8 sequence at p (the rules Python's decoder applies: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), or 0. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 0;
+    if (n < len || p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+    return len;
+}
+
+/* A JSON string of the bytes s[0..n): escapes what JSON requires, and writes U+FFFD for
+ * bytes that are not UTF-8 (a name cut inside a character, or just not text). */
+static void put_jstr(const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    PUTS("\"");
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            put(e, 2);
+            i++;
+        } else if (c < 0x20) {
+            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            if (c == '\n') PUTS("\\n");
+            else if (c == '\t') PUTS("\\t");
+            else if (c == '\r') PUTS("\\r");
+            else put(e, 6);
+            i++;
+        } else if (c < 0x80) {
+            put(s + i, 1);
+            i++;
+        } else {
+            size_t k = utf8_len(p + i, n - i);
+            if (k) put(s + i, k);
+            else PUTS("\\ufffd");
+            i += k ? k : 1;
+        }
+    }
+    PUTS("\"");
+}
+
+/* ---- A validator for the args the engine hands us ----
+ * args is the body of a JSON object. A malformed one would make the whole file unreadable,
+ * so it is checked (strictly, as Python's json does) and written as a string if bad. */
+
+typedef struct jv {
+    const unsigned char *p, *e;
+    int depth;
+} jv;
+
+static void jv_ws(jv *v)
+{
+    while (v->p < v->e && (*v->p == ' ' || *v->p == '\t' || *v->p == '\n' || *v->p == '\r')) v->p++;
+}
+
+static bool jv_lit(jv *v, const char *lit)
+{
+    size_t n = strlen(lit);
+    if ((size_t)(v->e - v->p) < n || memcmp(v->p, lit, n) != 0) return false;
+    v->p += n;
+    return true;
+}
+
+static bool jv_digits(jv *v)
+{
+    const unsigned char *b = v->p;
+    while (v->p < v->e && *v->p >= '0' && *v->p <= '9') v->p++;
+    return v->p > b;
+}
+
+static bool jv_number(jv *v)
+{
+    if (v->p < v->e && *v->p == '-') v->p++;
+    if (v->p < v->e && *v->p == '0') v->p++;
+    else if (!jv_digits(v)) return false;
+    if (v->p < v->e && *v->p == '.') {
+        v->p++;
+        if (!jv_digits(v)) return false;
+    }
+    if (v->p < v->e && (*v->p == 'e' || *v->p == 'E')) {
+        v->p++;
+        if (v->p < v->e && (*v->p == '+' || *v->p == '-')) v->p++;
+        if (!jv_digits(v)) return false;
+    }
+    return true;
+}
+
+static bool jv_string(jv *v)
+{
+    if (v->p >= v->e || *v->p != '"') return false;
+    v->p++;
+    while (v->p < v->e) {
+        unsigned c = *v->p;
+        if (c == '"') {
+            v->p++;
+            return true;
+        }
+        if (c < 0x20) return false;
+        if (c == '\\') {
+            if (++v->p >= v->e) return false;
+            c = *v->p++;
+            if (c == 'u') {
+                for (int i = 0; i < 4; i++, v->p++)
+                    if (v->p >= v->e || !strchr("0123456789abcdefABCDEF", *v->p) || !*v->p) return false;
+            } else if (!c || !strchr("\"\\/bfnrt", (int)c)) {
+                return false;
+            }
+            continue;
+        }
+        size_t k = utf8_len(v->p, (size_t)(v->e - v->p));
+        if (!k) return false;
+        v->p += k;
+    }
+    return false;
+}
+
+static bool jv_value(jv *v);
+
+/* The members of an object or the elements of an array, up to and including `close`. */
+static bool jv_items(jv *v, unsigned char close, bool members)
+{
+    jv_ws(v);
+    if (v->p < v->e && *v->p == close) {
+        v->p++;
+        return true;
+    }
+    for (;;) {
+        if (members) {
+            jv_ws(v);
+            if (!jv_string(v)) return false;
+            jv_ws(v);
+            if (v->p >= v->e || *v->p++ != ':') return false;
+        }
+        if (!jv_value(v)) return false;
+        jv_ws(v);
+        if (v->p >= v->e) return false;
+        unsigned char c = *v->p++;
+        if (c == close) return true;
+        if (c != ',') return false;
+    }
+}
+
+static bool jv_value(jv *v)
+{
+    bool ok;
+    jv_ws(v);
+    if (v->p >= v->e) return false;
+    switch (*v->p) {
+    case '"': return jv_string(v);
+    case '{':
+    case '[':
+        if (++v->depth > 32) return false;
+        v->p++;
+        ok = jv_items(v, v->p[-1] == '{' ? '}' : ']', v->p[-1] == '{');
+        v->depth--;
+        return ok;
+    case 't': return jv_lit(v, "true");
+    case 'f': return jv_lit(v, "false");
+    case 'n': return jv_lit(v, "null");
+    default: return jv_number(v);
+    }
+}
+
+/* True if a[0..n) is a valid object body ("" included). */
+static bool args_valid(const char *a, size_t n)
+{
+    jv v = {(const unsigned char *)a, (const unsigned char *)a + n, 0};
+    jv_ws(&v);
+    if (v.p == v.e) return true;
+    for (;;) {
+        if (!jv_string(&v)) return false;
+        jv_ws(&v);
+        if (v.p >= v.e || *v.p++ != ':') return false;
+        if (!jv_value(&v)) return false;
+        jv_ws(&v);
+        if (v.p == v.e) return true;
+        if (*v.p++ != ',') return false;
+        jv_ws(&v);
+    }
+}
+
+static void put_args(const slot *s)
+{
+    if (!s->alen) return;
+    if (s->flags & F_ARGS_CUT) {
+        PUTS(",\"args\":{\"truncated_args\":");
+        put_jstr(s->args, s->alen);
+        PUTS("}");
+    } else if (!args_valid(s->args, s->alen)) {
+        PUTS(",\"args\":{\"invalid_args\":");
+        put_jstr(s->args, s->alen);
+        PUTS("}");
+    } else {
+        PUTS(",\"args\":{");
+        /* newlines can only be whitespace here; no raw newline may occur inside an event */
+        char *d = w.out + w.out_len;
+        memcpy(d, s->args, s->alen);
+        for (size_t i = 0; i < s->alen; i++)
+            if (d[i] == '\n' || d[i] == '\r') d[i] = ' ';
+        w.out_len += s->alen;
+        PUTS("}");
+    }
+}
+
+/* "thread_name" and "thread_sort_index" metadata for a new row. */
+static void put_row(int tid, const char *name, size_t len)
+{
+    PUTS("\n,{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
+    put_int(w.rank);
+    PUTS(",\"tid\":");
+    put_int(tid);
+    PUTS(",\"args\":{\"name\":");
+    put_jstr(name, len);
+    PUTS("}}\n,{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":");
+    put_int(w.rank);
+    PUTS(",\"tid\":");
+    put_int(tid);
+    PUTS(",\"args\":{\"sort_index\":");
+    put_int(tid);
+    PUTS("}}");
+}
+
+static uint64_t hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static bool rows_grow(void)
+{
+    size_t cap = w.rows_cap ? w.rows_cap * 2 : 256;
+    row *r = kolo__calloc(cap, sizeof(row));
+    if (!r) return false;
+    for (size_t i = 0; i < w.rows_cap; i++) {
+        if (!w.rows[i].name) continue;
+        size_t j = hash(w.rows[i].name, w.rows[i].len) & (cap - 1);
+        while (r[j].name) j = (j + 1) & (cap - 1);
+        r[j] = w.rows[i];
+    }
+    kolo__free(w.rows);
+    w.rows = r;
+    w.rows_cap = cap;
+    return true;
+}
+
+/* The tid of a tensor's row, writing the row's metadata the first time. If memory runs out
+ * the event goes to the timeline's own row rather than being lost. */
+static int row_of(const char *name, size_t len)
+{
+    if ((w.rows_n + 1) * 2 > w.rows_cap && !rows_grow()) return ROW_TIMELINE;
+    size_t j = hash(name, len) & (w.rows_cap - 1);
+    for (; w.rows[j].name; j = (j + 1) & (w.rows_cap - 1))
+        if (w.rows[j].len == len && memcmp(w.rows[j].name, name, len) == 0) return w.rows[j].tid;
+    char *copy = kolo__malloc(len + 1);
+    if (!copy) return ROW_TIMELINE;
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    w.rows[j] = (row){copy, len, w.next_tid++};
+    w.rows_n++;
+    put_row(w.rows[j].tid, name, len);
+    return w.rows[j].tid;
+}
+
+static void rows_free(void)
+{
+    for (size_t i = 0; i < w.rows_cap; i++) kolo__free(w.rows[i].name);
+    kolo__free(w.rows);
+    w.rows = NULL;
+    w.rows_cap = w.rows_n = 0;
+}
+
+static int special_row(int tid)
+{
+    bool *have = tid == ROW_CYCLES ? &w.have_cycles_row : &w.have_timeline_row;
+    if (!*have) {
+        if (tid == ROW_CYCLES) put_row(tid, "cycles", 6);
+        else put_row(tid, "timeline", 8);
+        *have = true;
+    }
+    return tid;
+}
+
+/* The start of an event line up to and including its name. */
+static void put_head(const char *ph, int tid, uint64_t ns, const char *name, size_t nlen)
+{
+    PUTS("\n,{\"ph\":\"");
+    put(ph, strlen(ph));
+    PUTS("\",\"pid\":");
+    put_int(w.rank);
+    PUTS(",\"tid\":");
+    put_int(tid);
+    PUTS(",\"ts\":");
+    put_ts(ns);
+    PUTS(",\"name\":");
+    put_jstr(name, nlen);
+}
+
+static void format(const slot *s)
+{
+    /* a call that began while an earlier timeline with cycle marks was on */
+    if (s->kind == K_CYCLE && !w.cycles) return;
+    uint64_t ns = s->ns > w.t0 ? s->ns - w.t0 : 0;
+    int tid = s->kind == K_CYCLE ? special_row(ROW_CYCLES) : row_of(s->tensor, s->tlen);
+    switch (s->kind) {
+    case K_BEGIN:
+        put_head("B", tid, ns, s->name, s->nlen);
+        put_args(s);
+        break;
+    case K_END: put_head("E", tid, ns, s->name, s->nlen); break;
+    default:
+        put_head("i", tid, ns, s->name, s->nlen);
+        PUTS(",\"s\":\"t\"");
+        put_args(s);
+        break;
+    }
+    PUTS("}");
+}
+
+/* An instant on the timeline's row saying how many events the full ring cost. */
+static void note_drops(void)
+{
+    unsigned long long n = atomic_exchange_explicit(&ring.dropped, 0, memory_order_relaxed);
+    if (!n) return;
+    char name[64];
+    int len = snprintf(name, sizeof(name), "DROPPED %llu events", n);
+    uint64_t now = kolo__now_ns();
+    put_head("i", special_row(ROW_TIMELINE), now > w.t0 ? now - w.t0 : 0, name, (size_t)len);
+    PUTS(",\"s\":\"t\",\"args\":{\"dropped\":");
+    put_u64(n);
+    PUTS("}}");
+}
+
+/* Writes the buffered event lines and the closing bracket in one pwrite at the end of the
+ * events so far (see the top of the file). After the first write error the timeline only
+ * drains: stop reports the error. */
+static void flush_out(void)
+{
+    if (!w.out_len) return;
+    size_t n = w.out_len, body = n;
+    memcpy(w.out + n, TAIL, 3);
+    n += 3;
+    w.out_len = 0;
+    if (w.err) return;
+    for (size_t done = 0; done < n;) {
+        ssize_t r = pwrite(w.fd, w.out + done, n - done, w.file_end + (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            w.err = r < 0 ? errno : EIO;
+            return;
+        }
+        done += (size_t)r;
+    }
+    w.file_end += (off_t)body;
+}
+
+/* Formats every published event; when stopping, waits for the ones reserved before CLOSED. */
+static void drain(bool stopping)
+{
+    while (!stopping || w.deq < w.stop_at) {
+        slot *s = &ring.slots[w.deq & (SLOTS - 1)];
+        if (atomic_load_explicit(&s->seq, memory_order_acquire) != w.deq + 1) {
+            if (!stopping) return;
+            sched_yield(); /* a producer won this slot and is still copying into it */
+            continue;
+        }
+        format(s);
+        atomic_store_explicit(&s->seq, w.deq + SLOTS, memory_order_release);
+        w.deq++;
+        if (w.out_len > OUT_CAP - OUT_SLACK) flush_out();
+    }
+}
+
+static void nap(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += FLUSH_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (sem_clockwait(&ring.wake, CLOCK_MONOTONIC, &ts) != 0 && errno == EINTR) {
+    }
+    while (sem_trywait(&ring.wake) == 0) {
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    bool warned = false;
+    for (;;) {
+        bool stopping = atomic_load_explicit(&w.stopping, memory_order_acquire);
+        drain(stopping);
+        note_drops();
+        flush_out();
+        if (w.err && !warned) {
+            KOLO_WARN("timeline: cannot write '%s': %s; no more events will be written", w.path,
+                      strerror(w.err));
+            warned = true;
+        }
+        if (stopping) return NULL;
+        nap();
+    }
+}
+
+/* ---- Start and stop ---- */
+
+/* Every slot free for the lap of the current position. */
+static void ring_reset(slot *s)
+{
+    uint64_t base = atomic_load(&ring.enq) & ~CLOSED;
+    for (uint64_t i = 0; i < SLOTS; i++)
+        atomic_store_explicit(&s[(base + i) & (SLOTS - 1)].seq, base + i, memory_order_relaxed);
+}
+
+static void fork_prepare(void) { pthread_mutex_lock(&ctl); }
+static void fork_parent(void) { pthread_mutex_unlock(&ctl); }
+
+/* A forked child has no writer thread, shares the parent's file, and may have slots reserved by
+ * threads that did not come along: its timeline is off (stop is a no-op), the file is left to
+ * the parent, and the ring is reset if the child starts a timeline of its own. */
+static void fork_child(void)
+{
+    pthread_mutex_init(&ctl, NULL);
+    atomic_store(&ring.on, false);
+    atomic_store(&ring.cycles, false);
+    atomic_fetch_or(&ring.enq, CLOSED);
+    ring_stale = true;
+    if (!running) return;
+    close(w.fd);
+    rows_free();
+    kolo__free(w.out);
+    kolo__free(w.path);
+    w.out = w.path = NULL;
+    running = false;
+}
+
+static int ring_init(void)
+{
+    slot *s = kolo__malloc_aligned(sizeof(slot) * SLOTS);
+    if (!s) return kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the event ring");
+    ring_reset(s);
+    if (sem_init(&ring.wake, 0, 0) != 0) {
+        kolo__free(s);
+        return kolo__err_sys(errno, "timeline: sem_init");
+    }
+    int e = pthread_atfork(fork_prepare, fork_parent, fork_child);
+    if (e) {
+        sem_destroy(&ring.wake);
+        kolo__free(s);
+        return kolo__err_sys(e, "timeline: pthread_atfork");
+    }
+    ring.slots = s;
+    ring_ready = true;
+    return KOLO_OK;
+}
+
+/* The first two lines: the process row named after the rank. */
+static void put_header(void)
+{
+    PUTS("[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
+    put_int(w.rank);
+    PUTS(",\"args\":{\"name\":\"rank ");
+    put_int(w.rank);
+    PUTS("\",\"start_time_since_epoch_in_micros\":");
+    put_u64(kolo__wall_us());
+    PUTS("}}\n,{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":");
+    put_int(w.rank);
+    PUTS(",\"args\":{\"sort_index\":");
+    put_int(w.rank);
+    PUTS("}}");
+}
+
+int kolo__trace_start(const char *path, int rank, int mark_cycles)
+{
+    if (!path || !*path) return kolo__err(KOLO_ERR_INVALID_ARG, "timeline: no file path given");
+    int rc = KOLO_OK;
+    pthread_mutex_lock(&ctl);
+    if (running) {
+        rc = kolo__err(KOLO_ERR_INVALID_ARG, "a timeline is already being written to '%s'", w.path);
+        goto out;
+    }
+    if (!ring_ready && (rc = ring_init()) != KOLO_OK) goto out;
+    if (ring_stale) {
+        ring_reset(ring.slots);
+        ring_stale = false;
+    }
+    w.path = kolo__strdup(path);
+    w.out = kolo__malloc(OUT_CAP + 3);
+    if (!w.path || !w.out) {
+        rc = kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the writer");
+        goto err_free;
+    }
+    w.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.fd < 0) {
+        rc = kolo__err_sys(errno, "cannot create the timeline file '%s'", path);
+        goto err_free;
+    }
+    w.rank = rank;
+    w.cycles = mark_cycles != 0;
+    w.t0 = kolo__now_ns();
+    w.out_len = 0;
+    w.file_end = 0;
+    w.err = 0;
+    w.have_cycles_row = w.have_timeline_row = false;
+    w.next_tid = ROW_FIRST_TENSOR;
+    w.deq = atomic_load(&ring.enq) & ~CLOSED;
+    put_header();
+    flush_out();
+    if (w.err) {
+        rc = kolo__err_sys(w.err, "cannot write the timeline file '%s'", path);
+        goto err_close;
+    }
+    atomic_store(&w.stopping, false);
+    int e = pthread_create(&w.thread, NULL, writer_main, NULL);
+    if (e) {
+        rc = kolo__err_sys(e, "timeline: cannot start the writer thread");
+        goto err_close;
+    }
+    pthread_setname_np(w.thread, "kolo-timeline");
+    atomic_store(&ring.dropped, 0);
+    atomic_store(&ring.cycles, mark_cycles != 0);
+    atomic_fetch_and_explicit(&ring.enq, ~CLOSED, memory_order_release);
+    atomic_store(&ring.on, true);
+    running = true;
+    goto out;
+
+err_close:
+    close(w.fd);
+err_free:
+    kolo__free(w.out);
+    kolo__free(w.path);
+    w.out = w.path = NULL;
+out:
+    pthread_mutex_unlock(&ctl);
+    return rc;
+}
+
+int kolo__trace_stop(void)
+{
+    int rc = KOLO_OK;
+    pthread_mutex_lock(&ctl);
+    if (!running) goto out;
+    atomic_store(&ring.on, false);
+    atomic_store(&ring.cycles, false);
+    w.stop_at = atomic_fetch_or_explicit(&ring.enq, CLOSED, memory_order_acq_rel) & ~CLOSED;
+    atomic_store_explicit(&w.stopping, true, memory_order_release);
+    sem_post(&ring.wake);
+    pthread_join(w.thread, NULL);
+    if (close(w.fd) != 0 && !w.err) w.err = errno;
+    if (w.err) rc = kolo__err_sys(w.err, "cannot write the timeline file '%s'", w.path);
+    rows_free();
+    kolo__free(w.out);
+    kolo__free(w.path);
+    w.out = w.path = NULL;
+    running = false;
+out:
+    pthread_mutex_unlock(&ctl);
+    return rc;
+}
