@@ -522,7 +522,7 @@ KT_TEST(engine_stall_shutdown_fails_the_request, 30)
 
 static void death_negotiation(int rank, void *arg)
 {
-    (void)arg;
+    int strict = arg != NULL;
     KT_OK(kolo_init());
     float x[2] = {1, 1}, y[2];
     kolo_shape_t sh = shape1(2);
@@ -533,17 +533,21 @@ static void death_negotiation(int rank, void *arg)
     }
     KT_OK(kolo_iallreduce("waits.for.rank1", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
     KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_PEER_LOST);
-    KT_CONTAINS(kolo_request_error(a), "rank 1");
+    /* with more ranks a survivor may first hear of a rank that aborted because of the death */
+    KT_CONTAINS(kolo_request_error(a), strict ? "rank 1" : "lost rank");
     kolo_request_release(a);
     int st = kolo_iallreduce("later", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a);
     KT_EQ(st, KOLO_ERR_SHUT_DOWN);
-    KT_CONTAINS(kolo_last_error(), "rank 1");
+    KT_CONTAINS(kolo_last_error(), strict ? "rank 1" : "lost rank");
 }
 
 KT_TEST(engine_peer_death_during_negotiation, 30)
 {
     int status[3];
     kt_job_opts o = {.env = {"KOLO_LOG_LEVEL=none"}};
+    static int strict = 1;
+    kt_job(2, death_negotiation, &strict, &o, status);
+    KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
     kt_job(3, death_negotiation, NULL, &o, status);
     KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
     KT_ASSERT(WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 0);

@@ -35,6 +35,7 @@
 #include "../trace/trace.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #define W kolo__W
 #define E kolo__E
@@ -98,29 +99,37 @@ static void go_down(int status, const char *msg)
 }
 
 /* When a peer is lost, the rank this engine heard from first may be one that aborted because
- * another died (a failed mesh aborts all its connections). Name the ranks of this host whose
- * process is gone, so that every survivor's message names the dead rank. */
+ * another died (a failed mesh aborts all its connections). For the ranks of this host, /proc
+ * tells which process was killed by a signal (a zombie's exit code, while its parent has not
+ * reaped it yet), so that the message can name the rank that died. Best effort only. */
 static void explain_loss(char *msg, size_t cap)
 {
     const kolo__peer_info *peers = W.peers;
     if (!peers) return;
-    char dead[256] = "";
-    size_t w = 0;
-    for (int p = 0; p < E.size && w + 64 < sizeof(dead); p++) {
+    char killed[384] = "";
+    size_t wk = 0;
+    for (int p = 0; p < E.size; p++) {
         if (p == E.rank || strcmp(peers[p].hostkey, peers[E.rank].hostkey) != 0) continue;
-        char path[64], buf[512];
+        char path[64], buf[1024];
         snprintf(path, sizeof(path), "/proc/%d/stat", peers[p].pid);
         FILE *f = fopen(path, "r");
         size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
         if (f) fclose(f);
         buf[n] = '\0';
-        const char *paren = strrchr(buf, ')');
-        bool gone = !paren || paren[1] != ' ' || paren[2] == 'Z' || paren[2] == 'X';
-        if (gone) w += (size_t)snprintf(dead + w, sizeof(dead) - w, "%s%d", w ? ", " : "", p);
+        const char *q = strrchr(buf, ')');
+        if (!q || q[1] != ' ' || (q[2] != 'Z' && q[2] != 'X')) continue; /* alive, or reaped */
+        /* field 52 (exit_code) counted from the state, field 3 */
+        int field = 3;
+        for (q += 2; *q && field < 52; q++)
+            if (*q == ' ') field++;
+        int code = field == 52 ? atoi(q) : 0;
+        if ((code & 0x7f) && wk + 64 < sizeof(killed))
+            wk += (size_t)snprintf(killed + wk, sizeof(killed) - wk, "rank %d was killed by signal %d (%s); ", p,
+                                   code & 0x7f, strsignal(code & 0x7f));
     }
-    if (!w) return;
-    char tmp[1100];
-    snprintf(tmp, sizeof(tmp), "rank %s (on this host) died; %s", dead, msg);
+    if (!wk) return;
+    char tmp[1400];
+    snprintf(tmp, sizeof(tmp), "%s%s", killed, msg);
     size_t l = KOLO_MIN(strlen(tmp), cap - 1);
     memcpy(msg, tmp, l);
     msg[l] = '\0';
