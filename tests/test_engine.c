@@ -917,3 +917,72 @@ static void bad_args(int rank, void *arg)
 }
 
 KT_TEST(engine_invalid_submissions, 20) { KT_EQ(kt_job(2, bad_args, NULL, NULL, NULL), 0); }
+
+/* ---- the timeline ---- */
+
+static void timeline(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    enum { T = 12 };
+    float in[T][100], out[T][100];
+    kolo_request_t *reqs[T];
+    for (int step = 0; step < 3; step++) {
+        for (int t = 0; t < T; t++) {
+            char name[32];
+            snprintf(name, sizeof(name), "tl.grad.%d", t);
+            kolo_shape_t sh = shape2(10, 10);
+            KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            kolo_request_release(reqs[t]);
+        }
+    }
+    int32_t ag = rank;
+    kolo_shape_t s1 = shape1(1);
+    kolo_request_t *r;
+    KT_OK(kolo_iallgather("tl.gather", &ag, KOLO_INT32, &s1, NULL, &r));
+    wait_ok(r);
+    kolo_request_release(r);
+}
+
+KT_TEST(engine_timeline_holds_every_tensor, 30)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX", env[128], path[160], cmd[600];
+    KT_ASSERT(mkdtemp(dir));
+    snprintf(env, sizeof(env), "KOLO_TIMELINE=%s/tl.json", dir);
+    kt_job_opts o = {.env = {env, "KOLO_TIMELINE_MARK_CYCLES=1"}};
+    KT_EQ(kt_job(2, timeline, NULL, &o, NULL), 0);
+    for (int r = 0; r < 2; r++) {
+        if (r == 0) snprintf(path, sizeof(path), "%s/tl.json", dir);
+        else snprintf(path, sizeof(path), "%s/tl.json.%d", dir, r);
+        const char *js = slurp(path);
+        KT_CONTAINS(js, "NEGOTIATE_ALLREDUCE");
+        KT_CONTAINS(js, "NEGOTIATE_ALLGATHER");
+        KT_CONTAINS(js, "\"ALLREDUCE\"");
+        KT_CONTAINS(js, "KOLO_ALLREDUCE");
+        KT_CONTAINS(js, "QUEUE");
+        KT_CONTAINS(js, "MEMCPY_IN_FUSION_BUFFER");
+        KT_CONTAINS(js, "MEMCPY_OUT_FUSION_BUFFER");
+        KT_CONTAINS(js, "CYCLE_START");
+        KT_CONTAINS(js, "float32");
+        KT_CONTAINS(js, "[10, 10]");
+        for (int t = 0; t < 12; t++) {
+            char name[40];
+            snprintf(name, sizeof(name), "\"tl.grad.%d\"", t);
+            KT_CONTAINS(js, name);
+        }
+        /* valid JSON, and every tensor's begin/end events pair up */
+        snprintf(cmd, sizeof(cmd),
+                 "python3 -c 'import json,sys,collections\n"
+                 "ev=json.load(open(sys.argv[1]))\n"
+                 "d=collections.Counter()\n"
+                 "for e in ev:\n"
+                 "  if e.get(\"ph\")==\"B\": d[e[\"tid\"]]+=1\n"
+                 "  if e.get(\"ph\")==\"E\": d[e[\"tid\"]]-=1\n"
+                 "assert all(v==0 for v in d.values()), d\n' %s",
+                 path);
+        if (system("command -v python3 >/dev/null 2>&1") == 0) KT_EQ(system(cmd), 0);
+    }
+}
