@@ -1,4 +1,4 @@
-/* trace.h - the timeline: engine events recorded into a per-thread ring off the hot path and
+/* trace.h - the timeline: engine events recorded into one lock-free ring off the hot path and
  * written by a writer thread as Chrome trace JSON (chrome://tracing, Perfetto). */
 #ifndef KOLO_TRACE_H
 #define KOLO_TRACE_H
