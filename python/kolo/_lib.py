@@ -92,8 +92,13 @@ def _load():
             return ctypes.CDLL(c), c
         except OSError as e:
             errors.append("%s: %s" % (c, e))
+    broken = [e for c, e in zip(cands, errors) if not e.endswith("no such file") and
+              "cannot open shared object file" not in e]
     if explicit:
         hint = "KOLO_LIBRARY=%s cannot be loaded; point it at libkolo.so (built by `make` under build/lib/)." % cands[0]
+    elif broken:
+        hint = ("libkolo.so was found but cannot be loaded (an incomplete or mismatched build?). Rebuild it "
+                "with `make` in the kolo source tree, or set KOLO_LIBRARY to a working libkolo.so.")
     else:
         hint = ("libkolo.so was not found. Build it with `make` in the kolo source tree (it lands in build/lib/), "
                 "install it with `make install`, or set KOLO_LIBRARY to its path.")
