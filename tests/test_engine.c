@@ -491,25 +491,40 @@ static void stall_shutdown(int rank, void *arg)
 {
     (void)arg;
     KT_OK(kolo_init());
-    float x[2] = {1, 1}, y[2];
+    float x[2] = {1, 1}, y[2], w[2];
     kolo_shape_t sh = shape1(2);
-    kolo_request_t *a;
+    kolo_request_t *a, *b;
+    /* "warm" is negotiated once, so that its stall is seen through the cache's bits */
+    KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    wait_ok(b);
+    kolo_request_release(b);
+    KT_OK(kolo_barrier(KOLO_WORLD));
     if (rank == 0) {
         KT_OK(kolo_iallreduce("lonely", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
         KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_TIMEOUT);
         KT_CONTAINS(kolo_request_error(a), "'lonely'");
         KT_CONTAINS(kolo_request_error(a), "not by rank(s) 1");
         KT_CONTAINS(kolo_request_error(a), "KOLO_STALL_SHUTDOWN_TIME");
+        KT_STATUS(kolo_request_wait(b, WAIT_S), KOLO_ERR_TIMEOUT);
+        KT_CONTAINS(kolo_request_error(b), "'warm'");
         kolo_request_release(a);
+        kolo_request_release(b);
     } else {
         usleep(2500000);
     }
-    /* the job goes on */
+    /* the job goes on, through the cache too */
     KT_OK(kolo_barrier(KOLO_WORLD));
     KT_OK(kolo_iallreduce("after", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
     wait_ok(a);
-    KT_ASSERT(y[0] == 2);
+    wait_ok(b);
+    KT_ASSERT(y[0] == 2 && w[1] == 2);
     kolo_request_release(a);
+    kolo_request_release(b);
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(st.cache_hits, 1); /* the last "warm" (the stalled one failed) */
 }
 
 KT_TEST(engine_stall_shutdown_fails_the_request, 30)
