@@ -783,6 +783,42 @@ static void early_leave(int rank, void *arg)
 
 KT_TEST(engine_peer_shutdown_fails_pending, 20) { KT_EQ(kt_job(2, early_leave, NULL, NULL, NULL), 0); }
 
+/* A stopped peer does not hold kolo_shutdown for KOLO_OP_TIMEOUT. */
+static void stopped_peer(int rank, void *arg)
+{
+    volatile int *pid1 = arg;
+    KT_OK(kolo_init());
+    if (rank == 1) {
+        *pid1 = (int)getpid();
+        raise(SIGSTOP);
+        return;
+    }
+    while (!*pid1) usleep(1000);
+    usleep(100000);
+    float x = 1, y;
+    kolo_shape_t sh = shape1(1);
+    kolo_request_t *r;
+    KT_OK(kolo_iallreduce("stuck", &x, &y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    KT_OK(kolo_shutdown());
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    kill(*pid1, SIGKILL);
+    KT_STATUS(kolo_request_wait(r, 1), KOLO_ERR_SHUT_DOWN);
+    kolo_request_release(r);
+    KT_ASSERTF(dt < 10, "kolo_shutdown took %.1f s with a stopped peer", dt);
+}
+
+KT_TEST(engine_shutdown_with_stopped_peer, 30)
+{
+    int *pid1 = shared_mem(sizeof(int));
+    int status[2];
+    kt_job_opts o = {.env = {"KOLO_LOG_LEVEL=none"}};
+    kt_job(2, stopped_peer, pid1, &o, status);
+    KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
+}
+
 /* ---- every request kind ---- */
 
 static _Atomic int callbacks;

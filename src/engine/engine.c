@@ -36,11 +36,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 
 #define W kolo__W
 #define E kolo__E
 
 #define IDLE_MAX_NS 4000000ull
+#define LEAVE_GRACE_S 2
 
 kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -363,7 +365,13 @@ static void *engine_main(void *arg)
         }
         E.t_last = kolo__now_ns();
         int st = cycle(q);
-        if (st != KOLO_OK) {
+        pthread_mutex_lock(&E.lock);
+        stop = E.stop;
+        pthread_mutex_unlock(&E.lock);
+        if (st != KOLO_OK && stop) {
+            /* kolo_shutdown cut the connections of a cycle the others did not finish */
+            go_down(KOLO_ERR_SHUT_DOWN, "kolo_shutdown was called while this request was pending");
+        } else if (st != KOLO_OK) {
             char msg[768];
             snprintf(msg, sizeof(msg), "%s", kolo__errmsg());
             if (st == KOLO_ERR_PEER_LOST) explain_loss(msg, sizeof(msg));
@@ -501,7 +509,21 @@ void kolo__engine_stop(void)
     E.stop = 1;
     pthread_cond_signal(&E.wake);
     pthread_mutex_unlock(&E.lock);
-    pthread_join(E.thread, NULL);
+    /* Normally the engine says goodbye within a cycle. A peer that does not answer (stopped,
+     * or stuck in a long transfer) must not hold kolo_shutdown for KOLO_OP_TIMEOUT: after
+     * LEAVE_GRACE_S, cut the engine's connections (shutdown(2) is safe beside the engine
+     * thread's own use of the sockets); its wait then fails at once and it exits. */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += LEAVE_GRACE_S;
+    if (pthread_timedjoin_np(E.thread, NULL, &dl) != 0) {
+        KOLO_WARN("engine: the other ranks did not answer within %d s; leaving without saying goodbye",
+                  LEAVE_GRACE_S);
+        kolo__mesh *m = E.mesh;
+        for (int p = 0; m && p < m->size; p++)
+            if (m->conns[p] && m->conns[p]->fd >= 0) shutdown(m->conns[p]->fd, SHUT_RDWR);
+        pthread_join(E.thread, NULL);
+    }
     fail_everything(KOLO_ERR_SHUT_DOWN, "kolo_shutdown was called while this request was pending");
     kolo__trace_stop();
     free_state();
