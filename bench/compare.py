@@ -1,0 +1,1275 @@
+#!/usr/bin/python3
+"""bench/compare.py - kolo against Open MPI, MPICH, torch.distributed (Gloo) and Horovod, side by side.
+
+Runs the same sweep (sizes, iterations, collectives, types, rank counts) through every peer and
+through build/bin/kolo-bench, repeats it, interleaves the repetitions (rep 1 of every peer, then
+rep 2, ...; the order of the peers rotates each rep), takes medians, and writes under bench/results/:
+
+    <date>-compare.md     side-by-side tables, kolo's speedup over each peer, machine, versions
+    <date>-compare.csv    one row per (ranks, peer, collective, type, size)
+    <date>-<coll>.png     busbw against message size, one line per peer
+
+Normally started by bench/compare.sh (which installs and builds the peers first). Python 3 stdlib.
+See bench/README.md for the columns and the method.
+"""
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build", "bench")
+KOLO_BENCH = os.path.join(ROOT, "build", "bin", "kolo-bench")
+KOLORUN = os.path.join(ROOT, "build", "bin", "kolorun")
+PY = "/usr/bin/python3"  # Debian's python: python3-torch and Horovod live there
+COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
+DTYPES = ["float32", "float16"]
+NCPU = os.cpu_count() or 1
+TYPE_NAMES = {"float": "float32", "float32": "float32", "f32": "float32", "fp32": "float32",
+              "half": "float16", "float16": "float16", "f16": "float16", "fp16": "float16"}
+COLL_NAMES = {"all_reduce": "allreduce", "all_reduce_perf": "allreduce", "all_gather": "allgather",
+              "all_gather_perf": "allgather", "bcast": "broadcast", "broadcast_perf": "broadcast",
+              "reduce_scatter": "reducescatter", "reduce_scatter_perf": "reducescatter",
+              "all_to_all": "alltoall", "alltoall_perf": "alltoall"}
+
+
+# ---------------------------------------------------------------- sizes and sweeps
+
+def parse_size(s):
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = str(s).strip()
+    if s and s[-1].lower() in mult:
+        return int(float(s[:-1]) * mult[s[-1].lower()])
+    return int(float(s))
+
+
+def fmt_size(b):
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= m and b % m == 0:
+            return "%d %s" % (b // m, unit)
+    return "%d B" % b
+
+
+def short_size(b):
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= m and b % m == 0:
+            return "%d%s" % (b // m, unit)
+    return str(b)
+
+
+class Band:
+    """Sizes lo, lo*factor, ... <= hi, each timed over `iters` calls after `warmup` calls."""
+
+    def __init__(self, lo, hi, iters, warmup, factor):
+        self.lo, self.hi, self.iters, self.warmup, self.factor = lo, hi, iters, warmup, factor
+
+    def spec(self):
+        return "%s:%s:%d:%d:%g" % (short_size(self.lo), short_size(self.hi), self.iters,
+                                   self.warmup, self.factor)
+
+    def capped(self, iters, warmup):
+        return Band(self.lo, self.hi, min(self.iters, iters), min(self.warmup, warmup),
+                    self.factor)
+
+
+def sweep_sizes(bands):
+    out, last = [], 0
+    for b in bands:
+        s = b.lo
+        while s <= b.hi:
+            if s > last:
+                out.append(s)
+                last = s
+            nxt = int(s * b.factor)
+            s = nxt if nxt > s else s + 1
+    return out
+
+
+def bus_factor(coll, n):
+    if coll == "allreduce":
+        return 2.0 * (n - 1) / n
+    if coll == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+# ---------------------------------------------------------------- output parsing
+
+PREFIX = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # horovodrun / mpirun --tag-output
+START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
+
+
+def _num(s):
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def _wrong(s):
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+def parse_rows(text, coll_hint=None):
+    """nccl-tests rows -> list of dicts, and the '#' comment lines."""
+    rows, comments, coll = [], [], coll_hint
+    for raw in text.splitlines():
+        line = PREFIX.sub("", raw).rstrip()
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("#"):
+            comments.append(line)
+            m = START.match(line.strip())
+            if m:  # "# Collective test starting: [tool] <coll>"
+                for tok in line.split(":", 1)[1].split():
+                    tok = tok.lower()
+                    if tok in COLLS or tok in COLL_NAMES:
+                        coll = COLL_NAMES.get(tok, tok)
+            continue
+        f = line.split()
+        if len(f) < 13 or not f[0].isdigit() or not f[1].isdigit():
+            continue
+        dtype = TYPE_NAMES.get(f[2].lower())
+        if dtype is None or coll is None:
+            continue
+        place = {}
+        for key, off in (("oop", 5), ("ip", 9)):
+            t = _num(f[off])
+            if t is not None and t > 0:
+                place[key] = (t, _wrong(f[off + 3]))
+        rows.append({"coll": coll, "dtype": dtype, "size": int(f[0]), "count": int(f[1]),
+                     "place": place})
+    return rows, comments
+
+
+# ---------------------------------------------------------------- peers
+
+class Launch:
+    def __init__(self, cmd, env=None, coll=None):
+        self.cmd, self.env, self.coll = cmd, env or {}, coll
+        self.cpu = 0.0  # CPU seconds of the launch and its descendants, set by run_launch
+
+
+class Peer:
+    """One library on one transport."""
+    key = label = transport = family = ""
+    oversub_slow = False  # spins when oversubscribed: capped sweep, first rep only
+
+    def available(self):
+        return True, ""
+
+    def launches(self, np, colls, dtypes, bands, check):
+        raise NotImplementedError
+
+    def example(self, np):
+        ls = self.launches(np, ["allreduce"], ["float32"], [Band(8, 256 << 20, 20, 5, 2)], 1)
+        env = " ".join("%s=%s" % kv for kv in sorted(ls[0].env.items()) if kv[1] is not None
+                       and not kv[0].startswith("OMPI_ALLOW"))
+        return (env + " " if env else "") + " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT)
+                                                     else c for c in ls[0].cmd)
+
+
+class MpiPeer(Peer):
+    family_names = {"openmpi": "Open MPI", "mpich": "MPICH"}
+
+    def __init__(self, mpi, transport):
+        self.mpi, self.transport = mpi, transport
+        self.family = "ompi" if mpi == "openmpi" else "mpich"
+        self.key = "%s-%s" % (self.family, transport)
+        how = {("openmpi", "shm"): "shared memory (vader)",
+               ("openmpi", "tcp"): "TCP (btl self,tcp)",
+               ("mpich", "shm"): "shared memory (UCX)",
+               ("mpich", "tcp"): "TCP (UCX_TLS=tcp,self)"}[(mpi, transport)]
+        self.label = "%s %s" % (self.family_names[mpi], how)
+        self.short = "%s %s" % (self.family_names[mpi], transport)
+        self.binary = os.path.join(BUILD, "mpi_coll_bench." + mpi)
+        self.mpirun = "mpirun." + mpi
+        self.oversub_slow = mpi == "mpich"
+
+    def available(self):
+        if not shutil.which(self.mpirun):
+            return False, "%s not found (Debian package %s)" % (
+                self.mpirun, "openmpi-bin" if self.mpi == "openmpi" else "mpich")
+        if not os.access(self.binary, os.X_OK):
+            return False, "%s not built (bench/compare.sh builds it with mpicc.%s)" % (
+                os.path.relpath(self.binary, ROOT), self.mpi)
+        return True, ""
+
+    def launches(self, np, colls, dtypes, bands, check):
+        env = {}
+        cmd = [self.mpirun, "-np", str(np)]
+        if self.mpi == "openmpi":
+            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+            cmd += ["--mca", "pml", "ob1", "--mca", "btl",
+                    "self,vader" if self.transport == "shm" else "self,tcp"]
+            if np > NCPU:
+                cmd += ["--oversubscribe"]
+        elif self.transport == "tcp":
+            env.update({"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"})
+        cmd += [self.binary, ",".join(colls), "-d", ",".join(dtypes),
+                "-B", ",".join(b.spec() for b in bands), "-c", str(check)]
+        return [Launch(cmd, env)]
+
+
+class PyPeer(Peer):
+    def __init__(self, family):
+        self.family = family
+        self.transport = "tcp"
+        self.key = family + "-gloo"
+        if family == "torch":
+            self.label = "torch.distributed Gloo (TCP on lo)"
+            self.short = "torch gloo"
+            self.script = os.path.join(ROOT, "bench", "peers", "torch_dist_bench.py")
+            self.module = "torch.distributed"
+        else:
+            self.label = "Horovod Gloo (TCP on lo)"
+            self.short = "Horovod"
+            self.script = os.path.join(ROOT, "bench", "peers", "horovod_bench.py")
+            self.module = "horovod.torch"
+
+    def available(self):
+        if not os.access(PY, os.X_OK):
+            return False, "%s not found" % PY
+        r = subprocess.run([PY, "-c", "import %s" % self.module], capture_output=True, text=True,
+                           cwd="/")
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
+            return False, "cannot import %s with %s: %s" % (self.module, PY, last)
+        return True, ""
+
+    def launches(self, np, colls, dtypes, bands, check):
+        cmd = [PY, self.script, ",".join(colls), "-np", str(np), "-d", ",".join(dtypes),
+               "-B", ",".join(b.spec() for b in bands), "-c", str(check)]
+        return [Launch(cmd, {"GLOO_SOCKET_IFNAME": "lo"})]
+
+
+class KoloPeer(Peer):
+    def __init__(self, transport):
+        self.family = "kolo"
+        self.transport = transport
+        self.key = "kolo-" + transport
+        self.label = "kolo " + ("shared memory" if transport == "shm" else "TCP (KOLO_TRANSPORT=tcp)")
+        self.short = "kolo " + transport
+        self.use_kolorun = False
+
+    def available(self):
+        if not os.access(KOLO_BENCH, os.X_OK):
+            return False, "kolo-bench not built (%s missing)" % os.path.relpath(KOLO_BENCH, ROOT)
+        return True, ""
+
+    def launches(self, np, colls, dtypes, bands, check):
+        env = {"KOLO_TRANSPORT": "tcp"} if self.transport == "tcp" else {}
+        out = []
+        for dt in dtypes:
+            for c in colls:
+                for b in bands:
+                    args = [c, "-b", str(b.lo), "-e", str(b.hi), "-f", "%g" % b.factor,
+                            "-n", str(b.iters), "-w", str(b.warmup), "-c", str(check),
+                            "-d", dt, "-o", "sum"]
+                    if self.use_kolorun:
+                        cmd = [KOLORUN, "-np", str(np), KOLO_BENCH] + args
+                    else:
+                        cmd = [KOLO_BENCH] + args + ["-np", str(np)]
+                    out.append(Launch(cmd, env, coll=c))
+        return out
+
+
+def all_peers():
+    return [KoloPeer("shm"), MpiPeer("openmpi", "shm"), MpiPeer("mpich", "shm"),
+            KoloPeer("tcp"), MpiPeer("openmpi", "tcp"), MpiPeer("mpich", "tcp"),
+            PyPeer("torch"), PyPeer("horovod")]
+
+
+# ---------------------------------------------------------------- running
+
+def run_launch(launch, timeout, log):
+    """Runs one command in its own session; returns (stdout text, rc, timed_out, seconds)."""
+    env = dict(os.environ)
+    for k, v in launch.env.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    log.write("$ %s %s\n" % (" ".join("%s=%s" % kv for kv in launch.env.items() if kv[1]),
+                             " ".join(launch.cmd)))
+    log.flush()
+    t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.Popen(launch.cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace",
+                         start_new_session=True)
+    timed_out = False
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        out, _ = p.communicate()
+    except KeyboardInterrupt:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        raise
+    dt = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    launch.cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    log.write(out or "")
+    log.write("# rc=%s timed_out=%s seconds=%.1f\n\n" % (p.returncode, timed_out, dt))
+    log.flush()
+    return out or "", p.returncode, timed_out, dt
+
+
+def _cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v[:8]), idle
+
+
+def cpu_busy(seconds=0.25):
+    """Fraction of all CPUs busy over `seconds` (between launches: other people's work)."""
+    try:
+        t0, i0 = _cpu_times()
+        time.sleep(seconds)
+        t1, i1 = _cpu_times()
+        return 1.0 - (i1 - i0) / max(1, t1 - t0)
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def wait_idle(max_wait, run):
+    """Before a launch: the CPU share other processes use, after waiting up to max_wait s for it
+    to drop below 25 %."""
+    busy = cpu_busy()
+    t0 = time.monotonic()
+    while busy > 0.25 and time.monotonic() - t0 < max_wait:
+        time.sleep(1.0)
+        busy = cpu_busy()
+    run.waited += time.monotonic() - t0 if max_wait > 0 else 0.0
+    return busy
+
+
+class Store:
+    """Timings per (np, peer, coll, dtype, size): placement -> list of us, plus #wrong."""
+
+    def __init__(self):
+        self.t = {}
+
+    def add(self, np, peer, row):
+        k = (np, peer, row["coll"], row["dtype"], row["size"])
+        e = self.t.setdefault(k, {"count": row["count"], "oop": [], "ip": [], "wrong": None})
+        for place, (us, wrong) in row["place"].items():
+            e[place].append(us)
+            if wrong is not None:
+                e["wrong"] = (e["wrong"] or 0) + wrong
+
+    def get(self, np, peer, coll, dtype, size):
+        return self.t.get((np, peer, coll, dtype, size))
+
+    def med(self, np, peer, coll, dtype, size, place):
+        e = self.get(np, peer, coll, dtype, size)
+        if not e or not e[place]:
+            return None
+        return statistics.median(e[place])
+
+
+class Run:
+    """What the repetitions collect."""
+
+    def __init__(self):
+        self.store = Store()
+        self.comments, self.notes, self.loads = [], [], []
+        self.cpu = {}  # (peer key, np) -> [CPU seconds, wall seconds]
+        self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
+
+
+def run_round(p, np, rep, bands, check, a, logdir, run):
+    """One peer, one rank count, one repetition: all its launches. Returns (rows, failures)."""
+    nrows, fails = 0, []
+    with open(os.path.join(logdir, "%s-np%d-rep%d.log" % (p.key, np, rep + 1)), "w") as log:
+        launches = p.launches(np, a.coll_list, a.dtype_list, bands, check)
+        i = 0
+        while i < len(launches):
+            ln = launches[i]
+            run.loads.append(wait_idle(a.idle_wait, run))
+            out, rc, to, secs = run_launch(ln, a.timeout, log)
+            rows, com = parse_rows(out, ln.coll)
+            if (p.family == "kolo" and not rows and rc and not p.use_kolorun
+                    and os.access(KOLORUN, os.X_OK)):
+                # this kolo-bench cannot fork its own ranks: run it under kolorun instead
+                p.use_kolorun = True
+                launches = p.launches(np, a.coll_list, a.dtype_list, bands, check)
+                run.notes.append("kolo-bench -np failed; ran it under kolorun")
+                continue
+            i += 1
+            c = run.cpu.setdefault((p.key, np), [0.0, 0.0])
+            c[0] += ln.cpu
+            c[1] += secs
+            run.comments += com
+            for r in rows:
+                run.store.add(np, p.key, r)
+            nrows += len(rows)
+            for line in com:
+                msg = line.lstrip("# ")
+                if "not supported" in line and rep == 0:
+                    note = "%s, %d ranks: %s" % (p.label, np, msg)
+                    if note not in run.notes:
+                        run.notes.append(note)
+            wrong = any((w or 0) > 0 for r in rows for _, w in r["place"].values())
+            if to:
+                last = rows[-1]["size"] if rows else 0
+                fails.append("timed out after %d s (last size %s)" % (a.timeout, fmt_size(last)))
+            elif rc and wrong:
+                fails.append("exit %s after reporting wrong results" % rc)
+            elif rc:
+                tail = " / ".join(l.strip() for l in out.strip().splitlines()[-3:])
+                fails.append("exit %s: %s" % (rc, tail[:300]))
+    for f in fails:
+        run.notes.append("%s, %d ranks, rep %d: %s" % (p.label, np, rep + 1, f))
+    return nrows, fails
+
+
+# ---------------------------------------------------------------- machine limits and the bound
+
+def machine_limits(quick):
+    tool = os.path.join(BUILD, "machine_limits")
+    if not os.access(tool, os.X_OK):
+        return {}, "machine_limits not built"
+    args = [tool, "-r", "3" if quick else "5"]
+    r = subprocess.run(args, capture_output=True, text=True)
+    lim = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) == 2 and not line.startswith("#"):
+            lim[f[0]] = float(f[1])
+    return lim, r.stdout
+
+
+def traffic_per_rank(coll, n, S):
+    """Bytes read + written per rank by a single-copy shared-memory scheme in which each rank
+    reads its peers' buffers directly and writes only its own. S = nccl-tests' size."""
+    if coll == "allreduce":        # reduce own 1/n (read n*S/n, write S/n), gather the rest
+        return S * (2 + (n - 1) / n)
+    if coll == "allgather":        # read every block (S), write it into own output (S)
+        return 2.0 * S
+    if coll == "broadcast":        # non-roots read S from the root and write S; averaged
+        return 2.0 * S * (n - 1) / n
+    if coll == "reducescatter":    # read own block of every input (S), write the block (S/n)
+        return S * (1 + 1 / n)
+    if coll == "alltoall":         # read S from the peers' send buffers, write S
+        return 2.0 * S
+    return None
+
+
+BOUND_FORMULAS = [
+    ("allreduce", "(2 + (n-1)/n) · S", "reduce its 1/n: read S, write S/n; gather the other "
+     "(n-1)/n of the result: read and write (n-1)/n · S  (2.5 S at n = 2)"),
+    ("allgather", "2 · S", "read every block from its owner, write it into the output"),
+    ("broadcast", "2 · S · (n-1)/n", "each non-root reads S from the root and writes S"),
+    ("reducescatter", "(1 + 1/n) · S", "read its block of every input (S), write one block"),
+    ("alltoall", "2 · S", "read S from the peers' send buffers, write S"),
+]
+DRAM_MIN = 32 << 20   # out of cache from here on (machine.md: the cliff is between 16 and 32 MiB)
+LAT_MAX = 4096
+
+
+def bound_time_us(coll, n, S, lim):
+    """Lower bound on the time (us), or None where the model does not apply."""
+    if S >= DRAM_MIN and lim.get("dram_traffic_GBps"):
+        return n * traffic_per_rank(coll, n, S) / (lim["dram_traffic_GBps"] * 1e3)
+    if S <= LAT_MAX and n <= NCPU and lim.get("shm_ping_oneway_us"):
+        return lim["shm_ping_oneway_us"] * max(1, math.ceil(math.log2(n)))
+    return None
+
+
+# ---------------------------------------------------------------- versions and machine
+
+def sh(cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        return (r.stdout + r.stderr).strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def dpkg_version(pkg):
+    return sh(["dpkg-query", "-W", "-f=${Version}", pkg]) or "not installed"
+
+
+def machine_info():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = "%.1f GiB" % (kb / 1048576)
+    except (OSError, ValueError, IndexError):
+        pass
+    virt = sh(["systemd-detect-virt"]) or ""
+    return {"cpu": model, "cores": NCPU, "memory": mem, "kernel": platform.release(),
+            "os": sh(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+            "glibc": " ".join(platform.libc_ver()), "virt": virt}
+
+
+def versions(comments):
+    v = {}
+    libs = {}
+    for c in comments:
+        m = re.search(r"mpi_coll_bench \(([^)]*)\)", c)
+        if m:
+            lib = " ".join(m.group(1).split())
+            libs["Open MPI" if "Open MPI" in lib else "MPICH"] = lib
+        m = re.search(r"horovod_bench \(horovod ([^,]+),", c)
+        if m:
+            libs["Horovod"] = m.group(1)
+    v["Open MPI"] = libs.get("Open MPI") or sh(["mpirun.openmpi", "--version"]).split("\n")[0]
+    v["MPICH"] = (libs.get("MPICH") or sh(["mpichversion"]).split("\n")[0]) + \
+        " (device %s, UCX %s)" % (
+            (re.search(r"Device:\s*(\S+)", sh(["mpichversion"])) or [None, "?"])[1],
+            dpkg_version("libucx0"))
+    v["torch"] = sh([PY, "-c", "import torch; print(torch.__version__)"]).split("\n")[-1] + \
+        " (Debian python3-torch %s, Gloo bundled)" % dpkg_version("python3-torch")
+    hv = sh([PY, "-c", "import horovod; print(horovod.__version__)"]).split("\n")[-1]
+    v["Horovod"] = (hv + " (pip, built with Gloo against Debian's torch)"
+                    if re.match(r"^\d", hv) else "not installed")
+    kv = sh([KOLO_BENCH, "--version"]).split("\n")[0] if os.access(KOLO_BENCH, os.X_OK) else ""
+    rev = sh(["git", "rev-parse", "--short", "HEAD"])
+    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"])
+    v["kolo"] = (kv or "kolo-bench not built") + " (git %s%s)" % (rev, ", dirty tree" if dirty else "")
+    v["gcc"] = sh(["gcc", "-dumpfullversion"])
+    v["python"] = sh([PY, "--version"])
+    v["gnuplot"] = sh(["gnuplot", "--version"]) or "not installed"
+    return v
+
+
+# ---------------------------------------------------------------- report
+
+def primary(store, np, peer, coll, dtype, size):
+    """(time us, placement) of the placement the peer is compared on: out-of-place if it has one."""
+    for place in ("oop", "ip"):
+        t = store.med(np, peer, coll, dtype, size, place)
+        if t is not None:
+            return t, place
+    return None, None
+
+
+def matched(store, np, kolo, peer, coll, dtype, size):
+    """kolo's and the peer's time on the same placement (out-of-place preferred)."""
+    for place in ("oop", "ip"):
+        a = store.med(np, kolo, coll, dtype, size, place)
+        b = store.med(np, peer, coll, dtype, size, place)
+        if a is not None and b is not None:
+            return a, b, place
+    return None, None, None
+
+
+def cell(t_us, coll, np, size, place=None):
+    if t_us is None:
+        return "—"
+    star = "*" if place == "ip" else ""
+    if size < (64 << 10):
+        return ("%.3g us" % t_us if t_us < 1000 else "%.0f us" % t_us) + star
+    bw = size / 1e3 / t_us * bus_factor(coll, np)
+    return "%.2f GB/s%s" % (bw, star)
+
+
+def ratio_cell(r):
+    if r is None:
+        return "—"
+    return "**%.2f×**" % r if r >= 1 else "%.2f×" % r
+
+
+class Report:
+    def __init__(self, args, store, peers, status, notes, lim, lim_text, info, vers, sizes,
+                 stamp, elapsed, loads, reps_done):
+        self.args, self.store, self.peers, self.status, self.notes = args, store, peers, status, notes
+        self.lim, self.lim_text, self.info, self.vers, self.sizes = lim, lim_text, info, vers, sizes
+        self.stamp, self.elapsed, self.loads, self.reps_done = stamp, elapsed, loads, reps_done
+        self.cpu, self.waited = {}, 0.0
+        self.kolo = {p.transport: p.key for p in peers if p.family == "kolo"
+                     and status[p.key][0]}
+
+    # ---- CSV
+    def write_csv(self, path):
+        date = self.stamp
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["date", "ranks", "transport", "peer", "collective", "type", "size_B",
+                        "count", "reps", "oop_time_us", "oop_algbw_GBps", "oop_busbw_GBps",
+                        "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps", "wrong",
+                        "kolo_speedup", "compared_placement", "bound_busbw_GBps",
+                        "share_of_bound"])
+            for (np, peer, coll, dt, size), e in sorted(self.store.t.items(),
+                                                        key=lambda kv: self._order(kv[0])):
+                p = self.peer(peer)
+                row = [date, np, p.transport, peer, coll, dt, size, e["count"],
+                       max(len(e["oop"]), len(e["ip"]))]
+                for place in ("oop", "ip"):
+                    t = self.store.med(np, peer, coll, dt, size, place)
+                    if t is None:
+                        row += ["", "", ""]
+                    else:
+                        alg = size / 1e3 / t
+                        row += ["%.3f" % t, "%.4f" % alg, "%.4f" % (alg * bus_factor(coll, np))]
+                row.append("" if e["wrong"] is None else e["wrong"])
+                kolo = self.kolo.get(p.transport)
+                if kolo and p.family != "kolo":
+                    a, b, place = matched(self.store, np, kolo, peer, coll, dt, size)
+                    row += ["%.3f" % (b / a), place] if a else ["", ""]
+                else:
+                    row += ["", ""]
+                if p.family == "kolo" and p.transport == "shm":
+                    tb = bound_time_us(coll, np, size, self.lim)
+                    t, _ = primary(self.store, np, peer, coll, dt, size)
+                    if tb and t:
+                        row += ["%.4f" % (size / 1e3 / tb * bus_factor(coll, np)), "%.3f" % (tb / t)]
+                    else:
+                        row += ["", ""]
+                else:
+                    row += ["", ""]
+                w.writerow(row)
+
+    def peer(self, key):
+        return next(p for p in self.peers if p.key == key)
+
+    def _order(self, k):
+        np, peer, coll, dt, size = k
+        keys = [p.key for p in self.peers]
+        return (np, COLLS.index(coll), DTYPES.index(dt), keys.index(peer), size)
+
+    # ---- Markdown
+    def write_md(self, path, csv_name, pngs):
+        L = []
+        a = self.args
+        L.append("# kolo vs. Open MPI, MPICH, torch.distributed (Gloo) and Horovod — %s" %
+                 self.stamp.replace("_", " "))
+        L.append("")
+        L.append("Made by `%s` (%s mode) in %.1f minutes; %d of %d repetitions ran. CSV: `%s`." % (
+            "make bench-compare" if not a.quick else "sh bench/compare.sh --quick",
+            "quick" if a.quick else "full", self.elapsed / 60, self.reps_done, a.reps, csv_name))
+        L.append("")
+        L += self.md_machine()
+        L += self.md_versions()
+        L += self.md_method()
+        L += self.md_headline()
+        L += self.md_targets()
+        L += self.md_bound()
+        L += self.md_peers_status()
+        if pngs:
+            L.append("## Plots")
+            L.append("")
+            for png in pngs:
+                L.append("![%s](%s)" % (os.path.basename(png), os.path.basename(png)))
+            L.append("")
+        L += self.md_tables()
+        with open(path, "w") as f:
+            f.write("\n".join(L) + "\n")
+
+    def md_machine(self):
+        i, lim = self.info, self.lim
+        L = ["## Machine", ""]
+        L.append("%s, **%d cores**%s, %s RAM, %s, kernel %s, %s." % (
+            i["cpu"], i["cores"], " (%s guest)" % i["virt"] if i["virt"] and i["virt"] != "none"
+            else "", i["memory"], i["os"], i["kernel"], i["glibc"]))
+        L.append("")
+        if lim:
+            L.append("Measured by `bench/peers/machine_limits.c` in this run (medians):")
+            L.append("")
+            L.append("| quantity | 1 thread | 2 threads |")
+            L.append("|---|---:|---:|")
+            for k, name in (("memcpy", "memcpy (glibc), 256 MiB per thread, GB/s copied"),
+                            ("memcpy_nt", "memcpy with non-temporal stores, GB/s copied"),
+                            ("add_f32", "float32 `a[i] += b[i]`, 256 MiB, GB/s of `a`")):
+                L.append("| %s | %s | %s |" % (name, lim.get(k + "_1t_GBps", "—"),
+                                              lim.get(k + "_2t_GBps", "—")))
+            L.append("| memcpy / add in L2 (2 × 128 KiB) | %s / %s | |" % (
+                lim.get("memcpy_l2_1t_GBps", "—"), lim.get("add_f32_l2_1t_GBps", "—")))
+            L.append("| **DRAM traffic rate B** (best of the above, bytes read + written per s) "
+                     "| | **%s GB/s** |" % lim.get("dram_traffic_GBps", "—"))
+            L.append("| 8 B one-way latency, shared-memory spin flag between 2 processes "
+                     "| %s us | |" % lim.get("shm_ping_oneway_us", "—"))
+            L.append("")
+        else:
+            L += ["Machine limits not measured: %s." % self.lim_text, ""]
+        loads = [x for x in self.loads if x == x]
+        if loads:
+            L.append("**Other work on the machine**: CPU use by other processes, sampled for "
+                     "0.25 s before each of the %d launches: median %.0f %%, max %.0f %%, %d "
+                     "launches above 25 %%%s. Such load is noise that the interleaving spreads "
+                     "over every peer alike, but it lowers and scatters all figures." % (
+                         len(loads), 100 * statistics.median(loads), 100 * max(loads),
+                         sum(1 for x in loads if x > 0.25),
+                         " (waited %.0f s in all for it to drop, --idle-wait %g)" % (
+                             self.waited, self.args.idle_wait) if self.args.idle_wait else ""))
+            L.append("")
+        return L
+
+    def md_versions(self):
+        L = ["## Versions", "", "| component | version |", "|---|---|"]
+        for k, v in self.vers.items():
+            L.append("| %s | %s |" % (k, v.replace("|", "/")))
+        L.append("")
+        return L
+
+    def md_method(self):
+        a = self.args
+        L = ["## Method", ""]
+        L.append("- Sizes: %s to %s, %d sizes, in bands (step, timed / warm-up iterations): %s. "
+                 "`time` is the mean per call, averaged over ranks, as in nccl-tests; before "
+                 "each band the MPI and Python peers warm up at its largest and smallest size "
+                 "(as nccl-tests does), kolo-bench warms up per size." % (
+                     fmt_size(self.sizes[0]), fmt_size(self.sizes[-1]), len(self.sizes),
+                     "; ".join("%s–%s ×%g, %d / %d" % (fmt_size(b.lo), fmt_size(b.hi), b.factor,
+                                                      b.iters, b.warmup) for b in a.band_list)))
+        L.append("- Collectives %s; types %s; %s ranks (this machine has %d cores, so more "
+                 "ranks than that are oversubscribed)." % (", ".join(a.coll_list),
+                                                           ", ".join(a.dtype_list),
+                                                           " and ".join(map(str, a.np_list)), NCPU))
+        L.append("- %d repetitions, **interleaved**: repetition r runs every peer once before "
+                 "repetition r+1 starts, and the order of the peers rotates by one each time, so "
+                 "a drift in machine speed hits all peers alike. Each figure is the **median** "
+                 "over the repetitions. Results are checked (`#wrong`) in the first repetition "
+                 "only." % a.reps)
+        L.append("- busbw = algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather, "
+                 "reducescatter and alltoall, 1 for broadcast; algbw = size / time (GB/s = 1e9 B/s).")
+        L.append("- Cells: time (us) below 64 KiB, busbw (GB/s) from 64 KiB on. **kolo ×** = "
+                 "peer time / kolo time on the same placement (out-of-place when both have it): "
+                 "above 1 kolo is faster. `*` marks in-place figures, for calls that have no "
+                 "out-of-place form (torch `all_reduce`, `broadcast`).")
+        L.append("- float16 with the MPIs: MPI 3.1 has no half type, so float16 runs as a "
+                 "contiguous 2-byte type with a user-defined sum (F16C); that keeps the MPI on its "
+                 "generic user-op path. torch.distributed's Gloo backend has no reduce_scatter "
+                 "in torch 1.13.")
+        if max(a.np_list) > NCPU:
+            L.append("- MPICH/UCX spins when oversubscribed (%d ranks on %d cores take "
+                     "milliseconds per small operation), so its runs with more ranks than cores are "
+                     "capped: at most %d timed / %d warm-up iterations and only in the first "
+                     "repetition." % (max(a.np_list), NCPU, a.oversub_iters, a.oversub_warmup))
+        L.append("- Every launch has a %d s time limit; a launch that hits it keeps the rows it "
+                 "printed." % a.timeout)
+        L.append("- Example commands (2 ranks):")
+        L.append("")
+        for p in self.peers:
+            if self.status[p.key][0]:
+                L.append("      %s" % p.example(2))
+        L.append("")
+        return L
+
+    def md_headline(self):
+        L = ["## Headline: allreduce, float32, 2 ranks", ""]
+        if 2 not in self.args.np_list or "allreduce" not in self.args.coll_list:
+            return L + ["(not in this sweep)", ""]
+        pick = [s for s in (8, 1 << 20, 64 << 20, 256 << 20) if s in self.sizes]
+        hdr = ["peer / transport", "8 B latency" if 8 in pick else None] + \
+            ["%s busbw" % fmt_size(s) for s in pick if s != 8]
+        L.append("| " + " | ".join(h for h in hdr if h) + " |")
+        L.append("|---|" + "---:|" * (len([h for h in hdr if h]) - 1))
+        for p in self.peers:
+            if not self.status[p.key][0]:
+                continue
+            cells = []
+            for s in pick:
+                t, place = primary(self.store, 2, p.key, "allreduce", "float32", s)
+                if t is None:
+                    cells.append("—")
+                elif s == 8:
+                    cells.append("%.3g us%s" % (t, "*" if place == "ip" else ""))
+                else:
+                    cells.append(cell(t, "allreduce", 2, s, place).replace(" GB/s", ""))
+            name = "**%s**" % p.label if p.family == "kolo" else p.label
+            L.append("| %s | %s |" % (name, " | ".join(cells)))
+        L.append("")
+        L.append("busbw in GB/s; `*` in-place.")
+        L.append("")
+        return L
+
+    def md_targets(self):
+        L = ["## Issue #6 targets (2 ranks unless said)", ""]
+        ks, kt = self.kolo.get("shm"), self.kolo.get("tcp")
+        if not ks and not kt:
+            return L + ["kolo-bench was not available in this run, so no target could be "
+                        "checked (%s)." % self.status["kolo-shm"][1], ""]
+        L.append("| target | measured | met |")
+        L.append("|---|---|---|")
+        st = self.store
+
+        def t(peer, coll, dt, size, place="oop", np=2):
+            return st.med(np, peer, coll, dt, size, place)
+        M = 64 << 20
+        if ks:
+            a, b = t(ks, "allreduce", "float32", M), t("ompi-shm", "allreduce", "float32", M)
+            if a and b:
+                r = b / a
+                L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%.2f vs "
+                         "%.2f GB/s) | %s |" % (r, M / 1e3 / a, M / 1e3 / b, _met(r >= 1.3, r / 1.3)))
+            tb = bound_time_us("allreduce", 2, M, self.lim)
+            if a and tb:
+                L.append("| allreduce 64 MiB ≥ 80 %% of the memory-traffic bound | %.0f %% of "
+                         "%.2f GB/s | %s |" % (100 * tb / a, M / 1e3 / tb,
+                                               _met(tb / a >= 0.8, tb / a / 0.8)))
+            a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
+            if a and b:
+                L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f us vs %.2f us "
+                         "(%.2f×) | %s |" % (a, b, a / b, _met(a <= 1.5 * b, 1.5 * b / a)))
+            a16, a32 = t(ks, "allreduce", "float16", M), t(ks, "allreduce", "float32", M)
+            if a16 and a32:
+                L.append("| float16 allreduce 64 MiB byte rate ≥ float32's | %.2f vs %.2f GB/s | "
+                         "%s |" % (M / 1e3 / a16, M / 1e3 / a32, _met(a16 <= a32, a32 / a16)))
+        for kolo, ref, what in ((ks, "ompi-shm", "shared memory"), (kt, "ompi-tcp", "TCP")):
+            if not kolo:
+                continue
+            for coll in ("broadcast", "allgather", "reducescatter", "alltoall"):
+                rs = []
+                for s in self.sizes:
+                    if s < (64 << 10):
+                        continue
+                    a, b, _ = matched(st, 2, kolo, ref, coll, "float32", s)
+                    if a and b:
+                        rs.append((b / a, s))
+                if rs:
+                    worst = min(rs)
+                    ok = sum(1 for r, _ in rs if r >= 1)
+                    L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s "
+                             "| %s |" % (coll, what, ok, len(rs), worst[0], fmt_size(worst[1]),
+                                         _met(ok == len(rs), worst[0])))
+        for np in self.args.np_list:
+            if np <= NCPU or not ks:
+                continue
+            wrong = sum((e["wrong"] or 0) for (n, p, *_), e in st.t.items() if n == np and p == ks)
+            rows = sum(1 for (n, p, *_) in st.t if n == np and p == ks)
+            L.append("| %d ranks on %d cores: correct | %d sizes measured, %d wrong elements | "
+                     "%s |" % (np, NCPU, rows, wrong, _met(rows > 0 and wrong == 0, None)))
+        L.append("| ResNet-50-sized step, timeline overhead, PyTorch end-to-end | not measured "
+                 "by this harness yet | — |")
+        L.append("")
+        return L
+
+    def md_bound(self):
+        L = ["## The memory-traffic bound", ""]
+        B = self.lim.get("dram_traffic_GBps")
+        L.append("For messages of %s and more (out of cache), the time of a collective on n "
+                 "ranks is bounded below by **t ≥ n · T(S) / B**, where B = %s GB/s is the "
+                 "machine's measured DRAM traffic rate (bytes read plus written per second with "
+                 "both cores, the best of memcpy ×2 and streaming add ×3) and T(S) is what one rank "
+                 "must read and write in a single-copy shared-memory scheme in which each rank "
+                 "reads its peers' buffers directly and writes only its own (S = nccl-tests' "
+                 "size):" % (fmt_size(DRAM_MIN), B if B else "?"))
+        L.append("")
+        L.append("| collective | T(S) per rank | why |")
+        L.append("|---|---|---|")
+        for c, f, why in BOUND_FORMULAS:
+            L.append("| %s | %s | %s |" % (c, f, why))
+        L.append("")
+        L.append("For messages up to %s with no more ranks than cores, the bound is the "
+                 "measured one-way shared-memory flag latency (%s us) × ⌈log2 n⌉. In between, "
+                 "the data is (partly) cache-resident and no bound is given. **share of bound** = "
+                 "bound time / measured time, on kolo's shared-memory figures; 100 %% is the "
+                 "wall." % (fmt_size(LAT_MAX), self.lim.get("shm_ping_oneway_us", "?")))
+        if B:
+            t = bound_time_us("allreduce", 2, 64 << 20, self.lim)
+            L.append("Example: allreduce of 64 MiB on 2 ranks moves 2 × 2.5 × 64 MiB = 336 MB, so "
+                     "t ≥ %.1f ms, a busbw bound of %.2f GB/s." % (t / 1e3, (64 << 20) / 1e3 / t))
+        L.append("")
+        return L
+
+    def md_peers_status(self):
+        L = ["## Peers in this run", ""]
+        for p in self.peers:
+            ok, why = self.status[p.key]
+            L.append("- %s: %s" % (p.label, "ran" if ok else "**not run**: " + why))
+        for n in self.notes:
+            L.append("- %s" % n)
+        L.append("")
+        if self.cpu:
+            L.append("CPU time / wall time of each peer's launches (all ranks and launchers; %d "
+                     "cores, so %d.0 means every core was kept busy — ranks that spin while "
+                     "waiting push this to the core count even when they have nothing to do):"
+                     % (NCPU, NCPU))
+            L.append("")
+            nps = self.args.np_list
+            L.append("| peer | " + " | ".join("%d ranks" % n for n in nps) + " |")
+            L.append("|---|" + "---:|" * len(nps))
+            for p in self.peers:
+                cells = []
+                for n in nps:
+                    c = self.cpu.get((p.key, n))
+                    cells.append("%.2f" % (c[0] / c[1]) if c and c[1] > 0 else "—")
+                if any(x != "—" for x in cells):
+                    L.append("| %s | %s |" % (p.label, " | ".join(cells)))
+            L.append("")
+        return L
+
+    def md_tables(self):
+        L = ["## Side by side", ""]
+        a = self.args
+        for coll in a.coll_list:
+            for dt in a.dtype_list:
+                for np in a.np_list:
+                    for tr, trname in (("shm", "shared memory"), ("tcp", "TCP")):
+                        peers = [p for p in self.peers if p.transport == tr
+                                 and self.status[p.key][0]]
+                        if not peers:
+                            continue
+                        kolo = self.kolo.get(tr)
+                        others = [p for p in peers if p.family != "kolo"]
+                        L.append("### %s · %s · %d ranks · %s" % (coll, dt, np, trname))
+                        L.append("")
+                        hdr = ["size"]
+                        if kolo:
+                            hdr.append("kolo")
+                        for p in others:
+                            hdr.append(p.short)
+                            if kolo:
+                                hdr.append("kolo ×")
+                        show_bound = kolo and tr == "shm"
+                        if show_bound:
+                            hdr.append("share of bound")
+                        L.append("| " + " | ".join(hdr) + " |")
+                        L.append("|---:|" + "---:|" * (len(hdr) - 1))
+                        any_row = False
+                        for s in self.sizes:
+                            r = [fmt_size(s)]
+                            have = False
+                            if kolo:
+                                t, pl = primary(self.store, np, kolo, coll, dt, s)
+                                have |= t is not None
+                                r.append(cell(t, coll, np, s, pl))
+                            for p in others:
+                                t, pl = primary(self.store, np, p.key, coll, dt, s)
+                                have |= t is not None
+                                r.append(cell(t, coll, np, s, pl))
+                                if kolo:
+                                    ka, pb, _ = matched(self.store, np, kolo, p.key, coll, dt, s)
+                                    r.append(ratio_cell(pb / ka if ka else None))
+                            if show_bound:
+                                tb = bound_time_us(coll, np, s, self.lim)
+                                t, _ = primary(self.store, np, kolo, coll, dt, s)
+                                r.append("%.0f %%" % (100 * tb / t) if tb and t else "—")
+                            if have:
+                                any_row = True
+                                L.append("| " + " | ".join(r) + " |")
+                        if not any_row:
+                            L.pop()
+                            L.pop()
+                            L.append("(no peer measured this)")
+                        L.append("")
+        return L
+
+
+def _met(ok, factor):
+    if ok:
+        return "yes"
+    return "**no**" + (" (%.0f %% short)" % (100 * (1 - factor)) if factor else "")
+
+
+# ---------------------------------------------------------------- plots
+
+def plot(report, prefix):
+    """One PNG per collective: busbw against size, panels per (ranks, type), a line per peer."""
+    gp = shutil.which("gnuplot")
+    a, store = report.args, report.store
+    datadir = os.path.join(BUILD, "plotdata")
+    os.makedirs(datadir, exist_ok=True)
+    pngs = []
+    panels = [(np, dt) for np in a.np_list for dt in a.dtype_list]
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    for coll in a.coll_list:
+        series = []  # (panel index, label, datafile)
+        for pi, (np, dt) in enumerate(panels):
+            for p in report.peers:
+                if not report.status[p.key][0]:
+                    continue
+                pts = []
+                for s in report.sizes:
+                    t, _ = primary(store, np, p.key, coll, dt, s)
+                    if t:
+                        bw = s / 1e3 / t * bus_factor(coll, np)
+                        if bw > 0:
+                            pts.append((s, bw))
+                if not pts:
+                    continue
+                fn = os.path.join(datadir, "%s-%s-%d-%s-%s.dat" % (prefix, coll, np, dt, p.key))
+                with open(fn, "w") as f:
+                    for s, bw in pts:
+                        f.write("%d %.6g\n" % (s, bw))
+                series.append((pi, p, fn))
+        if not series:
+            continue
+        png = os.path.join(a.out, "%s-%s.png" % (prefix, coll))
+        if gp:
+            script = ['set terminal pngcairo size %d,%d font "sans,9"' % (700 * cols, 430 * rows),
+                      'set output "%s"' % png,
+                      'set multiplot layout %d,%d title "%s: bus bandwidth vs message size (%s)"'
+                      % (rows, cols, coll, report.stamp.replace("_", " ")),
+                      "set logscale x 2", "set logscale y 10", "set grid", "set key left top font ',8'",
+                      'set xlabel "message size (bytes)"', 'set ylabel "busbw (GB/s)"',
+                      "set format x '%.0b%B'", "set format y '%g'", "set xtics 16", "set mytics 10",
+                      "set yrange [0.001:*]"]
+            for pi, (np, dt) in enumerate(panels):
+                ss = [x for x in series if x[0] == pi]
+                script.append('set title "%d ranks, %s"' % (np, dt))
+                if not ss:
+                    script.append("unset key; plot 2 notitle lc rgb 'white'; set key")
+                    continue
+                parts = []
+                for _, p, fn in ss:
+                    style = "lw 2.5" if p.family == "kolo" else "lw 1.2"
+                    dash = "dt 1" if p.transport == "shm" else "dt 2"
+                    parts.append("'%s' using 1:2 with linespoints %s %s pt 7 ps 0.4 title '%s'" % (
+                        fn, style, dash, p.short))
+                script.append("plot " + ", ".join(parts))
+            script.append("unset multiplot")
+            r = subprocess.run(["gnuplot"], input="\n".join(script), text=True,
+                               capture_output=True)
+            if r.returncode == 0 and os.path.exists(png):
+                pngs.append(png)
+            else:
+                report.notes.append("gnuplot failed for %s: %s" % (coll, r.stderr.strip()[:200]))
+        else:
+            if not _plot_matplotlib(png, coll, panels, series, cols, rows, report.stamp):
+                report.notes.append("no plot for %s: neither gnuplot nor matplotlib" % coll)
+                continue
+            pngs.append(png)
+    return pngs
+
+
+def _plot_matplotlib(png, coll, panels, series, cols, rows, stamp):
+    code = r'''
+import sys, json
+import matplotlib; matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+cfg = json.loads(sys.argv[1])
+fig, axes = plt.subplots(cfg["rows"], cfg["cols"], figsize=(7 * cfg["cols"], 4.3 * cfg["rows"]),
+                         squeeze=False)
+for pi, (np_, dt) in enumerate(cfg["panels"]):
+    ax = axes[pi // cfg["cols"]][pi % cfg["cols"]]
+    for (i, label, fn, kolo, shm) in cfg["series"]:
+        if i != pi: continue
+        xs, ys = zip(*[tuple(map(float, l.split())) for l in open(fn)])
+        ax.plot(xs, ys, marker=".", lw=2.5 if kolo else 1.2, ls="-" if shm else "--", label=label)
+    ax.set_xscale("log", base=2); ax.set_yscale("log"); ax.grid(True, which="both", alpha=.3)
+    ax.set_title("%d ranks, %s" % (np_, dt)); ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)"); ax.legend(fontsize=7)
+fig.suptitle(cfg["title"]); fig.tight_layout(); fig.savefig(cfg["png"], dpi=90)
+'''
+    import json
+    cfg = {"rows": rows, "cols": cols, "panels": panels, "png": png,
+           "title": "%s: bus bandwidth vs message size (%s)" % (coll, stamp),
+           "series": [(i, p.short, fn, p.family == "kolo", p.transport == "shm")
+                      for i, p, fn in series]}
+    r = subprocess.run([PY, "-c", code, json.dumps(cfg)], capture_output=True, text=True)
+    return r.returncode == 0
+
+
+# ---------------------------------------------------------------- main
+
+# Sizes and iterations. Sub-microsecond calls need many iterations, 256 MiB calls few; above
+# 16 MiB the sweep steps by 4 (64 MiB, 256 MiB) to keep the full run near 40 minutes here.
+FULL_BANDS = "8:64K:50:10:2,128K:16M:10:3:2,64M:256M:3:1:4"
+QUICK_BANDS = "8:8:50:10:4,64:64K:50:10:4,256K:4M:10:3:4,16M:64M:3:1:4"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes (8 B, then 64 B..64 MiB by 4), 1 repetition, 2 ranks, "
+                        "float32 (~5 min)")
+    p.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
+    p.add_argument("--nranks", help="rank counts, e.g. 2,4 (default 2,4; quick 2)")
+    p.add_argument("--colls", help="collectives (default all five)")
+    p.add_argument("--dtypes", help="float32,float16 (default both; quick float32)")
+    p.add_argument("--peers", help="peer keys: " + ",".join(x.key for x in all_peers()))
+    p.add_argument("--bands", help="lo:hi:iters:warmup[:factor],... (default: %s; quick: %s)"
+                   % (FULL_BANDS, QUICK_BANDS))
+    p.add_argument("--factor", type=float, default=2.0,
+                   help="size step of bands that give none (default 2)")
+    p.add_argument("--idle-wait", type=float, default=0.0, metavar="S",
+                   help="before each launch wait up to S seconds for other processes to use "
+                        "less than 25%% of the CPUs (default 0: do not wait)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per launch (default 600)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="minutes; no new repetition starts past it (default 40; quick 5)")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--no-plots", action="store_true")
+    a = p.parse_args(argv)
+    q = a.quick
+    a.reps = a.reps or (1 if q else 3)
+    a.np_list = [int(x) for x in (a.nranks or ("2" if q else "2,4")).split(",")]
+    a.coll_list = (a.colls or ",".join(COLLS)).split(",")
+    a.dtype_list = (a.dtypes or ("float32" if q else "float32,float16")).split(",")
+    for c in a.coll_list:
+        if c not in COLLS:
+            p.error("unknown collective %s" % c)
+    for d in a.dtype_list:
+        if d not in DTYPES:
+            p.error("unknown type %s" % d)
+    spec = a.bands or (QUICK_BANDS if q else FULL_BANDS)
+    a.band_list = []
+    for tok in spec.split(","):
+        f = tok.split(":")
+        if len(f) not in (4, 5):
+            p.error("bad band %r: want lo:hi:iters:warmup[:factor]" % tok)
+        a.band_list.append(Band(parse_size(f[0]), parse_size(f[1]), int(f[2]), int(f[3]),
+                                float(f[4]) if len(f) == 5 else a.factor))
+    a.timeout = a.timeout or (300 if q else 600)
+    a.budget = a.budget if a.budget is not None else (5.0 if q else 40.0)
+    a.oversub_iters, a.oversub_warmup = 3, 1
+    return a
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv):
+    a = parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)  # stop like ^C: kill the launch, write the results
+    t_start = time.monotonic()
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M")
+    os.makedirs(a.out, exist_ok=True)
+    logdir = os.path.join(BUILD, "logs", stamp)
+    os.makedirs(logdir, exist_ok=True)
+
+    peers = all_peers()
+    if a.peers:
+        want = a.peers.split(",")
+        peers = [p for p in peers if p.key in want or p.family in want]
+    status, notes = {}, []
+    for p in all_peers():
+        status[p.key] = (False, "not selected (--peers)")
+    for p in peers:
+        status[p.key] = p.available()
+    # reasons compare.sh recorded (failed installs or builds)
+    st_file = os.path.join(BUILD, "peer_status")
+    if os.path.exists(st_file):
+        with open(st_file) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    fam, _, why = line.partition(": ")
+                    for p in peers:
+                        if p.family == fam and not status[p.key][0]:
+                            status[p.key] = (False, why)
+    for p in peers:
+        ok, why = status[p.key]
+        print("compare: %-13s %s" % (p.key, "ready" if ok else "skipped: " + why), flush=True)
+    running = [p for p in peers if status[p.key][0]]
+
+    print("compare: measuring the machine's limits", flush=True)
+    lim, lim_text = machine_limits(a.quick)
+    for line in lim_text.splitlines():
+        print("  " + line)
+
+    sizes = sweep_sizes(a.band_list)
+    run = Run()
+    run.notes = notes
+    reps_done = 0
+    rep_times = []
+    try:
+        for rep in range(a.reps):
+            elapsed = time.monotonic() - t_start
+            if rep and elapsed + statistics.mean(rep_times) > a.budget * 60:
+                notes.append("stopped after %d of %d repetitions: the next one would pass the "
+                             "%.0f-minute budget (--budget)" % (rep, a.reps, a.budget))
+                print("compare: " + notes[-1], flush=True)
+                break
+            t_rep = time.monotonic()
+            check = 1 if rep == 0 else 0
+            for np in a.np_list:
+                k = rep % max(1, len(running))
+                order = running[k:] + running[:k]
+                for p in order:
+                    bands = a.band_list
+                    if np > NCPU and p.oversub_slow:
+                        if rep > 0:
+                            continue
+                        bands = [b.capped(a.oversub_iters, a.oversub_warmup) for b in bands]
+                    t0 = time.monotonic()
+                    nrows, fails = run_round(p, np, rep, bands, check, a, logdir, run)
+                    print("compare: rep %d/%d np %d %-13s %6.1f s %4d rows%s" % (
+                        rep + 1, a.reps, np, p.key, time.monotonic() - t0, nrows,
+                        "  (" + "; ".join(fails)[:200] + ")" if fails else ""), flush=True)
+            rep_times.append(time.monotonic() - t_rep)
+            reps_done += 1
+    except KeyboardInterrupt:
+        notes.append("interrupted by the user after %d repetitions" % reps_done)
+        print("\ncompare: interrupted; writing what was measured", flush=True)
+
+    for np in a.np_list:
+        for p in running:
+            if p.oversub_slow and np > NCPU:
+                notes.append("%s with %d ranks on %d cores: capped sweep (%d/%d iterations, "
+                             "first repetition only), because it spins when oversubscribed" % (
+                                 p.label, np, NCPU, a.oversub_iters, a.oversub_warmup))
+    store = run.store
+    wrong = [(k, e["wrong"]) for k, e in store.t.items() if e["wrong"]]
+    for (np, peer, coll, dt, size), w in wrong:
+        notes.append("WRONG RESULTS: %s %s %s %d ranks %s: %d elements" % (
+            peer, coll, dt, np, fmt_size(size), w))
+
+    elapsed = time.monotonic() - t_start
+    info = machine_info()
+    vers = versions(run.comments)
+    rep = Report(a, store, peers, status, notes, lim, lim_text, info, vers, sizes, stamp,
+                 elapsed, run.loads, reps_done)
+    rep.cpu = run.cpu
+    rep.waited = run.waited
+    prefix = stamp + ("-quick" if a.quick else "")
+    pngs = [] if a.no_plots else plot(rep, prefix)
+    csv_path = os.path.join(a.out, prefix + "-compare.csv")
+    md_path = os.path.join(a.out, prefix + "-compare.md")
+    rep.write_csv(csv_path)
+    rep.write_md(md_path, os.path.basename(csv_path), pngs)
+    if not a.quick:
+        shutil.copyfile(md_path, os.path.join(a.out, "latest.md"))
+    print("compare: done in %.1f min" % (elapsed / 60))
+    print("compare: results %s" % os.path.relpath(md_path, ROOT))
+    print("compare: csv     %s" % os.path.relpath(csv_path, ROOT))
+    for png in pngs:
+        print("compare: plot    %s" % os.path.relpath(png, ROOT))
+    # the headline, on the terminal
+    with open(md_path) as f:
+        text = f.read()
+    m = re.search(r"## Headline.*?(?=\n## )", text, re.S)
+    if m:
+        print("\n" + m.group(0).strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,177 @@
+"""Shared parts of the Python peers (torch_dist_bench.py, horovod_bench.py).
+
+Same command line and the same nccl-tests rows as bench/peers/mpi_coll_bench.c and
+build/bin/kolo-bench:
+
+    <coll>[,<coll>...]|all [-b 8] [-e 256M] [-f 2] [-n 20] [-w 5] [-c 1]
+    [-d float32[,float16]] [-o sum] [-r 0] [-B lo:hi:iters:warmup[:factor],...] [-np N]
+
+A placement the library has no call for (torch's all_reduce is in-place only, Horovod's
+allgather is out-of-place only, ...) prints "-" in its four columns.
+"""
+
+import argparse
+import time
+
+COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
+ROOTED = {"broadcast"}
+REDUCING = {"allreduce", "reducescatter"}
+BLOCKED = {"allgather", "reducescatter", "alltoall"}  # size = per-rank block x nranks
+
+
+def parse_size(s):
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip()
+    if s and s[-1].lower() in mult:
+        return int(float(s[:-1]) * mult[s[-1].lower()])
+    return int(float(s))
+
+
+def parse_args(argv, prog):
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("colls")
+    p.add_argument("-b", default="8")
+    p.add_argument("-e", default="256M")
+    p.add_argument("-f", type=float, default=2.0)
+    p.add_argument("-n", type=int, default=20)
+    p.add_argument("-w", type=int, default=5)
+    p.add_argument("-c", type=int, default=1)
+    p.add_argument("-d", default="float32")
+    p.add_argument("-o", default="sum", choices=["sum"])
+    p.add_argument("-r", type=int, default=0)
+    p.add_argument("-B", default=None, help="bands lo:hi:iters:warmup[:factor],...")
+    p.add_argument("-np", type=int, default=None, help="fork N local ranks")
+    a = p.parse_args(argv)
+    colls = []
+    for c in a.colls.split(","):
+        if c == "all":
+            colls += COLLS
+        elif c in COLLS:
+            colls.append(c)
+        else:
+            p.error("unknown collective %r" % c)
+    a.coll_list = colls
+    a.dtypes = []
+    for d in a.d.split(","):
+        d = {"float": "float32", "half": "float16"}.get(d, d)
+        if d not in ("float32", "float16"):
+            p.error("unknown type %r" % d)
+        a.dtypes.append(d)
+    if a.B:
+        a.bands = []
+        for tok in a.B.split(","):
+            f = tok.split(":")
+            if len(f) not in (4, 5):
+                p.error("bad band %r (want lo:hi:iters:warmup[:factor])" % tok)
+            a.bands.append((parse_size(f[0]), parse_size(f[1]), int(f[2]), int(f[3]),
+                            float(f[4]) if len(f) == 5 else a.f))
+    else:
+        a.bands = [(parse_size(a.b), parse_size(a.e), a.n, a.w, a.f)]
+    if a.f <= 1:
+        p.error("-f must be > 1")
+    return a
+
+
+def sweep(bands):
+    """Yields (requested size, iters, warmup, band) like the C tools: bands in order, no size
+    twice; band is (lo, hi) on the first size of each band (warm up there, as nccl-tests does at
+    the largest and then the smallest size before a sweep), else None."""
+    last = 0
+    for lo, hi, iters, warmup, factor in bands:
+        req, first = lo, True
+        while req <= hi:
+            if req > last:
+                yield req, iters, warmup, ((lo, hi) if first else None)
+                first = False
+                last = req
+            nxt = int(req * factor)
+            req = nxt if nxt > req else req + 1
+
+
+def sizes_for(coll, elem_size, req, nranks):
+    """(count, per-rank block count, size in bytes) in nccl-tests' terms."""
+    count = req // elem_size
+    if coll in BLOCKED:
+        per = count // nranks
+        count = per * nranks
+    else:
+        per = count
+    return count, per, count * elem_size
+
+
+def bus_factor(coll, n):
+    if coll == "allreduce":
+        return 2.0 * (n - 1) / n
+    if coll == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+def header(coll, dtype, lib, nranks, args):
+    bands = " ".join("%d-%d(n%d,w%d,f%g)" % b for b in args.bands)
+    print("# Collective test starting: %s" % coll)
+    print("# %s nranks %d type %s validation: %d bands: %s" % (lib, nranks, dtype, args.c, bands))
+    print("#")
+    print("#                                                              out-of-place"
+          "                       in-place")
+    print("#       size         count      type   redop    root     time   algbw   busbw #wrong"
+          "     time   algbw   busbw #wrong")
+    print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)      "
+          "      (us)  (GB/s)  (GB/s)")
+
+
+def _fmt_time(us):
+    if us >= 10000:
+        return "%7.0f" % us
+    if us >= 100:
+        return "%7.1f" % us
+    return "%7.2f" % us
+
+
+def _placement(res, size, factor):
+    if res is None:
+        return "%7s  %6s  %6s  %6s" % ("-", "-", "-", "-")
+    us, wrong = res
+    alg = size / 1e3 / us
+    w = "N/A" if wrong is None else str(wrong)
+    return "%7s  %6.2f  %6.2f  %6s" % (_fmt_time(us), alg, alg * factor, w)
+
+
+def row(coll, dtype, size, count, root, oop, ip, nranks):
+    """oop / ip: (time us, wrong or None) or None when the placement does not exist."""
+    f = bus_factor(coll, nranks)
+    redop = "sum" if coll in REDUCING else "none"
+    print("%12d  %12d  %8s  %6s  %6d  %s  %s" % (
+        size, count, dtype, redop, root if coll in ROOTED else -1,
+        _placement(oop, size, f), _placement(ip, size, f)), flush=True)
+    return (size / 1e3 / oop[0] * f) if oop else (size / 1e3 / ip[0] * f if ip else None)
+
+
+def footer(coll, wrong_rows, busbws):
+    bw = [b for b in busbws if b is not None]
+    print("# Out of bounds values : %d %s" % (wrong_rows, "FAILED" if wrong_rows else "OK"))
+    print("# Avg bus bandwidth    : %g" % (sum(bw) / len(bw) if bw else 0.0))
+    print("#")
+    print("# Collective test concluded: %s" % coll, flush=True)
+
+
+def torch_pattern(torch, ranks, count, offset=0):
+    """float32 tensor of elements offset .. offset+count-1 of the sum over `ranks` of each rank's
+    input, pattern(r, i) = (i % 29 + 3 r) % 16 (as in mpi_coll_bench.c: small integers, so sums
+    are exact in float16 too). The pattern repeats every 29 elements, so it is built by tiling."""
+    i = (torch.arange(29, dtype=torch.int32) + offset % 29) % 29
+    base = torch.zeros(29, dtype=torch.float32)
+    for r in ranks:
+        base += ((i + 3 * r) % 16).to(torch.float32)
+    return base.repeat(count // 29 + 1)[:count]
+
+
+def timed(fn, iters, warmup, barrier):
+    """Mean seconds per call of fn() over iters calls after warmup calls, after a barrier."""
+    for _ in range(warmup):
+        fn()
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
