@@ -800,3 +800,35 @@ KT_TEST(store_threads_start_stop, 60)
         KT_ASSERTF(r == NULL, "thread %d: %ld (%s)", i, (long)(intptr_t)r, kolo_last_error());
     }
 }
+
+/* Forking while the server thread is busy: fork waits until the thread is parked in poll(),
+ * so no child inherits a lock held inside malloc or libcrypto (it would hang at once). */
+KT_TEST(store_fork_while_serving, 60)
+{
+    enum { N = 24 };
+    int port;
+    kolo__store_server *s = start_server(&port);
+    pid_t pids[N];
+    fflush(stderr);
+    for (int r = 0; r < N; r++) {
+        pids[r] = fork();
+        KT_ASSERT(pids[r] >= 0);
+        if (pids[r] == 0) {
+            for (int i = 0; i < 5; i++) { /* keep the server thread busy while siblings fork */
+                kolo__store *c = client(port);
+                KT_OK(kolo__store_add(c, "n", 1, NULL));
+                kolo__store_close(c);
+            }
+            _exit(0);
+        }
+    }
+    for (int r = 0; r < N; r++) {
+        int st;
+        KT_EQ(waitpid(pids[r], &st, 0), pids[r]);
+        KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d failed (status 0x%x)", r, st);
+    }
+    kolo__store *c = client(port);
+    expect_value(c, "n", "120");
+    kolo__store_close(c);
+    kolo__store_server_stop(s);
+}

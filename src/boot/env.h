@@ -52,4 +52,12 @@ bool kolo__slurm_first_host(const char *nodelist, char *out, size_t cap);
 /* Splits "host:port" or "[v6addr]:port". Returns false if malformed. */
 bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port);
 
+/* Tasks on node `node` (0-based) from a Slurm tasks-per-node list ("2(x3),1": nodes 0-2 run 2,
+ * node 3 runs 1). Returns false if the list is malformed or has no such node. */
+bool kolo__slurm_tasks_on_node(const char *tasks_per_node, int node, int *count);
+
+/* The port every rank derives from the same text (a job id) when no launcher gives one:
+ * a hash of `key` mapped into [20000, 59999]. */
+int kolo__env_port_from(const char *key);
+
 #endif

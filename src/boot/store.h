@@ -8,7 +8,9 @@
  * Runs on its own thread; serves any number of clients until stopped.
  * Every connection must first pass the challenge-response with the job secret;
  * a stranger, a wrong secret, a malformed or oversized frame closes that connection
- * and logs one warning line with the peer's address. Other clients are unaffected. */
+ * and logs one warning line with the peer's address. Other clients are unaffected.
+ * fork() in a process running servers waits (pthread_atfork) until each server thread is
+ * idle in poll(), so a child never inherits a lock held by it. */
 typedef struct kolo__store_server kolo__store_server;
 
 /* Binds host:port (host "" or NULL: all interfaces; port 0: any free port) and starts.
@@ -19,6 +21,9 @@ int kolo__store_server_start(kolo__store_server **out, const char *host, int por
 int kolo__store_server_port(const kolo__store_server *s);
 /* Stops the thread, closes every connection, frees. NULL is a no-op. */
 void kolo__store_server_stop(kolo__store_server *s);
+/* Tests only: seconds a new connection has to finish the handshake (default 10).
+ * Process-wide; call before starting a server. */
+void kolo__store_test_handshake_timeout(double seconds);
 
 /* ---- Client ----
  * One connection, used by one thread at a time. Keys are <= 255 bytes of text, values
@@ -32,9 +37,12 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
                         size_t secret_len, double timeout_s);
 int kolo__store_set(kolo__store *c, const char *key, const void *val, size_t len);
 /* Waits until key exists (at most timeout_s; 0 means just look) and returns a copy of the
- * value in *val (free with kolo__free), its length in *len. KOLO_ERR_TIMEOUT if absent. */
+ * value in *val (free with kolo__free), its length in *len. KOLO_ERR_TIMEOUT if absent.
+ * The copy is followed by a NUL byte not counted in *len, so text values read as strings. */
 int kolo__store_get(kolo__store *c, const char *key, void **val, size_t *len, double timeout_s);
-/* Atomically adds delta to the integer stored at key (absent: 0) and returns the new value. */
+/* Atomically adds delta to the integer stored at key (absent: 0) and returns the new value
+ * (result may be NULL). Counters are stored as decimal text, so a GET of one reads e.g. "3".
+ * KOLO_ERR_INVALID_ARG when the stored value is not an integer or the sum overflows. */
 int kolo__store_add(kolo__store *c, const char *key, int64_t delta, int64_t *result);
 /* Closes. NULL is a no-op. */
 void kolo__store_close(kolo__store *c);

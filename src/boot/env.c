@@ -1,0 +1,677 @@
+/* env.c - who am I: rank, size, local/cross hints, rendezvous address, job id and secret, read
+ * from the environment of whichever launcher started this process.
+ *
+ * Detection order. The first convention whose marker variable is set wins; a convention that is
+ * found but incomplete or malformed is an error (KOLO_ERR_INVALID_ARG naming the variable and
+ * its value), never a silent fall-through to the next one. Empty variables count as unset.
+ *
+ *  1. kolo      KOLO_RANK or KOLO_SIZE. Also KOLO_LOCAL_RANK/SIZE, KOLO_CROSS_RANK/SIZE,
+ *               KOLO_RENDEZVOUS (required when KOLO_SIZE > 1). kolorun serves the store itself,
+ *               so rdv_serve = 0.
+ *  2. horovod   HOROVOD_RANK or HOROVOD_SIZE (+ LOCAL_/CROSS_ variants). horovodrun's own
+ *               rendezvous (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT) speaks HTTP, not our protocol,
+ *               and its address is the launcher's host, where no rank runs; it only names the
+ *               job. Rank 0 serves kolo's store: at KOLO_RENDEZVOUS if set; else, when every
+ *               rank is on one host (HOROVOD_LOCAL_SIZE == HOROVOD_SIZE), on 127.0.0.1 at a
+ *               port derived from the job id; else it is an error asking for KOLO_RENDEZVOUS.
+ *  3. torchrun  RANK and WORLD_SIZE (both; one alone is ignored with a warning), LOCAL_RANK,
+ *               LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+ *               torchrun's agent already runs its TCPStore on MASTER_PORT, so kolo never binds
+ *               that port: rank 0 serves at MASTER_ADDR:MASTER_PORT+1 (MASTER_PORT-1 when
+ *               MASTER_PORT is 65535). The job id includes TORCHELASTIC_RUN_ID and
+ *               TORCHELASTIC_RESTART_COUNT, so a restarted group never sees stale keys.
+ *  4. openmpi   OMPI_COMM_WORLD_RANK (+ SIZE, LOCAL_RANK, LOCAL_SIZE). OMPI_COMM_WORLD_NODE_RANK
+ *               counts processes of all jobs on the node: it is not a host index and is unused.
+ *  5. pmi       PMI_RANK, PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS (MPICH Hydra, Intel MPI),
+ *               else PMI_LOCAL_RANK/PMI_LOCAL_SIZE (Cray).
+ *  6. pmix      PMIX_RANK, with the size from PMI_SIZE or PMIX_SIZE. Without a size, when
+ *               Slurm's variables describe this very process (srun --mpi=pmix), Slurm is used.
+ *     For 4-6 no address is given. Rank 0 serves: at KOLO_RENDEZVOUS if set; else, when all
+ *     ranks share one host (local size == size), on 127.0.0.1 at a port derived from the job
+ *     id; else at Slurm's address (7) when Slurm's variables describe the same world (mpirun or
+ *     srun --mpi=pmi2 inside an allocation); else it is an error asking for KOLO_RENDEZVOUS.
+ *  7. slurm     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID,
+ *               SLURM_STEP_NUM_NODES (or SLURM_NNODES); local size from
+ *               SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE ("2(x3),1") or
+ *               SLURM_NTASKS_PER_NODE. Rank 0 serves at the first host of SLURM_STEP_NODELIST
+ *               (else SLURM_JOB_NODELIST, SLURM_NODELIST), at a port derived from SLURM_JOB_ID
+ *               and SLURM_STEP_ID. With block and cyclic distributions rank 0 runs there.
+ *  8. none      rank 0 of 1; no store.
+ *
+ * KOLO_RENDEZVOUS=host:port overrides the address of every convention (and makes rank 0 serve
+ * it unless kolorun started us). A world of one needs no store: unless KOLO_RENDEZVOUS is set,
+ * its rdv_port is 0.
+ *
+ * Derived ports: FNV-1a of a text every rank computes identically, mapped into [20000, 59999].
+ * The range overlaps Linux's ephemeral ports (32768-60999), so the port may be busy: that shows
+ * up at once as an "address in use" error on rank 0 naming host:port, and KOLO_RENDEZVOUS
+ * fixes it.
+ *
+ * Job id: KOLO_JOB_ID, else "<convention>-<launcher's job identifiers>": horovod
+ * HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT; torchrun run id, restart count, MASTER_ADDR:PORT; Open MPI
+ * OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE; PMI PMI_KVSNAME or PMI_JOBID; PMIx PMIX_NAMESPACE;
+ * Slurm SLURM_JOB_ID.SLURM_STEP_ID. Without any: the KOLO_RENDEZVOUS text, else (one host
+ * only) the parent pid and uid - every rank of one mpirun on one host has the same parent.
+ * Ids longer than job_id holds or with characters outside [A-Za-z0-9._:@-] become a cleaned
+ * prefix plus a 64-bit hash of the whole text, so they stay safe in shared-memory names.
+ *
+ * Secret: the bytes of KOLO_SECRET; else HMAC(job_id) in hex (secret_derived = 1).
+ */
+#include "env.h"
+
+#include "auth.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* Variable names of one convention's integers; NULL where the convention has none. */
+typedef struct names {
+    const char *rank, *size, *lrank, *lsize, *crank, *csize;
+} names;
+
+static const char *var(const char *name)
+{
+    const char *v = name ? getenv(name) : NULL;
+    return (v && *v) ? v : NULL;
+}
+
+static bool parse_uint(const char *v, int *out)
+{
+    long long x = 0;
+    if (!v || !*v) return false;
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        x = x * 10 + (*p - '0');
+        if (x > INT_MAX) return false;
+    }
+    *out = (int)x;
+    return true;
+}
+
+/* *out = value of `name`, or -1 when unset (or name is NULL). */
+static int opt_int(const char *name, int *out)
+{
+    const char *v = var(name);
+    *out = -1;
+    if (!v) return KOLO_OK;
+    if (!parse_uint(v, out))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s='%s' is not a non-negative integer",
+                         name, v);
+    return KOLO_OK;
+}
+
+static int req_int(const char *name, const char *why, int *out)
+{
+    if (!var(name)) return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s is not set (%s)", name, why);
+    return opt_int(name, out);
+}
+
+/* A (rank, size) pair: size >= 1 when given, rank < size when both are given. */
+static int check_pair(const char *rn, int r, const char *sn, int s)
+{
+    if (s == 0) return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s=0: a size must be at least 1", sn);
+    if (r >= 0 && s > 0 && r >= s)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s=%d is not below %s=%d", rn, r, sn, s);
+    return KOLO_OK;
+}
+
+/* Reads and validates a convention's integers into w. */
+static int read_ints(const names *n, const char *why, kolo__world_info *w)
+{
+    int s;
+    if ((s = req_int(n->rank, why, &w->rank)) || (s = req_int(n->size, why, &w->size)) ||
+        (s = opt_int(n->lrank, &w->local_rank)) || (s = opt_int(n->lsize, &w->local_size)) ||
+        (s = opt_int(n->crank, &w->cross_rank)) || (s = opt_int(n->csize, &w->cross_size)))
+        return s;
+    if ((s = check_pair(n->rank, w->rank, n->size, w->size)) ||
+        (s = check_pair(n->lrank, w->local_rank, n->lsize, w->local_size)) ||
+        (s = check_pair(n->crank, w->cross_rank, n->csize, w->cross_size)))
+        return s;
+    if (w->local_size > w->size)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s=%d exceeds %s=%d", n->lsize,
+                         w->local_size, n->size, w->size);
+    if (w->cross_size > w->size)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s=%d exceeds %s=%d", n->csize,
+                         w->cross_size, n->size, w->size);
+    return KOLO_OK;
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+int kolo__env_port_from(const char *key)
+{
+    uint64_t h = fnv1a(key ? key : "");
+    h ^= h >> 29; /* FNV's low bits mix weakly; fold the high ones in */
+    return 20000 + (int)(h % 40000u);
+}
+
+static bool job_char_ok(char c) { return isalnum((unsigned char)c) || strchr("._:@-", c) != NULL; }
+
+static void set_job_id(kolo__world_info *w, const char *raw)
+{
+    size_t n = strlen(raw);
+    bool ok = n > 0 && n < sizeof(w->job_id);
+    for (size_t i = 0; ok && i < n; i++) ok = job_char_ok(raw[i]);
+    if (ok) {
+        memcpy(w->job_id, raw, n + 1);
+        return;
+    }
+    size_t keep = KOLO_MIN(n, (size_t)48), j = 0;
+    for (size_t i = 0; i < keep; i++) w->job_id[j++] = job_char_ok(raw[i]) ? raw[i] : '_';
+    snprintf(w->job_id + j, sizeof(w->job_id) - j, "-%016llx", (unsigned long long)fnv1a(raw));
+}
+
+bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port)
+{
+    if (!s || !host || !port || cap == 0) return false;
+    const char *hb, *he, *colon;
+    if (s[0] == '[') {
+        hb = s + 1;
+        he = strchr(hb, ']');
+        if (!he || he[1] != ':') return false;
+        colon = he + 1;
+    } else {
+        hb = s;
+        colon = strchr(s, ':');
+        if (!colon || strchr(colon + 1, ':')) return false; /* a bare IPv6 address needs brackets */
+        he = colon;
+    }
+    size_t hl = (size_t)(he - hb);
+    if (hl == 0 || hl >= cap) return false;
+    for (const char *p = hb; p < he; p++)
+        if (isspace((unsigned char)*p) || *p == '[' || *p == ']' || *p == '/') return false;
+    int p;
+    if (!parse_uint(colon + 1, &p) || p < 1 || p > 65535) return false;
+    memcpy(host, hb, hl);
+    host[hl] = '\0';
+    *port = p;
+    return true;
+}
+
+/* ---- Slurm lists ---- */
+
+static bool host_char(char c) { return isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_'; }
+
+/* Parses one bracket group "[a-b,c]" starting at *pp (just after '['); writes the first
+ * number (with its zero padding) to first/firstcap when first is not NULL. */
+static bool parse_brackets(const char **pp, char *first, size_t firstcap)
+{
+    const char *p = *pp;
+    bool any = false;
+    for (;;) {
+        const char *lo = p;
+        while (isdigit((unsigned char)*p)) p++;
+        size_t lolen = (size_t)(p - lo);
+        if (lolen == 0 || lolen > 18) return false;
+        if (first && !any) {
+            if (lolen >= firstcap) return false;
+            memcpy(first, lo, lolen);
+            first[lolen] = '\0';
+        }
+        if (*p == '-') {
+            const char *hi = ++p;
+            while (isdigit((unsigned char)*p)) p++;
+            size_t hilen = (size_t)(p - hi);
+            if (hilen == 0 || hilen > 18) return false;
+            if (strtoull(hi, NULL, 10) < strtoull(lo, NULL, 10)) return false;
+        }
+        any = true;
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p != ']') return false;
+        *pp = p + 1;
+        return true;
+    }
+}
+
+bool kolo__slurm_first_host(const char *nodelist, char *out, size_t cap)
+{
+    if (!nodelist || !out || cap == 0) return false;
+    const char *p = nodelist;
+    size_t n = 0;
+    int host = 0;
+    for (;;) {
+        /* one host expression: text and bracket groups, up to ',' or the end */
+        bool empty = true;
+        while (*p && *p != ',') {
+            if (*p == '[') {
+                p++;
+                char num[24];
+                if (!parse_brackets(&p, host == 0 ? num : NULL, sizeof(num))) return false;
+                if (host == 0) {
+                    size_t l = strlen(num);
+                    if (n + l >= cap) return false;
+                    memcpy(out + n, num, l);
+                    n += l;
+                }
+            } else if (host_char(*p)) {
+                if (host == 0) {
+                    if (n + 1 >= cap) return false;
+                    out[n++] = *p;
+                }
+                p++;
+            } else {
+                return false;
+            }
+            empty = false;
+        }
+        if (empty) return false;
+        host++;
+        if (!*p) break;
+        p++; /* ',' */
+    }
+    out[n] = '\0';
+    return true;
+}
+
+bool kolo__slurm_tasks_on_node(const char *tpn, int node, int *count)
+{
+    if (!tpn || !*tpn || node < 0) return false;
+    const char *p = tpn;
+    long long seen = 0;
+    int found = -1;
+    for (;;) {
+        char *end;
+        if (!isdigit((unsigned char)*p)) return false;
+        unsigned long c = strtoul(p, &end, 10);
+        p = end;
+        unsigned long rep = 1;
+        if (*p == '(') {
+            if (p[1] != 'x' || !isdigit((unsigned char)p[2])) return false;
+            rep = strtoul(p + 2, &end, 10);
+            if (*end != ')' || rep == 0) return false;
+            p = end + 1;
+        }
+        if (c == 0 || c > INT_MAX || rep > INT_MAX) return false;
+        if (found < 0 && node < seen + (long long)rep) found = (int)c;
+        seen += (long long)rep;
+        if (!*p) break;
+        if (*p != ',') return false;
+        p++;
+    }
+    if (found < 0) return false;
+    *count = found;
+    return true;
+}
+
+/* ---- conventions ---- */
+
+/* What detection has found so far, besides the world info itself. */
+typedef struct ctx {
+    bool have_rdv;          /* KOLO_RENDEZVOUS parsed into rdv_host/rdv_port */
+    char rdv_host[256];
+    int rdv_port;
+    const char *rdv_text;
+    char jid[640];          /* raw job id before set_job_id */
+} ctx;
+
+static void use_override(kolo__world_info *w, const ctx *c, int serve)
+{
+    snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", c->rdv_host);
+    w->rdv_port = c->rdv_port;
+    w->rdv_serve = serve;
+}
+
+/* The identifier every rank computes when the launcher names no job. */
+static void fallback_jid(const ctx *c, const char *source, char *out, size_t cap)
+{
+    if (c->have_rdv) snprintf(out, cap, "%s-rdv-%s", source, c->rdv_text);
+    else snprintf(out, cap, "%s-ppid%d-uid%u", source, (int)getppid(), (unsigned)getuid());
+}
+
+/* Ranks on one host, no address given: rank 0 serves on loopback at a derived port.
+ * Requires the job id to be final (KOLO_JOB_ID already applied). */
+static void serve_loopback(kolo__world_info *w)
+{
+    snprintf(w->rdv_host, sizeof(w->rdv_host), "127.0.0.1");
+    w->rdv_port = kolo__env_port_from(w->job_id);
+    w->rdv_serve = 1;
+}
+
+static void apply_job_id(kolo__world_info *w, const ctx *c)
+{
+    const char *user = var("KOLO_JOB_ID");
+    set_job_id(w, user ? user : c->jid);
+}
+
+static int from_kolo(kolo__world_info *w, ctx *c)
+{
+    static const names n = {"KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
+                            "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
+    int s = read_ints(&n, "KOLO_RANK and KOLO_SIZE go together", w);
+    if (s) return s;
+    if (c->have_rdv) use_override(w, c, 0);
+    else if (w->size > 1)
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "KOLO_SIZE=%d but KOLO_RENDEZVOUS is not set: kolorun sets both; when starting "
+                         "ranks by hand, set KOLO_RENDEZVOUS=host:port of a running store", w->size);
+    if (c->have_rdv) snprintf(c->jid, sizeof(c->jid), "kolo-%s", c->rdv_text);
+    else snprintf(c->jid, sizeof(c->jid), "kolo-pid%d", (int)getpid());
+    apply_job_id(w, c);
+    return KOLO_OK;
+}
+
+static int from_horovod(kolo__world_info *w, ctx *c)
+{
+    static const names n = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                            "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"};
+    int s = read_ints(&n, "HOROVOD_RANK and HOROVOD_SIZE go together", w);
+    if (s) return s;
+    const char *ha = var("HOROVOD_GLOO_RENDEZVOUS_ADDR"), *hp = var("HOROVOD_GLOO_RENDEZVOUS_PORT");
+    if (ha && hp) snprintf(c->jid, sizeof(c->jid), "horovod-%s:%s", ha, hp);
+    else fallback_jid(c, "horovod", c->jid, sizeof(c->jid));
+    apply_job_id(w, c);
+    if (c->have_rdv) use_override(w, c, 1);
+    else if (w->size == 1) {
+        /* a world of one needs no store */
+    } else if (w->local_size == w->size) serve_loopback(w);
+    else
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "horovod: %d ranks on %s hosts and no address for kolo's store (horovodrun's "
+                         "rendezvous speaks another protocol): set KOLO_RENDEZVOUS=host:port to a free port "
+                         "on rank 0's host, e.g. horovodrun ... with KOLO_RENDEZVOUS exported",
+                         w->size, w->local_size < 0 ? "unknown" : "several");
+    return KOLO_OK;
+}
+
+static int from_torchrun(kolo__world_info *w, ctx *c)
+{
+    static const names n = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                            "GROUP_WORLD_SIZE"};
+    int s = read_ints(&n, "torchrun sets RANK and WORLD_SIZE", w);
+    if (s) return s;
+    const char *ma = var("MASTER_ADDR"), *mp = var("MASTER_PORT");
+    int mport = -1;
+    if (mp && (!parse_uint(mp, &mport) || mport < 1 || mport > 65535))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable MASTER_PORT='%s' is not a port (1-65535)", mp);
+    const char *run = var("TORCHELASTIC_RUN_ID"), *restart = var("TORCHELASTIC_RESTART_COUNT");
+    int rc = 0;
+    if (restart && !parse_uint(restart, &rc))
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "environment variable TORCHELASTIC_RESTART_COUNT='%s' is not a non-negative integer", restart);
+    if (ma && mp)
+        snprintf(c->jid, sizeof(c->jid), "torch-%s-r%d-%s:%d", run ? run : "none", rc, ma, mport);
+    else {
+        char fb[512];
+        fallback_jid(c, "torch", fb, sizeof(fb));
+        snprintf(c->jid, sizeof(c->jid), "%s-%s-r%d", fb, run ? run : "none", rc);
+    }
+    apply_job_id(w, c);
+    if (c->have_rdv) {
+        use_override(w, c, 1);
+    } else if (w->size > 1) {
+        if (!ma || !mp)
+            return kolo__err(KOLO_ERR_INVALID_ARG,
+                             "torchrun: RANK and WORLD_SIZE=%d are set but %s is not; set MASTER_ADDR and "
+                             "MASTER_PORT (or KOLO_RENDEZVOUS=host:port)", w->size, ma ? "MASTER_PORT" : "MASTER_ADDR");
+        if (strlen(ma) >= sizeof(w->rdv_host))
+            return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable MASTER_ADDR is too long (%zu bytes)", strlen(ma));
+        /* torchrun's agent owns MASTER_PORT with its own TCPStore: use the next port. */
+        snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", ma);
+        w->rdv_port = mport < 65535 ? mport + 1 : mport - 1;
+        w->rdv_serve = 1;
+    }
+    return KOLO_OK;
+}
+
+/* "slurm-<job>.<step>" into out; false (out untouched) when SLURM_JOB_ID is not set. */
+static bool slurm_key(char *out, size_t cap)
+{
+    const char *job = var("SLURM_JOB_ID"), *step = var("SLURM_STEP_ID");
+    if (!job) job = var("SLURM_JOBID");
+    if (!step) step = var("SLURM_STEPID");
+    if (!job) return false;
+    snprintf(out, cap, "slurm-%s.%s", job, step ? step : "none");
+    return true;
+}
+
+/* Slurm's address for this job step: the first host of the node list, a port from the job and
+ * step ids. Every rank computes the same. */
+static int slurm_address(kolo__world_info *w)
+{
+    const char *list = var("SLURM_STEP_NODELIST");
+    const char *lname = "SLURM_STEP_NODELIST";
+    if (!list) list = var(lname = "SLURM_JOB_NODELIST");
+    if (!list) list = var(lname = "SLURM_NODELIST");
+    if (!list)
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "slurm: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is set, so "
+                         "rank 0's host is unknown; set KOLO_RENDEZVOUS=host:port");
+    char host[256], key[320];
+    if (!kolo__slurm_first_host(list, host, sizeof(host)))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s='%s' is not a Slurm host list", lname, list);
+    if (!slurm_key(key, sizeof(key)))
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "slurm: SLURM_JOB_ID is not set, so no rendezvous port can be derived; set "
+                         "KOLO_RENDEZVOUS=host:port");
+    snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", host);
+    w->rdv_port = kolo__env_port_from(key);
+    w->rdv_serve = 1;
+    return KOLO_OK;
+}
+
+/* Whether Slurm's variables describe this very process in this very world. */
+static bool slurm_matches(int rank, int size)
+{
+    int r, n;
+    const char *nt = var("SLURM_NTASKS");
+    if (!nt) nt = var("SLURM_NPROCS");
+    return parse_uint(var("SLURM_PROCID"), &r) && parse_uint(nt, &n) && r == rank && n == size;
+}
+
+/* Open MPI, PMI, PMIx: no address; see the top of the file. */
+static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const char *launcher_jid)
+{
+    if (launcher_jid) snprintf(c->jid, sizeof(c->jid), "%s-%s", source, launcher_jid);
+    else fallback_jid(c, source, c->jid, sizeof(c->jid));
+    apply_job_id(w, c);
+    if (c->have_rdv) {
+        use_override(w, c, 1);
+        return KOLO_OK;
+    }
+    if (w->size == 1) return KOLO_OK;
+    if (w->local_size == w->size) {
+        serve_loopback(w);
+        return KOLO_OK;
+    }
+    if (slurm_matches(w->rank, w->size) && slurm_address(w) == KOLO_OK) {
+        KOLO_INFO("%s: rendezvous at the first host of Slurm's node list, %s:%d", source, w->rdv_host,
+                  w->rdv_port);
+        return KOLO_OK;
+    }
+    return kolo__err(KOLO_ERR_INVALID_ARG,
+                     "%s: %d ranks %s and the launcher gives no rendezvous address: set "
+                     "KOLO_RENDEZVOUS=host:port to a free port on rank 0's host in every rank's environment "
+                     "(e.g. mpirun -x KOLO_RENDEZVOUS=node1:29400 ...)",
+                     source, w->size, w->local_size < 0 ? "on hosts the launcher does not describe" : "on several hosts");
+}
+
+static int from_openmpi(kolo__world_info *w, ctx *c)
+{
+    static const names n = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                            "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, NULL};
+    int s = read_ints(&n, "mpirun sets both", w);
+    if (s) return s;
+    const char *id = var("OMPI_MCA_ess_base_jobid");
+    if (!id) id = var("PMIX_NAMESPACE");
+    return mpi_address(w, c, "openmpi", id);
+}
+
+static int from_pmi(kolo__world_info *w, ctx *c)
+{
+    names n = {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", NULL, NULL};
+    if (!var("MPI_LOCALRANKID") && !var("MPI_LOCALNRANKS")) {
+        n.lrank = "PMI_LOCAL_RANK";
+        n.lsize = "PMI_LOCAL_SIZE";
+    }
+    int s = read_ints(&n, "the process manager sets PMI_RANK and PMI_SIZE", w);
+    if (s) return s;
+    const char *id = var("PMI_KVSNAME");
+    if (!id) id = var("PMI_JOBID");
+    return mpi_address(w, c, "pmi", id);
+}
+
+static int from_pmix(kolo__world_info *w, ctx *c)
+{
+    names n = {"PMIX_RANK", var("PMI_SIZE") ? "PMI_SIZE" : "PMIX_SIZE", NULL, NULL, NULL, NULL};
+    int s = read_ints(&n, "PMIx gives the size only through a query: set KOLO_SIZE, or start with "
+                          "mpirun or srun, which also set their own size variables", w);
+    if (s) return s;
+    return mpi_address(w, c, "pmix", var("PMIX_NAMESPACE"));
+}
+
+static int from_slurm(kolo__world_info *w, ctx *c)
+{
+    names n = {"SLURM_PROCID", var("SLURM_NTASKS") || !var("SLURM_NPROCS") ? "SLURM_NTASKS" : "SLURM_NPROCS",
+               "SLURM_LOCALID", NULL, "SLURM_NODEID",
+               var("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_NNODES"};
+    int s = read_ints(&n, "srun sets SLURM_PROCID and SLURM_NTASKS", w);
+    if (s) return s;
+    if (w->size > 1 && !var("SLURM_STEP_ID") && !var("SLURM_STEPID"))
+        KOLO_WARN("slurm: SLURM_NTASKS=%d but no SLURM_STEP_ID: this looks like a batch script rather than "
+                  "a task started by srun; start every rank with srun", w->size);
+    /* Local size: the step's own list, then the job's (which describes the allocation and
+     * can disagree with a smaller step: then it is dropped, it is only a hint). */
+    const char *tpn = var("SLURM_STEP_TASKS_PER_NODE");
+    const char *tname = "SLURM_STEP_TASKS_PER_NODE";
+    if (!tpn) tpn = var(tname = "SLURM_TASKS_PER_NODE");
+    int ls = -1;
+    if (tpn) {
+        if (!kolo__slurm_tasks_on_node(tpn, 0, &ls))
+            return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s='%s' is not a Slurm tasks-per-node list",
+                             tname, tpn);
+        if (w->cross_rank < 0 || !kolo__slurm_tasks_on_node(tpn, w->cross_rank, &ls)) ls = -1;
+    } else if (var("SLURM_NTASKS_PER_NODE")) {
+        if ((s = opt_int("SLURM_NTASKS_PER_NODE", &ls))) return s;
+        if (ls == 0) ls = -1;
+    }
+    if (ls > w->size || (w->local_rank >= 0 && ls >= 0 && w->local_rank >= ls)) ls = -1;
+    w->local_size = ls;
+    if (c->have_rdv || w->size == 1) {
+        if (!slurm_key(c->jid, sizeof(c->jid))) fallback_jid(c, "slurm", c->jid, sizeof(c->jid));
+        apply_job_id(w, c);
+        if (c->have_rdv) use_override(w, c, 1);
+        return KOLO_OK;
+    }
+    if ((s = slurm_address(w))) return s;
+    slurm_key(c->jid, sizeof(c->jid));
+    apply_job_id(w, c);
+    return KOLO_OK;
+}
+
+static int from_nothing(kolo__world_info *w, ctx *c)
+{
+    w->rank = 0;
+    w->size = 1;
+    w->local_rank = w->cross_rank = 0;
+    w->local_size = w->cross_size = 1;
+    snprintf(c->jid, sizeof(c->jid), "single-pid%d-uid%u", (int)getpid(), (unsigned)getuid());
+    apply_job_id(w, c);
+    return KOLO_OK;
+}
+
+static int make_secret(kolo__world_info *w)
+{
+    const char *sec = kolo__setting_str(KOLO_SET_SECRET);
+    if (*sec) {
+        size_t n = strlen(sec);
+        if (n >= sizeof(w->secret))
+            return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SECRET is %zu bytes long; at most %zu are allowed", n,
+                             sizeof(w->secret) - 1);
+        memcpy(w->secret, sec, n + 1);
+        w->secret_len = n;
+        w->secret_derived = 0;
+        return KOLO_OK;
+    }
+    uint8_t mac[KOLO_MAC_LEN];
+    int s = kolo__hmac(mac, w->job_id, strlen(w->job_id), "kolo-derived-secret", NULL, 0);
+    if (s) return s;
+    for (size_t i = 0; i < sizeof(mac); i++) snprintf(w->secret + 2 * i, 3, "%02x", mac[i]);
+    w->secret_len = 2 * sizeof(mac);
+    w->secret_derived = 1;
+    if (w->size > 1)
+        KOLO_INFO("KOLO_SECRET is not set: using a secret derived from the job id '%s'; connections are "
+                  "protected against accidents (another job's ranks), not against an attacker",
+                  w->job_id);
+    return KOLO_OK;
+}
+
+int kolo__env_detect(kolo__world_info *out)
+{
+    if (!out) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo__env_detect: out is NULL");
+    kolo__world_info w;
+    memset(&w, 0, sizeof(w));
+    w.local_rank = w.local_size = w.cross_rank = w.cross_size = -1;
+    ctx c;
+    memset(&c, 0, sizeof(c));
+    const char *rdv = kolo__setting_str(KOLO_SET_RENDEZVOUS);
+    if (*rdv) {
+        if (!kolo__parse_hostport(rdv, c.rdv_host, sizeof(c.rdv_host), &c.rdv_port))
+            return kolo__err(KOLO_ERR_INVALID_ARG,
+                             "environment variable KOLO_RENDEZVOUS='%s' is not host:port ([v6addr]:port for "
+                             "IPv6; port 1-65535)", rdv);
+        c.have_rdv = true;
+        c.rdv_text = rdv;
+    }
+
+    int s;
+    const char *src;
+    if (var("KOLO_RANK") || var("KOLO_SIZE")) {
+        src = "kolo";
+        s = from_kolo(&w, &c);
+    } else if (var("HOROVOD_RANK") || var("HOROVOD_SIZE")) {
+        src = "horovod";
+        s = from_horovod(&w, &c);
+    } else if (var("RANK") && var("WORLD_SIZE")) {
+        src = "torchrun";
+        s = from_torchrun(&w, &c);
+    } else if (var("OMPI_COMM_WORLD_RANK")) {
+        src = "openmpi";
+        s = from_openmpi(&w, &c);
+    } else if (var("PMI_RANK")) {
+        src = "pmi";
+        s = from_pmi(&w, &c);
+    } else if (var("PMIX_RANK") && (var("PMI_SIZE") || var("PMIX_SIZE") || !var("SLURM_PROCID"))) {
+        src = "pmix";
+        s = from_pmix(&w, &c);
+    } else if (var("PMIX_RANK") && strcmp(var("PMIX_RANK"), var("SLURM_PROCID")) != 0) {
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "pmix: PMIX_RANK='%s' but SLURM_PROCID='%s' and no size variable: set KOLO_RANK and "
+                         "KOLO_SIZE, or KOLO_RENDEZVOUS with PMI_SIZE", var("PMIX_RANK"), var("SLURM_PROCID"));
+    } else if (var("SLURM_PROCID")) {
+        src = "slurm";
+        s = from_slurm(&w, &c);
+    } else {
+        if (var("RANK") || var("WORLD_SIZE"))
+            KOLO_WARN("%s is set but %s is not: not a torchrun environment; running as a world of one",
+                      var("RANK") ? "RANK" : "WORLD_SIZE", var("RANK") ? "WORLD_SIZE" : "RANK");
+        src = "none";
+        s = from_nothing(&w, &c);
+    }
+    if (s) return s;
+    snprintf(w.source, sizeof(w.source), "%s", src);
+    if (w.size == 1 && !c.have_rdv) {
+        w.rdv_host[0] = '\0';
+        w.rdv_port = 0;
+        w.rdv_serve = 0;
+    }
+    if ((s = make_secret(&w))) return s;
+    KOLO_DEBUG("environment: %s, rank %d of %d (local %d of %d, cross %d of %d), store %s:%d%s, job %s",
+               w.source, w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size,
+               w.rdv_port ? w.rdv_host : "-", w.rdv_port, w.rdv_serve ? " (rank 0 serves)" : "", w.job_id);
+    *out = w;
+    return KOLO_OK;
+}

@@ -1,0 +1,678 @@
+/* test_env.c - rank discovery from each launcher's real variables, precedence, malformed values,
+ * Slurm lists, derived rendezvous addresses, job ids and secrets. */
+#include "kt.h"
+
+#include "../src/boot/env.h"
+#include "../src/boot/store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Removes every variable any convention reads, so the runner's own environment (a Slurm
+ * job, a kolorun rank) cannot leak into a test. */
+static void clear_env(void)
+{
+    static const char *const prefixes[] = {"KOLO_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL",
+                                           "SLURM_", "TORCHELASTIC_", "MV2_"};
+    static const char *const exact[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                        "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    char names[512][128];
+    int n = 0;
+    for (char **e = environ; *e && n < 512; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (len >= sizeof(names[0])) continue;
+        bool drop = false;
+        for (size_t i = 0; i < KOLO_ARRAY_SIZE(prefixes); i++)
+            if (strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0) drop = true;
+        for (size_t i = 0; i < KOLO_ARRAY_SIZE(exact); i++)
+            if (strlen(exact[i]) == len && strncmp(*e, exact[i], len) == 0) drop = true;
+        if (!drop) continue;
+        memcpy(names[n], *e, len);
+        names[n++][len] = '\0';
+    }
+    for (int i = 0; i < n; i++) unsetenv(names[i]);
+}
+
+/* setenv for a list "NAME=VALUE", ..., NULL */
+static void set_vars(const char *const *kv)
+{
+    for (; *kv; kv++) {
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s", *kv);
+        char *eq = strchr(buf, '=');
+        KT_ASSERT(eq);
+        *eq = '\0';
+        setenv(buf, eq + 1, 1);
+    }
+}
+
+static kolo__world_info detect_ok(void)
+{
+    kolo__world_info w;
+    memset(&w, 0x5a, sizeof(w));
+    KT_OK(kolo__env_detect(&w));
+    return w;
+}
+
+static void expect_invalid(const char *needle)
+{
+    kolo__world_info w;
+    KT_STATUS(kolo__env_detect(&w), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), needle);
+}
+
+#define STR_EQ(a, b) KT_ASSERTF(strcmp((a), (b)) == 0, "%s is '%s', expected '%s'", #a, (a), (b))
+
+KT_TEST(env_nothing_is_world_of_one, 10)
+{
+    clear_env();
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "none");
+    KT_EQ(w.rank, 0);
+    KT_EQ(w.size, 1);
+    KT_EQ(w.local_rank, 0);
+    KT_EQ(w.local_size, 1);
+    KT_EQ(w.rdv_port, 0);
+    KT_EQ(w.rdv_serve, 0);
+    KT_ASSERT(w.job_id[0] != '\0');
+    KT_EQ(w.secret_derived, 1);
+    KT_EQ(w.secret_len, 64);
+}
+
+KT_TEST(env_kolo_launcher, 10)
+{
+    clear_env();
+    static const char *const v[] = {"KOLO_RANK=2", "KOLO_SIZE=4", "KOLO_LOCAL_RANK=0", "KOLO_LOCAL_SIZE=2",
+                                    "KOLO_CROSS_RANK=1", "KOLO_CROSS_SIZE=2", "KOLO_RENDEZVOUS=10.0.0.1:1234",
+                                    "KOLO_SECRET=abc def", "KOLO_JOB_ID=job-17", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "kolo");
+    KT_EQ(w.rank, 2);
+    KT_EQ(w.size, 4);
+    KT_EQ(w.local_rank, 0);
+    KT_EQ(w.local_size, 2);
+    KT_EQ(w.cross_rank, 1);
+    KT_EQ(w.cross_size, 2);
+    STR_EQ(w.rdv_host, "10.0.0.1");
+    KT_EQ(w.rdv_port, 1234);
+    KT_EQ(w.rdv_serve, 0); /* kolorun serves the store */
+    STR_EQ(w.job_id, "job-17");
+    KT_EQ(w.secret_len, 7);
+    KT_ASSERT(memcmp(w.secret, "abc def", 7) == 0);
+    KT_EQ(w.secret_derived, 0);
+
+    /* hints left out are -1 */
+    unsetenv("KOLO_LOCAL_RANK");
+    unsetenv("KOLO_CROSS_SIZE");
+    w = detect_ok();
+    KT_EQ(w.local_rank, -1);
+    KT_EQ(w.cross_size, -1);
+
+    /* more than one rank needs a rendezvous address */
+    unsetenv("KOLO_RENDEZVOUS");
+    expect_invalid("KOLO_RENDEZVOUS");
+    setenv("KOLO_SIZE", "1", 1);
+    setenv("KOLO_RANK", "0", 1);
+    unsetenv("KOLO_LOCAL_SIZE");
+    unsetenv("KOLO_CROSS_RANK");
+    w = detect_ok();
+    KT_EQ(w.rdv_port, 0);
+}
+
+KT_TEST(env_malformed_values, 10)
+{
+    static const struct {
+        const char *vars[4];
+        const char *needle;
+    } cases[] = {
+        {{"KOLO_RANK=abc", "KOLO_SIZE=4"}, "KOLO_RANK='abc'"},
+        {{"KOLO_RANK=-1", "KOLO_SIZE=4"}, "KOLO_RANK='-1'"},
+        {{"KOLO_RANK=1x", "KOLO_SIZE=4"}, "KOLO_RANK='1x'"},
+        {{"KOLO_RANK= 1", "KOLO_SIZE=4"}, "KOLO_RANK=' 1'"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=99999999999"}, "KOLO_SIZE='99999999999'"},
+        {{"KOLO_RANK=4", "KOLO_SIZE=4"}, "KOLO_RANK=4 is not below KOLO_SIZE=4"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=0"}, "KOLO_SIZE=0"},
+        {{"KOLO_RANK=1"}, "KOLO_SIZE is not set"},
+        {{"KOLO_SIZE=2"}, "KOLO_RANK is not set"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=4", "KOLO_LOCAL_RANK=2", "KOLO_LOCAL_SIZE=2"}, "KOLO_LOCAL_RANK=2"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=4", "KOLO_LOCAL_SIZE=8"}, "KOLO_LOCAL_SIZE=8 exceeds KOLO_SIZE=4"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=4", "KOLO_CROSS_RANK=x"}, "KOLO_CROSS_RANK='x'"},
+        {{"HOROVOD_RANK=3", "HOROVOD_SIZE=2"}, "HOROVOD_RANK=3 is not below HOROVOD_SIZE=2"},
+        {{"HOROVOD_RANK=0", "HOROVOD_SIZE=two"}, "HOROVOD_SIZE='two'"},
+        {{"RANK=0", "WORLD_SIZE=-4"}, "WORLD_SIZE='-4'"},
+        {{"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=http"}, "MASTER_PORT='http'"},
+        {{"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=70000"}, "MASTER_PORT='70000'"},
+        {{"OMPI_COMM_WORLD_RANK=0"}, "OMPI_COMM_WORLD_SIZE is not set"},
+        {{"OMPI_COMM_WORLD_RANK=5", "OMPI_COMM_WORLD_SIZE=5"}, "OMPI_COMM_WORLD_RANK=5"},
+        {{"PMI_RANK=0", "PMI_SIZE=0"}, "PMI_SIZE=0"},
+        {{"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_STEP_NODELIST=node[1-"}, "SLURM_STEP_NODELIST='node[1-'"},
+        {{"SLURM_PROCID=x", "SLURM_NTASKS=2"}, "SLURM_PROCID='x'"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=nohostport"}, "KOLO_RENDEZVOUS='nohostport'"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=h:0"}, "KOLO_RENDEZVOUS='h:0'"},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(cases); i++) {
+        clear_env();
+        for (int j = 0; j < 4 && cases[i].vars[j]; j++) {
+            const char *const one[] = {cases[i].vars[j], NULL};
+            set_vars(one);
+        }
+        kolo__world_info w;
+        int s = kolo__env_detect(&w);
+        KT_ASSERTF(s == KOLO_ERR_INVALID_ARG, "case %zu (%s): status %d, message '%s'", i, cases[i].needle, s,
+                   kolo_last_error());
+        KT_ASSERTF(strstr(kolo_last_error(), cases[i].needle), "case %zu: '%s' does not contain '%s'", i,
+                   kolo_last_error(), cases[i].needle);
+    }
+    /* empty counts as unset */
+    clear_env();
+    setenv("KOLO_RANK", "", 1);
+    setenv("KOLO_SIZE", "", 1);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "none");
+}
+
+/* Every convention at once, then peeled off one by one: the documented order. */
+KT_TEST(env_precedence, 10)
+{
+    clear_env();
+    static const char *const all[] = {
+        "KOLO_RANK=0", "KOLO_SIZE=1",
+        "HOROVOD_RANK=1", "HOROVOD_SIZE=2", "HOROVOD_LOCAL_SIZE=2", "HOROVOD_GLOO_RENDEZVOUS_ADDR=h", "HOROVOD_GLOO_RENDEZVOUS_PORT=1",
+        "RANK=1", "WORLD_SIZE=3", "MASTER_ADDR=m", "MASTER_PORT=29500",
+        "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+        "PMI_RANK=3", "PMI_SIZE=5", "MPI_LOCALNRANKS=5",
+        "PMIX_RANK=4", "PMIX_SIZE=6",
+        "SLURM_PROCID=5", "SLURM_NTASKS=7", "SLURM_STEP_NODELIST=n1", "SLURM_JOB_ID=9", "SLURM_STEP_ID=0",
+        "KOLO_RENDEZVOUS=head:1", NULL};
+    set_vars(all);
+    static const struct {
+        const char *source;
+        int size;
+        const char *drop[3];
+    } order[] = {
+        {"kolo", 1, {"KOLO_RANK", "KOLO_SIZE"}},
+        {"horovod", 2, {"HOROVOD_RANK", "HOROVOD_SIZE"}},
+        {"torchrun", 3, {"RANK"}},
+        {"openmpi", 4, {"OMPI_COMM_WORLD_RANK"}},
+        {"pmi", 5, {"PMI_RANK", "PMI_SIZE"}},
+        {"pmix", 6, {"PMIX_RANK"}},
+        {"slurm", 7, {"SLURM_PROCID"}},
+        {"none", 1, {NULL}},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(order); i++) {
+        kolo__world_info w = detect_ok();
+        KT_ASSERTF(strcmp(w.source, order[i].source) == 0, "step %zu: source %s, expected %s", i, w.source,
+                   order[i].source);
+        KT_EQ(w.size, order[i].size);
+        for (int j = 0; j < 3 && order[i].drop[j]; j++) unsetenv(order[i].drop[j]);
+    }
+}
+
+KT_TEST(env_horovod, 10)
+{
+    clear_env();
+    static const char *const v[] = {"HOROVOD_RANK=1", "HOROVOD_SIZE=2", "HOROVOD_LOCAL_RANK=1",
+                                    "HOROVOD_LOCAL_SIZE=2", "HOROVOD_CROSS_RANK=0", "HOROVOD_CROSS_SIZE=1",
+                                    "HOROVOD_HOSTNAME=box", "HOROVOD_GLOO_RENDEZVOUS_ADDR=10.1.1.1",
+                                    "HOROVOD_GLOO_RENDEZVOUS_PORT=4567", "HOROVOD_CONTROLLER=gloo", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "horovod");
+    KT_EQ(w.rank, 1);
+    KT_EQ(w.local_rank, 1);
+    KT_EQ(w.cross_size, 1);
+    /* one host: rank 0 serves kolo's store on loopback (horovodrun's HTTP store is not ours) */
+    STR_EQ(w.rdv_host, "127.0.0.1");
+    KT_EQ(w.rdv_serve, 1);
+    KT_CONTAINS(w.job_id, "10.1.1.1:4567");
+    KT_EQ(w.rdv_port, kolo__env_port_from(w.job_id));
+    KT_ASSERT(w.rdv_port >= 20000 && w.rdv_port <= 59999);
+    KT_ASSERT(w.rdv_port != 4567);
+    /* rank 0 computes the same address and secret */
+    setenv("HOROVOD_RANK", "0", 1);
+    setenv("HOROVOD_LOCAL_RANK", "0", 1);
+    kolo__world_info w0 = detect_ok();
+    KT_EQ(w0.rdv_port, w.rdv_port);
+    STR_EQ(w0.job_id, w.job_id);
+    KT_ASSERT(w0.secret_len == w.secret_len && memcmp(w0.secret, w.secret, w.secret_len) == 0);
+    /* another horovodrun (other rendezvous port) is another job */
+    setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", "4568", 1);
+    kolo__world_info w2 = detect_ok();
+    KT_ASSERT(strcmp(w2.job_id, w.job_id) != 0);
+    KT_ASSERT(memcmp(w2.secret, w.secret, w.secret_len) != 0);
+
+    /* several hosts: no way to find rank 0 without KOLO_RENDEZVOUS */
+    setenv("HOROVOD_SIZE", "4", 1);
+    setenv("HOROVOD_CROSS_SIZE", "2", 1);
+    expect_invalid("KOLO_RENDEZVOUS=host:port");
+    setenv("KOLO_RENDEZVOUS", "trainer-0:5000", 1);
+    w = detect_ok();
+    STR_EQ(w.source, "horovod");
+    STR_EQ(w.rdv_host, "trainer-0");
+    KT_EQ(w.rdv_port, 5000);
+    KT_EQ(w.rdv_serve, 1);
+    /* unknown local size counts as several hosts */
+    unsetenv("KOLO_RENDEZVOUS");
+    unsetenv("HOROVOD_LOCAL_SIZE");
+    unsetenv("HOROVOD_LOCAL_RANK");
+    expect_invalid("KOLO_RENDEZVOUS");
+}
+
+KT_TEST(env_torchrun, 10)
+{
+    clear_env();
+    static const char *const v[] = {"RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
+                                    "GROUP_RANK=1", "GROUP_WORLD_SIZE=2", "ROLE_RANK=3", "MASTER_ADDR=node0",
+                                    "MASTER_PORT=29500", "TORCHELASTIC_RUN_ID=abc", "TORCHELASTIC_RESTART_COUNT=0",
+                                    "TORCHELASTIC_USE_AGENT_STORE=True", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "torchrun");
+    KT_EQ(w.rank, 3);
+    KT_EQ(w.size, 4);
+    KT_EQ(w.local_rank, 1);
+    KT_EQ(w.local_size, 2);
+    KT_EQ(w.cross_rank, 1);
+    KT_EQ(w.cross_size, 2);
+    STR_EQ(w.rdv_host, "node0");
+    KT_EQ(w.rdv_port, 29501); /* never torchrun's own MASTER_PORT */
+    KT_EQ(w.rdv_serve, 1);
+    KT_CONTAINS(w.job_id, "abc");
+
+    /* a restart is a new job id and a new secret: stale keys are never seen */
+    setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+    kolo__world_info r = detect_ok();
+    KT_ASSERT(strcmp(r.job_id, w.job_id) != 0);
+    KT_ASSERT(memcmp(r.secret, w.secret, w.secret_len) != 0);
+
+    setenv("MASTER_PORT", "65535", 1);
+    w = detect_ok();
+    KT_EQ(w.rdv_port, 65534);
+
+    setenv("KOLO_RENDEZVOUS", "[fe80::1]:7000", 1);
+    w = detect_ok();
+    STR_EQ(w.rdv_host, "fe80::1");
+    KT_EQ(w.rdv_port, 7000);
+    KT_EQ(w.rdv_serve, 1);
+    unsetenv("KOLO_RENDEZVOUS");
+
+    unsetenv("MASTER_PORT");
+    expect_invalid("MASTER_PORT");
+
+    /* RANK alone is somebody else's variable */
+    clear_env();
+    setenv("RANK", "3", 1);
+    w = detect_ok();
+    STR_EQ(w.source, "none");
+}
+
+/* torchrun's agent holds MASTER_PORT: kolo's store must come up beside it. */
+KT_TEST(env_torchrun_does_not_bind_master_port, 20)
+{
+    for (int attempt = 0;; attempt++) {
+        int agent = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        KT_ASSERT(bind(agent, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(agent, 8) == 0);
+        socklen_t al = sizeof(a);
+        getsockname(agent, (struct sockaddr *)&a, &al);
+        int mport = ntohs(a.sin_port);
+        char ps[16];
+        snprintf(ps, sizeof(ps), "%d", mport);
+        clear_env();
+        static const char *const v[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2",
+                                        "MASTER_ADDR=127.0.0.1", NULL};
+        set_vars(v);
+        setenv("MASTER_PORT", ps, 1);
+        kolo__world_info w = detect_ok();
+        KT_ASSERT(w.rdv_port != mport);
+        kolo__store_server *srv = NULL;
+        int s = kolo__store_server_start(&srv, NULL, w.rdv_port, w.secret, w.secret_len);
+        if (s == KOLO_ERR_SYSTEM && attempt < 5) { /* MASTER_PORT+1 happened to be in use here */
+            close(agent);
+            continue;
+        }
+        KT_OK(s);
+        kolo__store *c;
+        KT_OK(kolo__store_connect(&c, w.rdv_host, w.rdv_port, w.secret, w.secret_len, 5));
+        KT_OK(kolo__store_set(c, "k", "v", 1));
+        kolo__store_close(c);
+        kolo__store_server_stop(srv);
+        close(agent);
+        break;
+    }
+}
+
+KT_TEST(env_openmpi, 10)
+{
+    clear_env();
+    static const char *const v[] = {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK=1", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+                                    "OMPI_COMM_WORLD_NODE_RANK=7", "OMPI_UNIVERSE_SIZE=8",
+                                    "OMPI_MCA_ess_base_jobid=3141", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "openmpi");
+    KT_EQ(w.rank, 1);
+    KT_EQ(w.local_size, 4);
+    KT_EQ(w.cross_rank, -1);
+    STR_EQ(w.job_id, "openmpi-3141");
+    STR_EQ(w.rdv_host, "127.0.0.1");
+    KT_EQ(w.rdv_port, kolo__env_port_from("openmpi-3141"));
+    KT_EQ(w.rdv_serve, 1);
+
+    /* Open MPI 5 names the job through PMIx */
+    unsetenv("OMPI_MCA_ess_base_jobid");
+    setenv("PMIX_NAMESPACE", "prterun-box-4242@1", 1);
+    w = detect_ok();
+    STR_EQ(w.job_id, "openmpi-prterun-box-4242@1");
+
+    /* several hosts */
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    expect_invalid("KOLO_RENDEZVOUS");
+    setenv("KOLO_RENDEZVOUS", "head:29400", 1);
+    w = detect_ok();
+    STR_EQ(w.rdv_host, "head");
+    KT_EQ(w.rdv_port, 29400);
+    KT_EQ(w.rdv_serve, 1);
+    unsetenv("KOLO_RENDEZVOUS");
+
+    /* mpirun inside a Slurm step whose tasks are these very ranks: Slurm's address */
+    static const char *const sl[] = {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_JOB_ID=55", "SLURM_STEP_ID=2",
+                                     "SLURM_STEP_NODELIST=cn[07-08]", NULL};
+    set_vars(sl);
+    w = detect_ok();
+    STR_EQ(w.source, "openmpi");
+    STR_EQ(w.rdv_host, "cn07");
+    KT_EQ(w.rdv_port, kolo__env_port_from("slurm-55.2"));
+    /* ... but not a Slurm view of another world (orted's step: one task per node) */
+    setenv("SLURM_NTASKS", "2", 1);
+    expect_invalid("KOLO_RENDEZVOUS");
+}
+
+/* Without a launcher job id, every rank of one mpirun on one host derives the same port
+ * from its parent's pid. */
+KT_TEST(env_mpi_same_host_fallback, 10)
+{
+    clear_env();
+    static const char *const v[] = {"OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2", NULL};
+    set_vars(v);
+    int fds[2];
+    KT_ASSERT(pipe(fds) == 0);
+    fflush(stderr);
+    for (int r = 0; r < 2; r++) {
+        if (fork() == 0) {
+            char rs[16];
+            snprintf(rs, sizeof(rs), "%d", r);
+            setenv("OMPI_COMM_WORLD_RANK", rs, 1);
+            setenv("OMPI_COMM_WORLD_LOCAL_RANK", rs, 1);
+            kolo__world_info w;
+            int port = kolo__env_detect(&w) == KOLO_OK && strstr(w.job_id, "ppid") ? w.rdv_port : -1;
+            ssize_t n = write(fds[1], &port, sizeof(port));
+            _exit(n == sizeof(port) ? 0 : 1);
+        }
+    }
+    int p[2];
+    for (int r = 0; r < 2; r++) KT_EQ(read(fds[0], &p[r], sizeof(int)), sizeof(int));
+    for (int r = 0; r < 2; r++) wait(NULL);
+    KT_ASSERT(p[0] >= 20000 && p[0] <= 59999);
+    KT_EQ(p[0], p[1]);
+}
+
+KT_TEST(env_pmi_and_pmix, 10)
+{
+    clear_env();
+    static const char *const v[] = {"PMI_RANK=2", "PMI_SIZE=3", "MPI_LOCALRANKID=2", "MPI_LOCALNRANKS=3",
+                                    "PMI_FD=5", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "pmi");
+    KT_EQ(w.rank, 2);
+    KT_EQ(w.local_rank, 2);
+    KT_EQ(w.local_size, 3);
+    STR_EQ(w.rdv_host, "127.0.0.1");
+    KT_EQ(w.rdv_serve, 1);
+
+    /* Cray PMI names the local variables differently */
+    clear_env();
+    static const char *const cray[] = {"PMI_RANK=0", "PMI_SIZE=4", "PMI_LOCAL_RANK=0", "PMI_LOCAL_SIZE=2", NULL};
+    set_vars(cray);
+    expect_invalid("KOLO_RENDEZVOUS"); /* 2 hosts, nothing to find rank 0 with */
+    setenv("KOLO_RENDEZVOUS", "nid001:9000", 1);
+    w = detect_ok();
+    KT_EQ(w.local_size, 2);
+    STR_EQ(w.rdv_host, "nid001");
+
+    /* PMIx alone gives no size */
+    clear_env();
+    setenv("PMIX_RANK", "1", 1);
+    setenv("PMIX_NAMESPACE", "ns", 1);
+    expect_invalid("PMIX_SIZE");
+    setenv("PMI_SIZE", "2", 1);
+    expect_invalid("KOLO_RENDEZVOUS");
+    setenv("KOLO_RENDEZVOUS", "nid001:9000", 1);
+    w = detect_ok();
+    STR_EQ(w.source, "pmix");
+    KT_EQ(w.size, 2);
+    STR_EQ(w.job_id, "pmix-ns");
+    unsetenv("KOLO_RENDEZVOUS");
+
+    /* srun --mpi=pmix: Slurm describes the same task, and gives the address */
+    unsetenv("PMI_SIZE");
+    static const char *const sl[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_JOB_ID=8", "SLURM_STEP_ID=0",
+                                     "SLURM_STEP_NODELIST=a[1-2]", NULL};
+    set_vars(sl);
+    w = detect_ok();
+    STR_EQ(w.source, "slurm");
+    STR_EQ(w.rdv_host, "a1");
+    setenv("SLURM_PROCID", "0", 1); /* a stale batch-script value */
+    expect_invalid("PMIX_RANK='1'");
+}
+
+KT_TEST(env_slurm, 10)
+{
+    clear_env();
+    static const char *const v[] = {"SLURM_PROCID=5", "SLURM_NTASKS=8", "SLURM_LOCALID=1", "SLURM_NODEID=2",
+                                    "SLURM_STEP_NUM_NODES=4", "SLURM_NNODES=6",
+                                    "SLURM_STEP_NODELIST=gpu[03-05,09],cpu1", "SLURM_JOB_NODELIST=gpu[01-09]",
+                                    "SLURM_JOB_ID=777", "SLURM_STEP_ID=0", "SLURM_STEP_TASKS_PER_NODE=2(x4)",
+                                    "SLURM_TASKS_PER_NODE=4(x2)", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "slurm");
+    KT_EQ(w.rank, 5);
+    KT_EQ(w.size, 8);
+    KT_EQ(w.local_rank, 1);
+    KT_EQ(w.local_size, 2);
+    KT_EQ(w.cross_rank, 2);
+    KT_EQ(w.cross_size, 4);
+    STR_EQ(w.rdv_host, "gpu03");
+    KT_EQ(w.rdv_port, kolo__env_port_from("slurm-777.0"));
+    KT_ASSERT(w.rdv_port >= 20000 && w.rdv_port <= 59999);
+    KT_EQ(w.rdv_serve, 1);
+    STR_EQ(w.job_id, "slurm-777.0");
+    KT_ASSERT(w.secret_derived);
+
+    /* the next step of the same job: another port and id */
+    setenv("SLURM_STEP_ID", "1", 1);
+    kolo__world_info w1 = detect_ok();
+    KT_ASSERT(w1.rdv_port != w.rdv_port);
+    KT_ASSERT(strcmp(w1.job_id, w.job_id) != 0);
+
+    /* job-level lists when the step's are missing */
+    unsetenv("SLURM_STEP_NODELIST");
+    unsetenv("SLURM_STEP_TASKS_PER_NODE");
+    unsetenv("SLURM_STEP_NUM_NODES");
+    setenv("SLURM_TASKS_PER_NODE", "2(x3),1", 1);
+    setenv("SLURM_NODEID", "3", 1);
+    setenv("SLURM_LOCALID", "0", 1);
+    w = detect_ok();
+    STR_EQ(w.rdv_host, "gpu01");
+    KT_EQ(w.local_size, 1);
+    KT_EQ(w.cross_size, 6);
+    setenv("SLURM_TASKS_PER_NODE", "2(x3,1", 1);
+    expect_invalid("SLURM_TASKS_PER_NODE='2(x3,1'");
+    unsetenv("SLURM_TASKS_PER_NODE");
+    setenv("SLURM_NTASKS_PER_NODE", "2", 1);
+    w = detect_ok();
+    KT_EQ(w.local_size, 2);
+    unsetenv("SLURM_NTASKS_PER_NODE");
+    w = detect_ok();
+    KT_EQ(w.local_size, -1);
+
+    /* KOLO_RENDEZVOUS overrides the node list */
+    setenv("KOLO_RENDEZVOUS", "login1:4000", 1);
+    w = detect_ok();
+    STR_EQ(w.rdv_host, "login1");
+    KT_EQ(w.rdv_port, 4000);
+    KT_EQ(w.rdv_serve, 1);
+    unsetenv("KOLO_RENDEZVOUS");
+
+    unsetenv("SLURM_JOB_NODELIST");
+    expect_invalid("NODELIST");
+}
+
+KT_TEST(env_slurm_hostlist, 10)
+{
+    static const struct {
+        const char *in, *first;
+    } good[] = {
+        {"node[01-04,07]", "node01"}, {"gpu[3-5],cpu1", "gpu3"}, {"a-b[1-2]", "a-b1"}, {"host1", "host1"},
+        {"h1,h2,h3", "h1"}, {"rack[1-2]-n[08-09]", "rack1-n08"}, {"n[007]", "n007"}, {"n[7,1-3]", "n7"},
+        {"x.example.com", "x.example.com"}, {"cn[0010-0012]", "cn0010"}, {"a[1-2],b[3-4]", "a1"},
+        {"node-[1-3].dom", "node-1.dom"},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(good); i++) {
+        char out[64] = "";
+        KT_ASSERTF(kolo__slurm_first_host(good[i].in, out, sizeof(out)), "'%s' rejected", good[i].in);
+        KT_ASSERTF(strcmp(out, good[i].first) == 0, "'%s' -> '%s', expected '%s'", good[i].in, out, good[i].first);
+    }
+    static const char *const bad[] = {"", "node[", "node[1-", "node[2-1]", "node[a]", "node]", ",node", "node,",
+                                      "node[1-2", "no de", "node[]", "(null)", "n[1-2]]", "n[[1]]", "n[1,]",
+                                      "n[-1]", "a,,b", "n[1-2],x["};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(bad); i++) {
+        char out[64];
+        KT_ASSERTF(!kolo__slurm_first_host(bad[i], out, sizeof(out)), "'%s' accepted", bad[i]);
+    }
+    char small[5];
+    KT_ASSERT(!kolo__slurm_first_host("node1", small, sizeof(small)));
+    KT_ASSERT(kolo__slurm_first_host("nod1", small, sizeof(small)));
+    KT_ASSERT(!kolo__slurm_first_host("n[00001]", small, sizeof(small)));
+}
+
+KT_TEST(env_slurm_tasks_per_node, 10)
+{
+    static const struct {
+        const char *in;
+        int node, count;
+    } good[] = {
+        {"2(x3),1", 0, 2}, {"2(x3),1", 2, 2}, {"2(x3),1", 3, 1}, {"4", 0, 4}, {"1,2,3", 2, 3},
+        {"8(x2),4(x2)", 3, 4}, {"1(x1)", 0, 1},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(good); i++) {
+        int c = -7;
+        KT_ASSERTF(kolo__slurm_tasks_on_node(good[i].in, good[i].node, &c), "'%s' node %d rejected", good[i].in,
+                   good[i].node);
+        KT_ASSERTF(c == good[i].count, "'%s' node %d -> %d, expected %d", good[i].in, good[i].node, c, good[i].count);
+    }
+    int c;
+    KT_ASSERT(!kolo__slurm_tasks_on_node("2(x3),1", 4, &c)); /* no such node */
+    KT_ASSERT(!kolo__slurm_tasks_on_node("4", 1, &c));
+    KT_ASSERT(!kolo__slurm_tasks_on_node("4", -1, &c));
+    static const char *const bad[] = {"", "2(x)", "2(3)", "(x2)", "2(x3", "2,,1", "a", "0", "2(x0)", "2(x3)1",
+                                      "2,", "-1", "2(y3)"};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(bad); i++)
+        KT_ASSERTF(!kolo__slurm_tasks_on_node(bad[i], 0, &c), "'%s' accepted", bad[i]);
+}
+
+KT_TEST(env_parse_hostport, 10)
+{
+    char h[64];
+    int p = 0;
+    KT_ASSERT(kolo__parse_hostport("h:1", h, sizeof(h), &p));
+    STR_EQ(h, "h");
+    KT_EQ(p, 1);
+    KT_ASSERT(kolo__parse_hostport("[::1]:29400", h, sizeof(h), &p));
+    STR_EQ(h, "::1");
+    KT_EQ(p, 29400);
+    KT_ASSERT(kolo__parse_hostport("node-1.cluster.local:65535", h, sizeof(h), &p));
+    STR_EQ(h, "node-1.cluster.local");
+    KT_EQ(p, 65535);
+    static const char *const bad[] = {"::1:80", "h:0", "h:65536", "h:", ":80", "h:80x", "h", "[::1]80", "[::1]",
+                                      "[]:80", "h:-1", "h: 80", "", "a b:80", "[::1:80"};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(bad); i++)
+        KT_ASSERTF(!kolo__parse_hostport(bad[i], h, sizeof(h), &p), "'%s' accepted", bad[i]);
+    char tiny[4];
+    KT_ASSERT(!kolo__parse_hostport("host:80", tiny, sizeof(tiny), &p));
+    KT_ASSERT(kolo__parse_hostport("hos:80", tiny, sizeof(tiny), &p));
+}
+
+KT_TEST(env_secret_and_job_id, 10)
+{
+    clear_env();
+    static const char *const v[] = {"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=h:1", NULL};
+    set_vars(v);
+    setenv("KOLO_JOB_ID", "alpha", 1);
+    kolo__world_info a = detect_ok();
+    KT_EQ(a.secret_derived, 1);
+    KT_EQ(a.secret_len, 64);
+    kolo__world_info a2 = detect_ok();
+    KT_ASSERT(memcmp(a.secret, a2.secret, 64) == 0);
+    setenv("KOLO_JOB_ID", "beta", 1);
+    kolo__world_info b = detect_ok();
+    KT_ASSERT(memcmp(a.secret, b.secret, 64) != 0);
+
+    /* ids unsafe for shared-memory names, or too long, are cleaned and hashed, still distinct */
+    setenv("KOLO_JOB_ID", "a/b c", 1);
+    kolo__world_info s1 = detect_ok();
+    setenv("KOLO_JOB_ID", "a_b_c", 1);
+    kolo__world_info s2 = detect_ok();
+    KT_ASSERT(!strchr(s1.job_id, '/') && !strchr(s1.job_id, ' '));
+    KT_ASSERT(strcmp(s1.job_id, s2.job_id) != 0);
+    char longid[300];
+    memset(longid, 'x', sizeof(longid) - 1);
+    longid[sizeof(longid) - 1] = '\0';
+    setenv("KOLO_JOB_ID", longid, 1);
+    kolo__world_info l1 = detect_ok();
+    KT_ASSERT(strlen(l1.job_id) < sizeof(l1.job_id));
+    longid[250] = 'y';
+    setenv("KOLO_JOB_ID", longid, 1);
+    kolo__world_info l2 = detect_ok();
+    KT_ASSERT(strcmp(l1.job_id, l2.job_id) != 0);
+
+    /* an explicit secret is used as given */
+    setenv("KOLO_SECRET", "0123456789abcdef", 1);
+    kolo__world_info e = detect_ok();
+    KT_EQ(e.secret_derived, 0);
+    KT_EQ(e.secret_len, 16);
+    KT_ASSERT(memcmp(e.secret, "0123456789abcdef", 16) == 0);
+    char huge[400];
+    memset(huge, 'k', sizeof(huge) - 1);
+    huge[sizeof(huge) - 1] = '\0';
+    setenv("KOLO_SECRET", huge, 1);
+    expect_invalid("KOLO_SECRET");
+}
+
+KT_TEST(env_port_from, 10)
+{
+    KT_EQ(kolo__env_port_from("x"), kolo__env_port_from("x"));
+    int lo = 70000, hi = 0, distinct = 0, prev = -1;
+    for (int i = 0; i < 2000; i++) {
+        char k[32];
+        snprintf(k, sizeof(k), "slurm-%d.0", 100000 + i);
+        int p = kolo__env_port_from(k);
+        lo = KOLO_MIN(lo, p);
+        hi = KOLO_MAX(hi, p);
+        distinct += p != prev;
+        prev = p;
+    }
+    KT_ASSERT(lo >= 20000 && hi <= 59999);
+    KT_ASSERT(hi - lo > 30000); /* spread over the range */
+    KT_ASSERT(distinct > 1990);
+}
