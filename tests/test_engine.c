@@ -942,6 +942,57 @@ KT_TEST(engine_every_request_kind, 30)
     KT_EQ(kt_job(1, kinds, NULL, NULL, NULL), 0);
 }
 
+/* Many small allgathers (different dtypes and first dimensions) and broadcasts fused. */
+static void fused_gather(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    enum { K = 8 };
+    kolo_request_t *ag[K], *bc[K];
+    int64_t agin[K][16];
+    int32_t bcbuf[K][9];
+    kolo_engine_stats_t s0, s1;
+    for (int step = 0; step < 3; step++) {
+        KT_OK(kolo_engine_stats(&s0));
+        for (int k = 0; k < K; k++) {
+            char name[32];
+            int rows = (rank + k) % 3; /* zero rows too */
+            for (int i = 0; i < rows * 2; i++) agin[k][i] = rank * 1000 + k * 10 + i;
+            kolo_shape_t sh = shape2(rows, 2);
+            snprintf(name, sizeof(name), "fag.%d", k);
+            KT_OK(kolo_iallgather(name, agin[k], k % 2 ? KOLO_INT64 : KOLO_FLOAT64, &sh, NULL, &ag[k]));
+            for (int i = 0; i < 9; i++) bcbuf[k][i] = rank == n - 1 ? k * 100 + i + step : -1;
+            kolo_shape_t bs = shape1(1 + k);
+            snprintf(name, sizeof(name), "fbc.%d", k);
+            KT_OK(kolo_ibroadcast(name, bcbuf[k], KOLO_INT32, &bs, n - 1, NULL, &bc[k]));
+        }
+        for (int k = 0; k < K; k++) {
+            wait_ok(ag[k]);
+            const void *data;
+            kolo_shape_t out;
+            KT_OK(kolo_request_output(ag[k], &data, &out));
+            const int64_t *v = data;
+            int o = 0;
+            for (int q = 0; q < n; q++)
+                for (int i = 0; i < ((q + k) % 3) * 2; i++, o++)
+                    KT_ASSERTF(v[o] == q * 1000 + k * 10 + i, "fused allgather %d: element %d is %lld", k, o,
+                               (long long)v[o]);
+            KT_EQ(out.dims[0], o / 2);
+            wait_ok(bc[k]);
+            for (int i = 0; i < 1 + k; i++) KT_EQ(bcbuf[k][i], k * 100 + i + step);
+            kolo_request_release(ag[k]);
+            kolo_request_release(bc[k]);
+        }
+        KT_OK(kolo_engine_stats(&s1));
+        KT_ASSERTF(s1.collectives - s0.collectives < 2 * K, "%llu collectives for %d allgathers and broadcasts",
+                   (unsigned long long)(s1.collectives - s0.collectives), 2 * K);
+    }
+    KT_ASSERT(s1.fused_collectives >= 2);
+}
+
+KT_TEST(engine_allgather_and_broadcast_fused, 30) { KT_EQ(kt_job(3, fused_gather, NULL, NULL, NULL), 0); }
+
 /* Invalid submissions fail at once, naming the problem. */
 static void bad_args(int rank, void *arg)
 {

@@ -9,7 +9,9 @@
  * collective, and copied back out (MEMCPY_OUT_FUSION_BUFFER). A tensor larger than
  * FUSE_TENSOR_MAX runs alone, straight from the caller's buffers: on a memory-bound host the
  * two copies of a large tensor cost more than the collective's fixed overhead they would save.
- * A bucket of one tensor also runs in place, without copies.
+ * A bucket of one tensor also runs in place, without copies. Allgathers are fused the same way
+ * (each rank packs its blocks of every tensor, one allgather of bytes, every rank unpacks per
+ * rank and tensor), and so are broadcasts from the same root.
  *
  * A joined member has no request for what it runs: it contributes zeros of the negotiated size
  * and throws the result away.
@@ -228,11 +230,142 @@ static int run_other(kolo__pset_state *s, kolo__resp *rp, bool tracing)
     return st;
 }
 
+/* ---- fused allgather and broadcast ---- */
+
+/* Bytes rank r contributes to an allgather response. */
+static size_t part(const kolo__resp *rp, int r)
+{
+    return (size_t)rp->per_rank[r] * kolo__desc_row(&rp->d) * kolo_dtype_size((kolo_dtype_t)rp->d.dtype);
+}
+
+static void trace_all(const kolo__pset_state *s, const size_t *idx, size_t k, const char *phase, int begin)
+{
+    for (size_t i = 0; i < k; i++) {
+        if (begin) kolo__trace_begin(s->resp[idx[i]].name, phase, NULL);
+        else kolo__trace_end(s->resp[idx[i]].name, phase);
+    }
+}
+
+/* Several allgathers as one: each rank packs its blocks of all tensors together, one allgather
+ * of bytes moves them, every rank unpacks each tensor's blocks in rank order. */
+static int run_allgather_fused(kolo__pset_state *s, const size_t *idx, size_t k, bool tracing)
+{
+    int n = s->n, me = s->me, st = counts(n);
+    if (st) return st;
+    size_t *a = E.cnt_a, total = 0;
+    for (int r = 0; r < n; r++) {
+        a[r] = 0;
+        for (size_t i = 0; i < k; i++) a[r] += part(&s->resp[idx[i]], r);
+        total += a[r];
+    }
+    char *send = grow(&E.zbuf, &E.zbuf_cap, a[me]);
+    char *recv = send ? grow(&E.fbuf, &E.fbuf_cap, total) : NULL;
+    if (!recv) return KOLO_ERR_NO_MEMORY;
+    for (size_t i = 0; i < k; i++) { /* outputs first: a failure here happens before any transfer */
+        kolo__resp *rp = &s->resp[idx[i]];
+        kolo_request_t *r = rp->req;
+        size_t rows = 0;
+        for (int q = 0; q < n; q++) rows += (size_t)rp->per_rank[q];
+        if ((st = alloc_out(r, rows * kolo__desc_row(&rp->d) * kolo_dtype_size((kolo_dtype_t)rp->d.dtype))))
+            return st;
+        r->out_shape.ndim = rp->d.ndim;
+        memcpy(r->out_shape.dims, rp->d.dims, sizeof(rp->d.dims));
+        r->out_shape.dims[0] = (int64_t)rows;
+        rp->off = 0;
+    }
+    if (tracing) {
+        trace_all(s, idx, k, "QUEUE", 0);
+        trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 1);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < k; i++) {
+        size_t b = part(&s->resp[idx[i]], me);
+        if (b) memcpy(send + off, s->resp[idx[i]].req->send, b);
+        off += b;
+    }
+    if (tracing) {
+        trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
+        trace_all(s, idx, k, "KOLO_ALLGATHER", 1);
+    }
+    st = kolo__coll_allgather(E.mesh, &s->g, send, recv, a, 1);
+    if (tracing) trace_all(s, idx, k, "KOLO_ALLGATHER", 0);
+    if (st) return st;
+    if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1);
+    off = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < k; i++) {
+            kolo__resp *rp = &s->resp[idx[i]];
+            size_t b = part(rp, r);
+            if (b) memcpy((char *)rp->req->out + rp->off, recv + off, b);
+            rp->off += b;
+            off += b;
+        }
+    if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0);
+    return KOLO_OK;
+}
+
+/* Several broadcasts from the same root as one: the root packs, everyone else unpacks. */
+static int run_broadcast_fused(kolo__pset_state *s, const size_t *idx, size_t k, bool tracing)
+{
+    int root = s->resp[idx[0]].d.root;
+    size_t total = 0;
+    for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].bytes;
+    char *buf = grow(&E.fbuf, &E.fbuf_cap, total);
+    if (!buf) return KOLO_ERR_NO_MEMORY;
+    if (tracing) trace_all(s, idx, k, "QUEUE", 0);
+    size_t off = 0;
+    if (s->me == root) {
+        if (tracing) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 1);
+        for (size_t i = 0; i < k; i++) {
+            kolo__resp *rp = &s->resp[idx[i]];
+            if (rp->bytes) memcpy(buf + off, rp->req->recv, rp->bytes);
+            off += rp->bytes;
+        }
+        if (tracing) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
+    }
+    if (tracing) trace_all(s, idx, k, "KOLO_BROADCAST", 1);
+    int st = kolo__coll_broadcast(E.mesh, &s->g, buf, total, root);
+    if (tracing) trace_all(s, idx, k, "KOLO_BROADCAST", 0);
+    if (st || s->me == root) return st;
+    if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1);
+    for (size_t i = 0; i < k; i++) {
+        kolo__resp *rp = &s->resp[idx[i]];
+        if (rp->bytes) memcpy(rp->req->recv, buf + off, rp->bytes);
+        off += rp->bytes;
+    }
+    if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0);
+    return KOLO_OK;
+}
+
+/* Bytes a response moves, for fusion; SIZE_MAX when its kind is never fused. */
+static size_t fuse_bytes(const kolo__pset_state *s, kolo__resp *rp)
+{
+    switch (rp->d.kind) {
+    case KOLO__ALLREDUCE: return rp->bytes;
+    case KOLO__BROADCAST:
+        rp->bytes = kolo__desc_count(&rp->d) * kolo_dtype_size((kolo_dtype_t)rp->d.dtype);
+        return rp->req ? rp->bytes : SIZE_MAX;
+    case KOLO__ALLGATHER: {
+        if (!rp->req) return SIZE_MAX;
+        size_t b = 0;
+        for (int r = 0; r < s->n; r++) b += part(rp, r);
+        return b;
+    }
+    default: return SIZE_MAX;
+    }
+}
+
 static bool fusable(const kolo__resp *a, const kolo__resp *b)
 {
-    return b->d.kind == KOLO__ALLREDUCE && !b->done && b->status == KOLO_OK && b->bytes <= FUSE_TENSOR_MAX &&
-           a->d.dtype == b->d.dtype && a->d.op == b->d.op && a->d.pre == b->d.pre && a->d.post == b->d.post &&
-           strcmp(a->d.device, b->d.device) == 0;
+    if (b->d.kind != a->d.kind || b->done || b->status != KOLO_OK || strcmp(a->d.device, b->d.device) != 0)
+        return false;
+    switch (a->d.kind) {
+    case KOLO__ALLREDUCE:
+        return a->d.dtype == b->d.dtype && a->d.op == b->d.op && a->d.pre == b->d.pre && a->d.post == b->d.post;
+    case KOLO__BROADCAST: return a->d.root == b->d.root;
+    case KOLO__ALLGATHER: return true;
+    default: return false;
+    }
 }
 
 int kolo__execute(kolo__pset_state *s)
@@ -259,19 +392,25 @@ int kolo__execute(kolo__pset_state *s)
             if (rp->req) kolo__pset_complete(s, rp->req, rp->status, rp->err);
             continue;
         }
-        size_t k = 1;
+        size_t k = 1, total = fuse_bytes(s, rp);
         E.bidx[0] = i;
+        if (E.fusion && total <= FUSE_TENSOR_MAX)
+            for (size_t j = i + 1; j < s->nresp && total < E.fusion; j++) {
+                kolo__resp *q = &s->resp[j];
+                if (!fusable(rp, q)) continue;
+                size_t b = fuse_bytes(s, q);
+                if (b > FUSE_TENSOR_MAX || total + b > E.fusion) continue;
+                E.bidx[k++] = j;
+                total += b;
+            }
         int st;
         if (rp->d.kind == KOLO__ALLREDUCE) {
-            size_t total = rp->bytes;
-            if (E.fusion && rp->bytes <= FUSE_TENSOR_MAX)
-                for (size_t j = i + 1; j < s->nresp && total < E.fusion; j++) {
-                    kolo__resp *q = &s->resp[j];
-                    if (!fusable(rp, q) || total + q->bytes > E.fusion) continue;
-                    E.bidx[k++] = j;
-                    total += q->bytes;
-                }
             st = run_allreduce(s, E.bidx, k, tracing);
+        } else if (k > 1) {
+            st = rp->d.kind == KOLO__ALLGATHER ? run_allgather_fused(s, E.bidx, k, tracing)
+                                               : run_broadcast_fused(s, E.bidx, k, tracing);
+            atomic_fetch_add_explicit(&E.st.collectives, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&E.st.fused_collectives, 1, memory_order_relaxed);
         } else {
             st = run_other(s, rp, tracing);
         }

@@ -161,6 +161,7 @@ typedef struct kolo__resp {
     size_t count, bytes;        /* allreduce: elements and bytes of the whole tensor */
     int done;                   /* executed (fusion bookkeeping) */
     int traced;                 /* timeline: op span open */
+    size_t off;                 /* fused allgather: bytes of the output written so far */
 } kolo__resp;
 
 /* ---- one process set's negotiation state (engine thread only) ---- */
