@@ -93,6 +93,7 @@ typedef enum kolo_setting {
     KOLO_SET_IFACE,
     KOLO_SET_RENDEZVOUS,
     KOLO_SET_SECRET,
+    KOLO_SET_JOB_ID,
     KOLO_SET_HOSTNAME,
     KOLO_SET_SHM_CMA,
     KOLO_SET_SHM_RING_SIZE,

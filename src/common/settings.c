@@ -22,6 +22,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                              "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
     [KOLO_SET_SECRET] = {"KOLO_SECRET", "", "",
                          "the job secret every connection must prove (set by kolorun; hex or text)"},
+    [KOLO_SET_JOB_ID] = {"KOLO_JOB_ID", "", "",
+                         "a name every rank of this job shares and no other job on these hosts uses (set by kolorun; "
+                         "otherwise derived from the launcher's job ids)"},
     [KOLO_SET_HOSTNAME] = {"KOLO_HOSTNAME", "HOROVOD_HOSTNAME", "",
                            "the name this host reports in messages (default: gethostname)"},
     [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "1",

@@ -120,7 +120,11 @@ int kolo_init(void)
 #endif
     if (W.info.size > 1) {
         if (W.info.rdv_serve && W.info.rank == 0) {
-            st = kolo__store_server_start(&W.server, "", W.info.rdv_port, W.info.secret, W.info.secret_len);
+            /* a loopback rendezvous (one host) is served on loopback only */
+            const char *bind_host = strncmp(W.info.rdv_host, "127.", 4) == 0 || strcmp(W.info.rdv_host, "localhost") == 0
+                                        ? "127.0.0.1"
+                                        : "";
+            st = kolo__store_server_start(&W.server, bind_host, W.info.rdv_port, W.info.secret, W.info.secret_len);
             if (st != KOLO_OK) {
                 kolo__err(st, "rank 0 could not serve the rendezvous store: %s (set KOLO_RENDEZVOUS=host:port to "
                           "choose another address)", kolo__errmsg());
