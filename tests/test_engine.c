@@ -629,7 +629,7 @@ static void join(int rank, void *arg)
         kolo_request_t *r[2];
         for (int k = 0; k < 2; k++) {
             for (int i = 0; i < 6; i++) g[k][i] = (float)(rank + 1);
-            char name[16];
+            char name[32];
             snprintf(name, sizeof(name), "grad.%d", k);
             KT_OK(kolo_iallreduce(name, g[k], out[k], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r[k]));
         }
