@@ -244,13 +244,16 @@ KOLO_EXTERN int kolo_barrier(int pset);
  *
  * Names: a non-NULL name is copied. NULL gets "<op>.noname.<n>" from a per-process counter
  * (so unnamed requests must be issued in the same order on every rank). Submitting a name
- * that is still in flight on this rank fails at once with KOLO_ERR_INVALID_ARG.
+ * that is still in flight on this rank in the same process set fails at once with
+ * KOLO_ERR_INVALID_ARG.
  *
- * Errors found in negotiation (KOLO_ERR_MISMATCH, a joined rank, a stall past
- * KOLO_STALL_SHUTDOWN_TIME) fail that request on every rank with a message naming the tensor,
- * what differs and the ranks. A lost peer fails every pending request (KOLO_ERR_PEER_LOST,
- * naming the rank); afterwards every submission fails at once with KOLO_ERR_SHUT_DOWN and a
- * message that names the original cause.
+ * Errors found in negotiation fail that request on every rank that submitted it, with a message
+ * naming the tensor, what differs and the ranks: KOLO_ERR_MISMATCH when ranks disagree or a
+ * collective other than allreduce and barrier meets a joined rank, KOLO_ERR_TIMEOUT for a stall
+ * past KOLO_STALL_SHUTDOWN_TIME. The job goes on after them. A lost peer fails every pending
+ * request (KOLO_ERR_PEER_LOST, naming the rank); a rank that calls kolo_shutdown fails the other
+ * ranks' pending requests with KOLO_ERR_SHUT_DOWN naming it; afterwards every submission fails
+ * at once with KOLO_ERR_SHUT_DOWN and a message that names the original cause.
  *
  * Thread safety: every function below may be called from any thread. */
 
@@ -311,9 +314,10 @@ KOLO_EXTERN int kolo_ireducescatter(const char *name, const void *sendbuf, kolo_
                                     const kolo_submit_opts_t *opts, kolo_request_t **req);
 
 /* This rank has no more data. Until every rank of the set has joined, allreduces of the others
- * proceed with this rank contributing zeros (it receives nothing); other collectives fail with
- * an error naming the joined ranks. Completes when all have joined;
- * kolo_request_join_last_rank then gives the last rank to join. */
+ * proceed with this rank contributing zeros (it receives nothing; AVERAGE still divides by the
+ * set's size) and barriers complete with it; allgather, broadcast, alltoall and reducescatter
+ * fail on every rank with an error naming the joined ranks. Completes when all have joined;
+ * kolo_request_join_last_rank then gives the last rank to join (a rank of the set). */
 KOLO_EXTERN int kolo_ijoin(const kolo_submit_opts_t *opts, kolo_request_t **req);
 
 /* Completes once every rank of the set has submitted it. */
@@ -322,7 +326,9 @@ KOLO_EXTERN int kolo_ibarrier(const kolo_submit_opts_t *opts, kolo_request_t **r
 /* Non-blocking: *done = 1 when the request has completed. Returns KOLO_OK or INVALID_ARG. */
 KOLO_EXTERN int kolo_request_test(kolo_request_t *req, int *done);
 /* Blocks until the request completes or timeout_s passes (timeout_s < 0: forever). Returns the
- * request's status, or KOLO_ERR_TIMEOUT if it has not completed (it goes on). */
+ * request's status, or KOLO_ERR_TIMEOUT if it has not completed (it goes on). A request counts
+ * as completed (here and in kolo_request_test) once its callback, if any, has returned; the
+ * members of a grouped allreduce complete together. */
 KOLO_EXTERN int kolo_request_wait(kolo_request_t *req, double timeout_s);
 /* The status of a completed request (1 while still pending) and its error message ("" if none). */
 KOLO_EXTERN int kolo_request_status(const kolo_request_t *req);
@@ -334,14 +340,15 @@ KOLO_EXTERN const char *kolo_request_name(const kolo_request_t *req);
 KOLO_EXTERN int kolo_request_output(const kolo_request_t *req, const void **data, kolo_shape_t *shape);
 /* Rows received from each rank by an alltoall: splits[0 .. min(cap, set size)). */
 KOLO_EXTERN int kolo_request_splits(const kolo_request_t *req, int64_t *splits, int cap);
-/* The last rank to join, for a completed join request. */
+/* The last rank to join (a rank of the set), for a completed join request; -1 otherwise. */
 KOLO_EXTERN int kolo_request_join_last_rank(const kolo_request_t *req);
 /* Frees the handle. A request still pending is released when it completes (its buffers must
  * still stay valid until then). NULL is a no-op. */
 KOLO_EXTERN void kolo_request_release(kolo_request_t *req);
 
-/* Timeline: start writing a Chrome-trace JSON of this rank's engine activity to path (each rank
- * its own file), or stop and close it. KOLO_TIMELINE starts one at init. */
+/* Timeline: start writing a Chrome-trace JSON of this rank's engine activity (each rank its own
+ * file: rank 0 writes path, rank r writes path.r), or stop and close it. KOLO_TIMELINE=path
+ * starts one at init. Start while one is running closes it first. */
 KOLO_EXTERN int kolo_timeline_start(const char *path, int mark_cycles);
 KOLO_EXTERN int kolo_timeline_stop(void);
 
