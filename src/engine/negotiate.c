@@ -343,9 +343,10 @@ int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *p
 {
     s->var_len = 0;
     s->nsent = 0;
-    memset(s->fix_mine, 0, s->fixed_len);
-    if (s->cap) memset(s->slot_req, 0, (size_t)s->cap * sizeof(kolo_request_t *));
     uint64_t *bits = (uint64_t *)(void *)(s->fix_mine + sizeof(kolo__fixed_hdr));
+    for (int w = 0; w < s->words; w++) /* forget last cycle's slot -> request links */
+        for (uint64_t b = bits[w]; b; b &= b - 1) s->slot_req[w * 64 + __builtin_ctzll(b)] = NULL;
+    memset(s->fix_mine, 0, s->fixed_len);
     if (s->sent_cap < s->nlocal) {
         size_t cap = KOLO_MAX(s->nlocal, 2 * s->sent_cap);
         kolo_request_t **p = kolo__realloc(s->sent, cap * sizeof(*p));
