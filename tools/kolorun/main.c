@@ -185,16 +185,24 @@ int main(int argc, char **argv)
         goto out_guard;
     }
     int port = kolo__store_server_port(store);
+    /* Workers publish the address of the interface that reaches the store (kolo's mesh), so
+     * local workers of a job with remote hosts must not be sent to 127.0.0.1: the remote
+     * ranks could not connect to them. They use the address the first remote host reaches. */
+    const char *local_rdv = "127.0.0.1";
     for (int h = 0; h < o.nhosts; h++) {
         kr_host *host = &o.hosts[h];
-        if (host->local) snprintf(host->rdv_addr, sizeof(host->rdv_addr), "127.0.0.1");
-        else if (!kr_route_source(host->name, host->rdv_addr, sizeof(host->rdv_addr))) {
+        if (host->local) continue;
+        if (kr_route_source(host->name, host->rdv_addr, sizeof(host->rdv_addr))) {
+            if (!strcmp(local_rdv, "127.0.0.1")) local_rdv = host->rdv_addr;
+        } else {
             /* ssh may know the name (its config) where we do not: let the host resolve ours */
             snprintf(host->rdv_addr, sizeof(host->rdv_addr), "%.60s", kr_hostname());
             kr_say("warning: no route to host %s from here; its workers will look for the store at %s:%d",
                    host->name, host->rdv_addr, port);
         }
     }
+    for (int h = 0; h < o.nhosts; h++)
+        if (o.hosts[h].local) snprintf(o.hosts[h].rdv_addr, sizeof(o.hosts[h].rdv_addr), "%s", local_rdv);
     if (o.verbose) kr_say("rendezvous store on port %d, job %s", port, job_id);
 
     code = kr_output_open_files(&o, ranks, o.np);

@@ -1,12 +1,26 @@
 /* supervise.c - the job's one poll() loop: output, stdin, signals, worker deaths, the gang-kill and the summary.
  *
  * States: RUNNING until a worker fails (exits non-zero or dies of a signal) or kolorun gets
- * SIGINT/SIGTERM/SIGHUP/SIGQUIT. A failure first waits SETTLE_S, so that workers failing
- * together (one bad input on every rank) are all counted as failures and the lowest rank's
- * code is the exit code; then every other worker's process group gets SIGTERM (TERMINATING)
- * and, after --grace-seconds, SIGKILL. A second SIGINT SIGKILLs at once. When every worker
- * has been reaped, whatever is left in their process groups is SIGKILLed and the output
- * pipes are drained (at most DRAIN_S, in case a process escaped its group holding a pipe).
+ * SIGINT/SIGTERM/SIGHUP/SIGQUIT. A failure first waits SETTLE_S (SETTLE_REMOTE_S with remote
+ * hosts), so that workers failing together (one bad input on every rank) are all counted as
+ * failures and the root cause (below) is chosen among them; then every other worker's process
+ * group gets SIGTERM (TERMINATING) and, after --grace-seconds, SIGKILL. A second SIGINT
+ * SIGKILLs at once. When every worker has been reaped, whatever is left in their process groups
+ * is SIGKILLed and the output pipes are drained (at most DRAIN_S, in case a process escaped its
+ * group holding a pipe).
+ *
+ * A remote worker that has started is terminated by closing its ssh's stdin, the connection's
+ * lifeline: the wrapper on its host SIGTERMs the command, SIGKILLs it after the same grace
+ * period and exits with its status, so ssh ends only once the remote worker is gone and the
+ * job does not end with workers still alive over there (signalling ssh would end ssh at once).
+ * Its ssh is SIGKILLed REMOTE_EXTRA_S after the grace period, for a host that does not answer.
+ *
+ * The root cause among the failures of the SETTLING window: a worker killed by a signal (a
+ * crash, the OOM killer, a kill -9) before one that exited with an error code, because when one
+ * kolo rank dies the others' collectives fail and they exit with errors of their own, often
+ * before the death is reported (a remote one comes through ssh); then the lowest rank (Open
+ * MPI's rule: the same bad input on every rank). A remote worker's death by signal N arrives as
+ * the wrapper's exit code 128+N (sh cannot re-raise it across ssh).
  *
  * Exit code: the root failure's (exit code, or 128+signal), else 128+the signal kolorun got,
  * else the launch error, else 0. */
@@ -24,7 +38,9 @@
 #include <unistd.h>
 
 #define SETTLE_S 0.05
+#define SETTLE_REMOTE_S 0.5   /* with remote hosts: their ends arrive through the wrapper, sshd and ssh */
 #define DRAIN_S 1.0
+#define REMOTE_EXTRA_S 2.0
 
 enum phase { RUNNING, SETTLING, TERMINATING, KILLED };
 
@@ -33,7 +49,9 @@ typedef struct {
     kr_rank *ranks;
     int n;
     enum phase phase;
+    double settle;            /* SETTLE_S, or SETTLE_REMOTE_S when the job has remote hosts */
     double deadline;          /* end of SETTLING or TERMINATING */
+    double remote_deadline;   /* KILLED: when started remote workers' ssh gets SIGKILL; 0 when done */
     double t0;
     int got_signal;           /* the first terminating signal kolorun received */
     int sigints;
@@ -54,13 +72,30 @@ double kr_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The signal that killed the worker, 0 if none: locally from the wait status, for a remote
+ * worker from the wrapper's exit code 128+N. */
+static int death_signal(const kr_opts *o, const kr_rank *r)
+{
+    if (WIFSIGNALED(r->wstatus)) return WTERMSIG(r->wstatus);
+    if (!o->hosts[r->host].local && r->started && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) > 128 &&
+        WEXITSTATUS(r->wstatus) < 128 + NSIG)
+        return WEXITSTATUS(r->wstatus) - 128;
+    return 0;
+}
+
 static void signal_groups(sup *s, int sig, bool mark_terminated, bool local_only)
 {
     for (int i = 0; i < s->n; i++) {
         kr_rank *r = &s->ranks[i];
         if (!r->running) continue;
-        if (local_only && !s->o->hosts[r->host].local) continue;
-        kill(-r->pid, sig);
+        bool remote = !s->o->hosts[r->host].local;
+        if (local_only && remote) continue;
+        if (remote && r->started && sig != SIGKILL) {
+            if (r->stdin_fd >= 0) close(r->stdin_fd); /* the wrapper takes it from here */
+            r->stdin_fd = -1;
+        } else {
+            kill(-r->pid, sig);
+        }
         if (mark_terminated && !r->failed) r->terminated = true;
         if (sig == SIGKILL) r->killed = true;
     }
@@ -98,12 +133,14 @@ static void reap(sup *s)
         }
         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
         if (s->o->verbose) kr_say("rank %d (pid %d) ended: status 0x%x", r->rank, (int)pid, st);
+        if (r->terminated && !s->o->hosts[r->host].local && death_signal(s->o, r) == SIGKILL)
+            r->killed = true; /* by its wrapper, after the grace period */
         if (ok || r->terminated) continue;
         if (s->phase == RUNNING || s->phase == SETTLING) {
             r->failed = true;
             if (s->phase == RUNNING) {
                 s->phase = SETTLING;
-                s->deadline = kr_now() + SETTLE_S;
+                s->deadline = kr_now() + s->settle;
             }
         }
     }
@@ -154,8 +191,12 @@ static int code_of(int st)
 static void describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
 {
     bool remote = !o->hosts[r->host].local;
+    int sig = death_signal(o, r);
     if (remote && !r->started && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 255)
         snprintf(out, cap, "could not be started over ssh (ssh exited with 255)");
+    else if (remote && WIFEXITED(r->wstatus) && sig)
+        snprintf(out, cap, "was killed by %s (%s) (ssh reported exit code %d)", sig_name(sig), strsignal(sig),
+                 WEXITSTATUS(r->wstatus));
     else if (WIFEXITED(r->wstatus))
         snprintf(out, cap, "exited with code %d", WEXITSTATUS(r->wstatus));
     else if (WIFSIGNALED(r->wstatus))
@@ -199,7 +240,10 @@ static int rank_list(const sup *s, bool (*pred)(const kr_rank *), char *out, siz
 static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0; }
 static bool is_killed(const kr_rank *r)
 {
-    return r->killed && !r->failed && r->pid > 0 && WIFSIGNALED(r->wstatus) && WTERMSIG(r->wstatus) == SIGKILL;
+    /* a remote worker's SIGKILL arrives as its wrapper's exit code */
+    return r->killed && !r->failed && r->pid > 0 &&
+           (WIFSIGNALED(r->wstatus) ? WTERMSIG(r->wstatus) == SIGKILL
+                                    : WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 128 + SIGKILL);
 }
 static bool never_started(const kr_rank *r) { return r->pid == 0; }
 
@@ -248,10 +292,17 @@ static void summary(sup *s)
     if (ns) kr_say("rank%s %s never started", ns == 1 ? "" : "s", list);
 }
 
+/* The root cause among the failed ranks (see the top of the file). */
+static void pick_root(sup *s)
+{
+    for (int pass = 0; pass < 2 && s->root < 0; pass++)
+        for (int i = 0; i < s->n && s->root < 0; i++)
+            if (s->ranks[i].failed && (pass == 1 || death_signal(s->o, &s->ranks[i]))) s->root = i;
+}
+
 static void settle_done(sup *s)
 {
-    for (int i = 0; i < s->n && s->root < 0; i++)
-        if (s->ranks[i].failed) s->root = i;
+    pick_root(s);
     s->got_signal = 0;
     int live = count_running(s);
     if (live) kr_say("rank %d failed: terminating the other %d worker%s", s->root, live, live == 1 ? "" : "s");
@@ -291,7 +342,10 @@ static void forward_stdin(sup *s, short rev0, short rev_pipe)
 
 int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code)
 {
-    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch};
+    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch,
+             .settle = SETTLE_S};
+    for (int h = 0; h < o->nhosts; h++)
+        if (!o->hosts[h].local) s.settle = SETTLE_REMOTE_S;
     s.sbuf = malloc(65536);
     /* Forward stdin only when reading it cannot stop us: a terminal we do not own (kolorun
      * started with &) would send SIGTTIN. */
@@ -322,8 +376,15 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
         double now = kr_now();
         if (s.phase == SETTLING && now >= s.deadline) settle_done(&s);
         if (s.phase == TERMINATING && now >= s.deadline) {
-            signal_groups(&s, SIGKILL, true, false);
+            /* remote workers: their wrapper counts the grace period from when it saw the
+             * connection's stdin close; their ssh goes REMOTE_EXTRA_S later */
+            signal_groups(&s, SIGKILL, true, true);
             s.phase = KILLED;
+            s.remote_deadline = s.deadline + REMOTE_EXTRA_S;
+        }
+        if (s.phase == KILLED && s.remote_deadline > 0 && now >= s.remote_deadline) {
+            signal_groups(&s, SIGKILL, true, false);
+            s.remote_deadline = 0;
         }
         if (s.phase == RUNNING && now >= start_deadline) {
             bool missing = false;
@@ -371,6 +432,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
         }
         double wake = now + 3600;
         if (s.phase == SETTLING || s.phase == TERMINATING) wake = s.deadline < wake ? s.deadline : wake;
+        if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
         if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
         int timeout_ms = (int)((wake - now) * 1000.0) + 1;
@@ -409,8 +471,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
     free(whose);
     free(s.sbuf);
 
-    for (int i = 0; i < n && s.root < 0; i++) /* a failure seen just before a signal arrived */
-        if (ranks[i].failed) s.root = i;
+    pick_root(&s); /* a failure seen just before a signal arrived */
     int code = 0;
     if (s.root >= 0) code = code_of(ranks[s.root].wstatus);
     else if (s.got_signal) code = 128 + s.got_signal;
