@@ -97,6 +97,7 @@ struct kolo_request {
     _Atomic int ready;       /* results readable (set before the callback runs) */
     _Atomic int done;        /* completed, callback run (what test and wait see) */
     _Atomic int refs;        /* the user's and the engine's */
+    int waiters;             /* threads in kolo_request_wait on it (done_lock) */
 
     /* engine thread only */
     kolo_request_t *qnext;          /* submission queue (engine lock) */

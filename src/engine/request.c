@@ -91,8 +91,12 @@ static void publish(kolo_request_t *const *rs, int n)
         if (rs[i]->cb) rs[i]->cb(rs[i], rs[i]->user);
     atomic_fetch_add_explicit(&kolo__E.st.requests, (uint64_t)n, memory_order_relaxed);
     pthread_mutex_lock(&done_lock);
-    for (int i = 0; i < n; i++) atomic_store_explicit(&rs[i]->done, 1, memory_order_release);
-    pthread_cond_broadcast(&done_cv);
+    int wake = 0;
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit(&rs[i]->done, 1, memory_order_release);
+        wake |= rs[i]->waiters;
+    }
+    if (wake) pthread_cond_broadcast(&done_cv); /* a wake-up costs ~35 us here: only when awaited */
     pthread_mutex_unlock(&done_lock);
     for (int i = 0; i < n; i++) kolo__req_unref(rs[i]);
 }
@@ -151,6 +155,7 @@ int kolo_request_wait(kolo_request_t *req, double timeout_s)
     }
     int timed_out = 0;
     pthread_mutex_lock(&done_lock);
+    req->waiters++;
     while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
         if (timeout_s < 0) {
             pthread_cond_wait(&done_cv, &done_lock);
@@ -159,6 +164,7 @@ int kolo_request_wait(kolo_request_t *req, double timeout_s)
             break;
         }
     }
+    req->waiters--;
     pthread_mutex_unlock(&done_lock);
     if (timed_out)
         return kolo__err(KOLO_ERR_TIMEOUT, "request '%s' did not complete within %g s (it goes on)", req->name, timeout_s);
