@@ -24,10 +24,10 @@ static int io_error(kolo__conn *c, const char *what, int err)
 {
     kolo__mesh *m = c->mesh;
     if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
-        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s it failed (%s): the process died or aborted the job",
+        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
                   c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
     else
-        kolo__err_sys(err, "%s rank %d on %s failed", what, c->peer, kolo__peer_name(m, c->peer));
+        kolo__err_sys(err, "rank %d on %s: %s failed", c->peer, kolo__peer_name(m, c->peer), what);
     return kolo__conn_fail(c, err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN
                                   ? KOLO_ERR_PEER_LOST
                                   : KOLO_ERR_SYSTEM);
