@@ -143,8 +143,8 @@ static int run(const opts *o)
     }
     if (rc) fprintf(stderr, "engine-bench: rank %d: %s\n", rank, kolo_last_error());
     /* latency-bound steps: everything cached, one float per tensor */
-    uint64_t c0, ns0, c1, ns1;
-    kolo__engine_negotiation_cost(&c0, &ns0);
+    uint64_t c0, ns0, l0, c1, ns1, l1;
+    kolo__engine_negotiation_cost(&c0, &ns0, &l0);
     kolo_engine_stats_t s0, s1;
     kolo_engine_stats(&s0);
     float tiny[MAXT];
@@ -162,7 +162,7 @@ static int run(const opts *o)
         }
     }
     double ts1 = now_s();
-    kolo__engine_negotiation_cost(&c1, &ns1);
+    kolo__engine_negotiation_cost(&c1, &ns1, &l1);
     kolo_engine_stats(&s1);
     if (rank == 0) {
         double me = median(te, o->iters), md = median(td, o->iters);
@@ -172,8 +172,9 @@ static int run(const opts *o)
         printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d steps\n", me * 1e3, o->iters);
         printf("direct kolo_allreduce of same bytes   median %8.2f ms\n", md * 1e3);
         printf("ratio engine / direct                 %8.3f\n", me / md);
-        printf("steady-state negotiation (cached)     %8.1f us per cycle (%llu cycles)\n",
-               c1 > c0 ? (double)(ns1 - ns0) / (double)(c1 - c0) * 1e-3 : 0.0, (unsigned long long)(c1 - c0));
+        double nc = c1 > c0 ? (double)(c1 - c0) : 1.0;
+        printf("steady-state negotiation (cached)     %8.1f us per cycle, %.1f us of it local (%llu cycles)\n",
+               (double)(ns1 - ns0) / nc * 1e-3, (double)(l1 - l0) / nc * 1e-3, (unsigned long long)(c1 - c0));
         printf("tiny step (161 x 1 float, cached)     %8.1f us per step; %.1f collectives and %.1f cache hits per "
                "step\n",
                (ts1 - ts0) / o->small_steps * 1e6, (double)(s1.collectives - s0.collectives) / o->small_steps,

@@ -258,8 +258,10 @@ static int cycle(kolo_request_t *q)
     uint64_t t0 = kolo__now_ns();
     uint32_t flags = count_pending() ? KOLO__F_BUSY : 0;
     int st = kolo__negotiate_build(s0, flags, E.present);
+    uint64_t t1 = kolo__now_ns();
     if (!st) st = kolo__negotiate_gather_fixed(s0);
     if (st) return st;
+    uint64_t t2 = kolo__now_ns();
     /* the control fields every rank reads the same */
     uint64_t agreed[KOLO_MAX_PSETS / 64];
     memset(agreed, 0xff, sizeof(agreed));
@@ -284,7 +286,9 @@ static int cycle(kolo_request_t *q)
     if (st) return st;
     if (!described) {
         atomic_fetch_add_explicit(&E.st.negotiations, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&E.st.negotiation_ns, kolo__now_ns() - t0, memory_order_relaxed);
+        uint64_t t3 = kolo__now_ns();
+        atomic_fetch_add_explicit(&E.st.negotiation_ns, t3 - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&E.st.negotiation_local_ns, (t1 - t0) + (t3 - t2), memory_order_relaxed);
     }
     int worked = s0->nresp > 0;
     if ((st = kolo__execute(s0)) || (st = kolo__negotiate_finish(s0))) return st;
@@ -421,7 +425,7 @@ static void reset_stats(void)
     kolo__stats_atomic *s = &E.st;
     _Atomic uint64_t *f[] = {&s->cycles, &s->requests, &s->cache_hits, &s->cache_misses, &s->cache_evictions,
                              &s->fused_collectives, &s->collectives, &s->stall_warnings, &s->negotiations,
-                             &s->negotiation_ns};
+                             &s->negotiation_ns, &s->negotiation_local_ns};
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(f); i++) atomic_store(f[i], 0);
 }
 
@@ -569,8 +573,9 @@ int kolo_engine_stats(kolo_engine_stats_t *out)
     return KOLO_OK;
 }
 
-void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns)
+void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *local_ns)
 {
     *cycles = atomic_load(&E.st.negotiations);
     *ns = atomic_load(&E.st.negotiation_ns);
+    *local_ns = atomic_load(&E.st.negotiation_local_ns);
 }

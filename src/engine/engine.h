@@ -14,9 +14,10 @@ int kolo__engine_start(void);
  * kolo_shutdown, before the meshes are torn down. No-op when the engine is not running. */
 void kolo__engine_stop(void);
 
-/* For the benchmark: world-step negotiations that exchanged no descriptions, and the total
- * nanoseconds they took (build, exchange, decide). */
+/* For the benchmark: world-step negotiations that exchanged no descriptions, the total
+ * nanoseconds they took (build, exchange, decide), and the part spent in this rank's own work
+ * (build and decide, without the exchange, which includes waiting for the other ranks). */
 #include <stdint.h>
-void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns);
+void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *local_ns);
 
 #endif

@@ -216,7 +216,7 @@ typedef struct kolo__fixed_hdr {
 /* ---- the engine (one per process) ---- */
 typedef struct kolo__stats_atomic {
     _Atomic uint64_t cycles, requests, cache_hits, cache_misses, cache_evictions, fused_collectives,
-        collectives, stall_warnings, negotiations, negotiation_ns;
+        collectives, stall_warnings, negotiations, negotiation_ns, negotiation_local_ns;
 } kolo__stats_atomic;
 
 typedef struct kolo__engine {
