@@ -993,6 +993,48 @@ static void fused_gather(int rank, void *arg)
 
 KT_TEST(engine_allgather_and_broadcast_fused, 30) { KT_EQ(kt_job(3, fused_gather, NULL, NULL, NULL), 0); }
 
+/* The direct collectives keep working beside engine requests, from another thread at once. */
+typedef struct side {
+    int rank, n, bad;
+} side;
+
+static void *direct_loop(void *arg)
+{
+    side *sd = arg;
+    for (int i = 0; i < 200; i++) {
+        int64_t v[64], out[64];
+        for (int k = 0; k < 64; k++) v[k] = sd->rank + i + k;
+        if (kolo_allreduce(v, out, 64, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) sd->bad = 1;
+        else if (out[63] != (int64_t)(sd->n * (i + 63) + sd->n * (sd->n - 1) / 2)) sd->bad = 2;
+    }
+    return NULL;
+}
+
+static void beside_direct(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    side sd = {rank, kolo_size(), 0};
+    pthread_t th;
+    KT_EQ(pthread_create(&th, NULL, direct_loop, &sd), 0);
+    for (int i = 0; i < 100; i++) {
+        float x[32], y[32];
+        for (int k = 0; k < 32; k++) x[k] = (float)(rank + k);
+        kolo_shape_t sh = shape1(32);
+        kolo_request_t *r;
+        char name[32];
+        snprintf(name, sizeof(name), "side.%d", i % 7);
+        KT_OK(kolo_iallreduce(name, x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        wait_ok(r);
+        KT_ASSERT(y[31] == (float)(sd.n * 31 + sd.n * (sd.n - 1) / 2));
+        kolo_request_release(r);
+    }
+    pthread_join(th, NULL);
+    KT_EQ(sd.bad, 0);
+}
+
+KT_TEST(engine_beside_direct_collectives, 30) { KT_EQ(kt_job(3, beside_direct, NULL, NULL, NULL), 0); }
+
 /* Invalid submissions fail at once, naming the problem. */
 static void bad_args(int rank, void *arg)
 {

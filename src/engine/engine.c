@@ -406,6 +406,11 @@ static int agree_settings(void)
     int st = (all && counts) ? KOLO_OK : kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the engine's start");
     for (int r = 0; r < E.size && !st; r++) counts[r] = sizeof(mine);
     if (!st) st = kolo__coll_allgather(E.mesh, W.psets[0], mine, all, counts, 1);
+    /* The collectives read some settings into function-local statics on first use; do that
+     * here, before the engine thread and user threads can race on the first use. */
+    int32_t one = 1, sum = 0;
+    if (!st) st = kolo__coll_allreduce(E.mesh, W.psets[0], &one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1);
+    (void)kolo__coll_chunk();
     if (!st) {
         if (all[0] != mine[0] || all[1] != mine[1])
             KOLO_WARN("engine: rank 0 uses KOLO_CACHE_CAPACITY=%llu and KOLO_FUSION_THRESHOLD=%llu; this rank had "
