@@ -40,6 +40,7 @@ typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t acks;
     _Alignas(64) uint64_t token;
     _Atomic uint32_t closed; /* SHM_CLOSED: the producer shut down cleanly; SHM_ABORTED: it gave up */
+    char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
 } ring_ctl;
 
 typedef struct shm_priv {
@@ -139,6 +140,14 @@ static int progress_send(kolo__conn *c, shm_priv *s)
     return KOLO_OK;
 }
 
+/* The sender gave up while we were reading its memory: what we read cannot be trusted. */
+static int aborted_peer(kolo__conn *c, shm_priv *s)
+{
+    char why[KOLO_ABORT_REASON_MAX + 1];
+    snprintf(why, sizeof(why), "%.*s", (int)sizeof(s->rx_ctl->reason), s->rx_ctl->reason);
+    return kolo__conn_fail(c, kolo__err_aborted(c, why));
+}
+
 static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
 {
     while (x->done < x->len) {
@@ -147,10 +156,7 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
         ssize_t k = process_vm_readv(s->peer_pid, &local, 1, &remote, 1, 0);
         if (k < 0) {
             if (errno == EINTR) continue;
-            if (errno == EFAULT || atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)
-                return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
-                                                    "lost rank %d on %s: it aborted the job while this rank was reading its buffer",
-                                                    c->peer, kolo__peer_name(c->mesh, c->peer)));
+            if (errno == EFAULT || atomic_load(&s->rx_ctl->closed) == SHM_ABORTED) return aborted_peer(c, s);
             if (errno == ESRCH)
                 kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone", c->peer,
                           kolo__peer_name(c->mesh, c->peer));
@@ -166,10 +172,7 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
     }
     /* The sender marks its rings aborted before its buffers go back to its user; data read
      * before the mark was still its own. After it, the bytes may be anything. */
-    if (atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)
-        return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
-                                            "lost rank %d on %s: it aborted the job while this rank was reading its buffer",
-                                            c->peer, kolo__peer_name(c->mesh, c->peer)));
+    if (atomic_load(&s->rx_ctl->closed) == SHM_ABORTED) return aborted_peer(c, s);
     return KOLO_OK;
 }
 
@@ -263,13 +266,24 @@ static bool shm_left_cleanly(kolo__conn *c)
     return s && atomic_load_explicit(&s->rx_ctl->closed, memory_order_acquire) == SHM_CLOSED;
 }
 
-static void shm_abort(kolo__conn *c)
+static void shm_abort(kolo__conn *c, const char *reason)
 {
     shm_priv *s = c->priv;
-    if (s) atomic_store(&s->tx_ctl->closed, SHM_ABORTED); /* seq_cst: before our user reuses buffers */
+    if (!s) return;
+    snprintf(s->tx_ctl->reason, sizeof(s->tx_ctl->reason), "%s", reason);
+    atomic_store(&s->tx_ctl->closed, SHM_ABORTED); /* seq_cst: before our user reuses buffers */
 }
 
-const kolo__transport kolo__shm_transport = {"shm", shm_progress, shm_close, shm_goodbye, shm_left_cleanly, shm_abort};
+static bool shm_abort_reason(kolo__conn *c, char *buf, size_t cap)
+{
+    shm_priv *s = c->priv;
+    if (!s || atomic_load(&s->rx_ctl->closed) != SHM_ABORTED) return false;
+    snprintf(buf, cap, "%.*s", (int)sizeof(s->rx_ctl->reason), s->rx_ctl->reason);
+    return buf[0] != '\0';
+}
+
+const kolo__transport kolo__shm_transport = {"shm",     shm_progress, shm_close, shm_goodbye, shm_left_cleanly,
+                                             shm_abort, shm_abort_reason};
 
 static int map_segment(kolo__conn *c, int fd, size_t ring, int creator)
 {

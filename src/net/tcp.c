@@ -81,10 +81,29 @@ static int progress_send(kolo__conn *c)
             return io_error(c, "sending to it", errno);
         }
         advance(x, (size_t)k);
+        c->midframe = !finished(x);
         if (finished(x)) kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
         else if ((size_t)k < want) return KOLO_OK; /* socket buffer full */
     }
     return KOLO_OK;
+}
+
+/* The header of the frame we were receiving is the peer's ABORT: its payload (the reason) may
+ * already sit partly in x->buf; read the rest and report it. */
+static int aborted_mid_receive(kolo__conn *c, kolo__xfer *x, size_t got)
+{
+    uint64_t len;
+    memcpy(&len, x->hdr + 8, 8);
+    char why[KOLO_ABORT_REASON_MAX + 1];
+    size_t have = KOLO_MIN(x->done, KOLO_MIN((size_t)len, sizeof(why) - 1));
+    (void)got;
+    memcpy(why, x->buf, have);
+    if (have < len && len < sizeof(why)) {
+        ssize_t r = recv(c->fd, why + have, (size_t)len - have, MSG_DONTWAIT);
+        if (r > 0) have += (size_t)r;
+    }
+    why[have] = '\0';
+    return kolo__conn_fail(c, kolo__err_aborted(c, why));
 }
 
 static int progress_recv(kolo__conn *c)
@@ -103,6 +122,7 @@ static int progress_recv(kolo__conn *c)
         if (advance(x, (size_t)k)) {
             uint32_t flags;
             int st = kolo__hdr_check(c, x, &flags);
+            if (st != KOLO_OK && (flags & KOLO_HDR_ABORT)) return aborted_mid_receive(c, x, (size_t)k);
             if (st != KOLO_OK) return kolo__conn_fail(c, st);
         }
         if (finished(x)) kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
@@ -144,6 +164,7 @@ static bool tcp_left_cleanly(kolo__conn *c)
         memcpy(&flags, buf + pos + 4, 4);
         memcpy(&len, buf + pos + 8, 8);
         if (magic != KOLO_MSG_MAGIC) return false;
+        if (flags & KOLO_HDR_ABORT) return false;
         if (flags & KOLO_HDR_GOODBYE) return pos + KOLO_HDR_LEN == (size_t)n;
         if (len > (size_t)n) return true;
         pos += KOLO_HDR_LEN + (size_t)len;
@@ -151,10 +172,45 @@ static bool tcp_left_cleanly(kolo__conn *c)
     return pos > (size_t)n;
 }
 
-/* Nothing to do: a TCP peer only ever holds copies of our bytes. */
-static void tcp_abort(kolo__conn *c) { (void)c; }
+/* A TCP peer only ever holds copies of our bytes; tell it why we leave, if our stream is at a
+ * frame boundary (a half-sent frame cannot be followed by another). */
+static void tcp_abort(kolo__conn *c, const char *reason)
+{
+    if (c->midframe) return;
+    unsigned char frame[KOLO_HDR_LEN + KOLO_ABORT_REASON_MAX];
+    size_t n = KOLO_MIN(strlen(reason), (size_t)KOLO_ABORT_REASON_MAX);
+    kolo__hdr_pack(frame, KOLO_HDR_ABORT, n);
+    memcpy(frame + KOLO_HDR_LEN, reason, n);
+    ssize_t k = send(c->fd, frame, KOLO_HDR_LEN + n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)k;
+}
 
-const kolo__transport kolo__tcp_transport = {"tcp", tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly, tcp_abort};
+/* The unread bytes after the last complete frame: an ABORT frame and its reason. */
+static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
+{
+    static _Thread_local unsigned char peek[1 << 16];
+    ssize_t n = recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+    size_t pos = 0;
+    while (n > 0 && pos + KOLO_HDR_LEN <= (size_t)n) {
+        uint32_t magic, flags;
+        uint64_t len;
+        memcpy(&magic, peek + pos, 4);
+        memcpy(&flags, peek + pos + 4, 4);
+        memcpy(&len, peek + pos + 8, 8);
+        if (magic != KOLO_MSG_MAGIC || len > (size_t)n) return false;
+        if (flags & KOLO_HDR_ABORT) {
+            size_t m = KOLO_MIN((size_t)len, KOLO_MIN(cap - 1, (size_t)n - pos - KOLO_HDR_LEN));
+            memcpy(buf, peek + pos + KOLO_HDR_LEN, m);
+            buf[m] = '\0';
+            return true;
+        }
+        pos += KOLO_HDR_LEN + (size_t)len;
+    }
+    return false;
+}
+
+const kolo__transport kolo__tcp_transport = {"tcp",        tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly,
+                                             tcp_abort, tcp_abort_reason};
 
 int kolo__tcp_attach(kolo__conn *c)
 {

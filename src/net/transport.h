@@ -33,6 +33,9 @@
 #define KOLO_HDR_LEN 16
 /* header flag of the last frame a rank sends on a stream when it shuts down cleanly */
 #define KOLO_HDR_GOODBYE 0x80000000u
+/* header flag of the last frame a rank sends when it gives up on the job; payload: the reason */
+#define KOLO_HDR_ABORT 0x40000000u
+#define KOLO_ABORT_REASON_MAX 384
 
 typedef struct kolo__conn kolo__conn;
 typedef struct kolo__xfer kolo__xfer;
@@ -67,9 +70,12 @@ typedef struct kolo__transport {
     void (*goodbye)(kolo__conn *c);
     /* After the peer hung up and everything it sent before was drained: did it say goodbye? */
     bool (*left_cleanly)(kolo__conn *c);
-    /* This rank gives up on the job: after this returns, the peer must not trust any data it
-     * still reads from our memory (our buffers go back to the user). */
-    void (*abort)(kolo__conn *c);
+    /* This rank gives up on the job because of `reason`: after this returns, the peer must not
+     * trust any data it still reads from our memory (our buffers go back to the user), and it
+     * can learn the reason (best effort). */
+    void (*abort)(kolo__conn *c, const char *reason);
+    /* After the peer hung up without a goodbye: the reason it gave when it aborted, if any. */
+    bool (*abort_reason)(kolo__conn *c, char *buf, size_t cap);
 } kolo__transport;
 
 struct kolo__conn {
@@ -81,6 +87,7 @@ struct kolo__conn {
     kolo__xfer **sendq_tail, **recvq_tail;
     int error;             /* 0, or the status that broke this connection */
     int gone;              /* the peer shut down cleanly (said goodbye) */
+    int midframe;          /* tcp: a frame is partly sent (nothing else may follow it) */
     void *priv;            /* transport state */
 };
 
@@ -135,6 +142,10 @@ void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t le
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);
 /* Marks the head xfer of a queue complete and pops it. */
 void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status);
+/* The message for a peer that aborted the job because of `reason`: names the peer and the
+ * root cause (the innermost "because" of a chain of aborts). Returns KOLO_ERR_PEER_LOST. */
+int kolo__err_aborted(kolo__conn *c, const char *reason);
+
 /* Breaks the connection: records status/message, fails every queued xfer, and fails the mesh:
  * a job error aborts every connection of the mesh (shutdown of its sockets), so that every
  * peer sees this rank hang up without a goodbye and fails too, within milliseconds. */

@@ -45,6 +45,8 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
     memcpy(&magic, x->hdr, 4);
     memcpy(flags, x->hdr + 4, 4);
     memcpy(&len, x->hdr + 8, 8);
+    if (magic == KOLO_MSG_MAGIC && (*flags & KOLO_HDR_ABORT))
+        return kolo__err(KOLO_ERR_PEER_LOST, "rank %d on %s aborted the job", c->peer, kolo__peer_name(c->mesh, c->peer));
     if (magic == KOLO_MSG_MAGIC && (*flags & KOLO_HDR_GOODBYE))
         return kolo__err(KOLO_ERR_PEER_LOST,
                          "rank %d on %s shut down while rank %d still expected %zu bytes from it: the ranks did not "
@@ -81,7 +83,7 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     for (int p = 0; p < m->size; p++) {
         kolo__conn *c = m->conns[p];
         if (!c) continue;
-        if (c->tp) c->tp->abort(c);
+        if (c->tp) c->tp->abort(c, m->failmsg);
         if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
     }
 }
@@ -144,6 +146,14 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x)
     post(m, peer, buf, len, x, KOLO_XFER_RECV);
 }
 
+int kolo__err_aborted(kolo__conn *c, const char *reason)
+{
+    const char *root = reason, *p;
+    while ((p = strstr(root, "aborted the job because: ")) != NULL) root = p + strlen("aborted the job because: ");
+    return kolo__err(KOLO_ERR_PEER_LOST, "rank %d on %s aborted the job because: %s", c->peer,
+                     kolo__peer_name(c->mesh, c->peer), *root ? root : "(no reason given)");
+}
+
 static int lost(kolo__conn *c, const char *why)
 {
     kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer), why);
@@ -156,9 +166,12 @@ static int on_hangup(kolo__conn *c)
 {
     int st = c->tp->progress(c); /* drain what it sent before leaving */
     if (st != KOLO_OK || c->error) return c->error ? c->error : st;
-    if (!c->gone && !c->tp->left_cleanly(c))
+    if (!c->gone && !c->tp->left_cleanly(c)) {
+        char why[KOLO_ABORT_REASON_MAX + 64];
+        if (c->tp->abort_reason(c, why, sizeof(why))) return kolo__conn_fail(c, kolo__err_aborted(c, why));
         return lost(c, "its connection closed without a goodbye (the process died, or it hit an error and aborted "
                        "the job)");
+    }
     c->gone = 1;
     if (c->sendq || c->recvq)
         return lost(c, "it shut down while this rank still had messages to exchange with it: the ranks did not "
