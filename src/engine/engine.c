@@ -34,6 +34,7 @@
 
 #include "../trace/trace.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -484,7 +485,19 @@ int kolo__engine_start(void)
     pthread_mutex_lock(&E.lock);
     E.running = 1;
     pthread_mutex_unlock(&E.lock);
+    /* The engine thread takes no asynchronous signals: SIGINT, SIGTERM, SIGCHLD ... go to the
+     * program's own threads (Python handles Ctrl-C on its main thread). It starts with them
+     * blocked, so there is no window. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGABRT);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     int err = pthread_create(&E.thread, NULL, engine_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err) {
         st = kolo__err_sys(err, "could not start the engine thread");
         pthread_mutex_lock(&E.lock);
