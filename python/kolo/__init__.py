@@ -46,7 +46,7 @@ class _NumpyAdapter:
 
     @staticmethod
     def contiguous(a):
-        return np.ascontiguousarray(a)
+        return np.require(a, requirements="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
 
     @staticmethod
     def ptr(a):

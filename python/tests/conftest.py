@@ -1,0 +1,73 @@
+"""Shared set-up of kolo's Python tests.
+
+Most suites are multi-rank: scripts/test-python.sh starts them with
+`kolorun -np N python3 -m pytest python/tests`, so every rank runs the same tests in the same
+order and their collectives meet. Such tests need kolorun (KOLO_RANK in the environment) and
+are skipped otherwise. test_jobs.py is the opposite: it launches kolorun jobs itself and runs
+outside kolorun.
+
+Every test gets a deadline (KOLO_TEST_TIMEOUT seconds, default 90): a test that waits for a
+rank that already failed ends with an error instead of hanging the run.
+"""
+
+import os
+import signal
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+UNDER_KOLORUN = "KOLO_RANK" in os.environ and "KOLO_RENDEZVOUS" in os.environ
+TIMEOUT = int(os.environ.get("KOLO_TEST_TIMEOUT", "90"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        multi = item.get_closest_marker("standalone") is None
+        if multi and not UNDER_KOLORUN:
+            item.add_marker(pytest.mark.skip(reason="multi-rank test: run under kolorun (scripts/test-python.sh)"))
+        if not multi and UNDER_KOLORUN:
+            item.add_marker(pytest.mark.skip(reason="launches its own jobs: run outside kolorun"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "standalone: runs outside kolorun and starts its own jobs")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kolo_job():
+    if not UNDER_KOLORUN:
+        yield
+        return
+    import kolo
+    kolo.init()
+    yield
+    kolo.shutdown()
+
+
+class _Deadline(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def deadline():
+    def on_alarm(signum, frame):
+        raise _Deadline("test exceeded %d s (a rank waiting for another that failed?)" % TIMEOUT)
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(TIMEOUT)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(autouse=True)
+def kolo_alive():
+    """A test that shut kolo down (re-init tests) leaves it initialized for the next."""
+    yield
+    if UNDER_KOLORUN:
+        import kolo
+        if not kolo.is_initialized():
+            kolo.init()

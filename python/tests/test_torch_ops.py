@@ -1,0 +1,348 @@
+"""kolo.torch's collectives (multi-rank): every CPU dtype, in-place and async variants,
+non-contiguous tensors, compression, autograd, process sets, join, errors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import kolo.torch as hvd  # noqa: E402
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64]
+
+
+def n_r():
+    return hvd.size(), hvd.rank()
+
+
+def ranked(dtype, shape=(3, 4)):
+    _, r = n_r()
+    base = (torch.arange(int(np.prod(shape))) % 6).reshape(shape)
+    return (base * (r + 1)).to(dtype), base
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_every_dtype(dtype):
+    n, r = n_r()
+    x, base = ranked(dtype)
+    out = hvd.allreduce(x, op=hvd.Sum)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, (base * (n * (n + 1) // 2)).to(dtype))
+    assert torch.equal(hvd.allreduce(x, op=hvd.Min), base.to(dtype))
+    assert torch.equal(hvd.allreduce(x, op=hvd.Max), (base * n).to(dtype))
+    small = torch.full((4,), 1 + r % 2).to(dtype)
+    prod = int(np.prod([1 + k % 2 for k in range(n)]))
+    assert torch.equal(hvd.allreduce(small, op=hvd.Product), torch.full((4,), prod).to(dtype))
+    avg = hvd.allreduce(torch.full((2,), 2 * (r + 1)).to(dtype))  # Average (default)
+    s = n * (n + 1)
+    if dtype.is_floating_point:
+        assert torch.allclose(avg.double(), torch.full((2,), s / n, dtype=torch.float64), rtol=1e-2)
+    else:
+        assert torch.equal(avg, torch.full((2,), s // n).to(dtype))
+
+
+def test_allreduce_bool():
+    n, r = n_r()
+    x = torch.tensor([True, r == 0, False])
+    assert hvd.allreduce(x, op=hvd.Sum).tolist() == [True, True, False]
+    assert hvd.allreduce(x, op=hvd.Min).tolist() == [True, n == 1, False]
+
+
+def test_allreduce_variants():
+    n, r = n_r()
+    x = torch.full((3,), float(r))
+    expect = torch.full((3,), n * (n - 1) / 2)
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum), expect) and x[0].item() == r
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="t_async")
+    assert torch.equal(hvd.synchronize(h), expect)
+    y = x.clone()
+    assert hvd.allreduce_(y, op=hvd.Sum) is y and torch.equal(y, expect)
+    y = x.clone()
+    h = hvd.allreduce_async_(y, op=hvd.Sum)
+    while not hvd.poll(h):
+        pass
+    assert hvd.synchronize(h) is y and torch.equal(y, expect)
+    assert hvd.synchronize(h) is None  # an unknown handle, as in Horovod
+
+
+def test_average_keyword_is_deprecated_but_works():
+    n, r = n_r()
+    with pytest.warns(DeprecationWarning):
+        out = hvd.allreduce(torch.full((2,), float(r + 1)), average=False)
+    assert out.tolist() == [n * (n + 1) / 2] * 2
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
+
+
+def test_scale_factors():
+    n, r = n_r()
+    out = hvd.allreduce(torch.full((4,), float(r + 1), dtype=torch.float64), op=hvd.Sum, prescale_factor=0.5,
+                        postscale_factor=4.0)
+    assert torch.allclose(out, torch.full((4,), 2.0 * n * (n + 1) / 2, dtype=torch.float64))
+
+
+def test_non_contiguous_in_and_out_of_place():
+    n, r = n_r()
+    m = torch.arange(24, dtype=torch.float32).reshape(4, 6) * (r + 1)
+    t = m.t()  # transposed: not contiguous
+    assert not t.is_contiguous()
+    expect = torch.arange(24, dtype=torch.float32).reshape(4, 6).t() * n * (n + 1) / 2
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum), expect)
+    hvd.allreduce_(t, op=hvd.Sum)
+    assert torch.equal(m.t(), expect)  # written back through the view
+    b = torch.full((4, 6), float(r))[:, ::3]
+    hvd.broadcast_(b, root_rank=0)
+    assert torch.equal(b, torch.zeros(4, 2))
+
+
+def test_compression_fp16():
+    n, r = n_r()
+    x = torch.full((5,), float(r + 1), dtype=torch.float64)
+    out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert out.dtype == torch.float64 and out.tolist() == [n * (n + 1) / 2] * 5
+    ints = torch.full((3,), r + 1, dtype=torch.int32)
+    c, ctx = hvd.Compression.fp16.compress(ints)
+    assert c is ints and hvd.Compression.fp16.decompress(c, ctx) is ints
+    c, ctx = hvd.Compression.fp16.compress(x)
+    assert c.dtype == torch.float16 and hvd.Compression.fp16.decompress(c, ctx).dtype == torch.float64
+    t, ctx = hvd.Compression.none.compress(x)
+    assert t is x and hvd.Compression.none.decompress(t, ctx) is x
+
+
+def test_unsupported_tensors():
+    with pytest.raises(ValueError, match="not supported"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(2).to_sparse())
+
+
+def test_grouped_allreduce():
+    n, r = n_r()
+    ts = [torch.full((3,), float(r + 1)), torch.full((2, 2), r, dtype=torch.int64),
+          torch.full((4,), float(r), dtype=torch.bfloat16)]
+    outs = hvd.grouped_allreduce(ts, op=hvd.Sum, name="t_group")
+    assert outs[0].tolist() == [n * (n + 1) / 2] * 3
+    assert outs[1].tolist() == [[n * (n - 1) // 2] * 2] * 2 and outs[1].dtype == torch.int64
+    assert outs[2].float().tolist() == [n * (n - 1) / 2] * 4
+    h = hvd.grouped_allreduce_async(ts, op=hvd.Max)
+    assert [o[0].item() if o.dim() == 1 else o[0, 0].item() for o in hvd.synchronize(h)] == [n, n - 1, n - 1]
+    hvd.grouped_allreduce_(ts, op=hvd.Sum)
+    assert ts[0].tolist() == [n * (n + 1) / 2] * 3
+    h = hvd.grouped_allreduce_async_(ts, op=hvd.Min)
+    assert hvd.synchronize(h)[0] is ts[0]
+
+
+def test_allgather_and_grouped():
+    n, r = n_r()
+    x = torch.full((r + 1, 2), r, dtype=torch.int8)
+    expect = torch.cat([torch.full((k + 1, 2), k, dtype=torch.int8) for k in range(n)])
+    assert torch.equal(hvd.allgather(x), expect)
+    assert torch.equal(hvd.synchronize(hvd.allgather_async(x)), expect)
+    outs = hvd.grouped_allgather([x, torch.tensor([r], dtype=torch.bool)])
+    assert torch.equal(outs[0], expect) and outs[1].tolist() == [k % 2 == 1 or k == 0 and False for k in range(n)] \
+        or outs[1].tolist() == [bool(k) for k in range(n)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+def test_broadcast_every_dtype(dtype):
+    n, r = n_r()
+    root = n - 1
+    x = torch.full((2, 3), r + 1).to(dtype)
+    out = hvd.broadcast(x, root_rank=root)
+    assert torch.equal(out, torch.full((2, 3), root + 1).to(dtype)) and torch.equal(x, torch.full((2, 3), r + 1).to(dtype))
+    h = hvd.broadcast_async_(x, root_rank=0)
+    assert hvd.synchronize(h) is x and torch.equal(x, torch.full((2, 3), 1).to(dtype))
+    y = torch.full((2,), r + 5).to(dtype)
+    assert torch.equal(hvd.synchronize(hvd.broadcast_async(y, 0)), torch.full((2,), 5).to(dtype))
+    assert hvd.broadcast_(y, 0) is y
+
+
+def test_alltoall():
+    n, r = n_r()
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    out = hvd.alltoall(x)
+    assert torch.is_tensor(out)
+    expect = torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * k for k in range(n)])
+    assert torch.equal(out, expect)
+    splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
+    rows = torch.cat([torch.tensor([[r, k]] * (k + 1)) for k in range(n)])
+    out, received = hvd.alltoall(rows, splits=splits)
+    assert received.dtype == torch.int32 and received.tolist() == [r + 1] * n
+    assert torch.equal(out, torch.cat([torch.tensor([[k, r]] * (r + 1)) for k in range(n)]))
+    out2, rec2 = hvd.synchronize(hvd.alltoall_async(rows, splits=[k + 1 for k in range(n)]))
+    assert torch.equal(out2, out) and torch.equal(rec2, received)
+
+
+def test_reducescatter():
+    n, r = n_r()
+    rows = 2 * n + 1
+    x = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (r + 1)
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    full = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * n * (n + 1) / 2
+    assert torch.equal(hvd.reducescatter(x, op=hvd.Sum), full[start:start + counts[r]])
+    assert torch.allclose(hvd.reducescatter(x), full[start:start + counts[r]] / n)  # Average by default
+    assert torch.equal(hvd.synchronize(hvd.reducescatter_async(x, op=hvd.Sum)), full[start:start + counts[r]])
+    outs = hvd.grouped_reducescatter([x, torch.ones(n, 3, dtype=torch.float64)], op=hvd.Sum)
+    assert torch.equal(outs[0], full[start:start + counts[r]]) and outs[1].tolist() == [[float(n)] * 3]
+    with pytest.raises(ValueError, match="scalar"):
+        hvd.reducescatter(torch.tensor(1.0))
+
+
+# ---- autograd ----
+
+def test_allreduce_grad():
+    n, r = n_r()
+    for op, factor in ((hvd.Sum, n), (hvd.Average, 1)):
+        x = torch.ones(3, requires_grad=True)
+        y = hvd.allreduce(x * (r + 1), op=op)
+        y.sum().backward()
+        # dy/dx on this rank is (r + 1) times the allreduced gradient of ones
+        assert x.grad.tolist() == [float(factor * (r + 1))] * 3
+
+
+def test_grouped_allreduce_grad():
+    n, r = n_r()
+    a = torch.ones(2, requires_grad=True)
+    b = torch.ones(3, requires_grad=True)
+    ya, yb = hvd.grouped_allreduce([a * 2, b * 3], op=hvd.Sum)
+    (ya.sum() + yb.sum()).backward()
+    assert a.grad.tolist() == [2.0 * n] * 2 and b.grad.tolist() == [3.0 * n] * 3
+
+
+def test_allgather_grad():
+    n, r = n_r()
+    x = torch.full((r + 1, 2), 1.0, requires_grad=True)
+    y = hvd.allgather(x)
+    # each rank weighs the gathered rows by their owner's rank + 1
+    w = torch.cat([torch.full((k + 1, 2), float(k + 1)) for k in range(n)])
+    (y * w).sum().backward()
+    # Horovod: the gradient is the average over ranks of the output gradient, sliced
+    assert x.grad.tolist() == [[float(r + 1)] * 2] * (r + 1)
+
+
+def test_broadcast_grad():
+    n, r = n_r()
+    x = torch.full((3,), float(r), requires_grad=True)
+    y = hvd.broadcast(x, root_rank=0)
+    (y * 2).sum().backward()
+    assert x.grad.tolist() == ([2.0] * 3 if r == 0 else [0.0] * 3)
+
+
+def test_alltoall_grad():
+    n, r = n_r()
+    splits = [k + 1 for k in range(n)]
+    x = torch.ones(sum(splits), 2, requires_grad=True)
+    y, received = hvd.alltoall(x, splits=splits)
+    # weight the rows received from rank k by k + 1: the gradient goes back to rank k's rows
+    w = torch.cat([torch.full((int(received[k]), 2), float(k + 1)) for k in range(n)])
+    (y * w).sum().backward()
+    assert x.grad.tolist() == [[float(r + 1)] * 2] * sum(splits)
+
+
+def test_reducescatter_grad():
+    n, r = n_r()
+    x = torch.ones(2 * n, 3, requires_grad=True)
+    y = hvd.reducescatter(x, op=hvd.Sum)
+    (y * (r + 1)).sum().backward()
+    # row block k of every rank's x fed rank k's output with weight 1
+    expect = torch.cat([torch.full((2, 3), float(k + 1)) for k in range(n)])
+    assert torch.equal(x.grad, expect)
+    x.grad = None
+    y = hvd.reducescatter(x, op=hvd.Average)
+    y.sum().backward()
+    assert torch.allclose(x.grad, torch.full((2 * n, 3), 1.0 / n))
+
+
+# ---- process sets, join, barrier ----
+
+def test_process_set_ops():
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    members = [0, n - 1] if n > 2 else [1]  # the whole world would duplicate the global set
+    ps = hvd.add_process_set(members)
+    m = len(members)
+    try:
+        if ps.included():
+            # Named: unnamed operations are numbered per process, and only some ranks issue these.
+            out = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, name="ps", process_set=ps)
+            assert out.item() == sum(members)
+            g = hvd.allgather(torch.tensor([r]), name="ps", process_set=ps)
+            assert g.tolist() == members
+            b = hvd.broadcast(torch.tensor([r]), root_rank=n - 1, name="ps", process_set=ps)
+            assert b.item() == n - 1
+            a = hvd.alltoall(torch.tensor([r] * m), name="ps", process_set=ps)
+            assert a.tolist() == members
+            rs = hvd.reducescatter(torch.ones(m, 1), op=hvd.Sum, name="ps", process_set=ps)
+            assert rs.tolist() == [[float(m)]]
+            # (a barrier on this set is tested in test_jobs.py: it leaves the members' unnamed
+            # barrier counter ahead of the others')
+        else:
+            with pytest.raises(ValueError):
+                hvd.allreduce(torch.ones(1), name="ps_not_member", process_set=ps)
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def test_join_uneven_batches():
+    n, r = n_r()
+    w = torch.ones(3)
+    for i in range(1 + r):  # rank r has r + 1 batches
+        out = hvd.allreduce(w, op=hvd.Sum, name="t_join")
+        assert out.tolist() == [float(n - i)] * 3  # ranks with fewer batches contribute zeros
+    last = hvd.join()
+    assert last == n - 1
+    # after every rank joined, the job goes on normally
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n
+
+
+def test_join_then_allgather_fails_on_every_rank():
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    if r == 0:
+        assert hvd.join() == n - 1
+    else:
+        with pytest.raises(hvd.HorovodInternalError, match="(?i)join"):
+            hvd.allgather(torch.ones(1), name="t_join_gather")
+        assert hvd.join() in range(1, n)
+
+
+def test_barrier():
+    hvd.barrier()
+    hvd.barrier(process_set=hvd.global_process_set)
+
+
+# ---- errors ----
+
+def test_duplicate_name_raises_value_error_at_once():
+    h = hvd.allreduce_async(torch.ones(2), name="t_dup")
+    with pytest.raises(ValueError, match="t_dup"):
+        hvd.allreduce_async_(torch.ones(2), name="t_dup")
+    hvd.synchronize(h)
+
+
+def test_mismatch_raises_on_every_rank():
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    with pytest.raises(hvd.HorovodInternalError, match="t_mm_shape"):
+        hvd.allreduce(torch.ones(r + 1), name="t_mm_shape")
+    with pytest.raises(RuntimeError, match="t_mm_op"):
+        hvd.allreduce(torch.ones(2), name="t_mm_op", op=hvd.Sum if r == 0 else hvd.Max)
+    with pytest.raises(RuntimeError, match="t_mm_dtype"):
+        hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64), name="t_mm_dtype")
+    with pytest.raises(RuntimeError, match="t_mm_scale"):
+        hvd.allreduce(torch.ones(2), name="t_mm_scale", prescale_factor=1.0 + r)
+    h = hvd.broadcast_async(torch.ones(2), root_rank=r, name="t_mm_root")
+    with pytest.raises(hvd.HorovodInternalError):
+        hvd.synchronize(h)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n
+
+
+def test_unnamed_ops_are_numbered_in_order():
+    n, r = n_r()
+    hs = [hvd.allreduce_async(torch.full((2,), float(i)), op=hvd.Sum) for i in range(5)]
+    outs = [hvd.synchronize(h) for h in hs]
+    assert [o[0].item() for o in outs] == [float(i * n) for i in range(5)]
