@@ -1,0 +1,207 @@
+"""Whole jobs started with kolorun (this file runs outside kolorun): failures never hang a job,
+lost peers and stalls become HorovodInternalError, the library is found or refused clearly,
+the package installs with pip, and the examples learn."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.standalone
+
+KOLORUN = os.path.join(ROOT, "build", "bin", "kolorun")
+PY = sys.executable
+PYDIR = os.path.join(ROOT, "python")
+
+
+def run_job(tmp_path, np_, script, args=(), env=None, timeout=120):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    e = dict(os.environ, PYTHONPATH=PYDIR)
+    e.update(env or {})
+    t = time.time()
+    p = subprocess.run([KOLORUN, "-np", str(np_), PY, str(path)] + list(args), env=e, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout, text=True)
+    return p.returncode, p.stdout, time.time() - t
+
+
+def test_a_rank_that_raises_ends_the_job(tmp_path):
+    rc, out, dt = run_job(tmp_path, 2, """
+        import torch, kolo.torch as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            raise RuntimeError("rank 1 gives up")
+        hvd.allreduce(torch.ones(3), name="never_matched")   # rank 0 would wait for rank 1
+        print("UNREACHABLE")
+    """, timeout=90)
+    assert rc != 0, out
+    assert "rank 1 gives up" in out and "UNREACHABLE" not in out
+
+
+def test_a_lost_peer_is_an_error_on_the_survivor(tmp_path):
+    rc, out, dt = run_job(tmp_path, 2, """
+        import os, time, torch, kolo.torch as hvd
+        hvd.init()
+        hvd.allreduce(torch.ones(1), name="warmup")
+        if hvd.rank() == 1:
+            os._exit(0)                      # vanishes without shutdown, exit code 0
+        try:
+            for i in range(1000):
+                hvd.allreduce(torch.ones(1000), name="step.%d" % i)
+            print("NO ERROR")
+        except hvd.HorovodInternalError as e:
+            assert isinstance(e, RuntimeError)
+            print("CAUGHT:", e)
+        # the job is over for kolo: later submissions fail at once instead of waiting
+        try:
+            hvd.allreduce(torch.ones(1), name="after")
+        except (hvd.HorovodInternalError, ValueError) as e:
+            print("LATER:", type(e).__name__)
+    """, timeout=90)
+    assert "CAUGHT:" in out, out
+    caught = out.split("CAUGHT:", 1)[1].splitlines()[0]
+    assert "1" in caught  # names the lost rank
+    assert "LATER:" in out
+
+
+def test_a_stall_becomes_an_error_with_stall_shutdown(tmp_path):
+    rc, out, dt = run_job(tmp_path, 2, """
+        import time, torch, kolo.torch as hvd
+        hvd.init()
+        if hvd.rank() == 0:
+            try:
+                hvd.allreduce(torch.ones(2), name="only_rank_0")
+                print("NO ERROR")
+            except hvd.HorovodInternalError as e:
+                print("CAUGHT:", e)
+        else:
+            time.sleep(8)  # present, but never submits it
+    """, env={"KOLO_STALL_CHECK_TIME": "1", "KOLO_STALL_SHUTDOWN_TIME": "2"}, timeout=90)
+    assert rc == 0, out
+    assert "CAUGHT:" in out and "only_rank_0" in out
+
+
+def test_barrier_on_a_process_set_then_on_the_world(tmp_path):
+    # kolo_ibarrier has no name: the engine numbers barriers per process ("barrier.noname.N"),
+    # so members of a set that ran a barrier are ahead of the others at the next world barrier.
+    try:
+        rc, out, dt = run_job(tmp_path, 2, """
+            import kolo
+            kolo.init()
+            ps = kolo.add_process_set([1])
+            if ps.included():
+                kolo.barrier(process_set=ps)
+            kolo.barrier()
+            print("DONE")
+        """, env={"KOLO_STALL_CHECK_TIME": "2", "KOLO_STALL_SHUTDOWN_TIME": "5"}, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.xfail("C engine: world barrier after a process-set barrier never completes "
+                     "(per-process barrier counter)")
+    if out.count("DONE") != 2:
+        pytest.xfail("C engine: world barrier after a process-set barrier fails: " + out[-300:])
+
+
+def test_missing_library_is_explained():
+    env = dict(os.environ, PYTHONPATH=PYDIR, KOLO_LIBRARY="/nonexistent/libkolo.so")
+    p = subprocess.run([PY, "-c", "import kolo"], env=env, stderr=subprocess.PIPE, text=True)
+    assert p.returncode != 0
+    assert "ImportError" in p.stderr and "KOLO_LIBRARY" in p.stderr and "/nonexistent/libkolo.so" in p.stderr
+
+
+def test_wrong_library_version_is_refused(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    src = tmp_path / "fake.c"
+    src.write_text("int kolo_version(void) { return 20304; }\n")
+    lib = tmp_path / "libkolo.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    env = dict(os.environ, PYTHONPATH=PYDIR, KOLO_LIBRARY=str(lib))
+    p = subprocess.run([PY, "-c", "import kolo"], env=env, stderr=subprocess.PIPE, text=True)
+    assert p.returncode != 0
+    assert "2.3.4" in p.stderr and "0.1.0" in p.stderr and "KOLO_LIBRARY" in p.stderr
+
+
+def test_pip_install(tmp_path):
+    target = tmp_path / "site"
+    p = subprocess.run([PY, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), PYDIR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0 and "No module named pip" in p.stdout:
+        pytest.skip("pip is not installed for %s" % PY)
+    assert p.returncode == 0, p.stdout
+    shutil.rmtree(os.path.join(PYDIR, "build"), ignore_errors=True)  # setuptools' scratch tree
+    for d in os.listdir(PYDIR):
+        if d.endswith(".egg-info"):
+            shutil.rmtree(os.path.join(PYDIR, d), ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(target), KOLO_LIBRARY=os.path.join(ROOT, "build", "lib", "libkolo.so"))
+    code = "import kolo, kolo.torch; kolo.init(); print(kolo.__file__, kolo.size())"
+    p = subprocess.run([PY, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       cwd=str(tmp_path))
+    assert p.returncode == 0, p.stdout
+    assert str(target) in p.stdout and p.stdout.strip().endswith(" 1")
+
+
+def test_direct_collectives_fallback(tmp_path):
+    rc, out, dt = run_job(tmp_path, 2, """
+        import numpy as np, torch, kolo, kolo.torch as hvd
+        from kolo import _lib
+        kolo.init()
+        assert not _lib.HAVE_ENGINE
+        n = kolo.size()
+        assert kolo.allreduce(np.ones(3), op=kolo.Sum).tolist() == [n] * 3
+        assert kolo.allgather(np.array([kolo.rank()])).tolist() == list(range(n))
+        model = torch.nn.Linear(3, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        model(torch.ones(4, 3) * kolo.rank()).sum().backward()
+        opt.step()
+        print("OK")
+    """, env={"KOLO_PYTHON_DIRECT": "1"})
+    assert rc == 0 and out.count("OK") == 2, out
+
+
+def test_training_example_learns_and_checkpoints(tmp_path):
+    script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_digits.py")
+    ck = tmp_path / "ck"
+    args = [KOLORUN, "-np", "2", PY, script, "--train-size", "4000", "--val-size", "1000", "--threads", "1",
+            "--checkpoint-dir", str(ck)]
+    env = dict(os.environ, PYTHONPATH=PYDIR)
+    p = subprocess.run(args + ["--epochs", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    epochs = re.findall(r"epoch (\d)/2 +loss ([\d.]+) .* val-acc ([\d.]+)", p.stdout)
+    assert len(epochs) == 2, p.stdout  # printed by rank 0 only
+    assert float(epochs[1][1]) < float(epochs[0][1])  # the loss falls
+    assert float(epochs[1][2]) > 0.5  # far above chance (0.1)
+    assert sorted(os.listdir(ck)) == ["checkpoint-1.pt", "checkpoint-2.pt"]
+    p = subprocess.run(args + ["--epochs", "3", "--resume"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    assert "epoch 3/3" in p.stdout and "epoch 1/3" not in p.stdout
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_synthetic_benchmark_runs(tmp_path, ddp):
+    script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_benchmark.py")
+    cmd = [KOLORUN, "-np", "2"]
+    if ddp:
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        cmd += ["-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % port]
+    cmd += [PY, script, "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
+            "--num-batches-per-iter", "1", "--num-iters", "2", "--threads", "1"] + (["--ddp"] if ddp else [])
+    p = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"Total img/sec on 2 worker\(s\): [\d.]+", p.stdout), p.stdout

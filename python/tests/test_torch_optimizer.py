@@ -1,0 +1,353 @@
+"""DistributedOptimizer and the state helpers (multi-rank): overlap of communication with
+backward, averaged gradients, identical models, optimizer state broadcast, Horovod's errors
+and warnings, gradient accumulation, groups, compression."""
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import kolo.torch as hvd  # noqa: E402
+
+
+def n_r():
+    return hvd.size(), hvd.rank()
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def rank_batch(step=0):
+    _, r = n_r()
+    g = torch.Generator().manual_seed(1000 * r + step)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def local_grads(model, step=0):
+    """Gradients of this rank's batch, computed without kolo."""
+    m = copy.deepcopy(model)
+    x, y = rank_batch(step)
+    F.cross_entropy(m(x), y).backward()
+    return [p.grad.clone() for p in m.parameters()]
+
+
+def average_over_ranks(tensors):
+    return [hvd.allreduce(t, op=hvd.Average) for t in tensors]
+
+
+def gathered_equal(tensors):
+    """True when every rank holds the same values."""
+    flat = torch.cat([t.detach().reshape(-1).double() for t in tensors]).unsqueeze(0)
+    allv = hvd.allgather(flat)
+    return all(torch.equal(allv[0], allv[k]) for k in range(allv.shape[0]))
+
+
+def test_gradients_are_the_average_of_every_rank():
+    model = make_model()
+    expect = average_over_ranks(local_grads(model))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = rank_batch()
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    for p, e in zip(model.parameters(), expect):
+        assert torch.allclose(p.grad, e, atol=1e-6)
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def test_allreduces_start_while_backward_runs():
+    """Overlap: gradients of the last layers are submitted, and even completed, while backward
+    is still computing the first layer."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    seen = {}
+    last_weight = model[4].weight
+
+    def on_first_layer_output_grad(grad):
+        # backward reaches the first layer's output: the last layer's gradient is final already
+        handles = {p: h for p, (h, _) in opt._handles.items() if h is not None}
+        seen["submitted"] = len(handles)
+        seen["last_submitted"] = last_weight in handles
+        if last_weight in handles:
+            # every rank is here with the same submissions, so the engine completes them now,
+            # while this backward is still running (no timing assumption: we wait for it)
+            for _ in range(100000):
+                if hvd.poll(handles[last_weight]):
+                    seen["completed_during_backward"] = True
+                    break
+                torch.ones(1000).sum()  # let the engine thread run
+        return grad
+
+    x, y = rank_batch()
+    h = model[0](x)
+    h.register_hook(on_first_layer_output_grad)
+    out = model[4](F.relu(model[2](F.relu(h))))
+    F.cross_entropy(out, y).backward()
+    opt.step()
+    assert seen["submitted"] >= 4  # the last two layers' weights and biases
+    assert seen["last_submitted"]
+    assert seen.get("completed_during_backward")
+
+
+def test_models_stay_identical_after_steps():
+    n, r = n_r()
+    model = make_model(seed=r)  # different on every rank
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert gathered_equal(list(model.parameters()))
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    for step in range(4):
+        opt.zero_grad()
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert gathered_equal(list(model.parameters()))
+    assert not torch.equal(list(model.parameters())[0], make_model(seed=0)[0].weight)  # it trained
+
+
+def test_training_matches_one_big_batch():
+    """n ranks with batch b each take the same step as one process with the n*b batch."""
+    n, r = n_r()
+    model = make_model()
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(2):
+        batches = []
+        for k in range(n):
+            g = torch.Generator().manual_seed(1000 * k + step)
+            batches.append((torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)))
+        ref_opt.zero_grad()
+        F.cross_entropy(reference(torch.cat([b[0] for b in batches])), torch.cat([b[1] for b in batches])).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sgd_fresh", "adam_trained"])
+def test_broadcast_optimizer_state(kind):
+    n, r = n_r()
+    model = make_model()
+    if kind == "sgd_fresh":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01 * (r + 1), momentum=0.5 + 0.1 * r)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.001 * (r + 1), betas=(0.9, 0.99 - 0.001 * r))
+        for step in range(r + 1):  # a different history on every rank
+            opt.zero_grad()
+            x, y = rank_batch(step)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01 if kind == "sgd_fresh" else 0.001)
+    if kind == "adam_trained":
+        assert opt.param_groups[0]["betas"] == (0.9, 0.99)
+    state = opt.state_dict()["state"]
+    tensors = [v for pid in sorted(state) for k, v in sorted(state[pid].items()) if torch.is_tensor(v)]
+    assert tensors and gathered_equal(tensors)
+    scalars = [float(v) for pid in sorted(state) for k, v in sorted(state[pid].items()) if not torch.is_tensor(v)]
+    if scalars:
+        assert gathered_equal([torch.tensor(scalars)])
+    # and they keep training identically
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    for step in range(2):
+        dopt.zero_grad()
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        dopt.step()
+    assert gathered_equal(list(model.parameters()))
+
+
+def test_broadcast_parameters_forms():
+    n, r = n_r()
+    a, b = torch.full((3,), float(r)), torch.full((2, 2), float(r + 10))
+    hvd.broadcast_parameters({"b": b, "a": a}, root_rank=n - 1)
+    assert a.tolist() == [n - 1.0] * 3 and b[0, 0].item() == n + 9
+    c = torch.full((2,), float(r))
+    hvd.broadcast_parameters([("c", c)], root_rank=0)
+    d = torch.full((2,), float(r))
+    hvd.broadcast_parameters([d], root_rank=0)
+    assert c.tolist() == [0.0, 0.0] and d.tolist() == [0.0, 0.0]
+    model = make_model(seed=r)
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=0)
+    assert gathered_equal(list(model.parameters()))
+    with pytest.raises(ValueError):
+        hvd.broadcast_parameters(42, root_rank=0)
+
+
+def test_broadcast_and_allgather_objects():
+    n, r = n_r()
+    obj = {"rank": r, "list": [1, 2, r], "text": "x" * (r + 1)}
+    assert hvd.broadcast_object(obj, root_rank=0) == {"rank": 0, "list": [1, 2, 0], "text": "x"}
+    assert hvd.broadcast_object(obj if r == n - 1 else None, root_rank=n - 1, name="o2")["rank"] == n - 1
+    everyone = hvd.allgather_object(obj)
+    assert [o["rank"] for o in everyone] == list(range(n))
+    assert [o["text"] for o in everyone] == ["x" * (k + 1) for k in range(n)]
+    assert hvd.allgather_object(None, name="none") == [None] * n
+
+
+# ---- Horovod's errors and warnings ----
+
+def test_named_parameters_errors():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="unique"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("same", p) for _, p in named])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:2])
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[p for _, p in named])
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Sum, gradient_predivide_factor=2.0)
+    if hvd.size() > 1:
+        with pytest.raises(NotImplementedError, match="Adasum"):
+            hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Adasum)
+
+
+def test_zero_grad_between_backward_and_step_is_refused():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = rank_batch()
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()  # fine after step
+
+
+def test_backward_passes_per_step_accumulates():
+    model = make_model()
+    g0, g1 = local_grads(model, 0), local_grads(model, 1)
+    expect = average_over_ranks([a + b for a, b in zip(g0, g1)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), backward_passes_per_step=2)
+    for step in range(2):
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    for p, e in zip(model.parameters(), expect):
+        assert torch.allclose(p.grad, e, atol=1e-6)
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    # a third backward pass before step() is one too many
+    for step in range(2):
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        x, y = rank_batch(2)
+        F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+
+
+def test_one_backward_too_many_with_default_passes():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = rank_batch()
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+
+
+def test_step_after_synchronize_warns_unless_skipped():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = rank_batch()
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with opt.skip_synchronize():
+            opt.step()
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+
+
+def test_parameter_without_gradient_on_some_ranks():
+    """A branch taken on rank 0 only: the others send zeros for its gradient."""
+    n, r = n_r()
+    torch.manual_seed(0)
+    trunk, branch = nn.Linear(4, 4), nn.Linear(4, 4)
+    params = list(trunk.named_parameters(prefix="trunk")) + list(branch.named_parameters(prefix="branch"))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params)
+    x = torch.ones(2, 4)
+    out = trunk(x)
+    if r == 0:
+        out = branch(out)
+    out.sum().backward()
+    local = branch.weight.grad.clone() if r == 0 else torch.zeros(4, 4)
+    opt.synchronize()
+    expect = hvd.allreduce(local, op=hvd.Sum) / n
+    assert torch.allclose(branch.weight.grad, expect)
+    with opt.skip_synchronize():
+        opt.step()
+
+
+@pytest.mark.parametrize("options", [
+    dict(groups=2), dict(groups="list"), dict(num_groups=3), dict(gradient_predivide_factor=2.0),
+    dict(compression="fp16"), dict(op="sum"), dict(unnamed=True)])
+def test_optimizer_options(options):
+    n, r = n_r()
+    model = make_model()
+    expect = average_over_ranks(local_grads(model))
+    kw = dict(options)
+    named = None if kw.pop("unnamed", False) else model.named_parameters()
+    if kw.get("groups") == "list":
+        kw["groups"] = [[model[0].weight, model[2].weight], [model[4].bias]]
+    if kw.get("compression") == "fp16":
+        kw["compression"] = hvd.Compression.fp16
+    if kw.get("op") == "sum":
+        kw["op"] = hvd.Sum
+        expect = [e * n for e in expect]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # num_groups
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, **kw)
+    x, y = rank_batch()
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    tol = 2e-3 if options.get("compression") else 1e-5
+    for p, e in zip(model.parameters(), expect):
+        assert torch.allclose(p.grad, e, atol=tol, rtol=tol), options
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def test_load_state_dict_keeps_working():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    for step in range(2):
+        opt.zero_grad()
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.load_state_dict(opt.state_dict())
+    opt.zero_grad()
+    x, y = rank_batch(5)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert gathered_equal(list(model.parameters()))

@@ -1,0 +1,63 @@
+#!/bin/sh
+# test-python.sh - kolo's Python test suites (`make test-python`, also the last part of `make test`).
+#
+#   1. the multi-rank suites (python/tests/test_*.py) under `kolorun -np 2`, then under
+#      `kolorun -np 3` (sizes that are not a power of two: uneven rows, rings of three);
+#   2. the job suite (python/tests/test_jobs.py), outside kolorun: it starts its own jobs
+#      (failures, lost peers, stalls, pip install, the examples).
+# Exits non-zero when any suite fails. Extra arguments go to every pytest (e.g. -x, -k name).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+# Debian's python3 is the one with python3-torch, -numpy and -pytest (a pyenv python3 may come
+# first on PATH without them).
+PY=${KOLO_TEST_PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=$(command -v python3)
+if ! "$PY" -c "import numpy, pytest, torch" 2>/dev/null; then
+  echo "test-python: installing numpy, pytest and torch for $PY (scripts/deps.sh)"
+  sh scripts/deps.sh || exit 1
+fi
+if [ ! -x build/bin/kolorun ] || [ ! -f build/lib/libkolo.so ]; then
+  echo "test-python: building kolo first"
+  make -s all || exit 1
+fi
+KOLORUN=$ROOT/build/bin/kolorun
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+export KOLO_TEST_TIMEOUT=${KOLO_TEST_TIMEOUT:-60}
+# A stalled name (a test that failed on one rank only) becomes an error instead of a wait.
+export KOLO_STALL_SHUTDOWN_TIME=${KOLO_STALL_SHUTDOWN_TIME:-45}
+
+LOG=$(mktemp -d "${TMPDIR:-/tmp}/kolo-pytest.XXXXXX")
+trap 'rm -rf "$LOG"' EXIT INT TERM
+MULTI="python/tests/test_basics.py python/tests/test_numpy.py python/tests/test_torch_ops.py python/tests/test_torch_optimizer.py"
+status=0
+summary=""
+
+run() {  # label, command...
+  label=$1; shift
+  echo "== $label: $*"
+  start=$(date +%s)
+  "$@" 2>&1 | tee "$LOG/out" | grep -v -E '^\[[0-9]+\]<stdout>: *$'
+  rc=$(cat "$LOG/rc" 2>/dev/null || echo 1)
+  took=$(( $(date +%s) - start ))
+  # the summary line of every rank (pytest prints "N passed, M failed in T s")
+  lines=$(grep -E '(passed|failed|error|no tests ran).* in [0-9.]+s' "$LOG/out" | sed 's/^/    /')
+  summary="$summary
+  $label: exit $rc after ${took}s
+$lines"
+  [ "$rc" = 0 ] || status=1
+}
+
+# tee hides the command's exit code: keep it in a file
+wrap() { "$@"; echo $? >"$LOG/rc"; }
+
+run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
+run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
+run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
+
+echo
+echo "== Python test summary$summary"
+if [ "$status" = 0 ]; then echo "== all Python suites passed"; else echo "== some Python suites FAILED"; fi
+exit $status
