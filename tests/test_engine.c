@@ -572,7 +572,7 @@ static void death_fused(int rank, void *arg)
 {
     (void)arg;
     KT_OK(kolo_init());
-    enum { T = 64, L = 200000 }; /* 64 x 800 KB: fused buckets of 64 MiB at most */
+    enum { T = 200, L = 50000 }; /* 200 x 200 KB: fused, 40 MB in one bucket */
     float *in = calloc((size_t)T * L, sizeof(float)), *out = calloc((size_t)T * L, sizeof(float));
     kolo_request_t *reqs[T];
     for (int step = 0;; step++) {

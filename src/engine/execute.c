@@ -27,8 +27,11 @@
 
 #define E kolo__E
 
-/* Tensors above this many bytes are never copied into the fusion buffer. */
-#define FUSE_TENSOR_MAX ((size_t)1 << 20)
+/* Tensors above this many bytes are never copied into the fusion buffer. Measured with
+ * bench/engine-bench.c on ResNet-50 gradients, 2 ranks over shared memory: a cut-off of 256 KiB
+ * ran the step in 0.98-1.02x the time of one direct allreduce; 1 MiB 1.02-1.13x, 4 MiB 1.16-1.40x,
+ * everything fused (Horovod) 1.21-1.62x. */
+#define FUSE_TENSOR_MAX ((size_t)256 << 10)
 
 static void *grow(void **buf, size_t *cap, size_t need)
 {
