@@ -154,6 +154,7 @@ class _Op:
 
 
 _handles = {}
+_orphans = []  # operations abandoned while pending: their buffers live until shutdown
 _counter = itertools.count(1)
 _hlock = threading.Lock()
 
@@ -169,8 +170,9 @@ def _drop_all():
     # After kolo_shutdown every pending request has completed (with KOLO_ERR_SHUT_DOWN),
     # so the buffers may go.
     with _hlock:
-        ops = list(_handles.values())
+        ops = list(_handles.values()) + _orphans
         _handles.clear()
+        del _orphans[:]
     for op in ops:
         for r in op.reqs:
             r.release()
@@ -210,8 +212,14 @@ def synchronize(handle):
     finally:
         with _hlock:
             _handles.pop(handle, None)
-        for r in op.reqs:
-            r.release()
+            pending = not all(r.test() for r in op.reqs)
+            if pending:
+                # Interrupted (Ctrl-C) while the engine may still use the buffers: keep them
+                # alive until shutdown rather than free memory that C is writing.
+                _orphans.append(op)
+        if not pending:
+            for r in op.reqs:
+                r.release()
 
 
 # ---- submissions ----
