@@ -351,3 +351,23 @@ def test_load_state_dict_keeps_working():
     F.cross_entropy(model(x), y).backward()
     opt.step()
     assert gathered_equal(list(model.parameters()))
+
+
+@pytest.mark.parametrize("sparse_as_dense", [True, False])
+def test_sparse_gradients(sparse_as_dense):
+    n, r = n_r()
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                   named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
+    emb(torch.tensor([r, 9])).sum().backward()  # row r on this rank, row 9 on every rank
+    opt.synchronize()
+    g = emb.weight.grad
+    assert g.is_sparse != sparse_as_dense
+    rows = g.to_dense().sum(1)
+    expect = torch.zeros(10)
+    expect[:n] = 3.0 / n
+    expect[9] = 3.0
+    assert torch.allclose(rows, expect)
+    with opt.skip_synchronize():
+        opt.step()
