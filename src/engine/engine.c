@@ -26,10 +26,11 @@
  *   3. the world's responses run, then each active set this rank belongs to runs its own
  *      negotiation and responses, in increasing id order, among its members only.
  * The cycle repeats every KOLO_CYCLE_TIME while any rank is busy. When no rank is busy, the
- * period doubles each cycle up to IDLE_MAX: an idle engine sleeps on its condition variable
- * and spends a few microseconds every few milliseconds, and a submission wakes it at once (its
- * first exchange then waits at most IDLE_MAX for the other ranks). A world of one sleeps until
- * there is work. */
+ * period doubles each cycle up to IDLE_MAX (4 ms; 50 ms until some rank has used the engine, so
+ * that programs of direct collectives only are left alone): an idle engine sleeps on its
+ * condition variable and spends a few microseconds per wake-up, and a submission wakes it at
+ * once (its first exchange then waits at most IDLE_MAX for the other ranks). A world of one
+ * sleeps until there is work. */
 #include "internal.h"
 
 #include "../trace/trace.h"
@@ -42,7 +43,8 @@
 #define W kolo__W
 #define E kolo__E
 
-#define IDLE_MAX_NS 4000000ull
+#define IDLE_MAX_NS 4000000ull         /* once any rank has used the engine */
+#define IDLE_MAX_UNUSED_NS 50000000ull /* before: a program of direct collectives only */
 #define LEAVE_GRACE_S 2
 
 kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -304,6 +306,7 @@ static int cycle(kolo_request_t *q)
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     E.local_pending = count_pending();
     E.idle_cycles = busy || E.local_pending ? 0 : E.idle_cycles + 1;
+    E.used |= busy;
     return KOLO_OK;
 }
 
@@ -329,8 +332,9 @@ static uint64_t period_ns(bool busy)
     uint64_t c = (uint64_t)(E.cycle_s * 1e9);
     if (busy) return c;
     uint64_t p = c ? c : 100000;
-    for (int i = 0; i < E.idle_cycles && p < IDLE_MAX_NS; i++) p *= 2;
-    return KOLO_MIN(p, IDLE_MAX_NS);
+    uint64_t cap = E.used ? IDLE_MAX_NS : IDLE_MAX_UNUSED_NS;
+    for (int i = 0; i < E.idle_cycles && p < cap; i++) p *= 2;
+    return KOLO_MIN(p, cap);
 }
 
 static void *engine_main(void *arg)
@@ -462,6 +466,7 @@ int kolo__engine_start(void)
     E.stall_shutdown = kolo__setting_double(KOLO_SET_STALL_SHUTDOWN_TIME);
     E.world_busy = 0;
     E.idle_cycles = 0;
+    E.used = 0;
     E.local_pending = 0;
     memset(E.noname, 0, sizeof(E.noname));
     memset(E.present, 0, sizeof(E.present));

@@ -244,6 +244,7 @@ typedef struct kolo__engine {
     int stall_disable;
     int world_busy;         /* last world step: some rank had work */
     int idle_cycles;
+    int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
     kolo__pset_state *sets[KOLO_MAX_PSETS];
     /* the core's table as last seen, to notice added, removed and replaced sets */
