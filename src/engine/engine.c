@@ -265,6 +265,10 @@ static int cycle(kolo_request_t *q)
     if (!st) st = kolo__negotiate_gather_fixed(s0);
     if (st) return st;
     uint64_t t2 = kolo__now_ns();
+    /* Time the next cycle from here, a moment every rank shares within microseconds: timing it
+     * from each rank's own start would keep the first rank to arrive waiting for the last one
+     * at every exchange. */
+    E.t_last = t2;
     /* the control fields every rank reads the same */
     uint64_t agreed[KOLO_MAX_PSETS / 64];
     memset(agreed, 0xff, sizeof(agreed));
