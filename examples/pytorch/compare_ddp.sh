@@ -35,18 +35,19 @@ one() {  # framework workers rep -> prints img/sec
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 shift_args="$*"
-for fw in kolo ddp; do
+for fw in kolo ddp; do for n in 1 2; do : >"$TMP/r.$fw.$n"; done; done
+i=1
+while [ "$i" -le "$REPEAT" ]; do
+  # interleaved, so that a change of load on the machine hits both frameworks alike
   for n in 1 2; do
-    i=1
-    : >"$TMP/r.$fw.$n"
-    while [ "$i" -le "$REPEAT" ]; do
+    for fw in kolo ddp; do
       # shellcheck disable=SC2086
       v=$(one "$fw" "$n" "$i" $shift_args)
-      echo "  $fw, $n worker(s), run $i: $v img/sec"
+      echo "  run $i: $fw, $n worker(s): $v img/sec"
       echo "$v" >>"$TMP/r.$fw.$n"
-      i=$((i + 1))
     done
   done
+  i=$((i + 1))
 done
 K1=$(median <"$TMP/r.kolo.1"); K2=$(median <"$TMP/r.kolo.2")
 D1=$(median <"$TMP/r.ddp.1"); D2=$(median <"$TMP/r.ddp.2")
@@ -58,3 +59,4 @@ awk -v k1="$K1" -v k2="$K2" -v d1="$D1" -v d2="$D2" 'BEGIN {
   printf "  %-22s %12.1f %12.1f %11.0f%%\n", "PyTorch DDP (gloo)", d1, d2, 100 * d2 / (2 * d1);
   printf "  kolo / DDP with 2 workers: %.2fx\n", k2 / d2;
 }'
+echo "  (load average now: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores)"
