@@ -371,3 +371,30 @@ def test_sparse_gradients(sparse_as_dense):
     assert torch.allclose(rows, expect)
     with opt.skip_synchronize():
         opt.step()
+
+
+def test_sync_batch_norm_matches_one_big_batch():
+    n, r = n_r()
+    batches = [torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(k)) * (k + 1) + k for k in range(n)]
+    torch.manual_seed(0)
+    sbn = hvd.SyncBatchNorm(3, momentum=0.5)
+    bn = nn.BatchNorm1d(3, momentum=0.5)
+    with torch.no_grad():
+        sbn.weight.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        bn.weight.copy_(sbn.weight)
+    x = batches[r].clone().requires_grad_(True)
+    y = sbn(x)
+    w = torch.arange(60, dtype=torch.float32).reshape(4, 3, 5)
+    (y * w).sum().backward()
+    xs = torch.cat(batches).requires_grad_(True)
+    ref = bn(xs)
+    (ref * w.repeat(n, 1, 1)).sum().backward()
+    assert torch.allclose(y, ref[4 * r:4 * r + 4], atol=1e-4)
+    assert torch.allclose(x.grad, xs.grad[4 * r:4 * r + 4], atol=1e-4)
+    assert torch.allclose(sbn.running_mean, bn.running_mean, atol=1e-5)
+    assert torch.allclose(sbn.running_var, bn.running_var, atol=1e-4)
+    # the affine parameters' gradients are per rank; DistributedOptimizer averages them
+    assert torch.allclose(hvd.allreduce(sbn.weight.grad, op=hvd.Sum), bn.weight.grad, atol=1e-3)
+    sbn.eval()
+    bn.eval()
+    assert torch.allclose(sbn(batches[0]), bn(batches[0]), atol=1e-5)

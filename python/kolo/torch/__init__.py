@@ -31,3 +31,4 @@ from kolo.torch.mpi_ops import (  # noqa: F401
 from kolo.torch.functions import (  # noqa: F401
     broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object)
 from kolo.torch.optimizer import DistributedOptimizer  # noqa: F401
+from kolo.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
