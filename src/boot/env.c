@@ -42,7 +42,8 @@
  * it unless kolorun started us). A world of one needs no store: unless KOLO_RENDEZVOUS is set,
  * its rdv_port is 0.
  *
- * Derived ports: FNV-1a of a text every rank computes identically, mapped into [20000, 59999].
+ * Derived ports: FNV-1a of a text every rank computes identically, mapped into [20000, 32767]:
+ * below Linux's ephemeral range (32768-60999), where any outgoing connection may hold a port.
  * The range overlaps Linux's ephemeral ports (32768-60999), so the port may be busy: that shows
  * up at once as an "address in use" error on rank 0 naming host:port, and KOLO_RENDEZVOUS
  * fixes it.
@@ -153,7 +154,7 @@ int kolo__env_port_from(const char *key)
 {
     uint64_t h = fnv1a(key ? key : "");
     h ^= h >> 29; /* FNV's low bits mix weakly; fold the high ones in */
-    return 20000 + (int)(h % 40000u);
+    return 20000 + (int)(h % 12768u);
 }
 
 static bool job_char_ok(char c) { return isalnum((unsigned char)c) || strchr("._:@-", c) != NULL; }

@@ -57,7 +57,7 @@ bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port);
 bool kolo__slurm_tasks_on_node(const char *tasks_per_node, int node, int *count);
 
 /* The port every rank derives from the same text (a job id) when no launcher gives one:
- * a hash of `key` mapped into [20000, 59999]. */
+ * a hash of `key` mapped into [20000, 32767] (below the kernel's ephemeral ports). */
 int kolo__env_port_from(const char *key);
 
 #endif
