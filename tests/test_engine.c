@@ -167,25 +167,35 @@ KT_TEST(engine_thousand_small_tensors, 30) { KT_EQ(kt_job(2, thousand, NULL, NUL
 
 /* ---- fusion on and off: bit-identical ---- */
 
-enum { FT = 60, FLEN = 3000 };
+/* Small tensors (copied into the fusion buffer) and large ones (reduced in place by the ring
+ * over a list of buffers), in one step. */
+enum { FT = 60, FLEN = 3000, FBIG = 10, BIGLEN = 150000 };
+static size_t flen(int t) { return t < FT - FBIG ? 1 + (size_t)(t * 97) % FLEN : BIGLEN + (size_t)t * 1001; }
+static size_t foff(int t)
+{
+    size_t o = 0;
+    for (int i = 0; i < t; i++) o += flen(i);
+    return o;
+}
+#define FTOTAL foff(FT)
 
 static void fusion_run(int rank, float *res)
 {
     int perm[FT];
     permute(perm, FT, (unsigned)rank + 11);
-    float *in = malloc(sizeof(float) * FT * FLEN);
+    size_t total = FTOTAL;
+    float *in = malloc(sizeof(float) * total);
     kolo_request_t *reqs[FT];
-    kt_fill(in, (size_t)FT * FLEN, KOLO_FLOAT32, 99 + (unsigned)rank);
-    for (int i = 0; i < FT * FLEN; i++) in[i] = in[i] * 0.37f + (float)rank * 1e-3f; /* inexact sums */
+    kt_fill(in, total, KOLO_FLOAT32, 99 + (unsigned)rank);
+    for (size_t i = 0; i < total; i++) in[i] = in[i] * 0.37f + (float)rank * 1e-3f; /* inexact sums */
     for (int k = 0; k < FT; k++) {
         int t = perm[k];
         char name[32];
         snprintf(name, sizeof(name), "f%d", t);
-        kolo_shape_t sh = shape1(1 + (t * 97) % FLEN);
+        kolo_shape_t sh = shape1((int64_t)flen(t));
         kolo_op_t op = t % 3 == 0 ? KOLO_AVERAGE : KOLO_SUM;
         double post = t % 5 == 0 ? 0.25 : 1.0;
-        KT_OK(kolo_iallreduce(name, in + (size_t)t * FLEN, res + (size_t)t * FLEN, KOLO_FLOAT32, &sh, op, 1.5, post,
-                              NULL, &reqs[t]));
+        KT_OK(kolo_iallreduce(name, in + foff(t), res + foff(t), KOLO_FLOAT32, &sh, op, 1.5, post, NULL, &reqs[t]));
     }
     for (int t = 0; t < FT; t++) {
         wait_ok(reqs[t]);
@@ -196,21 +206,20 @@ static void fusion_run(int rank, float *res)
 
 static void fusion(int rank, void *arg)
 {
-    float *res = arg; /* [2][n][FT*FLEN] shared */
-    int n = 2;
+    float *res = arg; /* [2 runs][n ranks][FTOTAL] shared */
+    size_t per = FTOTAL;
     setenv("KOLO_FUSION_THRESHOLD", "64M", 1);
     KT_OK(kolo_init());
-    n = kolo_size();
-    float *a = res + (size_t)rank * FT * FLEN;
-    fusion_run(rank, a);
+    int n = kolo_size();
+    fusion_run(rank, res + (size_t)rank * per);
     kolo_engine_stats_t st;
     KT_OK(kolo_engine_stats(&st));
     KT_ASSERTF(st.fused_collectives > 0, "fusion on: no fused collective");
+    KT_ASSERTF(st.collectives <= 6, "fusion on: %llu collectives", (unsigned long long)st.collectives);
     KT_OK(kolo_shutdown());
     setenv("KOLO_FUSION_THRESHOLD", "0", 1);
     KT_OK(kolo_init());
-    float *b = res + ((size_t)n + (size_t)rank) * FT * FLEN;
-    fusion_run(rank, b);
+    fusion_run(rank, res + ((size_t)n + (size_t)rank) * per);
     KT_OK(kolo_engine_stats(&st));
     KT_EQ(st.fused_collectives, 0);
     KT_EQ(st.collectives, FT);
@@ -218,15 +227,81 @@ static void fusion(int rank, void *arg)
 
 KT_TEST(engine_fusion_on_and_off_bit_identical, 30)
 {
-    size_t per = (size_t)FT * FLEN;
+    size_t per = FTOTAL;
     float *res = shared_mem(4 * per * sizeof(float));
     KT_EQ(kt_job(2, fusion, res, NULL, NULL), 0);
     for (int r = 0; r < 2; r++)
-        KT_ASSERTF(memcmp(res + r * per, res + (2 + r) * per, per * sizeof(float)) == 0,
-                   "rank %d: results with fusion differ from results without", r);
+        for (int t = 0; t < FT; t++)
+            KT_ASSERTF(memcmp(res + r * per + foff(t), res + (2 + r) * per + foff(t), flen(t) * sizeof(float)) == 0,
+                       "rank %d: tensor %d (%zu elements) differs with fusion on and off", r, t, flen(t));
     KT_ASSERT(memcmp(res, res + per, per * sizeof(float)) == 0);
-    KT_ASSERT(res[FLEN + 5] != 0);
+    KT_ASSERT(res[foff(1) + 5] != 0 && res[foff(FT - 1) + 5] != 0);
 }
+
+/* Large fused buckets on 3 ranks against exact expected values: integer-valued floats and int32,
+ * SUM and AVERAGE with scale factors, in place and not, with a joined rank contributing zeros. */
+static void fused_exact(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    enum { T = 24 };
+    static const size_t lens[T] = {7,     300000, 33,    70000, 1,      250000, 16384, 5,   120000, 999,  64,
+                                   40000, 3,      200000, 17000, 11, 90000,  2,     131072, 77, 60000, 8,   300001, 12};
+    float *fin[T], *fout[T];
+    int32_t *iin[T], *iout[T];
+    for (int steps = 0; steps < 3 + (rank == 2 ? -2 : 0); steps++) {
+        kolo_request_t *fr[T], *ir[T];
+        for (int t = 0; t < T; t++) {
+            fin[t] = malloc(lens[t] * sizeof(float));
+            fout[t] = t % 4 == 0 ? fin[t] : malloc(lens[t] * sizeof(float)); /* some in place */
+            iin[t] = malloc(lens[t] * sizeof(int32_t));
+            iout[t] = malloc(lens[t] * sizeof(int32_t));
+            for (size_t i = 0; i < lens[t]; i++) {
+                fin[t][i] = (float)((int)(i % 1000) + rank * 3 + t);
+                iin[t][i] = (int32_t)(i % 777) * (rank + 1) + steps;
+            }
+            char name[32];
+            kolo_shape_t sh = shape1((int64_t)lens[t]);
+            snprintf(name, sizeof(name), "ex.f%d", t);
+            KT_OK(kolo_iallreduce(name, fin[t], fout[t], KOLO_FLOAT32, &sh, KOLO_SUM, 2.0, 0.5, NULL, &fr[t]));
+            snprintf(name, sizeof(name), "ex.i%d", t);
+            KT_OK(kolo_iallreduce(name, iin[t], iout[t], KOLO_INT32, &sh, KOLO_AVERAGE, 1, 1, NULL, &ir[t]));
+        }
+        int live = steps < 1 ? n : 2; /* rank 2 joins after one step */
+        for (int t = 0; t < T; t++) {
+            wait_ok(fr[t]);
+            wait_ok(ir[t]);
+            for (size_t i = 0; i < lens[t]; i += 1 + lens[t] / 5000) {
+                float want = 0;
+                int64_t isum = 0;
+                for (int q = 0; q < live; q++) {
+                    want += (float)((int)(i % 1000) + q * 3 + t);
+                    isum += (int64_t)(i % 777) * (q + 1) + steps;
+                }
+                KT_ASSERTF(fout[t][i] == want, "rank %d step %d tensor %d element %zu: %g, expected %g", rank, steps, t,
+                           i, fout[t][i], want);
+                KT_ASSERTF(iout[t][i] == (int32_t)(isum / n), "int tensor %d element %zu: %d, expected %lld", t, i,
+                           iout[t][i], (long long)(isum / n));
+            }
+            kolo_request_release(fr[t]);
+            kolo_request_release(ir[t]);
+            if (fout[t] != fin[t]) free(fout[t]);
+            free(fin[t]);
+            free(iin[t]);
+            free(iout[t]);
+        }
+    }
+    kolo_request_t *j;
+    KT_OK(kolo_ijoin(NULL, &j));
+    wait_ok(j);
+    kolo_request_release(j);
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERT(st.fused_collectives >= 2);
+}
+
+KT_TEST(engine_fused_large_tensors_exact, 30) { KT_EQ(kt_job(3, fused_exact, NULL, NULL, NULL), 0); }
 
 /* ---- the response cache ---- */
 

@@ -4,14 +4,21 @@
  * Fusion: an allreduce response starts a bucket; later allreduce responses of the same list with
  * the same dtype, op, scale factors and device join it (look-ahead past responses that do not
  * match, as Horovod does) while the bucket stays within KOLO_FUSION_THRESHOLD bytes. Every member
- * forms the same buckets because they depend only on the response list. A bucket of several
- * tensors is copied into the fusion buffer (MEMCPY_IN_FUSION_BUFFER), reduced in place by one
- * collective, and copied back out (MEMCPY_OUT_FUSION_BUFFER). A tensor larger than
- * FUSE_TENSOR_MAX runs alone, straight from the caller's buffers: on a memory-bound host the
- * two copies of a large tensor cost more than the collective's fixed overhead they would save.
- * A bucket of one tensor also runs in place, without copies. Allgathers are fused the same way
- * (each rank packs its blocks of every tensor, one allgather of bytes, every rank unpacks per
- * rank and tensor), and so are broadcasts from the same root.
+ * forms the same buckets, and picks the same way to run each, because both depend only on the
+ * response list (sizes are negotiated), never on where this rank's buffers are:
+ *   - one tensor: one collective straight on the caller's buffers;
+ *   - several, at most IOV_MIN bytes in all: copied into the fusion buffer
+ *     (MEMCPY_IN_FUSION_BUFFER), one collective in place, copied back (MEMCPY_OUT_FUSION_BUFFER);
+ *   - several, more than IOV_MIN bytes: one ring allreduce over the list of buffers
+ *     (ring_iov.c), the tensors of at least PACK_MIN bytes reduced where they are and only the
+ *     smaller ones packed into the fusion buffer. On this memory-bound host the two copies of
+ *     Horovod's fusion buffer cost as much as the allreduce itself: with everything copied a
+ *     ResNet-50 step took 1.2-1.6x one direct allreduce of the same bytes; running tensors above
+ *     256 KiB as separate collectives 0.95-1.65x (it depends on how the ranks get scheduled);
+ *     the ring over the list 1.04-1.23x, measured side by side under the same load.
+ * Allgathers of at most FUSE_TENSOR_MAX bytes each are fused by copying (each rank packs its
+ * blocks of every tensor, one allgather of bytes, every rank unpacks per rank and tensor), and so
+ * are broadcasts from the same root.
  *
  * A joined member has no request for what it runs: it contributes zeros of the negotiated size
  * and throws the result away.
@@ -22,15 +29,13 @@
 #include "internal.h"
 
 #include "../trace/trace.h"
+#include "ring_iov.h"
 
 #include <stdio.h>
 
 #define E kolo__E
 
-/* Tensors above this many bytes are never copied into the fusion buffer. Measured with
- * bench/engine-bench.c on ResNet-50 gradients, 2 ranks over shared memory: a cut-off of 256 KiB
- * ran the step in 0.98-1.02x the time of one direct allreduce; 1 MiB 1.02-1.13x, 4 MiB 1.16-1.40x,
- * everything fused (Horovod) 1.21-1.62x. */
+/* Allgather and broadcast tensors above this many bytes are never copied into the fusion buffer. */
 #define FUSE_TENSOR_MAX ((size_t)256 << 10)
 
 static void *grow(void **buf, size_t *cap, size_t need)
@@ -100,21 +105,95 @@ static const char *transfer_name(int kind)
 
 /* ---- the collectives ---- */
 
+/* A bucket of several tensors of more than IOV_MIN bytes in all runs as a ring over the list of
+ * buffers: the tensors of at least PACK_MIN bytes are reduced where they are, the smaller ones are
+ * packed together into the fusion buffer first (one segment at the front instead of many tiny
+ * messages). A joined member points its segments at zeros of the same lengths. */
+#define IOV_MIN ((size_t)1 << 20)
+#define PACK_MIN ((size_t)64 << 10)
+
+static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, bool tracing)
+{
+    kolo__resp *r0 = &s->resp[idx[0]];
+    kolo_dtype_t dt = (kolo_dtype_t)r0->d.dtype;
+    size_t packed = 0, zeros = 0;
+    for (size_t i = 0; i < k; i++) {
+        const kolo__resp *rp = &s->resp[idx[i]];
+        if (rp->bytes < PACK_MIN) packed += rp->bytes;
+        else if (!rp->req) zeros += rp->bytes;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
+    size_t chunk2 = kolo__iov_scratch(total, s->n, kolo_dtype_size(dt));
+    kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
+    char *buf = segs ? grow(&E.fbuf, &E.fbuf_cap, packed + zeros) : NULL;
+    char *scratch = buf ? grow(&E.zbuf, &E.zbuf_cap, chunk2) : NULL;
+    if (!scratch) {
+        kolo__free(segs);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
+    }
+    int nseg = 1;
+    size_t poff = 0, zoff = packed;
+    if (tracing)
+        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
+    for (size_t i = 0; i < k; i++) {
+        kolo__resp *rp = &s->resp[idx[i]];
+        if (rp->bytes < PACK_MIN) {
+            if (tracing) kolo__trace_begin(rp->name, "MEMCPY_IN_FUSION_BUFFER", NULL);
+            if (rp->req && rp->bytes) memcpy(buf + poff, rp->req->send, rp->bytes);
+            else if (rp->bytes) memset(buf + poff, 0, rp->bytes);
+            if (tracing) kolo__trace_end(rp->name, "MEMCPY_IN_FUSION_BUFFER");
+            poff += rp->bytes;
+        } else if (rp->req) {
+            segs[nseg++] = (kolo__seg){rp->req->send, rp->req->recv, rp->count};
+        } else {
+            memset(buf + zoff, 0, rp->bytes); /* joined: zeros, result thrown away */
+            segs[nseg++] = (kolo__seg){buf + zoff, buf + zoff, rp->count};
+            zoff += rp->bytes;
+        }
+    }
+    segs[0] = (kolo__seg){buf, buf, packed / kolo_dtype_size(dt)};
+    if (tracing)
+        for (size_t i = 0; i < k; i++) kolo__trace_begin(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE), NULL);
+    int st = kolo__iov_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post, scratch,
+                                 chunk2);
+    if (tracing)
+        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE));
+    poff = 0;
+    for (size_t i = 0; i < k && st == KOLO_OK; i++) {
+        kolo__resp *rp = &s->resp[idx[i]];
+        if (rp->bytes >= PACK_MIN) continue;
+        if (rp->req && rp->bytes) {
+            if (tracing) kolo__trace_begin(rp->name, "MEMCPY_OUT_FUSION_BUFFER", NULL);
+            memcpy(rp->req->recv, buf + poff, rp->bytes);
+            if (tracing) kolo__trace_end(rp->name, "MEMCPY_OUT_FUSION_BUFFER");
+        }
+        poff += rp->bytes;
+    }
+    kolo__free(segs);
+    return st;
+}
+
 static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool tracing)
 {
     kolo__resp *r0 = &s->resp[idx[0]];
     kolo_dtype_t dt = (kolo_dtype_t)r0->d.dtype;
     size_t es = kolo_dtype_size(dt), total = 0;
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
-    if (tracing)
-        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
     int st;
-    if (k == 1 && r0->req) {
-        if (tracing) kolo__trace_begin(r0->name, transfer_name(KOLO__ALLREDUCE), NULL);
+    if (k > 1 && total * es > IOV_MIN) {
+        st = run_allreduce_iov(s, idx, k, tracing);
+    } else if (k == 1 && r0->req) {
+        if (tracing) {
+            kolo__trace_end(r0->name, "QUEUE");
+            kolo__trace_begin(r0->name, transfer_name(KOLO__ALLREDUCE), NULL);
+        }
         st = kolo__coll_allreduce(E.mesh, &s->g, r0->req->send, r0->req->recv, total, dt, (kolo_op_t)r0->d.op,
                                   r0->d.pre, r0->d.post);
         if (tracing) kolo__trace_end(r0->name, transfer_name(KOLO__ALLREDUCE));
     } else {
+        if (tracing)
+            for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
         char *buf = grow(&E.fbuf, &E.fbuf_cap, total * es);
         if (!buf) return KOLO_ERR_NO_MEMORY;
         size_t off = 0;
@@ -397,12 +476,14 @@ int kolo__execute(kolo__pset_state *s)
         }
         size_t k = 1, total = fuse_bytes(s, rp);
         E.bidx[0] = i;
-        if (E.fusion && total <= FUSE_TENSOR_MAX)
+        /* allreduces fuse without copying large tensors (ring_iov.c); the others copy */
+        size_t cap = rp->d.kind == KOLO__ALLREDUCE ? SIZE_MAX : FUSE_TENSOR_MAX;
+        if (E.fusion && total <= cap)
             for (size_t j = i + 1; j < s->nresp && total < E.fusion; j++) {
                 kolo__resp *q = &s->resp[j];
                 if (!fusable(rp, q)) continue;
                 size_t b = fuse_bytes(s, q);
-                if (b > FUSE_TENSOR_MAX || total + b > E.fusion) continue;
+                if (b > cap || total + b > E.fusion) continue;
                 E.bidx[k++] = j;
                 total += b;
             }

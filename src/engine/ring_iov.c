@@ -1,0 +1,238 @@
+/* ring_iov.c - the ring allreduce over a list of buffers, so that fusion needs no copies.
+ *
+ * The buffers (segments) are the consecutive parts of one virtual buffer of `total` elements.
+ * It is split into n blocks exactly as kolo__coll_allreduce splits a buffer of that size (n
+ * near-equal blocks in member order), and the ring runs as in src/coll/ring.c: n-1
+ * reduce-scatter steps, in which member i sends block i-s-1 and combines block i-s-2 into its
+ * own copy, then member i scales the block it owns, then n-1 allgather steps passing reduced
+ * blocks along. Every element is combined along the same chain of members as in the contiguous
+ * ring, so the results are the same bits.
+ *
+ * Messages: a block travels as pieces, each inside one segment and at most KOLO_RING_CHUNK
+ * bytes. Sender and receiver cut a block into the same pieces, because the segments' lengths
+ * are part of the negotiated response (the same on every member; a member without data for a
+ * segment, e.g. a joined one, points it at zeros of the same length). At most WINDOW sends are
+ * in flight; received reduce-scatter pieces land in two alternating slots and are combined as
+ * the next one arrives; allgather pieces land in place. */
+#include "ring_iov.h"
+
+#include "../reduce/reduce.h"
+
+#define WINDOW 64
+
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Walks the pieces of the element range [pos, end). */
+typedef struct walker {
+    const kolo__seg *segs;
+    const size_t *start; /* start[i]: first element of segment i; start[nseg] = total */
+    int nseg, seg;
+    size_t pos, end, chunk;
+} walker;
+
+static void walk_init(walker *w, const kolo__seg *segs, const size_t *start, int nseg, size_t pos, size_t end,
+                      size_t chunk)
+{
+    w->segs = segs;
+    w->start = start;
+    w->nseg = nseg;
+    w->seg = 0;
+    w->pos = pos;
+    w->end = end;
+    w->chunk = chunk;
+}
+
+/* The next piece: segment, offset inside it and length, in elements. */
+static bool walk_next(walker *w, int *seg, size_t *off, size_t *len)
+{
+    if (w->pos >= w->end) return false;
+    while (w->start[w->seg + 1] <= w->pos) w->seg++;
+    size_t n = KOLO_MIN(w->chunk, w->end - w->pos);
+    n = KOLO_MIN(n, w->start[w->seg + 1] - w->pos);
+    *seg = w->seg;
+    *off = w->pos - w->start[w->seg];
+    *len = n;
+    w->pos += n;
+    return true;
+}
+
+/* Sends in flight, oldest first: reaps the finished ones, posts more from the walker. */
+typedef struct sender {
+    kolo__mesh *m;
+    int to;
+    kolo__xfer x[WINDOW];
+    int posted, done;
+    walker w;
+    bool from_src; /* reduce-scatter step 0 sends the members' own contributions */
+    size_t es;
+} sender;
+
+static int pump(sender *s)
+{
+    while (s->done < s->posted && s->x[s->done % WINDOW].status <= 0) {
+        if (s->x[s->done % WINDOW].status < 0) return s->x[s->done % WINDOW].status;
+        s->done++;
+    }
+    int seg;
+    size_t off, len;
+    while (s->posted - s->done < WINDOW && walk_next(&s->w, &seg, &off, &len)) {
+        const kolo__seg *g = &s->w.segs[seg];
+        const char *p = (s->from_src ? g->src : g->dst) + off * s->es;
+        kolo__isend(s->m, s->to, p, len * s->es, &s->x[s->posted % WINDOW]);
+        s->posted++;
+    }
+    return KOLO_OK;
+}
+
+/* Waits until every send of the step has gone. */
+static int drain(sender *s)
+{
+    for (;;) {
+        int st = pump(s);
+        if (st) return st;
+        if (s->done == s->posted) return KOLO_OK;
+        kolo__xfer *ptrs[WINDOW];
+        int k = 0;
+        for (int i = s->done; i < s->posted; i++) ptrs[k++] = &s->x[i % WINDOW];
+        if ((st = kolo__wait(s->m, ptrs, k))) return st;
+        s->done = s->posted;
+    }
+}
+
+static size_t chunk_elems(size_t total, int n, size_t es)
+{
+    size_t block = (total + (size_t)n - 1) / (size_t)n;
+    size_t chunk = KOLO_MAX(kolo__coll_chunk() / es, (block + WINDOW - 1) / WINDOW);
+    return chunk ? chunk : 1;
+}
+
+size_t kolo__iov_scratch(size_t total, int n, size_t es) { return 2 * chunk_elems(total, n, es) * es; }
+
+int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
+                        kolo_op_t op, double pre, double post, void *scratch, size_t scratch_len)
+{
+    int n = g->size, r = g->rank;
+    size_t es = kolo_dtype_size(dtype);
+    size_t *start = kolo__malloc(((size_t)nseg + 1) * sizeof(size_t) + 2 * (size_t)n * sizeof(size_t));
+    if (!start) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
+    size_t *off = start + nseg + 1, *cnt = off + n, total = 0;
+    for (int i = 0; i < nseg; i++) {
+        start[i] = total;
+        total += segs[i].count;
+        if (pre != 1.0) { /* scaled contributions go to dst, which is then the source */
+            kolo__scale(segs[i].dst, segs[i].src, segs[i].count, dtype, pre);
+            segs[i].src = segs[i].dst;
+        }
+    }
+    start[nseg] = total;
+    int st = KOLO_OK;
+    if (n == 1) {
+        for (int i = 0; i < nseg; i++) {
+            if (segs[i].src != segs[i].dst && segs[i].count) memcpy(segs[i].dst, segs[i].src, segs[i].count * es);
+            kolo__coll_finish_scale(segs[i].dst, segs[i].count, dtype, op, post, 1);
+        }
+        goto out;
+    }
+    size_t base = total / (size_t)n, extra = total % (size_t)n, o = 0;
+    for (int i = 0; i < n; i++) {
+        cnt[i] = base + ((size_t)i < extra);
+        off[i] = o;
+        o += cnt[i];
+    }
+    /* as src/coll/ring.c: KOLO_RING_CHUNK, grown so that a block needs at most WINDOW pieces
+     * (plus the segment boundaries inside it) */
+    size_t chunk = chunk_elems(total, n, es);
+    if (scratch_len < 2 * chunk * es) {
+        st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
+                       2 * chunk * es);
+        goto out;
+    }
+    char *slots = scratch;
+    int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
+    sender snd;
+    snd.m = m;
+    snd.to = right;
+    snd.es = es;
+    /* reduce-scatter */
+    for (int s = 0; s < n - 1 && !st; s++) {
+        int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
+        snd.posted = snd.done = 0;
+        snd.from_src = s == 0;
+        walk_init(&snd.w, segs, start, nseg, off[sb], off[sb] + cnt[sb], chunk);
+        if ((st = pump(&snd))) break;
+        walker rw;
+        walk_init(&rw, segs, start, nseg, off[rb], off[rb] + cnt[rb], chunk);
+        kolo__xfer rx[2];
+        int rseg[2];
+        size_t roff[2], rlen[2];
+        int posted = 0, done = 0;
+        while (posted < 2 && walk_next(&rw, &rseg[posted], &roff[posted], &rlen[posted])) {
+            kolo__irecv(m, left, slots + (size_t)posted * chunk * es, rlen[posted] * es, &rx[posted]);
+            posted++;
+        }
+        while (done < posted && !st) {
+            int k = done % 2;
+            if ((st = kolo__wait1(m, &rx[k]))) break;
+            const kolo__seg *gs = &segs[rseg[k]];
+            kolo__reduce(gs->dst + roff[k] * es, gs->src + roff[k] * es, slots + (size_t)k * chunk * es, rlen[k],
+                         dtype, op);
+            done++;
+            if (walk_next(&rw, &rseg[k], &roff[k], &rlen[k])) {
+                kolo__irecv(m, left, slots + (size_t)k * chunk * es, rlen[k] * es, &rx[k]);
+                posted++;
+            }
+            st = pump(&snd);
+        }
+        if (!st) st = drain(&snd);
+    }
+    if (st) goto out;
+    /* the block this member owns is complete: apply the final scaling to it */
+    {
+        walker w;
+        walk_init(&w, segs, start, nseg, off[r], off[r] + cnt[r], (size_t)-1);
+        int seg;
+        size_t po, pl;
+        while (walk_next(&w, &seg, &po, &pl))
+            kolo__coll_finish_scale(segs[seg].dst + po * es, pl, dtype, op, post, n);
+    }
+    /* allgather: reduced blocks travel in place */
+    for (int s = 0; s < n - 1 && !st; s++) {
+        int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+        snd.posted = snd.done = 0;
+        snd.from_src = false;
+        walk_init(&snd.w, segs, start, nseg, off[sb], off[sb] + cnt[sb], chunk);
+        if ((st = pump(&snd))) break;
+        walker rw;
+        walk_init(&rw, segs, start, nseg, off[rb], off[rb] + cnt[rb], chunk);
+        kolo__xfer rx[WINDOW];
+        kolo__xfer *ptrs[2 * WINDOW];
+        int posted = 0, done = 0, seg;
+        size_t po, pl;
+        bool more = true;
+        while (!st) {
+            while (more && posted - done < WINDOW) {
+                if (!(more = walk_next(&rw, &seg, &po, &pl))) break;
+                kolo__irecv(m, left, segs[seg].dst + po * es, pl * es, &rx[posted % WINDOW]);
+                posted++;
+            }
+            if (done == posted) break;
+            if (!more && snd.w.pos >= snd.w.end) {
+                /* everything is posted: one wait for all of it, as src/coll/ring.c does */
+                int k = 0;
+                for (int i = done; i < posted; i++) ptrs[k++] = &rx[i % WINDOW];
+                for (int i = snd.done; i < snd.posted; i++) ptrs[k++] = &snd.x[i % WINDOW];
+                st = kolo__wait(m, ptrs, k);
+                done = posted;
+                snd.done = snd.posted;
+                break;
+            }
+            if ((st = kolo__wait1(m, &rx[done % WINDOW]))) break;
+            done++;
+            st = pump(&snd);
+        }
+        if (!st) st = drain(&snd);
+    }
+out:
+    kolo__free(start);
+    return st;
+}

@@ -1,0 +1,25 @@
+/* ring_iov.h - the ring allreduce over a list of buffers (ring_iov.c). */
+#ifndef KOLO_RING_IOV_H
+#define KOLO_RING_IOV_H
+
+#include "../coll/coll.h"
+
+/* One part of the virtual buffer: count elements read from src, results written to dst
+ * (src may equal dst). */
+typedef struct kolo__seg {
+    const char *src;
+    char *dst;
+    size_t count;
+} kolo__seg;
+
+/* dst = post * OP over members (pre * src), over the concatenation of segs, with the same
+ * blocks, chains and bits as kolo__coll_allreduce's ring on one buffer of that size. Every
+ * member must pass segments of the same lengths. segs[].src is changed when pre != 1 (the
+ * scaled values go to dst first). scratch: at least kolo__iov_scratch(total elements) bytes. */
+int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
+                        kolo_op_t op, double pre, double post, void *scratch, size_t scratch_len);
+
+/* Scratch bytes kolo__iov_allreduce needs for a virtual buffer of `total` elements. */
+size_t kolo__iov_scratch(size_t total, int n, size_t es);
+
+#endif
