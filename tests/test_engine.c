@@ -301,7 +301,12 @@ static void fused_exact(int rank, void *arg)
     KT_ASSERT(st.fused_collectives >= 2);
 }
 
-KT_TEST(engine_fused_large_tensors_exact, 30) { KT_EQ(kt_job(3, fused_exact, NULL, NULL, NULL), 0); }
+KT_TEST(engine_fused_large_tensors_exact, 30)
+{
+    KT_EQ(kt_job(3, fused_exact, NULL, NULL, NULL), 0);
+    kt_job_opts o = {.tcp_only = 1};
+    KT_EQ(kt_job(2, fused_exact, NULL, &o, NULL), 0);
+}
 
 /* ---- the response cache ---- */
 
