@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -35,7 +35,7 @@
 #define MAXT 200
 
 typedef struct opts {
-    int np, iters, warmup, small_steps;
+    int np, iters, warmup, small_steps, verbose;
 } opts;
 
 static double now_s(void)
@@ -164,6 +164,8 @@ static int run(const opts *o)
     double ts1 = now_s();
     kolo__engine_negotiation_cost(&c1, &ns1, &l1);
     kolo_engine_stats(&s1);
+    if (rank == 0 && o->verbose)
+        for (int it = 0; it < o->iters; it++) printf("step %2d: engine %8.2f ms  direct %8.2f ms\n", it, te[it] * 1e3, td[it] * 1e3);
     if (rank == 0) {
         double me = median(te, o->iters), md = median(td, o->iters);
         printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB)\n", n, nt, total,
@@ -249,8 +251,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-n")) o.iters = v;
         else if (!strcmp(argv[i], "-w")) o.warmup = v;
         else if (!strcmp(argv[i], "-s")) o.small_steps = v;
+        else if (!strcmp(argv[i], "-v")) o.verbose = v;
         else {
-            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps]\n");
+            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1]\n");
             return 2;
         }
     }
