@@ -3,6 +3,7 @@
  * shutdown and re-init, and every request kind. */
 #include "kt.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -522,6 +523,21 @@ static char *slurp(const char *path)
     return buf;
 }
 
+/* Removes a test's scratch directory and the files in it. */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[512];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
 static void capture_stderr(const char *path)
 {
     int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
@@ -565,6 +581,7 @@ KT_TEST(engine_stall_warning_names_missing_ranks, 30)
     KT_ASSERT(mkdtemp(dir));
     kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.5"}};
     KT_EQ(kt_job(2, stall, dir, &o, NULL), 0);
+    remove_dir(dir);
 }
 
 static void stall_shutdown(int rank, void *arg)
@@ -1209,4 +1226,5 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
                  path);
         if (system("command -v python3 >/dev/null 2>&1") == 0) KT_EQ(system(cmd), 0);
     }
+    remove_dir(dir);
 }
