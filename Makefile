@@ -42,7 +42,7 @@ BENCH_SRC := bench/kolo-bench.c
 
 SO   := $(O)/lib/libkolo.so
 AR_  := $(O)/lib/libkolo.a
-BINS := $(O)/bin/kolo-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
+BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
 TESTBIN := $(O)/tests/kolo-tests
 
 .PHONY: all lib test test-c test-python test-install demo deps install clean check-build bench-compare
@@ -72,6 +72,10 @@ $(AR_): $(LIB_OBJ)
 
 # Tools and tests link the static library: they may use kolo's private (kolo__) symbols.
 $(O)/bin/kolo-bench: $(BENCH_SRC) $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+$(O)/bin/engine-bench: bench/engine-bench.c $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 

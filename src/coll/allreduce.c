@@ -11,11 +11,18 @@
 
 #include "../reduce/reduce.h"
 
+#include <stdatomic.h>
+
 static size_t small_max(void)
 {
-    static size_t v = (size_t)-1;
-    if (v == (size_t)-1) v = kolo__setting_bytes(KOLO_SET_SMALL_ALLREDUCE_MAX);
-    return v;
+    /* read once; threads racing on the first call store the same value */
+    static _Atomic size_t v = (size_t)-1;
+    size_t r = atomic_load_explicit(&v, memory_order_relaxed);
+    if (r == (size_t)-1) {
+        r = kolo__setting_bytes(KOLO_SET_SMALL_ALLREDUCE_MAX);
+        atomic_store_explicit(&v, r, memory_order_relaxed);
+    }
+    return r;
 }
 
 static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,

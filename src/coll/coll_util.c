@@ -3,6 +3,8 @@
 
 #include "../reduce/reduce.h"
 
+#include <stdatomic.h>
+
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
 {
     if (n == 0) n = 64; /* a valid pointer even for empty buffers */
@@ -20,13 +22,16 @@ void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
 
 size_t kolo__coll_chunk(void)
 {
-    static size_t chunk;
-    if (!chunk) {
-        size_t c = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
+    /* read once; threads racing on the first call store the same value */
+    static _Atomic size_t chunk;
+    size_t c = atomic_load_explicit(&chunk, memory_order_relaxed);
+    if (!c) {
+        c = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
         if (c < 4096) c = 4096;
-        chunk = c & ~(size_t)63;
+        c &= ~(size_t)63;
+        atomic_store_explicit(&chunk, c, memory_order_relaxed);
     }
-    return chunk;
+    return c;
 }
 
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n)
