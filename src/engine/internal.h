@@ -230,7 +230,9 @@ typedef struct kolo__engine {
     int down;           /* the engine stopped working (a job error, or a rank left) */
     int down_status;
     char down_msg[768];
-    uint64_t noname[KOLO__KIND_COUNT];
+    /* unnamed requests are numbered per process set: a barrier that only the members of one set
+     * run must not shift the world's next unnamed barrier */
+    uint64_t noname[KOLO_MAX_PSETS][KOLO__KIND_COUNT];
     int local_busy;     /* engine thread: this rank has pending requests (read under lock) */
 
     /* engine thread only */

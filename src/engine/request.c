@@ -414,7 +414,7 @@ static int enqueue(const char *fn, kolo_request_t **rs, int n)
             int k = r->d.kind;
             if (k == KOLO__JOIN) snprintf(buf, sizeof(buf), "join.noname");
             else snprintf(buf, sizeof(buf), "%s.noname.%llu", kolo__kind_lower[k],
-                          (unsigned long long)(kolo__E.noname[k] + ++used[k]));
+                          (unsigned long long)(kolo__E.noname[r->pset][k] + ++used[k]));
             r->name = kolo__strdup(buf);
             if (!r->name) {
                 st = kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory for a name", fn);
@@ -436,7 +436,8 @@ static int enqueue(const char *fn, kolo_request_t **rs, int n)
         for (int i = 0; i < inserted; i++) kolo__hmap_del(&kolo__E.inflight, &rs[i]->dup);
         goto out;
     }
-    for (int k = 0; k < KOLO__KIND_COUNT; k++) kolo__E.noname[k] += used[k];
+    /* the requests of one call share one process set (a group is submitted with one opts) */
+    for (int k = 0; k < KOLO__KIND_COUNT; k++) kolo__E.noname[rs[0]->pset][k] += used[k];
     for (int i = 0; i < n; i++) {
         rs[i]->qnext = NULL;
         if (kolo__E.qtail) kolo__E.qtail->qnext = rs[i];
