@@ -363,15 +363,12 @@ def cpu_busy(seconds=0.25):
 
 
 def wait_idle(max_wait, run):
-    """Before a launch: the CPU share other processes use, after waiting up to max_wait s for it
-    to drop below 25 %."""
-    busy = cpu_busy()
+    """Before a peer's round: wait up to max_wait s for other processes to use less than 25 % of
+    the CPUs."""
     t0 = time.monotonic()
-    while busy > 0.25 and time.monotonic() - t0 < max_wait:
+    while max_wait > 0 and cpu_busy(0.5) > 0.25 and time.monotonic() - t0 < max_wait:
         time.sleep(1.0)
-        busy = cpu_busy()
-    run.waited += time.monotonic() - t0 if max_wait > 0 else 0.0
-    return busy
+    run.waited += time.monotonic() - t0
 
 
 class Store:
@@ -411,12 +408,13 @@ class Run:
 def run_round(p, np, rep, bands, check, a, logdir, run):
     """One peer, one rank count, one repetition: all its launches. Returns (rows, failures)."""
     nrows, fails = 0, []
+    wait_idle(a.idle_wait, run)
     with open(os.path.join(logdir, "%s-np%d-rep%d.log" % (p.key, np, rep + 1)), "w") as log:
         launches = p.launches(np, a.coll_list, a.dtype_list, bands, check)
         i = 0
         while i < len(launches):
             ln = launches[i]
-            run.loads.append(wait_idle(a.idle_wait, run))
+            run.loads.append(cpu_busy(0.1))
             out, rc, to, secs = run_launch(ln, a.timeout, log)
             rows, com = parse_rows(out, ln.coll)
             if (p.family == "kolo" and not rows and rc and not p.use_kolorun
@@ -601,9 +599,13 @@ def cell(t_us, coll, np, size, place=None):
         return "—"
     star = "*" if place == "ip" else ""
     if size < (64 << 10):
-        return ("%.3g us" % t_us if t_us < 1000 else "%.0f us" % t_us) + star
+        return fmt_us(t_us) + star
     bw = size / 1e3 / t_us * bus_factor(coll, np)
     return "%.2f GB/s%s" % (bw, star)
+
+
+def fmt_us(t):
+    return "%.3g us" % t if t < 1000 else "%.0f us" % t
 
 
 def ratio_cell(r):
@@ -618,7 +620,7 @@ class Report:
         self.args, self.store, self.peers, self.status, self.notes = args, store, peers, status, notes
         self.lim, self.lim_text, self.info, self.vers, self.sizes = lim, lim_text, info, vers, sizes
         self.stamp, self.elapsed, self.loads, self.reps_done = stamp, elapsed, loads, reps_done
-        self.cpu, self.waited = {}, 0.0
+        self.cpu, self.waited, self.oversub = {}, 0.0, []
         self.kolo = {p.transport: p.key for p in peers if p.family == "kolo"
                      and status[p.key][0]}
 
@@ -688,6 +690,7 @@ class Report:
         L += self.md_targets()
         L += self.md_bound()
         L += self.md_peers_status()
+        L += self.md_oversub()
         if pngs:
             L.append("## Plots")
             L.append("")
@@ -727,7 +730,7 @@ class Report:
         loads = [x for x in self.loads if x == x]
         if loads:
             L.append("**Other work on the machine**: CPU use by other processes, sampled for "
-                     "0.25 s before each of the %d launches: median %.0f %%, max %.0f %%, %d "
+                     "0.1 s before each of the %d launches: median %.0f %%, max %.0f %%, %d "
                      "launches above 25 %%%s. Such load is noise that the interleaving spreads "
                      "over every peer alike, but it lowers and scatters all figures." % (
                          len(loads), 100 * statistics.median(loads), 100 * max(loads),
@@ -806,7 +809,7 @@ class Report:
                 if t is None:
                     cells.append("—")
                 elif s == 8:
-                    cells.append("%.3g us%s" % (t, "*" if place == "ip" else ""))
+                    cells.append(fmt_us(t) + ("*" if place == "ip" else ""))
                 else:
                     cells.append(cell(t, "allreduce", 2, s, place).replace(" GB/s", ""))
             name = "**%s**" % p.label if p.family == "kolo" else p.label
@@ -872,6 +875,16 @@ class Report:
             rows = sum(1 for (n, p, *_) in st.t if n == np and p == ks)
             L.append("| %d ranks on %d cores: correct | %d sizes measured, %d wrong elements | "
                      "%s |" % (np, NCPU, rows, wrong, _met(rows > 0 and wrong == 0, None)))
+        for o in self.oversub:
+            if o["peer"].family != "kolo":
+                continue
+            wrong = sum((w or 0) for r in o["rows"] for _, w in r["place"].values())
+            L.append("| %d ranks on %d cores stay correct | %d of %d sizes, %d wrong elements; "
+                     "CPU/wall %s (%d.0 = every core busy; see Oversubscribed) | %s |" % (
+                         o["np"], NCPU, len(o["rows"]), len(OVERSUB_SIZES), wrong,
+                         "%.2f" % o["cpu"] if o["cpu"] is not None else "—", NCPU,
+                         _met(len(o["rows"]) == len(OVERSUB_SIZES) and wrong == 0
+                              and not o["fails"], None)))
         L.append("| ResNet-50-sized step, timeline overhead, PyTorch end-to-end | not measured "
                  "by this harness yet | — |")
         L.append("")
@@ -930,6 +943,35 @@ class Report:
                 if any(x != "—" for x in cells):
                     L.append("| %s | %s |" % (p.label, " | ".join(cells)))
             L.append("")
+        return L
+
+    def md_oversub(self):
+        if not self.oversub:
+            return []
+        L = ["## Oversubscribed: more ranks than cores", ""]
+        L.append("allreduce, float32, out-of-place, checked, one run each. CPU/wall is CPU time "
+                 "over wall time of the whole launch (%d cores): ranks that spin while they "
+                 "wait keep it near %d even when the work is small." % (NCPU, NCPU))
+        L.append("")
+        hdr = ["peer", "ranks"] + ["%s time" % fmt_size(s) for s, _, _ in OVERSUB_SIZES] + \
+            ["#wrong", "CPU/wall", "problems"]
+        L.append("| " + " | ".join(hdr) + " |")
+        L.append("|---|---:|" + "---:|" * (len(OVERSUB_SIZES) + 2) + "---|")
+        for o in self.oversub:
+            by = {r["size"]: r for r in o["rows"]}
+            cells = []
+            wrong = 0
+            for s, _, _ in OVERSUB_SIZES:
+                r = by.get(s)
+                t = r["place"].get("oop") if r else None
+                cells.append(fmt_us(t[0]) if t else "—")
+                if r:
+                    wrong += sum((w or 0) for _, w in r["place"].values())
+            L.append("| %s | %d | %s | %d | %s | %s |" % (
+                o["peer"].label, o["np"], " | ".join(cells), wrong,
+                "%.2f" % o["cpu"] if o["cpu"] is not None else "—",
+                "; ".join(o["fails"]) or "—"))
+        L.append("")
         return L
 
     def md_tables(self):
@@ -1097,6 +1139,39 @@ fig.suptitle(cfg["title"]); fig.tight_layout(); fig.savefig(cfg["png"], dpi=90)
 
 # ---------------------------------------------------------------- main
 
+OVERSUB_SIZES = [(8, 20, 5), (64 << 10, 10, 2), (4 << 20, 5, 1)]  # (size, iters, warmup)
+
+
+def oversub_check(a, running, logdir, run):
+    """kolo (and Open MPI, which yields when oversubscribed, for reference) at more ranks than
+    cores: allreduce float32 at a few sizes, checked, once. Returns a list of result dicts."""
+    out = []
+    for np in a.oversub_list:
+        for p in running:
+            if p.key not in ("kolo-shm", "ompi-shm"):
+                continue
+            bands = [Band(s, s, it, wu, 2) for s, it, wu in OVERSUB_SIZES]
+            launches = p.launches(np, ["allreduce"], ["float32"], bands, 1)
+            rows, cpu, wall, fails = [], 0.0, 0.0, []
+            with open(os.path.join(logdir, "%s-np%d-oversub.log" % (p.key, np)), "w") as log:
+                for ln in launches:
+                    text, rc, to, secs = run_launch(ln, 120, log)
+                    got, _ = parse_rows(text, ln.coll)
+                    rows += got
+                    cpu += ln.cpu
+                    wall += secs
+                    if to:
+                        fails.append("timed out after 120 s")
+                    elif rc:
+                        fails.append("exit %s" % rc)
+            out.append({"peer": p, "np": np, "rows": rows, "cpu": cpu / wall if wall else None,
+                        "fails": fails})
+            print("compare: oversubscribed np %d %-13s %6.1f s %d rows%s" % (
+                np, p.key, wall, len(rows), " (" + "; ".join(fails) + ")" if fails else ""),
+                flush=True)
+    return out
+
+
 # Sizes and iterations. Sub-microsecond calls need many iterations, 256 MiB calls few; above
 # 16 MiB the sweep steps by 4 (64 MiB, 256 MiB) to keep the full run near 40 minutes here.
 FULL_BANDS = "8:64K:50:10:2,128K:16M:10:3:2,64M:256M:3:1:4"
@@ -1119,11 +1194,14 @@ def parse_args(argv):
     p.add_argument("--factor", type=float, default=2.0,
                    help="size step of bands that give none (default 2)")
     p.add_argument("--idle-wait", type=float, default=0.0, metavar="S",
-                   help="before each launch wait up to S seconds for other processes to use "
-                        "less than 25%% of the CPUs (default 0: do not wait)")
+                   help="before each peer's round wait up to S seconds for other processes to "
+                        "use less than 25%% of the CPUs (default 0: do not wait)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per launch (default 600)")
     p.add_argument("--budget", type=float, default=None,
                    help="minutes; no new repetition starts past it (default 40; quick 5)")
+    p.add_argument("--oversub", default=None,
+                   help="rank counts for the oversubscription check of kolo and Open MPI "
+                        "(default 8,16; quick none; 'none' to skip)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--no-plots", action="store_true")
     a = p.parse_args(argv)
@@ -1149,6 +1227,8 @@ def parse_args(argv):
     a.timeout = a.timeout or (300 if q else 600)
     a.budget = a.budget if a.budget is not None else (5.0 if q else 40.0)
     a.oversub_iters, a.oversub_warmup = 3, 1
+    ov = a.oversub or ("none" if q else "8,16")
+    a.oversub_list = [] if ov == "none" else [int(x) for x in ov.split(",")]
     return a
 
 
@@ -1226,7 +1306,9 @@ def main(argv):
                         "  (" + "; ".join(fails)[:200] + ")" if fails else ""), flush=True)
             rep_times.append(time.monotonic() - t_rep)
             reps_done += 1
+        oversub = oversub_check(a, running, logdir, run)
     except KeyboardInterrupt:
+        oversub = []
         notes.append("interrupted by the user after %d repetitions" % reps_done)
         print("\ncompare: interrupted; writing what was measured", flush=True)
 
@@ -1248,6 +1330,7 @@ def main(argv):
     rep = Report(a, store, peers, status, notes, lim, lim_text, info, vers, sizes, stamp,
                  elapsed, run.loads, reps_done)
     rep.cpu = run.cpu
+    rep.oversub = oversub
     rep.waited = run.waited
     prefix = stamp + ("-quick" if a.quick else "")
     pngs = [] if a.no_plots else plot(rep, prefix)
