@@ -385,6 +385,15 @@ static int bench(const opts *o)
                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
         fflush(stdout);
     }
+    /* Warm up once before the sweep, as nccl-tests does: the first collectives pay for scratch
+     * memory, first touches and the peers' arrival, which must not land on the smallest size. */
+    for (int w = 0; w < 20 && st == KOLO_OK; w++) st = call(&R, KOLO_MIN(o->maxb, (size_t)1 << 20), 1);
+    if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+    if (st != KOLO_OK) {
+        fprintf(stderr, "kolo-bench: rank %d: warm-up failed: %s\n", me, kolo_last_error());
+        kolo_shutdown();
+        return 1;
+    }
     long total_wrong = 0;
     double bw_sum = 0;
     int bw_n = 0;

@@ -279,6 +279,13 @@ CONF_RING(2)
 CONF_RING(3)
 CONF_RING(4)
 
+/* single-copy reads (off by default) stay correct: every message from 4 KiB on goes through CMA */
+KT_TEST(conformance_shm_cma_np3, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=1", "KOLO_RING_CHUNK=4096"}};
+    KT_EQ(kt_job(3, conformance, NULL, &o, NULL), 0);
+}
+
 /* No launcher variables at all: a world of one, no sockets. */
 KT_TEST(world_of_one_without_environment, 10)
 {

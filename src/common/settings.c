@@ -27,15 +27,16 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                          "otherwise derived from the launcher's job ids)"},
     [KOLO_SET_HOSTNAME] = {"KOLO_HOSTNAME", "HOROVOD_HOSTNAME", "",
                            "the name this host reports in messages (default: gethostname)"},
-    [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "1",
-                          "1: large shared-memory messages are read single-copy from the peer (process_vm_readv); "
-                          "0: copy through the shared ring"},
+    [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "0",
+                          "1: shared-memory messages of 128 KiB and more are read single-copy from the peer "
+                          "(process_vm_readv); 0: copied through the shared ring in cache-sized chunks (measured "
+                          "faster on 2-core VMs: bench/results)"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
                                 "bytes of each shared-memory ring (one per direction per peer)"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
                                       "allreduces up to this many bytes use the latency-optimal algorithm, "
                                       "larger ones the ring"},
-    [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "512K",
+    [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
                           "microseconds a waiting rank busy-polls before it starts yielding its core"},

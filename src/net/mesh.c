@@ -664,6 +664,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     b.want_cma = kolo__setting_long(KOLO_SET_SHM_CMA) != 0;
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
     b.cma_threshold = 128 * 1024;
+    if (kolo__setting_bytes(KOLO_SET_RING_CHUNK) < b.cma_threshold) /* let tests push chunks through CMA */
+        b.cma_threshold = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
     uint64_t deadline = kolo__now_ns() + (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
 
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) meshes[ch] = NULL;
