@@ -19,8 +19,7 @@
  */
 #include "kolo.h"
 
-#include "../src/boot/auth.h"
-#include "../src/boot/store.h"
+#include "local_job.h"
 #include "../src/engine/engine.h"
 
 #include <signal.h>
@@ -192,55 +191,7 @@ static int run(const opts *o)
 }
 
 /* -np N without a launcher: a store in a child process, N forked ranks (as kolo-bench does). */
-static int fork_ranks(const opts *o)
-{
-    char secret[80], buf[64];
-    if (kolo__secret_make(secret, sizeof(secret)) != KOLO_OK) return 1;
-    int p[2], port = -1;
-    if (pipe(p) != 0) return 1;
-    fflush(stdout);
-    pid_t store = fork();
-    if (store == 0) {
-        close(p[0]);
-        kolo__store_server *srv = NULL;
-        if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) == KOLO_OK)
-            port = kolo__store_server_port(srv);
-        if (write(p[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(1);
-        for (;;) pause();
-    }
-    close(p[1]);
-    if (store < 0 || read(p[0], &port, sizeof(port)) != (ssize_t)sizeof(port) || port <= 0) {
-        if (store > 0) kill(store, SIGKILL);
-        return 1;
-    }
-    close(p[0]);
-    snprintf(buf, sizeof(buf), "127.0.0.1:%d", port);
-    setenv("KOLO_RENDEZVOUS", buf, 1);
-    setenv("KOLO_SECRET", secret, 1);
-    snprintf(buf, sizeof(buf), "engine-bench-%d", (int)getpid());
-    setenv("KOLO_JOB_ID", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", o->np);
-    setenv("KOLO_SIZE", buf, 1);
-    pid_t pids[64];
-    for (int r = 0; r < o->np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            snprintf(buf, sizeof(buf), "%d", r);
-            setenv("KOLO_RANK", buf, 1);
-            _exit(run(o));
-        }
-    }
-    int rc = 0;
-    for (int r = 0; r < o->np; r++) {
-        int s;
-        waitpid(pids[r], &s, 0);
-        if (!(WIFEXITED(s) && WEXITSTATUS(s) == 0)) rc = 1;
-    }
-    kill(store, SIGKILL);
-    waitpid(store, NULL, 0);
-    return rc;
-}
+static int run_rank(void *arg) { return run(arg); }
 
 int main(int argc, char **argv)
 {
@@ -259,5 +210,5 @@ int main(int argc, char **argv)
     }
     if (o.np < 1 || o.np > 64 || o.iters < 1 || o.warmup < 0 || o.small_steps < 1) return 2;
     if (getenv("KOLO_RANK") || o.np == 1) return run(&o);
-    return fork_ranks(&o);
+    return bench_local_job(o.np, "engine-bench", run_rank, &o);
 }

@@ -11,8 +11,7 @@
  */
 #include "kolo.h"
 
-#include "../src/boot/auth.h"
-#include "../src/boot/store.h"
+#include "local_job.h"
 
 #include <errno.h>
 #include <math.h>
@@ -474,71 +473,7 @@ static int bench(const opts *o)
     return failed ? 1 : (total_wrong ? 3 : 0);
 }
 
-/* -np N without a launcher: a store in a child process (so that this process stays
- * single-threaded and forks its ranks safely), N forked ranks, wait for all. */
-static int fork_ranks(const opts *o)
-{
-    char secret[80], buf[64];
-    if (kolo__secret_make(secret, sizeof(secret)) != KOLO_OK) {
-        fprintf(stderr, "kolo-bench: %s\n", kolo_last_error());
-        return 1;
-    }
-    int p[2], port = -1;
-    if (pipe(p) != 0) return 1;
-    fflush(stdout);
-    pid_t store = fork();
-    if (store == 0) {
-        close(p[0]);
-        kolo__store_server *srv = NULL;
-        if (kolo__store_server_start(&srv, "127.0.0.1", 0, secret, strlen(secret)) == KOLO_OK)
-            port = kolo__store_server_port(srv);
-        else
-            fprintf(stderr, "kolo-bench: cannot start the rendezvous store: %s\n", kolo_last_error());
-        if (write(p[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(1);
-        for (;;) pause();
-    }
-    close(p[1]);
-    if (store < 0 || read(p[0], &port, sizeof(port)) != (ssize_t)sizeof(port) || port <= 0) {
-        if (store > 0) kill(store, SIGKILL);
-        return 1;
-    }
-    close(p[0]);
-    snprintf(buf, sizeof(buf), "127.0.0.1:%d", port);
-    setenv("KOLO_RENDEZVOUS", buf, 1);
-    setenv("KOLO_SECRET", secret, 1);
-    snprintf(buf, sizeof(buf), "kolo-bench-%d", (int)getpid());
-    setenv("KOLO_JOB_ID", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", o->np);
-    setenv("KOLO_SIZE", buf, 1);
-    pid_t pids[256];
-    for (int r = 0; r < o->np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            snprintf(buf, sizeof(buf), "%d", r);
-            setenv("KOLO_RANK", buf, 1);
-            _exit(bench(o));
-        }
-    }
-    int rc = 0;
-    for (int left = o->np; left > 0; left--) {
-        int s;
-        pid_t w = wait(&s);
-        if (w == store) {
-            left++;
-            continue;
-        }
-        int code = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-        if (code && !rc) {
-            rc = code;
-            /* the others fail within moments; make sure none lingers */
-            for (int q = 0; q < o->np; q++) kill(pids[q], SIGTERM);
-        }
-    }
-    kill(store, SIGKILL);
-    waitpid(store, NULL, 0);
-    return rc;
-}
+static int bench_rank(void *arg) { return bench(arg); }
 
 int main(int argc, char **argv)
 {
@@ -605,6 +540,6 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     bool launched = getenv("KOLO_RANK") || getenv("HOROVOD_RANK") || getenv("RANK") ||
                     getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
-    if (o.np > 1 && !launched) return fork_ranks(&o);
+    if (o.np > 1 && !launched) return bench_local_job(o.np, "kolo-bench", bench_rank, &o);
     return bench(&o);
 }
