@@ -29,7 +29,7 @@ const char *kolo_build_info(void)
 {
     static char buf[256];
     if (!buf[0])
-        snprintf(buf, sizeof(buf), "kolo %s; transports: shm (CMA single-copy), tcp; kernels: %s", KOLO_VERSION_STRING,
+        snprintf(buf, sizeof(buf), "kolo %s; transports: shm (ring copies; single-copy CMA with KOLO_SHM_CMA=1), tcp; kernels: %s", KOLO_VERSION_STRING,
                  kolo__reduce_isa());
     return buf;
 }
