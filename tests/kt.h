@@ -107,6 +107,43 @@ pid_t kt_spawn_store(const char *secret, int *port);
 /* Same job run once with shared memory and once over TCP (fails the test if any rank fails). */
 void kt_job_both(int n, void (*fn)(int rank, void *arg), void *arg);
 
+/* ---- Child processes with captured output ----
+ * kt_proc_start runs argv (argv[0] a path) with stdout and stderr captured into growing buffers
+ * (NUL-terminated; at most cap bytes each are kept). The test polls them with kt_proc_pump, waits
+ * for a line with kt_proc_wait_for, and reaps with kt_proc_finish. */
+typedef struct kt_proc {
+    pid_t pid;
+    int in, out, err; /* pipe ends; -1 once closed (in: only with stdin_pipe) */
+    char *obuf, *ebuf;
+    size_t olen, elen, cap;
+    int status;
+    int done;         /* reaped; status is valid */
+    int own_group;
+    double t0, t_end; /* start and reap times (kt_now) */
+} kt_proc;
+
+typedef struct kt_proc_opts {
+    int stdin_pipe;               /* p->in writes to its stdin (else stdin is /dev/null) */
+    int own_group;                /* in a process group of its own; a timeout kills the group */
+    int (*child_setup)(void *arg); /* run in the child before exec (e.g. setns); non-zero: exit 98 */
+    void *arg;
+    size_t cap;                   /* bytes kept per stream; default 4 MiB */
+} kt_proc_opts;
+
+double kt_now(void);
+/* Occurrences of needle in hay. */
+int kt_count(const char *hay, const char *needle);
+void kt_proc_start(kt_proc *p, const char *const *argv, const kt_proc_opts *o);
+/* Reads what is there, waiting up to timeout_ms. */
+void kt_proc_pump(kt_proc *p, int timeout_ms);
+/* Pumps until stdout holds needle `count` times; fails the test on timeout or if the process
+ * ends first, printing both streams. */
+void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout);
+/* Reads to the end and reaps; returns the exit code (128+N for a signal). Overstaying the
+ * timeout kills it (its group with own_group) and fails the test. Closes p->in. */
+int kt_proc_finish(kt_proc *p, double timeout);
+void kt_proc_free(kt_proc *p);
+
 /* Deterministic pseudo-random fill for test data. */
 void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed);
 

@@ -6,6 +6,9 @@
 #include "../src/boot/store.h"
 
 #include <errno.h>
+#include <stdint.h>
+#include <poll.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -292,4 +295,132 @@ void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed)
         default: break;
         }
     }
+}
+
+/* ---- child processes with captured output ---- */
+
+double kt_now(void) { return now(); }
+
+int kt_count(const char *hay, const char *needle)
+{
+    int c = 0;
+    for (const char *q = hay; (q = strstr(q, needle)); q++) c++;
+    return c;
+}
+
+void kt_proc_start(kt_proc *p, const char *const *argv, const kt_proc_opts *o)
+{
+    kt_proc_opts none = {0};
+    if (!o) o = &none;
+    memset(p, 0, sizeof(*p));
+    p->cap = o->cap ? o->cap : (size_t)4 << 20;
+    p->own_group = o->own_group;
+    p->obuf = calloc(1, p->cap + 1);
+    p->ebuf = calloc(1, p->cap + 1);
+    if (!p->obuf || !p->ebuf) kt_fail(__FILE__, __LINE__, "no memory for output buffers");
+    int out[2], err[2], in[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || (o->stdin_pipe && pipe2(in, O_CLOEXEC) != 0))
+        kt_fail(__FILE__, __LINE__, "pipe2: %s", strerror(errno));
+    fflush(stdout);
+    fflush(stderr);
+    p->t0 = now();
+    p->pid = fork();
+    if (p->pid < 0) kt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (p->pid == 0) {
+        if (o->own_group) setpgid(0, 0);
+        int stdin_fd = o->stdin_pipe ? in[0] : open("/dev/null", O_RDONLY);
+        dup2(stdin_fd, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        if (o->child_setup && o->child_setup(o->arg) != 0) {
+            fprintf(stderr, "child set-up for %s failed: %s\n", argv[0], strerror(errno));
+            _exit(98);
+        }
+        execv(argv[0], (char *const *)(uintptr_t)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(99);
+    }
+    if (o->own_group) setpgid(p->pid, p->pid);
+    close(out[1]);
+    close(err[1]);
+    p->out = out[0];
+    p->err = err[0];
+    p->in = -1;
+    if (o->stdin_pipe) {
+        close(in[0]);
+        p->in = in[1];
+    }
+}
+
+void kt_proc_pump(kt_proc *p, int timeout_ms)
+{
+    struct pollfd f[2] = {{.fd = p->out, .events = POLLIN}, {.fd = p->err, .events = POLLIN}};
+    if (p->out < 0 && p->err < 0) {
+        usleep((useconds_t)timeout_ms * 1000);
+        return;
+    }
+    if (poll(f, 2, timeout_ms) <= 0) return;
+    for (int k = 0; k < 2; k++) {
+        int *fd = k ? &p->err : &p->out;
+        if (*fd < 0 || !f[k].revents) continue;
+        char *buf = k ? p->ebuf : p->obuf;
+        size_t *len = k ? &p->elen : &p->olen;
+        ssize_t r = read(*fd, buf + *len, p->cap - *len);
+        if (r <= 0) {
+            close(*fd);
+            *fd = -1;
+        } else {
+            *len += (size_t)r;
+            buf[*len] = '\0';
+        }
+    }
+}
+
+static void reap(kt_proc *p)
+{
+    if (!p->done && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
+        p->done = 1;
+        p->t_end = now();
+    }
+}
+
+void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout)
+{
+    double end = now() + timeout;
+    while (kt_count(p->obuf, needle) < count) {
+        if (now() > end)
+            kt_fail(__FILE__, __LINE__, "no %d x '%s' within %.0f s; stdout:\n%s\nstderr:\n%s", count, needle, timeout,
+                    p->obuf, p->ebuf);
+        reap(p);
+        if (p->done && p->out < 0 && p->err < 0)
+            kt_fail(__FILE__, __LINE__, "ended (status 0x%x) before %d x '%s'; stdout:\n%s\nstderr:\n%s", p->status,
+                    count, needle, p->obuf, p->ebuf);
+        kt_proc_pump(p, 50);
+    }
+}
+
+int kt_proc_finish(kt_proc *p, double timeout)
+{
+    double end = now() + timeout;
+    while (!p->done || p->out >= 0 || p->err >= 0) {
+        if (now() > end) {
+            kill(p->own_group ? -p->pid : p->pid, SIGKILL);
+            kt_fail(__FILE__, __LINE__, "%s did not finish within %.0f s; stdout:\n%s\nstderr:\n%s",
+                    p->done ? "its output" : "the process", timeout, p->obuf, p->ebuf);
+        }
+        kt_proc_pump(p, 20);
+        reap(p);
+    }
+    if (p->in >= 0) {
+        close(p->in);
+        p->in = -1;
+    }
+    return WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 128 + WTERMSIG(p->status);
+}
+
+void kt_proc_free(kt_proc *p)
+{
+    free(p->obuf);
+    free(p->ebuf);
+    p->obuf = p->ebuf = NULL;
 }

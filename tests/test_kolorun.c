@@ -22,22 +22,9 @@
 
 /* ---- running kolorun ---- */
 
-typedef struct {
-    pid_t pid;
-    int out, err, in;
-    char *obuf, *ebuf;
-    size_t olen, elen, cap;
-    int status;
-    bool done;
-    double t0, t_end;
-} kproc;
+typedef kt_proc kproc;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return kt_now(); }
 
 static const char *kolorun_path(void)
 {
@@ -51,112 +38,19 @@ static void subreaper(void) { KT_ASSERT(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0); 
 /* Starts kolorun with args (NULL-terminated, without the program name). */
 static void kp_start(kproc *p, const char *const *args, bool stdin_pipe)
 {
-    memset(p, 0, sizeof(*p));
-    p->cap = 4 << 20;
-    p->obuf = calloc(1, p->cap + 1);
-    p->ebuf = calloc(1, p->cap + 1);
-    KT_ASSERT(p->obuf && p->ebuf);
-    int o[2], e[2], i[2];
-    KT_ASSERT(pipe2(o, O_CLOEXEC) == 0 && pipe2(e, O_CLOEXEC) == 0 && pipe2(i, O_CLOEXEC) == 0);
     const char *argv[64];
     int n = 0;
     argv[n++] = kolorun_path();
     for (int k = 0; args[k] && n < 63; k++) argv[n++] = args[k];
     argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    p->t0 = now_s();
-    p->pid = fork();
-    KT_ASSERT(p->pid >= 0);
-    if (p->pid == 0) {
-        dup2(i[0], 0);
-        dup2(o[1], 1);
-        dup2(e[1], 2);
-        if (!stdin_pipe) {
-            int dn = open("/dev/null", O_RDONLY);
-            dup2(dn, 0);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(99);
-    }
-    close(o[1]);
-    close(e[1]);
-    close(i[0]);
-    p->out = o[0];
-    p->err = e[0];
-    p->in = i[1];
-    if (!stdin_pipe) {
-        close(p->in);
-        p->in = -1;
-    }
-}
-
-/* Reads what is there (waiting up to timeout_ms). */
-static void kp_pump(kproc *p, int timeout_ms)
-{
-    struct pollfd f[2] = {{.fd = p->out, .events = POLLIN}, {.fd = p->err, .events = POLLIN}};
-    if (p->out < 0 && p->err < 0) {
-        usleep((useconds_t)timeout_ms * 1000);
-        return;
-    }
-    if (poll(f, 2, timeout_ms) <= 0) return;
-    for (int k = 0; k < 2; k++) {
-        int *fd = k ? &p->err : &p->out;
-        if (*fd < 0 || !f[k].revents) continue;
-        char *buf = k ? p->ebuf : p->obuf;
-        size_t *len = k ? &p->elen : &p->olen;
-        ssize_t r = read(*fd, buf + *len, p->cap - *len);
-        if (r <= 0) {
-            close(*fd);
-            *fd = -1;
-        } else {
-            *len += (size_t)r;
-            buf[*len] = '\0';
-        }
-    }
-}
-
-static int count_of(const char *hay, const char *needle)
-{
-    int c = 0;
-    for (const char *s = hay; (s = strstr(s, needle)); s++) c++;
-    return c;
-}
-
-/* Pumps until stdout holds `needle` at least `count` times. */
-static void kp_wait_for(kproc *p, const char *needle, int count, double timeout)
-{
-    double end = now_s() + timeout;
-    while (count_of(p->obuf, needle) < count) {
-        if (now_s() > end)
-            kt_fail(__FILE__, __LINE__, "no %d x '%s' within %.0f s; stdout:\n%s\nstderr:\n%s", count, needle, timeout,
-                    p->obuf, p->ebuf);
-        kp_pump(p, 50);
-    }
-}
-
-/* Reads to the end and reaps kolorun; returns its exit code (128+N for a signal). */
-static int kp_finish(kproc *p, double timeout)
-{
-    double end = now_s() + timeout;
-    while (!p->done || p->out >= 0 || p->err >= 0) {
-        if (now_s() > end)
-            kt_fail(__FILE__, __LINE__, "kolorun did not finish within %.0f s; stdout:\n%s\nstderr:\n%s", timeout,
-                    p->obuf, p->ebuf);
-        kp_pump(p, 20);
-        if (!p->done && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
-            p->done = true;
-            p->t_end = now_s();
-        }
-    }
-    if (p->in >= 0) close(p->in);
-    return WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 128 + WTERMSIG(p->status);
+    kt_proc_opts o = {.stdin_pipe = stdin_pipe};
+    kt_proc_start(p, argv, &o);
 }
 
 static int run(kproc *p, const char *const *args, double timeout)
 {
     kp_start(p, args, false);
-    return kp_finish(p, timeout);
+    return kt_proc_finish(p, timeout);
 }
 
 /* With the test as subreaper: waits until no descendant is left at all. */
@@ -263,7 +157,7 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         kproc p;
         int code = run(&p, cases[c].args, 10);
         KT_ASSERTF(code == 2, "case %zu: exit %d, expected 2; stderr: %s", c, code, p.ebuf);
-        KT_ASSERTF(count_of(p.ebuf, "\n") == 1, "case %zu: expected one line on stderr, got: %s", c, p.ebuf);
+        KT_ASSERTF(kt_count(p.ebuf, "\n") == 1, "case %zu: expected one line on stderr, got: %s", c, p.ebuf);
         KT_ASSERTF(strncmp(p.ebuf, "kolorun: error: ", 16) == 0, "case %zu: %s", c, p.ebuf);
         KT_ASSERTF(strstr(p.ebuf, cases[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, cases[c].says);
         KT_EQ(p.olen, 0);
@@ -277,7 +171,7 @@ KT_TEST(kolorun_command_not_found_127_not_executable_126, 10)
     const char *a1[] = {"-np", "2", "kolo-no-such-command-xyz", NULL};
     KT_EQ(run(&p, a1, 5), 127);
     KT_CONTAINS(p.ebuf, "kolo-no-such-command-xyz");
-    KT_EQ(count_of(p.ebuf, "\n"), 1);
+    KT_EQ(kt_count(p.ebuf, "\n"), 1);
     const char *a2[] = {"-np", "1", "./no/such/path", NULL};
     KT_EQ(run(&p, a2, 5), 127);
     char *d = tmpdir(), f[128];
@@ -345,7 +239,7 @@ KT_TEST(kolorun_worker_environment, 20)
                           "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "<stdout>:ready", 3, 10);
+    kt_proc_wait_for(&p, "<stdout>:ready", 3, 10);
 
     char secret[256], job[256], rdv[256];
     KT_ASSERT(rank_var(p.obuf, 0, "KOLO_SECRET", secret, sizeof(secret)));
@@ -420,7 +314,7 @@ KT_TEST(kolorun_worker_environment, 20)
     KT_ASSERT(kolo__store_connect(&bad, host, port, "wrong", 5, 2) != 0);
 
     write_file(done, "", 0644);
-    KT_EQ(kp_finish(&p, 10), 0);
+    KT_EQ(kt_proc_finish(&p, 10), 0);
 
     /* a second job gets its own secret and id */
     unlink(done);
@@ -457,7 +351,7 @@ KT_TEST(kolorun_hostfile_places_ranks_host_major, 15)
     /* -H with the other syntax, and no -np: every slot */
     const char *args2[] = {"-H", "localhost:1,127.0.0.1:1", "sh", "-c", "echo size=$KOLO_SIZE", NULL};
     KT_EQ(run(&p, args2, 10), 0);
-    KT_EQ(count_of(p.obuf, "<stdout>:size=2\n"), 2);
+    KT_EQ(kt_count(p.obuf, "<stdout>:size=2\n"), 2);
 }
 
 /* ---- output ---- */
@@ -481,9 +375,9 @@ KT_TEST(kolorun_output_whole_lines_tagged_per_stream, 20)
     for (int r = 0; r < 3; r++) {
         char w[64];
         snprintf(w, sizeof(w), "[%d]<stdout>:split-line-%d\n", r, r);
-        KT_EQ(count_of(p.obuf, w), 1);
+        KT_EQ(kt_count(p.obuf, w), 1);
         snprintf(w, sizeof(w), "[%d]<stdout>:no-newline-%d\n", r, r);
-        KT_EQ(count_of(p.obuf, w), 1);
+        KT_EQ(kt_count(p.obuf, w), 1);
     }
     /* then every line, in place (the buffers are cut into strings) */
     int next[2][3] = {{0}};
@@ -533,7 +427,7 @@ KT_TEST(kolorun_tag_none_timestamps_and_output_files, 20)
     for (int r = 0; r < 11; r++) {
         char line[64], path[256];
         snprintf(line, sizeof(line), "hello %d\n", r);
-        KT_EQ(count_of(p.obuf, line), 1);
+        KT_EQ(kt_count(p.obuf, line), 1);
         snprintf(path, sizeof(path), "%s/rank.%02d/stdout", dir, r);
         FILE *f = fopen(path, "r");
         KT_ASSERTF(f, "no %s", path);
@@ -553,7 +447,7 @@ KT_TEST(kolorun_tag_none_timestamps_and_output_files, 20)
         KT_ASSERTF(strcmp(buf, line) == 0, "%s holds '%s'", path, buf);
     }
     KT_ASSERT(strstr(p.obuf, "<stdout>") == NULL);
-    KT_EQ(count_of(p.obuf, "last\n"), 11);
+    KT_EQ(kt_count(p.obuf, "last\n"), 11);
 
     const char *args2[] = {"-np", "1", "--prefix-timestamp", "sh", "-c", "echo stamped", NULL};
     KT_EQ(run(&p, args2, 10), 0);
@@ -573,7 +467,7 @@ KT_TEST(kolorun_stdin_goes_to_rank_0_only, 10)
     KT_ASSERT(write(p.in, "hello\nworld\n", 12) == 12);
     close(p.in);
     p.in = -1;
-    KT_EQ(kp_finish(&p, 8), 0);
+    KT_EQ(kt_proc_finish(&p, 8), 0);
     KT_CONTAINS(p.obuf, "[0]<stdout>:r0:hello,world\n");
     KT_CONTAINS(p.obuf, "[1]<stdout>:r1:,\n");
 }
@@ -616,7 +510,7 @@ KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
     const char *args[] = {"-np", "4", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "pid ", 4, 10);
+    kt_proc_wait_for(&p, "pid ", 4, 10);
     pid_t pids[4];
     for (int r = 0; r < 4; r++) {
         char v[32];
@@ -627,7 +521,7 @@ KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
         KT_ASSERT(sscanf(s + strlen(pat), "%31s", v) == 1);
         pids[r] = (pid_t)atoi(v);
     }
-    KT_EQ(kp_finish(&p, 15), 9);
+    KT_EQ(kt_proc_finish(&p, 15), 9);
     double took = p.t_end - p.t0;
     KT_ASSERTF(took < 3.0, "kolorun took %.2f s", took);
     KT_CONTAINS(p.ebuf, "rank 2 on host localhost exited with code 9");
@@ -659,10 +553,10 @@ KT_TEST(kolorun_forwards_sigterm_to_workers, 15)
     const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "<stdout>:ready", 2, 10);
+    kt_proc_wait_for(&p, "<stdout>:ready", 2, 10);
     usleep(100000); /* the shells reach `wait` */
     kill(p.pid, SIGTERM);
-    KT_EQ(kp_finish(&p, 10), 128 + SIGTERM);
+    KT_EQ(kt_proc_finish(&p, 10), 128 + SIGTERM);
     KT_CONTAINS(p.obuf, "[0]<stdout>:got-term-0\n");
     KT_CONTAINS(p.obuf, "[1]<stdout>:got-term-1\n");
     KT_CONTAINS(p.ebuf, "got SIGTERM: passing it to 2 workers");
@@ -676,12 +570,12 @@ KT_TEST(kolorun_second_sigint_kills_at_once, 15)
     const char *args[] = {"-np", "2", "--grace-seconds", "20", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "<stdout>:ready", 2, 10);
+    kt_proc_wait_for(&p, "<stdout>:ready", 2, 10);
     kill(p.pid, SIGINT);
     usleep(200000);
     double t = now_s();
     kill(p.pid, SIGINT);
-    KT_EQ(kp_finish(&p, 10), 128 + SIGINT);
+    KT_EQ(kt_proc_finish(&p, 10), 128 + SIGINT);
     KT_ASSERTF(p.t_end - t < 2, "took %.2f s after the second SIGINT", p.t_end - t);
     KT_CONTAINS(p.ebuf, "second SIGINT");
     assert_no_descendants(3);
@@ -695,9 +589,9 @@ KT_TEST(kolorun_killed_launcher_takes_workers_along, 15)
     const char *args[] = {"-np", "3", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "pid ", 3, 10);
+    kt_proc_wait_for(&p, "pid ", 3, 10);
     kill(p.pid, SIGKILL);
-    kp_finish(&p, 10);
+    kt_proc_finish(&p, 10);
     KT_EQ(p.status, SIGKILL);
     assert_no_descendants(3);
     KT_ASSERT(strstr(p.obuf, "never") == NULL);
@@ -790,9 +684,9 @@ KT_TEST(kolorun_killed_launcher_stops_remote_workers, 20)
                           "echo \"pid $$\"; sleep 30", NULL};
     kproc p;
     kp_start(&p, args, false);
-    kp_wait_for(&p, "pid ", 2, 10);
+    kt_proc_wait_for(&p, "pid ", 2, 10);
     kill(p.pid, SIGKILL);
-    kp_finish(&p, 10);
+    kt_proc_finish(&p, 10);
     assert_no_descendants(5);
 }
 

@@ -165,128 +165,17 @@ static int enter_netns(const char *ns)
     return r;
 }
 
-typedef struct {
-    pid_t pid;
-    int out, err;
-    char *obuf, *ebuf;
-    size_t olen, elen, cap;
-    int status;
-    bool done;
-    double t0, t_end;
-} proc;
+typedef kt_proc proc;
+
+static int setup_netns(void *ns) { return enter_netns(ns); }
 
 /* Starts argv in network namespace ns (NULL: here) in a process group of its own, stdin
  * /dev/null, stdout and stderr captured. */
 static void proc_start(proc *p, const char *ns, const char *const *argv)
 {
-    memset(p, 0, sizeof(*p));
-    p->cap = 1 << 20;
-    p->obuf = calloc(1, p->cap + 1);
-    p->ebuf = calloc(1, p->cap + 1);
-    KT_ASSERT(p->obuf && p->ebuf);
-    int o[2], e[2];
-    KT_ASSERT(pipe2(o, O_CLOEXEC) == 0 && pipe2(e, O_CLOEXEC) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    p->t0 = now_s();
-    p->pid = fork();
-    KT_ASSERT(p->pid >= 0);
-    if (p->pid == 0) {
-        setpgid(0, 0);
-        int dn = open("/dev/null", O_RDONLY);
-        dup2(dn, 0);
-        dup2(o[1], 1);
-        dup2(e[1], 2);
-        if (ns && enter_netns(ns) != 0) {
-            fprintf(stderr, "cannot enter network namespace %s: %s\n", ns, strerror(errno));
-            _exit(98);
-        }
-        execv(argv[0], (char *const *)(uintptr_t)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(99);
-    }
-    setpgid(p->pid, p->pid);
-    close(o[1]);
-    close(e[1]);
-    p->out = o[0];
-    p->err = e[0];
-}
-
-/* Reads what is there, waiting up to timeout_ms. */
-static void proc_pump(proc *p, int timeout_ms)
-{
-    struct pollfd f[2] = {{.fd = p->out, .events = POLLIN}, {.fd = p->err, .events = POLLIN}};
-    if (p->out < 0 && p->err < 0) {
-        usleep((useconds_t)timeout_ms * 1000);
-        return;
-    }
-    if (poll(f, 2, timeout_ms) <= 0) return;
-    for (int k = 0; k < 2; k++) {
-        int *fd = k ? &p->err : &p->out;
-        if (*fd < 0 || !f[k].revents) continue;
-        char *buf = k ? p->ebuf : p->obuf;
-        size_t *len = k ? &p->elen : &p->olen;
-        ssize_t r = read(*fd, buf + *len, p->cap - *len);
-        if (r <= 0) {
-            close(*fd);
-            *fd = -1;
-        } else {
-            *len += (size_t)r;
-            buf[*len] = '\0';
-        }
-    }
-}
-
-static int count_of(const char *hay, const char *needle)
-{
-    int c = 0;
-    for (const char *s = hay; (s = strstr(s, needle)); s++) c++;
-    return c;
-}
-
-/* Pumps until stdout holds `needle` `count` times. */
-static void proc_wait_for(proc *p, const char *needle, int count, double timeout)
-{
-    double end = now_s() + timeout;
-    while (count_of(p->obuf, needle) < count) {
-        if (now_s() > end)
-            kt_fail(__FILE__, __LINE__, "no %d x '%s' within %.0f s; stdout:\n%s\nstderr:\n%s", count, needle, timeout,
-                    p->obuf, p->ebuf);
-        if (!p->done && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
-            p->done = true;
-            p->t_end = now_s();
-        }
-        if (p->done && p->out < 0 && p->err < 0)
-            kt_fail(__FILE__, __LINE__, "ended (status 0x%x) before %d x '%s'; stdout:\n%s\nstderr:\n%s", p->status,
-                    count, needle, p->obuf, p->ebuf);
-        proc_pump(p, 50);
-    }
-}
-
-/* Reads to the end and reaps; returns the exit code (128+N for a signal). A process that
- * overstays the timeout gets SIGKILL (its group) and fails the test. */
-static int proc_finish(proc *p, double timeout)
-{
-    double end = now_s() + timeout;
-    while (!p->done || p->out >= 0 || p->err >= 0) {
-        if (now_s() > end) {
-            kill(-p->pid, SIGKILL);
-            kt_fail(__FILE__, __LINE__, "%s did not finish within %.0f s; stdout:\n%s\nstderr:\n%s",
-                    p->done ? "its output" : "it", timeout, p->obuf, p->ebuf);
-        }
-        proc_pump(p, 20);
-        if (!p->done && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
-            p->done = true;
-            p->t_end = now_s();
-        }
-    }
-    return WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 128 + WTERMSIG(p->status);
-}
-
-static void proc_free(proc *p)
-{
-    free(p->obuf);
-    free(p->ebuf);
+    kt_proc_opts o = {.own_group = 1, .cap = 1 << 20, .child_setup = ns ? setup_netns : NULL,
+                      .arg = (void *)(uintptr_t)ns};
+    kt_proc_start(p, argv, &o);
 }
 
 /* ---- processes by network namespace ---- */
@@ -706,7 +595,7 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
                           "--start-timeout", "20", "--log-level", "info", kt_self(), "--worker", "mh_job", NULL};
     proc p;
     proc_start(&p, c.ns[NS_L], argv);
-    int rc = proc_finish(&p, 40);
+    int rc = kt_proc_finish(&p, 40);
     KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
     printf("  4 ranks on 2 hosts over ssh: %.2f s\n", p.t_end - p.t0);
 
@@ -731,13 +620,13 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
             KT_ASSERTF(strstr(p.ebuf, want), "no '%s' in stderr:\n%s", want, p.ebuf);
         }
     }
-    KT_EQ(count_of(p.obuf, "\n"), 4);
+    KT_EQ(kt_count(p.obuf, "\n"), 4);
     assert_all_tagged(p.obuf, "stdout", 4);
     assert_all_tagged(p.ebuf, "stderr", 4);
     KT_ASSERT(strstr(p.obuf, "kolorun-remote-started") == NULL && strstr(p.ebuf, "kolorun-remote-started") == NULL);
     assert_no_leftovers(&c, true, 0.5);
     assert_no_leftovers(&c, false, 5);
-    proc_free(&p);
+    kt_proc_free(&p);
     cluster_down(&c);
 }
 
@@ -760,7 +649,7 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
                           "--start-timeout", "20", "--grace-seconds", "2", kt_self(), "--worker", "mh_hold", "2", NULL};
     proc p;
     proc_start(&p, c.ns[NS_A], argv);
-    proc_wait_for(&p, " ready pid ", 4, 30);
+    kt_proc_wait_for(&p, " ready pid ", 4, 30);
     for (int r = 0; r < 4; r++) {
         char pat[64];
         snprintf(pat, sizeof(pat), "[%d]<stdout>:mh rank %d ready pid ", r, r);
@@ -776,7 +665,7 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
         }
     }
     double t_kill = now_s();
-    int rc = proc_finish(&p, 30);
+    int rc = kt_proc_finish(&p, 30);
     double took = p.t_end - t_kill;
     printf("  job down %.2f s after the kill\n", took);
     KT_ASSERTF(rc == 128 + SIGKILL, "kolorun exited %d, expected %d; stdout:\n%s\nstderr:\n%s", rc, 128 + SIGKILL, p.obuf,
@@ -789,7 +678,7 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
     KT_ASSERTF(strstr(p.ebuf, want) && strstr(p.ebuf, ": the first failure of this job"),
                "no root cause '%s...: the first failure of this job' in stderr:\n%s", want, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: exit code 137\n");
-    KT_EQ(count_of(p.ebuf, "the first failure of this job"), 1);
+    KT_EQ(kt_count(p.ebuf, "the first failure of this job"), 1);
     /* Ranks 0 and 1 lose rank 3 and exit with an error of their own, usually before b's ssh
      * has reported the death: then they are listed as failing at the same time, otherwise as
      * terminated. Rank 2 never ends by itself: terminated, then SIGKILLed on b. */
@@ -813,6 +702,6 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
     assert_all_tagged(p.ebuf, "stderr", 4);
     assert_no_leftovers(&c, true, 0.5);
     assert_no_leftovers(&c, false, 5);
-    proc_free(&p);
+    kt_proc_free(&p);
     cluster_down(&c);
 }
