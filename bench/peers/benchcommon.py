@@ -175,3 +175,62 @@ def timed(fn, iters, warmup, barrier):
     for _ in range(iters):
         fn()
     return (time.perf_counter() - t0) / iters
+
+
+def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier, label,
+               unsupported=(RuntimeError, NotImplementedError)):
+    """The sweep every torch-based peer runs: per dtype and collective, warm up at each band's
+    largest and smallest size, time every placement, verify, print nccl-tests rows (rank 0).
+
+    build(coll, dname, esize, sbuf, rbuf, req) -> (count, size, {placement: (prep, call, verify)})
+    or None; sum_all(x, torch_dtype, name) -> the sum over ranks; label names the library in
+    "not supported" lines. Returns the number of rows with wrong elements."""
+    maxb = max(b[1] for b in args.bands) + 64
+    failed = 0
+    for dname in args.dtypes:
+        dt = dtypes[dname]
+        esize = torch.tensor([], dtype=dt).element_size()
+        sbuf = torch.zeros(maxb // esize, dtype=dt)
+        rbuf = torch.zeros(maxb // esize, dtype=dt)
+        for coll in args.coll_list:
+            if rank == 0:
+                header(coll, dname, lib, n, args)
+            bws, wrong_rows = [], 0
+            try:
+                for req, iters, warmup, band in sweep(args.bands):
+                    if band:  # warm up at the band's largest, then smallest size
+                        for wreq in (band[1], band[0]):
+                            b = build(coll, dname, esize, sbuf, rbuf, wreq)
+                            if b:
+                                prep, call, _ = next(iter(b[2].values()))
+                                prep()
+                                for _ in range(warmup):
+                                    call()
+                    b = build(coll, dname, esize, sbuf, rbuf, req)
+                    if b is None:
+                        continue
+                    count, size, ops = b
+                    res = {}
+                    for place, (prep, call, verify) in ops.items():
+                        prep()
+                        sec = timed(call, iters, warmup, barrier)
+                        w = None
+                        if args.c:
+                            prep()
+                            call()
+                            w = int(sum_all(verify(), torch.int64,
+                                            "chk.%s.%s.%d.%s" % (coll, dname, size, place)))
+                            if w:
+                                wrong_rows += 1
+                        res[place] = (sum_all(sec, torch.float64,
+                                              "t.%s.%s.%d.%s" % (coll, dname, size, place)) / n * 1e6, w)
+                    if rank == 0:
+                        bws.append(row(coll, dname, size, count, root, res.get("oop"), res.get("ip"), n))
+            except unsupported as e:
+                if rank == 0:
+                    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    print("# %s %s: not supported by %s: %s" % (coll, dname, label, msg[:160]), flush=True)
+            failed += wrong_rows
+            if rank == 0:
+                footer(coll, wrong_rows, bws)
+    return failed

@@ -50,7 +50,6 @@ def main(argv):
     lib = "horovod_bench (horovod %s, torch %s, gloo)" % (horovod.__version__, torch.__version__)
     tdt = {"float32": torch.float32, "float16": torch.float16}
     root = args.r if 0 <= args.r < n else 0
-    maxb = max(b[1] for b in args.bands) + 64
 
     def pattern(r, count, offset=0):
         return bc.torch_pattern(torch, [r], count, offset)
@@ -121,55 +120,9 @@ def main(argv):
                                              pattern(r, per, rank * per)) for r in range(n)))}
         return count, size, ops
 
-    failed = 0
-    for dname in args.dtypes:
-        dt = tdt[dname]
-        esize = torch.tensor([], dtype=dt).element_size()
-        sbuf = torch.zeros(maxb // esize, dtype=dt)
-        rbuf = torch.zeros(maxb // esize, dtype=dt)
-        for coll in args.coll_list:
-            if rank == 0:
-                bc.header(coll, dname, lib, n, args)
-            bws, wrong_rows = [], 0
-            try:
-                for req, iters, warmup, band in bc.sweep(args.bands):
-                    if band:  # warm up at the band's largest, then smallest size
-                        for wreq in (band[1], band[0]):
-                            b = build(coll, dname, esize, sbuf, rbuf, wreq)
-                            if b:
-                                prep, call, _ = next(iter(b[2].values()))
-                                prep()
-                                for _ in range(warmup):
-                                    call()
-                    b = build(coll, dname, esize, sbuf, rbuf, req)
-                    if b is None:
-                        continue
-                    count, size, ops = b
-                    res = {}
-                    for place, (prep, call, verify) in ops.items():
-                        prep()
-                        sec = bc.timed(call, iters, warmup, barrier)
-                        w = None
-                        if args.c:
-                            prep()
-                            call()
-                            w = int(sum_all(verify(), torch.int64, "chk.%s.%s.%d.%s"
-                                            % (coll, dname, size, place)))
-                            if w:
-                                wrong_rows += 1
-                        res[place] = (sum_all(sec, torch.float64, "t.%s.%s.%d.%s"
-                                              % (coll, dname, size, place)) / n * 1e6, w)
-                    if rank == 0:
-                        bws.append(bc.row(coll, dname, size, count, root, res.get("oop"),
-                                          res.get("ip"), n))
-            except (RuntimeError, NotImplementedError, ValueError) as e:
-                if rank == 0:
-                    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    print("# %s %s: not supported by horovod %s (gloo): %s"
-                          % (coll, dname, horovod.__version__, msg[:160]), flush=True)
-            failed += wrong_rows
-            if rank == 0:
-                bc.footer(coll, wrong_rows, bws)
+    failed = bc.run_sweeps(torch, args, rank, n, root, lib, tdt, build, sum_all, barrier,
+                           "horovod %s (gloo)" % horovod.__version__,
+                           (RuntimeError, NotImplementedError, ValueError))
     barrier()
     hvd.shutdown()
     return 1 if failed else 0

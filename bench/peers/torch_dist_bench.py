@@ -62,7 +62,6 @@ def main(argv):
     tdt = {"float32": torch.float32, "float16": torch.float16}
     root = args.r if 0 <= args.r < n else 0
 
-    maxb = max(b[1] for b in args.bands) + 64
 
     def pattern(r, count, offset=0):
         return bc.torch_pattern(torch, [r], count, offset)
@@ -76,10 +75,10 @@ def main(argv):
     def barrier():
         dist.barrier()
 
-    def rank_avg_us(sec):
-        t = torch.tensor([sec], dtype=torch.float64)
+    def sum_all(x, dtype, name):
+        t = torch.tensor([x], dtype=dtype)
         dist.all_reduce(t)
-        return t.item() / n * 1e6
+        return t.item()
 
     def build(coll, dt, esize, sbuf, rbuf, req):
         """(count, size, ops) with ops: placement -> (prepare, call, verify), only the
@@ -114,55 +113,9 @@ def main(argv):
                                              pattern(r, per, rank * per)) for r in range(n)))}
         return count, size, ops
 
-    failed = 0
-    for dname in args.dtypes:
-        dt = tdt[dname]
-        esize = torch.tensor([], dtype=dt).element_size()
-        sbuf = torch.zeros(maxb // esize, dtype=dt)
-        rbuf = torch.zeros(maxb // esize, dtype=dt)
-        for coll in args.coll_list:
-            if rank == 0:
-                bc.header(coll, dname, lib, n, args)
-            bws, wrong_rows = [], 0
-            try:
-                for req, iters, warmup, band in bc.sweep(args.bands):
-                    if band:  # warm up at the band's largest, then smallest size
-                        for wreq in (band[1], band[0]):
-                            b = build(coll, dt, esize, sbuf, rbuf, wreq)
-                            if b:
-                                prep, call, _ = next(iter(b[2].values()))
-                                prep()
-                                for _ in range(warmup):
-                                    call()
-                    b = build(coll, dt, esize, sbuf, rbuf, req)
-                    if b is None:
-                        continue
-                    count, size, ops = b
-                    res = {}
-                    for place, (prep, call, verify) in ops.items():
-                        prep()
-                        sec = bc.timed(call, iters, warmup, barrier)
-                        w = None
-                        if args.c:
-                            prep()
-                            call()
-                            t = torch.tensor([verify()], dtype=torch.int64)
-                            dist.all_reduce(t)
-                            w = int(t.item())
-                            if w:
-                                wrong_rows += 1
-                        res[place] = (rank_avg_us(sec), w)
-                    if rank == 0:
-                        bws.append(bc.row(coll, dname, size, count, root, res.get("oop"),
-                                          res.get("ip"), n))
-            except (RuntimeError, NotImplementedError) as e:
-                if rank == 0:
-                    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    print("# %s %s: not supported by torch %s gloo: %s"
-                          % (coll, dname, torch.__version__, msg[:160]), flush=True)
-            failed += wrong_rows
-            if rank == 0:
-                bc.footer(coll, wrong_rows, bws)
+    failed = bc.run_sweeps(torch, args, rank, n, root, lib, tdt,
+                           lambda coll, dname, *rest: build(coll, tdt[dname], *rest),
+                           sum_all, barrier, "torch %s gloo" % torch.__version__)
     dist.barrier()
     dist.destroy_process_group()
     return 1 if failed else 0
