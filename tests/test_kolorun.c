@@ -201,6 +201,7 @@ KT_TEST(kolorun_help_env_check_build_version, 10)
     KT_CONTAINS(p.obuf, "[X] shm");
     KT_CONTAINS(p.obuf, "[X] tcp");
     KT_CONTAINS(p.obuf, "mpirun");
+    KT_CONTAINS(p.obuf, "[X] PyTorch");
     const char *a3[] = {"--help", NULL};
     KT_EQ(run(&p, a3, 5), 0);
     KT_CONTAINS(p.obuf, "usage: kolorun -np N");

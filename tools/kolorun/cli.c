@@ -89,12 +89,14 @@ static int print_check_build(void)
 {
     printf("kolo v%s:\n\n", KOLO_VERSION_STRING);
     printf("Available transports:\n"
-           "    [X] shm  (shared memory between ranks of one host)\n"
+           "    [X] shm  (shared memory between ranks of one host; single-copy CMA with KOLO_SHM_CMA=1)\n"
            "    [X] tcp  (between hosts; also on one host with KOLO_TRANSPORT=tcp)\n\n");
-    /* Honest status: the bindings are planned (python/kolo) but none ships in this build yet. */
-    printf("Available frameworks (python/kolo over libkolo.so):\n"
-           "    [ ] NumPy        [ ] PyTorch        [ ] TensorFlow/Keras\n"
-           "    (the Python bindings are not built yet; C programs link libkolo directly)\n\n");
+    /* The bindings are pure Python over libkolo.so (python/kolo): nothing here is compiled
+     * against a framework, so what a given interpreter can import is its own business. */
+    printf("Available frameworks (python/kolo over libkolo.so, pure Python, nothing compiled):\n"
+           "    [X] NumPy        [X] PyTorch        [ ] TensorFlow/Keras\n"
+           "    (check an interpreter with: python3 -c 'import kolo.torch')\n\n");
+    printf("Engine: named asynchronous requests, negotiation, response cache, fusion, timeline\n\n");
     printf("Launchers kolo workers start under (environment detection, no MPI library linked):\n"
            "    [X] kolorun      (KOLO_*)\n"
            "    [X] horovodrun --gloo (HOROVOD_* + HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT)\n"
