@@ -69,8 +69,9 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         kolo__coll_finish_scale(recv, count, dtype, op, post, 1);
         return KOLO_OK;
     }
-    if (count * es <= small_max() || count < (size_t)n || n > 64)
-        if (n <= 64) return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+    /* the one-round exchange posts 2(n-1) messages at once; beyond 64 members the ring wins anyway */
+    if (n <= 64 && (count * es <= small_max() || count < (size_t)n))
+        return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
 
     size_t offs[1024], cnts[1024];
     if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
