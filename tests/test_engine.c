@@ -216,7 +216,9 @@ static void fusion(int rank, void *arg)
     kolo_engine_stats_t st;
     KT_OK(kolo_engine_stats(&st));
     KT_ASSERTF(st.fused_collectives > 0, "fusion on: no fused collective");
-    KT_ASSERTF(st.collectives <= 6, "fusion on: %llu collectives", (unsigned long long)st.collectives);
+    /* how many cycles the submissions spread over depends on scheduling (slower under TSan):
+     * fusion must only have run fewer collectives than tensors */
+    KT_ASSERTF(st.collectives < FT, "fusion on: %llu collectives for %d tensors", (unsigned long long)st.collectives, FT);
     KT_OK(kolo_shutdown());
     setenv("KOLO_FUSION_THRESHOLD", "0", 1);
     KT_OK(kolo_init());
