@@ -367,8 +367,9 @@ KOLO_EXTERN int kolo_engine_stats(kolo_engine_stats_t *out);
 
 /* ---- Testing hooks ------------------------------------------------------------
  * For tests that prove failure paths: make the Nth allocation (counting from
- * 1 at this call) or the Nth transport send fail. 0 disables. Process-wide;
- * not for production use. */
+ * 1 at this call) or the Nth transport send made BY THE CALLING THREAD fail
+ * (so the engine thread's own work neither consumes nor suffers it). 0
+ * disables. Not for production use. */
 KOLO_EXTERN void kolo_test_fail_alloc(long nth);
 KOLO_EXTERN void kolo_test_fail_send(long nth);
 

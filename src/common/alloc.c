@@ -1,20 +1,21 @@
 /* alloc.c - the library's allocator, with the fault-injection hooks that tests use. */
 #include "common.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 
-static atomic_long alloc_countdown; /* fail when it reaches 0 on decrement; <= 0 disabled */
-static atomic_long send_countdown;
+/* Per thread: a test arms the hook for its own calls, and the engine thread's allocations and
+ * sends (which run at any time) can neither consume the failure nor be hit by it.
+ * Fires when the countdown reaches 0 on decrement; <= 0 is disabled. */
+static _Thread_local long alloc_countdown;
+static _Thread_local long send_countdown;
 
-void kolo_test_fail_alloc(long nth) { atomic_store(&alloc_countdown, nth); }
-void kolo_test_fail_send(long nth) { atomic_store(&send_countdown, nth); }
+void kolo_test_fail_alloc(long nth) { alloc_countdown = nth; }
+void kolo_test_fail_send(long nth) { send_countdown = nth; }
 
-static bool fire(atomic_long *c)
+static bool fire(long *c)
 {
-    long v = atomic_load_explicit(c, memory_order_relaxed);
-    if (KOLO_LIKELY(v <= 0)) return false;
-    return atomic_fetch_sub(c, 1) == 1;
+    if (KOLO_LIKELY(*c <= 0)) return false;
+    return --*c == 0;
 }
 
 bool kolo__inject_send_failure(void) { return fire(&send_countdown); }
