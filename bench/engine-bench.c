@@ -210,5 +210,6 @@ int main(int argc, char **argv)
     }
     if (o.np < 1 || o.np > 64 || o.iters < 1 || o.warmup < 0 || o.small_steps < 1) return 2;
     if (getenv("KOLO_RANK") || o.np == 1) return run(&o);
-    return bench_local_job(o.np, "engine-bench", run_rank, &o);
+    /* not bound: each rank has a background engine thread beside its main thread */
+    return bench_local_job(o.np, 0, "engine-bench", run_rank, &o);
 }

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ typedef struct opts {
     enum coll coll;
     size_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, root, np, avg_mode;
+    int iters, warmup, check, root, np, avg_mode, bind;
     kolo_dtype_t dtype;
     kolo_op_t op;
 } opts;
@@ -106,6 +107,8 @@ static void usage(FILE *f)
             "  -r ROOT   broadcast root (default 0)\n"
             "  -a 0|1|2|3  time reported: rank 0's, the average (default), min or max across ranks\n"
             "  -np N     fork N local ranks (when no launcher started us)\n"
+            "  --bind core|none  with -np: bind each rank to its own CPU while there are enough\n"
+            "            (default core, as mpirun does; a launcher's ranks are left as it placed them)\n"
             "  --version print the library's build information\n");
 }
 
@@ -376,6 +379,10 @@ static int bench(const opts *o)
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
         printf("# transport to rank 1: %s\n", n > 1 ? kolo_peer_transport(1) : "self");
+        cpu_set_t cpus;
+        if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1)
+            for (int c = 0; c < CPU_SETSIZE; c++)
+                if (CPU_ISSET(c, &cpus)) printf("# rank 0 bound to cpu %d\n", c);
         printf("#\n");
         printf("#%68s%31s\n", "out-of-place", "in-place");
         printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
@@ -477,7 +484,7 @@ static int bench_rank(void *arg) { return bench(arg); }
 
 int main(int argc, char **argv)
 {
-    opts o = {.coll = ALLREDUCE, .minb = 8, .maxb = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
+    opts o = {.coll = ALLREDUCE, .minb = 8, .maxb = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1, .bind = 1,
               .dtype = KOLO_FLOAT32, .op = KOLO_SUM, .avg_mode = 1};
     int i = 1;
     if (i < argc && argv[i][0] != '-') {
@@ -520,6 +527,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-c")) o.check = (int)strtol(v, &end, 10), bad = *end;
         else if (!strcmp(a, "-r")) o.root = (int)strtol(v, &end, 10), bad = *end || o.root < 0;
         else if (!strcmp(a, "-a")) o.avg_mode = (int)strtol(v, &end, 10), bad = *end || o.avg_mode < 0 || o.avg_mode > 3;
+        else if (!strcmp(a, "--bind")) o.bind = !strcmp(v, "core"), bad = !o.bind && strcmp(v, "none");
         else if (!strcmp(a, "-np")) o.np = (int)strtol(v, &end, 10), bad = *end || o.np < 1 || o.np > 256;
         else if (!strcmp(a, "-d")) bad = parse_dtype(v, &o.dtype);
         else if (!strcmp(a, "-o")) bad = parse_op(v, &o.op);
@@ -540,6 +548,6 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     bool launched = getenv("KOLO_RANK") || getenv("HOROVOD_RANK") || getenv("RANK") ||
                     getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
-    if (o.np > 1 && !launched) return bench_local_job(o.np, "kolo-bench", bench_rank, &o);
+    if (o.np > 1 && !launched) return bench_local_job(o.np, o.bind, "kolo-bench", bench_rank, &o);
     return bench(&o);
 }
