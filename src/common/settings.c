@@ -39,7 +39,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
-                          "microseconds a waiting rank busy-polls before it starts yielding its core"},
+                          "microseconds a waiting rank busy-polls before it starts yielding its core (0 when "
+                          "a host has more ranks than cores)"},
     [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
                                    "bytes of tensors fused into one collective; 0 disables fusion"},
     [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",
@@ -84,6 +85,11 @@ const char *kolo__setting_str(kolo_setting_t s)
         while (*a == ' ') a++;
     }
     return info->def;
+}
+
+bool kolo__setting_is_set(kolo_setting_t s)
+{
+    return kolo__setting_str(s) != table[s].def;
 }
 
 long kolo__setting_long(kolo_setting_t s)

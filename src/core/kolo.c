@@ -6,9 +6,11 @@
 #include "../engine/engine.h"
 #include "../reduce/reduce.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 kolo__world kolo__W = {.direct_lock = PTHREAD_MUTEX_INITIALIZER, .pset_lock = PTHREAD_MUTEX_INITIALIZER};
 #define W kolo__W
@@ -87,6 +89,25 @@ static void compute_topology(void)
     W.cross_size = cs;
 }
 
+/* Busy-polling pays only while every rank of this host has a core to itself: with more local
+ * ranks than cores, a waiter that spins holds the core its peer needs to produce what it waits
+ * for, and every step of a collective costs a whole spin period. So, unless KOLO_SPIN_US is set,
+ * an oversubscribed host yields at once (Open MPI's yield_when_idle does the same). The cores
+ * counted are the ones this process may run on, or all online ones when it was bound to a single
+ * core (a launcher that binds ranks has already given each its own). */
+static void choose_spin(void)
+{
+    if (kolo__setting_is_set(KOLO_SET_SPIN_US)) return;
+    cpu_set_t set;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
+    if (cpus < 1 || W.local_size <= cpus) return;
+    KOLO_INFO("%d ranks on this host share %ld cores: waiting ranks yield at once instead of spinning", W.local_size,
+              cpus);
+    for (int c = 0; c < KOLO_NCHANNELS; c++)
+        if (W.mesh[c]) W.mesh[c]->spin_ns = 0;
+}
+
 static void teardown(void)
 {
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
@@ -144,6 +165,7 @@ int kolo_init(void)
         if (st != KOLO_OK) goto fail;
     }
     compute_topology();
+    choose_spin();
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
     if (W.info.rdv_serve && W.info.size > 1) {
