@@ -285,12 +285,12 @@ static bool shm_abort_reason(kolo__conn *c, char *buf, size_t cap)
 const kolo__transport kolo__shm_transport = {"shm",     shm_progress, shm_close, shm_goodbye, shm_left_cleanly,
                                              shm_abort, shm_abort_reason};
 
-static int map_segment(kolo__conn *c, int fd, size_t ring, int creator)
+static int map_segment(kolo__conn *c, int fd, size_t ring, int creator, int populate)
 {
     shm_priv *s = kolo__calloc(1, sizeof(*s));
     if (!s) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a shared-memory connection");
     s->maplen = seg_len(ring);
-    s->base = mmap(NULL, s->maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    s->base = mmap(NULL, s->maplen, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (s->base == MAP_FAILED) {
         int e = errno;
         kolo__free(s);
@@ -317,7 +317,7 @@ static size_t ring_pow2(size_t ring)
     return r;
 }
 
-int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring)
+int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate)
 {
     ring = ring_pow2(ring);
     uint64_t nonce;
@@ -332,7 +332,7 @@ int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring)
         shm_unlink(name);
         return kolo__err_sys(e, "sizing shared memory %s to %zu bytes (is /dev/shm full?)", name, seg_len(ring));
     }
-    int st = map_segment(c, fd, ring, 1);
+    int st = map_segment(c, fd, ring, 1, populate);
     close(fd);
     if (st != KOLO_OK) {
         shm_unlink(name);
@@ -343,7 +343,7 @@ int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring)
     return KOLO_OK;
 }
 
-int kolo__shm_open(kolo__conn *c, const char *name, size_t ring)
+int kolo__shm_open(kolo__conn *c, const char *name, size_t ring, int populate)
 {
     ring = ring_pow2(ring);
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
@@ -353,7 +353,7 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring)
         close(fd);
         return kolo__err(KOLO_ERR_PROTOCOL, "shared memory %s has the wrong size", name);
     }
-    int st = map_segment(c, fd, ring, 0);
+    int st = map_segment(c, fd, ring, 0, populate);
     close(fd);
     if (st != KOLO_OK) return st;
     /* the name embeds the creator's token: it must match what we mapped */

@@ -167,9 +167,10 @@ const char *kolo__peer_name(const kolo__mesh *m, int peer);
 
 /* ---- Transport set-up hooks used by mesh.c ---- */
 int kolo__tcp_attach(kolo__conn *c);
-/* Lower rank creates the segment; returns the name to send to the peer. */
-int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size);
-int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size);
+/* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
+ * its pages faulted in (MAP_POPULATE), so the first messages do not pay a page fault each. */
+int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
+int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
  * if a process dies later). */
 void kolo__shm_unlink(const char *name);
