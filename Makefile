@@ -45,7 +45,7 @@ AR_  := $(O)/lib/libkolo.a
 BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
 TESTBIN := $(O)/tests/kolo-tests
 
-.PHONY: all lib test test-c test-python test-install demo deps install clean check-build bench-compare
+.PHONY: all lib test test-c test-python test-install demo deps install clean check-build bench-compare bench-train
 
 all: lib $(BINS) $(TESTBIN)
 lib: $(SO) $(AR_)
@@ -134,6 +134,13 @@ demo: deps
 bench-compare: deps
 	$(MAKE) all
 	sh bench/compare.sh
+
+# End-to-end training throughput: kolo, Horovod and PyTorch DDP (gloo) on the synthetic benchmark,
+# 1 and 2 workers, medians of interleaved repetitions (bench/README.md). Horovod is used when it is
+# installed (make bench-compare builds it). Extra arguments: KOLO_TRAIN_ARGS="--reps 5 -- --model resnet20".
+bench-train: deps
+	$(MAKE) all
+	/usr/bin/python3 bench/train_compare.py $(KOLO_TRAIN_ARGS)
 
 check-build: all
 	$(O)/bin/kolo-bench --version

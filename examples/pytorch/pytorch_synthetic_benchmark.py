@@ -3,12 +3,18 @@
 images/sec per worker and in total.
 
     kolorun -np 2 python3 examples/pytorch/pytorch_synthetic_benchmark.py            # kolo
+    horovodrun -np 2 -H localhost:2 --gloo \\
+        python3 examples/pytorch/pytorch_synthetic_benchmark.py --framework horovod   # Horovod, gloo
     kolorun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29511 \\
-        python3 examples/pytorch/pytorch_synthetic_benchmark.py --ddp                 # PyTorch DDP, gloo
+        python3 examples/pytorch/pytorch_synthetic_benchmark.py --framework ddp       # PyTorch DDP, gloo
+
+kolo and Horovod run the very same code: only the import differs (`import kolo.torch as hvd` or
+`import horovod.torch as hvd`). DDP wraps the model instead of the optimizer.
 
 The model is defined here (no torchvision needed): a ResNet for small images, resnet18
 (11 M parameters, 45 MB of gradients per step) or resnet20 (0.27 M). Each worker uses
-cpu_count / local_size threads unless --threads says otherwise.
+cpu_count / local_size threads unless --threads says otherwise. bench/train_compare.py runs all three
+side by side.
 """
 
 import argparse
@@ -31,11 +37,17 @@ parser.add_argument("--batch-size", type=int, default=32, help="input batch size
 parser.add_argument("--num-warmup-batches", type=int, default=3, help="batches before timing")
 parser.add_argument("--num-batches-per-iter", type=int, default=5, help="batches per benchmark iteration")
 parser.add_argument("--num-iters", type=int, default=5, help="benchmark iterations")
-parser.add_argument("--fp16-allreduce", action="store_true", help="kolo: send gradients as float16")
+parser.add_argument("--fp16-allreduce", action="store_true",
+                    help="kolo and Horovod: send gradients as float16")
 parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cpus / local size)")
-parser.add_argument("--ddp", action="store_true",
-                    help="use torch.distributed DistributedDataParallel (gloo) instead of kolo")
+parser.add_argument("--framework", choices=["kolo", "horovod", "ddp"], default="kolo",
+                    help="kolo.torch, horovod.torch (same code, other import) or torch DistributedDataParallel (gloo)")
+parser.add_argument("--ddp", action="store_true", help="the same as --framework ddp")
 args = parser.parse_args()
+if args.ddp:
+    if args.framework not in ("kolo", "ddp"):  # kolo is the default, so it may not have been given
+        parser.error("--ddp contradicts --framework %s" % args.framework)
+    args.framework = "ddp"
 
 
 class BasicBlock(nn.Module):
@@ -81,24 +93,32 @@ def make_model(name):
     return ResNet([16, 32, 64], [3, 3, 3])
 
 
-if args.ddp:
+if args.framework == "ddp":
     import torch.distributed as dist
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     framework = "PyTorch DDP (gloo)"
 else:
-    import kolo.torch as hvd
+    # The one line that differs between kolo and Horovod; everything below uses hvd alike.
+    if args.framework == "horovod":
+        import horovod.torch as hvd
+    else:
+        import kolo.torch as hvd
     hvd.init()
     rank, size, local_size = hvd.rank(), hvd.size(), hvd.local_size()
-    framework = "kolo"
+    if args.framework == "horovod":
+        import horovod
+        framework = "Horovod %s (%s)" % (horovod.__version__, "gloo" if hvd.gloo_enabled() else "mpi")
+    else:
+        framework = "kolo"
 
 torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_size))
 torch.manual_seed(1234)
 
 model = make_model(args.model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
-if args.ddp:
+if args.framework == "ddp":
     model = nn.parallel.DistributedDataParallel(model)
 else:
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -144,9 +164,9 @@ img_sec_mean = float(np.mean(img_secs))
 img_sec_conf = float(1.96 * np.std(img_secs))
 log("Img/sec per worker: %.1f +-%.1f" % (img_sec_mean, img_sec_conf))
 log("Total img/sec on %d worker(s): %.1f +-%.1f" % (size, size * img_sec_mean, size * img_sec_conf))
-log("RESULT framework=%s workers=%d img_per_sec=%.2f" % ("ddp" if args.ddp else "kolo", size, size * img_sec_mean))
+log("RESULT framework=%s workers=%d img_per_sec=%.2f" % (args.framework, size, size * img_sec_mean))
 
-if args.ddp:
+if args.framework == "ddp":
     dist.destroy_process_group()
 else:
     hvd.shutdown()

@@ -184,20 +184,57 @@ def test_training_example_learns_and_checkpoints(tmp_path):
     assert "epoch 3/3" in p.stdout and "epoch 1/3" not in p.stdout
 
 
-@pytest.mark.parametrize("ddp", [False, True])
-def test_synthetic_benchmark_runs(tmp_path, ddp):
+def horovod_unavailable():
+    """Why the Horovod path cannot run here (None when it can): Horovod is not part of `make test`."""
+    p = subprocess.run([PY, "-c", "import horovod.torch as h; print(h.gloo_built())"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, cwd="/")
+    if p.returncode != 0:
+        return "horovod.torch does not import with %s (make bench-compare builds Horovod 0.28.1): %s" % (
+            PY, (p.stderr.strip().splitlines() or ["?"])[-1])
+    if p.stdout.strip() != "True":
+        return "Horovod is built without Gloo"
+    if not shutil.which("horovodrun"):
+        return "horovodrun is not on PATH"
+    return None
+
+
+# The same script under kolo, under Horovod (only the import differs) and under DDP (--ddp, the alias
+# of --framework ddp): each starts, trains a step and prints the line bench/train_compare.py reads.
+@pytest.mark.parametrize("framework", ["kolo", "horovod", "ddp"])
+def test_synthetic_benchmark_runs(tmp_path, framework):
     script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_benchmark.py")
-    cmd = [KOLORUN, "-np", "2"]
-    if ddp:
+    bench = [PY, script, "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
+             "--num-batches-per-iter", "1", "--num-iters", "2", "--threads", "1"]
+    if framework == "horovod":
+        why = horovod_unavailable()
+        if why:
+            pytest.skip(why)
+        cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"] + bench + ["--framework", "horovod"]
+    elif framework == "ddp":
         import socket
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        cmd += ["-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % port]
-    cmd += [PY, script, "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
-            "--num-batches-per-iter", "1", "--num-iters", "2", "--threads", "1"] + (["--ddp"] if ddp else [])
+        cmd = [KOLORUN, "-np", "2", "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % port] + bench + ["--ddp"]
+    else:
+        cmd = [KOLORUN, "-np", "2"] + bench
     p = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=240)
     assert p.returncode == 0, p.stdout
     assert re.search(r"Total img/sec on 2 worker\(s\): [\d.]+", p.stdout), p.stdout
+    assert re.search(r"RESULT framework=%s workers=2 img_per_sec=[\d.]+" % framework, p.stdout), p.stdout
+
+
+def test_train_compare_writes_its_table(tmp_path):
+    # The driver end to end on the smallest job: one framework, one worker count, one repetition.
+    driver = os.path.join(ROOT, "bench", "train_compare.py")
+    p = subprocess.run([PY, driver, "--reps", "1", "--workers", "2", "--frameworks", "kolo",
+                        "--results-dir", str(tmp_path), "--timeout", "60", "--", "--model", "resnet20",
+                        "--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                        "--num-iters", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
+    assert p.returncode == 0, p.stdout
+    (md,) = [f for f in os.listdir(tmp_path) if f.endswith("-train-compare.md")]
+    text = (tmp_path / md).read_text()
+    assert re.search(r"\| kolo \| [\d.]+ \|", text), text
+    assert "kolorun -np N" in text and "torch " in text and "git " in text and "RAM" in text, text
