@@ -31,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "bench")
 KOLO_BENCH = os.path.join(ROOT, "build", "bin", "kolo-bench")
+ENGINE_BENCH = os.path.join(ROOT, "build", "bin", "engine-bench")
 KOLORUN = os.path.join(ROOT, "build", "bin", "kolorun")
 PY = "/usr/bin/python3"  # Debian's python: python3-torch and Horovod live there
 COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
@@ -885,9 +886,39 @@ class Report:
                          "%.2f" % o["cpu"] if o["cpu"] is not None else "—", NCPU,
                          _met(len(o["rows"]) == len(OVERSUB_SIZES) and wrong == 0
                               and not o["fails"], None)))
-        L.append("| ResNet-50-sized step, timeline overhead, PyTorch end-to-end | not measured "
-                 "by this harness yet | — |")
+        L += self.md_engine_targets()
         L.append("")
+        return L
+
+    def md_engine_targets(self):
+        """The engine's and the end-to-end targets: from engine_check, and from the latest
+        bench/results/*-train-compare.md (make bench-train)."""
+        L = []
+        e = getattr(self, "engine", None) or {}
+        if e.get("ratio"):
+            r = statistics.median(e["ratio"])
+            L.append("| ResNet-50-sized step through the engine ≤ 1.15 × one direct allreduce of the "
+                     "same bytes (engine-bench, 2 ranks) | %.2f× (median of %d; %s) | %s |" % (
+                         r, len(e["ratio"]), ", ".join("%.2f" % x for x in e["ratio"]),
+                         _met(r <= 1.15, 1.15 / r)))
+        else:
+            L.append("| ResNet-50-sized step through the engine ≤ 1.15 × direct allreduce | not "
+                     "measured in this run%s | — |" % (": " + e["why"] if e.get("why") else ""))
+        if e.get("off") and e.get("on"):
+            off, on = statistics.median(e["off"]), statistics.median(e["on"])
+            ov = on / off - 1
+            L.append("| timeline on costs ≤ 3 %% of the engine step | %+.1f %% (step median %.1f ms with, "
+                     "%.1f ms without, interleaved) | %s |" % (
+                         100 * ov, on, off, _met(ov <= 0.03, 1.03 / (1 + ov))))
+        tc = latest_train_compare(self.args.out)
+        if tc:
+            name, ratios = tc
+            for peer, x in ratios:
+                L.append("| PyTorch synthetic benchmark, 2 workers: kolo ≥ %s (`%s`, make bench-train) "
+                         "| %.2f× | %s |" % (peer, name, x, _met(x >= 1.0, x)))
+        else:
+            L.append("| PyTorch synthetic benchmark against Horovod and DDP | no "
+                     "`*-train-compare.md` in the results directory (run `make bench-train`) | — |")
         return L
 
     def md_bound(self):
@@ -1142,6 +1173,50 @@ fig.suptitle(cfg["title"]); fig.tight_layout(); fig.savefig(cfg["png"], dpi=90)
 OVERSUB_SIZES = [(8, 20, 5), (64 << 10, 10, 2), (4 << 20, 5, 1)]  # (size, iters, warmup)
 
 
+def latest_train_compare(outdir):
+    """(file name, [(peer, kolo/peer at 2 workers)]) from the newest *-train-compare.md, or None."""
+    files = sorted(f for f in os.listdir(outdir) if f.endswith("-train-compare.md")) if os.path.isdir(outdir) else []
+    if not files:
+        return None
+    with open(os.path.join(outdir, files[-1])) as f:
+        text = f.read()
+    got = [(m.group(1), float(m.group(2))) for m in
+           re.finditer(r"kolo / (.+?) with 2 workers: \**([0-9.]+)x", text)]
+    return (files[-1], got) if got else None
+
+
+def engine_check(a, logdir, reps=3):
+    """engine-bench -np 2, interleaved with and without the timeline: the engine's step against a
+    direct allreduce of the same bytes, and what the timeline costs."""
+    out = {"ratio": [], "off": [], "on": []}
+    if not os.access(ENGINE_BENCH, os.X_OK):
+        out["why"] = "engine-bench not built"
+        return out
+    cmd = [ENGINE_BENCH, "-np", "2", "-n", "10", "-w", "2"]
+    tl = os.path.join(logdir, "engine-timeline.json")
+    with open(os.path.join(logdir, "engine-bench.log"), "w") as log:
+        for rep in range(reps):
+            for on in ((False, True) if rep % 2 == 0 else (True, False)):
+                env = {"KOLO_TIMELINE": tl if on else None}
+                text, rc, to, _ = run_launch(Launch(cmd, env), 300, log)
+                log.write(text)
+                step = re.search(r"engine step .*?median\s+([0-9.]+) ms", text)
+                ratio = re.search(r"ratio engine / direct\s+([0-9.]+)", text)
+                if rc or to or not step:
+                    out["why"] = "engine-bench failed (exit %s%s); see %s" % (
+                        rc, ", timed out" if to else "", os.path.relpath(log.name, ROOT))
+                    continue
+                out["on" if on else "off"].append(float(step.group(1)))
+                if not on and ratio:
+                    out["ratio"].append(float(ratio.group(1)))
+                print("compare: engine-bench rep %d timeline %-3s step %s ms%s" % (
+                    rep + 1, "on" if on else "off", step.group(1),
+                    ", engine/direct " + ratio.group(1) if ratio and not on else ""), flush=True)
+    if os.path.exists(tl):
+        os.remove(tl)
+    return out
+
+
 def oversub_check(a, running, logdir, run):
     """kolo (and Open MPI, which yields when oversubscribed, for reference) at more ranks than
     cores: allreduce float32 at a few sizes, checked, once. Returns a list of result dicts."""
@@ -1307,8 +1382,9 @@ def main(argv):
             rep_times.append(time.monotonic() - t_rep)
             reps_done += 1
         oversub = oversub_check(a, running, logdir, run)
+        engine = engine_check(a, logdir) if any(p.family == "kolo" for p in running) else {}
     except KeyboardInterrupt:
-        oversub = []
+        oversub, engine = [], {}
         notes.append("interrupted by the user after %d repetitions" % reps_done)
         print("\ncompare: interrupted; writing what was measured", flush=True)
 
@@ -1331,6 +1407,7 @@ def main(argv):
                  elapsed, run.loads, reps_done)
     rep.cpu = run.cpu
     rep.oversub = oversub
+    rep.engine = engine
     rep.waited = run.waited
     prefix = stamp + ("-quick" if a.quick else "")
     pngs = [] if a.no_plots else plot(rep, prefix)
