@@ -13,6 +13,8 @@
 
 #include "local_job.h"
 
+#include "../src/core/world.h"
+
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -378,7 +380,9 @@ static int bench(const opts *o)
                o->minb, o->maxb, o->step ? (double)o->step : o->factor, o->step ? "bytes" : "factor", o->warmup,
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
-        printf("# transport to rank 1: %s\n", n > 1 ? kolo_peer_transport(1) : "self");
+        int cma = n > 1 ? kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) : -1;
+        printf("# transport to rank 1: %s%s\n", n > 1 ? kolo_peer_transport(1) : "self",
+               cma == 1 ? " (single-copy CMA from 128 KiB)" : cma == 0 ? " (ring copies)" : "");
         cpu_set_t cpus;
         if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1)
             for (int c = 0; c < CPU_SETSIZE; c++)

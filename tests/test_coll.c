@@ -3,6 +3,8 @@
  * default algorithms and with the ring forced on small buffers with tiny chunks. */
 #include "kt.h"
 
+#include "../src/core/world.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -278,6 +280,63 @@ CONF_TCP(5)
 CONF_RING(2)
 CONF_RING(3)
 CONF_RING(4)
+
+/* KOLO_SHM_CMA: with auto (the default) the host's ranks time both paths and then all agree:
+ * every shared-memory connection of every rank, on both channels, sends large messages the
+ * same way. With 0 or 1 they do what they are told. A pair that cannot do CMA (-1: the probe
+ * failed, e.g. under a strict ptrace policy) counts as agreeing. Collectives work after. */
+static void cma_mode(int rank, void *arg)
+{
+    const char *mode = arg;
+    KT_OK(kolo_init());
+    int n = kolo_size(), mine = -1;
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
+        for (int p = 0; p < n; p++) {
+            int s = kolo__shm_cma_state(kolo__W.mesh[ch]->conns[p]);
+            if (s < 0) continue;
+            if (mine < 0) mine = s;
+            KT_ASSERTF(s == mine, "rank %d: channel %d peer %d sends %s, others %s", rank, ch, p,
+                       s ? "by CMA" : "by ring", mine ? "by CMA" : "by ring");
+        }
+    if (mode[0] != 'a' && mine >= 0) KT_EQ(mine, mode[0] - '0');
+    int all[8];
+    KT_OK(kolo_allgather(&mine, 1, all, NULL, KOLO_INT32, KOLO_WORLD));
+    for (int r = 0; r < n; r++)
+        KT_ASSERTF(all[r] == all[0] || all[r] < 0 || all[0] < 0, "rank %d chose %d, rank 0 %d", r, all[r], all[0]);
+    size_t count = (size_t)1 << 20; /* 4 MiB: above the single-copy threshold */
+    float *x = malloc(count * 4), *y = malloc(count * 4);
+    KT_ASSERT(x && y);
+    for (size_t i = 0; i < count; i++) x[i] = (float)(i % 100 + (size_t)rank);
+    KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++)
+        KT_ASSERTF(y[i] == (float)(n * (int)(i % 100) + n * (n - 1) / 2), "[%zu] = %g", i, (double)y[i]);
+    free(x);
+    free(y);
+}
+
+KT_TEST(shm_cma_auto_agrees, 60)
+{
+    static char a[] = "auto", one[] = "1", zero[] = "0";
+    kt_job_opts o = {.env = {NULL}};
+    KT_EQ(kt_job(3, cma_mode, a, &o, NULL), 0);
+    kt_job_opts on = {.env = {"KOLO_SHM_CMA=1"}}, off = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(2, cma_mode, one, &on, NULL), 0);
+    KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
+}
+
+static void cma_bad_value(int rank, void *arg)
+{
+    (void)rank, (void)arg;
+    KT_EQ(kolo_init(), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "KOLO_SHM_CMA='sometimes' is not one of auto, 0, 1");
+    exit(0); /* the other rank fails the same way; there is no job to shut down */
+}
+
+KT_TEST(shm_cma_bad_value_refused, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=sometimes"}};
+    KT_EQ(kt_job(2, cma_bad_value, NULL, &o, NULL), 0);
+}
 
 /* single-copy reads (off by default) stay correct: every message from 4 KiB on goes through CMA */
 KT_TEST(conformance_shm_cma_np3, 120)

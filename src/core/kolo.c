@@ -31,7 +31,7 @@ const char *kolo_build_info(void)
 {
     static char buf[256];
     if (!buf[0])
-        snprintf(buf, sizeof(buf), "kolo %s; transports: shm (ring copies; single-copy CMA with KOLO_SHM_CMA=1), tcp; kernels: %s", KOLO_VERSION_STRING,
+        snprintf(buf, sizeof(buf), "kolo %s; transports: shm (ring copies or single-copy CMA, KOLO_SHM_CMA), tcp; kernels: %s", KOLO_VERSION_STRING,
                  kolo__reduce_isa());
     return buf;
 }
@@ -95,13 +95,24 @@ static void compute_topology(void)
  * an oversubscribed host yields at once (Open MPI's yield_when_idle does the same). The cores
  * counted are the ones this process may run on, or all online ones when it was bound to a single
  * core (a launcher that binds ranks has already given each its own). */
-static void choose_spin(void)
+static long host_cpus(void)
 {
-    if (kolo__setting_is_set(KOLO_SET_SPIN_US)) return;
     cpu_set_t set;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
-    if (cpus < 1 || W.local_size <= cpus) return;
+    return cpus;
+}
+
+static bool host_oversubscribed(void)
+{
+    long cpus = host_cpus();
+    return cpus >= 1 && W.local_size > cpus;
+}
+
+static void choose_spin(void)
+{
+    if (kolo__setting_is_set(KOLO_SET_SPIN_US) || !host_oversubscribed()) return;
+    long cpus = host_cpus();
     KOLO_INFO("%d ranks on this host share %ld cores: waiting ranks yield at once instead of spinning", W.local_size,
               cpus);
     for (int c = 0; c < KOLO_NCHANNELS; c++)
@@ -167,6 +178,8 @@ int kolo_init(void)
     compute_topology();
     choose_spin();
     st = make_world_group();
+    if (st != KOLO_OK) goto fail;
+    st = kolo__shm_autotune(host_oversubscribed());
     if (st != KOLO_OK) goto fail;
     if (W.info.rdv_serve && W.info.size > 1) {
         /* rank 0 serves the store: every rank has read it once all are past this barrier */

@@ -80,7 +80,7 @@ typedef struct build {
     const kolo__world_info *wi;
     kolo__mesh **meshes;
     kolo__peer_info *peers;
-    int tcp_only, want_cma, populate;
+    int tcp_only, want_cma, populate; /* want_cma: 0 no, 1 yes, 2 auto (capable, decided later) */
     size_t ring, cma_threshold;
     hs *hss;
     size_t nhs, caphs;
@@ -308,11 +308,14 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
     } else {
         int st = set_nonblock(c->fd);
         if (st != 0) return kolo__err_sys(errno, "configuring the socket to rank %d", c->peer);
-        if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold);
+        if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold, b->want_cma == 1);
     }
     KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
               kolo__peer_name(c->mesh, c->peer), c->tp->name,
-              c->tp == &kolo__shm_transport ? (cma_ok && b->want_cma ? " (single-copy CMA for large messages)" : " (ring copies)") : "");
+              c->tp == &kolo__shm_transport ? (cma_ok && b->want_cma == 1   ? " (single-copy CMA for large messages)"
+                                               : cma_ok && b->want_cma ? " (ring copies or CMA: timed after start-up)"
+                                                                       : " (ring copies)")
+                                             : "");
     h->state = HS_DONE;
     h->fd = -1; /* owned by the conn now */
     b->ready[h->channel * b->wi->size + c->peer] = 1;
@@ -661,7 +664,10 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     if (strcmp(tp, "tcp") == 0) b.tcp_only = 1;
     else if (strcmp(tp, "auto") != 0 && strcmp(tp, "shm") != 0 && *tp)
         return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_TRANSPORT='%s' is not one of auto, tcp", tp);
-    b.want_cma = kolo__setting_long(KOLO_SET_SHM_CMA) != 0;
+    const char *cma = kolo__setting_str(KOLO_SET_SHM_CMA);
+    if (strcmp(cma, "auto") == 0 || !*cma) b.want_cma = 2;
+    else if (strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
+    else return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SHM_CMA='%s' is not one of auto, 0, 1", cma);
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
     b.cma_threshold = 128 * 1024;
     if (kolo__setting_bytes(KOLO_SET_RING_CHUNK) < b.cma_threshold) /* let tests push chunks through CMA */

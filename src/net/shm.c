@@ -50,7 +50,8 @@ typedef struct shm_priv {
     char *tx, *rx;
     uint64_t mask;
     int peer_pid;
-    int cma;
+    int cma_ok; /* the pair passed the CMA probe: descriptors from the peer can be read */
+    int cma;    /* send messages of cma_threshold bytes and more as descriptors */
     size_t cma_threshold;
     uint64_t cma_sent;
 } shm_priv;
@@ -195,6 +196,13 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 break;
             }
             if (flags & SHM_FLAG_CMA) {
+                if (!s->cma_ok) {
+                    st = kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL,
+                                                      "rank %d on %s sent a single-copy descriptor, but this "
+                                                      "pair never passed the single-copy probe",
+                                                      c->peer, kolo__peer_name(c->mesh, c->peer)));
+                    break;
+                }
                 if (head - tail < KOLO_HDR_LEN + CMA_DESC_LEN) break; /* written together; re-read next time */
                 unsigned char d[CMA_DESC_LEN];
                 uint64_t addr;
@@ -371,10 +379,27 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring, int populate)
 
 void kolo__shm_unlink(const char *name) { shm_unlink(name); }
 
-void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold)
+void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, bool send)
 {
     shm_priv *s = c->priv;
-    s->cma = 1;
+    s->cma_ok = 1;
+    s->cma = send;
     s->peer_pid = peer_pid;
     s->cma_threshold = threshold;
+}
+
+bool kolo__shm_use_cma(kolo__conn *c, bool on)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return false;
+    shm_priv *s = c->priv;
+    if (!s->cma_ok) return false;
+    s->cma = on;
+    return true;
+}
+
+int kolo__shm_cma_state(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return -1;
+    const shm_priv *s = c->priv;
+    return s->cma_ok ? s->cma : -1;
 }

@@ -175,6 +175,13 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int popula
  * if a process dies later). */
 void kolo__shm_unlink(const char *name);
 /* Enables single-copy reads from the peer (after a successful CMA probe). */
-void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold);
+/* The pair passed the CMA probe: the peer's descriptors can be read from now on, and with
+ * `send` this side sends its messages of `threshold` bytes and more as descriptors too. */
+void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, bool send);
+/* Turns sending by descriptor on or off (no send may be in flight); false if c cannot. */
+bool kolo__shm_use_cma(kolo__conn *c, bool on);
+/* 1: c sends large messages single-copy; 0: through the ring but could; -1: cannot. */
+int kolo__shm_cma_state(const kolo__conn *c);
+
 
 #endif
