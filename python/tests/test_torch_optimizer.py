@@ -353,6 +353,7 @@ def test_load_state_dict_keeps_working():
     assert gathered_equal(list(model.parameters()))
 
 
+@pytest.mark.filterwarnings("error")  # PyTorch 2.x warns on sparse tensors built without check_invariants
 @pytest.mark.parametrize("sparse_as_dense", [True, False])
 def test_sparse_gradients(sparse_as_dense):
     n, r = n_r()

@@ -22,6 +22,10 @@ _TORCH_TO_KOLO = {
 if hasattr(torch, "uint16"):  # PyTorch >= 2.3
     _TORCH_TO_KOLO[torch.uint16] = _lib.UINT16
 
+# PyTorch >= 2.0 takes check_invariants=; recent releases warn (UserWarning) on every sparse tensor
+# built without it. 1.13 always checks the indices against the size given, so ask for that.
+_SPARSE_CHECK = {"check_invariants": True} if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {}
+
 
 class _TorchAdapter:
     """How kolo._ops sees PyTorch tensors."""
@@ -215,7 +219,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         indices = synchronize(idx_handle)
         if op == Average:
             values = values / process_set.size()
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, size=tensor.size())
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, size=tensor.size(), **_SPARSE_CHECK)
     return handle
 
 
@@ -237,7 +241,7 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         dims = allgather(torch.tensor([ctx.dim], dtype=torch.int32), process_set=ctx.process_set)
         r = ctx.process_set.rank()
         offset = int(dims[:r].sum().item()) if r > 0 else 0
@@ -276,7 +280,7 @@ class HorovodBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         if _lib.kolo_rank() != ctx.root_rank:
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
