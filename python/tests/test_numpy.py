@@ -226,11 +226,25 @@ def test_join_uneven_batches():
 
 
 def test_duplicate_name_in_flight():
+    # The request completes (freeing the name) once the last rank submits it, so rank 0 checks
+    # while the others wait at a barrier (see test_torch_ops.py's twin).
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
     x = np.ones(2, np.float32)
-    h = kolo.allreduce_async(x, name="np_dup")
-    with pytest.raises(ValueError, match="np_dup"):
-        kolo.allreduce_async(x, name="np_dup")
+    err = None
+    if r == 0:
+        h = kolo.allreduce_async(x, name="np_dup")
+        try:
+            kolo.allreduce_async(x, name="np_dup")
+        except ValueError as e:
+            err = e
+    kolo.barrier()
+    if r != 0:
+        h = kolo.allreduce_async(x, name="np_dup")
     kolo.synchronize(h)
+    if r == 0:
+        assert err is not None and "np_dup" in str(err), "a second in-flight 'np_dup' was not refused"
     kolo.synchronize(kolo.allreduce_async(x, name="np_dup"))  # free again once complete
 
 
