@@ -11,13 +11,25 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 # Debian's python3 is the one with python3-torch, -numpy and -pytest (a pyenv python3 may come
-# first on PATH without them).
-PY=${KOLO_TEST_PYTHON:-/usr/bin/python3}
-[ -x "$PY" ] || PY=$(command -v python3)
-if ! "$PY" -c "import numpy, pytest, torch" 2>/dev/null; then
-  echo "test-python: installing numpy, pytest and torch for $PY (scripts/deps.sh)"
-  sh scripts/deps.sh || exit 1
+# first on PATH without them). KOLO_TEST_PYTHON=/path/to/venv/bin/python runs the suites under
+# another interpreter (e.g. PyTorch 2.x from PyPI: make test-python-torch2); that one must bring
+# numpy, pytest and torch itself.
+if [ -n "${KOLO_TEST_PYTHON:-}" ]; then
+  PY=$KOLO_TEST_PYTHON
+  if ! "$PY" -c "import numpy, pytest, torch" 2>/dev/null; then
+    echo "test-python: KOLO_TEST_PYTHON=$PY cannot import numpy, pytest and torch" >&2
+    exit 1
+  fi
+else
+  PY=/usr/bin/python3
+  [ -x "$PY" ] || PY=$(command -v python3)
+  if ! "$PY" -c "import numpy, pytest, torch" 2>/dev/null; then
+    echo "test-python: installing numpy, pytest and torch for $PY (scripts/deps.sh)"
+    sh scripts/deps.sh || exit 1
+  fi
 fi
+VERSIONS=$("$PY" -c "import sys, numpy, pytest, torch; print('python %s, torch %s, numpy %s, pytest %s' % (sys.version.split()[0], torch.__version__, numpy.__version__, pytest.__version__))" 2>/dev/null)
+echo "test-python: $PY: $VERSIONS"
 if [ ! -x build/bin/kolorun ] || [ ! -f build/lib/libkolo.so ]; then
   echo "test-python: building kolo first"
   make -s all || exit 1
@@ -58,6 +70,6 @@ run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider
 run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
 
 echo
-echo "== Python test summary$summary"
+echo "== Python test summary ($PY: $VERSIONS)$summary"
 if [ "$status" = 0 ]; then echo "== all Python suites passed"; else echo "== some Python suites FAILED"; fi
 exit $status
