@@ -1,11 +1,18 @@
-/* allreduce.c - allreduce: a one-round exchange for small buffers, the ring for large ones.
+/* allreduce.c - allreduce: a one-round exchange or recursive doubling for small buffers, the
+ * ring for large ones.
  *
- * Small (at most KOLO_SMALL_ALLREDUCE_MAX bytes, or fewer elements than members): every member
- * sends its whole buffer to every other and combines all n buffers in member order 0..n-1, so
- * every member computes the same bits. One round trip, n-1 messages each way: the latency
- * optimum for the few ranks of one training job per host. Large: ring reduce-scatter, then
- * the owner of each block applies the final scaling (post, and 1/n for AVERAGE) to its block
- * alone, then ring allgather.
+ * Small (at most KOLO_SMALL_ALLREDUCE_MAX bytes, or fewer elements than members):
+ *  - At most 3 members, or tiny buffers on at most 8: every member sends its whole buffer to every other and
+ *    combines all n buffers in member order 0..n-1, so every member computes the same bits.
+ *    One round trip, n-1 messages each way: the latency optimum for a few ranks.
+ *  - Otherwise recursive doubling: log2(n) rounds in which partners swap what they hold and
+ *    both combine the lower member's part first, so the two hold the same bits after every
+ *    round and all members do at the end. Each member moves and combines its buffer log2(n)
+ *    times instead of n-1 times; with 8 ranks on 2 cores a 4 KiB allreduce took 152 us by
+ *    one-round exchange (Open MPI: 59). Members beyond the largest power of two first hand
+ *    their buffer to a partner and get the result back at the end.
+ * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and
+ * 1/n for AVERAGE) to its block alone, then ring allgather.
  */
 #include "coll.h"
 
@@ -58,6 +65,69 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
     return KOLO_OK;
 }
 
+/* Buffers of at least this many bytes on 4 to 8 members, and all small ones on more, go by
+ * recursive doubling. */
+#define DOUBLING_MIN 1024
+
+/* One exchange with a partner: send `mine`, receive into `theirs`. */
+static int swap(kolo__mesh *m, const kolo__group *g, int partner, const void *mine, void *theirs, size_t bytes)
+{
+    kolo__xfer xs[2];
+    kolo__xfer *ptrs[2] = {&xs[0], &xs[1]};
+    kolo__isend(m, kolo__g2w(g, partner), mine, bytes, &xs[0]);
+    kolo__irecv(m, kolo__g2w(g, partner), theirs, bytes, &xs[1]);
+    return kolo__wait(m, ptrs, 2);
+}
+
+static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                              kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+{
+    int n = g->size, r = g->rank;
+    size_t bytes = count * kolo_dtype_size(dtype);
+    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, bytes);
+    if (!tmp) return KOLO_ERR_NO_MEMORY;
+    /* the running result lives in recv from the start (send may alias it) */
+    if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
+    else if (send != recv) memcpy(recv, send, bytes);
+    int p2 = 1;
+    while (p2 * 2 <= n) p2 *= 2;
+    int extra = n - p2; /* members 0 .. 2*extra-1 pair up: the even one hands over to the odd one */
+    int st = KOLO_OK, v;  /* v: index among the p2 members that take part, or -1 */
+    if (r < 2 * extra) {
+        if (r % 2 == 0) {
+            kolo__xfer x;
+            kolo__isend(m, kolo__g2w(g, r + 1), recv, bytes, &x);
+            st = kolo__wait1(m, &x);
+            v = -1;
+        } else {
+            kolo__xfer x;
+            kolo__irecv(m, kolo__g2w(g, r - 1), tmp, bytes, &x);
+            st = kolo__wait1(m, &x);
+            if (st == KOLO_OK) kolo__reduce(recv, tmp, recv, count, dtype, op); /* lower member first */
+            v = r / 2;
+        }
+    } else {
+        v = r - extra;
+    }
+    for (int mask = 1; v >= 0 && mask < p2 && st == KOLO_OK; mask <<= 1) {
+        int pv = v ^ mask;
+        int partner = pv < extra ? 2 * pv + 1 : pv + extra;
+        st = swap(m, g, partner, recv, tmp, bytes);
+        if (st != KOLO_OK) break;
+        if (pv < v) kolo__reduce(recv, tmp, recv, count, dtype, op);
+        else kolo__reduce(recv, recv, tmp, count, dtype, op);
+    }
+    if (st == KOLO_OK && r < 2 * extra) {
+        kolo__xfer x;
+        if (r % 2 == 0) kolo__irecv(m, kolo__g2w(g, r + 1), recv, bytes, &x);
+        else kolo__isend(m, kolo__g2w(g, r - 1), recv, bytes, &x);
+        st = kolo__wait1(m, &x);
+    }
+    if (st != KOLO_OK) return st;
+    kolo__coll_finish_scale(recv, count, dtype, op, post, n);
+    return KOLO_OK;
+}
+
 int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                          kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
@@ -70,8 +140,11 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         return KOLO_OK;
     }
     /* the one-round exchange posts 2(n-1) messages at once; beyond 64 members the ring wins anyway */
-    if (n <= 64 && (count * es <= small_max() || count < (size_t)n))
-        return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+    if (count * es <= small_max() || count < (size_t)n) {
+        if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN))
+            return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+        return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
+    }
 
     size_t offs[1024], cnts[1024];
     if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
