@@ -168,7 +168,8 @@ class Launch:
 class Peer:
     """One library on one transport."""
     key = label = transport = family = ""
-    oversub_slow = False  # spins when oversubscribed: capped sweep, first rep only
+    oversub_slow = False  # too slow when oversubscribed: capped sweep, first rep only
+    oversub_why = ""
 
     def available(self):
         return True, ""
@@ -200,6 +201,7 @@ class MpiPeer(Peer):
         self.binary = os.path.join(BUILD, "mpi_coll_bench." + mpi)
         self.mpirun = "mpirun." + mpi
         self.oversub_slow = mpi == "mpich"
+        self.oversub_why = "it spins when oversubscribed" if self.oversub_slow else ""
 
     def available(self):
         if not shutil.which(self.mpirun):
@@ -241,6 +243,9 @@ class PyPeer(Peer):
             self.short = "Horovod"
             self.script = os.path.join(ROOT, "bench", "peers", "horovod_bench.py")
             self.module = "horovod.torch"
+            # its uncapped 4-rank sweep hit the 900 s limit at 64 MiB (2026-11-21 run)
+            self.oversub_slow = True
+            self.oversub_why = "its full sweep at 4 ranks on 2 cores takes more than 15 minutes"
 
     def available(self):
         if not os.access(PY, os.X_OK):
@@ -779,9 +784,11 @@ class Report:
                  "in torch 1.13.")
         if max(a.np_list) > NCPU:
             L.append("- MPICH/UCX spins when oversubscribed (%d ranks on %d cores take "
-                     "milliseconds per small operation), so its runs with more ranks than cores are "
+                     "milliseconds per small operation), and Horovod's full sweep at %d ranks takes "
+                     "more than 15 minutes, so their runs with more ranks than cores are "
                      "capped: at most %d timed / %d warm-up iterations and only in the first "
-                     "repetition." % (max(a.np_list), NCPU, a.oversub_iters, a.oversub_warmup))
+                     "repetition." % (max(a.np_list), NCPU, max(a.np_list), a.oversub_iters,
+                                      a.oversub_warmup))
         L.append("- Every launch has a %d s time limit; a launch that hits it keeps the rows it "
                  "printed." % a.timeout)
         L.append("- Example commands (2 ranks):")
@@ -1392,8 +1399,8 @@ def main(argv):
         for p in running:
             if p.oversub_slow and np > NCPU:
                 notes.append("%s with %d ranks on %d cores: capped sweep (%d/%d iterations, "
-                             "first repetition only), because it spins when oversubscribed" % (
-                                 p.label, np, NCPU, a.oversub_iters, a.oversub_warmup))
+                             "first repetition only), because %s" % (
+                                 p.label, np, NCPU, a.oversub_iters, a.oversub_warmup, p.oversub_why))
     store = run.store
     wrong = [(k, e["wrong"]) for k, e in store.t.items() if e["wrong"]]
     for (np, peer, coll, dt, size), w in wrong:
