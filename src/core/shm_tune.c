@@ -9,17 +9,20 @@
  * happened on the same day: 64 MiB allreduce at 5.4 GB/s by ring vs 3.8 by CMA with a
  * 0.05 us shared-memory ping, and 2.1 vs 3.8 GB/s with a 0.24 us ping.
  *
- * So it is timed. Right after start-up the first two ranks of each host bounce a 4 MiB message
- * there and back, by ring and then by CMA (one warm-up and two timed round trips each), and
+ * So it is timed. Right after start-up the first two ranks of each host bounce a 1 MiB message
+ * there and back, by ring and then by CMA (one warm-up and four timed round trips each), and
  * every rank of the host follows the first rank's verdict: CMA when its best round trip is at
- * least 10 % shorter. A host with more ranks than cores stays on the ring (timings taken while
+ * least 20 % shorter. 1 MiB tells the two states apart best (ring 12-13 vs CMA 8.4 GB/s with a
+ * near peer, 2.1 vs 2.8 with a far one), where at 4 MiB they were within noise of each other
+ * with a near peer, and a first version timing 4 MiB twice picked CMA in 2 of 3 harness runs on
+ * the near-peer VM, which cost 4x at 1 MiB. A host with more ranks than cores stays on the ring (timings taken while
  * ranks share cores say nothing about either path), and so does a pair that failed the CMA
- * probe. It costs one small allgather over the world, plus ~10 ms on hosts with two ranks.
+ * probe. It costs one small allgather over the world, plus a few ms on hosts with two ranks.
  */
 #include "world.h"
 
-#define TUNE_BYTES ((size_t)4 << 20)
-#define TUNE_ROUNDS 3 /* the first is a warm-up */
+#define TUNE_BYTES ((size_t)1 << 20)
+#define TUNE_ROUNDS 5 /* the first is a warm-up */
 
 /* One round trip of `bytes` between this rank and `peer`; `lead` sends first. Returns the
  * nanoseconds it took, or 0 with *st set. */
@@ -63,7 +66,7 @@ static int time_pair(kolo__mesh *m, int peer, bool lead, bool willing, int *st)
     kolo__free(out);
     kolo__free(in);
     if (*st != KOLO_OK || !mine || !theirs) return -1;
-    int verdict = best[1] * 10 < best[0] * 9;
+    int verdict = best[1] * 10 < best[0] * 8;
     if (lead)
         KOLO_INFO("shared memory, %zu MiB there and back: ring copies %.0f us, single-copy CMA %.0f us: using %s",
                   TUNE_BYTES >> 20, (double)best[0] * 1e-3, (double)best[1] * 1e-3,
