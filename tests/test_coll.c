@@ -281,7 +281,7 @@ CONF_RING(2)
 CONF_RING(3)
 CONF_RING(4)
 
-/* KOLO_SHM_CMA: with auto (the default) the host's ranks time both paths and then all agree:
+/* KOLO_SHM_CMA: with auto the host's ranks time both paths and then all agree:
  * every shared-memory connection of every rank, on both channels, sends large messages the
  * same way. With 0 or 1 they do what they are told. A pair that cannot do CMA (-1: the probe
  * failed, e.g. under a strict ptrace policy) counts as agreeing. Collectives work after. */
@@ -317,7 +317,7 @@ static void cma_mode(int rank, void *arg)
 KT_TEST(shm_cma_auto_agrees, 60)
 {
     static char a[] = "auto", one[] = "1", zero[] = "0";
-    kt_job_opts o = {.env = {NULL}};
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(3, cma_mode, a, &o, NULL), 0);
     kt_job_opts on = {.env = {"KOLO_SHM_CMA=1"}}, off = {.env = {"KOLO_SHM_CMA=0"}};
     KT_EQ(kt_job(2, cma_mode, one, &on, NULL), 0);

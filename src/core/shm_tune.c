@@ -1,4 +1,11 @@
-/* shm_tune.c - KOLO_SHM_CMA=auto: ring copies or single-copy reads, whichever this host moves faster.
+/* shm_tune.c - KOLO_SHM_CMA=auto (experimental, not the default): ring copies or single-copy
+ * reads, whichever this host moves faster.
+ *
+ * Not yet good enough to be the default: on the near-peer VM, where ring copies run collectives
+ * 2-3x faster than CMA at 1 MiB (broadcast 35-43 vs 13 GB/s), the round trips below came out
+ * 200-270 us by ring and 165-200 us by CMA once the two paths alternated, and it chose CMA. A
+ * probe that predicts the collectives' speed (a pipelined one-way stream of several chunks,
+ * timed on the receiving side, say) is the next step.
  *
  * Large shared-memory messages can go two ways (shm.c): copied through the pair's ring in
  * 128 KiB chunks, or read by the receiver straight out of the sender's buffer with
@@ -10,9 +17,9 @@
  * 0.05 us shared-memory ping, and 2.1 vs 3.8 GB/s with a 0.24 us ping.
  *
  * So it is timed. Right after start-up the first two ranks of each host bounce a 1 MiB message
- * there and back, by ring and then by CMA (one warm-up and four timed round trips each), and
- * every rank of the host follows the first rank's verdict: CMA when its best round trip is at
- * least 20 % shorter. 1 MiB tells the two states apart best (ring 12-13 vs CMA 8.4 GB/s with a
+ * there and back, by ring and by CMA in turn (one warm-up and five timed round trips each), and
+ * every rank of the host follows the first rank's verdict: CMA when its median round trip is
+ * at least 20 % shorter (the best of a few, as first written, picked CMA on one outlier). 1 MiB tells the two states apart best (ring 12-13 vs CMA 8.4 GB/s with a
  * near peer, 2.1 vs 2.8 with a far one), where at 4 MiB they were within noise of each other
  * with a near peer, and a first version timing 4 MiB twice picked CMA in 2 of 3 harness runs on
  * the near-peer VM, which cost 4x at 1 MiB. A host with more ranks than cores stays on the ring (timings taken while
@@ -22,7 +29,20 @@
 #include "world.h"
 
 #define TUNE_BYTES ((size_t)1 << 20)
-#define TUNE_ROUNDS 5 /* the first is a warm-up */
+#define TUNE_ROUNDS 5 /* timed round trips per path, after one to warm up */
+
+static uint64_t median(const uint64_t v[TUNE_ROUNDS])
+{
+    uint64_t s[TUNE_ROUNDS];
+    memcpy(s, v, sizeof(s));
+    for (int i = 1; i < TUNE_ROUNDS; i++)
+        for (int j = i; j > 0 && s[j - 1] > s[j]; j--) {
+            uint64_t x = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = x;
+        }
+    return s[TUNE_ROUNDS / 2];
+}
 
 /* One round trip of `bytes` between this rank and `peer`; `lead` sends first. Returns the
  * nanoseconds it took, or 0 with *st set. */
@@ -51,25 +71,27 @@ static int time_pair(kolo__mesh *m, int peer, bool lead, bool willing, int *st)
         else kolo__irecv(m, peer, &theirs, sizeof(theirs), &x);
         *st = kolo__wait1(m, &x);
     }
-    uint64_t best[2] = {UINT64_MAX, UINT64_MAX};
+    uint64_t t[2][TUNE_ROUNDS];
     if (*st == KOLO_OK && mine && theirs) {
         memset(out, 1, TUNE_BYTES);
-        for (int cma = 0; cma < 2 && *st == KOLO_OK; cma++) {
-            kolo__shm_use_cma(c, cma);
-            for (int r = 0; r < TUNE_ROUNDS && *st == KOLO_OK; r++) {
-                uint64_t t = round_trip(m, peer, lead, out, in, TUNE_BYTES, st);
-                if (r > 0 && t < best[cma]) best[cma] = t;
+        /* alternate the two paths, so a drift in machine speed hits both alike */
+        for (int r = 0; r <= TUNE_ROUNDS && *st == KOLO_OK; r++)
+            for (int cma = 0; cma < 2 && *st == KOLO_OK; cma++) {
+                kolo__shm_use_cma(c, cma);
+                uint64_t ns = round_trip(m, peer, lead, out, in, TUNE_BYTES, st);
+                if (r > 0) t[cma][r - 1] = ns; /* round 0 warms up */
             }
-        }
         kolo__shm_use_cma(c, false);
     }
     kolo__free(out);
     kolo__free(in);
     if (*st != KOLO_OK || !mine || !theirs) return -1;
-    int verdict = best[1] * 10 < best[0] * 8;
+    uint64_t ring = median(t[0]), cma = median(t[1]);
+    int verdict = cma * 10 < ring * 8;
     if (lead)
-        KOLO_INFO("shared memory, %zu MiB there and back: ring copies %.0f us, single-copy CMA %.0f us: using %s",
-                  TUNE_BYTES >> 20, (double)best[0] * 1e-3, (double)best[1] * 1e-3,
+        KOLO_INFO("shared memory, %zu MiB there and back (median of %d): ring copies %.0f us, single-copy CMA %.0f us: "
+                  "using %s",
+                  TUNE_BYTES >> 20, TUNE_ROUNDS, (double)ring * 1e-3, (double)cma * 1e-3,
                   verdict ? "CMA for messages of 128 KiB and more" : "ring copies");
     return verdict;
 }
@@ -79,7 +101,7 @@ int kolo__shm_autotune(bool oversubscribed)
     kolo__world *W = &kolo__W;
     int n = W->info.size, me = W->info.rank;
     const char *mode = kolo__setting_str(KOLO_SET_SHM_CMA);
-    if (n == 1 || (strcmp(mode, "auto") != 0 && *mode)) return KOLO_OK;
+    if (n == 1 || strcmp(mode, "auto") != 0) return KOLO_OK;
     /* the same answer on every rank: does any host have two ranks? */
     bool any = false;
     for (int r = 1; r < n && !any; r++)
