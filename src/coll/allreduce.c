@@ -139,7 +139,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         kolo__coll_finish_scale(recv, count, dtype, op, post, 1);
         return KOLO_OK;
     }
-    /* the one-round exchange posts 2(n-1) messages at once; beyond 64 members the ring wins anyway */
+    /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
+     * recursive doubling; large: the ring */
     if (count * es <= small_max() || count < (size_t)n) {
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);

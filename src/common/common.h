@@ -122,8 +122,9 @@ const kolo__setting_info *kolo__setting_table(size_t *n);
 /* The value from the environment (the KOLO_ name first, then aliases), or the default.
  * Never NULL (an unset setting with no default is ""). */
 const char *kolo__setting_str(kolo_setting_t s);
+/* True when the environment gives it (under its name or an alias), false when it is at its default. */
+bool kolo__setting_is_set(kolo_setting_t s);
 /* Integer and float settings; a value that does not parse logs a warning once and gives the default. */
-bool kolo__setting_is_set(kolo_setting_t s); /* given in the environment (under its name or an alias) */
 long kolo__setting_long(kolo_setting_t s);
 double kolo__setting_double(kolo_setting_t s);
 /* Byte sizes with K/M/G suffixes ("64M", "1048576"). */

@@ -89,12 +89,8 @@ static void compute_topology(void)
     W.cross_size = cs;
 }
 
-/* Busy-polling pays only while every rank of this host has a core to itself: with more local
- * ranks than cores, a waiter that spins holds the core its peer needs to produce what it waits
- * for, and every step of a collective costs a whole spin period. So, unless KOLO_SPIN_US is set,
- * an oversubscribed host yields at once (Open MPI's yield_when_idle does the same). The cores
- * counted are the ones this process may run on, or all online ones when it was bound to a single
- * core (a launcher that binds ranks has already given each its own). */
+/* The cores this host's ranks share: the ones this process may run on, or all online ones when
+ * it was bound to a single core (a launcher that binds ranks has already given each its own). */
 static long host_cpus(void)
 {
     cpu_set_t set;
@@ -103,16 +99,13 @@ static long host_cpus(void)
     return cpus;
 }
 
-static bool host_oversubscribed(void)
+/* Busy-polling pays only while every rank of this host has a core to itself: with more local
+ * ranks than cores, a waiter that spins holds the core its peer needs to produce what it waits
+ * for, and every step of a collective costs a whole spin period. So, unless KOLO_SPIN_US is set,
+ * an oversubscribed host yields at once (Open MPI's yield_when_idle does the same). */
+static void choose_spin(long cpus)
 {
-    long cpus = host_cpus();
-    return cpus >= 1 && W.local_size > cpus;
-}
-
-static void choose_spin(void)
-{
-    if (kolo__setting_is_set(KOLO_SET_SPIN_US) || !host_oversubscribed()) return;
-    long cpus = host_cpus();
+    if (kolo__setting_is_set(KOLO_SET_SPIN_US)) return;
     KOLO_INFO("%d ranks on this host share %ld cores: waiting ranks yield at once instead of spinning", W.local_size,
               cpus);
     for (int c = 0; c < KOLO_NCHANNELS; c++)
@@ -176,10 +169,12 @@ int kolo_init(void)
         if (st != KOLO_OK) goto fail;
     }
     compute_topology();
-    choose_spin();
+    long cpus = host_cpus();
+    bool oversubscribed = cpus >= 1 && W.local_size > cpus;
+    if (oversubscribed) choose_spin(cpus);
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
-    st = kolo__shm_autotune(host_oversubscribed());
+    st = kolo__shm_autotune(oversubscribed);
     if (st != KOLO_OK) goto fail;
     if (W.info.rdv_serve && W.info.size > 1) {
         /* rank 0 serves the store: every rank has read it once all are past this barrier */

@@ -1,30 +1,25 @@
 /* shm_tune.c - KOLO_SHM_CMA=auto (experimental, not the default): ring copies or single-copy
  * reads, whichever this host moves faster.
  *
- * Not yet good enough to be the default: on the near-peer VM, where ring copies run collectives
- * 2-3x faster than CMA at 1 MiB (broadcast 35-43 vs 13 GB/s), the round trips below came out
- * 200-270 us by ring and 165-200 us by CMA once the two paths alternated, and it chose CMA. A
- * probe that predicts the collectives' speed (a pipelined one-way stream of several chunks,
- * timed on the receiving side, say) is the next step.
- *
  * Large shared-memory messages can go two ways (shm.c): copied through the pair's ring in
  * 128 KiB chunks, or read by the receiver straight out of the sender's buffer with
  * process_vm_readv. Which one wins depends on the machine, and on a VM even on where the
- * hypervisor put the vCPUs. Ring chunks stay in cache, so the ring wins when the two cores
- * reach each other's caches quickly; when they are far apart every chunk crosses between
- * caches, and the kernel's single copy out of memory wins. On this project's 2-vCPU VM both
- * happened on the same day: 64 MiB allreduce at 5.4 GB/s by ring vs 3.8 by CMA with a
- * 0.05 us shared-memory ping, and 2.1 vs 3.8 GB/s with a 0.24 us ping.
+ * hypervisor put the vCPUs: on this project's 2-vCPU VM, 64 MiB allreduce ran 5.4 GB/s by ring
+ * vs 3.8 by CMA with a 0.05 us shared-memory ping, and 2.1 vs 3.8 GB/s with a 0.24 us ping, on
+ * the same day.
  *
  * So it is timed. Right after start-up the first two ranks of each host bounce a 1 MiB message
  * there and back, by ring and by CMA in turn (one warm-up and five timed round trips each), and
- * every rank of the host follows the first rank's verdict: CMA when its median round trip is
- * at least 20 % shorter (the best of a few, as first written, picked CMA on one outlier). 1 MiB tells the two states apart best (ring 12-13 vs CMA 8.4 GB/s with a
- * near peer, 2.1 vs 2.8 with a far one), where at 4 MiB they were within noise of each other
- * with a near peer, and a first version timing 4 MiB twice picked CMA in 2 of 3 harness runs on
- * the near-peer VM, which cost 4x at 1 MiB. A host with more ranks than cores stays on the ring (timings taken while
+ * every rank of the host follows the first rank's verdict: CMA when its median round trip is at
+ * least 20 % shorter. A host with more ranks than cores stays on the ring (timings taken while
  * ranks share cores say nothing about either path), and so does a pair that failed the CMA
  * probe. It costs one small allgather over the world, plus a few ms on hosts with two ranks.
+ *
+ * Why it is not the default: the probe does not predict the collectives. On the near-peer VM,
+ * where ring copies run broadcast 2-3x faster than CMA at 1 MiB (35-43 vs 13 GB/s), these round
+ * trips came out 200-270 us by ring and 165-200 us by CMA, and it chose CMA. A probe closer to
+ * what collectives do (a one-way stream of several chunks, timed by the receiver) is the next
+ * thing to try.
  */
 #include "world.h"
 
