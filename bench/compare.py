@@ -15,6 +15,7 @@ See bench/README.md for the columns and the method.
 
 import argparse
 import csv
+import glob
 import datetime
 import math
 import os
@@ -27,6 +28,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from benchcommon import bus_factor  # noqa: E402  (busbw as nccl-tests defines it, shared with the peers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "bench")
@@ -95,14 +99,6 @@ def sweep_sizes(bands):
             nxt = int(s * b.factor)
             s = nxt if nxt > s else s + 1
     return out
-
-
-def bus_factor(coll, n):
-    if coll == "allreduce":
-        return 2.0 * (n - 1) / n
-    if coll == "broadcast":
-        return 1.0
-    return (n - 1) / n
 
 
 # ---------------------------------------------------------------- output parsing
@@ -1219,8 +1215,8 @@ def engine_check(a, logdir, reps=3):
                 print("compare: engine-bench rep %d timeline %-3s step %s ms%s" % (
                     rep + 1, "on" if on else "off", step.group(1),
                     ", engine/direct " + ratio.group(1) if ratio and not on else ""), flush=True)
-    if os.path.exists(tl):
-        os.remove(tl)
+    for f in glob.glob(tl) + glob.glob(tl + ".*"):  # rank 0 writes tl, rank r tl.r
+        os.remove(f)
     return out
 
 

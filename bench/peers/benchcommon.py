@@ -107,6 +107,22 @@ def bus_factor(coll, n):
     return (n - 1) / n
 
 
+def torch_checks(torch, n):
+    """The result checks of the torch-based peers for a job of n ranks: pattern(r, count, offset)
+    (what rank r contributes), rank_sum(count, offset) (the sum over all ranks) and
+    wrong(got, expect) (how many elements differ)."""
+    def pattern(r, count, offset=0):
+        return torch_pattern(torch, [r], count, offset)
+
+    def rank_sum(count, offset=0):
+        return torch_pattern(torch, range(n), count, offset)
+
+    def wrong(got, expect):
+        return int((got.to(torch.float32) != expect).sum().item())
+
+    return pattern, rank_sum, wrong
+
+
 def header(coll, dtype, lib, nranks, args):
     bands = " ".join("%d-%d(n%d,w%d,f%g)" % b for b in args.bands)
     print("# Collective test starting: %s" % coll)

@@ -50,15 +50,7 @@ def main(argv):
     lib = "horovod_bench (horovod %s, torch %s, gloo)" % (horovod.__version__, torch.__version__)
     tdt = {"float32": torch.float32, "float16": torch.float16}
     root = args.r if 0 <= args.r < n else 0
-
-    def pattern(r, count, offset=0):
-        return bc.torch_pattern(torch, [r], count, offset)
-
-    def rank_sum(count, offset=0):
-        return bc.torch_pattern(torch, range(n), count, offset)
-
-    def wrong(got, expect):
-        return int((got.to(torch.float32) != expect).sum().item())
+    pattern, rank_sum, wrong = bc.torch_checks(torch, n)
 
     bar = torch.zeros(1)
 
