@@ -990,7 +990,10 @@ KT_TEST(trace_fork, 10)
         KT_ASSERT(!kolo__trace_mark_cycles());
         record_tensor("in_child", 1);
         KT_OK(kolo__trace_stop());
-#ifndef __SANITIZE_THREAD__ /* TSan does not support new threads after a multi-threaded fork */
+/* Neither sanitizer supports a new thread that allocates after a multi-threaded fork: TSan says
+ * so, and GCC 12's ASan allocator has no fork handlers, so a lock the parent's writer thread
+ * held at the fork stays held in the child (1 run in 3 hung in its writer's first malloc). */
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
         KT_OK(kolo__trace_start(child, 1, 0));
         record_tensor("child_own", 1);
         KT_OK(kolo__trace_stop());
@@ -1010,7 +1013,7 @@ KT_TEST(trace_fork, 10)
     KT_EQ(row_tid(&t, "in_child"), -1);
     KT_EQ(row_tid(&t, "child_own"), -1);
     tl_free(&t);
-#ifndef __SANITIZE_THREAD__
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
     tl_load(child, &t);
     check_rows(&t, 1);
     KT_EQ(count(&t, "B", "ALLREDUCE", row_tid(&t, "child_own")), 1);
