@@ -1,5 +1,10 @@
 /* allgather.c - allgather with a different count per member: direct exchange when small or two
- * members, the ring otherwise. Every received block lands directly at its final offset. */
+ * members, the ring otherwise. Every received block lands directly at its final offset.
+ *
+ * The own block goes out from the caller's send buffer, not from its copy in the output: that
+ * copy was just written, so on shared memory a peer reading it (single-copy) would have to pull
+ * every line out of this core's cache, while the send buffer is usually clean and may already
+ * sit in the peer's cache. The local copy is made after the transfers are posted. */
 #include "coll.h"
 
 #define DIRECT_MAX (256u << 10)
@@ -16,20 +21,23 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
     char *out = recv, *mine = out + offs[r] * es;
-    if ((const char *)send != mine && counts[r]) memmove(mine, send, counts[r] * es);
-    if (n == 1) return KOLO_OK;
-    if (n == 2 || total * es <= DIRECT_MAX) {
-        kolo__xfer xs[128];
-        kolo__xfer *ptrs[128];
-        if (n > 64) return kolo__ring_allgather(m, g, out, offs, counts, es, 0);
-        int k = 0;
-        for (int i = 0; i < n; i++) {
-            if (i == r) continue;
-            kolo__isend(m, kolo__g2w(g, i), mine, counts[r] * es, &xs[k++]);
-            kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k++]);
-        }
-        for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
-        return kolo__wait(m, ptrs, k);
+    const char *own = send;
+    bool copy = own != mine && counts[r];
+    if (n == 1 || (n > 2 && total * es > DIRECT_MAX) || n > 64) {
+        if (copy) memmove(mine, send, counts[r] * es);
+        return n == 1 ? KOLO_OK : kolo__ring_allgather(m, g, out, offs, counts, es, 0, own);
     }
-    return kolo__ring_allgather(m, g, out, offs, counts, es, 0);
+    kolo__xfer xs[128];
+    kolo__xfer *ptrs[128];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == r) continue;
+        kolo__isend(m, kolo__g2w(g, i), own, counts[r] * es, &xs[k++]);
+        kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k++]);
+    }
+    /* send may lie inside out only as the own block (in place), so this copy touches no block
+     * that is in flight */
+    if (copy) memmove(mine, send, counts[r] * es);
+    for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
+    return kolo__wait(m, ptrs, k);
 }

@@ -164,7 +164,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (st != KOLO_OK) return st;
     int r = g->rank;
     kolo__coll_finish_scale((char *)recv + offs[r] * es, cnts[r], dtype, op, post, n);
-    return kolo__ring_allgather(m, g, recv, offs, cnts, es, 0);
+    return kolo__ring_allgather(m, g, recv, offs, cnts, es, 0, NULL);
 }
 
 int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,

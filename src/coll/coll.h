@@ -61,8 +61,9 @@ int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *s
                               const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op,
                               int shift);
 /* Ring allgather of blocks already placed: member i's block is at buf + off[i]*es (bytes of
- * cnt[i]*es); member `rank` owns block (rank + shift) mod n. */
+ * cnt[i]*es); member `rank` owns block (rank + shift) mod n. `own`, when not NULL, holds a copy
+ * of that block to send from instead (the caller's send buffer, clean in cache). */
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
-                         size_t es, int shift);
+                         size_t es, int shift, const char *own);
 
 #endif

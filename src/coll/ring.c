@@ -99,7 +99,7 @@ int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *s
 }
 
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
-                         size_t es, int shift)
+                         size_t es, int shift, const char *own)
 {
     int n = g->size, r = g->rank;
     int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
@@ -108,7 +108,8 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r - s + shift, n), rb = mod(r - s - 1 + shift, n);
         size_t sbytes = cnt[sb] * es, rbytes = cnt[rb] * es;
-        int ns = post_block_sends(m, right, buf + off[sb] * es, sbytes, ring_chunk(sbytes, es), sx);
+        const char *sp = s == 0 && own ? own : buf + off[sb] * es;
+        int ns = post_block_sends(m, right, sp, sbytes, ring_chunk(sbytes, es), sx);
         /* received chunks go straight to their final place; the block is forwarded next step */
         size_t rch = ring_chunk(rbytes, es);
         int nr = 0;
