@@ -382,7 +382,10 @@ static int bench(const opts *o)
         printf("# %s\n", kolo_build_info());
         int cma = n > 1 ? kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) : -1;
         printf("# transport to rank 1: %s%s\n", n > 1 ? kolo_peer_transport(1) : "self",
-               cma == 1 ? " (single-copy CMA from 128 KiB)" : cma == 0 ? " (ring copies)" : "");
+               cma == 2   ? " (ring copies or single-copy CMA from 128 KiB, whichever times faster)"
+               : cma == 1 ? " (single-copy CMA from 128 KiB)"
+               : cma == 0 ? " (ring copies)"
+                          : "");
         cpu_set_t cpus;
         if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1)
             for (int c = 0; c < CPU_SETSIZE; c++)
@@ -476,6 +479,12 @@ static int bench(const opts *o)
     if (me == 0 && !failed) {
         printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
         printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+        if (n > 1 && kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) == 2) {
+            uint64_t got[2];
+            kolo__shm_large_received(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1], got);
+            printf("# Large messages from rank 1: %llu by ring copies, %llu single-copy\n", (unsigned long long)got[0],
+                   (unsigned long long)got[1]);
+        }
         printf("#\n# Collective test concluded: kolo-bench %s\n", coll_names[o->coll]);
     }
     free(R.send);

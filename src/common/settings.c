@@ -27,11 +27,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                          "otherwise derived from the launcher's job ids)"},
     [KOLO_SET_HOSTNAME] = {"KOLO_HOSTNAME", "HOROVOD_HOSTNAME", "",
                            "the name this host reports in messages (default: gethostname)"},
-    [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "0",
-                          "1: shared-memory messages of 128 KiB and more are read single-copy from the peer "
-                          "(process_vm_readv); 0: copied through the shared ring in cache-sized chunks (faster "
-                          "on this project's VM while its cores are near each other); auto (experimental): time "
-                          "both at start-up and use the faster"},
+    [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "auto",
+                          "how shared-memory messages of 128 KiB and more travel: 1 read single-copy from the "
+                          "peer's memory (process_vm_readv); 0 copied through the shared ring; auto: the receiver "
+                          "of each pair times both on the messages themselves and keeps the faster (ring copies "
+                          "win while two cores share a cache, single-copy across CCDs or sockets); ranks on a host "
+                          "with more ranks than cores use the ring"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
                                 "bytes of each shared-memory ring (one per direction per peer)"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",

@@ -99,6 +99,16 @@ static long host_cpus(void)
     return cpus;
 }
 
+/* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
+ * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies: a copy timed while its rank
+ * shares a core measures the scheduler, not the path. */
+static void pin_ring_copies(void)
+{
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
+        for (int r = 0; r < W.info.size; r++)
+            if (W.mesh[ch] && kolo__shm_cma_state(W.mesh[ch]->conns[r]) == 2) kolo__shm_use_cma(W.mesh[ch]->conns[r], false);
+}
+
 /* Busy-polling pays only while every rank of this host has a core to itself: with more local
  * ranks than cores, a waiter that spins holds the core its peer needs to produce what it waits
  * for, and every step of a collective costs a whole spin period. So, unless KOLO_SPIN_US is set,
@@ -174,8 +184,7 @@ int kolo_init(void)
     if (oversubscribed) choose_spin(cpus);
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
-    st = kolo__shm_autotune(oversubscribed);
-    if (st != KOLO_OK) goto fail;
+    if (oversubscribed) pin_ring_copies();
     if (W.info.rdv_serve && W.info.size > 1) {
         /* rank 0 serves the store: every rank has read it once all are past this barrier */
         st = kolo__coll_barrier(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0]);

@@ -32,8 +32,4 @@ extern kolo__world kolo__W;
  * pset_lock or is the only thread touching the table. */
 kolo__group *kolo__pset_get(int id);
 
-/* KOLO_SHM_CMA=auto: times the two shared-memory paths for large messages and switches each
- * host to the faster (shm_tune.c). Collective over the world; call once the world group exists. */
-int kolo__shm_autotune(bool oversubscribed);
-
 #endif

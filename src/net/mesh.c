@@ -308,12 +308,12 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
     } else {
         int st = set_nonblock(c->fd);
         if (st != 0) return kolo__err_sys(errno, "configuring the socket to rank %d", c->peer);
-        if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold, b->want_cma == 1);
+        if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold, b->want_cma);
     }
     KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
               kolo__peer_name(c->mesh, c->peer), c->tp->name,
               c->tp == &kolo__shm_transport ? (cma_ok && b->want_cma == 1   ? " (single-copy CMA for large messages)"
-                                               : cma_ok && b->want_cma ? " (ring copies or CMA: timed after start-up)"
+                                               : cma_ok && b->want_cma ? " (ring copies or CMA, whichever times faster)"
                                                                        : " (ring copies)")
                                              : "");
     h->state = HS_DONE;

@@ -7,11 +7,21 @@
  * payload), so the same matching and mismatch checks apply.
  *
  * Small messages are copied into the ring and out of it (two copies, but in cache). A message
- * of at least `cma_threshold` bytes, when the pair passed the CMA probe, sends only a
- * descriptor {address, length} of the sender's buffer: the receiver reads the payload
- * straight into its own buffer with process_vm_readv (one copy, done by the kernel) and then
- * bumps the ring's `acks` counter; the sender's xfer completes when it sees the ack. Until
- * then the sender's buffer must stay untouched, which the xfer contract already demands.
+ * of at least `cma_threshold` bytes can instead go single-copy, when the pair passed the CMA
+ * probe: the sender writes only a descriptor {address, length} of its buffer, the receiver
+ * reads the payload straight into its own buffer with process_vm_readv (one copy, done by the
+ * kernel) and then bumps the ring's `acks` counter; the sender's xfer completes when it sees
+ * the ack. Until then the sender's buffer must stay untouched, which the xfer contract already
+ * demands.
+ *
+ * Which way is faster depends on where the two cores sit. Ring copies move every line twice,
+ * but while the cores share a cache both copies run at cache speed: on this project's VM, with
+ * its two vCPUs on one CCD (shared-memory ping 0.05 us), allgather 1 MiB ran 13 GB/s by ring
+ * and 9.4 by CMA. Across CCDs (ping 0.24 us) each ring line the reader pulls is dirty in the
+ * other CCD's cache, and the same allgather fell to 2 GB/s by ring while CMA stayed at 9.4; the
+ * VM moves between the two placements every few minutes. So with KOLO_SHM_CMA=auto (the
+ * default) the receiver of each direction times both ways on the messages themselves and
+ * tells the sender which to use (adapt_*() below); 1 and 0 pin one way.
  *
  * Memory order: the producer writes bytes, then publishes head with release; the consumer
  * acquires head, reads, then publishes tail with release. acks likewise.
@@ -41,8 +51,12 @@
 
 typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t head;
+    /* producer: what copying a large message into the ring costs it, picoseconds per byte
+     * (moving average; 0 unknown). Beside head, which the consumer reads anyway. */
+    _Atomic uint64_t copy_in_ps;
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
+    _Atomic uint32_t want_cma; /* consumer, with auto: 1 send large messages single-copy, 0 by ring */
     _Alignas(64) uint64_t token;
     _Atomic uint32_t closed; /* SHM_CLOSED: the producer shut down cleanly; SHM_ABORTED: it gave up */
     char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
@@ -54,11 +68,22 @@ typedef struct shm_priv {
     ring_ctl *tx_ctl, *rx_ctl;
     char *tx, *rx;
     uint64_t mask;
-    int peer_pid;
+    int peer_pid, peer_rank;
     int cma_ok; /* the pair passed the CMA probe: descriptors from the peer can be read */
     int cma;    /* send messages of cma_threshold bytes and more as descriptors */
+    int adapt;  /* auto: the receiver of each direction picks, from timings (cma is unused) */
+    /* auto, sending: the time spent copying the current large message into the ring */
+    uint64_t in_ns, in_bytes, in_ps;
     size_t cma_threshold;
     uint64_t cma_sent;
+    /* auto, receiving: the time spent copying the current large message out of the ring; the
+     * cost per byte of each way (0 ring, 1 CMA) and when it was last measured; what we asked
+     * the sender for, whether that is a probe of the other way, and when the next probe is */
+    uint64_t out_ns, out_bytes;
+    uint64_t cost_ps[2], cost_at[2];
+    int want, probing, warming[2];
+    uint64_t probe_every, since_probe;
+    uint64_t got[2]; /* large messages received each way */
     /* bytes from the start of each ring known to be mapped in: all of it when the segment was
      * mapped with MAP_POPULATE, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
@@ -109,6 +134,107 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
     ring_read(s->rx, s->mask, pos, dst, n);
 }
 
+/* ---- auto: ring copies or CMA, per direction, chosen from the messages' own timings ----
+ *
+ * The receiver times each large message: by ring, its own copies out of the ring plus the
+ * sender's copies into it (the sender publishes a moving average beside head); by CMA, the
+ * process_vm_readv calls. Both figures are CPU time per byte moved. While the two cores share
+ * a cache, both ring copies run at cache speed; across CCDs or sockets the sender's copies
+ * into the ring crawl, because every ring line it writes is still held by the reader's cache
+ * and must be taken from it, while CMA's reads of a buffer the sender only reads are not
+ * slowed much.
+ *
+ * Measured on this project's VM, 2 ranks, allgather, steady state, receiver's figures in
+ * ps/B (ring = copy in + copy out):
+ *
+ *   vCPUs on one CCD (shared-memory ping 0.05 us): ring 47 (23 + 24) at 1 MiB, 52 at 4 MiB,
+ *     90 at 16 MiB; CMA 75 at 1-4 MiB
+ *   vCPUs on two CCDs (ping 0.24 us): ring 410 (360 + 50) at 1 MiB, 330 at 4 MiB, 450 at 16
+ *     MiB; CMA 100-130. Allgather 1 MiB: 2 GB/s by ring, 9.4 by CMA.
+ *
+ * The VM moves between the two every few minutes, so the choice is made continuously. The
+ * receiver keeps a moving average of each way's cost and asks the sender (want_cma) for the
+ * cheaper, switching only for a 10 % gain so that noise does not flip it. To keep the figure of
+ * the way not in use current, it asks for four messages that way now and then (the first warms
+ * the way up and is not counted): first after 32 messages by ring (a ring's first passes run
+ * on cold lines and cost twice the steady figure), then at intervals that double while the
+ * answer stays the same (20 ms up to 1.28 s, and at least 8 messages apart) and shrink back to
+ * 20 ms when a probe changes it. A probe of the slower way costs four messages at the slower
+ * speed.
+ */
+#define PROBE_MIN_NS (20ull * 1000 * 1000)
+#define PROBE_MAX_NS (1280ull * 1000 * 1000)
+#define PROBE_MIN_MSGS 8
+#define PROBE_FIRST_MSGS 32 /* by ring before the first probe: its first passes run on cold lines */
+#define PROBE_MSGS 3 /* counted in a probe, after the one that warms the way up */
+
+static bool cheaper(const shm_priv *s, int a, int b)
+{
+    return s->cost_ps[a] && s->cost_ps[b] && s->cost_ps[a] * 10 < s->cost_ps[b] * 9;
+}
+
+/* A large message came in `way` (0 ring, 1 CMA), its copy taking ns for `bytes`. */
+static void adapt_learn(shm_priv *s, int way, uint64_t ns, uint64_t bytes)
+{
+    uint64_t now = kolo__now_ns(), ps = bytes ? ns * 1000 / bytes : 0, in = 0;
+    if (way == 0) {
+        in = atomic_load_explicit(&s->rx_ctl->copy_in_ps, memory_order_relaxed);
+        ps += in ? in : ps;
+    }
+    s->got[way]++;
+    s->since_probe++;
+    /* the first message of a way, at the start or in a probe, warms it up (ring pages, the
+     * kernel's page walks) and says little: it is not counted */
+    if (s->warming[way]) {
+        s->warming[way] = 0;
+        return;
+    }
+    uint64_t old = s->cost_ps[way];
+    if (old && now - s->cost_at[way] <= PROBE_MAX_NS) {
+        ps = KOLO_MIN(ps, 2 * old); /* one preempted copy moves the average by at most a quarter */
+        s->cost_ps[way] = (3 * old + ps) / 4;
+    } else {
+        s->cost_ps[way] = ps ? ps : 1; /* a figure older than the longest interval is replaced */
+    }
+    s->cost_at[way] = now;
+    int want = s->want;
+    if (s->probing) {
+        if (way != want || --s->probing > 0) return; /* sent before the sender saw the request; or more to come */
+        if (cheaper(s, want, !want)) {
+            s->probe_every = PROBE_MIN_NS; /* the probe changed the answer: look again soon */
+        } else {
+            want = !want;
+            s->probe_every = KOLO_MIN(2 * s->probe_every, PROBE_MAX_NS);
+        }
+    } else if (way == want && cheaper(s, !want, want)) {
+        want = !want; /* the way in use got dearer than the other's last figure */
+        s->probe_every = PROBE_MIN_NS;
+    } else if (way == want && (s->cost_ps[!want] ? s->since_probe >= PROBE_MIN_MSGS && now - s->cost_at[!want] >= s->probe_every
+                                                 : s->since_probe >= PROBE_FIRST_MSGS)) {
+        want = !want;
+        s->probing = PROBE_MSGS;
+        s->warming[want] = 1;
+        s->since_probe = 0;
+    }
+    KOLO_TRACE("shm from rank %d: large message by %s, %llu ps/B (in %llu); ring %llu, CMA %llu ps/B; asking for %s%s",
+               s->peer_rank, way ? "CMA" : "ring", (unsigned long long)ps, (unsigned long long)in, (unsigned long long)s->cost_ps[0],
+               (unsigned long long)s->cost_ps[1], want ? "CMA" : "ring", s->probing ? " (probe)" : "");
+    if (want != s->want) {
+        s->want = want;
+        atomic_store_explicit(&s->rx_ctl->want_cma, (uint32_t)want, memory_order_relaxed);
+    }
+}
+
+/* The sender finished copying a large message into the ring. Published before the head that
+ * completes the message, so the receiver sees it when it finishes that message. */
+static void adapt_copied_in(shm_priv *s)
+{
+    if (!s->in_bytes) return;
+    uint64_t ps = s->in_ns * 1000 / s->in_bytes;
+    s->in_ps = s->in_ps ? (3 * s->in_ps + KOLO_MIN(ps, 2 * s->in_ps)) / 4 : KOLO_MAX(ps, 1);
+    atomic_store_explicit(&s->tx_ctl->copy_in_ps, s->in_ps, memory_order_relaxed);
+}
+
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
@@ -125,7 +251,8 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         }
         uint64_t space = size - (head - tail);
         if (x->hdr_done == 0) {
-            bool cma = s->cma && x->len >= s->cma_threshold;
+            bool large = x->len >= s->cma_threshold;
+            bool cma = large && (s->adapt ? atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) != 0 : s->cma);
             size_t need = KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : 0);
             if (space < need) {
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
@@ -147,6 +274,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             }
             tx_write(s, head, x->hdr, KOLO_HDR_LEN);
             head += KOLO_HDR_LEN;
+            s->in_ns = s->in_bytes = 0;
             x->hdr_done = KOLO_HDR_LEN;
             space -= KOLO_HDR_LEN;
         }
@@ -157,7 +285,14 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 if (space == 0) break;
             }
             size_t n = (size_t)KOLO_MIN((uint64_t)(x->len - x->done), space);
+            bool timed = s->adapt && x->len >= s->cma_threshold;
+            uint64_t t0 = timed ? kolo__now_ns() : 0;
             tx_write(s, head, x->buf + x->done, n);
+            if (timed) {
+                s->in_ns += kolo__now_ns() - t0;
+                s->in_bytes += n;
+                if (x->done + n == x->len) adapt_copied_in(s);
+            }
             head += n;
             x->done += n;
             if (x->done < x->len) {
@@ -243,8 +378,10 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 rx_read(s, tail + KOLO_HDR_LEN, d, CMA_DESC_LEN);
                 memcpy(&addr, d, 8);
                 x->hdr_done = KOLO_HDR_LEN;
+                uint64_t t0 = kolo__now_ns();
                 st = cma_read(c, s, x, addr);
                 if (st != KOLO_OK) break;
+                if (s->adapt) adapt_learn(s, 1, kolo__now_ns() - t0, x->len);
                 tail += KOLO_HDR_LEN + CMA_DESC_LEN;
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
@@ -254,6 +391,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             }
             x->hdr_done = KOLO_HDR_LEN;
             tail += KOLO_HDR_LEN;
+            s->out_ns = s->out_bytes = 0;
         }
         if (x->done < x->len) {
             if (head == tail) {
@@ -261,7 +399,14 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 if (head == tail) break;
             }
             size_t n = (size_t)KOLO_MIN((uint64_t)(x->len - x->done), head - tail);
+            bool timed = s->adapt && x->len >= s->cma_threshold;
+            uint64_t t0 = timed ? kolo__now_ns() : 0;
             rx_read(s, tail, x->buf + x->done, n);
+            if (timed) {
+                s->out_ns += kolo__now_ns() - t0;
+                s->out_bytes += n;
+                if (x->done + n == x->len) adapt_learn(s, 0, s->out_ns, s->out_bytes);
+            }
             tail += n;
             x->done += n;
             if (x->done < x->len) {
@@ -414,13 +559,17 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring, int populate)
 
 void kolo__shm_unlink(const char *name) { shm_unlink(name); }
 
-void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, bool send)
+void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mode)
 {
     shm_priv *s = c->priv;
     s->cma_ok = 1;
-    s->cma = send;
+    s->cma = mode == 1;
+    s->adapt = mode == 2;
     s->peer_pid = peer_pid;
+    s->peer_rank = c->peer;
     s->cma_threshold = threshold;
+    s->probe_every = PROBE_MIN_NS;
+    s->warming[0] = s->warming[1] = 1;
 }
 
 bool kolo__shm_use_cma(kolo__conn *c, bool on)
@@ -429,6 +578,7 @@ bool kolo__shm_use_cma(kolo__conn *c, bool on)
     shm_priv *s = c->priv;
     if (!s->cma_ok) return false;
     s->cma = on;
+    s->adapt = 0;
     return true;
 }
 
@@ -436,5 +586,14 @@ int kolo__shm_cma_state(const kolo__conn *c)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return -1;
     const shm_priv *s = c->priv;
-    return s->cma_ok ? s->cma : -1;
+    return !s->cma_ok ? -1 : s->adapt ? 2 : s->cma;
+}
+
+void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
+{
+    got[0] = got[1] = 0;
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
+    const shm_priv *s = c->priv;
+    got[0] = s->got[0];
+    got[1] = s->got[1];
 }

@@ -174,14 +174,17 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int popula
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
  * if a process dies later). */
 void kolo__shm_unlink(const char *name);
-/* Enables single-copy reads from the peer (after a successful CMA probe). */
-/* The pair passed the CMA probe: the peer's descriptors can be read from now on, and with
- * `send` this side sends its messages of `threshold` bytes and more as descriptors too. */
-void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, bool send);
-/* Turns sending by descriptor on or off (no send may be in flight); false if c cannot. */
+/* The pair passed the CMA probe: the peer's descriptors can be read from now on. Messages of
+ * `threshold` bytes and more go by ring (mode 0), single-copy (1), or either, as the receiver
+ * of each direction finds faster from timings (2, auto). */
+void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mode);
+/* Pins sending by descriptor on or off (no send may be in flight); false if c cannot. */
 bool kolo__shm_use_cma(kolo__conn *c, bool on);
-/* 1: c sends large messages single-copy; 0: through the ring but could; -1: cannot. */
+/* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
+/* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
+ * from timings. */
+void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
 
 
 #endif
