@@ -374,27 +374,43 @@ def wait_idle(max_wait, run):
 
 
 class Store:
-    """Timings per (np, peer, coll, dtype, size): placement -> list of us, plus #wrong."""
+    """Timings per (np, peer, coll, dtype, size): placement -> list of us, plus #wrong, and the
+    shared-memory ping measured just before the launch each timing came from."""
 
     def __init__(self):
         self.t = {}
+        self.split = None  # ping (us) above which a launch counts as the machine's far state
 
-    def add(self, np, peer, row):
+    def add(self, np, peer, row, ping=None):
         k = (np, peer, row["coll"], row["dtype"], row["size"])
-        e = self.t.setdefault(k, {"count": row["count"], "oop": [], "ip": [], "wrong": None})
+        e = self.t.setdefault(k, {"count": row["count"], "oop": [], "ip": [], "wrong": None,
+                                  "oop_ping": [], "ip_ping": []})
         for place, (us, wrong) in row["place"].items():
             e[place].append(us)
+            e[place + "_ping"].append(ping)
             if wrong is not None:
                 e["wrong"] = (e["wrong"] or 0) + wrong
 
     def get(self, np, peer, coll, dtype, size):
         return self.t.get((np, peer, coll, dtype, size))
 
-    def med(self, np, peer, coll, dtype, size, place):
+    def state(self, ping):
+        if ping is None or self.split is None:
+            return None
+        return "far" if ping > self.split else "near"
+
+    def med(self, np, peer, coll, dtype, size, place, state=None):
+        """Median over the repetitions; with state ("near"/"far"), over those launched in it."""
         e = self.get(np, peer, coll, dtype, size)
         if not e or not e[place]:
             return None
-        return statistics.median(e[place])
+        v = [t for t, p in zip(e[place], e[place + "_ping"])
+             if state is None or self.state(p) == state]
+        return statistics.median(v) if v else None
+
+    def count(self, np, peer, coll, dtype, size, place, state):
+        e = self.get(np, peer, coll, dtype, size)
+        return sum(1 for p in (e[place + "_ping"] if e else []) if self.state(p) == state)
 
 
 class Run:
@@ -404,6 +420,7 @@ class Run:
         self.store = Store()
         self.comments, self.notes, self.loads = [], [], []
         self.cpu = {}  # (peer key, np) -> [CPU seconds, wall seconds]
+        self.pings = []  # the shared-memory ping before every launch (us)
         self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
 
 
@@ -417,6 +434,10 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
         while i < len(launches):
             ln = launches[i]
             run.loads.append(cpu_busy(0.1))
+            ping = state_ping()
+            if ping is not None:
+                run.pings.append(ping)
+                log.write("# shm ping before this launch: %.3f us\n" % ping)
             out, rc, to, secs = run_launch(ln, a.timeout, log)
             rows, com = parse_rows(out, ln.coll)
             if (p.family == "kolo" and not rows and rc and not p.use_kolorun
@@ -432,7 +453,7 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             c[1] += secs
             run.comments += com
             for r in rows:
-                run.store.add(np, p.key, r)
+                run.store.add(np, p.key, r, ping)
             nrows += len(rows)
             for line in com:
                 msg = line.lstrip("# ")
@@ -455,6 +476,34 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
 
 
 # ---------------------------------------------------------------- machine limits and the bound
+
+def state_ping():
+    """The shared-memory ping between cpus 0 and 1 right now (us), or None. Some VMs move their
+    vCPUs between cores that share a cache and cores that do not, every few minutes; this
+    project's 2-vCPU VM reads 0.05 us in the first state and 0.24 us in the second, and the
+    shared-memory figures of every peer depend on it, kolo's ring copies most. So it is measured
+    before every launch (about 0.01 s) and reported with the figures."""
+    tool = os.path.join(BUILD, "machine_limits")
+    if NCPU < 2 or not os.access(tool, os.X_OK):
+        return None
+    try:
+        out = subprocess.run([tool, "--ping"], capture_output=True, text=True, timeout=30).stdout
+        m = re.search(r"shm_ping_oneway_us\s+([0-9.]+)", out)
+        return float(m.group(1)) if m else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def state_split(pings):
+    """The ping that separates the two states, or None when the machine stayed in one: the
+    geometric mean of the 10th percentile and the highest ping, when the highest is more than
+    2.5 times the 10th percentile (this VM: about 0.05 and 0.24 us, split near 0.11)."""
+    if len(pings) < 2:
+        return None
+    v = sorted(pings)
+    lo, hi = v[len(v) // 10], v[-1]
+    return math.sqrt(lo * hi) if lo > 0 and hi > 2.5 * lo else None
+
 
 def machine_limits(quick):
     tool = os.path.join(BUILD, "machine_limits")
@@ -635,7 +684,7 @@ class Report:
                         "count", "reps", "oop_time_us", "oop_algbw_GBps", "oop_busbw_GBps",
                         "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps", "wrong",
                         "kolo_speedup", "compared_placement", "bound_busbw_GBps",
-                        "share_of_bound"])
+                        "share_of_bound", "launch_pings_us"])
             for (np, peer, coll, dt, size), e in sorted(self.store.t.items(),
                                                         key=lambda kv: self._order(kv[0])):
                 p = self.peer(peer)
@@ -664,6 +713,8 @@ class Report:
                         row += ["", ""]
                 else:
                     row += ["", ""]
+                pings = e["oop_ping"] if e["oop"] else e["ip_ping"]
+                row.append(";".join("%.3f" % x for x in pings if x is not None))
                 w.writerow(row)
 
     def peer(self, key):
@@ -690,6 +741,7 @@ class Report:
         L += self.md_method()
         L += self.md_headline()
         L += self.md_targets()
+        L += self.md_states()
         L += self.md_bound()
         L += self.md_peers_status()
         L += self.md_oversub()
@@ -890,6 +942,53 @@ class Report:
                          _met(len(o["rows"]) == len(OVERSUB_SIZES) and wrong == 0
                               and not o["fails"], None)))
         L += self.md_engine_targets()
+        L.append("")
+        return L
+
+    def md_states(self):
+        """kolo against Open MPI over shared memory, split by the machine state each launch saw."""
+        pings = getattr(self, "pings", [])
+        L = ["## The machine's state at each launch", ""]
+        if not pings:
+            return L + ["Not measured (machine_limits --ping was not available).", ""]
+        st, split = self.store, self.store.split
+        L.append("Before every launch the harness measures the shared-memory ping between cpus 0 "
+                 "and 1 (`machine_limits --ping`, where the ranks are bound). %d launches: %.3f to "
+                 "%.3f us, median %.3f." % (len(pings), min(pings), max(pings),
+                                           statistics.median(pings)))
+        if split is None:
+            return L + ["", "No launch was 2.5 times slower than the 10th percentile: the machine "
+                        "stayed in one state.", ""]
+        far = sum(1 for x in pings if x > split)
+        L.append("Above %.3f us a launch counts as **far**: %d near, %d far. "
+                 "On a VM whose vCPUs the host moves between cores that share a cache and cores "
+                 "that do not, every shared-memory figure depends on this, and a median over "
+                 "repetitions that fell in different states mixes two machines. Below, kolo and "
+                 "Open MPI over shared memory, 2 ranks, float32, out-of-place, each from the "
+                 "launches in one state only (median, with how many); **kolo ×** = Open MPI "
+                 "time / kolo time." % (split, len(pings) - far, far))
+        L.append("")
+        ks = self.kolo.get("shm")
+        if not ks or 2 not in self.args.np_list:
+            return L + ["(kolo over shared memory at 2 ranks was not in this run)", ""]
+        L.append("| collective | size | near: kolo | near: Open MPI | near: kolo × | far: kolo | "
+                 "far: Open MPI | far: kolo × |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        pick = [x for x in (8, 64 << 10, 1 << 20, 16 << 20, 64 << 20) if x in self.sizes]
+        for coll in self.args.coll_list:
+            for size in pick:
+                if size == 8 and coll != "allreduce":
+                    continue
+                cells = []
+                for state in ("near", "far"):
+                    a = st.med(2, ks, coll, "float32", size, "oop", state)
+                    b = st.med(2, "ompi-shm", coll, "float32", size, "oop", state)
+                    na = st.count(2, ks, coll, "float32", size, "oop", state)
+                    nb = st.count(2, "ompi-shm", coll, "float32", size, "oop", state)
+                    cells += ["%s (%d)" % (cell(a, coll, 2, size), na) if a else "—",
+                              "%s (%d)" % (cell(b, coll, 2, size), nb) if b else "—",
+                              ratio_cell(b / a) if a and b else "—"]
+                L.append("| %s | %s | %s |" % (coll, fmt_size(size), " | ".join(cells)))
         L.append("")
         return L
 
@@ -1398,6 +1497,7 @@ def main(argv):
                              "first repetition only), because %s" % (
                                  p.label, np, NCPU, a.oversub_iters, a.oversub_warmup, p.oversub_why))
     store = run.store
+    store.split = state_split(run.pings)
     wrong = [(k, e["wrong"]) for k, e in store.t.items() if e["wrong"]]
     for (np, peer, coll, dt, size), w in wrong:
         notes.append("WRONG RESULTS: %s %s %s %d ranks %s: %d elements" % (
@@ -1412,6 +1512,7 @@ def main(argv):
     rep.oversub = oversub
     rep.engine = engine
     rep.waited = run.waited
+    rep.pings = run.pings
     prefix = stamp + ("-quick" if a.quick else "")
     pngs = [] if a.no_plots else plot(rep, prefix)
     csv_path = os.path.join(a.out, prefix + "-compare.csv")

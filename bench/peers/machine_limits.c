@@ -10,9 +10,11 @@
  * of bytes read plus bytes written per second with all threads (memcpy: 2 x copied; add: 3 x a).
  *
  * Usage: machine_limits [-s MiB per thread buffer (default 256)] [-r repetitions (default 5)]
+ *        machine_limits --ping   only the ping, its ends bound to cpus 0 and 1 (about 0.1 s)
  * Output: one "key value" line per figure (medians over repetitions), '#' lines are comments.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,7 +166,7 @@ static double run_kernel(enum kernel k, int threads, size_t bytes, int inner, in
 }
 
 /* One-way latency (us) of an 8-byte message between two processes spinning on shared flags. */
-static double shm_ping(int rounds, int trials)
+static double shm_ping(int rounds, int trials, int bind_child)
 {
   struct shared {
     _Alignas(64) volatile uint64_t ping;
@@ -184,6 +186,12 @@ static double shm_ping(int rounds, int trials)
     exit(1);
   }
   if (pid == 0) {
+    if (bind_child) {
+      cpu_set_t other;
+      CPU_ZERO(&other);
+      CPU_SET(1, &other);
+      (void)sched_setaffinity(0, sizeof(other), &other);
+    }
     for (uint64_t i = 1; i <= total; i++) {
       while (__atomic_load_n(&sh->ping, __ATOMIC_ACQUIRE) != i)
         ;
@@ -216,16 +224,31 @@ static double shm_ping(int rounds, int trials)
 int main(int argc, char **argv)
 {
   size_t mib = 256;
-  int reps = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "-s"))
-      mib = (size_t)atol(argv[i + 1]);
-    else if (!strcmp(argv[i], "-r"))
-      reps = atoi(argv[i + 1]);
+  int reps = 5, ping_only = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--ping"))
+      ping_only = 1;
+    else if (!strcmp(argv[i], "-s") && i + 1 < argc)
+      mib = (size_t)atol(argv[++i]);
+    else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+      reps = atoi(argv[++i]);
+    else
+      mib = 0;
   }
   if (mib < 1 || reps < 1) {
-    fprintf(stderr, "usage: machine_limits [-s MiB] [-r reps]\n");
+    fprintf(stderr, "usage: machine_limits [-s MiB] [-r reps] [--ping]\n"
+                    "  --ping  only the shared-memory ping between cpus 0 and 1, as benchmark ranks\n"
+                    "          are placed (about 0.1 s): the harness runs it before every launch\n");
     return 2;
+  }
+  if (ping_only) {
+    /* the two ends on cpus 0 and 1, where kolo-bench and mpirun put ranks 0 and 1 */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    int bound = sysconf(_SC_NPROCESSORS_ONLN) >= 2 && sched_setaffinity(0, sizeof(one), &one) == 0;
+    printf("shm_ping_oneway_us %.3f\n", shm_ping(20000, 3, bound));
+    return 0;
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int maxthreads = ncpu >= 2 ? 2 : 1;
@@ -266,7 +289,7 @@ int main(int argc, char **argv)
   printf("# dram_traffic: best over the kernels above at %d thread(s) of bytes read + written per "
          "second (memcpy 2x, add 3x)\n", maxthreads);
   printf("dram_traffic_GBps %.2f\n", best_traffic);
-  printf("shm_ping_oneway_us %.3f\n", shm_ping(100000, reps));
+  printf("shm_ping_oneway_us %.3f\n", shm_ping(100000, reps, 0));
   for (int i = 0; i < maxthreads; i++) {
     munmap(src[i], bytes);
     munmap(dst[i], bytes);
