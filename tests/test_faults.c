@@ -6,6 +6,7 @@
 
 #include "../src/boot/auth.h"
 #include "../src/boot/store.h"
+#include "../src/core/world.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -397,6 +398,38 @@ KT_TEST(mismatched_counts_fail_every_rank, 20)
     KT_EQ(kt_job(2, mismatch, NULL, NULL, NULL), 0);
     kt_job_opts o = {.tcp_only = 1};
     KT_EQ(kt_job(2, mismatch, NULL, &o, NULL), 0);
+}
+
+/* A garbled shared-memory stream is an error naming the sender, on the rank that reads it, and
+ * the other rank learns that the reader gave up: either the mark the reader polls holds junk
+ * (arg 0), or a frame arrives whose header is not kolo's (arg 1). */
+static void garbled_shm(int rank, void *arg)
+{
+    bool whole = arg != NULL;
+    KT_OK(kolo_init());
+    KT_CONTAINS(kolo_peer_transport(1 - rank), "shm");
+    int v = 1, out;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    if (rank == 1) {
+        kolo__shm_garble(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[0], whole);
+        if (!whole) usleep(300 * 1000); /* rank 0 must read the junk mark before we send again */
+        /* our part of this one may complete before rank 0 reads anything; the next cannot */
+        int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+        if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+        KT_EQ(st, KOLO_ERR_PEER_LOST);
+        KT_CONTAINS(kolo_last_error(), "rank 0");
+        KT_CONTAINS(kolo_last_error(), "garbled");
+    } else {
+        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PROTOCOL);
+        KT_CONTAINS(kolo_last_error(), "rank 1");
+        KT_CONTAINS(kolo_last_error(), "garbled");
+    }
+}
+
+KT_TEST(garbled_shm_stream_is_named, 30)
+{
+    KT_EQ(kt_job(2, garbled_shm, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(2, garbled_shm, (void *)1, NULL, NULL), 0);
 }
 
 /* A rank that shuts down while another still waits for it: the waiter is told, not hung. */

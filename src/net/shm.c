@@ -3,8 +3,9 @@
  * The pair shares one segment (POSIX shm, unlinked as soon as both sides have mapped it, so
  * nothing is left behind if a process dies) holding two rings, one per direction. A ring is a
  * power-of-two byte array with a producer counter `head` and a consumer counter `tail` on
- * their own cache lines; the stream in it has the same framing as TCP (16-byte header, then
- * payload), so the same matching and mismatch checks apply.
+ * their own cache lines. Each message in it is a frame: a mark the reader polls (see "framing"
+ * below), then the same 16-byte header as on TCP, so the same matching and mismatch checks
+ * apply, then the payload.
  *
  * Small messages are copied into the ring and out of it (two copies, but in cache). A message
  * of at least `cma_threshold` bytes can instead go single-copy, when the pair passed the CMA
@@ -87,6 +88,7 @@ typedef struct shm_priv {
     /* bytes from the start of each ring known to be mapped in: all of it when the segment was
      * mapped with MAP_POPULATE, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
+    uint64_t tx_tail; /* sending: the reader's tail as last loaded */
 } shm_priv;
 
 static size_t seg_len(size_t ring)
@@ -235,12 +237,61 @@ static void adapt_copied_in(shm_priv *s)
     atomic_store_explicit(&s->tx_ctl->copy_in_ps, s->in_ps, memory_order_relaxed);
 }
 
+/* ---- framing: marks ----
+ *
+ * A frame in the ring starts on a cache line: [mark, 8 B][header, 16 B][payload or CMA
+ * descriptor], padded to 64 bytes; a streamed payload starts on the next line, so that the
+ * copies of large messages run on aligned lines. The mark of the frame starting at stream position p reads p + 1 once the frame may be
+ * read: the reader polls the mark at its tail, so a small message costs it the one cache line
+ * holding mark, header and payload, and not also the line of the writer's head counter. Frames
+ * of at most INLINE_MAX payload bytes (and descriptors) are written whole before their mark;
+ * longer ones publish the mark after the header and stream the payload behind head as before.
+ *
+ * Stale bytes from an earlier lap must never look like a mark: before a frame is published the
+ * writer zeroes the mark slot of the frame after it (end_frame), so the reader finds 0 there
+ * until that frame is published. Anything else is a garbled stream. The writer keeps
+ * TERM_RESERVE bytes free behind every payload for that padding and zero.
+ */
+#define MARK_LEN 8
+#define INLINE_MAX 4096
+#define LINE 64
+#define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
+
+static uint64_t pad_line(uint64_t v) { return (v + LINE - 1) & ~(uint64_t)(LINE - 1); }
+
+static _Atomic uint64_t *mark_at(char *ring, uint64_t mask, uint64_t pos)
+{
+    return (_Atomic uint64_t *)(void *)(ring + (pos & mask));
+}
+
+/* Ends the frame whose bytes end at *head: pads to a line and zeroes the next frame's mark. */
+static void end_frame(shm_priv *s, uint64_t *head)
+{
+    *head = pad_line(*head);
+    first_pass(s->tx, s->mask + 1, &s->tx_ready, *head + MARK_LEN, MADV_POPULATE_WRITE);
+    atomic_store_explicit(mark_at(s->tx, s->mask, *head), 0, memory_order_relaxed);
+}
+
+static void timed_write(shm_priv *s, uint64_t pos, kolo__xfer *x, size_t n)
+{
+    bool timed = s->adapt && x->len >= s->cma_threshold;
+    uint64_t t0 = timed ? kolo__now_ns() : 0;
+    tx_write(s, pos, x->buf + x->done, n);
+    if (timed) {
+        s->in_ns += kolo__now_ns() - t0;
+        s->in_bytes += n;
+        if (x->done + n == x->len) adapt_copied_in(s);
+    }
+}
+
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
     uint64_t size = s->mask + 1;
     uint64_t head = atomic_load_explicit(&ctl->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+    /* the reader's tail as last seen: reloaded only when the ring looks too full, so that a
+     * stream of small messages does not pull the reader's tail line over for each one */
+    uint64_t tail = s->tx_tail;
     uint64_t start = head;
     while (c->sendq) {
         kolo__xfer *x = c->sendq;
@@ -253,46 +304,50 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         if (x->hdr_done == 0) {
             bool large = x->len >= s->cma_threshold;
             bool cma = large && (s->adapt ? atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) != 0 : s->cma);
-            size_t need = KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : 0);
-            if (space < need) {
+            bool whole = cma || x->len <= INLINE_MAX;
+            /* a streamed payload starts on the line after the header's */
+            uint64_t body = whole ? KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : x->len) : LINE - MARK_LEN;
+            if (space < MARK_LEN + body + TERM_RESERVE) {
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
                 space = size - (head - tail);
-                if (space < need) break;
+                if (space < MARK_LEN + body + TERM_RESERVE) break;
             }
+            uint64_t at = head;
+            s->in_ns = s->in_bytes = 0;
             if (cma) {
                 unsigned char msg[KOLO_HDR_LEN + CMA_DESC_LEN];
                 uint64_t addr = (uint64_t)(uintptr_t)x->buf, len = x->len;
                 kolo__hdr_pack(msg, SHM_FLAG_CMA, x->len);
                 memcpy(msg + KOLO_HDR_LEN, &addr, 8);
                 memcpy(msg + KOLO_HDR_LEN + 8, &len, 8);
-                tx_write(s, head, msg, sizeof(msg));
-                head += sizeof(msg);
-                x->hdr_done = KOLO_HDR_LEN;
-                x->done = x->len;
+                tx_write(s, at + MARK_LEN, msg, sizeof(msg));
                 x->cma_seq = ++s->cma_sent;
+            } else {
+                tx_write(s, at + MARK_LEN, x->hdr, KOLO_HDR_LEN);
+                if (whole && x->len) timed_write(s, at + MARK_LEN + KOLO_HDR_LEN, x, x->len);
+            }
+            x->hdr_done = KOLO_HDR_LEN;
+            head = at + MARK_LEN + body;
+            if (whole) {
+                x->done = x->len;
+                end_frame(s, &head);
+            }
+            atomic_store_explicit(mark_at(s->tx, s->mask, at), at + 1, memory_order_release);
+            if (cma) continue;
+            if (whole) {
+                kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
                 continue;
             }
-            tx_write(s, head, x->hdr, KOLO_HDR_LEN);
-            head += KOLO_HDR_LEN;
-            s->in_ns = s->in_bytes = 0;
-            x->hdr_done = KOLO_HDR_LEN;
-            space -= KOLO_HDR_LEN;
+            space = size - (head - tail);
         }
         if (x->done < x->len) {
-            if (space == 0) {
+            if (space <= TERM_RESERVE) {
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
                 space = size - (head - tail);
-                if (space == 0) break;
+                if (space <= TERM_RESERVE) break;
             }
-            size_t n = (size_t)KOLO_MIN((uint64_t)(x->len - x->done), space);
-            bool timed = s->adapt && x->len >= s->cma_threshold;
-            uint64_t t0 = timed ? kolo__now_ns() : 0;
-            tx_write(s, head, x->buf + x->done, n);
-            if (timed) {
-                s->in_ns += kolo__now_ns() - t0;
-                s->in_bytes += n;
-                if (x->done + n == x->len) adapt_copied_in(s);
-            }
+            size_t n = (size_t)KOLO_MIN((uint64_t)(x->len - x->done), space - TERM_RESERVE);
+            timed_write(s, head, x, n);
             head += n;
             x->done += n;
             if (x->done < x->len) {
@@ -300,13 +355,15 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 atomic_store_explicit(&ctl->head, head, memory_order_release);
                 start = head;
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
-                if (size - (head - tail) == 0) break;
+                if (size - (head - tail) <= TERM_RESERVE) break;
                 continue;
             }
+            end_frame(s, &head);
         }
         kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
     }
     if (head != start) atomic_store_explicit(&ctl->head, head, memory_order_release);
+    s->tx_tail = tail;
     return KOLO_OK;
 }
 
@@ -346,18 +403,40 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
     return KOLO_OK;
 }
 
+static void timed_read(shm_priv *s, uint64_t pos, kolo__xfer *x, size_t n)
+{
+    bool timed = s->adapt && x->len >= s->cma_threshold;
+    uint64_t t0 = timed ? kolo__now_ns() : 0;
+    rx_read(s, pos, x->buf + x->done, n);
+    if (timed) {
+        s->out_ns += kolo__now_ns() - t0;
+        s->out_bytes += n;
+        if (x->done + n == x->len) adapt_learn(s, 0, s->out_ns, s->out_bytes);
+    }
+}
+
 static int progress_recv(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->rx_ctl;
     uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&ctl->head, memory_order_acquire);
+    uint64_t head = 0; /* loaded when a streamed payload needs it */
     uint64_t start = tail;
     int st = KOLO_OK;
     while (c->recvq) {
         kolo__xfer *x = c->recvq;
         if (x->hdr_done == 0) {
-            if (head - tail < KOLO_HDR_LEN) break;
-            rx_read(s, tail, x->hdr, KOLO_HDR_LEN);
+            first_pass(s->rx, s->mask + 1, &s->rx_ready, tail + MARK_LEN, MADV_POPULATE_READ);
+            uint64_t mark = atomic_load_explicit(mark_at(s->rx, s->mask, tail), memory_order_acquire);
+            if (mark != tail + 1) {
+                if (mark != 0)
+                    st = kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL,
+                                                      "the shared-memory stream from rank %d on %s is garbled: "
+                                                      "mark %#llx where %#llx or 0 belongs",
+                                                      c->peer, kolo__peer_name(c->mesh, c->peer),
+                                                      (unsigned long long)mark, (unsigned long long)(tail + 1)));
+                break;
+            }
+            rx_read(s, tail + MARK_LEN, x->hdr, KOLO_HDR_LEN);
             uint32_t flags;
             st = kolo__hdr_check(c, x, &flags);
             if (st != KOLO_OK) {
@@ -372,17 +451,16 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                                                       c->peer, kolo__peer_name(c->mesh, c->peer)));
                     break;
                 }
-                if (head - tail < KOLO_HDR_LEN + CMA_DESC_LEN) break; /* written together; re-read next time */
                 unsigned char d[CMA_DESC_LEN];
                 uint64_t addr;
-                rx_read(s, tail + KOLO_HDR_LEN, d, CMA_DESC_LEN);
+                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, d, CMA_DESC_LEN);
                 memcpy(&addr, d, 8);
                 x->hdr_done = KOLO_HDR_LEN;
                 uint64_t t0 = kolo__now_ns();
                 st = cma_read(c, s, x, addr);
                 if (st != KOLO_OK) break;
                 if (s->adapt) adapt_learn(s, 1, kolo__now_ns() - t0, x->len);
-                tail += KOLO_HDR_LEN + CMA_DESC_LEN;
+                tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + CMA_DESC_LEN);
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
                 atomic_fetch_add_explicit(&ctl->acks, 1, memory_order_release);
@@ -390,23 +468,23 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 continue;
             }
             x->hdr_done = KOLO_HDR_LEN;
-            tail += KOLO_HDR_LEN;
             s->out_ns = s->out_bytes = 0;
+            if (x->len <= INLINE_MAX) { /* written whole before the mark */
+                if (x->len) timed_read(s, tail + MARK_LEN + KOLO_HDR_LEN, x, x->len);
+                x->done = x->len;
+                tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + x->len);
+                kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
+                continue;
+            }
+            tail += LINE;
         }
         if (x->done < x->len) {
-            if (head == tail) {
+            if (head <= tail) {
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
-                if (head == tail) break;
+                if (head <= tail) break;
             }
             size_t n = (size_t)KOLO_MIN((uint64_t)(x->len - x->done), head - tail);
-            bool timed = s->adapt && x->len >= s->cma_threshold;
-            uint64_t t0 = timed ? kolo__now_ns() : 0;
-            rx_read(s, tail, x->buf + x->done, n);
-            if (timed) {
-                s->out_ns += kolo__now_ns() - t0;
-                s->out_bytes += n;
-                if (x->done + n == x->len) adapt_learn(s, 0, s->out_ns, s->out_bytes);
-            }
+            timed_read(s, tail, x, n);
             tail += n;
             x->done += n;
             if (x->done < x->len) {
@@ -415,6 +493,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
                 continue;
             }
+            tail = pad_line(tail);
         }
         kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
     }
@@ -596,4 +675,24 @@ void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
     const shm_priv *s = c->priv;
     got[0] = s->got[0];
     got[1] = s->got[1];
+}
+
+void kolo__shm_garble(kolo__conn *c, bool whole_frame)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
+    shm_priv *s = c->priv;
+    uint64_t head = atomic_load_explicit(&s->tx_ctl->head, memory_order_relaxed);
+    if (!whole_frame) { /* scribble on the mark the reader polls next */
+        atomic_store_explicit(mark_at(s->tx, s->mask, head), 0x6761726261676521ull, memory_order_release);
+        return;
+    }
+    /* a frame with a valid mark and a header that is not kolo's */
+    unsigned char junk[KOLO_HDR_LEN];
+    memset(junk, 0x5a, sizeof(junk));
+    uint64_t at = head;
+    tx_write(s, at + MARK_LEN, junk, sizeof(junk));
+    head = at + MARK_LEN + KOLO_HDR_LEN;
+    end_frame(s, &head);
+    atomic_store_explicit(mark_at(s->tx, s->mask, at), at + 1, memory_order_release);
+    atomic_store_explicit(&s->tx_ctl->head, head, memory_order_release);
 }

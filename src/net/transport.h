@@ -185,6 +185,9 @@ int kolo__shm_cma_state(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
  * from timings. */
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
+/* Tests: corrupts what c's peer reads next from us, either the mark it polls or, with
+ * whole_frame, a whole frame whose header is not kolo's. Nothing may be in flight on c. */
+void kolo__shm_garble(kolo__conn *c, bool whole_frame);
 
 
 #endif
