@@ -34,7 +34,7 @@ typedef struct opts {
     enum coll coll;
     size_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, root, np, avg_mode, bind;
+    int iters, warmup, check, root, np, avg_mode, bind, shared_mem;
     kolo_dtype_t dtype;
     kolo_op_t op;
 } opts;
@@ -111,6 +111,8 @@ static void usage(FILE *f)
             "  -np N     fork N local ranks (when no launcher started us)\n"
             "  --bind core|none  with -np: bind each rank to its own CPU while there are enough\n"
             "            (default core, as mpirun does; a launcher's ranks are left as it placed them)\n"
+            "  --mem malloc|kolo  where the buffers come from (default malloc); kolo: kolo_mem_alloc,\n"
+            "            which lets allreduce of 16 MiB and more read the other ranks' buffers directly\n"
             "  --version print the library's build information\n");
 }
 
@@ -366,8 +368,9 @@ static int bench(const opts *o)
         return 2;
     }
     size_t cap = o->maxb + 64 * (size_t)n * R.es;
-    R.send = aligned_alloc(64, (cap + 63) / 64 * 64);
-    R.recv = aligned_alloc(64, (cap + 63) / 64 * 64);
+    size_t alloc = (cap + 63) / 64 * 64;
+    R.send = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
+    R.recv = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
     if (!R.send || !R.recv) {
         fprintf(stderr, "kolo-bench: cannot allocate %zu bytes\n", cap);
         return 1;
@@ -380,6 +383,7 @@ static int bench(const opts *o)
                o->minb, o->maxb, o->step ? (double)o->step : o->factor, o->step ? "bytes" : "factor", o->warmup,
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
+        if (o->shared_mem) printf("# buffers from kolo_mem_alloc\n");
         int cma = n > 1 ? kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) : -1;
         printf("# transport to rank 1: %s%s\n", n > 1 ? kolo_peer_transport(1) : "self",
                cma == 2   ? " (ring copies or single-copy CMA from 128 KiB, whichever times faster)"
@@ -487,9 +491,14 @@ static int bench(const opts *o)
         }
         printf("#\n# Collective test concluded: kolo-bench %s\n", coll_names[o->coll]);
     }
-    free(R.send);
-    free(R.recv);
     kolo_shutdown();
+    if (o->shared_mem) {
+        kolo_mem_free(R.send);
+        kolo_mem_free(R.recv);
+    } else {
+        free(R.send);
+        free(R.recv);
+    }
     return failed ? 1 : (total_wrong ? 3 : 0);
 }
 
@@ -541,6 +550,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-r")) o.root = (int)strtol(v, &end, 10), bad = *end || o.root < 0;
         else if (!strcmp(a, "-a")) o.avg_mode = (int)strtol(v, &end, 10), bad = *end || o.avg_mode < 0 || o.avg_mode > 3;
         else if (!strcmp(a, "--bind")) o.bind = !strcmp(v, "core"), bad = !o.bind && strcmp(v, "none");
+        else if (!strcmp(a, "--mem")) o.shared_mem = !strcmp(v, "kolo"), bad = !o.shared_mem && strcmp(v, "malloc");
         else if (!strcmp(a, "-np")) o.np = (int)strtol(v, &end, 10), bad = *end || o.np < 1 || o.np > 256;
         else if (!strcmp(a, "-d")) bad = parse_dtype(v, &o.dtype);
         else if (!strcmp(a, "-o")) bad = parse_op(v, &o.op);

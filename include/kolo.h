@@ -227,6 +227,18 @@ KOLO_EXTERN size_t kolo_reducescatter_rows(size_t rows, int n, int r);
 /* Returns once every rank of the set has entered it. */
 KOLO_EXTERN int kolo_barrier(int pset);
 
+/* ---- Shared buffers ---------------------------------------------------------
+ * kolo_mem_alloc returns `bytes` of zeroed memory that the other ranks of this host can map
+ * (a memfd; nothing is left behind if the process dies). When every rank of a process set on
+ * one host passes buffers from it, kolo_allreduce of 16 MiB and more reads the peers' buffers
+ * directly: each rank reduces its share straight from the others' inputs and copies the rest
+ * from their outputs, with no copy through a ring or the kernel, about half the memory
+ * traffic of the ring. Otherwise (any rank's buffer from malloc, ranks on several hosts, a
+ * prescale factor other than 1) the usual algorithms run. Works before kolo_init. NULL with
+ * kolo_last_error() set on failure; kolo_mem_free(NULL) does nothing. */
+KOLO_EXTERN void *kolo_mem_alloc(size_t bytes);
+KOLO_EXTERN int kolo_mem_free(void *p);
+
 /* ---- The engine: named asynchronous requests ----------------------------------
  * A background thread (started by kolo_init, one per process) owns its own connections to
  * every peer (separate from the ones of the direct collectives above, so both kinds can be

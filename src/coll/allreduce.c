@@ -12,7 +12,8 @@
  *    one-round exchange (Open MPI: 59). Members beyond the largest power of two first hand
  *    their buffer to a partner and get the result back at the end.
  * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and
- * 1/n for AVERAGE) to its block alone, then ring allgather.
+ * 1/n for AVERAGE) to its block alone, then ring allgather. When every member is on this host
+ * and passes kolo_mem_alloc buffers, the members read each other's buffers instead (zerocopy.c).
  */
 #include "coll.h"
 
@@ -145,6 +146,12 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
+    }
+
+    /* every member's buffers from kolo_mem_alloc on this host: read them directly */
+    if (pre == 1.0) {
+        int z = kolo__zc_allreduce(m, g, send, recv, count, dtype, op, post);
+        if (z != KOLO_ZC_DECLINED) return z;
     }
 
     size_t offs[1024], cnts[1024];

@@ -41,6 +41,14 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
                              const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
+/* Allreduce reading the other members' kolo_mem_alloc buffers directly (zerocopy.c), when every
+ * member is on this host and passes such buffers for 16 MiB or more: returns KOLO_ZC_DECLINED
+ * (on every member alike) when it does not apply, else the collective's status. */
+#define KOLO_ZC_DECLINED 1
+int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                       kolo_dtype_t dtype, kolo_op_t op, double post);
+/* How many allreduces took that path in this process (tests). */
+uint64_t kolo__zc_runs(void);
 
 /* ---- shared by the algorithm files (coll_util.c) ---- */
 

@@ -1,6 +1,7 @@
 /* kolo.c - the public API: init and shutdown, who-am-I, process sets, and the direct collectives
  * with their argument checks (every input is validated here, before anything is sent). */
 #include "world.h"
+#include "mem.h"
 
 #include "../boot/auth.h"
 #include "../engine/engine.h"
@@ -124,6 +125,7 @@ static void choose_spin(long cpus)
 
 static void teardown(void)
 {
+    kolo__mem_forget_peers();
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
         kolo__mesh_destroy(W.mesh[c]);
         W.mesh[c] = NULL;
