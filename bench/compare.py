@@ -899,6 +899,15 @@ class Report:
                 L.append("| allreduce 64 MiB ≥ 80 %% of the memory-traffic bound | %.0f %% of "
                          "%.2f GB/s | %s |" % (100 * tb / a, M / 1e3 / tb,
                                                _met(tb / a >= 0.8, tb / a / 0.8)))
+            mc = getattr(self, "memc", None) or {}
+            if tb and mc.get("kolo") and mc.get("malloc"):
+                k, mm = statistics.median(mc["kolo"]), statistics.median(mc["malloc"])
+                L.append("| the same with buffers from `kolo_mem_alloc` (ranks read each other's buffers; "
+                         "`kolo-bench --mem kolo`, %d launches interleaved with malloc'd buffers) | %.0f %% "
+                         "(%.2f GB/s; malloc'd in the same launches: %.0f %%, %.2f GB/s)%s | %s |" % (
+                             len(mc["kolo"]), 100 * tb / k, M / 1e3 / k, 100 * tb / mm, M / 1e3 / mm,
+                             "; %d WRONG elements" % mc["wrong"] if mc.get("wrong") else "",
+                             _met(tb / k >= 0.8 and not mc.get("wrong"), tb / k / 0.8)))
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
             if a and b:
                 L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f us vs %.2f us "
@@ -964,31 +973,35 @@ class Report:
                  "On a VM whose vCPUs the host moves between cores that share a cache and cores "
                  "that do not, every shared-memory figure depends on this, and a median over "
                  "repetitions that fell in different states mixes two machines. Below, kolo and "
-                 "Open MPI over shared memory, 2 ranks, float32, out-of-place, each from the "
-                 "launches in one state only (median, with how many); **kolo ×** = Open MPI "
-                 "time / kolo time." % (split, len(pings) - far, far))
+                 "Open MPI over shared memory and over TCP (loopback moves its bytes between "
+                 "the same two cores), 2 ranks, float32, out-of-place, each from the launches "
+                 "in one state only (median, with how many); **kolo ×** = Open MPI time / kolo "
+                 "time." % (split, len(pings) - far, far))
         L.append("")
-        ks = self.kolo.get("shm")
-        if not ks or 2 not in self.args.np_list:
-            return L + ["(kolo over shared memory at 2 ranks was not in this run)", ""]
-        L.append("| collective | size | near: kolo | near: Open MPI | near: kolo × | far: kolo | "
+        if 2 not in self.args.np_list or not self.kolo:
+            return L + ["(kolo at 2 ranks was not in this run)", ""]
+        L.append("| transport | collective | size | near: kolo | near: Open MPI | near: kolo × | far: kolo | "
                  "far: Open MPI | far: kolo × |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         pick = [x for x in (8, 64 << 10, 1 << 20, 16 << 20, 64 << 20) if x in self.sizes]
-        for coll in self.args.coll_list:
-            for size in pick:
-                if size == 8 and coll != "allreduce":
-                    continue
-                cells = []
-                for state in ("near", "far"):
-                    a = st.med(2, ks, coll, "float32", size, "oop", state)
-                    b = st.med(2, "ompi-shm", coll, "float32", size, "oop", state)
-                    na = st.count(2, ks, coll, "float32", size, "oop", state)
-                    nb = st.count(2, "ompi-shm", coll, "float32", size, "oop", state)
-                    cells += ["%s (%d)" % (cell(a, coll, 2, size), na) if a else "—",
-                              "%s (%d)" % (cell(b, coll, 2, size), nb) if b else "—",
-                              ratio_cell(b / a) if a and b else "—"]
-                L.append("| %s | %s | %s |" % (coll, fmt_size(size), " | ".join(cells)))
+        for tr, ref in (("shm", "ompi-shm"), ("tcp", "ompi-tcp")):
+            ks = self.kolo.get(tr)
+            if not ks:
+                continue
+            for coll in self.args.coll_list:
+                for size in pick:
+                    if size == 8 and coll != "allreduce":
+                        continue
+                    cells = []
+                    for state in ("near", "far"):
+                        a = st.med(2, ks, coll, "float32", size, "oop", state)
+                        b = st.med(2, ref, coll, "float32", size, "oop", state)
+                        na = st.count(2, ks, coll, "float32", size, "oop", state)
+                        nb = st.count(2, ref, coll, "float32", size, "oop", state)
+                        cells += ["%s (%d)" % (cell(a, coll, 2, size), na) if a else "—",
+                                  "%s (%d)" % (cell(b, coll, 2, size), nb) if b else "—",
+                                  ratio_cell(b / a) if a and b else "—"]
+                    L.append("| %s | %s | %s | %s |" % (tr, coll, fmt_size(size), " | ".join(cells)))
         L.append("")
         return L
 
@@ -1319,6 +1332,35 @@ def engine_check(a, logdir, reps=3):
     return out
 
 
+def mem_check(a, logdir, reps=3):
+    """kolo-bench allreduce at 64 MiB, 2 ranks, with buffers from malloc and from kolo_mem_alloc
+    (the zero-copy path), interleaved, each launch with its ping: how close kolo gets to the
+    memory-traffic bound when the ranks can read each other's buffers."""
+    out = {"malloc": [], "kolo": [], "pings": []}
+    if not os.access(KOLO_BENCH, os.X_OK):
+        return out
+    size = 64 << 20
+    base = [KOLO_BENCH, "allreduce", "-b", str(size), "-e", str(size), "-n", "5", "-w", "2", "-c", "1",
+            "-np", "2"]
+    with open(os.path.join(logdir, "kolo-mem.log"), "w") as log:
+        for rep in range(reps):
+            for mem in (("malloc", "kolo") if rep % 2 == 0 else ("kolo", "malloc")):
+                ping = state_ping()
+                text, rc, to, _ = run_launch(Launch(base + ["--mem", mem]), 300, log)
+                rows, _ = parse_rows(text, "allreduce")
+                if rc or to or not rows or "oop" not in rows[0]["place"]:
+                    continue
+                us, wrong = rows[0]["place"]["oop"]
+                if wrong:
+                    out.setdefault("wrong", 0)
+                    out["wrong"] += wrong
+                out[mem].append(us)
+                out["pings"].append(ping)
+                print("compare: kolo-bench --mem %-6s 64 MiB allreduce %.0f us (ping %s)" % (
+                    mem, us, "%.3f" % ping if ping is not None else "?"), flush=True)
+    return out
+
+
 def oversub_check(a, running, logdir, run):
     """kolo (and Open MPI, which yields when oversubscribed, for reference) at more ranks than
     cores: allreduce float32 at a few sizes, checked, once. Returns a list of result dicts."""
@@ -1485,8 +1527,9 @@ def main(argv):
             reps_done += 1
         oversub = oversub_check(a, running, logdir, run)
         engine = engine_check(a, logdir) if any(p.family == "kolo" for p in running) else {}
+        memc = mem_check(a, logdir) if any(p.key == "kolo-shm" for p in running) and 2 in a.np_list else {}
     except KeyboardInterrupt:
-        oversub, engine = [], {}
+        oversub, engine, memc = [], {}, {}
         notes.append("interrupted by the user after %d repetitions" % reps_done)
         print("\ncompare: interrupted; writing what was measured", flush=True)
 
@@ -1511,6 +1554,7 @@ def main(argv):
     rep.cpu = run.cpu
     rep.oversub = oversub
     rep.engine = engine
+    rep.memc = memc
     rep.waited = run.waited
     rep.pings = run.pings
     prefix = stamp + ("-quick" if a.quick else "")
