@@ -167,6 +167,8 @@ kolo_reducescatter = _proto("kolo_reducescatter", c_int, c_void_p, c_void_p, c_s
                             c_int, c_double, c_double, c_int)
 kolo_reducescatter_rows = _proto("kolo_reducescatter_rows", c_size_t, c_size_t, c_int, c_int)
 kolo_barrier = _proto("kolo_barrier", c_int, c_int)
+kolo_mem_alloc = _proto("kolo_mem_alloc", c_void_p, c_size_t)
+kolo_mem_free = _proto("kolo_mem_free", c_int, c_void_p)
 
 # ---- the engine (optional until every build has it) ----
 _req = c_void_p

@@ -261,3 +261,19 @@ def test_mismatch_fails_on_every_rank():
         kolo.broadcast(np.ones(2, np.float32), root_rank=r, name="np_mismatch_root")
     # the job goes on
     assert kolo.allreduce(np.ones(1), op=kolo.Sum, name="np_after_mismatch").tolist() == [n]
+
+
+def test_shared_empty_array_reduces_in_place_exactly():
+    # 16 MiB + 3 floats: the size from which every rank reads the others' arrays directly
+    n, r = n_r()
+    count = (16 << 20) // 4 + 3
+    a = kolo.shared_empty(count, np.float32)
+    assert a.shape == (count,) and a.dtype == np.float32 and not a.any()
+    base = np.arange(count, dtype=np.int64) % 1000
+    a[:] = (base + r).astype(np.float32)
+    kolo.allreduce_(a, op=kolo.Sum, name="shared.sum")
+    assert np.array_equal(a, (base * n + n * (n - 1) // 2).astype(np.float32))
+    b = kolo.shared_empty((2, 3), np.int32)
+    assert b.shape == (2, 3) and b.dtype == np.int32
+    with pytest.raises(MemoryError, match="shared_empty"):
+        kolo.shared_empty(1 << 62, np.uint8)

@@ -131,7 +131,10 @@ int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, vo
                 if (i != r && cnt[i]) memcpy(out[r] + off[i] * es, out[i] + off[i] * es, cnt[i] * es);
             st = kolo__coll_barrier(m, g);
         }
-        if (st == KOLO_OK) __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
+        if (st == KOLO_OK) {
+            __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
+            KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
+        }
     }
     for (int i = 0; i < n; i++)
         for (int k = 0; k < 2; k++)
