@@ -386,7 +386,7 @@ static int bench(const opts *o)
         if (o->shared_mem) printf("# buffers from kolo_mem_alloc\n");
         int cma = n > 1 ? kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) : -1;
         printf("# transport to rank 1: %s%s\n", n > 1 ? kolo_peer_transport(1) : "self",
-               cma == 2   ? " (ring copies or single-copy CMA from 128 KiB, whichever times faster)"
+               cma == 2   ? " (ring copies or single-copy CMA from 64 KiB, whichever times faster)"
                : cma == 1 ? " (single-copy CMA from 128 KiB)"
                : cma == 0 ? " (ring copies)"
                           : "");

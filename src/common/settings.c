@@ -28,11 +28,11 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_HOSTNAME] = {"KOLO_HOSTNAME", "HOROVOD_HOSTNAME", "",
                            "the name this host reports in messages (default: gethostname)"},
     [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "auto",
-                          "how shared-memory messages of 128 KiB and more travel: 1 read single-copy from the "
-                          "peer's memory (process_vm_readv); 0 copied through the shared ring; auto: the receiver "
-                          "of each pair times both on the messages themselves and keeps the faster (ring copies "
-                          "win while two cores share a cache, single-copy across CCDs or sockets); ranks on a host "
-                          "with more ranks than cores use the ring"},
+                          "how large shared-memory messages travel: 1 read single-copy from the peer's memory "
+                          "(process_vm_readv) from 128 KiB; 0 copied through the shared ring; auto: from 64 KiB the "
+                          "receiver of each pair times both on the messages themselves and keeps the faster (ring "
+                          "copies win while two cores share a cache, single-copy across CCDs or sockets); ranks on a "
+                          "host with more ranks than cores use the ring"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
                                 "bytes of each shared-memory ring (one per direction per peer)"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
