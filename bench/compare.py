@@ -902,10 +902,13 @@ class Report:
             mc = getattr(self, "memc", None) or {}
             if tb and mc.get("kolo") and mc.get("malloc"):
                 k, mm = statistics.median(mc["kolo"]), statistics.median(mc["malloc"])
+                far = sum(1 for p in mc["pings"] if self.store.state(p) == "far")
                 L.append("| the same with buffers from `kolo_mem_alloc` (ranks read each other's buffers; "
-                         "`kolo-bench --mem kolo`, %d launches interleaved with malloc'd buffers) | %.0f %% "
+                         "`kolo-bench --mem kolo`, %d launches interleaved with malloc'd buffers, %d of "
+                         "all %d in the far state) | %.0f %% "
                          "(%.2f GB/s; malloc'd in the same launches: %.0f %%, %.2f GB/s)%s | %s |" % (
-                             len(mc["kolo"]), 100 * tb / k, M / 1e3 / k, 100 * tb / mm, M / 1e3 / mm,
+                             len(mc["kolo"]), far, len(mc["pings"]), 100 * tb / k, M / 1e3 / k, 100 * tb / mm,
+                             M / 1e3 / mm,
                              "; %d WRONG elements" % mc["wrong"] if mc.get("wrong") else "",
                              _met(tb / k >= 0.8 and not mc.get("wrong"), tb / k / 0.8)))
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
@@ -955,7 +958,8 @@ class Report:
         return L
 
     def md_states(self):
-        """kolo against Open MPI over shared memory, split by the machine state each launch saw."""
+        """kolo against Open MPI over shared memory and TCP, split by the machine state each launch
+        saw."""
         pings = getattr(self, "pings", [])
         L = ["## The machine's state at each launch", ""]
         if not pings:

@@ -372,7 +372,8 @@ static int bench(const opts *o)
     R.send = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
     R.recv = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
     if (!R.send || !R.recv) {
-        fprintf(stderr, "kolo-bench: cannot allocate %zu bytes\n", cap);
+        fprintf(stderr, "kolo-bench: cannot allocate %zu bytes%s%s\n", cap, o->shared_mem ? ": " : "",
+                o->shared_mem ? kolo_last_error() : "");
         return 1;
     }
     memset(R.send, 0, cap);

@@ -10,7 +10,7 @@
  * of bytes read plus bytes written per second with all threads (memcpy: 2 x copied; add: 3 x a).
  *
  * Usage: machine_limits [-s MiB per thread buffer (default 256)] [-r repetitions (default 5)]
- *        machine_limits --ping   only the ping, its ends bound to cpus 0 and 1 (about 0.1 s)
+ *        machine_limits --ping   only the ping, its ends bound to cpus 0 and 1 (about 0.01 s)
  * Output: one "key value" line per figure (medians over repetitions), '#' lines are comments.
  */
 #include <pthread.h>
@@ -238,7 +238,7 @@ int main(int argc, char **argv)
   if (mib < 1 || reps < 1) {
     fprintf(stderr, "usage: machine_limits [-s MiB] [-r reps] [--ping]\n"
                     "  --ping  only the shared-memory ping between cpus 0 and 1, as benchmark ranks\n"
-                    "          are placed (about 0.1 s): the harness runs it before every launch\n");
+                    "          are placed (about 0.01 s): the harness runs it before every launch\n");
     return 2;
   }
   if (ping_only) {

@@ -665,8 +665,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     else if (strcmp(tp, "auto") != 0 && strcmp(tp, "shm") != 0 && *tp)
         return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_TRANSPORT='%s' is not one of auto, tcp", tp);
     const char *cma = kolo__setting_str(KOLO_SET_SHM_CMA);
-    if (strcmp(cma, "auto") == 0) b.want_cma = 2;
-    else if (!*cma || strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
+    if (strcmp(cma, "auto") == 0 || !*cma) b.want_cma = 2; /* set but empty: the default */
+    else if (strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
     else return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SHM_CMA='%s' is not one of auto, 0, 1", cma);
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
     /* single-copy candidates: from 128 KiB when pinned on; from 64 KiB when picked from timings,

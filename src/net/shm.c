@@ -182,6 +182,14 @@ static bool enough(const shm_priv *s, uint64_t msgs, uint64_t bytes)
     return s->since_probe >= msgs || s->since_bytes >= bytes;
 }
 
+/* The moving average of both sides' figures: a quarter of the new sample, which counts for at
+ * most twice the average (one preempted copy must not flip the choice); the first sample, or
+ * one after old = 0, is taken as it is. */
+static uint64_t smooth(uint64_t old, uint64_t sample)
+{
+    return old ? (3 * old + KOLO_MIN(sample, 2 * old)) / 4 : KOLO_MAX(sample, 1);
+}
+
 static bool cheaper(const shm_priv *s, int a, int b)
 {
     return s->cost_ps[a] && s->cost_ps[b] && s->cost_ps[a] * 10 < s->cost_ps[b] * 9;
@@ -204,13 +212,9 @@ static void adapt_learn(shm_priv *s, int way, uint64_t ns, uint64_t bytes)
         s->warming[way] = 0;
         if (bytes < WARM_BYTES) return;
     }
-    uint64_t old = s->cost_ps[way];
-    if (old && now - s->cost_at[way] <= PROBE_MAX_NS) {
-        ps = KOLO_MIN(ps, 2 * old); /* one preempted copy moves the average by at most a quarter */
-        s->cost_ps[way] = (3 * old + ps) / 4;
-    } else {
-        s->cost_ps[way] = ps ? ps : 1; /* a figure older than the longest interval is replaced */
-    }
+    /* a figure older than the longest probe interval is replaced, not averaged */
+    bool fresh = now - s->cost_at[way] <= PROBE_MAX_NS;
+    s->cost_ps[way] = smooth(fresh ? s->cost_ps[way] : 0, ps);
     s->cost_at[way] = now;
     int want = s->want;
     if (s->probing) {
@@ -250,8 +254,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t ns, uint64_t bytes)
 static void adapt_copied_in(shm_priv *s)
 {
     if (!s->in_bytes) return;
-    uint64_t ps = s->in_ns * 1000 / s->in_bytes;
-    s->in_ps = s->in_ps ? (3 * s->in_ps + KOLO_MIN(ps, 2 * s->in_ps)) / 4 : KOLO_MAX(ps, 1);
+    s->in_ps = smooth(s->in_ps, s->in_ns * 1000 / s->in_bytes);
     atomic_store_explicit(&s->tx_ctl->copy_in_ps, s->in_ps, memory_order_relaxed);
 }
 
@@ -259,8 +262,8 @@ static void adapt_copied_in(shm_priv *s)
  *
  * A frame in the ring starts on a cache line: [mark, 8 B][header, 16 B][payload or CMA
  * descriptor], padded to 64 bytes; a streamed payload starts on the next line, so that the
- * copies of large messages run on aligned lines. The mark of the frame starting at stream position p reads p + 1 once the frame may be
- * read: the reader polls the mark at its tail, so a small message costs it the one cache line
+ * copies of large messages run on aligned lines. The mark of the frame starting at stream
+ * position p reads p + 1 once the frame may be read: the reader polls the mark at its tail, so a small message costs it the one cache line
  * holding mark, header and payload, and not also the line of the writer's head counter. Frames
  * of at most INLINE_MAX payload bytes (and descriptors) are written whole before their mark;
  * longer ones publish the mark after the header and stream the payload behind head as before.
