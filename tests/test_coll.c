@@ -3,6 +3,7 @@
  * default algorithms and with the ring forced on small buffers with tiny chunks. */
 #include "kt.h"
 
+#include "../src/core/mem.h"
 #include "../src/core/world.h"
 
 #include <math.h>
@@ -475,6 +476,21 @@ static void zero_copy(int rank, void *arg)
         KT_ASSERTF(c[i] == want && b[i] == 2 * want, "fallback [%zu]: %g and %g, want %g", i, (double)c[i],
                    (double)b[i], (double)want);
     }
+    /* rank 1 cannot map a peer's buffer: every rank takes the ring, and from then on rank 1
+     * declines up front instead of trying (and warning) again */
+    if (rank == 1) kolo__mem_test_fail_map(1);
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < count; i++) b[i] = -1;
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(kolo__zc_runs(), runs + 3);
+        for (size_t i = 0; i < count; i += 101) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += zc_val(i, r);
+            KT_ASSERTF(b[i] == want, "unmappable, round %d [%zu]: %g, want %g", round, i, (double)b[i], (double)want);
+        }
+    }
+    KT_EQ(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->zc_unmappable, rank == 1);
+    kolo__mem_test_fail_map(0);
     KT_OK(kolo_shutdown());
     if (rank == 0) free(c);
     else KT_OK(kolo_mem_free(c));

@@ -107,7 +107,7 @@ int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, vo
 
     zc_desc me = {.pid = (int32_t)getpid()}, all[ZC_MAX_MEMBERS];
     kolo__mem_ref ref[2];
-    me.ok = kolo__mem_find(send, bytes, &ref[0]) && kolo__mem_find(recv, bytes, &ref[1]);
+    me.ok = !m->zc_unmappable && kolo__mem_find(send, bytes, &ref[0]) && kolo__mem_find(recv, bytes, &ref[1]);
     for (int k = 0; me.ok && k < 2; k++) {
         me.fd[k] = ref[k].fd;
         me.id[k] = ref[k].id;
@@ -135,8 +135,12 @@ int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, vo
             kolo__mem_ref pr = {.fd = all[i].fd[k], .id = all[i].id[k], .len = all[i].len[k], .off = all[i].off[k]};
             bases[i][k] = kolo__mem_map_peer(all[i].pid, &pr);
             if (!bases[i][k]) {
-                KOLO_WARN("allreduce: cannot map the shared buffer of rank %d (%s); using the ring",
+                /* once: every later allreduce of this rank declines up front, so all members
+                 * take the ring without retrying (and warning) on every call */
+                KOLO_WARN("allreduce: cannot map the shared buffer of rank %d (%s); allreduces of this "
+                          "process set use the ring from now on",
                           kolo__g2w(g, i), kolo__errmsg());
+                m->zc_unmappable = true;
                 mapped = 0;
             }
         }

@@ -18,6 +18,7 @@
 #include "../boot/auth.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -128,8 +129,16 @@ bool kolo__mem_find(const void *p, size_t len, kolo__mem_ref *out)
     return found;
 }
 
+static _Atomic long map_countdown;
+
+void kolo__mem_test_fail_map(long nth) { atomic_store(&map_countdown, nth); }
+
 char *kolo__mem_map_peer(int pid, const kolo__mem_ref *ref)
 {
+    if (atomic_load_explicit(&map_countdown, memory_order_relaxed) > 0 && atomic_fetch_sub(&map_countdown, 1) == 1) {
+        kolo__err(KOLO_ERR_SYSTEM, "mapping the buffer of process %d failed: injected failure (test hook)", pid);
+        return NULL;
+    }
     pthread_mutex_lock(&lock);
     uint64_t now = ++clock_ticks;
     peer_map *free_slot = NULL, *lru = NULL;

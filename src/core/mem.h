@@ -17,6 +17,8 @@ bool kolo__mem_find(const void *p, size_t len, kolo__mem_ref *out);
  * kolo__mem_unpin(base); returns its base, or NULL with the error recorded. */
 char *kolo__mem_map_peer(int pid, const kolo__mem_ref *ref);
 void kolo__mem_unpin(const char *base);
+/* Test hook: the nth kolo__mem_map_peer call from now on fails (0 disarms). */
+void kolo__mem_test_fail_map(long nth);
 /* Unmaps every peer buffer no collective is using (at shutdown). */
 void kolo__mem_forget_peers(void);
 

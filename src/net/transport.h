@@ -111,6 +111,9 @@ struct kolo__mesh {
     /* scratch memory of the collectives running on this mesh (one thread at a time) */
     void *scratch[2];
     size_t scratch_cap[2];
+    /* this rank could not map another rank's shared buffer once (e.g. a ptrace policy forbids
+     * it): its allreduces no longer offer to read the others' buffers directly (zerocopy.c) */
+    bool zc_unmappable;
 };
 
 /* The transports (tcp.c, shm.c). */
