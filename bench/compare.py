@@ -2,8 +2,8 @@
 """bench/compare.py - kolo against Open MPI, MPICH, torch.distributed (Gloo) and Horovod, side by side.
 
 Runs the same sweep (sizes, iterations, collectives, types, rank counts) through every peer and
-through build/bin/kolo-bench, repeats it, interleaves the repetitions (rep 1 of every peer, then
-rep 2, ...; the order of the peers rotates each rep), takes medians, and writes under bench/results/:
+through build/bin/kolo-bench, repeats it, interleaves the peers launch by launch within each
+repetition (the order of the peers rotates each rep), takes medians, and writes under bench/results/:
 
     <date>-compare.md     side-by-side tables, kolo's speedup over each peer, machine, versions
     <date>-compare.csv    one row per (ranks, peer, collective, type, size)
@@ -219,9 +219,10 @@ class MpiPeer(Peer):
                 cmd += ["--oversubscribe"]
         elif self.transport == "tcp":
             env.update({"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"})
-        cmd += [self.binary, ",".join(colls), "-d", ",".join(dtypes),
-                "-B", ",".join(b.spec() for b in bands), "-c", str(check)]
-        return [Launch(cmd, env)]
+        # one launch per type, collective and band, like kolo's, so that the launches of the
+        # peers can alternate one by one (see run_reps)
+        return [Launch(cmd + [self.binary, c, "-d", dt, "-B", b.spec(), "-c", str(check)], env, coll=c)
+                for dt in dtypes for c in colls for b in bands]
 
 
 class PyPeer(Peer):
@@ -425,13 +426,15 @@ class Run:
 
 
 def run_round(p, np, rep, bands, check, a, logdir, run):
-    """One peer, one rank count, one repetition: all its launches. Returns (rows, failures)."""
+    """One peer, one rank count, one repetition: all its launches, as a generator that yields
+    after each launch (run_reps alternates the peers' rounds launch by launch). Returns (rows,
+    failures) as its StopIteration value."""
     nrows, fails = 0, []
-    wait_idle(a.idle_wait, run)
     with open(os.path.join(logdir, "%s-np%d-rep%d.log" % (p.key, np, rep + 1)), "w") as log:
         launches = p.launches(np, a.coll_list, a.dtype_list, bands, check)
         i = 0
         while i < len(launches):
+            yield
             ln = launches[i]
             run.loads.append(cpu_busy(0.1))
             ping = state_ping()
@@ -473,6 +476,36 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
     for f in fails:
         run.notes.append("%s, %d ranks, rep %d: %s" % (p.label, np, rep + 1, f))
     return nrows, fails
+
+
+def run_reps(order, np, rep, check, a, logdir, run):
+    """Repetition `rep` of every peer in `order` at np ranks, one launch of each in turn: kolo's
+    allreduce band, then Open MPI's, then MPICH's, ..., then the next band. On a machine whose
+    speed changes every few minutes (this VM moves its vCPUs between cores that share a cache and
+    cores that do not), launches seconds apart see the same machine, where whole rounds of one
+    peer after another did not. A peer with a single launch (the Python peers) runs as one turn."""
+    wait_idle(a.idle_wait, run)
+    active = []
+    for p in order:
+        bands = a.band_list
+        if np > NCPU and p.oversub_slow:
+            bands = [b.capped(a.oversub_iters, a.oversub_warmup) for b in bands]
+        g = run_round(p, np, rep, bands, check, a, logdir, run)
+        active.append([p, g, 0.0])
+    while active:
+        for e in list(active):
+            p, g = e[0], e[1]
+            t0 = time.monotonic()
+            try:
+                next(g)
+                e[2] += time.monotonic() - t0
+            except StopIteration as done:
+                e[2] += time.monotonic() - t0
+                nrows, fails = done.value
+                active.remove(e)
+                print("compare: rep %d/%d np %d %-13s %6.1f s %4d rows%s" % (
+                    rep + 1, a.reps, np, p.key, e[2], nrows,
+                    "  (" + "; ".join(fails)[:200] + ")" if fails else ""), flush=True)
 
 
 # ---------------------------------------------------------------- machine limits and the bound
@@ -815,11 +848,11 @@ class Report:
                  "ranks than that are oversubscribed)." % (", ".join(a.coll_list),
                                                            ", ".join(a.dtype_list),
                                                            " and ".join(map(str, a.np_list)), NCPU))
-        L.append("- %d repetitions, **interleaved**: repetition r runs every peer once before "
-                 "repetition r+1 starts, and the order of the peers rotates by one each time, so "
-                 "a drift in machine speed hits all peers alike. Each figure is the **median** "
-                 "over the repetitions. Results are checked (`#wrong`) in the first repetition "
-                 "only." % a.reps)
+        L.append("- %d repetitions, **interleaved launch by launch**: within a repetition the "
+                 "peers take turns, one launch (one collective, type and size band) each, and the "
+                 "order of the peers rotates by one each repetition, so a change in machine speed "
+                 "hits all peers alike. Each figure is the **median** over the repetitions. "
+                 "Results are checked (`#wrong`) in the first repetition only." % a.reps)
         L.append("- busbw = algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather, "
                  "reducescatter and alltoall, 1 for broadcast; algbw = size / time (GB/s = 1e9 B/s).")
         L.append("- Cells: time (us) below 64 KiB, busbw (GB/s) from 64 KiB on. **kolo ×** = "
@@ -1417,7 +1450,7 @@ def parse_args(argv):
     p.add_argument("--factor", type=float, default=2.0,
                    help="size step of bands that give none (default 2)")
     p.add_argument("--idle-wait", type=float, default=0.0, metavar="S",
-                   help="before each peer's round wait up to S seconds for other processes to "
+                   help="before each repetition wait up to S seconds for other processes to "
                         "use less than 25%% of the CPUs (default 0: do not wait)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per launch (default 600)")
     p.add_argument("--budget", type=float, default=None,
@@ -1515,18 +1548,8 @@ def main(argv):
             check = 1 if rep == 0 else 0
             for np in a.np_list:
                 k = rep % max(1, len(running))
-                order = running[k:] + running[:k]
-                for p in order:
-                    bands = a.band_list
-                    if np > NCPU and p.oversub_slow:
-                        if rep > 0:
-                            continue
-                        bands = [b.capped(a.oversub_iters, a.oversub_warmup) for b in bands]
-                    t0 = time.monotonic()
-                    nrows, fails = run_round(p, np, rep, bands, check, a, logdir, run)
-                    print("compare: rep %d/%d np %d %-13s %6.1f s %4d rows%s" % (
-                        rep + 1, a.reps, np, p.key, time.monotonic() - t0, nrows,
-                        "  (" + "; ".join(fails)[:200] + ")" if fails else ""), flush=True)
+                run_reps([p for p in running[k:] + running[:k] if not (np > NCPU and p.oversub_slow and rep > 0)],
+                         np, rep, check, a, logdir, run)
             rep_times.append(time.monotonic() - t_rep)
             reps_done += 1
         oversub = oversub_check(a, running, logdir, run)
