@@ -471,6 +471,20 @@ class Run:
         self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
 
 
+def brief(cmd):
+    """A launch's benchmark and its arguments, without the launcher's: 'mpi_coll_bench.mpich
+    broadcast -d float16 -B 128K:16M:10:3:2'."""
+    for i, x in enumerate(cmd):
+        b = os.path.basename(x)
+        if b.startswith(("mpi_coll_bench", "kolo-bench", "horovod_bench", "torch_dist_bench")):
+            rest = list(cmd[i + 1:])
+            if "-c" in rest[:-1]:  # the check flag says nothing about what hung
+                k = rest.index("-c")
+                del rest[k:k + 2]
+            return " ".join([b] + rest)
+    return " ".join(os.path.basename(x) for x in cmd[:6])
+
+
 def run_round(p, np, rep, bands, check, a, logdir, run):
     """One peer, one rank count, one repetition: all its launches, as a generator that yields
     after each launch (run_reps alternates the peers' rounds launch by launch). Returns (rows,
@@ -506,8 +520,7 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             nrows += len(rows)
             if "did not exit within" in out:
                 run.notes.append("%s, %d ranks, rep %d: `%s` printed all its results, then did not exit "
-                                 "within %.0f s; stopped, rows kept" % (p.label, np, rep + 1,
-                                                                       " ".join(os.path.basename(x) for x in ln.cmd[:6]),
+                                 "within %.0f s; stopped, rows kept" % (p.label, np, rep + 1, brief(ln.cmd),
                                                                        EXIT_GRACE))
             for line in com:
                 msg = line.lstrip("# ")
