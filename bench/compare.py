@@ -732,11 +732,12 @@ def primary(store, np, peer, coll, dtype, size):
     return None, None
 
 
-def matched(store, np, kolo, peer, coll, dtype, size):
-    """kolo's and the peer's time on the same placement (out-of-place preferred)."""
+def matched(store, np, kolo, peer, coll, dtype, size, state=None):
+    """kolo's and the peer's time on the same placement (out-of-place preferred); with state,
+    from the launches in that machine state only."""
     for place in ("oop", "ip"):
-        a = store.med(np, kolo, coll, dtype, size, place)
-        b = store.med(np, peer, coll, dtype, size, place)
+        a = store.med(np, kolo, coll, dtype, size, place, state)
+        b = store.med(np, peer, coll, dtype, size, place, state)
         if a is not None and b is not None:
             return a, b, place
     return None, None, None
@@ -1030,9 +1031,9 @@ class Report:
                 if rs:
                     worst = min(rs)
                     ok = sum(1 for r, _ in rs if r >= 1)
-                    L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s "
+                    L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s%s "
                              "| %s |" % (coll, what, ok, len(rs), worst[0], fmt_size(worst[1]),
-                                         _met(ok == len(rs), worst[0])))
+                                         self.by_state(kolo, ref, coll), _met(ok == len(rs), worst[0])))
         for np in self.args.np_list:
             if np <= NCPU or not ks:
                 continue
@@ -1105,6 +1106,24 @@ class Report:
                     L.append("| %s | %s | %s | %s |" % (tr, coll, fmt_size(size), " | ".join(cells)))
         L.append("")
         return L
+
+    def by_state(self, kolo, ref, coll):
+        """'; per state: near 5 of 6, far 2 of 5' -- the sizes from 64 KiB at which kolo's median
+        is at least the peer's, counting only sizes where both had launches in that state."""
+        st = self.store
+        if st.split is None:
+            return ""
+        parts = []
+        for state in ("near", "far"):
+            rs = []
+            for s in self.sizes:
+                if s >= (64 << 10):
+                    a, b, _ = matched(st, 2, kolo, ref, coll, "float32", s, state)
+                    if a and b:
+                        rs.append(b / a)
+            if rs:
+                parts.append("%s %d of %d" % (state, sum(1 for r in rs if r >= 1), len(rs)))
+        return "; per state: " + ", ".join(parts) if parts else ""
 
     def md_engine_targets(self):
         """The engine's and the end-to-end targets: from engine_check, and from the latest
