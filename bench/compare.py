@@ -1680,8 +1680,8 @@ def main(argv):
     md_path = os.path.join(a.out, prefix + "-compare.md")
     rep.write_csv(csv_path)
     rep.write_md(md_path, os.path.basename(csv_path), pngs)
-    if not a.quick:
-        shutil.copyfile(md_path, os.path.join(a.out, "latest.md"))
+    if not (a.quick or a.peers or a.colls or a.nranks or a.dtypes or a.bands):
+        shutil.copyfile(md_path, os.path.join(a.out, "latest.md"))  # a full run only
     print("compare: done in %.1f min" % (elapsed / 60))
     print("compare: results %s" % os.path.relpath(md_path, ROOT))
     print("compare: csv     %s" % os.path.relpath(csv_path, ROOT))
