@@ -218,6 +218,8 @@ def shared_empty(shape, dtype=np.float32):
     shared-memory rings: about half the memory traffic. torch.from_numpy() of it shares the
     memory. Works before init(); the memory is freed when the last view of the array is gone."""
     dt = np.dtype(dtype)
+    if any(int(d) < 0 for d in np.atleast_1d(shape)):
+        raise ValueError("kolo.shared_empty(%r): negative dimension" % (shape,))
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = max(count * dt.itemsize, 1)
     p = _lib.kolo_mem_alloc(nbytes)

@@ -277,3 +277,5 @@ def test_shared_empty_array_reduces_in_place_exactly():
     assert b.shape == (2, 3) and b.dtype == np.int32
     with pytest.raises(MemoryError, match="shared_empty"):
         kolo.shared_empty(1 << 62, np.uint8)
+    with pytest.raises(ValueError, match="negative dimension"):
+        kolo.shared_empty((2, -1), np.float32)

@@ -45,7 +45,11 @@
 
 #define ZC_MIN ((size_t)16 << 20)
 #define ZC_STEP ((size_t)64 << 10) /* a block is reduced this many bytes at a time, in cache */
-#define ZC_MAX_MEMBERS 64
+/* Each collective pins two buffers of every other member, and the direct channel and the
+ * engine's may run at once: 4 (n - 1) pins must fit the peer map cache, or a full cache would
+ * look like a peer that cannot be mapped. Larger one-host sets take the ring. */
+#define ZC_MAX_MEMBERS 16
+_Static_assert(4 * (ZC_MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
 
 typedef struct zc_desc {
     int32_t ok, pid;

@@ -24,7 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define PEER_MAPS 32
+#define PEER_MAPS KOLO_MEM_PEER_MAPS
 
 typedef struct mine_t {
     char *base;

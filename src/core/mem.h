@@ -11,6 +11,9 @@ typedef struct kolo__mem_ref {
     uint64_t id, len, off;
 } kolo__mem_ref;
 
+/* How many peer buffers can be mapped (pinned) at once. */
+#define KOLO_MEM_PEER_MAPS 64
+
 /* Is [p, p + len) inside one allocation of this process? */
 bool kolo__mem_find(const void *p, size_t len, kolo__mem_ref *out);
 /* Maps (or finds mapped) the allocation `ref` of process `pid` and pins it until

@@ -263,8 +263,9 @@ static void adapt_copied_in(shm_priv *s)
  * A frame in the ring starts on a cache line: [mark, 8 B][header, 16 B][payload or CMA
  * descriptor], padded to 64 bytes; a streamed payload starts on the next line, so that the
  * copies of large messages run on aligned lines. The mark of the frame starting at stream
- * position p reads p + 1 once the frame may be read: the reader polls the mark at its tail, so a small message costs it the one cache line
- * holding mark, header and payload, and not also the line of the writer's head counter. Frames
+ * position p reads p + 1 once the frame may be read: the reader polls the mark at its tail, so
+ * a small message costs it the one cache line holding mark, header and payload, and not also
+ * the line of the writer's head counter. Frames
  * of at most INLINE_MAX payload bytes (and descriptors) are written whole before their mark;
  * longer ones publish the mark after the header and stream the payload behind head as before.
  *
