@@ -1021,13 +1021,7 @@ class Report:
             if not kolo:
                 continue
             for coll in ("broadcast", "allgather", "reducescatter", "alltoall"):
-                rs = []
-                for s in self.sizes:
-                    if s < (64 << 10):
-                        continue
-                    a, b, _ = matched(st, 2, kolo, ref, coll, "float32", s)
-                    if a and b:
-                        rs.append((b / a, s))
+                rs = self.speedups(kolo, ref, coll)
                 if rs:
                     worst = min(rs)
                     ok = sum(1 for r, _ in rs if r >= 1)
@@ -1107,22 +1101,27 @@ class Report:
         L.append("")
         return L
 
+    def speedups(self, kolo, ref, coll, state=None):
+        """[(peer time / kolo time, size)] for 2 ranks, float32, from 64 KiB, at the sizes both
+        measured (with state: both measured in launches in that machine state)."""
+        rs = []
+        for s in self.sizes:
+            if s >= (64 << 10):
+                a, b, _ = matched(self.store, 2, kolo, ref, coll, "float32", s, state)
+                if a and b:
+                    rs.append((b / a, s))
+        return rs
+
     def by_state(self, kolo, ref, coll):
-        """'; per state: near 5 of 6, far 2 of 5' -- the sizes from 64 KiB at which kolo's median
-        is at least the peer's, counting only sizes where both had launches in that state."""
-        st = self.store
-        if st.split is None:
+        """'; per state: near 5 of 6, far 2 of 5' -- the sizes at which kolo is at least as fast,
+        counting only sizes where both had launches in that state."""
+        if self.store.split is None:
             return ""
         parts = []
         for state in ("near", "far"):
-            rs = []
-            for s in self.sizes:
-                if s >= (64 << 10):
-                    a, b, _ = matched(st, 2, kolo, ref, coll, "float32", s, state)
-                    if a and b:
-                        rs.append(b / a)
+            rs = self.speedups(kolo, ref, coll, state)
             if rs:
-                parts.append("%s %d of %d" % (state, sum(1 for r in rs if r >= 1), len(rs)))
+                parts.append("%s %d of %d" % (state, sum(1 for r, _ in rs if r >= 1), len(rs)))
         return "; per state: " + ", ".join(parts) if parts else ""
 
     def md_engine_targets(self):
