@@ -339,6 +339,49 @@ KT_TEST(shm_cma_modes, 60)
     KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
 }
 
+/* With auto, a pair keeps whichever way its messages take less time by, counted from when the
+ * sender offers a message to when the receiver has it all. Make one way 2 ms slower per message
+ * (ring copies on the sender's side, where only the sender's time stamp shows it) and after the
+ * first probe the other way carries the stream: at least 12 of the last 16 messages. */
+static void cma_follows_time(int rank, void *arg)
+{
+    int slow = *(const int *)arg;
+    kolo__shm_test_delay(slow, 2000000);
+    KT_OK(kolo_init());
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+    if (kolo__shm_cma_state(c) != 2) { /* one core, or CMA refused: nothing to choose */
+        printf("rank %d: the pair does not choose (state %d); skipped\n", rank, kolo__shm_cma_state(c));
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    size_t count = (size_t)1 << 17; /* 512 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2] = {0, 0}, after[2];
+    for (int it = 0; it < 56; it++) { /* the first probe comes after 32 messages by ring */
+        if (it == 40) kolo__shm_large_received(c, before);
+        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank + (size_t)it);
+        KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+        for (int r = 0; r < 2; r++)
+            KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "iteration %d rank %d", it, r);
+    }
+    kolo__shm_large_received(c, after);
+    uint64_t fast = after[!slow] - before[!slow], total = after[0] + after[1] - before[0] - before[1];
+    KT_ASSERTF(total == 16 && fast >= 12, "rank %d: %s made slow, yet %llu of the last %llu messages came the fast way",
+               rank, slow ? "single-copy" : "ring copies", (unsigned long long)fast, (unsigned long long)total);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_follows_elapsed_time, 60)
+{
+    static int ring = 0, cma = 1;
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_follows_time, &ring, &o, NULL), 0);
+    KT_EQ(kt_job(2, cma_follows_time, &cma, &o, NULL), 0);
+}
+
 static void cma_bad_value(int rank, void *arg)
 {
     (void)rank, (void)arg;

@@ -48,13 +48,13 @@
 #define SHM_FLAG_CMA 1u
 #define SHM_CLOSED 1u
 #define SHM_ABORTED 2u
-#define CMA_DESC_LEN 16
+#define CMA_DESC_LEN 24 /* {address, length, stamp} */
+#define STAMP_LEN 8
+#define PROBE_MSGS 3 /* samples in a probe of the way not in use (auto, below) */
+#define WINDOW 5      /* samples a way's figure is the median of */
 
 typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t head;
-    /* producer: what copying a large message into the ring costs it, picoseconds per byte
-     * (moving average; 0 unknown). Beside head, which the consumer reads anyway. */
-    _Atomic uint64_t copy_in_ps;
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
     _Atomic uint32_t want_cma; /* consumer, with auto: 1 send large messages single-copy, 0 by ring */
@@ -73,15 +73,16 @@ typedef struct shm_priv {
     int cma_ok; /* the pair passed the CMA probe: descriptors from the peer can be read */
     int cma;    /* send messages of cma_threshold bytes and more as descriptors */
     int adapt;  /* auto: the receiver of each direction picks, from timings (cma is unused) */
-    /* auto, sending: the time spent copying the current large message into the ring */
-    uint64_t in_ns, in_bytes, in_ps;
     size_t cma_threshold;
     uint64_t cma_sent;
-    /* auto, receiving: the time spent copying the current large message out of the ring; the
-     * cost per byte of each way (0 ring, 1 CMA) and when it was last measured; what we asked
-     * the sender for, whether that is a probe of the other way, and when the next probe is */
-    uint64_t out_ns, out_bytes;
+    /* auto, receiving: when the large message being read by ring started, and when the last
+     * one ended; the cost per byte of each way (0 ring, 1 CMA) and when it was last measured;
+     * what we asked the sender for, whether that is a probe of the other way (and its samples),
+     * and when the next probe is */
+    uint64_t rx_start, last_end;
     uint64_t cost_ps[2], cost_at[2];
+    uint64_t win[2][WINDOW]; /* each way's last samples, of which cost_ps is the median */
+    int win_n[2], win_next[2];
     int want, probing, warming[2];
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* large messages received each way */
@@ -138,56 +139,89 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
 
 /* ---- auto: ring copies or CMA, per direction, chosen from the messages' own timings ----
  *
- * The receiver times each large message: by ring, its own copies out of the ring plus the
- * sender's copies into it (the sender publishes a moving average beside head); by CMA, the
- * process_vm_readv calls. Both figures are CPU time per byte moved. While the two cores share
- * a cache, both ring copies run at cache speed; across CCDs or sockets the sender's copies
- * into the ring crawl, because every ring line it writes is still held by the reader's cache
- * and must be taken from it, while CMA's reads of a buffer the sender only reads are not
- * slowed much.
+ * The receiver times each large message in elapsed time, from when it could start to when its
+ * last byte is in place. The start is the latest of: the time the sender offered it (stamped in
+ * the frame; CLOCK_MONOTONIC is one clock for every core), the time a progress pass of the
+ * receiver first had the receive in hand (before that pass's own sends), and the end of the
+ * previous large message. So the figure covers what the receiver waits for, the sender's copies
+ * into the ring included, but not a peer arriving late, nor the receiver's own work between
+ * passes (reducing the previous block): the ring lets the sender copy in meanwhile, CMA does not,
+ * and the ring rightly gets the credit.
  *
- * Measured on this project's VM, 2 ranks, allgather, steady state, receiver's figures in
- * ps/B (ring = copy in + copy out):
+ * Elapsed time, not CPU time, because the two ways spread their work differently over the two
+ * cores: a ring message is two copies that overlap in steps (STREAM_STEP), one on each side,
+ * and a CMA read is one copy on the receiver's side while the sender waits. Measured on this
+ * project's VM, 2 ranks, busbw in GB/s, 128 KiB-16 MiB:
  *
- *   vCPUs on one CCD (shared-memory ping 0.05 us): ring 47 (23 + 24) at 1 MiB, 52 at 4 MiB,
- *     90 at 16 MiB; CMA 75 at 1-4 MiB
- *   vCPUs on two CCDs (ping 0.24 us): ring 410 (360 + 50) at 1 MiB, 330 at 4 MiB, 450 at 16
- *     MiB; CMA 100-130. Allgather 1 MiB: 2 GB/s by ring, 9.4 by CMA.
+ *   vCPUs on one CCD (shared-memory ping 0.05 us): allgather 1 MiB 13 by ring, 9.4 by CMA.
+ *   vCPUs on two CCDs (ping 0.24 us): allgather 2.0-2.6 by ring, 11-13 by CMA; broadcast 19-24
+ *     by ring, 10.5-11.5 by CMA.
  *
- * The VM moves between the two every few minutes, so the choice is made continuously. The
- * receiver keeps a moving average of each way's cost and asks the sender (want_cma) for the
- * cheaper, switching only for a 10 % gain so that noise does not flip it. To keep the figure of
- * the way not in use current, it asks for a few messages that way now and then (4, or 1-2 of
- * 1 MiB and more; a short first one warms the way up and is not counted): first after 32
- * messages or 32 MiB by ring (a ring's first passes run on cold lines and cost twice the steady
- * figure), then at intervals that double while the answer stays the same (0.1 s up to 2.56 s,
- * and at least 8 messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A
- * probe of the slower way costs those few messages at the slower speed.
+ * Across CCDs every ring line the sender writes is still held by the reader's cache and must be
+ * taken from it: the sender's copies crawl (360 ps/B against 23 on one CCD). Where both sides
+ * send at once (allgather, alltoall, allreduce) that copy is on the path of every message and
+ * CMA wins 5x; in a broadcast the root only copies in and the receiver only copies out, so the
+ * two copies run side by side and the ring still wins 2x. CPU time per byte (the figure used
+ * before) adds the two copies up, and so favoured CMA in both.
+ *
+ * The VM moves between the two placements every few minutes, so the choice is made
+ * continuously. Each way's figure is the median of its last 5 samples (in the far state single
+ * messages of an engine step took 10-200x their neighbours' time; an average they entered moved
+ * by 25 % and flipped the choice back and forth). The receiver asks the sender (want_cma) for
+ * the cheaper way, switching only for a 10 % gain so that noise does not flip it. To keep the
+ * figure of the way not in use current, it asks for a few messages that way now and then (a
+ * probe: 3 messages, or 2 when they make 4 MiB; a short first one warms the way up and is not
+ * counted), whose samples replace that way's old ones. The first probe comes after 32 messages
+ * or 32 MiB by ring (a ring's first passes run on cold lines); then at intervals that double
+ * while the answer stays the same (0.1 s up to 2.56 s, and at least 8 messages or 256 MiB apart)
+ * and shrink back to 0.1 s when a probe changes it. A probe of the slower way costs those few
+ * messages at the slower speed.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
-/* between probes at least 8 messages or 256 MiB; before the first, 32 messages or 32 MiB by ring
- * (its first passes run on cold lines) */
 #define PROBE_MIN_MSGS 8
 #define PROBE_MIN_BYTES (256ull << 20)
 #define PROBE_FIRST_MSGS 32
 #define PROBE_FIRST_BYTES (32ull << 20)
-/* a probe counts 3 messages or 4 MiB, after one that warms the way up unless that is 1 MiB or more */
-#define PROBE_MSGS 3
 #define PROBE_BYTES (4ull << 20)
 #define WARM_BYTES (1ull << 20)
+
+/* test hook: time added to each large message by ring (on the sender, between offering it and
+ * publishing it, as a slow copy into the ring would) or by CMA (on the receiver, after the read) */
+static uint64_t test_delay_ns[2];
+
+void kolo__shm_test_delay(int way, uint64_t ns) { test_delay_ns[way != 0] = ns; }
+
+static void test_delay(int way)
+{
+    if (!test_delay_ns[way]) return;
+    struct timespec ts = {(time_t)(test_delay_ns[way] / 1000000000u), (long)(test_delay_ns[way] % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
 
 static bool enough(const shm_priv *s, uint64_t msgs, uint64_t bytes)
 {
     return s->since_probe >= msgs || s->since_bytes >= bytes;
 }
 
-/* The moving average of both sides' figures: a quarter of the new sample, which counts for at
- * most twice the average (one preempted copy must not flip the choice); the first sample, or
- * one after old = 0, is taken as it is. */
-static uint64_t smooth(uint64_t old, uint64_t sample)
+/* A way's figure is the median of its last WINDOW samples (the lower one of an even count):
+ * one preempted or stalled message, which can take 10-100x its time, moves it not at all. */
+static void win_clear(shm_priv *s, int way) { s->win_n[way] = s->win_next[way] = 0; }
+
+static void win_add(shm_priv *s, int way, uint64_t ps)
 {
-    return old ? (3 * old + KOLO_MIN(sample, 2 * old)) / 4 : KOLO_MAX(sample, 1);
+    s->win[way][s->win_next[way]] = ps;
+    s->win_next[way] = (s->win_next[way] + 1) % WINDOW;
+    if (s->win_n[way] < WINDOW) s->win_n[way]++;
+    uint64_t v[WINDOW];
+    int n = s->win_n[way];
+    for (int i = 0; i < n; i++) { /* insertion sort of at most WINDOW values */
+        uint64_t x = s->win[way][i];
+        int j = i;
+        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+    s->cost_ps[way] = v[(n - 1) / 2];
 }
 
 static bool cheaper(const shm_priv *s, int a, int b)
@@ -195,14 +229,20 @@ static bool cheaper(const shm_priv *s, int a, int b)
     return s->cost_ps[a] && s->cost_ps[b] && s->cost_ps[a] * 10 < s->cost_ps[b] * 9;
 }
 
-/* A large message came in `way` (0 ring, 1 CMA), its copy taking ns for `bytes`. */
-static void adapt_learn(shm_priv *s, int way, uint64_t ns, uint64_t bytes)
+/* When a large message could start at the earliest: see above. `stamp` is the sender's (0 if it
+ * did not stamp it). */
+static uint64_t large_start(const shm_priv *s, const kolo__xfer *x, uint64_t stamp)
 {
-    uint64_t now = kolo__now_ns(), ps = bytes ? ns * 1000 / bytes : 0, in = 0;
-    if (way == 0) {
-        in = atomic_load_explicit(&s->rx_ctl->copy_in_ps, memory_order_relaxed);
-        ps += in ? in : ps;
-    }
+    return KOLO_MAX(KOLO_MAX(stamp, x->looked_ns), s->last_end);
+}
+
+/* A large message of `bytes` came in `way` (0 ring, 1 CMA); it could start at `start`. */
+static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
+{
+    uint64_t now = kolo__now_ns();
+    s->last_end = now;
+    if (now <= start || !bytes) return;
+    uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
     s->got[way]++;
     s->since_probe++;
     s->since_bytes += bytes;
@@ -212,50 +252,46 @@ static void adapt_learn(shm_priv *s, int way, uint64_t ns, uint64_t bytes)
         s->warming[way] = 0;
         if (bytes < WARM_BYTES) return;
     }
-    /* a figure older than the longest probe interval is replaced, not averaged */
-    bool fresh = now - s->cost_at[way] <= PROBE_MAX_NS;
-    s->cost_ps[way] = smooth(fresh ? s->cost_ps[way] : 0, ps);
-    s->cost_at[way] = now;
     int want = s->want;
     if (s->probing) {
         if (way != want) return; /* sent before the sender saw the request */
+        win_add(s, way, ps);
         s->probe_bytes += bytes;
-        if (--s->probing > 0 && s->probe_bytes < PROBE_BYTES) return; /* more to come */
+        if (s->win_n[way] < PROBE_MSGS && (s->probe_bytes < PROBE_BYTES || s->win_n[way] < 2)) return; /* more to come */
         s->probing = 0;
+        s->cost_at[way] = now;
         if (cheaper(s, want, !want)) {
             s->probe_every = PROBE_MIN_NS; /* the probe changed the answer: look again soon */
         } else {
             want = !want;
             s->probe_every = KOLO_MIN(2 * s->probe_every, PROBE_MAX_NS);
         }
-    } else if (way == want && cheaper(s, !want, want)) {
-        want = !want; /* the way in use got dearer than the other's last figure */
-        s->probe_every = PROBE_MIN_NS;
-    } else if (way == want && (s->cost_ps[!want] ? enough(s, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
-                                                       now - s->cost_at[!want] >= s->probe_every
-                                                 : enough(s, PROBE_FIRST_MSGS, PROBE_FIRST_BYTES))) {
-        want = !want;
-        s->probing = PROBE_MSGS;
-        s->probe_bytes = 0;
-        s->warming[want] = 1;
-        s->since_probe = s->since_bytes = 0;
+    } else {
+        /* samples older than the longest probe interval are dropped */
+        if (now - s->cost_at[way] > PROBE_MAX_NS) win_clear(s, way);
+        win_add(s, way, ps);
+        s->cost_at[way] = now;
+        if (way == want && cheaper(s, !want, want)) {
+            want = !want; /* the way in use got dearer than the other's last figure */
+            s->probe_every = PROBE_MIN_NS;
+        } else if (way == want && (s->cost_ps[!want] ? enough(s, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
+                                                           now - s->cost_at[!want] >= s->probe_every
+                                                     : enough(s, PROBE_FIRST_MSGS, PROBE_FIRST_BYTES))) {
+            want = !want;
+            s->probing = 1;
+            win_clear(s, want); /* the probe's samples replace the old ones */
+            s->probe_bytes = 0;
+            s->warming[want] = 1;
+            s->since_probe = s->since_bytes = 0;
+        }
     }
-    KOLO_TRACE("shm from rank %d: large message by %s, %llu ps/B (in %llu); ring %llu, CMA %llu ps/B; asking for %s%s",
-               s->peer_rank, way ? "CMA" : "ring", (unsigned long long)ps, (unsigned long long)in, (unsigned long long)s->cost_ps[0],
+    KOLO_TRACE("shm from rank %d: %llu B by %s, %llu ps/B; ring %llu, CMA %llu ps/B; asking for %s%s", s->peer_rank,
+               (unsigned long long)bytes, way ? "CMA" : "ring", (unsigned long long)ps, (unsigned long long)s->cost_ps[0],
                (unsigned long long)s->cost_ps[1], want ? "CMA" : "ring", s->probing ? " (probe)" : "");
     if (want != s->want) {
         s->want = want;
         atomic_store_explicit(&s->rx_ctl->want_cma, (uint32_t)want, memory_order_relaxed);
     }
-}
-
-/* The sender finished copying a large message into the ring. Published before the head that
- * completes the message, so the receiver sees it when it finishes that message. */
-static void adapt_copied_in(shm_priv *s)
-{
-    if (!s->in_bytes) return;
-    s->in_ps = smooth(s->in_ps, s->in_ns * 1000 / s->in_bytes);
-    atomic_store_explicit(&s->tx_ctl->copy_in_ps, s->in_ps, memory_order_relaxed);
 }
 
 /* ---- framing: marks ----
@@ -298,18 +334,6 @@ static void end_frame(shm_priv *s, uint64_t *head)
     atomic_store_explicit(mark_at(s->tx, s->mask, *head), 0, memory_order_relaxed);
 }
 
-static void timed_write(shm_priv *s, uint64_t pos, kolo__xfer *x, size_t n)
-{
-    bool timed = s->adapt && x->len >= s->cma_threshold;
-    uint64_t t0 = timed ? kolo__now_ns() : 0;
-    tx_write(s, pos, x->buf + x->done, n);
-    if (timed) {
-        s->in_ns += kolo__now_ns() - t0;
-        s->in_bytes += n;
-        if (x->done + n == x->len) adapt_copied_in(s);
-    }
-}
-
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
@@ -339,18 +363,22 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 if (space < MARK_LEN + body + TERM_RESERVE) break;
             }
             uint64_t at = head;
-            s->in_ns = s->in_bytes = 0;
+            /* auto: when the message was offered, for the receiver's timing */
+            uint64_t stamp = large && s->adapt ? kolo__now_ns() : 0;
             if (cma) {
                 unsigned char msg[KOLO_HDR_LEN + CMA_DESC_LEN];
                 uint64_t addr = (uint64_t)(uintptr_t)x->buf, len = x->len;
                 kolo__hdr_pack(msg, SHM_FLAG_CMA, x->len);
                 memcpy(msg + KOLO_HDR_LEN, &addr, 8);
                 memcpy(msg + KOLO_HDR_LEN + 8, &len, 8);
+                memcpy(msg + KOLO_HDR_LEN + 16, &stamp, STAMP_LEN);
                 tx_write(s, at + MARK_LEN, msg, sizeof(msg));
                 x->cma_seq = ++s->cma_sent;
             } else {
                 tx_write(s, at + MARK_LEN, x->hdr, KOLO_HDR_LEN);
-                if (whole && x->len) timed_write(s, at + MARK_LEN + KOLO_HDR_LEN, x, x->len);
+                if (whole && x->len) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
+                else if (!whole) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);
+                if (large) test_delay(0);
             }
             x->hdr_done = KOLO_HDR_LEN;
             head = at + MARK_LEN + body;
@@ -373,7 +401,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 if (space <= TERM_RESERVE) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), space - TERM_RESERVE), STREAM_STEP);
-            timed_write(s, head, x, n);
+            tx_write(s, head, x->buf + x->done, n);
             head += n;
             x->done += n;
             if (x->done < x->len) {
@@ -429,18 +457,6 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
     return KOLO_OK;
 }
 
-static void timed_read(shm_priv *s, uint64_t pos, kolo__xfer *x, size_t n)
-{
-    bool timed = s->adapt && x->len >= s->cma_threshold;
-    uint64_t t0 = timed ? kolo__now_ns() : 0;
-    rx_read(s, pos, x->buf + x->done, n);
-    if (timed) {
-        s->out_ns += kolo__now_ns() - t0;
-        s->out_bytes += n;
-        if (x->done + n == x->len) adapt_learn(s, 0, s->out_ns, s->out_bytes);
-    }
-}
-
 static int progress_recv(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->rx_ctl;
@@ -451,6 +467,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
     while (c->recvq) {
         kolo__xfer *x = c->recvq;
         if (x->hdr_done == 0) {
+            if (!x->looked_ns && s->adapt && x->len >= s->cma_threshold) x->looked_ns = kolo__now_ns();
             first_pass(s->rx, s->mask + 1, &s->rx_ready, tail + MARK_LEN, MADV_POPULATE_READ);
             uint64_t mark = atomic_load_explicit(mark_at(s->rx, s->mask, tail), memory_order_acquire);
             if (mark != tail + 1) {
@@ -478,14 +495,15 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                     break;
                 }
                 unsigned char d[CMA_DESC_LEN];
-                uint64_t addr;
+                uint64_t addr, stamp;
                 rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, d, CMA_DESC_LEN);
                 memcpy(&addr, d, 8);
+                memcpy(&stamp, d + 16, STAMP_LEN);
                 x->hdr_done = KOLO_HDR_LEN;
-                uint64_t t0 = kolo__now_ns();
                 st = cma_read(c, s, x, addr);
                 if (st != KOLO_OK) break;
-                if (s->adapt) adapt_learn(s, 1, kolo__now_ns() - t0, x->len);
+                test_delay(1);
+                if (s->adapt) adapt_learn(s, 1, large_start(s, x, stamp), x->len);
                 tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + CMA_DESC_LEN);
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
@@ -494,13 +512,17 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 continue;
             }
             x->hdr_done = KOLO_HDR_LEN;
-            s->out_ns = s->out_bytes = 0;
             if (x->len <= INLINE_MAX) { /* written whole before the mark */
-                if (x->len) timed_read(s, tail + MARK_LEN + KOLO_HDR_LEN, x, x->len);
+                if (x->len) rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
                 x->done = x->len;
                 tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + x->len);
                 kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
                 continue;
+            }
+            if (s->adapt && x->len >= s->cma_threshold) {
+                uint64_t stamp;
+                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);
+                s->rx_start = large_start(s, x, stamp);
             }
             tail += LINE;
         }
@@ -510,7 +532,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 if (head <= tail) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), head - tail), STREAM_STEP);
-            timed_read(s, tail, x, n);
+            rx_read(s, tail, x->buf + x->done, n);
             tail += n;
             x->done += n;
             if (x->done < x->len) {
@@ -520,6 +542,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 continue;
             }
             tail = pad_line(tail);
+            if (s->adapt && x->len >= s->cma_threshold) adapt_learn(s, 0, s->rx_start, x->len);
         }
         kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
     }
@@ -532,6 +555,8 @@ static int shm_progress(kolo__conn *c)
     if (c->error) return c->error;
     shm_priv *s = c->priv;
     int st = KOLO_OK;
+    kolo__xfer *r = c->recvq;
+    if (r && !r->looked_ns && s->adapt && r->len >= s->cma_threshold) r->looked_ns = kolo__now_ns(); /* before our own sends */
     if (c->sendq) st = progress_send(c, s);
     if (st == KOLO_OK && c->recvq) st = progress_recv(c, s);
     return st;

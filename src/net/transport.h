@@ -55,6 +55,7 @@ struct kolo__xfer {
     int kind;
     int status;       /* 1 pending, 0 done, < 0 failed */
     uint64_t cma_seq; /* shm: sequence of a single-copy send awaiting the peer's ack */
+    uint64_t looked_ns; /* shm, a large receive: when a progress pass first had it in hand, else 0 */
     unsigned char hdr[KOLO_HDR_LEN];
 };
 
@@ -191,6 +192,9 @@ void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
 /* Tests: corrupts what c's peer reads next from us, either the mark it polls or, with
  * whole_frame, a whole frame whose header is not kolo's. Nothing may be in flight on c. */
 void kolo__shm_garble(kolo__conn *c, bool whole_frame);
+/* Test hook, before kolo_init: each large message by ring copies (way 0) or single-copy (1) takes
+ * `ns` longer, so that tests can make either way the slow one. */
+void kolo__shm_test_delay(int way, uint64_t ns);
 
 
 #endif
