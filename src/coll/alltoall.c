@@ -1,18 +1,26 @@
 /* alltoall.c - alltoall with per-destination counts: every pair exchanges its one message at once
- * (all sends and receives posted together), the local block is a copy. */
+ * (all sends and receives posted together), the local block is a copy. Up to STACK_MEMBERS
+ * members the bookkeeping lives on the stack: two allocations and frees per call were a third of
+ * a small alltoall's time on 2 ranks (0.34 against allgather's 0.23 us for 8 bytes). */
 #include "coll.h"
+
+#define STACK_MEMBERS 64
 
 int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const size_t *sendcounts,
                         void *recv, const size_t *recvcounts, size_t es)
 {
     int n = g->size, r = g->rank;
     if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
-    kolo__xfer *xs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer));
-    kolo__xfer **ptrs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer *));
-    if (!xs || !ptrs) {
-        kolo__free(xs);
-        kolo__free(ptrs);
-        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for alltoall bookkeeping");
+    kolo__xfer xs_stack[2 * STACK_MEMBERS], *ptrs_stack[2 * STACK_MEMBERS];
+    kolo__xfer *xs = xs_stack, **ptrs = ptrs_stack;
+    if (n > STACK_MEMBERS) {
+        xs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer));
+        ptrs = kolo__calloc(2 * (size_t)n, sizeof(kolo__xfer *));
+        if (!xs || !ptrs) {
+            kolo__free(xs);
+            kolo__free(ptrs);
+            return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for alltoall bookkeeping");
+        }
     }
     const char *s = send;
     char *d = recv;
@@ -42,7 +50,9 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
     else if (sendcounts[r])
         memcpy(d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es);
     int st2 = kolo__wait(m, ptrs, k);
-    kolo__free(xs);
-    kolo__free(ptrs);
+    if (xs != xs_stack) {
+        kolo__free(xs);
+        kolo__free(ptrs);
+    }
     return st != KOLO_OK ? st : st2;
 }
