@@ -170,8 +170,8 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
  * by 25 % and flipped the choice back and forth). The receiver asks the sender (want_cma) for
  * the cheaper way, switching only for a 10 % gain so that noise does not flip it. To keep the
  * figure of the way not in use current, it asks for a few messages that way now and then (a
- * probe: 3 messages, or 2 when they make 4 MiB; a short first one warms the way up and is not
- * counted), whose samples replace that way's old ones. The first probe comes after 32 messages
+ * probe: 3 messages, or 2 when they make 4 MiB, or one of 16 MiB; a short first one warms the
+ * way up and is not counted), whose samples replace that way's old ones. The first probe comes after 32 messages
  * or 32 MiB by ring (a ring's first passes run on cold lines); then at intervals that double
  * while the answer stays the same (0.1 s up to 2.56 s, and at least 8 messages or 256 MiB apart)
  * and shrink back to 0.1 s when a probe changes it. A probe of the slower way costs those few
@@ -185,6 +185,7 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
 #define PROBE_FIRST_BYTES (32ull << 20)
 #define PROBE_BYTES (4ull << 20)
 #define WARM_BYTES (1ull << 20)
+#define LONG_BYTES (16ull << 20) /* a message this long is a probe on its own */
 
 /* test hook: time added to each large message by ring (on the sender, between offering it and
  * publishing it, as a slow copy into the ring would) or by CMA (on the receiver, after the read) */
@@ -257,7 +258,8 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way != want) return; /* sent before the sender saw the request */
         win_add(s, way, ps);
         s->probe_bytes += bytes;
-        if (s->win_n[way] < PROBE_MSGS && (s->probe_bytes < PROBE_BYTES || s->win_n[way] < 2)) return; /* more to come */
+        if (s->win_n[way] < PROBE_MSGS && (s->probe_bytes < PROBE_BYTES || s->win_n[way] < 2) && bytes < LONG_BYTES)
+            return; /* more to come */
         s->probing = 0;
         s->cost_at[way] = now;
         if (cheaper(s, want, !want)) {
