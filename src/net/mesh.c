@@ -669,10 +669,11 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     else if (strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
     else return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SHM_CMA='%s' is not one of auto, 0, 1", cma);
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
-    /* single-copy candidates: from 128 KiB when pinned on; from 64 KiB when picked from timings,
-     * where it won 2-3x for 64 KiB messages with the vCPUs on two CCDs and lost nothing on one
-     * (alltoall and allgather of 128 KiB, 2 ranks) */
-    b.cma_threshold = b.want_cma == 2 ? 64 * 1024 : 128 * 1024;
+    /* single-copy candidates: from 128 KiB when pinned on; from 32 KiB when picked from timings.
+     * 32 KiB messages (allgather and alltoall of 64 KiB, 2 ranks): with the vCPUs on two CCDs
+     * 1.9-2.0x by single-copy (medians of 12 and 4 launches); on one CCD 1.03-1.04x, where the
+     * timings keep the ring (36 and 46 launches). 16 KiB messages gained nothing on two CCDs. */
+    b.cma_threshold = b.want_cma == 2 ? 32 * 1024 : 128 * 1024;
     if (kolo__setting_bytes(KOLO_SET_RING_CHUNK) < b.cma_threshold) /* let tests push chunks through CMA */
         b.cma_threshold = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
     uint64_t deadline = kolo__now_ns() + (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
