@@ -672,7 +672,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     /* single-copy candidates: from 128 KiB when pinned on; from 32 KiB when picked from timings.
      * 32 KiB messages (allgather and alltoall of 64 KiB, 2 ranks): with the vCPUs on two CCDs
      * 1.9-2.0x by single-copy (medians of 12 and 4 launches); on one CCD 1.03-1.04x, where the
-     * timings keep the ring (36 and 46 launches). From 16 KiB, those messages gained 1.4-1.8x on
+     * timings keep the ring (36 and 46 launches). From 16 KiB, those messages gained 1.4-2.0x on
      * two CCDs (one launch each) but lost 10-20 % on one (5 launches): timing costs 3 clock
      * reads a message, and probes send some by the slower way. */
     b.cma_threshold = b.want_cma == 2 ? 32 * 1024 : 128 * 1024;
