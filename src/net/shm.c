@@ -288,8 +288,9 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         }
     }
     KOLO_TRACE("shm from rank %d: %llu B by %s, %llu ps/B; ring %llu, CMA %llu ps/B; asking for %s%s", s->peer_rank,
-               (unsigned long long)bytes, way ? "CMA" : "ring", (unsigned long long)ps, (unsigned long long)s->cost_ps[0],
-               (unsigned long long)s->cost_ps[1], want ? "CMA" : "ring", s->probing ? " (probe)" : "");
+               (unsigned long long)bytes, way ? "CMA" : "ring", (unsigned long long)ps,
+               (unsigned long long)s->cost_ps[0], (unsigned long long)s->cost_ps[1], want ? "CMA" : "ring",
+               s->probing ? " (probe)" : "");
     if (want != s->want) {
         s->want = want;
         atomic_store_explicit(&s->rx_ctl->want_cma, (uint32_t)want, memory_order_relaxed);
@@ -558,7 +559,8 @@ static int shm_progress(kolo__conn *c)
     shm_priv *s = c->priv;
     int st = KOLO_OK;
     kolo__xfer *r = c->recvq;
-    if (r && !r->looked_ns && s->adapt && r->len >= s->cma_threshold) r->looked_ns = kolo__now_ns(); /* before our own sends */
+    /* auto: a large receive's start, taken before this pass's own sends (see large_start) */
+    if (r && !r->looked_ns && s->adapt && r->len >= s->cma_threshold) r->looked_ns = kolo__now_ns();
     if (c->sendq) st = progress_send(c, s);
     if (st == KOLO_OK && c->recvq) st = progress_recv(c, s);
     return st;
