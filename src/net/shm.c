@@ -171,11 +171,11 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
  * the cheaper way, switching only for a 10 % gain so that noise does not flip it. To keep the
  * figure of the way not in use current, it asks for a few messages that way now and then (a
  * probe: 3 messages, or 2 when they make 4 MiB, or one of 16 MiB; a short first one warms the
- * way up and is not counted), whose samples replace that way's old ones. The first probe comes after 32 messages
- * or 32 MiB by ring (a ring's first passes run on cold lines); then at intervals that double
- * while the answer stays the same (0.1 s up to 2.56 s, and at least 8 messages or 256 MiB apart)
- * and shrink back to 0.1 s when a probe changes it. A probe of the slower way costs those few
- * messages at the slower speed.
+ * way up and is not counted), whose samples replace that way's old ones. The first probe comes
+ * after 32 messages or 32 MiB by ring (a ring's first passes run on cold lines); then at
+ * intervals that double while the answer stays the same (0.1 s up to 2.56 s, and at least 8
+ * messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A probe of the
+ * slower way costs those few messages at the slower speed.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
@@ -228,6 +228,13 @@ static void win_add(shm_priv *s, int way, uint64_t ps)
 static bool cheaper(const shm_priv *s, int a, int b)
 {
     return s->cost_ps[a] && s->cost_ps[b] && s->cost_ps[a] * 10 < s->cost_ps[b] * 9;
+}
+
+/* A progress pass has receive x in hand: if it is large, the first such time is its start on
+ * this side (see large_start). */
+static void note_look(const shm_priv *s, kolo__xfer *x)
+{
+    if (s->adapt && !x->looked_ns && x->len >= s->cma_threshold) x->looked_ns = kolo__now_ns();
 }
 
 /* When a large message could start at the earliest: see above. `stamp` is the sender's (0 if it
@@ -470,7 +477,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
     while (c->recvq) {
         kolo__xfer *x = c->recvq;
         if (x->hdr_done == 0) {
-            if (!x->looked_ns && s->adapt && x->len >= s->cma_threshold) x->looked_ns = kolo__now_ns();
+            note_look(s, x); /* one that came to the head during this pass */
             first_pass(s->rx, s->mask + 1, &s->rx_ready, tail + MARK_LEN, MADV_POPULATE_READ);
             uint64_t mark = atomic_load_explicit(mark_at(s->rx, s->mask, tail), memory_order_acquire);
             if (mark != tail + 1) {
@@ -558,9 +565,7 @@ static int shm_progress(kolo__conn *c)
     if (c->error) return c->error;
     shm_priv *s = c->priv;
     int st = KOLO_OK;
-    kolo__xfer *r = c->recvq;
-    /* auto: a large receive's start, taken before this pass's own sends (see large_start) */
-    if (r && !r->looked_ns && s->adapt && r->len >= s->cma_threshold) r->looked_ns = kolo__now_ns();
+    if (c->recvq) note_look(s, c->recvq); /* before this pass's own sends */
     if (c->sendq) st = progress_send(c, s);
     if (st == KOLO_OK && c->recvq) st = progress_recv(c, s);
     return st;
