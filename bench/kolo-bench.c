@@ -37,6 +37,8 @@ typedef struct opts {
     int iters, warmup, check, root, np, avg_mode, bind, shared_mem;
     kolo_dtype_t dtype;
     kolo_op_t op;
+    int vs;               /* --vs: 0 none, 1 another dtype, 2 the other buffer source */
+    kolo_dtype_t vs_dtype;
 } opts;
 
 static double now_us(void)
@@ -113,6 +115,9 @@ static void usage(FILE *f)
             "            (default core, as mpirun does; a launcher's ranks are left as it placed them)\n"
             "  --mem malloc|kolo  where the buffers come from (default malloc); kolo: kolo_mem_alloc,\n"
             "            which lets allreduce of 16 MiB and more read the other ranks' buffers directly\n"
+            "  --vs TYPE|mem  paired mode: every iteration also runs the same bytes as TYPE (a dtype), or\n"
+            "            with the other buffer source (mem), call by call, and prints both medians and\n"
+            "            their ratio (out of place only); for comparisons a drifting machine cannot skew\n"
             "  --version print the library's build information\n");
 }
 
@@ -220,12 +225,30 @@ static bool close_enough(double got, double want, kolo_dtype_t d)
     return fabs(got - want) <= tol * fmax(1.0, fabs(want));
 }
 
+/* The buffers and dtype of one side of a measurement: the sweep has one, --vs two. */
+typedef struct side {
+    kolo_dtype_t dtype;
+    size_t es;
+    int shared_mem;
+    char *send, *recv;
+} side;
+
 typedef struct run {
     const opts *o;
     int n, r;
     size_t es;
+    kolo_dtype_t dtype; /* the side in use: call, fill and check read these four */
     char *send, *recv;
+    side sides[2];
 } run;
+
+static void use_side(run *R, int k)
+{
+    R->dtype = R->sides[k].dtype;
+    R->es = R->sides[k].es;
+    R->send = R->sides[k].send;
+    R->recv = R->sides[k].recv;
+}
 
 /* one call of the collective at `bytes` (nccl-tests' size); in_place uses recv as both */
 static int call(run *R, size_t bytes, int in_place)
@@ -235,24 +258,24 @@ static int call(run *R, size_t bytes, int in_place)
     switch (o->coll) {
     case ALLREDUCE: {
         size_t count = bytes / es;
-        return kolo_allreduce(in_place ? R->recv : R->send, R->recv, count, o->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
+        return kolo_allreduce(in_place ? R->recv : R->send, R->recv, count, R->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
     }
-    case BROADCAST: return kolo_broadcast(R->recv, bytes / es, o->dtype, o->root, KOLO_WORLD);
+    case BROADCAST: return kolo_broadcast(R->recv, bytes / es, R->dtype, o->root, KOLO_WORLD);
     case ALLGATHER: {
         size_t count = bytes / es / n;
         const void *s = in_place ? R->recv + (size_t)R->r * count * es : R->send;
-        return kolo_allgather(s, count, R->recv, NULL, o->dtype, KOLO_WORLD);
+        return kolo_allgather(s, count, R->recv, NULL, R->dtype, KOLO_WORLD);
     }
     case REDUCESCATTER: {
         size_t rows = bytes / es / n * n;
         /* in place is not supported: both columns run out of place */
-        return kolo_reducescatter(R->send, R->recv, rows, 1, o->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
+        return kolo_reducescatter(R->send, R->recv, rows, 1, R->dtype, o->op, 1.0, 1.0, KOLO_WORLD);
     }
     case ALLTOALL: {
         size_t count = bytes / es / n;
         size_t counts[1024];
         for (size_t i = 0; i < n; i++) counts[i] = count;
-        return kolo_alltoall(R->send, counts, R->recv, counts, o->dtype, KOLO_WORLD);
+        return kolo_alltoall(R->send, counts, R->recv, counts, R->dtype, KOLO_WORLD);
     }
     }
     return KOLO_ERR_INVALID_ARG;
@@ -264,23 +287,23 @@ static void fill(run *R, size_t bytes, int in_place)
     size_t es = R->es, n = (size_t)R->n, elems = bytes / es;
     switch (o->coll) {
     case ALLREDUCE:
-        for (size_t i = 0; i < elems; i++) put(in_place ? R->recv : R->send, i, o->dtype, val(R->r, i, o->op));
+        for (size_t i = 0; i < elems; i++) put(in_place ? R->recv : R->send, i, R->dtype, val(R->r, i, o->op));
         break;
     case BROADCAST:
-        for (size_t i = 0; i < elems; i++) put(R->recv, i, o->dtype, R->r == o->root ? val(o->root, i, KOLO_SUM) : 99);
+        for (size_t i = 0; i < elems; i++) put(R->recv, i, R->dtype, R->r == o->root ? val(o->root, i, KOLO_SUM) : 99);
         break;
     case ALLGATHER: {
         size_t count = elems / n;
         char *dst = in_place ? R->recv + (size_t)R->r * count * es : R->send;
-        for (size_t i = 0; i < count; i++) put(dst, i, o->dtype, val(R->r, i, KOLO_SUM));
+        for (size_t i = 0; i < count; i++) put(dst, i, R->dtype, val(R->r, i, KOLO_SUM));
         break;
     }
     case REDUCESCATTER:
-        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, o->dtype, val(R->r, i, o->op));
+        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, R->dtype, val(R->r, i, o->op));
         break;
     case ALLTOALL:
         /* element j of the block for destination d carries (source, d, j) */
-        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, o->dtype, val(R->r, i, KOLO_SUM));
+        for (size_t i = 0; i < elems / n * n; i++) put(R->send, i, R->dtype, val(R->r, i, KOLO_SUM));
         break;
     }
 }
@@ -293,31 +316,31 @@ static long check(run *R, size_t bytes)
     switch (o->coll) {
     case ALLREDUCE:
         for (size_t i = 0; i < elems; i++)
-            if (!close_enough(get(R->recv, i, o->dtype), expect(R->n, i, o->op, o->dtype), o->dtype)) wrong++;
+            if (!close_enough(get(R->recv, i, R->dtype), expect(R->n, i, o->op, R->dtype), R->dtype)) wrong++;
         break;
     case BROADCAST:
         for (size_t i = 0; i < elems; i++)
-            if (!close_enough(get(R->recv, i, o->dtype), val(o->root, i, KOLO_SUM), o->dtype)) wrong++;
+            if (!close_enough(get(R->recv, i, R->dtype), val(o->root, i, KOLO_SUM), R->dtype)) wrong++;
         break;
     case ALLGATHER: {
         size_t count = elems / n;
         for (size_t r = 0; r < n; r++)
             for (size_t i = 0; i < count; i++)
-                if (!close_enough(get(R->recv, r * count + i, o->dtype), val((int)r, i, KOLO_SUM), o->dtype)) wrong++;
+                if (!close_enough(get(R->recv, r * count + i, R->dtype), val((int)r, i, KOLO_SUM), R->dtype)) wrong++;
         break;
     }
     case REDUCESCATTER: {
         size_t count = elems / n, base = (size_t)R->r * count;
         for (size_t i = 0; i < count; i++)
-            if (!close_enough(get(R->recv, i, o->dtype), expect(R->n, base + i, o->op, o->dtype), o->dtype)) wrong++;
+            if (!close_enough(get(R->recv, i, R->dtype), expect(R->n, base + i, o->op, R->dtype), R->dtype)) wrong++;
         break;
     }
     case ALLTOALL: {
         size_t count = elems / n;
         for (size_t src = 0; src < n; src++)
             for (size_t j = 0; j < count; j++)
-                if (!close_enough(get(R->recv, src * count + j, o->dtype),
-                                  val((int)src, (size_t)R->r * count + j, KOLO_SUM), o->dtype))
+                if (!close_enough(get(R->recv, src * count + j, R->dtype),
+                                  val((int)src, (size_t)R->r * count + j, KOLO_SUM), R->dtype))
                     wrong++;
         break;
     }
@@ -353,6 +376,104 @@ static void fmt_num(char *buf, size_t cap, double v)
     else snprintf(buf, cap, "%.3g", v);
 }
 
+#define KOLO_MAX_ES(R) ((R).sides[0].es > (R).sides[1].es ? (R).sides[0].es : (R).sides[1].es)
+
+static size_t next_size(const opts *o, size_t b)
+{
+    if (o->step) return b + o->step;
+    size_t nb = (size_t)((double)b * o->factor);
+    return nb > b ? nb : b + 1;
+}
+
+static void side_name(const run *R, int k, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s", kolo_dtype_name(R->sides[k].dtype),
+             R->o->vs != 2 ? "" : R->sides[k].shared_mem ? "/kolo-mem" : "/malloc");
+}
+
+static void print_paired_header(const run *R)
+{
+    char a[32], b[32];
+    side_name(R, 0, a, sizeof(a));
+    side_name(R, 1, b, sizeof(b));
+    printf("# paired: %s (A) against %s (B), out of place, same bytes. Every iteration times one call of\n"
+           "# each, alternating which goes first, each after a barrier; a call's time is its slowest rank's,\n"
+           "# and each column is the median over the iterations. B/A > 1: B moves the bytes faster.\n#\n", a, b);
+    printf("#%11s %8s %16s %9s %7s %16s %9s %7s %6s %6s\n", "size", "redop", "A", "time", "busbw", "B", "time",
+           "busbw", "B/A", "#wrong");
+    printf("#%11s %8s %16s %9s %7s %16s %9s %7s %6s %6s\n", "(B)", "", "", "(us)", "(GB/s)", "", "(us)", "(GB/s)",
+           "", "");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --vs: both sides at `bytes`, call by call (see print_paired_header). On a machine whose speed
+ * drifts (a VM whose vCPUs move), separate launches compare different machines; two calls a few
+ * milliseconds apart compare the code. Returns nonzero when a call failed. */
+static int paired(run *R, size_t bytes, long *total_wrong)
+{
+    const opts *o = R->o;
+    int iters = o->iters ? o->iters : 1, st = KOLO_OK;
+    double *t = calloc(2 * (size_t)iters, sizeof(double));
+    long wrong[2] = {0, 0};
+    if (!t) {
+        fprintf(stderr, "kolo-bench: no memory for %d timings\n", iters);
+        return 1;
+    }
+    for (int k = 0; k < 2 && st == KOLO_OK; k++) {
+        use_side(R, k);
+        fill(R, bytes, 0);
+        for (int w = 0; w < o->warmup && st == KOLO_OK; w++) st = call(R, bytes, 0);
+        if (st == KOLO_OK && o->check) {
+            fill(R, bytes, 0);
+            st = call(R, bytes, 0);
+            if (st == KOLO_OK) wrong[k] = check(R, bytes);
+        }
+    }
+    for (int it = 0; it < iters && st == KOLO_OK; it++)
+        for (int j = 0; j < 2 && st == KOLO_OK; j++) {
+            int k = (it & 1) ? 1 - j : j;
+            use_side(R, k);
+            st = kolo_barrier(KOLO_WORLD);
+            double t0 = now_us();
+            if (st == KOLO_OK) st = call(R, bytes, 0);
+            t[k * iters + it] = now_us() - t0;
+        }
+    if (st == KOLO_OK) st = kolo_allreduce(t, t, 2 * (size_t)iters, KOLO_FLOAT64, KOLO_MAX, 1.0, 1.0, KOLO_WORLD);
+    long wl[2] = {wrong[0], wrong[1]};
+    if (st == KOLO_OK) st = kolo_allreduce(wl, wrong, 2, KOLO_INT64, KOLO_SUM, 1.0, 1.0, KOLO_WORLD);
+    use_side(R, 0);
+    if (st != KOLO_OK) {
+        fprintf(stderr, "kolo-bench: rank %d: %s failed at %zu bytes: %s\n", R->r, coll_names[o->coll], bytes,
+                kolo_last_error());
+        free(t);
+        return 1;
+    }
+    *total_wrong += wrong[0] + wrong[1];
+    if (R->r == 0) {
+        double med[2];
+        char name[2][32], tm[2][32], bw[2][32], w[16];
+        for (int k = 0; k < 2; k++) {
+            qsort(t + k * iters, (size_t)iters, sizeof(double), cmp_double);
+            med[k] = iters % 2 ? t[k * iters + iters / 2] : (t[k * iters + iters / 2 - 1] + t[k * iters + iters / 2]) / 2;
+            side_name(R, k, name[k], sizeof(name[k]));
+            fmt_num(tm[k], sizeof(tm[k]), med[k]);
+            fmt_num(bw[k], sizeof(bw[k]), (double)bytes / (med[k] * 1e3) * busbw_factor(o->coll, R->n));
+        }
+        if (o->check) snprintf(w, sizeof(w), "%ld", wrong[0] + wrong[1]);
+        else snprintf(w, sizeof(w), "N/A");
+        printf("%12zu %8s %16s %9s %7s %16s %9s %7s %6.3f %6s\n", bytes,
+               (o->coll == ALLREDUCE || o->coll == REDUCESCATTER) ? kolo_op_name(o->op) : "none", name[0], tm[0],
+               bw[0], name[1], tm[1], bw[1], med[0] / med[1], w);
+    }
+    free(t);
+    return 0;
+}
+
 static int bench(const opts *o)
 {
     int st = kolo_init();
@@ -360,24 +481,37 @@ static int bench(const opts *o)
         fprintf(stderr, "kolo-bench: kolo_init failed: %s\n", kolo_last_error());
         return 1;
     }
-    run R = {.o = o, .n = kolo_size(), .r = kolo_rank(), .es = kolo_dtype_size(o->dtype)};
+    run R = {.o = o, .n = kolo_size(), .r = kolo_rank()};
     int n = R.n, me = R.r;
     if (o->coll == BROADCAST && (o->root < 0 || o->root >= n)) {
         if (me == 0) fprintf(stderr, "kolo-bench: root %d is not a rank (size %d)\n", o->root, n);
         kolo_shutdown();
         return 2;
     }
-    size_t cap = o->maxb + 64 * (size_t)n * R.es;
-    size_t alloc = (cap + 63) / 64 * 64;
-    R.send = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
-    R.recv = o->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
-    if (!R.send || !R.recv) {
-        fprintf(stderr, "kolo-bench: cannot allocate %zu bytes%s%s\n", cap, o->shared_mem ? ": " : "",
-                o->shared_mem ? kolo_last_error() : "");
-        return 1;
+    int nsides = o->vs ? 2 : 1;
+    R.sides[0] = (side){.dtype = o->dtype, .shared_mem = o->shared_mem};
+    R.sides[1] = (side){.dtype = o->vs == 1 ? o->vs_dtype : o->dtype, .shared_mem = o->vs == 2 ? !o->shared_mem : o->shared_mem};
+    size_t cap = 0;
+    for (int k = 0; k < nsides; k++) {
+        side *sd = &R.sides[k];
+        sd->es = kolo_dtype_size(sd->dtype);
+        size_t need = o->maxb + 64 * (size_t)n * sd->es;
+        if (need > cap) cap = need;
     }
-    memset(R.send, 0, cap);
-    memset(R.recv, 0, cap);
+    size_t alloc = (cap + 63) / 64 * 64;
+    for (int k = 0; k < nsides; k++) {
+        side *sd = &R.sides[k];
+        sd->send = sd->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
+        sd->recv = sd->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
+        if (!sd->send || !sd->recv) {
+            fprintf(stderr, "kolo-bench: cannot allocate %zu bytes%s%s\n", cap, sd->shared_mem ? ": " : "",
+                    sd->shared_mem ? kolo_last_error() : "");
+            return 1;
+        }
+        memset(sd->send, 0, cap);
+        memset(sd->recv, 0, cap);
+    }
+    use_side(&R, 0);
     if (me == 0) {
         printf("# Collective test starting: kolo-bench %s\n", coll_names[o->coll]);
         printf("# nRanks %d minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d validation: %d\n", n,
@@ -385,23 +519,29 @@ static int bench(const opts *o)
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
         if (o->shared_mem) printf("# buffers from kolo_mem_alloc\n");
-        int cma = n > 1 ? kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) : -1;
-        printf("# transport to rank 1: %s%s\n", n > 1 ? kolo_peer_transport(1) : "self",
-               cma == 2   ? " (ring copies or single-copy CMA from 64 KiB, whichever times faster)"
-               : cma == 1 ? " (single-copy CMA from 128 KiB)"
-               : cma == 0 ? " (ring copies)"
-                          : "");
+        kolo__conn *c1 = n > 1 ? kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1] : NULL;
+        int cma = kolo__shm_cma_state(c1);
+        printf("# transport to rank 1: %s", n > 1 ? kolo_peer_transport(1) : "self");
+        if (cma == 2) printf(" (ring copies or single-copy CMA from %zu KiB, whichever times faster)", kolo__shm_cma_threshold(c1) >> 10);
+        else if (cma == 1) printf(" (single-copy CMA from %zu KiB)", kolo__shm_cma_threshold(c1) >> 10);
+        else if (cma == 0) printf(" (ring copies)");
+        printf("\n");
         cpu_set_t cpus;
         if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1)
             for (int c = 0; c < CPU_SETSIZE; c++)
                 if (CPU_ISSET(c, &cpus)) printf("# rank 0 bound to cpu %d\n", c);
         printf("#\n");
+        if (o->vs) {
+            print_paired_header(&R);
+            fflush(stdout);
+        } else {
         printf("#%68s%31s\n", "out-of-place", "in-place");
         printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
         printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
         fflush(stdout);
+        }
     }
     /* Warm up once before the sweep, as nccl-tests does: the first collectives pay for scratch
      * memory, first touches and the peers' arrival, which must not land on the smallest size. */
@@ -416,8 +556,14 @@ static int bench(const opts *o)
     double bw_sum = 0;
     int bw_n = 0;
     int failed = 0;
-    size_t unit = R.es * ((o->coll == ALLREDUCE || o->coll == BROADCAST) ? 1 : (size_t)n);
+    size_t unit = KOLO_MAX_ES(R) * ((o->coll == ALLREDUCE || o->coll == BROADCAST) ? 1 : (size_t)n);
     for (size_t b = o->minb; b <= o->maxb && !failed;) {
+        if (o->vs) {
+            size_t bytes = b / unit * unit;
+            failed = paired(&R, bytes ? bytes : unit, &total_wrong);
+            b = next_size(o, b);
+            continue;
+        }
         size_t bytes = b / unit * unit;
         if (bytes == 0) bytes = unit;
         double t[2];
@@ -475,15 +621,11 @@ static int bench(const opts *o)
                    cols[0][1], cols[0][2], w0, cols[1][0], cols[1][1], cols[1][2], w1);
             fflush(stdout);
         }
-        if (o->step) b += o->step;
-        else {
-            size_t nb = (size_t)((double)b * o->factor);
-            b = nb > b ? nb : b + 1;
-        }
+        b = next_size(o, b);
     }
     if (me == 0 && !failed) {
         printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+        if (!o->vs) printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
         if (n > 1 && kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1]) == 2) {
             uint64_t got[2];
             kolo__shm_large_received(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1], got);
@@ -493,12 +635,15 @@ static int bench(const opts *o)
         printf("#\n# Collective test concluded: kolo-bench %s\n", coll_names[o->coll]);
     }
     kolo_shutdown();
-    if (o->shared_mem) {
-        kolo_mem_free(R.send);
-        kolo_mem_free(R.recv);
-    } else {
-        free(R.send);
-        free(R.recv);
+    for (int k = 0; k < nsides; k++) {
+        side *sd = &R.sides[k];
+        if (sd->shared_mem) {
+            kolo_mem_free(sd->send);
+            kolo_mem_free(sd->recv);
+        } else {
+            free(sd->send);
+            free(sd->recv);
+        }
     }
     return failed ? 1 : (total_wrong ? 3 : 0);
 }
@@ -554,6 +699,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--mem")) o.shared_mem = !strcmp(v, "kolo"), bad = !o.shared_mem && strcmp(v, "malloc");
         else if (!strcmp(a, "-np")) o.np = (int)strtol(v, &end, 10), bad = *end || o.np < 1 || o.np > 256;
         else if (!strcmp(a, "-d")) bad = parse_dtype(v, &o.dtype);
+        else if (!strcmp(a, "--vs")) {
+            if (!strcmp(v, "mem")) o.vs = 2;
+            else o.vs = 1, bad = parse_dtype(v, &o.vs_dtype);
+        }
         else if (!strcmp(a, "-o")) bad = parse_op(v, &o.op);
         else {
             fprintf(stderr, "kolo-bench: unknown flag '%s'\n", a);

@@ -728,6 +728,12 @@ int kolo__shm_cma_state(const kolo__conn *c)
     return !s->cma_ok ? -1 : s->adapt ? 2 : s->cma;
 }
 
+size_t kolo__shm_cma_threshold(const kolo__conn *c)
+{
+    if (kolo__shm_cma_state(c) < 0) return 0;
+    return ((const shm_priv *)c->priv)->cma_threshold;
+}
+
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
 {
     got[0] = got[1] = 0;

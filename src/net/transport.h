@@ -186,6 +186,8 @@ void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mod
 bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
+/* The size from which messages may go single-copy; 0 when c cannot. */
+size_t kolo__shm_cma_threshold(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
  * from timings. */
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
