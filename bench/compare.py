@@ -998,15 +998,15 @@ class Report:
                          "%.2f GB/s | %s |" % (100 * tb / a, M / 1e3 / tb,
                                                _met(tb / a >= 0.8, tb / a / 0.8)))
             mc = getattr(self, "memc", None) or {}
-            if tb and mc.get("kolo") and mc.get("malloc"):
-                k, mm = statistics.median(mc["kolo"]), statistics.median(mc["malloc"])
-                far = sum(1 for p in mc["pings"] if self.store.state(p) == "far")
+            pm = mc.get("mem") or []
+            if tb and pm:
+                mm, k = (statistics.median(x[i] for x in pm) for i in (0, 1))
+                far = sum(1 for x in pm if self.store.state(x[2]) == "far")
                 L.append("| the same with buffers from `kolo_mem_alloc` (ranks read each other's buffers; "
-                         "`kolo-bench --mem kolo`, %d launches interleaved with malloc'd buffers, %d of "
-                         "all %d in the far state) | %.0f %% "
-                         "(%.2f GB/s; malloc'd in the same launches: %.0f %%, %.2f GB/s)%s | %s |" % (
-                             len(mc["kolo"]), far, len(mc["pings"]), 100 * tb / k, M / 1e3 / k, 100 * tb / mm,
-                             M / 1e3 / mm,
+                         "`kolo-bench --vs mem`: each of %d launches, %d in the far state, times malloc'd and "
+                         "shared buffers call by call) | %.0f %% (%.2f GB/s; malloc'd in the same launches: "
+                         "%.0f %%, %.2f GB/s)%s | %s |" % (
+                             len(pm), far, 100 * tb / k, M / 1e3 / k, 100 * tb / mm, M / 1e3 / mm,
                              "; %d WRONG elements" % mc["wrong"] if mc.get("wrong") else "",
                              _met(tb / k >= 0.8 and not mc.get("wrong"), tb / k / 0.8)))
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
@@ -1014,9 +1014,20 @@ class Report:
                 L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f us vs %.2f us "
                          "(%.2f×) | %s |" % (a, b, a / b, _met(a <= 1.5 * b, 1.5 * b / a)))
             a16, a32 = t(ks, "allreduce", "float16", M), t(ks, "allreduce", "float32", M)
-            if a16 and a32:
-                L.append("| float16 allreduce 64 MiB byte rate ≥ float32's | %.2f vs %.2f GB/s | "
-                         "%s |" % (M / 1e3 / a16, M / 1e3 / a32, _met(a16 <= a32, a32 / a16)))
+            sweep = ("the sweep's medians, separate launches: %.2f vs %.2f GB/s" % (M / 1e3 / a16, M / 1e3 / a32)
+                     if a16 and a32 else "")
+            pf = mc.get("float16") or []
+            if pf:
+                rs = [x[0] / x[1] for x in pf]
+                r = statistics.median(rs)
+                t32, t16 = (statistics.median(x[i] for x in pf) for i in (0, 1))
+                L.append("| float16 allreduce 64 MiB byte rate ≥ float32's | %.2f× (`kolo-bench --vs "
+                         "float16`: both types call by call in each of %d launches; per launch %s; %.2f vs "
+                         "%.2f GB/s)%s | %s |" % (r, len(pf), ", ".join("%.2f" % x for x in rs), M / 1e3 / t16,
+                                                M / 1e3 / t32, "; " + sweep if sweep else "", _met(r >= 1, r)))
+            elif sweep:
+                L.append("| float16 allreduce 64 MiB byte rate ≥ float32's | %s | %s |" % (
+                    sweep, _met(a16 <= a32, a32 / a16)))
         for kolo, ref, what in ((ks, "ompi-shm", "shared memory"), (kt, "ompi-tcp", "TCP")):
             if not kolo:
                 continue
@@ -1458,32 +1469,45 @@ def engine_check(a, logdir, reps=5):
     return out
 
 
-def mem_check(a, logdir, reps=3):
-    """kolo-bench allreduce at 64 MiB, 2 ranks, with buffers from malloc and from kolo_mem_alloc
-    (the zero-copy path), interleaved, each launch with its ping: how close kolo gets to the
-    memory-traffic bound when the ranks can read each other's buffers."""
-    out = {"malloc": [], "kolo": [], "pings": []}
+def parse_paired(text):
+    """kolo-bench --vs rows -> list of (size, A time us, B time us, #wrong or None)."""
+    out = []
+    for raw in text.splitlines():
+        f = PREFIX.sub("", raw).split()
+        if len(f) != 10 or not f[0].isdigit():
+            continue
+        ta, tb = _num(f[3]), _num(f[6])
+        if ta and tb:
+            out.append((int(f[0]), ta, tb, _wrong(f[9])))
+    return out
+
+
+def paired_check(a, logdir, reps=3):
+    """kolo-bench allreduce at 64 MiB, 2 ranks, in paired mode (--vs): each launch times its two
+    sides call by call, so both meet the same machine. `mem`: buffers from malloc (A) against
+    kolo_mem_alloc (B, the zero-copy path: how close kolo gets to the memory-traffic bound when
+    the ranks can read each other's buffers); `float16`: float32 (A) against float16 (B) at the
+    same bytes (whether the conversion costs byte rate). Returns {"mem"|"float16": [(A us, B us,
+    ping)], "wrong": n}."""
+    out = {"mem": [], "float16": [], "wrong": 0}
     if not os.access(KOLO_BENCH, os.X_OK):
         return out
     size = 64 << 20
-    base = [KOLO_BENCH, "allreduce", "-b", str(size), "-e", str(size), "-n", "5", "-w", "2", "-c", "1",
+    base = [KOLO_BENCH, "allreduce", "-b", str(size), "-e", str(size), "-n", "10", "-w", "2", "-c", "1",
             "-np", "2"]
-    with open(os.path.join(logdir, "kolo-mem.log"), "w") as log:
+    with open(os.path.join(logdir, "kolo-paired.log"), "w") as log:
         for rep in range(reps):
-            for mem in (("malloc", "kolo") if rep % 2 == 0 else ("kolo", "malloc")):
+            for vs in (("mem", "float16") if rep % 2 == 0 else ("float16", "mem")):
                 ping = state_ping()
-                text, rc, to, _ = run_launch(Launch(base + ["--mem", mem]), 300, log)
-                rows, _ = parse_rows(text, "allreduce")
-                if rc or to or not rows or "oop" not in rows[0]["place"]:
+                text, rc, to, _ = run_launch(Launch(base + ["--vs", vs]), 300, log)
+                rows = parse_paired(text)
+                if rc or to or not rows:
                     continue
-                us, wrong = rows[0]["place"]["oop"]
-                if wrong:
-                    out.setdefault("wrong", 0)
-                    out["wrong"] += wrong
-                out[mem].append(us)
-                out["pings"].append(ping)
-                print("compare: kolo-bench --mem %-6s 64 MiB allreduce %.0f us (ping %s)" % (
-                    mem, us, "%.3f" % ping if ping is not None else "?"), flush=True)
+                _, ta, tb, wrong = rows[0]
+                out["wrong"] += wrong or 0
+                out[vs].append((ta, tb, ping))
+                print("compare: kolo-bench --vs %-7s 64 MiB allreduce %.0f us against %.0f us (ping %s)" % (
+                    vs, ta, tb, "%.3f" % ping if ping is not None else "?"), flush=True)
     return out
 
 
@@ -1643,7 +1667,7 @@ def main(argv):
             reps_done += 1
         oversub = oversub_check(a, running, logdir, run)
         engine = engine_check(a, logdir) if any(p.family == "kolo" for p in running) else {}
-        memc = mem_check(a, logdir) if any(p.key == "kolo-shm" for p in running) and 2 in a.np_list else {}
+        memc = paired_check(a, logdir) if any(p.key == "kolo-shm" for p in running) and 2 in a.np_list else {}
     except KeyboardInterrupt:
         oversub, engine, memc = [], {}, {}
         notes.append("interrupted by the user after %d repetitions" % reps_done)

@@ -238,3 +238,23 @@ def test_train_compare_writes_its_table(tmp_path):
     text = (tmp_path / md).read_text()
     assert re.search(r"\| kolo \| [\d.]+ \|", text), text
     assert "kolorun -np N" in text and "torch " in text and "git " in text and "RAM" in text, text
+
+
+def test_kolo_bench_paired_mode(tmp_path):
+    # kolo-bench --vs times two sides call by call; the harness reads its rows with parse_paired.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import compare
+    bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
+    for vs, sides in (("float16", ("float32", "float16")), ("mem", ("float32/malloc", "float32/kolo-mem"))):
+        p = subprocess.run([bench, "allreduce", "-np", "2", "-b", "4M", "-e", "16M", "-f", "4", "-n", "3", "-w", "1",
+                            "-c", "1", "--vs", vs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stdout
+        rows = compare.parse_paired(p.stdout)
+        assert [r[0] for r in rows] == [4 << 20, 16 << 20], p.stdout
+        assert all(r[1] > 0 and r[2] > 0 and r[3] == 0 for r in rows), p.stdout
+        assert re.search(r"^\s+16777216\s+sum\s+%s\s+[\d.]+\s+[\d.]+\s+%s\s" % tuple(map(re.escape, sides)), p.stdout,
+                         re.M), p.stdout
+    p = subprocess.run([bench, "allreduce", "-np", "2", "--vs", "float17"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=30)
+    assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
