@@ -404,7 +404,7 @@ static void big_buffers(int rank, void *arg)
     (void)arg;
     KT_OK(kolo_init());
     int n = kolo_size();
-    size_t count = ((size_t)9 << 20) / 4 + 3;
+    size_t count = ((size_t)17 << 20) / 4 + 3; /* from 16 MiB the ring writes around the cache */
     float *in = malloc(count * 4), *out = malloc(count * 4);
     KT_ASSERT(in && out);
     for (size_t i = 0; i < count; i++) in[i] = (float)((i * 7 + (size_t)rank) % 1000);
@@ -420,7 +420,7 @@ static void big_buffers(int rank, void *arg)
         for (int r = 0; r < n; r++) want = fmaxf(want, (float)((i * 7 + (size_t)r) % 1000));
         KT_ASSERTF(in[i] == want, "in-place max [%zu]", i);
     }
-    size_t per = ((size_t)5 << 20) / 4;
+    size_t per = ((size_t)6 << 20) / 4; /* the ring's from 3 ranks, then 18 MiB: written around the cache */
     float *all = malloc(per * 4 * (size_t)n);
     KT_ASSERT(all);
     for (size_t i = 0; i < per; i++) out[i] = (float)(rank * 1000000 + (int)(i % 1000003));
@@ -441,6 +441,14 @@ KT_TEST(conformance_shm_lazy_rings_np3, 120)
     kt_job_opts o = {.env = {"KOLO_SHM_RING_SIZE=32M"}};
     KT_EQ(kt_job(3, conformance, NULL, &o, NULL), 0);
     KT_EQ(kt_job(2, big_buffers, NULL, &o, NULL), 0);
+}
+
+/* 3 ranks by ring copies only: allreduce (reduce-scatter and allgather) and allgather over 16 MiB
+ * go through the ring, which then writes every block around the cache */
+KT_TEST(ring_streams_np3, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(3, big_buffers, NULL, &o, NULL), 0);
 }
 
 /* single-copy reads stay correct: every message from 4 KiB on goes through CMA */

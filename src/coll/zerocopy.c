@@ -39,9 +39,6 @@
 #include "../reduce/reduce.h"
 
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 #define ZC_MIN ((size_t)16 << 20)
 #define ZC_STEP ((size_t)64 << 10) /* a block is reduced this many bytes at a time, in cache */
@@ -60,36 +57,6 @@ typedef struct zc_desc {
 static uint64_t zc_runs;
 
 uint64_t kolo__zc_runs(void) { return __atomic_load_n(&zc_runs, __ATOMIC_RELAXED); }
-
-/* memcpy with non-temporal stores: the destination's lines are not read first (a plain store
- * to a line not in cache reads it from memory before overwriting it), which is a third of the
- * memory traffic of a large copy. The caller fences (stream_fence) before it signals others. */
-static void stream_copy(char *d, const char *s, size_t n)
-{
-#if defined(__x86_64__)
-    size_t head = KOLO_MIN(n, (16 - ((uintptr_t)d & 15)) & 15);
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-        _mm_stream_si128((__m128i *)(void *)d, a);
-        _mm_stream_si128((__m128i *)(void *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d + 48), e);
-    }
-#endif
-    memcpy(d, s, n);
-}
-
-static void stream_fence(void)
-{
-#if defined(__x86_64__)
-    _mm_sfence();
-#endif
-}
 
 /* Every other member is on this host, over shared memory, and passed the CMA probe (the same
  * permission lets us open its memfds). The transport of a pair is the same on both sides, so
@@ -177,14 +144,14 @@ int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, vo
             for (int i = 0; i < n; i++)
                 if (i != r && i != first) kolo__reduce(tmp, tmp, in[i] + at, c, dtype, op);
             kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-            stream_copy(out[r] + at, tmp, c * es);
+            kolo__stream_copy(out[r] + at, tmp, c * es);
         }
-        stream_fence();
+        kolo__stream_fence();
         if (st == KOLO_OK) st = kolo__coll_barrier(m, g);
         if (st == KOLO_OK) {
             for (int i = 0; i < n; i++)
-                if (i != r && cnt[i]) stream_copy(out[r] + off[i] * es, out[i] + off[i] * es, cnt[i] * es);
-            stream_fence();
+                if (i != r && cnt[i]) kolo__stream_copy(out[r] + off[i] * es, out[i] + off[i] * es, cnt[i] * es);
+            kolo__stream_fence();
             st = kolo__coll_barrier(m, g);
         }
         if (st == KOLO_OK) {

@@ -30,6 +30,7 @@
 #include "transport.h"
 
 #include "../boot/auth.h"
+#include "../reduce/reduce.h"
 
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -135,6 +136,15 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
 {
     first_pass(s->rx, s->mask + 1, &s->rx_ready, pos + n, MADV_POPULATE_READ);
     ring_read(s->rx, s->mask, pos, dst, n);
+}
+
+/* rx_read with non-temporal stores (kolo__xfer.stream); fenced when the message is complete */
+static void rx_read_stream(shm_priv *s, uint64_t pos, void *dst, size_t n)
+{
+    first_pass(s->rx, s->mask + 1, &s->rx_ready, pos + n, MADV_POPULATE_READ);
+    size_t off = (size_t)(pos & s->mask), first = KOLO_MIN(n, (size_t)(s->mask + 1 - off));
+    kolo__stream_copy(dst, s->rx + off, first);
+    if (n > first) kolo__stream_copy((char *)dst + first, s->rx, n - first);
 }
 
 /* ---- auto: ring copies or CMA, per direction, chosen from the messages' own timings ----
@@ -542,7 +552,8 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 if (head <= tail) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), head - tail), STREAM_STEP);
-            rx_read(s, tail, x->buf + x->done, n);
+            if (x->stream) rx_read_stream(s, tail, x->buf + x->done, n);
+            else rx_read(s, tail, x->buf + x->done, n);
             tail += n;
             x->done += n;
             if (x->done < x->len) {
@@ -552,6 +563,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 continue;
             }
             tail = pad_line(tail);
+            if (x->stream) kolo__stream_fence(); /* before anyone learns the receive is done */
             if (s->adapt && x->len >= s->cma_threshold) adapt_learn(s, 0, s->rx_start, x->len);
         }
         kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);

@@ -56,6 +56,8 @@ struct kolo__xfer {
     int status;       /* 1 pending, 0 done, < 0 failed */
     uint64_t cma_seq; /* shm: sequence of a single-copy send awaiting the peer's ack */
     uint64_t looked_ns; /* shm, a large receive: when a progress pass first had it in hand, else 0 */
+    bool stream;        /* a receive whose bytes are not read again soon: where the transport copies
+                         * them (shm ring copies), it writes around the cache. Set after posting. */
     unsigned char hdr[KOLO_HDR_LEN];
 };
 

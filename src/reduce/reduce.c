@@ -726,3 +726,37 @@ void kolo__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
 {
     if (n) ks()->f32_to_bf16(dst, src, n);
 }
+
+/* ---- Copies that write around the cache ----------------------------------------
+ * A plain store to a line that is not in cache first reads the line from memory, so a large
+ * memcpy moves three bytes per byte copied; non-temporal stores move two. SSE2 is baseline on
+ * x86-64, so no dispatch is needed. */
+void kolo__stream_copy(void *dst, const void *src, size_t n)
+{
+    char *d = dst;
+    const char *s = src;
+#if defined(__x86_64__)
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+        _mm_stream_si128((__m128i *)(void *)d, a);
+        _mm_stream_si128((__m128i *)(void *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(void *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(void *)(d + 48), e);
+    }
+#endif
+    memcpy(d, s, n);
+}
+
+void kolo__stream_fence(void)
+{
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
+}

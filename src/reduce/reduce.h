@@ -28,6 +28,13 @@ void kolo__scale(void *dst, const void *src, size_t count, kolo_dtype_t dtype, d
  * (as kolo__scale). BOOL: unchanged. Used for integer AVERAGE. */
 void kolo__divide(void *buf, size_t count, kolo_dtype_t dtype, int n);
 
+/* memcpy with non-temporal stores on x86-64 (a plain memcpy elsewhere): the destination's lines
+ * are written without being read first and are not kept in cache, a third less memory traffic
+ * for a copy much larger than the cache whose destination is not read again soon. Other cores
+ * see the bytes only after kolo__stream_fence(). */
+void kolo__stream_copy(void *dst, const void *src, size_t n);
+void kolo__stream_fence(void);
+
 /* Conversions for float16 (IEEE binary16) and bfloat16, round to nearest even,
  * NaN stays NaN, overflow goes to infinity. */
 float kolo__f16_to_f32(uint16_t h);
