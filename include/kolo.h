@@ -235,8 +235,10 @@ KOLO_EXTERN int kolo_barrier(int pset);
  * from their outputs, with no copy through a ring or the kernel and with streaming stores:
  * about half the memory traffic of the ring (64 MiB on 2 ranks: 10 GB/s against 5). Otherwise
  * (any rank's buffer from malloc, ranks on several hosts, more than 16 ranks, a prescale factor
- * other than 1) the usual algorithms run. Works before kolo_init. NULL with
- * kolo_last_error() set on failure; kolo_mem_free(NULL) does nothing. */
+ * other than 1) the usual algorithms run: on one host from 4 MiB, the ring or the same direct
+ * algorithm reading the peers' malloc'd buffers with process_vm_readv, whichever times faster
+ * (KOLO_SHM_CMA). Works before kolo_init. NULL with kolo_last_error() set on failure;
+ * kolo_mem_free(NULL) does nothing. */
 KOLO_EXTERN void *kolo_mem_alloc(size_t bytes);
 KOLO_EXTERN int kolo_mem_free(void *p);
 

@@ -471,7 +471,7 @@ KT_TEST(conformance_shm_auto_np2, 120)
 /* allreduce on kolo_mem_alloc buffers: with every rank's buffers shared the zero-copy path runs
  * (counted) and the results are exact, out of place and in place, for a sum, a max and an
  * average with a postscale, on uneven blocks; when one rank passes malloc'd memory, or a
- * prescale is given, every rank falls back to the ring and the results are still exact. */
+ * prescale is given, no rank maps the others' buffers and the results are still exact. */
 static float zc_val(size_t i, int r) { return (float)((i * 7 + (size_t)r) % 1000); }
 
 static void zero_copy(int rank, void *arg)
@@ -527,13 +527,14 @@ static void zero_copy(int rank, void *arg)
         KT_ASSERTF(c[i] == want && b[i] == 2 * want, "fallback [%zu]: %g and %g, want %g", i, (double)c[i],
                    (double)b[i], (double)want);
     }
-    /* rank 1 cannot map a peer's buffer: every rank takes the ring, and from then on rank 1
-     * declines up front instead of trying (and warning) again */
+    /* rank 1 cannot map a peer's buffer: it reads that one by CMA instead, and from then on
+     * offers no mapping itself (and warns once), so the allreduces after it go the way member 0
+     * chooses, ring or CMA; the results stay exact */
     if (rank == 1) kolo__mem_test_fail_map(1);
     for (int round = 0; round < 2; round++) {
         for (size_t i = 0; i < count; i++) b[i] = -1;
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-        KT_EQ(kolo__zc_runs(), runs + 3);
+        KT_EQ(kolo__zc_runs(), runs + 4);
         for (size_t i = 0; i < count; i += 101) {
             float want = 0;
             for (int r = 0; r < n; r++) want += zc_val(i, r);
@@ -553,6 +554,128 @@ KT_TEST(zero_copy_allreduce, 120)
 {
     KT_EQ(kt_job(2, zero_copy, NULL, NULL, NULL), 0);
     KT_EQ(kt_job(3, zero_copy, NULL, NULL, NULL), 0);
+}
+
+/* allreduce reading the others' malloc'd buffers by CMA (member 0 told to plan so): exact for a
+ * sum, an in-place max and an average with a postscale on uneven blocks, with one rank's buffers
+ * from kolo_mem_alloc (mapped by the others, read by CMA by none); ranks passing different counts
+ * all get a mismatch naming them; a failed read on one rank fails the call on every rank,
+ * naming who could not read whom, and the next call works. */
+static float dv(size_t i, int r) { return (float)((i * 5 + (size_t)r * 3) % 997); }
+
+static void direct_cma(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    kolo__direct_test_force(1);
+    size_t count = ((size_t)4 << 20) / 4 + 7;
+    float *a = rank == 0 ? kolo_mem_alloc(count * 4) : malloc(count * 4);
+    float *b = rank == 0 ? kolo_mem_alloc(count * 4) : malloc(count * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < count; i++) a[i] = dv(i, rank);
+    uint64_t runs = kolo__direct_cma_runs(), zc = kolo__zc_runs();
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__direct_cma_runs(), runs + 1);
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += dv(i, r);
+        KT_ASSERTF(b[i] == want, "sum [%zu]: %g, want %g", i, (double)b[i], (double)want);
+    }
+    int32_t *ia = (int32_t *)(void *)a;
+    for (size_t i = 0; i < count; i++) ia[i] = (int32_t)((i * 11 + (size_t)rank * 7) % 65521);
+    KT_OK(kolo_allreduce(ia, ia, count, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__direct_cma_runs(), runs + 2);
+    for (size_t i = 0; i < count; i++) {
+        int32_t want = 0;
+        for (int r = 0; r < n; r++) {
+            int32_t v = (int32_t)((i * 11 + (size_t)r * 7) % 65521);
+            want = v > want ? v : want;
+        }
+        KT_ASSERTF(ia[i] == want, "in-place max [%zu]: %d, want %d", i, ia[i], want);
+    }
+    for (size_t i = 0; i < count; i++) a[i] = dv(i, rank);
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_AVERAGE, 1, 4, KOLO_WORLD));
+    KT_EQ(kolo__direct_cma_runs(), runs + 3);
+    for (size_t i = 0; i < count; i += 331) {
+        float sum = 0;
+        for (int r = 0; r < n; r++) sum += dv(i, r);
+        KT_ASSERTF(fabsf(b[i] - 4 * sum / (float)n) <= 1e-3f * sum, "average [%zu]: %g", i, (double)b[i]);
+    }
+    KT_EQ(kolo__zc_runs(), zc);
+
+    /* different counts: every rank learns who passed what */
+    KT_STATUS(kolo_allreduce(a, b, count - (size_t)rank, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_MISMATCH);
+    KT_CONTAINS(kolo_last_error(), "different counts");
+
+    /* rank 0's first read (of rank 1's malloc'd input) fails: everyone hears it */
+    if (rank == 0) kolo__direct_test_fail_read(1);
+    KT_STATUS(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_SYSTEM);
+    KT_CONTAINS(kolo_last_error(), "rank 0 could not read the buffer of rank 1 with process_vm_readv (Bad address)");
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i += 97) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += dv(i, r);
+        KT_ASSERTF(b[i] == want, "after the failure [%zu]: %g, want %g", i, (double)b[i], (double)want);
+    }
+    kolo__direct_test_force(-1);
+    KT_OK(kolo_shutdown());
+    if (rank == 0) {
+        KT_OK(kolo_mem_free(a));
+        KT_OK(kolo_mem_free(b));
+    } else {
+        free(a);
+        free(b);
+    }
+}
+
+KT_TEST(direct_cma_allreduce, 120)
+{
+    KT_EQ(kt_job(2, direct_cma, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(3, direct_cma, NULL, NULL, NULL), 0);
+}
+
+/* With KOLO_SHM_CMA=auto, member 0 keeps the way its timings favour: a hook makes one way 30 ms
+ * slower per call, and the other must carry at least 8 of the last 12 calls (the slow way runs
+ * only in the first calls and in probes of 2 calls). Then the other way is the slow one, from a fresh
+ * choice. Skips (saying so) where the pair cannot read by CMA. */
+static void direct_choice(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (kolo__shm_cma_state(m->conns[!rank]) != 2) {
+        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    size_t count = ((size_t)4 << 20) / 4;
+    float *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < count; i++) a[i] = 1;
+    for (int slow = 0; slow < 2; slow++) {
+        memset(m->direct, 0, sizeof(m->direct));
+        kolo__direct_test_delay(slow, 30 * 1000 * 1000);
+        int direct = 0;
+        for (int call = 0; call < 24; call++) {
+            uint64_t before = kolo__direct_cma_runs();
+            KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            KT_ASSERTF(b[count - 1] == 2, "call %d: %g", call, (double)b[count - 1]);
+            if (call >= 12) direct += kolo__direct_cma_runs() != before;
+        }
+        kolo__direct_test_delay(slow, 0);
+        KT_ASSERTF(slow == 0 ? direct >= 8 : direct <= 4, "%s slowed by 30 ms: %d of the last 12 calls direct",
+                   slow ? "direct" : "the ring", direct);
+    }
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(direct_choice_follows_timings, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, direct_choice, NULL, &o, NULL), 0);
 }
 
 /* No launcher variables at all: a world of one, no sockets. */

@@ -12,8 +12,9 @@
  *    one-round exchange (Open MPI: 59). Members beyond the largest power of two first hand
  *    their buffer to a partner and get the result back at the end.
  * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and
- * 1/n for AVERAGE) to its block alone, then ring allgather. When every member is on this host
- * and passes kolo_mem_alloc buffers, the members read each other's buffers instead (zerocopy.c).
+ * 1/n for AVERAGE) to its block alone, then ring allgather. When every member is on this host,
+ * the members may read each other's buffers instead (direct.c): always when all pass
+ * kolo_mem_alloc buffers, by CMA when that times faster than the ring.
  */
 #include "coll.h"
 
@@ -148,10 +149,11 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
     }
 
-    /* every member's buffers from kolo_mem_alloc on this host: read them directly */
+    /* every member on this host: maybe read the others' buffers directly */
+    kolo__direct_ticket ticket = {0};
     if (pre == 1.0) {
-        int z = kolo__zc_allreduce(m, g, send, recv, count, dtype, op, post);
-        if (z != KOLO_ZC_DECLINED) return z;
+        int z = kolo__direct_allreduce(m, g, send, recv, count, dtype, op, post, &ticket);
+        if (z != KOLO_DIRECT_DECLINED) return z;
     }
 
     size_t offs[1024], cnts[1024];
@@ -171,7 +173,9 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (st != KOLO_OK) return st;
     int r = g->rank;
     kolo__coll_finish_scale((char *)recv + offs[r] * es, cnts[r], dtype, op, post, n);
-    return kolo__ring_allgather(m, g, recv, offs, cnts, es, 0, NULL);
+    st = kolo__ring_allgather(m, g, recv, offs, cnts, es, 0, NULL);
+    kolo__direct_ring_done(m, &ticket, st);
+    return st;
 }
 
 int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,

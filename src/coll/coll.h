@@ -41,14 +41,28 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
                              const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
-/* Allreduce reading the other members' kolo_mem_alloc buffers directly (zerocopy.c), when every
- * member is on this host and passes such buffers for 16 MiB or more: returns KOLO_ZC_DECLINED
- * (on every member alike) when it does not apply, else the collective's status. */
-#define KOLO_ZC_DECLINED 1
-int kolo__zc_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
-                       kolo_dtype_t dtype, kolo_op_t op, double post);
-/* How many allreduces took that path in this process (tests). */
+/* Allreduce reading the other members' buffers directly (direct.c), when every member is on
+ * this host: mapped when all pass kolo_mem_alloc buffers of 16 MiB or more, else by CMA from
+ * 4 MiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
+ * ring should run, else the collective's status. After a declined call the caller runs the ring
+ * and then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
+#define KOLO_DIRECT_DECLINED 1
+typedef struct kolo__direct_ticket {
+    uint64_t start, bytes;
+    int plan;
+    bool learn;
+} kolo__direct_ticket;
+int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                           kolo_dtype_t dtype, kolo_op_t op, double post, kolo__direct_ticket *t);
+void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int status);
+/* How many allreduces in this process mapped the others' buffers, and read them by CMA (tests). */
 uint64_t kolo__zc_runs(void);
+uint64_t kolo__direct_cma_runs(void);
+/* Test hooks: member 0 plans ring (0) or direct (1) instead of choosing (-1: choose); the nth CMA
+ * read from now on fails (0 disarms); each call by the ring (0) or direct (1) takes ns longer. */
+void kolo__direct_test_force(int plan);
+void kolo__direct_test_fail_read(int nth);
+void kolo__direct_test_delay(int plan, uint64_t ns);
 
 /* ---- shared by the algorithm files (coll_util.c) ---- */
 

@@ -21,7 +21,8 @@
  * busbw, streamed against plain in the same launches call by call (420+ launches per size with
  * the vCPUs on one CCD, 60+ on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input
  * and output, 8 MiB, fit the 32 MiB L3: the output was still cached, now it is not); two CCDs
- * 0.94x and 0.97x at 16 and 64 MiB.
+ * 0.94x and 0.97x at 16 and 64 MiB (there allreduce reads the others' buffers directly
+ * instead, direct.c).
  */
 #include "coll.h"
 

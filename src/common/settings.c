@@ -32,7 +32,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "(process_vm_readv) from 128 KiB; 0 copied through the shared ring; auto: from 32 KiB the "
                           "receiver of each pair times both on the messages themselves and keeps the faster (ring "
                           "copies win while two cores share a cache, single-copy across CCDs or sockets); ranks on a "
-                          "host with more ranks than cores use the ring"},
+                          "host with more ranks than cores use the ring. Allreduces of 4 MiB and more among ranks of "
+                          "one host choose the same way between the ring and each rank reading the others' buffers "
+                          "directly (1: always direct, 0: never)"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
                                 "bytes of each shared-memory ring (one per direction per peer)"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",

@@ -11,7 +11,7 @@
  * alive even after the owner freed them).
  *
  * The collectives use this through kolo__mem_find (is [p, p+len) inside one of my allocations?)
- * and kolo__mem_map_peer / kolo__mem_unpin (coll/zerocopy.c).
+ * and kolo__mem_map_peer / kolo__mem_unpin (coll/direct.c).
  */
 #include "mem.h"
 

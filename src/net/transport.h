@@ -103,6 +103,16 @@ typedef struct kolo__peer_info {
     char hostname[128];
 } kolo__peer_info;
 
+/* How allreduces of this mesh choose between the ring and reading the others' buffers by CMA,
+ * from their own timings (coll/direct.c). */
+#define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
+typedef struct kolo__direct_choice {
+    uint64_t win[2][5], cost[2], at[2]; /* per way (0 ring, 1 direct): last samples in ps/B, median, when */
+    int n[2], next[2];
+    int want, probing;    /* the way in use; calls of the other way still to run in a probe */
+    uint64_t every, calls; /* the interval between probes; calls since the last */
+} kolo__direct_choice;
+
 struct kolo__mesh {
     int rank, size, channel;
     kolo__conn **conns;             /* [size]; conns[rank] is NULL */
@@ -114,9 +124,10 @@ struct kolo__mesh {
     /* scratch memory of the collectives running on this mesh (one thread at a time) */
     void *scratch[2];
     size_t scratch_cap[2];
-    /* this rank could not map another rank's shared buffer once (e.g. a ptrace policy forbids
-     * it): its allreduces no longer offer to read the others' buffers directly (zerocopy.c) */
+    /* this rank could not map another rank's shared buffer once: its allreduces no longer offer
+     * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
+    kolo__direct_choice direct[KOLO_DIRECT_CLASSES];
 };
 
 /* The transports (tcp.c, shm.c). */

@@ -1,0 +1,395 @@
+/* direct.c - allreduce where every member reads the others' buffers directly, when every member
+ * is on this host: mapped, if they come from kolo_mem_alloc, or else with process_vm_readv (CMA).
+ *
+ * The ring moves every byte through a shared ring (or a kernel copy) before it is reduced, so
+ * a member of a 2-rank allreduce reads and writes about 4.5 times the buffer; the memory-traffic
+ * bound of bench/compare.py assumes 2.5. Reading the others' buffers directly is that bound's
+ * algorithm:
+ *
+ *   1. the members exchange where their buffers are (one small allgather, which also tells each
+ *      that the others' inputs are ready); each maps the others' kolo_mem_alloc buffers (cached)
+ *      and reads the rest by CMA;
+ *   2. member r reduces block r of the output from all n inputs (its own first, then the others
+ *      in member order) and applies the final scaling to it, a step at a time in a scratch step
+ *      that stays in cache (an input read by CMA is first copied into a second scratch step),
+ *      streamed out to the output with non-temporal stores;
+ *   3. the members exchange their status (a failed read anywhere fails the call everywhere,
+ *      naming who could not read whom); member r copies every other block from its owner's
+ *      output, mapped with non-temporal stores, by CMA straight into place;
+ *   4. a last status exchange, so that no member returns (and reuses its buffers) while another
+ *      still reads them.
+ *
+ * Each block is reduced once, by its owner, so every member ends with the same bits. In place is
+ * safe: in step 2 a member writes only its own block of its own buffer (each step after reading
+ * it), which the others read only in step 3. The decision (direct or ring) is taken from the
+ * exchanged descriptors, the same on every member.
+ *
+ * Mapped buffers (all members, 16 MiB or more) are always faster than the ring. Measured on this
+ * project's VM, 2 ranks, busbw out of place / in place, GB/s, against malloc'd buffers (the ring)
+ * in the same minutes:
+ *
+ *   vCPUs on one CCD:  16 MiB 8.2-11.0 / 9.4-9.7, 64 MiB 7.4-10.6 / 7.6-9.2, 256 MiB 7.3-9.6 /
+ *                      7.7-9.9 (ring 5.1-6.0 / 4.4-7.1); at 1 MiB the ring in cache is faster
+ *                      (12 against 4.5 before streaming stores), hence the threshold
+ *   vCPUs on two CCDs: 16 MiB 11.2 / 9.7, 64 MiB 10.2 / 9.1, 256 MiB 10.2 / 9.8
+ *                      (ring 4.1-5.8 / 2.8-7.3)
+ *
+ * By CMA it depends on where the VM's vCPUs sit (see shm.c): the kernel's copy is slower than
+ * the ring's copies through a shared cache, but the ring's copies crawl across CCDs. Measured
+ * call by call in the same launches, 2 ranks, direct by CMA against the ring (which writes
+ * around the cache from 16 MiB, ring.c), 420+ launches per size on one CCD, 60+ on two:
+ *
+ *   vCPUs on one CCD:  4 MiB 0.87x, 16 MiB 0.75x, 64 MiB 0.67x
+ *   vCPUs on two CCDs: 4 MiB 2.15x, 16 MiB 1.72x, 64 MiB 1.45x
+ *
+ * So with KOLO_SHM_CMA=auto member 0 of the group chooses, from the calls' own timings, and its
+ * choice travels in its descriptor (see "choosing" below); KOLO_SHM_CMA=1 always reads by CMA,
+ * 0 never does. The choice against either way pinned, call by call in launches of 14 calls
+ * (whose start has 4 calls by ring and a probe of 2 by CMA), 270+ launches on one CCD, 28+ on
+ * two: one CCD 0.92-0.96x the ring; two CCDs 1.43x (64 MiB) to 2.18x (4 MiB) the ring, 1.00x
+ * direct.
+ */
+#include "coll.h"
+
+#include "../core/mem.h"
+#include "../reduce/reduce.h"
+
+#include <errno.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define ZC_MIN ((size_t)16 << 20)     /* mapped: from this size on, always */
+#define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
+#define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
+/* Each collective pins two buffers of every other member, and the direct channel and the
+ * engine's may run at once: 4 (n - 1) pins must fit the peer map cache, or a full cache would
+ * look like a peer that cannot be mapped. Larger one-host sets take the ring. */
+#define MAX_MEMBERS 16
+_Static_assert(4 * (MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
+
+enum { PLAN_RING = 0, PLAN_DIRECT = 1 };
+
+typedef struct desc {
+    int32_t pid;
+    int32_t mapped;  /* fd, id, len, off describe send and receive buffers in kolo_mem_alloc memory */
+    int32_t cma;     /* this member may be read by CMA, and how member 0 wants to run (PLAN_*) */
+    int32_t plan;
+    uint64_t bytes;
+    uint64_t addr[2]; /* send, receive */
+    int32_t fd[2];
+    uint64_t id[2], len[2], off[2];
+} desc;
+
+typedef struct status {
+    int32_t err;  /* an errno, or 0 */
+    int32_t peer; /* the member it could not read */
+} status;
+
+static uint64_t zc_runs, cma_runs;
+
+uint64_t kolo__zc_runs(void) { return __atomic_load_n(&zc_runs, __ATOMIC_RELAXED); }
+uint64_t kolo__direct_cma_runs(void) { return __atomic_load_n(&cma_runs, __ATOMIC_RELAXED); }
+
+/* test hooks */
+static int test_force = -1, test_fail_read;
+static uint64_t test_delay_ns[2];
+
+void kolo__direct_test_force(int plan) { test_force = plan; }
+void kolo__direct_test_fail_read(int nth) { test_fail_read = nth; }
+void kolo__direct_test_delay(int plan, uint64_t ns) { test_delay_ns[plan != 0] = ns; }
+
+static void test_delay(int plan)
+{
+    if (!test_delay_ns[plan]) return;
+    struct timespec ts = {(time_t)(test_delay_ns[plan] / 1000000000u), (long)(test_delay_ns[plan] % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* ---- choosing: the ring or direct by CMA, from the calls' own timings ----
+ *
+ * Member 0 of the group times each large allreduce it takes part in, from entry to return, in
+ * ps per byte, per size class (choice_for). Each way's figure is the median of its last CHOICE_WINDOW samples; samples older
+ * than PROBE_MAX_NS are dropped. It starts with the ring; after FIRST_PROBE_CALLS calls it runs
+ * PROBE_CALLS by the other way (a probe, whose samples replace that way's old ones) and keeps the
+ * cheaper, switching only for a 10 % gain. Later probes come at least PROBE_GAP_CALLS calls and
+ * an interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back
+ * when a probe or the way in use getting dearer than the other's figure changes it. The same
+ * scheme as the shared-memory transport's per-message choice (shm.c), one level up. */
+#define CHOICE_WINDOW 5
+#define FIRST_PROBE_CALLS 4
+#define PROBE_CALLS 2
+#define PROBE_GAP_CALLS 8
+#define PROBE_MIN_NS (100ull * 1000 * 1000)
+#define PROBE_MAX_NS (2560ull * 1000 * 1000)
+
+static void win_clear(kolo__direct_choice *c, int way) { c->n[way] = c->next[way] = 0, c->cost[way] = 0; }
+
+static void win_add(kolo__direct_choice *c, int way, uint64_t ps)
+{
+    c->win[way][c->next[way]] = ps;
+    c->next[way] = (c->next[way] + 1) % CHOICE_WINDOW;
+    if (c->n[way] < CHOICE_WINDOW) c->n[way]++;
+    uint64_t v[CHOICE_WINDOW];
+    int n = c->n[way];
+    for (int i = 0; i < n; i++) { /* insertion sort of at most CHOICE_WINDOW values */
+        uint64_t x = c->win[way][i];
+        int j = i;
+        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+    c->cost[way] = v[(n - 1) / 2];
+}
+
+static bool cheaper(const kolo__direct_choice *c, int a, int b)
+{
+    return c->cost[a] && c->cost[b] && c->cost[a] * 10 < c->cost[b] * 9;
+}
+
+static int choose(kolo__direct_choice *c, uint64_t now)
+{
+    if (!c->every) c->every = PROBE_MIN_NS;
+    if (c->probing) return !c->want;
+    int other = !c->want;
+    bool due = c->cost[other] ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
+                              : c->calls >= FIRST_PROBE_CALLS;
+    if (!due) return c->want;
+    c->probing = PROBE_CALLS;
+    win_clear(c, other);
+    return other;
+}
+
+static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t bytes)
+{
+    uint64_t now = kolo__now_ns();
+    if (now <= start || !bytes) return;
+    uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
+    if (c->probing && way != c->want) {
+        win_add(c, way, ps);
+        c->at[way] = now;
+        if (--c->probing == 0) {
+            c->calls = 0;
+            if (cheaper(c, way, c->want)) {
+                c->want = way;
+                c->every = PROBE_MIN_NS;
+            } else {
+                c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
+            }
+        }
+    } else if (way == c->want) {
+        if (now - c->at[way] > PROBE_MAX_NS) win_clear(c, way);
+        win_add(c, way, ps);
+        c->at[way] = now;
+        c->calls++;
+        if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
+            c->want = !way; /* the way in use got dearer than the other's last figure */
+            c->every = PROBE_MIN_NS;
+            c->calls = 0;
+        }
+    }
+    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; ring %llu, direct %llu ps/B; next %s%s", (unsigned long long)bytes,
+               way ? "direct CMA reads" : "the ring", (unsigned long long)ps, (unsigned long long)c->cost[0],
+               (unsigned long long)c->cost[1], c->probing ? (c->want ? "ring" : "direct") : c->want ? "direct" : "ring",
+               c->probing ? " (probe)" : "");
+}
+
+/* The choice for allreduces of about this size: a ring of 4-16 MiB runs largely in cache, one of
+ * 64 MiB does not, so each size class (x4 from CMA_MIN) keeps its own figures. */
+static kolo__direct_choice *choice_for(kolo__mesh *m, uint64_t bytes)
+{
+    int k = 0;
+    for (uint64_t b = bytes / CMA_MIN; b >= 4 && k < KOLO_DIRECT_CLASSES - 1; b /= 4) k++;
+    return &m->direct[k];
+}
+
+/* ---- the algorithm ---- */
+
+/* Every other member is on this host, over shared memory, and passed the CMA probe (the same
+ * permission lets us open its memfds). The transport of a pair is the same on both sides, so
+ * every member comes to the same answer. */
+static bool all_near(kolo__mesh *m, const kolo__group *g)
+{
+    if (g->size > MAX_MEMBERS) return false;
+    for (int i = 0; i < g->size; i++)
+        if (i != g->rank && kolo__shm_cma_state(m->conns[kolo__g2w(g, i)]) < 0) return false;
+    return true;
+}
+
+/* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses, and a pair
+ * pinned to ring copies (a test hook) keeps the ring. */
+static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
+{
+    if (test_force >= 0) return test_force;
+    int mode = kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]);
+    if (mode == 2) return choose(choice_for(m, bytes), kolo__now_ns());
+    return mode == 1 ? PLAN_DIRECT : PLAN_RING;
+}
+
+/* Reads n bytes at `addr` in process pid into buf; 0 or an errno. */
+static int cma_read(int pid, uint64_t addr, char *buf, size_t n)
+{
+    if (test_fail_read && --test_fail_read == 0) return EFAULT;
+    while (n) {
+        struct iovec local = {buf, n}, remote = {(void *)(uintptr_t)addr, n};
+        ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return k < 0 ? errno : EFAULT;
+        buf += k, addr += (uint64_t)k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Every member's status, the first failure (or none) in *bad: the same on every member. */
+static int exchange_status(kolo__mesh *m, const kolo__group *g, status me, status *bad, int *who)
+{
+    status all[MAX_MEMBERS];
+    size_t ones[MAX_MEMBERS];
+    for (int i = 0; i < g->size; i++) ones[i] = 1;
+    int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(status));
+    for (int i = 0; st == KOLO_OK && i < g->size && !bad->err; i++)
+        if (all[i].err) *bad = all[i], *who = i;
+    return st;
+}
+
+int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                           kolo_dtype_t dtype, kolo_op_t op, double post, kolo__direct_ticket *t)
+{
+    int n = g->size, r = g->rank;
+    size_t es = kolo_dtype_size(dtype), bytes = count * es;
+    t->learn = false;
+    t->start = 0;
+    t->plan = PLAN_RING;
+    if (bytes < CMA_MIN || n < 2 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
+    t->start = kolo__now_ns();
+    t->bytes = bytes;
+
+    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING}, all[MAX_MEMBERS];
+    me.addr[0] = (uint64_t)(uintptr_t)send;
+    me.addr[1] = (uint64_t)(uintptr_t)recv;
+    kolo__mem_ref ref[2];
+    me.mapped = !m->zc_unmappable && kolo__mem_find(send, bytes, &ref[0]) && kolo__mem_find(recv, bytes, &ref[1]);
+    for (int k = 0; me.mapped && k < 2; k++) {
+        me.fd[k] = ref[k].fd;
+        me.id[k] = ref[k].id;
+        me.len[k] = ref[k].len;
+        me.off[k] = ref[k].off;
+    }
+    if (r == 0) me.plan = plan_for(m, g, bytes);
+    size_t ones[MAX_MEMBERS];
+    for (int i = 0; i < n; i++) ones[i] = 1;
+    int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(desc));
+    if (st != KOLO_OK) return st;
+    bool mapped = bytes >= ZC_MIN;
+    for (int i = 0; i < n; i++) {
+        if (all[i].bytes != bytes)
+            return kolo__err(KOLO_ERR_MISMATCH,
+                             "allreduce: rank %d passed %llu bytes where rank %d passed %zu: the ranks called "
+                             "collectives with different counts, dtypes or orders",
+                             kolo__g2w(g, i), (unsigned long long)all[i].bytes, kolo__g2w(g, r), bytes);
+        mapped = mapped && all[i].mapped;
+    }
+    if (!mapped) {
+        /* member 0 times this call either way; by the ring, kolo__direct_ring_done does */
+        t->learn = r == 0 && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
+        t->plan = all[0].plan;
+        if (all[0].plan != PLAN_DIRECT) return KOLO_DIRECT_DECLINED;
+    }
+
+    /* where each member's buffers are for us: mapped, or read by CMA (in[i] NULL) */
+    const char *in[MAX_MEMBERS];
+    char *out[MAX_MEMBERS], *bases[MAX_MEMBERS][2] = {{NULL}};
+    for (int i = 0; i < n; i++) {
+        in[i] = NULL;
+        out[i] = NULL;
+        if (i == r) {
+            in[i] = send;
+            out[i] = recv;
+            continue;
+        }
+        if (!all[i].mapped || m->zc_unmappable) continue;
+        for (int k = 0; k < 2; k++) {
+            kolo__mem_ref pr = {.fd = all[i].fd[k], .id = all[i].id[k], .len = all[i].len[k], .off = all[i].off[k]};
+            bases[i][k] = kolo__mem_map_peer(all[i].pid, &pr);
+        }
+        if (bases[i][0] && bases[i][1]) {
+            in[i] = bases[i][0] + all[i].off[0];
+            out[i] = bases[i][1] + all[i].off[1];
+        } else {
+            /* once: later allreduces of this rank offer no mapping, and it reads by CMA */
+            KOLO_WARN("allreduce: cannot map the shared buffer of rank %d (%s); reading it with "
+                      "process_vm_readv instead, from now on",
+                      kolo__g2w(g, i), kolo__errmsg());
+            m->zc_unmappable = true;
+        }
+    }
+
+    size_t base = count / (size_t)n, extra = count % (size_t)n;
+    size_t off[MAX_MEMBERS], cnt[MAX_MEMBERS], o = 0;
+    for (int i = 0; i < n; i++) {
+        cnt[i] = base + ((size_t)i < extra);
+        off[i] = o;
+        o += cnt[i];
+    }
+    status mine = {0, -1}, bad = {0, -1};
+    int who = -1;
+    /* block r, a step at a time: reduced in a scratch step that stays in cache, then streamed
+     * out, so the output's lines are written without being read */
+    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * STEP), *got = tmp ? tmp + STEP : NULL;
+    if (!tmp) mine.err = ENOMEM;
+    size_t step = STEP / es;
+    int first = r == 0 ? 1 : 0;
+    for (size_t done = 0; !mine.err && done < cnt[r]; done += step) {
+        size_t c = KOLO_MIN(step, cnt[r] - done), at = (off[r] + done) * es;
+        for (int i = first; i < n && !mine.err; i++) {
+            if (i == r) continue;
+            const char *p = in[i] ? in[i] + at : got;
+            if (!in[i] && (mine.err = cma_read(all[i].pid, all[i].addr[0] + at, got, c * es)) != 0) mine.peer = i;
+            else if (i == first) kolo__reduce(tmp, in[r] + at, p, c, dtype, op);
+            else kolo__reduce(tmp, tmp, p, c, dtype, op);
+        }
+        if (mine.err) break;
+        kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
+        kolo__stream_copy(out[r] + at, tmp, c * es);
+    }
+    kolo__stream_fence();
+    st = exchange_status(m, g, mine, &bad, &who);
+    if (st == KOLO_OK && !bad.err) {
+        for (int i = 0; i < n && !mine.err; i++) {
+            if (i == r || !cnt[i]) continue;
+            size_t at = off[i] * es;
+            if (out[i]) kolo__stream_copy(out[r] + at, out[i] + at, cnt[i] * es);
+            else if ((mine.err = cma_read(all[i].pid, all[i].addr[1] + at, out[r] + at, cnt[i] * es)) != 0)
+                mine.peer = i;
+        }
+        kolo__stream_fence();
+        if (mine.err == 0) test_delay(PLAN_DIRECT);
+        st = exchange_status(m, g, mine, &bad, &who);
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++)
+            if (bases[i][k]) kolo__mem_unpin(bases[i][k]);
+    if (st != KOLO_OK) return st;
+    if (bad.err == ENOMEM && bad.peer < 0)
+        return kolo__err(KOLO_ERR_NO_MEMORY, "allreduce: rank %d had no memory for %zu bytes of scratch space",
+                         kolo__g2w(g, who), 2 * STEP);
+    if (bad.err)
+        return kolo__err(KOLO_ERR_SYSTEM,
+                         "allreduce of %zu bytes: rank %d could not read the buffer of rank %d with "
+                         "process_vm_readv (%s); the output buffers hold partial results%s",
+                         bytes, kolo__g2w(g, who), kolo__g2w(g, bad.peer), strerror(bad.err),
+                         send == recv ? " and this rank's input is overwritten" : "");
+    if (mapped) {
+        __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
+        KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
+    } else {
+        __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);
+        if (t->learn) learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes);
+    }
+    return KOLO_OK;
+}
+
+void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
+{
+    if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
+    test_delay(PLAN_RING);
+    if (t->learn && st == KOLO_OK) learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes);
+}
