@@ -152,7 +152,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* every member on this host: maybe read the others' buffers directly */
     kolo__direct_ticket ticket = {0};
     if (pre == 1.0) {
-        int z = kolo__direct_allreduce(m, g, send, recv, count, dtype, op, post, &ticket);
+        kolo__seg whole = {send, recv, count};
+        int z = kolo__direct_allreduce(m, g, &whole, 1, dtype, op, post, &ticket);
         if (z != KOLO_DIRECT_DECLINED) return z;
     }
 

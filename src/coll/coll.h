@@ -42,7 +42,7 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
 /* Allreduce reading the other members' buffers directly (direct.c), when every member is on
- * this host: mapped when all pass kolo_mem_alloc buffers of 16 MiB or more, else by CMA from
+ * this host: mapped when all pass one kolo_mem_alloc buffer of 16 MiB or more, else by CMA from
  * 4 MiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
  * ring should run, else the collective's status. After a declined call the caller runs the ring
  * and then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
@@ -52,8 +52,17 @@ typedef struct kolo__direct_ticket {
     int plan;
     bool learn;
 } kolo__direct_ticket;
-int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
-                           kolo_dtype_t dtype, kolo_op_t op, double post, kolo__direct_ticket *t);
+/* One part of a virtual buffer: count elements read from src, results written to dst (src may
+ * equal dst). */
+typedef struct kolo__seg {
+    const char *src;
+    char *dst;
+    size_t count;
+} kolo__seg;
+/* dst = post * OP over members (src) over the concatenation of segs (every member passes
+ * segments of the same lengths; one segment for a plain buffer, mapped only then). */
+int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, int nseg, kolo_dtype_t dtype,
+                           kolo_op_t op, double post, kolo__direct_ticket *t);
 void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int status);
 /* How many allreduces in this process mapped the others' buffers, and read them by CMA (tests). */
 uint64_t kolo__zc_runs(void);

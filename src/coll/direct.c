@@ -71,14 +71,19 @@ enum { PLAN_RING = 0, PLAN_DIRECT = 1 };
 
 typedef struct desc {
     int32_t pid;
-    int32_t mapped;  /* fd, id, len, off describe send and receive buffers in kolo_mem_alloc memory */
-    int32_t cma;     /* this member may be read by CMA, and how member 0 wants to run (PLAN_*) */
-    int32_t plan;
+    int32_t mapped; /* one segment, in kolo_mem_alloc memory: fd, id, len, off describe send and receive */
+    int32_t plan;   /* member 0's: how this call runs (PLAN_*) */
+    int32_t nseg;
     uint64_t bytes;
-    uint64_t addr[2]; /* send, receive */
     int32_t fd[2];
     uint64_t id[2], len[2], off[2];
 } desc;
+
+/* Where one segment's input and output are in its member's address space. After each member's
+ * desc in the exchange come nseg of these. */
+typedef struct seg_addr {
+    uint64_t src, dst;
+} seg_addr;
 
 typedef struct status {
     int32_t err;  /* an errno, or 0 */
@@ -250,23 +255,47 @@ static int exchange_status(kolo__mesh *m, const kolo__group *g, status me, statu
     return st;
 }
 
-int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
-                           kolo_dtype_t dtype, kolo_op_t op, double post, kolo__direct_ticket *t)
+/* Walks the pieces of the element range [pos, end) of the virtual buffer: each inside one
+ * segment (start[k] is the first element of segment k) and at most `max` elements. */
+typedef struct walker {
+    const size_t *start;
+    int seg;
+    size_t pos, end, max;
+} walker;
+
+static bool walk_next(walker *w, int *seg, size_t *at, size_t *len)
+{
+    if (w->pos >= w->end) return false;
+    while (w->start[w->seg + 1] <= w->pos) w->seg++;
+    *seg = w->seg;
+    *at = w->pos - w->start[w->seg];
+    *len = KOLO_MIN(KOLO_MIN(w->max, w->end - w->pos), w->start[w->seg + 1] - w->pos);
+    w->pos += *len;
+    return true;
+}
+
+int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, int nseg, kolo_dtype_t dtype,
+                           kolo_op_t op, double post, kolo__direct_ticket *t)
 {
     int n = g->size, r = g->rank;
-    size_t es = kolo_dtype_size(dtype), bytes = count * es;
+    size_t es = kolo_dtype_size(dtype), count = 0;
+    for (int k = 0; k < nseg; k++) count += segs[k].count;
+    size_t bytes = count * es;
     t->learn = false;
     t->start = 0;
     t->plan = PLAN_RING;
-    if (bytes < CMA_MIN || n < 2 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
+    if (bytes < CMA_MIN || n < 2 || nseg < 1 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
     t->start = kolo__now_ns();
     t->bytes = bytes;
 
-    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING}, all[MAX_MEMBERS];
-    me.addr[0] = (uint64_t)(uintptr_t)send;
-    me.addr[1] = (uint64_t)(uintptr_t)recv;
+    /* the exchange: every member's desc and segment addresses, then segment starts (elements) */
+    size_t per = sizeof(desc) + (size_t)nseg * sizeof(seg_addr);
+    char *ex = kolo__malloc(per * (size_t)(n + 1) + ((size_t)nseg + 1) * sizeof(size_t));
+    if (!ex) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the addresses of %d buffers", nseg);
+    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg};
     kolo__mem_ref ref[2];
-    me.mapped = !m->zc_unmappable && kolo__mem_find(send, bytes, &ref[0]) && kolo__mem_find(recv, bytes, &ref[1]);
+    me.mapped = nseg == 1 && !m->zc_unmappable && kolo__mem_find(segs[0].src, bytes, &ref[0]) &&
+                kolo__mem_find(segs[0].dst, bytes, &ref[1]);
     for (int k = 0; me.mapped && k < 2; k++) {
         me.fd[k] = ref[k].fd;
         me.id[k] = ref[k].id;
@@ -274,38 +303,50 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send
         me.off[k] = ref[k].off;
     }
     if (r == 0) me.plan = plan_for(m, g, bytes);
+    char *mine_ex = ex + per * (size_t)n;
+    size_t *start = (size_t *)(void *)(mine_ex + per);
+    memcpy(mine_ex, &me, sizeof(desc));
+    start[0] = 0;
+    for (int k = 0; k < nseg; k++) {
+        seg_addr sa = {(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst};
+        memcpy(mine_ex + sizeof(desc) + (size_t)k * sizeof(seg_addr), &sa, sizeof(sa));
+        start[k + 1] = start[k] + segs[k].count;
+    }
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < n; i++) ones[i] = 1;
-    int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(desc));
-    if (st != KOLO_OK) return st;
+    int st = kolo__coll_allgather(m, g, mine_ex, ex, ones, per);
+    desc all[MAX_MEMBERS];
     bool mapped = bytes >= ZC_MIN;
-    for (int i = 0; i < n; i++) {
-        if (all[i].bytes != bytes)
-            return kolo__err(KOLO_ERR_MISMATCH,
-                             "allreduce: rank %d passed %llu bytes where rank %d passed %zu: the ranks called "
-                             "collectives with different counts, dtypes or orders",
-                             kolo__g2w(g, i), (unsigned long long)all[i].bytes, kolo__g2w(g, r), bytes);
+    for (int i = 0; i < n && st == KOLO_OK; i++) {
+        memcpy(&all[i], ex + per * (size_t)i, sizeof(desc));
+        if (all[i].bytes != bytes || all[i].nseg != nseg)
+            st = kolo__err(KOLO_ERR_MISMATCH,
+                           "allreduce: rank %d passed %llu bytes in %d buffers where rank %d passed %zu in %d: the "
+                           "ranks called collectives with different counts, dtypes or orders",
+                           kolo__g2w(g, i), (unsigned long long)all[i].bytes, all[i].nseg, kolo__g2w(g, r), bytes,
+                           nseg);
         mapped = mapped && all[i].mapped;
     }
-    if (!mapped) {
+    if (st == KOLO_OK && !mapped) {
         /* member 0 times this call either way; by the ring, kolo__direct_ring_done does */
         t->learn = r == 0 && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
         t->plan = all[0].plan;
-        if (all[0].plan != PLAN_DIRECT) return KOLO_DIRECT_DECLINED;
+        if (all[0].plan != PLAN_DIRECT) st = KOLO_DIRECT_DECLINED;
     }
+    if (st != KOLO_OK) {
+        kolo__free(ex);
+        return st;
+    }
+#define ADDR(i, k) (((const seg_addr *)(const void *)(ex + per * (size_t)(i) + sizeof(desc)))[k])
 
-    /* where each member's buffers are for us: mapped, or read by CMA (in[i] NULL) */
+    /* the members whose buffers we map (one segment only): in[i] and out[i]; the others are
+     * read by CMA */
     const char *in[MAX_MEMBERS];
     char *out[MAX_MEMBERS], *bases[MAX_MEMBERS][2] = {{NULL}};
     for (int i = 0; i < n; i++) {
         in[i] = NULL;
         out[i] = NULL;
-        if (i == r) {
-            in[i] = send;
-            out[i] = recv;
-            continue;
-        }
-        if (!all[i].mapped || m->zc_unmappable) continue;
+        if (i == r || !all[i].mapped || m->zc_unmappable) continue;
         for (int k = 0; k < 2; k++) {
             kolo__mem_ref pr = {.fd = all[i].fd[k], .id = all[i].id[k], .len = all[i].len[k], .off = all[i].off[k]};
             bases[i][k] = kolo__mem_map_peer(all[i].pid, &pr);
@@ -335,38 +376,44 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send
      * out, so the output's lines are written without being read */
     char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * STEP), *got = tmp ? tmp + STEP : NULL;
     if (!tmp) mine.err = ENOMEM;
-    size_t step = STEP / es;
-    int first = r == 0 ? 1 : 0;
-    for (size_t done = 0; !mine.err && done < cnt[r]; done += step) {
-        size_t c = KOLO_MIN(step, cnt[r] - done), at = (off[r] + done) * es;
+    int first = r == 0 ? 1 : 0, k;
+    size_t at, c;
+    walker w = {start, 0, off[r], off[r] + cnt[r], STEP / es};
+    while (!mine.err && walk_next(&w, &k, &at, &c)) {
+        size_t b0 = at * es, pos = (start[k] + at) * es; /* in the segment; in the virtual buffer */
         for (int i = first; i < n && !mine.err; i++) {
             if (i == r) continue;
-            const char *p = in[i] ? in[i] + at : got;
-            if (!in[i] && (mine.err = cma_read(all[i].pid, all[i].addr[0] + at, got, c * es)) != 0) mine.peer = i;
-            else if (i == first) kolo__reduce(tmp, in[r] + at, p, c, dtype, op);
+            const char *p = in[i] ? in[i] + pos : got;
+            if (!in[i] && (mine.err = cma_read(all[i].pid, ADDR(i, k).src + b0, got, c * es)) != 0) mine.peer = i;
+            else if (i == first) kolo__reduce(tmp, segs[k].src + b0, p, c, dtype, op);
             else kolo__reduce(tmp, tmp, p, c, dtype, op);
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        kolo__stream_copy(out[r] + at, tmp, c * es);
+        kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
     }
     kolo__stream_fence();
     st = exchange_status(m, g, mine, &bad, &who);
     if (st == KOLO_OK && !bad.err) {
         for (int i = 0; i < n && !mine.err; i++) {
-            if (i == r || !cnt[i]) continue;
-            size_t at = off[i] * es;
-            if (out[i]) kolo__stream_copy(out[r] + at, out[i] + at, cnt[i] * es);
-            else if ((mine.err = cma_read(all[i].pid, all[i].addr[1] + at, out[r] + at, cnt[i] * es)) != 0)
-                mine.peer = i;
+            if (i == r) continue;
+            walker wi = {start, 0, off[i], off[i] + cnt[i], SIZE_MAX};
+            while (!mine.err && walk_next(&wi, &k, &at, &c)) {
+                size_t b0 = at * es, pos = (start[k] + at) * es;
+                if (out[i]) kolo__stream_copy(segs[k].dst + b0, out[i] + pos, c * es);
+                else if ((mine.err = cma_read(all[i].pid, ADDR(i, k).dst + b0, segs[k].dst + b0, c * es)) != 0)
+                    mine.peer = i;
+            }
         }
         kolo__stream_fence();
         if (mine.err == 0) test_delay(PLAN_DIRECT);
         st = exchange_status(m, g, mine, &bad, &who);
     }
+#undef ADDR
+    kolo__free(ex);
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < 2; k++)
-            if (bases[i][k]) kolo__mem_unpin(bases[i][k]);
+        for (int q = 0; q < 2; q++)
+            if (bases[i][q]) kolo__mem_unpin(bases[i][q]);
     if (st != KOLO_OK) return st;
     if (bad.err == ENOMEM && bad.peer < 0)
         return kolo__err(KOLO_ERR_NO_MEMORY, "allreduce: rank %d had no memory for %zu bytes of scratch space",
@@ -374,9 +421,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const void *send
     if (bad.err)
         return kolo__err(KOLO_ERR_SYSTEM,
                          "allreduce of %zu bytes: rank %d could not read the buffer of rank %d with "
-                         "process_vm_readv (%s); the output buffers hold partial results%s",
-                         bytes, kolo__g2w(g, who), kolo__g2w(g, bad.peer), strerror(bad.err),
-                         send == recv ? " and this rank's input is overwritten" : "");
+                         "process_vm_readv (%s); the output buffers hold partial results",
+                         bytes, kolo__g2w(g, who), kolo__g2w(g, bad.peer), strerror(bad.err));
     if (mapped) {
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);

@@ -4,13 +4,7 @@
 
 #include "../coll/coll.h"
 
-/* One part of the virtual buffer: count elements read from src, results written to dst
- * (src may equal dst). */
-typedef struct kolo__seg {
-    const char *src;
-    char *dst;
-    size_t count;
-} kolo__seg;
+/* The segments (kolo__seg) are declared in coll.h: the direct allreduce takes them too. */
 
 /* dst = post * OP over members (pre * src), over the concatenation of segs, with the same
  * blocks, chains and bits as kolo__coll_allreduce's ring on one buffer of that size. Every
