@@ -113,37 +113,22 @@ static void test_delay(int plan)
 /* ---- choosing: the ring or direct by CMA, from the calls' own timings ----
  *
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, in
- * ps per byte, per size class (choice_for). Each way's figure is the median of its last CHOICE_WINDOW samples; samples older
- * than PROBE_MAX_NS are dropped. It starts with the ring; after FIRST_PROBE_CALLS calls it runs
- * PROBE_CALLS by the other way (a probe, whose samples replace that way's old ones) and keeps the
- * cheaper, switching only for a 10 % gain. Later probes come at least PROBE_GAP_CALLS calls and
+ * ps per byte, per size class (choice_for). Each way's figure is the median of its last
+ * KOLO_WINDOW samples (common.h); samples older than PROBE_MAX_NS are dropped. It starts with the
+ * ring; after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way (a probe, whose
+ * samples replace that way's old ones) and keeps the cheaper, switching only for a 10 % gain. Later probes come at least PROBE_GAP_CALLS calls and
  * an interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back
  * when a probe or the way in use getting dearer than the other's figure changes it. The same
  * scheme as the shared-memory transport's per-message choice (shm.c), one level up. */
-#define CHOICE_WINDOW 5
 #define FIRST_PROBE_CALLS 4
 #define PROBE_CALLS 2
 #define PROBE_GAP_CALLS 8
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
 
-static void win_clear(kolo__direct_choice *c, int way) { c->n[way] = c->next[way] = 0, c->cost[way] = 0; }
+static void win_clear(kolo__direct_choice *c, int way) { kolo__window_clear(&c->win[way]); }
 
-static void win_add(kolo__direct_choice *c, int way, uint64_t ps)
-{
-    c->win[way][c->next[way]] = ps;
-    c->next[way] = (c->next[way] + 1) % CHOICE_WINDOW;
-    if (c->n[way] < CHOICE_WINDOW) c->n[way]++;
-    uint64_t v[CHOICE_WINDOW];
-    int n = c->n[way];
-    for (int i = 0; i < n; i++) { /* insertion sort of at most CHOICE_WINDOW values */
-        uint64_t x = c->win[way][i];
-        int j = i;
-        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
-        v[j] = x;
-    }
-    c->cost[way] = v[(n - 1) / 2];
-}
+static void win_add(kolo__direct_choice *c, int way, uint64_t ps) { c->cost[way] = kolo__window_add(&c->win[way], ps); }
 
 static bool cheaper(const kolo__direct_choice *c, int a, int b)
 {

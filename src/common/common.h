@@ -81,6 +81,33 @@ static inline double kolo__now_s(void) { return (double)kolo__now_ns() * 1e-9; }
 /* Wall clock in microseconds since the epoch (for timestamps that cross processes). */
 uint64_t kolo__wall_us(void);
 
+/* ---- Timing windows ----------------------------------------------------------------
+ * A way's figure in the adaptive choices (net/shm.c per message, coll/direct.c per allreduce):
+ * the median of its last KOLO_WINDOW samples, the lower one of an even count, so that one
+ * stalled sample (10-200x its neighbours' time on this project's VM) moves it not at all. */
+#define KOLO_WINDOW 5
+typedef struct kolo__window {
+    uint64_t v[KOLO_WINDOW];
+    int n, next;
+} kolo__window;
+
+static inline void kolo__window_clear(kolo__window *w) { w->n = w->next = 0; }
+
+/* Adds sample x; returns the window's median. */
+static inline uint64_t kolo__window_add(kolo__window *w, uint64_t x)
+{
+    w->v[w->next] = x;
+    w->next = (w->next + 1) % KOLO_WINDOW;
+    if (w->n < KOLO_WINDOW) w->n++;
+    uint64_t s[KOLO_WINDOW] = {0};
+    for (int i = 0; i < w->n; i++) { /* insertion sort of at most KOLO_WINDOW values */
+        int j = i;
+        for (; j > 0 && s[j - 1] > w->v[i]; j--) s[j] = s[j - 1];
+        s[j] = w->v[i];
+    }
+    return s[(w->n - 1) / 2];
+}
+
 /* ---- Settings --------------------------------------------------------------------
  * Every knob is one row of the table in settings.c: a KOLO_* name, Horovod
  * aliases, a default and a help line. Values are read from the environment at

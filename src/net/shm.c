@@ -52,7 +52,6 @@
 #define CMA_DESC_LEN 24 /* {address, length, stamp} */
 #define STAMP_LEN 8
 #define PROBE_MSGS 3 /* samples in a probe of the way not in use (auto, below) */
-#define WINDOW 5      /* samples a way's figure is the median of */
 
 typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t head;
@@ -82,8 +81,7 @@ typedef struct shm_priv {
      * and when the next probe is */
     uint64_t rx_start, last_end;
     uint64_t cost_ps[2], cost_at[2];
-    uint64_t win[2][WINDOW]; /* each way's last samples, of which cost_ps is the median */
-    int win_n[2], win_next[2];
+    kolo__window win[2]; /* each way's last samples, of which cost_ps is the median */
     int want, probing, warming[2];
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* large messages received each way */
@@ -215,25 +213,9 @@ static bool enough(const shm_priv *s, uint64_t msgs, uint64_t bytes)
     return s->since_probe >= msgs || s->since_bytes >= bytes;
 }
 
-/* A way's figure is the median of its last WINDOW samples (the lower one of an even count):
- * one preempted or stalled message, which can take 10-100x its time, moves it not at all. */
-static void win_clear(shm_priv *s, int way) { s->win_n[way] = s->win_next[way] = 0; }
+static void win_clear(shm_priv *s, int way) { kolo__window_clear(&s->win[way]); }
 
-static void win_add(shm_priv *s, int way, uint64_t ps)
-{
-    s->win[way][s->win_next[way]] = ps;
-    s->win_next[way] = (s->win_next[way] + 1) % WINDOW;
-    if (s->win_n[way] < WINDOW) s->win_n[way]++;
-    uint64_t v[WINDOW];
-    int n = s->win_n[way];
-    for (int i = 0; i < n; i++) { /* insertion sort of at most WINDOW values */
-        uint64_t x = s->win[way][i];
-        int j = i;
-        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
-        v[j] = x;
-    }
-    s->cost_ps[way] = v[(n - 1) / 2];
-}
+static void win_add(shm_priv *s, int way, uint64_t ps) { s->cost_ps[way] = kolo__window_add(&s->win[way], ps); }
 
 static bool cheaper(const shm_priv *s, int a, int b)
 {
@@ -275,7 +257,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way != want) return; /* sent before the sender saw the request */
         win_add(s, way, ps);
         s->probe_bytes += bytes;
-        if (s->win_n[way] < PROBE_MSGS && (s->probe_bytes < PROBE_BYTES || s->win_n[way] < 2) && bytes < LONG_BYTES)
+        if (s->win[way].n < PROBE_MSGS && (s->probe_bytes < PROBE_BYTES || s->win[way].n < 2) && bytes < LONG_BYTES)
             return; /* more to come */
         s->probing = 0;
         s->cost_at[way] = now;

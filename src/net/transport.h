@@ -107,10 +107,10 @@ typedef struct kolo__peer_info {
  * from their own timings (coll/direct.c). */
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
 typedef struct kolo__direct_choice {
-    uint64_t win[2][5], cost[2], at[2]; /* per way (0 ring, 1 direct): last samples in ps/B, median, when */
-    int n[2], next[2];
-    int want, probing;    /* the way in use; calls of the other way still to run in a probe */
-    uint64_t every, calls; /* the interval between probes; calls since the last */
+    kolo__window win[2];     /* per way (0 ring, 1 direct): the last samples in ps/B, */
+    uint64_t cost[2], at[2]; /* their median, and when the last came */
+    int want, probing;       /* the way in use; calls of the other way still to run in a probe */
+    uint64_t every, calls;   /* the interval between probes; calls since the last */
 } kolo__direct_choice;
 
 struct kolo__mesh {
