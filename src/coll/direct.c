@@ -115,11 +115,16 @@ static void test_delay(int plan)
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, in
  * ps per byte, per size class (choice_for). Each way's figure is the median of its last
  * KOLO_WINDOW samples (common.h); samples older than PROBE_MAX_NS are dropped. It starts with the
- * ring; after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way (a probe, whose
- * samples replace that way's old ones) and keeps the cheaper, switching only for a 10 % gain. Later probes come at least PROBE_GAP_CALLS calls and
- * an interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back
- * when a probe or the way in use getting dearer than the other's figure changes it. The same
- * scheme as the shared-memory transport's per-message choice (shm.c), one level up. */
+ * ring, or with the way the shared-memory transport's figures for single messages from member 1
+ * favour by a quarter or more (a probe costs slow calls: on one CCD single-copy messages are
+ * 1.4x slower than ring copies and a direct allreduce 1.2-1.5x slower than the ring; on two CCDs
+ * 5x and 2x faster). Unhinted, after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way
+ * (a probe, whose samples replace that way's old ones) and keeps the cheaper, switching only for a
+ * 10 % gain; hinted, the first probe waits as the later ones do. Later probes come at least
+ * PROBE_GAP_CALLS calls and an interval apart that doubles while the answer stays (0.1 s up to
+ * 2.56 s) and shrinks back when a probe or the way in use getting dearer than the other's figure
+ * changes it. The same scheme as the shared-memory transport's per-message choice (shm.c), one
+ * level up. */
 #define FIRST_PROBE_CALLS 4
 #define PROBE_CALLS 2
 #define PROBE_GAP_CALLS 8
@@ -135,13 +140,21 @@ static bool cheaper(const kolo__direct_choice *c, int a, int b)
     return c->cost[a] && c->cost[b] && c->cost[a] * 10 < c->cost[b] * 9;
 }
 
-static int choose(kolo__direct_choice *c, uint64_t now)
+/* `hint`: the way the transport's own figures favour clearly (kolo__shm_faster_way), or -1. */
+static int choose(kolo__direct_choice *c, uint64_t now, int hint)
 {
-    if (!c->every) c->every = PROBE_MIN_NS;
+    if (!c->every) { /* the first call of this size class */
+        c->every = PROBE_MIN_NS;
+        if (hint >= 0) {
+            c->want = hint;
+            c->hinted = true;
+            c->at[!hint] = now;
+        }
+    }
     if (c->probing) return !c->want;
     int other = !c->want;
-    bool due = c->cost[other] ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
-                              : c->calls >= FIRST_PROBE_CALLS;
+    bool due = c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
+                                           : c->calls >= FIRST_PROBE_CALLS;
     if (!due) return c->want;
     c->probing = PROBE_CALLS;
     win_clear(c, other);
@@ -158,6 +171,7 @@ static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t byte
         c->at[way] = now;
         if (--c->probing == 0) {
             c->calls = 0;
+            c->hinted = false;
             if (cheaper(c, way, c->want)) {
                 c->want = way;
                 c->every = PROBE_MIN_NS;
@@ -176,9 +190,10 @@ static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t byte
             c->calls = 0;
         }
     }
-    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; ring %llu, direct %llu ps/B; next %s%s", (unsigned long long)bytes,
-               way ? "direct CMA reads" : "the ring", (unsigned long long)ps, (unsigned long long)c->cost[0],
-               (unsigned long long)c->cost[1], c->probing ? (c->want ? "ring" : "direct") : c->want ? "direct" : "ring",
+    int next = c->probing ? !c->want : c->want;
+    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; ring %llu, direct %llu ps/B; next %s%s",
+               (unsigned long long)bytes, way ? "direct CMA reads" : "the ring", (unsigned long long)ps,
+               (unsigned long long)c->cost[0], (unsigned long long)c->cost[1], next ? "direct" : "ring",
                c->probing ? " (probe)" : "");
 }
 
@@ -209,8 +224,9 @@ static bool all_near(kolo__mesh *m, const kolo__group *g)
 static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
 {
     if (test_force >= 0) return test_force;
-    int mode = kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]);
-    if (mode == 2) return choose(choice_for(m, bytes), kolo__now_ns());
+    kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
+    int mode = kolo__shm_cma_state(c1);
+    if (mode == 2) return choose(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, 125));
     return mode == 1 ? PLAN_DIRECT : PLAN_RING;
 }
 

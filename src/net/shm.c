@@ -722,6 +722,17 @@ int kolo__shm_cma_state(const kolo__conn *c)
     return !s->cma_ok ? -1 : s->adapt ? 2 : s->cma;
 }
 
+int kolo__shm_faster_way(const kolo__conn *c, unsigned margin_pct)
+{
+    if (kolo__shm_cma_state(c) != 2) return -1;
+    const shm_priv *s = c->priv;
+    uint64_t now = kolo__now_ns(), ring = s->cost_ps[0], cma = s->cost_ps[1];
+    if (!ring || !cma || now - s->cost_at[0] > PROBE_MAX_NS || now - s->cost_at[1] > PROBE_MAX_NS) return -1;
+    if (cma * margin_pct < ring * 100) return 1;
+    if (ring * margin_pct < cma * 100) return 0;
+    return -1;
+}
+
 size_t kolo__shm_cma_threshold(const kolo__conn *c)
 {
     if (kolo__shm_cma_state(c) < 0) return 0;

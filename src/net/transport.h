@@ -110,6 +110,7 @@ typedef struct kolo__direct_choice {
     kolo__window win[2];     /* per way (0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
     int want, probing;       /* the way in use; calls of the other way still to run in a probe */
+    bool hinted;             /* started from the transport's figures, before a probe of its own */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
 } kolo__direct_choice;
 
@@ -199,6 +200,10 @@ void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mod
 bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
+/* Which way c's large messages from the peer are faster by at least margin_pct % (125: by a
+ * quarter) by the receiver's current figures: 0 ring copies, 1 single-copy, -1 no figures less
+ * than 2.56 s old for both, not that clear, or not choosing. */
+int kolo__shm_faster_way(const kolo__conn *c, unsigned margin_pct);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
