@@ -75,6 +75,9 @@ void kolo__direct_test_delay(int plan, uint64_t ns);
 
 /* ---- shared by the algorithm files (coll_util.c) ---- */
 
+/* Rings over this many bytes or more write their blocks around the cache (ring.c). */
+#define KOLO_STREAM_MIN ((size_t)16 << 20)
+
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
  * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for
  * the algorithm that calls the ring. Valid until the next call for the same area. */

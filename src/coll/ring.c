@@ -14,7 +14,7 @@
  * flight, so the reduction overlaps the transfer and the slots stay in cache. The outgoing
  * block goes out as chunks too (on shared memory each one is a single-copy read by the peer).
  *
- * When the whole buffer is far larger than the cache (STREAM_MIN), every byte written to its
+ * When the whole buffer is far larger than the cache (KOLO_STREAM_MIN), every byte written to its
  * final place is written with non-temporal stores: the reduced chunk from its slot, a received
  * block by the transport (kolo__xfer.stream). A plain store to a line not in cache first reads
  * it, so this drops a read per byte written. Measured on this project's VM, 2 ranks, allreduce
@@ -29,7 +29,6 @@
 #include "../reduce/reduce.h"
 
 #define MAX_INFLIGHT 64
-#define STREAM_MIN ((size_t)16 << 20)
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
@@ -64,7 +63,7 @@ static bool streams(const size_t *cnt, int n, size_t es)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += cnt[i];
-    return total * es >= STREAM_MIN;
+    return total * es >= KOLO_STREAM_MIN;
 }
 
 static int wait_sends(kolo__mesh *m, kolo__xfer *xs, int n)

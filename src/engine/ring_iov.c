@@ -13,7 +13,8 @@
  * are part of the negotiated response (the same on every member; a member without data for a
  * segment, e.g. a joined one, points it at zeros of the same length). At most WINDOW sends are
  * in flight; received reduce-scatter pieces land in two alternating slots and are combined as
- * the next one arrives; allgather pieces land in place. */
+ * the next one arrives; allgather pieces land in place. From KOLO_STREAM_MIN bytes the blocks are
+ * written around the cache, as in src/coll/ring.c. */
 #include "ring_iov.h"
 
 #include "../reduce/reduce.h"
@@ -148,6 +149,7 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
         goto out;
     }
     char *slots = scratch;
+    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as src/coll/ring.c */
     int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
     sender snd;
     snd.m = m;
@@ -174,8 +176,13 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
             int k = done % 2;
             if ((st = kolo__wait1(m, &rx[k]))) break;
             const kolo__seg *gs = &segs[rseg[k]];
-            kolo__reduce(gs->dst + roff[k] * es, gs->src + roff[k] * es, slots + (size_t)k * chunk * es, rlen[k],
-                         dtype, op);
+            char *slot = slots + (size_t)k * chunk * es;
+            if (stream) { /* reduced in the slot, in cache, then written out around it */
+                kolo__reduce(slot, gs->src + roff[k] * es, slot, rlen[k], dtype, op);
+                kolo__stream_copy(gs->dst + roff[k] * es, slot, rlen[k] * es);
+            } else {
+                kolo__reduce(gs->dst + roff[k] * es, gs->src + roff[k] * es, slot, rlen[k], dtype, op);
+            }
             done++;
             if (walk_next(&rw, &rseg[k], &roff[k], &rlen[k])) {
                 kolo__irecv(m, left, slots + (size_t)k * chunk * es, rlen[k] * es, &rx[k]);
@@ -183,6 +190,7 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
             }
             st = pump(&snd);
         }
+        if (stream) kolo__stream_fence(); /* the next step sends this block, perhaps single-copy */
         if (!st) st = drain(&snd);
     }
     if (st) goto out;
@@ -213,6 +221,7 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
             while (more && posted - done < WINDOW) {
                 if (!(more = walk_next(&rw, &seg, &po, &pl))) break;
                 kolo__irecv(m, left, segs[seg].dst + po * es, pl * es, &rx[posted % WINDOW]);
+                rx[posted % WINDOW].stream = stream;
                 posted++;
             }
             if (done == posted) break;
