@@ -30,10 +30,12 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
     int k = 0;
+    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as ring.c */
     for (int i = 0; i < n; i++) {
         if (i == r) continue;
         kolo__isend(m, kolo__g2w(g, i), own, counts[r] * es, &xs[k++]);
-        kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k++]);
+        kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k]);
+        xs[k++].stream = stream;
     }
     /* send may lie inside out only as the own block (in place), so this copy touches no block
      * that is in flight */

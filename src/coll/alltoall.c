@@ -34,9 +34,11 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
         so += sendcounts[i];
         ro += recvcounts[i];
     }
+    bool stream = ro * es >= KOLO_STREAM_MIN; /* received blocks written around the cache, as ring.c */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;
         kolo__irecv(m, kolo__g2w(g, from), d + roff[from] * es, recvcounts[from] * es, &xs[k]);
+        xs[k].stream = stream;
         ptrs[k] = &xs[k];
         k++;
         kolo__isend(m, kolo__g2w(g, to), s + soff[to] * es, sendcounts[to] * es, &xs[k]);
