@@ -55,7 +55,6 @@
 #include "../reduce/reduce.h"
 
 #include <errno.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #define ZC_MIN ((size_t)16 << 20)     /* mapped: from this size on, always */
@@ -103,12 +102,7 @@ void kolo__direct_test_force(int plan) { test_force = plan; }
 void kolo__direct_test_fail_read(int nth) { test_fail_read = nth; }
 void kolo__direct_test_delay(int plan, uint64_t ns) { test_delay_ns[plan != 0] = ns; }
 
-static void test_delay(int plan)
-{
-    if (!test_delay_ns[plan]) return;
-    struct timespec ts = {(time_t)(test_delay_ns[plan] / 1000000000u), (long)(test_delay_ns[plan] % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
+static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
 
 /* ---- choosing: the ring or direct by CMA, from the calls' own timings ----
  *
@@ -234,14 +228,8 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
 static int cma_read(int pid, uint64_t addr, char *buf, size_t n)
 {
     if (test_fail_read && --test_fail_read == 0) return EFAULT;
-    while (n) {
-        struct iovec local = {buf, n}, remote = {(void *)(uintptr_t)addr, n};
-        ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return k < 0 ? errno : EFAULT;
-        buf += k, addr += (uint64_t)k, n -= (size_t)k;
-    }
-    return 0;
+    size_t done = 0;
+    return kolo__cma_read(pid, buf, addr, n, &done);
 }
 
 /* Every member's status, the first failure (or none) in *bad: the same on every member. */

@@ -78,6 +78,12 @@ static inline uint64_t kolo__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 static inline double kolo__now_s(void) { return (double)kolo__now_ns() * 1e-9; }
+/* Sleeps ns nanoseconds (none for 0), through signals. */
+static inline void kolo__sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (ns && nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
 /* Wall clock in microseconds since the epoch (for timestamps that cross processes). */
 uint64_t kolo__wall_us(void);
 

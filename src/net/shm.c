@@ -103,11 +103,18 @@ static void ring_write(char *ring, uint64_t mask, uint64_t pos, const void *src,
     if (n > first) memcpy(ring, (const char *)src + first, n - first);
 }
 
-static void ring_read(const char *ring, uint64_t mask, uint64_t pos, void *dst, size_t n)
+static void copy_out(void *dst, const void *src, size_t n, bool stream)
+{
+    if (stream) kolo__stream_copy(dst, src, n);
+    else memcpy(dst, src, n);
+}
+
+/* stream: with non-temporal stores (kolo__xfer.stream; the caller fences) */
+static void ring_read(const char *ring, uint64_t mask, uint64_t pos, void *dst, size_t n, bool stream)
 {
     size_t off = (size_t)(pos & mask), first = KOLO_MIN(n, (size_t)(mask + 1 - off));
-    memcpy(dst, ring + off, first);
-    if (n > first) memcpy((char *)dst + first, ring, n - first);
+    copy_out(dst, ring + off, first, stream);
+    if (n > first) copy_out((char *)dst + first, ring, n - first, stream);
 }
 
 /* During a ring's first pass, maps its pages in ahead of use, 256 KiB at a time, with one
@@ -130,19 +137,10 @@ static void tx_write(shm_priv *s, uint64_t pos, const void *src, size_t n)
     ring_write(s->tx, s->mask, pos, src, n);
 }
 
-static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n)
+static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
 {
     first_pass(s->rx, s->mask + 1, &s->rx_ready, pos + n, MADV_POPULATE_READ);
-    ring_read(s->rx, s->mask, pos, dst, n);
-}
-
-/* rx_read with non-temporal stores (kolo__xfer.stream); fenced when the message is complete */
-static void rx_read_stream(shm_priv *s, uint64_t pos, void *dst, size_t n)
-{
-    first_pass(s->rx, s->mask + 1, &s->rx_ready, pos + n, MADV_POPULATE_READ);
-    size_t off = (size_t)(pos & s->mask), first = KOLO_MIN(n, (size_t)(s->mask + 1 - off));
-    kolo__stream_copy(dst, s->rx + off, first);
-    if (n > first) kolo__stream_copy((char *)dst + first, s->rx, n - first);
+    ring_read(s->rx, s->mask, pos, dst, n, stream);
 }
 
 /* ---- auto: ring copies or CMA, per direction, chosen from the messages' own timings ----
@@ -201,12 +199,7 @@ static uint64_t test_delay_ns[2];
 
 void kolo__shm_test_delay(int way, uint64_t ns) { test_delay_ns[way != 0] = ns; }
 
-static void test_delay(int way)
-{
-    if (!test_delay_ns[way]) return;
-    struct timespec ts = {(time_t)(test_delay_ns[way] / 1000000000u), (long)(test_delay_ns[way] % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
+static void test_delay(int way) { kolo__sleep_ns(test_delay_ns[way]); }
 
 static bool enough(const shm_priv *s, uint64_t msgs, uint64_t bytes)
 {
@@ -431,27 +424,36 @@ static int aborted_peer(kolo__conn *c, shm_priv *s)
     return kolo__conn_fail(c, kolo__err_aborted(c, why));
 }
 
+int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done)
+{
+    while (*done < n) {
+        struct iovec local = {(char *)dst + *done, n - *done};
+        struct iovec remote = {(void *)(uintptr_t)(addr + *done), n - *done};
+        ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return errno;
+        if (k == 0) return ENODATA;
+        *done += (size_t)k;
+    }
+    return 0;
+}
+
 static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
 {
-    while (x->done < x->len) {
-        struct iovec local = {x->buf + x->done, x->len - x->done};
-        struct iovec remote = {(void *)(uintptr_t)(addr + x->done), x->len - x->done};
-        ssize_t k = process_vm_readv(s->peer_pid, &local, 1, &remote, 1, 0);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EFAULT || atomic_load(&s->rx_ctl->closed) == SHM_ABORTED) return aborted_peer(c, s);
-            if (errno == ESRCH)
-                kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone", c->peer,
-                          kolo__peer_name(c->mesh, c->peer));
-            else
-                kolo__err_sys(errno, "single-copy read of %zu bytes from rank %d on %s failed",
-                              x->len, c->peer, kolo__peer_name(c->mesh, c->peer));
-            return kolo__conn_fail(c, errno == ESRCH ? KOLO_ERR_PEER_LOST : KOLO_ERR_SYSTEM);
-        }
-        if (k == 0)
-            return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL, "rank %d on %s described a buffer that cannot be read",
-                                                c->peer, kolo__peer_name(c->mesh, c->peer)));
-        x->done += (size_t)k;
+    int e = kolo__cma_read(s->peer_pid, x->buf, addr, x->len, &x->done);
+    if (e == EFAULT || (e && atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)) return aborted_peer(c, s);
+    if (e == ENODATA)
+        return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL, "rank %d on %s described a buffer that cannot be read",
+                                            c->peer, kolo__peer_name(c->mesh, c->peer)));
+    if (e == ESRCH) {
+        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone", c->peer,
+                  kolo__peer_name(c->mesh, c->peer));
+        return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
+    }
+    if (e) {
+        kolo__err_sys(e, "single-copy read of %zu bytes from rank %d on %s failed", x->len, c->peer,
+                      kolo__peer_name(c->mesh, c->peer));
+        return kolo__conn_fail(c, KOLO_ERR_SYSTEM);
     }
     /* The sender marks its rings aborted before its buffers go back to its user; data read
      * before the mark was still its own. After it, the bytes may be anything. */
@@ -481,7 +483,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                                                       (unsigned long long)mark, (unsigned long long)(tail + 1)));
                 break;
             }
-            rx_read(s, tail + MARK_LEN, x->hdr, KOLO_HDR_LEN);
+            rx_read(s, tail + MARK_LEN, x->hdr, KOLO_HDR_LEN, false);
             uint32_t flags;
             st = kolo__hdr_check(c, x, &flags);
             if (st != KOLO_OK) {
@@ -498,7 +500,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 }
                 unsigned char d[CMA_DESC_LEN];
                 uint64_t addr, stamp;
-                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, d, CMA_DESC_LEN);
+                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, d, CMA_DESC_LEN, false);
                 memcpy(&addr, d, 8);
                 memcpy(&stamp, d + 16, STAMP_LEN);
                 x->hdr_done = KOLO_HDR_LEN;
@@ -515,7 +517,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             }
             x->hdr_done = KOLO_HDR_LEN;
             if (x->len <= INLINE_MAX) { /* written whole before the mark */
-                if (x->len) rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
+                if (x->len) rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len, false);
                 x->done = x->len;
                 tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + x->len);
                 kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
@@ -523,7 +525,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             }
             if (s->adapt && x->len >= s->cma_threshold) {
                 uint64_t stamp;
-                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);
+                rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN, false);
                 s->rx_start = large_start(s, x, stamp);
             }
             tail += LINE;
@@ -534,8 +536,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 if (head <= tail) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), head - tail), STREAM_STEP);
-            if (x->stream) rx_read_stream(s, tail, x->buf + x->done, n);
-            else rx_read(s, tail, x->buf + x->done, n);
+            rx_read(s, tail, x->buf + x->done, n, x->stream);
             tail += n;
             x->done += n;
             if (x->done < x->len) {

@@ -204,6 +204,9 @@ int kolo__shm_cma_state(const kolo__conn *c);
  * quarter) by the receiver's current figures: 0 ring copies, 1 single-copy, -1 no figures less
  * than 2.56 s old for both, not that clear, or not choosing. */
 int kolo__shm_faster_way(const kolo__conn *c, unsigned margin_pct);
+/* Reads [addr, addr + n) of process pid into dst with process_vm_readv, from *done on (advanced
+ * as bytes arrive): 0, or the errno of the failed call (ENODATA: it read nothing). */
+int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
