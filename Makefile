@@ -71,11 +71,11 @@ $(AR_): $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 # Tools and tests link the static library: they may use kolo's private (kolo__) symbols.
-$(O)/bin/kolo-bench: $(BENCH_SRC) bench/local_job.h $(AR_)
+$(O)/bin/kolo-bench: $(BENCH_SRC) bench/local_job.h bench/perf_ctl.h $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 
-$(O)/bin/engine-bench: bench/engine-bench.c bench/local_job.h $(AR_)
+$(O)/bin/engine-bench: bench/engine-bench.c bench/local_job.h bench/perf_ctl.h $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 

@@ -32,6 +32,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 from benchcommon import bus_factor  # noqa: E402  (busbw as nccl-tests defines it, shared with the peers)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile as prof  # noqa: E402  (bench/profile.py: perf profiles of the unmet targets)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "bench")
@@ -841,6 +843,7 @@ class Report:
         L += self.md_targets()
         L += self.md_states()
         L += self.md_bound()
+        L += self.md_profiles()
         L += self.md_peers_status()
         L += self.md_oversub()
         if pngs:
@@ -973,8 +976,16 @@ class Report:
         L.append("")
         return L
 
+    def gap(self, name, kind, kolo, coll, size, ref=None, dtype="float32", mem="malloc"):
+        """Records an unmet target for the profiles (md_targets calls it; profile_gaps runs them).
+        kind: "peer" (kolo against ref at size), "bound" (kolo alone against the memory-traffic
+        bound), "engine" (engine-bench), "timeline" (engine-bench writing the timeline)."""
+        self.gaps.append({"name": name, "kind": kind, "kolo": kolo, "coll": coll, "size": size,
+                          "ref": ref, "dtype": dtype, "mem": mem})
+
     def md_targets(self):
         L = ["## Issue #6 targets (2 ranks unless said)", ""]
+        self.gaps = []
         ks, kt = self.kolo.get("shm"), self.kolo.get("tcp")
         if not ks and not kt:
             return L + ["kolo-bench was not available in this run, so no target could be "
@@ -992,11 +1003,15 @@ class Report:
                 r = b / a
                 L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%.2f vs "
                          "%.2f GB/s) | %s |" % (r, M / 1e3 / a, M / 1e3 / b, _met(r >= 1.3, r / 1.3)))
+                if r < 1.3:
+                    self.gap("allreduce 64 MiB ≥ 1.3 × Open MPI shm", "peer", ks, "allreduce", M, "ompi-shm")
             tb = bound_time_us("allreduce", 2, M, self.lim)
             if a and tb:
                 L.append("| allreduce 64 MiB ≥ 80 %% of the memory-traffic bound | %.0f %% of "
                          "%.2f GB/s | %s |" % (100 * tb / a, M / 1e3 / tb,
                                                _met(tb / a >= 0.8, tb / a / 0.8)))
+                if tb / a < 0.8:
+                    self.gap("allreduce 64 MiB ≥ 80 % of the memory-traffic bound", "bound", ks, "allreduce", M)
             mc = getattr(self, "memc", None) or {}
             pm = mc.get("mem") or []
             if tb and pm:
@@ -1009,10 +1024,15 @@ class Report:
                              len(pm), far, 100 * tb / k, M / 1e3 / k, 100 * tb / mm, M / 1e3 / mm,
                              "; %d WRONG elements" % mc["wrong"] if mc.get("wrong") else "",
                              _met(tb / k >= 0.8 and not mc.get("wrong"), tb / k / 0.8)))
+                if tb / k < 0.8:
+                    self.gap("allreduce 64 MiB with `kolo_mem_alloc` buffers ≥ 80 % of the bound", "bound", ks,
+                             "allreduce", M, mem="kolo")
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
             if a and b:
                 L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f us vs %.2f us "
                          "(%.2f×) | %s |" % (a, b, a / b, _met(a <= 1.5 * b, 1.5 * b / a)))
+                if a > 1.5 * b:
+                    self.gap("allreduce 8 B latency ≤ 1.5 × Open MPI shm", "peer", ks, "allreduce", 8, "ompi-shm")
             a16, a32 = t(ks, "allreduce", "float16", M), t(ks, "allreduce", "float32", M)
             sweep = ("the sweep's medians, separate launches: %.2f vs %.2f GB/s" % (M / 1e3 / a16, M / 1e3 / a32)
                      if a16 and a32 else "")
@@ -1025,6 +1045,9 @@ class Report:
                          "float16`: both types call by call in each of %d launches; per launch %s; %.2f vs "
                          "%.2f GB/s)%s | %s |" % (r, len(pf), ", ".join("%.2f" % x for x in rs), M / 1e3 / t16,
                                                 M / 1e3 / t32, "; " + sweep if sweep else "", _met(r >= 1, r)))
+                if r < 1:
+                    self.gap("float16 allreduce 64 MiB byte rate ≥ float32's", "peer", ks, "allreduce", M, ks,
+                             dtype="float16")
             elif sweep:
                 L.append("| float16 allreduce 64 MiB byte rate ≥ float32's | %s | %s |" % (
                     sweep, _met(a16 <= a32, a32 / a16)))
@@ -1039,6 +1062,9 @@ class Report:
                     L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s%s "
                              "| %s |" % (coll, what, ok, len(rs), worst[0], fmt_size(worst[1]),
                                          self.by_state(kolo, ref, coll), _met(ok == len(rs), worst[0])))
+                    if ok < len(rs):
+                        self.gap("%s ≥ Open MPI %s at ≥ 64 KiB (worst size, %s)" % (coll, what, fmt_size(worst[1])),
+                                 "peer", kolo, coll, worst[1], ref)
         for np in self.args.np_list:
             if np <= NCPU or not ks:
                 continue
@@ -1146,16 +1172,22 @@ class Report:
                      "same bytes (engine-bench, 2 ranks) | %.2f× (median of %d; %s) | %s |" % (
                          r, len(e["ratio"]), ", ".join("%.2f" % x for x in e["ratio"]),
                          _met(r <= 1.15, 1.15 / r)))
+            if r > 1.15:
+                self.gap("ResNet-50-sized step through the engine ≤ 1.15 × direct allreduce", "engine",
+                         self.kolo.get("shm"), "allreduce", 0)
         else:
             L.append("| ResNet-50-sized step through the engine ≤ 1.15 × direct allreduce | not "
                      "measured in this run%s | — |" % (": " + e["why"] if e.get("why") else ""))
         if e.get("pairs"):
             off, on = statistics.median(e["off"]), statistics.median(e["on"])
             ov = statistics.median(e["pairs"]) - 1
-            L.append("| timeline on costs ≤ 3 %% of the engine step | %+.1f %% (median of %d side-by-side "
-                     "pairs: %s; step median %.1f ms with, %.1f ms without) | %s |" % (
+            L.append("| timeline on costs ≤ 3 %% of the engine step | %+.1f %% (`engine-bench -t`: every "
+                     "step paired with one that writes the timeline; median of %d launches' medians: %s; "
+                     "step median %.1f ms with, %.1f ms without) | %s |" % (
                          100 * ov, len(e["pairs"]), ", ".join("%+.1f" % (100 * (x - 1)) for x in e["pairs"]),
                          on, off, _met(ov <= 0.03, 1.03 / (1 + ov))))
+            if ov > 0.03:
+                self.gap("timeline on costs ≤ 3 % of the engine step", "timeline", self.kolo.get("shm"), "allreduce", 0)
         tc = latest_train_compare(self.args.out)
         if tc:
             name, ratios = tc
@@ -1165,6 +1197,93 @@ class Report:
         else:
             L.append("| PyTorch synthetic benchmark against Horovod and DDP | no "
                      "`*-train-compare.md` in the results directory (run `make bench-train`) | — |")
+        return L
+
+    def md_profiles(self):
+        """Where the time goes in each unmet target: perf's CPU time per call by category, kolo
+        beside the peer, and what the profile says would close the gap."""
+        pr = getattr(self, "profiles", None)
+        if pr is None:
+            return []
+        L = ["## Where the time goes in the unmet targets", ""]
+        if pr["why"]:
+            return L + ["Not profiled: %s." % pr["why"], ""]
+        if not pr["items"]:
+            return L + ["Every target was met; nothing to profile.", ""]
+        L.append("For each target not met, the harness ran kolo's launch (and the peer's, at the "
+                 "same size, where the target compares against one) once more under `perf record -e "
+                 "cpu-clock -c %d`: a sample every %.1f ms of CPU time any thread of the launch runs "
+                 "(a software event; this VM has no hardware counters), taken only during the timed "
+                 "calls (rank 0 turns perf on and off through its control fifo, bench/perf_ctl.h), "
+                 "about two seconds of them. Samples become CPU milliseconds per call, all ranks "
+                 "together, by what the sampled code does:"
+                 % (prof.PERIOD_NS, prof.PERIOD_NS / 1e6))
+        L.append("")
+        for key, label, what in prof.CATEGORIES:
+            L.append("- **%s**: %s" % (label, what))
+        L.append("")
+        L.append("A rank asleep (futex, poll) takes no samples; one that spins does. Wall time is the "
+                 "profiled launch's own figure per call (the mean of its out-of-place and in-place "
+                 "calls), under perf.")
+        L.append("")
+        for it in pr["items"]:
+            g, sides = it["gap"], [x for x in it["sides"] if "cats" in x[3]]
+            L.append("### %s" % g["name"])
+            L.append("")
+            for label, cmd, env, summ, wall in it["sides"]:
+                envs = " ".join("%s=%s" % (k, os.path.basename(v) if k == "KOLO_TIMELINE" else v)
+                                for k, v in sorted(env.items()))
+                L.append("- %s: `%s%s`%s" % (label, envs + " " if envs else "", brief(cmd),
+                                            "" if "cats" in summ else " — not profiled: " + summ["why"]))
+            L.append("")
+            if not sides:
+                continue
+            L.append("| per call | " + " | ".join(x[0] for x in sides) + " |")
+            L.append("|---|" + "---:|" * len(sides))
+            L.append("| wall time | " + " | ".join("%.3g ms" % x[4] if x[4] else "—" for x in sides) + " |")
+            L.append("| CPU, all ranks | " + " | ".join("%.3g ms" % x[3]["cpu_ms"] for x in sides) + " |")
+            for key, label, _ in prof.CATEGORIES:
+                if any(x[3]["cats"][key] >= 0.005 * x[3]["cpu_ms"] for x in sides):
+                    L.append("| %s | " % label + " | ".join(
+                        "%.3g ms (%.0f %%)" % (x[3]["cats"][key], 100 * x[3]["cats"][key] / x[3]["cpu_ms"])
+                        for x in sides) + " |")
+            L.append("")
+            for label, _, _, summ, _ in sides:
+                L.append("Busiest in %s: %s." % (label, ", ".join(
+                    "`%s` (%s) %.3g ms" % (sym, dso, ms) for ms, sym, dso, _ in summ["top"][:6])))
+                L.append("")
+            k = sides[0]
+            p = sides[1] if len(sides) > 1 else None
+            transport = self.peer(g["kolo"]).transport if g["kolo"] else "shm"
+            bound = None
+            if g["kind"] == "bound":
+                tb = bound_time_us(g["coll"], 2, g["size"], self.lim)
+                bound = tb / 1e3 if tb else None
+            shows, close = prof.diagnose(k[3], p[3] if p else None, transport,
+                                         p[0] if p else "", k[4], p[4] if p else None, bound)
+            if g["kind"] == "timeline":
+                w = k[3]["threads"].get("kolo-timeline", 0.0)
+                shows.append("The timeline's writer thread (`kolo-timeline`) used %.3g ms of CPU per "
+                             "step, %.1f %% of the step's CPU." % (w, 100 * w / k[3]["cpu_ms"]))
+                e = getattr(self, "engine", None) or {}
+                ov = statistics.median(e["pairs"]) - 1 if e.get("pairs") else None
+                if ov is not None and w < 0.5 * ov * k[3]["cpu_ms"]:
+                    close = ["The writer's own CPU is less than half the measured cost (%+.1f %%); the rest "
+                             "does not show as CPU of the timeline's code, which points at its wake-ups "
+                             "(every 5 ms) taking a core from a rank in the middle of a collective on a "
+                             "machine with no spare core. Fewer, longer wake-ups, or writing where a core "
+                             "is idle (between steps), would close it; a lower priority (nice 10) and a "
+                             "50 ms period were tried by hand and measured within noise of the present "
+                             "writer (engine-bench -t, 8 launches each)." % (100 * ov)]
+                else:
+                    close = ["The writer's formatting and writing is the cost: a binary format written "
+                             "raw and converted to JSON after the run would cut it."]
+            if shows:
+                L.append("**What it shows.** " + " ".join(shows))
+                L.append("")
+            if close:
+                L.append("**What would close it.** " + " ".join(close))
+                L.append("")
         return L
 
     def md_bound(self):
@@ -1432,38 +1551,34 @@ def latest_train_compare(outdir):
 
 
 def engine_check(a, logdir, reps=5):
-    """engine-bench -np 2, interleaved with and without the timeline: the engine's step against a
-    direct allreduce of the same bytes, and what the timeline costs. Each repetition is a pair of
-    launches side by side (their order alternates); the cost is the median of the pairs' ratios,
-    which a machine changing speed between pairs does not skew as it skews two medians."""
+    """engine-bench -np 2 -t: the engine's step against a direct allreduce of the same bytes, and
+    what the timeline costs. Each launch pairs every engine step with one that writes the timeline
+    (alternating order), so both sides of each pair meet the same machine state; the cost is the
+    median over launches of each launch's median per-step ratio."""
     out = {"ratio": [], "off": [], "on": [], "pairs": []}
     if not os.access(ENGINE_BENCH, os.X_OK):
         out["why"] = "engine-bench not built"
         return out
-    cmd = [ENGINE_BENCH, "-np", "2", "-n", "10", "-w", "2"]
     tl = os.path.join(logdir, "engine-timeline.json")
+    cmd = [ENGINE_BENCH, "-np", "2", "-n", "20", "-w", "2", "-t", tl]
     with open(os.path.join(logdir, "engine-bench.log"), "w") as log:
         for rep in range(reps):
-            pair = {}
-            for on in ((False, True) if rep % 2 == 0 else (True, False)):
-                env = {"KOLO_TIMELINE": tl if on else None}
-                text, rc, to, _ = run_launch(Launch(cmd, env), 300, log)
-                log.write(text)
-                step = re.search(r"engine step .*?median\s+([0-9.]+) ms", text)
-                ratio = re.search(r"ratio engine / direct\s+([0-9.]+)", text)
-                if rc or to or not step:
-                    out["why"] = "engine-bench failed (exit %s%s); see %s" % (
-                        rc, ", timed out" if to else "", os.path.relpath(log.name, ROOT))
-                    continue
-                out["on" if on else "off"].append(float(step.group(1)))
-                pair[on] = float(step.group(1))
-                if len(pair) == 2:
-                    out["pairs"].append(pair[True] / pair[False])
-                if not on and ratio:
-                    out["ratio"].append(float(ratio.group(1)))
-                print("compare: engine-bench rep %d timeline %-3s step %s ms%s" % (
-                    rep + 1, "on" if on else "off", step.group(1),
-                    ", engine/direct " + ratio.group(1) if ratio and not on else ""), flush=True)
+            text, rc, to, _ = run_launch(Launch(cmd), 300, log)
+            log.write(text)
+            step = re.search(r"engine step .*?median\s+([0-9.]+) ms", text)
+            ratio = re.search(r"ratio engine / direct\s+([0-9.]+)", text)
+            on = re.search(r"timeline on\s+median\s+([0-9.]+) ms; paired on / off median ([0-9.]+)", text)
+            if rc or to or not (step and ratio and on):
+                out["why"] = "engine-bench failed (exit %s%s); see %s" % (
+                    rc, ", timed out" if to else "", os.path.relpath(log.name, ROOT))
+                continue
+            out["off"].append(float(step.group(1)))
+            out["on"].append(float(on.group(1)))
+            out["pairs"].append(float(on.group(2)))
+            out["ratio"].append(float(ratio.group(1)))
+            print("compare: engine-bench rep %d: step %s ms, with the timeline %s ms (paired %s), "
+                  "engine/direct %s" % (rep + 1, step.group(1), on.group(1), on.group(2), ratio.group(1)),
+                  flush=True)
     for f in glob.glob(tl) + glob.glob(tl + ".*"):  # rank 0 writes tl, rank r tl.r
         os.remove(f)
     return out
@@ -1508,6 +1623,73 @@ def paired_check(a, logdir, reps=3):
                 out[vs].append((ta, tb, ping))
                 print("compare: kolo-bench --vs %-7s 64 MiB allreduce %.0f us against %.0f us (ping %s)" % (
                     vs, ta, tb, "%.3f" % ping if ping is not None else "?"), flush=True)
+    return out
+
+
+def profile_gaps(rep, logdir, timeout=180):
+    """perf profiles for each unmet target (rep.gaps, from Report.md_targets): kolo's launch and,
+    where the target compares against a peer, the peer's launch at the same size; for the
+    timeline, the engine step with and without it. Each launch makes about two seconds of calls
+    (from the sweep's own time at that size). Returns {"why": reason profiles are missing or "",
+    "items": [{"gap", "sides": [(label, cmd, env, summary, wall ms per call)]}]}."""
+    ok, why = prof.available()
+    out = {"why": "" if ok else why, "items": []}
+    if not ok or not rep.gaps:
+        return out
+    work = os.path.join(logdir, "profiles")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(logdir, "profiles.log"), "w") as log:
+        def run(cmd, env):
+            text, rc, to, _ = run_launch(Launch(cmd, env), timeout, log)
+            log.write(text)
+            return text, rc, to
+
+        for i, g in enumerate(rep.gaps):
+            item = {"gap": g, "sides": []}
+            out["items"].append(item)
+            if g["kind"] in ("engine", "timeline"):
+                if not os.access(ENGINE_BENCH, os.X_OK):
+                    continue
+                cmd = [ENGINE_BENCH, "-np", "2", "-n", "30", "-w", "2", "-s", "1"]
+                tl = os.path.join(work, "timeline.json")
+                variants = [("kolo", {})] if g["kind"] == "engine" else \
+                    [("kolo with the timeline", {"KOLO_TIMELINE": tl}), ("kolo without", {})]
+                for j, (label, env) in enumerate(variants):
+                    print("compare: profiling %s: %s" % (g["name"], label), flush=True)
+                    summ, text = prof.profile(cmd, env, lambda _: 30, run, work, "gap%d-%d" % (i, j))
+                    m = re.search(r"engine step .*?median\s+([0-9.]+) ms", text)
+                    item["sides"].append((label, cmd, env, summ, float(m.group(1)) if m else None))
+                for f in glob.glob(tl) + glob.glob(tl + ".*"):
+                    os.remove(f)
+                continue
+            t_us = rep.store.med(2, g["kolo"], g["coll"], "float32", g["size"], "oop") or \
+                rep.store.med(2, g["kolo"], g["coll"], "float32", g["size"], "ip") or 1000.0
+            iters = int(min(100000, max(20, 2e6 / t_us)))
+            warm = max(2, iters // 20)
+            band = Band(g["size"], g["size"], iters, warm, 2.0)
+            sides = [(g["kolo"], g["dtype"], g["mem"])]
+            if g["ref"]:
+                sides.append((g["ref"], "float32" if g["ref"] == g["kolo"] else g["dtype"], "malloc"))
+            for j, (key, dt, mem) in enumerate(sides):
+                peer = rep.peer(key)
+                if not rep.status.get(key, (False,))[0]:
+                    continue
+                ln = peer.launches(2, [g["coll"]], [dt], [band], 0)[0]
+                cmd = ln.cmd + (["--mem", "kolo"] if mem == "kolo" else [])
+                label = peer.label if g["ref"] != g["kolo"] else "kolo %s" % dt
+                print("compare: profiling %s: %s" % (g["name"], label), flush=True)
+                def calls(text, size=g["size"], coll=g["coll"], n=iters):
+                    # timed calls per rank: n for each placement the row has (out-of-place, in-place)
+                    rows, _ = parse_rows(text, coll)
+                    return sum(n * len(r["place"]) for r in rows if r["size"] == size)
+
+                summ, text = prof.profile(cmd, ln.env, calls, run, work, "gap%d-%d" % (i, j))
+                wall = None
+                rows, _ = parse_rows(text, g["coll"])
+                for r in rows:
+                    if r["size"] == g["size"] and r["place"]:
+                        wall = statistics.mean(x[0] for x in r["place"].values()) / 1e3
+                item["sides"].append((label, cmd, ln.env, summ, wall))
     return out
 
 
@@ -1573,6 +1755,8 @@ def parse_args(argv):
                         "(default 8,16; quick none; 'none' to skip)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-profiles", action="store_true",
+                   help="do not profile the unmet targets with perf after the sweep")
     a = p.parse_args(argv)
     q = a.quick
     a.reps = a.reps or (1 if q else 3)
@@ -1697,6 +1881,11 @@ def main(argv):
     rep.memc = memc
     rep.waited = run.waited
     rep.pings = run.pings
+    rep.md_targets()  # finds the unmet targets (rep.gaps) for the profiles
+    try:
+        rep.profiles = profile_gaps(rep, logdir) if not a.no_profiles else None
+    except KeyboardInterrupt:
+        rep.profiles = {"why": "interrupted by the user", "items": []}
     prefix = stamp + ("-quick" if a.quick else "")
     pngs = [] if a.no_plots else plot(rep, prefix)
     csv_path = os.path.join(a.out, prefix + "-compare.csv")

@@ -27,7 +27,7 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 # ---- Debian packages
 need=""
 for p in build-essential openmpi-bin libopenmpi-dev mpich libmpich-dev python3-torch python3-numpy \
-         python3-dev python3-pip cmake g++ gnuplot-nox; do
+         python3-dev python3-pip cmake g++ gnuplot-nox linux-perf; do
   have_pkg "$p" || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -80,7 +80,7 @@ for mpi in openmpi mpich; do
     echo "$fam: mpicc.$mpi not found (Debian package $([ $mpi = openmpi ] && echo libopenmpi-dev || echo libmpich-dev))" >> "$STATUS"
     continue
   fi
-  if [ ! -x "$bin" ] || [ bench/peers/mpi_coll_bench.c -nt "$bin" ]; then
+  if [ ! -x "$bin" ] || [ bench/peers/mpi_coll_bench.c -nt "$bin" ] || [ bench/perf_ctl.h -nt "$bin" ]; then
     if ! "mpicc.$mpi" $CFLAGS -o "$bin" bench/peers/mpi_coll_bench.c > "$OUT/mpicc.$mpi.log" 2>&1; then
       echo "$fam: mpicc.$mpi failed: $(head -c 200 "$OUT/mpicc.$mpi.log")" >> "$STATUS"
       rm -f "$bin"

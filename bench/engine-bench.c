@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -9,6 +9,11 @@
  *   - an engine step: the 161 gradients submitted in backward order (kolo_iallreduce, in place,
  *     AVERAGE), then waited for;
  *   - a direct step: one kolo_allreduce of all 25.6 M floats at once (in place, AVERAGE).
+ * With -t PATH every iteration runs two engine steps, one with the timeline on (each rank starts
+ * it to PATH, rank r to PATH.r, before the step's barrier and stops it after the step, the stop's
+ * final drain timed with the step) and one without, in alternating order: the median of the
+ * per-iteration ratios is what the timeline costs, measured on the same machine state, which
+ * separate launches on a shared VM are not.
  * It prints the medians, their ratio, and, from -s steps of 161 one-element tensors (everything
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.
@@ -20,6 +25,7 @@
 #include "kolo.h"
 
 #include "local_job.h"
+#include "perf_ctl.h"
 #include "../src/engine/engine.h"
 
 #include <signal.h>
@@ -35,6 +41,7 @@
 
 typedef struct opts {
     int np, iters, warmup, small_steps, verbose;
+    const char *timeline; /* -t: pair every engine step with one that writes the timeline */
 } opts;
 
 static double now_s(void)
@@ -118,25 +125,41 @@ static int run(const opts *o)
     kolo_request_t *reqs[MAXT];
     if (!grads || !flat || !te || !td) return 1;
     for (size_t i = 0; i < total; i++) grads[i] = flat[i] = (float)(i % 1000) * 1e-3f;
+    double *ton = calloc((size_t)o->iters, sizeof(double)), *pair = calloc((size_t)o->iters, sizeof(double));
+    if (!ton || !pair) return 1;
     int rc = 0;
     for (int it = -o->warmup; it < o->iters && !rc; it++) {
-        double t0 = now_s();
-        for (int t = nt - 1; t >= 0; t--) { /* backward order */
-            kolo_shape_t sh = {1, {(int64_t)sizes[t]}};
-            if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1, 1,
-                                NULL, &reqs[t]) != KOLO_OK)
-                rc = 1;
+        /* one engine step, or two (timeline off and on, the order alternating) with -t */
+        double t_off = 0, t_on = 0;
+        for (int k = 0; k < (o->timeline ? 2 : 1) && !rc; k++) {
+            bool on = o->timeline && ((it & 1) ^ k);
+            if (on && kolo_timeline_start(o->timeline, 0) != KOLO_OK) rc = 1;
+            kolo_barrier(KOLO_WORLD);
+            if (rank == 0 && it >= 0) bench_perf_ctl(1);
+            double t0 = now_s();
+            for (int t = nt - 1; t >= 0; t--) { /* backward order */
+                kolo_shape_t sh = {1, {(int64_t)sizes[t]}};
+                if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1, 1,
+                                    NULL, &reqs[t]) != KOLO_OK)
+                    rc = 1;
+            }
+            for (int t = 0; t < nt; t++) {
+                if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
+                kolo_request_release(reqs[t]);
+            }
+            if (on && kolo_timeline_stop() != KOLO_OK) rc = 1; /* its last drain counts */
+            *(on ? &t_on : &t_off) = now_s() - t0;
+            if (rank == 0 && it >= 0) bench_perf_ctl(0);
         }
-        for (int t = 0; t < nt; t++) {
-            if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
-            kolo_request_release(reqs[t]);
-        }
+        kolo_barrier(KOLO_WORLD);
         double t1 = now_s();
         if (kolo_allreduce(flat, flat, total, KOLO_FLOAT32, KOLO_AVERAGE, 1, 1, KOLO_WORLD) != KOLO_OK) rc = 1;
         double t2 = now_s();
         if (it >= 0) {
-            te[it] = t1 - t0;
+            te[it] = t_off;
             td[it] = t2 - t1;
+            ton[it] = t_on;
+            pair[it] = t_off > 0 ? t_on / t_off : 0;
         }
         kolo_barrier(KOLO_WORLD);
     }
@@ -173,6 +196,10 @@ static int run(const opts *o)
         printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d steps\n", me * 1e3, o->iters);
         printf("direct kolo_allreduce of same bytes   median %8.2f ms\n", md * 1e3);
         printf("ratio engine / direct                 %8.3f\n", me / md);
+        if (o->timeline)
+            printf("engine step with the timeline on      median %8.2f ms; paired on / off median %.3f over %d "
+                   "steps\n",
+                   median(ton, o->iters) * 1e3, median(pair, o->iters), o->iters);
         double nc = c1 > c0 ? (double)(c1 - c0) : 1.0;
         printf("steady-state negotiation (cached)     %8.1f us per cycle, %.1f us of it local (%llu cycles)\n",
                (double)(ns1 - ns0) / nc * 1e-3, (double)(l1 - l0) / nc * 1e-3, (unsigned long long)(c1 - c0));
@@ -185,6 +212,8 @@ static int run(const opts *o)
     free(flat);
     free(te);
     free(td);
+    free(ton);
+    free(pair);
     kolo_shutdown();
     fflush(stdout);
     return rc;
@@ -203,8 +232,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-w")) o.warmup = v;
         else if (!strcmp(argv[i], "-s")) o.small_steps = v;
         else if (!strcmp(argv[i], "-v")) o.verbose = v;
+        else if (!strcmp(argv[i], "-t") && *argv[i + 1]) o.timeline = argv[i + 1];
         else {
-            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1]\n");
+            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] [-t PATH]\n");
             return 2;
         }
     }

@@ -12,6 +12,7 @@
 #include "kolo.h"
 
 #include "local_job.h"
+#include "perf_ctl.h"
 
 #include "../src/core/world.h"
 
@@ -579,9 +580,11 @@ static int bench(const opts *o)
                 if (st == KOLO_OK) wrong[ip] = check(&R, bytes);
             }
             if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+            if (me == 0) bench_perf_ctl(1);
             double t0 = now_us();
             for (int it = 0; it < o->iters && st == KOLO_OK; it++) st = call(&R, bytes, ip);
             t[ip] = (now_us() - t0) / (o->iters ? o->iters : 1);
+            if (me == 0) bench_perf_ctl(0);
             if (st != KOLO_OK) {
                 fprintf(stderr, "kolo-bench: rank %d: %s failed at %zu bytes: %s\n", me, coll_names[o->coll], bytes,
                         kolo_last_error());

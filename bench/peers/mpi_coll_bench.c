@@ -27,6 +27,8 @@
  */
 #include <mpi.h>
 
+#include "../perf_ctl.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -359,10 +361,14 @@ static double measure(int c, int dt, const struct sizes *s, void *sbuf, void *rb
   for (int i = 0; i < b->warmup; i++)
     run_once(c, dt, s, sbuf, rbuf, inplace, o->root);
   MPI_Barrier(MPI_COMM_WORLD);
+  int me;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (me == 0) bench_perf_ctl(1);
   double t0 = MPI_Wtime();
   for (int i = 0; i < b->iters; i++)
     run_once(c, dt, s, sbuf, rbuf, inplace, o->root);
   double t = (MPI_Wtime() - t0) / b->iters;
+  if (me == 0) bench_perf_ctl(0);
   double tsum = 0;
   MPI_Allreduce(&t, &tsum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   *wrong = -1;

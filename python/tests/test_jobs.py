@@ -258,3 +258,60 @@ def test_kolo_bench_paired_mode(tmp_path):
     p = subprocess.run([bench, "allreduce", "-np", "2", "--vs", "float17"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=30)
     assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
+
+
+def _bench_module(name):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import importlib
+    return importlib.import_module(name)
+
+
+def test_profile_sorts_symbols_and_says_what_differs():
+    # bench/profile.py on perf's own report format, without perf: categories, per-call CPU, diagnosis.
+    prof = _bench_module("profile")
+    text = """# comment
+ 40.00% ; 400 ;kolo-bench ;libc.so.6 ;[.] __memmove_avx512_unaligned_erms
+ 20.00% ; 200 ;kolo-bench ;kolo-bench ;[.] sum_f32_avx512
+ 10.00% ; 100 ;kolo-bench ;kolo-bench ;[.] kolo__wait
+ 10.00% ; 100 ;kolo-bench ;[kernel.kallsyms] ;[k] follow_page_pte
+ 10.00% ; 100 ;kolo-bench ;[kernel.kallsyms] ;[k] tcp_sendmsg_locked
+  5.00% ; 50 ;kolo-bench ;kolo-bench ;[.] tcp_send_frames
+  5.00% ; 50 ;kolo-timeline ;kolo-bench ;[.] fill
+"""
+    rows = prof.parse_report(text)
+    assert len(rows) == 7 and rows[0] == (400, "kolo-bench", "libc.so.6", "__memmove_avx512_unaligned_erms")
+    cats = [prof.categorize(sym, dso) for _, _, dso, sym in rows]
+    assert cats == ["copy", "reduce", "wait", "pin", "net", "other", "bench"], cats
+    s = prof.summarize(rows, calls=10)
+    ms = prof.PERIOD_NS / 1e6 / 10
+    assert s["cats"]["copy"] == pytest.approx(400 * ms) and s["cpu_ms"] == pytest.approx(1000 * ms)
+    assert s["threads"]["kolo-timeline"] == pytest.approx(50 * ms) and s["top"][0][1].startswith("__memmove")
+    peer = dict(s, cats=dict(s["cats"], copy=s["cats"]["copy"] / 4, pin=0.0), cpu_ms=s["cpu_ms"] / 2)
+    shows, close = prof.diagnose(s, peer, "shm", "Open MPI", wall_k=2.0, wall_p=1.0)
+    assert "copying (+" in " ".join(shows) and any("CMA" in c for c in close), (shows, close)
+    shows, close = prof.diagnose(s, peer, "shm", "Open MPI", wall_k=1.0, wall_p=1.0)
+    assert "did not reproduce" in shows[0] and not close, shows
+    shows, close = prof.diagnose(s, None, "shm", wall_k=5.0, bound_ms=1.0)
+    assert "machine's rate" in " ".join(close) and "waiting" in " ".join(shows), (shows, close)
+
+
+def test_profile_samples_only_the_timed_calls(tmp_path):
+    # A real kolo-bench launch under perf: rank 0 turns sampling on for the timed calls only
+    # (bench/perf_ctl.h), so the fill and check loops of the benchmark take no samples.
+    prof = _bench_module("profile")
+    ok, why = prof.available()
+    if not ok:
+        pytest.skip(why)
+    bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
+
+    def run(cmd, env):
+        p = subprocess.run(cmd, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=120)
+        return p.stdout, p.returncode, False
+    s, text = prof.profile([bench, "allreduce", "-np", "2", "-b", "4M", "-e", "4M", "-n", "40", "-w", "3", "-c", "1"],
+                           {}, lambda out: 80 if "4194304" in out else 0, run, str(tmp_path), "t")
+    assert "why" not in s, (s, text)
+    assert s["calls"] == 80 and s["cpu_ms"] > 0, s
+    assert s["cats"]["bench"] == 0, s  # fill and check ran with sampling off
+    assert s["cats"]["copy"] + s["cats"]["reduce"] > 0.3 * s["cpu_ms"], s
+    assert not [f for f in os.listdir(tmp_path)], os.listdir(tmp_path)  # data and fifos removed
