@@ -401,8 +401,8 @@ KT_TEST(shm_cma_bad_value_refused, 30)
  * allgather of 5 MiB per rank. */
 static void big_buffers(int rank, void *arg)
 {
-    (void)arg;
     KT_OK(kolo_init());
+    if (arg) kolo__direct_test_force(0); /* allreduce by the ring even where it could read directly */
     int n = kolo_size();
     size_t count = ((size_t)17 << 20) / 4 + 3; /* from 16 MiB the ring writes around the cache */
     float *in = malloc(count * 4), *out = malloc(count * 4);
@@ -419,6 +419,15 @@ static void big_buffers(int rank, void *arg)
         float want = 0;
         for (int r = 0; r < n; r++) want = fmaxf(want, (float)((i * 7 + (size_t)r) % 1000));
         KT_ASSERTF(in[i] == want, "in-place max [%zu]", i);
+    }
+    /* average with a postscale: each block scaled as it is finished (the ring's fused step) */
+    for (size_t i = 0; i < count; i++) in[i] = (float)((i * 7 + (size_t)rank) % 1000);
+    KT_OK(kolo_allreduce(in, out, count, KOLO_FLOAT32, KOLO_AVERAGE, 1, 0.5, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) {
+        double want = 0;
+        for (int r = 0; r < n; r++) want += (double)((i * 7 + (size_t)r) % 1000);
+        want = want / n * 0.5;
+        KT_ASSERTF(fabs(out[i] - want) <= 1e-5 * want, "average [%zu]: %g, want %g", i, (double)out[i], want);
     }
     size_t per = ((size_t)6 << 20) / 4; /* the ring's from 3 ranks, then 18 MiB: written around the cache */
     float *all = malloc(per * 4 * (size_t)n);
@@ -443,12 +452,66 @@ KT_TEST(conformance_shm_lazy_rings_np3, 120)
     KT_EQ(kt_job(2, big_buffers, NULL, &o, NULL), 0);
 }
 
-/* 3 ranks by ring copies only: allreduce (reduce-scatter and allgather) and allgather over 16 MiB
- * go through the ring, which then writes every block around the cache */
-KT_TEST(ring_streams_np3, 120)
+/* 3 and 2 ranks by ring copies only: allreduce (reduce-scatter and allgather, the last step of
+ * one fused with the first of the other) and allgather over 16 MiB go through the ring, which
+ * then writes every block around the cache; then 2 ranks by single-copy reads only, which read
+ * the fused step's results straight from the sender's slots */
+KT_TEST(ring_streams_np3, 180)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
     KT_EQ(kt_job(3, big_buffers, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(2, big_buffers, NULL, &o, NULL), 0);
+    kt_job_opts c = {.env = {"KOLO_SHM_CMA=1"}};
+    static int by_ring = 1;
+    KT_EQ(kt_job(2, big_buffers, &by_ring, &c, NULL), 0);
+}
+
+/* The ring's fused step (last reduce-scatter step and first allgather step as one, each chunk
+ * reduced, scaled and sent on at once) gives the same bits as the phases one after the other:
+ * sums and averages with a postscale of non-integer floats, uneven blocks, in and out of place. */
+static void fused_matches_unfused(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__direct_test_force(0);
+    size_t count = ((size_t)17 << 20) / 4 + 5;
+    float *in = malloc(count * 4), *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(in && a && b);
+    for (size_t i = 0; i < count; i++) in[i] = (float)sin((double)(i + 1) * (rank + 1)) * 1000.0f;
+    for (int k = 0; k < 3; k++) {
+        kolo_op_t op = k == 1 ? KOLO_AVERAGE : KOLO_SUM;
+        double post = k == 1 ? 0.3 : 1.0;
+        for (int unfused = 0; unfused < 2; unfused++) {
+            float *out = unfused ? b : a;
+            kolo__ring_test_unfused(unfused);
+            if (k == 2) { /* in place */
+                memcpy(out, in, count * 4);
+                KT_OK(kolo_allreduce(out, out, count, KOLO_FLOAT32, op, 1, post, KOLO_WORLD));
+            } else {
+                KT_OK(kolo_allreduce(in, out, count, KOLO_FLOAT32, op, 1, post, KOLO_WORLD));
+            }
+        }
+        kolo__ring_test_unfused(false);
+        KT_ASSERTF(memcmp(a, b, count * 4) == 0, "case %d: fused and unfused differ", k);
+        double want = 0;
+        for (int r = 0; r < kolo_size(); r++) want += (double)((float)sin(3.0 * (r + 1)) * 1000.0f);
+        if (k == 1) want = want / kolo_size() * 0.3;
+        KT_ASSERTF(fabs(a[2] - want) <= 1e-4 * fabs(want) + 1e-3, "case %d: [2] = %g, want %g", k, (double)a[2], want);
+    }
+    kolo__direct_test_force(-1);
+    free(in);
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(ring_fused_matches_unfused, 180)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(2, fused_matches_unfused, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(3, fused_matches_unfused, NULL, &o, NULL), 0);
+    kt_job_opts t = {.tcp_only = 1};
+    KT_EQ(kt_job(3, fused_matches_unfused, NULL, &t, NULL), 0);
 }
 
 /* single-copy reads stay correct: every message from 4 KiB on goes through CMA */

@@ -12,7 +12,8 @@
  *    one-round exchange (Open MPI: 59). Members beyond the largest power of two first hand
  *    their buffer to a partner and get the result back at the end.
  * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and
- * 1/n for AVERAGE) to its block alone, then ring allgather. When every member is on this host,
+ * 1/n for AVERAGE) to its block alone, then ring allgather; from KOLO_STREAM_MIN the last
+ * reduce-scatter step and the first allgather step run as one (ring.c). When every member is on this host,
  * the members may read each other's buffers instead (direct.c): always when all pass
  * kolo_mem_alloc buffers, by CMA when that times faster than the ring.
  */
@@ -170,11 +171,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         kolo__scale(recv, send, count, dtype, pre);
         src = recv;
     }
-    int st = kolo__ring_reduce_scatter(m, g, src, recv, offs, cnts, dtype, op, 0);
-    if (st != KOLO_OK) return st;
-    int r = g->rank;
-    kolo__coll_finish_scale((char *)recv + offs[r] * es, cnts[r], dtype, op, post, n);
-    st = kolo__ring_allgather(m, g, recv, offs, cnts, es, 0, NULL);
+    int st = kolo__ring_allreduce(m, g, src, recv, offs, cnts, dtype, op, post);
     kolo__direct_ring_done(m, &ticket, st);
     return st;
 }

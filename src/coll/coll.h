@@ -99,5 +99,13 @@ int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *s
  * of that block to send from instead (the caller's send buffer, clean in cache). */
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
                          size_t es, int shift, const char *own);
+/* Ring allreduce over blocks (at least 2 members): reduce-scatter, the post-scaling of each
+ * member's block (kolo__coll_finish_scale), allgather; the last reduce-scatter step and the first
+ * allgather step run as one, each chunk sent on as soon as it is reduced. src may equal dst. */
+int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
+                         const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post);
+/* Test hook: kolo__ring_allreduce runs reduce-scatter, scaling and allgather one after the other
+ * (the same reductions in the same order, so the same bits) while on. */
+void kolo__ring_test_unfused(bool on);
 
 #endif
