@@ -197,7 +197,7 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
 #define FUSED_CACHE (1u << 20) /* and all of them within this many bytes */
 
 static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
-                      const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post, bool stream)
+                      const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post)
 {
     int n = g->size, r = g->rank, s = n - 2;
     size_t es = kolo_dtype_size(dtype);
@@ -225,18 +225,14 @@ static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char
             if (st != KOLO_OK) return st;
             size_t o = (size_t)t * och, len = KOLO_MIN(och, obytes - o);
             char *d = dst + off[r] * es + o, *slot = slots + (size_t)(t % W) * och;
-            char *out_slot = slots + (size_t)(W + t % W) * och;
-            const char *mine = src + off[r] * es + o, *out = d;
-            if (stream) { /* reduced and scaled into a send slot, in cache; written out around it */
-                if (t >= W && (st = kolo__wait1(m, &ag_sx[t - W])) != KOLO_OK) return st;
-                kolo__reduce(out_slot, mine, slot, len / es, dtype, op);
-                kolo__coll_finish_scale(out_slot, len / es, dtype, op, post, n);
-                kolo__stream_copy(d, out_slot, len);
-                out = out_slot;
-            } else {
-                kolo__reduce(d, mine, slot, len / es, dtype, op);
-                kolo__coll_finish_scale(d, len / es, dtype, op, post, n);
-            }
+            char *out = slots + (size_t)(W + t % W) * och;
+            const char *mine = src + off[r] * es + o;
+            /* reduced and scaled into a send slot, in cache, once its last send is done; written
+             * out around the cache and sent on from the slot */
+            if (t >= W && (st = kolo__wait1(m, &ag_sx[t - W])) != KOLO_OK) return st;
+            kolo__reduce(out, mine, slot, len / es, dtype, op);
+            kolo__coll_finish_scale(out, len / es, dtype, op, post, n);
+            kolo__stream_copy(d, out, len);
             kolo__isend(m, right, out, len, &ag_sx[t]);
         }
         if (t + W < nR) {
@@ -246,14 +242,14 @@ static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char
         if (t < nL) {
             size_t o = (size_t)t * lch;
             kolo__irecv(m, left, dst + off[lb] * es + o, KOLO_MIN(lch, lbytes - o), &ag_rx[t]);
-            ag_rx[t].stream = stream;
+            ag_rx[t].stream = true;
         }
         if (t + W < nM) {
             size_t o = (size_t)(t + W) * och;
             kolo__irecv(m, left, slots + (size_t)(t % W) * och, KOLO_MIN(och, obytes - o), &rs_rx[t % W]);
         }
     }
-    if (stream) kolo__stream_fence();
+    kolo__stream_fence();
     kolo__xfer *ptrs[3 * MAX_INFLIGHT];
     int k = 0;
     for (int i = 0; i < nR; i++) ptrs[k++] = &rs_sx[i];
@@ -284,7 +280,7 @@ int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, c
         int st = rs_step(m, g, src, dst, off, cnt, dtype, op, 0, s, stream);
         if (st != KOLO_OK) return st;
     }
-    int st = fused_step(m, g, src, dst, off, cnt, dtype, op, post, stream);
+    int st = fused_step(m, g, src, dst, off, cnt, dtype, op, post);
     for (int s = 1; s < n - 1 && st == KOLO_OK; s++) st = ag_step(m, g, dst, off, cnt, es, 0, NULL, s, stream);
     return st;
 }
