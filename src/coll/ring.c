@@ -181,8 +181,8 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
 /* The last reduce-scatter step and the first allgather step as one: each chunk of this member's
  * block is reduced, scaled, written to dst and sent on to the right as soon as it is complete,
  * instead of the whole block being written out and read back for the allgather. That saves
- * reading the block back from memory (a quarter of the ring's traffic at two members) and lets
- * the two phases overlap.
+ * reading the block back from memory (a fifth of a member's memory traffic at two members: 2.5 S
+ * down to 2 S) and lets the two phases overlap.
  *
  * Messages on a connection match in the order they were posted, so both ends of each link
  * follow one schedule. On the link to the right: this step's reduce-scatter chunks 0..W-1 first,
