@@ -55,7 +55,7 @@ enum {
     PHASE_MAX = 64,           /* bytes of a phase or mark name kept */
     ARGS_MAX = 296,           /* bytes of args kept (longer: written as a string) */
     FLUSH_MS = 5,             /* the writer's period when nothing wakes it */
-    OUT_CAP = 1 << 20,        /* the writer's output buffer */
+    OUT_CAP = 1 << 20,        /* the writer's output buffer (kept from one timeline to the next) */
     OUT_SLACK = 8192,         /* more than one formatted event with its row's metadata */
     ROW_CYCLES = 0,           /* tid of the CYCLE_START row */
     ROW_TIMELINE = 1,         /* tid of the row for the timeline's own marks (drops) */
@@ -683,9 +683,8 @@ static void fork_child(void)
     if (!running) return;
     close(w.fd);
     rows_free();
-    kolo__free(w.out);
     kolo__free(w.path);
-    w.out = w.path = NULL;
+    w.path = NULL;
     running = false;
 }
 
@@ -740,7 +739,7 @@ int kolo__trace_start(const char *path, int rank, int mark_cycles)
         ring_stale = false;
     }
     w.path = kolo__strdup(path);
-    w.out = kolo__malloc(OUT_CAP + 3);
+    if (!w.out) w.out = kolo__malloc(OUT_CAP + 3); /* kept for the next timeline */
     if (!w.path || !w.out) {
         rc = kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the writer");
         goto err_free;
@@ -782,9 +781,8 @@ int kolo__trace_start(const char *path, int rank, int mark_cycles)
 err_close:
     close(w.fd);
 err_free:
-    kolo__free(w.out);
     kolo__free(w.path);
-    w.out = w.path = NULL;
+    w.path = NULL;
 out:
     pthread_mutex_unlock(&ctl);
     return rc;
@@ -804,9 +802,8 @@ int kolo__trace_stop(void)
     if (close(w.fd) != 0 && !w.err) w.err = errno;
     if (w.err) rc = kolo__err_sys(w.err, "cannot write the timeline file '%s'", w.path);
     rows_free();
-    kolo__free(w.out);
     kolo__free(w.path);
-    w.out = w.path = NULL;
+    w.path = NULL;
     running = false;
 out:
     pthread_mutex_unlock(&ctl);
