@@ -1550,7 +1550,7 @@ def latest_train_compare(outdir):
     return (files[-1], got) if got else None
 
 
-def engine_check(a, logdir, reps=5):
+def engine_check(a, logdir, reps=9):
     """engine-bench -np 2 -t: the engine's step against a direct allreduce of the same bytes, and
     what the timeline costs. Each launch pairs every engine step with one that writes the timeline
     (alternating order), so both sides of each pair meet the same machine state; the cost is the
