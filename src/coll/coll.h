@@ -104,8 +104,20 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
  * allgather step run as one, each chunk sent on as soon as it is reduced. src may equal dst. */
 int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                          const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post);
-/* Test hook: kolo__ring_allreduce runs reduce-scatter, scaling and allgather one after the other
- * (the same reductions in the same order, so the same bits) while on. */
+/* Test hook: kolo__ring_allreduce and the engine's ring over a list of buffers run reduce-scatter,
+ * scaling and allgather one after the other (the same reductions in the same order, so the same
+ * bits) while on; kolo__ring_fusing says whether the hook leaves the fused step on. */
 void kolo__ring_test_unfused(bool on);
+bool kolo__ring_fusing(void);
+/* The fused step keeps each chunk of a member's block in a receive slot and a send slot: as many
+ * of each as fit KOLO_FUSED_CACHE bytes together, at least 1, at most KOLO_FUSED_SLOTS (ring.c
+ * has the measurements). */
+#define KOLO_FUSED_SLOTS 4
+#define KOLO_FUSED_CACHE ((size_t)1 << 20)
+static inline int kolo__fused_slots(size_t chunk_bytes)
+{
+    size_t w = KOLO_FUSED_CACHE / (2 * (chunk_bytes ? chunk_bytes : 1));
+    return (int)(w < 1 ? 1 : w > KOLO_FUSED_SLOTS ? KOLO_FUSED_SLOTS : w);
+}
 
 #endif

@@ -193,9 +193,6 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
  * into one of W send slots, in cache, and sent from there; a send slot is written again W chunks
  * later, once its send is done. That wait needs the right neighbour to have reached t - W, which
  * needs only messages posted before: no cycle, so no deadlock. */
-#define FUSED_SLOTS 4         /* at most this many receive and send slots each */
-#define FUSED_CACHE (1u << 20) /* and all of them within this many bytes */
-
 static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                       const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post)
 {
@@ -210,10 +207,10 @@ static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char
     /* as many slots as stay in a core's cache: measured on this project's VM, 2 ranks, 64 MiB
      * (chunks of 512 KiB): 8 slots of each kind 0.79x the unfused ring, 2 about 1.04x, 1 1.11x;
      * 16 MiB (128 KiB chunks): 4 slots 1.15x, 1 0.97x */
-    int W = (int)KOLO_MAX(1, KOLO_MIN(FUSED_SLOTS, FUSED_CACHE / (2 * och)));
+    int W = kolo__fused_slots(och);
     char *slots = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * (size_t)W * och); /* receive, then send */
     if (!slots) return KOLO_ERR_NO_MEMORY;
-    kolo__xfer rs_sx[MAX_INFLIGHT], ag_sx[MAX_INFLIGHT], ag_rx[MAX_INFLIGHT], rs_rx[FUSED_SLOTS];
+    kolo__xfer rs_sx[MAX_INFLIGHT], ag_sx[MAX_INFLIGHT], ag_rx[MAX_INFLIGHT], rs_rx[KOLO_FUSED_SLOTS];
     for (int k = 0; k < W && k < nR; k++)
         kolo__isend(m, right, rs_src + (size_t)k * sch, KOLO_MIN(sch, sbytes - (size_t)k * sch), &rs_sx[k]);
     for (int k = 0; k < W && k < nM; k++)
@@ -261,6 +258,7 @@ static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char
 static _Atomic bool test_unfused;
 
 void kolo__ring_test_unfused(bool on) { atomic_store(&test_unfused, on); }
+bool kolo__ring_fusing(void) { return !atomic_load(&test_unfused); }
 
 int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                          const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post)
@@ -270,7 +268,7 @@ int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, c
     bool stream = streams(cnt, n, es);
     /* Fused only when streaming: below KOLO_STREAM_MIN the block is read back from the cache,
      * and fusing measured 0.93-0.99x at 4 MiB. */
-    if (!stream || atomic_load(&test_unfused)) { /* the phases one after the other */
+    if (!stream || !kolo__ring_fusing()) { /* the phases one after the other */
         int st = kolo__ring_reduce_scatter(m, g, src, dst, off, cnt, dtype, op, 0);
         if (st != KOLO_OK) return st;
         kolo__coll_finish_scale(dst + off[g->rank] * es, cnt[g->rank], dtype, op, post, n);
