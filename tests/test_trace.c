@@ -611,6 +611,11 @@ KT_TEST(trace_escaping, 10)
     kolo__trace_end(longa, "QUEUE");
     kolo__trace_begin(longb, "QUEUE", NULL);
     kolo__trace_end(longb, "QUEUE");
+    char longphase[101]; /* all three strings at their longest in one slot */
+    memset(longphase, 'p', 99);
+    longphase[99] = 'Z';
+    longphase[100] = '\0';
+    kolo__trace_instant(longa, longphase, bigargs);
     kolo__trace_instant(NULL, NULL, NULL);
     KT_OK(kolo__trace_stop());
 
@@ -648,6 +653,15 @@ KT_TEST(trace_escaping, 10)
         if (v[strlen(v) - 1] == 'B') lb = e->tid;
     }
     KT_ASSERT(la >= 0 && lb >= 0 && la != lb);
+    int full = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        const ev *e = &t.ev[i];
+        if (e->tid != la || strcmp(e->ph, "i")) continue;
+        KT_ASSERT(strlen(e->name) == 64 && strstr(e->name, "ppp...ppp") && e->name[63] == 'Z');
+        KT_CONTAINS(arg_str(e->args, "truncated_args", v, sizeof(v)), "\"k\":\"0000");
+        full++;
+    }
+    KT_EQ(full, 1);
     KT_EQ(count(&t, "B", "QUEUE", la), 1);
     KT_EQ(count(&t, "B", "QUEUE", lb), 1);
     KT_ASSERT(row_tid(&t, "") >= 0); /* NULL tensor: the row with the empty name */

@@ -266,6 +266,13 @@ static void put_jstr(const char *s, size_t n)
     const unsigned char *p = (const unsigned char *)s;
     PUTS("\"");
     for (size_t i = 0; i < n;) {
+        size_t j = i; /* a run of printable ASCII that needs no escape goes out in one copy */
+        while (j < n && p[j] >= 0x20 && p[j] < 0x80 && p[j] != '"' && p[j] != '\\') j++;
+        if (j > i) {
+            put(s + i, j - i);
+            i = j;
+            continue;
+        }
         unsigned c = p[i];
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
@@ -277,9 +284,6 @@ static void put_jstr(const char *s, size_t n)
             else if (c == '\t') PUTS("\\t");
             else if (c == '\r') PUTS("\\r");
             else put(e, 6);
-            i++;
-        } else if (c < 0x80) {
-            put(s + i, 1);
             i++;
         } else {
             size_t k = utf8_len(p + i, n - i);
