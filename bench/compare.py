@@ -1597,7 +1597,7 @@ def parse_paired(text):
     return out
 
 
-def paired_check(a, logdir, reps=3):
+def paired_check(a, logdir, reps=5):
     """kolo-bench allreduce at 64 MiB, 2 ranks, in paired mode (--vs): each launch times its two
     sides call by call, so both meet the same machine. `mem`: buffers from malloc (A) against
     kolo_mem_alloc (B, the zero-copy path: how close kolo gets to the memory-traffic bound when
