@@ -243,9 +243,9 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
     /* as src/coll/ring.c: KOLO_RING_CHUNK, grown so that a block needs at most WINDOW pieces
      * (plus the segment boundaries inside it) */
     size_t chunk = chunk_elems(total, n, es);
-    if (scratch_len < 2 * chunk * es) {
+    if (scratch_len < kolo__iov_scratch(total, n, es)) { /* slots for the steps and the fused step */
         st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
-                       2 * chunk * es);
+                       kolo__iov_scratch(total, n, es));
         goto out;
     }
     char *slots = scratch;
@@ -258,11 +258,6 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
     /* the last reduce-scatter step and the first allgather step as one (fused_step) when streaming,
      * as src/coll/ring.c does */
     int fuse = stream && kolo__ring_fusing();
-    if (fuse && scratch_len < kolo__iov_scratch(total, n, es)) {
-        st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
-                       kolo__iov_scratch(total, n, es));
-        goto out;
-    }
     /* reduce-scatter */
     for (int s = 0; s < n - 1 - fuse && !st; s++) {
         int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
