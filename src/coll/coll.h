@@ -99,11 +99,53 @@ int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *s
  * of that block to send from instead (the caller's send buffer, clean in cache). */
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
                          size_t es, int shift, const char *own);
-/* Ring allreduce over blocks (at least 2 members): reduce-scatter, the post-scaling of each
+/* Ring allreduce over blocks that follow one another from element 0 (at least 2 members): reduce-scatter, the post-scaling of each
  * member's block (kolo__coll_finish_scale), allgather; the last reduce-scatter step and the first
  * allgather step run as one, each chunk sent on as soon as it is reduced. src may equal dst. */
 int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                          const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post);
+/* Walks the pieces of the element range [pos, end) of the concatenation of segs: each piece lies
+ * inside one segment and has at most `chunk` elements. start[i] is the first element of segment
+ * i, start[nseg] the total. Two members cutting the same range of segments of the same lengths
+ * get the same pieces, so their messages match one to one. */
+typedef struct kolo__walker {
+    const kolo__seg *segs;
+    const size_t *start;
+    int seg;
+    size_t pos, end, chunk;
+} kolo__walker;
+static inline void kolo__walk_init(kolo__walker *w, const kolo__seg *segs, const size_t *start, size_t pos,
+                                   size_t end, size_t chunk)
+{
+    *w = (kolo__walker){segs, start, 0, pos, end, chunk};
+}
+/* The next piece: segment, offset inside it and length, in elements; false at the end. */
+static inline bool kolo__walk_next(kolo__walker *w, int *seg, size_t *off, size_t *len)
+{
+    if (w->pos >= w->end) return false;
+    while (w->start[w->seg + 1] <= w->pos) w->seg++;
+    size_t n = w->end - w->pos < w->chunk ? w->end - w->pos : w->chunk;
+    if (n > w->start[w->seg + 1] - w->pos) n = w->start[w->seg + 1] - w->pos;
+    *seg = w->seg;
+    *off = w->pos - w->start[w->seg];
+    *len = n;
+    w->pos += n;
+    return true;
+}
+/* The piece size, in elements, of a ring allreduce over `total` elements on n members:
+ * KOLO_RING_CHUNK, grown so that a block needs at most KOLO_RING_PIECES pieces (plus the
+ * segment boundaries inside it). */
+#define KOLO_RING_PIECES 64
+size_t kolo__ring_chunk_elems(size_t total, int n, size_t es);
+/* The last reduce-scatter step and the first allgather step of a ring allreduce as one (ring.c),
+ * over the concatenation of segs (one segment for a plain buffer; start as for kolo__walker),
+ * with blocks off[b], cnt[b] and pieces of `chunk` elements, the same on every member. Each
+ * piece of this member's block is reduced, scaled, written out and sent on from a slot in cache.
+ * slots: 2 * kolo__fused_slots(chunk * es) pieces' bytes; the piece lists and transfers live in
+ * the mesh's KOLO_SCRATCH_WORK area. */
+int kolo__ring_fused_step(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, const size_t *start,
+                          const size_t *off, const size_t *cnt, size_t chunk, kolo_dtype_t dtype, kolo_op_t op,
+                          double post, char *slots);
 /* Test hook: kolo__ring_allreduce and the engine's ring over a list of buffers run reduce-scatter,
  * scaling and allgather one after the other (the same reductions in the same order, so the same
  * bits) while on; kolo__ring_fusing says whether the hook leaves the fused step on. */

@@ -25,7 +25,8 @@
  * instead, direct.c).
  *
  * An allreduce from that size also fuses the last reduce-scatter step with the first allgather
- * step (fused_step, below): each chunk of a member's own block goes on to the right as soon as it
+ * step (kolo__ring_fused_step, below, which the engine's ring over a list of buffers runs too,
+ * src/engine/ring_iov.c): each chunk of a member's own block goes on to the right as soon as it
  * is reduced, from a slot still in cache, instead of the block being written out and read back.
  * Measured call by call against the phases one after the other (kolo__ring_test_unfused), 2 ranks,
  * ring copies, 180+ launches of 12 pairs per size: one CCD 16 MiB 1.16x, 64 MiB 1.12x; two CCDs
@@ -37,7 +38,7 @@
 
 #include <stdatomic.h>
 
-#define MAX_INFLIGHT 64
+#define MAX_INFLIGHT KOLO_RING_PIECES
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
@@ -178,81 +179,111 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
     return KOLO_OK;
 }
 
-/* The last reduce-scatter step and the first allgather step as one: each chunk of this member's
- * block is reduced, scaled, written to dst and sent on to the right as soon as it is complete,
- * instead of the whole block being written out and read back for the allgather. That saves
- * reading the block back from memory (a fifth of a member's memory traffic at two members: 2.5 S
- * down to 2 S) and lets the two phases overlap.
+size_t kolo__ring_chunk_elems(size_t total, int n, size_t es)
+{
+    size_t block = (total + (size_t)n - 1) / (size_t)n;
+    size_t chunk = KOLO_MAX(kolo__coll_chunk() / es, (block + KOLO_RING_PIECES - 1) / KOLO_RING_PIECES);
+    return chunk ? chunk : 1;
+}
+
+/* A piece of a block, as the walker cuts it, in bytes. */
+typedef struct piece {
+    const char *src;
+    char *dst;
+    size_t len;
+} piece;
+
+/* The pieces of elements [pos, end) into p (NULL: only counted); returns how many. */
+static int cut(const kolo__seg *segs, const size_t *start, size_t pos, size_t end, size_t chunk, size_t es,
+               piece *p)
+{
+    kolo__walker w;
+    int seg, k = 0;
+    size_t o, len;
+    kolo__walk_init(&w, segs, start, pos, end, chunk);
+    while (kolo__walk_next(&w, &seg, &o, &len)) {
+        if (p) p[k] = (piece){segs[seg].src + o * es, segs[seg].dst + o * es, len * es};
+        k++;
+    }
+    return k;
+}
+
+/* The last reduce-scatter step and the first allgather step as one: each piece of this member's
+ * block is reduced into a send slot, scaled, written out around the cache and sent on to the
+ * right from the slot as soon as it is complete, instead of the whole block being written out
+ * and read back for the allgather. That saves reading the block back from memory (a fifth of a
+ * member's memory traffic at two members: 2.5 S down to 2 S) and lets the two phases overlap.
  *
  * Messages on a connection match in the order they were posted, so both ends of each link
- * follow one schedule. On the link to the right: this step's reduce-scatter chunks 0..W-1 first,
- * then for t = 0, 1, ...: allgather chunk t (while t < the chunks of this member's block), then
- * reduce-scatter chunk t + W (while there are). The receiving end posts its receives in the same
- * order: its reduce-scatter chunks of that block, and the allgather chunks of its left's block.
- * A received reduce-scatter chunk lands in one of W receive slots. When streaming, it is reduced
- * into one of W send slots, in cache, and sent from there; a send slot is written again W chunks
- * later, once its send is done. That wait needs the right neighbour to have reached t - W, which
- * needs only messages posted before: no cycle, so no deadlock. */
-static int fused_step(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
-                      const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post)
+ * follow one schedule. On the link to the right: this step's reduce-scatter pieces 0..W-1 first,
+ * then for t = 0, 1, ...: allgather piece t (while t < the pieces of this member's block), then
+ * reduce-scatter piece t + W (while there are). The receiving end posts its receives in the same
+ * order: its reduce-scatter pieces of that block, and the allgather pieces of its left's block.
+ * Pieces are cut the same on both ends (the segments' lengths are the same everywhere), so the
+ * two lists match one to one. A received reduce-scatter piece lands in one of W receive slots;
+ * it is reduced into one of W send slots, in cache, and sent from there; a send slot is written
+ * again W pieces later, once its send is done. That wait needs the right neighbour to have
+ * reached t - W, which needs only messages posted before: no cycle, so no deadlock. */
+int kolo__ring_fused_step(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, const size_t *start,
+                          const size_t *off, const size_t *cnt, size_t chunk, kolo_dtype_t dtype, kolo_op_t op,
+                          double post, char *slots)
 {
-    int n = g->size, r = g->rank, s = n - 2;
+    int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype);
     int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
     int sb = mod(r + 1, n), lb = mod(r - 1, n); /* the right's block (sent to be finished), the left's */
-    const char *rs_src = (s == 0 ? src : dst) + off[sb] * es;
-    size_t sbytes = cnt[sb] * es, obytes = cnt[r] * es, lbytes = cnt[lb] * es;
-    size_t sch = ring_chunk(sbytes, es), och = ring_chunk(obytes, es), lch = ring_chunk(lbytes, es);
-    int nR = (int)nchunks(sbytes, sch), nM = (int)nchunks(obytes, och), nL = (int)nchunks(lbytes, lch);
+    bool from_src = n == 2;                      /* step n - 2 = 0 sends the members' own contributions */
+    int nR = cut(segs, start, off[sb], off[sb] + cnt[sb], chunk, es, NULL);
+    int nM = cut(segs, start, off[r], off[r] + cnt[r], chunk, es, NULL);
+    int nL = cut(segs, start, off[lb], off[lb] + cnt[lb], chunk, es, NULL);
+    size_t och = chunk * es;
     /* as many slots as stay in a core's cache: measured on this project's VM, 2 ranks, 64 MiB
      * (chunks of 512 KiB): 8 slots of each kind 0.79x the unfused ring, 2 about 1.04x, 1 1.11x;
      * 16 MiB (128 KiB chunks): 4 slots 1.15x, 1 0.97x */
     int W = kolo__fused_slots(och);
-    char *slots = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * (size_t)W * och); /* receive, then send */
-    if (!slots) return KOLO_ERR_NO_MEMORY;
-    kolo__xfer rs_sx[MAX_INFLIGHT], ag_sx[MAX_INFLIGHT], ag_rx[MAX_INFLIGHT], rs_rx[KOLO_FUSED_SLOTS];
-    for (int k = 0; k < W && k < nR; k++)
-        kolo__isend(m, right, rs_src + (size_t)k * sch, KOLO_MIN(sch, sbytes - (size_t)k * sch), &rs_sx[k]);
-    for (int k = 0; k < W && k < nM; k++)
-        kolo__irecv(m, left, slots + (size_t)k * och, KOLO_MIN(och, obytes - (size_t)k * och), &rs_rx[k]);
+    /* the lists and transfers live in the mesh's scratch, not on the heap for this call alone:
+     * a transfer still queued when a failed mesh returns early must not point at freed memory */
+    size_t np = (size_t)nR + (size_t)nM + (size_t)nL, nx = np + (size_t)W;
+    char *work = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, np * sizeof(piece) + nx * sizeof(kolo__xfer) +
+                                                              nx * sizeof(kolo__xfer *));
+    if (!work) return KOLO_ERR_NO_MEMORY;
+    kolo__xfer *rs_sx = (kolo__xfer *)work, *ag_sx = rs_sx + nR, *ag_rx = ag_sx + nM, *rs_rx = ag_rx + nL;
+    kolo__xfer **ptrs = (kolo__xfer **)(rs_rx + W);
+    piece *R = (piece *)(ptrs + nx), *M = R + nR, *L = M + nM;
+    cut(segs, start, off[sb], off[sb] + cnt[sb], chunk, es, R);
+    cut(segs, start, off[r], off[r] + cnt[r], chunk, es, M);
+    cut(segs, start, off[lb], off[lb] + cnt[lb], chunk, es, L);
+    for (int k = 0; k < W && k < nR; k++) kolo__isend(m, right, from_src ? R[k].src : R[k].dst, R[k].len, &rs_sx[k]);
+    for (int k = 0; k < W && k < nM; k++) kolo__irecv(m, left, slots + (size_t)k * och, M[k].len, &rs_rx[k]);
     int T = KOLO_MAX(KOLO_MAX(nM, nL), nR - W);
     for (int t = 0; t < T; t++) {
         if (t < nM) {
             int st = kolo__wait1(m, &rs_rx[t % W]);
             if (st != KOLO_OK) return st;
-            size_t o = (size_t)t * och, len = KOLO_MIN(och, obytes - o);
-            char *d = dst + off[r] * es + o, *slot = slots + (size_t)(t % W) * och;
-            char *out = slots + (size_t)(W + t % W) * och;
-            const char *mine = src + off[r] * es + o;
-            /* reduced and scaled into a send slot, in cache, once its last send is done; written
-             * out around the cache and sent on from the slot */
+            char *slot = slots + (size_t)(t % W) * och, *out = slots + (size_t)(W + t % W) * och;
+            size_t cnt_t = M[t].len / es;
             if (t >= W && (st = kolo__wait1(m, &ag_sx[t - W])) != KOLO_OK) return st;
-            kolo__reduce(out, mine, slot, len / es, dtype, op);
-            kolo__coll_finish_scale(out, len / es, dtype, op, post, n);
-            kolo__stream_copy(d, out, len);
-            kolo__isend(m, right, out, len, &ag_sx[t]);
+            kolo__reduce(out, M[t].src, slot, cnt_t, dtype, op);
+            kolo__coll_finish_scale(out, cnt_t, dtype, op, post, n);
+            kolo__stream_copy(M[t].dst, out, M[t].len);
+            kolo__isend(m, right, out, M[t].len, &ag_sx[t]);
         }
         if (t + W < nR) {
-            size_t o = (size_t)(t + W) * sch;
-            kolo__isend(m, right, rs_src + o, KOLO_MIN(sch, sbytes - o), &rs_sx[t + W]);
+            const piece *p = &R[t + W];
+            kolo__isend(m, right, from_src ? p->src : p->dst, p->len, &rs_sx[t + W]);
         }
         if (t < nL) {
-            size_t o = (size_t)t * lch;
-            kolo__irecv(m, left, dst + off[lb] * es + o, KOLO_MIN(lch, lbytes - o), &ag_rx[t]);
+            kolo__irecv(m, left, L[t].dst, L[t].len, &ag_rx[t]);
             ag_rx[t].stream = true;
         }
-        if (t + W < nM) {
-            size_t o = (size_t)(t + W) * och;
-            kolo__irecv(m, left, slots + (size_t)(t % W) * och, KOLO_MIN(och, obytes - o), &rs_rx[t % W]);
-        }
+        if (t + W < nM) kolo__irecv(m, left, slots + (size_t)(t % W) * och, M[t + W].len, &rs_rx[t % W]);
     }
     kolo__stream_fence();
-    kolo__xfer *ptrs[3 * MAX_INFLIGHT];
     int k = 0;
     for (int i = 0; i < nR; i++) ptrs[k++] = &rs_sx[i];
     for (int i = 0; i < nM; i++) ptrs[k++] = &ag_sx[i];
     for (int i = 0; i < nL; i++) ptrs[k++] = &ag_rx[i];
-    return kolo__wait(m, ptrs, k);
+    return k ? kolo__wait(m, ptrs, k) : KOLO_OK;
 }
 
 static _Atomic bool test_unfused;
@@ -278,7 +309,12 @@ int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, c
         int st = rs_step(m, g, src, dst, off, cnt, dtype, op, 0, s, stream);
         if (st != KOLO_OK) return st;
     }
-    int st = fused_step(m, g, src, dst, off, cnt, dtype, op, post);
+    size_t total = off[n - 1] + cnt[n - 1], chunk = kolo__ring_chunk_elems(total, n, es);
+    char *slots = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * (size_t)kolo__fused_slots(chunk * es) * chunk * es);
+    if (!slots) return KOLO_ERR_NO_MEMORY;
+    kolo__seg whole = {src, dst, total};
+    size_t start[2] = {0, total};
+    int st = kolo__ring_fused_step(m, g, &whole, start, off, cnt, chunk, dtype, op, post, slots);
     for (int s = 1; s < n - 1 && st == KOLO_OK; s++) st = ag_step(m, g, dst, off, cnt, es, 0, NULL, s, stream);
     return st;
 }
