@@ -43,11 +43,13 @@ BENCH_SRC := bench/kolo-bench.c
 SO   := $(O)/lib/libkolo.so
 AR_  := $(O)/lib/libkolo.a
 BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
+# built with the rest, not installed: what a timeline event costs (docs/timeline.md)
+DEV_BINS := $(O)/bin/timeline-bench
 TESTBIN := $(O)/tests/kolo-tests
 
 .PHONY: all lib test test-c test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2
 
-all: lib $(BINS) $(TESTBIN)
+all: lib $(BINS) $(DEV_BINS) $(TESTBIN)
 lib: $(SO) $(AR_)
 
 $(O)/obj/%.o: src/%.c $(wildcard src/*/*.h) include/kolo.h
@@ -76,6 +78,10 @@ $(O)/bin/kolo-bench: $(BENCH_SRC) bench/local_job.h bench/perf_ctl.h $(AR_)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 
 $(O)/bin/engine-bench: bench/engine-bench.c bench/local_job.h bench/perf_ctl.h $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+$(O)/bin/timeline-bench: bench/timeline-bench.c $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 

@@ -18,9 +18,7 @@
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.
  *
- * Build (the Makefile builds kolo-bench only):
- *   cc -std=c11 -D_GNU_SOURCE -O2 -pthread -Iinclude -o build/bin/engine-bench bench/engine-bench.c \
- *      build/lib/libkolo.a -lcrypto -lpthread -lm
+ * Built by make (build/bin/engine-bench).
  */
 #include "kolo.h"
 
