@@ -719,6 +719,81 @@ KT_TEST(trace_threads, 10)
     tclean();
 }
 
+/* ---- Interned tensor names ---- */
+
+enum { SHARED_NAMES = 64, SHARERS = 4, MANY_NAMES = 4096 + 300 };
+
+static atomic_int share_go;
+
+static void *sharer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&share_go)) sched_yield();
+    for (int i = 0; i < SHARED_NAMES; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "interned.shared.layer%d.weight", i);
+        kolo__trace_begin(name, "QUEUE", NULL);
+        kolo__trace_end(name, "QUEUE");
+    }
+    return NULL;
+}
+
+/* Producers intern tensor names so that events carry an id (trace.c). Threads meeting the same
+ * fresh names at once (some then carry the name itself), a second timeline with the same names,
+ * and more names than the table holds: every name still gets exactly one row per file, with all
+ * its events, and its metadata in each file. */
+KT_TEST(trace_interned_names, 20)
+{
+    const char *a = tpath("shared.json"), *b = tpath("many.json");
+    KT_OK(kolo__trace_start(a, 0, 0));
+    pthread_t th[SHARERS];
+    for (int i = 0; i < SHARERS; i++) KT_EQ(pthread_create(&th[i], NULL, sharer, NULL), 0);
+    atomic_store(&share_go, 1);
+    for (int i = 0; i < SHARERS; i++) pthread_join(th[i], NULL);
+    KT_OK(kolo__trace_stop());
+
+    KT_OK(kolo__trace_start(b, 0, 0));
+    sharer(NULL);
+    for (int i = 0; i < MANY_NAMES; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "interned.many.%d", i);
+        kolo__trace_begin(name, "QUEUE", NULL);
+        kolo__trace_end(name, "QUEUE");
+        if (i % 1000 == 999) usleep(10000); /* the writer keeps up: nothing dropped */
+    }
+    KT_OK(kolo__trace_stop());
+
+    tl t;
+    tl_load(a, &t);
+    check_rows_(&t, 0, true); /* the threads share rows */
+    KT_EQ(count(&t, "M", "thread_name", -1), SHARED_NAMES);
+    for (int i = 0; i < SHARED_NAMES; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "interned.shared.layer%d.weight", i);
+        long tid = row_tid(&t, name);
+        KT_ASSERTF(tid >= 0, "no row for %s", name);
+        KT_EQ(count(&t, "B", "QUEUE", tid), SHARERS);
+        KT_EQ(count(&t, "E", "QUEUE", tid), SHARERS);
+    }
+    tl_free(&t);
+
+    tl_load(b, &t);
+    check_rows(&t, 0);
+    KT_EQ(row_tid(&t, "timeline"), -1); /* no drops */
+    KT_EQ(count(&t, "M", "thread_name", -1), SHARED_NAMES + MANY_NAMES);
+    KT_EQ(count(&t, "B", "QUEUE", -1), SHARED_NAMES + MANY_NAMES);
+    KT_ASSERT(row_tid(&t, "interned.shared.layer0.weight") >= 0);
+    for (int i = 0; i < MANY_NAMES; i += i < 4000 ? 397 : 1) {
+        char name[64];
+        snprintf(name, sizeof(name), "interned.many.%d", i);
+        long tid = row_tid(&t, name);
+        KT_ASSERTF(tid >= 0, "no row for %s", name);
+        KT_EQ(count(&t, "B", "QUEUE", tid), 1);
+    }
+    tl_free(&t);
+    tclean();
+}
+
 static atomic_int hammer_stop;
 
 static void *hammer(void *arg)

@@ -4,7 +4,10 @@
  *
  * Recording (any thread, kolo__trace_begin/end/instant/cycle) never blocks, never allocates
  * and never touches the file: it takes a timestamp and copies the strings into one fixed-size
- * slot of a bounded multi-producer, single-consumer ring (Vyukov's bounded queue):
+ * slot of a bounded multi-producer, single-consumer ring (Vyukov's bounded queue). The tensor
+ * name is interned first (the name table, below), so that the slot holds its id instead: the
+ * ring's slots are written by one core and read by the other, and each cache line an event
+ * touches crosses between them twice.
  *
  *   - `enq` counts the positions reserved so far; bit 63 (CLOSED) is set while no timeline is
  *     running. Producers reserve position p with a compare-and-swap of enq from p to p + 1,
@@ -60,6 +63,8 @@ enum {
     ROW_CYCLES = 0,           /* tid of the CYCLE_START row */
     ROW_TIMELINE = 1,         /* tid of the row for the timeline's own marks (drops) */
     ROW_FIRST_TENSOR = 2,
+    NAMES = 4096,             /* tensor names interned (power of two); later ones travel in the slot */
+    NAME_PROBES = 8,          /* entries a name may be looked for in past its home */
 };
 
 #define CLOSED (1ull << 63)
@@ -68,17 +73,33 @@ enum {
 enum { K_BEGIN = 1, K_END, K_INSTANT, K_CYCLE };
 enum { F_ARGS_CUT = 1 };
 
-/* One event; strings are not NUL-terminated (lengths say). 512 bytes. */
+/* One event, 512 bytes. The strings follow one another in data, not NUL-terminated: the phase
+ * (nlen bytes), the tensor name unless it is interned (tlen), the args (alen). A typical event
+ * (interned name, a phase of up to 40 bytes, no args) fits the slot's first cache line, the
+ * only one the producer then writes and the writer reads. */
 typedef struct slot {
     _Atomic uint64_t seq;
     uint64_t ns;
     uint8_t kind, flags, tlen, nlen;
     uint16_t alen;
-    char tensor[TENSOR_MAX];
-    char name[PHASE_MAX];
-    char args[ARGS_MAX];
+    uint16_t name_id; /* 1 + the tensor name's entry in the name table, or 0: the name is in data */
+    char data[PHASE_MAX + TENSOR_MAX + ARGS_MAX];
 } slot;
 _Static_assert(sizeof(slot) == 512, "a slot is 512 bytes");
+
+/* The name table: tensor names shorter than TENSOR_MAX, interned by the producers so that an
+ * event carries a 2-byte id instead of its name. Open addressing; an entry goes from FREE to BUSY
+ * (claimed by one producer with a CAS, which then writes it) to READY (published with release
+ * order) and never back, so the table needs no lock and readers never see an entry change. A
+ * name that finds its entries BUSY or taken travels in the slot instead; the writer maps both
+ * forms to the same row by name. Allocated with the ring, never freed. */
+enum { NAME_FREE = 0, NAME_BUSY, NAME_READY };
+typedef struct name_ent {
+    _Atomic uint32_t state;
+    uint32_t len;
+    uint64_t hash;
+    char s[TENSOR_MAX];
+} name_ent;
 
 /* Shared with producers. Each hot word on its own cache line. */
 static struct {
@@ -87,6 +108,7 @@ static struct {
     _Alignas(64) atomic_bool on;
     atomic_bool cycles;
     slot *slots;  /* set once, before the ring first opens (release on enq); never freed */
+    name_ent *names; /* likewise */
     sem_t wake;   /* initialised once with the ring; never destroyed */
 } ring = {.enq = CLOSED};
 
@@ -118,6 +140,9 @@ static struct {
     row *rows;
     size_t rows_cap, rows_n;
     int next_tid;
+    int *name_tid; /* NAMES entries: the row of each interned name in this timeline, or 0 */
+    char pid_key[40]; /* what every event has between its ph and its tid */
+    size_t pid_key_len;
 } w;
 
 /* Start and stop, and whether a timeline is running. ring_stale: this is a forked child whose
@@ -144,9 +169,60 @@ static size_t copy_name(char *dst, size_t cap, const char *s)
     return cap;
 }
 
+/* Eight bytes at a time (names are read by the producer that just passed them, and by the
+ * writer's row table). */
+static uint64_t hash(const char *s, size_t n)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t h = n * k, v;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&v, s + i, 8);
+        h = (h ^ v) * k;
+        h ^= h >> 29;
+    }
+    if (i < n) {
+        v = 0;
+        memcpy(&v, s + i, n - i);
+        h = (h ^ v) * k;
+    }
+    return h ^ (h >> 32);
+}
+
+/* The id (1 + entry) of tensor name s[0..n), interning it if there is room; 0 if it must travel
+ * in the slot. */
+static uint16_t intern(const char *s, size_t n)
+{
+    uint64_t h = hash(s, n);
+    for (unsigned p = 0; p < NAME_PROBES; p++) {
+        size_t i = (h + p) & (NAMES - 1);
+        name_ent *e = &ring.names[i];
+        uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
+        if (st == NAME_READY) {
+            if (e->hash == h && e->len == n && memcmp(e->s, s, n) == 0) return (uint16_t)(i + 1);
+            continue;
+        }
+        if (st == NAME_BUSY) return 0; /* perhaps this very name, being added by another thread */
+        uint32_t expect = NAME_FREE;
+        if (!atomic_compare_exchange_strong_explicit(&e->state, &expect, NAME_BUSY, memory_order_acquire,
+                                                     memory_order_relaxed))
+            return 0;
+        e->len = (uint32_t)n;
+        e->hash = h;
+        memcpy(e->s, s, n);
+        atomic_store_explicit(&e->state, NAME_READY, memory_order_release);
+        return (uint16_t)(i + 1);
+    }
+    return 0;
+}
+
 static void push(int kind, const char *tensor, const char *name, const char *args)
 {
     uint64_t pos = atomic_load_explicit(&ring.enq, memory_order_acquire);
+    if (pos & CLOSED) return;
+    /* looked up before a position is taken, so that the writer never waits on it */
+    size_t tlen = tensor ? strnlen(tensor, TENSOR_MAX) : 0;
+    uint16_t id = tlen && tlen < TENSOR_MAX ? intern(tensor, tlen) : 0;
     slot *s;
     for (;;) {
         if (pos & CLOSED) return;
@@ -167,11 +243,17 @@ static void push(int kind, const char *tensor, const char *name, const char *arg
     s->ns = kolo__now_ns();
     s->kind = (uint8_t)kind;
     s->flags = 0;
-    s->tlen = (uint8_t)copy_name(s->tensor, TENSOR_MAX, tensor);
-    s->nlen = (uint8_t)copy_name(s->name, PHASE_MAX, name);
+    s->name_id = id;
+    char *d = s->data;
+    size_t nlen = copy_name(d, PHASE_MAX, name);
+    s->nlen = (uint8_t)nlen;
+    d += nlen;
+    tlen = id ? 0 : copy_name(d, TENSOR_MAX, tensor);
+    s->tlen = (uint8_t)tlen;
+    d += tlen;
     size_t alen = args ? strnlen(args, ARGS_MAX) : 0;
     if (alen == ARGS_MAX) s->flags |= F_ARGS_CUT;
-    memcpy(s->args, args ? args : "", alen);
+    if (alen) memcpy(d, args, alen);
     s->alen = (uint16_t)alen;
     atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
     if (KOLO_UNLIKELY(((pos + 1) & (WAKE_EVERY - 1)) == 0)) sem_post(&ring.wake);
@@ -351,6 +433,10 @@ static bool jv_string(jv *v)
             v->p++;
             return true;
         }
+        if (c >= 0x20 && c < 0x80 && c != '\\') { /* plain ASCII, the usual */
+            v->p++;
+            continue;
+        }
         if (c < 0x20) return false;
         if (c == '\\') {
             if (++v->p >= v->e) return false;
@@ -437,23 +523,25 @@ static bool args_valid(const char *a, size_t n)
 
 static void put_args(const slot *s)
 {
-    if (!s->alen) return;
+    size_t alen = s->alen;
+    const char *a = s->data + s->nlen + s->tlen;
+    if (!alen) return;
     if (s->flags & F_ARGS_CUT) {
         PUTS(",\"args\":{\"truncated_args\":");
-        put_jstr(s->args, s->alen);
+        put_jstr(a, alen);
         PUTS("}");
-    } else if (!args_valid(s->args, s->alen)) {
+    } else if (!args_valid(a, alen)) {
         PUTS(",\"args\":{\"invalid_args\":");
-        put_jstr(s->args, s->alen);
+        put_jstr(a, alen);
         PUTS("}");
     } else {
         PUTS(",\"args\":{");
         /* newlines can only be whitespace here; no raw newline may occur inside an event */
         char *d = w.out + w.out_len;
-        memcpy(d, s->args, s->alen);
-        for (size_t i = 0; i < s->alen; i++)
+        memcpy(d, a, alen);
+        for (size_t i = 0; i < alen; i++)
             if (d[i] == '\n' || d[i] == '\r') d[i] = ' ';
-        w.out_len += s->alen;
+        w.out_len += alen;
         PUTS("}");
     }
 }
@@ -474,13 +562,6 @@ static void put_row(int tid, const char *name, size_t len)
     PUTS(",\"args\":{\"sort_index\":");
     put_int(tid);
     PUTS("}}");
-}
-
-static uint64_t hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
 }
 
 static bool rows_grow(void)
@@ -538,18 +619,28 @@ static int special_row(int tid)
 }
 
 /* The start of an event line up to and including its name. */
-static void put_head(const char *ph, int tid, uint64_t ns, const char *name, size_t nlen)
+static void put_head(char ph, int tid, uint64_t ns, const char *name, size_t nlen)
 {
     PUTS("\n,{\"ph\":\"");
-    put(ph, strlen(ph));
-    PUTS("\",\"pid\":");
-    put_int(w.rank);
-    PUTS(",\"tid\":");
-    put_int(tid);
+    put(&ph, 1);
+    put(w.pid_key, w.pid_key_len); /* ","pid":<rank>,"tid": */
+    put_u64((unsigned)tid);
     PUTS(",\"ts\":");
     put_ts(ns);
     PUTS(",\"name\":");
     put_jstr(name, nlen);
+}
+
+/* The row of an event's tensor. */
+static int tensor_row(const slot *s)
+{
+    if (!s->name_id) return row_of(s->data + s->nlen, s->tlen);
+    int *tid = &w.name_tid[s->name_id - 1];
+    if (!*tid) {
+        const name_ent *e = &ring.names[s->name_id - 1]; /* READY before the slot was published */
+        *tid = row_of(e->s, e->len);
+    }
+    return *tid;
 }
 
 static void format(const slot *s)
@@ -557,15 +648,15 @@ static void format(const slot *s)
     /* a call that began while an earlier timeline with cycle marks was on */
     if (s->kind == K_CYCLE && !w.cycles) return;
     uint64_t ns = s->ns > w.t0 ? s->ns - w.t0 : 0;
-    int tid = s->kind == K_CYCLE ? special_row(ROW_CYCLES) : row_of(s->tensor, s->tlen);
+    int tid = s->kind == K_CYCLE ? special_row(ROW_CYCLES) : tensor_row(s);
     switch (s->kind) {
     case K_BEGIN:
-        put_head("B", tid, ns, s->name, s->nlen);
+        put_head('B', tid, ns, s->data, s->nlen);
         put_args(s);
         break;
-    case K_END: put_head("E", tid, ns, s->name, s->nlen); break;
+    case K_END: put_head('E', tid, ns, s->data, s->nlen); break;
     default:
-        put_head("i", tid, ns, s->name, s->nlen);
+        put_head('i', tid, ns, s->data, s->nlen);
         PUTS(",\"s\":\"t\"");
         put_args(s);
         break;
@@ -581,7 +672,7 @@ static void note_drops(void)
     char name[64];
     int len = snprintf(name, sizeof(name), "DROPPED %llu events", n);
     uint64_t now = kolo__now_ns();
-    put_head("i", special_row(ROW_TIMELINE), now > w.t0 ? now - w.t0 : 0, name, (size_t)len);
+    put_head('i', special_row(ROW_TIMELINE), now > w.t0 ? now - w.t0 : 0, name, (size_t)len);
     PUTS(",\"s\":\"t\",\"args\":{\"dropped\":");
     put_u64(n);
     PUTS("}}");
@@ -684,6 +775,11 @@ static void fork_child(void)
     atomic_store(&ring.cycles, false);
     atomic_fetch_or(&ring.enq, CLOSED);
     ring_stale = true;
+    /* an entry claimed by a thread that did not come along would stay BUSY for good */
+    for (size_t i = 0; ring.names && i < NAMES; i++) {
+        uint32_t busy = NAME_BUSY;
+        atomic_compare_exchange_strong(&ring.names[i].state, &busy, NAME_FREE);
+    }
     if (!running) return;
     close(w.fd);
     rows_free();
@@ -695,19 +791,32 @@ static void fork_child(void)
 static int ring_init(void)
 {
     slot *s = kolo__malloc_aligned(sizeof(slot) * SLOTS);
-    if (!s) return kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the event ring");
+    name_ent *names = kolo__calloc(NAMES, sizeof(name_ent));
+    int *name_tid = kolo__calloc(NAMES, sizeof(int));
+    if (!s || !names || !name_tid) {
+        kolo__free(s);
+        kolo__free(names);
+        kolo__free(name_tid);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the event ring");
+    }
     ring_reset(s);
     if (sem_init(&ring.wake, 0, 0) != 0) {
         kolo__free(s);
+        kolo__free(names);
+        kolo__free(name_tid);
         return kolo__err_sys(errno, "timeline: sem_init");
     }
     int e = pthread_atfork(fork_prepare, fork_parent, fork_child);
     if (e) {
         sem_destroy(&ring.wake);
         kolo__free(s);
+        kolo__free(names);
+        kolo__free(name_tid);
         return kolo__err_sys(e, "timeline: pthread_atfork");
     }
     ring.slots = s;
+    ring.names = names;
+    w.name_tid = name_tid;
     ring_ready = true;
     return KOLO_OK;
 }
@@ -754,6 +863,7 @@ int kolo__trace_start(const char *path, int rank, int mark_cycles)
         goto err_free;
     }
     w.rank = rank;
+    w.pid_key_len = (size_t)snprintf(w.pid_key, sizeof(w.pid_key), "\",\"pid\":%d,\"tid\":", rank);
     w.cycles = mark_cycles != 0;
     w.t0 = kolo__now_ns();
     w.out_len = 0;
@@ -761,6 +871,7 @@ int kolo__trace_start(const char *path, int rank, int mark_cycles)
     w.err = 0;
     w.have_cycles_row = w.have_timeline_row = false;
     w.next_tid = ROW_FIRST_TENSOR;
+    memset(w.name_tid, 0, NAMES * sizeof(int)); /* rows are per file */
     w.deq = atomic_load(&ring.enq) & ~CLOSED;
     put_header();
     flush_out();
