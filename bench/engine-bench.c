@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH] [-m 1]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -14,6 +14,9 @@
  * final drain timed with the step) and one without, in alternating order: the median of the
  * per-iteration ratios is what the timeline costs, measured on the same machine state, which
  * separate launches on a shared VM are not.
+ * With -m 1 the gradients are one kolo_mem_alloc arena (as a framework binding may place them) and
+ * the flat buffer of the direct step is kolo_mem_alloc memory too: buckets of 16 MiB or more are
+ * then read by the other ranks directly, mapped (src/coll/direct.c), and so is the direct step.
  * It prints the medians, their ratio, and, from -s steps of 161 one-element tensors (everything
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.
@@ -39,6 +42,7 @@
 
 typedef struct opts {
     int np, iters, warmup, small_steps, verbose;
+    int shared; /* -m 1: the gradients (one arena) and the flat buffer from kolo_mem_alloc */
     const char *timeline; /* -t: pair every engine step with one that writes the timeline */
 } opts;
 
@@ -129,8 +133,8 @@ static int run(const opts *o)
         off[t] = total;
         total += sizes[t];
     }
-    float *grads = malloc(total * sizeof(float));
-    float *flat = malloc(total * sizeof(float));
+    float *grads = o->shared ? kolo_mem_alloc(total * sizeof(float)) : malloc(total * sizeof(float));
+    float *flat = o->shared ? kolo_mem_alloc(total * sizeof(float)) : malloc(total * sizeof(float));
     double *te = calloc((size_t)o->iters, sizeof(double)), *td = calloc((size_t)o->iters, sizeof(double));
     kolo_request_t *reqs[MAXT];
     if (!grads || !flat || !te || !td) return 1;
@@ -201,8 +205,8 @@ static int run(const opts *o)
         for (int it = 0; it < o->iters; it++) printf("step %2d: engine %8.2f ms  direct %8.2f ms\n", it, te[it] * 1e3, td[it] * 1e3);
     if (rank == 0) {
         double me = median(te, o->iters), md = median(td, o->iters);
-        printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB)\n", n, nt, total,
-               (double)total * 4 / 1e6);
+        printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB), in %s\n", n, nt,
+               total, (double)total * 4 / 1e6, o->shared ? "kolo_mem_alloc memory" : "malloc'd memory");
         printf("# %s\n", kolo_build_info());
         printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d steps\n", me * 1e3, o->iters);
         printf("direct kolo_allreduce of same bytes   median %8.2f ms\n", md * 1e3);
@@ -219,8 +223,13 @@ static int run(const opts *o)
                (ts1 - ts0) / o->small_steps * 1e6, (double)(s1.collectives - s0.collectives) / o->small_steps,
                (double)(s1.cache_hits - s0.cache_hits) / o->small_steps);
     }
-    free(grads);
-    free(flat);
+    if (o->shared) {
+        kolo_mem_free(grads);
+        kolo_mem_free(flat);
+    } else {
+        free(grads);
+        free(flat);
+    }
     free(te);
     free(td);
     free(ton);
@@ -244,8 +253,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-s")) o.small_steps = v;
         else if (!strcmp(argv[i], "-v")) o.verbose = v;
         else if (!strcmp(argv[i], "-t") && *argv[i + 1]) o.timeline = argv[i + 1];
+        else if (!strcmp(argv[i], "-m")) o.shared = v;
         else {
-            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] [-t PATH]\n");
+            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] [-t PATH] [-m 1]\n");
             return 2;
         }
     }

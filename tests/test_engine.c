@@ -378,6 +378,77 @@ KT_TEST(engine_fused_read_directly_or_streamed, 60)
     }
 }
 
+/* A bucket whose tensors all live in one kolo_mem_alloc arena (the small ones packed into the
+ * engine's fusion buffer, itself from kolo_mem_alloc) is read by the other members directly,
+ * mapped: in place, and out of place within the arena. Outputs in a second arena make three
+ * allocations, more than a member may offer: then, as when one rank's tensors are malloc'd, the
+ * ring runs. Exact results every time. */
+enum { ARENA_T = 6 };
+static const size_t arena_lens[ARENA_T] = {1000, 1600000, 3000, 2800001, 16384, 1000000}; /* int32, 21 MB */
+
+static void fused_mapped(int rank, void *arg)
+{
+    int mode = *(int *)arg; /* 0 in place, 1 out of place in the arena, 2 outputs elsewhere, 3 rank 1 malloc'd */
+    kolo__direct_test_force(0); /* what is not mapped takes the ring, not CMA */
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    size_t total = 0;
+    for (int t = 0; t < ARENA_T; t++) total += arena_lens[t];
+    bool heap = mode == 3 && rank == 1;
+    int32_t *arena = heap ? malloc(2 * total * 4) : kolo_mem_alloc(2 * total * 4);
+    int32_t *other = mode == 2 ? kolo_mem_alloc(total * 4) : NULL;
+    KT_ASSERT(arena && (mode != 2 || other));
+    int32_t *in[ARENA_T], *out[ARENA_T];
+    const void *sb[ARENA_T];
+    void *rb[ARENA_T];
+    kolo_shape_t sh[ARENA_T];
+    size_t o = 0, front = 0, back = 0;
+    for (int t = 0; t < ARENA_T; t++) {
+        /* the tensors out of order in the arena, as a framework may place them: even ones from
+         * the front, odd ones from the back */
+        int32_t *at = arena + (t % 2 ? total - (back += arena_lens[t]) : (front += arena_lens[t]) - arena_lens[t]);
+        in[t] = at;
+        out[t] = mode == 0 || mode == 3 ? at : mode == 1 ? at + total : other + o;
+        o += arena_lens[t];
+        sb[t] = in[t];
+        rb[t] = out[t];
+        sh[t] = shape1((int64_t)arena_lens[t]);
+    }
+    bool mapped = mode < 2;
+    for (int round = 0; round < 2; round++) {
+        for (int t = 0; t < ARENA_T; t++)
+            for (size_t i = 0; i < arena_lens[t]; i++) in[t][i] = (int32_t)((i * 5 + (size_t)t) % 997) + rank * 3 + round;
+        uint64_t zc = kolo__zc_runs(), cma = kolo__direct_cma_runs();
+        kolo_request_t *rs[ARENA_T];
+        KT_OK(kolo_igrouped_allreduce(ARENA_T, NULL, sb, rb, KOLO_INT32, sh, KOLO_SUM, 1, 1, NULL, rs));
+        for (int t = 0; t < ARENA_T; t++) wait_ok(rs[t]);
+        KT_EQ(kolo__zc_runs(), zc + (mapped ? 1 : 0));
+        KT_EQ(kolo__direct_cma_runs(), cma);
+        for (int t = 0; t < ARENA_T; t++) {
+            for (size_t i = 0; i < arena_lens[t]; i++) {
+                int32_t want = 0;
+                for (int q = 0; q < n; q++) want += (int32_t)((i * 5 + (size_t)t) % 997) + q * 3 + round;
+                KT_ASSERTF(out[t][i] == want, "mode %d round %d tensor %d [%zu]: %d, want %d", mode, round, t, i,
+                           out[t][i], want);
+            }
+            kolo_request_release(rs[t]);
+        }
+    }
+    KT_OK(kolo_shutdown());
+    if (heap) free(arena);
+    else kolo_mem_free(arena);
+    kolo_mem_free(other);
+    kolo__direct_test_force(-1);
+}
+
+KT_TEST(engine_fused_mapped_arena, 120)
+{
+    for (int mode = 0; mode < 4; mode++) {
+        KT_EQ(kt_job(2, fused_mapped, &mode, NULL, NULL), 0);
+        if (mode < 2) KT_EQ(kt_job(3, fused_mapped, &mode, NULL, NULL), 0);
+    }
+}
+
 /* The ring over a list of buffers fuses its last reduce-scatter step with its first allgather
  * step from 16 MiB, as the ring on one buffer does: the same bits as the phases one after the
  * other, for non-integer floats with a prescale (which keeps direct reads out), AVERAGE and a

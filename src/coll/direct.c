@@ -1,5 +1,8 @@
 /* direct.c - allreduce where every member reads the others' buffers directly, when every member
  * is on this host: mapped, if they come from kolo_mem_alloc, or else with process_vm_readv (CMA).
+ * The buffer may be a list of segments (the engine's fused buckets); a member's segments are
+ * mapped when they lie in at most MAX_REGIONS allocations (the engine's fusion buffer, which
+ * comes from kolo_mem_alloc, and one arena holding the bucket's tensors).
  *
  * The ring moves every byte through a shared ring (or a kernel copy) before it is reduced, so
  * a member of a 2-rank allreduce reads and writes about 4.5 times the buffer; the memory-traffic
@@ -60,28 +63,37 @@
 #define ZC_MIN ((size_t)16 << 20)     /* mapped: from this size on, always */
 #define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
-/* Each collective pins two buffers of every other member, and the direct channel and the
- * engine's may run at once: 4 (n - 1) pins must fit the peer map cache, or a full cache would
- * look like a peer that cannot be mapped. Larger one-host sets take the ring. */
+/* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc
+ * allocations (inputs and outputs together): an in-place tensor, or the engine's fusion buffer and
+ * one arena holding the tensors of a bucket. */
+#define MAX_REGIONS 2
+/* Each collective pins MAX_REGIONS allocations of every other member, and the direct channel and
+ * the engine's may run at once: 2 MAX_REGIONS (n - 1) pins must fit the peer map cache, or a full
+ * cache would look like a peer that cannot be mapped. Larger one-host sets take the ring. */
 #define MAX_MEMBERS 16
-_Static_assert(4 * (MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
+_Static_assert(2 * MAX_REGIONS * (MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
 
 enum { PLAN_RING = 0, PLAN_DIRECT = 1 };
 
 typedef struct desc {
     int32_t pid;
-    int32_t mapped; /* one segment, in kolo_mem_alloc memory: fd, id, len, off describe send and receive */
+    int32_t mapped; /* every segment's input and output in kolo_mem_alloc memory, in the nreg
+                     * allocations described below */
     int32_t plan;   /* member 0's: how this call runs (PLAN_*) */
     int32_t nseg;
     uint64_t bytes;
-    int32_t fd[2];
-    uint64_t id[2], len[2], off[2];
+    int32_t nreg;
+    int32_t fd[MAX_REGIONS];
+    uint64_t id[MAX_REGIONS], len[MAX_REGIONS];
+    uint64_t base[MAX_REGIONS]; /* where the allocation starts in its owner's address space */
 } desc;
 
-/* Where one segment's input and output are in its member's address space. After each member's
- * desc in the exchange come nseg of these. */
+/* Where one segment's input and output are in its member's address space, and in which of its
+ * allocations when mapped (-1: an empty segment, or not mapped). After each member's desc in the
+ * exchange come nseg of these. */
 typedef struct seg_addr {
     uint64_t src, dst;
+    int32_t reg[2];
 } seg_addr;
 
 typedef struct status {
@@ -244,22 +256,49 @@ static int exchange_status(kolo__mesh *m, const kolo__group *g, status me, statu
     return st;
 }
 
-/* Walks the pieces of the element range [pos, end) of the virtual buffer: each inside one
- * segment (start[k] is the first element of segment k) and at most `max` elements. */
-typedef struct walker {
-    const size_t *start;
-    int seg;
-    size_t pos, end, max;
-} walker;
-
-static bool walk_next(walker *w, int *seg, size_t *at, size_t *len)
+/* This member's segments as allocations of kolo_mem_alloc memory (me->nreg of them, at most
+ * MAX_REGIONS) and each segment's input and output as one of them (sa[k].reg); false if some
+ * segment is not in such memory or they take more allocations. */
+static bool describe_regions(const kolo__seg *segs, int nseg, size_t es, desc *me, seg_addr *sa)
 {
-    if (w->pos >= w->end) return false;
-    while (w->start[w->seg + 1] <= w->pos) w->seg++;
-    *seg = w->seg;
-    *at = w->pos - w->start[w->seg];
-    *len = KOLO_MIN(KOLO_MIN(w->max, w->end - w->pos), w->start[w->seg + 1] - w->pos);
-    w->pos += *len;
+    me->nreg = 0;
+    for (int k = 0; k < nseg; k++) {
+        for (int side = 0; side < 2; side++) {
+            const char *p = side ? segs[k].dst : segs[k].src;
+            uint64_t a = (uint64_t)(uintptr_t)p, len = segs[k].count * es;
+            sa[k].reg[side] = -1;
+            if (!len) continue;
+            int j = 0; /* an allocation already found holds most segments: no lookup */
+            while (j < me->nreg && !(a >= me->base[j] && a + len <= me->base[j] + me->len[j])) j++;
+            if (j == me->nreg) {
+                kolo__mem_ref ref;
+                if (j == MAX_REGIONS || !kolo__mem_find(p, len, &ref)) return false;
+                me->fd[j] = ref.fd;
+                me->id[j] = ref.id;
+                me->len[j] = ref.len;
+                me->base[j] = a - ref.off;
+                me->nreg++;
+            }
+            sa[k].reg[side] = j;
+        }
+    }
+    return true;
+}
+
+/* Whether member i's mapped segments lie inside the allocations it described: a garbled
+ * description must not make us read outside a mapping. */
+static bool regions_hold(const desc *d, const seg_addr *sa, const size_t *start, int nseg, size_t es)
+{
+    if (d->nreg < 0 || d->nreg > MAX_REGIONS) return false;
+    for (int k = 0; k < nseg; k++) {
+        uint64_t len = (start[k + 1] - start[k]) * es, a[2] = {sa[k].src, sa[k].dst};
+        for (int side = 0; side < 2 && len; side++) {
+            int j = sa[k].reg[side];
+            if (j < 0 || j >= d->nreg || a[side] < d->base[j] || a[side] - d->base[j] > d->len[j] ||
+                len > d->len[j] - (a[side] - d->base[j]))
+                return false;
+        }
+    }
     return true;
 }
 
@@ -282,25 +321,21 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     char *ex = kolo__malloc(per * (size_t)(n + 1) + ((size_t)nseg + 1) * sizeof(size_t));
     if (!ex) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the addresses of %d buffers", nseg);
     desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg};
-    kolo__mem_ref ref[2];
-    me.mapped = nseg == 1 && !m->zc_unmappable && kolo__mem_find(segs[0].src, bytes, &ref[0]) &&
-                kolo__mem_find(segs[0].dst, bytes, &ref[1]);
-    for (int k = 0; me.mapped && k < 2; k++) {
-        me.fd[k] = ref[k].fd;
-        me.id[k] = ref[k].id;
-        me.len[k] = ref[k].len;
-        me.off[k] = ref[k].off;
-    }
-    if (r == 0) me.plan = plan_for(m, g, bytes);
     char *mine_ex = ex + per * (size_t)n;
     size_t *start = (size_t *)(void *)(mine_ex + per);
-    memcpy(mine_ex, &me, sizeof(desc));
+    seg_addr *sa = (seg_addr *)(void *)(mine_ex + sizeof(desc));
     start[0] = 0;
     for (int k = 0; k < nseg; k++) {
-        seg_addr sa = {(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst};
-        memcpy(mine_ex + sizeof(desc) + (size_t)k * sizeof(seg_addr), &sa, sizeof(sa));
+        sa[k] = (seg_addr){(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst, {-1, -1}};
         start[k + 1] = start[k] + segs[k].count;
     }
+    me.mapped = !m->zc_unmappable && describe_regions(segs, nseg, es, &me, sa);
+    if (!me.mapped) {
+        me.nreg = 0;
+        for (int k = 0; k < nseg; k++) sa[k].reg[0] = sa[k].reg[1] = -1;
+    }
+    if (r == 0) me.plan = plan_for(m, g, bytes);
+    memcpy(mine_ex, &me, sizeof(desc));
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < n; i++) ones[i] = 1;
     int st = kolo__coll_allgather(m, g, mine_ex, ex, ones, per);
@@ -327,22 +362,33 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         return st;
     }
 #define ADDR(i, k) (((const seg_addr *)(const void *)(ex + per * (size_t)(i) + sizeof(desc)))[k])
+/* segment k's input (side 0) or output (side 1) of mapped member i, in our address space */
+#define PEER(i, k, side) \
+    ((char *)(uintptr_t)((side ? ADDR(i, k).dst : ADDR(i, k).src) + delta[i][ADDR(i, k).reg[side]]))
 
-    /* the members whose buffers we map (one segment only): in[i] and out[i]; the others are
-     * read by CMA */
-    const char *in[MAX_MEMBERS];
-    char *out[MAX_MEMBERS], *bases[MAX_MEMBERS][2] = {{NULL}};
+    /* the members whose allocations we map: maps[i], an address of theirs in allocation j plus
+     * delta[i][j] is ours; the others are read by CMA */
+    bool maps[MAX_MEMBERS];
+    uintptr_t delta[MAX_MEMBERS][MAX_REGIONS];
+    char *bases[MAX_MEMBERS][MAX_REGIONS] = {{NULL}};
     for (int i = 0; i < n; i++) {
-        in[i] = NULL;
-        out[i] = NULL;
+        maps[i] = false;
         if (i == r || !all[i].mapped || m->zc_unmappable) continue;
-        for (int k = 0; k < 2; k++) {
-            kolo__mem_ref pr = {.fd = all[i].fd[k], .id = all[i].id[k], .len = all[i].len[k], .off = all[i].off[k]};
-            bases[i][k] = kolo__mem_map_peer(all[i].pid, &pr);
+        if (!regions_hold(&all[i], &ADDR(i, 0), start, nseg, es)) {
+            KOLO_WARN("allreduce: rank %d described its shared buffers inconsistently; reading them with "
+                      "process_vm_readv instead",
+                      kolo__g2w(g, i));
+            continue;
         }
-        if (bases[i][0] && bases[i][1]) {
-            in[i] = bases[i][0] + all[i].off[0];
-            out[i] = bases[i][1] + all[i].off[1];
+        bool ok = true;
+        for (int j = 0; j < all[i].nreg && ok; j++) {
+            kolo__mem_ref pr = {.fd = all[i].fd[j], .id = all[i].id[j], .len = all[i].len[j], .off = 0};
+            bases[i][j] = kolo__mem_map_peer(all[i].pid, &pr);
+            ok = bases[i][j] != NULL;
+            if (ok) delta[i][j] = (uintptr_t)bases[i][j] - (uintptr_t)all[i].base[j];
+        }
+        if (ok) {
+            maps[i] = true;
         } else {
             /* once: later allreduces of this rank offer no mapping, and it reads by CMA */
             KOLO_WARN("allreduce: cannot map the shared buffer of rank %d (%s); reading it with "
@@ -367,13 +413,14 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     if (!tmp) mine.err = ENOMEM;
     int first = r == 0 ? 1 : 0, k;
     size_t at, c;
-    walker w = {start, 0, off[r], off[r] + cnt[r], STEP / es};
-    while (!mine.err && walk_next(&w, &k, &at, &c)) {
-        size_t b0 = at * es, pos = (start[k] + at) * es; /* in the segment; in the virtual buffer */
+    kolo__walker w;
+    kolo__walk_init(&w, segs, start, off[r], off[r] + cnt[r], STEP / es);
+    while (!mine.err && kolo__walk_next(&w, &k, &at, &c)) {
+        size_t b0 = at * es; /* in the segment */
         for (int i = first; i < n && !mine.err; i++) {
             if (i == r) continue;
-            const char *p = in[i] ? in[i] + pos : got;
-            if (!in[i] && (mine.err = cma_read(all[i].pid, ADDR(i, k).src + b0, got, c * es)) != 0) mine.peer = i;
+            const char *p = maps[i] ? PEER(i, k, 0) + b0 : got;
+            if (!maps[i] && (mine.err = cma_read(all[i].pid, ADDR(i, k).src + b0, got, c * es)) != 0) mine.peer = i;
             else if (i == first) kolo__reduce(tmp, segs[k].src + b0, p, c, dtype, op);
             else kolo__reduce(tmp, tmp, p, c, dtype, op);
         }
@@ -386,10 +433,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     if (st == KOLO_OK && !bad.err) {
         for (int i = 0; i < n && !mine.err; i++) {
             if (i == r) continue;
-            walker wi = {start, 0, off[i], off[i] + cnt[i], SIZE_MAX};
-            while (!mine.err && walk_next(&wi, &k, &at, &c)) {
-                size_t b0 = at * es, pos = (start[k] + at) * es;
-                if (out[i]) kolo__stream_copy(segs[k].dst + b0, out[i] + pos, c * es);
+            kolo__walker wi;
+            kolo__walk_init(&wi, segs, start, off[i], off[i] + cnt[i], SIZE_MAX);
+            while (!mine.err && kolo__walk_next(&wi, &k, &at, &c)) {
+                size_t b0 = at * es;
+                if (maps[i]) kolo__stream_copy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
                 else if ((mine.err = cma_read(all[i].pid, ADDR(i, k).dst + b0, segs[k].dst + b0, c * es)) != 0)
                     mine.peer = i;
             }
@@ -398,10 +446,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         if (mine.err == 0) test_delay(PLAN_DIRECT);
         st = exchange_status(m, g, mine, &bad, &who);
     }
+#undef PEER
 #undef ADDR
     kolo__free(ex);
     for (int i = 0; i < n; i++)
-        for (int q = 0; q < 2; q++)
+        for (int q = 0; q < MAX_REGIONS; q++)
             if (bases[i][q]) kolo__mem_unpin(bases[i][q]);
     if (st != KOLO_OK) return st;
     if (bad.err == ENOMEM && bad.peer < 0)

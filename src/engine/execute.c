@@ -12,7 +12,9 @@
  *   - several, more than IOV_MIN bytes: one ring allreduce over the list of buffers
  *     (ring_iov.c), the tensors of at least PACK_MIN bytes reduced where they are and only the
  *     smaller ones packed into the fusion buffer; on one host, from 4 MiB, the same list may
- *     instead be read by the other members directly (coll/direct.c), as a single tensor may. On this memory-bound host the two copies of
+ *     instead be read by the other members directly (coll/direct.c), as a single tensor may:
+ *     mapped from 16 MiB when every member's tensors lie in one kolo_mem_alloc arena (the fusion
+ *     buffer is kolo_mem_alloc memory too), else by CMA when that times faster than the ring. On this memory-bound host the two copies of
  *     Horovod's fusion buffer cost as much as the allreduce itself: with everything copied a
  *     ResNet-50 step took 1.2-1.6x one direct allreduce of the same bytes; running tensors above
  *     256 KiB as separate collectives 0.95-1.65x (it depends on how the ranks get scheduled);
@@ -54,6 +56,36 @@ static void *grow(void **buf, size_t *cap, size_t need)
     return p;
 }
 
+static void fusion_buffer_free(void)
+{
+    if (E.fbuf_shared) kolo_mem_free(E.fbuf);
+    else kolo__free(E.fbuf);
+    E.fbuf = NULL;
+    E.fbuf_cap = 0;
+    E.fbuf_shared = false;
+}
+
+/* The fusion buffer, at least `need` bytes. It comes from kolo_mem_alloc when it can: a bucket
+ * whose tensors are in such memory too (one arena) is then read by the other members directly
+ * (coll/direct.c maps up to two allocations per member), instead of through the ring. */
+static char *fusion_buffer(size_t need)
+{
+    if (need <= E.fbuf_cap && E.fbuf) return E.fbuf;
+    size_t c = KOLO_MAX(need, (size_t)4096);
+    void *p = kolo_mem_alloc(c);
+    bool shared = p != NULL;
+    if (!p) p = kolo__malloc_aligned(c); /* no memfd here: the ring does as well */
+    if (!p) {
+        kolo__err(KOLO_ERR_NO_MEMORY, "no memory for %zu bytes of fusion buffer", c);
+        return NULL;
+    }
+    fusion_buffer_free();
+    E.fbuf = p;
+    E.fbuf_cap = c;
+    E.fbuf_shared = shared;
+    return p;
+}
+
 static int counts(int n)
 {
     if (n <= E.cnt_cap) return KOLO_OK;
@@ -73,15 +105,15 @@ static int counts(int n)
 
 void kolo__execute_free(void)
 {
-    kolo__free(E.fbuf);
+    fusion_buffer_free();
     kolo__free(E.zbuf);
     kolo__free(E.cnt_a);
     kolo__free(E.cnt_b);
     kolo__free(E.bidx);
-    E.fbuf = E.zbuf = NULL;
+    E.zbuf = NULL;
     E.cnt_a = E.cnt_b = NULL;
     E.bidx = NULL;
-    E.fbuf_cap = E.zbuf_cap = E.bidx_cap = 0;
+    E.zbuf_cap = E.bidx_cap = 0;
     E.cnt_cap = 0;
 }
 
@@ -127,7 +159,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
     size_t chunk2 = kolo__iov_scratch(total, s->n, kolo_dtype_size(dt));
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
-    char *buf = segs ? grow(&E.fbuf, &E.fbuf_cap, packed + zeros) : NULL;
+    char *buf = segs ? fusion_buffer(packed + zeros) : NULL;
     char *scratch = buf ? grow(&E.zbuf, &E.zbuf_cap, chunk2) : NULL;
     if (!scratch) {
         kolo__free(segs);
@@ -203,7 +235,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
     } else {
         if (tracing)
             for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
-        char *buf = grow(&E.fbuf, &E.fbuf_cap, total * es);
+        char *buf = fusion_buffer(total * es);
         if (!buf) return KOLO_ERR_NO_MEMORY;
         size_t off = 0;
         for (size_t i = 0; i < k; i++) {
@@ -350,7 +382,7 @@ static int run_allgather_fused(kolo__pset_state *s, const size_t *idx, size_t k,
         total += a[r];
     }
     char *send = grow(&E.zbuf, &E.zbuf_cap, a[me]);
-    char *recv = send ? grow(&E.fbuf, &E.fbuf_cap, total) : NULL;
+    char *recv = send ? fusion_buffer(total) : NULL;
     if (!recv) return KOLO_ERR_NO_MEMORY;
     for (size_t i = 0; i < k; i++) { /* outputs first: a failure here happens before any transfer */
         kolo__resp *rp = &s->resp[idx[i]];
@@ -401,7 +433,7 @@ static int run_broadcast_fused(kolo__pset_state *s, const size_t *idx, size_t k,
     int root = s->resp[idx[0]].d.root;
     size_t total = 0;
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].bytes;
-    char *buf = grow(&E.fbuf, &E.fbuf_cap, total);
+    char *buf = fusion_buffer(total);
     if (!buf) return KOLO_ERR_NO_MEMORY;
     if (tracing) trace_all(s, idx, k, "QUEUE", 0);
     size_t off = 0;

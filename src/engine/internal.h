@@ -257,6 +257,7 @@ typedef struct kolo__engine {
     /* execution scratch */
     void *fbuf;
     size_t fbuf_cap;
+    bool fbuf_shared; /* from kolo_mem_alloc (fusion_buffer in execute.c) */
     void *zbuf;
     size_t zbuf_cap;
     size_t *cnt_a, *cnt_b;
