@@ -342,7 +342,9 @@ KT_TEST(shm_cma_modes, 60)
 /* With auto, a pair keeps whichever way its messages take less time by, counted from when the
  * sender offers a message to when the receiver has it all. Make one way 2 ms slower per message
  * (ring copies on the sender's side, where only the sender's time stamp shows it) and after the
- * first probe the other way carries the stream: at least 12 of the last 16 messages. */
+ * first probe the other way carries the stream: at least 10 of the last 16 messages (a pair that
+ * did not follow would send at most the probes' 2 or 4 the fast way; 11 was seen once with
+ * benchmarks loading both vCPUs, so the margin is kept wide). */
 static void cma_follows_time(int rank, void *arg)
 {
     int slow = *(const int *)arg;
@@ -367,7 +369,7 @@ static void cma_follows_time(int rank, void *arg)
     }
     kolo__shm_large_received(c, after);
     uint64_t fast = after[!slow] - before[!slow], total = after[0] + after[1] - before[0] - before[1];
-    KT_ASSERTF(total == 16 && fast >= 12, "rank %d: %s made slow, yet %llu of the last %llu messages came the fast way",
+    KT_ASSERTF(total == 16 && fast >= 10, "rank %d: %s made slow, yet %llu of the last %llu messages came the fast way",
                rank, slow ? "single-copy" : "ring copies", (unsigned long long)fast, (unsigned long long)total);
     free(x);
     free(y);
@@ -549,6 +551,18 @@ static void zero_copy(int rank, void *arg)
     size_t count = ((size_t)16 << 20) / 4 + 5;
     float *a = kolo_mem_alloc(count * 4), *b = kolo_mem_alloc(count * 4);
     KT_ASSERT(a && b);
+    /* mapped from 4 MiB; below, the ring (or CMA) */
+    for (size_t small = ((size_t)4 << 20) / 4 - 16; small <= ((size_t)4 << 20) / 4 + 3; small += 19) {
+        for (size_t i = 0; i < small; i++) a[i] = zc_val(i, rank);
+        uint64_t before = kolo__zc_runs();
+        KT_OK(kolo_allreduce(a, b, small, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(kolo__zc_runs(), before + (small * 4 >= ((size_t)4 << 20)));
+        for (size_t i = 0; i < small; i += 997) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += zc_val(i, r);
+            KT_ASSERTF(b[i] == want, "%zu elements, sum [%zu]: %g, want %g", small, i, (double)b[i], (double)want);
+        }
+    }
     for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
     uint64_t runs = kolo__zc_runs();
     KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));

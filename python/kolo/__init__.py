@@ -214,7 +214,7 @@ def shared_empty(shape, dtype=np.float32):
     """A zeroed NumPy array in memory the other ranks of this host can map (kolo_mem_alloc).
 
     When every rank of a one-host job reduces such an array in place (allreduce_) and it holds
-    16 MiB or more, the ranks read each other's arrays directly instead of copying through
+    4 MiB or more, the ranks read each other's arrays directly instead of copying through
     shared-memory rings: about half the memory traffic. torch.from_numpy() of it shares the
     memory. Works before init(); the memory is freed when the last view of the array is gone."""
     dt = np.dtype(dtype)
