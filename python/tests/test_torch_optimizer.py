@@ -32,6 +32,8 @@ def rank_batch(step=0):
 def local_grads(model, step=0):
     """Gradients of this rank's batch, computed without kolo."""
     m = copy.deepcopy(model)
+    for q in m.parameters():
+        q.grad = None  # a copy's gradients start empty, whatever the model's hold
     x, y = rank_batch(step)
     F.cross_entropy(m(x), y).backward()
     return [p.grad.clone() for p in m.parameters()]
@@ -48,11 +50,12 @@ def gathered_equal(tensors):
     return all(torch.equal(allv[0], allv[k]) for k in range(allv.shape[0]))
 
 
-def test_gradients_are_the_average_of_every_rank():
-    model = make_model()
+def averaged_step(model, **options):
+    """One backward and step through a DistributedOptimizer: the gradients are the average of
+    every rank's. Returns the optimizer."""
     expect = average_over_ranks(local_grads(model))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+                                   named_parameters=model.named_parameters(), **options)
     x, y = rank_batch()
     F.cross_entropy(model(x), y).backward()
     opt.synchronize()
@@ -60,6 +63,61 @@ def test_gradients_are_the_average_of_every_rank():
         assert torch.allclose(p.grad, e, atol=1e-6)
     with opt.skip_synchronize():
         opt.step()
+    return opt
+
+
+def test_gradients_are_the_average_of_every_rank():
+    averaged_step(make_model())
+
+
+def grad_span(params):
+    """Bytes from the start of the lowest gradient to the end of the highest, and their sum."""
+    ext = sorted((p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()) for p in params)
+    return ext[-1][0] + ext[-1][1] - ext[0][0], sum(n for _, n in ext)
+
+
+def test_gradients_move_into_one_shared_arena_and_stay():
+    """Every rank runs on this host: the gradients live in one shared arena (64-byte aligned
+    places), stay in the same places step after step, are zeroed there rather than set to None,
+    and come back after model.zero_grad(set_to_none=True) made backward put them elsewhere."""
+    model = make_model()
+    ps = list(model.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    places = None
+    for step in range(4):
+        expect = average_over_ranks(local_grads(model, step))
+        opt.zero_grad(set_to_none=True)
+        if step == 2:
+            model.zero_grad(set_to_none=True)
+            assert all(p.grad is None for p in ps)
+        x, y = rank_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        span, total = grad_span(ps)
+        assert span <= total + 64 * len(ps), "the gradients are not in one arena"
+        now = [p.grad.data_ptr() for p in ps]
+        assert places is None or now == places
+        places = now
+        for p, e in zip(ps, expect):
+            assert torch.allclose(p.grad, e, atol=1e-6)
+        with opt.skip_synchronize():
+            opt.step()
+    assert gathered_equal(ps)
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is not None and not p.grad.any() for p in ps)
+    assert [p.grad.data_ptr() for p in ps] == places
+
+
+def test_shared_gradients_can_be_turned_off(monkeypatch):
+    model = make_model()
+    opt = averaged_step(model, shared_gradients=False)
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())  # torch's own behaviour
+    monkeypatch.setenv("KOLO_TORCH_SHARED_GRADIENTS", "maybe")
+    with pytest.raises(ValueError, match="KOLO_TORCH_SHARED_GRADIENTS"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters())
 
 
 def test_allreduces_start_while_backward_runs():

@@ -6,19 +6,49 @@ p.expand_as(p).grad_fn.next_functions[0][0], as Horovod does) submits an in-plac
 allreduce_async_ of that gradient the moment it is final, named after the parameter. The
 engine negotiates and fuses these while backward computes the earlier layers. step() waits
 for all of them (synchronize()) and then runs the wrapped optimizer's step.
+
+Shared gradients: when every rank runs on this host, the CPU parameters' gradients move into one
+kolo_mem_alloc arena per dtype (kolo.shared_empty), so that a fused bucket of 4 MiB or more is
+read by the other ranks directly, mapped, instead of being copied through shared-memory rings
+(docs/python.md). The hook moves a dense gradient into its place the first time it sees it (one
+copy; a sparse one stays where it is and its place is given up). Backward accumulates into a
+gradient that exists in place, so the gradients stay there; zero_grad() zeroes them in place
+instead of setting them to None, and one that backward put elsewhere all the same (after
+model.zero_grad(set_to_none=True)) is moved back by the hook before its allreduce.
 """
 
 import os
 import warnings
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
-from kolo.basics import Average, Adasum, global_process_set, size
+import kolo
+from kolo.basics import Average, Adasum, global_process_set, local_size, size
 from kolo.torch.compression import Compression
 from kolo.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
                                 synchronize)
 from kolo.torch.functions import broadcast_object
+
+
+# dtypes whose gradients may live in the shared arena
+_ARENA_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _shared_gradients_wanted(shared_gradients, compression):
+    """The shared_gradients argument; None: KOLO_TORCH_SHARED_GRADIENTS, else on when every rank
+    runs on this host and gradients travel as they are."""
+    if shared_gradients is None:
+        env = os.environ.get("KOLO_TORCH_SHARED_GRADIENTS", "").strip().lower()
+        if env in ("0", "false", "no", "off"):
+            return False
+        if env not in ("", "1", "true", "yes", "on"):
+            raise ValueError("KOLO_TORCH_SHARED_GRADIENTS=%r: want 0 or 1" % env)
+        shared_gradients = True if env else None
+    if shared_gradients is None:
+        return size() > 1 and local_size() == size() and compression is Compression.none
+    return bool(shared_gradients)
 
 
 def _split_list(items, n):
@@ -32,7 +62,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                 process_set=global_process_set):
+                 process_set=global_process_set, shared_gradients=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
 
@@ -88,8 +118,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group = {}
         self._group_counts = {}
+        self._arena = {}  # parameter -> its gradient's place in a shared arena
+        self._placed = set()  # parameters whose gradient is (or was last) in its place
 
         if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+            if _shared_gradients_wanted(shared_gradients, compression):
+                self._place_gradients()
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -113,6 +147,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _place_gradients(self):
+        """Gives every contiguous CPU parameter's gradient a place in one arena per dtype, 64-byte
+        aligned, in the order of the parameter groups; the hook moves gradients in."""
+        by_dtype = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if (p.requires_grad and p.device.type == "cpu" and p.dtype in _ARENA_DTYPES
+                        and p.layout == torch.strided and p.is_contiguous() and p not in self._arena):
+                    by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype, ps in by_dtype.items():
+            es = torch.empty((), dtype=dtype).element_size()
+            align = 64 // es
+            offsets, n = [], 0
+            for p in ps:
+                offsets.append(n)
+                n += (p.numel() + align - 1) // align * align
+            arena = torch.from_numpy(kolo.shared_empty(max(n, 1) * es, dtype=np.uint8)).view(dtype)
+            for p, o in zip(ps, offsets):
+                self._arena[p] = arena[o:o + p.numel()].view(p.shape)
+
+    def _into_arena(self, p):
+        """Moves p's gradient into its place in the arena if it is elsewhere; a parameter whose
+        gradient is sparse, or whose device, dtype or shape changed, gives up its place."""
+        view = self._arena.get(p)
+        if view is None or p.grad is None:
+            return
+        if p.grad.is_sparse or p.grad.device != view.device or p.grad.dtype != view.dtype \
+                or p.grad.shape != view.shape:
+            del self._arena[p]
+            self._placed.discard(p)
+            return
+        if p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+            p.grad = view
+        self._placed.add(p)
 
     def _register_hooks(self):
         if self._groups is not None:
@@ -151,11 +221,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
+    def _zero_grad_for(self, p):
+        """This rank did not compute p's gradient (a branch not taken); others may have, so it
+        still takes part, with zeros."""
+        p.grad = self._arena[p].zero_() if p in self._placed else p.data.new(p.size()).zero_()
+
     def _allreduce_grad_async(self, p):
         if p.grad is None:
-            # This rank did not compute the gradient (a branch not taken); others may have,
-            # so it still takes part, with zeros.
-            p.grad = p.data.new(p.size()).zero_()
+            self._zero_grad_for(p)
         name = self._parameter_names.get(p)
         tensor = p.grad
         if tensor.is_sparse:
@@ -173,7 +246,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         name = self._parameter_names.get(ps[0])
         for p in ps:
             if p.grad is None:
-                p.grad = p.data.new(p.size()).zero_()
+                self._zero_grad_for(p)
         compressed = [self._compression.compress(p.grad) for p in ps]
         prescale, postscale = self._scale_factors()
         handle = grouped_allreduce_async_([c[0] for c in compressed], name=name, op=self.op,
@@ -190,6 +263,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "step(). Increase backward_passes_per_step to accumulate gradients locally.")
             assert not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
+            self._into_arena(p)
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
@@ -289,7 +363,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                                  "cause a race condition.")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+        out = super(self.__class__, self).zero_grad(*args, **kwargs)
+        # gradients in the shared arena stay there, zeroed, even when asked to be set to None:
+        # backward then accumulates into them in place
+        for p in self._placed:
+            if p.grad is None:
+                p.grad = self._arena[p].zero_()
+        return out
 
 
 def synchronize_quiet(handle):
@@ -303,7 +383,8 @@ def synchronize_quiet(handle):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
+                         shared_gradients=None):
     """An optimizer that wraps another torch.optim.Optimizer and averages gradients over every
     rank before applying them (Horovod's DistributedOptimizer; same arguments).
 
@@ -314,6 +395,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     before the sum and f/size after it (Average only). groups: an int (that many groups of
     parameters, each reduced in one grouped_allreduce) or a list of lists of parameters.
     sparse_as_dense: sparse gradients are densified first.
+    shared_gradients (kolo's own): place the CPU gradients in one shared-memory arena per dtype,
+    so that large fused buckets are read by the other ranks directly; None (default) means
+    KOLO_TORCH_SHARED_GRADIENTS if set, else on when every rank runs on this host and
+    compression is Compression.none. zero_grad() then zeroes gradients in place rather than
+    setting them to None.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -328,4 +414,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise NotImplementedError("kolo does not implement Adasum; use op=hvd.Average (the default) or hvd.Sum")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, shared_gradients)
