@@ -1178,6 +1178,16 @@ class Report:
         else:
             L.append("| ResNet-50-sized step through the engine ≤ 1.15 × direct allreduce | not "
                      "measured in this run%s | — |" % (": " + e["why"] if e.get("why") else ""))
+        if e.get("m_step") and e.get("off"):
+            ms, off = statistics.median(e["m_step"]), statistics.median(e["off"])
+            L.append("| (no target) the same step with the gradients in one `kolo_mem_alloc` arena "
+                     "(`engine-bench -m 1`: buckets read mapped, as kolo.torch places gradients) | %.1f ms "
+                     "against %.1f ms malloc'd (%.2f× faster; launches alternating, median of %d); %.2f× "
+                     "one direct allreduce of the same bytes in such memory | — |" % (
+                         ms, off, off / ms, len(e["m_step"]), statistics.median(e["m_ratio"])))
+        elif e.get("m_why"):
+            L.append("| (no target) the step with gradients in a `kolo_mem_alloc` arena | not measured: %s "
+                     "| — |" % e["m_why"])
         if e.get("pairs"):
             off, on = statistics.median(e["off"]), statistics.median(e["on"])
             ov = statistics.median(e["pairs"]) - 1
@@ -1554,8 +1564,9 @@ def engine_check(a, logdir, reps=9):
     """engine-bench -np 2 -t: the engine's step against a direct allreduce of the same bytes, and
     what the timeline costs. Each launch pairs every engine step with one that writes the timeline
     (alternating order), so both sides of each pair meet the same machine state; the cost is the
-    median over launches of each launch's median per-step ratio."""
-    out = {"ratio": [], "off": [], "on": [], "pairs": []}
+    median over launches of each launch's median per-step ratio. After each, a launch with the
+    gradients in one kolo_mem_alloc arena (engine-bench -m 1: buckets read mapped)."""
+    out = {"ratio": [], "off": [], "on": [], "pairs": [], "m_step": [], "m_ratio": []}
     if not os.access(ENGINE_BENCH, os.X_OK):
         out["why"] = "engine-bench not built"
         return out
@@ -1579,6 +1590,19 @@ def engine_check(a, logdir, reps=9):
             print("compare: engine-bench rep %d: step %s ms, with the timeline %s ms (paired %s), "
                   "engine/direct %s" % (rep + 1, step.group(1), on.group(1), on.group(2), ratio.group(1)),
                   flush=True)
+            text, rc, to, _ = run_launch(Launch([ENGINE_BENCH, "-np", "2", "-n", "20", "-w", "2", "-m", "1"]), 300,
+                                         log)
+            log.write(text)
+            step = re.search(r"engine step .*?median\s+([0-9.]+) ms", text)
+            ratio = re.search(r"ratio engine / direct\s+([0-9.]+)", text)
+            if rc or to or not (step and ratio):
+                out["m_why"] = "engine-bench -m 1 failed (exit %s%s); see %s" % (
+                    rc, ", timed out" if to else "", os.path.relpath(log.name, ROOT))
+                continue
+            out["m_step"].append(float(step.group(1)))
+            out["m_ratio"].append(float(ratio.group(1)))
+            print("compare: engine-bench -m 1 rep %d: step %s ms, engine/direct %s" % (
+                rep + 1, step.group(1), ratio.group(1)), flush=True)
     for f in glob.glob(tl) + glob.glob(tl + ".*"):  # rank 0 writes tl, rank r tl.r
         os.remove(f)
     return out
