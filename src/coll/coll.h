@@ -99,9 +99,10 @@ int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *s
  * of that block to send from instead (the caller's send buffer, clean in cache). */
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
                          size_t es, int shift, const char *own);
-/* Ring allreduce over blocks that follow one another from element 0 (at least 2 members): reduce-scatter, the post-scaling of each
- * member's block (kolo__coll_finish_scale), allgather; the last reduce-scatter step and the first
- * allgather step run as one, each chunk sent on as soon as it is reduced. src may equal dst. */
+/* Ring allreduce over blocks that follow one another from element 0 (at least 2 members):
+ * reduce-scatter, the post-scaling of each member's block (kolo__coll_finish_scale), allgather;
+ * the last reduce-scatter step and the first allgather step run as one, each chunk sent on as
+ * soon as it is reduced. src may equal dst. */
 int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                          const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, double post);
 /* Walks the pieces of the element range [pos, end) of the concatenation of segs: each piece lies

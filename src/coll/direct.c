@@ -27,7 +27,8 @@
  * it), which the others read only in step 3. The decision (direct or ring) is taken from the
  * exchanged descriptors, the same on every member.
  *
- * Mapped buffers (all members, 4 MiB or more) are always faster than the ring. Measured on this
+ * Mapped buffers (all members) run from 4 MiB: from 16 MiB they are always faster than the
+ * ring; at 4-8 MiB nearly always (below). Measured on this
  * project's VM, 2 ranks, busbw out of place / in place, GB/s, against malloc'd buffers (the ring)
  * in the same minutes:
  *
@@ -40,8 +41,12 @@
  * and, with the threshold lowered to try it (6 launches, malloc'd buffers by the ring or CMA as
  * chosen, interleaved): one CCD 4 MiB 14.0 / 9.8 (malloc'd 6.0 / 8.7), 8 MiB 14.0 / 7.9 (4.3 /
  * 7.0); two CCDs 4 MiB 10.8-15.7 / 7.5-10.1 (1.7-2.3 / 1.9-2.3), 8 MiB 9.7-14.2 / 7.0-8.2
- * (2.4-3.7 / 2.0-2.7). So mapping starts where reading by CMA may (CMA_MIN): the engine's
- * buckets during a backward pass are 4-16 MiB.
+ * (2.4-3.7 / 2.0-2.7). The exception: on one CCD, in place, the ring in cache can be faster
+ * (4 MiB 8.4-11.7 against 8.3-8.9 mapped, 5 launches); below 4 MiB on one CCD the ring wins
+ * outright (1 MiB 10-12 against 9-10), on two CCDs mapped is 3-4x the ring at every size. So
+ * mapping starts where reading by CMA may (CMA_MIN), where it loses at most a quarter on one CCD
+ * and gains 3-4x on two: the engine's buckets during a backward pass are 4-16 MiB. Choosing
+ * mapped against the ring by timing, as CMA against the ring is chosen, would take both.
  *
  * By CMA it depends on where the VM's vCPUs sit (see shm.c): the kernel's copy is slower than
  * the ring's copies through a shared cache, but the ring's copies crawl across CCDs. Measured
@@ -66,7 +71,7 @@
 #include <errno.h>
 #include <unistd.h>
 
-#define ZC_MIN ((size_t)4 << 20)      /* mapped: from this size on, always */
+#define ZC_MIN ((size_t)4 << 20)      /* mapped: from this size on, always (above) */
 #define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
 /* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc

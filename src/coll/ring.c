@@ -42,17 +42,17 @@
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
-/* The chunk size for a block of `bytes`: KOLO_RING_CHUNK, grown so that a block never needs more
- * than MAX_INFLIGHT chunks, and a multiple of the element size. Sender and receiver of a block
+/* The chunk of a block of `elems` elements, in elements: KOLO_RING_CHUNK, grown so that the block
+ * never needs more than KOLO_RING_PIECES (MAX_INFLIGHT) chunks. Sender and receiver of a block
  * compute it from the same numbers, so their messages match one to one. */
-static size_t ring_chunk(size_t bytes, size_t es)
+static size_t block_chunk(size_t elems, size_t es)
 {
-    size_t c = kolo__coll_chunk();
-    size_t min = (bytes + MAX_INFLIGHT - 1) / MAX_INFLIGHT;
-    if (c < min) c = min;
-    c = (c + es - 1) / es * es;
-    return c ? c : es;
+    size_t c = KOLO_MAX(kolo__coll_chunk() / es, (elems + KOLO_RING_PIECES - 1) / KOLO_RING_PIECES);
+    return c ? c : 1;
 }
+
+/* The same for a block of `bytes`, in bytes. */
+static size_t ring_chunk(size_t bytes, size_t es) { return block_chunk(bytes / es, es) * es; }
 
 static size_t nchunks(size_t bytes, size_t chunk) { return bytes ? (bytes + chunk - 1) / chunk : 1; }
 
@@ -181,9 +181,7 @@ int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const s
 
 size_t kolo__ring_chunk_elems(size_t total, int n, size_t es)
 {
-    size_t block = (total + (size_t)n - 1) / (size_t)n;
-    size_t chunk = KOLO_MAX(kolo__coll_chunk() / es, (block + KOLO_RING_PIECES - 1) / KOLO_RING_PIECES);
-    return chunk ? chunk : 1;
+    return block_chunk((total + (size_t)n - 1) / (size_t)n, es); /* the largest block */
 }
 
 /* A piece of a block, as the walker cuts it, in bytes. */

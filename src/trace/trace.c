@@ -793,32 +793,31 @@ static int ring_init(void)
     slot *s = kolo__malloc_aligned(sizeof(slot) * SLOTS);
     name_ent *names = kolo__calloc(NAMES, sizeof(name_ent));
     int *name_tid = kolo__calloc(NAMES, sizeof(int));
+    int rc = KOLO_OK, e;
     if (!s || !names || !name_tid) {
-        kolo__free(s);
-        kolo__free(names);
-        kolo__free(name_tid);
-        return kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the event ring");
+        rc = kolo__err(KOLO_ERR_NO_MEMORY, "timeline: no memory for the event ring");
+        goto fail;
     }
     ring_reset(s);
     if (sem_init(&ring.wake, 0, 0) != 0) {
-        kolo__free(s);
-        kolo__free(names);
-        kolo__free(name_tid);
-        return kolo__err_sys(errno, "timeline: sem_init");
+        rc = kolo__err_sys(errno, "timeline: sem_init");
+        goto fail;
     }
-    int e = pthread_atfork(fork_prepare, fork_parent, fork_child);
-    if (e) {
+    if ((e = pthread_atfork(fork_prepare, fork_parent, fork_child)) != 0) {
         sem_destroy(&ring.wake);
-        kolo__free(s);
-        kolo__free(names);
-        kolo__free(name_tid);
-        return kolo__err_sys(e, "timeline: pthread_atfork");
+        rc = kolo__err_sys(e, "timeline: pthread_atfork");
+        goto fail;
     }
     ring.slots = s;
     ring.names = names;
     w.name_tid = name_tid;
     ring_ready = true;
     return KOLO_OK;
+fail:
+    kolo__free(s);
+    kolo__free(names);
+    kolo__free(name_tid);
+    return rc;
 }
 
 /* The first two lines: the process row named after the rank. */
