@@ -37,6 +37,7 @@ fi
 KOLORUN=$ROOT/build/bin/kolorun
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
+export COLUMNS=${COLUMNS:-200}  # pytest's summary lines keep the failure's reason
 export KOLO_TEST_TIMEOUT=${KOLO_TEST_TIMEOUT:-60}
 # A stalled name (a test that failed on one rank only) becomes an error instead of a wait.
 export KOLO_STALL_SHUTDOWN_TIME=${KOLO_STALL_SHUTDOWN_TIME:-45}
@@ -54,8 +55,19 @@ run() {  # label, command...
   "$@" 2>&1 | tee "$LOG/out" | grep -v -E '^\[[0-9]+\]<stdout>: *$'
   rc=$(cat "$LOG/rc" 2>/dev/null || echo 1)
   took=$(( $(date +%s) - start ))
-  # the summary line of every rank (pytest prints "N passed, M failed in T s")
+  # the summary line of every rank (pytest prints "N passed, M failed in T s"), then the tests
+  # that failed, from -rfEx's "FAILED file::test - reason" lines, each once with the number of
+  # ranks that reported it: the end of the log alone then names them
   lines=$(grep -E '(passed|failed|error|no tests ran).* in [0-9.]+s' "$LOG/out" | sed 's/^/    /')
+  failed=$(sed -n 's/^\(\[[0-9]*\]<stdout>:\)\{0,1\}\(\(FAILED\|ERROR\|XPASS\) .*\)$/\2/p' "$LOG/out" |
+           cut -c1-300 | sort | uniq -c | sed 's/^ *\([0-9]*\) /    (\1x) /')
+  # and the first lines of the first failure's explanation (pytest's "E   ..." lines)
+  # from one rank
+  who=$(grep -m 1 -oE '^(\[[0-9]+\]<stdout>:)?E  ' "$LOG/out")
+  explain=$(grep -F "$who" "$LOG/out" | grep -m 12 -E '^(\[[0-9]+\]<stdout>:)?E  ' | cut -c1-220 | sed 's/^/      /')
+  [ -z "$failed" ] || lines="$lines
+$failed
+$explain"
   summary="$summary
   $label: exit $rc after ${took}s
 $lines"
