@@ -399,8 +399,9 @@ KT_TEST(shm_cma_bad_value_refused, 30)
 }
 
 /* Collectives of several ring chunks per block, more than one ring's worth, with uneven
- * blocks give exact results: allreduce of 9 MiB + 3 floats, in place and not, and an
- * allgather of 5 MiB per rank. */
+ * blocks give exact results: allreduce of 17 MiB + 3 floats, in place and not, an allgather
+ * and an alltoall of 8 MiB + 3 floats per rank (from 16 MiB of output, every block, the own
+ * one too, is written around the cache, which an odd length must not cut short). */
 static void big_buffers(int rank, void *arg)
 {
     KT_OK(kolo_init());
@@ -431,17 +432,30 @@ static void big_buffers(int rank, void *arg)
         want = want / n * 0.5;
         KT_ASSERTF(fabs(out[i] - want) <= 1e-5 * want, "average [%zu]: %g, want %g", i, (double)out[i], want);
     }
-    size_t per = ((size_t)6 << 20) / 4; /* the ring's from 3 ranks, then 18 MiB: written around the cache */
-    float *all = malloc(per * 4 * (size_t)n);
-    KT_ASSERT(all);
+    size_t per = ((size_t)8 << 20) / 4 + 3; /* the ring's from 3 ranks */
+    float *all = malloc(per * 4 * (size_t)n), *mine = malloc(per * 4 * (size_t)n);
+    KT_ASSERT(all && mine);
     for (size_t i = 0; i < per; i++) out[i] = (float)(rank * 1000000 + (int)(i % 1000003));
     KT_OK(kolo_allgather(out, per, all, NULL, KOLO_FLOAT32, KOLO_WORLD));
     for (int r = 0; r < n; r++)
         for (size_t i = 0; i < per; i++)
             KT_ASSERTF(all[(size_t)r * per + i] == (float)(r * 1000000 + (int)(i % 1000003)), "allgather [%d][%zu]", r, i);
+    /* block d of rank s holds s * 100000 + d * 10000 + i % 9973 */
+    size_t counts[8];
+    KT_ASSERT(n <= 8);
+    for (int d = 0; d < n; d++) {
+        counts[d] = per;
+        for (size_t i = 0; i < per; i++) mine[(size_t)d * per + i] = (float)(rank * 100000 + d * 10000 + (int)(i % 9973));
+    }
+    KT_OK(kolo_alltoall(mine, counts, all, counts, KOLO_FLOAT32, KOLO_WORLD));
+    for (int src = 0; src < n; src++)
+        for (size_t i = 0; i < per; i++)
+            KT_ASSERTF(all[(size_t)src * per + i] == (float)(src * 100000 + rank * 10000 + (int)(i % 9973)),
+                       "alltoall [%d][%zu]", src, i);
     free(in);
     free(out);
     free(all);
+    free(mine);
     KT_OK(kolo_shutdown());
 }
 

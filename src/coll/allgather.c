@@ -22,15 +22,14 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
-    bool copy = own != mine && counts[r];
+    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as ring.c */
     if (n == 1 || (n > 2 && total * es > DIRECT_MAX) || n > 64) {
-        if (copy) memmove(mine, send, counts[r] * es);
+        kolo__coll_copy_own(mine, send, counts[r] * es, stream);
         return n == 1 ? KOLO_OK : kolo__ring_allgather(m, g, out, offs, counts, es, 0, own);
     }
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
     int k = 0;
-    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as ring.c */
     for (int i = 0; i < n; i++) {
         if (i == r) continue;
         kolo__isend(m, kolo__g2w(g, i), own, counts[r] * es, &xs[k++]);
@@ -39,7 +38,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     /* send may lie inside out only as the own block (in place), so this copy touches no block
      * that is in flight */
-    if (copy) memmove(mine, send, counts[r] * es);
+    kolo__coll_copy_own(mine, send, counts[r] * es, stream);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     return kolo__wait(m, ptrs, k);
 }

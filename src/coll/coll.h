@@ -83,6 +83,10 @@ void kolo__direct_test_delay(int plan, uint64_t ns);
  * the algorithm that calls the ring. Valid until the next call for the same area. */
 enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1 };
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
+/* A member's own block copied into its output (allgather, alltoall): from KOLO_STREAM_MIN bytes
+ * of output (`stream`), with non-temporal stores when the two do not overlap, which is as
+ * the received blocks are written; memmove otherwise. */
+void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
 /* Ring chunk size in bytes, a multiple of 64 (KOLO_RING_CHUNK). */
