@@ -22,9 +22,9 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
-    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as ring.c */
+    bool stream = total * es >= KOLO_STREAM_OUT_MIN; /* written around the cache */
     if (n == 1 || (n > 2 && total * es > DIRECT_MAX) || n > 64) {
-        kolo__coll_copy_own(mine, send, counts[r] * es, stream);
+        kolo__coll_copy_own(mine, send, counts[r] * es, total * es >= KOLO_STREAM_MIN); /* as the ring */
         return n == 1 ? KOLO_OK : kolo__ring_allgather(m, g, out, offs, counts, es, 0, own);
     }
     kolo__xfer xs[128];

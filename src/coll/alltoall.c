@@ -34,7 +34,7 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
         so += sendcounts[i];
         ro += recvcounts[i];
     }
-    bool stream = ro * es >= KOLO_STREAM_MIN; /* received blocks written around the cache, as ring.c */
+    bool stream = ro * es >= KOLO_STREAM_OUT_MIN; /* every block written around the cache */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;
         kolo__irecv(m, kolo__g2w(g, from), d + roff[from] * es, recvcounts[from] * es, &xs[k]);

@@ -77,15 +77,21 @@ void kolo__direct_test_delay(int plan, uint64_t ns);
 
 /* Rings over this many bytes or more write their blocks around the cache (ring.c). */
 #define KOLO_STREAM_MIN ((size_t)16 << 20)
+/* Allgather's exchange and alltoall, which write their output once and never read it back,
+ * write it around the cache from this many bytes of output. Against 16 MiB, 2 ranks, 5 launches
+ * interleaved (out of place, us): allgather 8 MiB 797-1201 against 956-1521, faster in 5 of 5;
+ * alltoall 8 MiB 963-1667 against 1268-1883, faster in 4 of 5; at 4 MiB no better (2 of 5 each),
+ * at 2 MiB slower. */
+#define KOLO_STREAM_OUT_MIN ((size_t)8 << 20)
 
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
  * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for
  * the algorithm that calls the ring. Valid until the next call for the same area. */
 enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1 };
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
-/* A member's own block copied into its output (allgather, alltoall): from KOLO_STREAM_MIN bytes
- * of output (`stream`), with non-temporal stores when the two do not overlap, which is as
- * the received blocks are written; memmove otherwise. */
+/* A member's own block copied into its output (allgather, alltoall): when the received blocks
+ * are written around the cache (`stream`), so is this one, if it does not overlap its source;
+ * memmove otherwise. */
 void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
