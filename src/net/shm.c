@@ -32,13 +32,17 @@
 #include "../boot/auth.h"
 #include "../reduce/reduce.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_READ
@@ -639,8 +643,47 @@ static size_t ring_pow2(size_t ring)
     return r;
 }
 
+/* A segment is named in /dev/shm only from its creation to the peer's answer in the handshake
+ * (mesh.c). A creator killed in between (SIGKILL from a launcher's timeout, the OOM killer)
+ * leaves it behind, 8 MiB each by default: enough of them fill a container's 64 MiB /dev/shm,
+ * after which every pair falls back to TCP. So the first segment a process creates first
+ * removes those of dead creators: names of our form whose pid no longer exists, owned by us,
+ * untouched for STALE_S seconds (a pid of another pid namespace sharing /dev/shm looks dead
+ * from here; its handshake would have ended long before). */
+#define SHM_DIR "/dev/shm"
+#define STALE_S 60
+
+static atomic_flag swept = ATOMIC_FLAG_INIT;
+
+void kolo__shm_sweep_stale(void)
+{
+    DIR *d = opendir(SHM_DIR);
+    if (!d) return;
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid, chan, peer, end = 0;
+        unsigned long long nonce;
+        if (sscanf(e->d_name, "kolo-%d-%d-%d-%16llx%n", &pid, &chan, &peer, &nonce, &end) != 4 ||
+            e->d_name[end] != '\0' || pid <= 0)
+            continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to ask about */
+        struct stat sb;
+        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
+            sb.st_uid != geteuid() || now - sb.st_mtime < STALE_S)
+            continue;
+        char name[300];
+        snprintf(name, sizeof(name), "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+            KOLO_INFO("removed %s%s, left in the handshake by process %d, which died (%lld bytes)", SHM_DIR, name,
+                      pid, (long long)sb.st_size);
+    }
+    closedir(d);
+}
+
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate)
 {
+    if (!atomic_flag_test_and_set(&swept)) kolo__shm_sweep_stale();
     ring = ring_pow2(ring);
     uint64_t nonce;
     if (kolo__random_bytes(&nonce, sizeof(nonce)) != KOLO_OK) nonce = kolo__now_ns();
