@@ -400,8 +400,8 @@ KT_TEST(shm_cma_bad_value_refused, 30)
 
 /* Collectives of several ring chunks per block, more than one ring's worth, with uneven
  * blocks give exact results: allreduce of 17 MiB + 3 floats, in place and not, an allgather
- * and an alltoall of 8 MiB + 3 floats per rank (from 16 MiB of output, every block, the own
- * one too, is written around the cache, which an odd length must not cut short). */
+ * and an alltoall of 8 MiB + 3 floats per rank (from 8 MiB of output every block, the own one
+ * too, is written around the cache, which an odd length must not cut short). */
 static void big_buffers(int rank, void *arg)
 {
     KT_OK(kolo_init());
