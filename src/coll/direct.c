@@ -48,6 +48,15 @@
  * and gains 3-4x on two: the engine's buckets during a backward pass are 4-16 MiB. Choosing
  * mapped against the ring by timing, as CMA against the ring is chosen, would take both.
  *
+ * Storing, mapped and in place: the results go out with non-temporal stores, which skip reading
+ * the output's lines. In place those lines were just read as input and sit in the cache, and on
+ * one CCD plain stores through the cache ran far faster; across CCDs they crawl (a line the other
+ * rank read is taken back from its cache). Measured (2 ranks, in place, us, 4 launches; cached
+ * stores in step 2 and 3 against streaming): one CCD 4 MiB 243-265 against 450-528, 8 MiB
+ * 481-629 against 976-1043, 16 MiB 1431-2111 against 1956-2166; two CCDs 4 MiB 2414 against 528.
+ * Out of place nothing changes. So member 0 chooses by timing, per size class, as below for CMA
+ * (the ways: streaming, cached), and its choice travels in its descriptor.
+ *
  * By CMA it depends on where the VM's vCPUs sit (see shm.c): the kernel's copy is slower than
  * the ring's copies through a shared cache, but the ring's copies crawl across CCDs. Measured
  * call by call in the same launches, 2 ranks, direct by CMA against the ring (which writes
@@ -85,12 +94,14 @@
 _Static_assert(2 * MAX_REGIONS * (MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
 
 enum { PLAN_RING = 0, PLAN_DIRECT = 1 };
+enum { STORE_STREAM = 0, STORE_CACHED = 1 };
 
 typedef struct desc {
     int32_t pid;
     int32_t mapped; /* every segment's input and output in kolo_mem_alloc memory, in the nreg
                      * allocations described below */
     int32_t plan;   /* member 0's: how this call runs (PLAN_*) */
+    int32_t store;  /* member 0's: how a mapped call in place stores its results (STORE_*) */
     int32_t nseg;
     uint64_t bytes;
     int32_t nreg;
@@ -112,22 +123,25 @@ typedef struct status {
     int32_t peer; /* the member it could not read */
 } status;
 
-static uint64_t zc_runs, cma_runs;
+static uint64_t zc_runs, cma_runs, zc_cached_runs;
 
 uint64_t kolo__zc_runs(void) { return __atomic_load_n(&zc_runs, __ATOMIC_RELAXED); }
 uint64_t kolo__direct_cma_runs(void) { return __atomic_load_n(&cma_runs, __ATOMIC_RELAXED); }
+uint64_t kolo__zc_cached_runs(void) { return __atomic_load_n(&zc_cached_runs, __ATOMIC_RELAXED); }
 
 /* test hooks */
-static int test_force = -1, test_fail_read;
-static uint64_t test_delay_ns[2];
+static int test_force = -1, test_fail_read, test_store = -1;
+static uint64_t test_delay_ns[2], test_store_delay_ns[2];
 
 void kolo__direct_test_force(int plan) { test_force = plan; }
 void kolo__direct_test_fail_read(int nth) { test_fail_read = nth; }
 void kolo__direct_test_delay(int plan, uint64_t ns) { test_delay_ns[plan != 0] = ns; }
+void kolo__direct_test_force_store(int mode) { test_store = mode; }
+void kolo__direct_test_delay_store(int mode, uint64_t ns) { test_store_delay_ns[mode != 0] = ns; }
 
 static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
 
-/* ---- choosing: the ring or direct by CMA, from the calls' own timings ----
+/* ---- choosing from the calls' own timings: ring or CMA, and mapped in place the stores ----
  *
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, in
  * ps per byte, per size class (choice_for). Each way's figure is the median of its last
@@ -178,7 +192,11 @@ static int choose(kolo__direct_choice *c, uint64_t now, int hint)
     return other;
 }
 
-static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t bytes)
+/* what the two ways of each choice are called in the trace log */
+static const char *const WAYS_CMA[2] = {"the ring", "direct CMA reads"};
+static const char *const WAYS_STORE[2] = {"streaming stores", "cached stores"};
+
+static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t bytes, const char *const ways[2])
 {
     uint64_t now = kolo__now_ns();
     if (now <= start || !bytes) return;
@@ -208,19 +226,32 @@ static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t byte
         }
     }
     int next = c->probing ? !c->want : c->want;
-    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; ring %llu, direct %llu ps/B; next %s%s",
-               (unsigned long long)bytes, way ? "direct CMA reads" : "the ring", (unsigned long long)ps,
-               (unsigned long long)c->cost[0], (unsigned long long)c->cost[1], next ? "direct" : "ring",
-               c->probing ? " (probe)" : "");
+    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", (unsigned long long)bytes,
+               ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
+               (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
 }
 
 /* The choice for allreduces of about this size: a ring of 4-16 MiB runs largely in cache, one of
  * 64 MiB does not, so each size class (x4 from CMA_MIN) keeps its own figures. */
-static kolo__direct_choice *choice_for(kolo__mesh *m, uint64_t bytes)
+static int size_class(uint64_t bytes)
 {
     int k = 0;
     for (uint64_t b = bytes / CMA_MIN; b >= 4 && k < KOLO_DIRECT_CLASSES - 1; b /= 4) k++;
-    return &m->direct[k];
+    return k;
+}
+
+static kolo__direct_choice *choice_for(kolo__mesh *m, uint64_t bytes) { return &m->direct[size_class(bytes)]; }
+static kolo__direct_choice *store_choice_for(kolo__mesh *m, uint64_t bytes)
+{
+    return &m->direct_store[size_class(bytes)];
+}
+
+/* Every segment reduced in place (its output is its input). */
+static bool in_place(const kolo__seg *segs, int nseg)
+{
+    for (int k = 0; k < nseg; k++)
+        if (segs[k].dst != segs[k].src && segs[k].count) return false;
+    return true;
 }
 
 /* ---- the algorithm ---- */
@@ -345,7 +376,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         me.nreg = 0;
         for (int k = 0; k < nseg; k++) sa[k].reg[0] = sa[k].reg[1] = -1;
     }
+    bool ip = in_place(segs, nseg);
     if (r == 0) me.plan = plan_for(m, g, bytes);
+    me.store = STORE_STREAM;
+    if (r == 0 && me.mapped && ip && bytes >= ZC_MIN)
+        me.store = test_store >= 0 ? test_store : choose(store_choice_for(m, bytes), kolo__now_ns(), -1);
     memcpy(mine_ex, &me, sizeof(desc));
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < n; i++) ones[i] = 1;
@@ -418,8 +453,10 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     }
     status mine = {0, -1}, bad = {0, -1};
     int who = -1;
+    /* mapped and in place, member 0 may have chosen cached stores (see "Storing" at the top) */
+    bool cached = mapped && all[0].store == STORE_CACHED;
     /* block r, a step at a time: reduced in a scratch step that stays in cache, then streamed
-     * out, so the output's lines are written without being read */
+     * out, so the output's lines are written without being read (or stored through the cache) */
     char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * STEP), *got = tmp ? tmp + STEP : NULL;
     if (!tmp) mine.err = ENOMEM;
     int first = r == 0 ? 1 : 0, k;
@@ -437,7 +474,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
+        if (cached && segs[k].dst == segs[k].src) memcpy(segs[k].dst + b0, tmp, c * es);
+        else kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
     }
     kolo__stream_fence();
     st = exchange_status(m, g, mine, &bad, &who);
@@ -448,13 +486,16 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
             kolo__walk_init(&wi, segs, start, off[i], off[i] + cnt[i], SIZE_MAX);
             while (!mine.err && kolo__walk_next(&wi, &k, &at, &c)) {
                 size_t b0 = at * es;
-                if (maps[i]) kolo__stream_copy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
+                if (maps[i] && cached && segs[k].dst == segs[k].src)
+                    memcpy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
+                else if (maps[i]) kolo__stream_copy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
                 else if ((mine.err = cma_read(all[i].pid, ADDR(i, k).dst + b0, segs[k].dst + b0, c * es)) != 0)
                     mine.peer = i;
             }
         }
         kolo__stream_fence();
         if (mine.err == 0) test_delay(PLAN_DIRECT);
+        if (mine.err == 0 && mapped && ip) kolo__sleep_ns(test_store_delay_ns[cached]);
         st = exchange_status(m, g, mine, &bad, &who);
     }
 #undef PEER
@@ -474,10 +515,13 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                          bytes, kolo__g2w(g, who), kolo__g2w(g, bad.peer), strerror(bad.err));
     if (mapped) {
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
+        if (cached && ip) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
+        if (r == 0 && ip && test_store < 0)
+            learn(store_choice_for(m, bytes), all[0].store, t->start, bytes, WAYS_STORE);
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
     } else {
         __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);
-        if (t->learn) learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes);
+        if (t->learn) learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes, WAYS_CMA);
     }
     return KOLO_OK;
 }
@@ -486,5 +530,5 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
 {
     if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
     test_delay(PLAN_RING);
-    if (t->learn && st == KOLO_OK) learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes);
+    if (t->learn && st == KOLO_OK) learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes, WAYS_CMA);
 }

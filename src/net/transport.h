@@ -129,6 +129,8 @@ struct kolo__mesh {
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
     kolo__direct_choice direct[KOLO_DIRECT_CLASSES];
+    /* and, for mapped allreduces in place, how the results are stored (coll/direct.c) */
+    kolo__direct_choice direct_store[KOLO_DIRECT_CLASSES];
 };
 
 /* The transports (tcp.c, shm.c). */
