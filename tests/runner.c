@@ -126,6 +126,7 @@ int main(int argc, char **argv)
     }
     int list = argc > 1 && strcmp(argv[1], "--list") == 0;
     int passed = 0, failed = 0;
+    const char *failed_names[64];
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (kt_test *t = tests; t; t = t->next) {
         int selected = argc <= 1 || list;
@@ -136,9 +137,15 @@ int main(int argc, char **argv)
             printf("%s\n", t->name);
             continue;
         }
-        if (run_one(t, scale)) passed++;
-        else failed++;
+        if (run_one(t, scale)) {
+            passed++;
+        } else {
+            if (failed < 64) failed_names[failed] = t->name;
+            failed++;
+        }
     }
+    /* CI keeps the end of the log: name the failures there too */
+    for (int i = 0; i < failed && i < 64; i++) printf("failed: %s\n", failed_names[i]);
     if (!list) printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
