@@ -445,7 +445,8 @@ static void big_buffers(int rank, void *arg)
     KT_ASSERT(n <= 8);
     for (int d = 0; d < n; d++) {
         counts[d] = per;
-        for (size_t i = 0; i < per; i++) mine[(size_t)d * per + i] = (float)(rank * 100000 + d * 10000 + (int)(i % 9973));
+        for (size_t i = 0; i < per; i++)
+            mine[(size_t)d * per + i] = (float)(rank * 100000 + d * 10000 + (int)(i % 9973));
     }
     KT_OK(kolo_alltoall(mine, counts, all, counts, KOLO_FLOAT32, KOLO_WORLD));
     for (int src = 0; src < n; src++)

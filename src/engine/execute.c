@@ -15,10 +15,11 @@
  *     instead be read by the other members directly (coll/direct.c), as a single tensor may:
  *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
  *     kolo_mem_alloc memory too), else by CMA when that times faster than the ring. On this
- *     memory-bound host the two copies of Horovod's fusion buffer cost as much as the allreduce itself: with everything copied a
- *     ResNet-50 step took 1.2-1.6x one direct allreduce of the same bytes; running tensors above
- *     256 KiB as separate collectives 0.95-1.65x (it depends on how the ranks get scheduled);
- *     the ring over the list 1.04-1.23x, measured side by side under the same load.
+ *     memory-bound host the two copies of Horovod's fusion buffer cost as much as the allreduce
+ *     itself: with everything copied a ResNet-50 step took 1.2-1.6x one direct allreduce of
+ *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it
+ *     depends on how the ranks get scheduled); the ring over the list 1.04-1.23x, measured side
+ *     by side under the same load.
  * Allgathers of at most FUSE_TENSOR_MAX bytes each are fused by copying (each rank packs its
  * blocks of every tensor, one allgather of bytes, every rank unpacks per rank and tensor), and so
  * are broadcasts from the same root.

@@ -8,19 +8,19 @@
  * blocks along. Every element is combined along the same chain of members as in the contiguous
  * ring, so the results are the same bits.
  *
- * Messages: a block travels as pieces (kolo__walker, coll.h), each inside one segment and at
- * most KOLO_RING_CHUNK bytes. Sender and receiver cut a block into the same pieces, because the
+ * Messages: a block travels as pieces (kolo__walker, coll.h), each inside one segment and at most
+ * KOLO_RING_CHUNK bytes. Sender and receiver cut a block into the same pieces, because the
  * segments' lengths are part of the negotiated response (the same on every member; a member
- * without data for a segment, e.g. a joined one, points it at zeros of the same length). At most WINDOW sends are
- * in flight; received reduce-scatter pieces land in two alternating slots and are combined as
- * the next one arrives; allgather pieces land in place. From KOLO_STREAM_MIN bytes the blocks are
- * written around the cache and the last reduce-scatter step is fused with the first allgather
- * step by the contiguous ring's own kolo__ring_fused_step (src/coll/ring.c), which cuts pieces
- * the same way (a plain buffer is one segment to it). Measured call by call against the phases
- * one after the other (kolo__ring_test_unfused), 2 ranks, ring forced, a group of 40 tensors: one CCD
- * 16 MiB 1.09x, 24 MiB 1.10x, 32 MiB 1.03x, 64 MiB 1.03x (8-11 launches of 12 pairs); two CCDs
- * 1.17x, 1.19x, 1.05x, 1.04x (4-5 launches). Pieces of at most KOLO_RING_CHUNK in the fused step
- * (W = 4 slots where the ring's pieces are larger) measured the same within noise. */
+ * without data for a segment, e.g. a joined one, points it at zeros of the same length). At most
+ * WINDOW sends are in flight; received reduce-scatter pieces land in two alternating slots and are
+ * combined as the next one arrives; allgather pieces land in place. From KOLO_STREAM_MIN bytes the
+ * blocks are written around the cache and the last reduce-scatter step is fused with the first
+ * allgather step by the contiguous ring's own kolo__ring_fused_step (src/coll/ring.c), which cuts
+ * pieces the same way (a plain buffer is one segment to it). Measured call by call against the
+ * phases one after the other (kolo__ring_test_unfused), 2 ranks, ring forced, a group of 40
+ * tensors: one CCD 16 MiB 1.09x, 24 MiB 1.10x, 32 MiB 1.03x, 64 MiB 1.03x (8-11 launches of 12
+ * pairs); two CCDs 1.17x, 1.19x, 1.05x, 1.04x (4-5 launches). Pieces of at most KOLO_RING_CHUNK in
+ * the fused step (W = 4 slots where the ring's pieces are larger) measured the same within noise. */
 #include "ring_iov.h"
 
 #include "../reduce/reduce.h"

@@ -655,7 +655,7 @@ static size_t ring_pow2(size_t ring)
 
 static atomic_flag swept = ATOMIC_FLAG_INIT;
 
-void kolo__shm_sweep_stale(void)
+static void sweep_stale(void)
 {
     DIR *d = opendir(SHM_DIR);
     if (!d) return;
@@ -683,7 +683,7 @@ void kolo__shm_sweep_stale(void)
 
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate)
 {
-    if (!atomic_flag_test_and_set(&swept)) kolo__shm_sweep_stale();
+    if (!atomic_flag_test_and_set(&swept)) sweep_stale();
     ring = ring_pow2(ring);
     uint64_t nonce;
     if (kolo__random_bytes(&nonce, sizeof(nonce)) != KOLO_OK) nonce = kolo__now_ns();

@@ -192,11 +192,8 @@ int kolo__tcp_attach(kolo__conn *c);
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
 int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
- * if a process dies later). */
+ * if a process dies later; one killed before that is swept by the next job, shm.c). */
 void kolo__shm_unlink(const char *name);
-/* Removes the segments that creators killed inside the handshake left in /dev/shm (shm.c says
- * which); kolo__shm_create runs it once per process. */
-void kolo__shm_sweep_stale(void);
 /* The pair passed the CMA probe: the peer's descriptors can be read from now on. Messages of
  * `threshold` bytes and more go by ring (mode 0), single-copy (1), or either, as the receiver
  * of each direction finds faster from timings (2, auto). */
