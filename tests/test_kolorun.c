@@ -534,6 +534,47 @@ KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
     for (int r = 0; r < 4; r++) KT_ASSERTF(kill(pids[r], 0) != 0 && errno == ESRCH, "rank %d pid %d alive", r, pids[r]);
 }
 
+/* A worker killed in kolo's shared-memory handshake leaves its segment named in /dev/shm; kolorun
+ * removes a reaped worker's segments (names of kolo's form with its pid) and nothing else. */
+KT_TEST(kolorun_removes_shm_segments_of_reaped_workers, 15)
+{
+    subreaper();
+    const char *script = "s=/dev/shm/kolo-$$-0-$KOLO_RANK; touch $s-0123456789abcdef $s-notanonce && echo \"made $$\"; "
+                         "if [ $KOLO_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 30";
+    const char *args[] = {"-np", "2", "--verbose", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "made ", 2, 10);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        char pat[32];
+        snprintf(pat, sizeof(pat), "[%d]<stdout>:made ", r);
+        const char *at = strstr(p.obuf, pat);
+        KT_ASSERT(at);
+        pids[r] = (pid_t)atoi(at + strlen(pat));
+        KT_ASSERT(pids[r] > 0);
+    }
+    int code = kt_proc_finish(&p, 10);
+    bool gone[2], kept[2];
+    for (int r = 0; r < 2; r++) {
+        char seg[96], other[96];
+        snprintf(seg, sizeof(seg), "/dev/shm/kolo-%d-0-%d-0123456789abcdef", (int)pids[r], r);
+        snprintf(other, sizeof(other), "/dev/shm/kolo-%d-0-%d-notanonce", (int)pids[r], r);
+        gone[r] = access(seg, F_OK) != 0 && errno == ENOENT;
+        kept[r] = access(other, F_OK) == 0;
+        unlink(seg);
+        unlink(other);
+    }
+    KT_EQ(code, 128 + SIGKILL);
+    KT_ASSERTF(gone[0] && gone[1], "segments left: rank 0 %s, rank 1 %s", gone[0] ? "no" : "yes", gone[1] ? "no" : "yes");
+    KT_ASSERT(kept[0] && kept[1]);
+    char want[128];
+    snprintf(want, sizeof(want), "rank 0 (pid %d) left 1 shared-memory segment in /dev/shm (0 bytes): removed",
+             (int)pids[0]);
+    KT_CONTAINS(p.ebuf, want);
+    assert_no_descendants(3);
+}
+
 KT_TEST(kolorun_sigterm_ignoring_worker_is_killed_after_grace, 15)
 {
     subreaper();

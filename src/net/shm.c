@@ -646,20 +646,26 @@ static size_t ring_pow2(size_t ring)
 /* A segment is named in /dev/shm only from its creation to the peer's answer in the handshake
  * (mesh.c). A creator killed in between (SIGKILL from a launcher's timeout, the OOM killer)
  * leaves it behind, 8 MiB each by default: enough of them fill a container's 64 MiB /dev/shm,
- * after which every pair falls back to TCP. So the first segment a process creates first
- * removes those of dead creators: names of our form whose pid no longer exists, owned by us,
- * untouched for STALE_S seconds (a pid of another pid namespace sharing /dev/shm looks dead
- * from here; its handshake would have ended long before). */
+ * after which every pair falls back to TCP. Two ways remove them, both only names of our form
+ * ("/kolo-<pid>-<channel>-<peer>-<16 hex digits>") owned by us:
+ * - the first segment a process creates first removes those whose pid no longer exists and
+ *   that were untouched for STALE_S seconds (a pid of another pid namespace sharing /dev/shm
+ *   looks dead from here; its handshake would have ended long before);
+ * - a launcher that has just reaped a local worker removes that pid's at once
+ *   (kolo__shm_remove_of(), kolorun). */
 #define SHM_DIR "/dev/shm"
 #define STALE_S 60
 
 static atomic_flag swept = ATOMIC_FLAG_INIT;
 
-static void sweep_stale(void)
+/* Removes the segments of `only` (any age), or with only == 0 those of dead pids older than
+ * STALE_S. Returns how many; adds their sizes to *bytes. */
+static int sweep(pid_t only, long long *bytes)
 {
     DIR *d = opendir(SHM_DIR);
-    if (!d) return;
+    if (!d) return 0;
     time_t now = time(NULL);
+    int removed = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int pid, chan, peer, end = 0;
@@ -667,23 +673,38 @@ static void sweep_stale(void)
         if (sscanf(e->d_name, "kolo-%d-%d-%d-%16llx%n", &pid, &chan, &peer, &nonce, &end) != 4 ||
             e->d_name[end] != '\0' || pid <= 0)
             continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to ask about */
+        if (only ? pid != only : kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to ask */
         struct stat sb;
         if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
-            sb.st_uid != geteuid() || now - sb.st_mtime < STALE_S)
+            sb.st_uid != geteuid() || (!only && now - sb.st_mtime < STALE_S))
             continue;
         char name[300];
         snprintf(name, sizeof(name), "/%s", e->d_name);
-        if (shm_unlink(name) == 0)
+        if (shm_unlink(name) != 0) continue;
+        removed++;
+        *bytes += (long long)sb.st_size;
+        if (!only)
             KOLO_INFO("removed %s%s, left in the handshake by process %d, which died (%lld bytes)", SHM_DIR, name,
                       pid, (long long)sb.st_size);
     }
     closedir(d);
+    return removed;
+}
+
+int kolo__shm_remove_of(pid_t pid, long long *bytes)
+{
+    long long b = 0;
+    int n = pid > 0 ? sweep(pid, &b) : 0;
+    if (bytes) *bytes = b;
+    return n;
 }
 
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate)
 {
-    if (!atomic_flag_test_and_set(&swept)) sweep_stale();
+    if (!atomic_flag_test_and_set(&swept)) {
+        long long b = 0;
+        (void)sweep(0, &b);
+    }
     ring = ring_pow2(ring);
     uint64_t nonce;
     if (kolo__random_bytes(&nonce, sizeof(nonce)) != KOLO_OK) nonce = kolo__now_ns();

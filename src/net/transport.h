@@ -192,8 +192,13 @@ int kolo__tcp_attach(kolo__conn *c);
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
 int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
- * if a process dies later; one killed before that is swept by the next job, shm.c). */
+ * if a process dies later; one killed before that is removed by kolorun when it reaps it, or
+ * swept by a later job, shm.c). */
 void kolo__shm_unlink(const char *name);
+/* Removes the /dev/shm segments process `pid` created and did not unlink: for a launcher that
+ * has just reaped it (the pid is then free and no handshake of its can be under way). Returns
+ * how many, their total size in *bytes (may be NULL). */
+int kolo__shm_remove_of(pid_t pid, long long *bytes);
 /* The pair passed the CMA probe: the peer's descriptors can be read from now on. Messages of
  * `threshold` bytes and more go by ring (mode 0), single-copy (1), or either, as the receiver
  * of each direction finds faster from timings (2, auto). */

@@ -26,6 +26,8 @@
  * else the launch error, else 0. */
 #include "kolorun.h"
 
+#include "../../src/net/transport.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -115,6 +117,23 @@ static int count_running(const sup *s)
     return c;
 }
 
+/* A local process we reaped (a worker, or a worker's orphan) that was killed in the middle of
+ * kolo's shared-memory handshake leaves its segment named in /dev/shm (src/net/shm.c): removed
+ * now, when its pid is known to be gone, instead of by a later job's sweep a minute on. */
+static void release_shm(const sup *s, pid_t pid, const kr_rank *r)
+{
+    long long bytes = 0;
+    int n = kolo__shm_remove_of(pid, &bytes);
+    if (n > 0 && s->o->verbose) {
+        if (r)
+            kr_say("rank %d (pid %d) left %d shared-memory segment%s in /dev/shm (%lld bytes): removed", r->rank,
+                   (int)pid, n, n == 1 ? "" : "s", bytes);
+        else
+            kr_say("pid %d left %d shared-memory segment%s in /dev/shm (%lld bytes): removed", (int)pid, n,
+                   n == 1 ? "" : "s", bytes);
+    }
+}
+
 static void reap(sup *s)
 {
     int st;
@@ -123,6 +142,7 @@ static void reap(sup *s)
         kr_rank *r = NULL;
         for (int i = 0; i < s->n && !r; i++)
             if (s->ranks[i].pid == pid && s->ranks[i].running) r = &s->ranks[i];
+        if (!r || s->o->hosts[r->host].local) release_shm(s, pid, r);
         if (!r) continue; /* the guard, or an orphan of a worker (kolorun is their subreaper) */
         r->running = false;
         r->wstatus = st;
