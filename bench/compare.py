@@ -494,6 +494,9 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
     nrows, fails = 0, []
     with open(os.path.join(logdir, "%s-np%d-rep%d.log" % (p.key, np, rep + 1)), "w") as log:
         launches = p.launches(np, a.coll_list, a.dtype_list, bands, check)
+        # a peer too slow when oversubscribed runs its capped sweep as one launch that can
+        # take most of --timeout (Horovod at 4 ranks on 2 cores: 594 s of 600 once)
+        limit = a.timeout * (2 if np > NCPU and p.oversub_slow else 1)
         i = 0
         while i < len(launches):
             yield
@@ -503,7 +506,7 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             if ping is not None:
                 run.pings.append(ping)
                 log.write("# shm ping before this launch: %.3f us\n" % ping)
-            out, rc, to, secs = run_launch(ln, a.timeout, log)
+            out, rc, to, secs = run_launch(ln, limit, log)
             rows, com = parse_rows(out, ln.coll)
             if (p.family == "kolo" and not rows and rc and not p.use_kolorun
                     and os.access(KOLORUN, os.X_OK)):
@@ -533,7 +536,7 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             wrong = any((w or 0) > 0 for r in rows for _, w in r["place"].values())
             if to:
                 last = rows[-1]["size"] if rows else 0
-                fails.append("timed out after %d s (last size %s)" % (a.timeout, fmt_size(last)))
+                fails.append("timed out after %d s (last size %s)" % (limit, fmt_size(last)))
             elif rc and wrong:
                 fails.append("exit %s after reporting wrong results" % rc)
             elif rc:
@@ -1771,7 +1774,8 @@ def parse_args(argv):
     p.add_argument("--idle-wait", type=float, default=0.0, metavar="S",
                    help="before each repetition wait up to S seconds for other processes to "
                         "use less than 25%% of the CPUs (default 0: do not wait)")
-    p.add_argument("--timeout", type=int, default=None, help="seconds per launch (default 600)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per launch (default 600; twice that for a peer's capped "
+                        "sweep with more ranks than cores)")
     p.add_argument("--budget", type=float, default=None,
                    help="minutes; no new repetition starts past it (default 90; quick 5)")
     p.add_argument("--oversub", default=None,
