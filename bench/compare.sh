@@ -27,7 +27,7 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 # ---- Debian packages
 need=""
 for p in build-essential openmpi-bin libopenmpi-dev mpich libmpich-dev python3-torch python3-numpy \
-         libtorch-dev python3-dev python3-pip cmake g++ gnuplot-nox linux-perf; do
+         libtorch-dev pybind11-dev python3-dev python3-pip cmake g++ gnuplot-nox linux-perf; do
   have_pkg "$p" || need="$need $p"
 done
 if [ -n "$need" ]; then
