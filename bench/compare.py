@@ -941,8 +941,8 @@ class Report:
                      "capped: at most %d timed / %d warm-up iterations and only in the first "
                      "repetition." % (max(a.np_list), NCPU, max(a.np_list), a.oversub_iters,
                                       a.oversub_warmup))
-        L.append("- Every launch has a %d s time limit; a launch that hits it keeps the rows it "
-                 "printed." % a.timeout)
+        L.append("- Every launch has a %d s time limit (a capped sweep with more ranks than cores "
+                 "%d s); a launch that hits it keeps the rows it printed." % (a.timeout, 2 * a.timeout))
         L.append("- Example commands (2 ranks):")
         L.append("")
         for p in self.peers:
