@@ -274,7 +274,8 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
     if (test_force >= 0) return test_force;
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
-    if (mode == 2) return choose(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, 125));
+    if (mode == 2) /* the transport's figures for messages of one member's block */
+        return choose(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, bytes / (uint64_t)g->size, 125));
     return mode == 1 ? PLAN_DIRECT : PLAN_RING;
 }
 

@@ -207,10 +207,10 @@ void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mod
 bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
-/* Which way c's large messages from the peer are faster by at least margin_pct % (125: by a
- * quarter) by the receiver's current figures: 0 ring copies, 1 single-copy, -1 no figures less
- * than 2.56 s old for both, not that clear, or not choosing. */
-int kolo__shm_faster_way(const kolo__conn *c, unsigned margin_pct);
+/* Which way c's messages of about `bytes` from the peer are faster by at least margin_pct %
+ * (125: by a quarter) by the receiver's current figures for their size class: 0 ring copies,
+ * 1 single-copy, -1 no figures less than 2.56 s old for both, not that clear, or not choosing. */
+int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pct);
 /* Reads [addr, addr + n) of process pid into dst with process_vm_readv, from *done on (advanced
  * as bytes arrive): 0, or the errno of the failed call (ENODATA: it read nothing). */
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
