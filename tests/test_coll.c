@@ -307,7 +307,7 @@ static void cma_mode(int rank, void *arg)
     size_t count = (size_t)1 << 18; /* 1 MiB each way: above the single-copy threshold */
     float *x = malloc(count * 4), *y = malloc(count * 4 * (size_t)n);
     KT_ASSERT(x && y);
-    for (int it = 0; it < 48; it++) { /* the first probe comes after 32 messages by ring */
+    for (int it = 0; it < 48; it++) { /* the first probe comes after 8 messages by ring */
         for (size_t i = 0; i < count; i++) x[i] = (float)(i % 100 + (size_t)rank + (size_t)it);
         KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
         for (int r = 0; r < n; r++)
@@ -360,7 +360,7 @@ static void cma_follows_time(int rank, void *arg)
     float *x = malloc(count * 4), *y = malloc(count * 8);
     KT_ASSERT(x && y);
     uint64_t before[2] = {0, 0}, after[2];
-    for (int it = 0; it < 56; it++) { /* the first probe comes after 32 messages by ring */
+    for (int it = 0; it < 56; it++) { /* the first probe comes after 8 messages by ring */
         if (it == 40) kolo__shm_large_received(c, before);
         for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank + (size_t)it);
         KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));

@@ -65,6 +65,7 @@ typedef struct way_choice {
     uint64_t cost_ps[2], cost_at[2];
     kolo__window win[2]; /* each way's last samples, of which cost_ps is the median */
     int want, probing, warming[2];
+    int seeded; /* its want was set by a smaller class's decision before any message of its own */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
 } way_choice;
 
@@ -189,7 +190,9 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * figure of the way not in use current, it asks for a few messages that way now and then (a
  * probe: 3 messages, or 2 when they make 4 MiB, or one of 16 MiB; a short first one warms the
  * way up and is not counted), whose samples replace that way's old ones. The first probe comes
- * after 32 messages or 32 MiB by ring (a ring's first passes run on cold lines); then at
+ * after 8 messages or 32 MiB by ring (32 messages until the per-class choice below: a ring's
+ * first passes run on cold lines, so an early probe can pick single-copy wrongly, which the
+ * next probe, 0.1 s on, undoes; a sweep of 13 calls per size never reached 32); then at
  * intervals that double while the answer stays the same (0.1 s up to 2.56 s, and at least 8
  * messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A probe of the
  * slower way costs those few messages at the slower speed.
@@ -200,14 +203,17 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * depends on size: on a 2-vCPU Intel Xeon the two tie at 64 KiB messages and single-copy wins
  * 2x from 256 KiB; with one choice per pair, a sweep upwards kept the ring, its single-copy
  * figure a short message's, and an allgather of 512 KiB took 33 us against 17. A class's first
- * probe comes after PROBE_CLASS_FIRST_MSGS messages once the pair has moved PROBE_FIRST_MSGS
- * large messages (the ring is warm by then).
+ * probe comes after PROBE_CLASS_FIRST_MSGS messages once the pair has moved more than
+ * PROBE_FIRST_MSGS large messages (the ring is warm by then). A class's decision also sets the choice of the
+ * larger classes that have seen no message yet (larger messages rarely reverse it), which
+ * then probe the other way at the usual interval: a sweep upwards starts each size the way
+ * the last one ended, instead of paying a first probe per class.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
 #define PROBE_MIN_MSGS 8
 #define PROBE_MIN_BYTES (256ull << 20)
-#define PROBE_FIRST_MSGS 32
+#define PROBE_FIRST_MSGS 8
 #define PROBE_FIRST_BYTES (32ull << 20)
 #define PROBE_CLASS_FIRST_MSGS 4
 #define PROBE_BYTES (4ull << 20)
@@ -258,6 +264,14 @@ static uint64_t large_start(const shm_priv *s, const kolo__xfer *x, uint64_t sta
     return KOLO_MAX(KOLO_MAX(stamp, x->looked_ns), s->last_end);
 }
 
+static void set_want(shm_priv *s, int k, int want)
+{
+    s->want_mask = want ? s->want_mask | 1u << k : s->want_mask & ~(1u << k);
+}
+
+/* No message of this class has come in yet. */
+static bool unseen(const way_choice *w) { return !w->cost_ps[0] && !w->cost_ps[1] && !w->probing && !w->since_probe; }
+
 /* A large message of `bytes` came in `way` (0 ring, 1 CMA); it could start at `start`. */
 static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
 {
@@ -276,7 +290,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         w->warming[way] = 0;
         if (bytes < WARM_BYTES) return;
     }
-    int want = w->want;
+    int want = w->want, was_probing = w->probing;
     if (w->probing) {
         if (way != want) return; /* sent before the sender saw the request */
         win_add(w, way, ps);
@@ -299,11 +313,12 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way == want && cheaper(w, !want, want)) {
             want = !want; /* the way in use got dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
-        } else if (way == want && (w->cost_ps[!want] ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
-                                                           now - w->cost_at[!want] >= w->probe_every
-                                                     : enough(w, s->got[0] + s->got[1] > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
-                                                                                                  : PROBE_FIRST_MSGS,
-                                                              PROBE_FIRST_BYTES))) {
+        } else if (way == want && (w->cost_ps[!want] || w->seeded
+                                       ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
+                                             now - w->cost_at[!want] >= w->probe_every
+                                       : enough(w, s->got[0] + s->got[1] > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
+                                                                                            : PROBE_FIRST_MSGS,
+                                                PROBE_FIRST_BYTES))) {
             want = !want;
             w->probing = 1;
             win_clear(w, want); /* the probe's samples replace the old ones */
@@ -316,11 +331,19 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
                s->peer_rank, (unsigned long long)bytes, k, way ? "CMA" : "ring", (unsigned long long)ps,
                (unsigned long long)w->cost_ps[0], (unsigned long long)w->cost_ps[1], want ? "CMA" : "ring",
                w->probing ? " (probe)" : "");
-    if (want != w->want) {
-        w->want = want;
-        s->want_mask = want ? s->want_mask | 1u << k : s->want_mask & ~(1u << k);
-        atomic_store_explicit(&s->rx_ctl->want_cma, s->want_mask, memory_order_relaxed);
+    uint32_t mask = s->want_mask;
+    /* a decision (a probe's end, or a switch outside one) also seeds the larger classes that
+     * have seen nothing yet */
+    bool decided = !w->probing && (was_probing || want != w->want);
+    w->want = want;
+    set_want(s, k, want);
+    for (int j = k + 1; decided && j < SHM_CLASSES && unseen(&s->cls[j]); j++) {
+        s->cls[j].want = want;
+        s->cls[j].seeded = 1;
+        s->cls[j].cost_at[!want] = now; /* its first probe at the usual interval from now */
+        set_want(s, j, want);
     }
+    if (s->want_mask != mask) atomic_store_explicit(&s->rx_ctl->want_cma, s->want_mask, memory_order_relaxed);
 }
 
 /* ---- framing: marks ----
