@@ -30,8 +30,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "auto",
                           "how large shared-memory messages travel: 1 read single-copy from the peer's memory "
                           "(process_vm_readv) from 128 KiB; 0 copied through the shared ring; auto: from 32 KiB the "
-                          "receiver of each pair times both on the messages themselves and keeps the faster (ring "
-                          "copies win while two cores share a cache, single-copy across CCDs or sockets); ranks on a "
+                          "receiver of each pair times both on the messages themselves, per size class, and keeps the "
+                          "faster (ring copies win while two cores share a cache, single-copy across CCDs or sockets "
+                          "and, on some CPUs, for messages of 256 KiB and more); ranks on a "
                           "host with more ranks than cores use the ring. Allreduces of 4 MiB and more among ranks of "
                           "one host choose the same way between the ring and each rank reading the others' buffers "
                           "directly (1: always direct, 0: never)"},
