@@ -503,6 +503,19 @@ KT_TEST(kolorun_exit_codes, 20)
     KT_CONTAINS(p.ebuf, "rank 1 on host localhost was killed by SIGKILL");
 }
 
+/* The pids ranks 0..n-1 printed as "<word><pid>" lines. */
+static void rank_pids(const char *out, const char *word, pid_t *pids, int n)
+{
+    for (int r = 0; r < n; r++) {
+        char pat[64];
+        snprintf(pat, sizeof(pat), "[%d]<stdout>:%s", r, word);
+        const char *at = strstr(out, pat);
+        KT_ASSERTF(at, "no \"%s\" line from rank %d", word, r);
+        pids[r] = (pid_t)atoi(at + strlen(pat));
+        KT_ASSERT(pids[r] > 0);
+    }
+}
+
 KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
 {
     subreaper();
@@ -513,15 +526,7 @@ KT_TEST(kolorun_one_failure_stops_all_within_grace, 20)
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "pid ", 4, 10);
     pid_t pids[4];
-    for (int r = 0; r < 4; r++) {
-        char v[32];
-        char pat[32];
-        snprintf(pat, sizeof(pat), "[%d]<stdout>:pid ", r);
-        const char *s = strstr(p.obuf, pat);
-        KT_ASSERT(s);
-        KT_ASSERT(sscanf(s + strlen(pat), "%31s", v) == 1);
-        pids[r] = (pid_t)atoi(v);
-    }
+    rank_pids(p.obuf, "pid ", pids, 4);
     KT_EQ(kt_proc_finish(&p, 15), 9);
     double took = p.t_end - p.t0;
     KT_ASSERTF(took < 3.0, "kolorun took %.2f s", took);
@@ -546,14 +551,7 @@ KT_TEST(kolorun_removes_shm_segments_of_reaped_workers, 15)
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "made ", 2, 10);
     pid_t pids[2];
-    for (int r = 0; r < 2; r++) {
-        char pat[32];
-        snprintf(pat, sizeof(pat), "[%d]<stdout>:made ", r);
-        const char *at = strstr(p.obuf, pat);
-        KT_ASSERT(at);
-        pids[r] = (pid_t)atoi(at + strlen(pat));
-        KT_ASSERT(pids[r] > 0);
-    }
+    rank_pids(p.obuf, "made ", pids, 2);
     int code = kt_proc_finish(&p, 10);
     bool gone[2], kept[2];
     for (int r = 0; r < 2; r++) {
@@ -566,7 +564,8 @@ KT_TEST(kolorun_removes_shm_segments_of_reaped_workers, 15)
         unlink(other);
     }
     KT_EQ(code, 128 + SIGKILL);
-    KT_ASSERTF(gone[0] && gone[1], "segments left: rank 0 %s, rank 1 %s", gone[0] ? "no" : "yes", gone[1] ? "no" : "yes");
+    KT_ASSERTF(gone[0] && gone[1], "segments left: rank 0 %s, rank 1 %s", gone[0] ? "no" : "yes",
+               gone[1] ? "no" : "yes");
     KT_ASSERT(kept[0] && kept[1]);
     char want[128];
     snprintf(want, sizeof(want), "rank 0 (pid %d) left 1 shared-memory segment in /dev/shm (0 bytes): removed",

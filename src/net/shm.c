@@ -204,10 +204,10 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * 2x from 256 KiB; with one choice per pair, a sweep upwards kept the ring, its single-copy
  * figure a short message's, and an allgather of 512 KiB took 33 us against 17. A class's first
  * probe comes after PROBE_CLASS_FIRST_MSGS messages once the pair has moved more than
- * PROBE_FIRST_MSGS large messages (the ring is warm by then). A class's decision also sets the choice of the
- * larger classes that have seen no message yet (larger messages rarely reverse it), which
- * then probe the other way at the usual interval: a sweep upwards starts each size the way
- * the last one ended, instead of paying a first probe per class.
+ * PROBE_FIRST_MSGS large messages (the ring is warm by then). A class's decision also sets the
+ * choice of the larger classes that have seen no message yet (larger messages rarely reverse
+ * it), which then probe the other way at the usual interval: a sweep upwards starts each size
+ * the way the last one ended, instead of paying a first probe per class.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
