@@ -340,15 +340,16 @@ KT_TEST(shm_cma_modes, 60)
 }
 
 /* With auto, a pair keeps whichever way its messages take less time by, counted from when the
- * sender offers a message to when the receiver has it all. Make one way 2 ms slower per message
+ * sender offers a message to when the receiver has it all. Make one way 20 ms slower per message
  * (ring copies on the sender's side, where only the sender's time stamp shows it) and after the
- * first probe the other way carries the stream: at least 10 of the last 16 messages (a pair that
+ * first probe the other way carries the stream (20 ms, not 2: under TSan a 512 KiB message takes
+ * 4-10 ms by ring copies, whose loads and stores it instruments, and 0.5 ms single-copy): at least 10 of the last 16 messages (a pair that
  * did not follow would send at most the probes' 2 or 4 the fast way; 11 was seen once with
  * benchmarks loading both vCPUs, so the margin is kept wide). */
 static void cma_follows_time(int rank, void *arg)
 {
     int slow = *(const int *)arg;
-    kolo__shm_test_delay(slow, 2000000);
+    kolo__shm_test_delay(slow, 20000000);
     KT_OK(kolo_init());
     kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
     if (kolo__shm_cma_state(c) != 2) { /* one core, or CMA refused: nothing to choose */
