@@ -385,6 +385,56 @@ KT_TEST(shm_auto_follows_elapsed_time, 60)
     KT_EQ(kt_job(2, cma_follows_time, &cma, &o, NULL), 0);
 }
 
+/* The choice is kept per message size: with ring copies made slow for messages under 256 KiB and
+ * single-copy slow for longer ones, a pair that alternates 64 KiB and 1 MiB messages sends most of
+ * the short ones single-copy and most of the long ones by ring, each class's probes aside (one
+ * choice for both sizes, as before, sends one of them the slow way). 40 ms, because under TSan a
+ * 1 MiB message takes up to 20 ms by ring copies. */
+static void cma_choice_per_size(int rank, void *arg)
+{
+    (void)arg;
+    kolo__shm_test_delay_sizes(0, 40000000, 0, 256 << 10);
+    kolo__shm_test_delay_sizes(1, 40000000, 256 << 10, UINT64_MAX);
+    KT_OK(kolo_init());
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+    if (kolo__shm_cma_state(c) != 2) { /* one core, or CMA refused: nothing to choose */
+        printf("rank %d: the pair does not choose (state %d); skipped\n", rank, kolo__shm_cma_state(c));
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    const size_t n[2] = {(size_t)1 << 14, (size_t)1 << 18}; /* floats: 64 KiB and 1 MiB messages */
+    float *x = malloc(n[1] * 4), *y = malloc(n[1] * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2][2] = {{0, 0}, {0, 0}}, after[2][2];
+    for (int it = 0; it < 48; it++) {
+        for (int k = 0; k < 2; k++) {
+            if (it == 32) kolo__shm_class_received(c, n[k] * 4, before[k]);
+            for (size_t i = 0; i < n[k]; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            KT_OK(kolo_allgather(x, n[k], y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < 2; r++)
+                KT_ASSERTF(y[(size_t)r * n[k] + 5] == (float)(5 + r + it), "iteration %d size %d rank %d", it, k, r);
+        }
+    }
+    for (int k = 0; k < 2; k++) kolo__shm_class_received(c, n[k] * 4, after[k]);
+    /* short ones fast by single-copy (way 1), long ones by ring (way 0) */
+    uint64_t fast[2] = {after[0][1] - before[0][1], after[1][0] - before[1][0]};
+    uint64_t total[2] = {after[0][0] + after[0][1] - before[0][0] - before[0][1],
+                         after[1][0] + after[1][1] - before[1][0] - before[1][1]};
+    KT_ASSERTF(total[0] == 16 && total[1] == 16 && fast[0] >= 10 && fast[1] >= 10,
+               "rank %d: of the last 16 messages of 64 KiB %llu came single-copy, of 1 MiB %llu by ring (%llu, %llu)",
+               rank, (unsigned long long)fast[0], (unsigned long long)fast[1], (unsigned long long)total[0],
+               (unsigned long long)total[1]);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_chooses_per_message_size, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_choice_per_size, NULL, &o, NULL), 0);
+}
+
 static void cma_bad_value(int rank, void *arg)
 {
     (void)rank, (void)arg;

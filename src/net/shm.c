@@ -67,6 +67,7 @@ typedef struct way_choice {
     int want, probing, warming[2];
     int seeded; /* its want was set by a smaller class's decision before any message of its own */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
+    uint64_t got[2]; /* messages of this class received each way */
 } way_choice;
 
 typedef struct ring_ctl {
@@ -220,13 +221,25 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
 #define WARM_BYTES (1ull << 20)
 #define LONG_BYTES (16ull << 20) /* a message this long is a probe on its own */
 
-/* test hook: time added to each large message by ring (on the sender, between offering it and
- * publishing it, as a slow copy into the ring would) or by CMA (on the receiver, after the read) */
-static uint64_t test_delay_ns[2];
+/* test hook: time added to each large message of [lo, hi) bytes by ring (on the sender, between
+ * offering it and publishing it, as a slow copy into the ring would) or by CMA (on the receiver,
+ * after the read) */
+static uint64_t test_delay_ns[2], test_delay_lo[2], test_delay_hi[2];
 
-void kolo__shm_test_delay(int way, uint64_t ns) { test_delay_ns[way != 0] = ns; }
+void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi)
+{
+    way = way != 0;
+    test_delay_ns[way] = ns;
+    test_delay_lo[way] = lo;
+    test_delay_hi[way] = hi;
+}
 
-static void test_delay(int way) { kolo__sleep_ns(test_delay_ns[way]); }
+void kolo__shm_test_delay(int way, uint64_t ns) { kolo__shm_test_delay_sizes(way, ns, 0, UINT64_MAX); }
+
+static void test_delay(int way, uint64_t len)
+{
+    if (len >= test_delay_lo[way] && len < test_delay_hi[way]) kolo__sleep_ns(test_delay_ns[way]);
+}
 
 static bool enough(const way_choice *w, uint64_t msgs, uint64_t bytes)
 {
@@ -282,6 +295,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     int k = shm_class(s, bytes);
     way_choice *w = &s->cls[k];
     s->got[way]++;
+    w->got[way]++;
     w->since_probe++;
     w->since_bytes += bytes;
     /* the first message of a way, at the start or in a probe, warms it up (ring pages, the
@@ -432,7 +446,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 tx_write(s, at + MARK_LEN, x->hdr, KOLO_HDR_LEN);
                 if (whole && x->len) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
                 else if (!whole) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);
-                if (large) test_delay(0);
+                if (large) test_delay(0, x->len);
             }
             x->hdr_done = KOLO_HDR_LEN;
             head = at + MARK_LEN + body;
@@ -565,7 +579,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 x->hdr_done = KOLO_HDR_LEN;
                 st = cma_read(c, s, x, addr);
                 if (st != KOLO_OK) break;
-                test_delay(1);
+                test_delay(1, x->len);
                 if (s->adapt) adapt_learn(s, 1, large_start(s, x, stamp), x->len);
                 tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + CMA_DESC_LEN);
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
@@ -869,6 +883,16 @@ void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
     const shm_priv *s = c->priv;
     got[0] = s->got[0];
     got[1] = s->got[1];
+}
+
+void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2])
+{
+    got[0] = got[1] = 0;
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
+    const shm_priv *s = c->priv;
+    const way_choice *w = &s->cls[shm_class(s, bytes)];
+    got[0] = w->got[0];
+    got[1] = w->got[1];
 }
 
 void kolo__shm_garble(kolo__conn *c, bool whole_frame)

@@ -219,12 +219,16 @@ size_t kolo__shm_cma_threshold(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
  * from timings. */
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
+/* The same for messages of the size class of `bytes` (the choice is kept per class, shm.c). */
+void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2]);
 /* Tests: corrupts what c's peer reads next from us, either the mark it polls or, with
  * whole_frame, a whole frame whose header is not kolo's. Nothing may be in flight on c. */
 void kolo__shm_garble(kolo__conn *c, bool whole_frame);
 /* Test hook, before kolo_init: each large message by ring copies (way 0) or single-copy (1) takes
  * `ns` longer, so that tests can make either way the slow one. */
 void kolo__shm_test_delay(int way, uint64_t ns);
+/* The same for messages of lo <= length < hi bytes only. */
+void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi);
 
 
 #endif
