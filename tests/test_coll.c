@@ -339,24 +339,32 @@ KT_TEST(shm_cma_modes, 60)
     KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
 }
 
+/* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
+ * shut down) when the pair does not choose between the ways (one core, or CMA refused). */
+static kolo__conn *choosing_pair(int rank)
+{
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+    if (kolo__shm_cma_state(c) == 2) return c;
+    printf("rank %d: the pair does not choose (state %d); skipped\n", rank, kolo__shm_cma_state(c));
+    KT_OK(kolo_shutdown());
+    return NULL;
+}
+
 /* With auto, a pair keeps whichever way its messages take less time by, counted from when the
  * sender offers a message to when the receiver has it all. Make one way 20 ms slower per message
  * (ring copies on the sender's side, where only the sender's time stamp shows it) and after the
  * first probe the other way carries the stream (20 ms, not 2: under TSan a 512 KiB message takes
- * 4-10 ms by ring copies, whose loads and stores it instruments, and 0.5 ms single-copy): at least 10 of the last 16 messages (a pair that
- * did not follow would send at most the probes' 2 or 4 the fast way; 11 was seen once with
- * benchmarks loading both vCPUs, so the margin is kept wide). */
+ * 4-10 ms by ring copies, whose loads and stores it instruments, and 0.5 ms single-copy): at
+ * least 10 of the last 16 messages (a pair that did not follow would send at most the probes' 2
+ * or 4 the fast way; 11 was seen once with benchmarks loading both vCPUs, so the margin is kept
+ * wide). */
 static void cma_follows_time(int rank, void *arg)
 {
     int slow = *(const int *)arg;
     kolo__shm_test_delay(slow, 20000000);
     KT_OK(kolo_init());
-    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
-    if (kolo__shm_cma_state(c) != 2) { /* one core, or CMA refused: nothing to choose */
-        printf("rank %d: the pair does not choose (state %d); skipped\n", rank, kolo__shm_cma_state(c));
-        KT_OK(kolo_shutdown());
-        return;
-    }
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
     size_t count = (size_t)1 << 17; /* 512 KiB each way */
     float *x = malloc(count * 4), *y = malloc(count * 8);
     KT_ASSERT(x && y);
@@ -396,12 +404,8 @@ static void cma_choice_per_size(int rank, void *arg)
     kolo__shm_test_delay_sizes(0, 40000000, 0, 256 << 10);
     kolo__shm_test_delay_sizes(1, 40000000, 256 << 10, UINT64_MAX);
     KT_OK(kolo_init());
-    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
-    if (kolo__shm_cma_state(c) != 2) { /* one core, or CMA refused: nothing to choose */
-        printf("rank %d: the pair does not choose (state %d); skipped\n", rank, kolo__shm_cma_state(c));
-        KT_OK(kolo_shutdown());
-        return;
-    }
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
     const size_t n[2] = {(size_t)1 << 14, (size_t)1 << 18}; /* floats: 64 KiB and 1 MiB messages */
     float *x = malloc(n[1] * 4), *y = malloc(n[1] * 8);
     KT_ASSERT(x && y);

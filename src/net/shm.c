@@ -65,7 +65,6 @@ typedef struct way_choice {
     uint64_t cost_ps[2], cost_at[2];
     kolo__window win[2]; /* each way's last samples, of which cost_ps is the median */
     int want, probing, warming[2];
-    int seeded; /* its want was set by a smaller class's decision before any message of its own */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* messages of this class received each way */
 } way_choice;
@@ -327,7 +326,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way == want && cheaper(w, !want, want)) {
             want = !want; /* the way in use got dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
-        } else if (way == want && (w->cost_ps[!want] || w->seeded
+        } else if (way == want && (w->cost_at[!want] /* the other way measured, or the class seeded, then */
                                        ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
                                              now - w->cost_at[!want] >= w->probe_every
                                        : enough(w, s->got[0] + s->got[1] > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
@@ -353,8 +352,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     set_want(s, k, want);
     for (int j = k + 1; decided && j < SHM_CLASSES && unseen(&s->cls[j]); j++) {
         s->cls[j].want = want;
-        s->cls[j].seeded = 1;
-        s->cls[j].cost_at[!want] = now; /* its first probe at the usual interval from now */
+        s->cls[j].cost_at[!want] = now; /* as if measured now: its first probe at the usual interval */
         set_want(s, j, want);
     }
     if (s->want_mask != mask) atomic_store_explicit(&s->rx_ctl->want_cma, s->want_mask, memory_order_relaxed);
