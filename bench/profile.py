@@ -40,35 +40,37 @@ CATEGORIES = [
 CAT_KEYS = [c[0] for c in CATEGORIES]
 CAT_LABEL = {c[0]: c[1] for c in CATEGORIES}
 
-# Checked in this order; the first rule whose pattern matches the symbol decides. Rules marked
-# True apply to the kernel's symbols only (kolo's own tcp_* functions are not the TCP stack).
+# Checked in this order; the first rule whose pattern matches the symbol decides. A rule's scope
+# says whose symbols it applies to: "kernel" (kolo's own tcp_* functions are not the TCP stack),
+# "user" (the kernel's check_stack_object is not the benchmark's check loop) or "any".
 _RULES = [
-    ("bench", False, r"^(fill|check|expect|put|get|__fmax|__fmin|fill_\w+|check_\w+|verify\w*)$"),
-    ("pin", True, r"follow_page|get_user_pages|gup_|grab_folio|unpin_user|process_vm_rw|pte_offset|"
-                  r"vm_normal_page|mod_node_page_state|pte_val|vma_pgtable|follow_p[mu4]d|"
-                  r"folio_add_pin|try_get_folio|pin_user"),
-    ("faults", True, r"page_fault|clear_page|do_anonymous_page|handle_mm_fault|get_page_from_freelist|"
-                     r"alloc_pages|__alloc_|lru_add|folio_batch|do_huge_pmd|zap_|unmap_page|free_pages|"
-                     r"free_unref|release_pages|rmqueue|__pte_alloc"),
-    ("copy", False, r"mem(move|cpy)|stream_copy|copy_to_iter|copy_from_iter|copy_user|copy_page|"
-                    r"copy_folio|rep_movs|copy_mc|_copy_|skb_copy_datagram|memcpy_|csum_partial_copy"),
-    ("reduce", False, r"^(sum|prod|max|min|scale|band|bor|bxor|land|lor|lxor)_\w+|half|bf16|f16|fp16|"
+    ("bench", "user", r"^(fill|check|expect|put|get|__fmax|__fmin|fill_\w+|check_\w+|verify\w*)$"),
+    ("pin", "kernel", r"follow_page|get_user_pages|gup_|grab_folio|unpin_user|process_vm_rw|pte_offset|"
+                      r"vm_normal_page|mod_node_page_state|pte_val|vma_pgtable|follow_p[mu4]d|"
+                      r"folio_add_pin|try_get_folio|pin_user|check_vma_flags"),
+    ("faults", "kernel", r"page_fault|clear_page|do_anonymous_page|handle_mm_fault|get_page_from_freelist|"
+                         r"alloc_pages|__alloc_|lru_add|folio_batch|do_huge_pmd|zap_|unmap_page|free_pages|"
+                         r"free_unref|release_pages|rmqueue|__pte_alloc"),
+    ("copy", "any", r"mem(move|cpy)|stream_copy|copy_to_iter|copy_from_iter|copy_user|copy_page|"
+                    r"copy_folio|rep_movs|copy_mc|_copy_|skb_copy_datagram|memcpy_|csum_partial_copy|"
+                    r"check_(heap|stack)_object|check_object_size"),
+    ("reduce", "any", r"^(sum|prod|max|min|scale|band|bor|bxor|land|lor|lxor)_\w+|half|bf16|f16|fp16|"
                       r"reduce_|_reduce\b|ompi_op_|op_avx|op_base|MPIR_\w*(SUM|MAX|MIN|PROD)|cvt"),
-    ("net", True, r"tcp|skb|sock|^ip_|_ip_|^inet|netif|net_rx|__dev_queue|loopback|napi|sendmsg|"
-                  r"recvmsg|sys_send|sys_recv|^sk_|nf_hook|^dst_"),
-    ("wait", False, r"kolo__wait|wait|yield|futex|poll|epoll|nanosleep|schedule|sched_|pause|spin|"
+    ("net", "kernel", r"tcp|skb|sock|^ip_|_ip_|^inet|netif|net_rx|__dev_queue|loopback|napi|sendmsg|"
+                      r"recvmsg|sys_send|sys_recv|^sk_|nf_hook|^dst_"),
+    ("wait", "any", r"kolo__wait|wait|yield|futex|poll|epoll|nanosleep|schedule|sched_|pause|spin|"
                     r"progress|idle|finish_task_switch|clock_gettime|__vdso|hrtimer|cond_|sem_|"
                     r"mwait|cpu_relax|pv_queued|switch_to|context_switch|timerfd"),
 ]
-_COMPILED = [(k, kern, re.compile(p)) for k, kern, p in _RULES]
+_COMPILED = [(k, scope, re.compile(p)) for k, scope, p in _RULES]
 
 
 def categorize(sym, dso=""):
     """One of CAT_KEYS for a symbol as perf prints it (without the [k]/[.] mark) and its binary."""
     s = sym.strip()
     kernel = "kernel" in dso or dso.startswith("[")
-    for key, kern_only, rx in _COMPILED:
-        if (kernel or not kern_only) and rx.search(s):
+    for key, scope, rx in _COMPILED:
+        if scope in ("any", "kernel" if kernel else "user") and rx.search(s):
             return key
     return "other"
 
