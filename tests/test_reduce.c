@@ -4,7 +4,7 @@
  * The references are deliberately written another way than src/reduce: float16 values are
  * computed with ldexp and rounded by searching the float16 number line, bfloat16 rounding
  * compares distances in double. Every test that touches a kernel runs once per vector build
- * this CPU can run (generic, avx2+f16c, avx512), so the builds are checked against the same
+ * this CPU can run (generic, avx2+f16c, avx512, avx512+fp16), so the builds are checked against the same
  * expectations and therefore against each other. */
 #include "kt.h"
 
@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-static const char *const isas[] = {"generic", "avx2+f16c", "avx512"};
+static const char *const isas[] = {"generic", "avx2+f16c", "avx512", "avx512+fp16"};
 
 /* Runs body once for every vector build this machine supports. */
 #define FOR_EACH_ISA(name)                                                                          \
@@ -68,13 +68,12 @@ static uint32_t ref_h2f_bits(uint16_t h)
     return fbits((float)ref_h_value(h));
 }
 
-/* Nearest float16 (ties to even) by binary search over the positive finite halves. */
-static uint16_t ref_f2h(float f)
+/* Nearest float16 (ties to even) to a double that is not NaN, by binary search over the
+ * positive finite halves. */
+static uint16_t ref_d2h(double d)
 {
-    uint32_t u = fbits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    if (isnan(f)) return (uint16_t)(sign | 0x7e00 | ((u >> 13) & 0x3ff));
-    double x = fabs((double)f);
+    uint16_t sign = signbit(d) ? 0x8000 : 0;
+    double x = fabs(d);
     if (x >= 65520.0) return (uint16_t)(sign | 0x7c00);
     unsigned lo = 0, hi = 0x7bff; /* largest h with value <= x */
     while (lo < hi) {
@@ -89,6 +88,13 @@ static uint16_t ref_f2h(float f)
     else if (x - vlo > vhi - x) r = lo + 1;
     else r = (lo & 1) ? lo + 1 : lo;
     return (uint16_t)(sign | r);
+}
+
+static uint16_t ref_f2h(float f)
+{
+    uint32_t u = fbits(f);
+    if (isnan(f)) return (uint16_t)(((u >> 16) & 0x8000) | 0x7e00 | ((u >> 13) & 0x3ff));
+    return ref_d2h((double)f);
 }
 
 static float ref_bf2f(uint16_t h) { return bitsf((uint32_t)h << 16); }
@@ -316,6 +322,44 @@ KT_TEST(reduce_f16_all_patterns, 10)
         for (unsigned i = 0; i < 65536; i++) {
             bool nan = (i & 0x7fff) > 0x7c00;
             KT_ASSERTF(back[i] == (nan ? (i | 0x200) : i), "%s: round trip %04x -> %04x", name, i, back[i]);
+        }
+    }
+}
+
+/* float16 SUM and PRODUCT of every float16 value with 40 others (specials, subnormals, both
+ * ends of the range, random), against the exact result (in double, where sums and products of
+ * two halves are exact) rounded once. The widening builds round twice (float32, then float16),
+ * avx512+fp16 once in float16 itself: both must give these bits. NaN in gives NaN out. */
+KT_TEST(reduce_f16_sum_product_rounded_once, 30)
+{
+    enum { NB = 40 };
+    static uint16_t a[65536], b[65536], want[2][65536], got[65536];
+    uint16_t bs[NB] = {0x0000, 0x8000, 0x3c00, 0xbc00, 0x0001, 0x8001, 0x03ff, 0x0400, 0x0401, 0x7bff,
+                       0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x3c01, 0x3bff, 0x1400, 0x5bff, 0x7800, 0x0200};
+    rng_state = 0x5eed0f16u;
+    for (int j = 20; j < NB; j++) bs[j] = (uint16_t)(rnd() & 0xffff);
+    for (unsigned i = 0; i < 65536; i++) a[i] = (uint16_t)i;
+    static const kolo_op_t ops[2] = {KOLO_SUM, KOLO_PRODUCT};
+    for (int j = 0; j < NB; j++) {
+        for (unsigned i = 0; i < 65536; i++) b[i] = bs[j];
+        double y = (double)bitsf(ref_h2f_bits(bs[j])); /* infinities too */
+        for (unsigned i = 0; i < 65536; i++) {
+            double x = (double)bitsf(ref_h2f_bits((uint16_t)i));
+            for (int o = 0; o < 2; o++) {
+                double r = o ? x * y : x + y;
+                bool nan = elem_is_nan(KOLO_FLOAT16, a, i) || elem_is_nan(KOLO_FLOAT16, b, i) || isnan(r);
+                want[o][i] = nan ? 0x7e00 : ref_d2h(r);
+            }
+        }
+        FOR_EACH_ISA(name) {
+            for (int o = 0; o < 2; o++) {
+                kolo__reduce(got, a, b, 65536, KOLO_FLOAT16, ops[o]);
+                for (unsigned i = 0; i < 65536; i++) {
+                    bool ok = want[o][i] == 0x7e00 ? elem_is_nan(KOLO_FLOAT16, got, i) : got[i] == want[o][i];
+                    KT_ASSERTF(ok, "%s: %04x %s %04x gave %04x, want %04x", name, i, o ? "*" : "+", bs[j], got[i],
+                               want[o][i]);
+                }
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
  *              target has elsewhere
  *   avx2+f16c  32-byte vectors; float16 converted by F16C (vcvtph2ps / vcvtps2ph)
  *   avx512     64-byte vectors (AVX-512 F+BW+DQ+VL); float16 by the zmm forms
- * The x86 builds carry __attribute__((target)), so the library is compiled for baseline
+ * and a fourth table, avx512+fp16, which is avx512's with float16 sums and products done in
+ * float16 itself (AVX512-FP16; see below). The x86 builds carry __attribute__((target)), so the library is compiled for baseline
  * x86-64 and runs anywhere; the first call asks the CPU what it has (which also checks
  * that the OS saves the wide registers) and keeps a pointer to the best table of kernels.
  *
@@ -22,7 +23,7 @@
  * last count % lanes elements go through a scalar loop, except for float16/bfloat16,
  * whose tail is padded into a stack buffer and goes through the same vector code.
  *
- * Results are bit-identical across the three builds: every operation is elementwise,
+ * Results are bit-identical across the builds: every operation is elementwise,
  * in the same operand order, with no reassociation and no contraction into FMA; the
  * float16 conversions of the generic build reproduce F16C exactly (in the default
  * rounding mode, which every float sum here assumes anyway), and bfloat16 rounding is
@@ -451,6 +452,32 @@ typedef struct kset {
     from_f32_fn f32_to_f16, f32_to_bf16;
 } kset;
 
+/* The table of one build's kernels, kset_VAR: ISA's, with the float16 sum and product given
+ * (the avx512+fp16 build is avx512's with those two native). */
+#define KSET(VAR, ISA, NAME, SUM_F16, PROD_F16)                                                     \
+    static const kset kset_##VAR = {                                                                \
+        .name = NAME,                                                                               \
+        .bin =                                                                                      \
+            {                                                                                       \
+                [KOLO_UINT8] = {sum_u8_##ISA, min_u8_##ISA, max_u8_##ISA, prod_u8_##ISA},           \
+                [KOLO_INT8] = {sum_u8_##ISA, min_i8_##ISA, max_i8_##ISA, prod_u8_##ISA},            \
+                [KOLO_UINT16] = {sum_u16_##ISA, min_u16_##ISA, max_u16_##ISA, prod_u16_##ISA},      \
+                [KOLO_INT16] = {sum_u16_##ISA, min_i16_##ISA, max_i16_##ISA, prod_u16_##ISA},       \
+                [KOLO_INT32] = {sum_u32_##ISA, min_i32_##ISA, max_i32_##ISA, prod_u32_##ISA},       \
+                [KOLO_INT64] = {sum_u64_##ISA, min_i64_##ISA, max_i64_##ISA, prod_u64_##ISA},       \
+                [KOLO_FLOAT16] = {SUM_F16, min_f16_##ISA, max_f16_##ISA, PROD_F16},                   \
+                [KOLO_BFLOAT16] = {sum_bf16_##ISA, min_bf16_##ISA, max_bf16_##ISA, prod_bf16_##ISA}, \
+                [KOLO_FLOAT32] = {sum_f32_##ISA, min_f32_##ISA, max_f32_##ISA, prod_f32_##ISA},     \
+                [KOLO_FLOAT64] = {sum_f64_##ISA, min_f64_##ISA, max_f64_##ISA, prod_f64_##ISA},     \
+                [KOLO_BOOL] = {or_b8_##ISA, and_b8_##ISA, or_b8_##ISA, and_b8_##ISA},               \
+            },                                                                                      \
+        .scale = {scale_f16_##ISA, scale_bf16_##ISA, scale_f32_##ISA, scale_f64_##ISA},             \
+        .f16_to_f32 = f16_to_f32_##ISA,                                                             \
+        .bf16_to_f32 = bf16_to_f32_##ISA,                                                           \
+        .f32_to_f16 = f32_to_f16_##ISA,                                                             \
+        .f32_to_bf16 = f32_to_bf16_##ISA,                                                           \
+    };
+
 /* Every kernel of one build, and its table. W: vector bytes. */
 #define KERNELS(ISA, W, NAME)                                                                       \
     BIN(ISA, W, sum_u8, uint8_t, u8, i8, V_SUM, s_sum_u8)                                           \
@@ -499,33 +526,34 @@ typedef struct kset {
     TO_F32(ISA, W, bf16_to_f32, bf16_ld2_##ISA)                                                    \
     FROM_F32(ISA, W, f32_to_f16, f16_st2_##ISA)                                                   \
     FROM_F32(ISA, W, f32_to_bf16, bf16_st2_##ISA)                                                 \
-    static const kset kset_##ISA = {                                                                \
-        .name = NAME,                                                                               \
-        .bin =                                                                                      \
-            {                                                                                       \
-                [KOLO_UINT8] = {sum_u8_##ISA, min_u8_##ISA, max_u8_##ISA, prod_u8_##ISA},           \
-                [KOLO_INT8] = {sum_u8_##ISA, min_i8_##ISA, max_i8_##ISA, prod_u8_##ISA},            \
-                [KOLO_UINT16] = {sum_u16_##ISA, min_u16_##ISA, max_u16_##ISA, prod_u16_##ISA},      \
-                [KOLO_INT16] = {sum_u16_##ISA, min_i16_##ISA, max_i16_##ISA, prod_u16_##ISA},       \
-                [KOLO_INT32] = {sum_u32_##ISA, min_i32_##ISA, max_i32_##ISA, prod_u32_##ISA},       \
-                [KOLO_INT64] = {sum_u64_##ISA, min_i64_##ISA, max_i64_##ISA, prod_u64_##ISA},       \
-                [KOLO_FLOAT16] = {sum_f16_##ISA, min_f16_##ISA, max_f16_##ISA, prod_f16_##ISA},     \
-                [KOLO_BFLOAT16] = {sum_bf16_##ISA, min_bf16_##ISA, max_bf16_##ISA, prod_bf16_##ISA}, \
-                [KOLO_FLOAT32] = {sum_f32_##ISA, min_f32_##ISA, max_f32_##ISA, prod_f32_##ISA},     \
-                [KOLO_FLOAT64] = {sum_f64_##ISA, min_f64_##ISA, max_f64_##ISA, prod_f64_##ISA},     \
-                [KOLO_BOOL] = {or_b8_##ISA, and_b8_##ISA, or_b8_##ISA, and_b8_##ISA},               \
-            },                                                                                      \
-        .scale = {scale_f16_##ISA, scale_bf16_##ISA, scale_f32_##ISA, scale_f64_##ISA},             \
-        .f16_to_f32 = f16_to_f32_##ISA,                                                             \
-        .bf16_to_f32 = bf16_to_f32_##ISA,                                                           \
-        .f32_to_f16 = f32_to_f16_##ISA,                                                             \
-        .f32_to_bf16 = f32_to_bf16_##ISA,                                                           \
-    };
+    KSET(ISA, ISA, NAME, sum_f16_##ISA, prod_f16_##ISA)
 
 KERNELS(generic, 16, "generic")
 #if defined(KOLO_REDUCE_X86)
 KERNELS(avx2, 32, "avx2+f16c")
 KERNELS(avx512, 64, "avx512")
+#endif
+
+/* ---- avx512+fp16: float16 sums and products in float16 itself (AVX512-FP16, Sapphire Rapids on)
+ * The F16C kernels widen both inputs, operate in float32 and round back: four conversions per
+ * operation, each a two-uop instruction on the same port, which made a float16 allreduce slower
+ * per byte than float32's. vaddph/vmulph do it in one. The results are the same bits: the exact
+ * sum or product of two float16 values rounded once to float16 equals it rounded first to
+ * float32 then to float16, since float32's 24 significand bits are at least 2 * 11 + 2 (double
+ * rounding is then harmless for +, -, *, /); the product is even exact in float32. Subnormals
+ * are computed in full (the FP16 instructions ignore DAZ and FTZ, as F16C's conversions do), and
+ * a NaN operand propagates by the same x86 rule (the first NaN operand, made quiet). MIN and MAX
+ * stay on the avx512 kernels, whose NaN rule is not the instructions'. Built where the compiler
+ * knows _Float16 and the instruction set (GCC 12, clang 15 and later). */
+#if defined(KOLO_REDUCE_X86) && defined(__FLT16_MAX__) && (!defined(__clang__) || __clang_major__ >= 15)
+#define KOLO_REDUCE_FP16 1
+#define ATTR_avx512fp16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512fp16")))
+VEC_TYPE(64, f16, _Float16)
+static inline _Float16 s_sum_f16(_Float16 x, _Float16 y) { return x + y; }
+static inline _Float16 s_prod_f16(_Float16 x, _Float16 y) { return x * y; }
+BIN(avx512fp16, 64, sum_f16, _Float16, f16, i16, V_SUM, s_sum_f16)
+BIN(avx512fp16, 64, prod_f16, _Float16, f16, i16, V_PROD, s_prod_f16)
+KSET(avx512fp16, avx512, "avx512+fp16", sum_f16_avx512fp16, prod_f16_avx512fp16)
 #endif
 
 /* ---- Choosing a build ------------------------------------------------------------------
@@ -550,6 +578,10 @@ static const kset *supported(const char *name)
     if (strcmp(name, kset_generic.name) == 0) return &kset_generic;
 #if defined(KOLO_REDUCE_X86)
     __builtin_cpu_init(); /* needed if we run before libgcc's own constructor */
+#if defined(KOLO_REDUCE_FP16)
+    if (strcmp(name, kset_avx512fp16.name) == 0)
+        return supported(kset_avx512.name) && __builtin_cpu_supports("avx512fp16") ? &kset_avx512fp16 : NULL;
+#endif
     if (strcmp(name, kset_avx512.name) == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
@@ -563,7 +595,7 @@ static const kset *supported(const char *name)
 
 static const kset *best(void)
 {
-    static const char *const order[] = {"avx512", "avx2+f16c", "generic"};
+    static const char *const order[] = {"avx512+fp16", "avx512", "avx2+f16c", "generic"};
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(order); i++) {
         const kset *k = supported(order[i]);
         if (k) return k;
