@@ -326,10 +326,26 @@ KT_TEST(reduce_f16_all_patterns, 10)
     }
 }
 
+/* x86: flush-to-zero and denormals-are-zero on (1) or off (0), as a program (TensorFlow, say)
+ * may leave them. float16 results must not depend on them. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define FTZ_MODES 2
+static void set_ftz_daz(int on)
+{
+    unsigned csr = _mm_getcsr() & ~0x8040u; /* FTZ is bit 15, DAZ bit 6 */
+    _mm_setcsr(on ? csr | 0x8040u : csr);
+}
+#else
+#define FTZ_MODES 1
+static void set_ftz_daz(int on) { (void)on; }
+#endif
+
 /* float16 SUM and PRODUCT of every float16 value with 40 others (specials, subnormals, both
  * ends of the range, random), against the exact result (in double, where sums and products of
  * two halves are exact) rounded once. The widening builds round twice (float32, then float16),
- * avx512+fp16 once in float16 itself: both must give these bits. NaN in gives NaN out. */
+ * avx512+fp16 once in float16 itself: both must give these bits, with flush-to-zero and
+ * denormals-are-zero off and on. NaN in gives NaN out. */
 KT_TEST(reduce_f16_sum_product_rounded_once, 30)
 {
     enum { NB = 40 };
@@ -351,15 +367,19 @@ KT_TEST(reduce_f16_sum_product_rounded_once, 30)
                 want[o][i] = nan ? 0x7e00 : ref_d2h(r);
             }
         }
-        FOR_EACH_ISA(name) {
-            for (int o = 0; o < 2; o++) {
-                kolo__reduce(got, a, b, 65536, KOLO_FLOAT16, ops[o]);
-                for (unsigned i = 0; i < 65536; i++) {
-                    bool ok = want[o][i] == 0x7e00 ? elem_is_nan(KOLO_FLOAT16, got, i) : got[i] == want[o][i];
-                    KT_ASSERTF(ok, "%s: %04x %s %04x gave %04x, want %04x", name, i, o ? "*" : "+", bs[j], got[i],
-                               want[o][i]);
+        for (int ftz = 0; ftz < FTZ_MODES; ftz++) {
+            set_ftz_daz(ftz);
+            FOR_EACH_ISA(name) {
+                for (int o = 0; o < 2; o++) {
+                    kolo__reduce(got, a, b, 65536, KOLO_FLOAT16, ops[o]);
+                    for (unsigned i = 0; i < 65536; i++) {
+                        bool ok = want[o][i] == 0x7e00 ? elem_is_nan(KOLO_FLOAT16, got, i) : got[i] == want[o][i];
+                        KT_ASSERTF(ok, "%s%s: %04x %s %04x gave %04x, want %04x", name, ftz ? " (FTZ+DAZ)" : "", i,
+                                   o ? "*" : "+", bs[j], got[i], want[o][i]);
+                    }
                 }
             }
+            set_ftz_daz(0);
         }
     }
 }

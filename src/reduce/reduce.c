@@ -7,9 +7,10 @@
  *   avx2+f16c  32-byte vectors; float16 converted by F16C (vcvtph2ps / vcvtps2ph)
  *   avx512     64-byte vectors (AVX-512 F+BW+DQ+VL); float16 by the zmm forms
  * and a fourth table, avx512+fp16, which is avx512's with float16 sums and products done in
- * float16 itself (AVX512-FP16; see below). The x86 builds carry __attribute__((target)), so the library is compiled for baseline
- * x86-64 and runs anywhere; the first call asks the CPU what it has (which also checks
- * that the OS saves the wide registers) and keeps a pointer to the best table of kernels.
+ * float16 itself (AVX512-FP16; see below). The x86 builds carry __attribute__((target)), so
+ * the library is compiled for baseline x86-64 and runs anywhere; the first call asks the CPU
+ * what it has (which also checks that the OS saves the wide registers) and keeps a pointer to
+ * the best table of kernels.
  *
  * Why vector extensions rather than plain loops left to the auto-vectorizer: at -O2 (the
  * build's level) GCC 12 only vectorizes loops whose trip count it knows, so a plain loop
@@ -541,7 +542,8 @@ KERNELS(avx512, 64, "avx512")
  * sum or product of two float16 values rounded once to float16 equals it rounded first to
  * float32 then to float16, since float32's 24 significand bits are at least 2 * 11 + 2 (double
  * rounding is then harmless for +, -, *, /); the product is even exact in float32. Subnormals
- * are computed in full (the FP16 instructions ignore DAZ and FTZ, as F16C's conversions do), and
+ * are computed in full (the FP16 instructions ignore DAZ and FTZ, as F16C's conversions do; the
+ * test sets both), and
  * a NaN operand propagates by the same x86 rule (the first NaN operand, made quiet). MIN and MAX
  * stay on the avx512 kernels, whose NaN rule is not the instructions'. Built where the compiler
  * knows _Float16 and the instruction set (GCC 12, clang 15 and later). */
