@@ -92,11 +92,9 @@ typedef struct shm_priv {
     size_t cma_threshold;
     uint64_t cma_sent;
     /* auto, receiving: when the large message being read by ring started, and when the last
-     * one ended; each size class's choice, and the classes that want CMA (want_cma's value) */
+     * one ended; each size class's choice */
     uint64_t rx_start, last_end;
     way_choice cls[SHM_CLASSES];
-    uint32_t want_mask;
-    uint64_t got[2]; /* large messages received each way */
     /* bytes from the start of each ring known to be mapped in: all of it when the segment was
      * mapped with MAP_POPULATE, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
@@ -276,9 +274,20 @@ static uint64_t large_start(const shm_priv *s, const kolo__xfer *x, uint64_t sta
     return KOLO_MAX(KOLO_MAX(stamp, x->looked_ns), s->last_end);
 }
 
-static void set_want(shm_priv *s, int k, int want)
+/* want_cma's value: bit k set when class k wants single-copy. */
+static uint32_t want_mask(const shm_priv *s)
 {
-    s->want_mask = want ? s->want_mask | 1u << k : s->want_mask & ~(1u << k);
+    uint32_t m = 0;
+    for (int k = 0; k < SHM_CLASSES; k++) m |= (uint32_t)(s->cls[k].want != 0) << k;
+    return m;
+}
+
+/* Large messages received each way, over all classes. */
+static uint64_t pair_got(const shm_priv *s, int way)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < SHM_CLASSES; k++) n += s->cls[k].got[way];
+    return n;
 }
 
 /* No message of this class has come in yet. */
@@ -293,7 +302,6 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
     int k = shm_class(s, bytes);
     way_choice *w = &s->cls[k];
-    s->got[way]++;
     w->got[way]++;
     w->since_probe++;
     w->since_bytes += bytes;
@@ -329,7 +337,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         } else if (way == want && (w->cost_at[!want] /* the other way measured, or the class seeded, then */
                                        ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
                                              now - w->cost_at[!want] >= w->probe_every
-                                       : enough(w, s->got[0] + s->got[1] > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
+                                       : enough(w, pair_got(s, 0) + pair_got(s, 1) > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
                                                                                             : PROBE_FIRST_MSGS,
                                                 PROBE_FIRST_BYTES))) {
             want = !want;
@@ -344,18 +352,17 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
                s->peer_rank, (unsigned long long)bytes, k, way ? "CMA" : "ring", (unsigned long long)ps,
                (unsigned long long)w->cost_ps[0], (unsigned long long)w->cost_ps[1], want ? "CMA" : "ring",
                w->probing ? " (probe)" : "");
-    uint32_t mask = s->want_mask;
+    uint32_t mask = want_mask(s);
     /* a decision (a probe's end, or a switch outside one) also seeds the larger classes that
      * have seen nothing yet */
     bool decided = !w->probing && (was_probing || want != w->want);
     w->want = want;
-    set_want(s, k, want);
     for (int j = k + 1; decided && j < SHM_CLASSES && unseen(&s->cls[j]); j++) {
         s->cls[j].want = want;
         s->cls[j].cost_at[!want] = now; /* as if measured now: its first probe at the usual interval */
-        set_want(s, j, want);
     }
-    if (s->want_mask != mask) atomic_store_explicit(&s->rx_ctl->want_cma, s->want_mask, memory_order_relaxed);
+    uint32_t after = want_mask(s);
+    if (after != mask) atomic_store_explicit(&s->rx_ctl->want_cma, after, memory_order_relaxed);
 }
 
 /* ---- framing: marks ----
@@ -879,8 +886,8 @@ void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
     got[0] = got[1] = 0;
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
     const shm_priv *s = c->priv;
-    got[0] = s->got[0];
-    got[1] = s->got[1];
+    got[0] = pair_got(s, 0);
+    got[1] = pair_got(s, 1);
 }
 
 void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2])
