@@ -4,14 +4,17 @@
  * The references are deliberately written another way than src/reduce: float16 values are
  * computed with ldexp and rounded by searching the float16 number line, bfloat16 rounding
  * compares distances in double. Every test that touches a kernel runs once per vector build
- * this CPU can run (generic, avx2+f16c, avx512, avx512+fp16), so the builds are checked against the same
- * expectations and therefore against each other. */
+ * this CPU can run (generic, avx2+f16c, avx512, avx512+fp16), so the builds are checked against
+ * the same expectations and therefore against each other. */
 #include "kt.h"
 
 #include "../src/reduce/reduce.h"
 
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 static const char *const isas[] = {"generic", "avx2+f16c", "avx512", "avx512+fp16"};
 
@@ -329,7 +332,6 @@ KT_TEST(reduce_f16_all_patterns, 10)
 /* x86: flush-to-zero and denormals-are-zero on (1) or off (0), as a program (TensorFlow, say)
  * may leave them. float16 results must not depend on them. */
 #if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
 #define FTZ_MODES 2
 static void set_ftz_daz(int on)
 {
