@@ -82,6 +82,8 @@ void kt_register_worker(kt_worker *w);
 const char *kt_build_dir(void);
 /* Absolute path of this test binary (to run it as a worker). */
 const char *kt_self(void);
+/* The running test's own scratch directory; the runner removes it when the test ends. */
+const char *kt_scratch(void);
 
 /* ---- Multi-rank jobs ----
  * kt_job runs fn(rank, arg) in n forked processes that form one kolo job: the parent starts

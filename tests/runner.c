@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -31,7 +32,7 @@ void kt_register_worker(kt_worker *w)
     workers = w;
 }
 
-static char self_path[4096], build_dir[4096];
+static char self_path[4096], build_dir[4096], scratch[4096];
 const char *kt_self(void) { return self_path; }
 const char *kt_build_dir(void) { return build_dir; }
 
@@ -68,9 +69,44 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Each test gets a fresh scratch directory, removed with everything in it when the test ends
+ * however it ends (KT_KEEP_SCRATCH=1 keeps it for a post-mortem). */
+const char *kt_scratch(void)
+{
+    KT_ASSERTF(scratch[0], "kt_scratch() outside a test");
+    return scratch;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb, (void)ftw;
+    if (type == FTW_DP) rmdir(path);
+    else unlink(path);
+    return 0;
+}
+
+static void scratch_make(const kt_test *t)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(scratch, sizeof(scratch), "%s/kt-%.40s-XXXXXX", base && *base ? base : "/tmp", t->name);
+    if (!mkdtemp(scratch)) {
+        fprintf(stderr, "kolo-tests: mkdtemp %s: %s\n", scratch, strerror(errno));
+        scratch[0] = '\0';
+    }
+}
+
+static void scratch_remove(void)
+{
+    if (!scratch[0]) return;
+    const char *keep = getenv("KT_KEEP_SCRATCH");
+    if (keep && *keep && strcmp(keep, "0") != 0) printf("# kept %s\n", scratch);
+    else nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    scratch[0] = '\0';
+}
+
 /* Runs one test in a child that leads its own process group, so that on timeout the
  * whole group (the test and every rank it forked) is killed. */
-static int run_one(kt_test *t, double scale)
+static int run_child(kt_test *t, double scale)
 {
     fflush(stdout);
     fflush(stderr);
@@ -110,6 +146,14 @@ static int run_one(kt_test *t, double scale)
     else
         printf("not ok - %s (exit %d)\n", t->name, WEXITSTATUS(st));
     return 0;
+}
+
+static int run_one(kt_test *t, double scale)
+{
+    scratch_make(t);
+    int ok = run_child(t, scale);
+    scratch_remove();
+    return ok;
 }
 
 int main(int argc, char **argv)

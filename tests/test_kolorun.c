@@ -103,8 +103,8 @@ static void expect_vari(const char *out, int rank, const char *name, int want)
 
 static char *tmpdir(void)
 {
-    static char d[64];
-    snprintf(d, sizeof(d), "/tmp/kt-kolorun-XXXXXX");
+    static char d[4200];
+    snprintf(d, sizeof(d), "%s/kolorun-XXXXXX", kt_scratch());
     KT_ASSERT(mkdtemp(d) != NULL);
     return d;
 }

@@ -155,6 +155,7 @@ KT_TEST(launch_under_torchrun, 90)
     char *argv[] = {S("torchrun"), S("--nnodes"), S("1"), S("--nproc_per_node"), S("2"), S("--master_addr"), S("127.0.0.1"),
                     S("--master_port"), port, S("--redirects"), S("1"), S("--tee"), S("1"), S("--no_python"),
                     (char *)kt_self(), S("--worker"), S("launched"), S("2"), NULL};
+    setenv("TMPDIR", kt_scratch(), 1); /* torchrun's log directories (torchelastic_*) go there */
     int rc = run(argv, out, sizeof(out), NULL);
     KT_ASSERTF(rc == 0, "torchrun exited %d; output:\n%s", rc, out);
     KT_CONTAINS(out, "]:worker rank 0 of 2 local 0 of 2 ok");
