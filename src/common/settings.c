@@ -18,6 +18,13 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_IFACE] = {"KOLO_IFACE", "HOROVOD_GLOO_IFACE NCCL_SOCKET_IFNAME", "",
                         "network interfaces for TCP: 'eth0,eth1' to use, '^lo,docker' to avoid, '=eth0' exact; "
                         "default: the one that reaches the rendezvous host"},
+    [KOLO_SET_TCP_CONGESTION] = {"KOLO_TCP_CONGESTION", "", "auto",
+                                 "TCP congestion control of kolo's connections: auto (connections that stay on this "
+                                 "host, over loopback, use cubic, or reno where cubic is not allowed; BBR, the "
+                                 "default on some systems, keeps them to about a megabyte in flight and halves "
+                                 "their speed; connections to other hosts keep the system's choice), system (leave "
+                                 "every connection alone), or a name from "
+                                 "/proc/sys/net/ipv4/tcp_allowed_congestion_control for every connection"},
     [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",
                              "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
     [KOLO_SET_SECRET] = {"KOLO_SECRET", "", "",

@@ -310,12 +310,15 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
         if (st != 0) return kolo__err_sys(errno, "configuring the socket to rank %d", c->peer);
         if (cma_ok && b->want_cma) kolo__shm_enable_cma(c, b->peers[c->peer].pid, b->cma_threshold, b->want_cma);
     }
+    char how[64] = "";
+    if (c->tp == &kolo__shm_transport)
+        snprintf(how, sizeof(how), "%s", cma_ok && b->want_cma == 1 ? " (single-copy CMA for large messages)"
+                                         : cma_ok && b->want_cma    ? " (ring copies or CMA, whichever times faster)"
+                                                                    : " (ring copies)");
+    else if (KOLO_LOG_INFO >= kolo__log_level)
+        snprintf(how, sizeof(how), " (congestion control %s)", kolo__tcp_congestion(c));
     KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
-              kolo__peer_name(c->mesh, c->peer), c->tp->name,
-              c->tp == &kolo__shm_transport ? (cma_ok && b->want_cma == 1   ? " (single-copy CMA for large messages)"
-                                               : cma_ok && b->want_cma ? " (ring copies or CMA, whichever times faster)"
-                                                                       : " (ring copies)")
-                                             : "");
+              kolo__peer_name(c->mesh, c->peer), c->tp->name, how);
     h->state = HS_DONE;
     h->fd = -1; /* owned by the conn now */
     b->ready[h->channel * b->wi->size + c->peer] = 1;

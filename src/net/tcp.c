@@ -8,7 +8,9 @@
  */
 #include "transport.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -212,6 +214,65 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
 const kolo__transport kolo__tcp_transport = {"tcp",        tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly,
                                              tcp_abort, tcp_abort_reason};
 
+/* True when both ends of the connection are this host: a loopback address, or the same address
+ * at both ends (a host's own address also routes over loopback). */
+static bool stays_on_host(int fd)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof(me), pl = sizeof(peer);
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+        return false;
+    if (peer.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&me, *b = (const struct sockaddr_in *)&peer;
+        return (ntohl(b->sin_addr.s_addr) >> 24) == 127 || a->sin_addr.s_addr == b->sin_addr.s_addr;
+    }
+    if (peer.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&me, *b = (const struct sockaddr_in6 *)&peer;
+        return IN6_IS_ADDR_LOOPBACK(&b->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&b->sin6_addr) && b->sin6_addr.s6_addr[12] == 127) ||
+               memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(b->sin6_addr)) == 0;
+    }
+    return false;
+}
+
+static bool set_congestion(int fd, const char *name)
+{
+    return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0;
+}
+
+/* KOLO_TCP_CONGESTION. Over loopback both ends run on this host's cores, and BBR's model of the
+ * path (a bandwidth-delay product of microseconds) caps the window at 12-26 segments of 64 KiB:
+ * the sender becomes ACK-clocked, so segments leave from the receiver's core (where the ACKs are
+ * processed) as well as the sender's, arrive out of order, and trigger spurious retransmissions.
+ * 1 MiB broadcasts then took 90-450 us each instead of 90-110 (cubic). Loss-based algorithms
+ * see no loss over loopback and keep the window open. */
+static void choose_congestion(kolo__conn *c)
+{
+    const char *want = kolo__setting_str(KOLO_SET_TCP_CONGESTION);
+    if (strcmp(want, "system") == 0 || !*want) return;
+    if (strcmp(want, "auto") != 0) {
+        static _Atomic int warned;
+        if (!set_congestion(c->fd, want) && !atomic_exchange(&warned, 1))
+            KOLO_WARN("KOLO_TCP_CONGESTION=%s: cannot use it on the connection to rank %d (%s); keeping the "
+                      "system's default (see /proc/sys/net/ipv4/tcp_allowed_congestion_control)",
+                      want, c->peer,
+                      errno == ENOENT  ? "this kernel has no such algorithm"
+                      : errno == EPERM ? "not allowed to unprivileged processes"
+                                       : strerror(errno));
+        return;
+    }
+    if (stays_on_host(c->fd) && !set_congestion(c->fd, "cubic")) set_congestion(c->fd, "reno");
+}
+
+const char *kolo__tcp_congestion(const kolo__conn *c)
+{
+    static _Thread_local char name[32];
+    socklen_t len = sizeof(name) - 1;
+    memset(name, 0, sizeof(name));
+    if (getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0 || !name[0]) return "?";
+    return name;
+}
+
 int kolo__tcp_attach(kolo__conn *c)
 {
     int one = 1;
@@ -222,6 +283,7 @@ int kolo__tcp_attach(kolo__conn *c)
     int buf = 4 << 20;
     setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
     setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    choose_congestion(c);
     c->tp = &kolo__tcp_transport;
     return KOLO_OK;
 }

@@ -187,6 +187,8 @@ const char *kolo__peer_name(const kolo__mesh *m, int peer);
 
 /* ---- Transport set-up hooks used by mesh.c ---- */
 int kolo__tcp_attach(kolo__conn *c);
+/* The congestion control a TCP conn runs ("cubic"), for messages; "?" when unknown. */
+const char *kolo__tcp_congestion(const kolo__conn *c);
 /* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
  * its pages faulted in (MAP_POPULATE), so the first messages do not pay a page fault each. */
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
