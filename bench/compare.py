@@ -690,7 +690,12 @@ def machine_info():
     except (OSError, ValueError, IndexError):
         pass
     virt = sh(["systemd-detect-virt"]) or ""
-    return {"cpu": model, "cores": NCPU, "memory": mem, "kernel": platform.release(),
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            cc = f.read().strip()
+    except OSError:
+        cc = ""
+    return {"cpu": model, "cores": NCPU, "memory": mem, "kernel": platform.release(), "tcp_cc": cc,
             "os": sh(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
             "glibc": " ".join(platform.libc_ver()), "virt": virt}
 
@@ -866,6 +871,10 @@ class Report:
             i["cpu"], i["cores"], " (%s guest)" % i["virt"] if i["virt"] and i["virt"] != "none"
             else "", i["memory"], i["os"], i["kernel"], i["glibc"]))
         L.append("")
+        if i.get("tcp_cc"):
+            L.append("TCP congestion control: the system's default is %s; the peers run it, kolo's connections "
+                     "within one host run cubic (`KOLO_TCP_CONGESTION=auto`, see the README)." % i["tcp_cc"])
+            L.append("")
         if lim:
             L.append("Measured by `bench/peers/machine_limits.c` in this run (medians):")
             L.append("")
