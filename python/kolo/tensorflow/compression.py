@@ -1,0 +1,47 @@
+"""Gradient compression for the wire (Horovod's horovod.tensorflow.compression), on TensorFlow tensors."""
+
+import tensorflow as tf
+
+
+class Compressor:
+    """compress(tensor) -> (tensor, ctx) before the collective; decompress(tensor, ctx) after."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as float16 and come back in their own dtype; the others as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class Compression:
+    """Optional gradient compression algorithms used during allreduce."""
+    none = NoneCompressor
+    fp16 = FP16Compressor

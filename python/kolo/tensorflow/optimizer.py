@@ -1,0 +1,213 @@
+"""Averaging gradients over the ranks: DistributedGradientTape and DistributedOptimizer for Keras optimizers
+(Horovod's horovod.tensorflow and horovod.tensorflow.keras), and the batch they share.
+
+Every gradient of a step goes to kolo's engine in one batch (one tf.numpy_function inside tf.function):
+all requests are submitted before the first wait, so the engine negotiates them together and fuses them
+into few collectives. Each request is named after its variable ("grad.dense/kernel"), the same on every
+rank and at every step, so after the first step negotiation is a response-cache hit, and an error names
+the variable.
+
+Keras 3 (TensorFlow 2.16 and later) applies gradients in Optimizer.apply (apply_gradients calls it,
+and so does Model.fit's train_step): the distributed class overrides apply. Keras 2 (tf_keras, or
+TensorFlow before 2.16) applies them in apply_gradients: that is overridden there.
+"""
+
+import tensorflow as tf
+
+from kolo import _ops
+from kolo.basics import Average, c_op, global_process_set
+from kolo.tensorflow.compression import Compression
+from kolo.tensorflow.functions import unique_names
+from kolo.tensorflow.mpi_ops import _A, _allreduce_spec, _execute, _grouped_allreduce_spec, _pset, _Spec, _tensor
+
+
+def _split_list(items, n):
+    """n nearly equal consecutive parts."""
+    k, m = divmod(len(items), n)
+    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
+
+
+def _groups_of(dense, variables, groups):
+    """The dense gradients' indices, as lists reduced together: one each (groups None), groups
+    nearly equal consecutive parts (an int), or the given lists of variables and one each for the
+    rest."""
+    if not groups:
+        return [[i] for i in dense]
+    if isinstance(groups, int):
+        return [g for g in _split_list(dense, min(groups, len(dense)) or 1) if g]
+    where = {}
+    for k, group in enumerate(groups):
+        for v in group:
+            where[id(v)] = k
+    parts = [[] for _ in groups]
+    rest = []
+    for i in dense:
+        k = where.get(id(variables[i]))
+        (rest.append([i]) if k is None else parts[k].append(i))
+    return [p for p in parts if p] + rest
+
+
+def allreduce_gradients(grads, variables, op=Average, compression=Compression.none, sparse_as_dense=False,
+                        gradient_predivide_factor=1.0, groups=None, process_set=global_process_set, prefix="grad"):
+    """Returns grads (a list, None entries allowed) averaged (op) over the process set, in one batch.
+    variables names them. Dense gradients are allreduced (grouped as groups says), tf.IndexedSlices are
+    allgathered (values and indices) unless sparse_as_dense."""
+    process_set = _pset(process_set)
+    grads = list(grads)
+    if not process_set.included() or process_set.size() == 1:
+        return grads
+    names = unique_names(prefix, variables)
+    # Average divides by the set's size in the engine; gradient_predivide_factor f moves a factor f
+    # of that before the sum.
+    pre, post = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if op == Average else (1.0, 1.0)
+    inputs, specs, dtypes, shapes, ctxs = [], [], [], [], {}
+    dense, sparse = [], []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                grads[i] = g = tf.convert_to_tensor(g)
+            else:
+                sparse.append(i)
+                continue
+        c, ctxs[i] = compression.compress(_tensor(g, "allreduce"))
+        grads[i] = c
+        dense.append(i)
+    order = []  # the gradient index of each output
+    for part in _groups_of(dense, variables, groups):
+        ts = [grads[i] for i in part]
+        if len(part) == 1:
+            specs.append(_allreduce_spec(names[part[0]], op, pre, post, process_set))
+        else:
+            specs.append(_grouped_allreduce_spec(len(part), names[part[0]], op, pre, post, process_set))
+        inputs += ts
+        dtypes += [t.dtype for t in ts]
+        shapes += [t.shape for t in ts]
+        order += part
+    for i in sparse:
+        g = grads[i]
+        vals, ctxs[i] = compression.compress(_tensor(g.values, "allreduce"))
+        for t, nm in ((vals, names[i] + ".values"), (_tensor(g.indices, "allreduce"), names[i] + ".indices")):
+            specs.append(_Spec(1, lambda x, nm=nm: [_ops.allgather_async(_A, x, nm, process_set)]))
+            inputs.append(t)
+            dtypes.append(t.dtype)
+            shapes.append(tf.TensorShape([None]).concatenate(t.shape[1:]))
+    if not specs:
+        return grads
+    outs = _execute(specs, inputs, dtypes, shapes, "allreduce_gradients")
+    result = list(grads)
+    for i, o in zip(order, outs):
+        result[i] = compression.decompress(o, ctxs[i])
+    rest = outs[len(order):]
+    for k, i in enumerate(sparse):
+        vals, idx = compression.decompress(rest[2 * k], ctxs[i]), rest[2 * k + 1]
+        if op == Average:
+            vals = vals / tf.cast(process_set.size(), vals.dtype)
+        result[i] = tf.IndexedSlices(vals, idx, dense_shape=grads[i].dense_shape)
+    return result
+
+
+def _check_options(op, gradient_predivide_factor, backward_passes_per_step=1):
+    c_op(op)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(
+            "kolo.tensorflow does not implement backward_passes_per_step (local gradient aggregation). With "
+            "Keras 3, create the optimizer with gradient_accumulation_steps=N instead (gradients are then "
+            "averaged over the ranks at every step and applied every N steps).")
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """A tape whose gradient() returns gradients averaged over every rank (Horovod's
+    DistributedGradientTape). Use it after recording:
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model(x), y)
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+
+    or around the recording (`with hvd.DistributedGradientTape(tf.GradientTape()) as tape:`). The
+    returned object is an instance of a subclass of the tape's class that shares its recording.
+    groups: an int (that many grouped requests) or lists of variables reduced together; num_groups
+    is its deprecated name. compression: Compression.none or Compression.fp16. sparse_as_dense: turn
+    tf.IndexedSlices into dense tensors first (otherwise they travel as allgathers)."""
+    _check_options(op, gradient_predivide_factor)
+    groups = groups if groups is not None else (num_groups or None)
+    base = gradtape.__class__
+    opts = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set)
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = base.gradient(self, target, sources, output_gradients, unconnected_gradients)
+        flat = allreduce_gradients(tf.nest.flatten(grads), tf.nest.flatten(sources), **opts)
+        return tf.nest.pack_sequence_as(grads, flat)
+
+    cls = type(base.__name__, (base,), {"gradient": gradient, "__module__": base.__module__,
+                                        "_kolo_distributed": True})
+    tape = cls.__new__(cls)
+    tape.__dict__ = gradtape.__dict__  # one recording: entering or leaving either object is seen by both
+    return tape
+
+
+def _is_keras3_optimizer(cls):
+    return hasattr(cls, "apply") and hasattr(cls, "stateless_apply")
+
+
+def distributed_class(base, opts):
+    """A subclass of the Keras optimizer class `base` that averages gradients over the ranks before
+    applying them. It keeps base's name and module, so a model saved with it loads without kolo as
+    base."""
+    if getattr(base, "_kolo_distributed", False):
+        raise ValueError("%s is a kolo DistributedOptimizer already" % base.__name__)
+    if _is_keras3_optimizer(base):
+        def apply(self, grads, trainable_variables=None):
+            if trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
+                variables = trainable_variables
+            elif self.built:
+                variables = list(self._trainable_variables)
+            else:  # base.apply explains what is missing
+                return base.apply(self, grads, trainable_variables)
+            grads = allreduce_gradients(list(grads), variables, **opts)
+            return base.apply(self, grads, trainable_variables)
+        ns = {"apply": apply}
+    elif hasattr(base, "apply_gradients"):
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            gv = list(grads_and_vars)
+            variables = [v for _, v in gv]
+            grads = allreduce_gradients([g for g, _ in gv], variables, **opts)
+            return base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
+        ns = {"apply_gradients": apply_gradients}
+    else:
+        raise ValueError("%s is not a Keras optimizer (it has neither apply nor apply_gradients)" % base.__name__)
+    ns.update(__module__=base.__module__, __qualname__=base.__qualname__, _kolo_distributed=True)
+    return type(base.__name__, (base,), ns)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """A Keras optimizer like `optimizer` (a new one, made from its config, as Horovod does) that
+    averages the gradients over every rank before applying them. Works with Model.fit and with
+    custom loops (apply_gradients / apply). Options as DistributedGradientTape's; name renames the
+    optimizer. backward_passes_per_step must be 1 (see _check_options). TensorFlow 1 optimizers
+    (tf.compat.v1.train.Optimizer) are not supported: use a Keras optimizer or DistributedGradientTape."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise NotImplementedError(
+            "kolo.tensorflow.DistributedOptimizer wraps Keras optimizers; for a tf.compat.v1.train.Optimizer, "
+            "average the gradients with hvd.DistributedGradientTape (or hvd.allreduce) before apply_gradients")
+    _check_options(op, gradient_predivide_factor, backward_passes_per_step)
+    groups = groups if groups is not None else (num_groups or None)
+    opts = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set)
+    cls = distributed_class(optimizer.__class__, opts)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
