@@ -1,0 +1,551 @@
+"""kolo.tensorflow and kolo.keras. Multi-rank (under kolorun, with the TensorFlow venv's python:
+scripts/test-python.sh): every collective eagerly and inside tf.function for every dtype, checked
+against values computed from the ranks; their gradients; DistributedGradientTape (one op per step, fused,
+cached names); Keras's DistributedOptimizer, callbacks and load_model; errors. Standalone (outside
+kolorun): the Keras example trains under kolorun -np 2."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+tf = pytest.importorskip("tensorflow")
+tf.get_logger().setLevel("ERROR")  # retracing warnings: the tests trace on purpose
+
+import kolo.keras as hvdk  # noqa: E402
+import kolo.tensorflow as hvd  # noqa: E402
+from conftest import ROOT, UNDER_KOLORUN  # noqa: E402
+
+keras = tf.keras
+DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
+          tf.float64]
+MODES = ["eager", "function"]
+
+
+def n_r():
+    return hvd.size(), hvd.rank()
+
+
+def call(mode, f, *args):
+    """f(*args) eagerly, or traced into a tf.function and run as a graph."""
+    return f(*args) if mode == "eager" else tf.function(f)(*args)
+
+
+def f64(t):
+    return tf.cast(t, tf.float64).numpy()
+
+
+def gathered_equal(arrays):
+    """True when every rank holds the same values."""
+    flat = np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])[None]
+    every = hvdk.allgather(flat)
+    return all(np.array_equal(every[0], every[k]) for k in range(every.shape[0]))
+
+
+# ---- collectives ----
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_every_dtype(mode, dtype):
+    n, r = n_r()
+    base = np.arange(12).reshape(3, 4) % 6
+    x = tf.cast(base * (r + 1), dtype)
+    small = tf.cast(tf.fill([4], 1 + r % 2), dtype)
+    pair = tf.cast(tf.fill([2], 2 * (r + 1)), dtype)
+    shapes = []
+
+    def f(x, small, pair):
+        out = (hvd.allreduce(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Min), hvd.allreduce(x, op=hvd.Max),
+               hvd.allreduce(small, op=hvd.Product), hvd.allreduce(pair))
+        shapes.append(out[0].shape)  # static, inside tf.function
+        return out
+    s, mn, mx, p, avg = call(mode, f, x, small, pair)
+    assert s.dtype == dtype and shapes[0] == [3, 4]
+    assert np.array_equal(f64(s), base * (n * (n + 1) // 2))
+    assert np.array_equal(f64(mn), base) and np.array_equal(f64(mx), base * n)
+    assert np.array_equal(f64(p), np.full(4, np.prod([1 + k % 2 for k in range(n)])))
+    expect = (n + 1) if dtype.is_floating else (n * (n + 1)) // n  # integer averages truncate
+    assert np.allclose(f64(avg), expect, rtol=1e-2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_bool_scale_factors_and_average_keyword(mode):
+    n, r = n_r()
+    b = tf.constant([True, r == 0, False])
+    x = tf.fill([3], float(r + 1))
+
+    def f(b, x):
+        return (hvd.allreduce(b, op=hvd.Sum), hvd.allreduce(b, op=hvd.Min),
+                hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name="scaled_%s" % mode),
+                hvd.allreduce(x, average=False))
+    s, mn, scaled, summed = call(mode, f, b, x)
+    assert s.numpy().tolist() == [True, True, False] and mn.numpy().tolist() == [True, n == 1, False]
+    assert np.allclose(scaled.numpy(), n * (n + 1) / 2 * 0.5)
+    assert np.allclose(summed.numpy(), n * (n + 1) / 2)
+    with pytest.raises(ValueError, match="supersedes"):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_uneven_first_dimension(mode):
+    n, r = n_r()
+    shapes = []
+
+    def f():
+        outs = [hvd.allgather(tf.cast(tf.fill([r + 1, 2], r % 2 if d == tf.bool else r), d))
+                for d in DTYPES + [tf.bool]]
+        shapes.append(outs[0].shape)
+        return outs
+    expect = np.concatenate([np.full((k + 1, 2), k) for k in range(n)])
+    for d, out in zip(DTYPES + [tf.bool], call(mode, f)):
+        assert out.dtype == d
+        assert np.array_equal(f64(out), expect % 2 if d == tf.bool else expect), d
+    assert shapes[0].as_list() == [None, 2] if mode == "function" else [n * (n + 1) // 2, 2]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_every_dtype(mode):
+    n, r = n_r()
+    root = n - 1
+
+    def f():
+        return [hvd.broadcast(tf.cast(tf.fill([2, 3], r % 2 if d == tf.bool else r), d), root)
+                for d in DTYPES + [tf.bool]]
+    for d, out in zip(DTYPES + [tf.bool], call(mode, f)):
+        assert out.dtype == d and out.shape == [2, 3]
+        assert np.array_equal(f64(out), np.full((2, 3), root % 2 if d == tf.bool else root)), d
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_with_and_without_splits(mode):
+    n, r = n_r()
+    # rank r sends k + 1 rows worth 100 r + k to rank k
+    rows = np.concatenate([np.full(k + 1, 100 * r + k) for k in range(n)])
+    splits = [k + 1 for k in range(n)]
+    even = np.repeat(np.arange(n) + 10 * r, 2)  # two rows to each rank
+
+    def f():
+        outs = []
+        for d in (tf.float32, tf.int64, tf.bfloat16):
+            out, rs = hvd.alltoall(tf.cast(rows, d), splits=splits)
+            outs += [out, rs, hvd.alltoall(tf.cast(even, d))]
+        return outs
+    outs = call(mode, f)
+    for i in range(0, len(outs), 3):
+        out, rs, plain = outs[i:i + 3]
+        if i // 3 == 2:  # bfloat16 holds integers up to 256 exactly
+            continue
+        assert np.array_equal(f64(out), np.repeat(100 * np.arange(n) + r, r + 1))
+        assert rs.dtype == tf.int32 and rs.numpy().tolist() == [r + 1] * n
+        assert np.array_equal(f64(plain), np.repeat(10 * np.arange(n) + r, 2))
+    assert np.array_equal(f64(outs[8]), np.repeat(10 * np.arange(n) + r, 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reducescatter_uneven_rows(mode):
+    n, r = n_r()
+    rows = 2 * n + 1  # rank 0 gets one more row
+    x = tf.constant(np.arange(rows)[:, None] * np.ones((1, 2)) * (r + 1), tf.float32)
+    shapes = []
+
+    def f(x):
+        s, a = hvd.reducescatter(x, op=hvd.Sum), hvd.reducescatter(tf.cast(x, tf.float64))
+        i = hvd.reducescatter(tf.cast(x, tf.int32), op=hvd.Sum, name="rs_int_%s" % mode)
+        shapes.append(s.shape)
+        return s, a, i
+    s, a, i = call(mode, f, x)
+    start = 0 if r == 0 else 3 + 2 * (r - 1)
+    mine = np.arange(start, start + (3 if r == 0 else 2))[:, None] * np.ones((1, 2))
+    assert shapes[0].as_list() == [3 if r == 0 else 2, 2]
+    assert np.array_equal(s.numpy(), mine * n * (n + 1) / 2)
+    assert np.allclose(a.numpy(), mine * (n + 1) / 2)
+    assert np.array_equal(i.numpy(), mine * n * (n + 1) / 2)
+    with pytest.raises(ValueError, match="scalar"):
+        hvd.reducescatter(tf.constant(1.0))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_collectives(mode):
+    n, r = n_r()
+
+    def f():
+        g = hvd.grouped_allreduce([tf.fill([3], float(r)), tf.fill([2, 2], r), tf.fill([1], np.float64(r))],
+                                  op=hvd.Sum)
+        ga = hvd.grouped_allgather([tf.fill([1], r), tf.fill([r + 1], 1.0)], name="ga_%s" % mode)
+        grs = hvd.grouped_reducescatter([tf.fill([n, 2], float(r)), tf.fill([n], r)], op=hvd.Sum)
+        return g + ga + grs
+    g0, g1, g2, ga0, ga1, rs0, rs1 = call(mode, f)
+    s = n * (n - 1) // 2
+    assert g1.dtype == tf.int32 and g2.dtype == tf.float64
+    assert np.array_equal(g0.numpy(), [s] * 3) and np.array_equal(g1.numpy(), np.full((2, 2), s))
+    assert g2.numpy().tolist() == [s]
+    assert ga0.numpy().tolist() == list(range(n)) and ga1.shape[0] == n * (n + 1) // 2
+    assert np.array_equal(rs0.numpy(), np.full((1, 2), s)) and rs1.numpy().tolist() == [s]
+
+
+def test_process_set_and_the_job_as_tensors():
+    n, r = n_r()
+    if n < 3:
+        members = [0]
+    else:
+        members = [0, n - 1]
+    ps = hvd.add_process_set(members)
+    try:
+        if r in members:
+            out = hvd.allreduce(tf.constant([float(r + 1)]), op=hvd.Sum, name="ps_tf", process_set=ps)
+            assert out.numpy().tolist() == [float(sum(m + 1 for m in members))]
+            got = hvd.broadcast(tf.constant([r]), members[-1], name="ps_bcast", process_set=ps)
+            assert got.numpy().tolist() == [members[-1]]
+    finally:
+        hvd.remove_process_set(ps)
+
+    @tf.function
+    def f():
+        return hvd.size_op(), hvd.rank_op(), hvd.local_size_op(), hvd.local_rank_op(), hvd.process_set_included_op()
+    assert [int(v) for v in f()] == [n, r, hvd.local_size(), hvd.local_rank(), 1]
+    assert int(hvd.join()) in range(n)
+    assert int(tf.function(hvd.barrier)()) == 0
+
+
+def test_objects_travel():
+    n, r = n_r()
+    obj = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=n - 1, name="tf_obj")
+    assert obj == {"from": n - 1, "list": [n - 1] * 3}
+    assert hvd.allgather_object(("rank", r), name="tf_objs") == [("rank", k) for k in range(n)]
+
+
+# ---- gradients ----
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_allgather_broadcast_gradients(mode):
+    n, r = n_r()
+    v = tf.Variable(tf.ones([3]))
+    w = tf.Variable(tf.ones([r + 1, 2]))
+    u = tf.Variable(tf.fill([3], float(r + 1)))
+    total = n * (n + 1) // 2
+    weights = tf.constant(np.arange(1, total + 1, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32))
+
+    def f():
+        with tf.GradientTape(persistent=True) as tape:
+            a = tf.reduce_sum(hvd.allreduce(v * (r + 1), op=hvd.Sum))
+            g = tf.reduce_sum(hvd.allgather(w) * weights)
+            b = tf.reduce_sum(hvd.broadcast(u, n - 1) * (r + 1))
+        return tape.gradient(a, v), tape.gradient(g, w), tape.gradient(b, u)
+    gv, gw, gu = call(mode, f)
+    assert np.allclose(gv.numpy(), n * (r + 1))  # allreduce of the ones, times r + 1
+    off = r * (r + 1) // 2
+    assert np.allclose(gw.numpy(), weights.numpy()[off:off + r + 1])  # this rank's rows
+    assert np.allclose(gu.numpy(), (n + 1) / 2 if r == n - 1 else 0)  # root: the average; others zero
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_reducescatter_grouped_gradients(mode):
+    n, r = n_r()
+    x = tf.Variable(tf.ones([n * (n + 1) // 2, 2]))
+    y = tf.Variable(tf.ones([2 * n, 3]))
+    z = [tf.Variable(tf.ones([2])), tf.Variable(tf.ones([1], tf.float64))]
+
+    def f():
+        with tf.GradientTape(persistent=True) as tape:
+            out, _ = hvd.alltoall(x, splits=[k + 1 for k in range(n)])
+            a = tf.reduce_sum(out) * (r + 1)
+            b = tf.reduce_sum(hvd.reducescatter(y, op=hvd.Sum)) * (r + 1)
+            g = hvd.grouped_allreduce([z[0] * (r + 1), z[1]], op=hvd.Sum)
+            c = tf.reduce_sum(g[0]) + tf.cast(tf.reduce_sum(g[1]), tf.float32)
+        return tape.gradient(a, x), tape.gradient(b, y), tape.gradient(c, z)
+    gx, gy, (gz0, gz1) = call(mode, f)
+    # the rows sent to rank k come back with rank k's factor k + 1; the rows rank k kept likewise
+    assert np.allclose(gx.numpy()[:, 0], np.repeat(np.arange(n) + 1, np.arange(n) + 1))
+    assert np.allclose(gy.numpy()[:, 0], np.repeat(np.arange(n) + 1, 2))
+    assert np.allclose(gz0.numpy(), n * (r + 1)) and np.allclose(gz1.numpy(), n)
+
+
+def tape_model():
+    n, r = n_r()
+    rng = np.random.RandomState(7)
+    vs = [tf.Variable(rng.randn(4, 3).astype(np.float32), name="w"),
+          tf.Variable(rng.randn(3).astype(np.float32), name="b"),
+          tf.Variable(rng.randn(10, 3).astype(np.float32), name="emb")]
+    x = tf.constant(np.random.RandomState(r).randn(5, 4).astype(np.float32))
+    ids = tf.constant([r % 10, 3, 3])
+
+    def loss():
+        h = tf.matmul(x, vs[0]) + vs[1]
+        return tf.reduce_sum(h * h) * (r + 1) + tf.reduce_sum(tf.gather(vs[2], ids) * (r + 2))
+    return vs, loss
+
+
+def dense(g):
+    return tf.convert_to_tensor(g).numpy()
+
+
+@pytest.mark.parametrize("options", [{}, {"compression": hvd.Compression.fp16}, {"groups": 2},
+                                     {"sparse_as_dense": True}, {"op": hvd.Sum}, {"gradient_predivide_factor": 2.0}],
+                         ids=["plain", "fp16", "groups", "sparse_as_dense", "sum", "predivide"])
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_gradient_tape_averages(mode, options):
+    vs, loss = tape_model()
+    with tf.GradientTape() as tape:
+        lv = loss()
+    local = [dense(g) for g in tape.gradient(lv, vs)]
+    op = options.get("op", hvd.Average)
+    expect = [hvd.allreduce(tf.constant(g), op=op).numpy() for g in local]
+
+    def f():
+        with tf.GradientTape() as t:
+            lv = loss()
+        return hvd.DistributedGradientTape(t, **options).gradient(lv, vs)
+    got = call(mode, f)
+    assert isinstance(got[2], tf.IndexedSlices) != bool(options.get("sparse_as_dense"))
+    tol = 2e-2 if "compression" in options else 1e-5
+    for g, e in zip(got, expect):
+        assert np.allclose(dense(g), e, rtol=tol, atol=tol)
+    if hvd.size() > 1:
+        assert not np.allclose(local[0], expect[0])  # the ranks' gradients differ: averaging did something
+
+
+def test_distributed_gradient_tape_around_the_recording():
+    vs, loss = tape_model()
+    with hvd.DistributedGradientTape(tf.GradientTape()) as tape:
+        lv = loss()
+    g = tape.gradient(lv, {"w": vs[0]})
+    assert isinstance(tape, tf.GradientTape) and set(g) == {"w"}
+    assert gathered_equal([g["w"]])
+
+
+def test_gradient_batch_is_one_op_fused_and_cached():
+    """Inside tf.function a step's gradients are one numpy_function op; the engine fuses them, and
+    their names (the variables') are cache hits from the second step on."""
+    r = hvd.rank()
+    vs = [tf.Variable(tf.fill([16 + i], 1.0), name="v%d" % i) for i in range(8)]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            lv = tf.add_n([tf.reduce_sum(v * v) * (r + 1) for v in vs])
+        return hvd.DistributedGradientTape(tape).gradient(lv, vs)
+    graph = step.get_concrete_function().graph
+    assert [op.type for op in graph.get_operations()].count("PyFunc") == 1
+    before = hvd.engine_stats()
+    for _ in range(4):
+        grads = step()
+    after = hvd.engine_stats()
+    d = {k: after[k] - before[k] for k in after}
+    assert d["requests"] == 32
+    assert d["collectives"] <= 16, d  # 8 gradients per step travel together
+    assert d["cache_hits"] >= 24, d  # steps 2 to 4
+    n = hvd.size()
+    assert np.allclose(grads[0].numpy(), 2 * (n + 1) / 2)
+
+
+def test_unnamed_ops_in_a_function_keep_their_names():
+    x = tf.ones([5])
+    f = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum))
+    f(x)
+    before = hvd.engine_stats()["cache_hits"]
+    for _ in range(3):
+        out = f(x)
+    assert hvd.engine_stats()["cache_hits"] - before >= 3
+    assert np.allclose(out.numpy(), hvd.size())
+
+
+# ---- errors ----
+
+def test_mismatched_shapes_name_the_tensor():
+    n, r = n_r()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    with pytest.raises(hvd.HorovodInternalError) as e:
+        hvd.allreduce(tf.ones([2 + r]), name="tf_mismatch_eager")
+    assert "tf_mismatch_eager" in str(e.value) and re.search(r"rank \d", str(e.value)), str(e.value)
+
+    @tf.function
+    def f(x):
+        return hvd.allgather(x, name="tf_mismatch_graph")
+    with pytest.raises(tf.errors.OpError) as e:
+        f(tf.ones([2, 1 + r]))
+    assert "tf_mismatch_graph" in e.value.message and "HorovodInternalError" in e.value.message, e.value.message
+    # the job goes on
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist() == [n]
+
+
+def test_refusals_are_clear():
+    with pytest.raises(ValueError, match="complex64 is not supported"):
+        hvd.allreduce(tf.constant([1 + 2j], tf.complex64))
+    with pytest.raises(ValueError, match="string is not supported"):
+        hvd.broadcast(tf.constant(["a"]), 0)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(tf.ones([1]), op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="XLA"):
+        tf.function(lambda x: hvd.allreduce(x), jit_compile=True)(tf.ones([2]))
+    with pytest.raises(NotImplementedError, match="gradient_accumulation_steps"):
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2)
+    with pytest.raises(NotImplementedError, match="DistributedGradientTape"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    with pytest.raises(ValueError, match="already"):
+        hvdk.DistributedOptimizer(hvdk.DistributedOptimizer(keras.optimizers.SGD()))
+    with pytest.raises(NotImplementedError, match="BroadcastGlobalVariablesCallback"):
+        hvdk.broadcast_global_variables(0)
+
+
+# ---- Keras ----
+
+def small_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+
+
+def rank_data(r, n=8):
+    rng = np.random.RandomState(100 + r)
+    x = rng.randn(n, 3).astype(np.float32)
+    return x, (x[:, :2] * (r + 1) + r).astype(np.float32)
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+def test_keras_optimizer_applies_the_average(run_eagerly):
+    """One step on the whole local batch moves the weights by lr times the ranks' average gradient;
+    later steps on rank-dependent data keep every rank's weights identical."""
+    n, r = n_r()
+    model = small_model(0)  # the same initial weights on every rank
+    x, y = rank_data(r)
+    with tf.GradientTape() as tape:
+        lv = keras.losses.MeanSquaredError()(y, model(x))
+    local = tape.gradient(lv, model.trainable_variables)
+    avg = [hvd.allreduce(g).numpy() for g in local]
+    w0 = [v.numpy() for v in model.trainable_variables]
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  run_eagerly=run_eagerly)
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    for v, w, g in zip(model.trainable_variables, w0, avg):
+        assert np.allclose(v.numpy(), w - 0.1 * g, atol=1e-5)
+    if n > 1:
+        assert not np.allclose(local[0].numpy(), avg[0])
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert gathered_equal(model.weights)
+
+
+def test_broadcast_callback_makes_weights_equal():
+    n, r = n_r()
+    model = small_model(10 + r)  # different on every rank
+    root = n - 1  # lr 0, but momentum: the weights move by the velocities, which differ by rank
+    init = hvdk.allgather(np.concatenate([w.numpy().ravel() for w in model.weights])[None])
+    if n > 1:
+        assert not np.array_equal(init[0], init[root])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0, momentum=0.5))
+    opt.build(model.trainable_variables)
+    for v in opt.variables:  # a different optimizer state on every rank too
+        v.assign(tf.cast(tf.fill(v.shape, r + 1), v.dtype))
+    model.compile(optimizer=opt, loss="mse")
+    x, y = rank_data(r)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(root)])
+    assert gathered_equal(model.weights + list(opt.variables))
+    assert int(opt.iterations.numpy()) == (root + 1) + 2  # root's count, then two batches
+
+
+def test_metric_average_callback():
+    n, r = n_r()
+    logs = {"loss": float(r), "acc": np.float32(2 * r), "note": "text"}
+    hvdk.callbacks.MetricAverageCallback().on_epoch_end(0, logs)
+    assert logs == {"loss": (n - 1) / 2, "acc": float(n - 1), "note": "text"}
+
+
+def lr_trace(cb, epochs, steps=4):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    cb.set_model(model)
+    cb.set_params({"steps": steps, "epochs": epochs})
+    cb.on_train_begin()
+    out = []
+    for e in range(epochs):
+        cb.on_epoch_begin(e)
+        for b in range(steps):
+            cb.on_batch_begin(b)
+            out.append(float(model.optimizer.learning_rate))
+            cb.on_batch_end(b)
+        logs = {}
+        cb.on_epoch_end(e, logs)
+        assert np.isclose(logs["lr"], out[-1])
+    return out
+
+
+def test_learning_rate_warmup_and_schedule():
+    n, _ = n_r()
+    got = lr_trace(hvdk.callbacks.LearningRateWarmupCallback(0.4, warmup_epochs=2, momentum_correction=False), 3)
+    want = [0.4 * ((e + b / 4 + 1 / 4) * (n - 1) / 2 + 1) / n for e in range(2) for b in range(4)] + [0.4] * 4
+    assert np.allclose(got, want, rtol=1e-6)
+    got = lr_trace(hvdk.callbacks.LearningRateScheduleCallback(0.4, 0.5, start_epoch=1, end_epoch=2), 3)
+    assert np.allclose(got, [0.1] * 4 + [0.2] * 8)
+    got = lr_trace(hvdk.callbacks.LearningRateScheduleCallback(1.0, lambda e: 1 / (1 + e), staircase=False), 1)
+    assert np.allclose(got, [1 / (1 + b / 4) for b in range(4)])
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras 3.15's save on NumPy 2
+def test_keras_value_helpers_and_load_model():
+    n, r = n_r()
+    assert np.allclose(hvdk.allreduce(np.array([r, 1.0])), [(n - 1) / 2, 1.0])
+    assert hvdk.allgather(np.array([r])).tolist() == list(range(n))
+    assert hvdk.broadcast(np.array([r, r]), n - 1).tolist() == [n - 1] * 2
+    assert hvdk.reducescatter(np.ones((n, 2)) * r, op=hvdk.Sum).tolist() == [[n * (n - 1) / 2] * 2]
+
+    model = small_model(0)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
+    x, y = rank_data(r)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    path = os.path.join(tempfile.mkdtemp(prefix="kolo-tf-"), "model.keras")
+    model.save(path)
+    plain = keras.models.load_model(path)
+    assert not getattr(plain.optimizer, "_kolo_distributed", False)  # saved as a plain SGD
+    loaded = hvdk.load_model(path)
+    assert loaded.optimizer._kolo_distributed and type(loaded.optimizer).__name__ == "SGD"
+    assert int(loaded.optimizer.iterations.numpy()) == 2  # its state came back
+    loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert gathered_equal(loaded.weights)
+
+
+# ---- the example (outside kolorun) ----
+
+@pytest.mark.standalone
+@pytest.mark.parametrize("how", ["fit", "custom-loop"])
+def test_keras_example_learns(how):
+    script = os.path.join(ROOT, "examples", "tensorflow", "keras_synthetic_digits.py")
+    kolorun = os.path.join(ROOT, "build", "bin", "kolorun")
+    ck = os.path.join(tempfile.mkdtemp(prefix="kolo-tf-example-"), "model.keras")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    assert not UNDER_KOLORUN
+    extra = ["--custom-loop"] if how == "custom-loop" else []
+    p = subprocess.run([kolorun, "-np", "2", sys.executable, script, "--epochs", "2", "--threads", "1",
+                        "--checkpoint", ck] + extra, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    epochs = re.findall(r"epoch (\d)/2 +loss ([\d.]+) .* val-acc ([\d.]+)", p.stdout)
+    assert len(epochs) == 2, p.stdout  # printed by rank 0 only
+    assert float(epochs[1][1]) < float(epochs[0][1])  # the loss falls
+    assert re.search(r"RESULT workers=2 val_acc=0\.([3-9]|\d\d)\d* identical_weights=True", p.stdout), p.stdout
+    assert os.path.exists(ck)
+
+
+@pytest.mark.standalone
+def test_pip_install_brings_the_tensorflow_modules():
+    target = tempfile.mkdtemp(prefix="kolo-tf-pip-")
+    pydir = os.path.join(ROOT, "python")
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--target", target, pydir], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for d in os.listdir(pydir):  # setuptools' scratch trees
+        if d == "build" or d.endswith(".egg-info"):
+            shutil.rmtree(os.path.join(pydir, d), ignore_errors=True)
+    assert p.returncode == 0, p.stdout
+    env = dict(os.environ, PYTHONPATH=target, KOLO_LIBRARY=os.path.join(ROOT, "build", "lib", "libkolo.so"))
+    code = ("import kolo.tensorflow as a, kolo.keras as b, kolo.tensorflow.keras as c, kolo.tensorflow.keras.callbacks;"
+            "a.init(); print(a.__file__, c.DistributedOptimizer is b.DistributedOptimizer, a.allreduce([2.0]).numpy())")
+    p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, cwd=target)
+    assert p.returncode == 0, p.stdout
+    assert target in p.stdout and p.stdout.strip().endswith("True [2.]"), p.stdout
