@@ -131,6 +131,14 @@ test-c: all
 test-python:
 	@if [ -d python/tests ]; then sh scripts/test-python.sh; else echo "no python tests yet"; fi
 
+# kolo.tensorflow and kolo.keras: TensorFlow from PyPI in a venv of its own (KOLO_TF_VENV, default
+# /var/tmp/kolo-tf-venv; test-python makes it too), and only the TensorFlow suites.
+.PHONY: deps-tf test-tensorflow
+deps-tf:
+	@sh scripts/deps-tf.sh >/dev/null
+test-tensorflow: all
+	KOLO_TEST_TF=only sh scripts/test-python.sh
+
 # The Python suites under PyTorch 2.x from PyPI instead of Debian's 1.13 (not part of `make test`):
 # a virtual environment outside the tree (TORCH2_VENV, default ../venv-torch2) gets TORCH2_SPEC,
 # numpy and pytest on first use. PyPI's Linux torch wheel pulls the CUDA libraries: about 5 GB

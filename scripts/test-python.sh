@@ -4,7 +4,14 @@
 #   1. the multi-rank suites (python/tests/test_*.py) under `kolorun -np 2`, then under
 #      `kolorun -np 3` (sizes that are not a power of two: uneven rows, rings of three);
 #   2. the job suite (python/tests/test_jobs.py), outside kolorun: it starts its own jobs
-#      (failures, lost peers, stalls, pip install, the examples).
+#      (failures, lost peers, stalls, pip install, the examples);
+#   3. the TensorFlow suite (python/tests/test_tensorflow.py: kolo.tensorflow, kolo.keras) under
+#      `kolorun -np 2` and `-np 3`, then its example job outside kolorun, with the python of a venv
+#      that has TensorFlow from PyPI (scripts/deps-tf.sh makes it on first use; PyPI's numpy must not
+#      reach Debian's python3, whose torch is built against Debian's numpy). KOLO_TF_PYTHON=/path/to/python
+#      uses another interpreter; KOLO_TEST_TF=0 leaves these suites out (said in the summary),
+#      KOLO_TEST_TF=only runs nothing else (`make test-tensorflow`). A venv that cannot be made (no
+#      network) fails the run.
 # Exits non-zero when any suite fails. Extra arguments go to every pytest (e.g. -x, -k name).
 set -u
 cd "$(dirname "$0")/.."
@@ -77,9 +84,41 @@ $lines"
 # tee hides the command's exit code: keep it in a file
 wrap() { "$@"; echo $? >"$LOG/rc"; }
 
-run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
-run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
-run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
+TF=${KOLO_TEST_TF:-1}
+if [ "$TF" != only ]; then
+  run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
+  run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
+  run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
+fi
+
+if [ "$TF" = 0 ]; then
+  summary="$summary
+  tensorflow: SKIPPED (KOLO_TEST_TF=0)"
+else
+  start=$(date +%s)
+  if [ -n "${KOLO_TF_PYTHON:-}" ]; then
+    TFPY=$KOLO_TF_PYTHON
+  else
+    TFPY=$(sh scripts/deps-tf.sh | tail -n 1)
+  fi
+  TFVERSIONS=$(TF_CPP_MIN_LOG_LEVEL=2 "$TFPY" -c "import sys, numpy, tensorflow as tf
+print('python %s, tensorflow %s, keras %s, numpy %s' % (sys.version.split()[0], tf.__version__,
+      tf.keras.__version__, numpy.__version__))" 2>/dev/null)
+  if [ -z "$TFVERSIONS" ]; then
+    echo "test-python: no python with TensorFlow (${TFPY:-scripts/deps-tf.sh failed}); the TensorFlow suites FAIL" >&2
+    summary="$summary
+  tensorflow: FAILED: no python with TensorFlow (${TFPY:-scripts/deps-tf.sh failed}); see above"
+    status=1
+  else
+    echo "test-python: $TFPY: $TFVERSIONS (ready in $(( $(date +%s) - start ))s)"
+    export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+    TFSUITE=python/tests/test_tensorflow.py
+    run "tensorflow 2 ranks" wrap "$KOLORUN" -np 2 "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
+    run "tensorflow 3 ranks" wrap "$KOLORUN" -np 3 "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
+    run "tensorflow jobs" wrap "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
+    VERSIONS="$VERSIONS; $TFPY: $TFVERSIONS"
+  fi
+fi
 
 echo
 echo "== Python test summary ($PY: $VERSIONS)$summary"
