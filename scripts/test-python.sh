@@ -103,7 +103,7 @@ else
   fi
   TFVERSIONS=$(TF_CPP_MIN_LOG_LEVEL=2 "$TFPY" -c "import sys, numpy, tensorflow as tf
 print('python %s, tensorflow %s, keras %s, numpy %s' % (sys.version.split()[0], tf.__version__,
-      tf.keras.__version__, numpy.__version__))" 2>/dev/null)
+      getattr(tf.keras, '__version__', '2 (tf_keras)'), numpy.__version__))" 2>/dev/null)
   if [ -z "$TFVERSIONS" ]; then
     echo "test-python: no python with TensorFlow (${TFPY:-scripts/deps-tf.sh failed}); the TensorFlow suites FAIL" >&2
     summary="$summary

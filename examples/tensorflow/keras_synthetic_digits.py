@@ -34,6 +34,7 @@ import kolo.keras as hvd  # noqa: E402  (import horovod.tensorflow.keras as hvd 
 import kolo.tensorflow as hvd_tf  # noqa: E402
 
 keras = tf.keras
+KERAS_VERSION = getattr(keras, "__version__", None) or "2 (tf_keras)"
 
 parser = argparse.ArgumentParser(description="kolo: Keras learns generated digits",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -100,7 +101,7 @@ def log(s):
 
 
 log("kolo %s: %d worker(s), %d TensorFlow thread(s) each; TensorFlow %s, Keras %s; %d images per worker, "
-    "batch %d per worker, lr %.3f x %d%s" % (hvd.__version__, hvd.size(), threads, tf.__version__, keras.__version__,
+    "batch %d per worker, lr %.3f x %d%s" % (hvd.__version__, hvd.size(), threads, tf.__version__, KERAS_VERSION,
                                              per_rank, args.batch_size, args.base_lr, hvd.size(),
                                              " (custom loop)" if args.custom_loop else ""))
 

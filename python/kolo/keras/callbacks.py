@@ -77,8 +77,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     changes the rate at the start of each epoch, False at every batch with a fractional epoch
     (steps_per_epoch from fit when not given). momentum_correction scales the momentum by
     new_lr / old_lr for the batch where the rate changes, where the optimizer's momentum is a
-    variable (Keras 2); Keras 3's is a constant of the compiled step and is left alone. The rate in
-    use is logged as 'lr' at the end of each epoch."""
+    variable (Keras 2's legacy optimizers); Keras 3's (and Keras 2's since 2.11) is a constant of the
+    compiled step and is left alone, with a warning. The rate in use is logged as 'lr' at the end of
+    each epoch."""
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=True, steps_per_epoch=None):
@@ -124,8 +125,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             momentum.assign(self._restore_momentum * new / old)
         elif not self._warned and new != old:
             self._warned = True
-            warnings.warn("%s: the optimizer's momentum is a Python number (Keras 3), compiled into the training "
-                          "step, so it is not corrected while the learning rate changes" % type(self).__name__)
+            warnings.warn("%s: the optimizer's momentum is a Python number (Keras 3, and Keras 2's optimizers since "
+                          "2.11), compiled into the training step, so it is not corrected while the learning rate "
+                          "changes" % type(self).__name__)
 
     def on_batch_begin(self, batch, logs=None):
         e = self.current_epoch
