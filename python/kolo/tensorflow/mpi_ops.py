@@ -287,17 +287,22 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, compression, name, process_set)
     c_op(op)
-    tensor = _tensor(tensor, "allreduce")
-    compressed, ctx = compression.compress(tensor)
-    nm = _name(name, "Allreduce", compressed)
 
-    def fwd(x):
+    def fwd(x, nm):
         return _allreduce_raw([x], [nm], op, prescale_factor, postscale_factor, process_set)[0]
 
-    def bwd(dy):
+    def bwd(dy, x):
         return _allreduce_raw([dy], [_name(None, "AllreduceGrad", dy)], op, prescale_factor, postscale_factor,
                               process_set)[0]
-    return compression.decompress(_differentiable([compressed], fwd, bwd), ctx)
+    return _compressed(tensor, compression, name, "Allreduce", fwd, bwd)
+
+
+def _compressed(tensor, compression, name, kind, forward, backward):
+    """Compresses tensor, runs forward(x, name) on it with backward(dy, x) as its gradient, and
+    decompresses the result (allreduce and reducescatter)."""
+    x, ctx = compression.compress(_tensor(tensor, kind.lower()))
+    nm = _name(name, kind, x)
+    return compression.decompress(_differentiable([x], lambda t: forward(t, nm), lambda dy: backward(dy, x)), ctx)
 
 
 def _allreduce_indexed_slices(slices, op, compression, name, process_set):
@@ -416,20 +421,17 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     (divided by the size for Average, times the factors)."""
     process_set = _pset(process_set)
     c_op(op)
-    tensor = _tensor(tensor, "reducescatter")
-    compressed, ctx = compression.compress(tensor)
-    nm = _name(name, "Reducescatter", compressed)
 
-    def fwd(x):
+    def fwd(x, nm):
         return _reducescatter_raw([x], [nm], op, prescale_factor, postscale_factor, process_set)[0]
 
-    def bwd(dy):
+    def bwd(dy, x):
         g = _allgather_raw([dy], [_name(None, "ReducescatterGrad", dy)], process_set)[0]
         scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
         g = g if scale == 1.0 else g * tf.cast(scale, g.dtype)
-        g.set_shape(compressed.shape)
+        g.set_shape(x.shape)
         return g
-    return compression.decompress(_differentiable([compressed], fwd, bwd), ctx)
+    return _compressed(tensor, compression, name, "Reducescatter", fwd, bwd)
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average, name=None,

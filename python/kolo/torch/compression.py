@@ -2,29 +2,7 @@
 
 import torch
 
-
-class Compressor:
-    """compress(tensor) -> (tensor, ctx) before the collective; decompress(tensor, ctx) after."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from kolo._compression import Compressor, NoneCompressor  # noqa: F401
 
 
 class FP16Compressor(Compressor):
