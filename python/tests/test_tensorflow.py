@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -488,7 +487,7 @@ def test_learning_rate_warmup_and_schedule():
 
 
 @pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras 3.15's save on NumPy 2
-def test_keras_value_helpers_and_load_model():
+def test_keras_value_helpers_and_load_model(tmp_path):
     n, r = n_r()
     assert np.allclose(hvdk.allreduce(np.array([r, 1.0])), [(n - 1) / 2, 1.0])
     assert hvdk.allgather(np.array([r])).tolist() == list(range(n))
@@ -499,7 +498,7 @@ def test_keras_value_helpers_and_load_model():
     model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
     x, y = rank_data(r)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    path = os.path.join(tempfile.mkdtemp(prefix="kolo-tf-"), "model.keras")
+    path = str(tmp_path / "model.keras")
     model.save(path)
     plain = keras.models.load_model(path)
     assert not getattr(plain.optimizer, "_kolo_distributed", False)  # saved as a plain SGD
@@ -514,10 +513,10 @@ def test_keras_value_helpers_and_load_model():
 
 @pytest.mark.standalone
 @pytest.mark.parametrize("how", ["fit", "custom-loop"])
-def test_keras_example_learns(how):
+def test_keras_example_learns(tmp_path, how):
     script = os.path.join(ROOT, "examples", "tensorflow", "keras_synthetic_digits.py")
     kolorun = os.path.join(ROOT, "build", "bin", "kolorun")
-    ck = os.path.join(tempfile.mkdtemp(prefix="kolo-tf-example-"), "model.keras")
+    ck = str(tmp_path / "model.keras")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     assert not UNDER_KOLORUN
     extra = ["--custom-loop"] if how == "custom-loop" else []
@@ -533,8 +532,8 @@ def test_keras_example_learns(how):
 
 
 @pytest.mark.standalone
-def test_pip_install_brings_the_tensorflow_modules():
-    target = tempfile.mkdtemp(prefix="kolo-tf-pip-")
+def test_pip_install_brings_the_tensorflow_modules(tmp_path):
+    target = str(tmp_path / "site")
     pydir = os.path.join(ROOT, "python")
     p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                         "--target", target, pydir], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
