@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -698,6 +699,11 @@ static void cc_after_attach(const char *setting, char *out, size_t cap)
     kolo__conn c = {.fd = a, .peer = 1};
     KT_OK(kolo__tcp_attach(&c));
     snprintf(out, cap, "%s", kolo__tcp_congestion(&c));
+    /* within the host, unsent data queued in the kernel is bounded (tcp.c: TCP_LOCAL_UNSENT_MAX) */
+    int unsent = 0;
+    socklen_t ul = sizeof(unsent);
+    KT_ASSERT(getsockopt(a, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, &ul) == 0);
+    KT_ASSERTF(unsent > 0 && unsent <= (1 << 20), "TCP_NOTSENT_LOWAT %d on a loopback connection", unsent);
     KT_ASSERT(send(a, "k", 1, 0) == 1);
     char ch = 0;
     KT_ASSERT(recv(b, &ch, 1, 0) == 1 && ch == 'k');
