@@ -4,7 +4,8 @@
  * The own block goes out from the caller's send buffer, not from its copy in the output: that
  * copy was just written, so on shared memory a peer reading it (single-copy) would have to pull
  * every line out of this core's cache, while the send buffer is usually clean and may already
- * sit in the peer's cache. The local copy is made after the transfers are posted. */
+ * sit in the peer's cache. The local copy is made while the transfers move (in slices, with a
+ * progress pass before each). */
 #include "coll.h"
 
 #define DIRECT_MAX (256u << 10)
@@ -38,7 +39,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     /* send may lie inside out only as the own block (in place), so this copy touches no block
      * that is in flight */
-    kolo__coll_copy_own(mine, send, counts[r] * es, stream);
+    kolo__coll_copy_own_moving(m, mine, send, counts[r] * es, stream);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     return kolo__wait(m, ptrs, k);
 }

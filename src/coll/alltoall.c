@@ -50,7 +50,7 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
         st = kolo__err(KOLO_ERR_INVALID_ARG, "alltoall: rank sends %zu elements to itself but expects %zu",
                        sendcounts[r], recvcounts[r]);
     else
-        kolo__coll_copy_own(d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es, stream);
+        kolo__coll_copy_own_moving(m, d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es, stream);
     int st2 = kolo__wait(m, ptrs, k);
     if (xs != xs_stack) {
         kolo__free(xs);

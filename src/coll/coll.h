@@ -100,6 +100,10 @@ void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
  * are written around the cache (`stream`), so is this one, if it does not overlap its source;
  * memmove otherwise. */
 void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream);
+/* The same while transfers are in flight: in slices, with a progress pass of the mesh before
+ * each, so that the sends just posted leave (and arriving data is taken) while this rank copies
+ * instead of after it. */
+void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_t n, bool stream);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
 /* Ring chunk size in bytes, a multiple of 64 (KOLO_RING_CHUNK). */

@@ -63,3 +63,27 @@ void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream)
         memmove(dst, src, n);
     }
 }
+
+#define OWN_SLICE ((size_t)256 << 10)
+
+void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_t n, bool stream)
+{
+    char *d = dst;
+    const char *s = src;
+    if (!n || d == s) {
+        kolo__poke(m);
+        return;
+    }
+    if (!(d + n <= s || s + n <= d)) { /* overlapping: one memmove */
+        kolo__poke(m);
+        memmove(dst, src, n);
+        return;
+    }
+    for (size_t at = 0; at < n; at += OWN_SLICE) {
+        size_t k = KOLO_MIN(OWN_SLICE, n - at);
+        kolo__poke(m);
+        if (stream) kolo__stream_copy(d + at, s + at, k);
+        else memcpy(d + at, s + at, k);
+    }
+    if (stream) kolo__stream_fence();
+}

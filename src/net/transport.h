@@ -154,6 +154,10 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
+/* One progress pass over every connection with queued xfers, without waiting, so that xfers
+ * posted just now start moving before the caller does local work. A failure stays in the xfers
+ * (and the mesh) for kolo__wait to report. */
+void kolo__poke(kolo__mesh *m);
 
 /* Helpers for transports: frame header and queue bookkeeping. */
 void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t len);
