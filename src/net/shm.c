@@ -96,7 +96,7 @@ typedef struct shm_priv {
     uint64_t rx_start, last_end;
     way_choice cls[SHM_CLASSES];
     /* bytes from the start of each ring known to be mapped in: all of it when the segment was
-     * mapped with MAP_POPULATE, else it grows in big steps during the first pass (first_pass) */
+     * populated at start-up, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
     uint64_t tx_tail; /* sending: the reader's tail as last loaded */
 } shm_priv;
