@@ -56,7 +56,7 @@
 #define CMA_DESC_LEN 24 /* {address, length, stamp} */
 #define STAMP_LEN 8
 #define PROBE_MSGS 3 /* samples in a probe of the way not in use (auto, below) */
-#define SHM_CLASSES 6 /* auto: size classes of large messages, x4 from the threshold (the last open-ended) */
+#define SHM_CLASSES 11 /* auto: size classes of large messages, x2 from the threshold (the last open-ended) */
 
 /* auto, receiving, per size class: the cost per byte of each way (0 ring, 1 CMA) and when it
  * was last measured; what we ask the sender for, whether that is a probe of the other way (and
@@ -195,12 +195,15 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A probe of the
  * slower way costs those few messages at the slower speed.
  *
- * All of this is kept per size class of the message (x4 from the threshold: 32-128 KiB,
- * 128-512 KiB, ..., 32 MiB and up), and the sender looks up each message's class in the
+ * All of this is kept per size class of the message (x2 from the threshold: 32-64 KiB,
+ * 64-128 KiB, ..., 32 MiB and up), and the sender looks up each message's class in the
  * receiver's bit mask. Per byte a short message carries more fixed cost, and which way wins
  * depends on size: on a 2-vCPU Intel Xeon the two tie at 64 KiB messages and single-copy wins
  * 2x from 256 KiB; with one choice per pair, a sweep upwards kept the ring, its single-copy
- * figure a short message's, and an allgather of 512 KiB took 33 us against 17. A class's first
+ * figure a short message's, and an allgather of 512 KiB took 33 us against 17. Classes x4 wide
+ * still mixed sizes that choose differently: a broadcast's 1 MiB messages tie, its 512 KiB ones
+ * run 19 us by CMA against 24 by ring, and the class of both kept the ring (512 KiB in a sweep
+ * 21.7-22.4 us; 16.4-18.8 with classes x2 wide, the other collectives unchanged). A class's first
  * probe comes after PROBE_CLASS_FIRST_MSGS messages once the pair has moved more than
  * PROBE_FIRST_MSGS large messages (the ring is warm by then). A class's decision also sets the
  * choice of the larger classes that have seen no message yet (larger messages rarely reverse
@@ -256,7 +259,7 @@ static bool cheaper(const way_choice *w, int a, int b)
 static int shm_class(const shm_priv *s, uint64_t bytes)
 {
     int k = 0;
-    for (uint64_t b = bytes / KOLO_MAX(s->cma_threshold, 1); b >= 4 && k < SHM_CLASSES - 1; b /= 4) k++;
+    for (uint64_t b = bytes / KOLO_MAX(s->cma_threshold, 1); b >= 2 && k < SHM_CLASSES - 1; b /= 2) k++;
     return k;
 }
 
