@@ -70,20 +70,13 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
 {
     char *d = dst;
     const char *s = src;
-    if (!n || d == s) {
+    /* overlapping halves cannot be copied slice by slice in this order: one piece then */
+    size_t slice = d + n <= s || s + n <= d ? OWN_SLICE : KOLO_MAX(n, (size_t)1);
+    size_t at = 0;
+    do {
+        size_t k = KOLO_MIN(slice, n - at);
         kolo__poke(m);
-        return;
-    }
-    if (!(d + n <= s || s + n <= d)) { /* overlapping: one memmove */
-        kolo__poke(m);
-        memmove(dst, src, n);
-        return;
-    }
-    for (size_t at = 0; at < n; at += OWN_SLICE) {
-        size_t k = KOLO_MIN(OWN_SLICE, n - at);
-        kolo__poke(m);
-        if (stream) kolo__stream_copy(d + at, s + at, k);
-        else memcpy(d + at, s + at, k);
-    }
-    if (stream) kolo__stream_fence();
+        kolo__coll_copy_own(d + at, s + at, k, stream);
+        at += k;
+    } while (at < n);
 }

@@ -24,7 +24,7 @@
  * flowing both ways on one socket (a 2-rank allgather or alltoall) left from both cores, arrived
  * out of order and was retransmitted 400-900 times per 10 exchanges of 32 MiB. With 64-256 KiB
  * queued at most: none, and 64 MiB allgathers and alltoalls in 13-14 ms instead of 23-24 (one
- * direction alone, broadcast, is unchanged; 1 MiB allowed reordering again). */
+ * direction alone, broadcast, is unchanged; with 1 MiB queued the reordering came back). */
 #define TCP_LOCAL_UNSENT_MAX (128u << 10)
 
 /* Bytes per system call at most: big enough to reach loopback's speed (machine.md: 1 MiB writes

@@ -194,7 +194,8 @@ int kolo__tcp_attach(kolo__conn *c);
 /* The congestion control a TCP conn runs ("cubic"), for messages; "?" when unknown. */
 const char *kolo__tcp_congestion(const kolo__conn *c);
 /* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
- * its pages faulted in (MAP_POPULATE), so the first messages do not pay a page fault each. */
+ * its pages faulted in and dirty (MADV_POPULATE_WRITE), so the first messages pay neither a page
+ * fault nor a first write to a clean page each. */
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
 int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
