@@ -852,3 +852,29 @@ KT_TEST(reduce_divide, 5)
     kolo__divide(one, 2, KOLO_INT32, 1);
     KT_ASSERT(one[0] == -5 && one[1] == 5);
 }
+
+/* The streamed copy of every build: any alignment of either end and any length gives memcpy's
+ * bytes, and nothing outside the destination is touched. */
+KT_TEST(reduce_stream_copy_every_alignment, 10)
+{
+    enum { MAX = 1000, PAD = 64 };
+    static unsigned char src[MAX + PAD], dst[MAX + 2 * PAD], want[MAX + 2 * PAD];
+    rng_state = 77;
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)rnd();
+    static const size_t lens[] = {0, 1, 15, 63, 64, 65, 127, 128, 200, 511, 777, MAX};
+    FOR_EACH_ISA(isa) {
+        for (size_t so = 0; so < 64; so += 7)
+            for (size_t dof = 0; dof < 64; dof += 5)
+                for (size_t li = 0; li < KOLO_ARRAY_SIZE(lens); li++) {
+                    size_t n = lens[li];
+                    memset(dst, 0xA5, sizeof dst);
+                    memcpy(want, dst, sizeof dst);
+                    memcpy(want + PAD + dof, src + so, n);
+                    kolo__stream_copy(dst + PAD + dof, src + so, n);
+                    kolo__stream_fence();
+                    KT_ASSERTF(memcmp(dst, want, sizeof dst) == 0,
+                               "%s: stream copy of %zu bytes from offset %zu to %zu differs", isa, n, so, dof);
+                }
+    }
+    KT_ASSERT(kolo__reduce_set_isa(NULL));
+}
