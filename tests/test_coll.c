@@ -667,9 +667,10 @@ static void zero_copy(int rank, void *arg)
         }
     }
     for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
-    uint64_t runs = kolo__zc_runs();
+    uint64_t runs = kolo__zc_runs(), pushes = kolo__zc_push_runs();
     KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     KT_EQ(kolo__zc_runs(), runs + 1);
+    KT_EQ(kolo__zc_push_runs(), pushes + 1); /* every member stored its block everywhere */
     for (size_t i = 0; i < count; i++) {
         float want = 0;
         for (int r = 0; r < n; r++) want += zc_val(i, r);
@@ -713,8 +714,12 @@ static void zero_copy(int rank, void *arg)
     if (rank == 1) kolo__mem_test_fail_map(1);
     for (int round = 0; round < 2; round++) {
         for (size_t i = 0; i < count; i++) b[i] = -1;
+        pushes = kolo__zc_push_runs();
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
         KT_EQ(kolo__zc_runs(), runs + 4);
+        /* in the first round the others still map everyone and store their blocks into every
+         * output, rank 1 its own only: the others take its block from its output */
+        KT_EQ(kolo__zc_push_runs(), pushes + (round == 0 && rank != 1));
         for (size_t i = 0; i < count; i += 101) {
             float want = 0;
             for (int r = 0; r < n; r++) want += zc_val(i, r);

@@ -5,27 +5,39 @@
  * comes from kolo_mem_alloc, and one arena holding the bucket's tensors).
  *
  * The ring moves every byte through a shared ring (or a kernel copy) before it is reduced, so
- * a member of a 2-rank allreduce reads and writes about 4.5 times the buffer; the memory-traffic
- * bound of bench/compare.py assumes 2.5. Reading the others' buffers directly is that bound's
- * algorithm:
+ * a member of a 2-rank allreduce reads and writes about 4.5 times the buffer. Reading (and
+ * writing) the others' buffers directly needs 2: every input byte read once, every output byte
+ * written once, the least any allreduce can move (the memory-traffic bound of bench/compare.py):
  *
  *   1. the members exchange where their buffers are (one small allgather, which also tells each
  *      that the others' inputs are ready); each maps the others' kolo_mem_alloc buffers (cached)
  *      and reads the rest by CMA;
- *   2. member r reduces block r of the output from all n inputs (its own first, then the others
- *      in member order) and applies the final scaling to it, a step at a time in a scratch step
- *      that stays in cache (an input read by CMA is first copied into a second scratch step),
- *      streamed out to the output with non-temporal stores;
+ *   2. member r reduces block r from all n inputs, in member order, and applies the final
+ *      scaling. When it maps every other member it stores the results into every member's
+ *      output, a piece of PUSH_PIECE bytes at a time through a buffer in the first-level cache,
+ *      with non-temporal stores ("pushed"). Otherwise it reduces a step at a time in a scratch
+ *      step that stays in cache (an input read by CMA is first copied into a second scratch
+ *      step) and streams the results into its own output;
  *   3. the members exchange their status (a failed read anywhere fails the call everywhere,
- *      naming who could not read whom); member r copies every other block from its owner's
- *      output, mapped with non-temporal stores, by CMA straight into place;
- *   4. a last status exchange, so that no member returns (and reuses its buffers) while another
- *      still reads them.
+ *      naming who could not read whom, and each says whether it pushed). If every member
+ *      pushed, nobody reads another's buffers any more: done. Otherwise member r copies each
+ *      block that was not pushed from its owner's output, mapped with non-temporal stores, by
+ *      CMA straight into place;
+ *   4. then a last status exchange, so that no member returns (and reuses its buffers) while
+ *      another still reads them.
  *
  * Each block is reduced once, by its owner, so every member ends with the same bits. In place is
- * safe: in step 2 a member writes only its own block of its own buffer (each step after reading
- * it), which the others read only in step 3. The decision (direct or ring) is taken from the
- * exchanged descriptors, the same on every member.
+ * safe: block r of every member's buffer is read and written only by member r in step 2 (each
+ * piece read before it is written), and read by others only after the exchange of step 3.
+ * Pushing, measured on this project's VM (Sapphire Rapids), 2 ranks, 64 MiB in kolo_mem_alloc
+ * buffers, out of place: 10.5-11.2 ms per call when each member wrote only its own output and
+ * read the other blocks back after an exchange (step 2 6.3-6.8 ms, step 3 3.9); pushed, pieces of
+ * 1 KiB 6.0-6.7 ms, 512 B 6.1-6.3, 2 KiB 6.7-7.0, 4 KiB 7.5-8.0, 16 KiB 7.0-7.4 (interleaved
+ * launches; float16 and bfloat16 alike, 1 KiB 12-15 % faster than 4 KiB). The bound, both cores
+ * moving 2 x 64 MiB at the measured 44 GB/s, is 6.1 ms. The engine's ResNet-50 step in one
+ * kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
+ * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
+ * member pushes is its own (it maps everyone), and step 3 follows what each said.
  *
  * Mapped buffers (all members) run from 4 MiB: from 16 MiB they are always faster than the
  * ring; at 4-8 MiB nearly always (below). Measured on this
@@ -49,11 +61,12 @@
  * mapped against the ring by timing, as CMA against the ring is chosen, would take both.
  *
  * Storing, mapped and in place: the results go out with non-temporal stores, which skip reading
- * the output's lines. In place those lines were just read as input and sit in the cache, and on
- * one CCD plain stores through the cache ran far faster; across CCDs they crawl (a line the other
- * rank read is taken back from its cache). Measured (2 ranks, in place, us, 4 launches; cached
- * stores in step 2 and 3 against streaming): one CCD 4 MiB 243-265 against 450-528, 8 MiB
- * 481-629 against 976-1043, 16 MiB 1431-2111 against 1956-2166; two CCDs 4 MiB 2414 against 528.
+ * the output's lines (into the other members' outputs always). In place those lines were just
+ * read as input and sit in the cache, and on one CCD plain stores through the cache ran far
+ * faster; across CCDs they crawl (a line the other rank read is taken back from its cache).
+ * Measured before members pushed (2 ranks, in place, us, 4 launches; cached stores in steps 2 and
+ * 3 against streaming): one CCD 4 MiB 243-265 against 450-528, 8 MiB 481-629 against 976-1043,
+ * 16 MiB 1431-2111 against 1956-2166; two CCDs 4 MiB 2414 against 528.
  * Out of place nothing changes. So member 0 chooses by timing, per size class, as below for CMA
  * (the ways: streaming, cached), and its choice travels in its descriptor.
  *
@@ -83,6 +96,7 @@
 #define ZC_MIN ((size_t)4 << 20)      /* mapped: from this size on, always (above) */
 #define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
+#define PUSH_PIECE ((size_t)1 << 10)  /* mapped, results are stored this many bytes at a time (below) */
 /* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc
  * allocations (inputs and outputs together): an in-place tensor, or the engine's fusion buffer and
  * one arena holding the tensors of a bucket. */
@@ -119,15 +133,17 @@ typedef struct seg_addr {
 } seg_addr;
 
 typedef struct status {
-    int32_t err;  /* an errno, or 0 */
-    int32_t peer; /* the member it could not read */
+    int32_t err;    /* an errno, or 0 */
+    int32_t peer;   /* the member it could not read */
+    int32_t pushed; /* its block is already in every member's output (step 2) */
 } status;
 
-static uint64_t zc_runs, cma_runs, zc_cached_runs;
+static uint64_t zc_runs, cma_runs, zc_cached_runs, zc_push_runs;
 
 uint64_t kolo__zc_runs(void) { return __atomic_load_n(&zc_runs, __ATOMIC_RELAXED); }
 uint64_t kolo__direct_cma_runs(void) { return __atomic_load_n(&cma_runs, __ATOMIC_RELAXED); }
 uint64_t kolo__zc_cached_runs(void) { return __atomic_load_n(&zc_cached_runs, __ATOMIC_RELAXED); }
+uint64_t kolo__zc_push_runs(void) { return __atomic_load_n(&zc_push_runs, __ATOMIC_RELAXED); }
 
 /* test hooks */
 static int test_force = -1, test_fail_read, test_store = -1;
@@ -288,9 +304,8 @@ static int cma_read(int pid, uint64_t addr, char *buf, size_t n)
 }
 
 /* Every member's status, the first failure (or none) in *bad: the same on every member. */
-static int exchange_status(kolo__mesh *m, const kolo__group *g, status me, status *bad, int *who)
+static int exchange_status(kolo__mesh *m, const kolo__group *g, status me, status *bad, int *who, status *all)
 {
-    status all[MAX_MEMBERS];
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < g->size; i++) ones[i] = 1;
     int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(status));
@@ -343,6 +358,27 @@ static bool regions_hold(const desc *d, const seg_addr *sa, const size_t *start,
         }
     }
     return true;
+}
+
+/* c elements of block r reduced from every member's input in[0..n-1], in member order, finished,
+ * and stored into every member's output out[0..n-1]: a piece at a time through a buffer that
+ * stays in the first-level cache, around the cache (this member's own output through it when
+ * own_cached). */
+static void reduce_push(char *const *out, const char *const *in, int n, int r, size_t c, kolo_dtype_t dtype,
+                        kolo_op_t op, double post, bool own_cached)
+{
+    _Alignas(64) char buf[PUSH_PIECE];
+    size_t es = kolo_dtype_size(dtype), per = PUSH_PIECE / es;
+    for (size_t i = 0; i < c; i += per) {
+        size_t e = KOLO_MIN(per, c - i), o = i * es;
+        kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
+        for (int q = 2; q < n; q++) kolo__reduce(buf, buf, in[q] + o, e, dtype, op);
+        kolo__coll_finish_scale(buf, e, dtype, op, post, n);
+        for (int q = 0; q < n; q++) {
+            if (q == r && own_cached) memcpy(out[q] + o, buf, e * es);
+            else kolo__stream_copy(out[q] + o, buf, e * es);
+        }
+    }
 }
 
 int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, int nseg, kolo_dtype_t dtype,
@@ -452,10 +488,14 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         off[i] = o;
         o += cnt[i];
     }
-    status mine = {0, -1}, bad = {0, -1};
+    status mine = {0, -1, 0}, bad = {0, -1, 0};
     int who = -1;
     /* mapped and in place, member 0 may have chosen cached stores (see "Storing" at the top) */
     bool cached = mapped && all[0].store == STORE_CACHED;
+    /* every other member mapped: this member stores its block into every output (step 2) */
+    bool push = mapped;
+    for (int i = 0; i < n; i++) push = push && (i == r || maps[i]);
+    mine.pushed = push;
     /* block r, a step at a time: reduced in a scratch step that stays in cache, then streamed
      * out, so the output's lines are written without being read (or stored through the cache) */
     char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * STEP), *got = tmp ? tmp + STEP : NULL;
@@ -466,6 +506,16 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     kolo__walk_init(&w, segs, start, off[r], off[r] + cnt[r], STEP / es);
     while (!mine.err && kolo__walk_next(&w, &k, &at, &c)) {
         size_t b0 = at * es; /* in the segment */
+        if (push) {
+            const char *in[MAX_MEMBERS];
+            char *out[MAX_MEMBERS];
+            for (int i = 0; i < n; i++) {
+                in[i] = (i == r ? segs[k].src : PEER(i, k, 0)) + b0;
+                out[i] = (i == r ? segs[k].dst : PEER(i, k, 1)) + b0;
+            }
+            reduce_push(out, in, n, r, c, dtype, op, post, cached && segs[k].dst == segs[k].src);
+            continue;
+        }
         for (int i = first; i < n && !mine.err; i++) {
             if (i == r) continue;
             const char *p = maps[i] ? PEER(i, k, 0) + b0 : got;
@@ -479,10 +529,13 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         else kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
     }
     kolo__stream_fence();
-    st = exchange_status(m, g, mine, &bad, &who);
+    status all_st[MAX_MEMBERS];
+    st = exchange_status(m, g, mine, &bad, &who, all_st);
+    bool pulled_any = false; /* the same on every member */
+    for (int i = 0; i < n && st == KOLO_OK; i++) pulled_any = pulled_any || !all_st[i].pushed;
     if (st == KOLO_OK && !bad.err) {
         for (int i = 0; i < n && !mine.err; i++) {
-            if (i == r) continue;
+            if (i == r || all_st[i].pushed) continue;
             kolo__walker wi;
             kolo__walk_init(&wi, segs, start, off[i], off[i] + cnt[i], SIZE_MAX);
             while (!mine.err && kolo__walk_next(&wi, &k, &at, &c)) {
@@ -497,7 +550,9 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         kolo__stream_fence();
         if (mine.err == 0) test_delay(PLAN_DIRECT);
         if (mine.err == 0 && mapped && ip) kolo__sleep_ns(test_store_delay_ns[cached]);
-        st = exchange_status(m, g, mine, &bad, &who);
+        /* once every member has pushed its block, nobody reads another's buffers after the
+         * exchange above; else the pullers must be done before anyone returns */
+        if (pulled_any) st = exchange_status(m, g, mine, &bad, &who, all_st);
     }
 #undef PEER
 #undef ADDR
@@ -517,6 +572,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     if (mapped) {
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
         if (cached && ip) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
+        if (push) __atomic_fetch_add(&zc_push_runs, 1, __ATOMIC_RELAXED);
         if (r == 0 && ip && test_store < 0)
             learn(store_choice_for(m, bytes), all[0].store, t->start, bytes, WAYS_STORE);
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
