@@ -622,28 +622,28 @@ def machine_limits(quick):
 
 
 def traffic_per_rank(coll, n, S):
-    """Bytes read + written per rank by a single-copy shared-memory scheme in which each rank
-    reads its peers' buffers directly and writes only its own. S = nccl-tests' size."""
-    if coll == "allreduce":        # reduce own 1/n (read n*S/n, write S/n), gather the rest
-        return S * (2 + (n - 1) / n)
-    if coll == "allgather":        # read every block (S), write it into own output (S)
+    """Bytes read + written per rank when every input byte is read once and every output byte
+    written once, spread evenly over the ranks: the least any algorithm can move when ranks read
+    and write each other's buffers directly (mapped shared memory). S = nccl-tests' size."""
+    if coll == "allreduce":        # n inputs of S read, n outputs of S written
         return 2.0 * S
-    if coll == "broadcast":        # non-roots read S from the root and write S; averaged
-        return 2.0 * S * (n - 1) / n
-    if coll == "reducescatter":    # read own block of every input (S), write the block (S/n)
+    if coll == "allgather":        # the n blocks (S in all) read once, n outputs of S written
         return S * (1 + 1 / n)
-    if coll == "alltoall":         # read S from the peers' send buffers, write S
+    if coll == "broadcast":        # the root's S read once, n - 1 outputs of S written
+        return float(S)
+    if coll == "reducescatter":    # n inputs of S read, n blocks of S/n written
+        return S * (1 + 1 / n)
+    if coll == "alltoall":         # n send buffers of S read, n outputs of S written
         return 2.0 * S
     return None
 
 
 BOUND_FORMULAS = [
-    ("allreduce", "(2 + (n-1)/n) · S", "reduce its 1/n: read S, write S/n; gather the other "
-     "(n-1)/n of the result: read and write (n-1)/n · S  (2.5 S at n = 2)"),
-    ("allgather", "2 · S", "read every block from its owner, write it into the output"),
-    ("broadcast", "2 · S · (n-1)/n", "each non-root reads S from the root and writes S"),
-    ("reducescatter", "(1 + 1/n) · S", "read its block of every input (S), write one block"),
-    ("alltoall", "2 · S", "read S from the peers' send buffers, write S"),
+    ("allreduce", "2 · S", "every rank's input read once (n · S), every rank's output written once (n · S)"),
+    ("allgather", "(1 + 1/n) · S", "each rank's block read once (S in all), written into n outputs"),
+    ("broadcast", "S", "the root's buffer read once, written into the other n - 1 outputs"),
+    ("reducescatter", "(1 + 1/n) · S", "every input read once (n · S), one block written per rank (S)"),
+    ("alltoall", "2 · S", "every send buffer read once, every output written once"),
 ]
 DRAM_MIN = 32 << 20   # out of cache from here on (machine.md: the cliff is between 16 and 32 MiB)
 LAT_MAX = 4096
@@ -1316,9 +1316,12 @@ class Report:
                  "ranks is bounded below by **t ≥ n · T(S) / B**, where B = %s GB/s is the "
                  "machine's measured DRAM traffic rate (bytes read plus written per second with "
                  "both cores, the best of memcpy ×2 and streaming add ×3) and T(S) is what one rank "
-                 "must read and write in a single-copy shared-memory scheme in which each rank "
-                 "reads its peers' buffers directly and writes only its own (S = nccl-tests' "
-                 "size):" % (fmt_size(DRAM_MIN), B if B else "?"))
+                 "reads and writes when every input byte is read once and every output byte is "
+                 "written once, shared evenly: the least any algorithm can move, reached when the "
+                 "ranks read and write each other's buffers directly, as kolo's allreduce does on "
+                 "`kolo_mem_alloc` buffers (S = nccl-tests' size). Results files up to "
+                 "2026-11-22_0931 used a looser model (each rank writing only its own output: "
+                 "allreduce 2.5 S at n = 2):" % (fmt_size(DRAM_MIN), B if B else "?"))
         L.append("")
         L.append("| collective | T(S) per rank | why |")
         L.append("|---|---|---|")
@@ -1332,7 +1335,7 @@ class Report:
                  "wall." % (fmt_size(LAT_MAX), self.lim.get("shm_ping_oneway_us", "?")))
         if B:
             t = bound_time_us("allreduce", 2, 64 << 20, self.lim)
-            L.append("Example: allreduce of 64 MiB on 2 ranks moves 2 × 2.5 × 64 MiB = 336 MB, so "
+            L.append("Example: allreduce of 64 MiB on 2 ranks moves 2 × 2 × 64 MiB = 268 MB, so "
                      "t ≥ %.1f ms, a busbw bound of %.2f GB/s." % (t / 1e3, (64 << 20) / 1e3 / t))
         L.append("")
         return L
