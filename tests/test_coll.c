@@ -654,12 +654,12 @@ static void zero_copy(int rank, void *arg)
     size_t count = ((size_t)16 << 20) / 4 + 5;
     float *a = kolo_mem_alloc(count * 4), *b = kolo_mem_alloc(count * 4);
     KT_ASSERT(a && b);
-    /* mapped from 4 MiB; below, the ring (or CMA) */
-    for (size_t small = ((size_t)4 << 20) / 4 - 16; small <= ((size_t)4 << 20) / 4 + 3; small += 19) {
+    /* mapped above the small allreduces (KOLO_SMALL_ALLREDUCE_MAX, 64 KiB) */
+    for (size_t small = ((size_t)64 << 10) / 4 - 16; small <= ((size_t)64 << 10) / 4 + 3; small += 19) {
         for (size_t i = 0; i < small; i++) a[i] = zc_val(i, rank);
         uint64_t before = kolo__zc_runs();
         KT_OK(kolo_allreduce(a, b, small, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-        KT_EQ(kolo__zc_runs(), before + (small * 4 >= ((size_t)4 << 20)));
+        KT_EQ(kolo__zc_runs(), before + (small * 4 > ((size_t)64 << 10)));
         for (size_t i = 0; i < small; i += 997) {
             float want = 0;
             for (int r = 0; r < n; r++) want += zc_val(i, r);
@@ -741,8 +741,8 @@ KT_TEST(zero_copy_allreduce, 120)
     KT_EQ(kt_job(3, zero_copy, NULL, NULL, NULL), 0);
 }
 
-/* Mapped and in place, the results are stored through the cache or around it, as member 0
- * chooses: both ways exact (each forced, uneven blocks, a postscaled average too), and the choice
+/* Mapped, in place and out of place, the results are stored through the cache or around it, as
+ * member 0 chooses: both ways exact (each forced, uneven blocks, a postscaled average too), and the choice
  * follows the timings: a hook makes one way 30 ms slower per call, and the other must carry at
  * least 8 of the last 12 calls (the slow way runs only in the first calls and in probes of 2). */
 static void store_choice(int rank, void *arg)
@@ -751,50 +751,58 @@ static void store_choice(int rank, void *arg)
     KT_OK(kolo_init());
     int n = kolo_size();
     size_t count = ((size_t)4 << 20) / 4 + 5;
-    float *a = kolo_mem_alloc(count * 4);
-    KT_ASSERT(a);
-    for (int mode = 0; mode < 2; mode++) {
-        kolo__direct_test_force_store(mode);
-        for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
-        uint64_t cached = kolo__zc_cached_runs(), runs = kolo__zc_runs();
-        KT_OK(kolo_allreduce(a, a, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-        KT_EQ(kolo__zc_runs(), runs + 1);
-        KT_EQ(kolo__zc_cached_runs(), cached + (uint64_t)mode);
-        for (size_t i = 0; i < count; i++) {
-            float want = 0;
-            for (int r = 0; r < n; r++) want += zc_val(i, r);
-            KT_ASSERTF(a[i] == want, "stores %d, sum [%zu]: %g, want %g", mode, i, (double)a[i], (double)want);
-        }
-        for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
-        KT_OK(kolo_allreduce(a, a, count, KOLO_FLOAT32, KOLO_AVERAGE, 1, 0.5, KOLO_WORLD));
-        for (size_t i = 0; i < count; i += 13) {
-            double want = 0;
-            for (int r = 0; r < n; r++) want += zc_val(i, r);
-            want = want / n * 0.5;
-            KT_ASSERTF(fabs(a[i] - want) <= 1e-5 * want, "stores %d, average [%zu]: %g, want %g", mode, i,
-                       (double)a[i], want);
+    float *a = kolo_mem_alloc(count * 4), *b = kolo_mem_alloc(count * 4);
+    KT_ASSERT(a && b);
+    for (int ip = 0; ip < 2; ip++) {
+        float *out = ip ? a : b;
+        for (int mode = 0; mode < 2; mode++) {
+            kolo__direct_test_force_store(mode);
+            for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank), b[i] = -1;
+            uint64_t cached = kolo__zc_cached_runs(), runs = kolo__zc_runs();
+            KT_OK(kolo_allreduce(a, out, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            KT_EQ(kolo__zc_runs(), runs + 1);
+            KT_EQ(kolo__zc_cached_runs(), cached + (uint64_t)mode);
+            for (size_t i = 0; i < count; i++) {
+                float want = 0;
+                for (int r = 0; r < n; r++) want += zc_val(i, r);
+                KT_ASSERTF(out[i] == want, "in place %d, stores %d, sum [%zu]: %g, want %g", ip, mode, i,
+                           (double)out[i], (double)want);
+            }
+            for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
+            KT_OK(kolo_allreduce(a, out, count, KOLO_FLOAT32, KOLO_AVERAGE, 1, 0.5, KOLO_WORLD));
+            for (size_t i = 0; i < count; i += 13) {
+                double want = 0;
+                for (int r = 0; r < n; r++) want += zc_val(i, r);
+                want = want / n * 0.5;
+                KT_ASSERTF(fabs(out[i] - want) <= 1e-5 * want, "in place %d, stores %d, average [%zu]: %g, want %g",
+                           ip, mode, i, (double)out[i], want);
+            }
         }
     }
     kolo__direct_test_force_store(-1);
     kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
-    for (int slow = 0; slow < 2; slow++) {
-        memset(m->direct_store, 0, sizeof(m->direct_store));
-        kolo__direct_test_delay_store(slow, 30 * 1000 * 1000);
-        int cached = 0;
-        for (int call = 0; call < 24; call++) {
-            uint64_t before = kolo__zc_cached_runs();
-            KT_OK(kolo_allreduce(a, a, count, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD));
-            if (call >= 12) cached += kolo__zc_cached_runs() != before;
+    for (int ip = 0; ip < 2; ip++) {
+        for (int slow = 0; slow < 2; slow++) {
+            memset(m->direct_store, 0, sizeof(m->direct_store));
+            kolo__direct_test_delay_store(slow, 30 * 1000 * 1000);
+            int cached = 0;
+            for (int call = 0; call < 24; call++) {
+                uint64_t before = kolo__zc_cached_runs();
+                KT_OK(kolo_allreduce(a, ip ? a : b, count, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+                if (call >= 12) cached += kolo__zc_cached_runs() != before;
+            }
+            kolo__direct_test_delay_store(slow, 0);
+            KT_ASSERTF(slow == 0 ? cached >= 8 : cached <= 4,
+                       "in place %d, %s stores slowed by 30 ms: %d of the last 12 calls cached", ip,
+                       slow ? "cached" : "streaming", cached);
         }
-        kolo__direct_test_delay_store(slow, 0);
-        KT_ASSERTF(slow == 0 ? cached >= 8 : cached <= 4, "%s stores slowed by 30 ms: %d of the last 12 calls cached",
-                   slow ? "cached" : "streaming", cached);
     }
     KT_OK(kolo_mem_free(a));
+    KT_OK(kolo_mem_free(b));
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(mapped_in_place_store_choice, 120)
+KT_TEST(mapped_store_choice, 120)
 {
     KT_EQ(kt_job(2, store_choice, NULL, NULL, NULL), 0);
     KT_EQ(kt_job(3, store_choice, NULL, NULL, NULL), 0);

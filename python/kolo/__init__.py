@@ -213,9 +213,9 @@ def join(process_set=global_process_set):  # noqa: F405
 def shared_empty(shape, dtype=np.float32):
     """A zeroed NumPy array in memory the other ranks of this host can map (kolo_mem_alloc).
 
-    When every rank of a one-host job reduces such an array in place (allreduce_) and it holds
-    4 MiB or more, the ranks read each other's arrays directly instead of copying through
-    shared-memory rings: about half the memory traffic. torch.from_numpy() of it shares the
+    When every rank of a one-host job reduces such an array (allreduce_) and it holds more than
+    64 KiB, the ranks read and write each other's arrays directly instead of copying through
+    shared-memory rings: every byte crosses memory once (64 MiB, 2 ranks: 2.5x as fast). torch.from_numpy() of it shares the
     memory. Works before init(); the memory is freed when the last view of the array is gone."""
     dt = np.dtype(dtype)
     if any(int(d) < 0 for d in np.atleast_1d(shape)):

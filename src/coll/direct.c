@@ -39,36 +39,29 @@
  * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
  * member pushes is its own (it maps everyone), and step 3 follows what each said.
  *
- * Mapped buffers (all members) run from 4 MiB: from 16 MiB they are always faster than the
- * ring; at 4-8 MiB nearly always (below). Measured on this
- * project's VM, 2 ranks, busbw out of place / in place, GB/s, against malloc'd buffers (the ring)
- * in the same minutes:
+ * Mapped buffers (all members) run from ZC_MIN, every allreduce above the small ones
+ * (KOLO_SMALL_ALLREDUCE_MAX). Measured on this project's VM (Sapphire Rapids), 2 ranks, out of
+ * place / in place, us, against malloc'd buffers (the ring) in the same minutes: 128 KiB 4.3-4.5 /
+ * 3.7 (ring 17-20 / 17-18), 256 KiB 7.6-7.9 / 6.2-6.3 (33-37 / 31-35), 1 MiB 45-48 / 21-22 (175-179
+ * / 138-148), 4 MiB 319-320 / 146-166 (706-717 / 626-644). Before members pushed and stored
+ * through the cache, on VMs whose vCPUs sat on AMD CCDs, the ring in cache beat mapping below
+ * 4 MiB on one CCD (1 MiB 10-12 GB/s against 9-10) and mapping started there; on two CCDs mapped
+ * was 3-4x the ring at every size. A member whose buffers are not all mapped pays for the
+ * descriptor exchange below CMA_MIN too (a round trip of a hundred bytes, ~1 us), and then takes
+ * the ring.
  *
- *   vCPUs on one CCD:  16 MiB 8.2-11.0 / 9.4-9.7, 64 MiB 7.4-10.6 / 7.6-9.2, 256 MiB 7.3-9.6 /
- *                      7.7-9.9 (ring 5.1-6.0 / 4.4-7.1); at 1 MiB the ring in cache is faster
- *                      (12 against 4.5 before streaming stores), hence the threshold
- *   vCPUs on two CCDs: 16 MiB 11.2 / 9.7, 64 MiB 10.2 / 9.1, 256 MiB 10.2 / 9.8
- *                      (ring 4.1-5.8 / 2.8-7.3)
- *
- * and, with the threshold lowered to try it (6 launches, malloc'd buffers by the ring or CMA as
- * chosen, interleaved): one CCD 4 MiB 14.0 / 9.8 (malloc'd 6.0 / 8.7), 8 MiB 14.0 / 7.9 (4.3 /
- * 7.0); two CCDs 4 MiB 10.8-15.7 / 7.5-10.1 (1.7-2.3 / 1.9-2.3), 8 MiB 9.7-14.2 / 7.0-8.2
- * (2.4-3.7 / 2.0-2.7). The exception: on one CCD, in place, the ring in cache can be faster
- * (4 MiB 8.4-11.7 against 8.3-8.9 mapped, 5 launches); below 4 MiB on one CCD the ring wins
- * outright (1 MiB 10-12 against 9-10), on two CCDs mapped is 3-4x the ring at every size. So
- * mapping starts where reading by CMA may (CMA_MIN), where it loses at most a quarter on one CCD
- * and gains 3-4x on two: the engine's buckets during a backward pass are 4-16 MiB. Choosing
- * mapped against the ring by timing, as CMA against the ring is chosen, would take both.
- *
- * Storing, mapped and in place: the results go out with non-temporal stores, which skip reading
- * the output's lines (into the other members' outputs always). In place those lines were just
- * read as input and sit in the cache, and on one CCD plain stores through the cache ran far
- * faster; across CCDs they crawl (a line the other rank read is taken back from its cache).
- * Measured before members pushed (2 ranks, in place, us, 4 launches; cached stores in steps 2 and
- * 3 against streaming): one CCD 4 MiB 243-265 against 450-528, 8 MiB 481-629 against 976-1043,
- * 16 MiB 1431-2111 against 1956-2166; two CCDs 4 MiB 2414 against 528.
- * Out of place nothing changes. So member 0 chooses by timing, per size class, as below for CMA
- * (the ways: streaming, cached), and its choice travels in its descriptor.
+ * Storing, mapped: through the cache (plain stores) or around it (non-temporal stores, which
+ * skip reading the output's lines first), into every output this member writes. Which is faster
+ * depends on the size, on in place or not, and on the machine. Measured on this project's VM
+ * (Sapphire Rapids), 2 ranks, us per call, 3 launches each way, cached against streaming: out of
+ * place 1 MiB 47-59 against 51-62, 2 MiB 153-171 against 125-142, 4-16 MiB alike, 32 MiB 5262-5433
+ * against 2618-2801, 64 MiB 12.7-13.0 ms against 6.7-7.0; in place (its output lines were just read
+ * as input and sit in the cache) 1 MiB 19-26 against 119-125, 4 MiB 146-166 against 478-488,
+ * 64 MiB 5.0-5.4 ms against 7.8-8.7. Earlier, on a VM whose vCPUs sat on two AMD CCDs, cached
+ * stores in place crawled (4 MiB 2414 against 528: a line the other rank read is taken back from
+ * its cache). So member 0 chooses by timing, per size class and in place or not, as below for CMA
+ * (the ways: streaming, cached), starting with cached stores in place and below
+ * STORE_CACHED_FIRST, and its choice travels in its descriptor.
  *
  * By CMA it depends on where the VM's vCPUs sit (see shm.c): the kernel's copy is slower than
  * the ring's copies through a shared cache, but the ring's copies crawl across CCDs. Measured
@@ -93,8 +86,12 @@
 #include <errno.h>
 #include <unistd.h>
 
-#define ZC_MIN ((size_t)4 << 20)      /* mapped: from this size on, always (above) */
+#define ZC_MIN ((size_t)64 << 10)     /* mapped: from this size on, always (above) */
 #define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
+/* mapped and out of place, results are first stored through the cache below this size, around
+ * it from it (in place always through it first), until the calls' timings say otherwise (see
+ * "Storing" at the top) */
+#define STORE_CACHED_FIRST ((size_t)2 << 20)
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
 #define PUSH_PIECE ((size_t)1 << 10)  /* mapped, results are stored this many bytes at a time (below) */
 /* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc
@@ -257,9 +254,13 @@ static int size_class(uint64_t bytes)
 }
 
 static kolo__direct_choice *choice_for(kolo__mesh *m, uint64_t bytes) { return &m->direct[size_class(bytes)]; }
-static kolo__direct_choice *store_choice_for(kolo__mesh *m, uint64_t bytes)
+/* The store choice for mapped allreduces of about this size, in place or not: classes x4 from
+ * ZC_MIN, as much of a call may still be in cache up to a few MiB. */
+static kolo__direct_choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
 {
-    return &m->direct_store[size_class(bytes)];
+    int k = 0;
+    for (uint64_t b = bytes / ZC_MIN; b >= 4 && k < KOLO_STORE_CLASSES - 1; b /= 4) k++;
+    return &m->direct_store[ip][k];
 }
 
 /* Every segment reduced in place (its output is its input). */
@@ -362,10 +363,9 @@ static bool regions_hold(const desc *d, const seg_addr *sa, const size_t *start,
 
 /* c elements of block r reduced from every member's input in[0..n-1], in member order, finished,
  * and stored into every member's output out[0..n-1]: a piece at a time through a buffer that
- * stays in the first-level cache, around the cache (this member's own output through it when
- * own_cached). */
-static void reduce_push(char *const *out, const char *const *in, int n, int r, size_t c, kolo_dtype_t dtype,
-                        kolo_op_t op, double post, bool own_cached)
+ * stays in the first-level cache, around the cache or through it (`cached`). */
+static void reduce_push(char *const *out, const char *const *in, int n, size_t c, kolo_dtype_t dtype, kolo_op_t op,
+                        double post, bool cached)
 {
     _Alignas(64) char buf[PUSH_PIECE];
     size_t es = kolo_dtype_size(dtype), per = PUSH_PIECE / es;
@@ -375,7 +375,7 @@ static void reduce_push(char *const *out, const char *const *in, int n, int r, s
         for (int q = 2; q < n; q++) kolo__reduce(buf, buf, in[q] + o, e, dtype, op);
         kolo__coll_finish_scale(buf, e, dtype, op, post, n);
         for (int q = 0; q < n; q++) {
-            if (q == r && own_cached) memcpy(out[q] + o, buf, e * es);
+            if (cached) memcpy(out[q] + o, buf, e * es);
             else kolo__stream_copy(out[q] + o, buf, e * es);
         }
     }
@@ -391,7 +391,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     t->learn = false;
     t->start = 0;
     t->plan = PLAN_RING;
-    if (bytes < CMA_MIN || n < 2 || nseg < 1 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
+    if (bytes < ZC_MIN || n < 2 || nseg < 1 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
     t->start = kolo__now_ns();
     t->bytes = bytes;
 
@@ -414,10 +414,12 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         for (int k = 0; k < nseg; k++) sa[k].reg[0] = sa[k].reg[1] = -1;
     }
     bool ip = in_place(segs, nseg);
-    if (r == 0) me.plan = plan_for(m, g, bytes);
+    if (r == 0 && bytes >= CMA_MIN) me.plan = plan_for(m, g, bytes);
     me.store = STORE_STREAM;
-    if (r == 0 && me.mapped && ip && bytes >= ZC_MIN)
-        me.store = test_store >= 0 ? test_store : choose(store_choice_for(m, bytes), kolo__now_ns(), -1);
+    if (r == 0 && me.mapped)
+        me.store = test_store >= 0 ? test_store
+                                   : choose(store_choice_for(m, bytes, ip), kolo__now_ns(),
+                                            ip || bytes < STORE_CACHED_FIRST ? STORE_CACHED : STORE_STREAM);
     memcpy(mine_ex, &me, sizeof(desc));
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < n; i++) ones[i] = 1;
@@ -436,7 +438,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     }
     if (st == KOLO_OK && !mapped) {
         /* member 0 times this call either way; by the ring, kolo__direct_ring_done does */
-        t->learn = r == 0 && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
+        t->learn = r == 0 && bytes >= CMA_MIN && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
         t->plan = all[0].plan;
         if (all[0].plan != PLAN_DIRECT) st = KOLO_DIRECT_DECLINED;
     }
@@ -513,7 +515,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                 in[i] = (i == r ? segs[k].src : PEER(i, k, 0)) + b0;
                 out[i] = (i == r ? segs[k].dst : PEER(i, k, 1)) + b0;
             }
-            reduce_push(out, in, n, r, c, dtype, op, post, cached && segs[k].dst == segs[k].src);
+            reduce_push(out, in, n, c, dtype, op, post, cached);
             continue;
         }
         for (int i = first; i < n && !mine.err; i++) {
@@ -525,7 +527,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        if (cached && segs[k].dst == segs[k].src) memcpy(segs[k].dst + b0, tmp, c * es);
+        if (cached) memcpy(segs[k].dst + b0, tmp, c * es);
         else kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
     }
     kolo__stream_fence();
@@ -540,7 +542,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
             kolo__walk_init(&wi, segs, start, off[i], off[i] + cnt[i], SIZE_MAX);
             while (!mine.err && kolo__walk_next(&wi, &k, &at, &c)) {
                 size_t b0 = at * es;
-                if (maps[i] && cached && segs[k].dst == segs[k].src)
+                if (maps[i] && cached)
                     memcpy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
                 else if (maps[i]) kolo__stream_copy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
                 else if ((mine.err = cma_read(all[i].pid, ADDR(i, k).dst + b0, segs[k].dst + b0, c * es)) != 0)
@@ -549,7 +551,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         kolo__stream_fence();
         if (mine.err == 0) test_delay(PLAN_DIRECT);
-        if (mine.err == 0 && mapped && ip) kolo__sleep_ns(test_store_delay_ns[cached]);
+        if (mine.err == 0 && mapped) kolo__sleep_ns(test_store_delay_ns[cached]);
         /* once every member has pushed its block, nobody reads another's buffers after the
          * exchange above; else the pullers must be done before anyone returns */
         if (pulled_any) st = exchange_status(m, g, mine, &bad, &who, all_st);
@@ -571,10 +573,9 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                          bytes, kolo__g2w(g, who), kolo__g2w(g, bad.peer), strerror(bad.err));
     if (mapped) {
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
-        if (cached && ip) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
+        if (cached) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
         if (push) __atomic_fetch_add(&zc_push_runs, 1, __ATOMIC_RELAXED);
-        if (r == 0 && ip && test_store < 0)
-            learn(store_choice_for(m, bytes), all[0].store, t->start, bytes, WAYS_STORE);
+        if (r == 0 && test_store < 0) learn(store_choice_for(m, bytes, ip), all[0].store, t->start, bytes, WAYS_STORE);
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
     } else {
         __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);

@@ -106,6 +106,7 @@ typedef struct kolo__peer_info {
 /* How allreduces of this mesh choose between the ring and reading the others' buffers by CMA,
  * from their own timings (coll/direct.c). */
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
+#define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 typedef struct kolo__direct_choice {
     kolo__window win[2];     /* per way (0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
@@ -129,8 +130,8 @@ struct kolo__mesh {
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
     kolo__direct_choice direct[KOLO_DIRECT_CLASSES];
-    /* and, for mapped allreduces in place, how the results are stored (coll/direct.c) */
-    kolo__direct_choice direct_store[KOLO_DIRECT_CLASSES];
+    /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
+    kolo__direct_choice direct_store[2][KOLO_STORE_CLASSES];
 };
 
 /* The transports (tcp.c, shm.c). */
