@@ -1029,7 +1029,7 @@ class Report:
             if tb and pm:
                 mm, k = (statistics.median(x[i] for x in pm) for i in (0, 1))
                 far = sum(1 for x in pm if self.store.state(x[2]) == "far")
-                L.append("| the same with buffers from `kolo_mem_alloc` (ranks read each other's buffers; "
+                L.append("| the same with buffers from `kolo_mem_alloc` (ranks read and write each other's buffers; "
                          "`kolo-bench --vs mem`: each of %d launches, %d in the far state, times malloc'd and "
                          "shared buffers call by call) | %.0f %% (%.2f GB/s; malloc'd in the same launches: "
                          "%.0f %%, %.2f GB/s)%s | %s |" % (
@@ -1284,6 +1284,12 @@ class Report:
                 bound = tb / 1e3 if tb else None
             shows, close = prof.diagnose(k[3], p[3] if p else None, transport,
                                          p[0] if p else "", k[4], p[4] if p else None, bound)
+            if g["kind"] == "bound" and g["mem"] == "malloc":
+                close.insert(0, "Malloc'd buffers are private to each process: another rank's bytes "
+                                "reach a rank only by a kernel copy (process_vm_readv, pinning every "
+                                "page) or through a shared ring (two copies), never by the single read "
+                                "and write per byte the bound counts. Buffers from `kolo_mem_alloc` "
+                                "get there (the next row of the targets).")
             if g["kind"] == "timeline":
                 w = k[3]["threads"].get("kolo-timeline", 0.0)
                 shows.append("The timeline's writer thread (`kolo-timeline`) used %.3g ms of CPU per "
@@ -1641,7 +1647,7 @@ def paired_check(a, logdir, reps=6):
     """kolo-bench allreduce at 64 MiB, 2 ranks, in paired mode (--vs): each launch times its two
     sides call by call, so both meet the same machine. `mem`: buffers from malloc (A) against
     kolo_mem_alloc (B, the zero-copy path: how close kolo gets to the memory-traffic bound when
-    the ranks can read each other's buffers); `float16`: float32 against float16 at the same bytes
+    the ranks can read and write each other's buffers); `float16`: float32 against float16 at the same bytes
     (whether the conversion costs byte rate). float32 against float32 reads 0.95-1.07 from launch
     to launch even at 30 calls a side (the sides' buffers are separate allocations, and one
     launch's pages can suit one side better), hence medians over launches; and float16 takes side
