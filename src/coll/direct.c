@@ -492,7 +492,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     }
     status mine = {0, -1, 0}, bad = {0, -1, 0};
     int who = -1;
-    /* mapped and in place, member 0 may have chosen cached stores (see "Storing" at the top) */
+    /* mapped, member 0 may have chosen cached stores (see "Storing" at the top) */
     bool cached = mapped && all[0].store == STORE_CACHED;
     /* every other member mapped: this member stores its block into every output (step 2) */
     bool push = mapped;
