@@ -163,12 +163,18 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  * favour by a quarter or more (a probe costs slow calls: on one CCD single-copy messages are
  * 1.4x slower than ring copies and a direct allreduce 1.2-1.5x slower than the ring; on two CCDs
  * 5x and 2x faster). Unhinted, after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way
- * (a probe, whose samples replace that way's old ones) and keeps the cheaper, switching only for a
- * 10 % gain; hinted, the first probe waits as the later ones do. Later probes come at least
- * PROBE_GAP_CALLS calls and an interval apart that doubles while the answer stays (0.1 s up to
- * 2.56 s) and shrinks back when a probe or the way in use getting dearer than the other's figure
- * changes it. The same scheme as the shared-memory transport's per-message choice (shm.c), one
- * level up. */
+ * (a probe, whose samples replace that way's old ones), then PROBE_CALLS by the way in use, whose
+ * samples replace its old ones too, and keeps the cheaper, switching only for a 10 % gain; hinted,
+ * the first probe waits as the later ones do. Later probes come at least PROBE_GAP_CALLS calls and
+ * an interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when
+ * a probe or the way in use getting dearer than the other's figure changes it. The same scheme as
+ * the shared-memory transport's per-message choice (shm.c), one level up, except for the second
+ * half of a probe: the machine warms up over its first busy tens of milliseconds (this VM's copies
+ * run 1.5-2.5x faster then), so the way in use, timed in a launch's first calls, looked dearer
+ * than a probe timed later, and kept losing to it. Measured before that half (2 ranks, 3
+ * launches each): engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing,
+ * 28.7-29.3 with the ring pinned; member 0's log had the ring at 371-454 ps/B in the first
+ * calls, CMA at 330-346 in the probe, the ring at 296-323 in later probes. */
 #define FIRST_PROBE_CALLS 4
 #define PROBE_CALLS 2
 #define PROBE_GAP_CALLS 8
@@ -196,6 +202,7 @@ static int choose(kolo__direct_choice *c, uint64_t now, int hint)
         }
     }
     if (c->probing) return !c->want;
+    if (c->recheck) return c->want;
     int other = !c->want;
     bool due = c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
                                            : c->calls >= FIRST_PROBE_CALLS;
@@ -217,22 +224,27 @@ static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t byte
     if (c->probing && way != c->want) {
         win_add(c, way, ps);
         c->at[way] = now;
-        if (--c->probing == 0) {
-            c->calls = 0;
-            c->hinted = false;
-            if (cheaper(c, way, c->want)) {
-                c->want = way;
-                c->every = PROBE_MIN_NS;
-            } else {
-                c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
-            }
+        if (--c->probing == 0) { /* the way in use is timed afresh before the verdict */
+            win_clear(c, c->want);
+            c->recheck = PROBE_CALLS;
         }
     } else if (way == c->want) {
         if (now - c->at[way] > PROBE_MAX_NS) win_clear(c, way);
         win_add(c, way, ps);
         c->at[way] = now;
         c->calls++;
-        if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
+        if (c->recheck) {
+            if (--c->recheck == 0) {
+                c->calls = 0;
+                c->hinted = false;
+                if (cheaper(c, !way, way)) {
+                    c->want = !way;
+                    c->every = PROBE_MIN_NS;
+                } else {
+                    c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
+                }
+            }
+        } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
             c->want = !way; /* the way in use got dearer than the other's last figure */
             c->every = PROBE_MIN_NS;
             c->calls = 0;

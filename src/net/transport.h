@@ -111,6 +111,7 @@ typedef struct kolo__direct_choice {
     kolo__window win[2];     /* per way (0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
     int want, probing;       /* the way in use; calls of the other way still to run in a probe */
+    int recheck;             /* calls of the way in use still to run after a probe, before its verdict */
     bool hinted;             /* started from the transport's figures, before a probe of its own */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
 } kolo__direct_choice;
