@@ -230,9 +230,10 @@ KOLO_EXTERN int kolo_barrier(int pset);
 /* ---- Shared buffers ---------------------------------------------------------
  * kolo_mem_alloc returns `bytes` of zeroed memory that the other ranks of this host can map
  * (a memfd; nothing is left behind if the process dies). When every rank of a process set on
- * one host passes buffers from it, kolo_allreduce above KOLO_SMALL_ALLREDUCE_MAX (64 KiB) reads
- * and writes the peers' buffers directly (so do the engine's fused allreduces when each rank's
- * tensors lie in one such buffer): each rank reduces its share straight from the others' inputs
+ * one host passes buffers from it, kolo_allreduce of more than 64 KiB (and above
+ * KOLO_SMALL_ALLREDUCE_MAX, which defaults to that) reads and writes the peers' buffers
+ * directly (so do the engine's fused allreduces when each rank's tensors lie in one such
+ * buffer): each rank reduces its share straight from the others' inputs
  * and stores the results into every rank's output, with no copy through a ring or the kernel,
  * through the cache or around it, whichever times faster. Every input byte is read once and
  * every output byte written once (2 ranks, out of place: 64 MiB 6.5-6.7 ms against 16-17 from

@@ -215,8 +215,9 @@ def shared_empty(shape, dtype=np.float32):
 
     When every rank of a one-host job reduces such an array (allreduce_) and it holds more than
     64 KiB, the ranks read and write each other's arrays directly instead of copying through
-    shared-memory rings: every byte crosses memory once (64 MiB, 2 ranks: 2.5x as fast). torch.from_numpy() of it shares the
-    memory. Works before init(); the memory is freed when the last view of the array is gone."""
+    shared-memory rings: every byte crosses memory once (64 MiB, 2 ranks: 2.5x as fast).
+    torch.from_numpy() of it shares the memory. Works before init(); the memory is freed when the
+    last view of the array is gone."""
     dt = np.dtype(dtype)
     if any(int(d) < 0 for d in np.atleast_1d(shape)):
         raise ValueError("kolo.shared_empty(%r): negative dimension" % (shape,))

@@ -14,15 +14,15 @@
  *      and reads the rest by CMA;
  *   2. member r reduces block r from all n inputs, in member order, and applies the final
  *      scaling. When it maps every other member it stores the results into every member's
- *      output, a piece of PUSH_PIECE bytes at a time through a buffer in the first-level cache,
- *      with non-temporal stores ("pushed"). Otherwise it reduces a step at a time in a scratch
- *      step that stays in cache (an input read by CMA is first copied into a second scratch
- *      step) and streams the results into its own output;
+ *      output, a piece of PUSH_PIECE bytes at a time through a buffer in the first-level cache
+ *      ("pushed"). Otherwise it reduces a step at a time in a scratch step that stays in cache
+ *      (an input read by CMA is first copied into a second scratch step) and stores the results
+ *      into its own output. Either way through the cache or around it ("Storing", below);
  *   3. the members exchange their status (a failed read anywhere fails the call everywhere,
  *      naming who could not read whom, and each says whether it pushed). If every member
  *      pushed, nobody reads another's buffers any more: done. Otherwise member r copies each
- *      block that was not pushed from its owner's output, mapped with non-temporal stores, by
- *      CMA straight into place;
+ *      block that was not pushed from its owner's output, mapped as in step 2, by CMA straight
+ *      into place;
  *   4. then a last status exchange, so that no member returns (and reuses its buffers) while
  *      another still reads them.
  *
@@ -39,8 +39,9 @@
  * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
  * member pushes is its own (it maps everyone), and step 3 follows what each said.
  *
- * Mapped buffers (all members) run from ZC_MIN, every allreduce above the small ones
- * (KOLO_SMALL_ALLREDUCE_MAX). Measured on this project's VM (Sapphire Rapids), 2 ranks, out of
+ * Mapped buffers (all members) run from ZC_MIN, which with the default KOLO_SMALL_ALLREDUCE_MAX
+ * (64 KiB) is every allreduce above the small ones (a larger setting moves the start up; a
+ * smaller one leaves sizes below ZC_MIN to the ring). Measured on this project's VM (Sapphire Rapids), 2 ranks, out of
  * place / in place, us, against malloc'd buffers (the ring) in the same minutes: 128 KiB 4.3-4.5 /
  * 3.7 (ring 17-20 / 17-18), 256 KiB 7.6-7.9 / 6.2-6.3 (33-37 / 31-35), 1 MiB 45-48 / 21-22 (175-179
  * / 138-148), 4 MiB 319-320 / 146-166 (706-717 / 626-644). Before members pushed and stored
@@ -373,6 +374,14 @@ static bool regions_hold(const desc *d, const seg_addr *sa, const size_t *start,
     return true;
 }
 
+/* n bytes of results stored through the cache (plain stores) or around it (see "Storing" at the
+ * top); the caller fences before the others look. */
+static void put_out(void *dst, const void *src, size_t n, bool cached)
+{
+    if (cached) memcpy(dst, src, n);
+    else kolo__stream_copy(dst, src, n);
+}
+
 /* c elements of block r reduced from every member's input in[0..n-1], in member order, finished,
  * and stored into every member's output out[0..n-1]: a piece at a time through a buffer that
  * stays in the first-level cache, around the cache or through it (`cached`). */
@@ -386,10 +395,7 @@ static void reduce_push(char *const *out, const char *const *in, int n, size_t c
         kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
         for (int q = 2; q < n; q++) kolo__reduce(buf, buf, in[q] + o, e, dtype, op);
         kolo__coll_finish_scale(buf, e, dtype, op, post, n);
-        for (int q = 0; q < n; q++) {
-            if (cached) memcpy(out[q] + o, buf, e * es);
-            else kolo__stream_copy(out[q] + o, buf, e * es);
-        }
+        for (int q = 0; q < n; q++) put_out(out[q] + o, buf, e * es, cached);
     }
 }
 
@@ -539,8 +545,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        if (cached) memcpy(segs[k].dst + b0, tmp, c * es);
-        else kolo__stream_copy(segs[k].dst + b0, tmp, c * es);
+        put_out(segs[k].dst + b0, tmp, c * es, cached);
     }
     kolo__stream_fence();
     status all_st[MAX_MEMBERS];
@@ -554,9 +559,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
             kolo__walk_init(&wi, segs, start, off[i], off[i] + cnt[i], SIZE_MAX);
             while (!mine.err && kolo__walk_next(&wi, &k, &at, &c)) {
                 size_t b0 = at * es;
-                if (maps[i] && cached)
-                    memcpy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
-                else if (maps[i]) kolo__stream_copy(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es);
+                if (maps[i]) put_out(segs[k].dst + b0, PEER(i, k, 1) + b0, c * es, cached);
                 else if ((mine.err = cma_read(all[i].pid, ADDR(i, k).dst + b0, segs[k].dst + b0, c * es)) != 0)
                     mine.peer = i;
             }

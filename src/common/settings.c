@@ -47,7 +47,7 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                 "bytes of each shared-memory ring (one per direction per peer)"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
                                       "allreduces up to this many bytes use the latency-optimal algorithm, "
-                                      "larger ones the ring (or, when every rank of one host passes "
+                                      "larger ones the ring (or, from 64K, when every rank of one host passes "
                                       "kolo_mem_alloc buffers, each rank reading and writing the others' directly)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
