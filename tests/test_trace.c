@@ -565,6 +565,99 @@ KT_TEST(trace_events, 10)
     tclean();
 }
 
+/* Sequences (the engine's loops over a bucket): many events in one slot come out one per line,
+ * in the order recorded, on their tensors' rows, at the instant the sequence was opened. More
+ * entries than a slot holds, a change of phase, a name too long to intern and a mark number too
+ * big for an entry all keep that order; a sequence while no timeline runs records nothing. */
+KT_TEST(trace_sequences, 10)
+{
+    enum { N = 3 * KOLO__TRACE_SEQ_MAX + 7, LONG = 60, BIG = 7 };
+    const char *path = tpath("seq.json");
+    static char names[N][200];
+    for (int i = 0; i < N; i++) snprintf(names[i], sizeof(names[i]), "seq.layer%d.weight", i);
+    memset(names[LONG], 'y', sizeof(names[LONG]) - 1); /* longer than a name is kept: not interned */
+    memcpy(names[LONG], "long.", 5);
+    names[LONG][sizeof(names[LONG]) - 1] = '\0';
+    kolo__trace_seq q;
+    kolo__trace_seq_open(&q);
+    kolo__trace_seq_begin(&q, "off", "QUEUE"); /* no timeline: nothing */
+    kolo__trace_seq_close(&q);
+
+    KT_OK(kolo__trace_start(path, 0, 0));
+    kolo__trace_seq_open(&q);
+    for (int i = 0; i < N; i++) {
+        kolo__trace_seq_begin(&q, names[i], "KOLO_ALLREDUCE");
+        kolo__trace_seq_mark(&q, names[i], i == BIG ? 70000 : i % 3);
+    }
+    kolo__trace_seq_close(&q);
+    kolo__trace_instant("between", "MARK", NULL); /* an event of its own between two sequences */
+    char phase[] = "KOLO_ALLREDUCE";   /* the same phase at another address */
+    kolo__trace_seq_open(&q);
+    for (int i = 0; i < N; i++) {
+        if (i % 50 == 0) {
+            kolo__trace_seq_begin(&q, names[i], "QUEUE");
+            kolo__trace_seq_end(&q, names[i], "QUEUE");
+        }
+        kolo__trace_seq_end(&q, names[i], i % 2 ? phase : "KOLO_ALLREDUCE");
+    }
+    kolo__trace_seq_close(&q);
+    kolo__trace_seq_close(&q); /* twice: nothing more */
+    KT_OK(kolo__trace_stop());
+
+    tl t;
+    tl_load(path, &t);
+    KT_EQ(row_tid(&t, "off"), -1);
+    long between = row_tid(&t, "between");
+    KT_ASSERT(between >= 0);
+    KT_EQ(count(&t, "B", "KOLO_ALLREDUCE", -1), N);
+    KT_EQ(count(&t, "E", "KOLO_ALLREDUCE", -1), N);
+    KT_EQ(count(&t, "B", "QUEUE", -1), (N + 49) / 50);
+    /* each row in order; the long name's row is found by its head */
+    char v[512], seq[512], want[512];
+    for (int i = 0; i < N; i++) {
+        long tid = -1;
+        if (i != LONG) {
+            tid = row_tid(&t, names[i]);
+        } else {
+            for (size_t k = 0; k < t.n && tid < 0; k++)
+                if (!strcmp(t.ev[k].name, "thread_name") && arg_str(t.ev[k].args, "name", v, sizeof(v)) &&
+                    !strncmp(v, "long.yyy", 8))
+                    tid = t.ev[k].tid;
+        }
+        KT_ASSERTF(tid >= 0, "no row for tensor %d", i);
+        snprintf(want, sizeof(want), "B:KOLO_ALLREDUCE i:%d %sE:KOLO_ALLREDUCE", i == BIG ? 70000 : i % 3,
+                 i % 50 == 0 ? "B:QUEUE E:QUEUE " : "");
+        row_seq(&t, tid, seq, sizeof(seq));
+        KT_ASSERTF(!strcmp(seq, want), "row of tensor %d: '%s', want '%s'", i, seq, want);
+    }
+    /* file order: the begins by tensor, then the event between, then the ends by tensor; each
+     * sequence at one instant */
+    long last_b = -1, last_e = -1;
+    double ts_b = -1, ts_e = -1, ts_between = -1;
+    for (size_t k = 0; k < t.n; k++) {
+        const ev *e = &t.ev[k];
+        if (!strcmp(e->ph, "M")) continue;
+        if (e->tid == between) {
+            KT_ASSERT(last_b >= 0 && last_e < 0);
+            ts_between = e->ts;
+        } else if (!strcmp(e->ph, "B") && !strcmp(e->name, "KOLO_ALLREDUCE")) {
+            KT_ASSERTF(e->tid > last_b && ts_between < 0, "begin on row %ld out of order", e->tid);
+            KT_ASSERT(ts_b < 0 || e->ts == ts_b);
+            last_b = e->tid;
+            ts_b = e->ts;
+        } else if (!strcmp(e->ph, "E") && !strcmp(e->name, "KOLO_ALLREDUCE")) {
+            KT_ASSERTF(e->tid > last_e && ts_between >= 0, "end on row %ld out of order", e->tid);
+            KT_ASSERT(ts_e < 0 || e->ts == ts_e);
+            last_e = e->tid;
+            ts_e = e->ts;
+        }
+    }
+    KT_ASSERT(ts_b <= ts_between && ts_between <= ts_e);
+    check_rows(&t, 0);
+    tl_free(&t);
+    tclean();
+}
+
 KT_TEST(trace_no_cycle_marks, 10)
 {
     const char *path = tpath("nocycles.json");

@@ -126,7 +126,6 @@ static void trace_start(const kolo__resp *rp)
     snprintf(args, sizeof(args), "\"dtype\":\"%s\",\"shape\":\"%s\"", kolo_dtype_name((kolo_dtype_t)rp->d.dtype),
              kolo__shape_str(rp->d.dims, rp->d.ndim, sh, sizeof(sh)));
     kolo__trace_begin(rp->name, kolo__kind_upper[rp->d.kind], args);
-    kolo__trace_begin(rp->name, "QUEUE", NULL);
 }
 
 static const char *transfer_name(int kind)
@@ -138,6 +137,31 @@ static const char *transfer_name(int kind)
 }
 
 /* ---- the collectives ---- */
+
+/* Which tensors of a bucket an event is about: all, or those copied through the fusion buffer
+ * (fewer than `below` bytes; on the way out only those with a result to copy). */
+enum { TR_IN = 0, TR_OUT = 1 };
+
+/* The begin or end of `phase` on every row of the bucket at one instant, as Horovod's timeline
+ * marks a fused collective's phases; one sequence (trace.h), not one event per tensor. */
+static void trace_some(const kolo__pset_state *s, const size_t *idx, size_t k, const char *phase, int begin,
+                       size_t below, int way)
+{
+    kolo__trace_seq q;
+    kolo__trace_seq_open(&q);
+    for (size_t i = 0; i < k; i++) {
+        const kolo__resp *rp = &s->resp[idx[i]];
+        if (rp->bytes >= below || (way == TR_OUT && !(rp->req && rp->bytes))) continue;
+        if (begin) kolo__trace_seq_begin(&q, rp->name, phase);
+        else kolo__trace_seq_end(&q, rp->name, phase);
+    }
+    kolo__trace_seq_close(&q);
+}
+
+static void trace_all(const kolo__pset_state *s, const size_t *idx, size_t k, const char *phase, int begin)
+{
+    trace_some(s, idx, k, phase, begin, SIZE_MAX, TR_IN);
+}
 
 /* A bucket of several tensors of more than IOV_MIN bytes in all runs as a ring over the list of
  * buffers: the tensors of at least PACK_MIN bytes are reduced where they are, the smaller ones are
@@ -168,15 +192,15 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     }
     int nseg = 1;
     size_t poff = 0, zoff = packed;
-    if (tracing)
-        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
+    if (tracing) {
+        trace_all(s, idx, k, "QUEUE", 0);
+        trace_some(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 1, PACK_MIN, TR_IN);
+    }
     for (size_t i = 0; i < k; i++) {
         kolo__resp *rp = &s->resp[idx[i]];
         if (rp->bytes < PACK_MIN) {
-            if (tracing) kolo__trace_begin(rp->name, "MEMCPY_IN_FUSION_BUFFER", NULL);
             if (rp->req && rp->bytes) memcpy(buf + poff, rp->req->send, rp->bytes);
             else if (rp->bytes) memset(buf + poff, 0, rp->bytes);
-            if (tracing) kolo__trace_end(rp->name, "MEMCPY_IN_FUSION_BUFFER");
             poff += rp->bytes;
         } else if (rp->req) {
             segs[nseg++] = (kolo__seg){rp->req->send, rp->req->recv, rp->count};
@@ -187,8 +211,10 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
         }
     }
     segs[0] = (kolo__seg){buf, buf, packed / kolo_dtype_size(dt)};
-    if (tracing)
-        for (size_t i = 0; i < k; i++) kolo__trace_begin(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE), NULL);
+    if (tracing) {
+        trace_some(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0, PACK_MIN, TR_IN);
+        trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 1);
+    }
     /* on one host the members may read each other's buffers instead (coll/direct.c) */
     kolo__direct_ticket ticket = {0};
     int st = r0->d.pre != 1.0 ? KOLO_DIRECT_DECLINED
@@ -199,19 +225,16 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
                                  chunk2);
         kolo__direct_ring_done(E.mesh, &ticket, st);
     }
-    if (tracing)
-        for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE));
+    if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 0);
+    if (st == KOLO_OK && tracing) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1, PACK_MIN, TR_OUT);
     poff = 0;
     for (size_t i = 0; i < k && st == KOLO_OK; i++) {
         kolo__resp *rp = &s->resp[idx[i]];
         if (rp->bytes >= PACK_MIN) continue;
-        if (rp->req && rp->bytes) {
-            if (tracing) kolo__trace_begin(rp->name, "MEMCPY_OUT_FUSION_BUFFER", NULL);
-            memcpy(rp->req->recv, buf + poff, rp->bytes);
-            if (tracing) kolo__trace_end(rp->name, "MEMCPY_OUT_FUSION_BUFFER");
-        }
+        if (rp->req && rp->bytes) memcpy(rp->req->recv, buf + poff, rp->bytes);
         poff += rp->bytes;
     }
+    if (st == KOLO_OK && tracing) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0, PACK_MIN, TR_OUT);
     kolo__free(segs);
     return st;
 }
@@ -234,37 +257,33 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
                                   r0->d.pre, r0->d.post);
         if (tracing) kolo__trace_end(r0->name, transfer_name(KOLO__ALLREDUCE));
     } else {
-        if (tracing)
-            for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, "QUEUE");
+        bool copies = tracing && k > 1; /* a lone tensor without a request (joined) goes through it too */
+        if (tracing) trace_all(s, idx, k, "QUEUE", 0);
         char *buf = fusion_buffer(total * es);
         if (!buf) return KOLO_ERR_NO_MEMORY;
+        if (copies) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 1);
         size_t off = 0;
         for (size_t i = 0; i < k; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
-            if (tracing && k > 1) kolo__trace_begin(rp->name, "MEMCPY_IN_FUSION_BUFFER", NULL);
             if (rp->req) {
                 if (rp->bytes) memcpy(buf + off, rp->req->send, rp->bytes);
             } else {
                 memset(buf + off, 0, rp->bytes); /* joined: zeros */
             }
-            if (tracing && k > 1) kolo__trace_end(rp->name, "MEMCPY_IN_FUSION_BUFFER");
             off += rp->bytes;
         }
-        if (tracing)
-            for (size_t i = 0; i < k; i++) kolo__trace_begin(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE), NULL);
+        if (copies) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
+        if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 1);
         st = kolo__coll_allreduce(E.mesh, &s->g, buf, buf, total, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post);
-        if (tracing)
-            for (size_t i = 0; i < k; i++) kolo__trace_end(s->resp[idx[i]].name, transfer_name(KOLO__ALLREDUCE));
+        if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 0);
+        if (copies && st == KOLO_OK) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1, SIZE_MAX, TR_OUT);
         off = 0;
         for (size_t i = 0; i < k && st == KOLO_OK; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
-            if (rp->req && rp->bytes) {
-                if (tracing && k > 1) kolo__trace_begin(rp->name, "MEMCPY_OUT_FUSION_BUFFER", NULL);
-                memcpy(rp->req->recv, buf + off, rp->bytes);
-                if (tracing && k > 1) kolo__trace_end(rp->name, "MEMCPY_OUT_FUSION_BUFFER");
-            }
+            if (rp->req && rp->bytes) memcpy(rp->req->recv, buf + off, rp->bytes);
             off += rp->bytes;
         }
+        if (copies && st == KOLO_OK) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0, SIZE_MAX, TR_OUT);
     }
     atomic_fetch_add_explicit(&E.st.collectives, 1, memory_order_relaxed);
     if (k > 1) atomic_fetch_add_explicit(&E.st.fused_collectives, 1, memory_order_relaxed);
@@ -360,14 +379,6 @@ static int run_other(kolo__pset_state *s, kolo__resp *rp, bool tracing)
 static size_t part(const kolo__resp *rp, int r)
 {
     return (size_t)rp->per_rank[r] * kolo__desc_row(&rp->d) * kolo_dtype_size((kolo_dtype_t)rp->d.dtype);
-}
-
-static void trace_all(const kolo__pset_state *s, const size_t *idx, size_t k, const char *phase, int begin)
-{
-    for (size_t i = 0; i < k; i++) {
-        if (begin) kolo__trace_begin(s->resp[idx[i]].name, phase, NULL);
-        else kolo__trace_end(s->resp[idx[i]].name, phase);
-    }
 }
 
 /* Several allgathers as one: each rank packs its blocks of all tensors together, one allgather
@@ -502,12 +513,18 @@ int kolo__execute(kolo__pset_state *s)
         E.bidx = p;
         E.bidx_cap = s->nresp;
     }
-    if (tracing)
+    if (tracing) {
         for (size_t i = 0; i < s->nresp; i++) {
             kolo__resp *rp = &s->resp[i];
             rp->traced = rp->status == KOLO_OK && rp->d.kind != KOLO__JOIN;
             if (rp->traced) trace_start(rp);
         }
+        kolo__trace_seq q; /* opened after the begins above, so that QUEUE starts inside them */
+        kolo__trace_seq_open(&q);
+        for (size_t i = 0; i < s->nresp; i++)
+            if (s->resp[i].traced) kolo__trace_seq_begin(&q, s->resp[i].name, "QUEUE");
+        kolo__trace_seq_close(&q);
+    }
     for (size_t i = 0; i < s->nresp; i++) {
         kolo__resp *rp = &s->resp[i];
         if (rp->done) continue;
@@ -540,13 +557,19 @@ int kolo__execute(kolo__pset_state *s)
         } else {
             st = run_other(s, rp, tracing);
         }
+        if (tracing) { /* recorded before the requests complete: their owner may stop the timeline */
+            kolo__trace_seq ends;
+            kolo__trace_seq_open(&ends);
+            for (size_t b = 0; b < k; b++) {
+                kolo__resp *q = &s->resp[E.bidx[b]];
+                if (q->traced) kolo__trace_seq_end(&ends, q->name, kolo__kind_upper[q->d.kind]);
+                q->traced = 0;
+            }
+            kolo__trace_seq_close(&ends);
+        }
         for (size_t b = 0; b < k; b++) {
             kolo__resp *q = &s->resp[E.bidx[b]];
             q->done = 1;
-            if (q->traced) {
-                kolo__trace_end(q->name, kolo__kind_upper[q->d.kind]);
-                q->traced = 0;
-            }
             if (st != KOLO_OK) continue;
             if (q->d.kind == KOLO__JOIN && q->req) q->req->last_joined = s->last_joined;
             if (q->req) kolo__pset_complete(s, q->req, KOLO_OK, NULL);

@@ -220,6 +220,15 @@ static bool cache_matches(const kolo__pset_state *s, const kolo__slot *sl, const
     return true;
 }
 
+/* The timeline's name for negotiating a kind of collective. */
+static const char *negotiate_phase(int kind)
+{
+    static const char *const names[KOLO__KIND_COUNT] = {
+        "NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "NEGOTIATE_BROADCAST", "NEGOTIATE_ALLTOALL",
+        "NEGOTIATE_REDUCESCATTER", "NEGOTIATE_JOIN", "NEGOTIATE_BARRIER"};
+    return names[kind];
+}
+
 /* Removes a slot on every member (called from deterministic points only). Local requests that
  * were waiting on its bit fall back to a full description in the next cycle. */
 static void cache_erase(kolo__pset_state *s, int i)
@@ -232,7 +241,7 @@ static void cache_erase(kolo__pset_state *s, int i)
             r->slot = -1;
         }
     if (sl->negotiating && kolo__trace_on())
-        kolo__trace_end(sl->name, "NEGOTIATE"); /* closed without a response */
+        kolo__trace_end(sl->name, negotiate_phase(sl->d.kind)); /* closed without a response */
     kolo__hmap_del(&s->cmap, &sl->node);
     kolo__free(sl->name);
     kolo__free(sl->per_rank);
@@ -607,22 +616,13 @@ static kolo__entry *entry_get(kolo__pset_state *s, const char *name, int *create
     return e;
 }
 
-static void tick(const kolo__pset_state *s, const char *name, int r)
+/* Timeline: member r reported name (an instant named by its world rank). */
+static void tick(const kolo__pset_state *s, kolo__trace_seq *q, const char *name, int r)
 {
-    char rk[16];
-    snprintf(rk, sizeof(rk), "%d", wrank(s, r));
-    kolo__trace_instant(name, rk, NULL);
+    kolo__trace_seq_mark(q, name, wrank(s, r));
 }
 
-static const char *negotiate_phase(int kind)
-{
-    static const char *const names[KOLO__KIND_COUNT] = {
-        "NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "NEGOTIATE_BROADCAST", "NEGOTIATE_ALLTOALL",
-        "NEGOTIATE_REDUCESCATTER", "NEGOTIATE_JOIN", "NEGOTIATE_BARRIER"};
-    return names[kind];
-}
-
-static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t len, bool tracing)
+static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t len, kolo__trace_seq *q)
 {
     reader rd = {p, p + len, 0};
     while (!rd.bad && rd.p < rd.end) {
@@ -660,6 +660,10 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
             }
             if (rd.bad) break;
             int slot = cache_find(s, name);
+            if (slot >= 0 && q && s->slots[slot].negotiating) { /* in order with this cycle's events */
+                kolo__trace_seq_end(q, name, negotiate_phase(s->slots[slot].d.kind));
+                s->slots[slot].negotiating = 0;
+            }
             if (slot >= 0) cache_erase(s, slot);
             int created;
             kolo__entry *e = entry_get(s, name, &created);
@@ -677,12 +681,12 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
             e->descs[r] = d;
             e->nrep++;
             if (created) e->kind = d.kind;
-            if (tracing) {
+            if (q) {
                 if (created) {
-                    kolo__trace_begin(e->name, negotiate_phase(d.kind), NULL);
+                    kolo__trace_seq_begin(q, e->name, negotiate_phase(d.kind));
                     e->negotiating = 1;
                 }
-                if (e->negotiating) tick(s, e->name, r);
+                if (e->negotiating) tick(s, q, e->name, r);
             }
             atomic_fetch_add_explicit(&E.st.cache_misses, r == s->me ? 1 : 0, memory_order_relaxed);
         } else if (t == REC_STALL) {
@@ -722,26 +726,11 @@ static void stall_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
     resp_error(rp, KOLO_ERR_TIMEOUT, msg);
 }
 
-int kolo__negotiate_decide(kolo__pset_state *s)
+/* What the members' messages say: which names every member holds, each one's response (or
+ * error), the joins. q: the timeline's events, or NULL when no timeline is running. */
+static int decide(kolo__pset_state *s, kolo__trace_seq *q)
 {
     int n = s->n, st;
-    size_t total = 0;
-    for (int r = 0; r < n; r++) {
-        s->counts[r] = kolo__fixed_of(s, r)->varlen;
-        total += s->counts[r];
-    }
-    if (total) {
-        if (total > s->var_all_cap) {
-            unsigned char *p = kolo__malloc(total + 4096);
-            if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation messages");
-            kolo__free(s->var_all);
-            s->var_all = p;
-            s->var_all_cap = total + 4096;
-        }
-        st = kolo__coll_allgather(E.mesh, &s->g, s->var_mine, s->var_all, s->counts, 1);
-        if (st) return st;
-    }
-    bool tracing = kolo__trace_on();
     /* joins: the last member to join in rank order of the cycle it joined in */
     for (int r = 0; r < n; r++)
         if ((kolo__fixed_of(s, r)->flags & KOLO__F_JOINED) && !s->joined[r]) {
@@ -753,7 +742,7 @@ int kolo__negotiate_decide(kolo__pset_state *s)
     for (int w = 0; w < s->words; w++) s->erased[w] = 0;
     size_t off = 0;
     for (int r = 0; r < n; r++) {
-        if (s->counts[r] && (st = parse_var(s, r, s->var_all + off, s->counts[r], tracing))) return st;
+        if (s->counts[r] && (st = parse_var(s, r, s->var_all + off, s->counts[r], q))) return st;
         off += s->counts[r];
     }
     s->nresp = 0;
@@ -788,9 +777,9 @@ int kolo__negotiate_decide(kolo__pset_state *s)
             if (!sl->valid) continue;
             bool ready = (a >> (i % 64)) & 1;
             if (!ready && sl->partial_since == 0) sl->partial_since = now;
-            if (tracing) {
+            if (q) {
                 if (!sl->negotiating) {
-                    kolo__trace_begin(sl->name, negotiate_phase(sl->d.kind), NULL);
+                    kolo__trace_seq_begin(q, sl->name, negotiate_phase(sl->d.kind));
                     sl->negotiating = 1;
                     sl->seen_mask = 0;
                 }
@@ -799,7 +788,7 @@ int kolo__negotiate_decide(kolo__pset_state *s)
                                                                               sizeof(kolo__fixed_hdr));
                     if (((bits[w] >> (i % 64)) & 1) && !((sl->seen_mask >> r) & 1)) {
                         sl->seen_mask |= 1ull << r;
-                        tick(s, sl->name, r);
+                        tick(s, q, sl->name, r);
                     }
                 }
             }
@@ -816,7 +805,7 @@ int kolo__negotiate_decide(kolo__pset_state *s)
                 has[r] = (uint8_t)((bits[w] >> (i % 64)) & 1);
             }
             if (sl->negotiating) {
-                if (tracing) kolo__trace_end(sl->name, negotiate_phase(sl->d.kind));
+                if (q) kolo__trace_seq_end(q, sl->name, negotiate_phase(sl->d.kind));
                 sl->negotiating = 0;
             }
             if (fail) {
@@ -837,7 +826,7 @@ int kolo__negotiate_decide(kolo__pset_state *s)
         for (int r = 0; r < n && ready; r++) ready = e->rep[r] || s->joined[r];
         if (!ready && e->stall_fail != KOLO__STALL_APPLY) continue;
         if (e->negotiating) {
-            if (tracing) kolo__trace_end(e->name, negotiate_phase(e->kind));
+            if (q) kolo__trace_seq_end(q, e->name, negotiate_phase(e->kind));
             e->negotiating = 0;
         }
         size_t before = s->nresp;
@@ -871,6 +860,33 @@ int kolo__negotiate_decide(kolo__pset_state *s)
         rp->req = s->join_req;
     }
     return KOLO_OK;
+}
+
+int kolo__negotiate_decide(kolo__pset_state *s)
+{
+    int n = s->n, st;
+    size_t total = 0;
+    for (int r = 0; r < n; r++) {
+        s->counts[r] = kolo__fixed_of(s, r)->varlen;
+        total += s->counts[r];
+    }
+    if (total) {
+        if (total > s->var_all_cap) {
+            unsigned char *p = kolo__malloc(total + 4096);
+            if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for negotiation messages");
+            kolo__free(s->var_all);
+            s->var_all = p;
+            s->var_all_cap = total + 4096;
+        }
+        st = kolo__coll_allgather(E.mesh, &s->g, s->var_mine, s->var_all, s->counts, 1);
+        if (st) return st;
+    }
+    if (!kolo__trace_on()) return decide(s, NULL);
+    kolo__trace_seq q; /* the cycle's negotiation events, in one go */
+    kolo__trace_seq_open(&q);
+    st = decide(s, &q);
+    kolo__trace_seq_close(&q);
+    return st;
 }
 
 int kolo__negotiate_finish(kolo__pset_state *s)

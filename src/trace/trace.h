@@ -28,4 +28,26 @@ void kolo__trace_instant(const char *tensor, const char *name, const char *args)
 /* A CYCLE_START mark on its own row when mark_cycles is on. */
 void kolo__trace_cycle(void);
 
+/* A sequence: events on many tensors at one instant (the engine's loops over a bucket or a
+ * cycle's names), recorded as one slot per KOLO__TRACE_SEQ_MAX events instead of one each, which
+ * is what keeps the timeline cheap for the thread that runs the collectives. open takes the
+ * instant; begin/end/mark append an event in order (a begin or end of `phase`, or an instant
+ * named by a number, e.g. the rank that reported); close records what is left. The events keep
+ * their order in the file, and with the individual events recorded between open and close
+ * (a name too long to intern travels as one). Lives on the caller's stack. */
+enum { KOLO__TRACE_SEQ_MAX = 100 };
+typedef struct kolo__trace_seq {
+    uint64_t ns;
+    const char *phase;
+    unsigned n;
+    struct {
+        uint16_t id, code;
+    } e[KOLO__TRACE_SEQ_MAX];
+} kolo__trace_seq;
+void kolo__trace_seq_open(kolo__trace_seq *q);
+void kolo__trace_seq_begin(kolo__trace_seq *q, const char *tensor, const char *phase);
+void kolo__trace_seq_end(kolo__trace_seq *q, const char *tensor, const char *phase);
+void kolo__trace_seq_mark(kolo__trace_seq *q, const char *tensor, int number);
+void kolo__trace_seq_close(kolo__trace_seq *q);
+
 #endif
