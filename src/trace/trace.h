@@ -34,7 +34,8 @@ void kolo__trace_cycle(void);
  * instant; begin/end/mark append an event in order (a begin or end of `phase`, or an instant
  * named by a number, e.g. the rank that reported); close records what is left. The events keep
  * their order in the file, and with the individual events recorded between open and close
- * (a name too long to intern travels as one). Lives on the caller's stack. */
+ * (a name too long to intern travels as one). Lives on the caller's stack; a phase string must
+ * stay valid until close. */
 enum { KOLO__TRACE_SEQ_MAX = 100 };
 typedef struct kolo__trace_seq {
     uint64_t ns;
