@@ -257,7 +257,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
                                   r0->d.pre, r0->d.post);
         if (tracing) kolo__trace_end(r0->name, transfer_name(KOLO__ALLREDUCE));
     } else {
-        bool copies = tracing && k > 1; /* a lone tensor without a request (joined) goes through it too */
+        bool copies = tracing && k > 1; /* a lone tensor is here only as zeros (joined): no copy to show */
         if (tracing) trace_all(s, idx, k, "QUEUE", 0);
         char *buf = fusion_buffer(total * es);
         if (!buf) return KOLO_ERR_NO_MEMORY;
