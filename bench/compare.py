@@ -229,7 +229,8 @@ class MpiPeer(Peer):
             env.update({"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"})
         # one launch per type, collective and band, like kolo's, so that the launches of the
         # peers can alternate one by one (see run_reps)
-        return [Launch(cmd + [self.binary, c, "-d", dt, "-B", b.spec(), "-c", str(check)], env, coll=c)
+        return [Launch(cmd + [self.binary, c, "-d", dt, "-B", b.spec(), "-c", str(check), "-W", str(WARM_MS)], env,
+                       coll=c)
                 for dt in dtypes for c in colls for b in bands]
 
 
@@ -264,7 +265,7 @@ class PyPeer(Peer):
 
     def launches(self, np, colls, dtypes, bands, check):
         cmd = [PY, self.script, ",".join(colls), "-np", str(np), "-d", ",".join(dtypes),
-               "-B", ",".join(b.spec() for b in bands), "-c", str(check)]
+               "-B", ",".join(b.spec() for b in bands), "-c", str(check), "-W", str(WARM_MS)]
         ln = Launch(cmd, {"GLOO_SOCKET_IFNAME": "lo"})
         ln.ends = len(colls) * len(dtypes)
         return [ln]
@@ -291,7 +292,7 @@ class KoloPeer(Peer):
             for c in colls:
                 for b in bands:
                     args = [c, "-b", str(b.lo), "-e", str(b.hi), "-f", "%g" % b.factor,
-                            "-n", str(b.iters), "-w", str(b.warmup), "-c", str(check),
+                            "-n", str(b.iters), "-w", str(b.warmup), "-W", str(WARM_MS), "-c", str(check),
                             "-d", dt, "-o", "sum"]
                     if self.use_kolorun:
                         cmd = [KOLORUN, "-np", str(np), KOLO_BENCH] + args
@@ -926,10 +927,13 @@ class Report:
         L.append("- Sizes: %s to %s, %d sizes, in bands (step, timed / warm-up iterations): %s. "
                  "`time` is the mean per call, averaged over ranks, as in nccl-tests; before "
                  "each band the MPI and Python peers warm up at its largest and smallest size "
-                 "(as nccl-tests does), kolo-bench warms up per size." % (
+                 "(as nccl-tests does), kolo-bench at up to 1 MiB and per size; then every peer "
+                 "keeps calling at the first size until %g ms have passed (`-W`, the ranks agreeing "
+                 "after every call: this machine runs copies slower in its first moments of work)." % (
                      fmt_size(self.sizes[0]), fmt_size(self.sizes[-1]), len(self.sizes),
                      "; ".join("%s–%s ×%g, %d / %d" % (fmt_size(b.lo), fmt_size(b.hi), b.factor,
-                                                      b.iters, b.warmup) for b in a.band_list)))
+                                                      b.iters, b.warmup) for b in a.band_list),
+                     WARM_MS))
         L.append("- Collectives %s; types %s; %s ranks (this machine has %d cores, so more "
                  "ranks than that are oversubscribed)." % (", ".join(a.coll_list),
                                                            ", ".join(a.dtype_list),
@@ -1791,6 +1795,10 @@ def oversub_check(a, running, logdir, run):
 # to 1 MiB take 50 calls, as the small sizes do: with 10 after 3 warm-up calls their figures
 # (60-600 us of calls in all) were the start of a launch, not the steady state a training loop
 # meets; Open MPI's 128 KiB allgather read 5.6-6.3 us either way, kolo's 6.6-11.5 at 10 calls.
+# Every benchmark, before its first timed size, keeps calling at that size until this many ms have
+# passed (-W): this VM runs copies 1.5-2.5x slower in its first 20-50 ms of work, and a band's first
+# size (50 calls of 128 KiB: ~0.3 ms) was timed in that state in some launches of every peer.
+WARM_MS = 50
 FULL_BANDS = "8:64K:50:10:2,128K:1M:50:10:2,2M:16M:20:5:2,64M:256M:3:1:4"
 QUICK_BANDS = "8:8:50:10:4,64:64K:50:10:4,256K:4M:10:3:4,16M:64M:3:1:4"
 

@@ -36,6 +36,7 @@ typedef struct opts {
     size_t minb, maxb, step;
     double factor;
     int iters, warmup, check, root, np, avg_mode, bind, shared_mem;
+    double warm_ms; /* -W: warm up at the first size for at least this long */
     kolo_dtype_t dtype;
     kolo_op_t op;
     int vs;               /* --vs: 0 none, 1 another dtype, 2 the other buffer source */
@@ -106,6 +107,9 @@ static void usage(FILE *f)
             "  -i SIZE   add SIZE each step instead of multiplying\n"
             "  -n N      timed iterations per size (default 20)\n"
             "  -w N      warm-up iterations (default 5)\n"
+            "  -W MS     before the sweep, also call at the first size until MS milliseconds have passed\n"
+            "            (default 0): a machine that speeds up after its first moments of work then\n"
+            "            meets the first timed size warm\n"
             "  -c 0|1    check results (default 1)\n"
             "  -d TYPE   float32 float16 bfloat16 float64 int8 uint8 int16 uint16 int32 int64 bool (default float32)\n"
             "  -o OP     sum avg min max prod (default sum)\n"
@@ -547,6 +551,16 @@ static int bench(const opts *o)
     /* Warm up once before the sweep, as nccl-tests does: the first collectives pay for scratch
      * memory, first touches and the peers' arrival, which must not land on the smallest size. */
     for (int w = 0; w < 20 && st == KOLO_OK; w++) st = call(&R, KOLO_MIN(o->maxb, (size_t)1 << 20), 1);
+    size_t unit = KOLO_MAX_ES(R) * ((o->coll == ALLREDUCE || o->coll == BROADCAST) ? 1 : (size_t)n);
+    if (st == KOLO_OK && o->warm_ms > 0) { /* -W: at the first size, until some rank has spent warm_ms */
+        size_t first = KOLO_MAX(o->minb / unit * unit, unit);
+        double t0 = now_us();
+        for (int done = 0; !done && st == KOLO_OK;) {
+            st = call(&R, first, 0);
+            done = (now_us() - t0) / 1e3 >= o->warm_ms;
+            if (st == KOLO_OK) st = kolo_allreduce(&done, &done, 1, KOLO_INT32, KOLO_MAX, 1.0, 1.0, KOLO_WORLD);
+        }
+    }
     if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
     if (st != KOLO_OK) {
         fprintf(stderr, "kolo-bench: rank %d: warm-up failed: %s\n", me, kolo_last_error());
@@ -557,7 +571,6 @@ static int bench(const opts *o)
     double bw_sum = 0;
     int bw_n = 0;
     int failed = 0;
-    size_t unit = KOLO_MAX_ES(R) * ((o->coll == ALLREDUCE || o->coll == BROADCAST) ? 1 : (size_t)n);
     for (size_t b = o->minb; b <= o->maxb && !failed;) {
         if (o->vs) {
             size_t bytes = b / unit * unit;
@@ -695,6 +708,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-f")) o.factor = strtod(v, &end), bad = *end || o.factor <= 1.0;
         else if (!strcmp(a, "-n")) o.iters = (int)strtol(v, &end, 10), bad = *end || o.iters < 0;
         else if (!strcmp(a, "-w")) o.warmup = (int)strtol(v, &end, 10), bad = *end || o.warmup < 0;
+        else if (!strcmp(a, "-W")) o.warm_ms = strtod(v, &end), bad = *end || !(o.warm_ms >= 0 && o.warm_ms <= 60000);
         else if (!strcmp(a, "-c")) o.check = (int)strtol(v, &end, 10), bad = *end;
         else if (!strcmp(a, "-r")) o.root = (int)strtol(v, &end, 10), bad = *end || o.root < 0;
         else if (!strcmp(a, "-a")) o.avg_mode = (int)strtol(v, &end, 10), bad = *end || o.avg_mode < 0 || o.avg_mode > 3;

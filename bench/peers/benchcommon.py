@@ -4,7 +4,11 @@ Same command line and the same nccl-tests rows as bench/peers/mpi_coll_bench.c a
 build/bin/kolo-bench:
 
     <coll>[,<coll>...]|all [-b 8] [-e 256M] [-f 2] [-n 20] [-w 5] [-c 1]
-    [-d float32[,float16]] [-o sum] [-r 0] [-B lo:hi:iters:warmup[:factor],...] [-np N]
+    [-d float32[,float16]] [-o sum] [-r 0] [-B lo:hi:iters:warmup[:factor],...] [-W ms] [-np N]
+
+-W: before each collective's sweep, after the warm-up calls, keep calling at the first size until
+some rank has spent this many milliseconds (the ranks agree after every call), so that a machine
+that speeds up after its first moments of work meets the first timed size warm.
 
 A placement the library has no call for (torch's all_reduce is in-place only, Horovod's
 allgather is out-of-place only, ...) prints "-" in its four columns.
@@ -40,6 +44,7 @@ def parse_args(argv, prog):
     p.add_argument("-o", default="sum", choices=["sum"])
     p.add_argument("-r", type=int, default=0)
     p.add_argument("-B", default=None, help="bands lo:hi:iters:warmup[:factor],...")
+    p.add_argument("-W", type=float, default=0.0, help="warm up at the first size for this many ms")
     p.add_argument("-np", type=int, default=None, help="fork N local ranks")
     a = p.parse_args(argv)
     colls = []
@@ -69,6 +74,8 @@ def parse_args(argv, prog):
         a.bands = [(parse_size(a.b), parse_size(a.e), a.n, a.w, a.f)]
     if a.f <= 1:
         p.error("-f must be > 1")
+    if not 0 <= a.W <= 60000:
+        p.error("-W must be 0 to 60000 ms")
     return a
 
 
@@ -213,6 +220,7 @@ def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier,
                 header(coll, dname, lib, n, args)
             bws, wrong_rows = [], 0
             try:
+                warmed = False
                 for req, iters, warmup, band in sweep(args.bands):
                     if band:  # warm up at the band's largest, then smallest size
                         for wreq in (band[1], band[0]):
@@ -222,6 +230,13 @@ def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier,
                                 prep()
                                 for _ in range(warmup):
                                     call()
+                        if b and args.W > 0 and not warmed:  # -W, at the first band's smallest size
+                            t0, done = time.perf_counter(), False
+                            while not done:
+                                call()
+                                mine = (time.perf_counter() - t0) * 1e3 >= args.W
+                                done = sum_all(1.0 if mine else 0.0, torch.float64, "bench.warm") > 0
+                        warmed = True
                     b = build(coll, dname, esize, sbuf, rbuf, req)
                     if b is None:
                         continue

@@ -8,12 +8,15 @@
  *
  * Usage:
  *   mpirun -np N mpi_coll_bench <coll>[,<coll>...] [-b 8] [-e 256M] [-f 2] [-n 20] [-w 5]
- *          [-c 1] [-d float32[,float16]] [-o sum] [-r 0] [-B bands]
+ *          [-c 1] [-d float32[,float16]] [-o sum] [-r 0] [-B bands] [-W ms]
  *
  *   coll   allreduce | allgather | broadcast | reducescatter | alltoall   (or "all")
  *   -B     a list of bands "lo:hi:iters:warmup[:factor],..." (sizes take K/M/G suffixes) that
  *          replaces -b/-e/-n/-w, so one launch runs several sweeps with fewer iterations (and
  *          optionally bigger steps) for big sizes.
+ *   -W     before each collective's sweep, after the warm-up calls, keep calling at the first size
+ *          until some rank has spent this many milliseconds (the ranks agree after every call): a
+ *          machine that speeds up after its first moments of work meets the first timed size warm.
  *
  * time is the mean per-iteration time in microseconds over -n iterations after -w warmups, averaged
  * over ranks (nccl-tests' default -a 1). algbw = size / time (GB/s, 1e9); busbw = algbw times
@@ -67,6 +70,7 @@ struct opts {
   double factor;
   int check;
   int root;
+  double warm_ms;
 };
 
 static int g_rank, g_size;
@@ -435,6 +439,14 @@ static int run_sweep(int c, int dt, const struct opts *o, void *sbuf, void *rbuf
       run_once(c, dt, &shi, sbuf, rbuf, 0, o->root);
     for (int i = 0; i < b->warmup && slo.percount > 0; i++)
       run_once(c, dt, &slo, sbuf, rbuf, 0, o->root);
+    if (bi == 0 && o->warm_ms > 0 && slo.percount > 0) { /* -W */
+      double t0 = MPI_Wtime();
+      for (int done = 0; !done;) {
+        run_once(c, dt, &slo, sbuf, rbuf, 0, o->root);
+        int mine = (MPI_Wtime() - t0) * 1e3 >= o->warm_ms;
+        MPI_Allreduce(&mine, &done, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      }
+    }
     for (size_t req = b->lo; req <= b->hi;) {
       struct sizes s = sizes_for(c, dt, req);
       if (req > last && s.percount > 0) { /* bands may overlap: no size twice */
@@ -512,7 +524,7 @@ static void usage(void)
   fprintf(stderr,
           "usage: mpi_coll_bench <coll>[,<coll>...]|all [-b minbytes] [-e maxbytes] [-f factor]\n"
           "       [-n iters] [-w warmup] [-c 0|1] [-d float32[,float16]] [-o sum] [-r root]\n"
-          "       [-B lo:hi:iters:warmup[:factor],...]\n");
+          "       [-B lo:hi:iters:warmup[:factor],...] [-W ms]\n");
   exit(2);
 }
 
@@ -557,6 +569,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     case 'c': o->check = atoi(v); break;
     case 'r': o->root = atoi(v); break;
     case 'B': bands = v; break;
+    case 'W': o->warm_ms = atof(v); break;
     case 'o':
       if (strcmp(v, "sum")) {
         fprintf(stderr, "mpi_coll_bench: only -o sum is measured\n");
@@ -584,7 +597,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     default: usage();
     }
   }
-  if (o->factor <= 1.0 || iters < 1 || warmup < 0)
+  if (o->factor <= 1.0 || iters < 1 || warmup < 0 || !(o->warm_ms >= 0 && o->warm_ms <= 60000))
     usage();
   if (bands)
     parse_bands(o, bands);

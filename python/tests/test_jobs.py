@@ -260,6 +260,24 @@ def test_kolo_bench_paired_mode(tmp_path):
     assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
 
 
+def test_kolo_bench_warms_for_a_time():
+    # -W: the ranks keep calling at the first size until one has spent W ms, and agree to stop; the
+    # sweep after it is the usual one, checked. A time the ranks cannot agree on is refused.
+    bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
+    t0 = time.monotonic()
+    p = subprocess.run([bench, "alltoall", "-np", "3", "-b", "1K", "-e", "4K", "-n", "3", "-w", "1", "-c", "1",
+                        "-W", "300"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout
+    assert re.findall(r"^\s+(\d+)\s+\d+\s+float32", p.stdout, re.M) == ["1020", "2040", "4092"], p.stdout
+    assert "Out of bounds values : 0 OK" in p.stdout, p.stdout
+    assert took >= 0.3, took
+    for bad in ("-1", "x", "70000"):
+        p = subprocess.run([bench, "alltoall", "-np", "2", "-W", bad], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=30)
+        assert p.returncode == 2 and "-W" in p.stdout, (bad, p.stdout)
+
+
 def _bench_module(name):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import importlib
