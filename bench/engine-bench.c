@@ -15,8 +15,9 @@
  * per-iteration ratios is what the timeline costs, measured on the same machine state, which
  * separate launches on a shared VM are not.
  * With -m 1 the gradients are one kolo_mem_alloc arena (as a framework binding may place them) and
- * the flat buffer of the direct step is kolo_mem_alloc memory too: buckets of 4 MiB or more are
- * then read by the other ranks directly, mapped (src/coll/direct.c), and so is the direct step.
+ * the flat buffer of the direct step is kolo_mem_alloc memory too: buckets of more than 64 KiB are
+ * then read and written by the other ranks directly, mapped (src/coll/direct.c), and so is the
+ * direct step.
  * It prints the medians, their ratio, and, from -s steps of 161 one-element tensors (everything
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.

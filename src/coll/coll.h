@@ -67,8 +67,8 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int sta
 /* How many allreduces in this process mapped the others' buffers, and read them by CMA (tests). */
 uint64_t kolo__zc_runs(void);
 uint64_t kolo__direct_cma_runs(void);
-/* How many mapped allreduces in place stored their results through the cache, and in how many
- * this member stored its block into every member's output itself (tests). */
+/* How many mapped allreduces (in place or not) stored their results through the cache, and in
+ * how many this member stored its block into every member's output itself (tests). */
 uint64_t kolo__zc_cached_runs(void);
 uint64_t kolo__zc_push_runs(void);
 /* Test hooks: member 0 plans ring (0) or direct (1) instead of choosing (-1: choose); the nth CMA

@@ -11,10 +11,10 @@
  *     (MEMCPY_IN_FUSION_BUFFER), one collective in place, copied back (MEMCPY_OUT_FUSION_BUFFER);
  *   - several, more than IOV_MIN bytes: one ring allreduce over the list of buffers
  *     (ring_iov.c), the tensors of at least PACK_MIN bytes reduced where they are and only the
- *     smaller ones packed into the fusion buffer; on one host, from 4 MiB, the same list may
- *     instead be read by the other members directly (coll/direct.c), as a single tensor may:
+ *     smaller ones packed into the fusion buffer; on one host the same list may instead be read
+ *     (and written) by the other members directly (coll/direct.c), as a single tensor may:
  *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
- *     kolo_mem_alloc memory too), else by CMA when that times faster than the ring. On this
+ *     kolo_mem_alloc memory too), else, from 4 MiB, by CMA when that times faster than the ring. On this
  *     memory-bound host the two copies of Horovod's fusion buffer cost as much as the allreduce
  *     itself: with everything copied a ResNet-50 step took 1.2-1.6x one direct allreduce of
  *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it

@@ -8,8 +8,8 @@ engine negotiates and fuses these while backward computes the earlier layers. st
 for all of them (synchronize()) and then runs the wrapped optimizer's step.
 
 Shared gradients: when every rank runs on this host, the CPU parameters' gradients move into one
-kolo_mem_alloc arena per dtype (kolo.shared_empty), so that a fused bucket of 4 MiB or more is
-read by the other ranks directly, mapped, instead of being copied through shared-memory rings
+kolo_mem_alloc arena per dtype (kolo.shared_empty), so that a fused bucket of more than 64 KiB is
+read and written by the other ranks directly, mapped, instead of being copied through shared-memory rings
 (docs/python.md). The hook moves a dense gradient into its place the first time it sees it (one
 copy; a sparse one stays where it is and its place is given up). Backward accumulates into a
 gradient that exists in place, so the gradients stay there; zero_grad() zeroes them in place
