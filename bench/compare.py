@@ -1316,7 +1316,7 @@ class Report:
                              "launch can resolve. Longer launches (engine-bench -n 80: 1.034, 8 launches) "
                              "would measure it more finely; what remains to cut is the start and stop "
                              "of the writer thread (each timed step starts one) and its formatting "
-                             "(~130 ns per event on the other core)." % (100 * ov)]
+                             "(75-100 ns per event on the other core, a fifth of it the kernel's page-cache copy)." % (100 * ov)]
                 else:
                     close = ["The writer's formatting and writing is the cost: a binary format written "
                              "raw and converted to JSON after the run would cut it."]

@@ -565,6 +565,43 @@ KT_TEST(trace_events, 10)
     tclean();
 }
 
+/* The writer's timestamps (microseconds, three decimals, two digits at a time): every digit
+ * count, every carry between the integer and the fraction, and the largest value, against
+ * printf. */
+KT_TEST(trace_timestamp_format, 10)
+{
+    uint64_t vals[200];
+    size_t nv = 0;
+    for (uint64_t p = 1;; p *= 10) { /* 20 powers of ten, 5 values each */
+        vals[nv++] = p;
+        vals[nv++] = p - 1;
+        vals[nv++] = p + 1;
+        vals[nv++] = p * 5 + 7;
+        vals[nv++] = p * 10 - 1;
+        if (p > UINT64_MAX / 10) break;
+    }
+    vals[nv++] = 0;
+    vals[nv++] = UINT64_MAX;
+    vals[nv++] = UINT64_MAX - 999;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < 10000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint64_t v = i < 5000 ? x : x >> (i % 64);
+        char got[32], want[32];
+        size_t n = kolo__trace_format_ts(got, v);
+        snprintf(want, sizeof(want), "%llu.%03u", (unsigned long long)(v / 1000), (unsigned)(v % 1000));
+        KT_ASSERTF(n == strlen(want) && !strcmp(got, want), "%llu ns: '%s', want '%s'", (unsigned long long)v, got,
+                   want);
+    }
+    for (size_t i = 0; i < nv; i++) {
+        char got[32], want[32];
+        size_t n = kolo__trace_format_ts(got, vals[i]);
+        snprintf(want, sizeof(want), "%llu.%03u", (unsigned long long)(vals[i] / 1000), (unsigned)(vals[i] % 1000));
+        KT_ASSERTF(n == strlen(want) && !strcmp(got, want), "%llu ns: '%s', want '%s'", (unsigned long long)vals[i],
+                   got, want);
+    }
+}
+
 /* Sequences (the engine's loops over a bucket): many events in one slot come out one per line,
  * in the order recorded, on their tensors' rows, at the instant the sequence was opened. More
  * entries than a slot holds, a change of phase, a name too long to intern and a mark number too

@@ -390,16 +390,51 @@ static void put(const char *s, size_t n)
 }
 #define PUTS(lit) put(lit, sizeof(lit) - 1)
 
-static void put_u64(uint64_t v)
+/* "00" to "99": numbers are written two digits at a time. */
+static const char DIGITS2[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                 "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                 "8081828384858687888990919293949596979899";
+
+/* v in decimal at d; returns the end. The digits are counted first and written in place from
+ * the last, two at a time (formed in a scratch buffer and copied, they cost a stalled load:
+ * the copy read what small stores had just written). */
+static char *fmt_u64(char *d, uint64_t v)
 {
-    char tmp[20];
-    size_t i = sizeof(tmp);
-    do {
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    put(tmp + i, sizeof(tmp) - i);
+    static const uint64_t pow10[20] = {1ull,
+                                       10ull,
+                                       100ull,
+                                       1000ull,
+                                       10000ull,
+                                       100000ull,
+                                       1000000ull,
+                                       10000000ull,
+                                       100000000ull,
+                                       1000000000ull,
+                                       10000000000ull,
+                                       100000000000ull,
+                                       1000000000000ull,
+                                       10000000000000ull,
+                                       100000000000000ull,
+                                       1000000000000000ull,
+                                       10000000000000000ull,
+                                       100000000000000000ull,
+                                       1000000000000000000ull,
+                                       10000000000000000000ull};
+    unsigned n = 1;
+    while (n < 20 && v >= pow10[n]) n++;
+    char *p = d + n;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, DIGITS2 + 2 * r, 2);
+    }
+    if (v >= 10) memcpy(p - 2, DIGITS2 + 2 * v, 2);
+    else p[-1] = (char)('0' + v);
+    return d + n;
 }
+
+static void put_u64(uint64_t v) { w.out_len = (size_t)(fmt_u64(w.out + w.out_len, v) - w.out); }
 
 static void put_int(int v)
 {
@@ -407,13 +442,22 @@ static void put_int(int v)
     put_u64(v < 0 ? 0 - (uint64_t)(int64_t)v : (uint64_t)v);
 }
 
-/* Microseconds with three decimals. */
-static void put_ts(uint64_t ns)
+/* Microseconds with three decimals, at d; returns the end. */
+static char *fmt_ts(char *d, uint64_t ns)
 {
-    put_u64(ns / 1000);
+    d = fmt_u64(d, ns / 1000);
     unsigned f = (unsigned)(ns % 1000);
-    char d[4] = {'.', (char)('0' + f / 100), (char)('0' + f / 10 % 10), (char)('0' + f % 10)};
-    put(d, 4);
+    d[0] = '.';
+    d[1] = (char)('0' + f / 100);
+    memcpy(d + 2, DIGITS2 + 2 * (f % 100), 2);
+    return d + 4;
+}
+
+size_t kolo__trace_format_ts(char out[32], uint64_t ns)
+{
+    size_t n = (size_t)(fmt_ts(out, ns) - out); /* at most 20 digits, '.', 3 decimals */
+    out[n] = '\0';
+    return n;
 }
 
 /* Length of the well-formed UTF-8 sequence at p (the rules Python's decoder applies: no
@@ -719,16 +763,24 @@ static int special_row(int tid)
     return tid;
 }
 
+/* The start of an event line, up to and including its "name": key. */
+static void put_head_keys(char ph, int tid, uint64_t ns)
+{
+    char *d = w.out + w.out_len;
+    memcpy(d, "\n,{\"ph\":\"", 9);
+    d[9] = ph;
+    memcpy(d + 10, w.pid_key, sizeof(w.pid_key)); /* ","pid":<rank>,"tid": and slack */
+    d = fmt_u64(d + 10 + w.pid_key_len, (unsigned)tid);
+    memcpy(d, ",\"ts\":", 6);
+    d = fmt_ts(d + 6, ns);
+    memcpy(d, ",\"name\":", 8);
+    w.out_len = (size_t)(d + 8 - w.out);
+}
+
 /* The start of an event line up to and including its name. */
 static void put_head(char ph, int tid, uint64_t ns, const char *name, size_t nlen)
 {
-    PUTS("\n,{\"ph\":\"");
-    put(&ph, 1);
-    put(w.pid_key, w.pid_key_len); /* ","pid":<rank>,"tid": */
-    put_u64((unsigned)tid);
-    PUTS(",\"ts\":");
-    put_ts(ns);
-    PUTS(",\"name\":");
+    put_head_keys(ph, tid, ns);
     put_jstr(name, nlen);
 }
 
@@ -751,10 +803,13 @@ static int tensor_row(const slot *s)
 
 static void flush_out(void);
 
-/* A sequence's events, one line each; the output is flushed between them when it fills. */
+/* A sequence's events, one line each; the output is flushed between them when it fills. Their
+ * phase is escaped once, at its first use. */
 static void format_seq(const slot *s, uint64_t ns)
 {
     const unsigned char *e = (const unsigned char *)s->data + s->nlen;
+    char phase[PHASE_MAX * 6 + 2]; /* the phase as a JSON string: at most 6 bytes per byte */
+    size_t plen = 0;
     for (size_t i = 0; i + 4 <= s->alen; i += 4) {
         uint16_t id, code;
         memcpy(&id, e + i, 2);
@@ -762,12 +817,22 @@ static void format_seq(const slot *s, uint64_t ns)
         if (!id || id > NAMES) continue;
         int tid = id_row(id);
         if (code == SEQ_BEGIN || code == SEQ_END) {
-            put_head(code == SEQ_BEGIN ? 'B' : 'E', tid, ns, s->data, s->nlen);
+            put_head_keys(code == SEQ_BEGIN ? 'B' : 'E', tid, ns);
+            if (plen) {
+                put(phase, plen);
+            } else {
+                size_t at = w.out_len;
+                put_jstr(s->data, s->nlen);
+                plen = w.out_len - at;
+                memcpy(phase, w.out + at, plen);
+            }
         } else {
-            char num[8];
-            size_t len = (size_t)snprintf(num, sizeof(num), "%u", (unsigned)code);
-            put_head('i', tid, ns, num, len);
-            PUTS(",\"s\":\"t\"");
+            put_head_keys('i', tid, ns);
+            char *d = w.out + w.out_len;
+            d[0] = '"';
+            d = fmt_u64(d + 1, code);
+            memcpy(d, "\",\"s\":\"t\"", 9);
+            w.out_len = (size_t)(d + 9 - w.out);
         }
         PUTS("}");
         if (w.out_len > OUT_CAP - OUT_SLACK) flush_out();

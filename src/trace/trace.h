@@ -51,4 +51,8 @@ void kolo__trace_seq_end(kolo__trace_seq *q, const char *tensor, const char *pha
 void kolo__trace_seq_mark(kolo__trace_seq *q, const char *tensor, int number);
 void kolo__trace_seq_close(kolo__trace_seq *q);
 
+/* An event's "ts" as the writer formats it: ns in microseconds with three decimals, into out
+ * (NUL-terminated; 20 + 4 bytes at most, and fmt_u64's copy needs the rest). For tests. */
+size_t kolo__trace_format_ts(char out[32], uint64_t ns);
+
 #endif
