@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH] [-m 1]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH [-T 1]] [-m 1]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -13,7 +13,11 @@
  * it to PATH, rank r to PATH.r, before the step's barrier and stops it after the step, the stop's
  * final drain timed with the step) and one without, in alternating order: the median of the
  * per-iteration ratios is what the timeline costs, measured on the same machine state, which
- * separate launches on a shared VM are not.
+ * separate launches on a shared VM are not. With -T K each of the two is a block of K steps (a
+ * timeline started before the block and stopped after its last step, the stop timed with that
+ * step) and the mean steps of the two blocks are paired: a job starts its timeline once, so
+ * blocks measure the cost of a timeline that is running, and K = 1 adds a start and stop (a
+ * writer thread, a file) to every step.
  * With -m 1 the gradients are one kolo_mem_alloc arena (as a framework binding may place them) and
  * the flat buffer of the direct step is kolo_mem_alloc memory too: buckets of more than 64 KiB are
  * then read and written by the other ranks directly, mapped (src/coll/direct.c), and so is the
@@ -45,6 +49,7 @@ typedef struct opts {
     int np, iters, warmup, small_steps, verbose;
     int shared; /* -m 1: the gradients (one arena) and the flat buffer from kolo_mem_alloc */
     const char *timeline; /* -t: pair every engine step with one that writes the timeline */
+    int block;            /* -T: engine steps per timeline (and per block without one) */
 } opts;
 
 /* Removes this rank's timeline file before a timeline starts on it again: a file truncated to
@@ -144,28 +149,32 @@ static int run(const opts *o)
     if (!ton || !pair) return 1;
     int rc = 0;
     for (int it = -o->warmup; it < o->iters && !rc; it++) {
-        /* one engine step, or two (timeline off and on, the order alternating) with -t */
+        /* one engine step, or with -t two blocks of -T steps (timeline off, and on: started before
+         * the block, stopped after its last step), the order alternating; a block's mean step */
         double t_off = 0, t_on = 0;
+        int block = o->timeline ? o->block : 1;
         for (int k = 0; k < (o->timeline ? 2 : 1) && !rc; k++) {
             bool on = o->timeline && ((it & 1) ^ k);
             if (on) unlink_timeline(o->timeline, rank);
             if (on && kolo_timeline_start(o->timeline, 0) != KOLO_OK) rc = 1;
-            kolo_barrier(KOLO_WORLD);
-            if (rank == 0 && it >= 0) bench_perf_ctl(1);
-            double t0 = now_s();
-            for (int t = nt - 1; t >= 0; t--) { /* backward order */
-                kolo_shape_t sh = {1, {(int64_t)sizes[t]}};
-                if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1, 1,
-                                    NULL, &reqs[t]) != KOLO_OK)
-                    rc = 1;
+            for (int j = 0; j < block && !rc; j++) {
+                kolo_barrier(KOLO_WORLD);
+                if (rank == 0 && it >= 0) bench_perf_ctl(1);
+                double t0 = now_s();
+                for (int t = nt - 1; t >= 0; t--) { /* backward order */
+                    kolo_shape_t sh = {1, {(int64_t)sizes[t]}};
+                    if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1,
+                                        1, NULL, &reqs[t]) != KOLO_OK)
+                        rc = 1;
+                }
+                for (int t = 0; t < nt; t++) {
+                    if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
+                    kolo_request_release(reqs[t]);
+                }
+                if (on && j == block - 1 && kolo_timeline_stop() != KOLO_OK) rc = 1; /* its last drain counts */
+                *(on ? &t_on : &t_off) += (now_s() - t0) / block;
+                if (rank == 0 && it >= 0) bench_perf_ctl(0);
             }
-            for (int t = 0; t < nt; t++) {
-                if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
-                kolo_request_release(reqs[t]);
-            }
-            if (on && kolo_timeline_stop() != KOLO_OK) rc = 1; /* its last drain counts */
-            *(on ? &t_on : &t_off) = now_s() - t0;
-            if (rank == 0 && it >= 0) bench_perf_ctl(0);
         }
         kolo_barrier(KOLO_WORLD);
         double t1 = now_s();
@@ -209,13 +218,21 @@ static int run(const opts *o)
         printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB), in %s\n", n, nt,
                total, (double)total * 4 / 1e6, o->shared ? "kolo_mem_alloc memory" : "malloc'd memory");
         printf("# %s\n", kolo_build_info());
-        printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d steps\n", me * 1e3, o->iters);
+        if (o->timeline && o->block > 1)
+            printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d blocks of %d steps\n", me * 1e3,
+                   o->iters, o->block);
+        else
+            printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d steps\n", me * 1e3, o->iters);
         printf("direct kolo_allreduce of same bytes   median %8.2f ms\n", md * 1e3);
         printf("ratio engine / direct                 %8.3f\n", me / md);
         if (o->timeline)
             printf("engine step with the timeline on      median %8.2f ms; paired on / off median %.3f over %d "
-                   "steps\n",
-                   median(ton, o->iters) * 1e3, median(pair, o->iters), o->iters);
+                   "%s\n",
+                   median(ton, o->iters) * 1e3, median(pair, o->iters), o->iters,
+                   o->block > 1 ? "pairs of blocks" : "steps");
+        if (o->timeline && o->block > 1)
+            printf("timeline blocks                       %d steps per timeline, a block's mean step paired\n",
+                   o->block);
         double nc = c1 > c0 ? (double)(c1 - c0) : 1.0;
         printf("steady-state negotiation (cached)     %8.1f us per cycle, %.1f us of it local (%llu cycles)\n",
                (double)(ns1 - ns0) / nc * 1e-3, (double)(l1 - l0) / nc * 1e-3, (unsigned long long)(c1 - c0));
@@ -245,7 +262,7 @@ static int run_rank(void *arg) { return run(arg); }
 
 int main(int argc, char **argv)
 {
-    opts o = {.np = 2, .iters = 15, .warmup = 3, .small_steps = 200};
+    opts o = {.np = 2, .iters = 15, .warmup = 3, .small_steps = 200, .block = 1};
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-np")) o.np = v;
@@ -255,12 +272,15 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-v")) o.verbose = v;
         else if (!strcmp(argv[i], "-t") && *argv[i + 1]) o.timeline = argv[i + 1];
         else if (!strcmp(argv[i], "-m")) o.shared = v;
+        else if (!strcmp(argv[i], "-T")) o.block = v;
         else {
-            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] [-t PATH] [-m 1]\n");
+            fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] "
+                            "[-t PATH [-T K]] [-m 1]\n");
             return 2;
         }
     }
-    if (o.np < 1 || o.np > 64 || o.iters < 1 || o.warmup < 0 || o.small_steps < 1) return 2;
+    if (o.np < 1 || o.np > 64 || o.iters < 1 || o.warmup < 0 || o.small_steps < 1 || o.block < 1 || o.block > 1000)
+        return 2;
     if (getenv("KOLO_RANK") || o.np == 1) return run(&o);
     /* not bound: each rank has a background engine thread beside its main thread */
     return bench_local_job(o.np, 0, "engine-bench", run_rank, &o);

@@ -2,6 +2,8 @@
 lost peers and stalls become HorovodInternalError, the library is found or refused clearly,
 the package installs with pip, and the examples learn."""
 
+import collections
+import json
 import os
 import re
 import shutil
@@ -276,6 +278,30 @@ def test_kolo_bench_warms_for_a_time():
         p = subprocess.run([bench, "alltoall", "-np", "2", "-W", bad], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=30)
         assert p.returncode == 2 and "-W" in p.stdout, (bad, p.stdout)
+
+
+def test_engine_bench_times_blocks_under_one_timeline(tmp_path):
+    # engine-bench -t -T K: blocks of K steps under one timeline, paired with blocks without; the
+    # timeline of the last block holds K steps of every tensor, and the harness reads the line.
+    bench = os.path.join(ROOT, "build", "bin", "engine-bench")
+    tl = str(tmp_path / "tl.json")
+    p = subprocess.run([bench, "-np", "2", "-n", "2", "-w", "0", "-s", "5", "-T", "3", "-t", tl],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    m = re.search(r"timeline on\s+median\s+([0-9.]+) ms; paired on / off median ([0-9.]+) over 2 pairs of blocks",
+                  p.stdout)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, p.stdout
+    assert "3 steps per timeline" in p.stdout, p.stdout
+    for path in (tl, tl + ".1"):
+        with open(path) as f:
+            events = json.load(f)
+        rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        begins = collections.Counter(rows.get(e["tid"]) for e in events if e["ph"] == "B" and e["name"] == "ALLREDUCE")
+        assert len(begins) == 161 and set(begins.values()) == {3}, (path, begins)
+    for bad in ("0", "x", "1001"):
+        p = subprocess.run([bench, "-T", bad, "-t", tl], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=30)
+        assert p.returncode == 2, (bad, p.stdout)
 
 
 def _bench_module(name):
