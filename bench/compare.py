@@ -1652,7 +1652,7 @@ def engine_check(a, logdir, reps=9):
                   flush=True)
             # the timeline as a job runs it: started once, then running; blocks of 5 steps per
             # timeline paired with blocks of 5 without
-            text, rc, to, _ = run_launch(Launch(cmd[:4] + ["-n", str(BLOCK_PAIRS), "-w", "1", "-T",
+            text, rc, to, _ = run_launch(Launch(cmd[:3] + ["-n", str(BLOCK_PAIRS), "-w", "1", "-T",
                                                            str(TIMELINE_BLOCK), "-t", tl]), 300, log)
             log.write(text)
             on = re.search(r"timeline on\s+median\s+([0-9.]+) ms; paired on / off median ([0-9.]+)", text)
