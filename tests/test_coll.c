@@ -393,6 +393,48 @@ KT_TEST(shm_auto_follows_elapsed_time, 60)
     KT_EQ(kt_job(2, cma_follows_time, &cma, &o, NULL), 0);
 }
 
+/* A short burst of slow messages by the way in use does not make the pair leave it: with
+ * single-copy made 10 ms slower per 128 KiB message, the ring carries the stream after the first
+ * probe (under TSan a ring message takes 1-3 ms); then three messages by ring take 30 ms longer each (what a burst of slow ring copies looks
+ * like, only longer), and of the 20 messages from the burst on at most a probe's 4 (its first
+ * one warms the way up) come single-copy. A pair that left the ring when three slow samples made
+ * its median dear (as before) sent the messages after the burst single-copy until the ring's next
+ * probe, 0.1 s later: about 10 messages. The burst fits in the 0.2 s before the next probe is due. */
+static void cma_ignores_burst(int rank, void *arg)
+{
+    (void)arg;
+    kolo__shm_test_delay(1, 10000000);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 15; /* 128 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2] = {0, 0}, after[2];
+    for (int it = 0; it < 36; it++) { /* the first probe comes after 8 messages by ring */
+        if (it == 16) kolo__shm_large_received(c, before);
+        if (it == 16) kolo__shm_test_delay_sizes(0, 30000000, 0, UINT64_MAX); /* the burst, both ranks */
+        if (it == 19) kolo__shm_test_delay_sizes(0, 0, 0, UINT64_MAX);
+        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank + (size_t)it);
+        KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+        for (int r = 0; r < 2; r++)
+            KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "iteration %d rank %d", it, r);
+    }
+    kolo__shm_large_received(c, after);
+    uint64_t cma = after[1] - before[1], total = after[0] + after[1] - before[0] - before[1];
+    KT_ASSERTF(total == 20 && cma <= 4, "rank %d: after a burst of 3 slow ring messages %llu of %llu came single-copy",
+               rank, (unsigned long long)cma, (unsigned long long)total);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_ignores_burst, NULL, &o, NULL), 0);
+}
+
 /* The choice is kept per message size: with ring copies made slow for messages under 256 KiB and
  * single-copy slow for longer ones, a pair that alternates 64 KiB and 1 MiB messages sends most of
  * the short ones single-copy and most of the long ones by ring, each class's probes aside (one

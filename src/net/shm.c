@@ -65,6 +65,7 @@ typedef struct way_choice {
     uint64_t cost_ps[2], cost_at[2];
     kolo__window win[2]; /* each way's last samples, of which cost_ps is the median */
     int want, probing, warming[2];
+    int dearer; /* messages in a row by the way in use that found it dearer than the other */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* messages of this class received each way */
 } way_choice;
@@ -209,6 +210,17 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * choice of the larger classes that have seen no message yet (larger messages rarely reverse
  * it), which then probe the other way at the usual interval: a sweep upwards starts each size
  * the way the last one ended, instead of paying a first probe per class.
+ *
+ * Outside a probe, the way in use is left for the other only after SWITCH_AFTER_MSGS messages
+ * in a row found it dearer (its median 10 % above the other's last figure). On a 2-vCPU AMD
+ * EPYC (Zen 5) VM, ring copies carried an engine step's messages at a median 26-63 ps/B and
+ * single-copy at 100-230, yet bursts of three ring messages at 200-290 ps/B came every 15-30
+ * messages; three slow samples are a median of five, so the pair switched to single-copy at each
+ * burst, and back when the ring messages still in flight arrived fast: a fifth of the 256-512 KiB
+ * messages went single-copy, and the ResNet-50 step (engine-bench, malloc'd gradients) took
+ * 20.6-21.1 ms against 17.1-17.3 with the ring pinned. A burst leaves the median high for at most
+ * five messages; a change of the cores' placement, which makes one way several times slower for
+ * minutes, is followed eight messages later instead of three.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
@@ -217,6 +229,7 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
 #define PROBE_FIRST_MSGS 8
 #define PROBE_FIRST_BYTES (32ull << 20)
 #define PROBE_CLASS_FIRST_MSGS 4
+#define SWITCH_AFTER_MSGS 8
 #define PROBE_BYTES (4ull << 20)
 #define WARM_BYTES (1ull << 20)
 #define LONG_BYTES (16ull << 20) /* a message this long is a probe on its own */
@@ -334,8 +347,9 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (now - w->cost_at[way] > PROBE_MAX_NS) win_clear(w, way);
         win_add(w, way, ps);
         w->cost_at[way] = now;
-        if (way == want && cheaper(w, !want, want)) {
-            want = !want; /* the way in use got dearer than the other's last figure */
+        if (way == want) w->dearer = cheaper(w, !want, want) ? w->dearer + 1 : 0;
+        if (way == want && w->dearer >= SWITCH_AFTER_MSGS) {
+            want = !want; /* the way in use stayed dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
         } else if (way == want && (w->cost_at[!want] /* the other way measured, or the class seeded, then */
                                        ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
@@ -359,6 +373,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     /* a decision (a probe's end, or a switch outside one) also seeds the larger classes that
      * have seen nothing yet */
     bool decided = !w->probing && (was_probing || want != w->want);
+    if (want != w->want) w->dearer = 0;
     w->want = want;
     for (int j = k + 1; decided && j < SHM_CLASSES && unseen(&s->cls[j]); j++) {
         s->cls[j].want = want;
