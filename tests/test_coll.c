@@ -435,6 +435,52 @@ KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
     KT_EQ(kt_job(2, cma_ignores_burst, NULL, &o, NULL), 0);
 }
 
+/* Each rank chooses from its own calls' timings whether an allgather or alltoall of 4 to 64 MiB
+ * writes its output around the cache: with the way each rule starts from made 20 ms slower per
+ * call (around the cache from 8 MiB, through it below), the other one carries at least 7 of
+ * calls 9-16 (the first probe comes after 4 calls; its verdict after 8). */
+static void out_follows_time(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    size_t per = (size_t)1 << 20, half = per / 2; /* floats: 8 MiB of allgather output, 4 of alltoall */
+    size_t counts[2] = {half, half};
+    float *x = malloc(per * 4), *y = malloc(per * 8);
+    KT_ASSERT(x && y);
+    for (int big = 1; big >= 0; big--) {
+        kolo__coll_test_delay_out(big, 20000000);
+        uint64_t before[2] = {0, 0}, after[2];
+        for (int it = 0; it < 16; it++) {
+            if (it == 8) kolo__coll_test_out_calls(before);
+            for (size_t i = 0; i < per; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            if (big)
+                KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            else
+                KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < 2; r++) {
+                /* allgather: rank r's x[5]; alltoall: rank r's x[rank * half + 5] */
+                size_t i = big ? 5 : (size_t)rank * half + 5, at = (size_t)r * (big ? per : half) + 5;
+                KT_ASSERTF(y[at] == (float)(i % 89 + (size_t)r + (size_t)it), "%s iteration %d block %d",
+                           big ? "allgather" : "alltoall", it, r);
+            }
+        }
+        kolo__coll_test_out_calls(after);
+        uint64_t other = after[!big] - before[!big], total = after[0] + after[1] - before[0] - before[1];
+        KT_ASSERTF(total == 8 && other >= 7, "rank %d: %s: %llu of calls 9-16 (%llu) %s the cache", rank,
+                   big ? "allgather of 8 MiB" : "alltoall of 4 MiB", (unsigned long long)other,
+                   (unsigned long long)total, big ? "went through" : "went around");
+        kolo__coll_test_delay_out(big, 0);
+    }
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(out_stores_follow_elapsed_time, 60)
+{
+    KT_EQ(kt_job(2, out_follows_time, NULL, NULL, NULL), 0);
+}
+
 /* The choice is kept per message size: with ring copies made slow for messages under 256 KiB and
  * single-copy slow for longer ones, a pair that alternates 64 KiB and 1 MiB messages sends most of
  * the short ones single-copy and most of the long ones by ring, each class's probes aside (one

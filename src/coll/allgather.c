@@ -23,11 +23,12 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
-    bool stream = total * es >= KOLO_STREAM_OUT_MIN; /* written around the cache */
     if (n == 1 || (n > 2 && total * es > DIRECT_MAX) || n > 64) {
         kolo__coll_copy_own(mine, send, counts[r] * es, total * es >= KOLO_STREAM_MIN); /* as the ring */
         return n == 1 ? KOLO_OK : kolo__ring_allgather(m, g, out, offs, counts, es, 0, own);
     }
+    kolo__out_ticket ot;
+    bool stream = kolo__coll_out_stream(m, total * es, &ot); /* written around the cache */
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
     int k = 0;
@@ -41,5 +42,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
      * that is in flight */
     kolo__coll_copy_own_moving(m, mine, send, counts[r] * es, stream);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
-    return kolo__wait(m, ptrs, k);
+    int st = kolo__wait(m, ptrs, k);
+    kolo__coll_out_done(m, &ot, "allgather", st);
+    return st;
 }

@@ -34,7 +34,8 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
         so += sendcounts[i];
         ro += recvcounts[i];
     }
-    bool stream = ro * es >= KOLO_STREAM_OUT_MIN; /* every block written around the cache */
+    kolo__out_ticket ot;
+    bool stream = kolo__coll_out_stream(m, ro * es, &ot); /* every block written around the cache */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;
         kolo__irecv(m, kolo__g2w(g, from), d + roff[from] * es, recvcounts[from] * es, &xs[k]);
@@ -52,6 +53,7 @@ int kolo__coll_alltoall(kolo__mesh *m, const kolo__group *g, const void *send, c
     else
         kolo__coll_copy_own_moving(m, d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es, stream);
     int st2 = kolo__wait(m, ptrs, k);
+    kolo__coll_out_done(m, &ot, "alltoall", st != KOLO_OK ? st : st2);
     if (xs != xs_stack) {
         kolo__free(xs);
         kolo__free(ptrs);

@@ -84,6 +84,13 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
 
 /* ---- shared by the algorithm files (coll_util.c) ---- */
 
+/* The way (0 or 1) to run the next call of the size class c by; `hint`, a way some other figure
+ * clearly favours to start with, or -1 (way 0). Then kolo__choice_learn with the call's way, its
+ * start (kolo__now_ns), its bytes, and for the trace log what it was and the ways' names. */
+int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint);
+void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
+                        const char *const ways[2]);
+
 /* Rings over this many bytes or more write their blocks around the cache (ring.c). */
 #define KOLO_STREAM_MIN ((size_t)16 << 20)
 /* Allgather's exchange and alltoall, which write their output once and never read it back,
@@ -92,6 +99,22 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
  * alltoall 8 MiB 963-1667 against 1268-1883, faster in 4 of 5; at 4 MiB no better (2 of 5 each),
  * at 2 MiB slower. */
 #define KOLO_STREAM_OUT_MIN ((size_t)8 << 20)
+
+/* Whether an allgather or alltoall of `bytes` of output writes it around the cache: by the rule
+ * above, or from 4 to 64 MiB as this rank's timings of such calls choose (coll_util.c). The caller
+ * passes the ticket to kolo__coll_out_done when the call has ended, with its status. */
+typedef struct kolo__out_ticket {
+    uint64_t start, bytes;
+    int way;
+    bool stream;
+} kolo__out_ticket;
+bool kolo__coll_out_stream(kolo__mesh *m, size_t bytes, kolo__out_ticket *t);
+void kolo__coll_out_done(kolo__mesh *m, const kolo__out_ticket *t, const char *what, int st);
+/* Test hooks: stream (1) or not (0) instead of choosing (-1); each call of 4 to 64 MiB that
+ * streams (1) or not (0) takes ns longer; such calls so far that did not stream [0] and did [1]. */
+void kolo__coll_test_force_out(int stream);
+void kolo__coll_test_delay_out(int stream, uint64_t ns);
+void kolo__coll_test_out_calls(uint64_t got[2]);
 
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
  * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for

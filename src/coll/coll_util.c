@@ -80,3 +80,167 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
         at += k;
     } while (at < n);
 }
+
+/* ---- choosing between two ways from the calls' own timings ----
+ *
+ * The caller times each call it makes by the way kolo__choice_pick gave, from entry to return, in
+ * ps per byte, and passes it to kolo__choice_learn; one kolo__choice per size class. Each way's
+ * figure is the median of its last KOLO_WINDOW samples (common.h); samples older than
+ * PROBE_MAX_NS are dropped. It starts with way 0, or with a hinted way. Unhinted, after
+ * FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way (a probe, whose samples replace
+ * that way's old ones), then PROBE_CALLS by the way in use, whose samples replace its old ones
+ * too, and keeps the cheaper, switching only for a 10 % gain; hinted, the first probe waits as
+ * the later ones do. Later probes come at least PROBE_GAP_CALLS calls and an interval apart that
+ * doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when a probe or the way in
+ * use getting dearer than the other's figure changes it. The same scheme as the shared-memory
+ * transport's per-message choice (shm.c), one level up, except for the second half of a probe:
+ * the machine warms up over its first busy tens of milliseconds (this VM's copies run 1.5-2.5x
+ * faster then), so the way in use, timed in a launch's first calls, looked dearer than a probe
+ * timed later, and kept losing to it. Measured before that half (2 ranks, 3 launches each):
+ * engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3 with the
+ * ring pinned; member 0's log had the ring at 371-454 ps/B in the first calls, CMA at 330-346 in
+ * the probe, the ring at 296-323 in later probes. */
+#define FIRST_PROBE_CALLS 4
+#define PROBE_CALLS 2
+#define PROBE_GAP_CALLS 8
+#define PROBE_MIN_NS (100ull * 1000 * 1000)
+#define PROBE_MAX_NS (2560ull * 1000 * 1000)
+
+static void win_clear(kolo__choice *c, int way) { kolo__window_clear(&c->win[way]); }
+
+static void win_add(kolo__choice *c, int way, uint64_t ps) { c->cost[way] = kolo__window_add(&c->win[way], ps); }
+
+static bool cheaper(const kolo__choice *c, int a, int b)
+{
+    return c->cost[a] && c->cost[b] && c->cost[a] * 10 < c->cost[b] * 9;
+}
+
+/* `hint`: a way other figures clearly favour (e.g. kolo__shm_faster_way), or -1. */
+int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint)
+{
+    if (!c->every) { /* the first call of this size class */
+        c->every = PROBE_MIN_NS;
+        if (hint >= 0) {
+            c->want = hint;
+            c->hinted = true;
+            c->at[!hint] = now;
+        }
+    }
+    if (c->probing) return !c->want;
+    if (c->recheck) return c->want;
+    int other = !c->want;
+    bool due = c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
+                                           : c->calls >= FIRST_PROBE_CALLS;
+    if (!due) return c->want;
+    c->probing = PROBE_CALLS;
+    win_clear(c, other);
+    return other;
+}
+
+void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
+                        const char *const ways[2])
+{
+    uint64_t now = kolo__now_ns();
+    if (now <= start || !bytes) return;
+    uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
+    if (c->probing && way != c->want) {
+        win_add(c, way, ps);
+        c->at[way] = now;
+        if (--c->probing == 0) { /* the way in use is timed afresh before the verdict */
+            win_clear(c, c->want);
+            c->recheck = PROBE_CALLS;
+        }
+    } else if (way == c->want) {
+        if (now - c->at[way] > PROBE_MAX_NS) win_clear(c, way);
+        win_add(c, way, ps);
+        c->at[way] = now;
+        c->calls++;
+        if (c->recheck) {
+            if (--c->recheck == 0) {
+                c->calls = 0;
+                c->hinted = false;
+                if (cheaper(c, !way, way)) {
+                    c->want = !way;
+                    c->every = PROBE_MIN_NS;
+                } else {
+                    c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
+                }
+            }
+        } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
+            c->want = !way; /* the way in use got dearer than the other's last figure */
+            c->every = PROBE_MIN_NS;
+            c->calls = 0;
+        }
+    }
+    int next = c->probing ? !c->want : c->want;
+    KOLO_TRACE("%s of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", what, (unsigned long long)bytes,
+               ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
+               (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
+}
+
+/* ---- allgather and alltoall: their output written through the cache or around it ----
+ *
+ * Both write their output once and never read it back, so from some size on it is written around
+ * the cache (non-temporal stores), which saves reading each line before it is overwritten and
+ * leaves the cache to the data still to come. Where that starts depends on the machine's caches:
+ * on a 2-vCPU AMD EPYC VM (vCPUs on one or two CCDs) allgather and alltoall of 8 MiB ran 10-35 %
+ * faster around the cache (KOLO_STREAM_OUT_MIN); on a 2-vCPU AMD EPYC (Zen 5) VM with a 32 MiB
+ * last-level cache, out of place, 2 ranks, launches interleaved: allgather 8 MiB 250-290 us
+ * through the cache against 383-425 around it, 16 MiB 590-640 against 704-740, 32 MiB 1675-1757
+ * against 1520-1555; alltoall 8 MiB 280 against 376, 16 MiB 698-720 against 734, 32 MiB 1846-1938
+ * against 1737-1750. So from OUT_CHOOSE_MIN each rank chooses for its own output, from its own
+ * calls' timings, per size class x2 wide: way 0 is the rule above (around the cache from
+ * KOLO_STREAM_OUT_MIN), way 1 the other. The ranks need not agree: each writes only its own
+ * output. From OUT_CHOOSE_MAX, twice the last-level cache of the machines measured, the output
+ * always goes around the cache: there a probe through it only costs. */
+#define OUT_CHOOSE_MIN ((size_t)4 << 20)
+#define OUT_CHOOSE_MAX ((size_t)64 << 20)
+
+static int test_out = -1;
+static uint64_t test_out_delay_ns[2];
+static _Atomic uint64_t out_calls[2];
+
+void kolo__coll_test_force_out(int stream) { test_out = stream; }
+void kolo__coll_test_delay_out(int stream, uint64_t ns) { test_out_delay_ns[stream != 0] = ns; }
+void kolo__coll_test_out_calls(uint64_t got[2])
+{
+    for (int i = 0; i < 2; i++) got[i] = atomic_load_explicit(&out_calls[i], memory_order_relaxed);
+}
+
+static kolo__choice *out_choice(kolo__mesh *m, size_t bytes)
+{
+    int k = 0;
+    for (size_t b = bytes / OUT_CHOOSE_MIN; b >= 2 && k < KOLO_OUT_CLASSES - 1; b /= 2) k++;
+    return &m->stream_out[k];
+}
+
+bool kolo__coll_out_stream(kolo__mesh *m, size_t bytes, kolo__out_ticket *t)
+{
+    bool rule = bytes >= KOLO_STREAM_OUT_MIN;
+    t->start = 0;
+    t->bytes = bytes;
+    t->way = 0;
+    t->stream = rule;
+    if (bytes >= OUT_CHOOSE_MIN && bytes < OUT_CHOOSE_MAX) {
+        if (test_out >= 0) {
+            t->stream = test_out;
+        } else {
+            t->way = kolo__choice_pick(out_choice(m, bytes), kolo__now_ns(), -1);
+            t->stream = rule != (t->way == 1);
+            t->start = kolo__now_ns();
+        }
+    }
+    return t->stream;
+}
+
+void kolo__coll_out_done(kolo__mesh *m, const kolo__out_ticket *t, const char *what, int st)
+{
+    if (t->bytes < OUT_CHOOSE_MIN || t->bytes >= OUT_CHOOSE_MAX || st != KOLO_OK) return;
+    atomic_fetch_add_explicit(&out_calls[t->stream], 1, memory_order_relaxed);
+    kolo__sleep_ns(test_out_delay_ns[t->stream]);
+    if (!t->start) return;
+    static const char *const rule_stream[2] = {"stores around the cache", "stores through the cache"};
+    static const char *const rule_cached[2] = {"stores through the cache", "stores around the cache"};
+    kolo__choice_learn(out_choice(m, t->bytes), t->way, t->start, t->bytes, what,
+                       t->bytes >= KOLO_STREAM_OUT_MIN ? rule_stream : rule_cached);
+}

@@ -157,105 +157,16 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
 
 /* ---- choosing from the calls' own timings: ring or CMA, and mapped in place the stores ----
  *
- * Member 0 of the group times each large allreduce it takes part in, from entry to return, in
- * ps per byte, per size class (choice_for). Each way's figure is the median of its last
- * KOLO_WINDOW samples (common.h); samples older than PROBE_MAX_NS are dropped. It starts with the
- * ring, or with the way the shared-memory transport's figures for single messages from member 1
- * favour by a quarter or more (a probe costs slow calls: on one CCD single-copy messages are
- * 1.4x slower than ring copies and a direct allreduce 1.2-1.5x slower than the ring; on two CCDs
- * 5x and 2x faster). Unhinted, after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way
- * (a probe, whose samples replace that way's old ones), then PROBE_CALLS by the way in use, whose
- * samples replace its old ones too, and keeps the cheaper, switching only for a 10 % gain; hinted,
- * the first probe waits as the later ones do. Later probes come at least PROBE_GAP_CALLS calls and
- * an interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when
- * a probe or the way in use getting dearer than the other's figure changes it. The same scheme as
- * the shared-memory transport's per-message choice (shm.c), one level up, except for the second
- * half of a probe: the machine warms up over its first busy tens of milliseconds (this VM's copies
- * run 1.5-2.5x faster then), so the way in use, timed in a launch's first calls, looked dearer
- * than a probe timed later, and kept losing to it. Measured before that half (2 ranks, 3
- * launches each): engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing,
- * 28.7-29.3 with the ring pinned; member 0's log had the ring at 371-454 ps/B in the first
- * calls, CMA at 330-346 in the probe, the ring at 296-323 in later probes. */
-#define FIRST_PROBE_CALLS 4
-#define PROBE_CALLS 2
-#define PROBE_GAP_CALLS 8
-#define PROBE_MIN_NS (100ull * 1000 * 1000)
-#define PROBE_MAX_NS (2560ull * 1000 * 1000)
-
-static void win_clear(kolo__direct_choice *c, int way) { kolo__window_clear(&c->win[way]); }
-
-static void win_add(kolo__direct_choice *c, int way, uint64_t ps) { c->cost[way] = kolo__window_add(&c->win[way], ps); }
-
-static bool cheaper(const kolo__direct_choice *c, int a, int b)
-{
-    return c->cost[a] && c->cost[b] && c->cost[a] * 10 < c->cost[b] * 9;
-}
-
-/* `hint`: the way the transport's own figures favour clearly (kolo__shm_faster_way), or -1. */
-static int choose(kolo__direct_choice *c, uint64_t now, int hint)
-{
-    if (!c->every) { /* the first call of this size class */
-        c->every = PROBE_MIN_NS;
-        if (hint >= 0) {
-            c->want = hint;
-            c->hinted = true;
-            c->at[!hint] = now;
-        }
-    }
-    if (c->probing) return !c->want;
-    if (c->recheck) return c->want;
-    int other = !c->want;
-    bool due = c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
-                                           : c->calls >= FIRST_PROBE_CALLS;
-    if (!due) return c->want;
-    c->probing = PROBE_CALLS;
-    win_clear(c, other);
-    return other;
-}
+ * Member 0 of the group times each large allreduce it takes part in, from entry to return, and
+ * chooses with kolo__choice_pick and kolo__choice_learn (coll_util.c, where the scheme is
+ * described), per size class (choice_for). It starts with the ring, or with the way the
+ * shared-memory transport's figures for single messages from member 1 favour by a quarter or
+ * more (a probe costs slow calls: on one CCD single-copy messages are 1.4x slower than ring
+ * copies and a direct allreduce 1.2-1.5x slower than the ring; on two CCDs 5x and 2x faster). */
 
 /* what the two ways of each choice are called in the trace log */
 static const char *const WAYS_CMA[2] = {"the ring", "direct CMA reads"};
 static const char *const WAYS_STORE[2] = {"streaming stores", "cached stores"};
-
-static void learn(kolo__direct_choice *c, int way, uint64_t start, uint64_t bytes, const char *const ways[2])
-{
-    uint64_t now = kolo__now_ns();
-    if (now <= start || !bytes) return;
-    uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
-    if (c->probing && way != c->want) {
-        win_add(c, way, ps);
-        c->at[way] = now;
-        if (--c->probing == 0) { /* the way in use is timed afresh before the verdict */
-            win_clear(c, c->want);
-            c->recheck = PROBE_CALLS;
-        }
-    } else if (way == c->want) {
-        if (now - c->at[way] > PROBE_MAX_NS) win_clear(c, way);
-        win_add(c, way, ps);
-        c->at[way] = now;
-        c->calls++;
-        if (c->recheck) {
-            if (--c->recheck == 0) {
-                c->calls = 0;
-                c->hinted = false;
-                if (cheaper(c, !way, way)) {
-                    c->want = !way;
-                    c->every = PROBE_MIN_NS;
-                } else {
-                    c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
-                }
-            }
-        } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
-            c->want = !way; /* the way in use got dearer than the other's last figure */
-            c->every = PROBE_MIN_NS;
-            c->calls = 0;
-        }
-    }
-    int next = c->probing ? !c->want : c->want;
-    KOLO_TRACE("allreduce of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", (unsigned long long)bytes,
-               ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
-               (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
-}
 
 /* The choice for allreduces of about this size: a ring of 4-16 MiB runs largely in cache, one of
  * 64 MiB does not, so each size class (x4 from CMA_MIN) keeps its own figures. */
@@ -266,10 +177,10 @@ static int size_class(uint64_t bytes)
     return k;
 }
 
-static kolo__direct_choice *choice_for(kolo__mesh *m, uint64_t bytes) { return &m->direct[size_class(bytes)]; }
+static kolo__choice *choice_for(kolo__mesh *m, uint64_t bytes) { return &m->direct[size_class(bytes)]; }
 /* The store choice for mapped allreduces of about this size, in place or not: classes x4 from
  * ZC_MIN, as much of a call may still be in cache up to a few MiB. */
-static kolo__direct_choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
+static kolo__choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
 {
     int k = 0;
     for (uint64_t b = bytes / ZC_MIN; b >= 4 && k < KOLO_STORE_CLASSES - 1; b /= 4) k++;
@@ -305,7 +216,7 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
     if (mode == 2) /* the transport's figures for messages of one member's block */
-        return choose(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, bytes / (uint64_t)g->size, 125));
+        return kolo__choice_pick(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, bytes / (uint64_t)g->size, 125));
     return mode == 1 ? PLAN_DIRECT : PLAN_RING;
 }
 
@@ -436,7 +347,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     me.store = STORE_STREAM;
     if (r == 0 && me.mapped)
         me.store = test_store >= 0 ? test_store
-                                   : choose(store_choice_for(m, bytes, ip), kolo__now_ns(),
+                                   : kolo__choice_pick(store_choice_for(m, bytes, ip), kolo__now_ns(),
                                             ip || bytes < STORE_CACHED_FIRST ? STORE_CACHED : STORE_STREAM);
     memcpy(mine_ex, &me, sizeof(desc));
     size_t ones[MAX_MEMBERS];
@@ -590,11 +501,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
         if (cached) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
         if (push) __atomic_fetch_add(&zc_push_runs, 1, __ATOMIC_RELAXED);
-        if (r == 0 && test_store < 0) learn(store_choice_for(m, bytes, ip), all[0].store, t->start, bytes, WAYS_STORE);
+        if (r == 0 && test_store < 0) kolo__choice_learn(store_choice_for(m, bytes, ip), all[0].store, t->start, bytes, "allreduce", WAYS_STORE);
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
     } else {
         __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);
-        if (t->learn) learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes, WAYS_CMA);
+        if (t->learn) kolo__choice_learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes, "allreduce", WAYS_CMA);
     }
     return KOLO_OK;
 }
@@ -603,5 +514,5 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
 {
     if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
     test_delay(PLAN_RING);
-    if (t->learn && st == KOLO_OK) learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes, WAYS_CMA);
+    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes, "allreduce", WAYS_CMA);
 }

@@ -103,18 +103,21 @@ typedef struct kolo__peer_info {
     char hostname[128];
 } kolo__peer_info;
 
-/* How allreduces of this mesh choose between the ring and reading the others' buffers by CMA,
- * from their own timings (coll/direct.c). */
+/* A choice between two ways of running a collective of about one size, made from the calls' own
+ * timings (kolo__choice_pick and kolo__choice_learn, coll/coll_util.c): how allreduces of this
+ * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store their
+ * results (coll/direct.c), how allgathers and alltoalls write their output (coll_util.c). */
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
-typedef struct kolo__direct_choice {
-    kolo__window win[2];     /* per way (0 ring, 1 direct): the last samples in ps/B, */
+#define KOLO_OUT_CLASSES 4    /* 4-8 MiB, 8-16, 16-32, 32-64 */
+typedef struct kolo__choice {
+    kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
     int want, probing;       /* the way in use; calls of the other way still to run in a probe */
     int recheck;             /* calls of the way in use still to run after a probe, before its verdict */
     bool hinted;             /* started from the transport's figures, before a probe of its own */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
-} kolo__direct_choice;
+} kolo__choice;
 
 struct kolo__mesh {
     int rank, size, channel;
@@ -130,9 +133,11 @@ struct kolo__mesh {
     /* this rank could not map another rank's shared buffer once: its allreduces no longer offer
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
-    kolo__direct_choice direct[KOLO_DIRECT_CLASSES];
+    kolo__choice direct[KOLO_DIRECT_CLASSES];
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
-    kolo__direct_choice direct_store[2][KOLO_STORE_CLASSES];
+    kolo__choice direct_store[2][KOLO_STORE_CLASSES];
+    /* whether this rank's allgathers and alltoalls write their output around the cache */
+    kolo__choice stream_out[KOLO_OUT_CLASSES];
 };
 
 /* The transports (tcp.c, shm.c). */
