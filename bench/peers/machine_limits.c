@@ -4,10 +4,13 @@
  * Measures, out of cache unless said:
  *   memcpy (glibc) and memcpy with non-temporal stores, 1 and 2 threads, GB/s copied;
  *   streaming float32 a[i] += b[i], 1 and 2 threads, GB/s of a;
+ *   float32 c[i] = a[i] + b[i] with non-temporal stores (a reduction into a third buffer, as a
+ *   collective reduces two ranks' inputs into an output), 1 and 2 threads, GB/s of c;
  *   memcpy and add in L2 (two 128 KiB buffers), 1 thread;
  *   8-byte one-way latency between 2 processes spinning on a shared-memory flag.
  * and derives the DRAM traffic rate used for the memory-traffic bound: the best, over the kernels,
- * of bytes read plus bytes written per second with all threads (memcpy: 2 x copied; add: 3 x a).
+ * of bytes read plus bytes written per second with all threads (memcpy: 2 x copied; add: 3 x a;
+ * sum into c: 3 x c).
  *
  * Usage: machine_limits [-s MiB per thread buffer (default 256)] [-r repetitions (default 5)]
  *        machine_limits --ping   only the ping, its ends bound to cpus 0 and 1 (about 0.01 s)
@@ -31,11 +34,11 @@
 #define HAVE_X86 0
 #endif
 
-enum kernel { K_MEMCPY, K_MEMCPY_NT, K_ADD };
+enum kernel { K_MEMCPY, K_MEMCPY_NT, K_ADD, K_SUM_NT };
 
 struct job {
   enum kernel k;
-  char *src, *dst;
+  char *src, *dst, *aux;
   size_t bytes;
   int reps;
   pthread_barrier_t *bar;
@@ -93,6 +96,28 @@ static void add_f32(float *restrict a, const float *restrict b, size_t n)
 }
 #endif
 
+#if HAVE_X86
+__attribute__((target("avx")))
+static void sum_nt_f32(float *restrict c, const float *restrict a, const float *restrict b, size_t n)
+{
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (size_t k = 0; k < 32; k += 8)
+      _mm256_stream_ps(c + i + k, _mm256_add_ps(_mm256_load_ps(a + i + k),
+                                                _mm256_load_ps(b + i + k)));
+  }
+  _mm_sfence();
+  for (; i < n; i++)
+    c[i] = a[i] + b[i];
+}
+#else
+static void sum_nt_f32(float *restrict c, const float *restrict a, const float *restrict b, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    c[i] = a[i] + b[i];
+}
+#endif
+
 static void *worker(void *arg)
 {
   struct job *j = arg;
@@ -104,6 +129,8 @@ static void *worker(void *arg)
     case K_MEMCPY_NT: copy_nt(j->dst, j->src, j->bytes); break;
     case K_ADD: add_f32((float *)(void *)j->dst, (const float *)(const void *)j->src,
                         j->bytes / sizeof(float)); break;
+    case K_SUM_NT: sum_nt_f32((float *)(void *)j->dst, (const float *)(const void *)j->src,
+                              (const float *)(const void *)j->aux, j->bytes / sizeof(float)); break;
     }
   }
   j->t1 = now();
@@ -135,7 +162,7 @@ static double median(double *v, int n)
 
 /* GB/s (1e9) of `bytes` per thread per pass, over `threads` threads, median over `trials`. */
 static double run_kernel(enum kernel k, int threads, size_t bytes, int inner, int trials,
-                         char **src, char **dst)
+                         char **src, char **dst, char **aux)
 {
   double rates[64];
   if (trials > 64)
@@ -146,7 +173,7 @@ static double run_kernel(enum kernel k, int threads, size_t bytes, int inner, in
     struct job jobs[8];
     pthread_t tid[8];
     for (int i = 0; i < threads; i++) {
-      jobs[i] = (struct job){k, src[i], dst[i], bytes, inner, &bar, 0, 0};
+      jobs[i] = (struct job){k, src[i], dst[i], aux[i], bytes, inner, &bar, 0, 0};
       if (i)
         pthread_create(&tid[i], NULL, worker, &jobs[i]);
     }
@@ -253,10 +280,11 @@ int main(int argc, char **argv)
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int maxthreads = ncpu >= 2 ? 2 : 1;
   size_t bytes = mib << 20;
-  char *src[2], *dst[2];
+  char *src[2], *dst[2], *aux[2];
   for (int i = 0; i < maxthreads; i++) {
     src[i] = alloc(bytes);
     dst[i] = alloc(bytes);
+    aux[i] = alloc(bytes);
   }
 
   printf("# machine_limits: %ld online cpus, %zu MiB per thread and buffer, median of %d\n", ncpu,
@@ -270,10 +298,11 @@ int main(int argc, char **argv)
     {"memcpy", K_MEMCPY, 2.0},
     {"memcpy_nt", K_MEMCPY_NT, 2.0},
     {"add_f32", K_ADD, 3.0},
+    {"sum_nt_f32", K_SUM_NT, 3.0},
   };
   for (size_t k = 0; k < sizeof ks / sizeof ks[0]; k++) {
     for (int th = 1; th <= maxthreads; th++) {
-      double r = run_kernel(ks[k].k, th, bytes, 1, reps, src, dst);
+      double r = run_kernel(ks[k].k, th, bytes, 1, reps, src, dst, aux);
       printf("%s_%dt_GBps %.2f\n", ks[k].name, th, r);
       fflush(stdout);
       if (r * ks[k].traffic_per_byte > best_traffic)
@@ -283,16 +312,17 @@ int main(int argc, char **argv)
   size_t l2 = 128u << 10; /* source + destination fit in L2 */
   printf("memcpy_l2_1t_GBps %.2f\n",
          run_kernel(K_MEMCPY, 1, l2, (int)(bytes / l2 < 4096 ? 4096 : bytes / l2), reps, src,
-                    dst));
+                    dst, aux));
   printf("add_f32_l2_1t_GBps %.2f\n",
-         run_kernel(K_ADD, 1, l2, (int)(bytes / l2 < 4096 ? 4096 : bytes / l2), reps, src, dst));
+         run_kernel(K_ADD, 1, l2, (int)(bytes / l2 < 4096 ? 4096 : bytes / l2), reps, src, dst, aux));
   printf("# dram_traffic: best over the kernels above at %d thread(s) of bytes read + written per "
-         "second (memcpy 2x, add 3x)\n", maxthreads);
+         "second (memcpy 2x, add and sum 3x)\n", maxthreads);
   printf("dram_traffic_GBps %.2f\n", best_traffic);
   printf("shm_ping_oneway_us %.3f\n", shm_ping(100000, reps, 0));
   for (int i = 0; i < maxthreads; i++) {
     munmap(src[i], bytes);
     munmap(dst[i], bytes);
+    munmap(aux[i], bytes);
   }
   return 0;
 }
