@@ -527,6 +527,59 @@ KT_TEST(shm_auto_chooses_per_message_size, 60)
     KT_EQ(kt_job(2, cma_choice_per_size, NULL, &o, NULL), 0);
 }
 
+/* A class whose way was seeded by a smaller class's close decision checks it soon; one seeded by
+ * a clear decision does not. Close: messages under 256 KiB take 40 ms longer by ring copies and
+ * 25 ms longer single-copy, longer ones 40 ms longer single-copy; 16 allgathers of 64 KiB make the
+ * pair choose single-copy (1.6x cheaper), which seeds the larger classes, and of the first 12
+ * messages of 1 MiB at least 7 come by ring (the seeded class probes the ring after its own 4
+ * messages, one warm-up and three timed, then keeps it: 8 do; a class that waited for the usual
+ * probe, 8 messages and 0.1 s on, sent at most 4 by ring). Clear: only ring copies under 256 KiB
+ * are slow, and none of the first 8 messages of 1 MiB comes by ring (an early probe sends 4). */
+static void cma_seeded_class_probes(int rank, void *arg)
+{
+    int close = *(const int *)arg;
+    kolo__shm_test_delay_sizes(0, 40000000, 0, 256 << 10);
+    if (close) kolo__shm_test_delay_sizes(1, 25000000, 0, 256 << 10);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    const size_t n[2] = {(size_t)1 << 14, (size_t)1 << 18}; /* floats: 64 KiB and 1 MiB messages */
+    const int iters[2] = {16, close ? 12 : 8};
+    float *x = malloc(n[1] * 4), *y = malloc(n[1] * 8);
+    KT_ASSERT(x && y);
+    uint64_t got[2][2];
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && close) kolo__shm_test_delay_sizes(1, 40000000, 256 << 10, UINT64_MAX);
+        for (int it = 0; it < iters[k]; it++) {
+            for (size_t i = 0; i < n[k]; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            KT_OK(kolo_allgather(x, n[k], y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < 2; r++)
+                KT_ASSERTF(y[(size_t)r * n[k] + 5] == (float)(5 + r + it), "iteration %d size %d rank %d", it, k, r);
+        }
+        kolo__shm_class_received(c, n[k] * 4, got[k]);
+    }
+    KT_ASSERTF(got[0][1] >= 4, "rank %d: of 16 messages of 64 KiB, slower by ring, only %llu came single-copy", rank,
+               (unsigned long long)got[0][1]);
+    uint64_t ring = got[1][0], total = got[1][0] + got[1][1];
+    if (close)
+        KT_ASSERTF(total == 12 && ring >= 7, "rank %d: close: of the first %llu messages of 1 MiB, slow single-copy, "
+                   "%llu came by ring", rank, (unsigned long long)total, (unsigned long long)ring);
+    else
+        KT_ASSERTF(total == 8 && ring == 0, "rank %d: clear: of the first %llu messages of 1 MiB %llu came by ring",
+                   rank, (unsigned long long)total, (unsigned long long)ring);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_seeded_class_probes_when_close, 60)
+{
+    static int close = 1, clear = 0;
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_seeded_class_probes, &close, &o, NULL), 0);
+    KT_EQ(kt_job(2, cma_seeded_class_probes, &clear, &o, NULL), 0);
+}
+
 static void cma_bad_value(int rank, void *arg)
 {
     (void)rank, (void)arg;
