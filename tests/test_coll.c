@@ -341,6 +341,17 @@ KT_TEST(shm_cma_modes, 60)
 
 /* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
  * shut down) when the pair does not choose between the ways (one core, or CMA refused). */
+/* One allgather of `count` floats between 2 ranks, the inputs marked with the iteration, and a
+ * check of each block: the step the shm way-choice tests repeat while they count the ways. */
+static void allgather_step(int rank, float *x, float *y, size_t count, int it)
+{
+    for (size_t i = 0; i < count; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+    KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "%zu floats, iteration %d, rank %d's block", count,
+                   it, r);
+}
+
 static kolo__conn *choosing_pair(int rank)
 {
     kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
@@ -371,10 +382,7 @@ static void cma_follows_time(int rank, void *arg)
     uint64_t before[2] = {0, 0}, after[2];
     for (int it = 0; it < 56; it++) { /* the first probe comes after 8 messages by ring */
         if (it == 40) kolo__shm_large_received(c, before);
-        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank + (size_t)it);
-        KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
-        for (int r = 0; r < 2; r++)
-            KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "iteration %d rank %d", it, r);
+        allgather_step(rank, x, y, count, it);
     }
     kolo__shm_large_received(c, after);
     uint64_t fast = after[!slow] - before[!slow], total = after[0] + after[1] - before[0] - before[1];
@@ -415,10 +423,7 @@ static void cma_ignores_burst(int rank, void *arg)
         if (it == 16) kolo__shm_large_received(c, before);
         if (it == 16) kolo__shm_test_delay_sizes(0, 30000000, 0, UINT64_MAX); /* the burst, both ranks */
         if (it == 19) kolo__shm_test_delay_sizes(0, 0, 0, UINT64_MAX);
-        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank + (size_t)it);
-        KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
-        for (int r = 0; r < 2; r++)
-            KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "iteration %d rank %d", it, r);
+        allgather_step(rank, x, y, count, it);
     }
     kolo__shm_large_received(c, after);
     uint64_t cma = after[1] - before[1], total = after[0] + after[1] - before[0] - before[1];
@@ -501,10 +506,7 @@ static void cma_choice_per_size(int rank, void *arg)
     for (int it = 0; it < 48; it++) {
         for (int k = 0; k < 2; k++) {
             if (it == 32) kolo__shm_class_received(c, n[k] * 4, before[k]);
-            for (size_t i = 0; i < n[k]; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
-            KT_OK(kolo_allgather(x, n[k], y, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            for (int r = 0; r < 2; r++)
-                KT_ASSERTF(y[(size_t)r * n[k] + 5] == (float)(5 + r + it), "iteration %d size %d rank %d", it, k, r);
+            allgather_step(rank, x, y, n[k], it);
         }
     }
     for (int k = 0; k < 2; k++) kolo__shm_class_received(c, n[k] * 4, after[k]);
@@ -551,10 +553,7 @@ static void cma_seeded_class_probes(int rank, void *arg)
     for (int k = 0; k < 2; k++) {
         if (k == 1 && close) kolo__shm_test_delay_sizes(1, 40000000, 256 << 10, UINT64_MAX);
         for (int it = 0; it < iters[k]; it++) {
-            for (size_t i = 0; i < n[k]; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
-            KT_OK(kolo_allgather(x, n[k], y, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            for (int r = 0; r < 2; r++)
-                KT_ASSERTF(y[(size_t)r * n[k] + 5] == (float)(5 + r + it), "iteration %d size %d rank %d", it, k, r);
+            allgather_step(rank, x, y, n[k], it);
         }
         kolo__shm_class_received(c, n[k] * 4, got[k]);
     }
