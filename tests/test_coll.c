@@ -530,18 +530,27 @@ KT_TEST(shm_auto_chooses_per_message_size, 60)
 }
 
 /* A class whose way was seeded by a smaller class's close decision checks it soon; one seeded by
- * a clear decision does not. Close: messages under 256 KiB take 40 ms longer by ring copies and
+ * a clear decision does not, unless its way then costs it more than twice what the other way cost
+ * the deciding class. Close: messages under 256 KiB take 40 ms longer by ring copies and
  * 25 ms longer single-copy, longer ones 40 ms longer single-copy; 16 allgathers of 64 KiB make the
  * pair choose single-copy (1.6x cheaper), which seeds the larger classes, and of the first 12
  * messages of 1 MiB at least 7 come by ring (the seeded class probes the ring after its own 4
  * messages, one warm-up and three timed, then keeps it: 8 do; a class that waited for the usual
  * probe, 8 messages and 0.1 s on, sent at most 4 by ring). Clear: only ring copies under 256 KiB
- * are slow, and none of the first 8 messages of 1 MiB comes by ring (an early probe sends 4). */
+ * are slow, and none of the first 8 messages of 1 MiB comes by ring (an early probe sends 4).
+ * Moved: single-copy is 3 ms slower under 256 KiB, so the 64 KiB class clearly keeps the ring and
+ * seeds it; then ring copies of 1 MiB take 200 ms longer (about 190 000 ps/B, against at most
+ * about 60 000 for single-copy at 64 KiB), and of the first 8 messages of 1 MiB at most 5 come by
+ * ring (4, then the probe's 3 single-copy; waiting for the usual probe sent all 8 by ring). */
 static void cma_seeded_class_probes(int rank, void *arg)
 {
-    int close = *(const int *)arg;
-    kolo__shm_test_delay_sizes(0, 40000000, 0, 256 << 10);
-    if (close) kolo__shm_test_delay_sizes(1, 25000000, 0, 256 << 10);
+    int mode = *(const int *)arg, close = mode == 1, moved = mode == 2;
+    if (moved) {
+        kolo__shm_test_delay_sizes(1, 3000000, 0, 256 << 10);
+    } else {
+        kolo__shm_test_delay_sizes(0, 40000000, 0, 256 << 10);
+        if (close) kolo__shm_test_delay_sizes(1, 25000000, 0, 256 << 10);
+    }
     KT_OK(kolo_init());
     kolo__conn *c = choosing_pair(rank);
     if (!c) return;
@@ -552,15 +561,23 @@ static void cma_seeded_class_probes(int rank, void *arg)
     uint64_t got[2][2];
     for (int k = 0; k < 2; k++) {
         if (k == 1 && close) kolo__shm_test_delay_sizes(1, 40000000, 256 << 10, UINT64_MAX);
+        if (k == 1 && moved) kolo__shm_test_delay_sizes(0, 200000000, 256 << 10, UINT64_MAX);
         for (int it = 0; it < iters[k]; it++) {
             allgather_step(rank, x, y, n[k], it);
         }
         kolo__shm_class_received(c, n[k] * 4, got[k]);
     }
-    KT_ASSERTF(got[0][1] >= 4, "rank %d: of 16 messages of 64 KiB, slower by ring, only %llu came single-copy", rank,
-               (unsigned long long)got[0][1]);
+    if (moved)
+        KT_ASSERTF(got[0][0] >= 12, "rank %d: of 16 messages of 64 KiB, slower single-copy, only %llu came by ring",
+                   rank, (unsigned long long)got[0][0]);
+    else
+        KT_ASSERTF(got[0][1] >= 4, "rank %d: of 16 messages of 64 KiB, slower by ring, only %llu came single-copy",
+                   rank, (unsigned long long)got[0][1]);
     uint64_t ring = got[1][0], total = got[1][0] + got[1][1];
-    if (close)
+    if (moved)
+        KT_ASSERTF(total == 8 && ring <= 5, "rank %d: moved: of the first %llu messages of 1 MiB, slow by ring, %llu "
+                   "came by ring", rank, (unsigned long long)total, (unsigned long long)ring);
+    else if (close)
         KT_ASSERTF(total == 12 && ring >= 7, "rank %d: close: of the first %llu messages of 1 MiB, slow single-copy, "
                    "%llu came by ring", rank, (unsigned long long)total, (unsigned long long)ring);
     else
@@ -571,12 +588,13 @@ static void cma_seeded_class_probes(int rank, void *arg)
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(shm_auto_seeded_class_probes_when_close, 60)
+KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
 {
-    static int close = 1, clear = 0;
+    static int clear = 0, close = 1, moved = 2;
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, cma_seeded_class_probes, &close, &o, NULL), 0);
     KT_EQ(kt_job(2, cma_seeded_class_probes, &clear, &o, NULL), 0);
+    KT_EQ(kt_job(2, cma_seeded_class_probes, &moved, &o, NULL), 0);
 }
 
 static void cma_bad_value(int rank, void *arg)

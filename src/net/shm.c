@@ -67,6 +67,7 @@ typedef struct way_choice {
     int want, probing, warming[2];
     int dearer; /* messages in a row by the way in use that found it dearer than the other */
     bool seeded; /* its way came from a smaller class's close decision, not yet checked by a probe */
+    uint64_t seed_other_ps; /* seeded: the deciding class's figure for the way not taken, until a probe */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* messages of this class received each way */
 } way_choice;
@@ -219,7 +220,11 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * KiB at 12 GB/s, seeded, and 1 MiB by ring at 35-40 GB/s. Where one way crawls (the same VM with
  * its vCPUs on two CCDs: ring copies 5x dearer at every size) an early probe only costs, a
  * warm-up message and three by the crawling way per class: broadcast 256 KiB in a sweep took
- * 37-38 us against 20 when every seeded class probed early.
+ * 37-38 us against 20 when every seeded class probed early. A seeded class probes early too when
+ * its way costs it more than SEED_CLOSE times what the other way cost the deciding class: on the
+ * Zen 4 VM the vCPUs moved to two CCDs between the sizes of an allgather sweep, ring copies had
+ * won 1 MiB messages clearly and were seeded for 4 MiB ones, where they then took 2.0 ms per call
+ * against 0.62 single-copy, for the whole size.
  *
  * Outside a probe, the way in use is left for the other only after SWITCH_AFTER_MSGS messages
  * in a row found it dearer (its median 10 % above the other's last figure). On a 2-vCPU AMD
@@ -277,6 +282,14 @@ static void win_add(way_choice *w, int way, uint64_t ps) { w->cost_ps[way] = kol
 static bool cheaper(const way_choice *w, int a, int b)
 {
     return w->cost_ps[a] && w->cost_ps[b] && w->cost_ps[a] * 10 < w->cost_ps[b] * 9;
+}
+
+/* A seeded class's way wants checking by a probe after the class's own first messages: the
+ * decision that seeded it was close, or the way costs this class far more than the other way
+ * cost the deciding class (the cores' placement changed between the sizes, say). */
+static bool seed_in_doubt(const way_choice *w, int want)
+{
+    return w->seeded || (w->seed_other_ps && w->cost_ps[want] > SEED_CLOSE * w->seed_other_ps);
 }
 
 /* The size class of a large message of `bytes` (see above). */
@@ -362,7 +375,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way == want && w->dearer >= SWITCH_AFTER_MSGS) {
             want = !want; /* the way in use stayed dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
-        } else if (way == want && (w->cost_at[!want] && !w->seeded /* the other way measured, then */
+        } else if (way == want && (w->cost_at[!want] && !seed_in_doubt(w, want) /* the other way measured, then */
                                        ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
                                              now - w->cost_at[!want] >= w->probe_every
                                        : enough(w, pair_got(s, 0) + pair_got(s, 1) > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
@@ -371,6 +384,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
             want = !want;
             w->probing = 1;
             w->seeded = false;
+            w->seed_other_ps = 0;
             win_clear(w, want); /* the probe's samples replace the old ones */
             w->probe_bytes = 0;
             w->warming[want] = 1;
@@ -393,6 +407,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         /* a close decision is checked by the class's own first probe; one where the other way
          * crawled waits the usual interval */
         s->cls[j].seeded = w->cost_ps[want] && w->cost_ps[!want] < SEED_CLOSE * w->cost_ps[want];
+        s->cls[j].seed_other_ps = w->cost_ps[!want];
     }
     uint32_t after = want_mask(s);
     if (after != mask) atomic_store_explicit(&s->rx_ctl->want_cma, after, memory_order_relaxed);
