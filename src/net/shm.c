@@ -222,9 +222,9 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * warm-up message and three by the crawling way per class: broadcast 256 KiB in a sweep took
  * 37-38 us against 20 when every seeded class probed early. A seeded class probes early too when
  * its way costs it more than SEED_CLOSE times what the other way cost the deciding class: on the
- * Zen 4 VM the vCPUs moved to two CCDs between the sizes of an allgather sweep, ring copies had
- * won 1 MiB messages clearly and were seeded for 4 MiB ones, where they then took 2.0 ms per call
- * against 0.62 single-copy, for the whole size.
+ * Zen 4 VM the vCPUs moved to two CCDs during an allgather sweep, whose 8 MiB size then took 2.0
+ * ms per call, as with ring copies pinned, against 0.62 with single-copy pinned; a seeded way
+ * that no probe questions for a whole size is one way to get there.
  *
  * Outside a probe, the way in use is left for the other only after SWITCH_AFTER_MSGS messages
  * in a row found it dearer (its median 10 % above the other's last figure). On a 2-vCPU AMD
