@@ -6,8 +6,9 @@
  *              target has elsewhere
  *   avx2+f16c  32-byte vectors; float16 converted by F16C (vcvtph2ps / vcvtps2ph)
  *   avx512     64-byte vectors (AVX-512 F+BW+DQ+VL); float16 by the zmm forms
- * and a fourth table, avx512+fp16, which is avx512's with float16 sums and products done in
- * float16 itself (AVX512-FP16; see below). The x86 builds carry __attribute__((target)), so
+ * and two more tables: avx512+fp16, which is avx512's with float16 sums and products done in
+ * float16 itself (AVX512-FP16), and avx512+f16c, avx512's with avx2+f16c's float16 kernels
+ * (for AMD Zen 4; both below). The x86 builds carry __attribute__((target)), so
  * the library is compiled for baseline x86-64 and runs anywhere; the first call asks the CPU
  * what it has (which also checks that the OS saves the wide registers) and keeps a pointer to
  * the best table of kernels.
@@ -496,9 +497,10 @@ typedef struct kset {
     void (*stream_copy)(void *dst, const void *src, size_t n);
 } kset;
 
-/* The table of one build's kernels, kset_VAR: ISA's, with the float16 sum and product given
- * (the avx512+fp16 build is avx512's with those two native). */
-#define KSET(VAR, ISA, NAME, SUM_F16, PROD_F16)                                                     \
+/* The table of one build's kernels, kset_VAR: ISA's, except float16's: its sum and product are
+ * given, its other kernels are F16's (the avx512+fp16 build is avx512's with those two native,
+ * avx512+f16c is avx512's with every float16 kernel avx2+f16c's). */
+#define KSET(VAR, ISA, F16, NAME, SUM_F16, PROD_F16)                                                \
     static const kset kset_##VAR = {                                                                \
         .name = NAME,                                                                               \
         .bin =                                                                                      \
@@ -509,16 +511,16 @@ typedef struct kset {
                 [KOLO_INT16] = {sum_u16_##ISA, min_i16_##ISA, max_i16_##ISA, prod_u16_##ISA},       \
                 [KOLO_INT32] = {sum_u32_##ISA, min_i32_##ISA, max_i32_##ISA, prod_u32_##ISA},       \
                 [KOLO_INT64] = {sum_u64_##ISA, min_i64_##ISA, max_i64_##ISA, prod_u64_##ISA},       \
-                [KOLO_FLOAT16] = {SUM_F16, min_f16_##ISA, max_f16_##ISA, PROD_F16},                   \
+                [KOLO_FLOAT16] = {SUM_F16, min_f16_##F16, max_f16_##F16, PROD_F16},                   \
                 [KOLO_BFLOAT16] = {sum_bf16_##ISA, min_bf16_##ISA, max_bf16_##ISA, prod_bf16_##ISA}, \
                 [KOLO_FLOAT32] = {sum_f32_##ISA, min_f32_##ISA, max_f32_##ISA, prod_f32_##ISA},     \
                 [KOLO_FLOAT64] = {sum_f64_##ISA, min_f64_##ISA, max_f64_##ISA, prod_f64_##ISA},     \
                 [KOLO_BOOL] = {or_b8_##ISA, and_b8_##ISA, or_b8_##ISA, and_b8_##ISA},               \
             },                                                                                      \
-        .scale = {scale_f16_##ISA, scale_bf16_##ISA, scale_f32_##ISA, scale_f64_##ISA},             \
-        .f16_to_f32 = f16_to_f32_##ISA,                                                             \
+        .scale = {scale_f16_##F16, scale_bf16_##ISA, scale_f32_##ISA, scale_f64_##ISA},             \
+        .f16_to_f32 = f16_to_f32_##F16,                                                             \
         .bf16_to_f32 = bf16_to_f32_##ISA,                                                           \
-        .f32_to_f16 = f32_to_f16_##ISA,                                                             \
+        .f32_to_f16 = f32_to_f16_##F16,                                                             \
         .f32_to_bf16 = f32_to_bf16_##ISA,                                                           \
         .stream_copy = stream_copy_##ISA,                                                           \
     };
@@ -571,12 +573,22 @@ typedef struct kset {
     TO_F32(ISA, W, bf16_to_f32, bf16_ld2_##ISA)                                                    \
     FROM_F32(ISA, W, f32_to_f16, f16_st2_##ISA)                                                   \
     FROM_F32(ISA, W, f32_to_bf16, bf16_st2_##ISA)                                                 \
-    KSET(ISA, ISA, NAME, sum_f16_##ISA, prod_f16_##ISA)
+    KSET(ISA, ISA, ISA, NAME, sum_f16_##ISA, prod_f16_##ISA)
 
 KERNELS(generic, 16, "generic")
 #if defined(KOLO_REDUCE_X86)
 KERNELS(avx2, 32, "avx2+f16c")
 KERNELS(avx512, 64, "avx512")
+
+/* ---- avx512+f16c: avx512's kernels, float16's avx2+f16c's (AMD Zen 4)
+ * Zen 4 runs each 512-bit operation as two 256-bit halves, and its zmm float16 conversions cost
+ * more than two ymm ones: measured on a Zen 4 VM (EPYC, family 25 model 17), one core, 64 KiB
+ * buffers in cache, GB/s of one input: float16 sum 21.6 with the zmm kernels against 26.4 with
+ * the ymm ones, product 24.9 against 33.6, max 18.4 against 18.7 (bfloat16, with no conversion
+ * instruction, is faster in zmm: sum 16.3 against 15.4; float32 36.0 against 38.3). Chosen on
+ * that family only (best(), below): on Intel's cores without AVX512-FP16 a zmm conversion is
+ * one full-width operation, and Zen 5's 512-bit datapath is not measured yet. */
+KSET(avx512f16c, avx512, avx2, "avx512+f16c", sum_f16_avx2, prod_f16_avx2)
 #endif
 
 /* ---- avx512+fp16: float16 sums and products in float16 itself (AVX512-FP16, Sapphire Rapids on)
@@ -599,7 +611,7 @@ static inline _Float16 s_sum_f16(_Float16 x, _Float16 y) { return x + y; }
 static inline _Float16 s_prod_f16(_Float16 x, _Float16 y) { return x * y; }
 BIN(avx512fp16, 64, sum_f16, _Float16, f16, i16, V_SUM, s_sum_f16)
 BIN(avx512fp16, 64, prod_f16, _Float16, f16, i16, V_PROD, s_prod_f16)
-KSET(avx512fp16, avx512, "avx512+fp16", sum_f16_avx512fp16, prod_f16_avx512fp16)
+KSET(avx512fp16, avx512, avx512, "avx512+fp16", sum_f16_avx512fp16, prod_f16_avx512fp16)
 #endif
 
 /* ---- Choosing a build ------------------------------------------------------------------
@@ -628,6 +640,8 @@ static const kset *supported(const char *name)
     if (strcmp(name, kset_avx512fp16.name) == 0)
         return supported(kset_avx512.name) && __builtin_cpu_supports("avx512fp16") ? &kset_avx512fp16 : NULL;
 #endif
+    if (strcmp(name, kset_avx512f16c.name) == 0)
+        return supported(kset_avx512.name) && supported(kset_avx2.name) ? &kset_avx512f16c : NULL;
     if (strcmp(name, kset_avx512.name) == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
@@ -639,11 +653,28 @@ static const kset *supported(const char *name)
     return NULL;
 }
 
+#if defined(KOLO_REDUCE_X86)
+/* AMD family 19h with AVX-512: Zen 4, whose 512-bit operations are two 256-bit halves. */
+static bool zen4(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u)
+        return false; /* "AuthenticAMD" */
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    unsigned family = (a >> 8) & 0xf;
+    if (family == 0xf) family += (a >> 20) & 0xff;
+    return family == 0x19;
+}
+#endif
+
 static const kset *best(void)
 {
-    static const char *const order[] = {"avx512+fp16", "avx512", "avx2+f16c", "generic"};
+    static const char *const order[] = {"avx512+fp16", "avx512+f16c", "avx512", "avx2+f16c", "generic"};
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(order); i++) {
         const kset *k = supported(order[i]);
+#if defined(KOLO_REDUCE_X86)
+        if (k == &kset_avx512f16c && !zen4()) continue; /* the others' float16 is faster in zmm */
+#endif
         if (k) return k;
     }
     return &kset_generic;
