@@ -1058,7 +1058,7 @@ KT_TEST(trace_sigkill_after_flush, 10)
             record_tensor(i % 2 ? "odd" : "even", 2);
         }
         kolo__trace_begin("open", "ALLREDUCE", NULL); /* still open when killed */
-        usleep(200 * 1000);                          /* 40 writer periods */
+        usleep(500 * 1000);                          /* 10 writer periods */
         kill(getpid(), SIGKILL);
         _exit(3);
     }
