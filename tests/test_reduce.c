@@ -296,7 +296,7 @@ KT_TEST(reduce_isa_selection, 5)
         bool amd = false, fam25 = false, avx512 = false, fp16 = false;
         while (fgets(line, sizeof(line), f) && strncmp(line, "\n", 1) != 0) {
             if (strncmp(line, "vendor_id", 9) == 0) amd = strstr(line, "AuthenticAMD") != NULL;
-            if (strncmp(line, "cpu family", 10) == 0) fam25 = atoi(strchr(line, ':') + 1) == 25;
+            if (strncmp(line, "cpu family", 10) == 0) fam25 = strchr(line, ':') && atoi(strchr(line, ':') + 1) == 25;
             if (strncmp(line, "flags", 5) == 0) {
                 avx512 = strstr(line, " avx512bw") && strstr(line, " avx512dq") && strstr(line, " avx512vl");
                 fp16 = strstr(line, " avx512_fp16") != NULL;
