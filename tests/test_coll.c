@@ -339,8 +339,6 @@ KT_TEST(shm_cma_modes, 60)
     KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
 }
 
-/* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
- * shut down) when the pair does not choose between the ways (one core, or CMA refused). */
 /* One allgather of `count` floats between 2 ranks, the inputs marked with the iteration, and a
  * check of each block: the step the shm way-choice tests repeat while they count the ways. */
 static void allgather_step(int rank, float *x, float *y, size_t count, int it)
@@ -352,6 +350,8 @@ static void allgather_step(int rank, float *x, float *y, size_t count, int it)
                    it, r);
 }
 
+/* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
+ * shut down) when the pair does not choose between the ways (one core, or CMA refused). */
 static kolo__conn *choosing_pair(int rank)
 {
     kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
@@ -441,9 +441,11 @@ KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
 }
 
 /* Each rank chooses from its own calls' timings whether an allgather or alltoall of 4 to 64 MiB
- * writes its output around the cache: with the way each rule starts from made 20 ms slower per
+ * writes its output around the cache: with the way each rule starts from made 60 ms slower per
  * call (around the cache from 8 MiB, through it below), the other one carries at least 7 of
- * calls 9-16 (the first probe comes after 4 calls; its verdict after 8). */
+ * calls 9-16 (the first probe comes after 4 calls; its verdict after 8). 60 ms, not 20: under
+ * TSan an 8 MiB allgather takes 10-13 ms, but the first call of a way up to 40, and with 20 ms a
+ * probe of two such calls lost to the delayed way about one launch in six. */
 static void out_follows_time(int rank, void *arg)
 {
     (void)arg;
@@ -453,7 +455,7 @@ static void out_follows_time(int rank, void *arg)
     float *x = malloc(per * 4), *y = malloc(per * 8);
     KT_ASSERT(x && y);
     for (int big = 1; big >= 0; big--) {
-        kolo__coll_test_delay_out(big, 20000000);
+        kolo__coll_test_delay_out(big, 60000000);
         uint64_t before[2] = {0, 0}, after[2];
         for (int it = 0; it < 16; it++) {
             if (it == 8) kolo__coll_test_out_calls(before);
