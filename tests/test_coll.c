@@ -599,6 +599,52 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
     KT_EQ(kt_job(2, cma_seeded_class_probes, &moved, &o, NULL), 0);
 }
 
+/* A class's first probe is checked by a second one a few messages later when it changed the
+ * class's way by less than 2x: the way it left was timed on the class's first messages, which can
+ * run slower than the way's steady state (on the Zen 4 VM a 1 MiB allgather's first seven ring
+ * messages ran at 100-230 ps/B, later ones at 40-55, and single-copy's 80-90 won the probe).
+ * Messages of 64 KiB; single-copy takes 3 ms longer throughout, ring copies longer for the first
+ * 10 calls only. Close: 4 ms longer; the first probe (after 8 messages) picks single-copy, the
+ * check 4 messages later finds the ring cheaper again, and of calls 17-22 at least 5 messages come
+ * by ring (without the check the next probe waits 0.1 s, some 20 messages single-copy, and none
+ * does). Wide: 40 ms longer, as when ring copies crawl; the class keeps single-copy until the
+ * usual probe, and of calls 17-22 at most one message comes by ring. The delays stay small, so
+ * that 0.1 s spans many messages, and the ring's own cost under TSan (0.5-1.5 ms for 64 KiB) keeps
+ * the close case under 2x. */
+static void cma_first_probe_checked(int rank, void *arg)
+{
+    int wide = *(const int *)arg;
+    kolo__shm_test_delay_sizes(0, wide ? 40000000 : 4000000, 0, UINT64_MAX);
+    kolo__shm_test_delay_sizes(1, 3000000, 0, UINT64_MAX);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 14; /* 64 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2] = {0, 0}, after[2];
+    for (int it = 0; it < 22; it++) {
+        if (it == 10) kolo__shm_test_delay_sizes(0, 0, 0, UINT64_MAX); /* the ring is warm */
+        if (it == 16) kolo__shm_class_received(c, count * 4, before);
+        allgather_step(rank, x, y, count, it);
+    }
+    kolo__shm_class_received(c, count * 4, after);
+    uint64_t ring = after[0] - before[0], total = after[0] + after[1] - before[0] - before[1];
+    KT_ASSERTF(total == 6 && (wide ? ring <= 1 : ring >= 5), "rank %d: %s: of messages 17-22 %llu of %llu came by ring",
+               rank, wide ? "wide" : "close", (unsigned long long)ring, (unsigned long long)total);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
+{
+    static int close = 0, wide = 1;
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_first_probe_checked, &close, &o, NULL), 0);
+    KT_EQ(kt_job(2, cma_first_probe_checked, &wide, &o, NULL), 0);
+}
+
 static void cma_bad_value(int rank, void *arg)
 {
     (void)rank, (void)arg;

@@ -67,6 +67,8 @@ typedef struct way_choice {
     int want, probing, warming[2];
     int dearer; /* messages in a row by the way in use that found it dearer than the other */
     bool seeded; /* its way came from a smaller class's close decision, not yet checked by a probe */
+    bool probed; /* it has had a probe */
+    bool confirm; /* its first probe changed its way: the next probe comes after a few messages */
     uint64_t seed_other_ps; /* seeded: the deciding class's figure for the way not taken, until a probe */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* messages of this class received each way */
@@ -226,6 +228,24 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * ms per call, as with ring copies pinned, against 0.62 with single-copy pinned; a seeded way
  * that no probe questions for a whole size is one way to get there.
  *
+ * A class's first probe, when it changes the class's way by less than SEED_CLOSE times, is
+ * checked by a second probe after PROBE_CLASS_FIRST_MSGS more messages instead of the usual
+ * interval (confirm): the way it left was timed on the class's first messages, and a size's first
+ * copies run slower than its later ones (a way that crawls, as ring copies across CCDs, loses by
+ * more and is not asked for again so soon: each message of it costs several of the other). That
+ * slow start is the machine's, not the transport's: on the Zen 4 VM, after 400 allgathers of
+ * 256 KiB per rank with ring copies pinned, the first of 512 KiB took 113-148 us against 45
+ * steady and the next four 50-60, without a page fault; one process copying 512 KiB back and
+ * forth alone shows it too (2-4x for its first 10-20 copies). In an allgather sweep 128 KiB-1 MiB
+ * of 50 calls per size, the 1 MiB size's 512 KiB messages took 100-230 ps/B by ring for their
+ * first seven and single-copy won the early probe at 77-90; on five of eight receiving sides the
+ * class then kept single-copy at 80-130 ps/B for the whole size (the ring's old figure not 10 %
+ * below single-copy's new one), where the ring settled at 40-55 on the sides that kept it. With
+ * the check, 60 launches interleaved with the build before it, vCPUs mostly sharing a cache:
+ * 1 MiB 51 us per call against 63 (medians; paired ratio 0.86), 128-512 KiB within 2 %;
+ * broadcast and alltoall in the same band, allgather 2-16 MiB (28 pairs: 0.92-1.01) and the
+ * engine's ResNet-50 step (12 pairs: 0.99) no worse.
+ *
  * Outside a probe, the way in use is left for the other only after SWITCH_AFTER_MSGS messages
  * in a row found it dearer (its median 10 % above the other's last figure). On a 2-vCPU AMD
  * EPYC (Zen 5) VM, ring copies carried an engine step's messages at a median 26-63 ps/B and
@@ -360,8 +380,15 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
             return; /* more to come */
         w->probing = 0;
         w->cost_at[way] = now;
+        bool first = !w->probed;
+        w->probed = true;
+        w->confirm = false;
         if (cheaper(w, want, !want)) {
             w->probe_every = PROBE_MIN_NS; /* the probe changed the answer: look again soon */
+            if (first && w->cost_ps[!want] < SEED_CLOSE * w->cost_ps[want]) { /* confirm, above */
+                w->confirm = true;
+                w->since_probe = w->since_bytes = 0;
+            }
         } else {
             want = !want;
             w->probe_every = KOLO_MIN(2 * w->probe_every, PROBE_MAX_NS);
@@ -375,7 +402,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (way == want && w->dearer >= SWITCH_AFTER_MSGS) {
             want = !want; /* the way in use stayed dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
-        } else if (way == want && (w->cost_at[!want] && !seed_in_doubt(w, want) /* the other way measured, then */
+        } else if (way == want && (w->cost_at[!want] && !seed_in_doubt(w, want) && !w->confirm /* the other way measured, then */
                                        ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
                                              now - w->cost_at[!want] >= w->probe_every
                                        : enough(w, pair_got(s, 0) + pair_got(s, 1) > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
