@@ -232,8 +232,9 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * checked by a second probe after PROBE_CLASS_FIRST_MSGS more messages instead of the usual
  * interval (confirm): the way it left was timed on the class's first messages, and a size's first
  * copies run slower than its later ones (a way that crawls, as ring copies across CCDs, loses by
- * more and is not asked for again so soon: each message of it costs several of the other). That
- * slow start is the machine's, not the transport's: on the Zen 4 VM, after 400 allgathers of
+ * more and is not asked for again so soon: each message of it costs several of the other; the
+ * choices one level up re-time the way in use after each probe for the same reason: coll_util.c).
+ * That slow start is the machine's, not the transport's: on the Zen 4 VM, after 400 allgathers of
  * 256 KiB per rank with ring copies pinned, the first of 512 KiB took 113-148 us against 45
  * steady and the next four 50-60, without a page fault; one process copying 512 KiB back and
  * forth alone shows it too (2-4x for its first 10-20 copies). In an allgather sweep 128 KiB-1 MiB
