@@ -1230,3 +1230,49 @@ static void reinit(int rank, void *arg)
 }
 
 KT_TEST(reinit_after_shutdown, 30) { KT_EQ(kt_job(2, reinit, NULL, NULL, NULL), 0); }
+
+/* With KOLO_SPIN_US=0 (what an oversubscribed host chooses), a waiting rank yields its core
+ * after every idle pass when the pass polled a socket, or when it waits only for small
+ * messages (the peer it waits for may need that core to send them); waiting over shared memory
+ * for larger ones it polls 64 times between yields. Rank 0 waits ~3 ms for rank 1's broadcast. */
+static void yields_while_waiting(int rank, void *arg)
+{
+    size_t bytes = *(const size_t *)arg;
+    KT_OK(kolo_init());
+    char *buf = calloc(bytes, 1);
+    KT_ASSERT(buf);
+    KT_OK(kolo_broadcast(buf, bytes, KOLO_UINT8, 1, KOLO_WORLD)); /* the path is warm */
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank == 1) {
+        usleep(3000);
+        memset(buf, 7, bytes);
+    }
+    uint64_t a[2], b[2];
+    kolo__wait_test_counts(a);
+    KT_OK(kolo_broadcast(buf, bytes, KOLO_UINT8, 1, KOLO_WORLD));
+    kolo__wait_test_counts(b);
+    KT_EQ(buf[bytes - 1], 7);
+    if (rank == 0) {
+        uint64_t passes = b[0] - a[0], ylds = b[1] - a[1];
+        bool tcp = getenv("KOLO_TRANSPORT") != NULL, quick = tcp || bytes <= 1024;
+        KT_ASSERTF(passes >= 20, "only %llu idle passes in a 3 ms wait", (unsigned long long)passes);
+        if (quick)
+            KT_ASSERTF(ylds * 2 >= passes, "%zu B over %s: %llu yields in %llu idle passes, want one per pass", bytes,
+                       tcp ? "tcp" : "shm", (unsigned long long)ylds, (unsigned long long)passes);
+        else
+            KT_ASSERTF(ylds * 16 <= passes + 16, "%zu B over shm: %llu yields in %llu idle passes, want one per 64",
+                       bytes, (unsigned long long)ylds, (unsigned long long)passes);
+    }
+    free(buf);
+}
+
+KT_TEST(waiting_rank_yields_when_it_must, 60)
+{
+    static size_t small = 8, large = 64 << 10;
+    kt_job_opts o = {.env = {"KOLO_SPIN_US=0"}};
+    KT_EQ(kt_job(2, yields_while_waiting, &small, &o, NULL), 0);
+    KT_EQ(kt_job(2, yields_while_waiting, &large, &o, NULL), 0);
+    o.tcp_only = 1;
+    KT_EQ(kt_job(2, yields_while_waiting, &small, &o, NULL), 0);
+    KT_EQ(kt_job(2, yields_while_waiting, &large, &o, NULL), 0);
+}

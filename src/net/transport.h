@@ -161,6 +161,8 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
+/* Test hook: the calling thread's idle passes [0] and yields [1] in kolo__wait so far. */
+void kolo__wait_test_counts(uint64_t out[2]);
 /* One progress pass over every connection with queued xfers, without waiting, so that xfers
  * posted just now start moving before the caller does local work. A failure stays in the xfers
  * (and the mesh) for kolo__wait to report. */

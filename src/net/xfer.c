@@ -249,6 +249,15 @@ static void sleep_on_sockets(kolo__mesh *m, int ms)
     }
 }
 
+/* test hook: this thread's idle passes and yields in kolo__wait so far */
+static _Thread_local uint64_t idle_passes, yields;
+
+void kolo__wait_test_counts(uint64_t out[2])
+{
+    out[0] = idle_passes;
+    out[1] = yields;
+}
+
 /* A wait whose messages are all at most this long counts as small (above). */
 #define QUICK_YIELD_MAX 1024
 
@@ -286,6 +295,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
             last_progress = 0; /* re-read the clock lazily */
             continue;
         }
+        idle_passes++;
         /* the clock is read every 64th idle pass over shared memory (a pass is a few loads), but
          * every pass that polled a socket (a system call per tcp conn): 64 of those took ~100 us,
          * and a rank that must yield at once (oversubscribed) held its core that long. With 4
@@ -323,6 +333,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (idle < m->spin_ns) {
             cpu_relax();
         } else if (idle < 5000000) {
+            yields++;
             sched_yield();
         } else {
             sleep_on_sockets(m, 1);
