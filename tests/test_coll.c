@@ -1276,3 +1276,50 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
     KT_EQ(kt_job(2, yields_while_waiting, &small, &o, NULL), 0);
     KT_EQ(kt_job(2, yields_while_waiting, &large, &o, NULL), 0);
 }
+
+/* On a host with more ranks than cores the pairs keep ring copies, but alltoall's large sends go
+ * single-copy (shm.c, SINGLE_MIN); the ring collectives' do not. Two ranks stand in for such a
+ * host: each pins its pair on the direct channel the way kolo_init does when oversubscribed
+ * (the engine's channel is its thread's, already running). */
+static void alltoall_single_when_oversubscribed(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int peer = !rank;
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer];
+    if (!kolo__shm_pin_oversubscribed(c)) {
+        printf("rank %d: the pair cannot read single-copy (state %d); skipped\n", rank, kolo__shm_cma_state(c));
+        return;
+    }
+    KT_EQ(kolo__shm_cma_state(c), 0);
+    size_t per = (size_t)256 << 10 >> 2; /* floats per destination: 256 KiB messages */
+    float *x = malloc(per * 2 * 4), *y = malloc(per * 2 * 4);
+    KT_ASSERT(x && y);
+    size_t counts[2] = {per, per}, small[2] = {1024, 1024};
+    uint64_t before = kolo__shm_cma_sent(c);
+    for (int it = 0; it < 3; it++) {
+        for (size_t i = 0; i < 2 * per; i++) x[i] = (float)(rank * 1000 + it * 10 + (int)(i / per)) + (float)(i % 7);
+        KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
+        for (int src = 0; src < 2; src++)
+            for (size_t i = 0; i < per; i++) {
+                size_t j = (size_t)rank * per + i; /* src's block for this rank */
+                float want = (float)(src * 1000 + it * 10 + rank) + (float)(j % 7);
+                KT_ASSERTF(y[(size_t)src * per + i] == want, "it %d from %d [%zu]: %g, want %g", it, src, i,
+                           (double)y[(size_t)src * per + i], (double)want);
+            }
+    }
+    KT_EQ(kolo__shm_cma_sent(c) - before, 3);
+    /* small alltoall messages and a ring collective's large ones stay on the ring */
+    before = kolo__shm_cma_sent(c);
+    KT_OK(kolo_alltoall(x, small, y, small, KOLO_FLOAT32, KOLO_WORLD));
+    KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    KT_EQ(kolo__shm_cma_sent(c) - before, 0);
+    free(x);
+    free(y);
+}
+
+KT_TEST(alltoall_single_copy_when_oversubscribed, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, alltoall_single_when_oversubscribed, NULL, &o, NULL), 0);
+}

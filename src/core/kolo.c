@@ -102,12 +102,13 @@ static long host_cpus(void)
 
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
  * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies: a copy timed while its rank
- * shares a core measures the scheduler, not the path. */
+ * shares a core measures the scheduler, not the path. Alltoall's large sends still go
+ * single-copy (shm.c, SINGLE_MIN). */
 static void pin_ring_copies(void)
 {
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
         for (int r = 0; r < W.info.size; r++)
-            if (W.mesh[ch] && kolo__shm_cma_state(W.mesh[ch]->conns[r]) == 2) kolo__shm_use_cma(W.mesh[ch]->conns[r], false);
+            if (W.mesh[ch] && kolo__shm_cma_state(W.mesh[ch]->conns[r]) == 2) kolo__shm_pin_oversubscribed(W.mesh[ch]->conns[r]);
 }
 
 /* Busy-polling pays only while every rank of this host has a core to itself: with more local

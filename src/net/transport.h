@@ -58,6 +58,9 @@ struct kolo__xfer {
     uint64_t looked_ns; /* shm, a large receive: when a progress pass first had it in hand, else 0 */
     bool stream;        /* a receive whose bytes are not read again soon: where the transport copies
                          * them (shm ring copies), it writes around the cache. Set after posting. */
+    bool single;        /* a send whose bytes the receiver keeps and no rank forwards (alltoall):
+                         * a pair that keeps ring copies because its host has more ranks than
+                         * cores sends it single-copy when large (shm.c). Set after posting. */
     unsigned char hdr[KOLO_HDR_LEN];
 };
 
@@ -221,6 +224,11 @@ int kolo__shm_remove_of(pid_t pid, long long *bytes);
 void kolo__shm_enable_cma(kolo__conn *c, int peer_pid, size_t threshold, int mode);
 /* Pins sending by descriptor on or off (no send may be in flight); false if c cannot. */
 bool kolo__shm_use_cma(kolo__conn *c, bool on);
+/* On a host with more ranks than cores: c keeps ring copies, but sends the large messages marked
+ * `single` single-copy (shm.c); false if c cannot. */
+bool kolo__shm_pin_oversubscribed(kolo__conn *c);
+/* How many messages c has sent single-copy. */
+uint64_t kolo__shm_cma_sent(const kolo__conn *c);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
 /* Which way c's messages of about `bytes` from the peer are faster by at least margin_pct %

@@ -111,6 +111,7 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
     x->cma_seq = 0;
     x->looked_ns = 0;
     x->stream = false;
+    x->single = false;
     x->status = 1;
     kolo__conn *c = (peer >= 0 && peer < m->size) ? m->conns[peer] : NULL;
     x->conn = c;
