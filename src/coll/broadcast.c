@@ -1,6 +1,15 @@
-/* broadcast.c - broadcast: the root sends to everyone directly when small or few members; a
- * pipelined chain (root -> next -> next ...) in chunks otherwise, so every link carries the
- * buffer once and all links work at the same time. Chunks are received in place, no copies. */
+/* broadcast.c - broadcast: on up to 3 members the root sends to everyone directly; small
+ * buffers on more go down a binomial tree; large ones down a pipelined chain (root -> next ->
+ * next ...) in chunks, so every link carries the buffer once and all links work at the same
+ * time. Chunks are received in place, no copies.
+ *
+ * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
+ * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
+ * root's sends set the pace. With the tree the root makes log2(n) of them instead of n-1. Measured
+ * (kolo-bench, 8 launches interleaved, us per call), 4 ranks on 2 cores over TCP: 8 B 7.4 against
+ * 10.2, 4 KiB 10.5 against 14.1, 32 KiB 21.5 against 28.2; 8 ranks (3 launches) 8 B 15 against
+ * 36; over shared memory 4 KiB 1.36 against 1.71, 32 KiB 9.5 against 10.4 (8 ranks 15 against
+ * 25), 8-512 B 0.23-0.33 against 0.18-0.24. */
 #include "coll.h"
 
 #define DIRECT_MAX (64u << 10)
@@ -11,6 +20,26 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     int n = g->size, r = g->rank;
     if (n == 1) return KOLO_OK;
     char *p = buf;
+    if (n > 3 && bytes <= DIRECT_MAX) {
+        /* binomial tree over positions relative to the root */
+        int v = (r - root + n) % n, mask = 1, st = KOLO_OK;
+        while (mask < n && !(v & mask)) mask <<= 1;
+        if (v != 0) {
+            kolo__xfer x;
+            kolo__irecv(m, kolo__g2w(g, (v - mask + root) % n), p, bytes, &x);
+            st = kolo__wait1(m, &x);
+        }
+        kolo__xfer xs[32];
+        kolo__xfer *ptrs[32];
+        int k = 0;
+        for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
+            if (v + mask >= n) continue;
+            kolo__isend(m, kolo__g2w(g, (v + mask + root) % n), p, bytes, &xs[k]);
+            ptrs[k] = &xs[k];
+            k++;
+        }
+        return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
+    }
     if (n <= 3 || bytes <= DIRECT_MAX) {
         if (r != root) {
             kolo__xfer x;
