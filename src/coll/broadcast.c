@@ -29,7 +29,7 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
             kolo__irecv(m, kolo__g2w(g, (v - mask + root) % n), p, bytes, &x);
             st = kolo__wait1(m, &x);
         }
-        kolo__xfer xs[32];
+        kolo__xfer xs[32]; /* log2(n) sends at most, n an int */
         kolo__xfer *ptrs[32];
         int k = 0;
         for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
@@ -40,15 +40,14 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
         }
         return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
     }
-    if (n <= 3 || bytes <= DIRECT_MAX) {
+    if (n <= 3) {
         if (r != root) {
             kolo__xfer x;
             kolo__irecv(m, kolo__g2w(g, root), p, bytes, &x);
             return kolo__wait1(m, &x);
         }
-        kolo__xfer xs[1024];
-        kolo__xfer *ptrs[1024];
-        if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+        kolo__xfer xs[2];
+        kolo__xfer *ptrs[2];
         int k = 0;
         for (int i = 0; i < n; i++) {
             if (i == root) continue;
