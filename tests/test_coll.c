@@ -251,6 +251,27 @@ static void conformance(int rank, void *arg)
             free(recv);
         }
     }
+    /* reducescatter with both scalings, small (one-round exchange on 3 or more ranks) and large
+     * (the ring): every element is (i + rank) * 0.5 summed over ranks, then * 3 */
+    {
+        size_t rows_list[] = {(size_t)n * 2 + 1, 20000};
+        for (size_t k = 0; k < 2; k++) {
+            size_t rows = rows_list[k], rc = 2, total = rows * rc;
+            double *send = malloc(total * 8);
+            for (size_t i = 0; i < total; i++) send[i] = (double)(i + (size_t)rank);
+            size_t mine = kolo_reducescatter_rows(rows, n, rank), first = 0;
+            for (int r = 0; r < rank; r++) first += kolo_reducescatter_rows(rows, n, r);
+            double *recv = malloc(mine * rc * 8 + 8);
+            KT_OK(kolo_reducescatter(send, recv, rows, rc, KOLO_FLOAT64, KOLO_SUM, 0.5, 3.0, KOLO_WORLD));
+            for (size_t i = 0; i < mine * rc; i++) {
+                double g = (double)(first * rc + i), want = (g * n + n * (n - 1) / 2.0) * 0.5 * 3.0;
+                KT_ASSERTF(recv[i] == want, "reducescatter scaled, rows %zu: element %zu is %g, expected %g", rows, i,
+                           recv[i], want);
+            }
+            free(send);
+            free(recv);
+        }
+    }
     KT_OK(kolo_barrier(KOLO_WORLD));
     KT_OK(kolo_shutdown());
 }
