@@ -1344,3 +1344,54 @@ KT_TEST(alltoall_single_copy_when_oversubscribed, 60)
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, alltoall_single_when_oversubscribed, NULL, &o, NULL), 0);
 }
+
+/* The ranks agree at init on what algorithm choices need alike (kolo__mesh.world_shm and
+ * .world_oversubscribed). With `arg` set, rank 1 asks for TCP (its own KOLO_TRANSPORT): as the
+ * lower rank of pairs 1-2 and 1-3 it offers no shared memory there, while rank 0, the lower of
+ * 0-1, does. So rank 0 has only shared-memory pairs, and still must count the world as not all
+ * shared memory, as the others do: the collectives whose algorithm follows must match up (had
+ * rank 0 chosen alone on a host of fewer than 4 cores, the 1 MiB reducescatter below would wait
+ * for messages nobody sends). */
+static void world_agreement(int rank, void *arg)
+{
+    bool mixed = arg != NULL;
+    int n = 4;
+    if (mixed && rank == 1) setenv("KOLO_TRANSPORT", "tcp", 1);
+    KT_OK(kolo_init());
+    if (mixed) {
+        for (int p = 0; p < n; p++)
+            if (p != rank) KT_CONTAINS(kolo_peer_transport(p), (rank < p ? rank : p) == 1 ? "tcp" : "shm");
+    }
+    cpu_set_t set;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
+    bool tcp_env = !mixed && getenv("KOLO_TRANSPORT");
+    for (int c = 0; c < KOLO_NCHANNELS; c++) {
+        KT_EQ(kolo__W.mesh[c]->world_shm, !mixed && !tcp_env);
+        KT_EQ(kolo__W.mesh[c]->world_oversubscribed, n > cpus);
+    }
+    /* a tiny allreduce and a 1 MiB reducescatter, whose algorithms follow the agreement */
+    float v[8], out[8];
+    for (int i = 0; i < 8; i++) v[i] = (float)(rank * 8 + i);
+    KT_OK(kolo_allreduce(v, out, 8, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
+    for (int i = 0; i < 8; i++) KT_EQ(out[i], (float)(8 * (0 + 1 + 2 + 3) + 4 * i));
+    size_t rows = (size_t)1 << 18, mine = rows / (size_t)n;
+    float *x = malloc(rows * 4), *y = malloc(mine * 4);
+    KT_ASSERT(x && y);
+    for (size_t i = 0; i < rows; i++) x[i] = (float)((i % 1000) + (size_t)rank);
+    KT_OK(kolo_reducescatter(x, y, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
+    for (size_t i = 0; i < mine; i++) {
+        size_t g = (size_t)rank * mine + i;
+        KT_ASSERTF(y[i] == (float)(4 * (g % 1000) + 6), "reducescatter [%zu]: %g", i, (double)y[i]);
+    }
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(world_agreement_at_init, 60)
+{
+    kt_job_both(4, world_agreement, NULL);
+    static int mixed = 1;
+    KT_EQ(kt_job(4, world_agreement, &mixed, NULL, NULL), 0);
+}

@@ -23,8 +23,9 @@
  * KiB 56 against 69; over shared memory 16 B 3.9 against 7.2, 64 KiB 28 against 31; 8 ranks over
  * TCP 16 B 211 against 262. Above 64 KiB the exchange was still faster over shared memory (4
  * ranks, 1 MiB 300 us against 388, 4 MiB 1.73 ms against 2.16) but not over TCP (128 KiB 158
- * against 97, 2 MiB 2.03 ms against 1.45), and the transport of a pair is not known alike on
- * every member, so 64 KiB holds for both.
+ * against 97, 2 MiB 2.03 ms against 1.45), so it runs to EXCHANGE_SHM_MAX only where the ranks
+ * agreed at init that every pair shares memory on an oversubscribed host (kolo__mesh.world_shm;
+ * 6 pairs: 2 MiB 786 us against 1010).
  */
 #include "coll.h"
 
@@ -80,6 +81,17 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
 /* Buffers of at least this many bytes on 4 to 8 members, and all small ones on more, go by
  * recursive doubling. */
 #define DOUBLING_MIN 1024
+
+/* Tiny buffers on a power of two of members also go by recursive doubling when some pair runs
+ * over TCP on a host with more ranks than cores: each of the exchange's n-1 sends there runs the
+ * receiver's TCP stack in the sender's time slice, and the ranks take turns on the cores. 4 ranks
+ * on 2 cores over TCP, 12 interleaved pairs: 8-512 B 31-34 us against 48-53 (a first set of 6
+ * pairs read 8-128 B alike, 512 B 37 against 54). Over shared memory the exchange stays (4.1 us
+ * against 5.5 by doubling). */
+static bool doubling_tiny(const kolo__mesh *m, int n)
+{
+    return m->world_oversubscribed && !m->world_shm && (n & (n - 1)) == 0;
+}
 
 /* One exchange with a partner: send `mine`, receive into `theirs`. */
 static int swap(kolo__mesh *m, const kolo__group *g, int partner, const void *mine, void *theirs, size_t bytes)
@@ -154,7 +166,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
      * recursive doubling; large: the ring */
     if (count * es <= small_max() || count < (size_t)n) {
-        if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN))
+        if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !doubling_tiny(m, n)))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
     }
@@ -186,8 +198,10 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 }
 
 /* Reduce-scatters of at most this many bytes in all on 3 to EXCHANGE_MEMBERS members go by
- * one-round exchange. */
+ * one-round exchange; EXCHANGE_SHM_MAX when every pair runs over shared memory on a host with
+ * more ranks than cores. */
 #define EXCHANGE_MAX ((size_t)64 << 10)
+#define EXCHANGE_SHM_MAX ((size_t)4 << 20)
 #define EXCHANGE_MEMBERS 64
 
 /* Every member sends block i of its buffer to member i and receives its own block from every
@@ -243,7 +257,8 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     }
     if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
     /* the choice depends on the member count and the total only, the same on every member */
-    if (n >= 3 && n <= EXCHANGE_MEMBERS && total * es <= EXCHANGE_MAX)
+    size_t exchange_max = m->world_shm && m->world_oversubscribed ? EXCHANGE_SHM_MAX : EXCHANGE_MAX;
+    if (n >= 3 && n <= EXCHANGE_MEMBERS && total * es <= exchange_max)
         return reducescatter_exchange(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
     /* the ring accumulates partial blocks in a full-size work buffer; this member's block ends
      * there and is copied out */

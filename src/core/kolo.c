@@ -124,6 +124,46 @@ static void choose_spin(long cpus)
         if (W.mesh[c]) W.mesh[c]->spin_ns = 0;
 }
 
+/* What the ranks must know alike to choose the same algorithms (kolo__mesh): each knows only
+ * its own pairs (one whose shared memory could not be opened runs over TCP) and its own host, so
+ * every rank contributes one byte (bit 0: this host is oversubscribed; bit 1 + c: every pair of
+ * this rank runs over shared memory on channel c) and all combine them. Once this allgather has
+ * ended on a rank, every rank has entered it. */
+static int agree_world(bool oversubscribed)
+{
+    int n = W.info.size, me = W.info.rank;
+    uint8_t mine = oversubscribed ? 1u : 0u;
+    for (int c = 0; c < KOLO_NCHANNELS; c++) {
+        bool shm = true;
+        for (int r = 0; r < n && shm; r++)
+            if (r != me && W.mesh[c]->conns[r]->tp != &kolo__shm_transport) shm = false;
+        if (shm) mine |= (uint8_t)(2u << c);
+    }
+    uint8_t *all = kolo__calloc((size_t)n, 1);
+    size_t *counts = kolo__calloc((size_t)n, sizeof(size_t));
+    if (!all || !counts) {
+        kolo__free(all);
+        kolo__free(counts);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the ranks' agreement at init");
+    }
+    for (int r = 0; r < n; r++) counts[r] = 1;
+    int st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, 1);
+    if (st == KOLO_OK) {
+        uint8_t and_all = 0xff, or_all = 0;
+        for (int r = 0; r < n; r++) {
+            and_all &= all[r];
+            or_all |= all[r];
+        }
+        for (int c = 0; c < KOLO_NCHANNELS; c++) {
+            W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
+            W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
+        }
+    }
+    kolo__free(all);
+    kolo__free(counts);
+    return st;
+}
+
 static void teardown(void)
 {
     kolo__mem_forget_peers();
@@ -188,10 +228,12 @@ int kolo_init(void)
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
     if (oversubscribed) pin_ring_copies();
-    if (W.info.rdv_serve && W.info.size > 1) {
-        /* rank 0 serves the store: every rank has read it once all are past this barrier */
-        st = kolo__coll_barrier(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0]);
+    if (W.info.size > 1) {
+        st = agree_world(oversubscribed);
         if (st != KOLO_OK) goto fail;
+    }
+    if (W.info.rdv_serve && W.info.size > 1) {
+        /* rank 0 serves the store: every rank has read it, being past the agreement */
         kolo__store_server_stop(W.server);
         W.server = NULL;
     }

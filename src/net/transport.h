@@ -141,6 +141,10 @@ struct kolo__mesh {
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
+    /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
+     * algorithm choices that must match: every pair of the world runs over shared memory on this
+     * channel; some host has more ranks than cores. */
+    bool world_shm, world_oversubscribed;
 };
 
 /* The transports (tcp.c, shm.c). */
