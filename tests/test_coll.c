@@ -1346,28 +1346,33 @@ KT_TEST(alltoall_single_copy_when_oversubscribed, 60)
 }
 
 /* The ranks agree at init on what algorithm choices need alike (kolo__mesh.world_shm and
- * .world_oversubscribed). With `arg` set, rank 1 asks for TCP (its own KOLO_TRANSPORT): as the
- * lower rank of pairs 1-2 and 1-3 it offers no shared memory there, while rank 0, the lower of
- * 0-1, does. So rank 0 has only shared-memory pairs, and still must count the world as not all
- * shared memory, as the others do: the collectives whose algorithm follows must match up (had
- * rank 0 chosen alone on a host of fewer than 4 cores, the 1 MiB reducescatter below would wait
- * for messages nobody sends). */
+ * .world_oversubscribed). `arg` picks the world: NULL all shared memory (or all TCP under the
+ * suite's KOLO_TRANSPORT=tcp pass); TCP_RANK1, rank 1 asks for TCP with its own KOLO_TRANSPORT,
+ * so all of its pairs are TCP whichever side offers; FAIL_2_3, rank 3 cannot open the segment
+ * rank 2 offers (a /dev/shm that fills up fails pairs one by one), so only pair 2-3 is TCP. Rank
+ * 0 then has only shared-memory pairs and must still count the world as not all shared memory,
+ * as 2 and 3 do: the collectives whose algorithm follows must match up (had rank 0 chosen alone
+ * on a host of fewer than 4 cores, the 1 MiB reducescatter below would wait for messages nobody
+ * sends). */
+enum { TCP_RANK1 = 1, FAIL_2_3 };
 static void world_agreement(int rank, void *arg)
 {
-    bool mixed = arg != NULL;
+    int world = arg ? *(int *)arg : 0;
     int n = 4;
-    if (mixed && rank == 1) setenv("KOLO_TRANSPORT", "tcp", 1);
+    if (world == TCP_RANK1 && rank == 1) setenv("KOLO_TRANSPORT", "tcp", 1);
+    if (world == FAIL_2_3 && rank == 3) kolo__mesh_test_fail_shm_from(2);
     KT_OK(kolo_init());
-    if (mixed) {
-        for (int p = 0; p < n; p++)
-            if (p != rank) KT_CONTAINS(kolo_peer_transport(p), (rank < p ? rank : p) == 1 ? "tcp" : "shm");
+    kolo__mesh_test_fail_shm_from(-1);
+    for (int p = 0; p < n && world; p++) {
+        bool tcp = world == TCP_RANK1 ? (rank == 1 || p == 1) : (rank == 2 && p == 3) || (rank == 3 && p == 2);
+        if (p != rank) KT_CONTAINS(kolo_peer_transport(p), tcp ? "tcp" : "shm");
     }
     cpu_set_t set;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
-    bool tcp_env = !mixed && getenv("KOLO_TRANSPORT");
+    bool tcp_env = !world && getenv("KOLO_TRANSPORT");
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
-        KT_EQ(kolo__W.mesh[c]->world_shm, !mixed && !tcp_env);
+        KT_EQ(kolo__W.mesh[c]->world_shm, !world && !tcp_env);
         KT_EQ(kolo__W.mesh[c]->world_oversubscribed, n > cpus);
     }
     /* a tiny allreduce and a 1 MiB reducescatter, whose algorithms follow the agreement */
@@ -1392,6 +1397,7 @@ static void world_agreement(int rank, void *arg)
 KT_TEST(world_agreement_at_init, 60)
 {
     kt_job_both(4, world_agreement, NULL);
-    static int mixed = 1;
-    KT_EQ(kt_job(4, world_agreement, &mixed, NULL, NULL), 0);
+    static int tcp_rank1 = TCP_RANK1, fail_2_3 = FAIL_2_3;
+    KT_EQ(kt_job(4, world_agreement, &tcp_rank1, NULL, NULL), 0);
+    KT_EQ(kt_job(4, world_agreement, &fail_2_3, NULL, NULL), 0);
 }

@@ -17,7 +17,8 @@
  *      A proves its identity to C and C to A; neither answer can be replayed (fresh nonces,
  *      labels per direction). Shared memory is offered only when the host keys (boot id +
  *      network namespace) are equal, and used only when the peer actually finds the creator's
- *      token in the segment, so "same host" is proven, not guessed from a hostname.
+ *      token in the segment, so "same host" is proven, not guessed from a hostname. A rank
+ *      with KOLO_TRANSPORT=tcp neither offers nor accepts it: all of its pairs are TCP.
  *   4. Anything else that connects (a stranger, garbage, a wrong secret, a duplicate) is
  *      refused, logged with its address, and the start-up goes on. All sockets are
  *      non-blocking in one poll() loop, so a silent stranger cannot stall the others.
@@ -342,6 +343,9 @@ static int on_result(build *b, hs *h)
 
 /* ---- connector side ---- */
 
+static int test_fail_shm_from = -1;
+void kolo__mesh_test_fail_shm_from(int peer) { test_fail_shm_from = peer; }
+
 static int on_hello_a(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
@@ -388,7 +392,13 @@ static int on_ack(build *b, hs *h)
     uint64_t addr = get64(h->in + KOLO_MAC_LEN + 8 + SHM_NAME_LEN);
     uint64_t val = get64(h->in + KOLO_MAC_LEN + 16 + SHM_NAME_LEN);
     bool shm_ok = false, cma_c = false;
-    if (offer == 1) {
+    if (offer == 1 && h->peer == test_fail_shm_from) {
+        KOLO_INFO("rank %d offered shared memory but it is not reachable here (test hook); using TCP", h->peer);
+    } else if (offer == 1 && b->tcp_only) {
+        /* this rank asked for TCP (its own KOLO_TRANSPORT); the lower rank, which offers, may not
+         * have: a pair shares memory only when both sides allow it */
+        KOLO_DEBUG("rank %d offered shared memory; declined, KOLO_TRANSPORT=tcp here", h->peer);
+    } else if (offer == 1) {
         shm_ok = kolo__shm_open(c, name, b->ring, b->populate) == KOLO_OK;
         if (!shm_ok) KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
         cma_c = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);

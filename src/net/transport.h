@@ -201,6 +201,9 @@ struct kolo__store;
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
 void kolo__mesh_destroy(kolo__mesh *m);
+/* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
+ * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
+void kolo__mesh_test_fail_shm_from(int peer);
 
 /* Host of a world rank for messages: "hostname (addr)". */
 const char *kolo__peer_name(const kolo__mesh *m, int peer);
