@@ -1298,8 +1298,8 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
     KT_EQ(kt_job(2, yields_while_waiting, &large, &o, NULL), 0);
 }
 
-/* On a host with more ranks than cores the pairs keep ring copies, but alltoall's large sends go
- * single-copy (shm.c, SINGLE_MIN); the ring collectives' do not. Two ranks stand in for such a
+/* On a host with more ranks than cores the pairs keep ring copies, but alltoall's and allgather's
+ * large sends go single-copy (shm.c, SINGLE_MIN); the ring collectives' do not. Two ranks stand in for such a
  * host: each pins its pair on the direct channel the way kolo_init does when oversubscribed
  * (the engine's channel is its thread's, already running). */
 static void alltoall_single_when_oversubscribed(int rank, void *arg)
@@ -1333,8 +1333,13 @@ static void alltoall_single_when_oversubscribed(int rank, void *arg)
     /* small alltoall messages and a ring collective's large ones stay on the ring */
     before = kolo__shm_cma_sent(c);
     KT_OK(kolo_alltoall(x, small, y, small, KOLO_FLOAT32, KOLO_WORLD));
-    KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    KT_OK(kolo_allreduce(x, y, 2 * per, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
     KT_EQ(kolo__shm_cma_sent(c) - before, 0);
+    /* allgather's exchange, like alltoall, keeps what it receives and forwards none */
+    for (size_t i = 0; i < per; i++) x[i] = (float)(rank * 7 + (int)(i % 11));
+    KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    KT_EQ(kolo__shm_cma_sent(c) - before, 1);
+    for (size_t i = 0; i < 2 * per; i++) KT_ASSERTF(y[i] == (float)((int)(i / per) * 7 + (int)(i % per % 11)), "allgather [%zu]: %g", i, (double)y[i]);
     free(x);
     free(y);
 }
@@ -1375,7 +1380,8 @@ static void world_agreement(int rank, void *arg)
         KT_EQ(kolo__W.mesh[c]->world_shm, !world && !tcp_env);
         KT_EQ(kolo__W.mesh[c]->world_oversubscribed, n > cpus);
     }
-    /* a tiny allreduce and a 1 MiB reducescatter, whose algorithms follow the agreement */
+    /* a tiny allreduce, a 1 MiB reducescatter and a 1 MiB allgather, whose algorithms follow the
+     * agreement */
     float v[8], out[8];
     for (int i = 0; i < 8; i++) v[i] = (float)(rank * 8 + i);
     KT_OK(kolo_allreduce(v, out, 8, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
@@ -1384,11 +1390,29 @@ static void world_agreement(int rank, void *arg)
     float *x = malloc(rows * 4), *y = malloc(mine * 4);
     KT_ASSERT(x && y);
     for (size_t i = 0; i < rows; i++) x[i] = (float)((i % 1000) + (size_t)rank);
+    /* Where every pair shares memory on an oversubscribed host, both go by exchange and send
+     * their 256 KiB messages single-copy, one to each peer that can read so; elsewhere the
+     * reducescatter's exchange keeps ring copies and the allgather takes the ring, whose pairs
+     * may pick either way by their timings. */
+    bool single = kolo__W.mesh[0]->world_shm && n > cpus;
+    uint64_t before[4];
+    for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
     KT_OK(kolo_reducescatter(x, y, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
     for (size_t i = 0; i < mine; i++) {
         size_t g = (size_t)rank * mine + i;
         KT_ASSERTF(y[i] == (float)(4 * (g % 1000) + 6), "reducescatter [%zu]: %g", i, (double)y[i]);
     }
+    float *z = malloc(rows * 4);
+    KT_ASSERT(z);
+    for (size_t i = 0; i < mine; i++) x[i] = (float)(rank * 100000 + (int)i);
+    KT_OK(kolo_allgather(x, mine, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    for (size_t i = 0; i < rows; i++)
+        KT_ASSERTF(z[i] == (float)((int)(i / mine) * 100000 + (int)(i % mine)), "allgather [%zu]: %g", i, (double)z[i]);
+    for (int p = 0; p < n; p++) {
+        kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
+        if (single && p != rank && kolo__shm_cma_threshold(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
+    }
+    free(z);
     free(x);
     free(y);
     KT_OK(kolo_shutdown());

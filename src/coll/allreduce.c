@@ -26,7 +26,8 @@
  * ranks, 1 MiB 300 us against 388, 4 MiB 1.73 ms against 2.16) but not over TCP (128 KiB 158
  * against 97, 2 MiB 2.03 ms against 1.45), so it runs to EXCHANGE_SHM_MAX only where the ranks
  * agreed at init that every pair shares memory on an oversubscribed host (kolo__mesh.world_shm;
- * 6 pairs: 2 MiB 786 us against 1010).
+ * 6 pairs: 2 MiB 786 us against 1010). There its messages of at most SINGLE_RS_MAX go
+ * single-copy (the `single` mark; shm.c, SINGLE_MIN).
  */
 #include "coll.h"
 
@@ -209,6 +210,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 #define EXCHANGE_MAX ((size_t)64 << 10)
 #define EXCHANGE_SHM_MAX ((size_t)4 << 20)
 #define EXCHANGE_MEMBERS 64
+#define SINGLE_RS_MAX ((size_t)256 << 10)
 
 /* Every member sends block i of its buffer to member i and receives its own block from every
  * other, all at once, then combines the n copies of its block in member order 0..n-1. The same
@@ -236,7 +238,11 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
     for (int step = 1; step < n; step++) { /* rotated, so that not every member starts with 0 */
         int to = (r + step) % n, from = (r - step + n) % n;
         kolo__irecv(m, kolo__g2w(g, from), tmp + stride * (size_t)from, bytes, &xs[k++]);
-        kolo__isend(m, kolo__g2w(g, to), src + offs[to] * es, counts[to] * es, &xs[k++]);
+        kolo__isend(m, kolo__g2w(g, to), src + offs[to] * es, counts[to] * es, &xs[k]);
+        /* the receiver combines its copy and forwards none; single-copy against ring copies, 4
+         * ranks on 2 cores, 14 interleaved pairs, us: 1 MiB in all (256 KiB messages) 265
+         * against 350, 2 MiB 885 against 863, 4 MiB 2730 against 2273 */
+        xs[k++].single = counts[to] * es <= SINGLE_RS_MAX;
     }
     /* a private copy of this member's own block: recv may overlap send */
     if (bytes) memcpy(tmp + stride * (size_t)r, src + offs[r] * es, bytes);

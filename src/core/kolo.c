@@ -102,8 +102,9 @@ static long host_cpus(void)
 
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
  * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies: a copy timed while its rank
- * shares a core measures the scheduler, not the path. Alltoall's large sends still go
- * single-copy (shm.c, SINGLE_MIN). */
+ * shares a core measures the scheduler, not the path. The large sends that a collective marks
+ * `single` (alltoall's, the exchanges of allgather and reducescatter) still go single-copy
+ * (shm.c, SINGLE_MIN). */
 static void pin_ring_copies(void)
 {
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++)

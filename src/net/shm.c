@@ -461,11 +461,12 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
 #define MARK_LEN 8
 #define INLINE_MAX 4096
 /* With more ranks than cores the pairs keep ring copies (timings there measure the scheduler),
- * but the sends a collective marks `single` (alltoall's: the receiver keeps the bytes, nobody
- * forwards them) go single-copy from this size: when the cores are the bottleneck, one copy
- * beats two. 4 ranks on 2 cores, alltoall, us per call, ring against single-copy (8 launches
- * interleaved): 512 KiB 129 / 123, 1 MiB 244 / 176, 2 MiB 540 / 352, 4 MiB 1109 / 885; the ring
- * collectives (allgather, broadcast, reducescatter, allreduce) lost 5-70 % single-copy. */
+ * but the sends a collective marks `single` (alltoall's, and allgather's and reducescatter's
+ * exchanges: the receiver keeps the bytes, nobody forwards them) go single-copy from this size:
+ * when the cores are the bottleneck, one copy beats two. 4 ranks on 2 cores, alltoall, us per
+ * call, ring against single-copy (8 launches interleaved): 512 KiB 129 / 123, 1 MiB 244 / 176, 2
+ * MiB 540 / 352, 4 MiB 1109 / 885; the ring collectives (allgather, broadcast, reducescatter,
+ * allreduce) lost 5-70 % single-copy. */
 #define SINGLE_MIN ((size_t)128 << 10)
 #define LINE 64
 #define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
