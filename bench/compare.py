@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -877,9 +878,17 @@ class Report:
         L.append("# kolo vs. Open MPI, MPICH, torch.distributed (Gloo) and Horovod — %s" %
                  self.stamp.replace("_", " "))
         L.append("")
-        L.append("Made by `%s` (%s mode) in %.1f minutes; %d of %d repetitions ran. CSV: `%s`." % (
-            "make bench-compare" if not a.quick else "sh bench/compare.sh --quick",
-            "quick" if a.quick else "full", self.elapsed / 60, self.reps_done, a.reps, csv_name))
+        # the command as given (compare.sh passes its arguments on, and $KOLO_BENCH_ARGS too)
+        given, skip = [], False
+        for x in sys.argv[1:]:  # less where the results went
+            if not skip and not x.startswith("--out"):
+                given.append(x)
+            skip = x == "--out"
+        partial = a.peers or a.colls or a.nranks or a.dtypes or a.bands
+        L.append("Made by `%s` (%s) in %.1f minutes; %d of %d repetitions ran. CSV: `%s`." % (
+            "sh bench/compare.sh " + " ".join(shlex.quote(x) for x in given) if given else "make bench-compare",
+            "quick mode" if a.quick else "full mode, a part of the sweep" if partial else "full mode",
+            self.elapsed / 60, self.reps_done, a.reps, csv_name))
         L.append("")
         L += self.md_machine()
         L += self.md_versions()
