@@ -1412,6 +1412,19 @@ static void world_agreement(int rank, void *arg)
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
         if (single && p != rank && kolo__shm_cma_threshold(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
     }
+    /* a small allgather with a different count per rank, one of them 0, out of place and in
+     * place: by recursive doubling where some pair is TCP on an oversubscribed host */
+    size_t counts[4] = {3, 0, 700, 5}, offs[4] = {0, 3, 3, 703}, all = 708;
+    for (int ip = 0; ip < 2; ip++) {
+        for (size_t i = 0; i < all; i++) z[i] = -1.0f;
+        float *src = ip ? z + offs[rank] : x;
+        for (size_t i = 0; i < counts[rank]; i++) src[i] = (float)(rank * 1000 + (int)i);
+        KT_OK(kolo_allgather(src, counts[rank], z, counts, KOLO_FLOAT32, KOLO_WORLD));
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < counts[p]; i++)
+                KT_ASSERTF(z[offs[p] + i] == (float)(p * 1000 + (int)i), "allgatherv %s, from %d [%zu]: %g",
+                           ip ? "in place" : "out of place", p, i, (double)z[offs[p] + i]);
+    }
     free(z);
     free(x);
     free(y);
