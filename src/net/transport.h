@@ -58,9 +58,10 @@ struct kolo__xfer {
     uint64_t looked_ns; /* shm, a large receive: when a progress pass first had it in hand, else 0 */
     bool stream;        /* a receive whose bytes are not read again soon: where the transport copies
                          * them (shm ring copies), it writes around the cache. Set after posting. */
-    bool single;        /* a send whose bytes the receiver keeps and no rank forwards (alltoall, the exchanges):
-                         * a pair that keeps ring copies because its host has more ranks than
-                         * cores sends it single-copy when large (shm.c). Set after posting. */
+    bool single;        /* a send whose bytes the receiver keeps and no rank forwards (alltoall,
+                         * the exchanges of allgather and reducescatter): a pair that keeps ring
+                         * copies because its host has more ranks than cores sends it
+                         * single-copy when large (shm.c). Set after posting. */
     unsigned char hdr[KOLO_HDR_LEN];
 };
 
