@@ -29,13 +29,12 @@
  * of its aligned range [r & ~(d-1), +d) and swaps them with member r ^ d, whose range is the
  * neighbouring one; the ranges are contiguous in the output, so each round is one message each
  * way: log2(n) rounds of one send instead of one round of n-1 sends, or the ring's n-1 rounds.
- * It runs where some pair is TCP on a host with more ranks than cores (as allreduce's
- * doubling_tiny): each of the exchange's sends there runs the receiver's TCP stack in the
- * sender's time slice, and the ranks take turns on the cores. 4 ranks on 2 cores over TCP, us
- * per call, 10 interleaved launches against the exchange: 16 B 45 against 53, 16 KiB 46
- * against 62, 64 KiB 57 against 71 (Open MPI 54, 62, 92); against the ring 512 KiB 280 against
- * 332, but 1 MiB 690 against 529, hence DOUBLING_MAX; 8 ranks 100-141 against 214-313 (Open MPI
- * 168-235) from 32 B to 64 KiB. Over shared memory the exchange stays (16 B 5.5 against 7.2). */
+ * It runs where some pair is TCP on a host with more ranks than cores, as tiny allreduces do
+ * (kolo__coll_doubling_world). 4 ranks on 2 cores over TCP, us per call, 10 interleaved
+ * launches against the exchange: 16 B 45 against 53, 16 KiB 46 against 62, 64 KiB 57 against 71
+ * (Open MPI 54, 62, 92); against the ring 512 KiB 280 against 332, but 1 MiB 690 against 529,
+ * hence DOUBLING_MAX; 8 ranks 100-141 against 214-313 (Open MPI 168-235) from 32 B to 64 KiB.
+ * Over shared memory the exchange stays (16 B 5.5 against 7.2). */
 #define DOUBLING_MAX ((size_t)512 << 10)
 
 static int allgather_doubling(kolo__mesh *m, const kolo__group *g, const void *send, char *out, const size_t *offs,
@@ -73,7 +72,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* (a world of one rank has no mesh) */
     size_t exchange_max = n > 2 && m->world_shm && m->world_oversubscribed ? SINGLE_EXCHANGE_MAX : DIRECT_MAX;
     bool exchange = n <= 64 && (n <= 2 || total * es <= exchange_max);
-    if (n >= 4 && (n & (n - 1)) == 0 && total * es <= DOUBLING_MAX && m->world_oversubscribed && !m->world_shm)
+    if (n >= 4 && total * es <= DOUBLING_MAX && kolo__coll_doubling_world(m, n))
         return allgather_doubling(m, g, send, out, offs, counts, es);
     if (n == 1 || !exchange) {
         kolo__coll_copy_own(mine, send, counts[r] * es, total * es >= KOLO_STREAM_MIN); /* as the ring */

@@ -5,7 +5,7 @@
  *  - At most 3 members, or tiny buffers on at most 8: every member sends its whole buffer to every other and
  *    combines all n buffers in member order 0..n-1, so every member computes the same bits.
  *    One round trip, n-1 messages each way: the latency optimum for a few ranks. Except tiny
- *    buffers on 4 or 8 members of a job with a TCP pair on an oversubscribed host (doubling_tiny).
+ *    buffers on 4 or 8 members of a job with a TCP pair on an oversubscribed host (kolo__coll_doubling_world).
  *  - Otherwise recursive doubling: log2(n) rounds in which partners swap what they hold and
  *    both combine the lower member's part first, so the two hold the same bits after every
  *    round and all members do at the end. Each member moves and combines its buffer log2(n)
@@ -88,17 +88,11 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
  * recursive doubling. */
 #define DOUBLING_MIN 1024
 
-/* Tiny buffers on a power of two of members also go by recursive doubling when some pair runs
- * over TCP on a host with more ranks than cores: each of the exchange's n-1 sends there runs the
- * receiver's TCP stack in the sender's time slice, and the ranks take turns on the cores. 4 ranks
- * on 2 cores over TCP, 12 interleaved pairs: 8-512 B 31-34 us against 48-53 (a first set of 6
- * pairs read 8-128 B alike, 512 B 37 against 54). Over shared memory the exchange stays (4.1 us
- * against 5.5 by doubling). */
-/* The flags are the world's, so a process set whose own pairs all share memory follows them too. */
-static bool doubling_tiny(const kolo__mesh *m, int n)
-{
-    return m->world_oversubscribed && !m->world_shm && (n & (n - 1)) == 0;
-}
+/* Tiny buffers on a power of two of members also go by recursive doubling where some pair runs
+ * over TCP on a host with more ranks than cores (kolo__coll_doubling_world). 4 ranks on 2 cores
+ * over TCP, 12 interleaved pairs: 8-512 B 31-34 us against 48-53 (a first set of 6 pairs read
+ * 8-128 B alike, 512 B 37 against 54). Over shared memory the exchange stays (4.1 us against 5.5
+ * by doubling). */
 
 /* One exchange with a partner: send `mine`, receive into `theirs`. */
 static int swap(kolo__mesh *m, const kolo__group *g, int partner, const void *mine, void *theirs, size_t bytes)
@@ -173,7 +167,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
      * recursive doubling; large: the ring */
     if (count * es <= small_max() || count < (size_t)n) {
-        if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !doubling_tiny(m, n)))
+        if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
     }

@@ -20,6 +20,17 @@ typedef struct kolo__group {
 /* World rank of group member i. */
 static inline int kolo__g2w(const kolo__group *g, int i) { return g->ranks[i]; }
 
+/* Whether small collectives on n members go by recursive doubling instead of a one-round
+ * exchange: n a power of two, and some pair of the job runs over TCP on a host with more ranks
+ * than cores, where each of the exchange's n-1 sends runs the receiver's TCP stack in the
+ * sender's time slice while the ranks take turns on the cores (allreduce.c, allgather.c have
+ * the measurements). The flags are the world's, agreed at init, so every member decides alike;
+ * a process set whose own pairs all share memory follows them too. */
+static inline bool kolo__coll_doubling_world(const kolo__mesh *m, int n)
+{
+    return m->world_oversubscribed && !m->world_shm && (n & (n - 1)) == 0;
+}
+
 /* recv = post * OP_r(pre * send_r); AVERAGE divides by the group size. send may equal recv. */
 int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                          kolo_dtype_t dtype, kolo_op_t op, double pre, double post);

@@ -14,7 +14,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",
                              "seconds a collective waits for a silent (not dead) peer before failing"},
     [KOLO_SET_TRANSPORT] = {"KOLO_TRANSPORT", "", "auto",
-                            "auto (shared memory on one host, TCP between hosts) or tcp (TCP for every pair this rank is in; set on all ranks, TCP everywhere)"},
+                            "auto (shared memory on one host, TCP between hosts) or tcp (TCP for every pair this "
+                            "rank is in; set on all ranks, TCP everywhere)"},
     [KOLO_SET_IFACE] = {"KOLO_IFACE", "HOROVOD_GLOO_IFACE NCCL_SOCKET_IFNAME", "",
                         "network interfaces for TCP: 'eth0,eth1' to use, '^lo,docker' to avoid, '=eth0' exact; "
                         "default: the one that reaches the rendezvous host"},

@@ -129,7 +129,8 @@ static void choose_spin(long cpus)
  * its own pairs (one whose shared memory could not be opened runs over TCP) and its own host, so
  * every rank contributes one byte (bit 0: this host is oversubscribed; bit 1 + c: every pair of
  * this rank runs over shared memory on channel c) and all combine them. Once this allgather has
- * ended on a rank, every rank has entered it. */
+ * ended on a rank, every rank has entered it. The allgather itself runs while the flags are still
+ * false on every rank, so it takes the same path everywhere. */
 static int agree_world(bool oversubscribed)
 {
     int n = W.info.size, me = W.info.rank;
