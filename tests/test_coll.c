@@ -461,43 +461,52 @@ KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
     KT_EQ(kt_job(2, cma_ignores_burst, NULL, &o, NULL), 0);
 }
 
-/* Each rank chooses from its own calls' timings whether an allgather or alltoall of 4 to 64 MiB
- * writes its output around the cache: with the way each rule starts from made 60 ms slower per
- * call (around the cache from 8 MiB, through it below), the other one carries at least 7 of
- * calls 9-16 (the first probe comes after 4 calls; its verdict after 8). 60 ms, not 20: under
- * TSan an 8 MiB allgather takes 10-13 ms, but the first call of a way up to 40, and with 20 ms a
- * probe of two such calls lost to the delayed way about one launch in six. */
+/* Each rank chooses from its own calls' timings whether an allgather or alltoall of 8 to 64 MiB
+ * writes its output around the cache: with one way made 60 ms slower per call, the other one
+ * carries at least 7 of calls 9-16 (the first probe comes after 4 calls; its verdict after 8):
+ * an allgather of 8 MiB with the rule's way (around) slowed, an alltoall of 16 MiB with the
+ * probed one (through) slowed (another size class: one with the allgather's history would probe
+ * again within calls 9-16). Below 8 MiB nothing is chosen: an alltoall of 4 MiB always goes through the cache, and
+ * no delay reaches it. 60 ms, not 20: under TSan an 8 MiB allgather takes 10-13 ms, but the first
+ * call of a way up to 40, and with 20 ms a probe of two such calls lost to the delayed way about
+ * one launch in six. */
 static void out_follows_time(int rank, void *arg)
 {
     (void)arg;
     KT_OK(kolo_init());
-    size_t per = (size_t)1 << 20, half = per / 2; /* floats: 8 MiB of allgather output, 4 of alltoall */
-    size_t counts[2] = {half, half};
-    float *x = malloc(per * 4), *y = malloc(per * 8);
+    size_t per = (size_t)1 << 20, half = per / 2; /* floats */
+    float *x = malloc(per * 16), *y = malloc(per * 16);
     KT_ASSERT(x && y);
-    for (int big = 1; big >= 0; big--) {
-        kolo__coll_test_delay_out(big, 60000000);
+    /* 0: allgather of 4 MiB each (8 MiB out); 1: alltoall of 16 MiB; 2: alltoall of 4 MiB */
+    for (int c = 0; c < 3; c++) {
+        int slow = c == 0; /* the delayed way: around the cache (1) or through it (0) */
+        size_t counts[2] = {c == 1 ? 2 * per : half, c == 1 ? 2 * per : half};
+        kolo__coll_test_delay_out(slow, 60000000);
         uint64_t before[2] = {0, 0}, after[2];
         for (int it = 0; it < 16; it++) {
             if (it == 8) kolo__coll_test_out_calls(before);
-            for (size_t i = 0; i < per; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
-            if (big)
+            for (size_t i = 0; i < 4 * per; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            if (c == 0)
                 KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
             else
                 KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
             for (int r = 0; r < 2; r++) {
-                /* allgather: rank r's x[5]; alltoall: rank r's x[rank * half + 5] */
-                size_t i = big ? 5 : (size_t)rank * half + 5, at = (size_t)r * (big ? per : half) + 5;
-                KT_ASSERTF(y[at] == (float)(i % 89 + (size_t)r + (size_t)it), "%s iteration %d block %d",
-                           big ? "allgather" : "alltoall", it, r);
+                /* allgather: rank r's x[5]; alltoall: rank r's x[rank * counts[0] + 5] */
+                size_t i = c == 0 ? 5 : (size_t)rank * counts[0] + 5, at = (size_t)r * (c == 0 ? per : counts[0]) + 5;
+                KT_ASSERTF(y[at] == (float)(i % 89 + (size_t)r + (size_t)it), "collective %d iteration %d block %d", c,
+                           it, r);
             }
         }
         kolo__coll_test_out_calls(after);
-        uint64_t other = after[!big] - before[!big], total = after[0] + after[1] - before[0] - before[1];
-        KT_ASSERTF(total == 8 && other >= 7, "rank %d: %s: %llu of calls 9-16 (%llu) %s the cache", rank,
-                   big ? "allgather of 8 MiB" : "alltoall of 4 MiB", (unsigned long long)other,
-                   (unsigned long long)total, big ? "went through" : "went around");
-        kolo__coll_test_delay_out(big, 0);
+        uint64_t other = after[!slow] - before[!slow], total = after[0] + after[1] - before[0] - before[1];
+        if (c == 2)
+            KT_ASSERTF(total == 0, "rank %d: alltoall of 4 MiB: %llu of calls 9-16 chose how to write their output", rank,
+                       (unsigned long long)total);
+        else
+            KT_ASSERTF(total == 8 && other >= 7, "rank %d: %s: %llu of calls 9-16 (%llu) %s the cache", rank,
+                       c == 0 ? "allgather of 8 MiB" : "alltoall of 16 MiB", (unsigned long long)other,
+                       (unsigned long long)total, slow ? "went through" : "went around");
+        kolo__coll_test_delay_out(slow, 0);
     }
     free(x);
     free(y);

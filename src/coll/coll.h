@@ -112,7 +112,7 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
 #define KOLO_STREAM_OUT_MIN ((size_t)8 << 20)
 
 /* Whether an allgather or alltoall of `bytes` of output writes it around the cache: by the rule
- * above, or from 4 to 64 MiB as this rank's timings of such calls choose (coll_util.c). The caller
+ * above, or from 8 to 64 MiB as this rank's timings of such calls choose (coll_util.c). The caller
  * passes the ticket to kolo__coll_out_done when the call has ended, with its status. */
 typedef struct kolo__out_ticket {
     uint64_t start, bytes;
@@ -121,7 +121,7 @@ typedef struct kolo__out_ticket {
 } kolo__out_ticket;
 bool kolo__coll_out_stream(kolo__mesh *m, size_t bytes, kolo__out_ticket *t);
 void kolo__coll_out_done(kolo__mesh *m, const kolo__out_ticket *t, const char *what, int st);
-/* Test hooks: stream (1) or not (0) instead of choosing (-1); each call of 4 to 64 MiB that
+/* Test hooks: stream (1) or not (0) instead of choosing (-1); each call of 8 to 64 MiB that
  * streams (1) or not (0) takes ns longer; such calls so far that did not stream [0] and did [1]. */
 void kolo__coll_test_force_out(int stream);
 void kolo__coll_test_delay_out(int stream, uint64_t ns);

@@ -113,7 +113,7 @@ typedef struct kolo__peer_info {
  * results (coll/direct.c), how allgathers and alltoalls write their output (coll_util.c). */
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
-#define KOLO_OUT_CLASSES 4    /* 4-8 MiB, 8-16, 16-32, 32-64 */
+#define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
