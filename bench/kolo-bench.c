@@ -36,6 +36,7 @@ typedef struct opts {
     size_t minb, maxb, step;
     double factor;
     int iters, warmup, check, root, np, avg_mode, bind, shared_mem;
+    int calls; /* --calls 1: print every timed call's time (the slowest rank's) after each size */
     double warm_ms; /* -W: warm up at the first size for at least this long */
     kolo_dtype_t dtype;
     kolo_op_t op;
@@ -123,6 +124,9 @@ static void usage(FILE *f)
             "  --vs TYPE|mem  paired mode: every iteration also runs the same bytes as TYPE (a dtype), or\n"
             "            with the other buffer source (mem), call by call, and prints both medians and\n"
             "            their ratio (out of place only); for comparisons a drifting machine cannot skew\n"
+            "  --calls 0|1  after each size's row, print every timed call's time in us, the slowest\n"
+            "            rank's, on '# calls' lines (default 0): where a size's first calls cost more than\n"
+            "            its later ones, the row's average hides it\n"
             "  --version print the library's build information\n");
 }
 
@@ -568,9 +572,15 @@ static int bench(const opts *o)
         return 1;
     }
     long total_wrong = 0;
+    /* --calls: the timed calls' times at the current size, out of place then in place */
+    double *percall = o->calls && o->iters ? calloc(2 * (size_t)o->iters, sizeof(double)) : NULL;
     double bw_sum = 0;
     int bw_n = 0;
     int failed = 0;
+    if (o->calls && o->iters && !percall) {
+        fprintf(stderr, "kolo-bench: rank %d: no memory for %d timings per size\n", me, 2 * o->iters);
+        failed = 1;
+    }
     for (size_t b = o->minb; b <= o->maxb && !failed;) {
         if (o->vs) {
             size_t bytes = b / unit * unit;
@@ -583,6 +593,7 @@ static int bench(const opts *o)
         double t[2];
         long wrong[2] = {0, 0};
         for (int ip = 0; ip < 2 && !failed; ip++) {
+            double *pc = percall ? percall + (size_t)ip * (size_t)o->iters : NULL;
             fill(&R, bytes, ip);
             for (int w = 0; w < o->warmup; w++) {
                 if ((st = call(&R, bytes, ip)) != KOLO_OK) break;
@@ -595,9 +606,14 @@ static int bench(const opts *o)
             if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
             if (me == 0) bench_perf_ctl(1);
             double t0 = now_us();
-            for (int it = 0; it < o->iters && st == KOLO_OK; it++) st = call(&R, bytes, ip);
+            for (int it = 0; it < o->iters && st == KOLO_OK; it++) {
+                double tc = pc ? now_us() : 0;
+                st = call(&R, bytes, ip);
+                if (pc) pc[it] = now_us() - tc;
+            }
             t[ip] = (now_us() - t0) / (o->iters ? o->iters : 1);
             if (me == 0) bench_perf_ctl(0);
+            if (st == KOLO_OK && pc) st = kolo_allreduce(pc, pc, (size_t)o->iters, KOLO_FLOAT64, KOLO_MAX, 1.0, 1.0, KOLO_WORLD);
             if (st != KOLO_OK) {
                 fprintf(stderr, "kolo-bench: rank %d: %s failed at %zu bytes: %s\n", me, coll_names[o->coll], bytes,
                         kolo_last_error());
@@ -635,6 +651,11 @@ static int bench(const opts *o)
                    kolo_dtype_name(o->dtype),
                    (o->coll == ALLREDUCE || o->coll == REDUCESCATTER) ? kolo_op_name(o->op) : "none", root, cols[0][0],
                    cols[0][1], cols[0][2], w0, cols[1][0], cols[1][1], cols[1][2], w1);
+            for (int ip = 0; percall && ip < 2; ip++) {
+                printf("# calls %zu %s:", bytes, ip ? "in-place" : "out-of-place");
+                for (int it = 0; it < o->iters; it++) printf(" %.2f", percall[(size_t)ip * (size_t)o->iters + it]);
+                printf("\n");
+            }
             fflush(stdout);
         }
         b = next_size(o, b);
@@ -651,6 +672,7 @@ static int bench(const opts *o)
         printf("#\n# Collective test concluded: kolo-bench %s\n", coll_names[o->coll]);
     }
     kolo_shutdown();
+    free(percall);
     for (int k = 0; k < nsides; k++) {
         side *sd = &R.sides[k];
         if (sd->shared_mem) {
@@ -721,6 +743,7 @@ int main(int argc, char **argv)
             else o.vs = 1, bad = parse_dtype(v, &o.vs_dtype);
         }
         else if (!strcmp(a, "-o")) bad = parse_op(v, &o.op);
+        else if (!strcmp(a, "--calls")) o.calls = (int)strtol(v, &end, 10), bad = *end || o.calls < 0 || o.calls > 1;
         else {
             fprintf(stderr, "kolo-bench: unknown flag '%s'\n", a);
             usage(stderr);
@@ -730,6 +753,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "kolo-bench: bad value '%s' for %s\n", v, a);
             return 2;
         }
+    }
+    if (o.calls && o.vs) {
+        fprintf(stderr, "kolo-bench: --calls is for the sweep; paired mode (--vs) prints medians of its pairs\n");
+        return 2;
     }
     if (o.minb > o.maxb) {
         fprintf(stderr, "kolo-bench: -b %zu is larger than -e %zu\n", o.minb, o.maxb);

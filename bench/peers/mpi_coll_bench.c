@@ -71,6 +71,7 @@ struct opts {
   int check;
   int root;
   double warm_ms;
+  int calls; /* -C 1: every timed call's time (the slowest rank's) after each size */
 };
 
 static int g_rank, g_size;
@@ -359,7 +360,7 @@ static long verify(int c, int dt, const struct sizes *s, const void *rbuf, void 
 /* Runs warmup + timed iterations; returns the rank-averaged time per iteration (us) and, when
  * checking, the number of wrong elements summed over ranks in *wrong. */
 static double measure(int c, int dt, const struct sizes *s, void *sbuf, void *rbuf, int inplace,
-                      const struct opts *o, const struct band *b, long *wrong)
+                      const struct opts *o, const struct band *b, long *wrong, double *percall)
 {
   prepare(c, dt, s, sbuf, rbuf, inplace, o->root);
   for (int i = 0; i < b->warmup; i++)
@@ -369,10 +370,16 @@ static double measure(int c, int dt, const struct sizes *s, void *sbuf, void *rb
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   if (me == 0) bench_perf_ctl(1);
   double t0 = MPI_Wtime();
-  for (int i = 0; i < b->iters; i++)
+  for (int i = 0; i < b->iters; i++) {
+    double tc = percall ? MPI_Wtime() : 0;
     run_once(c, dt, s, sbuf, rbuf, inplace, o->root);
+    if (percall)
+      percall[i] = (MPI_Wtime() - tc) * 1e6;
+  }
   double t = (MPI_Wtime() - t0) / b->iters;
   if (me == 0) bench_perf_ctl(0);
+  if (percall)
+    MPI_Allreduce(MPI_IN_PLACE, percall, b->iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   double tsum = 0;
   MPI_Allreduce(&t, &tsum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   *wrong = -1;
@@ -451,8 +458,13 @@ static int run_sweep(int c, int dt, const struct opts *o, void *sbuf, void *rbuf
       struct sizes s = sizes_for(c, dt, req);
       if (req > last && s.percount > 0) { /* bands may overlap: no size twice */
         long w_oop, w_ip;
-        double t_oop = measure(c, dt, &s, sbuf, rbuf, 0, o, b, &w_oop);
-        double t_ip = measure(c, dt, &s, sbuf, rbuf, 1, o, b, &w_ip);
+        double *pc = o->calls ? calloc(2 * (size_t)b->iters, sizeof(double)) : NULL;
+        if (o->calls && !pc) {
+          fprintf(stderr, "mpi_coll_bench: no memory for %d timings\n", 2 * b->iters);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        double t_oop = measure(c, dt, &s, sbuf, rbuf, 0, o, b, &w_oop, pc);
+        double t_ip = measure(c, dt, &s, sbuf, rbuf, 1, o, b, &w_ip, pc ? pc + b->iters : NULL);
         if (w_oop > 0 || w_ip > 0)
           errs++;
         if (g_rank == 0) {
@@ -468,10 +480,17 @@ static int run_sweep(int c, int dt, const struct opts *o, void *sbuf, void *rbuf
                  (c == C_ALLREDUCE || c == C_REDUCESCATTER) ? "sum" : "none",
                  c == C_BROADCAST ? o->root : -1, to, alg_o, alg_o * f, wo, ti, alg_i, alg_i * f,
                  wi);
+          for (int ip = 0; pc && ip < 2; ip++) {
+            printf("# calls %zu %s:", s.bytes, ip ? "in-place" : "out-of-place");
+            for (int i = 0; i < b->iters; i++)
+              printf(" %.2f", pc[(size_t)ip * b->iters + i]);
+            printf("\n");
+          }
           fflush(stdout);
           *bwsum += alg_o * f;
           (*rows)++;
         }
+        free(pc);
       }
       last = req > last ? req : last;
       size_t next = (size_t)((double)req * (b->factor > 1.0 ? b->factor : o->factor));
@@ -524,7 +543,8 @@ static void usage(void)
   fprintf(stderr,
           "usage: mpi_coll_bench <coll>[,<coll>...]|all [-b minbytes] [-e maxbytes] [-f factor]\n"
           "       [-n iters] [-w warmup] [-c 0|1] [-d float32[,float16]] [-o sum] [-r root]\n"
-          "       [-B lo:hi:iters:warmup[:factor],...] [-W ms]\n");
+          "       [-B lo:hi:iters:warmup[:factor],...] [-W ms] [-C 0|1]\n"
+          "  -C 1: after each size's row, every timed call's time in us, the slowest rank's\n");
   exit(2);
 }
 
@@ -570,6 +590,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     case 'r': o->root = atoi(v); break;
     case 'B': bands = v; break;
     case 'W': o->warm_ms = atof(v); break;
+    case 'C': o->calls = atoi(v); break;
     case 'o':
       if (strcmp(v, "sum")) {
         fprintf(stderr, "mpi_coll_bench: only -o sum is measured\n");
@@ -597,7 +618,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     default: usage();
     }
   }
-  if (o->factor <= 1.0 || iters < 1 || warmup < 0 || !(o->warm_ms >= 0 && o->warm_ms <= 60000))
+  if (o->factor <= 1.0 || iters < 1 || warmup < 0 || !(o->warm_ms >= 0 && o->warm_ms <= 60000) || o->calls < 0 ||
+      o->calls > 1)
     usage();
   if (bands)
     parse_bands(o, bands);

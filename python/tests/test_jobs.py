@@ -262,6 +262,32 @@ def test_kolo_bench_paired_mode(tmp_path):
     assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
 
 
+def test_kolo_bench_prints_every_call():
+    # --calls 1: after each size's row, one '# calls' line per placement with every timed call's time
+    # (the slowest rank's); the row's own figures are unchanged in kind. With --vs it is refused.
+    bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
+    p = subprocess.run([bench, "allgather", "-np", "3", "-b", "3K", "-e", "12K", "-n", "4", "-w", "1", "-c", "1",
+                        "--calls", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    sizes = re.findall(r"^\s+(\d+)\s+\d+\s+float32", p.stdout, re.M)
+    assert sizes == ["3072", "6144", "12288"], p.stdout
+    calls = re.findall(r"^# calls (\d+) (out-of-place|in-place):((?: [\d.]+)*)$", p.stdout, re.M)
+    assert [(c[0], c[1]) for c in calls] == [(s, w) for s in sizes for w in ("out-of-place", "in-place")], p.stdout
+    assert all(len(c[2].split()) == 4 and all(float(x) > 0 for x in c[2].split()) for c in calls), p.stdout
+    lines = p.stdout.splitlines()
+    for s in sizes:  # each size's two lines follow its row
+        row = next(i for i, l in enumerate(lines) if re.match(r"\s+%s\s" % s, l))
+        assert lines[row + 1].startswith("# calls %s out-of-place:" % s), p.stdout
+        assert lines[row + 2].startswith("# calls %s in-place:" % s), p.stdout
+    p = subprocess.run([bench, "allreduce", "-np", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0 and "# calls" not in p.stdout, p.stdout
+    for args, msg in ((["--calls", "2"], "bad value '2' for --calls"), (["--calls", "1", "--vs", "float16"], "--calls is for the sweep")):
+        p = subprocess.run([bench, "allreduce", "-np", "2"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=30)
+        assert p.returncode == 2 and msg in p.stdout, (args, p.stdout)
+
+
 def test_kolo_bench_warms_for_a_time():
     # -W: the ranks keep calling at the first size until one has spent W ms, and agree to stop; the
     # sweep after it is the usual one, checked. A time the ranks cannot agree on is refused.
