@@ -611,7 +611,9 @@ static int bench(const opts *o)
             if (st == KOLO_OK && pc) st = kolo_allreduce(pc, pc, (size_t)o->iters, KOLO_FLOAT64, KOLO_MAX, 1.0, 1.0, KOLO_WORLD);
             /* checked after the timed calls, as nccl-tests and mpi_coll_bench do: filling and
              * reading the buffers between the warm-up and the timed calls slowed the first few
-             * timed calls 1.5-2.5x (bench/README.md) */
+             * timed calls 1.5-2.6x (bench/README.md); after a barrier, so that no rank fills while
+             * rank 0 still has a profile sampling (bench_perf_ctl) */
+            if (st == KOLO_OK && o->check) st = kolo_barrier(KOLO_WORLD);
             if (st == KOLO_OK && o->check) {
                 fill(&R, bytes, ip);
                 st = call(&R, bytes, ip);
