@@ -466,8 +466,8 @@ KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
  * carries at least 7 of calls 9-16 (the first probe comes after 4 calls; its verdict after 8):
  * an allgather of 8 MiB with the rule's way (around) slowed, an alltoall of 16 MiB with the
  * probed one (through) slowed (another size class: one with the allgather's history would probe
- * again within calls 9-16). Below 8 MiB nothing is chosen: an alltoall of 4 MiB always goes through the cache, and
- * no delay reaches it. 60 ms, not 20: under TSan an 8 MiB allgather takes 10-13 ms, but the first
+ * again within calls 9-16). Below 8 MiB nothing is chosen: an alltoall of 4 MiB always goes
+ * through the cache, and no delay reaches it. 60 ms, not 20: under TSan an 8 MiB allgather takes 10-13 ms, but the first
  * call of a way up to 40, and with 20 ms a probe of two such calls lost to the delayed way about
  * one launch in six. */
 static void out_follows_time(int rank, void *arg)
@@ -485,7 +485,8 @@ static void out_follows_time(int rank, void *arg)
         uint64_t before[2] = {0, 0}, after[2];
         for (int it = 0; it < 16; it++) {
             if (it == 8) kolo__coll_test_out_calls(before);
-            for (size_t i = 0; i < 4 * per; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            size_t sent = c == 0 ? per : counts[0] + counts[1];
+            for (size_t i = 0; i < sent; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
             if (c == 0)
                 KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
             else
@@ -1310,8 +1311,7 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
 /* On a host with more ranks than cores the pairs keep ring copies, but alltoall's and
  * allgather's large sends go single-copy (shm.c, SINGLE_MIN); the ring collectives' do not. Two
  * ranks stand in for such a host: each pins its pair on the direct channel the way kolo_init
- * does when oversubscribed
- * (the engine's channel is its thread's, already running). */
+ * does when oversubscribed (the engine's channel is its thread's, already running). */
 static void alltoall_single_when_oversubscribed(int rank, void *arg)
 {
     (void)arg;

@@ -85,14 +85,12 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
 }
 
 /* Buffers of at least this many bytes on 4 to 8 members, and all small ones on more, go by
- * recursive doubling. */
+ * recursive doubling. Tiny ones on a power of two of members do too where some pair runs over
+ * TCP on a host with more ranks than cores (kolo__coll_doubling_world). 4 ranks on 2 cores over
+ * TCP, 12 interleaved pairs: 8-512 B 31-34 us against 48-53 (a first set of 6 pairs read 8-128 B
+ * alike, 512 B 37 against 54). Over shared memory the exchange stays (4.1 us against 5.5 by
+ * doubling). */
 #define DOUBLING_MIN 1024
-
-/* Tiny buffers on a power of two of members also go by recursive doubling where some pair runs
- * over TCP on a host with more ranks than cores (kolo__coll_doubling_world). 4 ranks on 2 cores
- * over TCP, 12 interleaved pairs: 8-512 B 31-34 us against 48-53 (a first set of 6 pairs read
- * 8-128 B alike, 512 B 37 against 54). Over shared memory the exchange stays (4.1 us against 5.5
- * by doubling). */
 
 /* One exchange with a partner: send `mine`, receive into `theirs`. */
 static int swap(kolo__mesh *m, const kolo__group *g, int partner, const void *mine, void *theirs, size_t bytes)
