@@ -422,6 +422,45 @@ KT_TEST(shm_auto_follows_elapsed_time, 60)
     KT_EQ(kt_job(2, cma_follows_time, &cma, &o, NULL), 0);
 }
 
+/* In an exchange each direction's timings hold the other's: a rank busy copying a message into
+ * the ring is late to read the one coming in single-copy. So when one side changes a size class's
+ * way, the other side times that way too at once (the nudge, shm.c) instead of at its next probe,
+ * up to 2.56 s on. Here single-copy is made 2 ms slower per message on both ranks, so both keep
+ * the ring after the first probe; then rank 1 leaves the ring for single-copy (a test hook, as
+ * when the ring stayed dearer for 8 messages), and within 12 messages rank 0 must ask for some
+ * single-copy too. Without the nudge it asked for none: its next probe was 0.1-0.2 s away, 12
+ * messages of 128 KiB by ring take 0.3 ms (under TSan some 30 ms). */
+static void cma_nudges_the_peer(int rank, void *arg)
+{
+    (void)arg;
+    kolo__shm_test_delay(1, 2000000);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 15; /* 128 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2] = {0, 0}, after[2];
+    for (int it = 0; it < 40; it++) /* the first probe comes after 8 messages by ring */
+        allgather_step(rank, x, y, count, it);
+    kolo__shm_class_received(c, count * 4, before);
+    if (rank == 1) kolo__shm_test_switch(c, count * 4);
+    for (int it = 40; it < 52; it++) allgather_step(rank, x, y, count, it);
+    kolo__shm_class_received(c, count * 4, after);
+    uint64_t cma = after[1] - before[1];
+    KT_ASSERTF(cma >= 1, "rank %d: the peer left the ring for single-copy, yet none of the next 12 messages came single-copy",
+               rank);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_nudges_the_other_direction, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, cma_nudges_the_peer, NULL, &o, NULL), 0);
+}
+
 /* A short burst of slow messages by the way in use does not make the pair leave it: with
  * single-copy made 10 ms slower per 128 KiB message, the ring carries the stream after the first
  * probe (under TSan a ring message takes 1-3 ms); then three messages by ring take 30 ms longer each (what a burst of slow ring copies looks

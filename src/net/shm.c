@@ -72,10 +72,13 @@ typedef struct way_choice {
     uint64_t seed_other_ps; /* seeded: the deciding class's figure for the way not taken, until a probe */
     uint64_t probe_every, since_probe, since_bytes, probe_bytes;
     uint64_t got[2]; /* messages of this class received each way */
+    bool test_switch; /* test hook: leave the way in use at the next message, as after SWITCH_AFTER_MSGS */
 } way_choice;
 
 typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t head;
+    _Atomic uint32_t nudge; /* producer, with auto: bit k set: the producer's own receiving side
+                               changed class k's way or started probing it; try that way too */
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
     _Atomic uint32_t want_cma; /* consumer, with auto: bit k set: send large messages of size class k single-copy */
@@ -258,6 +261,21 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * 20.6-21.1 ms against 17.1-17.3 with the ring pinned. A burst leaves the median high for at most
  * five messages; a change of the cores' placement, which makes one way several times slower for
  * minutes, is followed eight messages later instead of three.
+ *
+ * Each direction of a pair is chosen by its own receiver, but where both send at once (an
+ * exchange: allgather, alltoall, the ring's steps) each direction's timings hold the other's: a
+ * rank copying its outgoing message into a crawling ring is late to read the incoming one
+ * single-copy. So a pair whose directions go different ways times both ways slow, and stays so.
+ * On the Zen 4 VM with its vCPUs on two CCDs, an allgather of 1 MiB (512 KiB messages), traced:
+ * the two directions switched at different messages (the rule above), and for the rest of the
+ * launch one went single-copy at 180-480 ps/B while the other crawled by ring at 200-330, never
+ * both single-copy, where with single-copy pinned on both a call took 55-65 us (about 100 ps/B)
+ * against 150-280; four of six such launches ended there. Hence the nudge: a receiver that changes
+ * a class's way, or starts a probe of its own, sets the class's bit in the ring it sends on
+ * (ring_ctl.nudge), and the peer's receiving side, at its next message of that class, probes the
+ * same way at once when its own way is the other one, so that the two directions time it
+ * together. A probe that a nudge started nudges nothing back, and a nudge is sent only on a
+ * change or a probe of one's own: a change that follows one ends there, as the two then agree.
  */
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
 #define PROBE_MAX_NS (2560ull * 1000 * 1000)
@@ -374,6 +392,16 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         if (bytes < WARM_BYTES) return;
     }
     int want = w->want, was_probing = w->probing;
+    int settled = was_probing ? !want : want; /* the way in use outside a probe */
+    /* the other direction's receiver changed this class's way or is probing it: when its way
+     * is not ours, time ours against it now, both directions the same way (see "nudge" above) */
+    uint32_t bit = 1u << k;
+    bool nudged = false;
+    if (atomic_load_explicit(&s->rx_ctl->nudge, memory_order_acquire) & bit) {
+        atomic_fetch_and_explicit(&s->rx_ctl->nudge, ~bit, memory_order_relaxed);
+        nudged = !w->probing &&
+                 (int)((atomic_load_explicit(&s->tx_ctl->want_cma, memory_order_relaxed) >> k) & 1u) != want;
+    }
     if (w->probing) {
         if (way != want) return; /* sent before the sender saw the request */
         win_add(w, way, ps);
@@ -401,15 +429,16 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         win_add(w, way, ps);
         w->cost_at[way] = now;
         if (way == want) w->dearer = cheaper(w, !want, want) ? w->dearer + 1 : 0;
-        if (way == want && w->dearer >= SWITCH_AFTER_MSGS) {
+        if (way == want && (w->dearer >= SWITCH_AFTER_MSGS || w->test_switch)) {
+            w->test_switch = false;
             want = !want; /* the way in use stayed dearer than the other's last figure */
             w->probe_every = PROBE_MIN_NS;
-        } else if (way == want && (w->cost_at[!want] && !seed_in_doubt(w, want) && !w->confirm /* the other way measured, then */
-                                       ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
-                                             now - w->cost_at[!want] >= w->probe_every
-                                       : enough(w, pair_got(s, 0) + pair_got(s, 1) > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
-                                                                                            : PROBE_FIRST_MSGS,
-                                                PROBE_FIRST_BYTES))) {
+        } else if (way == want && (nudged || (w->cost_at[!want] && !seed_in_doubt(w, want) && !w->confirm /* the other way measured, then */
+                                                  ? enough(w, PROBE_MIN_MSGS, PROBE_MIN_BYTES) &&
+                                                        now - w->cost_at[!want] >= w->probe_every
+                                                  : enough(w, pair_got(s, 0) + pair_got(s, 1) > PROBE_FIRST_MSGS ? PROBE_CLASS_FIRST_MSGS
+                                                                                                       : PROBE_FIRST_MSGS,
+                                                           PROBE_FIRST_BYTES)))) {
             want = !want;
             w->probing = 1;
             w->seeded = false;
@@ -423,7 +452,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     KOLO_TRACE("shm from rank %d: %llu B (class %d) by %s, %llu ps/B; ring %llu, CMA %llu ps/B; asking for %s%s",
                s->peer_rank, (unsigned long long)bytes, k, way ? "CMA" : "ring", (unsigned long long)ps,
                (unsigned long long)w->cost_ps[0], (unsigned long long)w->cost_ps[1], want ? "CMA" : "ring",
-               w->probing ? " (probe)" : "");
+               w->probing ? (nudged ? " (probe, as the peer's side)" : " (probe)") : "");
     uint32_t mask = want_mask(s);
     /* a decision (a probe's end, or a switch outside one) also seeds the larger classes that
      * have seen nothing yet */
@@ -440,6 +469,9 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     }
     uint32_t after = want_mask(s);
     if (after != mask) atomic_store_explicit(&s->rx_ctl->want_cma, after, memory_order_relaxed);
+    /* a change of way, or a probe not itself asked for, asks the other direction to try it */
+    if ((!w->probing && want != settled) || (w->probing && !was_probing && !nudged))
+        atomic_fetch_or_explicit(&s->tx_ctl->nudge, bit, memory_order_release);
 }
 
 /* ---- framing: marks ----
@@ -1013,6 +1045,13 @@ void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[
     const way_choice *w = &s->cls[shm_class(s, bytes)];
     got[0] = w->got[0];
     got[1] = w->got[1];
+}
+
+void kolo__shm_test_switch(kolo__conn *c, uint64_t bytes)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
+    shm_priv *s = c->priv;
+    s->cls[shm_class(s, bytes)].test_switch = true;
 }
 
 void kolo__shm_garble(kolo__conn *c, bool whole_frame)

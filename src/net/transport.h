@@ -253,6 +253,9 @@ size_t kolo__shm_cma_threshold(const kolo__conn *c);
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
 /* The same for messages of the size class of `bytes` (the choice is kept per class, shm.c). */
 void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2]);
+/* test hook, auto: the class of messages of `bytes` leaves its way at its next message, as when
+ * the way stayed dearer for SWITCH_AFTER_MSGS messages */
+void kolo__shm_test_switch(kolo__conn *c, uint64_t bytes);
 /* Tests: corrupts what c's peer reads next from us, either the mark it polls or, with
  * whole_frame, a whole frame whose header is not kolo's. Nothing may be in flight on c. */
 void kolo__shm_garble(kolo__conn *c, bool whole_frame);
