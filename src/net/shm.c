@@ -77,13 +77,15 @@ typedef struct way_choice {
 
 typedef struct ring_ctl {
     _Alignas(64) _Atomic uint64_t head;
-    _Atomic uint32_t nudge; /* producer, with auto: bit k set: the producer's own receiving side
-                               changed class k's way or started probing it; try that way too */
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint64_t acks;
     _Atomic uint32_t want_cma; /* consumer, with auto: bit k set: send large messages of size class k single-copy */
     _Alignas(64) uint64_t token;
     _Atomic uint32_t closed; /* SHM_CLOSED: the producer shut down cleanly; SHM_ABORTED: it gave up */
+    /* producer, with auto: bit k set: the producer's own receiving side changed class k's way or
+     * started probing it; try that way too. Here, not beside head: it is read at each large
+     * message, and head's line changes hands at every frame. */
+    _Atomic uint32_t nudge;
     char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
 } ring_ctl;
 
