@@ -563,6 +563,45 @@ static void cache(int rank, void *arg)
 
 KT_TEST(engine_cache_hits_after_warmup, 30) { KT_EQ(kt_job(2, cache, NULL, NULL, NULL), 0); }
 
+/* A thread that waits for a request does not wait out the cycle time: with a cycle of 60 s every
+ * step below would take a minute (the engine is busy from the first submission on), and the
+ * waits give up after WAIT_S. Steps of several tensors, waited for in turn, as an optimizer's
+ * synchronize does. In every third step rank 1 comes late, so rank 0's first cycle finds nothing
+ * to agree on and its engine must go on cycling while its thread waits. */
+static void flush(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_CYCLE_TIME", "60000", 1);
+    KT_OK(kolo_init());
+    enum { T = 5, STEPS = 8 };
+    float in[T][4], out[T][4];
+    kolo_request_t *reqs[T];
+    double t0 = kt_now();
+    for (int step = 0; step < STEPS; step++) {
+        if (rank == 1 && step % 3 == 0) usleep(100000);
+        for (int t = 0; t < T; t++) {
+            char name[32];
+            snprintf(name, sizeof(name), "grad%d", t);
+            for (int i = 0; i < 4; i++) in[t][i] = (float)(rank + t + step);
+            kolo_shape_t sh = shape1(4);
+            KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]));
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            KT_ASSERTF(out[t][3] == (float)(1 + 2 * (t + step)), "step %d tensor %d: %g", step, t, out[t][3]);
+            kolo_request_release(reqs[t]);
+        }
+    }
+    double took = kt_now() - t0;
+    KT_ASSERTF(took < WAIT_S, "rank %d: %d steps took %.1f s with a 60 s cycle", rank, STEPS, took);
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(st.requests, T * STEPS);
+    unsetenv("KOLO_CYCLE_TIME");
+}
+
+KT_TEST(engine_waiter_does_not_wait_for_the_cycle, 40) { KT_EQ(kt_job(2, flush, NULL, NULL, NULL), 0); }
+
 static void eviction(int rank, void *arg)
 {
     (void)arg;

@@ -59,7 +59,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
                                    "bytes of tensors fused into one collective; 0 disables fusion"},
     [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",
-                             "milliseconds between engine cycles (it wakes early when work arrives)"},
+                             "milliseconds between engine cycles while requests are pending (sooner when work "
+                             "reaches an idle engine or a thread waits for a request)"},
     [KOLO_SET_CACHE_CAPACITY] = {"KOLO_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
                                  "negotiated tensor names remembered as a bit; 0 disables the cache"},
     [KOLO_SET_TIMELINE] = {"KOLO_TIMELINE", "HOROVOD_TIMELINE", "",

@@ -234,6 +234,7 @@ typedef struct kolo__engine {
      * run must not shift the world's next unnamed barrier */
     uint64_t noname[KOLO_MAX_PSETS][KOLO__KIND_COUNT];
     int local_busy;     /* engine thread: this rank has pending requests (read under lock) */
+    int blocked;        /* threads blocked in kolo_request_wait: cycles do not wait (engine.c) */
 
     /* engine thread only */
     pthread_t thread;
@@ -308,5 +309,8 @@ void kolo__execute_free(void);
 
 /* engine.c: a job error found on the engine thread */
 void kolo__engine_fail_mesh(int status);
+/* engine.c: a user thread blocks on a request (+1) or stops (-1); while any does, the engine
+ * does not wait out the cycle time (any thread) */
+void kolo__engine_waiting(int delta);
 
 #endif

@@ -154,6 +154,8 @@ int kolo_request_wait(kolo_request_t *req, double timeout_s)
         dl.tv_nsec = (long)((s - (double)dl.tv_sec) * 1e9);
     }
     int timed_out = 0;
+    bool block = timeout_s != 0;
+    if (block) kolo__engine_waiting(1); /* see "Waiters" in engine.c */
     pthread_mutex_lock(&done_lock);
     req->waiters++;
     while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
@@ -166,6 +168,7 @@ int kolo_request_wait(kolo_request_t *req, double timeout_s)
     }
     req->waiters--;
     pthread_mutex_unlock(&done_lock);
+    if (block) kolo__engine_waiting(-1);
     if (timed_out)
         return kolo__err(KOLO_ERR_TIMEOUT, "request '%s' did not complete within %g s (it goes on)", req->name, timeout_s);
     return result(req);
