@@ -503,6 +503,53 @@ static void cma_ignores_burst(int rank, void *arg)
     auto_pair_done(x, y);
 }
 
+/* A probe of the ring with long messages (16 MiB: one message is a probe) costs one message by
+ * ring, not two: the receiver asks for the way in use again when the probe's message begins, so
+ * the sender's next message, offered while the receiver still reads the last 4 MiB of this one,
+ * already goes single-copy. Ring copies made 20 ms slower per message, rank 0 broadcasts and
+ * rank 1 notes which way each message came: once single-copy has carried one, no two messages
+ * in a row come by ring (a probe of the ring never wins here), and at least one does (the first
+ * probe that changed the way is checked by a probe of the ring a few messages on). When the
+ * request went out at the end of the probe's message, every probe was followed by a second
+ * message by ring. */
+static void ring_probe_one_message(int rank, void *arg)
+{
+    (void)arg;
+    size_t count = (size_t)4 << 20; /* 16 MiB */
+    float *x, *y;
+    kolo__conn *c = auto_pair(rank, 0, 20000000, count, &x, &y);
+    if (!c) return;
+    memset(x, 0, count * 4);
+    uint64_t last[2] = {0, 0}, now[2];
+    int seen_cma = 0, rings = 0, ring_before = 0;
+    for (int it = 0; it < 80; it++) { /* the same calls on both ranks */
+        if (rank == 0) x[7] = (float)it;
+        KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, 0, KOLO_WORLD));
+        KT_ASSERTF(x[7] == (float)it, "message %d: %g", it, x[7]);
+        if (rank == 0) continue;
+        kolo__shm_class_received(c, count * 4, now);
+        int ring = now[0] > last[0];
+        KT_ASSERTF(now[0] + now[1] == last[0] + last[1] + 1, "message %d: %llu ring + %llu single-copy after %llu + %llu",
+                   it, (unsigned long long)now[0], (unsigned long long)now[1], (unsigned long long)last[0],
+                   (unsigned long long)last[1]);
+        KT_ASSERTF(!(seen_cma && ring && ring_before), "messages %d and %d both came by ring after single-copy had carried one",
+                   it - 1, it);
+        seen_cma |= !ring;
+        rings += seen_cma && ring;
+        ring_before = ring;
+        last[0] = now[0];
+        last[1] = now[1];
+    }
+    if (rank == 1) KT_ASSERTF(seen_cma && rings >= 1, "no probe of the ring after single-copy took over (%d)", rings);
+    auto_pair_done(x, y);
+}
+
+KT_TEST(shm_auto_probe_of_the_ring_costs_one_long_message, 90)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, ring_probe_one_message, NULL, &o, NULL), 0);
+}
+
 KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
