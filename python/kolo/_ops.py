@@ -195,6 +195,7 @@ def synchronize(handle):
     op = _handles.get(handle)
     if op is None:
         return None
+    done = False
     try:
         first_err = None
         for r in op.reqs:  # wait for every request, even after a failure: they own buffers
@@ -208,11 +209,12 @@ def synchronize(handle):
                 # Horovod turns every failure seen in synchronize into HorovodInternalError.
                 e = _lib.HorovodInternalError(str(e))
             raise e
+        done = True  # every wait returned: nothing is pending
         return op.finish(op.reqs)
     finally:
         with _hlock:
             _handles.pop(handle, None)
-            pending = not all(r.test() for r in op.reqs)
+            pending = not done and not all(r.test() for r in op.reqs)
             if pending:
                 # Interrupted (Ctrl-C) while the engine may still use the buffers: keep them
                 # alive until shutdown rather than free memory that C is writing.
