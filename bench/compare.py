@@ -1272,6 +1272,20 @@ class Report:
         elif e.get("m_why"):
             L.append("| (no target) the step with gradients in a `kolo_mem_alloc` arena | not measured: %s "
                      "| — |" % e["m_why"])
+        lat = e.get("lat") or {}
+        if lat.get("kolo"):
+            k = statistics.median(lat["kolo"])
+            hv = ("; Horovod 0.28.1 (horovod.torch, Gloo) %.2f ms (%s): kolo %.2f× as fast" % (
+                statistics.median(lat["horovod"]) / 1e3, ", ".join("%.2f" % (x / 1e3) for x in lat["horovod"]),
+                statistics.median(lat["horovod"]) / k) if lat.get("horovod") else "")
+            L.append("| (no target) a latency-bound step through the Python API, the same code on both "
+                     "(`bench/peers/step_latency.py`: 161 one-element tensors, `allreduce_async_` then "
+                     "`synchronize`, 2 ranks, launches alternating; median of each launch's 300 steps) | kolo "
+                     "%.2f ms (%s)%s%s | — |" % (k / 1e3, ", ".join("%.2f" % (x / 1e3) for x in lat["kolo"]), hv,
+                                                 "; " + e["lat_why"] if e.get("lat_why") else ""))
+        elif e.get("lat_why"):
+            L.append("| (no target) a latency-bound step through the Python API | not measured: %s | — |" %
+                     e["lat_why"])
         if e.get("pairs") or e.get("b_pairs"):
             per_step = ""
             if e.get("pairs"):
@@ -1739,7 +1753,43 @@ def engine_check(a, logdir, reps=9):
                 rep + 1, step.group(1), ratio.group(1)), flush=True)
     for f in glob.glob(tl) + glob.glob(tl + ".*"):  # rank 0 writes tl, rank r tl.r
         os.remove(f)
+    step_latency_check(out, logdir)
     return out
+
+
+STEP_LATENCY = os.path.join(ROOT, "bench", "peers", "step_latency.py")
+
+
+def step_latency_check(out, logdir, reps=3):
+    """bench/peers/step_latency.py: a latency-bound step (161 one-element tensors submitted with
+    allreduce_async_, then synchronized) through kolo.torch under kolorun and through
+    horovod.torch under horovodrun, 2 ranks, launches alternating. Sets out["lat"] = {"kolo":
+    [median us per launch], "horovod": [...]} and out["lat_why"] for what could not run."""
+    lat = out["lat"] = {"kolo": [], "horovod": []}
+    why = []
+    launches = [("kolo", Launch([KOLORUN, "-np", "2", PY, STEP_LATENCY, "kolo"],
+                                {"PYTHONPATH": os.path.join(ROOT, "python")}))]
+    hvd = subprocess.run([PY, "-c", "import horovod.torch"], capture_output=True, text=True, cwd="/")
+    runner = shutil.which("horovodrun") or "/usr/local/bin/horovodrun"
+    if hvd.returncode or not os.access(runner, os.X_OK):
+        why.append("Horovod: horovod.torch or horovodrun missing (make bench-compare builds them)")
+    else:
+        launches.append(("horovod", Launch([runner, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface",
+                                            "lo", PY, STEP_LATENCY, "horovod"], {"GLOO_SOCKET_IFNAME": "lo"})))
+    with open(os.path.join(logdir, "step-latency.log"), "w") as log:
+        for rep in range(reps):
+            for lib, ln in launches:
+                text, rc, to, _ = run_launch(ln, 300, log)
+                log.write(text)
+                m = re.search(r"step_latency %s tensors \d+ steps \d+ median_us ([0-9.]+)" % lib, text)
+                if rc or to or not m:
+                    why.append("%s failed (exit %s%s); see %s" % (lib, rc, ", timed out" if to else "",
+                                                                 os.path.relpath(log.name, ROOT)))
+                    continue
+                lat[lib].append(float(m.group(1)))
+                print("compare: step latency rep %d: %s %s us" % (rep + 1, lib, m.group(1)), flush=True)
+    if why:
+        out["lat_why"] = "; ".join(sorted(set(why)))
 
 
 def parse_paired(text):

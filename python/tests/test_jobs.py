@@ -228,6 +228,18 @@ def test_synthetic_benchmark_runs(tmp_path, framework):
     assert re.search(r"RESULT framework=%s workers=2 img_per_sec=[\d.]+" % framework, p.stdout), p.stdout
 
 
+def test_step_latency_prints_what_the_harness_reads():
+    # bench/peers/step_latency.py (the harness's latency-bound step) under kolorun: it checks its
+    # results on every rank and prints the line compare.step_latency_check reads.
+    script = os.path.join(ROOT, "bench", "peers", "step_latency.py")
+    p = subprocess.run([KOLORUN, "-np", "2", PY, script, "kolo", "-t", "20", "-n", "10", "-w", "2"],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"step_latency kolo tensors 20 steps 10 median_us [\d.]+ p10_us [\d.]+ p90_us [\d.]+",
+                     p.stdout), p.stdout
+
+
 def test_train_compare_writes_its_table(tmp_path):
     # The driver end to end on the smallest job: one framework, one worker count, one repetition.
     driver = os.path.join(ROOT, "bench", "train_compare.py")
