@@ -233,7 +233,6 @@ typedef struct kolo__engine {
     /* unnamed requests are numbered per process set: a barrier that only the members of one set
      * run must not shift the world's next unnamed barrier */
     uint64_t noname[KOLO_MAX_PSETS][KOLO__KIND_COUNT];
-    int local_busy;     /* engine thread: this rank has pending requests (read under lock) */
     int blocked;        /* threads blocked in kolo_request_wait: cycles do not wait (engine.c) */
 
     /* engine thread only */
