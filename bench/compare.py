@@ -1769,10 +1769,10 @@ def step_latency_check(out, logdir, reps=3):
     why = []
     launches = [("kolo", Launch([KOLORUN, "-np", "2", PY, STEP_LATENCY, "kolo"],
                                 {"PYTHONPATH": os.path.join(ROOT, "python")}))]
-    hvd = subprocess.run([PY, "-c", "import horovod.torch"], capture_output=True, text=True, cwd="/")
+    ok, hvd_why = PyPeer("horovod").available()
     runner = shutil.which("horovodrun") or "/usr/local/bin/horovodrun"
-    if hvd.returncode or not os.access(runner, os.X_OK):
-        why.append("Horovod: horovod.torch or horovodrun missing (make bench-compare builds them)")
+    if not ok or not os.access(runner, os.X_OK):
+        why.append("Horovod: %s (make bench-compare builds it)" % (hvd_why or "%s not found" % runner))
     else:
         launches.append(("horovod", Launch([runner, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface",
                                             "lo", PY, STEP_LATENCY, "horovod"], {"GLOO_SOCKET_IFNAME": "lo"})))

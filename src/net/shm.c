@@ -365,6 +365,12 @@ static uint32_t want_mask(const shm_priv *s)
     return m;
 }
 
+/* Tells the sender what we ask for now (want_mask). */
+static void publish_want(shm_priv *s)
+{
+    atomic_store_explicit(&s->rx_ctl->want_cma, want_mask(s), memory_order_relaxed);
+}
+
 /* A message of `bytes` coming `way` is the last its class's probe needs (adapt_learn: 3 samples,
  * 2 that make PROBE_BYTES, or one long message; a short first one only warms the way up). Known
  * from its length alone, so also when it starts (adapt_begin). */
@@ -422,7 +428,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
                 w->early = false;
                 w->probing = 0;
                 w->want = !want;
-                atomic_store_explicit(&s->rx_ctl->want_cma, want_mask(s), memory_order_relaxed);
+                publish_want(s);
             }
             return;
         }
@@ -490,8 +496,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
         s->cls[j].seed_other_ps = w->cost_ps[!want];
     }
     w->early = false; /* the probe is over: the bit is the class's way again */
-    uint32_t after = want_mask(s);
-    if (after != mask) atomic_store_explicit(&s->rx_ctl->want_cma, after, memory_order_relaxed);
+    if (want_mask(s) != mask) publish_want(s);
     /* a change of way, or a probe not itself asked for, asks the other direction to try it */
     if ((!w->probing && want != settled) || (w->probing && !was_probing && !nudged))
         atomic_fetch_or_explicit(&s->tx_ctl->nudge, bit, memory_order_release);
@@ -511,7 +516,7 @@ static void adapt_begin(shm_priv *s, uint64_t bytes)
     way_choice *w = &s->cls[shm_class(s, bytes)];
     if (w->early || !probe_ends_with(w, 0, bytes)) return;
     w->early = true;
-    atomic_store_explicit(&s->rx_ctl->want_cma, want_mask(s), memory_order_relaxed);
+    publish_want(s);
 }
 
 /* ---- framing: marks ----
