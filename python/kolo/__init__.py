@@ -38,6 +38,9 @@ class _NumpyAdapter:
     def kdtype(a):
         if not isinstance(a, np.ndarray):
             raise TypeError("expected a numpy.ndarray, got %s" % type(a).__name__)
+        dt = _NP_TO_KOLO.get(a.dtype)  # the common case, once per array per step
+        if dt is not None:
+            return dt
         # native byte order only: kolo reduces in the host's order
         dt = a.dtype.newbyteorder("=") if a.dtype.byteorder in ("<", ">") and a.dtype.isnative else a.dtype
         try:
@@ -47,6 +50,8 @@ class _NumpyAdapter:
 
     @staticmethod
     def contiguous(a):
+        if a.flags.c_contiguous:  # np.require costs ten times this test
+            return a
         return np.require(a, requirements="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
 
     @staticmethod

@@ -103,6 +103,31 @@ def test_allreduce_non_contiguous():
     np.testing.assert_array_equal(m[:, 1::2], np.arange(24).reshape(4, 6)[:, 1::2] * (r + 1))
 
 
+def test_one_step_of_many_shapes(monkeypatch):
+    """Submissions share the C structs of the shapes and process sets they have seen; a step
+    mixing shapes (past the cache's cap too), byte-order spellings and the two names of the
+    world must still give every array its own result."""
+    from kolo import _ops
+    monkeypatch.setattr(_ops, "_SHAPES", {})
+    monkeypatch.setattr(_ops, "_SHAPES_MAX", 3)
+    n, r = n_r()
+    shapes = [(2, 3), (5,), (2, 3), (), (1, 1, 4), (7,), (5,), (3, 2), (2, 3)]
+    arrays, handles = [], []
+    for i, shape in enumerate(shapes):
+        dt = np.dtype("<f4") if i % 2 else np.float32
+        a = np.array((np.arange(int(np.prod(shape))).reshape(shape) + i) * (r + 1), dtype=dt)
+        ps = kolo.global_process_set if i % 3 == 0 else None
+        arrays.append(a)
+        handles.append(kolo.allreduce_async_(a, op=kolo.Sum, name="many_shapes.%d" % i, process_set=ps))
+    for h in handles:
+        kolo.synchronize(h)
+    for i, (shape, a) in enumerate(zip(shapes, arrays)):
+        assert a.shape == shape
+        want = (np.arange(int(np.prod(shape))).reshape(shape) + i) * n * (n + 1) / 2
+        np.testing.assert_array_equal(a, want)
+    assert len(_ops._SHAPES) == 3
+
+
 def test_allreduce_scalar_and_empty():
     n, r = n_r()
     assert kolo.allreduce(np.array(r + 1.0), op=kolo.Sum).tolist() == n * (n + 1) / 2

@@ -119,8 +119,12 @@ def test_unsupported_tensors():
     for dtype in NEW_UNSUPPORTED:
         with pytest.raises(ValueError, match="not supported"):
             hvd.allreduce(torch.zeros(2, dtype=dtype))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sparse"):
         hvd.allreduce(torch.ones(2).to_sparse())
+    with pytest.raises(ValueError, match="CPU tensors only; got a tensor on meta"):
+        hvd.allreduce_async_(torch.empty(2, device="meta"))
+    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+        hvd.allreduce_async_([1.0, 2.0])
 
 
 def test_grouped_allreduce():

@@ -32,16 +32,17 @@ class _TorchAdapter:
 
     @staticmethod
     def kdtype(t):
+        # runs once per tensor per step: the cheap attribute tests (t.device builds an object)
         if not torch.is_tensor(t):
             raise TypeError("expected a torch.Tensor, got %s" % type(t).__name__)
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError("kolo handles CPU tensors only; got a tensor on %s" % t.device)
         if t.is_sparse:
             raise ValueError("sparse tensors are not supported here; use sparse_as_dense=True or to_dense()")
-        try:
-            return _TORCH_TO_KOLO[t.dtype]
-        except KeyError:
-            raise ValueError("Tensor type %s is not supported." % t.type()) from None
+        dt = _TORCH_TO_KOLO.get(t.dtype)
+        if dt is None:
+            raise ValueError("Tensor type %s is not supported." % t.type())
+        return dt
 
     @staticmethod
     def contiguous(t):
@@ -55,7 +56,7 @@ class _TorchAdapter:
 
     @staticmethod
     def shape(t):
-        return tuple(t.shape)
+        return t.shape  # a torch.Size is a tuple
 
     @staticmethod
     def copy_(dst, src):
