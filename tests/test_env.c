@@ -110,6 +110,15 @@ KT_TEST(env_kolo_launcher, 10)
     KT_ASSERT(memcmp(w.secret, "abc def", 7) == 0);
     KT_EQ(w.secret_derived, 0);
 
+    /* started without a launcher: rank 0 serves the store */
+    setenv("KOLO_RENDEZVOUS_SERVER", "rank0", 1);
+    w = detect_ok();
+    KT_EQ(w.rdv_serve, 1);
+    STR_EQ(w.rdv_host, "10.0.0.1");
+    setenv("KOLO_RENDEZVOUS_SERVER", "rank-zero", 1);
+    expect_invalid("KOLO_RENDEZVOUS_SERVER='rank-zero' is neither launcher nor rank0");
+    unsetenv("KOLO_RENDEZVOUS_SERVER");
+
     /* hints left out are -1 */
     unsetenv("KOLO_LOCAL_RANK");
     unsetenv("KOLO_CROSS_SIZE");

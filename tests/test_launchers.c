@@ -204,6 +204,14 @@ static void env_rank(int rank, void *arg)
         snprintf(b, sizeof(b), "%d", 40000 + (int)(getppid() % 9000));
         setenv("SLURM_JOB_ID", b, 1);
         setenv("SLURM_STEP_ID", "0", 1);
+    } else if (!strcmp(j->kind, "byhand")) { /* kolo's own variables, no launcher: rank 0 serves */
+        snprintf(b, sizeof(b), "%d", rank);
+        setenv("KOLO_RANK", b, 1);
+        snprintf(b, sizeof(b), "%d", j->n);
+        setenv("KOLO_SIZE", b, 1);
+        snprintf(b, sizeof(b), "127.0.0.1:%d", j->port);
+        setenv("KOLO_RENDEZVOUS", b, 1);
+        setenv("KOLO_RENDEZVOUS_SERVER", "rank0", 1);
     } else if (!strcmp(j->kind, "horovod")) {
         snprintf(b, sizeof(b), "%d", rank);
         setenv("HOROVOD_RANK", b, 1);
@@ -249,6 +257,13 @@ KT_TEST(launch_with_horovod_environment, 30)
     envjob j = {"horovod", 2, free_port()};
     kt_job_opts o = {.no_store = 1};
     KT_EQ(kt_job(2, env_rank, &j, &o, NULL), 0);
+}
+
+KT_TEST(launch_by_hand_with_rank_0_serving_the_store, 30)
+{
+    envjob j = {"byhand", 3, free_port()};
+    kt_job_opts o = {.no_store = 1};
+    KT_EQ(kt_job(3, env_rank, &j, &o, NULL), 0);
 }
 
 KT_TEST(launch_with_torchrun_environment_leaves_master_port_alone, 60)

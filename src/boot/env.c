@@ -7,7 +7,8 @@
  *
  *  1. kolo      KOLO_RANK or KOLO_SIZE. Also KOLO_LOCAL_RANK/SIZE, KOLO_CROSS_RANK/SIZE,
  *               KOLO_RENDEZVOUS (required when KOLO_SIZE > 1). kolorun serves the store itself,
- *               so rdv_serve = 0.
+ *               so rdv_serve = 0, unless KOLO_RENDEZVOUS_SERVER=rank0 says that no launcher
+ *               serves it (ranks started by hand, or by kolo.spark): then rank 0 does.
  *  2. horovod   HOROVOD_RANK or HOROVOD_SIZE (+ LOCAL_/CROSS_ variants). horovodrun's own
  *               rendezvous (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT) speaks HTTP, not our protocol,
  *               and its address is the launcher's host, where no rank runs; it only names the
@@ -354,11 +355,16 @@ static int from_kolo(kolo__world_info *w, ctx *c)
                             "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
     int s = read_ints(&n, "KOLO_RANK and KOLO_SIZE go together", w);
     if (s) return s;
-    if (c->have_rdv) use_override(w, c, 0);
+    const char *server = kolo__setting_str(KOLO_SET_RENDEZVOUS_SERVER);
+    bool rank0 = strcmp(server, "rank0") == 0;
+    if (!rank0 && strcmp(server, "launcher") != 0)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_RENDEZVOUS_SERVER='%s' is neither launcher nor rank0", server);
+    if (c->have_rdv) use_override(w, c, rank0);
     else if (w->size > 1)
         return kolo__err(KOLO_ERR_INVALID_ARG,
                          "KOLO_SIZE=%d but KOLO_RENDEZVOUS is not set: kolorun sets both; when starting "
-                         "ranks by hand, set KOLO_RENDEZVOUS=host:port of a running store", w->size);
+                         "ranks by hand, set KOLO_RENDEZVOUS=host:port (a free port on rank 0's host) and "
+                         "KOLO_RENDEZVOUS_SERVER=rank0", w->size);
     if (c->have_rdv) snprintf(c->jid, sizeof(c->jid), "kolo-%s", c->rdv_text);
     else snprintf(c->jid, sizeof(c->jid), "kolo-pid%d", (int)getpid());
     apply_job_id(w, c);

@@ -28,6 +28,10 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                  "/proc/sys/net/ipv4/tcp_allowed_congestion_control for every connection"},
     [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",
                              "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
+    [KOLO_SET_RENDEZVOUS_SERVER] = {"KOLO_RENDEZVOUS_SERVER", "", "launcher",
+                                    "who serves the store at KOLO_RENDEZVOUS for ranks that KOLO_RANK and KOLO_SIZE "
+                                    "describe: launcher (kolorun does) or rank0 (rank 0 does, in its own process: "
+                                    "for ranks started by hand or by another program, as kolo.spark does)"},
     [KOLO_SET_SECRET] = {"KOLO_SECRET", "", "",
                          "the job secret every connection must prove (set by kolorun; hex or text)"},
     [KOLO_SET_JOB_ID] = {"KOLO_JOB_ID", "", "",
