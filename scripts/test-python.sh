@@ -5,7 +5,11 @@
 #      `kolorun -np 3` (sizes that are not a power of two: uneven rows, rings of three);
 #   2. the job suite (python/tests/test_jobs.py), outside kolorun: it starts its own jobs
 #      (failures, lost peers, stalls, pip install, the examples);
-#   3. the TensorFlow suite (python/tests/test_tensorflow.py: kolo.tensorflow, kolo.keras) under
+#   3. the Spark suite (python/tests/test_spark.py: kolo.spark.run on a local[2] Spark), outside
+#      kolorun, with the python of a venv that adds PyPI's pyspark to Debian's python3 packages
+#      (scripts/deps-spark.sh makes it, and installs a Java runtime when there is none);
+#      KOLO_SPARK_PYTHON=/path/to/python uses another interpreter, KOLO_TEST_SPARK=0 leaves it out;
+#   4. the TensorFlow suite (python/tests/test_tensorflow.py: kolo.tensorflow, kolo.keras) under
 #      `kolorun -np 2` and `-np 3`, then its example job outside kolorun, with the python of a venv
 #      that has TensorFlow from PyPI (scripts/deps-tf.sh makes it on first use; PyPI's numpy must not
 #      reach Debian's python3, whose torch is built against Debian's numpy). KOLO_TF_PYTHON=/path/to/python
@@ -89,6 +93,22 @@ if [ "$TF" != only ]; then
   run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
+  if [ "${KOLO_TEST_SPARK:-1}" = 0 ]; then
+    summary="$summary
+  spark: SKIPPED (KOLO_TEST_SPARK=0)"
+  else
+    SPARKPY=${KOLO_SPARK_PYTHON:-$(sh scripts/deps-spark.sh | tail -n 1)}
+    SPARKVERSIONS=$("$SPARKPY" -c "import pyspark; print('pyspark %s' % pyspark.__version__)" 2>/dev/null)
+    if [ -z "$SPARKVERSIONS" ]; then
+      echo "test-python: no python with pyspark (${SPARKPY:-scripts/deps-spark.sh failed}); the Spark suite FAILS" >&2
+      summary="$summary
+  spark: FAILED: no python with pyspark (${SPARKPY:-scripts/deps-spark.sh failed}); see above"
+      status=1
+    else
+      run "spark" wrap "$SPARKPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_spark.py "$@"
+      VERSIONS="$VERSIONS; $SPARKPY: $SPARKVERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
+    fi
+  fi
 fi
 
 if [ "$TF" = 0 ]; then

@@ -138,8 +138,12 @@ def test_pip_install(tmp_path):
     for d in os.listdir(PYDIR):
         if d.endswith(".egg-info"):
             shutil.rmtree(os.path.join(PYDIR, d), ignore_errors=True)
+    def packages(top):
+        return sorted(os.path.relpath(d, top) for d, _, files in os.walk(os.path.join(top, "kolo"))
+                      if "__init__.py" in files)
+    assert packages(str(target)) == packages(PYDIR)  # pyproject.toml lists every subpackage
     env = dict(os.environ, PYTHONPATH=str(target), KOLO_LIBRARY=os.path.join(ROOT, "build", "lib", "libkolo.so"))
-    code = "import kolo, kolo.torch; kolo.init(); print(kolo.__file__, kolo.size())"
+    code = "import kolo, kolo.torch, kolo.spark; kolo.init(); print(kolo.__file__, kolo.size())"
     p = subprocess.run([PY, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        cwd=str(tmp_path))
     assert p.returncode == 0, p.stdout

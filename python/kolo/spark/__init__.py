@@ -1,0 +1,433 @@
+"""kolo.spark: run a function as a kolo job on Spark's executors, with horovod.spark.run's API.
+
+    import kolo.spark
+
+    def train(lr):
+        import kolo.torch as hvd
+        hvd.init()
+        ...                                   # the same code as under kolorun
+        return model.state_dict() if hvd.rank() == 0 else None
+
+    results = kolo.spark.run(train, args=(0.1,), num_proc=4)   # one result per rank, by rank
+
+How. One Spark barrier stage of num_proc tasks (all start together or none does; Spark's
+BarrierTaskContext). Each task learns every task's host from the context, orders the tasks by
+host so that ranks of a host are consecutive (rank 0 is partition 0), and starts the function
+in a child process of its own with kolo's variables: KOLO_RANK, KOLO_SIZE, the local and cross
+ranks, KOLO_RENDEZVOUS at rank 0's host and a port rank 0's task found free (shared with
+allGather), KOLO_RENDEZVOUS_SERVER=rank0, and a secret and job id made for this run. A child
+process, not the Python worker itself: kolo's threads, shared memory and signal handling stay out
+of the worker Spark reuses, and a rank that crashes takes only its child down.
+
+The children's output reaches the driver, line by line, tagged like kolorun's
+("[1]<stdout>:..."), through a socket the driver opens for this run (each task proves the run's
+secret first). A rank that fails tells the driver at once: the driver cancels the stage, so
+Spark neither waits for the other ranks nor retries a failing function, and raises
+KoloSparkError naming the rank, its host, its exit code and the last lines it wrote. A child
+whose task goes away (the stage cancelled, the executor lost) is killed with it (parent-death
+signal, and a check of its parent).
+
+Needs Spark 3.0 or later (barrier stages with allGather), kolo importable on the executors (the
+same package; libkolo.so found there as on the driver), and as many free task slots as ranks.
+"""
+
+import base64
+import collections
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+import uuid
+
+__all__ = ["run", "KoloSparkError"]
+
+_TAIL_LINES = 20
+
+
+class KoloSparkError(RuntimeError):
+    """A rank of a kolo.spark.run job failed. rank, host, exit_code and tail (its last lines of
+    output) say which and how."""
+
+    def __init__(self, msg, rank=None, host=None, exit_code=None, tail=()):
+        super().__init__(msg)
+        self.rank, self.host, self.exit_code, self.tail = rank, host, exit_code, list(tail)
+
+
+# ---- the driver ----
+
+class _Collector:
+    """The driver's end of the output channel: a listening socket, a thread per task."""
+
+    def __init__(self, secret, out, err, timestamps, on_failure):
+        self.secret = secret
+        self.out, self.err, self.timestamps = out, err, timestamps
+        self.on_failure = on_failure
+        self.failures = []  # (time received, rank, host, exit code, summary, tail)
+        self.lock = threading.Lock()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        self.readers = []
+        threading.Thread(target=self._accept, name="kolo.spark output", daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self.lock:
+                self.readers.append(t)
+            t.start()
+
+    def _serve(self, conn):
+        with conn:
+            f = conn.makefile("r", encoding="utf-8", errors="replace", newline="\n")
+            conn.settimeout(10)
+            hello = f.readline().rstrip("\n")
+            if not secrets.compare_digest(hello, "kolo.spark " + self.secret):
+                return  # a stranger on the port: nothing it sends is shown
+            conn.settimeout(None)
+            for line in f:
+                self._handle(line.rstrip("\n"))
+
+    def _handle(self, line):
+        kind, _, rest = line.partition(" ")
+        if kind in ("O", "E"):
+            rank, _, text = rest.partition(" ")
+            stream = self.out if kind == "O" else self.err
+            prefix = time.strftime("%a %b %d %H:%M:%S %Y") + " " if self.timestamps else ""
+            with self.lock:
+                stream.write("%s[%s]<%s>:%s\n" % (prefix, rank, "stdout" if kind == "O" else "stderr", text))
+                stream.flush()
+        elif kind == "X":
+            # X rank host exit_code base64(summary) base64(tail, lines joined by newlines)
+            parts = rest.split(" ")
+            if len(parts) != 5:
+                return
+            rank, host, code = int(parts[0]), parts[1], int(parts[2])
+            summary = base64.b64decode(parts[3]).decode("utf-8", "replace")
+            tail = base64.b64decode(parts[4]).decode("utf-8", "replace").split("\n") if parts[4] else []
+            with self.lock:
+                self.failures.append((time.monotonic(), rank, host, code, summary, tail))
+            self.on_failure()
+
+    def close(self, drain_s=10.0):
+        """Stops accepting, then lets the connections still open deliver their last lines (a
+        task closes its connection before it returns, so by now each is at or near its end)."""
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        deadline = time.monotonic() + drain_s
+        with self.lock:
+            readers = list(self.readers)
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _spark_reason(e):
+    """The message of the Java exception behind a Py4JJavaError, else the exception's first line."""
+    j = getattr(e, "java_exception", None)
+    if j is not None:
+        try:
+            return str(j.getMessage())[:2000]
+        except Exception:  # noqa: BLE001 - the gateway may be gone
+            pass
+    return (str(e).strip().split("\n") or [""])[0][:2000]
+
+
+def _consequence(summary):
+    """True for kolo's errors that report another rank's failure (kolo_strerror's and the
+    engine's wording for lost, departed and aborting peers)."""
+    return "HorovodInternalError" in summary and any(
+        w in summary for w in ("lost rank", "left the job", "aborted the job", "peer lost", "was lost"))
+
+
+def _driver_host(sc):
+    host = sc.getConf().get("spark.driver.host", None)
+    return host or socket.gethostname()
+
+
+def _check_args(fn, args, kwargs, num_proc, use_mpi, extra_mpi_args, env):
+    if not callable(fn):
+        raise TypeError("kolo.spark.run: fn must be callable, got %s" % type(fn).__name__)
+    if not isinstance(args, (tuple, list)):
+        raise TypeError("kolo.spark.run: args must be a tuple or list, got %s" % type(args).__name__)
+    if not isinstance(kwargs, dict):
+        raise TypeError("kolo.spark.run: kwargs must be a dict, got %s" % type(kwargs).__name__)
+    if num_proc is not None and (not isinstance(num_proc, int) or isinstance(num_proc, bool) or num_proc < 1):
+        raise ValueError("kolo.spark.run: num_proc must be a positive integer, got %r" % (num_proc,))
+    if use_mpi:
+        raise ValueError("kolo.spark.run: use_mpi=True: kolo does not run over MPI; its own transports "
+                         "(shared memory on a host, TCP between hosts) need nothing else. Leave use_mpi unset.")
+    if extra_mpi_args:
+        raise ValueError("kolo.spark.run: extra_mpi_args is for mpirun, which kolo does not use; pass "
+                         "settings as environment variables instead (env={'KOLO_...': ...})")
+    if env is not None:
+        if not isinstance(env, dict):
+            raise TypeError("kolo.spark.run: env must be a dict of strings, got %s" % type(env).__name__)
+        for k, v in env.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k:
+                raise ValueError("kolo.spark.run: env entries must be str names (without '=') to str values; "
+                                 "got %r: %r" % (k, v))
+
+
+def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=None, use_gloo=None,
+        extra_mpi_args=None, env=None, stdout=None, stderr=None, verbose=1, nics=None,
+        prefix_output_with_timestamp=False, executable=None):
+    """Runs fn(*args, **kwargs) on num_proc Spark tasks as the ranks of one kolo job; returns the
+    list of their return values, ordered by rank. Horovod's horovod.spark.run signature.
+
+    num_proc: ranks (default: spark.default.parallelism). start_timeout: seconds for the ranks to
+    find each other in kolo.init (KOLO_START_TIMEOUT; default 600 here, as Horovod's, since tasks
+    may wait for executors). env: variables for the ranks (on top of the executor's). stdout /
+    stderr: where the ranks' tagged output goes (default sys.stdout / sys.stderr).
+    verbose: 0 quiet, 1 (default) a line when the job starts and ends, 2 also each rank's
+    placement. nics: network interfaces for kolo's TCP connections (KOLO_IFACE).
+    prefix_output_with_timestamp: prefix each line with the time. executable: the Python the
+    ranks run (default the executor's). use_gloo is accepted and changes nothing (kolo has its
+    own transports); use_mpi=True and extra_mpi_args are refused.
+
+    Raises KoloSparkError when a rank fails (the first to fail, with its last lines)."""
+    kwargs = {} if kwargs is None else kwargs
+    _check_args(fn, args, kwargs, num_proc, use_mpi, extra_mpi_args, env)
+    try:
+        from pyspark import SparkContext
+        from pyspark import cloudpickle
+    except ImportError as e:
+        raise ImportError("kolo.spark needs pyspark (pip install pyspark, Spark 3.0 or later): %s" % e) from None
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        from pyspark.sql import SparkSession
+        sc = SparkSession.builder.getOrCreate().sparkContext
+    n = num_proc if num_proc is not None else sc.defaultParallelism
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    run_id = uuid.uuid4().hex[:12]
+    secret = secrets.token_hex(32)
+    group = "kolo.spark.run.%s" % run_id
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    cancelled = threading.Event()
+
+    def on_failure():
+        if not cancelled.is_set():
+            cancelled.set()
+            sc.cancelJobGroup(group)
+
+    col = _Collector(secret, out, err, prefix_output_with_timestamp, on_failure)
+    worker_env = dict(env or {})
+    if nics:
+        worker_env["KOLO_IFACE"] = nics if isinstance(nics, str) else ",".join(nics)
+    spec = {
+        "run_id": run_id, "secret": secret, "driver": "%s:%d" % (_driver_host(sc), col.port),
+        "payload": payload, "env": worker_env, "start_timeout": start_timeout if start_timeout else 600,
+        "executable": executable, "verbose": verbose,
+    }
+    if verbose >= 1:
+        print("kolo.spark: starting %d ranks (run %s)" % (n, run_id), file=err, flush=True)
+    t0 = time.monotonic()
+    try:
+        sc.setJobGroup(group, "kolo.spark.run: %d ranks" % n, interruptOnCancel=True)
+        try:
+            rdd = sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: _task(spec))
+            pairs = rdd.collect()
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+            sc.setLocalProperty("spark.job.interruptOnCancel", None)
+    except Exception as e:
+        col.close()  # the failure reports, and the last lines, may still be on their way
+        with col.lock:
+            fails = sorted(col.failures)
+        if fails:
+            # a rank that failed because another was lost or left is not the cause: name the first
+            # that failed otherwise (they may report in either order)
+            first = next((f for f in fails if not _consequence(f[4])), fails[0])
+            fails.remove(first)
+            fails.insert(0, first)
+            _, rank, host, code, summary, tail = fails[0]
+            others = sorted(set(f[1] for f in fails[1:]) - {rank})
+            msg = "kolo.spark: rank %d on %s failed (exit code %d): %s" % (rank, host, code, summary)
+            if others:
+                msg += "\n  after it, rank(s) %s failed too" % ", ".join(map(str, others))
+            if tail:
+                msg += "\n  its last lines:\n    " + "\n    ".join(tail)
+            raise KoloSparkError(msg, rank, host, code, tail) from None
+        raise KoloSparkError("kolo.spark: the Spark job of %d ranks failed before any rank reported: %s%s"
+                             % (n, _spark_reason(e), " (each rank needs a task slot of its own: "
+                                "num_proc=%d)" % n if "SPARK-24819" in str(e) else "")) from e
+    col.close()
+    pairs.sort(key=lambda p: p[0])
+    if [p[0] for p in pairs] != list(range(n)):
+        raise KoloSparkError("kolo.spark: expected one result from each of ranks 0..%d, got ranks %s"
+                             % (n - 1, [p[0] for p in pairs]))
+    if verbose >= 1:
+        print("kolo.spark: %d ranks finished in %.1f s" % (n, time.monotonic() - t0), file=err, flush=True)
+    return [cloudpickle.loads(p[1]) for p in pairs]
+
+
+# ---- a barrier task ----
+
+def _placement(hosts, partition):
+    """rank, local rank, local size, cross rank, cross size of a partition, given every
+    partition's host: ranks of a host consecutive, hosts in the order of their first partition."""
+    order = []
+    for h in hosts:
+        if h not in order:
+            order.append(h)
+    ranked = sorted(range(len(hosts)), key=lambda p: (order.index(hosts[p]), p))
+    rank = ranked.index(partition)
+    mine = [p for p in range(len(hosts)) if hosts[p] == hosts[partition]]
+    return rank, mine.index(partition), len(mine), order.index(hosts[partition]), len(order)
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+class _Channel:
+    """The task's end of the output channel; falls back to this process's own streams."""
+
+    def __init__(self, addr, secret):
+        self.lock = threading.Lock()
+        self.sock = None
+        host, _, port = addr.rpartition(":")
+        try:
+            self.sock = socket.create_connection((host, int(port)), timeout=30)
+            self.sock.settimeout(None)
+            self.sock.sendall(("kolo.spark %s\n" % secret).encode())
+        except OSError as e:
+            print("kolo.spark: cannot reach the driver at %s (%s); output stays in this executor's log"
+                  % (addr, e), file=sys.stderr, flush=True)
+            self.sock = None
+
+    def send(self, line, fallback=None):
+        with self.lock:
+            if self.sock is not None:
+                try:
+                    self.sock.sendall((line + "\n").encode("utf-8", "replace"))
+                    return
+                except OSError:
+                    self.sock = None
+            if fallback is not None:
+                fallback.write(line[2:] + "\n")
+                fallback.flush()
+
+    def close(self):
+        with self.lock:
+            if self.sock is not None:
+                try:
+                    self.sock.close()
+                except OSError:
+                    pass
+                self.sock = None
+
+
+def _task(spec):
+    import subprocess
+    import tempfile
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    partition = ctx.partitionId()
+    infos = ctx.getTaskInfos()
+    hosts = [i.address.rsplit(":", 1)[0] for i in infos]
+    size = len(hosts)
+    rank, lrank, lsize, crank, csize = _placement(hosts, partition)
+    port = _free_port() if partition == 0 else 0
+    port = int(ctx.allGather(str(port))[0])
+    rdv_host = hosts[0]
+    if rdv_host.startswith("[") and rdv_host.endswith("]"):
+        rdv_host = rdv_host[1:-1]
+    rdv = ("[%s]:%d" if ":" in rdv_host else "%s:%d") % (rdv_host, port)
+
+    chan = _Channel(spec["driver"], spec["secret"])
+    if spec["verbose"] >= 2:
+        chan.send("E %d kolo.spark: rank %d is partition %d on %s (local %d of %d)"
+                  % (rank, rank, partition, hosts[partition], lrank, lsize), sys.stderr)
+    tmp = tempfile.mkdtemp(prefix="kolo-spark-")
+    try:
+        with open(os.path.join(tmp, "payload"), "wb") as f:
+            f.write(spec["payload"])
+        env = dict(os.environ)
+        env.update(spec["env"])
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in sys.path if p] +
+                                            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.update({
+            "KOLO_RANK": str(rank), "KOLO_SIZE": str(size), "KOLO_LOCAL_RANK": str(lrank),
+            "KOLO_LOCAL_SIZE": str(lsize), "KOLO_CROSS_RANK": str(crank), "KOLO_CROSS_SIZE": str(csize),
+            "KOLO_RENDEZVOUS": rdv, "KOLO_RENDEZVOUS_SERVER": "rank0",
+            "KOLO_SECRET": spec["secret"],
+            # a retried barrier stage retries every task: a new attempt number for all of them
+            "KOLO_JOB_ID": "spark-%s-s%d-a%d" % (spec["run_id"], ctx.stageId(), ctx.attemptNumber()),
+            "KOLO_START_TIMEOUT": str(spec["start_timeout"]),
+            "KOLO_SPARK_PARENT": str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        })
+        exe = spec["executable"] or sys.executable
+        child = subprocess.Popen([exe, "-m", "kolo.spark._worker", tmp], env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        tail = collections.deque(maxlen=_TAIL_LINES)
+
+        def pump(pipe, kind, fallback):
+            for raw in iter(pipe.readline, b""):
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                tail.append(text)
+                chan.send("%s %d %s" % (kind, rank, text), fallback)
+            pipe.close()
+
+        pumps = [threading.Thread(target=pump, args=(child.stdout, "O", sys.stdout), daemon=True),
+                 threading.Thread(target=pump, args=(child.stderr, "E", sys.stderr), daemon=True)]
+        for p in pumps:
+            p.start()
+        try:
+            code = child.wait()
+        except BaseException:  # the task is being killed: the rank goes with it
+            child.kill()
+            child.wait()
+            raise
+        for p in pumps:
+            p.join()
+        if code != 0:
+            summary = "exited with code %d" % code
+            try:
+                with open(os.path.join(tmp, "error"), encoding="utf-8", errors="replace") as f:
+                    summary = f.read().strip() or summary
+            except OSError:
+                if code < 0:
+                    summary = "killed by signal %d" % -code
+            code = code if code >= 0 else 128 - code
+            b64 = lambda s: base64.b64encode(s.encode("utf-8", "replace")).decode() or ""  # noqa: E731
+            chan.send("X %d %s %d %s %s" % (rank, hosts[partition].replace(" ", "_"), code, b64(summary),
+                                            b64("\n".join(tail))))
+            chan.close()
+            raise RuntimeError("kolo.spark: rank %d (partition %d on %s) failed with exit code %d: %s"
+                               % (rank, partition, hosts[partition], code, summary))
+        chan.close()
+        with open(os.path.join(tmp, "result"), "rb") as f:
+            result = f.read()
+    finally:
+        for name in ("payload", "result", "error"):
+            try:
+                os.unlink(os.path.join(tmp, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(tmp)
+        except OSError:
+            pass
+    return [(rank, result)]

@@ -1,0 +1,219 @@
+"""kolo.spark.run on a local Spark (local[2]: two task slots, one JVM, the executors' Python
+workers forked from this interpreter). Run outside kolorun with a python that has pyspark
+(scripts/deps-spark.sh makes one); kolo.spark starts the ranks itself."""
+
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.standalone
+pyspark = pytest.importorskip("pyspark")
+
+import kolo.spark  # noqa: E402
+from kolo.spark import KoloSparkError  # noqa: E402
+
+# The executors cannot import this file: its functions travel by value (in an application, ship
+# its modules with --py-files or SparkContext.addPyFile, as for any Spark job)
+pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one, with kolo and torch
+    from pyspark.sql import SparkSession
+    s = (SparkSession.builder.master("local[2]").appName("kolo-spark-tests")
+         .config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1")
+         # a barrier stage larger than the slots fails at once rather than after 40 checks
+         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("FATAL")
+    yield s
+    s.stop()
+
+
+def _placed(x):
+    import numpy as np
+    import kolo
+    kolo.init()
+    total = kolo.allreduce(np.array([kolo.rank() + x], np.float64), op=kolo.Sum)
+    print("hello from rank %d" % kolo.rank())
+    return (kolo.rank(), kolo.size(), kolo.local_rank(), kolo.local_size(), float(total[0]),
+            os.environ.get("KOLO_TEST_VAR"))
+
+
+def test_results_by_rank_output_tagged_env_passed(spark):
+    out = io.StringIO()
+    res = kolo.spark.run(_placed, args=(10,), num_proc=2, env={"KOLO_TEST_VAR": "passed"}, stdout=out,
+                         verbose=0)
+    assert res == [(0, 2, 0, 2, 21.0, "passed"), (1, 2, 1, 2, 21.0, "passed")]
+    text = out.getvalue()
+    assert "[0]<stdout>:hello from rank 0" in text and "[1]<stdout>:hello from rank 1" in text
+
+
+def _train(steps):
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    torch.manual_seed(1234 + hvd.rank())  # different starts: the broadcast must make them equal
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(hvd.rank())
+    x = torch.randn(64, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return [p.detach().clone() for p in model.parameters()], losses
+
+
+def test_pytorch_training_keeps_every_rank_equal(spark):
+    pytest.importorskip("torch")
+    res = kolo.spark.run(_train, kwargs={"steps": 30}, num_proc=2, verbose=0, stdout=io.StringIO())
+    (p0, l0), (p1, l1) = res
+    for a, b in zip(p0, p1):
+        assert (a == b).all()
+    assert l0[-1] < l0[0] and l1[-1] < l1[0]
+
+
+def _fails_on_rank_1(marker):
+    import numpy as np
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        print("rank 1 is about to fail")
+        raise ValueError("rank one says no")
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    kolo.allreduce(np.ones(1))  # fails when rank 1 is lost
+    time.sleep(600)  # not reached; a rank stuck here would be an orphan
+
+
+def test_failing_rank_is_named_and_no_rank_is_left(spark, tmp_path):
+    marker = str(tmp_path / "rank0.pid")
+    err = io.StringIO()
+    t0 = time.monotonic()
+    with pytest.raises(KoloSparkError) as ei:
+        kolo.spark.run(_fails_on_rank_1, args=(marker,), num_proc=2, stdout=io.StringIO(), stderr=err, verbose=0)
+    e = ei.value
+    assert e.rank == 1 and e.exit_code == 1
+    assert "rank 1 on" in str(e) and "ValueError: rank one says no" in str(e)
+    assert any("rank 1 is about to fail" in line for line in e.tail)
+    assert "[1]<stderr>:ValueError: rank one says no" in err.getvalue()
+    assert time.monotonic() - t0 < 120  # not retried, not waiting for anything
+    pid = int(open(marker).read())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("rank 0 (pid %d) outlived the failed job" % pid)
+
+
+def _hangs_on_rank_0(marker):
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        sys.exit(3)
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)  # outside kolo: only the cancellation of its task can stop it
+
+
+def test_a_rank_outside_kolo_is_stopped_with_the_job(spark, tmp_path):
+    marker = str(tmp_path / "rank0.pid")
+    with pytest.raises(KoloSparkError) as ei:
+        kolo.spark.run(_hangs_on_rank_0, args=(marker,), num_proc=2, stdout=io.StringIO(), stderr=io.StringIO(),
+                       verbose=0)
+    assert ei.value.rank == 1 and ei.value.exit_code == 3
+    pid = int(open(marker).read())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("rank 0 (pid %d) outlived the cancelled job" % pid)
+
+
+def _noop():
+    return 1
+
+
+def test_more_ranks_than_slots_is_a_clear_error(spark):
+    with pytest.raises(KoloSparkError, match="(?i)barrier"):
+        kolo.spark.run(_noop, num_proc=3, verbose=0)
+
+
+def test_spark_runs_again_after_failures(spark):
+    assert kolo.spark.run(_noop, num_proc=2, verbose=0) == [1, 1]
+
+
+def test_bad_arguments_are_refused_before_spark_runs():
+    with pytest.raises(ValueError, match="use_mpi"):
+        kolo.spark.run(_noop, use_mpi=True)
+    with pytest.raises(ValueError, match="extra_mpi_args"):
+        kolo.spark.run(_noop, extra_mpi_args="-x FOO")
+    with pytest.raises(ValueError, match="num_proc"):
+        kolo.spark.run(_noop, num_proc=0)
+    with pytest.raises(ValueError, match="env entries"):
+        kolo.spark.run(_noop, env={"A": 1})
+    with pytest.raises(TypeError, match="callable"):
+        kolo.spark.run(42)
+
+
+def test_placement_keeps_a_hosts_ranks_together():
+    hosts = ["a", "b", "a", "c", "b", "a"]
+    got = [kolo.spark._placement(hosts, p) for p in range(len(hosts))]
+    # ranks: a's partitions 0, 2, 5 -> 0, 1, 2; b's 1, 4 -> 3, 4; c's 3 -> 5
+    assert [g[0] for g in got] == [0, 3, 1, 5, 4, 2]
+    assert got[5] == (2, 2, 3, 0, 3) and got[4] == (4, 1, 2, 1, 3) and got[3] == (5, 0, 1, 2, 3)
+
+
+def test_output_channel_ignores_a_stranger():
+    out, err = io.StringIO(), io.StringIO()
+    col = kolo.spark._Collector("s3cret", out, err, False, lambda: None)
+    try:
+        with socket.create_connection(("127.0.0.1", col.port)) as s:
+            s.sendall(b"kolo.spark wrong\nO 0 injected\nX 0 h 1 eA== \n")
+        with socket.create_connection(("127.0.0.1", col.port)) as s:
+            s.sendall(b"kolo.spark s3cret\nO 0 real line\n")
+        deadline = time.monotonic() + 10
+        while "real line" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        col.close()
+    assert out.getvalue() == "[0]<stdout>:real line\n"
+    assert col.failures == []
+
+
+def test_training_example_runs_on_spark():
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "examples", "spark", "spark_synthetic_digits.py")
+    p = subprocess.run([sys.executable, script, "--num-proc", "2", "--", "--epochs", "2", "--train-size", "2000",
+                        "--val-size", "500", "--threads", "1", "--checkpoint-dir", ""],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout
+    assert "[0]<stdout>:epoch 2/2" in p.stdout, p.stdout
+    ranks = re.findall(r"^rank (\d) on .*: (\d+) img/s, val-acc ([\d.]+)$", p.stdout, re.M)
+    assert [r[0] for r in ranks] == ["0", "1"], p.stdout
+    assert ranks[0][2] == ranks[1][2]  # the same model on every rank, so the same accuracy
+    assert float(ranks[0][2]) > 0.2, p.stdout  # above chance (0.1) after two short epochs
