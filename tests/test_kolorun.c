@@ -202,6 +202,8 @@ KT_TEST(kolorun_help_env_check_build_version, 10)
     KT_CONTAINS(p.obuf, "[X] tcp");
     KT_CONTAINS(p.obuf, "mpirun");
     KT_CONTAINS(p.obuf, "[X] PyTorch");
+    KT_CONTAINS(p.obuf, "[X] TensorFlow/Keras");
+    KT_CONTAINS(p.obuf, "[X] Spark");
     const char *a3[] = {"--help", NULL};
     KT_EQ(run(&p, a3, 5), 0);
     KT_CONTAINS(p.obuf, "usage: kolorun -np N");

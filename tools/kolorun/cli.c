@@ -89,12 +89,13 @@ static int print_check_build(void)
 {
     printf("kolo v%s:\n\n", KOLO_VERSION_STRING);
     printf("Available transports:\n"
-           "    [X] shm  (shared memory between ranks of one host; single-copy CMA with KOLO_SHM_CMA=1)\n"
+           "    [X] shm  (shared memory between ranks of one host; large messages single-copy (CMA) or\n"
+           "             through the ring, whichever each pair measures faster: KOLO_SHM_CMA)\n"
            "    [X] tcp  (between hosts; also on one host with KOLO_TRANSPORT=tcp)\n\n");
     /* The bindings are pure Python over libkolo.so (python/kolo): nothing here is compiled
      * against a framework, so what a given interpreter can import is its own business. */
     printf("Available frameworks (python/kolo over libkolo.so, pure Python, nothing compiled):\n"
-           "    [X] NumPy        [X] PyTorch        [ ] TensorFlow/Keras\n"
+           "    [X] NumPy        [X] PyTorch        [X] TensorFlow/Keras\n"
            "    (check an interpreter with: python3 -c 'import kolo.torch')\n\n");
     printf("Engine: named asynchronous requests, negotiation, response cache, fusion, timeline\n\n");
     printf("Launchers kolo workers start under (environment detection, no MPI library linked):\n"
@@ -102,7 +103,9 @@ static int print_check_build(void)
            "    [X] horovodrun --gloo (HOROVOD_* + HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT)\n"
            "    [X] torchrun     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)\n"
            "    [X] mpirun       (Open MPI OMPI_COMM_WORLD_*, MPICH/Hydra PMI_*, PMIx)\n"
-           "    [X] srun         (SLURM_PROCID, SLURM_NTASKS, first host of the node list)\n\n");
+           "    [X] srun         (SLURM_PROCID, SLURM_NTASKS, first host of the node list)\n"
+           "    [X] Spark        (kolo.spark.run: a barrier stage, one rank per task)\n"
+           "    [X] by hand      (KOLO_RANK, KOLO_SIZE, KOLO_RENDEZVOUS, KOLO_RENDEZVOUS_SERVER=rank0)\n\n");
     printf("kolorun: local workers with fork/exec, remote ones over ssh; CPU binding %s\n",
            "from /sys (core, socket, numa)");
     return 0;
