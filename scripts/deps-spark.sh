@@ -18,7 +18,6 @@ SPEC=${KOLO_SPARK_SPEC:-pyspark==3.5.8}
 BASE=/usr/bin/python3
 [ -x "$BASE" ] || BASE=$(command -v python3)
 STAMP="$VENV/kolo-spark-spec"
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 ready() {
   command -v java >/dev/null 2>&1 && [ -x "$VENV/bin/python" ] &&
@@ -26,32 +25,12 @@ ready() {
     "$VENV/bin/python" -c "import numpy, pytest, torch, pyspark" >/dev/null 2>&1
 }
 
-if ready; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-if command -v flock >/dev/null 2>&1; then
-  flock 9
-fi
-if ready; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
-apt_install() {
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
+NAME=deps-spark
+. "$(dirname "$0")/venv-common.sh"
+venv_begin
 if ! command -v java >/dev/null 2>&1; then
   echo "deps-spark: installing a Java runtime for Spark (default-jre-headless)" >&2
   apt_install default-jre-headless
-fi
-if ! "$BASE" -c "import ensurepip, venv" >/dev/null 2>&1; then
-  echo "deps-spark: installing python3-venv" >&2
-  apt_install python3-venv
 fi
 
 start=$(date +%s)

@@ -24,29 +24,9 @@ ready() {
     "$VENV/bin/python" -c "import numpy, pytest, tensorflow" >/dev/null 2>&1
 }
 
-if ready; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
-# One installer at a time (two checkouts may share the venv).
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-if command -v flock >/dev/null 2>&1; then
-  flock 9
-fi
-if ready; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
-# Debian's python3 makes venvs only with python3-venv (ensurepip) installed.
-if ! "$BASE" -c "import ensurepip, venv" >/dev/null 2>&1; then
-  echo "deps-tf: installing python3-venv"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-fi
+NAME=deps-tf
+. "$(dirname "$0")/venv-common.sh"
+venv_begin
 
 start=$(date +%s)
 echo "deps-tf: installing $SPEC, numpy and pytest into $VENV (about 250 MB from PyPI on first use)" >&2

@@ -39,6 +39,17 @@ def spark():
     s.stop()
 
 
+def _assert_gone(pid, within_s, what):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail("rank 0 (pid %d) outlived %s" % (pid, what))
+
+
 def _placed(x):
     import numpy as np
     import kolo
@@ -114,16 +125,7 @@ def test_failing_rank_is_named_and_no_rank_is_left(spark, tmp_path):
     assert any("rank 1 is about to fail" in line for line in e.tail)
     assert "[1]<stderr>:ValueError: rank one says no" in err.getvalue()
     assert time.monotonic() - t0 < 120  # not retried, not waiting for anything
-    pid = int(open(marker).read())
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("rank 0 (pid %d) outlived the failed job" % pid)
+    _assert_gone(int(open(marker).read()), 30, "the failed job")
 
 
 def _hangs_on_rank_0(marker):
@@ -142,16 +144,7 @@ def test_a_rank_outside_kolo_is_stopped_with_the_job(spark, tmp_path):
         kolo.spark.run(_hangs_on_rank_0, args=(marker,), num_proc=2, stdout=io.StringIO(), stderr=io.StringIO(),
                        verbose=0)
     assert ei.value.rank == 1 and ei.value.exit_code == 3
-    pid = int(open(marker).read())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("rank 0 (pid %d) outlived the cancelled job" % pid)
+    _assert_gone(int(open(marker).read()), 60, "the cancelled job")
 
 
 def _noop():
