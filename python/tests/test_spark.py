@@ -210,3 +210,50 @@ def test_training_example_runs_on_spark():
     assert [r[0] for r in ranks] == ["0", "1"], p.stdout
     assert ranks[0][2] == ranks[1][2]  # the same model on every rank, so the same accuracy
     assert float(ranks[0][2]) > 0.2, p.stdout  # above chance (0.1) after two short epochs
+
+
+DRIVER = r"""
+import os, sys, time
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+import kolo.spark
+
+def sleeper(d):
+    import kolo
+    kolo.init()
+    with open(os.path.join(d, "rank%d.pid" % kolo.rank()), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+s = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+     .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+try:
+    kolo.spark.run(sleeper, args=(sys.argv[1],), num_proc=2, verbose=0)
+except KeyboardInterrupt:
+    print("driver interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_on_the_driver_stops_every_rank(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(kolo.spark.__file__) + "/../.."] +
+                                                       [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pids):
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.poll() is not None else ""
+            time.sleep(0.1)
+        p.send_signal(2)  # SIGINT, as Ctrl-C
+        out, _ = p.communicate(timeout=60)
+        assert "driver interrupted" in out, out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for f in pids:
+        _assert_gone(int(f.read_text()), 30, "the interrupted driver")

@@ -35,6 +35,7 @@ import base64
 import collections
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -234,16 +235,36 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     if verbose >= 1:
         print("kolo.spark: starting %d ranks (run %s)" % (n, run_id), file=err, flush=True)
     t0 = time.monotonic()
+    # Ctrl-C on the driver stops the ranks: PySpark's own SIGINT handler cancels every job, but
+    # its KeyboardInterrupt is lost inside the gateway call, which then fails as a cancelled job.
+    # Ours cancels this run's job and lets collect() fail; the KeyboardInterrupt is raised after.
+    interrupted = threading.Event()
+    old_sigint = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigint(signum, frame):
+            interrupted.set()
+            sc.cancelJobGroup(group)
+        old_sigint = signal.signal(signal.SIGINT, on_sigint)
     try:
         sc.setJobGroup(group, "kolo.spark.run: %d ranks" % n, interruptOnCancel=True)
         try:
             rdd = sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: _task(spec))
             pairs = rdd.collect()
+        except BaseException as e:
+            if not isinstance(e, Exception):  # interrupted some other way: the ranks must not run on
+                sc.cancelJobGroup(group)
+                col.close(drain_s=0)
+            raise
         finally:
+            if old_sigint is not None:
+                signal.signal(signal.SIGINT, old_sigint)
             sc.setLocalProperty("spark.jobGroup.id", None)
             sc.setLocalProperty("spark.job.description", None)
             sc.setLocalProperty("spark.job.interruptOnCancel", None)
     except Exception as e:
+        if interrupted.is_set():
+            col.close(drain_s=0)
+            raise KeyboardInterrupt("kolo.spark.run was interrupted; its %d ranks were stopped" % n) from None
         col.close()  # the failure reports, and the last lines, may still be on their way
         with col.lock:
             fails = sorted(col.failures)
