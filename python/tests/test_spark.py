@@ -3,8 +3,10 @@ workers forked from this interpreter). Run outside kolorun with a python that ha
 (scripts/deps-spark.sh makes one); kolo.spark starts the ranks itself."""
 
 import io
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -257,3 +259,99 @@ def test_ctrl_c_on_the_driver_stops_every_rank(tmp_path):
             p.wait()
     for f in pids:
         _assert_gone(int(f.read_text()), 30, "the interrupted driver")
+
+
+STANDALONE_DRIVER = r"""
+import json, os, sys
+from pyspark.sql import SparkSession
+import kolo.spark
+
+def jvm_of(pid):
+    while pid > 1:  # up the parents to the executor's JVM
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        comm, ppid = stat[stat.index("(") + 1:stat.rindex(")")], int(stat[stat.rindex(")") + 2:].split()[1])
+        if comm == "java":
+            return pid
+        pid = ppid
+    return None
+
+def rank_info():
+    import numpy as np
+    import kolo
+    kolo.init()
+    total = kolo.allreduce(np.array([kolo.rank() + 1.0]), op=kolo.Sum)
+    return {"rank": kolo.rank(), "size": kolo.size(), "total": float(total[0]), "pid": os.getpid(),
+            "executor": jvm_of(os.getpid()), "transport": kolo.peer_transport(1 - kolo.rank())}
+
+s = (SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false")
+     .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "512m")
+     .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+s.sparkContext.setLogLevel("FATAL")
+out = [kolo.spark.run(rank_info, num_proc=2, verbose=0),
+       kolo.spark.run(rank_info, num_proc=2, verbose=0, env={"KOLO_TRANSPORT": "tcp"})]
+print("RESULTS " + json.dumps(out), flush=True)
+s.stop()
+"""
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """A Spark standalone cluster on this host: a master and two workers of one core each, every
+    one its own JVM (executors apart from the driver, as on a real cluster)."""
+    d = tmp_path_factory.mktemp("standalone")
+    home = os.path.dirname(pyspark.__file__)
+    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(d), SPARK_WORKER_DIR=str(d / "work"),
+               PYTHONPATH=os.pathsep.join([os.path.normpath(os.path.join(os.path.dirname(kolo.spark.__file__),
+                                                                          "..", ".."))] +
+                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    cls = os.path.join(home, "bin", "spark-class")
+    procs = []
+
+    def start(name, *args):
+        log = open(d / (name + ".log"), "w")
+        p = subprocess.Popen([cls] + list(args), env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        procs.append(p)
+        return d / (name + ".log")
+
+    try:
+        mlog = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+                     "--webui-port", "0")
+        url, deadline = None, time.monotonic() + 90
+        while url is None and time.monotonic() < deadline:
+            m = re.search(r"Starting Spark master at (spark://\S+)", mlog.read_text())
+            url = m.group(1) if m else time.sleep(0.2)
+        assert url, "the Spark master did not start:\n" + mlog.read_text()[-3000:]
+        for i in (1, 2):
+            start("worker%d" % i, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                  "--memory", "1g", "--webui-port", "0", url)
+        while mlog.read_text().count("Registering worker") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mlog.read_text().count("Registering worker") == 2, mlog.read_text()[-3000:]
+        yield url, env
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def test_standalone_cluster_executors_apart_from_the_driver(standalone, tmp_path):
+    signal.alarm(240)  # beyond the suite's per-test deadline: two executor JVMs start (20-30 s here)
+    url, env = standalone
+    script = tmp_path / "driver.py"
+    script.write_text(STANDALONE_DRIVER)
+    p = subprocess.run([sys.executable, str(script), url], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=150)
+    assert p.returncode == 0, p.stdout[-5000:]
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
+    assert line, p.stdout[-5000:]
+    for res, transport in zip(json.loads(line[0][8:]), ("shm", "tcp")):
+        assert [r["rank"] for r in res] == [0, 1] and all(r["size"] == 2 and r["total"] == 3.0 for r in res)
+        assert all(r["transport"] == transport for r in res)
+        # one core per worker: each rank under an executor JVM of its own, not the driver's
+        assert None not in (res[0]["executor"], res[1]["executor"]) and res[0]["executor"] != res[1]["executor"]
