@@ -85,6 +85,14 @@ $lines"
   [ "$rc" = 0 ] || status=1
 }
 
+# A suite's interpreter could not be found or made: the suite fails, and the summary says why.
+no_python() {  # label, what the python lacks, the python (empty when its script failed), the script
+  echo "test-python: no python with $2 (${3:-$4 failed}); the $1 suites FAIL" >&2
+  summary="$summary
+  $1: FAILED: no python with $2 (${3:-$4 failed}); see above"
+  status=1
+}
+
 # tee hides the command's exit code: keep it in a file
 wrap() { "$@"; echo $? >"$LOG/rc"; }
 
@@ -100,10 +108,7 @@ if [ "$TF" != only ]; then
     SPARKPY=${KOLO_SPARK_PYTHON:-$(sh scripts/deps-spark.sh | tail -n 1)}
     SPARKVERSIONS=$("$SPARKPY" -c "import pyspark; print('pyspark %s' % pyspark.__version__)" 2>/dev/null)
     if [ -z "$SPARKVERSIONS" ]; then
-      echo "test-python: no python with pyspark (${SPARKPY:-scripts/deps-spark.sh failed}); the Spark suite FAILS" >&2
-      summary="$summary
-  spark: FAILED: no python with pyspark (${SPARKPY:-scripts/deps-spark.sh failed}); see above"
-      status=1
+      no_python spark pyspark "$SPARKPY" scripts/deps-spark.sh
     else
       run "spark" wrap "$SPARKPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_spark.py "$@"
       VERSIONS="$VERSIONS; $SPARKPY: $SPARKVERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
@@ -125,10 +130,7 @@ else
 print('python %s, tensorflow %s, keras %s, numpy %s' % (sys.version.split()[0], tf.__version__,
       getattr(tf.keras, '__version__', '2 (tf_keras)'), numpy.__version__))" 2>/dev/null)
   if [ -z "$TFVERSIONS" ]; then
-    echo "test-python: no python with TensorFlow (${TFPY:-scripts/deps-tf.sh failed}); the TensorFlow suites FAIL" >&2
-    summary="$summary
-  tensorflow: FAILED: no python with TensorFlow (${TFPY:-scripts/deps-tf.sh failed}); see above"
-    status=1
+    no_python tensorflow TensorFlow "$TFPY" scripts/deps-tf.sh
   else
     echo "test-python: $TFPY: $TFVERSIONS (ready in $(( $(date +%s) - start ))s)"
     export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}

@@ -190,7 +190,8 @@ def test_output_channel_ignores_a_stranger():
         with socket.create_connection(("127.0.0.1", col.port)) as s:
             s.sendall(b"kolo.spark wrong\nO 0 injected\nX 0 h 1 eA== \n")
         with socket.create_connection(("127.0.0.1", col.port)) as s:
-            s.sendall(b"kolo.spark s3cret\nO 0 real line\n")
+            # a garbled report loses that line only
+            s.sendall(b"kolo.spark s3cret\nX 1 h x !! !!\nX 1 h 1 %%% \nO 0 real line\n")
         deadline = time.monotonic() + 10
         while "real line" not in out.getvalue() and time.monotonic() < deadline:
             time.sleep(0.05)

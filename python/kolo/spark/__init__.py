@@ -35,6 +35,7 @@ import base64
 import collections
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -89,14 +90,20 @@ class _Collector:
 
     def _serve(self, conn):
         with conn:
-            f = conn.makefile("r", encoding="utf-8", errors="replace", newline="\n")
-            conn.settimeout(10)
-            hello = f.readline().rstrip("\n")
-            if not secrets.compare_digest(hello, "kolo.spark " + self.secret):
-                return  # a stranger on the port: nothing it sends is shown
-            conn.settimeout(None)
-            for line in f:
-                self._handle(line.rstrip("\n"))
+            try:
+                f = conn.makefile("r", encoding="utf-8", errors="replace", newline="\n")
+                conn.settimeout(10)
+                hello = f.readline().rstrip("\n")
+                if not secrets.compare_digest(hello, "kolo.spark " + self.secret):
+                    return  # a stranger on the port: nothing it sends is shown
+                conn.settimeout(None)
+                for line in f:
+                    try:
+                        self._handle(line.rstrip("\n"))
+                    except ValueError:  # a garbled line (bad number or base64): the next ones still count
+                        pass
+            except OSError:  # silent past the hello's deadline, or the task's connection broke
+                pass
 
     def _handle(self, line):
         kind, _, rest = line.partition(" ")
@@ -113,8 +120,9 @@ class _Collector:
             if len(parts) != 5:
                 return
             rank, host, code = int(parts[0]), parts[1], int(parts[2])
-            summary = base64.b64decode(parts[3]).decode("utf-8", "replace")
-            tail = base64.b64decode(parts[4]).decode("utf-8", "replace").split("\n") if parts[4] else []
+            summary = base64.b64decode(parts[3], validate=True).decode("utf-8", "replace")
+            tail = base64.b64decode(parts[4], validate=True).decode("utf-8", "replace").split("\n")
+            tail = tail if parts[4] else []
             with self.lock:
                 self.failures.append((time.monotonic(), rank, host, code, summary, tail))
             self.on_failure()
@@ -432,9 +440,8 @@ def _task(spec):
                 if code < 0:
                     summary = "killed by signal %d" % -code
             code = code if code >= 0 else 128 - code
-            b64 = lambda s: base64.b64encode(s.encode("utf-8", "replace")).decode() or ""  # noqa: E731
-            chan.send("X %d %s %d %s %s" % (rank, hosts[partition].replace(" ", "_"), code, b64(summary),
-                                            b64("\n".join(tail))))
+            chan.send("X %d %s %d %s %s" % (rank, hosts[partition].replace(" ", "_"), code, _b64(summary),
+                                            _b64("\n".join(tail))))
             chan.close()
             raise RuntimeError("kolo.spark: rank %d (partition %d on %s) failed with exit code %d: %s"
                                % (rank, partition, hosts[partition], code, summary))
@@ -442,13 +449,9 @@ def _task(spec):
         with open(os.path.join(tmp, "result"), "rb") as f:
             result = f.read()
     finally:
-        for name in ("payload", "result", "error"):
-            try:
-                os.unlink(os.path.join(tmp, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(tmp)
-        except OSError:
-            pass
+        shutil.rmtree(tmp, ignore_errors=True)
     return [(rank, result)]
+
+
+def _b64(text):
+    return base64.b64encode(text.encode("utf-8", "replace")).decode()
