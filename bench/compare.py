@@ -425,20 +425,23 @@ def wait_idle(max_wait, run):
 
 
 class Store:
-    """Timings per (np, peer, coll, dtype, size): placement -> list of us, plus #wrong, and the
-    shared-memory ping measured just before the launch each timing came from."""
+    """Timings per (np, peer, coll, dtype, size): placement -> list of us, plus #wrong, and for
+    each timing the repetition it came from and the shared-memory pings measured just before and
+    just after its launch (the machine's state at both ends)."""
 
     def __init__(self):
         self.t = {}
-        self.split = None  # ping (us) above which a launch counts as the machine's far state
+        self.split = None  # ping (us) above which the machine counts as in its far state
 
-    def add(self, np, peer, row, ping=None):
+    def add(self, np, peer, row, ping=None, rep=None):
+        """ping: (before, after) the launch, or one figure."""
         k = (np, peer, row["coll"], row["dtype"], row["size"])
         e = self.t.setdefault(k, {"count": row["count"], "oop": [], "ip": [], "wrong": None,
-                                  "oop_ping": [], "ip_ping": []})
+                                  "oop_ping": [], "ip_ping": [], "oop_rep": [], "ip_rep": []})
         for place, (us, wrong) in row["place"].items():
             e[place].append(us)
             e[place + "_ping"].append(ping)
+            e[place + "_rep"].append(rep)
             if wrong is not None:
                 e["wrong"] = (e["wrong"] or 0) + wrong
 
@@ -446,9 +449,16 @@ class Store:
         return self.t.get((np, peer, coll, dtype, size))
 
     def state(self, ping):
-        if ping is None or self.split is None:
+        """"near" or "far"; for a launch's (before, after), "mixed" when the two ends fall on
+        either side of the split (the machine changed state during the launch); "one" when the
+        machine stayed in one state all run (no split); None when the pings are unknown."""
+        ends = [x for x in (ping if isinstance(ping, tuple) else (ping,)) if x is not None]
+        if not ends:
             return None
-        return "far" if ping > self.split else "near"
+        if self.split is None:
+            return "one"
+        far = [x > self.split for x in ends]
+        return "mixed" if any(far) != all(far) else ("far" if far[0] else "near")
 
     def med(self, np, peer, coll, dtype, size, place, state=None):
         """Median over the repetitions; with state ("near"/"far"), over those launched in it."""
@@ -463,6 +473,19 @@ class Store:
         e = self.get(np, peer, coll, dtype, size)
         return sum(1 for p in (e[place + "_ping"] if e else []) if self.state(p) == state)
 
+    def pairs(self, np, a, b, coll, dtype, size, place):
+        """[(a's us, b's us, state)] for the repetitions in which the launches of both peers ran
+        wholly in one machine state, the same for both; and how many repetitions both measured."""
+        ea, eb = self.get(np, a, coll, dtype, size), self.get(np, b, coll, dtype, size)
+        if not ea or not eb:
+            return [], 0
+        side = [{r: (t, self.state(p)) for t, p, r in zip(e[place], e[place + "_ping"], e[place + "_rep"])
+                 if r is not None} for e in (ea, eb)]
+        both = sorted(set(side[0]) & set(side[1]))
+        out = [(side[0][r][0], side[1][r][0], side[0][r][1]) for r in both
+               if side[0][r][1] in ("near", "far", "one") and side[0][r][1] == side[1][r][1]]
+        return out, len(both)
+
 
 class Run:
     """What the repetitions collect."""
@@ -472,6 +495,7 @@ class Run:
         self.comments, self.notes, self.loads = [], [], []
         self.cpu = {}  # (peer key, np) -> [CPU seconds, wall seconds]
         self.pings = []  # the shared-memory ping before every launch (us)
+        self.pings_after = []  # and after it
         self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
 
 
@@ -509,6 +533,10 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
                 run.pings.append(ping)
                 log.write("# shm ping before this launch: %.3f us\n" % ping)
             out, rc, to, secs = run_launch(ln, limit, log)
+            after = state_ping()
+            if after is not None:
+                run.pings_after.append(after)
+                log.write("# shm ping after this launch: %.3f us\n" % after)
             rows, com = parse_rows(out, ln.coll)
             if (p.family == "kolo" and not rows and rc and not p.use_kolorun
                     and os.access(KOLORUN, os.X_OK)):
@@ -523,7 +551,7 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             c[1] += secs
             run.comments += com
             for r in rows:
-                run.store.add(np, p.key, r, ping)
+                run.store.add(np, p.key, r, (ping, after), rep)
             nrows += len(rows)
             if "did not exit within" in out:
                 run.notes.append("%s, %d ranks, rep %d: `%s` printed all its results, then did not exit "
@@ -830,7 +858,7 @@ class Report:
                         "count", "reps", "oop_time_us", "oop_algbw_GBps", "oop_busbw_GBps",
                         "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps", "wrong",
                         "kolo_speedup", "compared_placement", "bound_busbw_GBps",
-                        "share_of_bound", "launch_pings_us"])
+                        "share_of_bound", "launch_pings_us"])  # per launch: before/after
             for (np, peer, coll, dt, size), e in sorted(self.store.t.items(),
                                                         key=lambda kv: self._order(kv[0])):
                 p = self.peer(peer)
@@ -860,7 +888,8 @@ class Report:
                 else:
                     row += ["", ""]
                 pings = e["oop_ping"] if e["oop"] else e["ip_ping"]
-                row.append(";".join("%.3f" % x for x in pings if x is not None))
+                row.append(";".join("/".join("%.3f" % x for x in (p if isinstance(p, tuple) else (p,))
+                                             if x is not None) for p in pings if p is not None))
                 w.writerow(row)
 
     def peer(self, key):
@@ -991,6 +1020,12 @@ class Report:
                  "order of the peers rotates by one each repetition, so a change in machine speed "
                  "hits all peers alike. Each figure is the **median** over the repetitions. "
                  "Results are checked (`#wrong`) in the first repetition only." % a.reps)
+        L.append("- The targets' ratios against Open MPI are **paired**: kolo's launch and Open MPI's "
+                 "of the same repetition and band (seconds apart) make a pair, and a pair counts when the "
+                 "shared-memory pings before and after both launches put both in one machine state "
+                 "(see the machine's state at each launch); the ratio is the median over those pairs, "
+                 "or, at a size with none, the ratio of the medians over all launches. Each target "
+                 "row also gives the count by the medians over all launches.")
         L.append("- busbw = algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather, "
                  "reducescatter and alltoall, 1 for broadcast; algbw = size / time (GB/s = 1e9 B/s).")
         L.append("- Cells: time (us) below 64 KiB, busbw (GB/s) from 64 KiB on. **kolo ×** = "
@@ -1070,9 +1105,10 @@ class Report:
         if ks:
             a, b = t(ks, "allreduce", "float32", M), t("ompi-shm", "allreduce", "float32", M)
             if a and b:
-                r = b / a
-                L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%.2f vs "
-                         "%.2f GB/s) | %s |" % (r, M / 1e3 / a, M / 1e3 / b, _met(r >= 1.3, r / 1.3)))
+                r, used, both = self.paired(ks, "ompi-shm", "allreduce", M)
+                L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%s; medians %.2f vs "
+                         "%.2f GB/s) | %s |" % (r, pair_note(used, both), M / 1e3 / a, M / 1e3 / b,
+                                               _met(r >= 1.3, r / 1.3)))
                 if r < 1.3:
                     self.gap("allreduce 64 MiB ≥ 1.3 × Open MPI shm", "peer", ks, "allreduce", M, "ompi-shm")
             tb = bound_time_us("allreduce", 2, M, self.lim)
@@ -1112,9 +1148,10 @@ class Report:
                              "allreduce", M, mem="kolo")
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
             if a and b:
-                L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f us vs %.2f us "
-                         "(%.2f×) | %s |" % (a, b, a / b, _met(a <= 1.5 * b, 1.5 * b / a)))
-                if a > 1.5 * b:
+                r, used, both = self.paired(ks, "ompi-shm", "allreduce", 8)
+                L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f× Open MPI's time (%s; medians %.2f us "
+                         "vs %.2f us) | %s |" % (1 / r, pair_note(used, both), a, b, _met(r >= 1 / 1.5, 1.5 * r)))
+                if r < 1 / 1.5:
                     self.gap("allreduce 8 B latency ≤ 1.5 × Open MPI shm", "peer", ks, "allreduce", 8, "ompi-shm")
             a16, a32 = t(ks, "allreduce", "float16", M), t(ks, "allreduce", "float32", M)
             sweep = ("the sweep's medians, separate launches: %.2f vs %.2f GB/s" % (M / 1e3 / a16, M / 1e3 / a32)
@@ -1139,14 +1176,20 @@ class Report:
             if not kolo:
                 continue
             for coll in ("broadcast", "allgather", "reducescatter", "alltoall"):
-                rs = self.speedups(kolo, ref, coll)
-                if rs:
-                    worst = min(rs)
-                    ok = sum(1 for r, _ in rs if r >= 1)
-                    L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s%s "
-                             "| %s |" % (coll, what, ok, len(rs), worst[0], fmt_size(worst[1]),
-                                         self.by_state(kolo, ref, coll), _met(ok == len(rs), worst[0])))
-                    if ok < len(rs):
+                ps = self.paired_speedups(kolo, ref, coll)
+                if ps:
+                    worst = min(ps)
+                    ok = sum(1 for r, *_ in ps if r >= 1)
+                    used, both = sum(x[2] for x in ps), sum(x[3] for x in ps)
+                    bare = [x for x in ps if not x[2]]
+                    rs = self.speedups(kolo, ref, coll)
+                    L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s (pairs of "
+                             "launches in one state: %d of %d used%s); the medians over all launches: %d of %d%s "
+                             "| %s |" % (coll, what, ok, len(ps), worst[0], fmt_size(worst[1]), used, both,
+                                         "; %d sizes without one, by all launches' medians" % len(bare)
+                                         if bare else "", sum(1 for r, _ in rs if r >= 1), len(rs),
+                                         self.by_state(kolo, ref, coll), _met(ok == len(ps), worst[0])))
+                    if ok < len(ps):
                         self.gap("%s ≥ Open MPI %s at ≥ 64 KiB (worst size, %s)" % (coll, what, fmt_size(worst[1])),
                                  "peer", kolo, coll, worst[1], ref)
         for np in self.args.np_list:
@@ -1178,22 +1221,29 @@ class Report:
         if not pings:
             return L + ["Not measured (machine_limits --ping was not available).", ""]
         st, split = self.store, self.store.split
-        L.append("Before every launch the harness measures the shared-memory ping between cpus 0 "
+        after = getattr(self, "pings_after", [])
+        L.append("Before and after every launch the harness measures the shared-memory ping between cpus 0 "
                  "and 1 (`machine_limits --ping`, where the ranks are bound). %d launches: %.3f to "
-                 "%.3f us, median %.3f." % (len(pings), min(pings), max(pings),
-                                           statistics.median(pings)))
+                 "%.3f us before, median %.3f." % (len(pings), min(pings), max(pings),
+                                                  statistics.median(pings)))
         if split is None:
-            return L + ["", "No launch was 2.5 times slower than the 10th percentile: the machine "
+            return L + ["", "No ping was 2.5 times slower than the 10th percentile: the machine "
                         "stayed in one state.", ""]
-        far = sum(1 for x in pings if x > split)
-        L.append("Above %.3f us a launch counts as **far**: %d near, %d far. "
+        ends = list(zip(pings, after)) if len(after) == len(pings) else [(x,) for x in pings]
+        states = [st.state(tuple(e)) for e in ends]
+        n_near, n_far, n_mixed = (states.count(x) for x in ("near", "far", "mixed"))
+        L.append("Above %.3f us the machine counts as **far**. A launch whose pings before and after "
+                 "both fall on one side ran in that state: %d near, %d far; %d changed state while they "
+                 "ran (**mixed**: in the medians over all launches, in neither state's). "
                  "On a VM whose vCPUs the host moves between cores that share a cache and cores "
                  "that do not, every shared-memory figure depends on this, and a median over "
                  "repetitions that fell in different states mixes two machines. Below, kolo and "
                  "Open MPI over shared memory and over TCP (loopback moves its bytes between "
                  "the same two cores), 2 ranks, float32, out-of-place, each from the launches "
                  "in one state only (median, with how many); **kolo ×** = Open MPI time / kolo "
-                 "time." % (split, len(pings) - far, far))
+                 "time. The targets' ratios against Open MPI pair the launches of one repetition "
+                 "(seconds apart) and use the pairs whose two launches ran in the same state." % (
+                     split, n_near, n_far, n_mixed))
         L.append("")
         if 2 not in self.args.np_list or not self.kolo:
             return L + ["(kolo at 2 ranks was not in this run)", ""]
@@ -1221,6 +1271,34 @@ class Report:
                     L.append("| %s | %s | %s | %s |" % (tr, coll, fmt_size(size), " | ".join(cells)))
         L.append("")
         return L
+
+    def paired(self, kolo, ref, coll, size, dtype="float32", np=2):
+        """(peer time / kolo time, used, both): the median ratio over the repetitions whose two
+        launches (kolo's and the peer's, seconds apart) both ran wholly in one machine state, the
+        same for both; `used` such pairs of the `both` repetitions that measured both. With no
+        such pair, the ratio of the medians over all launches (used = 0). A pair split across
+        states compares two machines: this VM's far state slows every peer's shared-memory and
+        loopback figures about 2x, so a pair whose launches fell on either side of a switch reads
+        a 2x gap either way that neither library has."""
+        for place in ("oop", "ip"):
+            pr, both = self.store.pairs(np, kolo, ref, coll, dtype, size, place)
+            if pr:
+                return statistics.median(b / a for a, b, _ in pr), len(pr), both
+            a = self.store.med(np, kolo, coll, dtype, size, place)
+            b = self.store.med(np, ref, coll, dtype, size, place)
+            if a and b:
+                return b / a, 0, both
+        return None, 0, 0
+
+    def paired_speedups(self, kolo, ref, coll):
+        """[(ratio, size, used, both)] as paired() for 2 ranks, float32, from 64 KiB."""
+        out = []
+        for s in self.sizes:
+            if s >= (64 << 10):
+                r, used, both = self.paired(kolo, ref, coll, s)
+                if r is not None:
+                    out.append((r, s, used, both))
+        return out
 
     def speedups(self, kolo, ref, coll, state=None):
         """[(peer time / kolo time, size)] for 2 ranks, float32, from 64 KiB, at the sizes both
@@ -1563,6 +1641,13 @@ class Report:
                             L.append("(no peer measured this)")
                         L.append("")
         return L
+
+
+def pair_note(used, both):
+    """How a paired() ratio was made, for the targets' table."""
+    if used:
+        return "median of %d of %d pairs of launches in one machine state" % (used, both)
+    return "ratio of the medians over all launches: no pair of launches in one state"
 
 
 def _met(ok, factor):
@@ -2108,7 +2193,7 @@ def main(argv):
                              "first repetition only), because %s" % (
                                  p.label, np, NCPU, a.oversub_iters, a.oversub_warmup, p.oversub_why))
     store = run.store
-    store.split = state_split(run.pings)
+    store.split = state_split(run.pings + run.pings_after)
     wrong = [(k, e["wrong"]) for k, e in store.t.items() if e["wrong"]]
     for (np, peer, coll, dt, size), w in wrong:
         notes.append("WRONG RESULTS: %s %s %s %d ranks %s: %d elements" % (
@@ -2127,6 +2212,7 @@ def main(argv):
     rep.memc = memc
     rep.waited = run.waited
     rep.pings = run.pings
+    rep.pings_after = run.pings_after
     rep.md_targets()  # finds the unmet targets (rep.gaps) for the profiles
     try:
         rep.profiles = profile_gaps(rep, logdir) if not a.no_profiles else None

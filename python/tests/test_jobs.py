@@ -278,6 +278,53 @@ def test_kolo_bench_paired_mode(tmp_path):
     assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
 
 
+def test_compare_pairs_launches_in_one_machine_state():
+    # The harness judges kolo against a peer by pairs of launches of one repetition that both ran
+    # wholly in one machine state (ping before and after each launch on one side of the split).
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import types
+    import compare
+    st = compare.Store()
+
+    def add(peer, rep, us, before, after):
+        st.add(2, peer, {"coll": "broadcast", "dtype": "float32", "size": 1 << 20, "count": 1 << 18,
+                         "place": {"oop": (us, 0)}}, (before, after), rep)
+    # rep 0: both near; rep 1: kolo's launch changed state while it ran; rep 2: kolo near, the
+    # peer far (a 2x gap that neither has); rep 3: both far; rep 4: the peer alone
+    add("kolo-tcp", 0, 100.0, 0.05, 0.06)
+    add("ompi-tcp", 0, 110.0, 0.05, 0.05)
+    add("kolo-tcp", 1, 300.0, 0.05, 0.25)
+    add("ompi-tcp", 1, 120.0, 0.05, 0.05)
+    add("kolo-tcp", 2, 100.0, 0.05, 0.05)
+    add("ompi-tcp", 2, 240.0, 0.25, 0.24)
+    add("kolo-tcp", 3, 200.0, 0.25, 0.24)
+    add("ompi-tcp", 3, 180.0, 0.25, 0.25)
+    add("ompi-tcp", 4, 115.0, 0.05, 0.05)
+    assert st.state((0.05, 0.06)) == "one" and st.state((None, None)) is None  # no split: one state
+    st.split = compare.state_split([0.05] * 12 + [0.25])
+    assert 0.05 < st.split < 0.25
+    assert st.state((0.05, 0.25)) == "mixed" and st.state((0.25, 0.24)) == "far"
+    assert st.state((0.05, None)) == "near" and st.state(0.3) == "far" and st.state((None, None)) is None
+    pairs, both = st.pairs(2, "kolo-tcp", "ompi-tcp", "broadcast", "float32", 1 << 20, "oop")
+    assert both == 4 and pairs == [(100.0, 110.0, "near"), (200.0, 180.0, "far")], pairs
+    # the mixed launch counts in neither state's median
+    assert st.med(2, "kolo-tcp", "broadcast", "float32", 1 << 20, "oop", "near") == 100.0
+    assert st.count(2, "kolo-tcp", "broadcast", "float32", 1 << 20, "oop", "far") == 1
+    rep = types.SimpleNamespace(store=st, sizes=[1 << 20])
+    r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
+    assert (used, both) == (2, 4) and abs(r - (1.1 + 0.9) / 2) < 1e-9, r
+    # with no pair in one state, the ratio of the medians over all launches
+    add("mpich-tcp", 0, 110.0, 0.25, 0.25)
+    add("mpich-tcp", 3, 90.0, 0.05, 0.05)
+    r, used, both = compare.Report.paired(rep, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)
+    assert (used, both) == (0, 2) and abs(r - 100.0 / 150.0) < 1e-9, r
+    # a machine that stayed in one state all run: every pair counts, the mixed one too
+    st.split = None
+    r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
+    assert (used, both) == (4, 4), (used, both)
+    assert "no pair" in compare.pair_note(0, 2) and "2 of 4" in compare.pair_note(2, 4)
+
+
 def test_kolo_bench_prints_every_call():
     # --calls 1: after each size's row, one '# calls' line per placement with every timed call's time
     # (the slowest rank's); the row's own figures are unchanged in kind. With --vs it is refused.
