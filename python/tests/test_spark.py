@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -282,56 +283,159 @@ def rank_info():
     import kolo
     kolo.init()
     total = kolo.allreduce(np.array([kolo.rank() + 1.0]), op=kolo.Sum)
+    print("hello from rank %d" % kolo.rank(), flush=True)
     return {"rank": kolo.rank(), "size": kolo.size(), "total": float(total[0]), "pid": os.getpid(),
-            "executor": jvm_of(os.getpid()), "transport": kolo.peer_transport(1 - kolo.rank())}
+            "executor": jvm_of(os.getpid()), "netns": os.stat("/proc/self/ns/net").st_ino,
+            "local": [kolo.local_rank(), kolo.local_size()],
+            "transports": {str(r): kolo.peer_transport(r) for r in range(kolo.size()) if r != kolo.rank()}}
 
-s = (SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false")
-     .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "512m")
-     .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+url, driver_host, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = (SparkSession.builder.master(url).config("spark.ui.enabled", "false")
+     .config("spark.driver.host", driver_host).config("spark.driver.bindAddress", driver_host)
+     .config("spark.executor.memory", "512m").config("spark.ui.showConsoleProgress", "false").getOrCreate())
 s.sparkContext.setLogLevel("FATAL")
-out = [kolo.spark.run(rank_info, num_proc=2, verbose=0),
-       kolo.spark.run(rank_info, num_proc=2, verbose=0, env={"KOLO_TRANSPORT": "tcp"})]
+out = [kolo.spark.run(rank_info, num_proc=n, verbose=0),
+       kolo.spark.run(rank_info, num_proc=n, verbose=0, env={"KOLO_TRANSPORT": "tcp"})]
 print("RESULTS " + json.dumps(out), flush=True)
 s.stop()
 """
 
+# Where network namespaces can be made (root, iproute2), the standalone cluster's two workers are
+# hosts of their own: namespaces "ktsp<pid>-a" (10.78.0.1) and "-b" (10.78.0.2), each with a veth
+# to a bridge in "-l" (10.78.0.254), which holds the master and the driver. Every address and
+# packet stays inside them. A guard process in a session of its own waits for the test's end of a
+# pipe to close, however the test ends, then kills every process in the namespaces and deletes
+# them; namespaces whose test process is gone (a guard killed too) go at the next run.
+NS_NET = "10.78.0"
+NS_GUARD = r"""
+import os, subprocess, sys, time
+names = sys.argv[1:]
+sys.stdin.read()
+for _ in range(3):
+    inos = set()
+    for n in names:
+        try:
+            inos.add(os.stat("/var/run/netns/" + n).st_ino)
+        except OSError:
+            pass
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat("/proc/%s/ns/net" % p).st_ino in inos:
+                os.kill(int(p), 9)
+        except OSError:
+            pass
+    time.sleep(0.2)
+for n in names:
+    subprocess.run(["ip", "netns", "del", n], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+
+
+def _guard(names):
+    return subprocess.Popen([sys.executable, "-c", NS_GUARD] + names, stdin=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _stale_namespaces():
+    stale = []
+    for n in os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []:
+        m = re.match(r"ktsp(\d+)-[lab]$", n)
+        if m:
+            try:
+                os.kill(int(m.group(1)), 0)
+            except ProcessLookupError:
+                stale.append(n)
+            except PermissionError:
+                pass
+    if stale:
+        g = _guard(stale)
+        g.stdin.close()
+        g.wait(60)
+
+
+def _make_hosts(log):
+    """The three namespaces ({"l": name, "a": ..., "b": ...}, guard), or (None, why) when they
+    cannot be made here."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        return None, "needs root and iproute2's ip"
+    _stale_namespaces()
+    ns = {x: "ktsp%d-%s" % (os.getpid(), x) for x in "lab"}
+    guard = _guard(list(ns.values()))  # from here on, however the test ends, the namespaces go
+
+    def sh(*argv):
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log.write("$ %s\n%s" % (" ".join(argv), r.stdout))
+        if r.returncode:
+            raise RuntimeError("%s: %s" % (" ".join(argv), r.stdout.strip()))
+    try:
+        for x in "lab":
+            sh("ip", "netns", "add", ns[x])
+            sh("ip", "-n", ns[x], "link", "set", "lo", "up")
+        sh("ip", "-n", ns["l"], "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", ns["l"], "link", "set", "br0", "up")
+        sh("ip", "-n", ns["l"], "addr", "add", NS_NET + ".254/24", "dev", "br0")
+        for x, addr in (("a", 1), ("b", 2)):
+            sh("ip", "-n", ns["l"], "link", "add", "v" + x, "type", "veth", "peer", "name", "eth0", "netns", ns[x])
+            sh("ip", "-n", ns["l"], "link", "set", "v" + x, "master", "br0", "up")
+            sh("ip", "-n", ns[x], "addr", "add", "%s.%d/24" % (NS_NET, addr), "dev", "eth0")
+            sh("ip", "-n", ns[x], "link", "set", "eth0", "up")
+    except (RuntimeError, OSError) as e:
+        guard.stdin.close()
+        guard.wait(60)
+        return None, str(e)
+    return ns, guard
+
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
-    """A Spark standalone cluster on this host: a master and two workers of one core each, every
-    one its own JVM (executors apart from the driver, as on a real cluster)."""
+    """A Spark standalone cluster: a master and two workers, every one its own JVM (executors
+    apart from the driver, as on a real cluster). The workers are two hosts of 2 cores each in
+    network namespaces where they can be made; else two workers of one core each on this host."""
     d = tmp_path_factory.mktemp("standalone")
     home = os.path.dirname(pyspark.__file__)
-    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(d), SPARK_WORKER_DIR=str(d / "work"),
+    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(d),
+               SPARK_WORKER_DIR=str(d / "work"),
                PYTHONPATH=os.pathsep.join([os.path.normpath(os.path.join(os.path.dirname(kolo.spark.__file__),
                                                                           "..", ".."))] +
                                           [p for p in [os.environ.get("PYTHONPATH")] if p]))
     cls = os.path.join(home, "bin", "spark-class")
+    with open(d / "netns.log", "w") as log:
+        ns, guard = _make_hosts(log)
+    if ns:
+        addr = {"l": NS_NET + ".254", "a": NS_NET + ".1", "b": NS_NET + ".2"}
+        where = {x: ["ip", "netns", "exec", ns[x]] for x in "lab"}
+        cores, why = "2", None
+    else:
+        addr = {x: "127.0.0.1" for x in "lab"}
+        where = {x: [] for x in "lab"}
+        cores, why = "1", guard
     procs = []
 
-    def start(name, *args):
+    def start(name, host, *args):
         log = open(d / (name + ".log"), "w")
-        p = subprocess.Popen([cls] + list(args), env=env, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(where[host] + [cls] + list(args), env=dict(env, SPARK_LOCAL_IP=addr[host]),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(p)
         return d / (name + ".log")
 
     try:
-        mlog = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+        mlog = start("master", "l", "org.apache.spark.deploy.master.Master", "--host", addr["l"], "--port", "0",
                      "--webui-port", "0")
         url, deadline = None, time.monotonic() + 90
         while url is None and time.monotonic() < deadline:
             m = re.search(r"Starting Spark master at (spark://\S+)", mlog.read_text())
             url = m.group(1) if m else time.sleep(0.2)
         assert url, "the Spark master did not start:\n" + mlog.read_text()[-3000:]
-        for i in (1, 2):
-            start("worker%d" % i, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+        for x in "ab":
+            start("worker-" + x, x, "org.apache.spark.deploy.worker.Worker", "--host", addr[x], "--cores", cores,
                   "--memory", "1g", "--webui-port", "0", url)
         while mlog.read_text().count("Registering worker") < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert mlog.read_text().count("Registering worker") == 2, mlog.read_text()[-3000:]
-        yield url, env
+        hosts = {}
+        if ns:
+            hosts = {os.stat("/var/run/netns/" + ns[x]).st_ino: x for x in "ab"}
+        yield {"url": url, "env": env, "driver": where["l"], "driver_host": addr["l"], "slots": 2 * int(cores),
+               "hosts": hosts, "why_one_host": why}
     finally:
         for p in procs:
             try:
@@ -339,20 +443,41 @@ def standalone(tmp_path_factory):
             except ProcessLookupError:
                 pass
             p.wait()
+        if ns:
+            guard.stdin.close()
+            guard.wait(60)
 
 
-def test_standalone_cluster_executors_apart_from_the_driver(standalone, tmp_path):
+def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     signal.alarm(240)  # beyond the suite's per-test deadline: two executor JVMs start (20-30 s here)
-    url, env = standalone
+    c = standalone
+    if not c["hosts"]:
+        print("one host only: no network namespaces here (%s)" % c["why_one_host"])
     script = tmp_path / "driver.py"
     script.write_text(STANDALONE_DRIVER)
-    p = subprocess.run([sys.executable, str(script), url], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=150)
+    n = c["slots"]
+    p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=c["env"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150)
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
     assert line, p.stdout[-5000:]
-    for res, transport in zip(json.loads(line[0][8:]), ("shm", "tcp")):
-        assert [r["rank"] for r in res] == [0, 1] and all(r["size"] == 2 and r["total"] == 3.0 for r in res)
-        assert all(r["transport"] == transport for r in res)
-        # one core per worker: each rank under an executor JVM of its own, not the driver's
-        assert None not in (res[0]["executor"], res[1]["executor"]) and res[0]["executor"] != res[1]["executor"]
+    for res, forced_tcp in zip(json.loads(line[0][8:]), (False, True)):
+        assert [r["rank"] for r in res] == list(range(n)), res
+        assert all(r["size"] == n and r["total"] == n * (n + 1) / 2 for r in res), res
+        # each rank under an executor JVM of its worker's, not the driver's
+        jvms = [r["executor"] for r in res]
+        assert None not in jvms and len(set(jvms)) == 2, res
+        where = [r["netns"] for r in res]
+        if c["hosts"]:
+            # ranks of a host consecutive (rank 0 and 1 on one, 2 and 3 on the other), each rank
+            # in its worker's namespace, under its worker's executor
+            assert where[0] == where[1] and where[2] == where[3] and where[0] != where[2], res
+            assert set(where) == set(c["hosts"]) and jvms[0] == jvms[1] and jvms[2] == jvms[3], res
+            assert [r["local"] for r in res] == [[0, 2], [1, 2], [0, 2], [1, 2]], res
+        for r in res:
+            for peer, how in r["transports"].items():
+                same = where[int(peer)] == r["netns"]
+                assert how == ("shm" if same and not forced_tcp else "tcp"), (r["rank"], peer, how, res)
+    # every rank's output reached the driver across the network, tagged
+    for r in range(n):
+        assert p.stdout.count("[%d]<stdout>:hello from rank %d" % (r, r)) == 2, p.stdout[-5000:]
