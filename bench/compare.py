@@ -494,8 +494,7 @@ class Run:
         self.store = Store()
         self.comments, self.notes, self.loads = [], [], []
         self.cpu = {}  # (peer key, np) -> [CPU seconds, wall seconds]
-        self.pings = []  # the shared-memory ping before every launch (us)
-        self.pings_after = []  # and after it
+        self.pings = []  # (before, after): the shared-memory pings around every launch (us; None: not measured)
         self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
 
 
@@ -530,13 +529,13 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             run.loads.append(cpu_busy(0.1))
             ping = state_ping()
             if ping is not None:
-                run.pings.append(ping)
                 log.write("# shm ping before this launch: %.3f us\n" % ping)
             out, rc, to, secs = run_launch(ln, limit, log)
             after = state_ping()
             if after is not None:
-                run.pings_after.append(after)
                 log.write("# shm ping after this launch: %.3f us\n" % after)
+            if (ping, after) != (None, None):
+                run.pings.append((ping, after))
             rows, com = parse_rows(out, ln.coll)
             if (p.family == "kolo" and not rows and rc and not p.use_kolorun
                     and os.access(KOLORUN, os.X_OK)):
@@ -1216,21 +1215,20 @@ class Report:
     def md_states(self):
         """kolo against Open MPI over shared memory and TCP, split by the machine state each launch
         saw."""
-        pings = getattr(self, "pings", [])
+        launches = getattr(self, "pings", [])
+        pings = [b for b, _ in launches if b is not None]
         L = ["## The machine's state at each launch", ""]
         if not pings:
             return L + ["Not measured (machine_limits --ping was not available).", ""]
         st, split = self.store, self.store.split
-        after = getattr(self, "pings_after", [])
         L.append("Before and after every launch the harness measures the shared-memory ping between cpus 0 "
                  "and 1 (`machine_limits --ping`, where the ranks are bound). %d launches: %.3f to "
-                 "%.3f us before, median %.3f." % (len(pings), min(pings), max(pings),
+                 "%.3f us before, median %.3f." % (len(launches), min(pings), max(pings),
                                                   statistics.median(pings)))
         if split is None:
             return L + ["", "No ping was 2.5 times slower than the 10th percentile: the machine "
                         "stayed in one state.", ""]
-        ends = list(zip(pings, after)) if len(after) == len(pings) else [(x,) for x in pings]
-        states = [st.state(tuple(e)) for e in ends]
+        states = [st.state(e) for e in launches]
         n_near, n_far, n_mixed = (states.count(x) for x in ("near", "far", "mixed"))
         L.append("Above %.3f us the machine counts as **far**. A launch whose pings before and after "
                  "both fall on one side ran in that state: %d near, %d far; %d changed state while they "
@@ -2193,7 +2191,7 @@ def main(argv):
                              "first repetition only), because %s" % (
                                  p.label, np, NCPU, a.oversub_iters, a.oversub_warmup, p.oversub_why))
     store = run.store
-    store.split = state_split(run.pings + run.pings_after)
+    store.split = state_split([x for e in run.pings for x in e if x is not None])
     wrong = [(k, e["wrong"]) for k, e in store.t.items() if e["wrong"]]
     for (np, peer, coll, dt, size), w in wrong:
         notes.append("WRONG RESULTS: %s %s %s %d ranks %s: %d elements" % (
@@ -2212,7 +2210,6 @@ def main(argv):
     rep.memc = memc
     rep.waited = run.waited
     rep.pings = run.pings
-    rep.pings_after = run.pings_after
     rep.md_targets()  # finds the unmet targets (rep.gaps) for the profiles
     try:
         rep.profiles = profile_gaps(rep, logdir) if not a.no_profiles else None

@@ -42,7 +42,7 @@ def spark():
     s.stop()
 
 
-def _assert_gone(pid, within_s, what):
+def _assert_gone(pid, within_s, who, what):
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -50,7 +50,7 @@ def _assert_gone(pid, within_s, what):
         except ProcessLookupError:
             return
         time.sleep(0.1)
-    pytest.fail("rank 0 (pid %d) outlived %s" % (pid, what))
+    pytest.fail("%s (pid %d) outlived %s" % (who, pid, what))
 
 
 def _placed(x):
@@ -128,7 +128,7 @@ def test_failing_rank_is_named_and_no_rank_is_left(spark, tmp_path):
     assert any("rank 1 is about to fail" in line for line in e.tail)
     assert "[1]<stderr>:ValueError: rank one says no" in err.getvalue()
     assert time.monotonic() - t0 < 120  # not retried, not waiting for anything
-    _assert_gone(int(open(marker).read()), 30, "the failed job")
+    _assert_gone(int(open(marker).read()), 30, "rank 0", "the failed job")
 
 
 def _hangs_on_rank_0(marker):
@@ -147,7 +147,7 @@ def test_a_rank_outside_kolo_is_stopped_with_the_job(spark, tmp_path):
         kolo.spark.run(_hangs_on_rank_0, args=(marker,), num_proc=2, stdout=io.StringIO(), stderr=io.StringIO(),
                        verbose=0)
     assert ei.value.rank == 1 and ei.value.exit_code == 3
-    _assert_gone(int(open(marker).read()), 60, "the cancelled job")
+    _assert_gone(int(open(marker).read()), 60, "rank 0", "the cancelled job")
 
 
 def _noop():
@@ -219,7 +219,6 @@ def test_training_example_runs_on_spark():
 DRIVER = r"""
 import os, sys, time
 os.environ["PYSPARK_PYTHON"] = sys.executable
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 import kolo.spark
 
@@ -260,7 +259,7 @@ def test_ctrl_c_on_the_driver_stops_every_rank(tmp_path):
             p.kill()
             p.wait()
     for f in pids:
-        _assert_gone(int(f.read_text()), 30, "the interrupted driver")
+        _assert_gone(int(f.read_text()), 30, f.stem.replace("rank", "rank "), "the interrupted driver")
 
 
 STANDALONE_DRIVER = r"""
@@ -353,10 +352,10 @@ def _stale_namespaces():
 
 
 def _make_hosts(log):
-    """The three namespaces ({"l": name, "a": ..., "b": ...}, guard), or (None, why) when they
-    cannot be made here."""
+    """(the three namespaces {"l": name, "a": ..., "b": ...}, their guard, None), or (None, None,
+    why not) when they cannot be made here."""
     if os.geteuid() != 0 or not shutil.which("ip"):
-        return None, "needs root and iproute2's ip"
+        return None, None, "needs root and iproute2's ip"
     _stale_namespaces()
     ns = {x: "ktsp%d-%s" % (os.getpid(), x) for x in "lab"}
     guard = _guard(list(ns.values()))  # from here on, however the test ends, the namespaces go
@@ -381,8 +380,8 @@ def _make_hosts(log):
     except (RuntimeError, OSError) as e:
         guard.stdin.close()
         guard.wait(60)
-        return None, str(e)
-    return ns, guard
+        return None, None, str(e)
+    return ns, guard, None
 
 
 @pytest.fixture(scope="module")
@@ -399,15 +398,15 @@ def standalone(tmp_path_factory):
                                           [p for p in [os.environ.get("PYTHONPATH")] if p]))
     cls = os.path.join(home, "bin", "spark-class")
     with open(d / "netns.log", "w") as log:
-        ns, guard = _make_hosts(log)
+        ns, guard, why = _make_hosts(log)
     if ns:
         addr = {"l": NS_NET + ".254", "a": NS_NET + ".1", "b": NS_NET + ".2"}
         where = {x: ["ip", "netns", "exec", ns[x]] for x in "lab"}
-        cores, why = "2", None
+        cores = "2"
     else:
         addr = {x: "127.0.0.1" for x in "lab"}
         where = {x: [] for x in "lab"}
-        cores, why = "1", guard
+        cores = "1"
     procs = []
 
     def start(name, host, *args):
