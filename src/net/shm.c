@@ -542,6 +542,15 @@ static void adapt_done(kolo__conn *c, shm_priv *s, int way, uint64_t start, uint
     adapt_flush(s); /* an earlier one still waiting (another message came in meanwhile) */
     const kolo__xfer *out = c->sendq;
     if (out && out->hdr_done && out->len >= s->cma_threshold) {
+        /* a probe that ends with this message asks the sender for the way in use now, as
+         * adapt_begin does for the ring: single-copy's ack, which follows, no longer comes after
+         * the decision, and the peer's next message would come the probed way once more (seen in
+         * shm_auto_seeded_class_probes_when_in_doubt: 5 of 16 messages where 4 belong) */
+        way_choice *w = &s->cls[shm_class(s, bytes)];
+        if (!w->early && probe_ends_with(w, way, bytes)) {
+            w->early = true;
+            publish_want(s);
+        }
         s->deferred = true;
         s->deferred_way = way;
         s->deferred_start = start;
