@@ -1893,11 +1893,12 @@ def paired_check(a, logdir, reps=6, limits=None):
     sides call by call, so both meet the same machine. `mem`: buffers from malloc (A) against
     kolo_mem_alloc (B, the zero-copy path: how close kolo gets to the memory-traffic bound when
     the ranks can read and write each other's buffers); `float16`: float32 against float16 at the same bytes
-    (whether the conversion costs byte rate). float32 against float32 reads 0.95-1.07 from launch
-    to launch even at 30 calls a side (the sides' buffers are separate allocations, and one
-    launch's pages can suit one side better), hence medians over launches; and float16 takes side
-    B in even repetitions and side A in odd ones, so a lasting bias between the sides cancels. Its
-    entries are always (float32 us, float16 us).
+    (whether the conversion costs byte rate), both types in the same buffers. float32 against
+    float32 read 0.93-1.07 from launch to launch when the sides had buffers of their own (one
+    launch's pages can suit one side better: on a Zen 3 VM side B won by 3-15 % in 6 launches
+    of float16 against float32, whichever type it was), 0.97-1.04 in shared ones, hence medians
+    over launches; and float16 takes side B in even repetitions and side A in odd ones, so a
+    lasting bias between the sides cancels. Its entries are always (float32 us, float16 us).
     `limits`, when given, measures the machine's limits right after each `mem` launch, whose
     entry then carries the DRAM traffic rate B of that moment.
     Returns {"mem"|"float16": [(A us, B us, ping[, B GB/s])], "wrong": n}."""

@@ -260,14 +260,18 @@ def test_train_compare_writes_its_table(tmp_path):
 
 def test_kolo_bench_paired_mode(tmp_path):
     # kolo-bench --vs times two sides call by call; the harness reads its rows with parse_paired.
+    # Two dtypes share one set of buffers (whatever type is first), two buffer sources cannot.
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import compare
     bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
-    for vs, sides in (("float16", ("float32", "float16")), ("mem", ("float32/malloc", "float32/kolo-mem"))):
+    for first, vs, sides in ((["-d", "float32"], "float16", ("float32", "float16")),
+                             (["-d", "float16"], "float32", ("float16", "float32")),
+                             ([], "mem", ("float32/malloc", "float32/kolo-mem"))):
         p = subprocess.run([bench, "allreduce", "-np", "2", "-b", "4M", "-e", "16M", "-f", "4", "-n", "3", "-w", "1",
-                            "-c", "1", "--vs", vs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=60)
+                            "-c", "1"] + first + ["--vs", vs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=60)
         assert p.returncode == 0, p.stdout
+        assert ("same bytes, same buffers." in p.stdout) == (vs != "mem"), p.stdout
         rows = compare.parse_paired(p.stdout)
         assert [r[0] for r in rows] == [4 << 20, 16 << 20], p.stdout
         assert all(r[1] > 0 and r[2] > 0 and r[3] == 0 for r in rows), p.stdout
