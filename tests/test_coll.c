@@ -880,6 +880,46 @@ static void rings_mapped_dirty(int rank, void *arg)
 
 KT_TEST(shm_rings_are_mapped_dirty, 30) { KT_EQ(kt_job(2, rings_mapped_dirty, NULL, NULL, NULL), 0); }
 
+/* Each shared-memory ring is 4 MiB, or 1 MiB on a host with more ranks than cores (mesh.c),
+ * unless KOLO_SHM_RING_SIZE says otherwise; two ranks that asked for different sizes take the
+ * creator's (shm.c), so the pair stays on shared memory. arg "default" or "mixed" (rank 0 asks
+ * for 256 KiB, the others for 2 MiB). */
+static void ring_sizes(int rank, void *arg)
+{
+    bool mixed = strcmp(arg, "mixed") == 0;
+    if (mixed) setenv("KOLO_SHM_RING_SIZE", rank == 0 ? "256K" : "2M", 1);
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    uint64_t mine[16] = {0}, all[16 * 16];
+    KT_ASSERT(n <= 16);
+    for (int r = 0; r < n; r++) {
+        if (r == rank) continue;
+        KT_ASSERTF(strcmp(kolo_peer_transport(r), "shm") == 0, "rank %d: rank %d over %s", rank, r,
+                   kolo_peer_transport(r));
+        mine[r] = kolo__shm_ring_bytes(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[r]);
+        uint64_t want = n > kolo__host_cpus() ? 1u << 20 : 4u << 20;
+        if (mixed) KT_ASSERTF(mine[r] == 256u << 10 || mine[r] == 2u << 20, "rank %d: rings to %d of %llu bytes", rank, r,
+                              (unsigned long long)mine[r]);
+        else KT_ASSERTF(mine[r] == want, "rank %d: rings to %d of %llu bytes, want %llu (%d ranks, %ld cores)", rank, r,
+                        (unsigned long long)mine[r], (unsigned long long)want, n, kolo__host_cpus());
+    }
+    KT_OK(kolo_allgather(mine, 16, all, NULL, KOLO_INT64, KOLO_WORLD));
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++)
+            KT_ASSERTF(all[a * 16 + b] == all[b * 16 + a], "ranks %d and %d see rings of %llu and %llu bytes", a, b,
+                       (unsigned long long)all[a * 16 + b], (unsigned long long)all[b * 16 + a]);
+    KT_OK(kolo_shutdown());
+    big_buffers(rank, NULL); /* 17 MiB through the rings */
+}
+
+KT_TEST(shm_ring_sizes, 120)
+{
+    char dflt[] = "default", mixed[] = "mixed";
+    KT_EQ(kt_job(2, ring_sizes, dflt, NULL, NULL), 0);
+    KT_EQ(kt_job(3, ring_sizes, dflt, NULL, NULL), 0);
+    KT_EQ(kt_job(3, ring_sizes, mixed, NULL, NULL), 0);
+}
+
 /* rings too big to fault in at start-up (3 ranks x 32 MiB rings is past the 128 MiB budget)
  * are mapped in during their first pass instead, and work the same */
 KT_TEST(conformance_shm_lazy_rings_np3, 120)

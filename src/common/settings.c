@@ -50,7 +50,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "and more among ranks of one host choose the same way between the ring and each rank reading the others' buffers "
                           "directly (1: always direct, 0: never)"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
-                                "bytes of each shared-memory ring (one per direction per peer)"},
+                                "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
+                                "more ranks than cores"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
                                       "allreduces up to this many bytes use the latency-optimal algorithm, "
                                       "larger ones the ring (or, from 64K, when every rank of one host passes "

@@ -90,16 +90,6 @@ static void compute_topology(void)
     W.cross_size = cs;
 }
 
-/* The cores this host's ranks share: the ones this process may run on, or all online ones when
- * it was bound to a single core (a launcher that binds ranks has already given each its own). */
-static long host_cpus(void)
-{
-    cpu_set_t set;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
-    return cpus;
-}
-
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
  * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies: a copy timed while its rank
  * shares a core measures the scheduler, not the path. The large sends that a collective marks
@@ -224,7 +214,7 @@ int kolo_init(void)
         if (st != KOLO_OK) goto fail;
     }
     compute_topology();
-    long cpus = host_cpus();
+    long cpus = kolo__host_cpus();
     bool oversubscribed = cpus >= 1 && W.local_size > cpus;
     if (oversubscribed) choose_spin(cpus);
     st = make_world_group();

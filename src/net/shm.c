@@ -1041,7 +1041,12 @@ int kolo__shm_open(kolo__conn *c, const char *name, size_t ring, int populate)
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return kolo__err_sys(errno, "shm_open(%s)", name);
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != seg_len(ring)) {
+    bool stat_ok = fstat(fd, &sb) == 0;
+    /* the creator's size wins: the two ranks of a pair may count a host's cores differently
+     * (mesh.c takes smaller rings where ranks outnumber cores) */
+    for (size_t r = 65536; stat_ok && (size_t)sb.st_size != seg_len(ring) && r <= ((size_t)1 << 30); r <<= 1)
+        if ((size_t)sb.st_size == seg_len(r)) ring = r;
+    if (!stat_ok || (size_t)sb.st_size != seg_len(ring)) {
         close(fd);
         return kolo__err(KOLO_ERR_PROTOCOL, "shared memory %s has the wrong size", name);
     }
@@ -1118,6 +1123,12 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
     if (cma * margin_pct < ring * 100) return 1;
     if (ring * margin_pct < cma * 100) return 0;
     return -1;
+}
+
+size_t kolo__shm_ring_bytes(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;
+    return (size_t)((const shm_priv *)c->priv)->mask + 1;
 }
 
 size_t kolo__shm_cma_threshold(const kolo__conn *c)

@@ -199,6 +199,10 @@ int kolo__conn_fail(kolo__conn *c, int status);
  * challenge-response, and picks shm or tcp per peer. On success meshes[c] are set and
  * *peers (array of size) and per-rank host info are filled in. */
 struct kolo__store;
+/* The cores this host's ranks share: the ones this process may run on, or all online ones when
+ * it was bound to a single core (a launcher that binds ranks has already given each its own). */
+long kolo__host_cpus(void);
+
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
 void kolo__mesh_destroy(kolo__mesh *m);
@@ -248,6 +252,8 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
+/* The bytes of each of c's rings; 0 when c is not a shared-memory conn. */
+size_t kolo__shm_ring_bytes(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
  * from timings. */
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
