@@ -763,11 +763,14 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * first passes through 4 MiB rings fault in 16 MiB per rank per partner set and the
          * rings crowd the cache. 4 ranks on 2 cores, 256 KiB-64 MiB: 1 MiB rings as fast or
          * faster for allreduce (64 MiB 50-65 ms against 76-78), broadcast and allgather, alltoall
-         * alike. */
+         * alike. And they are mapped in during their first pass, not at start-up: faulting in
+         * every pair's rings (16 ranks: 60 MiB a rank, most of it for pairs that never talk)
+         * took a 16-rank launch from 0.24-0.28 s to 0.53-0.54, while the first calls of 64 KiB
+         * ran alike (0.55-0.72 ms against 0.66-0.76). */
         long cpus = kolo__host_cpus();
-        if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE) && cpus >= 1 && (long)local + 1 > cpus)
-            b.ring = OVERSUBSCRIBED_RING;
-        b.populate = local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
+        bool oversubscribed = cpus >= 1 && (long)local + 1 > cpus;
+        if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
+        b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;
         b.pending_out = wi->rank * KOLO_NCHANNELS;
         st = run_handshakes(&b, lfd, deadline);
