@@ -133,17 +133,29 @@ static int result(const kolo_request_t *r)
     return kolo__err(r->status, "%s", r->err ? r->err : kolo_strerror(r->status));
 }
 
+/* Whether req is done. publish() marks every member of a group done under done_lock, one after
+ * the other, so a request seen done is followed through that lock: then every member of its
+ * group reads done as well (a test of another member right after must not find it still
+ * running; under TSan one did). */
+static bool seen_done(kolo_request_t *req)
+{
+    if (!atomic_load_explicit(&req->done, memory_order_acquire)) return false;
+    pthread_mutex_lock(&done_lock);
+    pthread_mutex_unlock(&done_lock);
+    return true;
+}
+
 int kolo_request_test(kolo_request_t *req, int *done)
 {
     if (!req || !done) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_request_test: %s is NULL", req ? "done" : "req");
-    *done = atomic_load_explicit(&req->done, memory_order_acquire);
+    *done = seen_done(req);
     return KOLO_OK;
 }
 
 int kolo_request_wait(kolo_request_t *req, double timeout_s)
 {
     if (!req) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_request_wait: req is NULL");
-    if (atomic_load_explicit(&req->done, memory_order_acquire)) return result(req);
+    if (seen_done(req)) return result(req);
     pthread_once(&done_once, done_init);
     struct timespec dl = {0, 0};
     if (timeout_s >= 0) {
