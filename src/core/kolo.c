@@ -214,9 +214,8 @@ int kolo_init(void)
         if (st != KOLO_OK) goto fail;
     }
     compute_topology();
-    long cpus = kolo__host_cpus();
-    bool oversubscribed = cpus >= 1 && W.local_size > cpus;
-    if (oversubscribed) choose_spin(cpus);
+    bool oversubscribed = kolo__host_oversubscribed((size_t)W.local_size);
+    if (oversubscribed) choose_spin(kolo__host_cpus());
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
     if (oversubscribed) pin_ring_copies();

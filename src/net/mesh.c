@@ -400,7 +400,7 @@ static int on_ack(build *b, hs *h)
          * have: a pair shares memory only when both sides allow it */
         KOLO_DEBUG("rank %d offered shared memory; declined, KOLO_TRANSPORT=tcp here", h->peer);
     } else if (offer == 1) {
-        shm_ok = kolo__shm_open(c, name, b->ring, b->populate) == KOLO_OK;
+        shm_ok = kolo__shm_open(c, name, b->populate) == KOLO_OK;
         if (!shm_ok) KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
         cma_c = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);
     }
@@ -675,6 +675,12 @@ long kolo__host_cpus(void)
     return cpus;
 }
 
+bool kolo__host_oversubscribed(size_t local_ranks)
+{
+    long cpus = kolo__host_cpus();
+    return cpus >= 1 && local_ranks > (size_t)cpus;
+}
+
 /* Each shared-memory ring's size (KOLO_SHM_RING_SIZE unset) on a host with more ranks than cores. */
 #define OVERSUBSCRIBED_RING ((size_t)1 << 20)
 
@@ -758,8 +764,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         for (int r = 0; r < wi->size; r++)
             local += r != wi->rank && strcmp(b.peers[r].hostkey, b.peers[wi->rank].hostkey) == 0;
         /* More ranks than cores: smaller rings (the opener of a pair takes the creator's size,
-         * shm.c). 16 ranks on 2 cores, allreduce of 64 KiB in launches of 12 calls (the
-         * harness's check): 3.7-4.8 ms with 4 MiB rings, 0.77 with 1 MiB, Open MPI 0.8-1.0; the
+         * shm.c). 16 ranks on 2 cores, allreduce of 64 KiB in launches shaped like the harness's
+         * check (10 timed calls): 3.7-4.8 ms with 4 MiB rings, 0.77 with 1 MiB, Open MPI 0.8-1.0; the
          * first passes through 4 MiB rings fault in 16 MiB per rank per partner set and the
          * rings crowd the cache. 4 ranks on 2 cores, 256 KiB-64 MiB: 1 MiB rings as fast or
          * faster for allreduce (64 MiB 50-65 ms against 76-78), broadcast and allgather, alltoall
@@ -767,8 +773,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * every pair's rings (16 ranks: 60 MiB a rank, most of it for pairs that never talk)
          * took a 16-rank launch from 0.24-0.28 s to 0.53-0.54, while the first calls of 64 KiB
          * ran alike (0.55-0.72 ms against 0.66-0.76). */
-        long cpus = kolo__host_cpus();
-        bool oversubscribed = cpus >= 1 && (long)local + 1 > cpus;
+        bool oversubscribed = kolo__host_oversubscribed(local + 1);
         if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;

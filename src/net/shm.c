@@ -1035,20 +1035,19 @@ int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int pop
     return KOLO_OK;
 }
 
-int kolo__shm_open(kolo__conn *c, const char *name, size_t ring, int populate)
+int kolo__shm_open(kolo__conn *c, const char *name, int populate)
 {
-    ring = ring_pow2(ring);
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return kolo__err_sys(errno, "shm_open(%s)", name);
+    /* the creator's size, whatever this rank would have chosen: the two ranks of a pair may
+     * count a host's cores differently (mesh.c takes smaller rings where ranks outnumber cores) */
     struct stat sb;
-    bool stat_ok = fstat(fd, &sb) == 0;
-    /* the creator's size wins: the two ranks of a pair may count a host's cores differently
-     * (mesh.c takes smaller rings where ranks outnumber cores) */
-    for (size_t r = 65536; stat_ok && (size_t)sb.st_size != seg_len(ring) && r <= ((size_t)1 << 30); r <<= 1)
-        if ((size_t)sb.st_size == seg_len(r)) ring = r;
-    if (!stat_ok || (size_t)sb.st_size != seg_len(ring)) {
+    size_t len = fstat(fd, &sb) == 0 ? (size_t)sb.st_size : 0;
+    size_t ring = len > 2 * sizeof(ring_ctl) ? len / 2 - sizeof(ring_ctl) : 0;
+    if (ring != ring_pow2(ring) || seg_len(ring) != len) {
         close(fd);
-        return kolo__err(KOLO_ERR_PROTOCOL, "shared memory %s has the wrong size", name);
+        return kolo__err(KOLO_ERR_PROTOCOL, "shared memory %s from rank %d has the wrong size (%zu bytes)", name,
+                         c->peer, len);
     }
     int st = map_segment(c, fd, ring, 0, populate);
     close(fd);

@@ -202,6 +202,8 @@ struct kolo__store;
 /* The cores this host's ranks share: the ones this process may run on, or all online ones when
  * it was bound to a single core (a launcher that binds ranks has already given each its own). */
 long kolo__host_cpus(void);
+/* Whether this host has more ranks (local_ranks, this one included) than those cores. */
+bool kolo__host_oversubscribed(size_t local_ranks);
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
@@ -221,7 +223,8 @@ const char *kolo__tcp_congestion(const kolo__conn *c);
  * its pages faulted in and dirty (MADV_POPULATE_WRITE), so the first messages pay neither a page
  * fault nor a first write to a clean page each. */
 int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
-int kolo__shm_open(kolo__conn *c, const char *name, size_t ring_size, int populate);
+/* Maps the peer's segment at the size its creator gave it. */
+int kolo__shm_open(kolo__conn *c, const char *name, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
  * if a process dies later; one killed before that is removed by kolorun when it reaps it, or
  * swept by a later job, shm.c). */
