@@ -1756,7 +1756,11 @@ fig.suptitle(cfg["title"]); fig.tight_layout(); fig.savefig(cfg["png"], dpi=90)
 
 # ---------------------------------------------------------------- main
 
-OVERSUB_SIZES = [(8, 20, 5), (64 << 10, 10, 2), (4 << 20, 5, 1)]  # (size, iters, warmup)
+# (size, iters, warmup). Six sizes, from latency-bound to bandwidth-bound: with three (8 B, 64
+# KiB, 4 MiB) the 16-rank 64 KiB figure was the only sign of rings faulted in mid-launch
+# (c313cc4), and nothing between 64 KiB and 4 MiB or above 4 MiB was looked at.
+OVERSUB_SIZES = [(8, 20, 5), (4 << 10, 20, 5), (64 << 10, 10, 2), (1 << 20, 10, 2), (4 << 20, 5, 1),
+                 (16 << 20, 3, 1)]
 
 
 def latest_train_compare(outdir):
