@@ -141,6 +141,11 @@ static double val(int r, size_t i, kolo_op_t op)
 static void put(void *buf, size_t i, kolo_dtype_t d, double v);
 static double get(const void *buf, size_t i, kolo_dtype_t d);
 
+static bool is_float(kolo_dtype_t d)
+{
+    return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
+}
+
 static double expect(int n, size_t i, kolo_op_t op, kolo_dtype_t d)
 {
     double acc = val(0, i, op);
@@ -154,10 +159,7 @@ static double expect(int n, size_t i, kolo_op_t op, kolo_dtype_t d)
         default: break;
         }
     }
-    if (op == KOLO_AVERAGE) {
-        bool integer = d != KOLO_FLOAT16 && d != KOLO_BFLOAT16 && d != KOLO_FLOAT32 && d != KOLO_FLOAT64;
-        acc = integer ? trunc(acc / n) : acc / n;
-    }
+    if (op == KOLO_AVERAGE) acc = is_float(d) ? acc / n : trunc(acc / n);
     if (d == KOLO_UINT8 || d == KOLO_UINT16) acc = fmod(acc + 65536.0 * 16, d == KOLO_UINT8 ? 256.0 : 65536.0);
     if (d == KOLO_BOOL) acc = acc != 0;
     return acc;
@@ -420,11 +422,6 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-static bool is_float(kolo_dtype_t d)
-{
-    return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
 }
 
 /* --vs: both sides at `bytes`, call by call (see print_paired_header). On a machine whose speed

@@ -856,7 +856,7 @@ static void rings_mapped_dirty(int rank, void *arg)
 {
     (void)arg;
     KT_OK(kolo_init());
-    if (kolo_size() > kolo__host_cpus()) { /* more ranks than cores: mapped during the first pass */
+    if (kolo__host_oversubscribed((size_t)kolo_size())) { /* more ranks than cores: mapped during the first pass */
         KT_OK(kolo_barrier(KOLO_WORLD));
         return;
     }
@@ -902,7 +902,7 @@ static void ring_sizes(int rank, void *arg)
         KT_ASSERTF(strcmp(kolo_peer_transport(r), "shm") == 0, "rank %d: rank %d over %s", rank, r,
                    kolo_peer_transport(r));
         mine[r] = kolo__shm_ring_bytes(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[r]);
-        uint64_t want = n > kolo__host_cpus() ? 1u << 20 : 4u << 20;
+        uint64_t want = kolo__host_oversubscribed((size_t)n) ? 1u << 20 : 4u << 20;
         if (mixed) KT_ASSERTF(mine[r] == 256u << 10 || mine[r] == 2u << 20, "rank %d: rings to %d of %llu bytes", rank, r,
                               (unsigned long long)mine[r]);
         else KT_ASSERTF(mine[r] == want, "rank %d: rings to %d of %llu bytes, want %llu (%d ranks, %ld cores)", rank, r,
