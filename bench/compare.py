@@ -754,7 +754,12 @@ def machine_info():
             mem = "%.1f GiB" % (kb / 1048576)
     except (OSError, ValueError, IndexError):
         pass
-    virt = sh(["systemd-detect-virt"]) or ""
+    # a container inside a VM is both (this project's machines: docker on KVM); plain
+    # systemd-detect-virt names only the container
+    vm, ct = (x if re.fullmatch(r"[a-z0-9_-]+", x) else "" for x in
+              (sh(["systemd-detect-virt", w]) for w in ("--vm", "--container")))
+    virt = ", ".join(x for x in ("%s guest" % (vm.upper() if vm == "kvm" else vm) if vm and vm != "none" else "",
+                                 "in a %s container" % ct if ct and ct != "none" else "") if x)
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
             cc = f.read().strip()
@@ -942,8 +947,7 @@ class Report:
         i, lim = self.info, self.lim
         L = ["## Machine", ""]
         L.append("%s, **%d cores**%s, %s RAM, %s, kernel %s, %s." % (
-            i["cpu"], i["cores"], " (%s guest)" % i["virt"] if i["virt"] and i["virt"] != "none"
-            else "", i["memory"], i["os"], i["kernel"], i["glibc"]))
+            i["cpu"], i["cores"], " (%s)" % i["virt"] if i["virt"] else "", i["memory"], i["os"], i["kernel"], i["glibc"]))
         L.append("")
         if i.get("tcp_cc"):
             L.append("TCP congestion control: the system's default is %s; the peers run it, kolo's connections "
