@@ -329,6 +329,36 @@ def test_compare_pairs_launches_in_one_machine_state():
     assert "no pair" in compare.pair_note(0, 2) and "2 of 4" in compare.pair_note(2, 4)
 
 
+def test_compare_counts_the_sizes_at_other_rank_counts():
+    # At rank counts other than 2 (the targets'), a row without a target counts the sizes from 64 KiB
+    # at which kolo is at least as fast as Open MPI, per collective, naming the sizes behind.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import types
+    import compare
+    st = compare.Store()
+    sizes = [32 << 10, 64 << 10, 1 << 20, 4 << 20]
+
+    def add(peer, coll, size, us, rep):
+        st.add(4, peer, {"coll": coll, "dtype": "float32", "size": size, "count": size // 4,
+                         "place": {"oop": (us, 0)}}, None, rep)
+    for rep in (0, 1, 2):
+        for size in sizes:
+            add("kolo-shm", "alltoall", size, 100.0 + rep, rep)
+            add("ompi-shm", "alltoall", size, {1 << 20: 50.0, 4 << 20: 90.0}.get(size, 200.0) + rep, rep)
+            add("kolo-shm", "allgather", size, 100.0, rep)
+            add("ompi-shm", "allgather", size, 100.0, rep)
+    add("kolo-tcp", "alltoall", 64 << 10, 100.0, 0)  # no Open MPI TCP figure: no row
+    rep = types.SimpleNamespace(store=st, sizes=sizes, kolo={"shm": "kolo-shm", "tcp": "kolo-tcp"},
+                                args=types.SimpleNamespace(coll_list=["allgather", "alltoall", "broadcast"]))
+    rep.speedups = lambda *a, **k: compare.Report.speedups(rep, *a, **k)
+    rows = compare.Report.md_counts(rep, 4)
+    assert len(rows) == 1, rows
+    assert "4 ranks: kolo ≥ Open MPI shared memory" in rows[0] and "medians of 3 repetitions" in rows[0], rows
+    # a tie counts as met; the sizes behind, worst first; 32 KiB is below the range
+    assert "| allgather 3 of 3; alltoall 1 of 3 (1 MiB 0.50×, 4 MiB 0.90×) | — |" in rows[0], rows
+    assert compare.Report.md_counts(rep, 8) == []
+
+
 def test_kolo_bench_prints_every_call():
     # --calls 1: after each size's row, one '# calls' line per placement with every timed call's time
     # (the slowest rank's); the row's own figures are unchanged in kind. With --vs it is refused.
