@@ -756,10 +756,11 @@ def machine_info():
         pass
     # a container inside a VM is both (this project's machines: docker on KVM); plain
     # systemd-detect-virt names only the container
-    vm, ct = (x if re.fullmatch(r"[a-z0-9_-]+", x) else "" for x in
-              (sh(["systemd-detect-virt", w]) for w in ("--vm", "--container")))
-    virt = ", ".join(x for x in ("%s guest" % (vm.upper() if vm == "kvm" else vm) if vm and vm != "none" else "",
-                                 "in a %s container" % ct if ct and ct != "none" else "") if x)
+    def detect(what):  # a name such as kvm or docker; "" for none, or no systemd-detect-virt
+        x = sh(["systemd-detect-virt", what])
+        return x if re.fullmatch(r"[a-z0-9_-]+", x) and x != "none" else ""
+    vm, ct = detect("--vm"), detect("--container")
+    virt = ", ".join(([vm.upper() + " guest"] if vm else []) + (["in a %s container" % ct] if ct else []))
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
             cc = f.read().strip()
@@ -947,7 +948,8 @@ class Report:
         i, lim = self.info, self.lim
         L = ["## Machine", ""]
         L.append("%s, **%d cores**%s, %s RAM, %s, kernel %s, %s." % (
-            i["cpu"], i["cores"], " (%s)" % i["virt"] if i["virt"] else "", i["memory"], i["os"], i["kernel"], i["glibc"]))
+            i["cpu"], i["cores"], " (%s)" % i["virt"] if i["virt"] else "", i["memory"], i["os"], i["kernel"],
+            i["glibc"]))
         L.append("")
         if i.get("tcp_cc"):
             L.append("TCP congestion control: the system's default is %s; the peers run it, kolo's connections "
