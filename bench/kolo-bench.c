@@ -89,7 +89,7 @@ static int parse_op(const char *s, kolo_op_t *o)
 {
     static const struct { const char *name; kolo_op_t o; } t[] = {
         {"sum", KOLO_SUM}, {"avg", KOLO_AVERAGE}, {"average", KOLO_AVERAGE}, {"min", KOLO_MIN},
-        {"max", KOLO_MAX}, {"prod", KOLO_PRODUCT}, {"product", KOLO_PRODUCT}};
+        {"max", KOLO_MAX}, {"prod", KOLO_PRODUCT}, {"product", KOLO_PRODUCT}, {"adasum", KOLO_ADASUM}};
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
         if (strcmp(s, t[i].name) == 0) {
             *o = t[i].o;
@@ -113,7 +113,8 @@ static void usage(FILE *f)
             "            meets the first timed size warm\n"
             "  -c 0|1    check results (default 1)\n"
             "  -d TYPE   float32 float16 bfloat16 float64 int8 uint8 int16 uint16 int32 int64 bool (default float32)\n"
-            "  -o OP     sum avg min max prod (default sum)\n"
+            "  -o OP     sum avg min max prod adasum (default sum; adasum: allreduce of floating types,\n"
+            "            every rank the same vector, which Adasum returns unchanged)\n"
             "  -r ROOT   broadcast root (default 0)\n"
             "  -a 0|1|2|3  time reported: rank 0's, the average (default), min or max across ranks\n"
             "  -np N     fork N local ranks (when no launcher started us)\n"
@@ -131,9 +132,11 @@ static void usage(FILE *f)
             "  --version print the library's build information\n");
 }
 
-/* value of element i on rank r: small integers, exact in every dtype for sums of a few ranks */
+/* value of element i on rank r: small integers, exact in every dtype for sums of a few ranks
+ * (for adasum the same on every rank) */
 static double val(int r, size_t i, kolo_op_t op)
 {
+    if (op == KOLO_ADASUM) r = 0;
     if (op == KOLO_PRODUCT) return ((i + (size_t)r) % 5 == 0) ? 2.0 : 1.0;
     return (double)((long)((i * 7 + (size_t)r * 3) % 11) - 5);
 }
@@ -149,7 +152,7 @@ static bool is_float(kolo_dtype_t d)
 static double expect(int n, size_t i, kolo_op_t op, kolo_dtype_t d)
 {
     double acc = val(0, i, op);
-    for (int r = 1; r < n; r++) {
+    for (int r = 1; r < n && op != KOLO_ADASUM; r++) {
         double v = val(r, i, op);
         switch (op) {
         case KOLO_SUM: case KOLO_AVERAGE: acc += v; break;

@@ -99,6 +99,14 @@ typedef enum kolo_op {
     KOLO_MIN,
     KOLO_MAX,
     KOLO_PRODUCT,
+    /* Adasum (Maleki et al., "Scaling Distributed Training with Adaptive Summation", 2021): combines
+     * two vectors a, b as (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b, i.e. their sum when
+     * orthogonal and their average when parallel, over the members pairwise as a binary tree
+     * (member i with i ^ 1, then the pairs' results, ...). Allreduce only; floating dtypes only.
+     * Every tensor is its own vector, also when the engine fuses several. Any number of members:
+     * beyond the largest power of two, members 2i and 2i+1 combine first (Horovod wants a power
+     * of two). Prescale applies to every input, postscale to the result. */
+    KOLO_ADASUM,
     KOLO_OP_COUNT
 } kolo_op_t;
 

@@ -16,22 +16,20 @@ Min = 3
 Max = 4
 Product = 5
 
-_OP_TO_C = {Average: _lib.C_AVERAGE, Sum: _lib.C_SUM, Min: _lib.C_MIN, Max: _lib.C_MAX,
+_OP_TO_C = {Average: _lib.C_AVERAGE, Sum: _lib.C_SUM, Adasum: _lib.C_ADASUM, Min: _lib.C_MIN, Max: _lib.C_MAX,
             Product: _lib.C_PRODUCT}
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 
 def c_op(op):
-    """kolo_op_t for a Python op, refusing what kolo does not implement."""
-    if op == Adasum:
-        raise NotImplementedError(
-            "kolo does not implement Adasum. Use op=hvd.Average (the default) or hvd.Sum; with "
-            "DistributedOptimizer, Average with gradient_predivide_factor gives the same scaling control.")
+    """kolo_op_t for a Python op. Whether the op suits the dtype and the collective (Adasum:
+    floating dtypes, allreduce only) is libkolo's to say: it refuses at submission with
+    KOLO_ERR_INVALID_ARG, which surfaces as ValueError."""
     try:
         return _OP_TO_C[op]
     except (KeyError, TypeError):
-        raise ValueError("unknown reduce op %r; use one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
-                         "hvd.Product" % (op,)) from None
+        raise ValueError("unknown reduce op %r; use one of hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, "
+                         "hvd.Max, hvd.Product" % (op,)) from None
 
 
 def op_name(op):

@@ -170,6 +170,22 @@ def test_direct_collectives_fallback(tmp_path):
     assert rc == 0 and out.count("OK") == 2, out
 
 
+@pytest.mark.parametrize("np_,env", [(4, {}), (3, {"KOLO_PYTHON_DIRECT": "1"})], ids=["4-engine", "3-direct"])
+def test_adasum_suites_at_more_ranks(np_, env):
+    """The multi-rank suites' Adasum tests (make test runs them at 2 and 3 ranks through the engine)
+    at 4 ranks, a whole tree of pairs and a process set of 3, and at 3 through the direct
+    collectives (kolo_allreduce)."""
+    tests = [os.path.join(ROOT, "python", "tests", f) for f in ("test_numpy.py", "test_torch_ops.py",
+                                                                 "test_torch_optimizer.py")]
+    e = dict(os.environ, PYTHONPATH=PYDIR)
+    e.update(env)
+    p = subprocess.run([KOLORUN, "-np", str(np_), PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "adasum"]
+                       + tests, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=150, text=True)
+    assert p.returncode == 0, p.stdout[-4000:]
+    summaries = re.findall(r"(\d+) passed", p.stdout)
+    assert len(summaries) == np_ and len(set(summaries)) == 1 and int(summaries[0]) > 20, p.stdout[-4000:]
+
+
 def test_training_example_learns_and_checkpoints(tmp_path):
     script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_digits.py")
     ck = tmp_path / "ck"

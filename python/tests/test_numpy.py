@@ -6,6 +6,8 @@ import pytest
 
 import kolo
 
+import adasum_ref
+
 DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
 
@@ -304,3 +306,152 @@ def test_shared_empty_array_reduces_in_place_exactly():
         kolo.shared_empty(1 << 62, np.uint8)
     with pytest.raises(ValueError, match="negative dimension"):
         kolo.shared_empty((2, -1), np.float32)
+
+
+# ---- Adasum (the reference: adasum_ref.py) ----
+
+def same_bits_everywhere(a, process_set=None):
+    """True when every rank (of the set) holds exactly the same bytes."""
+    raw = np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8)
+    rows = kolo.allgather(raw.reshape(1, -1), process_set=process_set or kolo.global_process_set)
+    return all(np.array_equal(rows[0], rows[k]) for k in range(rows.shape[0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (5, 7), (1001,), (40001,)])  # the last above KOLO_SMALL_ALLREDUCE_MAX
+def test_adasum_is_the_tree_of_pairs(dtype, shape):
+    n, r = n_r()
+    vs = adasum_ref.member_vectors(n, shape, seed=len(shape) + shape[0], dtype=dtype)
+    out = kolo.allreduce(vs[r], op=kolo.Adasum, name="adasum.tree")
+    assert out.dtype == dtype and out.shape == shape
+    ref = adasum_ref.adasum(vs)
+    np.testing.assert_allclose(out.astype(np.float64), ref, **adasum_ref.tolerance(dtype, ref))
+    assert same_bits_everywhere(out)
+    # what this compares with is particular: neither the sum nor the mean, and (3 members and
+    # more) another order of combination gives another result
+    if n > 1 and shape[0] > 1:
+        total = np.sum(vs, axis=0, dtype=np.float64)
+        assert not np.allclose(ref, total, rtol=1e-3) and not np.allclose(ref, total / n, rtol=1e-3)
+    if n > 2 and shape[0] > 1:
+        assert not np.allclose(ref, adasum_ref.adasum(vs[1:] + vs[:1]), rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_adasum_orthogonal_vectors_add_and_equal_ones_stay(dtype):
+    n, r = n_r()
+    # rank k's vector lives in its own block of coordinates: a . b = 0 at every pair
+    blocks = np.zeros((n, 3), dtype)
+    blocks[r] = [r + 1, -2 * (r + 1), 0.5]
+    out = kolo.allreduce(blocks.reshape(-1), op=kolo.Adasum)
+    expect = np.array([[k + 1, -2 * (k + 1), 0.5] for k in range(n)], dtype).reshape(-1)
+    np.testing.assert_array_equal(out, expect)  # the sum, exactly
+    v = np.linspace(-3, 5, 11).astype(dtype)
+    np.testing.assert_array_equal(kolo.allreduce(v, op=kolo.Adasum), v)  # (v + v) / 2 at every pair
+    # parallel vectors of different lengths: two of them give their average
+    w = kolo.allreduce(v * (r + 1), op=kolo.Adasum)
+    ref = adasum_ref.adasum([v * (k + 1) for k in range(n)])
+    np.testing.assert_allclose(w, ref, **adasum_ref.tolerance(dtype, ref))
+    if n == 2:
+        np.testing.assert_allclose(w, 1.5 * v.astype(np.float64), **adasum_ref.tolerance(dtype, ref))
+
+
+def test_adasum_zero_vector_is_neutral():
+    n, r = n_r()
+    vs = adasum_ref.member_vectors(n, (9,), seed=7, dtype=np.float32)
+    vs[0][:] = 0  # rank 0 has nothing to contribute
+    out = kolo.allreduce(vs[r], op=kolo.Adasum)
+    ref = adasum_ref.adasum(vs)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, **adasum_ref.tolerance(np.float32, ref))
+    if n in (2, 3):  # rank 0 pairs with rank 1 first, which then goes on as if alone
+        np.testing.assert_allclose(ref, adasum_ref.adasum(vs[1:]), rtol=1e-12)
+    zeros = kolo.allreduce(np.zeros(4, np.float64), op=kolo.Adasum)  # nothing anywhere: zeros, no NaN
+    np.testing.assert_array_equal(zeros, np.zeros(4))
+    assert kolo.allreduce(np.zeros((0, 3), np.float32), op=kolo.Adasum).shape == (0, 3)
+
+
+def test_adasum_scale_factors():
+    n, r = n_r()
+    vs = adasum_ref.member_vectors(n, (6,), seed=11)
+    out = kolo.allreduce(vs[r], op=kolo.Adasum, prescale_factor=2.0, postscale_factor=0.25)
+    ref = adasum_ref.adasum(vs, prescale=2.0, postscale=0.25)
+    np.testing.assert_allclose(out, ref, **adasum_ref.tolerance(np.float64, ref))
+    # (Adasum is scale-equivariant: a prescale s only multiplies the result by s)
+    out = kolo.allreduce_(vs[r].copy(), op=kolo.Adasum, postscale_factor=3.0)
+    ref = 3.0 * adasum_ref.adasum(vs)
+    np.testing.assert_allclose(out, ref, **adasum_ref.tolerance(np.float64, ref))
+
+
+def test_adasum_of_several_tensors_takes_each_as_its_own_vector():
+    """A grouped allreduce (one fused collective in the engine) and separate requests fused by
+    the engine: every tensor is combined on its own, not as a slice of one long vector."""
+    n, r = n_r()
+    from kolo import _lib
+    shapes = [(4, 3), (1,), (17,), (9000,)]  # 72 KiB in all: above KOLO_SMALL_ALLREDUCE_MAX
+    # very different scales and directions per tensor: one long vector would weigh them otherwise
+    per = [adasum_ref.member_vectors(n, s, seed=20 + i) for i, s in enumerate(shapes)]
+    for i, scale in enumerate([1e3, 1.0, 1e-3, 0.1]):
+        per[i] = [v * scale for v in per[i]]
+    refs = [adasum_ref.adasum(vs) for vs in per]
+    whole = adasum_ref.adasum([np.concatenate([per[i][k].reshape(-1) for i in range(len(shapes))])
+                               for k in range(n)])
+    mine = [vs[r] for vs in per]
+    before = kolo.engine_stats()
+    outs = kolo.grouped_allreduce(mine, op=kolo.Adasum, name="adasum.group")
+    after = kolo.engine_stats()
+    if _lib.HAVE_ENGINE:
+        assert after["fused_collectives"] > before["fused_collectives"]
+    arrays = [m.copy() for m in mine]
+    handles = [kolo.allreduce_async_(a, op=kolo.Adasum, name="adasum.fused.%d" % i) for i, a in enumerate(arrays)]
+    for h in handles:
+        kolo.synchronize(h)
+    for got in (outs, arrays):
+        for o, ref in zip(got, refs):
+            np.testing.assert_allclose(o, ref, **adasum_ref.tolerance(np.float64, ref))
+        flat = np.concatenate([o.reshape(-1) for o in got])
+        if n > 1:
+            assert not np.allclose(flat, whole, rtol=1e-3, atol=1e-6), "combined as one vector"
+        assert same_bits_everywhere(flat)
+
+
+def test_adasum_on_a_process_set():
+    """Any number of members (here every rank but 0: 1 with 2 ranks, 2 with 3, 3 with 4)."""
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    ps = kolo.add_process_set(list(range(1, n)))
+    try:
+        vs = adasum_ref.member_vectors(n - 1, (10,), seed=31)
+        if ps.included():
+            out = kolo.allreduce(vs[ps.rank()], op=kolo.Adasum, name="adasum.set", process_set=ps)
+            ref = adasum_ref.adasum(vs)
+            np.testing.assert_allclose(out, ref, **adasum_ref.tolerance(np.float64, ref))
+            assert same_bits_everywhere(out, ps)
+    finally:
+        kolo.remove_process_set(ps)
+
+
+def test_adasum_with_joined_ranks_leaves_them_out():
+    # a joined rank takes part with zeros, which Adasum leaves out (docs/engine.md, Join)
+    from kolo import _lib
+    if not _lib.HAVE_ENGINE:
+        pytest.skip("join() needs the engine")
+    n, r = n_r()
+    vs = adasum_ref.member_vectors(n, (6,), seed=41)
+    for i in range(1 + r):  # rank r has 1 + r batches
+        out = kolo.allreduce(vs[r] * (i + 1), op=kolo.Adasum, name="adasum.join")
+        ref = adasum_ref.adasum([v * (i + 1) if k >= i else np.zeros(6) for k, v in enumerate(vs)])
+        np.testing.assert_allclose(out, ref, **adasum_ref.tolerance(np.float64, ref))
+    assert kolo.join() == n - 1
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int8, np.bool_])
+def test_adasum_refuses_other_than_floating_point(dtype):
+    with pytest.raises(ValueError, match="(?i)adasum.*%s" % np.dtype(dtype).name):
+        kolo.allreduce(np.ones(3, dtype), op=kolo.Adasum)
+    with pytest.raises(ValueError, match="(?i)adasum"):
+        kolo.grouped_allreduce([np.ones(2, np.float32), np.ones(3, dtype)], op=kolo.Adasum)
+    with pytest.raises(ValueError, match="(?i)adasum.*allreduce only"):
+        kolo.reducescatter(np.ones((4, 2), np.float32), op=kolo.Adasum)
+    # the job goes on
+    assert kolo.allreduce(np.ones(1), op=kolo.Sum).tolist() == [kolo.size()]

@@ -380,8 +380,6 @@ def test_refusals_are_clear():
         hvd.allreduce(tf.constant([1 + 2j], tf.complex64))
     with pytest.raises(ValueError, match="string is not supported"):
         hvd.broadcast(tf.constant(["a"]), 0)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(tf.ones([1]), op=hvd.Adasum)
     with pytest.raises(NotImplementedError, match="XLA"):
         tf.function(lambda x: hvd.allreduce(x), jit_compile=True)(tf.ones([2]))
     with pytest.raises(NotImplementedError, match="gradient_accumulation_steps"):

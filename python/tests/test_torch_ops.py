@@ -7,6 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import kolo.torch as hvd  # noqa: E402
 
+import adasum_ref  # noqa: E402
+
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64]
 if hasattr(torch, "uint16"):  # PyTorch >= 2.3
@@ -376,3 +378,95 @@ def test_unnamed_ops_are_numbered_in_order():
     hs = [hvd.allreduce_async(torch.full((2,), float(i)), op=hvd.Sum) for i in range(5)]
     outs = [hvd.synchronize(h) for h in hs]
     assert [o[0].item() for o in outs] == [float(i * n) for i in range(5)]
+
+
+# ---- Adasum (the arithmetic is checked against adasum_ref.py in test_numpy.py) ----
+
+ADASUM_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def member_tensors(n, shape, seed, dtype):
+    """Every rank's tensor, as torch tensors of dtype, and the same values in float64 NumPy."""
+    ts = [torch.tensor(v).to(dtype) for v in adasum_ref.member_vectors(n, shape, seed)]
+    return ts, [t.double().numpy().copy() for t in ts]
+
+
+def assert_adasum(out, vs, dtype):
+    ref = adasum_ref.adasum(vs)
+    assert out.dtype == dtype and tuple(out.shape) == ref.shape
+    np.testing.assert_allclose(out.double().numpy(), ref, **adasum_ref.tolerance(dtype, ref))
+
+
+@pytest.mark.parametrize("dtype", ADASUM_DTYPES)
+def test_adasum_every_allreduce_variant(dtype):
+    n, r = n_r()
+    ts, vs = member_tensors(n, (3, 5), 1, dtype)
+    x = ts[r]
+    assert_adasum(hvd.allreduce(x, op=hvd.Adasum), vs, dtype)
+    assert torch.equal(x, ts[r])  # input untouched
+    assert_adasum(hvd.synchronize(hvd.allreduce_async(x, op=hvd.Adasum, name="t_adasum")), vs, dtype)
+    y = x.clone()
+    assert hvd.allreduce_(y, op=hvd.Adasum) is y
+    assert_adasum(y, vs, dtype)
+    y = x.clone()
+    assert hvd.synchronize(hvd.allreduce_async_(y, op=hvd.Adasum)) is y
+    assert_adasum(y, vs, dtype)
+    z = x.clone().t()  # non-contiguous: travels as a copy, the result is copied back
+    hvd.allreduce_(z, op=hvd.Adasum)
+    assert_adasum(z, [v.T for v in vs], dtype)
+    # grouped: each tensor is its own Adasum vector
+    us, ws = member_tensors(n, (4,), 2, dtype)
+    group_refs = [vs, ws]
+    for outs in (hvd.grouped_allreduce([x, us[r]], op=hvd.Adasum),
+                 hvd.synchronize(hvd.grouped_allreduce_async([x, us[r]], op=hvd.Adasum, name="t_adasum_g"))):
+        for o, members in zip(outs, group_refs):
+            assert_adasum(o, members, dtype)
+    pair = [x.clone(), us[r].clone()]
+    hvd.grouped_allreduce_(pair, op=hvd.Adasum)
+    for o, members in zip(pair, group_refs):
+        assert_adasum(o, members, dtype)
+    pair = [x.clone(), us[r].clone()]
+    assert hvd.synchronize(hvd.grouped_allreduce_async_(pair, op=hvd.Adasum))[1] is pair[1]
+    for o, members in zip(pair, group_refs):
+        assert_adasum(o, members, dtype)
+    # fp16 compression: the tensor travels as float16 and comes back in its own dtype
+    if dtype == torch.float64:
+        out = hvd.allreduce(x, op=hvd.Adasum, compression=hvd.Compression.fp16)
+        half = [v.astype(np.float16).astype(np.float64) for v in vs]
+        assert out.dtype == torch.float64
+        np.testing.assert_allclose(out.numpy(), adasum_ref.adasum(half),
+                                   **adasum_ref.tolerance(np.float16, adasum_ref.adasum(half)))
+
+
+def test_adasum_results_are_the_same_bits_on_every_rank():
+    n, r = n_r()
+    for dtype in ADASUM_DTYPES:
+        ts, _ = member_tensors(n, (257,), 3, dtype)
+        out = hvd.allreduce(ts[r], op=hvd.Adasum)
+        raw = out.view(torch.int16 if out.element_size() == 2 else torch.int32 if out.element_size() == 4
+                       else torch.int64)
+        allv = hvd.allgather(raw.unsqueeze(0))
+        assert all(torch.equal(allv[0], allv[k]) for k in range(n)), dtype
+
+
+def test_adasum_grad():
+    # as in Horovod: the gradient of an allreduce is the allreduce of the gradient, same op
+    n, r = n_r()
+    _, gs = member_tensors(n, (4,), 4, torch.float64)
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    hvd.allreduce(x, op=hvd.Adasum).backward(torch.from_numpy(gs[r]))
+    np.testing.assert_allclose(x.grad.numpy(), adasum_ref.adasum(gs), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_adasum_of_integers_is_refused(dtype):
+    name = str(dtype).replace("torch.", "")
+    with pytest.raises(ValueError, match="(?i)adasum.*%s" % name):
+        hvd.allreduce(torch.ones(3, dtype=dtype), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="(?i)adasum"):
+        hvd.allreduce_async_(torch.ones(3, dtype=dtype), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="(?i)adasum"):
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=dtype)], op=hvd.Adasum)
+    with pytest.raises(ValueError, match="(?i)adasum"):
+        hvd.reducescatter(torch.ones(4, 2), op=hvd.Adasum)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()  # the job goes on

@@ -3,8 +3,10 @@ backward, averaged gradients, identical models, optimizer state broadcast, Horov
 and warnings, gradient accumulation, groups, compression."""
 
 import copy
+import os
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kolo.torch as hvd  # noqa: E402
+from kolo import _lib  # noqa: E402
+
+import adasum_ref  # noqa: E402
 
 
 def n_r():
@@ -274,9 +279,10 @@ def test_named_parameters_errors():
         hvd.DistributedOptimizer(sgd, named_parameters=named, backward_passes_per_step=0)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Sum, gradient_predivide_factor=2.0)
-    if hvd.size() > 1:
-        with pytest.raises(NotImplementedError, match="Adasum"):
-            hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Adasum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="unique"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("same", p) for _, p in named], op=hvd.Adasum)
 
 
 def test_zero_grad_between_backward_and_step_is_refused():
@@ -457,3 +463,153 @@ def test_sync_batch_norm_matches_one_big_batch():
     sbn.eval()
     bn.eval()
     assert torch.allclose(sbn(batches[0]), bn(batches[0]), atol=1e-5)
+
+
+# ---- op=Adasum: the delta optimizer ----
+
+def adasum_model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
+
+
+def adasum_batch(k, i):
+    """Rank k's i-th batch."""
+    g = torch.Generator().manual_seed(5000 + 100 * k + i)
+    return torch.randn(6, 4, generator=g), torch.randn(6, 2, generator=g)
+
+
+def numpy_grads(params, x, y):
+    """The gradients of mse(W2 tanh(W1 x + b1) + b2, y) by hand, in float64."""
+    w1, b1, w2, b2 = params
+    x, y = x.double().numpy(), y.double().numpy()
+    h = np.tanh(x @ w1.T + b1)
+    do = 2.0 * (h @ w2.T + b2 - y) / y.size
+    dz = (do @ w2) * (1.0 - h * h)
+    return [dz.T @ x, dz.sum(0), do.T @ h, do.sum(0)]
+
+
+def numpy_delta_training(params, n, steps, lr, momentum=0.0, passes=1, fp16=False, combine=adasum_ref.adasum):
+    """What the delta optimizer should do: every rank k steps SGD (with its own momentum buffers)
+    on its own gradients, summed over `passes` batches, from the common parameters; the ranks'
+    updates combine with Adasum, parameter by parameter; every rank adds the result."""
+    params = [p.detach().double().numpy().copy() for p in params]
+    bufs = [[None] * len(params) for _ in range(n)]
+    for step in range(steps):
+        deltas = []
+        for k in range(n):
+            grads = [sum(gs) for gs in zip(*[numpy_grads(params, *adasum_batch(k, step * passes + j))
+                                              for j in range(passes)])]
+            if momentum:
+                bufs[k] = [g if b is None else momentum * b + g for b, g in zip(bufs[k], grads)]
+                grads = bufs[k]
+            deltas.append([-lr * g for g in grads])
+        for i in range(len(params)):
+            members = [deltas[k][i] for k in range(n)]
+            if fp16:  # the deltas travel as float16
+                members = [m.astype(np.float16).astype(np.float64) for m in members]
+            params[i] = params[i] + combine(members)
+    return params
+
+
+@pytest.mark.parametrize("options", [dict(), dict(momentum=0.9), dict(passes=2), dict(fp16=True)])
+def test_adasum_delta_optimizer_matches_numpy(options):
+    n, r = n_r()
+    model = adasum_model()
+    lr, momentum, passes = 0.2, options.get("momentum", 0.0), options.get("passes", 1)
+    expect = numpy_delta_training(list(model.parameters()), n, 3, lr, **options)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum), named_parameters=model.named_parameters(),
+        op=hvd.Adasum, backward_passes_per_step=passes,
+        compression=hvd.Compression.fp16 if options.get("fp16") else hvd.Compression.none)
+    assert hasattr(opt, "_starts") == (n > 1)  # the delta optimizer (with one rank: the plain one)
+    for step in range(3):
+        opt.zero_grad()
+        for j in range(passes):
+            x, y = adasum_batch(r, step * passes + j)
+            F.mse_loss(model(x), y).backward()
+        opt.step()
+    assert gathered_equal(list(model.parameters()))
+    tol = 3e-4 if options.get("fp16") else 2e-6
+    for p, e in zip(model.parameters(), expect):
+        np.testing.assert_allclose(p.detach().double().numpy(), e, rtol=tol, atol=tol)
+    # it trained, and otherwise than the average or the sum of the ranks' updates would have
+    start = [p.detach().double().numpy() for p in adasum_model().parameters()]
+    assert not np.allclose(expect[0], start[0], atol=1e-3)
+    if n > 1:
+        for other in (lambda ms: np.mean(ms, axis=0), lambda ms: np.sum(ms, axis=0)):
+            trained = numpy_delta_training(list(adasum_model().parameters()), n, 3, lr, combine=other, **options)
+            assert max(np.max(np.abs(a - b)) for a, b in zip(trained, expect)) > 30 * tol
+
+
+def test_adasum_delta_optimizer_rules(tmp_path_factory):
+    n, r = n_r()
+    if n < 2:
+        pytest.skip("needs 2 ranks: with one, DistributedOptimizer(op=Adasum) is the plain optimizer")
+    model = adasum_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    with pytest.raises(AssertionError, match="Adasum"):
+        with opt.skip_synchronize():
+            pass
+    base = os.path.join(str(tmp_path_factory.getbasetemp()), "adasum-timeline.json")
+    hvd.start_timeline(base)
+    x, y = adasum_batch(r, 0)
+    F.mse_loss(model(x), y).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        F.mse_loss(model(x), y).backward()
+    opt.synchronize()  # nothing to do: step() combines the deltas
+    opt.step()
+    hvd.stop_timeline()
+    if _lib.HAVE_ENGINE:  # (the direct collectives have no names)
+        # one request per parameter, named after it, as the gradient-averaging optimizer names its own
+        with open(base if r == 0 else "%s.%d" % (base, r)) as f:
+            text = f.read()
+        for name, _ in model.named_parameters():
+            assert "allreduce.%s" % name in text, name
+    assert gathered_equal(list(model.parameters()))
+    # step(closure) runs the closure first (its backward submits the deltas) and returns its loss
+    opt.zero_grad()
+
+    def closure():
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    assert isinstance(opt.step(closure), torch.Tensor)
+    assert gathered_equal(list(model.parameters()))
+
+
+def test_adasum_parameter_without_gradient_on_some_ranks():
+    """A branch taken on rank 0 only: the others' deltas are zero, which Adasum leaves out, so
+    every rank ends with rank 0's update."""
+    n, r = n_r()
+    if not _lib.HAVE_ENGINE:
+        pytest.skip("the ranks submit in different orders, which only the engine's names match")
+    torch.manual_seed(0)
+    trunk, branch = nn.Linear(4, 4), nn.Linear(4, 4)
+    params = list(trunk.named_parameters(prefix="trunk")) + list(branch.named_parameters(prefix="branch"))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params,
+                                   op=hvd.Adasum)
+    before = branch.weight.detach().clone()
+    out = trunk(torch.ones(2, 4))
+    if r == 0:
+        out = branch(out)
+    out.sum().backward()
+    local = branch.weight.grad.clone() if r == 0 else torch.zeros(4, 4)
+    opt.step()
+    expect = hvd.broadcast(before - 0.1 * local, root_rank=0)
+    assert torch.allclose(branch.weight, expect, atol=1e-6)
+    assert gathered_equal([p for _, p in params])
+
+
+def test_adasum_with_one_rank_is_the_plain_optimizer(monkeypatch):
+    # Horovod's factory returns its usual DistributedOptimizer when size() == 1
+    import kolo.torch.optimizer as kopt
+    monkeypatch.setattr(kopt, "size", lambda: 1)
+    model = adasum_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    assert not hasattr(opt, "_starts") and not opt._grad_accs  # no hooks: the wrapped step
+    with opt.skip_synchronize():
+        pass

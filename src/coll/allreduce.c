@@ -35,7 +35,7 @@
 
 #include <stdatomic.h>
 
-static size_t small_max(void)
+size_t kolo__coll_small_max(void)
 {
     /* read once; threads racing on the first call store the same value */
     static _Atomic size_t v = (size_t)-1;
@@ -156,6 +156,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 {
     int n = g->size;
     size_t es = kolo_dtype_size(dtype);
+    if (op == KOLO_ADASUM) return kolo__coll_adasum(m, g, send, recv, &count, 1, dtype, pre, post);
     if (n == 1) {
         if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
         else if (send != recv && count) memcpy(recv, send, count * es);
@@ -164,7 +165,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
      * recursive doubling; large: the ring */
-    if (count * es <= small_max() || count < (size_t)n) {
+    if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);

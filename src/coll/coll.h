@@ -52,6 +52,12 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
                              const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
+
+/* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
+ * recv (send may equal recv), each combined as its own vector; floating dtypes only.
+ * kolo__coll_allreduce with KOLO_ADASUM runs it for one tensor. */
+int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                      size_t ntensor, kolo_dtype_t dtype, double pre, double post);
 /* Allreduce reading the other members' buffers directly (direct.c), when every member is on
  * this host: mapped when all pass one kolo_mem_alloc buffer of 16 MiB or more, else by CMA from
  * 4 MiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
@@ -101,6 +107,10 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
 int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
+
+/* KOLO_SMALL_ALLREDUCE_MAX: allreduces of at most this many bytes take the small algorithms
+ * (allreduce.c; adasum.c likewise). */
+size_t kolo__coll_small_max(void);
 
 /* Rings over this many bytes or more write their blocks around the cache (ring.c). */
 #define KOLO_STREAM_MIN ((size_t)16 << 20)

@@ -53,9 +53,10 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
-                                      "allreduces up to this many bytes use the latency-optimal algorithm, "
-                                      "larger ones the ring (or, from 64K, when every rank of one host passes "
-                                      "kolo_mem_alloc buffers, each rank reading and writing the others' directly)"},
+                                      "allreduces up to this many bytes use the latency-optimal algorithm (Adasum "
+                                      "too, on at most 8 ranks), larger ones the ring (or, from 64K, when every "
+                                      "rank of one host passes kolo_mem_alloc buffers, each rank reading and "
+                                      "writing the others' directly)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",

@@ -21,7 +21,7 @@ kolo__world kolo__W = {.direct_lock = PTHREAD_MUTEX_INITIALIZER, .pset_lock = PT
 static const char *const dtype_names[KOLO_DTYPE_COUNT] = {
     "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"};
 static const size_t dtype_sizes[KOLO_DTYPE_COUNT] = {1, 1, 2, 2, 4, 8, 2, 2, 4, 8, 1};
-static const char *const op_names[KOLO_OP_COUNT] = {"sum", "average", "min", "max", "product"};
+static const char *const op_names[KOLO_OP_COUNT] = {"sum", "average", "min", "max", "product", "adasum"};
 
 size_t kolo_dtype_size(kolo_dtype_t d) { return (unsigned)d < KOLO_DTYPE_COUNT ? dtype_sizes[d] : 0; }
 const char *kolo_dtype_name(kolo_dtype_t d) { return (unsigned)d < KOLO_DTYPE_COUNT ? dtype_names[d] : "unknown"; }
@@ -575,6 +575,8 @@ int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t r
 {
     const char *fn = "kolo_reducescatter";
     int st = check_dtype_op(fn, dtype, (int)op);
+    if (!st && op == KOLO_ADASUM)
+        st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: op adasum is defined for allreduce only", fn);
     if (!st) st = check_scale(fn, prescale, postscale);
     if (!st && row_count && rows > ((size_t)1 << 48) / row_count)
         st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: %zu rows of %zu elements is too large", fn, rows, row_count);

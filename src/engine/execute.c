@@ -20,6 +20,8 @@
  *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it
  *     depends on how the ranks get scheduled); the ring over the list 1.04-1.23x, measured side
  *     by side under the same load.
+ * Adasum buckets are always copied into the fusion buffer: each tensor is combined as its own
+ * vector, so the collective needs the tensors' bounds (coll/adasum.c).
  * Allgathers of at most FUSE_TENSOR_MAX bytes each are fused by copying (each rank packs its
  * blocks of every tensor, one allgather of bytes, every rank unpacks per rank and tensor), and so
  * are broadcasts from the same root.
@@ -246,7 +248,8 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
     size_t es = kolo_dtype_size(dt), total = 0;
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
     int st;
-    if (k > 1 && total * es > IOV_MIN) {
+    bool adasum = r0->d.op == KOLO_ADASUM; /* fused only by copying: it needs the tensors' bounds */
+    if (k > 1 && total * es > IOV_MIN && !adasum) {
         st = run_allreduce_iov(s, idx, k, tracing);
     } else if (k == 1 && r0->req) {
         if (tracing) {
@@ -274,7 +277,16 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
         }
         if (copies) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
         if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 1);
-        st = kolo__coll_allreduce(E.mesh, &s->g, buf, buf, total, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post);
+        if (adasum) {
+            size_t *counts = kolo__malloc(k * sizeof(size_t));
+            if (!counts) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused adasum");
+            for (size_t i = 0; i < k; i++) counts[i] = s->resp[idx[i]].count;
+            st = kolo__coll_adasum(E.mesh, &s->g, buf, buf, counts, k, dt, r0->d.pre, r0->d.post);
+            kolo__free(counts);
+        } else {
+            st = kolo__coll_allreduce(E.mesh, &s->g, buf, buf, total, dt, (kolo_op_t)r0->d.op, r0->d.pre,
+                                      r0->d.post);
+        }
         if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 0);
         if (copies && st == KOLO_OK) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1, SIZE_MAX, TR_OUT);
         off = 0;

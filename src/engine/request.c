@@ -319,6 +319,8 @@ static int build(const sub *s, kolo_request_t **out)
             if (!kolo__op_valid(s->dtype, s->op))
                 return kolo__err(KOLO_ERR_INVALID_ARG, "%s: op %s is not defined for dtype %s", fn, kolo_op_name(s->op),
                                  kolo_dtype_name(s->dtype));
+            if (s->op == KOLO_ADASUM && k != KOLO__ALLREDUCE)
+                return kolo__err(KOLO_ERR_INVALID_ARG, "%s: op adasum is defined for allreduce only", fn);
             if (!(s->pre - s->pre == 0) || !(s->post - s->post == 0))
                 return kolo__err(KOLO_ERR_INVALID_ARG, "%s: scale factors must be finite (prescale %g, postscale %g)",
                                  fn, s->pre, s->post);

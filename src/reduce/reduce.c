@@ -706,6 +706,8 @@ bool kolo__reduce_set_isa(const char *name)
 bool kolo__op_valid(kolo_dtype_t dtype, kolo_op_t op)
 {
     if ((unsigned)dtype >= KOLO_DTYPE_COUNT || (unsigned)op >= KOLO_OP_COUNT) return false;
+    if (op == KOLO_ADASUM) /* not an element kernel: coll/adasum.c */
+        return dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16 || dtype == KOLO_FLOAT32 || dtype == KOLO_FLOAT64;
     return !(dtype == KOLO_BOOL && op == KOLO_AVERAGE);
 }
 

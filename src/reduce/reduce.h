@@ -4,7 +4,8 @@
 
 #include "../common/common.h"
 
-/* True when `op` means something for `dtype` (e.g. AVERAGE is not defined for BOOL). */
+/* True when `op` means something for `dtype` (e.g. AVERAGE is not defined for BOOL, ADASUM only
+ * for the floating dtypes). The kernels below take every valid op but ADASUM (coll/adasum.c). */
 bool kolo__op_valid(kolo_dtype_t dtype, kolo_op_t op);
 
 /* dst[i] = a[i] OP b[i] for i < count. dst may equal a or b (or both); other

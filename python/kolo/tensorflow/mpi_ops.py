@@ -157,6 +157,23 @@ def _tensor(x, what):
     return t
 
 
+_ADASUM_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def _check_op(op, what, tensors=()):
+    """Refuses an unknown op, and what libkolo would refuse only when the op runs (inside
+    tf.function, as an InvalidArgumentError): Adasum is for allreduce, of floating-point tensors."""
+    c_op(op)
+    if op != Adasum:
+        return
+    if what not in ("allreduce", "grouped_allreduce"):
+        raise ValueError("kolo.tensorflow.%s: op=Adasum is defined for allreduce only" % what)
+    for t in tensors:
+        if t.dtype.base_dtype not in _ADASUM_DTYPES:
+            raise ValueError("kolo.tensorflow.%s: op=Adasum is defined for floating-point tensors only (%s), not %s"
+                             % (what, ", ".join(d.name for d in _ADASUM_DTYPES), t.dtype.name))
+
+
 def _name(name, kind, tensor):
     """The op's name: the given one; eagerly None (kolo numbers it); in a graph, one made from the
     input's graph name, unique in that graph."""
@@ -286,7 +303,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     process_set = _pset(process_set)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, compression, name, process_set)
-    c_op(op)
+    tensor = _tensor(tensor, "allreduce")
+    _check_op(op, "allreduce", [tensor])
 
     def fwd(x, nm):
         return _allreduce_raw([x], [nm], op, prescale_factor, postscale_factor, process_set)[0]
@@ -305,10 +323,20 @@ def _compressed(tensor, compression, name, kind, forward, backward):
     return compression.decompress(_differentiable([x], lambda t: forward(t, nm), lambda dy: backward(dy, x)), ctx)
 
 
+def check_sparse_op(op, what):
+    """tf.IndexedSlices travel as allgathers of their values and indices: Average and Sum only."""
+    if op in (Average, Sum):
+        return
+    hint = ""
+    if op == Adasum:
+        hint = ("; for Adasum, pass sparse_as_dense=True to DistributedGradientTape or DistributedOptimizer "
+                "(or make the slices dense with tf.convert_to_tensor)")
+    raise NotImplementedError("kolo.tensorflow.%s: tf.IndexedSlices travel as an allgather of their values and "
+                              "indices, which supports op=Average and Sum only%s" % (what, hint))
+
+
 def _allreduce_indexed_slices(slices, op, compression, name, process_set):
-    if op not in (Average, Sum):
-        raise NotImplementedError("kolo.tensorflow.allreduce of tf.IndexedSlices supports op=Average and Sum "
-                                  "only (it is an allgather of the values and indices)")
+    check_sparse_op(op, "allreduce")
     values, ctx = compression.compress(slices.values)
     vname = _name(None if name is None else name + ".values", "AllgatherValues", values)
     iname = _name(None if name is None else name + ".indices", "AllgatherIndices", slices.indices)
@@ -325,9 +353,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     """Allreduces a list of tensors as one group (one request the engine keeps together); returns a
     list. Differentiable. (name= is kolo's addition.)"""
     op = _op_of(op, average)
-    c_op(op)
     process_set = _pset(process_set)
     tensors = [_tensor(t, "grouped_allreduce") for t in tensors]
+    _check_op(op, "grouped_allreduce", tensors)
     if not tensors:
         return []
     compressed = [compression.compress(t) for t in tensors]
@@ -420,7 +448,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     dim % size ranks get one more row). Differentiable: the gradient is the allgathered gradient
     (divided by the size for Average, times the factors)."""
     process_set = _pset(process_set)
-    c_op(op)
+    _check_op(op, "reducescatter")
 
     def fwd(x, nm):
         return _reducescatter_raw([x], [nm], op, prescale_factor, postscale_factor, process_set)[0]
@@ -438,7 +466,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatters a list of tensors in one batch; returns a list (not differentiable)."""
     process_set = _pset(process_set)
-    c_op(op)
+    _check_op(op, "grouped_reducescatter")
     tensors = [_tensor(t, "grouped_reducescatter") for t in tensors]
     compressed = [compression.compress(t) for t in tensors]
     n = len(tensors)

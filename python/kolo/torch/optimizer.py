@@ -15,6 +15,9 @@ copy; a sparse one stays where it is and its place is given up). Backward accumu
 gradient that exists in place, so the gradients stay there; zero_grad() zeroes them in place
 instead of setting them to None, and one that backward put elsewhere all the same (after
 model.zero_grad(set_to_none=True)) is moved back by the hook before its allreduce.
+
+op=Adasum (with more than one rank) selects another class, _DistributedAdasumOptimizer, Horovod's
+"delta optimizer": what travels is each parameter's update, not its gradient (see that class).
 """
 
 import os
@@ -57,6 +60,34 @@ def _split_list(items, n):
     return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
 
 
+def _name_parameters(param_groups, named_parameters):
+    """{parameter: name} for every parameter of the groups, after Horovod's checks: named_parameters
+    holds (name, tensor) pairs with unique names covering every parameter; None names them
+    allreduce.noname.<group>.<index>. Sorted by name."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                            for i, param_group in enumerate(param_groups)
+                            for j, v in enumerate(param_group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
+                         "produced by model.named_parameters().")
+
+    dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+    if len(dups) > 0:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
+                         % ", ".join(sorted(dups)))
+
+    all_param_ids = {id(v) for param_group in param_groups for v in param_group["params"]}
+    named_param_ids = {id(v) for k, v in named_parameters}
+    unnamed_param_ids = all_param_ids - named_param_ids
+    if len(unnamed_param_ids):
+        raise ValueError("named_parameters was specified, but one or more model parameters were not "
+                         "named. Python object ids: %s" % ", ".join(str(i) for i in unnamed_param_ids))
+    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _kolo_distributed = True
 
@@ -66,32 +97,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
-                                for i, param_group in enumerate(self.param_groups)
-                                for j, v in enumerate(param_group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
-                             "produced by model.named_parameters().")
-
-        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
-        if len(dups) > 0:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
-                             % ", ".join(sorted(dups)))
-
-        all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
-        named_param_ids = {id(v) for k, v in named_parameters}
-        unnamed_param_ids = all_param_ids - named_param_ids
-        if len(unnamed_param_ids):
-            raise ValueError("named_parameters was specified, but one or more model parameters were not "
-                             "named. Python object ids: %s" % ", ".join(str(i) for i in unnamed_param_ids))
-
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._parameter_names = _name_parameters(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: self.backward_passes_per_step
-                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._allreduce_delay = {v: self.backward_passes_per_step for v in self._parameter_names}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -381,6 +389,127 @@ def synchronize_quiet(handle):
         pass
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """The delta optimizer that op=Adasum selects (Horovod's _DistributedAdasumOptimizer).
+
+    Adasum combines what each rank would do to a parameter, not its gradient: when backward has
+    produced p's final gradient, the hook runs the wrapped optimizer's step on p alone (so its
+    state, momentum or Adam's moments, stays this rank's own), turns p into its update
+    delta = new - start, and starts an in-place allreduce_async_ of that delta with op=Adasum,
+    named after the parameter. step() waits for every delta and sets start += reduced delta and
+    p = start, the same bits on every rank. Between backward and step() a parameter holds its
+    local delta, not its value."""
+    _kolo_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._parameter_names = _name_parameters(self.param_groups, named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: self.backward_passes_per_step for v in self._parameter_names}
+        self.process_set = process_set
+        self._handles = {}  # parameter -> (handle or None until its delta is submitted, compression ctx)
+        self._grad_accs = []
+        self._requires_update = set()
+        self._starts = {}  # parameter -> its value before this step's local update
+        # A rank outside the process set trains alone: no hooks, the wrapped optimizer's step.
+        self._hooked = bool(self.process_set.included())
+        if self._hooked:
+            for param_group in self.param_groups:
+                for p in param_group["params"]:
+                    if p.requires_grad:
+                        self._requires_update.add(p)
+                        grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                        grad_acc.register_hook(self._make_hook(p))
+                        self._grad_accs.append(grad_acc)
+
+    set_backward_passes_per_step = _DistributedOptimizer.set_backward_passes_per_step
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def _submit_delta(self, p):
+        """Steps the wrapped optimizer on p alone, leaves p's update in p and starts its Adasum
+        allreduce. A parameter without a gradient is not moved by the step: its delta is zero,
+        which Adasum treats as absent."""
+        start = self._starts.get(p)
+        if start is None:
+            start = self._starts[p] = torch.empty_like(p.data)
+        start.copy_(p.data)
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is q for q in group["params"]) else []
+        try:
+            super(self.__class__, self).step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        p.data.sub_(start)
+        compressed, ctx = self._compression.compress(p.data)
+        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=Adasum,
+                                  process_set=self.process_set)
+        return handle, ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times before call to "
+                        "step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._submit_delta(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Nothing to wait for before step(): the deltas are combined and applied there."""
+
+    @contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
+        yield  # unreached; makes this the generator that contextmanager wants
+
+    def step(self, closure=None):
+        if not self._hooked:
+            return super(self.__class__, self).step(closure)
+        loss = closure() if closure is not None else None
+        # Parameters whose hook did not fire (no gradient on this rank, or fewer backward passes than
+        # backward_passes_per_step) take their local step now: the other ranks wait for their deltas.
+        for p in sorted(self._requires_update - set(self._handles), key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._submit_delta(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._submit_delta(p)
+        try:
+            for p, (handle, ctx) in self._handles.items():
+                delta = self._compression.decompress(synchronize(handle), ctx)
+                start = self._starts[p]
+                start.add_(delta)
+                p.data.copy_(start)
+        finally:
+            for p, (handle, ctx) in self._handles.items():
+                synchronize_quiet(handle)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                                 "cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
@@ -391,9 +520,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     named_parameters: model.named_parameters(), so that allreduces carry the parameters'
     names. compression: Compression.none or Compression.fp16 (gradients travel as float16).
     backward_passes_per_step: local gradient accumulation before each allreduce.
-    op: Average (default) or Sum. gradient_predivide_factor f: gradients are scaled by 1/f
-    before the sum and f/size after it (Average only). groups: an int (that many groups of
-    parameters, each reduced in one grouped_allreduce) or a list of lists of parameters.
+    op: Average (default), Sum, or Adasum: with more than one rank, the wrapped optimizer then
+    steps on every rank's own gradients and the ranks' updates (deltas) are combined with Adasum
+    in step(), as Horovod's delta optimizer does; groups, sparse_as_dense and shared_gradients do
+    not apply to it (the engine fuses the deltas by itself; a sparse gradient gives a dense delta),
+    synchronize() does nothing and skip_synchronize() raises AssertionError.
+    gradient_predivide_factor f: gradients are scaled by 1/f before the sum and f/size after it
+    (Average only). groups: an int (that many groups of parameters, each reduced in one
+    grouped_allreduce) or a list of lists of parameters.
     sparse_as_dense: sparse gradients are densified first.
     shared_gradients (kolo's own): place the CPU gradients in one shared-memory arena per dtype,
     so that large fused buckets are read by the other ranks directly; None (default) means
@@ -411,7 +545,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     if op == Adasum and size() > 1:
-        raise NotImplementedError("kolo does not implement Adasum; use op=hvd.Average (the default) or hvd.Sum")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, shared_gradients)
