@@ -22,6 +22,8 @@ import kolo.keras as hvdk  # noqa: E402
 import kolo.tensorflow as hvd  # noqa: E402
 from conftest import ROOT, UNDER_KOLORUN  # noqa: E402
 
+import adasum_ref  # noqa: E402
+
 keras = tf.keras
 DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
           tf.float64]
@@ -189,6 +191,53 @@ def test_grouped_collectives(mode):
     assert np.array_equal(rs0.numpy(), np.full((1, 2), s)) and rs1.numpy().tolist() == [s]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_adasum(mode):
+    """op=Adasum against the NumPy tree (adasum_ref.py): allreduce, grouped_allreduce (each tensor its
+    own vector), float16 and bfloat16, and its gradient (the Adasum of the gradients, as in Horovod)."""
+    n, r = n_r()
+    vs = adasum_ref.member_vectors(n, (3, 4), seed=5, dtype=np.float32)
+    ws = adasum_ref.member_vectors(n, (6,), seed=6)
+    hs = [v.astype(np.float16) for v in adasum_ref.member_vectors(n, (5,), seed=8)]
+
+    def f(x, y, h):
+        with tf.GradientTape() as tape:
+            tape.watch(y)
+            a = hvd.allreduce(x, op=hvd.Adasum, name="tf_adasum")
+            gx, gy = hvd.grouped_allreduce([x, y], op=hvd.Adasum, name="tf_adasum_group")
+            loss = tf.reduce_sum(gy * tf.constant(ws[(r + 1) % n]))
+        return (a, gx, gy, hvd.allreduce(h, op=hvd.Adasum), hvd.allreduce(tf.cast(h, tf.bfloat16), op=hvd.Adasum),
+                tape.gradient(loss, y))
+    a, gx, gy, h16, hb16, dy = call(mode, f, tf.constant(vs[r]), tf.constant(ws[r]), tf.constant(hs[r]))
+    for got, members, dtype in ((a, vs, "float32"), (gx, vs, "float32"), (gy, ws, "float64"), (h16, hs, "float16"),
+                                (hb16, [f64(tf.cast(h, tf.bfloat16)) for h in hs], "bfloat16")):
+        ref = adasum_ref.adasum(members)
+        assert got.dtype.name == dtype
+        np.testing.assert_allclose(f64(got), ref, **adasum_ref.tolerance(dtype, ref))
+    ref = adasum_ref.adasum([ws[(k + 1) % n] for k in range(n)])
+    np.testing.assert_allclose(dy.numpy(), ref, **adasum_ref.tolerance("float64", ref))
+    assert gathered_equal([a, gx, gy, f64(h16), f64(hb16)])
+    assert np.allclose(hvdk.allreduce(vs[r], op=hvdk.Adasum), a.numpy(), rtol=1e-6)  # the Keras helper
+
+
+def test_adasum_refusals():
+    for dtype in (tf.int32, tf.int64, tf.bool):
+        with pytest.raises(ValueError, match="Adasum.*floating-point.*%s" % dtype.name):
+            hvd.allreduce(tf.ones([2], dtype), op=hvd.Adasum)
+        with pytest.raises(ValueError, match="Adasum.*floating-point"):
+            tf.function(lambda x: hvd.grouped_allreduce([tf.ones([2]), x], op=hvd.Adasum))(tf.ones([2], dtype))
+    with pytest.raises(ValueError, match="Adasum.*allreduce only"):
+        hvd.reducescatter(tf.ones([4, 2]), op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="sparse_as_dense"):
+        hvd.allreduce(tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]), tf.constant([4, 3])), op=hvd.Adasum)
+    vs, loss = tape_model()
+    with tf.GradientTape() as tape:
+        lv = loss()
+    with pytest.raises(NotImplementedError, match="sparse_as_dense"):  # the embedding's gradient
+        hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(lv, vs)
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist() == [hvd.size()]  # the job goes on
+
+
 def test_process_set_and_the_job_as_tensors():
     n, r = n_r()
     if n < 3:
@@ -319,6 +368,30 @@ def test_distributed_gradient_tape_around_the_recording():
     assert gathered_equal([g["w"]])
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_gradient_tape_adasum(mode):
+    """op=Adasum combines every gradient as its own vector (Horovod's rule for TensorFlow 2 and Keras:
+    gradients, not updates); the embedding's slices must be made dense."""
+    n, _ = n_r()
+    vs, loss = tape_model()
+    with tf.GradientTape() as tape:
+        lv = loss()
+    local = [dense(g) for g in tape.gradient(lv, vs)]
+    every = [hvdk.allgather(g[None]) for g in local]  # every rank's gradients
+
+    def f():
+        with tf.GradientTape() as t:
+            lv = loss()
+        return hvd.DistributedGradientTape(t, op=hvd.Adasum, sparse_as_dense=True, groups=2).gradient(lv, vs)
+    got = call(mode, f)
+    for g, members in zip(got, every):
+        ref = adasum_ref.adasum(list(members))
+        np.testing.assert_allclose(dense(g), ref, **adasum_ref.tolerance("float32", ref))
+        if n > 1:
+            assert not np.allclose(ref, members.mean(0), rtol=1e-3)  # neither the average
+            assert not np.allclose(ref, members.sum(0), rtol=1e-3)  # nor the sum
+
+
 def test_gradient_batch_is_one_op_fused_and_cached():
     """Inside tf.function a step's gradients are one numpy_function op; the engine fuses them, and
     their names (the variables') are cache hits from the second step on."""
@@ -380,10 +453,10 @@ def test_refusals_are_clear():
         hvd.allreduce(tf.constant([1 + 2j], tf.complex64))
     with pytest.raises(ValueError, match="string is not supported"):
         hvd.broadcast(tf.constant(["a"]), 0)
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        hvd.allreduce(tf.ones([1]), op=42)
     with pytest.raises(NotImplementedError, match="XLA"):
         tf.function(lambda x: hvd.allreduce(x), jit_compile=True)(tf.ones([2]))
-    with pytest.raises(NotImplementedError, match="gradient_accumulation_steps"):
-        hvdk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2)
     with pytest.raises(NotImplementedError, match="DistributedGradientTape"):
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
     with pytest.raises(ValueError, match="already"):
@@ -425,6 +498,23 @@ def test_keras_optimizer_applies_the_average(run_eagerly):
     if n > 1:
         assert not np.allclose(local[0].numpy(), avg[0])
     model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert gathered_equal(model.weights)
+
+
+def test_keras_optimizer_with_adasum():
+    """Keras's DistributedOptimizer(op=Adasum) applies the Adasum of the ranks' gradients (Horovod's
+    Keras optimizer allreduces the gradients with the given op)."""
+    n, r = n_r()
+    model = small_model(0)
+    x, y = rank_data(r)
+    with tf.GradientTape() as tape:
+        lv = keras.losses.MeanSquaredError()(y, model(x))
+    every = [hvdk.allgather(g.numpy()[None]) for g in tape.gradient(lv, model.trainable_variables)]
+    w0 = [v.numpy() for v in model.trainable_variables]
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvdk.Adasum), loss="mse")
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    for v, w, members in zip(model.trainable_variables, w0, every):
+        np.testing.assert_allclose(v.numpy(), w - 0.1 * adasum_ref.adasum(list(members)), atol=1e-5)
     assert gathered_equal(model.weights)
 
 
@@ -505,6 +595,157 @@ def test_keras_value_helpers_and_load_model(tmp_path):
     assert int(loaded.optimizer.iterations.numpy()) == 2  # its state came back
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert gathered_equal(loaded.weights)
+
+
+# ---- local gradient aggregation (backward_passes_per_step) ----
+
+def linear_data(r, steps, batch):
+    rng = np.random.RandomState(300 + r)
+    x = rng.randn(steps * batch, 3).astype(np.float32)
+    return x, (x[:, :2] * (r + 1) - r).astype(np.float32)
+
+
+def simulate_aggregation(w, b, n, passes, average, steps, batch, lr, momentum):
+    """Model.fit of a Dense(2) layer under MSE with SGD(lr, momentum) and backward_passes_per_step,
+    in NumPy, over every rank's linear_data: each step adds each rank's gradient to that rank's sum;
+    every passes-th step applies the ranks' average of their sums (divided by passes if average)."""
+    data = [linear_data(k, steps, batch) for k in range(n)]
+    w, b = w.astype(np.float64), b.astype(np.float64)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    sw, sb = np.zeros((n,) + w.shape), np.zeros((n,) + b.shape)
+    for s in range(steps):
+        for k, (x, y) in enumerate(data):
+            xb, yb = x[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]
+            err = (xb @ w + b - yb) / batch  # d loss / d prediction: the loss is the mean over 2 outputs
+            sw[k] += xb.T @ err
+            sb[k] += err.sum(0)
+        if (s + 1) % passes == 0:
+            gw, gb = sw.mean(0) / (passes if average else 1), sb.mean(0) / (passes if average else 1)
+            vw, vb = momentum * vw - lr * gw, momentum * vb - lr * gb
+            w, b = w + vw, b + vb
+            sw[:], sb[:] = 0, 0
+    return w, b
+
+
+@pytest.mark.parametrize("passes,average,run_eagerly", [(2, False, False), (2, True, True), (3, False, True),
+                                                        (3, True, False)],
+                         ids=["2-sum-graph", "2-average-eager", "3-sum-eager", "3-average-graph"])
+def test_keras_fit_aggregates_gradients_locally(passes, average, run_eagerly):
+    """Model.fit with backward_passes_per_step: after 7 steps the weights are the NumPy computation's
+    (the last cycle left unfinished), the same on every rank; the ranks communicate on the update
+    steps only (one request per gradient), and optimizer.iterations counts every step (Horovod's)."""
+    n, r = n_r()
+    steps, batch, lr, momentum = 7, 4, 0.1, 0.5
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    w0, b0 = [v.numpy() for v in model.trainable_variables]
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=momentum), backward_passes_per_step=passes,
+                                    average_aggregated_gradients=average)
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = linear_data(r, steps, batch)
+    before = hvd.engine_stats()["requests"]
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    assert hvd.engine_stats()["requests"] - before == 2 * (steps // passes) * (n > 1)
+    assert int(opt.iterations.numpy()) == steps
+    w, b = simulate_aggregation(w0, b0, n, passes, average, steps, batch, lr, momentum)
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(), w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.trainable_variables[1].numpy(), b, rtol=1e-4, atol=1e-5)
+    assert gathered_equal(model.weights)
+    assert not any("kolo" in v.name for v in opt.variables)  # the sums are not saved with the optimizer
+
+
+def traced(mode, f):
+    """f itself, or one tf.function of it that every call reuses (so its state lives in variables)."""
+    return f if mode == "eager" else tf.function(f)
+
+
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")  # agg_u has none, on purpose
+@pytest.mark.parametrize("options", [{}, {"op": hvd.Sum, "groups": 1, "compression": hvd.Compression.fp16}],
+                         ids=["average", "sum-grouped-fp16"])
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregation_in_a_custom_loop(mode, options):
+    """apply_gradients with backward_passes_per_step=3 and average_aggregated_gradients: the calls
+    between updates send nothing to the engine and change no weight; every third reduces (op) the
+    ranks' sums of three passes, divides by three and applies that; a variable whose gradient is
+    None stays as it is; iterations counts every call."""
+    n, r = n_r()
+    v = tf.Variable(tf.ones([3]), name="agg_v")
+    w = tf.Variable(tf.ones([2, 2]), name="agg_w")
+    u = tf.Variable(tf.ones([2]), name="agg_u")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=3,
+                                   average_aggregated_gradients=True, **options)
+
+    def step(k):
+        k = tf.cast(k, tf.float32)
+        opt.apply_gradients([((k + 1) * (r + 1) * tf.ones([3]), v), (None, u), ((r + 1 - k) * tf.ones([2, 2]), w)])
+    f = traced(mode, step)
+    per_update = 2 * (n > 1)  # requests: one per tensor, grouped or not
+    ranks = np.arange(1, n + 1)
+    reduce = np.sum if options.get("op") == hvd.Sum else np.mean
+    ev = ew = 1.0
+    for k in range(7):
+        before = hvd.engine_stats()["requests"]
+        f(tf.constant(k))
+        update = (k + 1) % 3 == 0
+        assert hvd.engine_stats()["requests"] - before == (per_update if update else 0), k
+        if update:
+            cycle = np.arange(k - 2, k + 1)
+            ev -= reduce(ranks * (cycle + 1).sum()) / 3
+            ew -= reduce(ranks * 3 - cycle.sum()) / 3
+        assert np.allclose(v.numpy(), ev) and np.allclose(w.numpy(), ew), (k, v.numpy(), ev, w.numpy(), ew)
+        assert int(opt.iterations.numpy()) == k + 1
+    assert np.array_equal(u.numpy(), np.ones(2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregation_of_sparse_gradients_and_adasum(mode):
+    """An embedding's tf.IndexedSlices are refused without sparse_as_dense (Horovod's rule) and summed
+    into a dense buffer with it (a repeated row counts twice); op=Adasum combines the ranks' sums of
+    the passes."""
+    n, r = n_r()
+    emb = tf.Variable(tf.zeros([5, 2]), name="agg_emb")
+
+    def sparse_step(opt, k):
+        values = tf.fill([3, 2], tf.cast(k, tf.float32) + 1)
+        opt.apply_gradients([(tf.IndexedSlices(values, tf.constant([r % 5, 1, 1]), tf.constant([5, 2])), emb)])
+    refusing = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="sparse_as_dense=True"):
+        traced(mode, sparse_step)(refusing, tf.constant(0))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2, sparse_as_dense=True)
+    f = traced(mode, lambda k: sparse_step(opt, k))
+    for k in range(2):
+        f(tf.constant(k))
+    every = np.zeros((n, 5, 2))
+    for k in range(n):
+        every[k, k % 5] += 3  # passes 1 and 2
+        every[k, 1] += 2 * 3
+    assert np.allclose(emb.numpy(), -every.mean(0))
+
+    vs = adasum_ref.member_vectors(n, (4,), seed=11, dtype=np.float32)
+    ws = adasum_ref.member_vectors(n, (4,), seed=12, dtype=np.float32)
+    a = tf.Variable(tf.zeros([4]), name="agg_adasum")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2, op=hvd.Adasum,
+                                   average_aggregated_gradients=True)
+    f = traced(mode, lambda g: opt.apply_gradients([(g, a)]))
+    f(tf.constant(vs[r]))
+    assert np.array_equal(a.numpy(), np.zeros(4))
+    f(tf.constant(ws[r]))
+    ref = adasum_ref.adasum([vs[k] + ws[k] for k in range(n)]) / 2
+    np.testing.assert_allclose(-a.numpy(), ref, **adasum_ref.tolerance("float32", ref))
+    assert gathered_equal([a])
+
+
+def test_backward_passes_per_step_refusals():
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError), ("2", TypeError), (True, TypeError),
+                       (None, TypeError)):
+        with pytest.raises(error, match="backward_passes_per_step must be"):
+            hvdk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=bad)
+    assert hvdk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=np.int64(2))
+    if hasattr(keras.optimizers.SGD(), "gradient_accumulation_steps"):  # Keras 3's own accumulation
+        with pytest.raises(ValueError, match="gradient_accumulation_steps=2 would both"):
+            hvdk.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2), backward_passes_per_step=2)
+    with pytest.raises(TypeError, match="DistributedOptimizer.*backward_passes_per_step=N"):
+        hvd.DistributedGradientTape(tf.GradientTape(), backward_passes_per_step=2)
 
 
 # ---- the example (outside kolorun) ----

@@ -10,7 +10,19 @@ the variable.
 Keras 3 (TensorFlow 2.16 and later) applies gradients in Optimizer.apply (apply_gradients calls it,
 and so does Model.fit's train_step): the distributed class overrides apply. Keras 2 (tf_keras, or
 TensorFlow before 2.16) applies them in apply_gradients: that is overridden there.
+
+Local gradient aggregation (backward_passes_per_step=N, Horovod's LocalGradientAggregationHelperEager):
+every call of apply adds its gradients to one buffer per variable and counts itself. The Nth call
+since the last update allreduces the buffers in the same one batch as above (divided by N when
+average_aggregated_gradients), empties them and hands the result to the wrapped optimizer; the
+other calls communicate nothing and apply nothing, but add one to optimizer.iterations, as
+Horovod's do. The buffers and the count are tf.Variables (created outside any tf.function, under
+tf.init_scope) and the choice is a tf.cond, so one traced train step serves every call; eagerly the
+tf.cond simply runs one branch. Every rank calls apply equally often, so every rank's Nth call is
+the same one, and the collectives meet.
 """
+
+import numbers
 
 import tensorflow as tf
 
@@ -18,7 +30,8 @@ from kolo import _ops
 from kolo.basics import Average, c_op, global_process_set
 from kolo.tensorflow.compression import Compression
 from kolo.tensorflow.functions import unique_names
-from kolo.tensorflow.mpi_ops import _A, _allreduce_spec, _execute, _grouped_allreduce_spec, _pset, _Spec, _tensor
+from kolo.tensorflow.mpi_ops import (_A, _allreduce_spec, _execute, _grouped_allreduce_spec, _pset, _Spec, _tensor,
+                                     check_sparse_op)
 
 
 def _split_list(items, n):
@@ -51,7 +64,9 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
                         gradient_predivide_factor=1.0, groups=None, process_set=global_process_set, prefix="grad"):
     """Returns grads (a list, None entries allowed) averaged (op) over the process set, in one batch.
     variables names them. Dense gradients are allreduced (grouped as groups says), tf.IndexedSlices are
-    allgathered (values and indices) unless sparse_as_dense."""
+    allgathered (values and indices; Average and Sum only) unless sparse_as_dense. With op=Adasum every
+    gradient is its own Adasum vector (Horovod's TensorFlow 2 and Keras rule: the gradients are
+    combined, not the updates)."""
     process_set = _pset(process_set)
     grads = list(grads)
     if not process_set.included() or process_set.size() == 1:
@@ -69,6 +84,7 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
             if sparse_as_dense:
                 grads[i] = g = tf.convert_to_tensor(g)
             else:
+                check_sparse_op(op, "DistributedGradientTape and DistributedOptimizer")
                 sparse.append(i)
                 continue
         c, ctxs[i] = compression.compress(_tensor(g, "allreduce"))
@@ -108,20 +124,114 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
     return result
 
 
-def _check_options(op, gradient_predivide_factor, backward_passes_per_step=1):
+def _check_options(op, gradient_predivide_factor):
     c_op(op)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            "kolo.tensorflow does not implement backward_passes_per_step (local gradient aggregation). With "
-            "Keras 3, create the optimizer with gradient_accumulation_steps=N instead (gradients are then "
-            "averaged over the ranks at every step and applied every N steps).")
+
+
+def _check_passes(backward_passes_per_step):
+    """The number of calls of apply whose gradients are summed locally before one allreduce."""
+    n = backward_passes_per_step
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError("backward_passes_per_step must be an integer > 0, not %r" % (n,))
+    if n <= 0:
+        raise ValueError("backward_passes_per_step must be > 0, got %d" % n)
+    return int(n)
+
+
+def _variable_name(v):
+    return getattr(v, "path", None) or getattr(v, "name", None) or "?"
+
+
+class _LocalAggregation:
+    """One optimizer's local gradient aggregation: a count of the calls since the last update and
+    a buffer per variable holding the sum of their gradients. A plain object, not a Trackable, so
+    that neither Keras nor tf.train.Checkpoint saves it with the optimizer (a model saved mid-cycle
+    loses the partial sums; Horovod's optimizer does not save them either)."""
+
+    def __init__(self, passes, average, sparse_as_dense):
+        self.passes, self.average, self.sparse_as_dense = passes, average, sparse_as_dense
+        self.count = None
+        self.sums = {}  # id(variable) -> (variable, its buffer); the variable keeps the id unique
+
+    def _build(self, variables):
+        # init_scope: made eagerly even when the first call is being traced (or is inside a
+        # tf.cond), and again only for variables not seen before.
+        new = [v for v in variables if id(v) not in self.sums]
+        if self.count is not None and not new:
+            return
+        with tf.init_scope():
+            if self.count is None:
+                self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="kolo_aggregation_count")
+            for v in new:
+                buf = tf.Variable(tf.zeros(tf.TensorShape(v.shape), tf.as_dtype(v.dtype)), trainable=False,
+                                  name="kolo_aggregated_gradient")
+                self.sums[id(v)] = (v, buf)
+
+    def _add(self, buf, g, v):
+        if isinstance(g, tf.IndexedSlices):
+            if not self.sparse_as_dense:
+                raise ValueError(
+                    "IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` "
+                    "is False: the gradient of %s is a tf.IndexedSlices. Pass sparse_as_dense=True to "
+                    "DistributedOptimizer (the passes' slices are then summed into a dense buffer, which is "
+                    "allreduced)." % _variable_name(v))
+            if g.values.dtype != buf.dtype:
+                g = tf.IndexedSlices(tf.cast(g.values, buf.dtype), g.indices, g.dense_shape)
+            return buf.scatter_add(g)
+        g = tf.convert_to_tensor(g)
+        return buf.assign_add(g if g.dtype == buf.dtype else tf.cast(g, buf.dtype))
+
+    def step(self, grads, variables, opts, apply, skip):
+        """Adds grads (None entries allowed) to the sums. On the passes-th call since the last
+        update: allreduces the sums of the variables whose gradient is not None now (divided by
+        passes if average), empties every buffer and calls apply(reduced grads, None where grads
+        has None); otherwise calls skip(). Returns True for an update, False otherwise (a bool
+        tensor)."""
+        self._build(variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        bufs = [self.sums[id(variables[i])][1] for i in present]
+        for i, buf in zip(present, bufs):
+            self._add(buf, grads[i], variables[i])
+        count = self.count.assign_add(1)
+
+        def update():
+            summed = [buf.read_value() for buf in bufs]
+            reduced = allreduce_gradients(summed, [variables[i] for i in present], **opts)
+            if self.average:
+                reduced = [g / tf.cast(self.passes, g.dtype) for g in reduced]
+            # The buffers are emptied once the allreduce has read them (tf.function orders a
+            # variable's read before its later assign anyway; eagerly this is program order).
+            with tf.control_dependencies(reduced):
+                for _, buf in self.sums.values():
+                    buf.assign(tf.zeros_like(buf))
+                self.count.assign(0)
+            out = [None] * len(grads)
+            for i, g in zip(present, reduced):
+                out[i] = g
+            apply(out)
+            return tf.constant(True)
+
+        def no_update():
+            skip()
+            return tf.constant(False)
+        return tf.cond(tf.equal(count, self.passes), update, no_update)
+
+
+def _aggregation(optimizer, passes, average, sparse_as_dense):
+    """optimizer's _LocalAggregation, made on first use."""
+    agg = optimizer.__dict__.get("_kolo_aggregation")
+    if agg is None:
+        agg = _LocalAggregation(passes, average, sparse_as_dense)
+        optimizer._kolo_aggregation = agg
+    return agg
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+                            groups=None, process_set=global_process_set, scale_local_gradients=True,
+                            backward_passes_per_step=1):
     """A tape whose gradient() returns gradients averaged over every rank (Horovod's
     DistributedGradientTape). Use it after recording:
 
@@ -134,8 +244,17 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     returned object is an instance of a subclass of the tape's class that shares its recording.
     groups: an int (that many grouped requests) or lists of variables reduced together; num_groups
     is its deprecated name. compression: Compression.none or Compression.fp16. sparse_as_dense: turn
-    tf.IndexedSlices into dense tensors first (otherwise they travel as allgathers)."""
+    tf.IndexedSlices into dense tensors first (otherwise they travel as allgathers).
+    backward_passes_per_step: only 1. Horovod's tape has no such argument, since a tape cannot tell
+    which of its gradient() calls ends a step; aggregate with DistributedOptimizer(...,
+    backward_passes_per_step=N) instead."""
     _check_options(op, gradient_predivide_factor)
+    if backward_passes_per_step != 1:
+        raise TypeError(
+            "DistributedGradientTape does not aggregate gradients locally (backward_passes_per_step=%r; Horovod's "
+            "tape has no such argument): a tape cannot tell which gradient() call ends a step. Wrap the Keras "
+            "optimizer instead, hvd.DistributedOptimizer(opt, backward_passes_per_step=N), and give it the local "
+            "gradients of a plain tf.GradientTape." % (backward_passes_per_step,))
     groups = groups if groups is not None else (num_groups or None)
     base = gradtape.__class__
     opts = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
@@ -158,14 +277,19 @@ def _is_keras3_optimizer(cls):
     return hasattr(cls, "apply") and hasattr(cls, "stateless_apply")
 
 
-def distributed_class(base, opts):
+def distributed_class(base, opts, backward_passes_per_step=1, average_aggregated_gradients=False):
     """A subclass of the Keras optimizer class `base` that averages gradients over the ranks before
-    applying them. It keeps base's name and module, so a model saved with it loads without kolo as
-    base."""
+    applying them (opts: allreduce_gradients' options), every backward_passes_per_step-th call (the
+    others sum them locally; _LocalAggregation). It keeps base's name and module, so a model saved
+    with it loads without kolo as base."""
     if getattr(base, "_kolo_distributed", False):
         raise ValueError("%s is a kolo DistributedOptimizer already" % base.__name__)
+    passes = _check_passes(backward_passes_per_step)
+    average = bool(average_aggregated_gradients)
+    sparse_as_dense = opts.get("sparse_as_dense", False)
     if _is_keras3_optimizer(base):
         def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
             if trainable_variables is not None:
                 trainable_variables = list(trainable_variables)
                 variables = trainable_variables
@@ -173,15 +297,27 @@ def distributed_class(base, opts):
                 variables = list(self._trainable_variables)
             else:  # base.apply explains what is missing
                 return base.apply(self, grads, trainable_variables)
-            grads = allreduce_gradients(list(grads), variables, **opts)
-            return base.apply(self, grads, trainable_variables)
+            if passes == 1 or not grads:
+                return base.apply(self, allreduce_gradients(grads, variables, **opts), trainable_variables)
+            if not self.built:  # here, not inside the tf.cond below, where variables cannot be made
+                self.build(variables)
+            _aggregation(self, passes, average, sparse_as_dense).step(
+                grads, variables, opts, lambda reduced: base.apply(self, reduced, trainable_variables),
+                lambda: self.iterations.assign_add(1))
         ns = {"apply": apply}
     elif hasattr(base, "apply_gradients"):
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
             gv = list(grads_and_vars)
             variables = [v for _, v in gv]
-            grads = allreduce_gradients([g for g, _ in gv], variables, **opts)
-            return base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
+            grads = [g for g, _ in gv]
+            if passes == 1 or not gv:
+                grads = allreduce_gradients(grads, variables, **opts)
+                return base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
+            _aggregation(self, passes, average, sparse_as_dense).step(
+                grads, variables, opts,
+                lambda reduced: base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs),
+                lambda: self.iterations.assign_add(1))
+            return self.iterations
         ns = {"apply_gradients": apply_gradients}
     else:
         raise ValueError("%s is not a Keras optimizer (it has neither apply nor apply_gradients)" % base.__name__)
@@ -196,17 +332,25 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     """A Keras optimizer like `optimizer` (a new one, made from its config, as Horovod does) that
     averages the gradients over every rank before applying them. Works with Model.fit and with
     custom loops (apply_gradients / apply). Options as DistributedGradientTape's; name renames the
-    optimizer. backward_passes_per_step must be 1 (see _check_options). TensorFlow 1 optimizers
+    optimizer. backward_passes_per_step=N sums the gradients of N calls locally and allreduces and
+    applies the sum on every Nth call (divided by N if average_aggregated_gradients); the other calls
+    apply nothing but count in optimizer.iterations, as in Horovod. TensorFlow 1 optimizers
     (tf.compat.v1.train.Optimizer) are not supported: use a Keras optimizer or DistributedGradientTape."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise NotImplementedError(
             "kolo.tensorflow.DistributedOptimizer wraps Keras optimizers; for a tf.compat.v1.train.Optimizer, "
             "average the gradients with hvd.DistributedGradientTape (or hvd.allreduce) before apply_gradients")
-    _check_options(op, gradient_predivide_factor, backward_passes_per_step)
+    _check_options(op, gradient_predivide_factor)
+    if _check_passes(backward_passes_per_step) > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError(
+            "backward_passes_per_step=%d and the optimizer's gradient_accumulation_steps=%d would both sum gradients "
+            "over steps: use one of them (backward_passes_per_step communicates once per update, Keras's "
+            "gradient_accumulation_steps at every step)" % (backward_passes_per_step,
+                                                           optimizer.gradient_accumulation_steps))
     groups = groups if groups is not None else (num_groups or None)
     opts = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                 gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set)
-    cls = distributed_class(optimizer.__class__, opts)
+    cls = distributed_class(optimizer.__class__, opts, backward_passes_per_step, average_aggregated_gradients)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
