@@ -4,6 +4,8 @@
  * vector; process sets, joined ranks and the errors. */
 #include "kt.h"
 
+#include "../src/reduce/reduce.h"
+
 #include <math.h>
 #include <stdint.h>
 
@@ -317,6 +319,50 @@ KT_TEST(adasum_engine_fuses_per_tensor, 180)
     both_algorithms(2, engine_cases);
     both_algorithms(3, engine_cases);
 }
+
+/* The kernels' AVX2 build and their plain one give the same bits (adasum.c), so ranks on hosts
+ * with different vector units still agree: the same job, each size once with the kernels this
+ * CPU picks and once with the plain ones. */
+static void isa_cases(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    static const size_t counts[] = {1003, 40001};
+    static const kolo_dtype_t types[] = {KOLO_FLOAT32, KOLO_FLOAT64};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ci = 0; ci < 2; ci++) {
+            size_t count = counts[ci], bytes = count * kolo_dtype_size(types[ti]);
+            char *in = malloc(bytes), *own = malloc(bytes), *best = malloc(bytes), *plain = malloc(bytes);
+            /* vectors that nearly agree, so that the coefficients (about 1/2) depend on the dot
+             * products' last bits; not small integers, so that rounding shows */
+            kt_fill(in, count, types[ti], 300u);
+            kt_fill(own, count, types[ti], 400u + (unsigned)rank);
+            for (size_t i = 0; i < count; i++) {
+                double f = 1.0 + 0.1234567 * (double)(i % 7);
+                if (types[ti] == KOLO_FLOAT32) {
+                    float *x = (float *)(void *)in, *y = (float *)(void *)own;
+                    x[i] = (float)(((double)x[i] + 0.01 * (double)y[i]) * f);
+                } else {
+                    double *x = (double *)(void *)in, *y = (double *)(void *)own;
+                    x[i] = (x[i] + 0.01 * y[i]) * f;
+                }
+            }
+            KT_ASSERT(kolo__reduce_set_isa(NULL));
+            const char *isa = kolo__reduce_isa();
+            KT_OK(kolo_allreduce(in, best, count, types[ti], KOLO_ADASUM, 1, 1, KOLO_WORLD));
+            KT_ASSERT(kolo__reduce_set_isa("generic"));
+            KT_OK(kolo_allreduce(in, plain, count, types[ti], KOLO_ADASUM, 1, 1, KOLO_WORLD));
+            KT_ASSERTF(memcmp(best, plain, bytes) == 0, "%s x %zu: the %s kernels and the generic ones differ",
+                       kolo_dtype_name(types[ti]), count, isa);
+            free(in);
+            free(own);
+            free(best);
+            free(plain);
+        }
+    KT_ASSERT(kolo__reduce_set_isa(NULL));
+}
+
+KT_TEST(adasum_kernels_agree_across_isas, 60) { KT_EQ(kt_job(3, isa_cases, NULL, NULL, NULL), 0); }
 
 static void error_cases(int rank, void *arg)
 {

@@ -28,8 +28,16 @@
  * algorithm's intent: one gradient per layer), with one dot-product exchange per level for all.
  *
  * Arithmetic: float16 and bfloat16 are converted to float32 and back, float32 and float64 are
- * combined in their own type; dot products and the combination of each element are computed in
- * double. Prescale multiplies every input, postscale the result. */
+ * combined in their own type, read where the caller has them; dot products and the combination of
+ * each element are computed in double. Adasum is homogeneous (inputs all scaled by s: the same
+ * coefficients, the result scaled by s), so prescale and postscale both multiply the result.
+ *
+ * Cost (2 ranks, this 2-vCPU VM, malloc'd float32, time against a Sum allreduce of the same
+ * buffer, medians of 3 interleaved kolo-bench launches): 2.1-2.3x at 4-64 KiB (compute and
+ * copies around one exchange), 1.3-1.5x at 256 KiB-4 MiB, 1.9x at 16 and 64 MiB (38 ms against
+ * 20: the sum reads the other rank's buffer directly, Adasum moves the halves twice and reads
+ * them twice more for the dot products and the combination). 3 and 4 ranks on the 2 cores:
+ * 1.5-1.8x at 1 and 16 MiB. */
 #include "coll.h"
 
 #include "../reduce/reduce.h"
@@ -67,49 +75,166 @@ static void tensors_in(const job *j, size_t lo, size_t hi, size_t *t0, size_t *t
     *t1 = e;
 }
 
-/* a.b, |a|^2, |b|^2 of n elements into d[0..2], in four lanes each (the same order on every run:
- * a member computes its piece alone and the block sums the pieces' figures). */
-#define LANES 4
+/* The kernels: a.b, |a|^2, |b|^2 of n elements, and out = ca a + cb b, in double. Written once with
+ * GCC's vector extensions and compiled twice, plain and for AVX2 (chosen when the reduce kernels
+ * run AVX2 or better: kolo__reduce_isa), doing the same operations lane by lane: the dot products
+ * in eight lanes of doubles (two vectors of four, so that two additions are in flight), element i
+ * in lane i % 8, the tail in lane 0, the lanes summed ((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7)); no
+ * fused multiply-add. So both give the same bits, and a job whose hosts differ in vector units
+ * still combines alike. Pieces are computed by one member each and the block sums the pieces'
+ * figures, so the order here only has to be the same from run to run. */
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+#define ADASUM_KERNELS(ISA, ATTR)                                                                   \
+    ATTR static double lanes_sum_##ISA(v4d x, v4d y)                                               \
+    {                                                                                              \
+        v4d s = x + y;                                                                             \
+        return (s[0] + s[1]) + (s[2] + s[3]);                                                      \
+    }                                                                                              \
+    ATTR static void dots_f32_##ISA(const float *a, const float *b, size_t n, double d[3])        \
+    {                                                                                              \
+        v4d ab0 = {0, 0, 0, 0}, ab1 = ab0, aa0 = ab0, aa1 = ab0, bb0 = ab0, bb1 = ab0;             \
+        size_t i = 0;                                                                              \
+        for (; i + 8 <= n; i += 8) {                                                               \
+            v4f xf0, yf0, xf1, yf1;                                                                \
+            memcpy(&xf0, a + i, sizeof(xf0));                                                      \
+            memcpy(&xf1, a + i + 4, sizeof(xf1));                                                  \
+            memcpy(&yf0, b + i, sizeof(yf0));                                                      \
+            memcpy(&yf1, b + i + 4, sizeof(yf1));                                                  \
+            v4d x0 = __builtin_convertvector(xf0, v4d), y0 = __builtin_convertvector(yf0, v4d);    \
+            v4d x1 = __builtin_convertvector(xf1, v4d), y1 = __builtin_convertvector(yf1, v4d);    \
+            ab0 += x0 * y0;                                                                        \
+            ab1 += x1 * y1;                                                                        \
+            aa0 += x0 * x0;                                                                        \
+            aa1 += x1 * x1;                                                                        \
+            bb0 += y0 * y0;                                                                        \
+            bb1 += y1 * y1;                                                                        \
+        }                                                                                          \
+        for (; i < n; i++) {                                                                       \
+            double x = a[i], y = b[i];                                                             \
+            ab0[0] += x * y;                                                                       \
+            aa0[0] += x * x;                                                                       \
+            bb0[0] += y * y;                                                                       \
+        }                                                                                          \
+        d[0] = lanes_sum_##ISA(ab0, ab1);                                                          \
+        d[1] = lanes_sum_##ISA(aa0, aa1);                                                          \
+        d[2] = lanes_sum_##ISA(bb0, bb1);                                                          \
+    }                                                                                              \
+    ATTR static void dots_f64_##ISA(const double *a, const double *b, size_t n, double d[3])      \
+    {                                                                                              \
+        v4d ab0 = {0, 0, 0, 0}, ab1 = ab0, aa0 = ab0, aa1 = ab0, bb0 = ab0, bb1 = ab0;             \
+        size_t i = 0;                                                                              \
+        for (; i + 8 <= n; i += 8) {                                                               \
+            v4d x0, y0, x1, y1;                                                                    \
+            memcpy(&x0, a + i, sizeof(x0));                                                        \
+            memcpy(&x1, a + i + 4, sizeof(x1));                                                    \
+            memcpy(&y0, b + i, sizeof(y0));                                                        \
+            memcpy(&y1, b + i + 4, sizeof(y1));                                                    \
+            ab0 += x0 * y0;                                                                        \
+            ab1 += x1 * y1;                                                                        \
+            aa0 += x0 * x0;                                                                        \
+            aa1 += x1 * x1;                                                                        \
+            bb0 += y0 * y0;                                                                        \
+            bb1 += y1 * y1;                                                                        \
+        }                                                                                          \
+        for (; i < n; i++) {                                                                       \
+            ab0[0] += a[i] * b[i];                                                                 \
+            aa0[0] += a[i] * a[i];                                                                 \
+            bb0[0] += b[i] * b[i];                                                                 \
+        }                                                                                          \
+        d[0] = lanes_sum_##ISA(ab0, ab1);                                                          \
+        d[1] = lanes_sum_##ISA(aa0, aa1);                                                          \
+        d[2] = lanes_sum_##ISA(bb0, bb1);                                                          \
+    }                                                                                              \
+    ATTR static void axpby_f32_##ISA(float *o, const float *a, const float *b, size_t n, double ca, \
+                                     double cb)                                                    \
+    {                                                                                              \
+        v4d va = {ca, ca, ca, ca}, vb = {cb, cb, cb, cb};                                          \
+        size_t i = 0;                                                                              \
+        for (; i + 4 <= n; i += 4) {                                                               \
+            v4f xf, yf;                                                                            \
+            memcpy(&xf, a + i, sizeof(xf));                                                        \
+            memcpy(&yf, b + i, sizeof(yf));                                                        \
+            v4d r = va * __builtin_convertvector(xf, v4d) + vb * __builtin_convertvector(yf, v4d); \
+            v4f of = __builtin_convertvector(r, v4f);                                              \
+            memcpy(o + i, &of, sizeof(of));                                                        \
+        }                                                                                          \
+        for (; i < n; i++) o[i] = (float)(ca * (double)a[i] + cb * (double)b[i]);                  \
+    }                                                                                              \
+    ATTR static void axpby_f64_##ISA(double *o, const double *a, const double *b, size_t n, double ca, \
+                                     double cb)                                                    \
+    {                                                                                              \
+        v4d va = {ca, ca, ca, ca}, vb = {cb, cb, cb, cb};                                          \
+        size_t i = 0;                                                                              \
+        for (; i + 4 <= n; i += 4) {                                                               \
+            v4d x, y;                                                                              \
+            memcpy(&x, a + i, sizeof(x));                                                          \
+            memcpy(&y, b + i, sizeof(y));                                                          \
+            v4d r = va * x + vb * y;                                                               \
+            memcpy(o + i, &r, sizeof(r));                                                          \
+        }                                                                                          \
+        for (; i < n; i++) o[i] = ca * a[i] + cb * b[i];                                           \
+    }
+
+ADASUM_KERNELS(generic, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ADASUM_X86 1
+ADASUM_KERNELS(avx2, __attribute__((target("avx2"))))
+#endif
+
+/* Whether to run the AVX2 kernels (read at each call: tests switch the ISA). */
+static bool use_avx2(void)
+{
+#if defined(ADASUM_X86)
+    return strcmp(kolo__reduce_isa(), "generic") != 0; /* every other set has AVX2 */
+#else
+    return false;
+#endif
+}
+
 static void dots_f32(const float *a, const float *b, size_t n, double d[3])
 {
-    double ab[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) {
-            double x = a[i + k], y = b[i + k];
-            ab[k] += x * y;
-            aa[k] += x * x;
-            bb[k] += y * y;
-        }
-    for (; i < n; i++) {
-        double x = a[i], y = b[i];
-        ab[0] += x * y;
-        aa[0] += x * x;
-        bb[0] += y * y;
+#if defined(ADASUM_X86)
+    if (use_avx2()) {
+        dots_f32_avx2(a, b, n, d);
+        return;
     }
-    d[0] = (ab[0] + ab[1]) + (ab[2] + ab[3]);
-    d[1] = (aa[0] + aa[1]) + (aa[2] + aa[3]);
-    d[2] = (bb[0] + bb[1]) + (bb[2] + bb[3]);
+#endif
+    dots_f32_generic(a, b, n, d);
 }
 
 static void dots_f64(const double *a, const double *b, size_t n, double d[3])
 {
-    double ab[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) {
-            ab[k] += a[i + k] * b[i + k];
-            aa[k] += a[i + k] * a[i + k];
-            bb[k] += b[i + k] * b[i + k];
-        }
-    for (; i < n; i++) {
-        ab[0] += a[i] * b[i];
-        aa[0] += a[i] * a[i];
-        bb[0] += b[i] * b[i];
+#if defined(ADASUM_X86)
+    if (use_avx2()) {
+        dots_f64_avx2(a, b, n, d);
+        return;
     }
-    d[0] = (ab[0] + ab[1]) + (ab[2] + ab[3]);
-    d[1] = (aa[0] + aa[1]) + (aa[2] + aa[3]);
-    d[2] = (bb[0] + bb[1]) + (bb[2] + bb[3]);
+#endif
+    dots_f64_generic(a, b, n, d);
+}
+
+static void axpby_f32(float *o, const float *a, const float *b, size_t n, double ca, double cb)
+{
+#if defined(ADASUM_X86)
+    if (use_avx2()) {
+        axpby_f32_avx2(o, a, b, n, ca, cb);
+        return;
+    }
+#endif
+    axpby_f32_generic(o, a, b, n, ca, cb);
+}
+
+static void axpby_f64(double *o, const double *a, const double *b, size_t n, double ca, double cb)
+{
+#if defined(ADASUM_X86)
+    if (use_avx2()) {
+        axpby_f64_avx2(o, a, b, n, ca, cb);
+        return;
+    }
+#endif
+    axpby_f64_generic(o, a, b, n, ca, cb);
 }
 
 /* dots[t] over [lo, hi) for the tensors there (the rest zero): a at pa, b at pb, both indexed
@@ -139,15 +264,12 @@ static void combine(const job *j, char *out, const char *pa, const char *pb, siz
         double ca = aa > 0 ? 1.0 - ab / (2.0 * aa) : 1.0;
         double cb = bb > 0 ? 1.0 - ab / (2.0 * bb) : 1.0;
         size_t s = KOLO_MAX(j->start[t], lo) - lo, e = KOLO_MIN(j->start[t + 1], hi) - lo;
-        if (j->dbl) {
-            const double *a = (const double *)(const void *)pa, *b = (const double *)(const void *)pb;
-            double *o = (double *)(void *)out;
-            for (size_t i = s; i < e; i++) o[i] = ca * a[i] + cb * b[i];
-        } else {
-            const float *a = (const float *)(const void *)pa, *b = (const float *)(const void *)pb;
-            float *o = (float *)(void *)out;
-            for (size_t i = s; i < e; i++) o[i] = (float)(ca * (double)a[i] + cb * (double)b[i]);
-        }
+        if (j->dbl)
+            axpby_f64((double *)(void *)out + s, (const double *)(const void *)pa + s,
+                      (const double *)(const void *)pb + s, e - s, ca, cb);
+        else
+            axpby_f32((float *)(void *)out + s, (const float *)(const void *)pa + s,
+                      (const float *)(const void *)pb + s, e - s, ca, cb);
     }
 }
 
@@ -173,9 +295,10 @@ static int block_sum(job *j, int v, int d)
     return KOLO_OK;
 }
 
-/* The tree over the p2 virtual members, v being this member's index: on return w holds the
- * whole result. */
-static int tree(job *j, int v, int p2, size_t total)
+/* The tree over the p2 virtual members, v being this member's index, starting from src (this
+ * member's vector: w, or the caller's input, which is only read): on return w holds the whole
+ * result. */
+static int tree(job *j, int v, int p2, size_t total, const char *src)
 {
     size_t lo = 0, hi = total, plo[MAX_LEVELS], phi[MAX_LEVELS];
     int levels = 0;
@@ -184,16 +307,17 @@ static int tree(job *j, int v, int p2, size_t total)
         bool lower = (v & d) == 0;
         size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
         size_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
-        int st = swap(j, v ^ d, j->w + give_lo * j->ws, (give_hi - give_lo) * j->ws, j->in,
+        int st = swap(j, v ^ d, src + give_lo * j->ws, (give_hi - give_lo) * j->ws, j->in,
                       (keep_hi - keep_lo) * j->ws);
         if (st != KOLO_OK) return st;
         /* a: the lower subtree's vector, b: the higher's */
-        char *mine = j->w + keep_lo * j->ws;
+        const char *mine = src + keep_lo * j->ws;
         const char *pa = lower ? mine : j->in, *pb = lower ? j->in : mine;
         piece_dots(j, pa, pb, keep_lo, keep_hi);
         st = block_sum(j, v, d);
         if (st != KOLO_OK) return st;
-        combine(j, mine, pa, pb, keep_lo, keep_hi);
+        combine(j, j->w + keep_lo * j->ws, pa, pb, keep_lo, keep_hi);
+        src = j->w;
         plo[levels] = lo;
         phi[levels] = hi;
         lo = keep_lo;
@@ -213,42 +337,43 @@ static int tree(job *j, int v, int p2, size_t total)
     return KOLO_OK;
 }
 
-static void to_work(char *w, const void *send, size_t total, kolo_dtype_t dtype, double pre)
+/* w = send in the working type */
+static void to_work(char *w, const void *send, size_t total, kolo_dtype_t dtype)
 {
     if (dtype == KOLO_FLOAT16) kolo__f16_to_f32_n((float *)(void *)w, send, total);
     else if (dtype == KOLO_BFLOAT16) kolo__bf16_to_f32_n((float *)(void *)w, send, total);
     else if (w != send && total) memcpy(w, send, total * kolo_dtype_size(dtype));
-    if (pre != 1.0) kolo__scale(w, w, total, dtype == KOLO_FLOAT64 ? KOLO_FLOAT64 : KOLO_FLOAT32, pre);
 }
 
-/* recv = post * w, converted to the dtype (w may be recv) */
-static void from_work(void *recv, char *w, size_t total, kolo_dtype_t dtype, double post)
+/* recv = scale * w, converted to the dtype (w may be recv). Adasum is homogeneous (scaling every
+ * input by s leaves the coefficients alone and scales the result by s), so the prescale factor
+ * is applied here with the postscale one, and the inputs are read where they are. */
+static void from_work(void *recv, char *w, size_t total, kolo_dtype_t dtype, double scale)
 {
-    if (post != 1.0) kolo__scale(w, w, total, dtype == KOLO_FLOAT64 ? KOLO_FLOAT64 : KOLO_FLOAT32, post);
+    if (scale != 1.0) kolo__scale(w, w, total, dtype == KOLO_FLOAT64 ? KOLO_FLOAT64 : KOLO_FLOAT32, scale);
     if (dtype == KOLO_FLOAT16) kolo__f32_to_f16_n(recv, (const float *)(const void *)w, total);
     else if (dtype == KOLO_BFLOAT16) kolo__f32_to_bf16_n(recv, (const float *)(const void *)w, total);
     else if (w != recv && total) memcpy(recv, w, total * kolo_dtype_size(dtype));
 }
 
-/* a = a (+) b over the whole buffer, with dot products of whole tensors */
-static void pair_whole(job *j, char *a, const char *b, size_t total)
+/* out = a (+) b over the whole buffer, with dot products of whole tensors (out may be a) */
+static void pair_whole(job *j, char *out, const char *a, const char *b, size_t total)
 {
     piece_dots(j, a, b, 0, total);
-    combine(j, a, a, b, 0, total);
+    combine(j, out, a, b, 0, total);
 }
 
 /* Small buffers on at most SMALL_MEMBERS members: every member sends its vector to every other
  * and runs the whole tree itself, in the same order on the same bits, so all get the same
  * result: one round trip instead of 2 log2(n) + 1. */
 #define SMALL_MEMBERS 8
-static int adasum_small(job *j, const void *send, void *recv, size_t total, kolo_dtype_t dtype, double pre,
-                        double post)
+static int adasum_small(job *j, const void *send, void *recv, size_t total, kolo_dtype_t dtype, double scale)
 {
     int n = j->g->size, r = j->g->rank;
     size_t bytes = total * j->ws, stride = (bytes + 63) & ~(size_t)63;
     char *slots = kolo__coll_scratch(j->m, KOLO_SCRATCH_WORK, stride * (size_t)n);
     if (!slots) return KOLO_ERR_NO_MEMORY;
-    to_work(slots + stride * (size_t)r, send, total, dtype, pre);
+    to_work(slots + stride * (size_t)r, send, total, dtype);
     kolo__xfer xs[2 * SMALL_MEMBERS];
     kolo__xfer *ptrs[2 * SMALL_MEMBERS];
     int k = 0;
@@ -264,38 +389,42 @@ static int adasum_small(job *j, const void *send, void *recv, size_t total, kolo
     char *y[SMALL_MEMBERS];
     for (int v = 0; v < p2; v++) {
         y[v] = slots + stride * (size_t)(v < j->extra ? 2 * v : v + j->extra);
-        if (v < j->extra) pair_whole(j, y[v], y[v] + stride, total);
+        if (v < j->extra) pair_whole(j, y[v], y[v], y[v] + stride, total);
     }
+    /* the last pair writes float32 and float64 results straight into recv */
+    bool half = dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16;
     for (int w = p2; w > 1; w /= 2)
         for (int i = 0; i < w / 2; i++) {
-            pair_whole(j, y[2 * i], y[2 * i + 1], total);
-            y[i] = y[2 * i];
+            char *out = w == 2 && !half ? recv : y[2 * i];
+            pair_whole(j, out, y[2 * i], y[2 * i + 1], total);
+            y[i] = out;
         }
-    from_work(recv, y[0], total, dtype, post);
+    from_work(recv, y[0], total, dtype, scale);
     return KOLO_OK;
 }
 
 /* The tree for larger buffers: members beyond the largest power of two pair up first, then the
  * vector-halving levels. */
-static int adasum_tree(job *j, const void *send, void *recv, size_t total, kolo_dtype_t dtype, double pre,
-                       double post)
+static int adasum_tree(job *j, const void *send, void *recv, size_t total, kolo_dtype_t dtype, double scale)
 {
     kolo__mesh *m = j->m;
     const kolo__group *g = j->g;
     int r = g->rank, p2 = g->size - j->extra;
     bool folds = r < 2 * j->extra;
     /* the working buffer (recv itself unless the dtype is a half type) and room for what a
-     * partner sends: half the buffer in the tree, all of it in the pairing */
+     * partner sends: half the buffer in the tree, all of it in the pairing. float32 and float64
+     * inputs are read where they are (src); half types are converted first. */
     bool half = dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16;
     j->w = half ? kolo__coll_scratch(m, KOLO_SCRATCH_WORK, total * j->ws) : recv;
     j->in = kolo__coll_scratch(m, KOLO_SCRATCH_RING, (folds ? total : total / 2 + 1) * j->ws);
     if (!j->w || !j->in) return KOLO_ERR_NO_MEMORY;
-    to_work(j->w, send, total, dtype, pre);
+    if (half) to_work(j->w, send, total, dtype);
+    const char *src = half ? j->w : send;
     int st = KOLO_OK;
     size_t bytes = total * j->ws;
     kolo__xfer x;
     if (folds && r % 2 == 0) { /* hand over, get the result back */
-        kolo__isend(m, kolo__g2w(g, r + 1), j->w, bytes, &x);
+        kolo__isend(m, kolo__g2w(g, r + 1), src, bytes, &x);
         st = kolo__wait1(m, &x);
         if (st == KOLO_OK) {
             kolo__irecv(m, kolo__g2w(g, r + 1), j->w, bytes, &x);
@@ -306,17 +435,18 @@ static int adasum_tree(job *j, const void *send, void *recv, size_t total, kolo_
             kolo__irecv(m, kolo__g2w(g, r - 1), j->in, bytes, &x);
             st = kolo__wait1(m, &x);
             if (st == KOLO_OK) {
-                piece_dots(j, j->in, j->w, 0, total);
-                combine(j, j->w, j->in, j->w, 0, total);
+                piece_dots(j, j->in, src, 0, total);
+                combine(j, j->w, j->in, src, 0, total);
+                src = j->w;
             }
         }
-        if (st == KOLO_OK) st = tree(j, folds ? r / 2 : r - j->extra, p2, total);
+        if (st == KOLO_OK) st = tree(j, folds ? r / 2 : r - j->extra, p2, total, src);
         if (st == KOLO_OK && folds) {
             kolo__isend(m, kolo__g2w(g, r - 1), j->w, bytes, &x);
             st = kolo__wait1(m, &x);
         }
     }
-    if (st == KOLO_OK) from_work(recv, j->w, total, dtype, post);
+    if (st == KOLO_OK) from_work(recv, j->w, total, dtype, scale);
     return st;
 }
 
@@ -352,8 +482,8 @@ int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, voi
     j.dots = dots;
     j.peer_dots = dots + 3 * ntensor;
     int st = n <= SMALL_MEMBERS && total * kolo_dtype_size(dtype) <= kolo__coll_small_max()
-                 ? adasum_small(&j, send, recv, total, dtype, pre, post)
-                 : adasum_tree(&j, send, recv, total, dtype, pre, post);
+                 ? adasum_small(&j, send, recv, total, dtype, pre * post)
+                 : adasum_tree(&j, send, recv, total, dtype, pre * post);
     kolo__free(start);
     kolo__free(dots);
     return st;
