@@ -88,6 +88,19 @@ def _name_parameters(param_groups, named_parameters):
     return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
 
 
+def _last_pass(opt, p):
+    """In p's gradient hook: counts one backward pass of p and says whether it is the last before
+    the allreduce (backward_passes_per_step); one pass too many before step() raises."""
+    if p in opt._handles and opt._handles[p][0] is not None and opt._allreduce_delay[p] <= 0:
+        raise AssertionError(
+            "Gradients were computed more than backward_passes_per_step times before call to "
+            "step(). Increase backward_passes_per_step to accumulate gradients locally.")
+    assert not p.grad.requires_grad
+    assert opt._allreduce_delay[p] > 0
+    opt._allreduce_delay[p] -= 1
+    return opt._allreduce_delay[p] == 0
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _kolo_distributed = True
 
@@ -264,17 +277,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times before call to "
-                        "step(). Increase backward_passes_per_step to accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
+            last = _last_pass(self, p)
             self._into_arena(p)
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if last:
                 if self._groups is not None:
                     group = self._p_to_group[p]
                     self._group_counts[group] += 1
@@ -456,17 +462,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times before call to "
-                        "step(). Increase backward_passes_per_step to accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                handle, ctx = self._submit_delta(p)
+            handle, ctx = self._submit_delta(p) if _last_pass(self, p) else (None, None)
             self._handles[p] = (handle, ctx)
         return hook
 
