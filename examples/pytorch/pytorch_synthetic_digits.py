@@ -10,7 +10,8 @@ What it shows (the five lines Horovod asks for):
   * hvd.init(); torch threads = cores / local workers;
   * the learning rate scaled by the number of workers, reached by a linear warm-up over the
     first epoch (Goyal et al., "Accurate, Large Minibatch SGD", as Horovod's examples do);
-  * hvd.DistributedOptimizer with the model's named parameters;
+  * hvd.DistributedOptimizer with the model's named parameters (--use-adasum: op=hvd.Adasum,
+    the workers' updates combined by Adasum, the learning rate left unscaled);
   * hvd.broadcast_parameters / broadcast_optimizer_state from rank 0 (also after a resume);
   * checkpoints written by rank 0 only, and resumption from the latest one.
 
@@ -44,6 +45,9 @@ parser.add_argument("--val-size", type=int, default=2000)
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / local workers)")
 parser.add_argument("--fp16-allreduce", action="store_true")
+parser.add_argument("--use-adasum", action="store_true",
+                    help="combine the workers' updates with Adasum instead of averaging the gradients "
+                         "(the learning rate is then not scaled by the number of workers)")
 parser.add_argument("--checkpoint-dir", default="./checkpoints", help="'' disables checkpoints")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
 args = parser.parse_args()
@@ -151,11 +155,14 @@ t_data = time.time() - t_data
 
 torch.manual_seed(args.seed)
 model = Net()
-lr_scaler = hvd.size()
+# Average: the effective batch grows with the workers, and so does the rate. Adasum sizes the
+# combined step by how much the workers' updates agree, so the single-worker rate stays.
+lr_scaler = 1 if args.use_adasum else hvd.size()
 optimizer = torch.optim.SGD(model.parameters(), lr=args.base_lr * lr_scaler, momentum=args.momentum)
 optimizer = hvd.DistributedOptimizer(
     optimizer, named_parameters=model.named_parameters(),
-    compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+    compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+    op=hvd.Adasum if args.use_adasum else hvd.Average)
 
 # Resume: rank 0 finds the latest checkpoint and tells the others which epoch that is.
 start_epoch = 0

@@ -206,6 +206,21 @@ def test_training_example_learns_and_checkpoints(tmp_path):
     assert "epoch 3/3" in p.stdout and "epoch 1/3" not in p.stdout
 
 
+def test_training_example_learns_with_adasum():
+    """The same script with --use-adasum: DistributedOptimizer(op=Adasum), the delta optimizer, at
+    the single-worker learning rate."""
+    script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_digits.py")
+    p = subprocess.run([KOLORUN, "-np", "2", PY, script, "--train-size", "4000", "--val-size", "1000", "--threads",
+                        "1", "--epochs", "3", "--use-adasum"], env=dict(os.environ, PYTHONPATH=PYDIR),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    assert "lr 0.020 x 1 " in p.stdout, p.stdout
+    epochs = re.findall(r"epoch (\d)/3 +loss ([\d.]+) .* val-acc ([\d.]+)", p.stdout)
+    assert len(epochs) == 3, p.stdout
+    assert float(epochs[2][1]) < float(epochs[0][1])  # the loss falls
+    assert float(epochs[2][2]) > 0.5  # far above chance (0.1)
+
+
 def horovod_unavailable():
     """Why the Horovod path cannot run here (None when it can): Horovod is not part of `make test`."""
     p = subprocess.run([PY, "-c", "import horovod.torch as h; print(h.gloo_built())"], stdout=subprocess.PIPE,
