@@ -1443,6 +1443,11 @@ static void timeline(int rank, void *arg)
     KT_OK(kolo_iallgather("tl.gather", &ag, KOLO_INT32, &s1, NULL, &r));
     wait_ok(r);
     kolo_request_release(r);
+    float a[3] = {1, 2, 3}, b[3];
+    kolo_shape_t s3 = shape1(3);
+    KT_OK(kolo_iallreduce("tl.adasum", a, b, KOLO_FLOAT32, &s3, KOLO_ADASUM, 1, 1, NULL, &r));
+    wait_ok(r);
+    kolo_request_release(r);
 }
 
 KT_TEST(engine_timeline_holds_every_tensor, 30)
@@ -1460,6 +1465,9 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
         KT_CONTAINS(js, "NEGOTIATE_ALLGATHER");
         KT_CONTAINS(js, "\"ALLREDUCE\"");
         KT_CONTAINS(js, "KOLO_ALLREDUCE");
+        KT_CONTAINS(js, "NEGOTIATE_ADASUM"); /* Horovod's names for an op=Adasum allreduce */
+        KT_CONTAINS(js, "\"ADASUM\"");
+        KT_CONTAINS(js, "KOLO_ADASUM");
         KT_CONTAINS(js, "QUEUE");
         KT_CONTAINS(js, "MEMCPY_IN_FUSION_BUFFER");
         KT_CONTAINS(js, "MEMCPY_OUT_FUSION_BUFFER");

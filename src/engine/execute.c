@@ -127,7 +127,7 @@ static void trace_start(const kolo__resp *rp)
     char args[320], sh[256];
     snprintf(args, sizeof(args), "\"dtype\":\"%s\",\"shape\":\"%s\"", kolo_dtype_name((kolo_dtype_t)rp->d.dtype),
              kolo__shape_str(rp->d.dims, rp->d.ndim, sh, sizeof(sh)));
-    kolo__trace_begin(rp->name, kolo__kind_upper[rp->d.kind], args);
+    kolo__trace_begin(rp->name, kolo__op_upper(rp->d.kind, rp->d.op), args);
 }
 
 static const char *transfer_name(int kind)
@@ -249,16 +249,17 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
     int st;
     bool adasum = r0->d.op == KOLO_ADASUM; /* fused only by copying: it needs the tensors' bounds */
+    const char *xfer = adasum ? "KOLO_ADASUM" : transfer_name(KOLO__ALLREDUCE);
     if (k > 1 && total * es > IOV_MIN && !adasum) {
         st = run_allreduce_iov(s, idx, k, tracing);
     } else if (k == 1 && r0->req) {
         if (tracing) {
             kolo__trace_end(r0->name, "QUEUE");
-            kolo__trace_begin(r0->name, transfer_name(KOLO__ALLREDUCE), NULL);
+            kolo__trace_begin(r0->name, xfer, NULL);
         }
         st = kolo__coll_allreduce(E.mesh, &s->g, r0->req->send, r0->req->recv, total, dt, (kolo_op_t)r0->d.op,
                                   r0->d.pre, r0->d.post);
-        if (tracing) kolo__trace_end(r0->name, transfer_name(KOLO__ALLREDUCE));
+        if (tracing) kolo__trace_end(r0->name, xfer);
     } else {
         bool copies = tracing && k > 1; /* a lone tensor is here only as zeros (joined): no copy to show */
         if (tracing) trace_all(s, idx, k, "QUEUE", 0);
@@ -276,7 +277,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
             off += rp->bytes;
         }
         if (copies) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
-        if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 1);
+        if (tracing) trace_all(s, idx, k, xfer, 1);
         if (adasum) {
             size_t *counts = kolo__malloc(k * sizeof(size_t));
             if (!counts) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused adasum");
@@ -287,7 +288,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
             st = kolo__coll_allreduce(E.mesh, &s->g, buf, buf, total, dt, (kolo_op_t)r0->d.op, r0->d.pre,
                                       r0->d.post);
         }
-        if (tracing) trace_all(s, idx, k, transfer_name(KOLO__ALLREDUCE), 0);
+        if (tracing) trace_all(s, idx, k, xfer, 0);
         if (copies && st == KOLO_OK) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1, SIZE_MAX, TR_OUT);
         off = 0;
         for (size_t i = 0; i < k && st == KOLO_OK; i++) {
@@ -574,7 +575,7 @@ int kolo__execute(kolo__pset_state *s)
             kolo__trace_seq_open(&ends);
             for (size_t b = 0; b < k; b++) {
                 kolo__resp *q = &s->resp[E.bidx[b]];
-                if (q->traced) kolo__trace_seq_end(&ends, q->name, kolo__kind_upper[q->d.kind]);
+                if (q->traced) kolo__trace_seq_end(&ends, q->name, kolo__op_upper(q->d.kind, q->d.op));
                 q->traced = 0;
             }
             kolo__trace_seq_close(&ends);

@@ -27,6 +27,9 @@ enum {
 };
 extern const char *const kolo__kind_lower[KOLO__KIND_COUNT]; /* "allreduce" */
 extern const char *const kolo__kind_upper[KOLO__KIND_COUNT]; /* "ALLREDUCE" */
+/* The timeline's name of an operation: kolo__kind_upper, but "ADASUM" for an allreduce with that
+ * op (Horovod's request type). */
+const char *kolo__op_upper(int kind, int op);
 
 /* ---- intrusive string hash map ----
  * Objects embed a kolo__hnode; the key string is owned by the object. `tag` is part of the key
@@ -139,7 +142,7 @@ typedef struct kolo__entry {
     kolo__desc *descs;      /* [n] */
     int64_t *splits;        /* alltoall: [n * n] */
     int64_t *per_rank;      /* allgather: dim0 of each rank, once ready */
-    int kind;               /* of the first report (timeline) */
+    int kind, op;           /* of the first report (timeline) */
     int negotiating;        /* timeline: NEGOTIATE span open */
     double stall_logged;    /* when the stall warning last named it */
     int stall_fail;         /* KOLO__STALL_* */

@@ -220,13 +220,13 @@ static bool cache_matches(const kolo__pset_state *s, const kolo__slot *sl, const
     return true;
 }
 
-/* The timeline's name for negotiating a kind of collective. */
-static const char *negotiate_phase(int kind)
+/* The timeline's name for negotiating an operation (a kind of collective, and its op). */
+static const char *negotiate_phase(int kind, int op)
 {
     static const char *const names[KOLO__KIND_COUNT] = {
         "NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "NEGOTIATE_BROADCAST", "NEGOTIATE_ALLTOALL",
         "NEGOTIATE_REDUCESCATTER", "NEGOTIATE_JOIN", "NEGOTIATE_BARRIER"};
-    return names[kind];
+    return kind == KOLO__ALLREDUCE && op == KOLO_ADASUM ? "NEGOTIATE_ADASUM" : names[kind];
 }
 
 /* Removes a slot on every member (called from deterministic points only). Local requests that
@@ -241,7 +241,7 @@ static void cache_erase(kolo__pset_state *s, int i)
             r->slot = -1;
         }
     if (sl->negotiating && kolo__trace_on())
-        kolo__trace_end(sl->name, negotiate_phase(sl->d.kind)); /* closed without a response */
+        kolo__trace_end(sl->name, negotiate_phase(sl->d.kind, sl->d.op)); /* closed without a response */
     kolo__hmap_del(&s->cmap, &sl->node);
     kolo__free(sl->name);
     kolo__free(sl->per_rank);
@@ -661,7 +661,7 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
             if (rd.bad) break;
             int slot = cache_find(s, name);
             if (slot >= 0 && q && s->slots[slot].negotiating) { /* in order with this cycle's events */
-                kolo__trace_seq_end(q, name, negotiate_phase(s->slots[slot].d.kind));
+                kolo__trace_seq_end(q, name, negotiate_phase(s->slots[slot].d.kind, s->slots[slot].d.op));
                 s->slots[slot].negotiating = 0;
             }
             if (slot >= 0) cache_erase(s, slot);
@@ -680,10 +680,13 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
             e->rep[r] = 1;
             e->descs[r] = d;
             e->nrep++;
-            if (created) e->kind = d.kind;
+            if (created) {
+                e->kind = d.kind;
+                e->op = d.op;
+            }
             if (q) {
                 if (created) {
-                    kolo__trace_seq_begin(q, e->name, negotiate_phase(d.kind));
+                    kolo__trace_seq_begin(q, e->name, negotiate_phase(d.kind, d.op));
                     e->negotiating = 1;
                 }
                 if (e->negotiating) tick(s, q, e->name, r);
@@ -779,7 +782,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
             if (!ready && sl->partial_since == 0) sl->partial_since = now;
             if (q) {
                 if (!sl->negotiating) {
-                    kolo__trace_seq_begin(q, sl->name, negotiate_phase(sl->d.kind));
+                    kolo__trace_seq_begin(q, sl->name, negotiate_phase(sl->d.kind, sl->d.op));
                     sl->negotiating = 1;
                     sl->seen_mask = 0;
                 }
@@ -805,7 +808,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
                 has[r] = (uint8_t)((bits[w] >> (i % 64)) & 1);
             }
             if (sl->negotiating) {
-                if (q) kolo__trace_seq_end(q, sl->name, negotiate_phase(sl->d.kind));
+                if (q) kolo__trace_seq_end(q, sl->name, negotiate_phase(sl->d.kind, sl->d.op));
                 sl->negotiating = 0;
             }
             if (fail) {
@@ -826,7 +829,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
         for (int r = 0; r < n && ready; r++) ready = e->rep[r] || s->joined[r];
         if (!ready && e->stall_fail != KOLO__STALL_APPLY) continue;
         if (e->negotiating) {
-            if (q) kolo__trace_seq_end(q, e->name, negotiate_phase(e->kind));
+            if (q) kolo__trace_seq_end(q, e->name, negotiate_phase(e->kind, e->op));
             e->negotiating = 0;
         }
         size_t before = s->nresp;

@@ -18,6 +18,11 @@ const char *const kolo__kind_lower[KOLO__KIND_COUNT] = {"allreduce", "allgather"
 const char *const kolo__kind_upper[KOLO__KIND_COUNT] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
                                                          "REDUCESCATTER", "JOIN", "BARRIER"};
 
+const char *kolo__op_upper(int kind, int op)
+{
+    return kind == KOLO__ALLREDUCE && op == KOLO_ADASUM ? "ADASUM" : kolo__kind_upper[kind];
+}
+
 /* Waiters of every request share one condition variable: completions are published in batches
  * per collective and waiters re-check their own request. */
 static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
