@@ -206,13 +206,14 @@ def test_training_example_learns_and_checkpoints(tmp_path):
     assert "epoch 3/3" in p.stdout and "epoch 1/3" not in p.stdout
 
 
-def test_training_example_learns_with_adasum():
+def test_training_example_learns_with_adasum(tmp_path):
     """The same script with --use-adasum: DistributedOptimizer(op=Adasum), the delta optimizer, at
     the single-worker learning rate."""
     script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_digits.py")
     p = subprocess.run([KOLORUN, "-np", "2", PY, script, "--train-size", "4000", "--val-size", "1000", "--threads",
-                        "1", "--epochs", "3", "--use-adasum"], env=dict(os.environ, PYTHONPATH=PYDIR),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+                        "1", "--epochs", "3", "--use-adasum", "--checkpoint-dir", str(tmp_path / "ck")],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240)
     assert p.returncode == 0, p.stdout
     assert "lr 0.020 x 1 " in p.stdout, p.stdout
     epochs = re.findall(r"epoch (\d)/3 +loss ([\d.]+) .* val-acc ([\d.]+)", p.stdout)
