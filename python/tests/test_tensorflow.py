@@ -1,8 +1,9 @@
 """kolo.tensorflow and kolo.keras. Multi-rank (under kolorun, with the TensorFlow venv's python:
 scripts/test-python.sh): every collective eagerly and inside tf.function for every dtype, checked
 against values computed from the ranks; their gradients; DistributedGradientTape (one op per step, fused,
-cached names); Keras's DistributedOptimizer, callbacks and load_model; errors. Standalone (outside
-kolorun): the Keras example trains under kolorun -np 2."""
+cached names); Keras's DistributedOptimizer, callbacks and load_model; SyncBatchNormalization against
+NumPy batch normalization of the global batch; local (model-parallel) variables; BestModelCheckpoint;
+errors. Standalone (outside kolorun): the Keras example trains under kolorun -np 2."""
 
 import os
 import re
@@ -749,6 +750,211 @@ def test_backward_passes_per_step_refusals():
 
 
 # ---- the example (outside kolorun) ----
+
+# ---- SyncBatchNormalization ----
+
+def uneven_rows(n):
+    """Rows per rank: uneven, and with 3 ranks one rank has none."""
+    return [3, 1, 0][:n] if n >= 3 else [3, 1][:n]
+
+
+def global_batch(shape, seed=3):
+    """The global batch (rows as uneven_rows), this rank's slice of it, and its rows' offset."""
+    n, r = n_r()
+    rows = uneven_rows(n)
+    rng = np.random.RandomState(seed)
+    x = rng.normal(2.0, 3.0, (sum(rows),) + shape).astype(np.float32)
+    lo = sum(rows[:r])
+    return x, x[lo:lo + rows[r]], slice(lo, lo + rows[r])
+
+
+def bn_reference(x, w, gamma, beta, eps):
+    """NumPy batch normalization over every axis but the last, with the gradients of sum(w * y)."""
+    axes = tuple(range(x.ndim - 1))
+    mean, var = x.mean(axes), x.var(axes)
+    xhat = (x - mean) / np.sqrt(var + eps)
+    y = gamma * xhat + beta
+    dgamma, dbeta = (w * xhat).sum(axes), w.sum(axes)
+    dx = gamma / np.sqrt(var + eps) * (w - w.mean(axes) - xhat * (w * xhat).mean(axes))
+    return mean, var, y, dx, dgamma, dbeta
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sync_batch_norm_uses_the_global_batch(mode):
+    """Output and gradients are plain batch normalization's on the concatenated global batch
+    (uneven rows per rank, one rank empty at 3 ranks), for a loss summed over the ranks; the moving
+    statistics follow the global moments, identical on every rank; inference uses them."""
+    n, r = n_r()
+    xg, x, mine = global_batch((2, 3))
+    wg = np.random.RandomState(4).randn(*xg.shape).astype(np.float32)
+    layer = hvd.SyncBatchNormalization(momentum=0.75, epsilon=1e-3, gamma_initializer="ones")
+    layer.build((None, 2, 3))
+    layer.gamma.assign([0.5, 2.0, -1.0])
+    layer.beta.assign([0.1, 0.0, 3.0])
+    gamma, beta = layer.gamma.numpy(), layer.beta.numpy()
+
+    def step(x, w):
+        with tf.GradientTape() as t:
+            t.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * w)
+        return (y,) + tuple(t.gradient(loss, [x, layer.gamma, layer.beta]))
+    mean, var, y_ref, dx_ref, dg_ref, db_ref = bn_reference(xg.astype(np.float64), wg, gamma, beta, 1e-3)
+    mm, mv = np.zeros(3), np.ones(3)
+    for k in range(2):  # the moving statistics after two steps
+        y, dx, dg, db = call(mode, step, tf.constant(x), tf.constant(wg[mine]))
+        mm, mv = 0.75 * mm + 0.25 * mean, 0.75 * mv + 0.25 * var
+    np.testing.assert_allclose(y.numpy(), y_ref[mine], atol=1e-5)
+    np.testing.assert_allclose(dx.numpy(), dx_ref[mine], atol=1e-5)
+    np.testing.assert_allclose(hvdk.allreduce(dg.numpy(), op=hvd.Sum), dg_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(hvdk.allreduce(db.numpy(), op=hvd.Sum), db_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), mm, rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), mv, rtol=1e-5)
+    assert gathered_equal([layer.moving_mean, layer.moving_variance])
+    out = call(mode, lambda x: layer(x, training=False), tf.constant(x))  # inference: no collective
+    np.testing.assert_allclose(out.numpy(), gamma * (x - mm) / np.sqrt(mv + 1e-3) + beta, atol=1e-5)
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+def test_sync_batch_norm_in_fit(run_eagerly):
+    """Under Model.fit (one step per rank on an uneven batch) the moving statistics become the
+    global batch's; the layer's config round-trips; fused=True is refused as in Horovod."""
+    n, r = n_r()
+    xg, x, _ = global_batch((3,), seed=5)
+    if len(x) == 0:  # fit needs a row: the rank that has none here takes one (every is what counts)
+        x = xg[:1]
+    every = hvdk.allgather(x)  # the global batch as the ranks hold it
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), hvd.SyncBatchNormalization(momentum=0.0), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
+                  run_eagerly=run_eagerly)
+    model.fit(x, np.zeros((len(x), 1), np.float32), batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    bn = model.layers[0]
+    np.testing.assert_allclose(bn.moving_mean.numpy(), every.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(bn.moving_variance.numpy(), every.var(0), rtol=1e-4)
+    if n > 1:
+        assert not np.allclose(bn.moving_mean.numpy(), x.mean(0))
+    assert gathered_equal(model.weights)
+    copy = hvd.SyncBatchNormalization.from_config(bn.get_config())
+    assert isinstance(copy, hvd.SyncBatchNormalization) and copy.momentum == 0.0
+    with pytest.raises(ValueError, match="fused"):
+        hvd.SyncBatchNormalization(fused=True)
+
+
+# ---- local (model-parallel) variables ----
+
+def two_layer_model(r):
+    """A Keras model whose weights depend on the rank, and a rank-dependent batch."""
+    keras.utils.set_random_seed(10 + r)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    x, y = rank_data(r)
+    return model, x, y
+
+
+@pytest.mark.parametrize("scale", [True, False], ids=["scaled", "unscaled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_partial_distributed_gradient_tape(mode, scale):
+    """The local layer's gradients stay this rank's (divided by the size when scale_local_gradients,
+    Horovod's default); the others are averaged."""
+    n, r = n_r()
+    model, x, y = two_layer_model(r)
+    vs = model.trainable_variables
+    with tf.GradientTape() as tape:
+        lv = keras.losses.MeanSquaredError()(y, model(x))
+    own = [g.numpy() for g in tape.gradient(lv, vs)]
+    avg = [hvdk.allreduce(g) for g in own]
+
+    def f():
+        with tf.GradientTape() as t:
+            lv = keras.losses.MeanSquaredError()(y, model(x))
+        return hvd.PartialDistributedGradientTape(t, local_layers=model.layers[0],
+                                                  scale_local_gradients=scale).gradient(lv, vs)
+    got = call(mode, f)
+    div = n if scale else 1
+    for k in range(2):  # the first layer's kernel and bias: local
+        np.testing.assert_allclose(got[k].numpy(), own[k] / div, rtol=1e-5, atol=1e-6)
+    for k in range(2, 4):
+        np.testing.assert_allclose(got[k].numpy(), avg[k], rtol=1e-5, atol=1e-6)
+    if n > 1:
+        assert not np.allclose(own[0], avg[0])
+    with tf.GradientTape() as t:  # register_local_source on the plain tape, Horovod's other way
+        lv = keras.losses.MeanSquaredError()(y, model(x))
+    t = hvd.DistributedGradientTape(t)
+    t.register_local_source(vs[3])
+    got = t.gradient(lv, vs)
+    np.testing.assert_allclose(got[3].numpy(), own[3] / n, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[0].numpy(), avg[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="tf.keras.layers.Layer"):
+        hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[vs[0]])
+
+
+@pytest.mark.parametrize("passes,run_eagerly", [(1, False), (1, True), (2, False)],
+                         ids=["graph", "eager", "aggregated"])
+def test_partial_distributed_optimizer_in_fit(passes, run_eagerly):
+    """With fit and SGD, the local layer moves by lr times this rank's gradient over the size, the
+    others by lr times the ranks' average (with backward_passes_per_step=2 and averaging, two
+    passes over the same batch make the same update)."""
+    n, r = n_r()
+    model, x, y = two_layer_model(r)
+    with tf.GradientTape() as tape:
+        lv = keras.losses.MeanSquaredError()(y, model(x))
+    own = [g.numpy() for g in tape.gradient(lv, model.trainable_variables)]
+    avg = [hvdk.allreduce(g) for g in own]
+    w0 = [v.numpy() for v in model.trainable_variables]
+    opt = hvdk.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[model.layers[1]],
+                                           backward_passes_per_step=passes, average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    model.fit(np.concatenate([x] * passes), np.concatenate([y] * passes), batch_size=len(x), epochs=1, verbose=0,
+              shuffle=False)
+    want = [w - 0.1 * g for w, g in zip(w0[:2], avg[:2])] + [w - 0.1 * g / n for w, g in zip(w0[2:], own[2:])]
+    for v, w in zip(model.trainable_variables, want):
+        np.testing.assert_allclose(v.numpy(), w, atol=1e-5)
+    assert int(opt.iterations.numpy()) == passes
+
+
+def test_broadcast_callback_keeps_local_variables():
+    """local_variables stay each rank's own; every other variable becomes the root's."""
+    n, r = n_r()
+    root = n - 1
+    model, x, y = two_layer_model(r)
+    own = [v.numpy() for v in model.weights]
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    local = model.layers[0].weights
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local)])
+    every = [hvdk.allgather(v.numpy()[None]) for v in model.weights]
+    for k, (v, e) in enumerate(zip(model.weights, every)):
+        if k < 2:
+            np.testing.assert_array_equal(v.numpy(), own[k])
+        else:
+            np.testing.assert_array_equal(v.numpy(), e[root])
+    if n > 1:
+        assert not np.array_equal(every[0][0], every[0][root])
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras 3.15's save on NumPy 2
+def test_best_model_checkpoint(tmp_path):
+    """Saves on rank 0 only, when the monitored val_loss is the best so far."""
+    n, r = n_r()
+    where = hvd.broadcast_object(str(tmp_path), root_rank=0, name="best_ckpt_dir")
+    scripted = [3.0, 1.0, 2.0, 0.5]
+
+    class Script(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_loss"] = scripted[epoch]
+    cb = hvdk.callbacks.BestModelCheckpoint(save_weights_only=True)
+    assert cb.monitor == "val_loss" and cb.save_best_only
+    model, x, y = two_layer_model(0)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    with pytest.raises(ValueError, match="filepath"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[cb])
+    cb.filepath = os.path.join(where, "r%d-{epoch}.weights.h5" % r)
+    model.fit(x, y, epochs=4, verbose=0, callbacks=[Script(), cb])
+    hvd.barrier()
+    names = sorted(os.listdir(where))
+    assert names == ["r0-1.weights.h5", "r0-2.weights.h5", "r0-4.weights.h5"], names
+    hvd.barrier()  # every rank has looked before rank 0's tmp_path goes
+
 
 @pytest.mark.standalone
 @pytest.mark.parametrize("how", ["fit", "custom-loop"])

@@ -29,6 +29,7 @@ from kolo.tensorflow import mpi_ops as _tf_ops
 from kolo.tensorflow.compression import Compression  # noqa: F401
 from kolo.tensorflow.functions import broadcast_object, allgather_object  # noqa: F401
 from kolo.tensorflow.optimizer import DistributedOptimizer as _tf_distributed_optimizer
+from kolo.tensorflow.optimizer import PartialDistributedOptimizer as _tf_partial_distributed_optimizer
 from kolo.tensorflow.optimizer import distributed_class
 
 try:
@@ -53,6 +54,21 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
         process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer, except that the gradients of local_layers' trainable variables are not
+    allreduced: each rank applies its own (divided by the process set's size when
+    scale_local_gradients, as in Horovod). See kolo.tensorflow.optimizer.PartialDistributedOptimizer."""
+    return _tf_partial_distributed_optimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups, process_set=process_set,
+        local_layers=local_layers, scale_local_gradients=scale_local_gradients)
 
 
 def broadcast_global_variables(root_rank):

@@ -1,6 +1,6 @@
 """Keras callbacks of a data-parallel job (horovod/_keras/callbacks.py's behaviour): the same starting
-weights on every rank, metrics averaged over the ranks, and the learning-rate warm-up and schedule of
-Goyal et al., "Accurate, Large Minibatch SGD" (2017)."""
+weights on every rank, metrics averaged over the ranks, the learning-rate warm-up and schedule of
+Goyal et al., "Accurate, Large Minibatch SGD" (2017), and a best-model checkpoint written by rank 0."""
 
 import warnings
 
@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import kolo
-from kolo.basics import global_process_set, size
+from kolo.basics import global_process_set, rank, size
 from kolo.tensorflow.functions import broadcast_variables
 
 keras = tf.keras
@@ -23,27 +23,37 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts root_rank's model weights to every rank when training starts, and the model's and
     the optimizer's variables after the first batch (when the optimizer's variables exist), so that
     every rank starts from the same state: random initialisation or a checkpoint read by one rank.
-    device is accepted for Horovod's signature (kolo is CPU-only); local_variables is not supported."""
+    local_variables (a variable or a collection of them; Horovod's model-parallel layers) are left
+    out of both broadcasts: each rank keeps its own. device is accepted for Horovod's signature
+    (kolo is CPU-only)."""
 
     def __init__(self, root_rank, device="", local_variables=None, process_set=global_process_set):
         super().__init__()
-        if local_variables:
-            raise NotImplementedError("kolo's BroadcastGlobalVariablesCallback does not take local_variables")
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set, frozenset)):
+            local_variables = [local_variables]  # one variable
+        self.local_variables = {id(v): v for v in local_variables}  # held, so the ids stay theirs
         self.root_rank = root_rank
         self.process_set = process_set
         self.broadcast_done = False
 
+    def _shared(self, variables):
+        return [v for v in variables if id(v) not in self.local_variables]
+
     def on_train_begin(self, logs=None):
         if not self.broadcast_done:
-            broadcast_variables(self.model.variables, self.root_rank, self.process_set, name="model_begin")
+            broadcast_variables(self._shared(self.model.variables), self.root_rank, self.process_set,
+                                name="model_begin")
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        broadcast_variables(self.model.variables, self.root_rank, self.process_set, name="model")
+        broadcast_variables(self._shared(self.model.variables), self.root_rank, self.process_set, name="model")
         opt = getattr(self.model, "optimizer", None)
         if opt is not None:
-            broadcast_variables(_optimizer_variables(opt), self.root_rank, self.process_set, name="optimizer")
+            broadcast_variables(self._shared(_optimizer_variables(opt)), self.root_rank, self.process_set,
+                                name="optimizer")
         self.broadcast_done = True
 
 
@@ -167,3 +177,35 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if self.verbose > 0 and epoch == self.end_epoch - 1:
             print("\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1,
                                                                               _get_lr(self.model.optimizer)))
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ModelCheckpoint with save_best_only=True, saving on rank 0 only (Horovod's
+    BestModelCheckpoint): at the end of an epoch (or every save_freq batches) rank 0 writes the
+    model, or its weights with save_weights_only, when the monitored value ('val_loss' by
+    default) is the best so far; the other ranks write nothing. Put MetricAverageCallback before
+    it so that rank 0 judges the average over the ranks. Horovod's has no filepath argument (its
+    Spark estimator sets the attribute); kolo's takes one, by keyword, or the attribute
+    cb.filepath set before fit. Keras 3 wants it to end in '.keras' ('.weights.h5' with
+    save_weights_only)."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch",
+                 filepath=None):
+        # Keras 3 checks the path's extension when made: give it a valid stand-in until filepath is set.
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath if filepath is not None else placeholder, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        if filepath is None:
+            self.filepath = None
+
+    def on_train_begin(self, logs=None):
+        if self.filepath is None:
+            raise ValueError("BestModelCheckpoint has no filepath: pass filepath=... or set its filepath attribute "
+                             "before training")
+        parent = getattr(super(), "on_train_begin", None)
+        if parent is not None:
+            parent(logs)
+
+    def _save_model(self, epoch, batch, logs):
+        if rank() == 0:
+            super()._save_model(epoch, batch, logs)

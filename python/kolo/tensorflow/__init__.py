@@ -31,8 +31,18 @@ from kolo.tensorflow.mpi_ops import (  # noqa: F401
     allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, broadcast_, alltoall, reducescatter,
     grouped_reducescatter, join, barrier, size_op, local_size_op, rank_op, local_rank_op, process_set_included_op)
 from kolo.tensorflow.functions import broadcast_variables, broadcast_object, allgather_object  # noqa: F401
-from kolo.tensorflow.optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: F401
+from kolo.tensorflow.optimizer import (  # noqa: F401
+    DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape)
 
 
 def sycl_built():
     return False
+
+
+def __getattr__(name):
+    # SyncBatchNormalization is a Keras layer: Keras is imported when it is first asked for, not
+    # with kolo.tensorflow, which does not need it otherwise.
+    if name == "SyncBatchNormalization":
+        from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

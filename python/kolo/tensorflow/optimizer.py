@@ -124,6 +124,45 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
     return result
 
 
+def reduce_gradients(grads, variables, local, scale_local_gradients, opts):
+    """allreduce_gradients(grads, variables, **opts), except for the variables in local (a dict keyed
+    by id): their gradients stay this rank's own, divided by the process set's size when
+    scale_local_gradients (Horovod's rule for local layers; the others are averaged, a sum divided by
+    that size too)."""
+    if not local:
+        return allreduce_gradients(grads, variables, **opts)
+    grads = list(grads)
+    shared = [i for i, v in enumerate(variables) if id(v) not in local]
+    reduced = allreduce_gradients([grads[i] for i in shared], [variables[i] for i in shared], **opts)
+    out = list(grads)
+    for i, g in zip(shared, reduced):
+        out[i] = g
+    ps = _pset(opts.get("process_set"))
+    if scale_local_gradients and ps.included() and ps.size() > 1:
+        for i, v in enumerate(variables):
+            g = grads[i]
+            if id(v) not in local or g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = tf.IndexedSlices(g.values / tf.cast(ps.size(), g.values.dtype), g.indices, g.dense_shape)
+            else:
+                out[i] = g / tf.cast(ps.size(), g.dtype)
+    return out
+
+
+def _local_layer_variables(local_layers):
+    """The trainable variables of local_layers: None, one Keras layer or a collection of them."""
+    if local_layers is None:
+        return []
+    layer_class = tf.keras.layers.Layer
+    if isinstance(local_layers, layer_class):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, layer_class) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
 def _check_options(op, gradient_predivide_factor):
     c_op(op)
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -183,12 +222,12 @@ class _LocalAggregation:
         g = tf.convert_to_tensor(g)
         return buf.assign_add(g if g.dtype == buf.dtype else tf.cast(g, buf.dtype))
 
-    def step(self, grads, variables, opts, apply, skip):
+    def step(self, grads, variables, reduce, apply, skip):
         """Adds grads (None entries allowed) to the sums. On the passes-th call since the last
-        update: allreduces the sums of the variables whose gradient is not None now (divided by
-        passes if average), empties every buffer and calls apply(reduced grads, None where grads
-        has None); otherwise calls skip(). Returns True for an update, False otherwise (a bool
-        tensor)."""
+        update: reduces the sums of the variables whose gradient is not None now with
+        reduce(sums, variables) (divided by passes if average), empties every buffer and calls
+        apply(reduced grads, None where grads has None); otherwise calls skip(). Returns True for
+        an update, False otherwise (a bool tensor)."""
         self._build(variables)
         present = [i for i, g in enumerate(grads) if g is not None]
         bufs = [self.sums[id(variables[i])][1] for i in present]
@@ -198,7 +237,7 @@ class _LocalAggregation:
 
         def update():
             summed = [buf.read_value() for buf in bufs]
-            reduced = allreduce_gradients(summed, [variables[i] for i in present], **opts)
+            reduced = reduce(summed, [variables[i] for i in present])
             if self.average:
                 reduced = [g / tf.cast(self.passes, g.dtype) for g in reduced]
             # The buffers are emptied once the allreduce has read them (tf.function orders a
@@ -245,6 +284,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     groups: an int (that many grouped requests) or lists of variables reduced together; num_groups
     is its deprecated name. compression: Compression.none or Compression.fp16. sparse_as_dense: turn
     tf.IndexedSlices into dense tensors first (otherwise they travel as allgathers).
+    tape.register_local_source(variable) keeps that variable's gradient on this rank (not
+    allreduced), divided by the process set's size when scale_local_gradients, as in Horovod.
     backward_passes_per_step: only 1. Horovod's tape has no such argument, since a tape cannot tell
     which of its gradient() calls ends a step; aggregate with DistributedOptimizer(...,
     backward_passes_per_step=N) instead."""
@@ -263,13 +304,36 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = base.gradient(self, target, sources, output_gradients, unconnected_gradients)
-        flat = allreduce_gradients(tf.nest.flatten(grads), tf.nest.flatten(sources), **opts)
+        flat = reduce_gradients(tf.nest.flatten(grads), tf.nest.flatten(sources), self._kolo_local_sources,
+                                scale_local_gradients, opts)
         return tf.nest.pack_sequence_as(grads, flat)
 
-    cls = type(base.__name__, (base,), {"gradient": gradient, "__module__": base.__module__,
-                                        "_kolo_distributed": True})
+    def register_local_source(self, source):
+        """Keeps source's gradient on this rank: it is not allreduced (Horovod's model-parallel
+        layers)."""
+        self._kolo_local_sources[id(source)] = source
+
+    cls = type(base.__name__, (base,), {"gradient": gradient, "register_local_source": register_local_source,
+                                        "__module__": base.__module__, "_kolo_distributed": True})
     tape = cls.__new__(cls)
     tape.__dict__ = gradtape.__dict__  # one recording: entering or leaving either object is seen by both
+    tape._kolo_local_sources = {}  # id -> variable (held, so that the id stays its own)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape, except that the gradients of local_layers' trainable variables (one
+    Keras layer or a collection of them) are not allreduced: each rank keeps its own, divided by the
+    process set's size when scale_local_gradients (Horovod's default, True). For model-parallel
+    layers that differ from rank to rank."""
+    local = _local_layer_variables(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for v in local:
+        tape.register_local_source(v)
     return tape
 
 
@@ -277,16 +341,38 @@ def _is_keras3_optimizer(cls):
     return hasattr(cls, "apply") and hasattr(cls, "stateless_apply")
 
 
-def distributed_class(base, opts, backward_passes_per_step=1, average_aggregated_gradients=False):
+def _local_vars(optimizer):
+    """The variables registered with optimizer.register_local_var (id -> variable). Kept in the
+    instance's __dict__, past Keras's attribute tracking, so that they never count among the
+    optimizer's own variables."""
+    local = optimizer.__dict__.get("_kolo_local_vars")
+    if local is None:
+        local = optimizer.__dict__["_kolo_local_vars"] = {}
+    return local
+
+
+def _register_local_var(self, var):
+    """Keeps var's gradient on this rank: it is not allreduced (Horovod's model-parallel layers),
+    and is divided by the process set's size when scale_local_gradients."""
+    _local_vars(self)[id(var)] = var
+
+
+def distributed_class(base, opts, backward_passes_per_step=1, average_aggregated_gradients=False,
+                      scale_local_gradients=True):
     """A subclass of the Keras optimizer class `base` that averages gradients over the ranks before
     applying them (opts: allreduce_gradients' options), every backward_passes_per_step-th call (the
-    others sum them locally; _LocalAggregation). It keeps base's name and module, so a model saved
-    with it loads without kolo as base."""
+    others sum them locally; _LocalAggregation), except those of the variables registered with
+    register_local_var. It keeps base's name and module, so a model saved with it loads without
+    kolo as base."""
     if getattr(base, "_kolo_distributed", False):
         raise ValueError("%s is a kolo DistributedOptimizer already" % base.__name__)
     passes = _check_passes(backward_passes_per_step)
     average = bool(average_aggregated_gradients)
     sparse_as_dense = opts.get("sparse_as_dense", False)
+
+    def reducer(self):
+        local = _local_vars(self)
+        return lambda grads, variables: reduce_gradients(grads, variables, local, scale_local_gradients, opts)
     if _is_keras3_optimizer(base):
         def apply(self, grads, trainable_variables=None):
             grads = list(grads)
@@ -298,11 +384,11 @@ def distributed_class(base, opts, backward_passes_per_step=1, average_aggregated
             else:  # base.apply explains what is missing
                 return base.apply(self, grads, trainable_variables)
             if passes == 1 or not grads:
-                return base.apply(self, allreduce_gradients(grads, variables, **opts), trainable_variables)
+                return base.apply(self, reducer(self)(grads, variables), trainable_variables)
             if not self.built:  # here, not inside the tf.cond below, where variables cannot be made
                 self.build(variables)
             _aggregation(self, passes, average, sparse_as_dense).step(
-                grads, variables, opts, lambda reduced: base.apply(self, reduced, trainable_variables),
+                grads, variables, reducer(self), lambda reduced: base.apply(self, reduced, trainable_variables),
                 lambda: self.iterations.assign_add(1))
         ns = {"apply": apply}
     elif hasattr(base, "apply_gradients"):
@@ -311,17 +397,18 @@ def distributed_class(base, opts, backward_passes_per_step=1, average_aggregated
             variables = [v for _, v in gv]
             grads = [g for g, _ in gv]
             if passes == 1 or not gv:
-                grads = allreduce_gradients(grads, variables, **opts)
+                grads = reducer(self)(grads, variables)
                 return base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
             _aggregation(self, passes, average, sparse_as_dense).step(
-                grads, variables, opts,
+                grads, variables, reducer(self),
                 lambda reduced: base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs),
                 lambda: self.iterations.assign_add(1))
             return self.iterations
         ns = {"apply_gradients": apply_gradients}
     else:
         raise ValueError("%s is not a Keras optimizer (it has neither apply nor apply_gradients)" % base.__name__)
-    ns.update(__module__=base.__module__, __qualname__=base.__qualname__, _kolo_distributed=True)
+    ns.update(__module__=base.__module__, __qualname__=base.__qualname__, _kolo_distributed=True,
+              register_local_var=_register_local_var)
     return type(base.__name__, (base,), ns)
 
 
@@ -334,7 +421,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     custom loops (apply_gradients / apply). Options as DistributedGradientTape's; name renames the
     optimizer. backward_passes_per_step=N sums the gradients of N calls locally and allreduces and
     applies the sum on every Nth call (divided by N if average_aggregated_gradients); the other calls
-    apply nothing but count in optimizer.iterations, as in Horovod. TensorFlow 1 optimizers
+    apply nothing but count in optimizer.iterations, as in Horovod. optimizer.register_local_var(v)
+    keeps v's gradient on this rank (divided by the process set's size when scale_local_gradients,
+    as in Horovod); see PartialDistributedOptimizer. TensorFlow 1 optimizers
     (tf.compat.v1.train.Optimizer) are not supported: use a Keras optimizer or DistributedGradientTape."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise NotImplementedError(
@@ -350,8 +439,29 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     groups = groups if groups is not None else (num_groups or None)
     opts = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                 gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set)
-    cls = distributed_class(optimizer.__class__, opts, backward_passes_per_step, average_aggregated_gradients)
+    cls = distributed_class(optimizer.__class__, opts, backward_passes_per_step, average_aggregated_gradients,
+                            scale_local_gradients)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer, except that the gradients of local_layers' trainable variables (one
+    Keras layer or a collection of them) are not allreduced: each rank applies its own, divided by
+    the process set's size when scale_local_gradients (Horovod's default, True). The same as
+    DistributedOptimizer(...) followed by register_local_var for each of those variables."""
+    local = _local_layer_variables(local_layers)
+    opt = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                               backward_passes_per_step=backward_passes_per_step, op=op,
+                               gradient_predivide_factor=gradient_predivide_factor,
+                               average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+                               process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for v in local:
+        opt.register_local_var(v)
+    return opt

@@ -2,4 +2,4 @@
 (horovod.tensorflow.keras)."""
 
 from kolo.keras import *  # noqa: F401,F403
-from kolo.keras import DistributedOptimizer, callbacks, load_model  # noqa: F401
+from kolo.keras import DistributedOptimizer, PartialDistributedOptimizer, callbacks, load_model  # noqa: F401

@@ -2,4 +2,4 @@
 
 from kolo.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
-    LearningRateWarmupCallback)
+    LearningRateWarmupCallback, BestModelCheckpoint)
