@@ -749,8 +749,6 @@ def test_backward_passes_per_step_refusals():
         hvd.DistributedGradientTape(tf.GradientTape(), backward_passes_per_step=2)
 
 
-# ---- the example (outside kolorun) ----
-
 # ---- SyncBatchNormalization ----
 
 def uneven_rows(n):
@@ -839,6 +837,26 @@ def test_sync_batch_norm_in_fit(run_eagerly):
     assert isinstance(copy, hvd.SyncBatchNormalization) and copy.momentum == 0.0
     with pytest.raises(ValueError, match="fused"):
         hvd.SyncBatchNormalization(fused=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sync_batch_norm_with_a_mask(mode):
+    """With a mask (one dimension less than the input), the moments are those of the unmasked
+    values of every rank together, each rank counting its own: Keras 3's _moments and tf_keras's
+    _calculate_mean_and_var both take it."""
+    n, r = n_r()
+    rng = np.random.RandomState(7)
+    xg = rng.normal(1.0, 2.0, (2 * n, 4, 3)).astype(np.float32)
+    mg = rng.rand(2 * n, 4) > 0.4
+    mg[:, 0] = True
+    x, m = xg[2 * r:2 * r + 2], mg[2 * r:2 * r + 2]
+    layer = hvd.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    call(mode, lambda x, m: layer(x, training=True, mask=m), tf.constant(x), tf.constant(m))
+    np.testing.assert_allclose(layer.moving_mean.numpy(), xg[mg].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), xg[mg].var(0), rtol=1e-5)
+    if n > 1:
+        assert not np.allclose(layer.moving_mean.numpy(), x[m].mean(0))
+    assert gathered_equal([layer.moving_mean, layer.moving_variance])
 
 
 # ---- local (model-parallel) variables ----
@@ -956,13 +974,24 @@ def test_best_model_checkpoint(tmp_path):
     hvd.barrier()  # every rank has looked before rank 0's tmp_path goes
 
 
+# ---- the example (outside kolorun) ----
+
+def pythonpath(first):
+    """PYTHONPATH for a child: first, then the directories of ours other than the source tree's
+    python/ (e.g. a --target directory with tf_keras for TF_USE_LEGACY_KERAS=1)."""
+    ours = os.path.normpath(os.path.join(ROOT, "python"))
+    rest = [os.path.abspath(d) for d in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if d and os.path.normpath(os.path.abspath(d)) != ours]
+    return os.pathsep.join([first] + rest)
+
+
 @pytest.mark.standalone
 @pytest.mark.parametrize("how", ["fit", "custom-loop"])
 def test_keras_example_learns(tmp_path, how):
     script = os.path.join(ROOT, "examples", "tensorflow", "keras_synthetic_digits.py")
     kolorun = os.path.join(ROOT, "build", "bin", "kolorun")
     ck = str(tmp_path / "model.keras")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=pythonpath(os.path.join(ROOT, "python")))
     assert not UNDER_KOLORUN
     extra = ["--custom-loop"] if how == "custom-loop" else []
     p = subprocess.run([kolorun, "-np", "2", sys.executable, script, "--epochs", "2", "--threads", "1",
@@ -986,7 +1015,7 @@ def test_pip_install_brings_the_tensorflow_modules(tmp_path):
         if d == "build" or d.endswith(".egg-info"):
             shutil.rmtree(os.path.join(pydir, d), ignore_errors=True)
     assert p.returncode == 0, p.stdout
-    env = dict(os.environ, PYTHONPATH=target, KOLO_LIBRARY=os.path.join(ROOT, "build", "lib", "libkolo.so"))
+    env = dict(os.environ, PYTHONPATH=pythonpath(target), KOLO_LIBRARY=os.path.join(ROOT, "build", "lib", "libkolo.so"))
     code = ("import kolo.tensorflow as a, kolo.keras as b, kolo.tensorflow.keras as c, kolo.tensorflow.keras.callbacks;"
             "a.init(); print(a.__file__, c.DistributedOptimizer is b.DistributedOptimizer, a.allreduce([2.0]).numpy())")
     p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
