@@ -87,9 +87,9 @@ typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
 #define ADASUM_KERNELS(ISA, ATTR)                                                                   \
-    ATTR static double lanes_sum_##ISA(v4d x, v4d y)                                               \
-    {                                                                                              \
-        v4d s = x + y;                                                                             \
+    ATTR static double lanes_sum_##ISA(const v4d *x, const v4d *y)                                 \
+    { /* by pointer: a vector argument by value changes the ABI without AVX (-Wpsabi) */          \
+        v4d s = *x + *y;                                                                           \
         return (s[0] + s[1]) + (s[2] + s[3]);                                                      \
     }                                                                                              \
     ATTR static void dots_f32_##ISA(const float *a, const float *b, size_t n, double d[3])        \
@@ -117,9 +117,9 @@ typedef float v4f __attribute__((vector_size(16)));
             aa0[0] += x * x;                                                                       \
             bb0[0] += y * y;                                                                       \
         }                                                                                          \
-        d[0] = lanes_sum_##ISA(ab0, ab1);                                                          \
-        d[1] = lanes_sum_##ISA(aa0, aa1);                                                          \
-        d[2] = lanes_sum_##ISA(bb0, bb1);                                                          \
+        d[0] = lanes_sum_##ISA(&ab0, &ab1);                                                          \
+        d[1] = lanes_sum_##ISA(&aa0, &aa1);                                                          \
+        d[2] = lanes_sum_##ISA(&bb0, &bb1);                                                          \
     }                                                                                              \
     ATTR static void dots_f64_##ISA(const double *a, const double *b, size_t n, double d[3])      \
     {                                                                                              \
@@ -143,9 +143,9 @@ typedef float v4f __attribute__((vector_size(16)));
             aa0[0] += a[i] * a[i];                                                                 \
             bb0[0] += b[i] * b[i];                                                                 \
         }                                                                                          \
-        d[0] = lanes_sum_##ISA(ab0, ab1);                                                          \
-        d[1] = lanes_sum_##ISA(aa0, aa1);                                                          \
-        d[2] = lanes_sum_##ISA(bb0, bb1);                                                          \
+        d[0] = lanes_sum_##ISA(&ab0, &ab1);                                                          \
+        d[1] = lanes_sum_##ISA(&aa0, &aa1);                                                          \
+        d[2] = lanes_sum_##ISA(&bb0, &bb1);                                                          \
     }                                                                                              \
     ATTR static void axpby_f32_##ISA(float *o, const float *a, const float *b, size_t n, double ca, \
                                      double cb)                                                    \
