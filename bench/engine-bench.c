@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH [-T 1]] [-m 1]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH [-T 1]] [-m 1] [-a 1]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -9,6 +9,8 @@
  *   - an engine step: the 161 gradients submitted in backward order (kolo_iallreduce, in place,
  *     AVERAGE), then waited for;
  *   - a direct step: one kolo_allreduce of all 25.6 M floats at once (in place, AVERAGE).
+ * With -a 1 both steps use KOLO_ADASUM instead (each of the step's tensors its own vector, the
+ * direct step one vector of all): what a ResNet-50 step costs with Adasum.
  * With -t PATH every iteration runs two engine steps, one with the timeline on (each rank starts
  * it to PATH, rank r to PATH.r, before the step's barrier and stops it after the step, the stop's
  * final drain timed with the step) and one without, in alternating order: the median of the
@@ -50,6 +52,7 @@ typedef struct opts {
     int shared; /* -m 1: the gradients (one arena) and the flat buffer from kolo_mem_alloc */
     const char *timeline; /* -t: pair every engine step with one that writes the timeline */
     int block;            /* -T: engine steps per timeline (and per block without one) */
+    kolo_op_t op;         /* AVERAGE, or ADASUM with -a 1 */
 } opts;
 
 /* Removes this rank's timeline file before a timeline starts on it again: a file truncated to
@@ -163,8 +166,8 @@ static int run(const opts *o)
                 double t0 = now_s();
                 for (int t = nt - 1; t >= 0; t--) { /* backward order */
                     kolo_shape_t sh = {1, {(int64_t)sizes[t]}};
-                    if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1,
-                                        1, NULL, &reqs[t]) != KOLO_OK)
+                    if (kolo_iallreduce(names[t], grads + off[t], grads + off[t], KOLO_FLOAT32, &sh, o->op, 1, 1,
+                                        NULL, &reqs[t]) != KOLO_OK)
                         rc = 1;
                 }
                 for (int t = 0; t < nt; t++) {
@@ -178,7 +181,7 @@ static int run(const opts *o)
         }
         kolo_barrier(KOLO_WORLD);
         double t1 = now_s();
-        if (kolo_allreduce(flat, flat, total, KOLO_FLOAT32, KOLO_AVERAGE, 1, 1, KOLO_WORLD) != KOLO_OK) rc = 1;
+        if (kolo_allreduce(flat, flat, total, KOLO_FLOAT32, o->op, 1, 1, KOLO_WORLD) != KOLO_OK) rc = 1;
         double t2 = now_s();
         if (it >= 0) {
             te[it] = t_off;
@@ -215,8 +218,9 @@ static int run(const opts *o)
         for (int it = 0; it < o->iters; it++) printf("step %2d: engine %8.2f ms  direct %8.2f ms\n", it, te[it] * 1e3, td[it] * 1e3);
     if (rank == 0) {
         double me = median(te, o->iters), md = median(td, o->iters);
-        printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB), in %s\n", n, nt,
-               total, (double)total * 4 / 1e6, o->shared ? "kolo_mem_alloc memory" : "malloc'd memory");
+        printf("# engine-bench: %d ranks, ResNet-50 gradients: %d tensors, %zu float32 (%.1f MB), in %s%s\n", n, nt,
+               total, (double)total * 4 / 1e6, o->shared ? "kolo_mem_alloc memory" : "malloc'd memory",
+               o->op == KOLO_ADASUM ? "; op adasum" : "");
         printf("# %s\n", kolo_build_info());
         if (o->timeline && o->block > 1)
             printf("engine step (161 iallreduce, fused)   median %8.2f ms over %d blocks of %d steps\n", me * 1e3,
@@ -262,7 +266,7 @@ static int run_rank(void *arg) { return run(arg); }
 
 int main(int argc, char **argv)
 {
-    opts o = {.np = 2, .iters = 15, .warmup = 3, .small_steps = 200, .block = 1};
+    opts o = {.np = 2, .iters = 15, .warmup = 3, .small_steps = 200, .block = 1, .op = KOLO_AVERAGE};
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-np")) o.np = v;
@@ -273,9 +277,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-t") && *argv[i + 1]) o.timeline = argv[i + 1];
         else if (!strcmp(argv[i], "-m")) o.shared = v;
         else if (!strcmp(argv[i], "-T")) o.block = v;
+        else if (!strcmp(argv[i], "-a")) o.op = v ? KOLO_ADASUM : KOLO_AVERAGE;
         else {
             fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] "
-                            "[-t PATH [-T K]] [-m 1]\n");
+                            "[-t PATH [-T K]] [-m 1] [-a 1]\n");
             return 2;
         }
     }

@@ -223,9 +223,10 @@ static void engine_cases(int rank, void *arg)
     (void)arg;
     KT_OK(kolo_init());
     int n = kolo_size();
-    /* a group of three tensors runs as one fused collective; each is its own vector */
+    /* a group of three tensors: the two small ones run as one fused collective, the one above
+     * 256 KiB alone on its buffers (execute.c); each is its own vector */
     enum { NT = 3 };
-    size_t counts[NT] = {5, 1000, 3000}, start[NT + 1] = {0};
+    size_t counts[NT] = {5, 70000, 3000}, start[NT + 1] = {0};
     for (int t = 0; t < NT; t++) start[t + 1] = start[t] + counts[t];
     float *in = malloc(start[NT] * sizeof(float)), *out = malloc(start[NT] * sizeof(float));
     kt_fill(in, start[NT], KOLO_FLOAT32, 500u + (unsigned)rank);

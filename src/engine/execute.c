@@ -20,8 +20,11 @@
  *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it
  *     depends on how the ranks get scheduled); the ring over the list 1.04-1.23x, measured side
  *     by side under the same load.
- * Adasum buckets are always copied into the fusion buffer: each tensor is combined as its own
- * vector, so the collective needs the tensors' bounds (coll/adasum.c).
+ * Adasum fuses only tensors of at most FUSE_TENSOR_MAX bytes, always copied into the fusion buffer
+ * (each tensor is combined as its own vector, so the collective needs the tensors' bounds:
+ * coll/adasum.c); larger ones run alone on their own buffers. engine-bench -a 1 (ResNet-50, 2
+ * ranks, 3 launches each): a step 60-67 ms, against 81-124 with every tensor copied through the
+ * fusion buffer; one Adasum of the same bytes as one vector 63-65 ms.
  * Allgathers of at most FUSE_TENSOR_MAX bytes each are fused by copying (each rank packs its
  * blocks of every tensor, one allgather of bytes, every rank unpacks per rank and tensor), and so
  * are broadcasts from the same root.
@@ -548,8 +551,9 @@ int kolo__execute(kolo__pset_state *s)
         }
         size_t k = 1, total = fuse_bytes(s, rp);
         E.bidx[0] = i;
-        /* allreduces fuse without copying large tensors (ring_iov.c); the others copy */
-        size_t cap = rp->d.kind == KOLO__ALLREDUCE ? SIZE_MAX : FUSE_TENSOR_MAX;
+        /* allreduces fuse without copying large tensors (ring_iov.c); the others copy, and so does
+         * Adasum, whose large tensors therefore run alone */
+        size_t cap = rp->d.kind == KOLO__ALLREDUCE && rp->d.op != KOLO_ADASUM ? SIZE_MAX : FUSE_TENSOR_MAX;
         if (E.fusion && total <= cap)
             for (size_t j = i + 1; j < s->nresp && total < E.fusion; j++) {
                 kolo__resp *q = &s->resp[j];
