@@ -435,8 +435,7 @@ static int adasum_tree(job *j, const void *send, void *recv, size_t total, kolo_
             kolo__irecv(m, kolo__g2w(g, r - 1), j->in, bytes, &x);
             st = kolo__wait1(m, &x);
             if (st == KOLO_OK) {
-                piece_dots(j, j->in, src, 0, total);
-                combine(j, j->w, j->in, src, 0, total);
+                pair_whole(j, j->w, j->in, src, total);
                 src = j->w;
             }
         }
