@@ -64,6 +64,7 @@ typedef enum kolo_status {
     KOLO_ERR_PROTOCOL = -14,       /* a peer sent bytes that are not kolo's protocol */
     KOLO_ERR_AUTH = -15,           /* a peer could not prove it holds the job secret */
     KOLO_ERR_STARTUP = -16,        /* the job could not be assembled (rendezvous, missing ranks) */
+    KOLO_ERR_REMOVED = -17,        /* elastic: kolorun removed this worker from the job */
     /* the system */
     KOLO_ERR_SYSTEM = -20,         /* a system call failed; the message has errno's text */
     KOLO_ERR_INTERNAL = -21        /* a bug in kolo; please report the message */
@@ -234,6 +235,31 @@ KOLO_EXTERN size_t kolo_reducescatter_rows(size_t rows, int n, int r);
 
 /* Returns once every rank of the set has entered it. */
 KOLO_EXTERN int kolo_barrier(int pset);
+
+/* ---- Elastic jobs -------------------------------------------------------------
+ * Under `kolorun --min-np/--max-np/--host-discovery-script` (docs/kolorun.md, "Elastic jobs")
+ * the job goes on when workers fail or hosts come and go: kolorun re-forms it in rounds. A
+ * worker learns of a lost peer from a failing collective (KOLO_ERR_PEER_LOST and the like),
+ * calls kolo_shutdown() and kolo_init() again, and kolo_init joins the newest round with the
+ * rank kolorun gave it there (rank 0 is the oldest worker still alive, so it holds the state
+ * to share). A worker whose host left the job gets KOLO_ERR_REMOVED from kolo_init and should
+ * exit. Outside elastic jobs these calls change nothing. */
+
+/* 1 when kolorun started this process as a worker of an elastic job, else 0. */
+KOLO_EXTERN int kolo_elastic_enabled(void);
+
+/* The round of the elastic job this rank joined (1 for the first), 0 outside elastic jobs. */
+KOLO_EXTERN int kolo_elastic_round(void);
+
+#define KOLO_ELASTIC_NONE 0    /* no newer round */
+#define KOLO_ELASTIC_ADDED 1   /* a newer round has new workers: they need the state */
+#define KOLO_ELASTIC_REMOVED 2 /* newer rounds only lost workers or hosts */
+
+/* Whether kolorun has formed a newer round than the one this rank is in; collective over
+ * the world (rank 0 asks kolorun, every rank gets its answer), so every rank decides alike.
+ * Horovod's check_host_updates(): on a non-zero *update every rank calls kolo_shutdown() and
+ * kolo_init() to join the newer round. Outside elastic jobs: *update = 0, not collective. */
+KOLO_EXTERN int kolo_elastic_check(int *update);
 
 /* ---- Shared buffers ---------------------------------------------------------
  * kolo_mem_alloc returns `bytes` of zeroed memory that the other ranks of this host can map

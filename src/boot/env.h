@@ -28,6 +28,11 @@ typedef struct kolo__world_info {
     char secret[256];
     size_t secret_len;
     int secret_derived;
+    /* Elastic jobs (core/elastic.c): the round, which names the store keys of the start-up
+     * (0: count this process's inits instead), and a store key whose appearance means kolorun
+     * formed a newer round while this one was starting ("": none). */
+    int epoch;
+    char abort_key[224];
 } kolo__world_info;
 
 /* Fills *out from the environment, in the order of DESIGN.md:

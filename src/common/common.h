@@ -143,6 +143,7 @@ typedef enum kolo_setting {
     KOLO_SET_STALL_CHECK_DISABLE,
     KOLO_SET_STALL_CHECK_TIME,
     KOLO_SET_STALL_SHUTDOWN_TIME,
+    KOLO_SET_ELASTIC_TIMEOUT,
     KOLO_SET_COUNT
 } kolo_setting_t;
 

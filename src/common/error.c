@@ -20,6 +20,7 @@ const char *kolo_strerror(int status)
     case KOLO_ERR_PROTOCOL: return "protocol error";
     case KOLO_ERR_AUTH: return "authentication failed";
     case KOLO_ERR_STARTUP: return "job start-up failed";
+    case KOLO_ERR_REMOVED: return "removed from the elastic job";
     case KOLO_ERR_SYSTEM: return "system error";
     case KOLO_ERR_INTERNAL: return "internal error";
     default: return "unknown status";

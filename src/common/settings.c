@@ -80,6 +80,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                    "with the missing ranks"},
     [KOLO_SET_STALL_SHUTDOWN_TIME] = {"KOLO_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
                                       "seconds after which a stall becomes an error on every rank; 0 never"},
+    [KOLO_SET_ELASTIC_TIMEOUT] = {"KOLO_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "600",
+                                  "elastic jobs: seconds a worker waits for kolorun to form the next round, and "
+                                  "(kolorun --elastic-timeout) kolorun waits for --min-np slots"},
 };
 
 const kolo__setting_info *kolo__setting_table(size_t *n)

@@ -176,13 +176,14 @@ static void teardown(void)
     }
 }
 
-int kolo_init(void)
+/* One attempt at joining: the job the environment describes, or in an elastic job the newest
+ * round kolorun formed. */
+static int init_once(void)
 {
-    if (W.initialized) return KOLO_OK;
-    kolo__err_clear();
-    kolo__log_init();
     int st = kolo__env_detect(&W.info);
     if (st != KOLO_OK) return st;
+    W.elastic = kolo_elastic_enabled();
+    if (W.elastic && (st = kolo__elastic_join()) != KOLO_OK) return st;
     kolo__log_set_rank(W.info.size > 1 ? W.info.rank : -1);
     /* let same-host peers read our buffers with process_vm_readv under Yama's ptrace scope 1 */
 #ifdef PR_SET_PTRACER
@@ -201,16 +202,18 @@ int kolo_init(void)
                 goto fail;
             }
         }
-        kolo__store *store = NULL;
-        st = kolo__store_connect(&store, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
-                                 kolo__setting_double(KOLO_SET_START_TIMEOUT));
-        if (st != KOLO_OK) {
-            kolo__err(st, "rank %d could not reach the rendezvous store at %s:%d: %s", W.info.rank, W.info.rdv_host,
-                      W.info.rdv_port, kolo__errmsg());
-            goto fail;
+        kolo__store *store = W.estore; /* an elastic worker is connected already */
+        if (!store) {
+            st = kolo__store_connect(&store, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
+                                     kolo__setting_double(KOLO_SET_START_TIMEOUT));
+            if (st != KOLO_OK) {
+                kolo__err(st, "rank %d could not reach the rendezvous store at %s:%d: %s", W.info.rank, W.info.rdv_host,
+                          W.info.rdv_port, kolo__errmsg());
+                goto fail;
+            }
         }
         st = kolo__mesh_build(W.mesh, &W.peers, &W.info, store);
-        kolo__store_close(store);
+        if (store != W.estore) kolo__store_close(store);
         if (st != KOLO_OK) goto fail;
     }
     compute_topology();
@@ -230,14 +233,31 @@ int kolo_init(void)
     }
     st = kolo__engine_start();
     if (st != KOLO_OK) goto fail;
-    W.initialized = 1;
-    KOLO_INFO("rank %d of %d (local %d of %d, cross %d of %d) started via %s", W.info.rank, W.info.size, W.local_rank,
-              W.local_size, W.cross_rank, W.cross_size, W.info.source);
     return KOLO_OK;
 fail:
-    KOLO_ERROR("%s", kolo__errmsg());
     teardown();
     return st;
+}
+
+int kolo_init(void)
+{
+    if (W.initialized) return KOLO_OK;
+    kolo__err_clear();
+    kolo__log_init();
+    int st;
+    while ((st = init_once()) != KOLO_OK && kolo__elastic_retry(st))
+        KOLO_WARN("worker %d: round %d of the elastic job did not start (%s); waiting for the next round", W.elastic_id,
+                  W.elastic_round, kolo__errmsg());
+    if (st != KOLO_OK) {
+        KOLO_ERROR("%s", kolo__errmsg());
+        kolo__elastic_close();
+        return st;
+    }
+    if (W.elastic) kolo__elastic_started();
+    W.initialized = 1;
+    KOLO_INFO("rank %d of %d (local %d of %d, cross %d of %d) started via %s%s", W.info.rank, W.info.size, W.local_rank,
+              W.local_size, W.cross_rank, W.cross_size, W.info.source, W.elastic ? " (elastic)" : "");
+    return KOLO_OK;
 }
 
 int kolo_shutdown(void)
@@ -247,6 +267,7 @@ int kolo_shutdown(void)
     pthread_mutex_lock(&W.direct_lock);
     pthread_mutex_lock(&W.pset_lock);
     teardown();
+    kolo__elastic_close();
     W.initialized = 0;
     pthread_mutex_unlock(&W.pset_lock);
     pthread_mutex_unlock(&W.direct_lock);

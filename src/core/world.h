@@ -24,6 +24,11 @@ typedef struct kolo__world {
     pthread_mutex_t pset_lock;
     kolo__group *psets[KOLO_MAX_PSETS]; /* [0] is the world; NULL: free id */
     int next_pset;
+    /* elastic jobs (elastic.c); kept across kolo_shutdown/kolo_init */
+    int elastic;       /* this init joined an elastic round */
+    int elastic_id;    /* KOLO_ELASTIC_ID */
+    int elastic_round; /* the round joined last, 0 none */
+    kolo__store *estore; /* connection to kolorun's store while elastic */
 } kolo__world;
 
 extern kolo__world kolo__W;
@@ -31,5 +36,13 @@ extern kolo__world kolo__W;
 /* The group of a process set id, or NULL (message set) when the id is unknown. Caller holds
  * pset_lock or is the only thread touching the table. */
 kolo__group *kolo__pset_get(int id);
+
+/* elastic.c: kolo_init's part in elastic jobs. join places W.info in the newest round (after
+ * kolo__env_detect); started records that this worker runs it; retry says whether a failed
+ * start should wait for the next round; close drops the store connection. */
+int kolo__elastic_join(void);
+void kolo__elastic_started(void);
+bool kolo__elastic_retry(int status);
+void kolo__elastic_close(void);
 
 #endif

@@ -88,7 +88,33 @@ typedef struct build {
     size_t nhs, caphs;
     int pending_in, pending_out;
     unsigned char *ready; /* [channel * size + peer]: handshake complete */
+    kolo__store *store;
+    uint64_t next_abort_check;
 } build;
+
+/* ---- elastic rounds ---- */
+
+#define ABORT_CHECK_NS 200000000ull
+
+/* An elastic job's round is superseded when kolorun has given this worker a place in the next
+ * one (wi->abort_key exists): a member died or a host came while this round was starting, and
+ * its missing ranks will never come. Looked up at most every ABORT_CHECK_NS. */
+static int check_superseded(build *b)
+{
+    const kolo__world_info *wi = b->wi;
+    uint64_t now = kolo__now_ns();
+    if (!wi->abort_key[0] || now < b->next_abort_check) return KOLO_OK;
+    b->next_abort_check = now + ABORT_CHECK_NS;
+    void *v = NULL;
+    size_t len = 0;
+    if (kolo__store_get(b->store, wi->abort_key, &v, &len, 0) != KOLO_OK) {
+        kolo__err_clear();
+        return KOLO_OK;
+    }
+    kolo__free(v);
+    return kolo__err(KOLO_ERR_STARTUP, "rank %d: kolorun formed a newer round of the elastic job while round %d was starting",
+                     wi->rank, wi->epoch);
+}
 
 /* ---- local address ---- */
 
@@ -490,6 +516,7 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
     size_t cap = 0;
     int st = KOLO_OK;
     while (b->pending_in > 0 || b->pending_out > 0) {
+        if ((st = check_superseded(b)) != KOLO_OK) goto out;
         uint64_t now = kolo__now_ns();
         if (now > deadline) {
             char missing[512] = "";
@@ -617,8 +644,9 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
 
     /* keys carry the init epoch: a job whose ranks shut down and init again (in lockstep)
      * must not read the addresses of their previous incarnation */
-    static int epoch;
-    epoch++;
+    static int inits;
+    inits++;
+    int epoch = wi->epoch ? wi->epoch : inits;
     char key[160], val[512];
     snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, wi->rank);
     int n = snprintf(val, sizeof(val), "%s %d %d %s %s", me->addr, me->port, me->pid, me->hostkey, me->hostname);
@@ -629,8 +657,12 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
         snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, r);
         void *v = NULL;
         size_t len = 0;
-        double left = (double)(deadline > kolo__now_ns() ? deadline - kolo__now_ns() : 0) * 1e-9;
-        st = kolo__store_get(store, key, &v, &len, left);
+        for (;;) {
+            double left = (double)(deadline > kolo__now_ns() ? deadline - kolo__now_ns() : 0) * 1e-9;
+            st = kolo__store_get(store, key, &v, &len, wi->abort_key[0] ? KOLO_MIN(left, 0.25) : left);
+            if (st != KOLO_ERR_TIMEOUT || kolo__now_ns() >= deadline) break;
+            if ((st = check_superseded(b)) != KOLO_OK) return st;
+        }
         if (st == KOLO_ERR_TIMEOUT) {
             /* name every rank that is still missing */
             char missing[512] = "";
@@ -691,6 +723,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     memset(&b, 0, sizeof(b));
     b.wi = wi;
     b.meshes = meshes;
+    b.store = store;
     const char *tp = kolo__setting_str(KOLO_SET_TRANSPORT);
     if (strcmp(tp, "tcp") == 0) b.tcp_only = 1;
     else if (strcmp(tp, "auto") != 0 && strcmp(tp, "shm") != 0 && *tp)

@@ -1,0 +1,184 @@
+/* elastic.c - a worker of an elastic kolorun job: joining the newest round, and asking whether
+ * kolorun has formed a newer one.
+ *
+ * kolorun (tools/kolorun/elastic.c) re-forms the job in rounds when workers fail or hosts come
+ * and go. For round g of the job whose KOLO_JOB_ID is <base> it writes into its store, in this
+ * order:
+ *   <base>/elastic/<g>/w/<id>   "rank size local_rank local_size cross_rank cross_size" for each
+ *                               worker of the round, or "removed" for one whose host left
+ *   <base>/elastic/<g>/kind     "added" (the round has workers new to the job) or "removed"
+ *   <base>/elastic/latest       g
+ * so a worker that sees `latest` finds its own entry of that round. A worker's id
+ * (KOLO_ELASTIC_ID) is fixed for its life; its rank is the round's. Each worker writes
+ * <base>/elastic/joined/<id> = g once it has started round g, which tells kolorun, when the job
+ * ends, which workers were still waiting for a round that will never start. */
+#include "world.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define W kolo__W
+
+static int fail_store(int st, const char *what)
+{
+    return kolo__err(st, "worker %d of the elastic job could not %s: %s", W.elastic_id, what, kolo__errmsg());
+}
+
+static int get_text(const char *key, char *out, size_t cap, double timeout_s)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int st = kolo__store_get(W.estore, key, &v, &len, timeout_s);
+    if (st != KOLO_OK) return st;
+    snprintf(out, cap, "%.*s", (int)KOLO_MIN(len, cap - 1), (const char *)v);
+    kolo__free(v);
+    return KOLO_OK;
+}
+
+static int latest_round(int *g)
+{
+    char key[160], text[32];
+    snprintf(key, sizeof(key), "%s/elastic/latest", W.info.job_id);
+    *g = 0;
+    int st = get_text(key, text, sizeof(text), 0);
+    if (st == KOLO_ERR_TIMEOUT) {
+        kolo__err_clear();
+        return KOLO_OK;
+    }
+    if (st != KOLO_OK) return st;
+    *g = atoi(text);
+    return KOLO_OK;
+}
+
+/* the last join failed: its error is final, not a round to wait out */
+static bool join_failed;
+
+static int join(void);
+
+int kolo__elastic_join(void)
+{
+    int st = join();
+    join_failed = st != KOLO_OK;
+    return st;
+}
+
+static int join(void)
+{
+    const char *id = getenv("KOLO_ELASTIC_ID");
+    char *end = NULL;
+    long wid = id ? strtol(id, &end, 10) : -1;
+    if (!id || *end || wid < 0 || wid > 1000000)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_ELASTIC=1 but KOLO_ELASTIC_ID='%s' is not a worker id (kolorun sets both)",
+                         id ? id : "");
+    W.elastic_id = (int)wid;
+    if (W.info.rdv_port == 0) return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_ELASTIC=1 but no KOLO_RENDEZVOUS: start elastic jobs with kolorun");
+    int st;
+    if (!W.estore) {
+        st = kolo__store_connect(&W.estore, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
+                                 kolo__setting_double(KOLO_SET_START_TIMEOUT));
+        if (st != KOLO_OK) return fail_store(st, "reach kolorun's store");
+    }
+    int want = W.elastic_round + 1;
+    if (W.elastic_round == 0) {
+        const char *r = getenv("KOLO_ELASTIC_ROUND");
+        if (r && atoi(r) > 0) want = atoi(r);
+    }
+    /* wait for kolorun to place this worker in round `want`, then take the newest round */
+    double wait_s = kolo__setting_double(KOLO_SET_ELASTIC_TIMEOUT);
+    char key[200], text[128];
+    snprintf(key, sizeof(key), "%s/elastic/%d/w/%d", W.info.job_id, want, W.elastic_id);
+    st = get_text(key, text, sizeof(text), wait_s);
+    if (st == KOLO_ERR_TIMEOUT)
+        return kolo__err(KOLO_ERR_STARTUP, "worker %d waited %g s (KOLO_ELASTIC_TIMEOUT) for kolorun to form round %d of the elastic job",
+                         W.elastic_id, wait_s, want);
+    if (st != KOLO_OK) return fail_store(st, "read its place in the next round");
+    int g = want, latest = 0;
+    if ((st = latest_round(&latest)) != KOLO_OK) return fail_store(st, "read the newest round");
+    if (latest > want) {
+        g = latest;
+        snprintf(key, sizeof(key), "%s/elastic/%d/w/%d", W.info.job_id, g, W.elastic_id);
+        st = get_text(key, text, sizeof(text), 0);
+        if (st == KOLO_ERR_TIMEOUT) snprintf(text, sizeof(text), "removed"); /* removed in a round between */
+        else if (st != KOLO_OK) return fail_store(st, "read its place in the newest round");
+    }
+    W.elastic_round = g;
+    if (strcmp(text, "removed") == 0)
+        return kolo__err(KOLO_ERR_REMOVED, "worker %d was removed from the elastic job in round %d: its host left the job",
+                         W.elastic_id, g);
+    kolo__world_info *wi = &W.info;
+    if (sscanf(text, "%d %d %d %d %d %d", &wi->rank, &wi->size, &wi->local_rank, &wi->local_size, &wi->cross_rank,
+               &wi->cross_size) != 6 ||
+        wi->size < 1 || wi->rank < 0 || wi->rank >= wi->size)
+        return kolo__err(KOLO_ERR_PROTOCOL, "kolorun gave worker %d a malformed place in round %d: '%s'", W.elastic_id, g, text);
+    wi->epoch = g;
+    snprintf(wi->abort_key, sizeof(wi->abort_key), "%s/elastic/%d/w/%d", wi->job_id, g + 1, W.elastic_id);
+    return KOLO_OK;
+}
+
+void kolo__elastic_started(void)
+{
+    char key[160], val[16];
+    snprintf(key, sizeof(key), "%s/elastic/joined/%d", W.info.job_id, W.elastic_id);
+    int n = snprintf(val, sizeof(val), "%d", W.elastic_round);
+    if (kolo__store_set(W.estore, key, val, (size_t)n) != KOLO_OK)
+        KOLO_WARN("worker %d could not tell kolorun it started round %d: %s", W.elastic_id, W.elastic_round, kolo__errmsg());
+}
+
+bool kolo__elastic_retry(int st)
+{
+    return W.elastic && !join_failed && (st == KOLO_ERR_STARTUP || st == KOLO_ERR_PEER_LOST || st == KOLO_ERR_TIMEOUT ||
+                         st == KOLO_ERR_SHUT_DOWN);
+}
+
+void kolo__elastic_close(void)
+{
+    kolo__store_close(W.estore);
+    W.estore = NULL;
+}
+
+int kolo_elastic_enabled(void)
+{
+    const char *e = getenv("KOLO_ELASTIC");
+    return e && strcmp(e, "1") == 0;
+}
+
+int kolo_elastic_round(void) { return W.initialized && W.elastic ? W.elastic_round : 0; }
+
+/* Rank 0's answer: what the rounds after ours changed. */
+static int newer_rounds(int32_t *update)
+{
+    int latest = 0;
+    int st = latest_round(&latest);
+    if (st != KOLO_OK) return fail_store(st, "ask kolorun for newer rounds");
+    *update = KOLO_ELASTIC_NONE;
+    for (int g = W.elastic_round + 1; g <= latest; g++) {
+        char key[160], kind[32];
+        snprintf(key, sizeof(key), "%s/elastic/%d/kind", W.info.job_id, g);
+        st = get_text(key, kind, sizeof(kind), 0);
+        if (st != KOLO_OK) return fail_store(st, "read what changed in a newer round");
+        if (strcmp(kind, "added") == 0) *update = KOLO_ELASTIC_ADDED;
+        else if (*update == KOLO_ELASTIC_NONE) *update = KOLO_ELASTIC_REMOVED;
+    }
+    return KOLO_OK;
+}
+
+int kolo_elastic_check(int *update)
+{
+    if (!update) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_elastic_check: update is NULL");
+    *update = KOLO_ELASTIC_NONE;
+    if (!W.initialized) return kolo__err(KOLO_ERR_NOT_INITIALIZED, "kolo is not initialized: call kolo_init() first");
+    if (!W.elastic) return KOLO_OK;
+    int32_t v = KOLO_ELASTIC_NONE;
+    pthread_mutex_lock(&W.direct_lock);
+    int st = W.info.rank == 0 ? newer_rounds(&v) : KOLO_OK;
+    /* rank 0 failing to ask says so in the answer (-1), so that no rank waits for it */
+    if (st != KOLO_OK) v = -1;
+    if (W.info.size > 1) {
+        int bst = kolo__coll_broadcast(W.mesh[0], W.psets[0], &v, sizeof(v), 0);
+        if (bst != KOLO_OK) st = bst;
+    }
+    pthread_mutex_unlock(&W.direct_lock);
+    if (st == KOLO_OK && v < 0) st = kolo__err(KOLO_ERR_STARTUP, "rank 0 could not ask kolorun for newer rounds of the elastic job");
+    if (st == KOLO_OK) *update = v;
+    return st;
+}
