@@ -243,3 +243,164 @@ static void never_placed(int rank, void *arg)
 
 KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_placed, NULL, NULL, NULL), 0); }
 
+/* ---- kolorun's elastic driver ---- */
+
+#include <stdio.h>
+
+/* A training loop as elastic.run drives one: state (the step) committed every few steps and
+ * synced from rank 0 at each (re)start; a failing collective rolls back to the last commit, a
+ * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
+ * worker with that id kills itself at that step). Rank 0 prints "step N" at each commit; every
+ * worker prints "done: worker W rank R size S round G step N" at the end. */
+KT_WORKER(elastic_train)
+{
+    int steps = argc > 1 ? atoi(argv[1]) : 20;
+    int die_id = -1, die_step = -1;
+    if (argc > 2) sscanf(argv[2], "die=%d:%d", &die_id, &die_step);
+    const char *idv = getenv("KOLO_ELASTIC_ID");
+    int me = idv ? atoi(idv) : -1;
+    int step = 0, committed = 0;
+    for (;;) {
+        int st = kolo_init();
+        if (st == KOLO_ERR_REMOVED) return 0;
+        if (st != KOLO_OK) {
+            fprintf(stderr, "init: %s\n", kolo_last_error());
+            return 3;
+        }
+        int32_t s = step; /* sync: rank 0 holds the state */
+        if (kolo_broadcast(&s, 1, KOLO_INT32, 0, KOLO_WORLD) != KOLO_OK) goto lost;
+        step = committed = s;
+        while (step < steps) {
+            if (me == die_id && step == die_step) raise(SIGKILL);
+            int one = 1, sum = 0;
+            if (kolo_allreduce(&one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) goto lost;
+            if (sum != kolo_size()) {
+                fprintf(stderr, "sum %d with size %d\n", sum, kolo_size());
+                return 4;
+            }
+            step++;
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            if (step % 5 == 0) { /* commit */
+                committed = step;
+                if (kolo_rank() == 0) printf("step %d\n", step);
+                fflush(stdout);
+                int u = 0;
+                if (kolo_elastic_check(&u) != KOLO_OK) goto lost;
+                if (u != KOLO_ELASTIC_NONE) goto reset;
+            }
+        }
+        printf("done: worker %d rank %d size %d round %d step %d\n", me, kolo_rank(), kolo_size(), kolo_elastic_round(),
+               step);
+        kolo_shutdown();
+        return 0;
+    lost:
+        step = committed; /* restore */
+    reset:
+        kolo_shutdown();
+    }
+}
+
+static int run_kolorun(kt_proc *p, const char *const *args, double timeout)
+{
+    const char *argv[48];
+    int n = 0;
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s/bin/kolorun", kt_build_dir());
+    argv[n++] = path;
+    for (int k = 0; args[k] && n < 47; k++) argv[n++] = args[k];
+    argv[n] = NULL;
+    kt_proc_start(p, argv, NULL);
+    return kt_proc_finish(p, timeout);
+}
+
+KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", kt_self(), "--worker", "elastic_train",
+                                                     "40", "die=2:12", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2 of round 1) on host localhost was killed by SIGKILL");
+    KT_CONTAINS(p.ebuf, "the job goes on without it");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
+    KT_CONTAINS(p.ebuf, "kolorun: elastic job: 2 rounds, 1 worker lost on the way");
+    KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 2 round 2 step 40");
+    KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 2 round 2 step 40");
+    KT_EQ(kt_count(p.obuf, "done:"), 2);
+    kt_proc_free(&p);
+}
+
+KT_TEST(kolorun_elastic_ends_below_min_np, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "2", "--min-np", "2", kt_self(), "--worker", "elastic_train",
+                                                     "400", "die=1:3", NULL},
+                           50);
+    KT_ASSERTF(code == 128 + SIGKILL, "kolorun exited %d\n%s", code, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: 1 worker left, fewer than --min-np 2, and no usable slot to start more on: ending the job");
+    KT_CONTAINS(p.ebuf, "kolorun: worker 1 (rank 1) on host localhost was killed by SIGKILL");
+    KT_CONTAINS(p.ebuf, "the first failure of this job");
+    KT_EQ(kt_count(p.obuf, "done:"), 0);
+    kt_proc_free(&p);
+    /* the reset limit ends the job the same way */
+    code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "1", "--reset-limit", "0", kt_self(), "--worker",
+                                                 "elastic_train", "400", "die=2:3", NULL},
+                       50);
+    KT_ASSERTF(code == 128 + SIGKILL, "kolorun exited %d\n%s", code, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: the job was re-formed 0 times, the --reset-limit: ending it");
+    kt_proc_free(&p);
+}
+
+/* A discovery script's new slot gets a worker, which the others take in at their next commit
+ * and bring up to date; the new worker's rank follows the older ones'. */
+KT_TEST(kolorun_elastic_grows_with_discovered_slots, 90)
+{
+    char hosts[512], script[600];
+    snprintf(hosts, sizeof(hosts), "%s/hosts", kt_scratch());
+    FILE *f = fopen(hosts, "w");
+    KT_ASSERT(f);
+    fprintf(f, "# slots for the test\nlocalhost:2\n");
+    fclose(f);
+    snprintf(script, sizeof(script), "cat %s", hosts);
+    const char *argv[] = {NULL, "-np", "2", "--max-np", "3", "--host-discovery-script", script, kt_self(), "--worker",
+                          "elastic_train", "150", NULL};
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s/bin/kolorun", kt_build_dir());
+    argv[0] = path;
+    kt_proc p;
+    kt_proc_start(&p, argv, NULL);
+    kt_proc_wait_for(&p, "step 10", 1, 30);
+    f = fopen(hosts, "w");
+    KT_ASSERT(f);
+    fprintf(f, "localhost:3\n");
+    fclose(f);
+    int code = kt_proc_finish(&p, 60);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (1 new, 0 removed)");
+    KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 3 round 2 step 150");
+    KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 3 round 2 step 150");
+    KT_CONTAINS(p.obuf, "done: worker 2 rank 2 size 3 round 2 step 150");
+    kt_proc_free(&p);
+}
+
+KT_TEST(kolorun_elastic_usage_errors, 30)
+{
+    kt_proc p;
+    KT_EQ(run_kolorun(&p, (const char *const[]){"-np", "2", "--min-np", "3", "true", NULL}, 10), 2);
+    KT_CONTAINS(p.ebuf, "--min-np 3 is more than -np 2");
+    kt_proc_free(&p);
+    KT_EQ(run_kolorun(&p, (const char *const[]){"-H", "localhost:2", "--host-discovery-script", "echo x", "true", NULL}, 10), 2);
+    KT_CONTAINS(p.ebuf, "give it or -H/--hostfile, not both");
+    kt_proc_free(&p);
+    KT_EQ(run_kolorun(&p, (const char *const[]){"-np", "2", "--blacklist-cooldown-range", "5", "2", "true", NULL}, 10), 2);
+    KT_CONTAINS(p.ebuf, "expected MIN MAX");
+    kt_proc_free(&p);
+    /* a discovery script that never finds enough slots: the job does not start */
+    KT_EQ(run_kolorun(&p, (const char *const[]){"--min-np", "2", "--elastic-timeout", "1.5", "--host-discovery-script",
+                                               "echo localhost:1", "true", NULL},
+                      20),
+          1);
+    KT_CONTAINS(p.ebuf, "found 1 slot, fewer than --min-np 2, within 1.5 s (--elastic-timeout)");
+    kt_proc_free(&p);
+}

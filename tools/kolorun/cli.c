@@ -26,6 +26,14 @@ static const char usage_text[] =
     "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
     "  --ssh COMMAND                 ssh program and options (default: ssh)\n"
     "  --start-timeout S             seconds for remote workers to start, and for kolo_init (30)\n"
+    "Elastic jobs (see docs/kolorun.md): the job goes on when workers fail or hosts change\n"
+    "  --min-np N                    fewest workers the job may run with (default -np)\n"
+    "  --max-np N                    most workers kolorun keeps running (default -np)\n"
+    "  --host-discovery-script S     prints the usable hosts, 'host[:slots]' per line; run every second\n"
+    "  --slots-per-host N            slots of a discovered host that names none (default 1)\n"
+    "  --elastic-timeout S           seconds to wait for --min-np slots (600; KOLO_ELASTIC_TIMEOUT)\n"
+    "  --reset-limit N               end the job after N re-formations\n"
+    "  --blacklist-cooldown-range MIN MAX  a failed host gets workers again after MIN*2^k s, at most MAX\n"
     "Environment\n"
     "  -x NAME[=VALUE]               set NAME in every worker (no VALUE: this process's value)\n"
     "Output and failure\n"
@@ -179,7 +187,8 @@ static int parse_enum(const char *opt, const char *v, const char *const *names, 
 typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
-    O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE,
+    O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_HELP, O_VERSION,
@@ -211,6 +220,13 @@ static const struct {
     {O_STALL_SHUTDOWN, "--stall-check-shutdown-time-seconds"},
     {O_LOG_LEVEL, "--log-level"},
     {O_IFACE, "--network-interface --network-interfaces"},
+    {O_MIN_NP, "--min-np --min-num-proc"},
+    {O_MAX_NP, "--max-np --max-num-proc"},
+    {O_DISCOVERY, "--host-discovery-script"},
+    {O_SLOTS_PER_HOST, "--slots-per-host --slots"},
+    {O_ELASTIC_TIMEOUT, "--elastic-timeout"},
+    {O_RESET_LIMIT, "--reset-limit"},
+    {O_COOLDOWN, "--blacklist-cooldown-range"},
     {O_PREFIX_TS, "--prefix-timestamp -prefix-timestamp --prefix-output-with-timestamp"},
     {O_REPORT_BINDINGS, "--report-bindings"},
     {O_MARK_CYCLES, "--timeline-mark-cycles"},
@@ -341,6 +357,39 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_IFACE:
         if (!*v) return kr_usage_error("%s: empty interface list", opt);
         return add_setting(o, "KOLO_IFACE", "%s", v);
+    case O_MIN_NP:
+    case O_MAX_NP:
+        if (!parse_int(v, 1, 1 << 20, &l)) return kr_usage_error("%s: '%s' is not a positive integer", opt, v);
+        *(id == O_MIN_NP ? &o->min_np : &o->max_np) = (int)l;
+        o->elastic = true;
+        return -1;
+    case O_DISCOVERY:
+        if (!*v) return kr_usage_error("%s: empty command", opt);
+        o->discovery = v;
+        o->elastic = true;
+        return -1;
+    case O_SLOTS_PER_HOST:
+        if (!parse_int(v, 1, 1 << 20, &l)) return kr_usage_error("%s: '%s' is not a positive integer", opt, v);
+        o->slots_per_host = (int)l;
+        return -1;
+    case O_ELASTIC_TIMEOUT:
+        if (!parse_num(v, 0.001, 1e7, &d)) return kr_usage_error("%s: '%s' is not a positive number of seconds", opt, v);
+        o->elastic_timeout = d;
+        return add_setting(o, "KOLO_ELASTIC_TIMEOUT", "%s", v);
+    case O_RESET_LIMIT:
+        if (!parse_int(v, 0, 1L << 30, &l)) return kr_usage_error("%s: '%s' is not an integer >= 0", opt, v);
+        o->reset_limit = (int)l;
+        return -1;
+    case O_COOLDOWN: {
+        double lo, hi;
+        char extra;
+        /* Horovod's two words, or one "MIN,MAX" / "MIN MAX" */
+        if (sscanf(v, "%lf%*[ ,]%lf %c", &lo, &hi, &extra) != 2 || !(lo >= 1 && hi >= lo && hi <= 3600))
+            return kr_usage_error("%s '%s': expected MIN MAX, seconds with 1 <= MIN <= MAX <= 3600", opt, v);
+        o->cooldown_min = lo;
+        o->cooldown_max = hi;
+        return -1;
+    }
     case O_PREFIX_TS: o->prefix_timestamp = true; return -1;
     case O_REPORT_BINDINGS: o->report_bindings = true; return -1;
     case O_MARK_CYCLES: return add_setting(o, "KOLO_TIMELINE_MARK_CYCLES", "1");
@@ -372,6 +421,12 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
     o->grace = 5.0;
     o->start_timeout = 30.0;
     o->ssh_cmd = "ssh";
+    o->slots_per_host = 1;
+    o->reset_limit = -1;
+    o->elastic_timeout = 600.0;
+    const char *env_et = getenv("KOLO_ELASTIC_TIMEOUT");
+    double d0;
+    if (env_et && parse_num(env_et, 0.001, 1e7, &d0)) o->elastic_timeout = d0;
     const char *env_st = getenv("KOLO_START_TIMEOUT");
     double d;
     if (env_st && parse_num(env_st, 0.001, 1e7, &d)) o->start_timeout = d;
@@ -401,13 +456,28 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
         } else if (eq) {
             return kr_usage_error("%s takes no value (got '%s')", opt, eq + 1);
         }
+        static char pair[128];
+        if (id == O_COOLDOWN && !strpbrk(val, ", ") && i + 1 < argc) { /* MIN MAX as two words */
+            snprintf(pair, sizeof(pair), "%.60s %.60s", val, argv[++i]);
+            val = pair;
+        }
         int r = apply(o, (opt_id)id, opt, val);
         if (r != -1) return r;
     }
     if (i >= argc) return kr_usage_error("no command given (e.g. kolorun -np 2 python train.py)");
     o->cmd = argv + i;
     o->ncmd = argc - i;
+    if (o->discovery && (o->hosts_arg || o->hostfile))
+        return kr_usage_error("--host-discovery-script finds the hosts: give it or -H/--hostfile, not both");
+    if (!o->np && o->elastic && o->discovery) o->np = o->min_np ? o->min_np : o->max_np;
     if (!o->np && !o->hosts_arg && !o->hostfile)
         return kr_usage_error("-np is required when no -H or --hostfile is given");
+    if (o->elastic) {
+        if (!o->min_np) o->min_np = o->np ? o->np : 1;
+        if (o->np && o->min_np > o->np) return kr_usage_error("--min-np %d is more than -np %d", o->min_np, o->np);
+        if (o->max_np && o->np > o->max_np) return kr_usage_error("-np %d is more than --max-np %d", o->np, o->max_np);
+        if (o->output_dir) return kr_usage_error("--output-filename is not supported in elastic jobs yet");
+        if (o->bind_to != KR_BIND_NONE) return kr_usage_error("--bind-to is not supported in elastic jobs yet");
+    }
     return -1;
 }

@@ -27,6 +27,10 @@ typedef struct kr_host {
     int slots;
     bool local;               /* started with fork/exec here rather than over ssh */
     char rdv_addr[64];        /* the address of this machine that the host can reach */
+    /* elastic jobs */
+    bool present;             /* listed by the last discovery (always, without a script) */
+    int failures;             /* workers of it that failed */
+    double blocked_until;     /* no new workers here before this time (kr_now()) */
 } kr_host;
 
 /* Everything the command line says. Strings point into argv or into memory that lives
@@ -62,7 +66,16 @@ typedef struct kr_opts {
     enum kr_map map_by;
     bool report_bindings;
     bool verbose;
-    double t_launch;          /* kr_now() when the first worker was started */
+    double t_launch;
+
+    /* elastic jobs (elastic.c): set by --min-np, --max-np or --host-discovery-script */
+    bool elastic;
+    int min_np, max_np;       /* max_np 0: -np */
+    const char *discovery;    /* --host-discovery-script, or NULL (the hosts of -H/--hostfile) */
+    int slots_per_host;       /* of a discovered host that names none (1) */
+    double elastic_timeout;   /* seconds to wait for --min-np slots (600) */
+    int reset_limit;          /* -1: none */
+    double cooldown_min, cooldown_max; /* 0: a failed host gets no workers again */          /* kr_now() when the first worker was started */
 } kr_opts;
 
 /* One line stream (a worker's stdout or stderr) on its way to our stdout/stderr and files. */
@@ -93,10 +106,51 @@ typedef struct kr_rank {
     char (*tail)[KR_TAIL_COLS]; /* ring of the last KR_TAIL_LINES stderr lines */
     int tail_next, tail_count;
 
+    /* elastic jobs: the index in the job's array is the worker id */
+    int id;                   /* worker id: its index in the job's array */
+    int round;                /* the round it was started for; 0 outside elastic jobs */
+    bool removed;             /* its host left: its end is not a failure */
+    bool lost;                /* failed, and the job went on without it */
+
     cpu_set_t cpus;           /* binding (bind.c); valid when bound */
     bool bound;
     char bind_desc[256];
 } kr_rank;
+
+/* The job: its workers and what starting one more takes (main.c). An elastic job adds workers
+ * while it runs (elastic.c); the index into ranks is then the worker id. */
+typedef struct kr_job {
+    kr_opts *o;
+    kr_rank *ranks;
+    int n, cap;               /* workers started (or being started); entries allocated */
+    int port;                 /* the rendezvous store's */
+    char secret[80], job_id[96];
+    const char *exec_path, *ssh_path;
+    int guard_fd;
+    struct kr_elastic *el;    /* NULL unless elastic */
+} kr_job;
+
+/* ---- main.c ---- */
+/* Makes room for n workers (new entries ready to start). Returns 0, or -1 out of memory. */
+int kr_job_grow(kr_job *j, int n);
+/* Starts worker i (its rank fields set) as a worker of a job of `size`. Returns 0 or an exit code. */
+int kr_start_worker(kr_job *j, int i, int size);
+
+/* ---- elastic.c ---- */
+/* Connects to the store, finds the hosts (the discovery script, or -H), waits for --min-np
+ * slots (reading sigfd: a terminating signal ends the wait) and starts round 1. Returns 0 or
+ * kolorun's exit code. */
+int kr_elastic_setup(kr_job *j, int sigfd);
+/* A worker ended (reaped). Returns true when the elastic driver took care of it (a worker
+ * removed with its host, or a failure the job survives); false for the usual handling. */
+bool kr_elastic_on_exit(kr_job *j, int i);
+/* Discovery, cooldowns, pending re-formations. Returns the worker id to report as the job's
+ * failure when the job cannot go on, else -1. */
+int kr_elastic_tick(kr_job *j, double now);
+/* When kr_elastic_tick wants to run next (absolute, kr_now()). */
+double kr_elastic_wake(const kr_job *j);
+/* The end: the lines about rounds and lost workers; closes the store connection. */
+void kr_elastic_finish(kr_job *j, bool print);
 
 /* ---- cli.c ---- */
 /* Parses argv into *o. On a usage error prints one line to stderr and returns
@@ -125,7 +179,7 @@ const char *kr_hostname(void);
 /* ---- workerenv.c ---- */
 /* Builds the NULL-terminated environment of one worker: the user's environment, then
  * kolo's, Horovod's and torch's rank variables, the settings from options, then -x. */
-char **kr_env_build(const kr_opts *o, const kr_rank *r, const char *rdv, const char *secret,
+char **kr_env_build(const kr_opts *o, const kr_rank *r, int size, const char *rdv, const char *secret,
                     const char *job_id);
 void kr_env_free(char **env);
 /* Looks for the executable `cmd` in PATH (taken from env) the way execvp would. Writes the
@@ -165,7 +219,11 @@ bool kr_write_all(int fd, const void *buf, size_t n);
 /* Runs the job until every worker has ended; returns kolorun's exit code. A non-zero
  * launch_code (a rank could not be started) terminates the ranks already running at once
  * and becomes the exit code. */
-int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code);
+int kr_supervise(kr_job *j, int sigfd, int launch_code);
+/* "exited with code 3", "was killed by SIGKILL (Killed)", ... of a reaped worker. */
+void kr_describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap);
+/* The last lines of a worker's stderr, as "kolorun:   | line". */
+void kr_print_tail(const kr_rank *r, const char *unit);
 /* The time base of the job (seconds, monotonic). */
 double kr_now(void);
 

@@ -29,23 +29,29 @@ static void ensure_std_fds(void)
     }
 }
 
-static int alloc_ranks(int n, kr_rank **out)
+int kr_job_grow(kr_job *j, int n)
 {
-    kr_rank *r = calloc((size_t)n, sizeof(*r));
+    if (n <= j->cap) return 0;
+    int cap = j->cap ? j->cap : 4;
+    while (cap < n) cap *= 2;
+    kr_rank *r = realloc(j->ranks, (size_t)cap * sizeof(*r));
     if (!r) return -1;
-    for (int i = 0; i < n; i++) {
+    memset(r + j->cap, 0, (size_t)(cap - j->cap) * sizeof(*r));
+    j->ranks = r;
+    for (int i = j->cap; i < cap; i++) {
+        r[i].id = i;
         r[i].out.fd = r[i].err.fd = r[i].stdin_fd = -1;
         r[i].out.file_fd = r[i].err.file_fd = -1;
         r[i].err.is_err = true;
+    }
+    int old = j->cap;
+    j->cap = cap;
+    for (int i = old; i < cap; i++) {
         r[i].out.buf = malloc(KR_LINE_MAX);
         r[i].err.buf = malloc(KR_LINE_MAX);
         r[i].tail = calloc(KR_TAIL_LINES, sizeof(*r[i].tail));
-        if (!r[i].out.buf || !r[i].err.buf || !r[i].tail) {
-            *out = r;
-            return -1;
-        }
+        if (!r[i].out.buf || !r[i].err.buf || !r[i].tail) return -1;
     }
-    *out = r;
     return 0;
 }
 
@@ -60,11 +66,45 @@ static void free_ranks(kr_rank *r, int n)
     free(r);
 }
 
+int kr_start_worker(kr_job *j, int i, int size)
+{
+    const kr_opts *o = j->o;
+    kr_rank *r = &j->ranks[i];
+    const kr_host *h = &o->hosts[r->host];
+    char rdv[128];
+    snprintf(rdv, sizeof(rdv), "%s:%d", h->rdv_addr, j->port);
+    char **env = kr_env_build(o, r, size, rdv, j->secret, j->job_id);
+    if (!env) {
+        kr_say("error: out of memory building rank %d's environment", r->rank);
+        return KR_EXIT_LAUNCH;
+    }
+    int code = kr_spawn(o, r, env, h->local ? j->exec_path : j->ssh_path, i == 0 && h->local);
+    kr_env_free(env);
+    if (!code) {
+        kr_guard_add(j->guard_fd, r->pid);
+        if (o->verbose) kr_say("rank %d on %s: pid %d", r->rank, h->name, (int)r->pid);
+    }
+    return code;
+}
+
 /* The command must exist before anything starts: a typo gives one line and exit 127,
  * not N identical failures. Remote hosts need ssh here; their command is checked there. */
 static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_path, size_t cap, char *ssh_path,
                           size_t ssh_cap)
 {
+    extern char **environ;
+    if (o->discovery) {
+        /* the hosts come later: the command must run here; ssh is looked for, needed or not */
+        int r = kr_find_exec(o->cmd[0], environ, exec_path, cap);
+        if (r) {
+            kr_say("error: %s: '%s'", r == KR_EXIT_NOTFOUND ? "command not found" : "not an executable file", o->cmd[0]);
+            return r;
+        }
+        char first[256];
+        snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->ssh_cmd, " \t"), o->ssh_cmd);
+        if (kr_find_exec(first, environ, ssh_path, ssh_cap) != 0) snprintf(ssh_path, ssh_cap, "%s", first);
+        return 0;
+    }
     bool any_local = false, any_remote = false;
     for (int i = 0; i < o->np; i++) {
         if (o->hosts[ranks[i].host].local) any_local = true;
@@ -74,7 +114,7 @@ static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_pat
         for (int i = 0; i < o->np; i++) {
             if (!o->hosts[ranks[i].host].local) continue;
             /* PATH as the worker will see it (-x PATH=... counts) */
-            char **env = kr_env_build(o, &ranks[i], "", "", "");
+            char **env = kr_env_build(o, &ranks[i], o->np, "", "", "");
             if (!env) {
                 kr_say("error: out of memory");
                 return KR_EXIT_LAUNCH;
@@ -96,7 +136,6 @@ static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_pat
     if (any_remote) {
         char first[256];
         snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->ssh_cmd, " \t"), o->ssh_cmd);
-        extern char **environ;
         if (kr_find_exec(first, environ, ssh_path, ssh_cap) != 0) {
             kr_say("error: '%s' not found, but it is needed to start workers on remote hosts", first);
             return KR_EXIT_NOTFOUND;
@@ -124,25 +163,28 @@ int main(int argc, char **argv)
         kr_opts_free(&o);
         return code;
     }
-    code = kr_hosts_resolve(&o);
+    code = o.discovery ? 0 : kr_hosts_resolve(&o); /* a discovery script names them later (elastic.c) */
     if (code) {
         kr_opts_free(&o);
         return code;
     }
 
-    kr_rank *ranks = NULL;
-    if (alloc_ranks(o.np, &ranks) != 0) {
+    kr_job job = {.o = &o, .guard_fd = -1};
+    if (kr_job_grow(&job, o.np) != 0) {
         kr_say("error: out of memory for %d ranks", o.np);
-        free_ranks(ranks, o.np);
+        free_ranks(job.ranks, job.cap);
         kr_opts_free(&o);
         return KR_EXIT_LAUNCH;
     }
-    kr_hosts_assign(&o, ranks);
+    kr_rank *ranks = job.ranks;
+    if (!o.discovery) kr_hosts_assign(&o, ranks); /* else round 1 places them (elastic.c) */
 
     static char exec_path[4096], ssh_path[4096];
     code = check_commands(&o, ranks, exec_path, sizeof(exec_path), ssh_path, sizeof(ssh_path));
     if (code) goto out_free;
-    code = kr_bind_plan(&o, ranks, o.np);
+    job.exec_path = exec_path;
+    job.ssh_path = ssh_path;
+    code = o.discovery ? 0 : kr_bind_plan(&o, ranks, o.np);
     if (code) goto out_free;
     if (o.report_bindings) report_bindings(&o, ranks);
 
@@ -165,26 +207,30 @@ int main(int argc, char **argv)
     int guard_fd = kr_guard_start();
     if (guard_fd < 0) kr_say("warning: no guard process (%s): if kolorun is killed, grandchildren of workers may stay",
                              strerror(errno));
+    job.guard_fd = guard_fd;
 
     bool any_remote = false;
     for (int h = 0; h < o.nhosts; h++) any_remote |= !o.hosts[h].local;
-    char secret[80], rnd[80], job_id[96];
-    if (kolo__secret_make(secret, sizeof(secret)) != 0 || kolo__secret_make(rnd, sizeof(rnd)) != 0) {
+    char rnd[80];
+    if (kolo__secret_make(job.secret, sizeof(job.secret)) != 0 || kolo__secret_make(rnd, sizeof(rnd)) != 0) {
         kr_say("error: cannot make the job secret: %s", kolo_last_error());
         code = KR_EXIT_LAUNCH;
         goto out_guard;
     }
-    snprintf(job_id, sizeof(job_id), "kolorun-%.40s-%d-%.8s", kr_hostname(), (int)getpid(), rnd);
+    snprintf(job.job_id, sizeof(job.job_id), "kolorun-%.40s-%d-%.8s", kr_hostname(), (int)getpid(), rnd);
 
-    /* Local-only jobs keep the store on loopback; with remote hosts it listens everywhere
-     * and each host is told the address it reaches us by. */
+    /* Local-only jobs keep the store on loopback; with remote hosts (or hosts a discovery
+     * script may name later) it listens everywhere and each host is told the address it
+     * reaches us by. */
     kolo__store_server *store = NULL;
-    if (kolo__store_server_start(&store, any_remote ? NULL : "127.0.0.1", 0, secret, strlen(secret)) != 0) {
+    if (kolo__store_server_start(&store, any_remote || o.discovery ? NULL : "127.0.0.1", 0, job.secret,
+                                 strlen(job.secret)) != 0) {
         kr_say("error: cannot start the rendezvous store: %s", kolo_last_error());
         code = KR_EXIT_LAUNCH;
         goto out_guard;
     }
     int port = kolo__store_server_port(store);
+    job.port = port;
     /* Workers publish the address of the interface that reaches the store (kolo's mesh), so
      * local workers of a job with remote hosts must not be sent to 127.0.0.1: the remote
      * ranks could not connect to them. They use the address the first remote host reaches. */
@@ -203,30 +249,27 @@ int main(int argc, char **argv)
     }
     for (int h = 0; h < o.nhosts; h++)
         if (o.hosts[h].local) snprintf(o.hosts[h].rdv_addr, sizeof(o.hosts[h].rdv_addr), "%s", local_rdv);
-    if (o.verbose) kr_say("rendezvous store on port %d, job %s", port, job_id);
+    if (o.verbose) kr_say("rendezvous store on port %d, job %s", port, job.job_id);
 
-    code = kr_output_open_files(&o, ranks, o.np);
-    int launch_code = code;
+    int launch_code = 0;
     o.t_launch = kr_now();
-    for (int i = 0; i < o.np && !launch_code; i++) {
-        kr_rank *r = &ranks[i];
-        const kr_host *h = &o.hosts[r->host];
-        char rdv[128];
-        snprintf(rdv, sizeof(rdv), "%s:%d", h->rdv_addr, port);
-        char **env = kr_env_build(&o, r, rdv, secret, job_id);
-        if (!env) {
-            kr_say("error: out of memory building rank %d's environment", i);
-            launch_code = KR_EXIT_LAUNCH;
-            break;
+    if (o.elastic) {
+        job.n = 0; /* round 1 places its own workers */
+        launch_code = kr_elastic_setup(&job, sigfd);
+        if (launch_code && job.n == 0) { /* nothing started: no supervision needed */
+            code = launch_code;
+            kr_elastic_finish(&job, false);
+            kolo__store_server_stop(store);
+            goto out_guard;
         }
-        launch_code = kr_spawn(&o, r, env, h->local ? exec_path : ssh_path, i == 0 && h->local);
-        kr_env_free(env);
-        if (!launch_code) {
-            kr_guard_add(guard_fd, r->pid);
-            if (o.verbose) kr_say("rank %d on %s: pid %d", i, h->name, (int)r->pid);
-        }
+    } else {
+        job.n = o.np;
+        code = kr_output_open_files(&o, ranks, o.np);
+        launch_code = code;
+        for (int i = 0; i < o.np && !launch_code; i++) launch_code = kr_start_worker(&job, i, o.np);
     }
-    code = kr_supervise(&o, ranks, o.np, sigfd, launch_code);
+    code = kr_supervise(&job, sigfd, launch_code);
+    if (job.el) kr_elastic_finish(&job, true);
     kolo__store_server_stop(store);
 
 out_guard:
@@ -243,7 +286,7 @@ out_guard:
     }
     close(sigfd);
 out_free:
-    free_ranks(ranks, o.np);
+    free_ranks(job.ranks, job.cap);
     kr_opts_free(&o);
     return code;
 }

@@ -48,8 +48,10 @@ enum phase { RUNNING, SETTLING, TERMINATING, KILLED };
 
 typedef struct {
     const kr_opts *o;
-    kr_rank *ranks;
+    kr_job *j;
+    kr_rank *ranks;           /* j->ranks and j->n, refreshed each turn (an elastic job grows) */
     int n;
+    const char *unit;         /* "rank", or "worker" in an elastic job (worker ids) */
     enum phase phase;
     double settle;            /* SETTLE_S, or SETTLE_REMOTE_S when the job has remote hosts */
     double deadline;          /* end of SETTLING or TERMINATING */
@@ -155,6 +157,7 @@ static void reap(sup *s)
         if (s->o->verbose) kr_say("rank %d (pid %d) ended: status 0x%x", r->rank, (int)pid, st);
         if (r->terminated && !s->o->hosts[r->host].local && death_signal(s->o, r) == SIGKILL)
             r->killed = true; /* by its wrapper, after the grace period */
+        if (s->j->el && s->phase == RUNNING && kr_elastic_on_exit(s->j, (int)(r - s->ranks))) continue;
         if (ok || r->terminated) continue;
         if (s->phase == RUNNING || s->phase == SETTLING) {
             r->failed = true;
@@ -208,7 +211,7 @@ static int code_of(int st)
     return 1;
 }
 
-static void describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
+void kr_describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
 {
     bool remote = !o->hosts[r->host].local;
     int sig = death_signal(o, r);
@@ -226,13 +229,14 @@ static void describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
         snprintf(out, cap, "ended with wait status 0x%x", r->wstatus);
 }
 
-static void print_tail(const kr_rank *r)
+void kr_print_tail(const kr_rank *r, const char *unit)
 {
+    int who = strcmp(unit, "rank") == 0 ? r->rank : r->id;
     if (!r->tail || r->tail_count == 0) {
-        kr_say("  (rank %d wrote nothing on stderr)", r->rank);
+        kr_say("  (%s %d wrote nothing on stderr)", unit, who);
         return;
     }
-    kr_say("  last %d line%s of rank %d's stderr:", r->tail_count, r->tail_count == 1 ? "" : "s", r->rank);
+    kr_say("  last %d line%s of %s %d's stderr:", r->tail_count, r->tail_count == 1 ? "" : "s", unit, who);
     int first = (r->tail_next - r->tail_count + KR_TAIL_LINES) % KR_TAIL_LINES;
     for (int k = 0; k < r->tail_count; k++) kr_say("  | %s", r->tail[(first + k) % KR_TAIL_LINES]);
 }
@@ -267,49 +271,58 @@ static bool is_killed(const kr_rank *r)
 }
 static bool never_started(const kr_rank *r) { return r->pid == 0; }
 
+/* "rank 3", or in an elastic job "worker 5 (rank 3)" */
+static const char *who(const sup *s, const kr_rank *r, char *buf, size_t cap)
+{
+    if (s->j->el) snprintf(buf, cap, "worker %d (rank %d)", r->id, r->rank);
+    else snprintf(buf, cap, "rank %d", r->rank);
+    return buf;
+}
+
 static void summary(sup *s)
 {
+    char w[64];
     char list[1024];
     const kr_opts *o = s->o;
     if (s->root >= 0) {
         const kr_rank *r = &s->ranks[s->root];
         char how[256];
-        describe(r, o, how, sizeof(how));
-        kr_say("rank %d on host %s %s after %.2f s (pid %d): the first failure of this job", r->rank,
+        kr_describe(r, o, how, sizeof(how));
+        kr_say("%s on host %s %s after %.2f s (pid %d): the first failure of this job", who(s, r, w, sizeof(w)),
                o->hosts[r->host].name, how, r->end_time, (int)r->pid);
-        print_tail(r);
+        kr_print_tail(r, s->unit);
         for (int i = 0; i < s->n; i++) {
             const kr_rank *q = &s->ranks[i];
             if (!q->failed || i == s->root) continue;
-            describe(q, o, how, sizeof(how));
-            kr_say("rank %d on host %s also failed at the same time: it %s", q->rank, o->hosts[q->host].name, how);
+            kr_describe(q, o, how, sizeof(how));
+            kr_say("%s on host %s also failed at the same time: it %s", who(s, q, w, sizeof(w)), o->hosts[q->host].name, how);
         }
     } else if (s->start_timed_out) {
         for (int i = 0; i < s->n; i++) {
             const kr_rank *q = &s->ranks[i];
             if (o->hosts[q->host].local || q->started) continue;
-            kr_say("rank %d on host %s did not start within %g s (--start-timeout)", q->rank, o->hosts[q->host].name,
-                   o->start_timeout);
-            print_tail(q);
+            kr_say("%s on host %s did not start within %g s (--start-timeout)", who(s, q, w, sizeof(w)),
+                   o->hosts[q->host].name, o->start_timeout);
+            kr_print_tail(q, s->unit);
         }
     }
     int t = rank_list(s, is_terminated, list, sizeof(list));
     if (t) {
         char why[64];
-        if (s->root >= 0) snprintf(why, sizeof(why), "after rank %d failed", s->root);
+        if (s->root >= 0) snprintf(why, sizeof(why), "after %s %d failed", s->unit, s->root);
         else if (s->got_signal) snprintf(why, sizeof(why), "because kolorun got %s", sig_name(s->got_signal));
         else snprintf(why, sizeof(why), "because the job could not start");
-        kr_say("rank%s %s: terminated by kolorun %s (not a failure of %s)", t == 1 ? "" : "s", list, why,
+        kr_say("%s%s %s: terminated by kolorun %s (not a failure of %s)", s->unit, t == 1 ? "" : "s", list, why,
                t == 1 ? "its own" : "their own");
     }
     int k = rank_list(s, is_killed, list, sizeof(list));
     if (k && s->hard_kill)
-        kr_say("rank%s %s: killed with SIGKILL at the second Ctrl-C", k == 1 ? "" : "s", list);
+        kr_say("%s%s %s: killed with SIGKILL at the second Ctrl-C", s->unit, k == 1 ? "" : "s", list);
     else if (k)
-        kr_say("rank%s %s: still running %g s after SIGTERM (--grace-seconds), killed with SIGKILL",
+        kr_say("%s%s %s: still running %g s after SIGTERM (--grace-seconds), killed with SIGKILL", s->unit,
                k == 1 ? "" : "s", list, o->grace);
     int ns = rank_list(s, never_started, list, sizeof(list));
-    if (ns) kr_say("rank%s %s never started", ns == 1 ? "" : "s", list);
+    if (ns) kr_say("%s%s %s never started", s->unit, ns == 1 ? "" : "s", list);
 }
 
 /* The root cause among the failed ranks (see the top of the file). */
@@ -325,7 +338,7 @@ static void settle_done(sup *s)
     pick_root(s);
     s->got_signal = 0;
     int live = count_running(s);
-    if (live) kr_say("rank %d failed: terminating the other %d worker%s", s->root, live, live == 1 ? "" : "s");
+    if (live) kr_say("%s %d failed: terminating the other %d worker%s", s->unit, s->root, live, live == 1 ? "" : "s");
     begin_terminate(s, SIGTERM);
 }
 
@@ -360,10 +373,13 @@ static void forward_stdin(sup *s, short rev0, short rev_pipe)
     }
 }
 
-int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_code)
+int kr_supervise(kr_job *j, int sigfd, int launch_code)
 {
-    sup s = {.o = o, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch,
-             .settle = SETTLE_S};
+    const kr_opts *o = j->o;
+    kr_rank *ranks = j->ranks;
+    int n = j->n;
+    sup s = {.o = o, .j = j, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch,
+             .settle = SETTLE_S, .unit = j->el ? "worker" : "rank"};
     for (int h = 0; h < o->nhosts; h++)
         if (!o->hosts[h].local) s.settle = SETTLE_REMOTE_S;
     s.sbuf = malloc(65536);
@@ -378,14 +394,15 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
     double drain_deadline = 0;
     bool groups_cleared = false;
 
-    struct pollfd *pfd = calloc((size_t)(3 + 2 * n), sizeof(*pfd));
-    kr_stream **who = calloc((size_t)(3 + 2 * n), sizeof(*who));
-    kr_rank **whose = calloc((size_t)(3 + 2 * n), sizeof(*whose));
-    if (!pfd || !who || !whose) {
+    int pcap = j->cap;
+    struct pollfd *pfd = calloc((size_t)(3 + 2 * pcap), sizeof(*pfd));
+    kr_stream **whom = calloc((size_t)(3 + 2 * pcap), sizeof(*whom));
+    kr_rank **whose = calloc((size_t)(3 + 2 * pcap), sizeof(*whose));
+    if (!pfd || !whom || !whose) {
         kr_say("error: out of memory");
         signal_groups(&s, SIGKILL, true, false);
         free(pfd);
-        free(who);
+        free(whom);
         free(whose);
         free(s.sbuf);
         return KR_EXIT_LAUNCH;
@@ -394,6 +411,31 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
     for (;;) {
         reap(&s);
         double now = kr_now();
+        if (j->el && s.phase == RUNNING) {
+            int fail_as = kr_elastic_tick(j, now);
+            s.ranks = ranks = j->ranks; /* it may have started workers */
+            s.n = n = j->n;
+            if (fail_as >= 0) { /* the job cannot go on: as if that loss had ended it */
+                ranks[fail_as].failed = true;
+                ranks[fail_as].lost = false;
+                s.phase = SETTLING;
+                s.deadline = now;
+            }
+            if (j->cap > pcap) {
+                pcap = j->cap;
+                struct pollfd *p2 = realloc(pfd, (size_t)(3 + 2 * pcap) * sizeof(*pfd));
+                if (p2) pfd = p2;
+                kr_stream **w2 = realloc(whom, (size_t)(3 + 2 * pcap) * sizeof(*whom));
+                if (w2) whom = w2;
+                kr_rank **r2 = realloc(whose, (size_t)(3 + 2 * pcap) * sizeof(*whose));
+                if (r2) whose = r2;
+                if (!p2 || !w2 || !r2) {
+                    kr_say("error: out of memory");
+                    signal_groups(&s, SIGKILL, true, false);
+                    break;
+                }
+            }
+        }
         if (s.phase == SETTLING && now >= s.deadline) settle_done(&s);
         if (s.phase == TERMINATING && now >= s.deadline) {
             /* remote workers: their wrapper counts the grace period from when it saw the
@@ -445,7 +487,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
             kr_stream *ss[2] = {&ranks[i].out, &ranks[i].err};
             for (int k = 0; k < 2; k++) {
                 if (ss[k]->fd < 0) continue;
-                who[np] = ss[k];
+                whom[np] = ss[k];
                 whose[np] = &ranks[i];
                 pfd[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
             }
@@ -455,6 +497,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
         if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
+        if (j->el && s.phase == RUNNING && kr_elastic_wake(j) < wake) wake = kr_elastic_wake(j);
         int timeout_ms = (int)((wake - now) * 1000.0) + 1;
         if (timeout_ms < 0) timeout_ms = 0;
         int pr = poll(pfd, (nfds_t)np, timeout_ms);
@@ -476,7 +519,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
         if (pipe_idx >= 0) forward_stdin(&s, stdin_idx >= 0 ? pfd[stdin_idx].revents : 0, pfd[pipe_idx].revents);
         for (int i = first_stream; i < np; i++) {
             if (!pfd[i].revents) continue;
-            if (!kr_output_read(o, whose[i], who[i])) { /* stream ended */ }
+            if (!kr_output_read(o, whose[i], whom[i])) { /* stream ended */ }
         }
     }
     /* whatever is still buffered (a stream cut at the drain deadline) */
@@ -487,7 +530,7 @@ int kr_supervise(const kr_opts *o, kr_rank *ranks, int n, int sigfd, int launch_
         ranks[i].stdin_fd = -1;
     }
     free(pfd);
-    free(who);
+    free(whom);
     free(whose);
     free(s.sbuf);
 

@@ -79,7 +79,7 @@ static bool exported_remote(const char *kv)
     return strncmp(kv, "KOLO_", 5) == 0 || strncmp(kv, "HOROVOD_", 8) == 0;
 }
 
-char **kr_env_build(const kr_opts *o, const kr_rank *r, const char *rdv, const char *secret,
+char **kr_env_build(const kr_opts *o, const kr_rank *r, int size, const char *rdv, const char *secret,
                     const char *job_id)
 {
     strvec s = {0};
@@ -95,14 +95,14 @@ char **kr_env_build(const kr_opts *o, const kr_rank *r, const char *rdv, const c
     if (!getenv("PYTHONUNBUFFERED")) set_var(&s, strdup("PYTHONUNBUFFERED=1"));
 
     int hosts_used = 0;
-    for (int i = 0, filled = 0; i < o->nhosts && filled < o->np; i++, hosts_used++) filled += o->hosts[i].slots;
+    for (int i = 0, filled = 0; i < o->nhosts && filled < size; i++, hosts_used++) filled += o->hosts[i].slots;
     const char *hostname = h->name;
     if (!o->hosts_arg && !o->hostfile) hostname = kr_hostname();
 
     static const char *const pre[] = {"KOLO_", "HOROVOD_"};
     for (size_t p = 0; p < 2; p++) {
         set_var(&s, fmt("%sRANK=%d", pre[p], r->rank));
-        set_var(&s, fmt("%sSIZE=%d", pre[p], o->np));
+        set_var(&s, fmt("%sSIZE=%d", pre[p], size));
         set_var(&s, fmt("%sLOCAL_RANK=%d", pre[p], r->local_rank));
         set_var(&s, fmt("%sLOCAL_SIZE=%d", pre[p], r->local_size));
         set_var(&s, fmt("%sCROSS_RANK=%d", pre[p], r->cross_rank));
@@ -118,12 +118,22 @@ char **kr_env_build(const kr_opts *o, const kr_rank *r, const char *rdv, const c
      * port (another protocol, already bound) nor a guessed free port would be right.
      * Pass -x MASTER_ADDR=... -x MASTER_PORT=... to use torch.distributed alongside kolo. */
     set_var(&s, fmt("RANK=%d", r->rank));
-    set_var(&s, fmt("WORLD_SIZE=%d", o->np));
+    set_var(&s, fmt("WORLD_SIZE=%d", size));
     set_var(&s, fmt("LOCAL_RANK=%d", r->local_rank));
     set_var(&s, fmt("LOCAL_WORLD_SIZE=%d", r->local_size));
     set_var(&s, fmt("GROUP_RANK=%d", r->host));
     set_var(&s, fmt("GROUP_WORLD_SIZE=%d", hosts_used));
 
+    if (r->round) {
+        /* an elastic worker: kolo_init asks the store for its place in the newest round, and
+         * waits for peers as long as kolorun waits for slots (new workers wait for the old
+         * ones to reach their next commit) */
+        set_var(&s, strdup("KOLO_ELASTIC=1"));
+        set_var(&s, strdup("HOROVOD_ELASTIC=1"));
+        set_var(&s, fmt("KOLO_ELASTIC_ID=%d", r->id));
+        set_var(&s, fmt("KOLO_ELASTIC_ROUND=%d", r->round));
+        if (!o->start_timeout_given) set_var(&s, fmt("KOLO_START_TIMEOUT=%g", o->elastic_timeout));
+    }
     for (int i = 0; i < o->nsetenv; i++) set_var(&s, strdup(o->setenv[i]));
     for (int i = 0; i < o->nxenv; i++) {
         const char *x = o->xenv[i];

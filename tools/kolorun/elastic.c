@@ -1,0 +1,636 @@
+/* elastic.c - kolorun's elastic driver: the job goes on when workers fail or hosts come and go.
+ *
+ * The job runs in rounds. Round 1 starts -np workers (after waiting for --min-np slots). A
+ * later round is formed when a worker fails (its host gets no new workers: the failure may be
+ * the host's), when the usable slots grow (the discovery script names a new host or more slots,
+ * or a failed host's cooldown ends) while fewer than --max-np workers run, or when a host with
+ * workers leaves the discovery script's list (its workers are removed). A round keeps every
+ * live worker, starts new ones on free usable slots up to --max-np, and gives ranks host-major
+ * with the hosts ordered by their oldest worker and the workers of a host by age: rank 0 is the
+ * oldest worker alive, which holds the state the new ones get.
+ *
+ * kolorun writes each round into its store (the keys are described in src/core/elastic.c);
+ * workers learn of it from a failing collective (a lost peer) or from kolo_elastic_check at
+ * their next commit, and kolo_init joins it. A round with fewer than --min-np workers cannot
+ * be formed: with a discovery script kolorun waits --elastic-timeout seconds for slots, without
+ * one the job ends as a failed job would, the last lost worker named as its failure. So does
+ * going past --reset-limit re-formations.
+ *
+ * The job ends when its workers end. Once one worker has exited 0 no round is formed any
+ * more: a failure then ends the job as without elastic mode, and workers that had not joined
+ * the finishing worker's round (new ones still waiting for the old ones) are stopped. */
+#include "kolorun.h"
+
+#include "../../src/boot/store.h"
+#include "../../src/common/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DISCOVERY_PERIOD_S 1.0   /* Horovod's */
+#define DISCOVERY_TIMEOUT_S 10.0 /* a script that takes longer is killed; its hosts stay as they were */
+#define SETTLE_S 0.05            /* failures this close together make one round */
+#define STRAGGLER_GRACE_S 2.0    /* a finishing job's workers have this long to say they joined */
+
+typedef struct kr_elastic {
+    kolo__store *store;
+    int round;
+    int resets;               /* rounds after the first */
+    int lost;                 /* workers lost on the way */
+    int last_lost;            /* worker id of the latest loss, -1 none */
+    char lost_now[64];        /* ids lost since the last round, "2, 5" */
+    char local_rdv[64];       /* the store's address for workers on this machine */
+    double next_discovery;
+    int last_usable;          /* usable slots at the previous tick */
+    bool reform;              /* a round is due at reform_at */
+    double reform_at;
+    bool waiting;             /* for --min-np slots, until wait_deadline */
+    double wait_deadline;
+    bool finishing;           /* a worker exited 0 */
+    int finish_round;
+    double straggler_check;   /* when to stop workers that never joined finish_round; 0 done */
+    bool script_failing;      /* the discovery script's last run failed (said once) */
+} kr_elastic;
+
+static bool blocked(const kr_host *h, double now) { return h->blocked_until > now; }
+
+static bool member(const kr_rank *r) { return r->running && !r->removed && !r->terminated; }
+
+static int count_members(const kr_job *j)
+{
+    int c = 0;
+    for (int i = 0; i < j->n; i++) c += member(&j->ranks[i]);
+    return c;
+}
+
+/* Slots on present, unblocked hosts. */
+static int usable_slots(const kr_job *j, double now)
+{
+    int s = 0;
+    for (int h = 0; h < j->o->nhosts; h++)
+        if (j->o->hosts[h].present && !blocked(&j->o->hosts[h], now)) s += j->o->hosts[h].slots;
+    return s;
+}
+
+/* ---- the discovery script ---- */
+
+static int add_host(kr_job *j, const char *name, int slots)
+{
+    kr_opts *o = j->o;
+    kr_host *grown = realloc(o->hosts, (size_t)(o->nhosts + 1) * sizeof(*grown));
+    if (!grown) return -1;
+    o->hosts = grown;
+    kr_host *h = &o->hosts[o->nhosts];
+    memset(h, 0, sizeof(*h));
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    h->slots = slots;
+    h->present = true;
+    h->local = kr_host_is_local(name);
+    if (h->local) snprintf(h->rdv_addr, sizeof(h->rdv_addr), "%s", j->el->local_rdv);
+    else if (!kr_route_source(name, h->rdv_addr, sizeof(h->rdv_addr))) {
+        snprintf(h->rdv_addr, sizeof(h->rdv_addr), "%.60s", kr_hostname());
+        kr_say("warning: no route to host %s from here; its workers will look for the store at %s:%d", name,
+               h->rdv_addr, j->port);
+    }
+    if (!h->local && !strcmp(j->el->local_rdv, "127.0.0.1"))
+        kr_say("warning: host %s is remote, but this machine's workers reach the store over loopback: they "
+               "cannot be reached from there", name);
+    o->nhosts++;
+    return 0;
+}
+
+/* Runs the script; on success marks the hosts it lists present (with its slots) and the others
+ * absent. Returns false (hosts unchanged) when it failed. */
+static bool discover(kr_job *j)
+{
+    kr_elastic *el = j->el;
+    const char *script = j->o->discovery;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return false;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return false;
+    }
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        dup2(p[1], 1);
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) dup2(dn, 0);
+        execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char out[65536];
+    size_t len = 0;
+    double deadline = kr_now() + DISCOVERY_TIMEOUT_S;
+    bool timed_out = false;
+    for (;;) {
+        double left = deadline - kr_now();
+        if (left <= 0) {
+            timed_out = true;
+            break;
+        }
+        struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) continue;
+        ssize_t k = read(p[0], out + len, sizeof(out) - 1 - len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        len += (size_t)k;
+        if (len == sizeof(out) - 1) break;
+    }
+    close(p[0]);
+    if (timed_out) kill(pid, SIGKILL);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    out[len] = '\0';
+    char why[128] = "";
+    if (timed_out) snprintf(why, sizeof(why), "it ran longer than %g s", DISCOVERY_TIMEOUT_S);
+    else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char how[96];
+        kr_rank fake = {.wstatus = st};
+        kr_describe(&fake, j->o, how, sizeof(how));
+        snprintf(why, sizeof(why), "it %s", how);
+    }
+    /* parse: host[:slots] per line; '#' comments; blank lines */
+    typedef struct { char name[KR_HOST_MAX]; int slots; } entry;
+    entry *list = NULL;
+    int nlist = 0;
+    for (char *save = NULL, *line = strtok_r(out, "\n", &save); line && !why[0]; line = strtok_r(NULL, "\n", &save)) {
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char name[KR_HOST_MAX], extra;
+        int slots = j->o->slots_per_host;
+        char *colon = strrchr(line, ':');
+        int got = colon && !strchr(line, ']') ? sscanf(line, " %255[^: \t] : %d %c", name, &slots, &extra)
+                                              : sscanf(line, " %255s %c", name, &extra);
+        if (got <= 0) continue; /* blank */
+        if ((colon && got != 2) || (!colon && got != 1) || slots < 1 || slots > (1 << 20)) {
+            snprintf(why, sizeof(why), "it printed '%.60s', not 'host' or 'host:slots'", line);
+            break;
+        }
+        entry *g = realloc(list, (size_t)(nlist + 1) * sizeof(*g));
+        if (!g) {
+            snprintf(why, sizeof(why), "out of memory");
+            break;
+        }
+        list = g;
+        snprintf(list[nlist].name, sizeof(list[nlist].name), "%s", name);
+        list[nlist++].slots = slots;
+    }
+    if (why[0]) {
+        if (!el->script_failing)
+            kr_say("warning: host discovery script failed: %s; the hosts stay as they were", why);
+        el->script_failing = true;
+        free(list);
+        return false;
+    }
+    el->script_failing = false;
+    for (int h = 0; h < j->o->nhosts; h++) j->o->hosts[h].present = false;
+    for (int e = 0; e < nlist; e++) {
+        int h = 0;
+        while (h < j->o->nhosts && strcmp(j->o->hosts[h].name, list[e].name) != 0) h++;
+        if (h == j->o->nhosts) {
+            if (add_host(j, list[e].name, list[e].slots) != 0) break;
+            if (j->o->verbose) kr_say("discovered host %s with %d slot%s", list[e].name, list[e].slots, list[e].slots == 1 ? "" : "s");
+        } else {
+            j->o->hosts[h].present = true;
+            j->o->hosts[h].slots = list[e].slots;
+        }
+    }
+    free(list);
+    return true;
+}
+
+/* ---- rounds ---- */
+
+static int put(kr_job *j, const char *key_fmt_arg, int g, const char *val)
+{
+    char key[200];
+    snprintf(key, sizeof(key), "%s/elastic/%d/%s", j->job_id, g, key_fmt_arg);
+    return kolo__store_set(j->el->store, key, val, strlen(val));
+}
+
+static int *g_hkey; /* host order of the round being formed (sort callback) */
+static kr_rank *g_ranks;
+
+static int by_host_then_age(const void *a, const void *b)
+{
+    const kr_rank *x = &g_ranks[*(const int *)a], *y = &g_ranks[*(const int *)b];
+    if (g_hkey[x->host] != g_hkey[y->host]) return g_hkey[x->host] < g_hkey[y->host] ? -1 : 1;
+    if (x->host != y->host) return x->host < y->host ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Forms the next round with up to `want` workers. Returns 0; 1 when fewer than --min-np
+ * workers could be placed (nothing changed); -1 when the store failed. */
+static int form_round(kr_job *j, int want, const char *why)
+{
+    kr_opts *o = j->o;
+    kr_elastic *el = j->el;
+    double now = kr_now();
+    int nh = o->nhosts;
+    int *on_host = calloc((size_t)nh + 1, sizeof(int));
+    int *hkey = calloc((size_t)nh + 1, sizeof(int));
+    int *add_on = calloc((size_t)nh + 1, sizeof(int));
+    if (!on_host || !hkey || !add_on) {
+        free(on_host);
+        free(hkey);
+        free(add_on);
+        return -1;
+    }
+    int members = 0, removing = 0;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r)) continue;
+        if (!o->hosts[r->host].present) {
+            removing++;
+            continue;
+        }
+        on_host[r->host]++;
+        members++;
+    }
+    int adding = 0;
+    for (int h = 0; h < nh && members + adding < want; h++) {
+        const kr_host *host = &o->hosts[h];
+        if (!host->present || blocked(host, now)) continue;
+        int free_slots = host->slots - on_host[h];
+        while (free_slots-- > 0 && members + adding < want) {
+            add_on[h]++;
+            adding++;
+        }
+    }
+    if (members + adding < o->min_np) {
+        free(on_host);
+        free(hkey);
+        free(add_on);
+        return 1;
+    }
+    int first_new = j->n;
+    if (kr_job_grow(j, j->n + adding) != 0) {
+        free(on_host);
+        free(hkey);
+        free(add_on);
+        return -1;
+    }
+    int g = ++el->round;
+    for (int h = 0; h < nh; h++)
+        for (int k = 0; k < add_on[h]; k++) {
+            kr_rank *r = &j->ranks[j->n++];
+            r->host = h;
+            r->round = g;
+            r->running = false;
+        }
+    /* order: hosts by their oldest member, then each host's workers by age */
+    int size = members + adding;
+    int *order = calloc((size_t)size + 1, sizeof(int));
+    int m = 0;
+    for (int h = 0; h < nh; h++) hkey[h] = INT_MAX;
+    for (int i = 0; i < j->n && order; i++) {
+        kr_rank *r = &j->ranks[i];
+        bool is_new = i >= first_new;
+        if (!is_new && (!member(r) || !o->hosts[r->host].present)) continue;
+        order[m++] = i;
+        if (i < hkey[r->host]) hkey[r->host] = i;
+    }
+    if (!order) {
+        free(on_host);
+        free(hkey);
+        free(add_on);
+        return -1;
+    }
+    g_hkey = hkey;
+    g_ranks = j->ranks;
+    qsort(order, (size_t)m, sizeof(int), by_host_then_age);
+    /* local ranks, then cross ranks (Horovod's rule: among the hosts with that local rank) */
+    for (int k = 0; k < m; k++) {
+        kr_rank *r = &j->ranks[order[k]];
+        r->rank = k;
+        r->local_rank = 0;
+        r->local_size = 0;
+        for (int q = 0; q < m; q++) {
+            const kr_rank *p = &j->ranks[order[q]];
+            if (p->host != r->host) continue;
+            if (q < k) r->local_rank++;
+            r->local_size++;
+        }
+    }
+    for (int k = 0; k < m; k++) {
+        kr_rank *r = &j->ranks[order[k]];
+        r->cross_rank = r->cross_size = 0;
+        int last_host = -1;
+        for (int q = 0; q < m; q++) {
+            const kr_rank *p = &j->ranks[order[q]];
+            if (p->local_rank != r->local_rank || p->host == last_host) continue;
+            last_host = p->host;
+            if (q < k) r->cross_rank++;
+            r->cross_size++;
+        }
+    }
+    int st = 0;
+    char val[96], key[32];
+    for (int k = 0; k < m && !st; k++) {
+        const kr_rank *r = &j->ranks[order[k]];
+        snprintf(val, sizeof(val), "%d %d %d %d %d %d", r->rank, size, r->local_rank, r->local_size, r->cross_rank,
+                 r->cross_size);
+        snprintf(key, sizeof(key), "w/%d", r->id);
+        st = put(j, key, g, val);
+    }
+    for (int i = 0; i < first_new && !st; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r) || o->hosts[r->host].present) continue;
+        r->removed = true;
+        snprintf(key, sizeof(key), "w/%d", r->id);
+        st = put(j, key, g, "removed");
+        kr_say("worker %d (rank %d) on host %s is removed: its host left the job", r->id, r->rank, o->hosts[r->host].name);
+    }
+    if (!st) st = put(j, "kind", g, adding || g == 1 ? "added" : "removed");
+    if (!st) {
+        char lk[160], lv[16];
+        snprintf(lk, sizeof(lk), "%s/elastic/latest", j->job_id);
+        snprintf(lv, sizeof(lv), "%d", g);
+        st = kolo__store_set(el->store, lk, lv, strlen(lv));
+    }
+    if (st) kr_say("error: cannot write round %d into the store: %s", g, kolo_last_error());
+    if (g > 1 && !st)
+        kr_say("round %d: %d worker%s (%s%s%d new%s%d removed)", g, size, size == 1 ? "" : "s", why, *why ? "; " : "",
+               adding, ", ", removing);
+    /* start the new ones */
+    for (int i = first_new; i < j->n && !st; i++) {
+        if (kr_start_worker(j, i, size) != 0) {
+            /* counted as lost: the next round goes on without it */
+            j->ranks[i].lost = true;
+            el->lost++;
+            el->last_lost = i;
+            el->reform = true;
+            el->reform_at = now + SETTLE_S;
+        }
+    }
+    free(order);
+    free(on_host);
+    free(hkey);
+    free(add_on);
+    return st ? -1 : 0;
+}
+
+/* ---- the driver ---- */
+
+static bool read_signal(int sigfd, int *sig)
+{
+    struct signalfd_siginfo si;
+    while (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if ((int)si.ssi_signo == SIGCHLD) continue;
+        *sig = (int)si.ssi_signo;
+        return true;
+    }
+    return false;
+}
+
+int kr_elastic_setup(kr_job *j, int sigfd)
+{
+    kr_opts *o = j->o;
+    kr_elastic *el = calloc(1, sizeof(*el));
+    if (!el) return KR_EXIT_LAUNCH;
+    j->el = el;
+    el->last_lost = -1;
+    if (!o->max_np) o->max_np = o->np;
+    /* this machine's workers reach the store where the other hosts' do: through the address
+     * of the route to the first remote host (main.c), or, when a script names the hosts, the
+     * default route's (loopback when there is none) */
+    snprintf(el->local_rdv, sizeof(el->local_rdv), "127.0.0.1");
+    for (int h = 0; h < o->nhosts; h++)
+        if (o->hosts[h].local) snprintf(el->local_rdv, sizeof(el->local_rdv), "%s", o->hosts[h].rdv_addr);
+    if (o->discovery && !kr_route_source("192.0.2.1", el->local_rdv, sizeof(el->local_rdv)))
+        snprintf(el->local_rdv, sizeof(el->local_rdv), "127.0.0.1");
+    for (int h = 0; h < o->nhosts; h++) o->hosts[h].present = true;
+    if (kolo__store_connect(&el->store, "127.0.0.1", j->port, j->secret, strlen(j->secret), 10) != 0) {
+        kr_say("error: cannot reach our own store: %s", kolo_last_error());
+        return KR_EXIT_LAUNCH;
+    }
+    double deadline = kr_now() + o->elastic_timeout;
+    bool said = false;
+    for (;;) {
+        if (o->discovery) discover(j);
+        int slots = usable_slots(j, kr_now());
+        if (slots >= o->min_np) break;
+        if (!o->discovery) { /* -H can only have fewer slots than -np when -np was checked: not here */
+            kr_say("error: %d slot%s, fewer than --min-np %d", slots, slots == 1 ? "" : "s", o->min_np);
+            return KR_EXIT_USAGE;
+        }
+        if (kr_now() >= deadline) {
+            kr_say("error: the host discovery script found %d slot%s, fewer than --min-np %d, within %g s "
+                   "(--elastic-timeout)", slots, slots == 1 ? "" : "s", o->min_np, o->elastic_timeout);
+            return KR_EXIT_LAUNCH;
+        }
+        if (!said) kr_say("waiting for --min-np %d slots (%d found)", o->min_np, slots);
+        said = true;
+        struct pollfd pfd = {.fd = sigfd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(DISCOVERY_PERIOD_S * 1000)) > 0) {
+            int sig = 0;
+            if (read_signal(sigfd, &sig) && sig != SIGUSR1 && sig != SIGUSR2) {
+                kr_say("got signal %d while waiting for slots: nothing was started", sig);
+                return 128 + sig;
+            }
+        }
+    }
+    el->next_discovery = kr_now() + DISCOVERY_PERIOD_S;
+    int st = form_round(j, o->np, "");
+    el->last_usable = usable_slots(j, kr_now());
+    if (st != 0) return KR_EXIT_LAUNCH;
+    for (int i = 0; i < j->n; i++)
+        if (j->ranks[i].lost) return KR_EXIT_LAUNCH; /* a worker of round 1 could not be started */
+    return 0;
+}
+
+/* Workers still running that did not start the finishing round (or never said so) are waiting
+ * for a round that will not start: stopped. */
+static void stop_stragglers(kr_job *j)
+{
+    kr_elastic *el = j->el;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r)) continue;
+        char key[160];
+        snprintf(key, sizeof(key), "%s/elastic/joined/%d", j->job_id, r->id);
+        void *v = NULL;
+        size_t len = 0;
+        int joined = 0;
+        if (kolo__store_get(el->store, key, &v, &len, 0) == 0) {
+            joined = atoi(v);
+            kolo__free(v);
+        }
+        if (joined == el->finish_round) continue;
+        kr_say("worker %d (rank %d) had not joined round %d when the job finished: stopping it", r->id, r->rank,
+               el->finish_round);
+        r->terminated = true;
+        if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
+            close(r->stdin_fd); /* its wrapper stops it */
+            r->stdin_fd = -1;
+        } else {
+            kill(-r->pid, SIGTERM);
+        }
+    }
+}
+
+bool kr_elastic_on_exit(kr_job *j, int i)
+{
+    kr_elastic *el = j->el;
+    kr_opts *o = j->o;
+    kr_rank *r = &j->ranks[i];
+    kr_host *h = &o->hosts[r->host];
+    bool ok = WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 0;
+    if (r->removed) {
+        if (o->verbose) kr_say("worker %d (removed with host %s) ended", r->id, h->name);
+        return true;
+    }
+    if (r->terminated) return false;
+    if (ok) {
+        if (!el->finishing) {
+            el->finishing = true;
+            el->reform = false;
+            char key[160];
+            snprintf(key, sizeof(key), "%s/elastic/joined/%d", j->job_id, r->id);
+            void *v = NULL;
+            size_t len = 0;
+            el->finish_round = el->round;
+            if (kolo__store_get(el->store, key, &v, &len, 0) == 0) {
+                el->finish_round = atoi(v);
+                kolo__free(v);
+            }
+            el->straggler_check = kr_now() + STRAGGLER_GRACE_S;
+        }
+        return false;
+    }
+    if (el->finishing) return false;
+    /* a failure: the host gets no new workers (for a while, with a cooldown range) */
+    h->failures++;
+    double now = kr_now();
+    if (o->cooldown_min > 0) {
+        double d = o->cooldown_min * pow(2.0, h->failures - 1);
+        h->blocked_until = now + (d < o->cooldown_max ? d : o->cooldown_max);
+    } else {
+        h->blocked_until = INFINITY;
+    }
+    if (count_members(j) == 0) return false; /* nobody left to go on */
+    r->lost = true;
+    el->lost++;
+    el->last_lost = i;
+    size_t ln = strlen(el->lost_now);
+    if (ln < sizeof(el->lost_now) - 12)
+        snprintf(el->lost_now + ln, sizeof(el->lost_now) - ln, "%s%d", ln ? ", " : "", r->id);
+    char how[256];
+    kr_describe(r, o, how, sizeof(how));
+    kr_say("worker %d (rank %d of round %d) on host %s %s after %.2f s: the job goes on without it", r->id, r->rank,
+           el->round, h->name, how, r->end_time);
+    kr_print_tail(r, "worker");
+    if (!el->reform) {
+        el->reform = true;
+        el->reform_at = now + SETTLE_S;
+    }
+    return true;
+}
+
+int kr_elastic_tick(kr_job *j, double now)
+{
+    kr_elastic *el = j->el;
+    kr_opts *o = j->o;
+    if (el->finishing) {
+        if (el->straggler_check > 0 && now >= el->straggler_check) {
+            el->straggler_check = 0;
+            stop_stragglers(j);
+        }
+        return -1;
+    }
+    if (o->discovery && now >= el->next_discovery) {
+        discover(j);
+        el->next_discovery = kr_now() + DISCOVERY_PERIOD_S;
+        for (int i = 0; i < j->n; i++)
+            if (member(&j->ranks[i]) && !o->hosts[j->ranks[i].host].present && !el->reform) {
+                el->reform = true; /* a host with workers left */
+                el->reform_at = now;
+            }
+    }
+    int usable = usable_slots(j, now);
+    if (usable > el->last_usable && count_members(j) < o->max_np && !el->reform) {
+        el->reform = true; /* a host came, or a cooldown ended */
+        el->reform_at = now;
+    }
+    el->last_usable = usable;
+    if (!el->reform || now < el->reform_at) return -1;
+    int fail_as = el->last_lost >= 0 ? el->last_lost : 0;
+    if (o->reset_limit >= 0 && el->resets >= o->reset_limit) {
+        kr_say("the job was re-formed %d time%s, the --reset-limit: ending it", el->resets, el->resets == 1 ? "" : "s");
+        return fail_as;
+    }
+    char why[96] = "";
+    if (el->lost_now[0])
+        snprintf(why, sizeof(why), "after losing worker%s %s", strchr(el->lost_now, ',') ? "s" : "", el->lost_now);
+    int st = form_round(j, o->max_np, why);
+    if (st < 0) return fail_as;
+    if (st == 0) {
+        el->lost_now[0] = '\0';
+        el->resets++;
+        el->reform = false;
+        el->waiting = false;
+        return -1;
+    }
+    int members = count_members(j);
+    if (!o->discovery) {
+        kr_say("%d worker%s left, fewer than --min-np %d, and no usable slot to start more on: ending the job", members,
+               members == 1 ? "" : "s", o->min_np);
+        return fail_as;
+    }
+    if (!el->waiting) {
+        el->waiting = true;
+        el->wait_deadline = now + o->elastic_timeout;
+        kr_say("%d worker%s left, fewer than --min-np %d: waiting up to %g s (--elastic-timeout) for hosts", members,
+               members == 1 ? "" : "s", o->min_np, o->elastic_timeout);
+    } else if (now >= el->wait_deadline) {
+        kr_say("no hosts came within %g s (--elastic-timeout): ending the job", o->elastic_timeout);
+        return fail_as;
+    }
+    el->reform_at = el->next_discovery + 0.01; /* try again after the next discovery */
+    return -1;
+}
+
+double kr_elastic_wake(const kr_job *j)
+{
+    const kr_elastic *el = j->el;
+    double w = kr_now() + 3600;
+    if (el->finishing) return el->straggler_check > 0 ? el->straggler_check : w;
+    if (j->o->discovery && el->next_discovery < w) w = el->next_discovery;
+    if (el->reform && el->reform_at < w) w = el->reform_at;
+    /* a cooldown that ends */
+    for (int h = 0; h < j->o->nhosts; h++) {
+        double b = j->o->hosts[h].blocked_until;
+        if (b > kr_now() && isfinite(b) && b < w) w = b;
+    }
+    return w;
+}
+
+void kr_elastic_finish(kr_job *j, bool print)
+{
+    kr_elastic *el = j->el;
+    if (!el) return;
+    if (print && el->lost)
+        kr_say("elastic job: %d round%s, %d worker%s lost on the way", el->round, el->round == 1 ? "" : "s", el->lost,
+               el->lost == 1 ? "" : "s");
+    kolo__store_close(el->store);
+    free(el);
+    j->el = NULL;
+}
