@@ -250,8 +250,9 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
 /* A training loop as elastic.run drives one: state (the step) committed every few steps and
  * synced from rank 0 at each (re)start; a failing collective rolls back to the last commit, a
  * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
- * worker with that id kills itself at that step). Rank 0 prints "step N" at each commit; every
- * worker prints "done: worker W rank R size S round G step N" at the end. */
+ * worker with that id kills itself on reaching that step). Rank 0 prints "round G size S from
+ * step N" at each start and "step N" at each commit; every worker prints "done: worker W rank R
+ * size S round G step N" at the end. Also run on several hosts by test_multihost.c. */
 KT_WORKER(elastic_train)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 20;
@@ -270,8 +271,9 @@ KT_WORKER(elastic_train)
         int32_t s = step; /* sync: rank 0 holds the state */
         if (kolo_broadcast(&s, 1, KOLO_INT32, 0, KOLO_WORLD) != KOLO_OK) goto lost;
         step = committed = s;
+        if (kolo_rank() == 0) printf("round %d size %d from step %d\n", kolo_elastic_round(), kolo_size(), step);
         while (step < steps) {
-            if (me == die_id && step == die_step) raise(SIGKILL);
+            if (me == die_id && step >= die_step) raise(SIGKILL);
             int one = 1, sum = 0;
             if (kolo_allreduce(&one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) goto lost;
             if (sum != kolo_size()) {

@@ -712,3 +712,50 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
     kt_proc_free(&p);
     cluster_down(&c);
 }
+
+/* An elastic job across hosts (the worker is test_elastic.c's training loop): it starts on a
+ * alone, grows onto b when the discovery script lists b, and goes on when a worker on b is
+ * killed; b's other worker stays in the job. kolorun runs on the login node, so every worker is
+ * remote and the store listens on all interfaces. */
+KT_TEST(multihost_elastic_grows_onto_b_and_survives_a_death_there, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[128], script[256], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s/elastic-hosts", c.dir);
+    FILE *f = fopen(hosts, "w");
+    KT_ASSERT(f);
+    fprintf(f, "%s:2\n", ns_addr[NS_A]);
+    fclose(f);
+    snprintf(script, sizeof(script), "cat %s", hosts);
+    const char *argv[] = {kolorun_path(), "-np", "2", "--max-np", "4", "--min-np", "2", "--host-discovery-script", script,
+                          "-p", port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20", kt_self(), "--worker",
+                          "elastic_train", "400", "die=3:120", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_L], argv);
+    kt_proc_wait_for(&p, "step 10\n", 1, 30);
+    f = fopen(hosts, "w");
+    KT_ASSERT(f);
+    fprintf(f, "%s:2\n%s:2\n", ns_addr[NS_A], ns_addr[NS_B]);
+    fclose(f);
+    int rc = kt_proc_finish(&p, 60);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_CONTAINS(p.obuf, "round 2 size 4 from step");
+    KT_CONTAINS(p.obuf, "round 3 size 3 from step");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 4 workers (2 new, 0 removed)");
+    char want[256];
+    snprintf(want, sizeof(want), "kolorun: worker 3 (rank 3 of round 2) on host %s was killed by SIGKILL", ns_addr[NS_B]);
+    KT_CONTAINS(p.ebuf, want);
+    KT_CONTAINS(p.ebuf, "kolorun: round 3: 3 workers (after losing worker 3; 0 new, 0 removed)");
+    for (int w = 0; w < 3; w++) {
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 3 step 400", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    assert_no_leftovers(&c, true, 0.5);
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
