@@ -256,8 +256,12 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
 KT_WORKER(elastic_train)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 20;
-    int die_id = -1, die_step = -1;
-    if (argc > 2) sscanf(argv[2], "die=%d:%d", &die_id, &die_step);
+    int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1;
+    for (int a = 2; a < argc; a++) {
+        sscanf(argv[a], "die=%d:%d", &die_id, &die_step);
+        sscanf(argv[a], "stop=%d:%d", &stop_id, &stop_step);
+        sscanf(argv[a], "mismatch=%d", &mismatch_step);
+    }
     const char *idv = getenv("KOLO_ELASTIC_ID");
     int me = idv ? atoi(idv) : -1;
     int step = 0, committed = 0;
@@ -274,10 +278,13 @@ KT_WORKER(elastic_train)
         if (kolo_rank() == 0) printf("round %d size %d from step %d\n", kolo_elastic_round(), kolo_size(), step);
         while (step < steps) {
             if (me == die_id && step >= die_step) raise(SIGKILL);
-            int one = 1, sum = 0;
-            if (kolo_allreduce(&one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) goto lost;
-            if (sum != kolo_size()) {
-                fprintf(stderr, "sum %d with size %d\n", sum, kolo_size());
+            if (me == stop_id && step >= stop_step) raise(SIGSTOP);
+            int one[4] = {1, 1, 1, 1}, sum[4] = {0};
+            /* in round 1 only, the ranks disagree on a count: a mismatch on every rank */
+            size_t count = step == mismatch_step && kolo_elastic_round() == 1 ? 1 + (size_t)kolo_rank() : 1;
+            if (kolo_allreduce(one, sum, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) goto lost;
+            if (sum[0] != kolo_size()) {
+                fprintf(stderr, "sum %d with size %d\n", sum[0], kolo_size());
                 return 4;
             }
             step++;
@@ -383,6 +390,43 @@ KT_TEST(kolorun_elastic_grows_with_discovered_slots, 90)
     KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 3 round 2 step 150");
     KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 3 round 2 step 150");
     KT_CONTAINS(p.obuf, "done: worker 2 rank 2 size 3 round 2 step 150");
+    kt_proc_free(&p);
+}
+
+/* A worker that stops answering (SIGSTOP) without dying: the others time out on it and ask for a
+ * new round; kolorun kills the silent one and forms the round without it. */
+KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "-x", "KOLO_OP_TIMEOUT=1", kt_self(),
+                                                     "--worker", "elastic_train", "60", "stop=2:12", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) on host localhost stopped answering: 2 workers gave up on it and "
+                        "asked for a new round 5 s ago; killing it, the job goes on without it");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
+    KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 2 round 2 step 60");
+    KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 2 round 2 step 60");
+    kt_proc_free(&p);
+}
+
+/* A collective that fails on every worker (here a mismatch) makes them all ask for a new round:
+ * kolorun forms it with the same workers, who roll back to their last commit and go on. */
+KT_TEST(kolorun_elastic_resets_when_every_worker_asks, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "3", kt_self(), "--worker", "elastic_train",
+                                                 "30", "mismatch=12", NULL},
+                       50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (0 new, 0 removed)");
+    KT_CONTAINS(p.obuf, "round 2 size 3 from step 10");
+    for (int w = 0; w < 3; w++) {
+        char want[96];
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 30", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
     kt_proc_free(&p);
 }
 

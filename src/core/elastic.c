@@ -11,7 +11,10 @@
  * so a worker that sees `latest` finds its own entry of that round. A worker's id
  * (KOLO_ELASTIC_ID) is fixed for its life; its rank is the round's. Each worker writes
  * <base>/elastic/joined/<id> = g once it has started round g, which tells kolorun, when the job
- * ends, which workers were still waiting for a round that will never start. */
+ * ends, which workers were still waiting for a round that will never start; and
+ * <base>/elastic/waiting/<id> = g when it waits for round g, which asks kolorun for one: when
+ * every worker asks (a collective failed on all of them) kolorun forms it with the same workers,
+ * and when some ask and others do not for a while, those others stopped answering. */
 #include "world.h"
 
 #include <stdio.h>
@@ -86,6 +89,9 @@ static int join(void)
     /* wait for kolorun to place this worker in round `want`, then take the newest round */
     double wait_s = kolo__setting_double(KOLO_SET_ELASTIC_TIMEOUT);
     char key[200], text[128];
+    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
+    int tl = snprintf(text, sizeof(text), "%d", want);
+    if ((st = kolo__store_set(W.estore, key, text, (size_t)tl)) != KOLO_OK) return fail_store(st, "ask kolorun for a new round");
     snprintf(key, sizeof(key), "%s/elastic/%d/w/%d", W.info.job_id, want, W.elastic_id);
     st = get_text(key, text, sizeof(text), wait_s);
     if (st == KOLO_ERR_TIMEOUT)

@@ -41,6 +41,8 @@
 #define DISCOVERY_TIMEOUT_S 10.0 /* a script that takes longer is killed; its hosts stay as they were */
 #define SETTLE_S 0.05            /* failures this close together make one round */
 #define STRAGGLER_GRACE_S 2.0    /* a finishing job's workers have this long to say they joined */
+#define ASKED_PERIOD_S 0.5       /* how often the workers' requests for a new round are read */
+#define STUCK_GRACE_S 5.0        /* some ask, others do not: after this long those others are stuck */
 
 typedef struct kr_elastic {
     kolo__store *store;
@@ -60,6 +62,8 @@ typedef struct kr_elastic {
     int finish_round;
     double straggler_check;   /* when to stop workers that never joined finish_round; 0 done */
     bool script_failing;      /* the discovery script's last run failed (said once) */
+    double next_asked;        /* when to read the workers' requests again */
+    double asked_since;       /* since when some (not all) workers ask for a new round; 0 none */
 } kr_elastic;
 
 static bool blocked(const kr_host *h, double now) { return h->blocked_until > now; }
@@ -457,6 +461,95 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     return 0;
 }
 
+/* Counts worker i as lost: its host gets no new workers (for good, or for a cooldown), and the
+ * next round goes on without it. */
+static void lose(kr_job *j, int i, double now)
+{
+    kr_elastic *el = j->el;
+    kr_opts *o = j->o;
+    kr_rank *r = &j->ranks[i];
+    kr_host *h = &o->hosts[r->host];
+    h->failures++;
+    if (o->cooldown_min > 0) {
+        double d = o->cooldown_min * pow(2.0, h->failures - 1);
+        h->blocked_until = now + (d < o->cooldown_max ? d : o->cooldown_max);
+    } else {
+        h->blocked_until = INFINITY;
+    }
+    r->lost = true;
+    el->lost++;
+    el->last_lost = i;
+    size_t ln = strlen(el->lost_now);
+    if (ln < sizeof(el->lost_now) - 12)
+        snprintf(el->lost_now + ln, sizeof(el->lost_now) - ln, "%s%d", ln ? ", " : "", r->id);
+    if (!el->reform) {
+        el->reform = true;
+        el->reform_at = now + SETTLE_S;
+    }
+}
+
+/* The round each worker asks for (src/core/elastic.c): 0 when it asks for none. */
+static int asks_for(kr_job *j, const kr_rank *r)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", j->job_id, r->id);
+    void *v = NULL;
+    size_t len = 0;
+    int g = 0;
+    if (kolo__store_get(j->el->store, key, &v, &len, 0) == 0) {
+        g = atoi(v);
+        kolo__free(v);
+    }
+    return g;
+}
+
+/* Workers ask for a new round when a collective failed on them. All of them asking (an error
+ * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
+ * asking while the others keep quiet for STUCK_GRACE_S means the others stopped answering
+ * (stopped, or stuck outside kolo; a dead one would have been reaped by then): they are killed
+ * and the round goes on without them. */
+static void check_asked(kr_job *j, double now)
+{
+    kr_elastic *el = j->el;
+    int want = el->round + 1, members = 0, asking = 0;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r)) continue;
+        members++;
+        r->asking = asks_for(j, r) == want;
+        asking += r->asking;
+    }
+    if (asking == 0) {
+        el->asked_since = 0;
+        return;
+    }
+    if (asking == members) {
+        kr_say("every worker asked for a new round (a collective failed on all of them): forming it");
+        el->reform = true;
+        el->reform_at = now;
+        el->asked_since = 0;
+        return;
+    }
+    if (el->asked_since == 0) el->asked_since = now;
+    if (now - el->asked_since < STUCK_GRACE_S) return;
+    el->asked_since = 0;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r) || r->asking) continue;
+        kr_say("worker %d (rank %d) on host %s stopped answering: %d worker%s gave up on it and asked for a new round "
+               "%g s ago; killing it, the job goes on without it", r->id, r->rank, j->o->hosts[r->host].name, asking,
+               asking == 1 ? "" : "s", STUCK_GRACE_S);
+        r->removed = true; /* its end is not news any more */
+        if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
+            close(r->stdin_fd); /* its wrapper kills it */
+            r->stdin_fd = -1;
+        } else {
+            kill(-r->pid, SIGKILL);
+        }
+        lose(j, i, now);
+    }
+}
+
 /* Workers still running that did not start the finishing round (or never said so) are waiting
  * for a round that will not start: stopped. */
 static void stop_stragglers(kr_job *j)
@@ -517,31 +610,13 @@ bool kr_elastic_on_exit(kr_job *j, int i)
         return false;
     }
     if (el->finishing) return false;
-    /* a failure: the host gets no new workers (for a while, with a cooldown range) */
-    h->failures++;
-    double now = kr_now();
-    if (o->cooldown_min > 0) {
-        double d = o->cooldown_min * pow(2.0, h->failures - 1);
-        h->blocked_until = now + (d < o->cooldown_max ? d : o->cooldown_max);
-    } else {
-        h->blocked_until = INFINITY;
-    }
     if (count_members(j) == 0) return false; /* nobody left to go on */
-    r->lost = true;
-    el->lost++;
-    el->last_lost = i;
-    size_t ln = strlen(el->lost_now);
-    if (ln < sizeof(el->lost_now) - 12)
-        snprintf(el->lost_now + ln, sizeof(el->lost_now) - ln, "%s%d", ln ? ", " : "", r->id);
+    lose(j, i, kr_now());
     char how[256];
     kr_describe(r, o, how, sizeof(how));
     kr_say("worker %d (rank %d of round %d) on host %s %s after %.2f s: the job goes on without it", r->id, r->rank,
            el->round, h->name, how, r->end_time);
     kr_print_tail(r, "worker");
-    if (!el->reform) {
-        el->reform = true;
-        el->reform_at = now + SETTLE_S;
-    }
     return true;
 }
 
@@ -564,6 +639,10 @@ int kr_elastic_tick(kr_job *j, double now)
                 el->reform = true; /* a host with workers left */
                 el->reform_at = now;
             }
+    }
+    if (!el->reform && now >= el->next_asked) {
+        el->next_asked = now + ASKED_PERIOD_S;
+        check_asked(j, now);
     }
     int usable = usable_slots(j, now);
     if (usable > el->last_usable && count_members(j) < o->max_np && !el->reform) {
@@ -614,6 +693,7 @@ double kr_elastic_wake(const kr_job *j)
     double w = kr_now() + 3600;
     if (el->finishing) return el->straggler_check > 0 ? el->straggler_check : w;
     if (j->o->discovery && el->next_discovery < w) w = el->next_discovery;
+    if (!el->reform && el->next_asked < w) w = el->next_asked;
     if (el->reform && el->reform_at < w) w = el->reform_at;
     /* a cooldown that ends */
     for (int h = 0; h < j->o->nhosts; h++) {

@@ -111,6 +111,7 @@ typedef struct kr_rank {
     int round;                /* the round it was started for; 0 outside elastic jobs */
     bool removed;             /* its host left: its end is not a failure */
     bool lost;                /* failed, and the job went on without it */
+    bool asking;              /* asks for a new round (elastic.c, check_asked) */
 
     cpu_set_t cpus;           /* binding (bind.c); valid when bound */
     bool bound;
