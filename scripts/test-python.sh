@@ -55,7 +55,7 @@ export KOLO_STALL_SHUTDOWN_TIME=${KOLO_STALL_SHUTDOWN_TIME:-45}
 
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/kolo-pytest.XXXXXX")
 trap 'rm -rf "$LOG"' EXIT INT TERM
-MULTI="python/tests/test_basics.py python/tests/test_numpy.py python/tests/test_torch_ops.py python/tests/test_torch_optimizer.py"
+MULTI="python/tests/test_basics.py python/tests/test_numpy.py python/tests/test_torch_ops.py python/tests/test_torch_optimizer.py python/tests/test_elastic.py"
 status=0
 summary=""
 
@@ -100,7 +100,7 @@ TF=${KOLO_TEST_TF:-1}
 if [ "$TF" != only ]; then
   run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
-  run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py "$@"
+  run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py python/tests/test_elastic.py "$@"
   if [ "${KOLO_TEST_SPARK:-1}" = 0 ]; then
     summary="$summary
   spark: SKIPPED (KOLO_TEST_SPARK=0)"
@@ -134,7 +134,7 @@ print('python %s, tensorflow %s, keras %s, numpy %s' % (sys.version.split()[0], 
   else
     echo "test-python: $TFPY: $TFVERSIONS (ready in $(( $(date +%s) - start ))s)"
     export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-    TFSUITE=python/tests/test_tensorflow.py
+    TFSUITE="python/tests/test_tensorflow.py python/tests/test_tensorflow_elastic.py"
     run "tensorflow 2 ranks" wrap "$KOLORUN" -np 2 "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
     run "tensorflow 3 ranks" wrap "$KOLORUN" -np 3 "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
     run "tensorflow jobs" wrap "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"

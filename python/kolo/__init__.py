@@ -22,6 +22,7 @@ from kolo.basics import *  # noqa: F401,F403  (init, size, ops, process sets, ..
 from kolo.basics import __all__ as _basics_all
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloVersionMismatchError
 from kolo._ops import poll, synchronize
+from kolo import elastic  # noqa: F401  (kolo.elastic: State, ObjectState, run)
 
 _NP_TO_KOLO = {
     np.dtype(np.uint8): _lib.UINT8, np.dtype(np.int8): _lib.INT8, np.dtype(np.uint16): _lib.UINT16,

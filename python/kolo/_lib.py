@@ -37,6 +37,7 @@ ERR_SHUT_DOWN = -13
 ERR_PROTOCOL = -14
 ERR_AUTH = -15
 ERR_STARTUP = -16
+ERR_REMOVED = -17
 ERR_SYSTEM = -20
 ERR_INTERNAL = -21
 
@@ -200,6 +201,12 @@ kolo_timeline_start = _proto("kolo_timeline_start", c_int, c_char_p, c_int, opti
 kolo_timeline_stop = _proto("kolo_timeline_stop", c_int, optional=True)
 kolo_engine_stats = _proto("kolo_engine_stats", c_int, P(EngineStats), optional=True)
 
+# ---- elastic jobs (optional: a library without them runs every job as a fixed one) ----
+ELASTIC_NONE, ELASTIC_ADDED, ELASTIC_REMOVED = 0, 1, 2
+kolo_elastic_enabled = _proto("kolo_elastic_enabled", c_int, optional=True)
+kolo_elastic_round = _proto("kolo_elastic_round", c_int, optional=True)
+kolo_elastic_check = _proto("kolo_elastic_check", c_int, P(c_int), optional=True)
+
 # The engine is used when the library has it; KOLO_PYTHON_DIRECT=1 forces the blocking
 # direct collectives instead (a debugging aid: no overlap, no join).
 HAVE_ENGINE = (kolo_iallreduce is not None and kolo_request_wait is not None
@@ -215,7 +222,7 @@ def strerror(status):
 
 
 _JOB_ERRORS = (ERR_PEER_LOST, ERR_TIMEOUT, ERR_MISMATCH, ERR_SHUT_DOWN, ERR_PROTOCOL, ERR_AUTH,
-               ERR_STARTUP, ERR_SYSTEM, ERR_INTERNAL)
+               ERR_STARTUP, ERR_REMOVED, ERR_SYSTEM, ERR_INTERNAL)
 
 
 def error_for(status, message, what=None):

@@ -6,7 +6,7 @@ import ctypes
 import threading
 
 from kolo import _lib
-from kolo.exceptions import HorovodInternalError
+from kolo.exceptions import HorovodInternalError, KoloWorkerRemovedError
 
 # Reduce ops, with Horovod's values (horovod.common.basics: AVERAGE=0, SUM=1, ADASUM=2, ...).
 Average = 0
@@ -53,7 +53,11 @@ def init(comm=None, process_sets=None):
 
     comm: None, or a list of every rank (kolo cannot restrict the world to a subset: use a
     process set). process_sets: ProcessSet objects to register after start (every rank must
-    pass the same list), or "dynamic" (accepted; kolo's sets are always dynamic)."""
+    pass the same list), or "dynamic" (accepted; kolo's sets are always dynamic).
+
+    In a worker of an elastic job (kolorun --min-np ...), init() after shutdown() joins the
+    job's newest round, with the rank and size kolorun gave this worker there; a worker that
+    kolorun removed from the job gets KoloWorkerRemovedError (a ValueError)."""
     if comm is not None:
         if isinstance(comm, (list, tuple)):
             ranks = sorted(comm)
@@ -64,7 +68,8 @@ def init(comm=None, process_sets=None):
         was = _lib.kolo_is_initialized()
         st = _lib.kolo_init()
         if st != _lib.OK:
-            raise ValueError("kolo initialization failed: %s" % (_lib.last_error() or _lib.strerror(st)))
+            cls = KoloWorkerRemovedError if st == _lib.ERR_REMOVED else ValueError
+            raise cls("kolo initialization failed: %s" % (_lib.last_error() or _lib.strerror(st)))
         if comm is not None and ranks != list(range(size())):
             raise NotImplementedError(
                 "kolo.init(comm=%s): kolo cannot restrict the world to a subset of ranks; start only the "
@@ -91,6 +96,18 @@ def shutdown():
 
 def is_initialized():
     return bool(_lib.kolo_is_initialized())
+
+
+def elastic_round():
+    """The round of the elastic job this worker joined (1 for the first, one more each time
+    kolorun re-formed the job); 0 outside elastic jobs. kolo's addition."""
+    return _lib.kolo_elastic_round() if _lib.kolo_elastic_round is not None else 0
+
+
+def _elastic():
+    """True in a worker of an elastic kolorun job (kolo_elastic_enabled): the world's size may
+    change between init() and init(), so code that would specialise on size() == 1 does not."""
+    return bool(_lib.kolo_elastic_enabled and _lib.kolo_elastic_enabled())
 
 
 def _query(f):
@@ -342,4 +359,4 @@ __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "init", "shutdow
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built", "cuda_built", "rocm_built", "build_info", "ProcessSet",
            "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
-           "stop_timeline", "engine_stats", "HorovodInternalError", "peer_transport"]
+           "stop_timeline", "engine_stats", "HorovodInternalError", "peer_transport", "elastic_round"]

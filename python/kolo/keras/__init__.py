@@ -23,7 +23,7 @@ from kolo.basics import (  # noqa: F401
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
     ddl_built, ccl_built, cuda_built, rocm_built, build_info, Average, Sum, Adasum, Min, Max, Product,
     ProcessSet, global_process_set, add_process_set, remove_process_set, start_timeline, stop_timeline,
-    engine_stats)
+    engine_stats, elastic_round)
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from kolo.tensorflow import mpi_ops as _tf_ops
 from kolo.tensorflow.compression import Compression  # noqa: F401
@@ -39,7 +39,7 @@ except AttributeError:  # Keras 2 (tf_keras): always TensorFlow
 if _backend != "tensorflow":
     raise ImportError("kolo.keras needs Keras on the TensorFlow backend; KERAS_BACKEND is %r" % _backend)
 
-from kolo.keras import callbacks  # noqa: E402,F401
+from kolo.keras import callbacks, elastic  # noqa: E402,F401
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,

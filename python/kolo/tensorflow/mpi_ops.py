@@ -32,8 +32,8 @@ import tensorflow as tf
 
 import kolo
 from kolo import _lib, _ops
-from kolo.basics import (Average, Sum, Adasum, Min, Max, Product, c_op, global_process_set,  # noqa: F401
-                         rank)
+from kolo.basics import (Average, Sum, Adasum, Min, Max, Product, _elastic, c_op,  # noqa: F401
+                         global_process_set, rank)
 from kolo.tensorflow.compression import Compression
 
 try:  # TensorFlow's own bfloat16 NumPy type (ml_dtypes in TF >= 2.12)
@@ -185,6 +185,14 @@ def _name(name, kind, tensor):
 
 def _pset(process_set):
     return global_process_set if process_set is None else process_set
+
+
+def _size_as(process_set, dtype):
+    """process_set's size as a `dtype` tensor, to divide by. In a graph of an elastic job it is read
+    when the graph runs, not when it is traced: a later round of the job may have another size."""
+    if _elastic() and not tf.executing_eagerly():
+        return tf.cast(size_op(process_set.process_set_id), dtype)
+    return tf.cast(process_set.size(), dtype)
 
 
 def _differentiable(inputs, forward, backward):
@@ -343,7 +351,7 @@ def _allreduce_indexed_slices(slices, op, compression, name, process_set):
     values, indices = _allgather_raw([values, slices.indices], [vname, iname], process_set)
     values = compression.decompress(values, ctx)
     if op == Average:
-        values = values / tf.cast(process_set.size(), values.dtype)
+        values = values / _size_as(process_set, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -455,8 +463,9 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
 
     def bwd(dy, x):
         g = _allgather_raw([dy], [_name(None, "ReducescatterGrad", dy)], process_set)[0]
-        scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+        scale = prescale_factor * postscale_factor
         g = g if scale == 1.0 else g * tf.cast(scale, g.dtype)
+        g = g / _size_as(process_set, g.dtype) if op == Average else g
         g.set_shape(x.shape)
         return g
     return _compressed(tensor, compression, name, "Reducescatter", fwd, bwd)

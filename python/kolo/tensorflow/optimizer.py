@@ -27,11 +27,11 @@ import numbers
 import tensorflow as tf
 
 from kolo import _ops
-from kolo.basics import Average, c_op, global_process_set
+from kolo.basics import Average, _elastic, c_op, global_process_set
 from kolo.tensorflow.compression import Compression
 from kolo.tensorflow.functions import unique_names
-from kolo.tensorflow.mpi_ops import (_A, _allreduce_spec, _execute, _grouped_allreduce_spec, _pset, _Spec, _tensor,
-                                     check_sparse_op)
+from kolo.tensorflow.mpi_ops import (_A, _allreduce_spec, _execute, _grouped_allreduce_spec, _pset, _size_as, _Spec,
+                                     _tensor, check_sparse_op)
 
 
 def _split_list(items, n):
@@ -69,7 +69,9 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
     combined, not the updates)."""
     process_set = _pset(process_set)
     grads = list(grads)
-    if not process_set.included() or process_set.size() == 1:
+    # One rank has nothing to reduce, unless in an elastic job, where a traced step must still
+    # reduce when a later round has more workers.
+    if not process_set.included() or (process_set.size() == 1 and not _elastic()):
         return grads
     names = unique_names(prefix, variables)
     # Average divides by the set's size in the engine; gradient_predivide_factor f moves a factor f
@@ -119,7 +121,7 @@ def allreduce_gradients(grads, variables, op=Average, compression=Compression.no
     for k, i in enumerate(sparse):
         vals, idx = compression.decompress(rest[2 * k], ctxs[i]), rest[2 * k + 1]
         if op == Average:
-            vals = vals / tf.cast(process_set.size(), vals.dtype)
+            vals = vals / _size_as(process_set, vals.dtype)
         result[i] = tf.IndexedSlices(vals, idx, dense_shape=grads[i].dense_shape)
     return result
 
@@ -138,15 +140,15 @@ def reduce_gradients(grads, variables, local, scale_local_gradients, opts):
     for i, g in zip(shared, reduced):
         out[i] = g
     ps = _pset(opts.get("process_set"))
-    if scale_local_gradients and ps.included() and ps.size() > 1:
+    if scale_local_gradients and ps.included() and (ps.size() > 1 or _elastic()):
         for i, v in enumerate(variables):
             g = grads[i]
             if id(v) not in local or g is None:
                 continue
             if isinstance(g, tf.IndexedSlices):
-                out[i] = tf.IndexedSlices(g.values / tf.cast(ps.size(), g.values.dtype), g.indices, g.dense_shape)
+                out[i] = tf.IndexedSlices(g.values / _size_as(ps, g.values.dtype), g.indices, g.dense_shape)
             else:
-                out[i] = g / tf.cast(ps.size(), g.dtype)
+                out[i] = g / _size_as(ps, g.dtype)
     return out
 
 

@@ -23,7 +23,7 @@ computes them inside one op). Those are what the class overrides.
 
 import tensorflow as tf
 
-from kolo.basics import Sum, size
+from kolo.basics import Sum, _elastic, size
 from kolo.tensorflow.mpi_ops import allreduce
 
 _BatchNormalization = tf.keras.layers.BatchNormalization
@@ -78,12 +78,12 @@ class SyncBatchNormalization(_BatchNormalization):
     if _KERAS3:
         def _moments(self, inputs, mask):
             mean, variance = super()._moments(inputs, mask)
-            if size() == 1:
+            if size() == 1 and not _elastic():
                 return mean, variance
             return _global_moments(mean, variance, _count(inputs, self._reduction_axes, mask))
     else:
         def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
             mean, variance = super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
-            if size() == 1:
+            if size() == 1 and not _elastic():
                 return mean, variance
             return _global_moments(mean, variance, _count(inputs, reduction_axes, mask, keep_dims))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import kolo
-from kolo.basics import Average, Adasum, global_process_set, local_size, size
+from kolo.basics import Average, Adasum, _elastic, global_process_set, local_size, size
 from kolo.torch.compression import Compression
 from kolo.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
                                 synchronize)
@@ -142,7 +142,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._arena = {}  # parameter -> its gradient's place in a shared arena
         self._placed = set()  # parameters whose gradient is (or was last) in its place
 
-        if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+        # In an elastic job the size may grow later: the hooks are needed with one worker too.
+        if self.process_set.included() and (size() > 1 or _elastic()):
             if _shared_gradients_wanted(shared_gradients, compression):
                 self._place_gradients()
             self._register_hooks()
@@ -540,7 +541,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if op == Adasum and size() > 1:
+    if op == Adasum and (size() > 1 or _elastic()):
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
         return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
