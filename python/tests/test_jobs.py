@@ -222,6 +222,26 @@ def test_training_example_learns_with_adasum(tmp_path):
     assert float(epochs[2][2]) > 0.5  # far above chance (0.1)
 
 
+def test_elastic_example_goes_on_after_a_death_with_no_sample_lost(tmp_path):
+    """examples/pytorch/pytorch_elastic_digits.py under an elastic kolorun: worker 2 dies in the
+    first epoch, the two left roll back to their last commit, finish that epoch on the samples
+    not processed yet, and learn; the samples trained on add up to the epochs' exactly."""
+    script = os.path.join(ROOT, "examples", "pytorch", "pytorch_elastic_digits.py")
+    p = subprocess.run([KOLORUN, "-np", "3", "--min-np", "2", PY, script, "--train-size", "3000", "--val-size", "600",
+                        "--threads", "1", "--epochs", "3", "--simulate-failure", "2:0:15"],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    assert "worker 2 (rank 2 of round 1) on host localhost was killed by SIGKILL" in p.stdout, p.stdout
+    assert "[0]<stdout>:round 2: 2 workers, from epoch 1 batch 10" in p.stdout, p.stdout  # the commit before
+    epochs = re.findall(r"epoch (\d)/3 +val-loss ([\d.]+) +val-acc ([\d.]+) +(\d) workers", p.stdout)
+    assert [e[0] for e in epochs] == ["1", "2", "3"] and all(e[3] == "2" for e in epochs), p.stdout
+    assert float(epochs[2][1]) < float(epochs[0][1])  # the loss falls
+    result = re.search(r"RESULT workers=2 val_acc=([\d.]+) samples=(\d+)", p.stdout)
+    assert result and int(result.group(2)) == 3 * 3000, p.stdout
+    assert float(result.group(1)) > 0.5, p.stdout  # far above chance (0.1); 0.70 here
+
+
 def horovod_unavailable():
     """Why the Horovod path cannot run here (None when it can): Horovod is not part of `make test`."""
     p = subprocess.run([PY, "-c", "import horovod.torch as h; print(h.gloo_built())"], stdout=subprocess.PIPE,
