@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import kolo.torch as hvd  # noqa: E402  (import horovod.torch as hvd works the same way)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when run by runpy (kolo.spark)
 from digits import Net, make_digits  # noqa: E402  (this directory's digits.py)
 
 parser = argparse.ArgumentParser(description="kolo: learn generated digits, elastically",

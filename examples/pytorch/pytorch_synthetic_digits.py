@@ -53,6 +53,7 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when run by runpy (kolo.spark)
 from digits import Net, make_digits  # noqa: E402  (this directory's digits.py)
 
 
