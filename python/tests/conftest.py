@@ -8,11 +8,18 @@ outside kolorun.
 
 Every test gets a deadline (KOLO_TEST_TIMEOUT seconds, default 90): a test that waits for a
 rank that already failed ends with an error instead of hanging the run.
+
+Under kolorun each rank's pytest keeps its temporary directories under a base of its own (named
+by the job and rank, removed at the end): the ranks' pytests would otherwise share
+/tmp/pytest-of-<user> and trip over each other's clean-up of old runs (a PytestWarning, an
+error under -W error).
 """
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 
 import pytest
 
@@ -33,8 +40,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="launches its own jobs: run outside kolorun"))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.addinivalue_line("markers", "standalone: runs outside kolorun and starts its own jobs")
+    if UNDER_KOLORUN and config.option.basetemp is None:
+        job = os.environ.get("KOLO_JOB_ID", "job%d" % os.getppid())
+        config.option.basetemp = os.path.join(tempfile.gettempdir(), "kolo-pytest-%s-rank%s" % (
+            job, os.environ["KOLO_RANK"]))
+        config._kolo_basetemp = config.option.basetemp
+
+
+def pytest_unconfigure(config):
+    base = getattr(config, "_kolo_basetemp", None)
+    if base:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
