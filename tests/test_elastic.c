@@ -326,8 +326,10 @@ static int run_kolorun(kt_proc *p, const char *const *args, double timeout)
 KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
 {
     kt_proc p;
-    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", kt_self(), "--worker", "elastic_train",
-                                                     "40", "die=2:12", NULL},
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/out", kt_scratch());
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "--output-filename", dir, kt_self(),
+                                                     "--worker", "elastic_train", "40", "die=2:12", NULL},
                            50);
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2 of round 1) on host localhost was killed by SIGKILL");
@@ -337,6 +339,18 @@ KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
     KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 2 round 2 step 40");
     KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 2 round 2 step 40");
     KT_EQ(kt_count(p.obuf, "done:"), 2);
+    /* --output-filename: a directory per worker id, as ranks change between rounds */
+    for (int w = 0; w < 3; w++) {
+        char path[600], text[4096] = "";
+        snprintf(path, sizeof(path), "%s/worker.%d/stdout", dir, w);
+        FILE *f = fopen(path, "r");
+        KT_ASSERTF(f, "no %s", path);
+        size_t n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        if (w < 2) KT_CONTAINS(text, w ? "done: worker 1 rank 1" : "done: worker 0 rank 0");
+        else KT_EQ(strstr(text, "done:") == NULL, 1);
+    }
     kt_proc_free(&p);
 }
 

@@ -207,6 +207,8 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
 
 /* ---- output.c ---- */
 int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n);
+/* An elastic job's worker: DIR/worker.ID/stdout and stderr (ranks change between rounds). */
+int kr_output_open_worker(const kr_opts *o, kr_rank *r);
 /* Reads what is available on s; forwards complete lines. Returns false at EOF (fd closed). */
 bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s);
 /* Forwards the partial line left at EOF and closes the stream. */

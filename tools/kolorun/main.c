@@ -73,6 +73,7 @@ int kr_start_worker(kr_job *j, int i, int size)
     const kr_host *h = &o->hosts[r->host];
     char rdv[128];
     snprintf(rdv, sizeof(rdv), "%s:%d", h->rdv_addr, j->port);
+    if (r->round && kr_output_open_worker(o, r) != 0) return KR_EXIT_LAUNCH;
     char **env = kr_env_build(o, r, size, rdv, j->secret, j->job_id);
     if (!env) {
         kr_say("error: out of memory building rank %d's environment", r->rank);

@@ -71,6 +71,32 @@ static int mkdir_p(char *path)
     return 0;
 }
 
+/* DIR/<name>/stdout and DIR/<name>/stderr for one worker. */
+static int open_pair(const kr_opts *o, kr_rank *r, const char *name)
+{
+    char dir[4096], path[4200];
+    int dl = snprintf(dir, sizeof(dir), "%s/%s", o->output_dir, name);
+    if (dl < 0 || (size_t)dl >= sizeof(dir)) {
+        kr_say("error: --output-filename: directory name too long");
+        return KR_EXIT_LAUNCH;
+    }
+    if (mkdir_p(dir) != 0) {
+        kr_say("error: --output-filename: cannot create %s: %s", dir, strerror(errno));
+        return KR_EXIT_LAUNCH;
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, k ? "stderr" : "stdout");
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            kr_say("error: --output-filename: cannot create %s: %s", path, strerror(errno));
+            return KR_EXIT_LAUNCH;
+        }
+        if (k) r->err.file_fd = fd;
+        else r->out.file_fd = fd;
+    }
+    return 0;
+}
+
 int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n)
 {
     for (int i = 0; i < n; i++) ranks[i].out.file_fd = ranks[i].err.file_fd = -1;
@@ -80,28 +106,20 @@ int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n)
     int width = 1;
     for (int v = n - 1; v >= 10; v /= 10) width++;
     for (int i = 0; i < n; i++) {
-        char dir[4096], path[4200];
-        int dl = snprintf(dir, sizeof(dir), "%s/rank.%0*d", o->output_dir, width, i);
-        if (dl < 0 || (size_t)dl >= sizeof(dir)) {
-            kr_say("error: --output-filename: directory name too long");
-            return KR_EXIT_LAUNCH;
-        }
-        if (mkdir_p(dir) != 0) {
-            kr_say("error: --output-filename: cannot create %s: %s", dir, strerror(errno));
-            return KR_EXIT_LAUNCH;
-        }
-        for (int k = 0; k < 2; k++) {
-            snprintf(path, sizeof(path), "%s/%s", dir, k ? "stderr" : "stdout");
-            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd < 0) {
-                kr_say("error: --output-filename: cannot create %s: %s", path, strerror(errno));
-                return KR_EXIT_LAUNCH;
-            }
-            if (k) ranks[i].err.file_fd = fd;
-            else ranks[i].out.file_fd = fd;
-        }
+        char name[64];
+        snprintf(name, sizeof(name), "rank.%0*d", width < 12 ? width : 12, i);
+        int code = open_pair(o, &ranks[i], name);
+        if (code) return code;
     }
     return 0;
+}
+
+int kr_output_open_worker(const kr_opts *o, kr_rank *r)
+{
+    if (!o->output_dir) return 0;
+    char name[64];
+    snprintf(name, sizeof(name), "worker.%d", r->id);
+    return open_pair(o, r, name);
 }
 
 static void remember(kr_rank *r, const char *line, size_t len)
