@@ -250,14 +250,17 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
 /* A training loop as elastic.run drives one: state (the step) committed every few steps and
  * synced from rank 0 at each (re)start; a failing collective rolls back to the last commit, a
  * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
- * worker with that id kills itself on reaching that step). Rank 0 prints "round G size S from
+ * worker with that id kills itself on reaching that step), "stop=ID:STEP" (stops itself there),
+ * "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
+ * before exiting). Rank 0 prints "round G size S from
  * step N" at each start and "step N" at each commit; every worker prints "done: worker W rank R
  * size S round G step N" at the end. Also run on several hosts by test_multihost.c. */
 KT_WORKER(elastic_train)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 20;
-    int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1;
+    int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1, hold_ms = 0;
     for (int a = 2; a < argc; a++) {
+        sscanf(argv[a], "hold=%d", &hold_ms);
         sscanf(argv[a], "die=%d:%d", &die_id, &die_step);
         sscanf(argv[a], "stop=%d:%d", &stop_id, &stop_step);
         sscanf(argv[a], "mismatch=%d", &mismatch_step);
@@ -301,7 +304,10 @@ KT_WORKER(elastic_train)
         }
         printf("done: worker %d rank %d size %d round %d step %d\n", me, kolo_rank(), kolo_size(), kolo_elastic_round(),
                step);
+        fflush(stdout);
         kolo_shutdown();
+        struct timespec hold = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+        nanosleep(&hold, NULL);
         return 0;
     lost:
         step = committed; /* restore */
@@ -441,6 +447,30 @@ KT_TEST(kolorun_elastic_resets_when_every_worker_asks, 60)
         snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 30", w, w);
         KT_CONTAINS(p.obuf, want);
     }
+    kt_proc_free(&p);
+}
+
+/* A worker added after the others' last commit waits for them in vain: when they finish, kolorun
+ * stops it instead of letting it wait out the elastic timeout, and the job succeeds. */
+KT_TEST(kolorun_elastic_stops_a_worker_that_never_joined, 60)
+{
+    char script[700];
+    /* the first two runs (before round 1, then a second later) find 2 slots, every later one 3: the
+     * others are done with their steps (and their last commit) long before */
+    snprintf(script, sizeof(script),
+             "n=$(cat %s/runs 2>/dev/null || echo 0); echo $((n+1)) > %s/runs; "
+             "if [ $n -lt 2 ]; then echo localhost:2; else echo localhost:3; fi",
+             kt_scratch(), kt_scratch());
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "2", "--max-np", "3", "--host-discovery-script", script,
+                                                     kt_self(), "--worker", "elastic_train", "5", "hold=3500", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (1 new, 0 removed)");
+    KT_CONTAINS(p.ebuf, "kolorun: the job finished in round 1, which worker 2 (started for round 2) never joined: "
+                        "stopping it");
+    KT_EQ(kt_count(p.obuf, "done:"), 2);
+    KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 2 round 1 step 5");
     kt_proc_free(&p);
 }
 

@@ -568,8 +568,8 @@ static void stop_stragglers(kr_job *j)
             kolo__free(v);
         }
         if (joined == el->finish_round) continue;
-        kr_say("worker %d (rank %d) had not joined round %d when the job finished: stopping it", r->id, r->rank,
-               el->finish_round);
+        kr_say("the job finished in round %d, which worker %d (started for round %d) never joined: stopping it",
+               el->finish_round, r->id, r->round);
         r->terminated = true;
         if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
             close(r->stdin_fd); /* its wrapper stops it */
