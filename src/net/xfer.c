@@ -11,6 +11,7 @@
 #include "transport.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -88,11 +89,29 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     }
 }
 
+/* A dead peer fails this rank's connection to it on every channel alike, often on two threads
+ * (a collective's and the engine's): the same message is logged once, not once per channel. */
+static bool first_telling(const char *msg)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char last[512];
+    static uint64_t at;
+    uint64_t now = kolo__now_ns();
+    pthread_mutex_lock(&mu);
+    bool again = strncmp(last, msg, sizeof(last) - 1) == 0 && now - at < 2000000000ull;
+    if (!again) {
+        snprintf(last, sizeof(last), "%s", msg);
+        at = now;
+    }
+    pthread_mutex_unlock(&mu);
+    return !again;
+}
+
 int kolo__conn_fail(kolo__conn *c, int status)
 {
     if (!c->error) {
         c->error = status;
-        KOLO_ERROR("%s", kolo__errmsg());
+        if (first_telling(kolo__errmsg())) KOLO_ERROR("%s", kolo__errmsg());
     }
     mesh_mark_failed(c->mesh, status);
     while (c->sendq) kolo__xfer_complete(&c->sendq, &c->sendq_tail, status);
