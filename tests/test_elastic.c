@@ -474,6 +474,26 @@ KT_TEST(kolorun_elastic_stops_a_worker_that_never_joined, 60)
     kt_proc_free(&p);
 }
 
+/* The discovery script stops listing the job's only host: no round can keep --min-np workers, so
+ * after --elastic-timeout the job ends, with no worker named as a failure. */
+KT_TEST(kolorun_elastic_ends_when_its_hosts_leave, 60)
+{
+    char script[700];
+    snprintf(script, sizeof(script),
+             "n=$(cat %s/runs 2>/dev/null || echo 0); echo $((n+1)) > %s/runs; if [ $n -lt 2 ]; then echo localhost:2; fi",
+             kt_scratch(), kt_scratch());
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "2", "--elastic-timeout", "1", "--host-discovery-script",
+                                                     script, kt_self(), "--worker", "elastic_train", "2000", NULL},
+                           50);
+    KT_ASSERTF(code == 1, "kolorun exited %d\n%s", code, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: 0 workers left, fewer than --min-np 2: waiting up to 1 s (--elastic-timeout) for hosts");
+    KT_CONTAINS(p.ebuf, "kolorun: no hosts came within 1 s (--elastic-timeout): ending the job");
+    KT_CONTAINS(p.ebuf, "kolorun: workers 0-1: terminated by kolorun because the elastic job could not go on");
+    KT_EQ(kt_count(p.ebuf, "first failure"), 0);
+    kt_proc_free(&p);
+}
+
 KT_TEST(kolorun_elastic_usage_errors, 30)
 {
     kt_proc p;

@@ -651,7 +651,8 @@ int kr_elastic_tick(kr_job *j, double now)
     }
     el->last_usable = usable;
     if (!el->reform || now < el->reform_at) return -1;
-    int fail_as = el->last_lost >= 0 ? el->last_lost : 0;
+    /* the last lost worker stands for the failure; with none lost (hosts left), no worker does */
+    int fail_as = el->last_lost >= 0 ? el->last_lost : KR_ELASTIC_END;
     if (o->reset_limit >= 0 && el->resets >= o->reset_limit) {
         kr_say("the job was re-formed %d time%s, the --reset-limit: ending it", el->resets, el->resets == 1 ? "" : "s");
         return fail_as;
@@ -668,7 +669,9 @@ int kr_elastic_tick(kr_job *j, double now)
         el->waiting = false;
         return -1;
     }
-    int members = count_members(j);
+    int members = 0; /* those on hosts still listed */
+    for (int i = 0; i < j->n; i++)
+        members += member(&j->ranks[i]) && o->hosts[j->ranks[i].host].present;
     if (!o->discovery) {
         kr_say("%d worker%s left, fewer than --min-np %d, and no usable slot to start more on: ending the job", members,
                members == 1 ? "" : "s", o->min_np);

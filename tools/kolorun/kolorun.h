@@ -146,7 +146,9 @@ int kr_elastic_setup(kr_job *j, int sigfd);
  * removed with its host, or a failure the job survives); false for the usual handling. */
 bool kr_elastic_on_exit(kr_job *j, int i);
 /* Discovery, cooldowns, pending re-formations. Returns the worker id to report as the job's
- * failure when the job cannot go on, else -1. */
+ * failure when the job cannot go on, KR_ELASTIC_END when it cannot go on without any worker
+ * having failed (hosts left), else -1. */
+#define KR_ELASTIC_END (-2)
 int kr_elastic_tick(kr_job *j, double now);
 /* When kr_elastic_tick wants to run next (absolute, kr_now()). */
 double kr_elastic_wake(const kr_job *j);

@@ -63,6 +63,7 @@ typedef struct {
     int root;                 /* rank of the root-cause failure, -1 none */
     int launch_code;
     bool start_timed_out;
+    bool elastic_end;         /* the elastic job could not go on (too few slots), no worker failed */
     /* stdin forwarding to rank 0 */
     bool stdin_on;
     char *sbuf;
@@ -311,6 +312,7 @@ static void summary(sup *s)
         char why[64];
         if (s->root >= 0) snprintf(why, sizeof(why), "after %s %d failed", s->unit, s->root);
         else if (s->got_signal) snprintf(why, sizeof(why), "because kolorun got %s", sig_name(s->got_signal));
+        else if (s->elastic_end) snprintf(why, sizeof(why), "because the elastic job could not go on");
         else snprintf(why, sizeof(why), "because the job could not start");
         kr_say("%s%s %s: terminated by kolorun %s (not a failure of %s)", s->unit, t == 1 ? "" : "s", list, why,
                t == 1 ? "its own" : "their own");
@@ -420,6 +422,10 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
                 ranks[fail_as].lost = false;
                 s.phase = SETTLING;
                 s.deadline = now;
+            } else if (fail_as == KR_ELASTIC_END) {
+                s.elastic_end = true;
+                s.launch_code = KR_EXIT_LAUNCH;
+                begin_terminate(&s, SIGTERM);
             }
             if (j->cap > pcap) {
                 pcap = j->cap;
