@@ -359,11 +359,16 @@ def test_parameter_without_gradient_on_some_ranks():
     params = list(trunk.named_parameters(prefix="trunk")) + list(branch.named_parameters(prefix="branch"))
     opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params)
     x = torch.ones(2, 4)
+    # This rank's own gradient, from copies the optimizer does not hook: between backward and
+    # synchronize p.grad is undefined (its allreduce may already have written the average in place,
+    # when the other ranks' zeros came first).
+    trunk_c, branch_c = copy.deepcopy(trunk), copy.deepcopy(branch)
+    branch_c(trunk_c(x)).sum().backward()
+    local = branch_c.weight.grad.clone() if r == 0 else torch.zeros(4, 4)
     out = trunk(x)
     if r == 0:
         out = branch(out)
     out.sum().backward()
-    local = branch.weight.grad.clone() if r == 0 else torch.zeros(4, 4)
     opt.synchronize()
     expect = hvd.allreduce(local, op=hvd.Sum) / n
     assert torch.allclose(branch.weight.grad, expect)
