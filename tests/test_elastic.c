@@ -215,6 +215,47 @@ KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
     waitpid(store, NULL, 0);
 }
 
+/* A round whose other member is alive but never arrives (no newer round replaces it) fails at
+ * KOLO_START_TIMEOUT, as outside elastic jobs: it is not waited out as a dead member's round. */
+KT_TEST(elastic_round_past_its_deadline_is_an_error, 30)
+{
+    driver d;
+    memset(&d, 0, sizeof(d));
+    KT_OK(kolo__secret_make(d.secret, sizeof(d.secret)));
+    snprintf(d.job, sizeof(d.job), "ktdl%d", (int)getpid());
+    pid_t store = kt_spawn_store(d.secret, &d.port);
+    KT_OK(kolo__store_connect(&d.c, "127.0.0.1", d.port, d.secret, strlen(d.secret), 10));
+    write_round(&d, 1, "added", (const char *const[]){"0 2", "1 2", NULL});
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    KT_ASSERT(pid >= 0);
+    if (pid == 0) {
+        char buf[64];
+        snprintf(buf, sizeof(buf), "127.0.0.1:%d", d.port);
+        setenv("KOLO_RENDEZVOUS", buf, 1);
+        setenv("KOLO_SECRET", d.secret, 1);
+        setenv("KOLO_JOB_ID", d.job, 1);
+        setenv("KOLO_RANK", "0", 1);
+        setenv("KOLO_SIZE", "2", 1);
+        setenv("KOLO_ELASTIC", "1", 1);
+        setenv("KOLO_ELASTIC_ID", "0", 1);
+        setenv("KOLO_ELASTIC_ROUND", "1", 1);
+        setenv("KOLO_START_TIMEOUT", "0.5", 1);
+        setenv("KOLO_ELASTIC_TIMEOUT", "20", 1);
+        double t0 = kt_now();
+        KT_STATUS(kolo_init(), KOLO_ERR_STARTUP);
+        KT_CONTAINS(kolo_last_error(), "never arrived at the rendezvous");
+        KT_ASSERTF(kt_now() - t0 < 5, "kolo_init took %.1f s", kt_now() - t0);
+        _exit(0);
+    }
+    int st = reap_ok(pid);
+    KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker ended with status 0x%x", st);
+    kolo__store_close(d.c);
+    kill(store, SIGKILL);
+    waitpid(store, NULL, 0);
+}
+
 /* A worker that never gets a place fails with a message naming the round, after
  * KOLO_ELASTIC_TIMEOUT; a malformed id is refused at once. */
 static void never_placed(int rank, void *arg)

@@ -130,10 +130,17 @@ void kolo__elastic_started(void)
         KOLO_WARN("worker %d could not tell kolorun it started round %d: %s", W.elastic_id, W.elastic_round, kolo__errmsg());
 }
 
+/* A round that could not start is waited out when a member died in it (kolorun forms the next
+ * one) or kolorun replaced it; not when its deadline passed with every member alive but not
+ * arriving (the old workers of a grown job not reaching a commit within KOLO_START_TIMEOUT):
+ * asking for another round then would make kolorun take the late ones for stuck. */
 bool kolo__elastic_retry(int st)
 {
-    return W.elastic && !join_failed && (st == KOLO_ERR_STARTUP || st == KOLO_ERR_PEER_LOST || st == KOLO_ERR_TIMEOUT ||
-                         st == KOLO_ERR_SHUT_DOWN);
+    if (!W.elastic || join_failed) return false;
+    int end = kolo__mesh_last_end();
+    if (end == KOLO__MESH_SUPERSEDED) return true;
+    if (end == KOLO__MESH_DEADLINE) return false;
+    return st == KOLO_ERR_STARTUP || st == KOLO_ERR_PEER_LOST || st == KOLO_ERR_TIMEOUT || st == KOLO_ERR_SHUT_DOWN;
 }
 
 void kolo__elastic_close(void)

@@ -96,6 +96,11 @@ typedef struct build {
 
 #define ABORT_CHECK_NS 200000000ull
 
+/* How the last kolo__mesh_build ended, for kolo_init's retry in elastic jobs. */
+static int last_end;
+
+int kolo__mesh_last_end(void) { return last_end; }
+
 /* An elastic job's round is superseded when kolorun has given this worker a place in the next
  * one (wi->abort_key exists): a member died or a host came while this round was starting, and
  * its missing ranks will never come. Looked up at most every ABORT_CHECK_NS. */
@@ -112,6 +117,7 @@ static int check_superseded(build *b)
         return KOLO_OK;
     }
     kolo__free(v);
+    last_end = KOLO__MESH_SUPERSEDED;
     return kolo__err(KOLO_ERR_STARTUP, "rank %d: kolorun formed a newer round of the elastic job while round %d was starting",
                      wi->rank, wi->epoch);
 }
@@ -529,8 +535,9 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
                         break;
                     }
             }
+            last_end = KOLO__MESH_DEADLINE;
             return kolo__err(KOLO_ERR_STARTUP,
-                             "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%.0f s): "
+                             "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%g s): "
                              "a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
                              wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
         }
@@ -680,8 +687,9 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
                 count++;
                 if (w < sizeof(missing) - 16) w += (size_t)snprintf(missing + w, sizeof(missing) - w, "%s%d", w ? ", " : "", q);
             }
+            last_end = KOLO__MESH_DEADLINE;
             return kolo__err(KOLO_ERR_STARTUP,
-                             "rank %d waited %.0f s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
+                             "rank %d waited %g s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
                              "rendezvous %s:%d: missing rank(s) %s",
                              wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), count, wi->rdv_host, wi->rdv_port,
                              missing);
@@ -721,6 +729,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
 {
     build b;
     memset(&b, 0, sizeof(b));
+    last_end = 0;
     b.wi = wi;
     b.meshes = meshes;
     b.store = store;

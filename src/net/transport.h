@@ -207,6 +207,11 @@ bool kolo__host_oversubscribed(size_t local_ranks);
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
+/* How the last build ended when it failed: superseded (an elastic round replaced while it
+ * started, wi->abort_key), past its deadline (ranks that never came or never connected), or 0. */
+#define KOLO__MESH_SUPERSEDED 1
+#define KOLO__MESH_DEADLINE 2
+int kolo__mesh_last_end(void);
 void kolo__mesh_destroy(kolo__mesh *m);
 /* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
  * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
