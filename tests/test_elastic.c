@@ -535,6 +535,34 @@ KT_TEST(kolorun_elastic_ends_when_its_hosts_leave, 60)
     kt_proc_free(&p);
 }
 
+/* --bind-to core: each worker binds by a slot of its host that no live worker holds; a failed
+ * host gets workers again after its cooldown, and the new one takes the dead one's core. */
+KT_TEST(kolorun_elastic_binds_by_free_slot_and_refills_after_cooldown, 60)
+{
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("  skipped: needs 2 CPUs\n");
+        return;
+    }
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "2", "--min-np", "1", "--bind-to", "core", "--report-bindings",
+                                                     "--blacklist-cooldown-range", "1", "1", kt_self(), "--worker",
+                                                     "elastic_train", "150", "die=1:10", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 0 on localhost: bound to cpus ");
+    const char *w1 = strstr(p.ebuf, "kolorun: worker 1 on localhost: bound to cpus ");
+    const char *w2 = strstr(p.ebuf, "kolorun: worker 2 on localhost: bound to cpus ");
+    KT_ASSERTF(w1 && w2, "no binding lines for workers 1 and 2:\n%s", p.ebuf);
+    /* the same cpu list: worker 2 took worker 1's slot */
+    size_t skip = strlen("kolorun: worker 1 on localhost: bound to cpus ");
+    KT_ASSERTF(strncmp(w1 + skip, w2 + skip, strcspn(w1 + skip, "\n")) == 0, "worker 2 not on worker 1's core:\n%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 1 worker (after losing worker 1; 0 new, 0 removed)");
+    KT_CONTAINS(p.ebuf, "kolorun: round 3: 2 workers (1 new, 0 removed)");
+    KT_CONTAINS(p.obuf, "done: worker 2 rank 1 size 2 round 3 step 150");
+    KT_EQ(kt_count(p.ebuf, "rank 0 on localhost: bound"), 0); /* no plan by ranks in elastic jobs */
+    kt_proc_free(&p);
+}
+
 KT_TEST(kolorun_elastic_usage_errors, 30)
 {
     kt_proc p;

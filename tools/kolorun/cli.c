@@ -476,7 +476,6 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
         if (!o->min_np) o->min_np = o->np ? o->np : 1;
         if (o->np && o->min_np > o->np) return kr_usage_error("--min-np %d is more than -np %d", o->min_np, o->np);
         if (o->max_np && o->np > o->max_np) return kr_usage_error("-np %d is more than --max-np %d", o->np, o->max_np);
-        if (o->bind_to != KR_BIND_NONE) return kr_usage_error("--bind-to is not supported in elastic jobs yet");
     }
     return -1;
 }

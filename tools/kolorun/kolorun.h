@@ -112,6 +112,7 @@ typedef struct kr_rank {
     bool removed;             /* its host left: its end is not a failure */
     bool lost;                /* failed, and the job went on without it */
     bool asking;              /* asks for a new round (elastic.c, check_asked) */
+    int slot;                 /* its slot on a local host, the local rank --bind-to binds by */
 
     cpu_set_t cpus;           /* binding (bind.c); valid when bound */
     bool bound;

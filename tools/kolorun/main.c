@@ -74,6 +74,23 @@ int kr_start_worker(kr_job *j, int i, int size)
     char rdv[128];
     snprintf(rdv, sizeof(rdv), "%s:%d", h->rdv_addr, j->port);
     if (r->round && kr_output_open_worker(o, r) != 0) return KR_EXIT_LAUNCH;
+    if (r->round && h->local && o->bind_to != KR_BIND_NONE) {
+        /* an elastic worker binds by its slot: the lowest that no live worker of this host holds,
+         * since the round's local ranks move while the workers stay where they are */
+        r->slot = 0;
+        for (bool taken = true; taken; r->slot += taken) {
+            taken = false;
+            for (int k = 0; k < j->n; k++)
+                if (k != i && j->ranks[k].running && j->ranks[k].host == r->host && j->ranks[k].slot == r->slot)
+                    taken = true;
+        }
+        int lr = r->local_rank;
+        r->local_rank = r->slot;
+        int code = kr_bind_plan(o, r, 1);
+        r->local_rank = lr;
+        if (code) return code;
+        if (o->report_bindings) kr_say("worker %d on %s: %s", r->id, h->name, r->bind_desc);
+    }
     char **env = kr_env_build(o, r, size, rdv, j->secret, j->job_id);
     if (!env) {
         kr_say("error: out of memory building rank %d's environment", r->rank);
@@ -185,9 +202,9 @@ int main(int argc, char **argv)
     if (code) goto out_free;
     job.exec_path = exec_path;
     job.ssh_path = ssh_path;
-    code = o.discovery ? 0 : kr_bind_plan(&o, ranks, o.np);
+    code = o.elastic ? 0 : kr_bind_plan(&o, ranks, o.np); /* elastic: each worker at its start */
     if (code) goto out_free;
-    if (o.report_bindings) report_bindings(&o, ranks);
+    if (o.report_bindings && !o.elastic) report_bindings(&o, ranks);
 
     /* Signals arrive through a signalfd in the poll loop. They are blocked before the store
      * server's thread exists, so that it inherits the mask and never takes one. */
