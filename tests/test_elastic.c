@@ -19,7 +19,25 @@ typedef struct driver {
     kolo__store *c;
     char job[64], secret[80];
     int port;
+    pid_t store;
 } driver;
+
+/* A store (in a child: the test forks workers) and a connection to it, as kolorun has. */
+static void driver_start(driver *d, const char *job)
+{
+    memset(d, 0, sizeof(*d));
+    KT_OK(kolo__secret_make(d->secret, sizeof(d->secret)));
+    snprintf(d->job, sizeof(d->job), "%s%d", job, (int)getpid());
+    d->store = kt_spawn_store(d->secret, &d->port);
+    KT_OK(kolo__store_connect(&d->c, "127.0.0.1", d->port, d->secret, strlen(d->secret), 10));
+}
+
+static void driver_stop(driver *d)
+{
+    kolo__store_close(d->c);
+    kill(d->store, SIGKILL);
+    waitpid(d->store, NULL, 0);
+}
 
 /* places: for each worker id, "rank size" or "removed"; NULL ends */
 static void write_round(driver *d, int g, const char *kind, const char *const *places)
@@ -181,11 +199,7 @@ static int reap_ok(pid_t pid)
 KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
 {
     driver d;
-    memset(&d, 0, sizeof(d));
-    KT_OK(kolo__secret_make(d.secret, sizeof(d.secret)));
-    snprintf(d.job, sizeof(d.job), "ktel%d", (int)getpid());
-    pid_t store = kt_spawn_store(d.secret, &d.port);
-    KT_OK(kolo__store_connect(&d.c, "127.0.0.1", d.port, d.secret, strlen(d.secret), 10));
+    driver_start(&d, "ktel");
 
     write_round(&d, 1, "added", (const char *const[]){"0 3", "1 3", "2 3", NULL});
     pid_t w[4];
@@ -210,9 +224,7 @@ KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
         st = reap_ok(w[id]);
         KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker %d ended with status 0x%x", id, st);
     }
-    kolo__store_close(d.c);
-    kill(store, SIGKILL);
-    waitpid(store, NULL, 0);
+    driver_stop(&d);
 }
 
 /* A round whose other member is alive but never arrives (no newer round replaces it) fails at
@@ -220,11 +232,7 @@ KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
 KT_TEST(elastic_round_past_its_deadline_is_an_error, 30)
 {
     driver d;
-    memset(&d, 0, sizeof(d));
-    KT_OK(kolo__secret_make(d.secret, sizeof(d.secret)));
-    snprintf(d.job, sizeof(d.job), "ktdl%d", (int)getpid());
-    pid_t store = kt_spawn_store(d.secret, &d.port);
-    KT_OK(kolo__store_connect(&d.c, "127.0.0.1", d.port, d.secret, strlen(d.secret), 10));
+    driver_start(&d, "ktdl");
     write_round(&d, 1, "added", (const char *const[]){"0 2", "1 2", NULL});
     fflush(stdout);
     fflush(stderr);
@@ -251,9 +259,7 @@ KT_TEST(elastic_round_past_its_deadline_is_an_error, 30)
     }
     int st = reap_ok(pid);
     KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker ended with status 0x%x", st);
-    kolo__store_close(d.c);
-    kill(store, SIGKILL);
-    waitpid(store, NULL, 0);
+    driver_stop(&d);
 }
 
 /* A worker that never gets a place fails with a message naming the round, after
@@ -581,5 +587,12 @@ KT_TEST(kolorun_elastic_usage_errors, 30)
                       20),
           1);
     KT_CONTAINS(p.ebuf, "found 1 slot, fewer than --min-np 2, within 1.5 s (--elastic-timeout)");
+    kt_proc_free(&p);
+    /* a line that is no host name (an ssh option, say) is refused as -H would refuse it */
+    KT_EQ(run_kolorun(&p, (const char *const[]){"--min-np", "1", "--elastic-timeout", "0.5", "--host-discovery-script",
+                                               "echo -oProxyCommand=x:1", "true", NULL},
+                      20),
+          1);
+    KT_CONTAINS(p.ebuf, "host discovery script failed: it printed '-oProxyCommand=x:1', not 'host' or 'host:slots'");
     kt_proc_free(&p);
 }

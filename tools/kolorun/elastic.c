@@ -181,10 +181,11 @@ static bool discover(kr_job *j)
         char name[KR_HOST_MAX], extra;
         int slots = j->o->slots_per_host;
         char *colon = strrchr(line, ':');
-        int got = colon && !strchr(line, ']') ? sscanf(line, " %255[^: \t] : %d %c", name, &slots, &extra)
-                                              : sscanf(line, " %255s %c", name, &extra);
+        int got = colon ? sscanf(line, " %255[^: \t] : %d %c", name, &slots, &extra)
+                        : sscanf(line, " %255s %c", name, &extra);
         if (got <= 0) continue; /* blank */
-        if ((colon && got != 2) || (!colon && got != 1) || slots < 1 || slots > (1 << 20)) {
+        if ((colon && got != 2) || (!colon && got != 1) || slots < 1 || slots > (1 << 20) ||
+            !kr_valid_host_name(name, strlen(name))) {
             snprintf(why, sizeof(why), "it printed '%.60s', not 'host' or 'host:slots'", line);
             break;
         }
@@ -223,6 +224,61 @@ static bool discover(kr_job *j)
 
 /* ---- rounds ---- */
 
+/* A worker's number under <job>/elastic/<what>/<id> (src/core/elastic.c: "joined", the round it
+ * started last; "waiting", the round it asks for), or `absent`. */
+static int worker_value(kr_job *j, const char *what, const kr_rank *r, int absent)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%s/elastic/%s/%d", j->job_id, what, r->id);
+    void *v = NULL;
+    size_t len = 0;
+    if (kolo__store_get(j->el->store, key, &v, &len, 0) != 0) return absent;
+    int g = atoi(v);
+    kolo__free(v);
+    return g;
+}
+
+/* Ends a running worker outside any failure of its own: a local one's process group gets sig; a
+ * started remote one's connection is closed, and its wrapper stops it (SIGTERM, then SIGKILL
+ * after the grace period), as supervise.c does. */
+static void stop_worker(kr_job *j, kr_rank *r, int sig)
+{
+    if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
+        close(r->stdin_fd);
+        r->stdin_fd = -1;
+    } else {
+        kill(-r->pid, sig);
+    }
+}
+
+/* Counts worker i as lost: its host gets no new workers (for good, or for a cooldown), and the
+ * next round goes on without it. */
+static void lose(kr_job *j, int i, double now)
+{
+    kr_elastic *el = j->el;
+    kr_opts *o = j->o;
+    kr_rank *r = &j->ranks[i];
+    kr_host *h = &o->hosts[r->host];
+    h->failures++;
+    if (o->cooldown_min > 0) {
+        double d = o->cooldown_min * pow(2.0, h->failures - 1);
+        h->blocked_until = now + (d < o->cooldown_max ? d : o->cooldown_max);
+    } else {
+        h->blocked_until = INFINITY;
+    }
+    r->lost = true;
+    el->lost++;
+    el->last_lost = i;
+    size_t ln = strlen(el->lost_now);
+    if (ln < sizeof(el->lost_now) - 12)
+        snprintf(el->lost_now + ln, sizeof(el->lost_now) - ln, "%s%d", ln ? ", " : "", r->id);
+    if (!el->reform) {
+        el->reform = true;
+        el->reform_at = now + SETTLE_S;
+    }
+}
+
+
 static int put(kr_job *j, const char *key_fmt_arg, int g, const char *val)
 {
     char key[200];
@@ -230,13 +286,16 @@ static int put(kr_job *j, const char *key_fmt_arg, int g, const char *val)
     return kolo__store_set(j->el->store, key, val, strlen(val));
 }
 
-static int *g_hkey; /* host order of the round being formed (sort callback) */
-static kr_rank *g_ranks;
+typedef struct {
+    const kr_rank *ranks;
+    const int *hkey; /* each host's oldest member: the hosts' order */
+} order_ctx;
 
-static int by_host_then_age(const void *a, const void *b)
+static int by_host_then_age(const void *a, const void *b, void *arg)
 {
-    const kr_rank *x = &g_ranks[*(const int *)a], *y = &g_ranks[*(const int *)b];
-    if (g_hkey[x->host] != g_hkey[y->host]) return g_hkey[x->host] < g_hkey[y->host] ? -1 : 1;
+    const order_ctx *c = arg;
+    const kr_rank *x = &c->ranks[*(const int *)a], *y = &c->ranks[*(const int *)b];
+    if (c->hkey[x->host] != c->hkey[y->host]) return c->hkey[x->host] < c->hkey[y->host] ? -1 : 1;
     if (x->host != y->host) return x->host < y->host ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
@@ -303,24 +362,22 @@ static int form_round(kr_job *j, int want, const char *why)
     /* order: hosts by their oldest member, then each host's workers by age */
     int size = members + adding;
     int *order = calloc((size_t)size + 1, sizeof(int));
-    int m = 0;
-    for (int h = 0; h < nh; h++) hkey[h] = INT_MAX;
-    for (int i = 0; i < j->n && order; i++) {
-        kr_rank *r = &j->ranks[i];
-        bool is_new = i >= first_new;
-        if (!is_new && (!member(r) || !o->hosts[r->host].present)) continue;
-        order[m++] = i;
-        if (i < hkey[r->host]) hkey[r->host] = i;
-    }
     if (!order) {
         free(on_host);
         free(hkey);
         free(add_on);
         return -1;
     }
-    g_hkey = hkey;
-    g_ranks = j->ranks;
-    qsort(order, (size_t)m, sizeof(int), by_host_then_age);
+    int m = 0;
+    for (int h = 0; h < nh; h++) hkey[h] = INT_MAX;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (i < first_new && (!member(r) || !o->hosts[r->host].present)) continue;
+        order[m++] = i;
+        if (i < hkey[r->host]) hkey[r->host] = i;
+    }
+    order_ctx oc = {j->ranks, hkey};
+    qsort_r(order, (size_t)m, sizeof(int), by_host_then_age, &oc);
     /* local ranks, then cross ranks (Horovod's rule: among the hosts with that local rank) */
     for (int k = 0; k < m; k++) {
         kr_rank *r = &j->ranks[order[k]];
@@ -376,14 +433,7 @@ static int form_round(kr_job *j, int want, const char *why)
                adding, ", ", removing);
     /* start the new ones */
     for (int i = first_new; i < j->n && !st; i++) {
-        if (kr_start_worker(j, i, size) != 0) {
-            /* counted as lost: the next round goes on without it */
-            j->ranks[i].lost = true;
-            el->lost++;
-            el->last_lost = i;
-            el->reform = true;
-            el->reform_at = now + SETTLE_S;
-        }
+        if (kr_start_worker(j, i, size) != 0) lose(j, i, now); /* the next round goes on without it */
     }
     free(order);
     free(on_host);
@@ -461,48 +511,6 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     return 0;
 }
 
-/* Counts worker i as lost: its host gets no new workers (for good, or for a cooldown), and the
- * next round goes on without it. */
-static void lose(kr_job *j, int i, double now)
-{
-    kr_elastic *el = j->el;
-    kr_opts *o = j->o;
-    kr_rank *r = &j->ranks[i];
-    kr_host *h = &o->hosts[r->host];
-    h->failures++;
-    if (o->cooldown_min > 0) {
-        double d = o->cooldown_min * pow(2.0, h->failures - 1);
-        h->blocked_until = now + (d < o->cooldown_max ? d : o->cooldown_max);
-    } else {
-        h->blocked_until = INFINITY;
-    }
-    r->lost = true;
-    el->lost++;
-    el->last_lost = i;
-    size_t ln = strlen(el->lost_now);
-    if (ln < sizeof(el->lost_now) - 12)
-        snprintf(el->lost_now + ln, sizeof(el->lost_now) - ln, "%s%d", ln ? ", " : "", r->id);
-    if (!el->reform) {
-        el->reform = true;
-        el->reform_at = now + SETTLE_S;
-    }
-}
-
-/* The round each worker asks for (src/core/elastic.c): 0 when it asks for none. */
-static int asks_for(kr_job *j, const kr_rank *r)
-{
-    char key[160];
-    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", j->job_id, r->id);
-    void *v = NULL;
-    size_t len = 0;
-    int g = 0;
-    if (kolo__store_get(j->el->store, key, &v, &len, 0) == 0) {
-        g = atoi(v);
-        kolo__free(v);
-    }
-    return g;
-}
-
 /* Workers ask for a new round when a collective failed on them. All of them asking (an error
  * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
  * asking while the others keep quiet for STUCK_GRACE_S means the others stopped answering
@@ -516,7 +524,7 @@ static void check_asked(kr_job *j, double now)
         kr_rank *r = &j->ranks[i];
         if (!member(r)) continue;
         members++;
-        r->asking = asks_for(j, r) == want;
+        r->asking = worker_value(j, "waiting", r, 0) == want;
         asking += r->asking;
     }
     if (asking == 0) {
@@ -540,12 +548,7 @@ static void check_asked(kr_job *j, double now)
                "%g s ago; killing it, the job goes on without it", r->id, r->rank, j->o->hosts[r->host].name, asking,
                asking == 1 ? "" : "s", STUCK_GRACE_S);
         r->removed = true; /* its end is not news any more */
-        if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
-            close(r->stdin_fd); /* its wrapper kills it */
-            r->stdin_fd = -1;
-        } else {
-            kill(-r->pid, SIGKILL);
-        }
+        stop_worker(j, r, SIGKILL);
         lose(j, i, now);
     }
 }
@@ -558,25 +561,11 @@ static void stop_stragglers(kr_job *j)
     for (int i = 0; i < j->n; i++) {
         kr_rank *r = &j->ranks[i];
         if (!member(r)) continue;
-        char key[160];
-        snprintf(key, sizeof(key), "%s/elastic/joined/%d", j->job_id, r->id);
-        void *v = NULL;
-        size_t len = 0;
-        int joined = 0;
-        if (kolo__store_get(el->store, key, &v, &len, 0) == 0) {
-            joined = atoi(v);
-            kolo__free(v);
-        }
-        if (joined == el->finish_round) continue;
+        if (worker_value(j, "joined", r, 0) == el->finish_round) continue;
         kr_say("the job finished in round %d, which worker %d (started for round %d) never joined: stopping it",
                el->finish_round, r->id, r->round);
         r->terminated = true;
-        if (!j->o->hosts[r->host].local && r->started && r->stdin_fd >= 0) {
-            close(r->stdin_fd); /* its wrapper stops it */
-            r->stdin_fd = -1;
-        } else {
-            kill(-r->pid, SIGTERM);
-        }
+        stop_worker(j, r, SIGTERM);
     }
 }
 
@@ -596,15 +585,7 @@ bool kr_elastic_on_exit(kr_job *j, int i)
         if (!el->finishing) {
             el->finishing = true;
             el->reform = false;
-            char key[160];
-            snprintf(key, sizeof(key), "%s/elastic/joined/%d", j->job_id, r->id);
-            void *v = NULL;
-            size_t len = 0;
-            el->finish_round = el->round;
-            if (kolo__store_get(el->store, key, &v, &len, 0) == 0) {
-                el->finish_round = atoi(v);
-                kolo__free(v);
-            }
+            el->finish_round = worker_value(j, "joined", r, el->round);
             el->straggler_check = kr_now() + STRAGGLER_GRACE_S;
         }
         return false;

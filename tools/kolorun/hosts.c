@@ -99,9 +99,9 @@ bool kr_route_source(const char *host, char *out, size_t cap)
     return ok;
 }
 
-static bool valid_host_name(const char *s, size_t n)
+bool kr_valid_host_name(const char *s, size_t n)
 {
-    if (n == 0 || n >= KR_HOST_MAX) return false;
+    if (n == 0 || n >= KR_HOST_MAX || s[0] == '-') return false; /* a leading - would be an ssh option */
     for (size_t i = 0; i < n; i++)
         if (!(isalnum((unsigned char)s[i]) || s[i] == '.' || s[i] == '-' || s[i] == '_')) return false;
     return true;
@@ -147,7 +147,7 @@ static int parse_hosts_arg(kr_opts *o, const char *arg)
         long slots = 1;
         char where[64];
         snprintf(where, sizeof(where), "-H item %d", item);
-        if (!valid_host_name(p, hl))
+        if (!kr_valid_host_name(p, hl))
             return kr_usage_error("-H '%s': item %d '%.*s' is not host:slots (e.g. node1:4,node2:4)", arg, item,
                                   (int)n, p);
         if (colon && !parse_slots(colon + 1, n - hl - 1, &slots))
@@ -207,7 +207,7 @@ static int parse_hostfile(kr_opts *o, const char *path)
                 break;
             }
         }
-        if (!valid_host_name(s, hl)) {
+        if (!kr_valid_host_name(s, hl)) {
             r = kr_usage_error("%s: '%.*s' is not a host name", where, (int)hl, s);
             break;
         }

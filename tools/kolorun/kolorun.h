@@ -177,6 +177,8 @@ bool kr_host_is_local(const char *name);
 /* Writes into out the local address a packet to `host` would leave from ("127.0.0.1" for
  * local hosts). Returns false when the host cannot be resolved or routed. */
 bool kr_route_source(const char *host, char *out, size_t cap);
+/* A host name kolorun accepts (-H, hostfile, discovery): letters, digits, '.', '-', '_'. */
+bool kr_valid_host_name(const char *s, size_t n);
 /* This machine's host name. */
 const char *kr_hostname(void);
 

@@ -503,7 +503,10 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
         if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
-        if (j->el && s.phase == RUNNING && kr_elastic_wake(j) < wake) wake = kr_elastic_wake(j);
+        if (j->el && s.phase == RUNNING) {
+            double ew = kr_elastic_wake(j);
+            if (ew < wake) wake = ew;
+        }
         int timeout_ms = (int)((wake - now) * 1000.0) + 1;
         if (timeout_ms < 0) timeout_ms = 0;
         int pr = poll(pfd, (nfds_t)np, timeout_ms);
