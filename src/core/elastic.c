@@ -53,19 +53,7 @@ static int latest_round(int *g)
     return KOLO_OK;
 }
 
-/* the last join failed: its error is final, not a round to wait out */
-static bool join_failed;
-
-static int join(void);
-
 int kolo__elastic_join(void)
-{
-    int st = join();
-    join_failed = st != KOLO_OK;
-    return st;
-}
-
-static int join(void)
 {
     const char *id = getenv("KOLO_ELASTIC_ID");
     char *end = NULL;
@@ -136,7 +124,8 @@ void kolo__elastic_started(void)
  * asking for another round then would make kolorun take the late ones for stuck. */
 bool kolo__elastic_retry(int st)
 {
-    if (!W.elastic || join_failed) return false;
+    /* W.info.epoch is set by a join that succeeded: a failed join's error is final */
+    if (!W.elastic || W.info.epoch == 0) return false;
     int end = kolo__mesh_last_end();
     if (end == KOLO__MESH_SUPERSEDED) return true;
     if (end == KOLO__MESH_DEADLINE) return false;
