@@ -418,6 +418,18 @@ typedef struct kolo_engine_stats {
 } kolo_engine_stats_t;
 KOLO_EXTERN int kolo_engine_stats(kolo_engine_stats_t *out);
 
+/* The engine's fusion threshold and cycle time in use, and the autotuner's progress
+ * (KOLO_AUTOTUNE=1: rank 0 tries values while the job runs and keeps the best; every rank applies
+ * rank 0's values in the same cycle, so every rank reports the same). */
+enum { KOLO_AUTOTUNE_OFF = 0, KOLO_AUTOTUNE_TUNING = 1, KOLO_AUTOTUNE_DONE = 2 };
+typedef struct kolo_engine_params {
+    double cycle_time_ms;
+    size_t fusion_threshold;  /* bytes; 0: no fusion */
+    int autotune;             /* KOLO_AUTOTUNE_* */
+    int samples;              /* configurations the autotuner has scored */
+} kolo_engine_params_t;
+KOLO_EXTERN int kolo_engine_params(kolo_engine_params_t *out);
+
 /* ---- Testing hooks ------------------------------------------------------------
  * For tests that prove failure paths: make the Nth allocation (counting from
  * 1 at this call) or the Nth transport send made BY THE CALLING THREAD fail

@@ -150,6 +150,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--tag-output=loud", "sh", "-c", worker, NULL}, "none|rank"},
         {{"-np", "1", "--fusion-threshold-mb", "-1", "sh", "-c", worker, NULL}, "--fusion-threshold-mb"},
         {{"-np", "1", "--log-level", "chatty", "sh", "-c", worker, NULL}, "--log-level"},
+        {{"-np", "1", "--autotune-bayes-opt-max-samples", "65", "sh", "-c", worker, NULL}, "1..64"},
+        {{"-np", "1", "--autotune-steps-per-sample", "0", "sh", "-c", worker, NULL}, "--autotune-steps-per-sample"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
     };
@@ -220,7 +222,8 @@ static const char print_env[] =
     "HOROVOD_CROSS_RANK HOROVOD_CROSS_SIZE HOROVOD_HOSTNAME RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK "
     "KOLO_FUSION_THRESHOLD KOLO_CYCLE_TIME KOLO_CACHE_CAPACITY KOLO_TIMELINE KOLO_TIMELINE_MARK_CYCLES "
     "KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_STALL_SHUTDOWN_TIME KOLO_LOG_LEVEL KOLO_IFACE "
-    "KOLO_START_TIMEOUT KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
+    "KOLO_START_TIMEOUT KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG KOLO_AUTOTUNE_WARMUP_SAMPLES KOLO_AUTOTUNE_STEPS_PER_SAMPLE "
+    "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
     "eval \"[ -n \\\"\\${$v+x}\\\" ] && echo $v=\\$$v\"; done; true; ";
 
 KT_TEST(kolorun_worker_environment, 20)
@@ -239,7 +242,9 @@ KT_TEST(kolorun_worker_environment, 20)
                           "--timeline-filename", "/tmp/kt-tl.json", "--timeline-mark-cycles", "--no-stall-check",
                           "--stall-check-warning-time-seconds", "9", "--stall-check-shutdown-time-seconds", "11",
                           "--log-level", "DEBUG", "--network-interface", "lo", "--start-timeout", "12",
-                          "sh", "-c", script, NULL};
+                          "--autotune", "--autotune-log-file", "/tmp/kt-at.csv", "--autotune-warmup-samples", "0",
+                          "--autotune-steps-per-sample", "4", "--autotune-bayes-opt-max-samples", "9",
+                          "--autotune-gaussian-process-noise", "0.5", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "<stdout>:ready", 3, 10);
@@ -291,6 +296,12 @@ KT_TEST(kolorun_worker_environment, 20)
         expect_var(p.obuf, r, "KOLO_LOG_LEVEL", "debug");
         expect_var(p.obuf, r, "KOLO_IFACE", "lo");
         expect_var(p.obuf, r, "KOLO_START_TIMEOUT", "12");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE", "1");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE_LOG", "/tmp/kt-at.csv");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE_WARMUP_SAMPLES", "0");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE_STEPS_PER_SAMPLE", "4");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "9");
+        expect_var(p.obuf, r, "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.5");
         expect_var(p.obuf, r, "KT_PASSED", "from-user-env");
         expect_var(p.obuf, r, "KT_X1", "one=1");
         expect_var(p.obuf, r, "KT_X2", "from-x-without-value");

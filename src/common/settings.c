@@ -83,6 +83,23 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_ELASTIC_TIMEOUT] = {"KOLO_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "600",
                                   "elastic jobs: seconds a worker waits for kolorun to form the next round, and "
                                   "(kolorun --elastic-timeout) kolorun waits for --min-np slots"},
+    [KOLO_SET_AUTOTUNE] = {"KOLO_AUTOTUNE", "HOROVOD_AUTOTUNE", "0",
+                           "1: rank 0 tunes the fusion threshold and the cycle time while the job runs (those not "
+                           "set by the user), scoring each by the engine's bytes per second over a few steps, "
+                           "and keeps the best (docs/engine.md, Autotune)"},
+    [KOLO_SET_AUTOTUNE_LOG] = {"KOLO_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "",
+                               "CSV file rank 0 writes with every autotune sample and the chosen values"},
+    [KOLO_SET_AUTOTUNE_WARMUP_SAMPLES] = {"KOLO_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "3",
+                                          "autotune: samples at the start values not scored"},
+    [KOLO_SET_AUTOTUNE_STEPS_PER_SAMPLE] = {"KOLO_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+                                            "10", "autotune: training steps (a tensor name's repeats) per sample"},
+    [KOLO_SET_AUTOTUNE_BAYES_OPT_MAX_SAMPLES] = {"KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                                                 "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
+                                                 "autotune: configurations scored before the best is kept (1-64)"},
+    [KOLO_SET_AUTOTUNE_GAUSSIAN_PROCESS_NOISE] = {"KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                                                  "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8",
+                                                  "autotune: the Gaussian process's noise, as a share of the "
+                                                  "scores' variance (more: trusts single samples less)"},
 };
 
 const kolo__setting_info *kolo__setting_table(size_t *n)

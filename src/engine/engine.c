@@ -287,6 +287,10 @@ static int cycle(kolo_request_t *q)
      * from each rank's own start would keep the first rank to arrive waiting for the last one
      * at every exchange. */
     E.t_last = t2;
+    if (E.autotune) {
+        const kolo__fixed_hdr *h0 = kolo__fixed_of(s0, 0);
+        kolo__tune_apply(h0->tune_fusion, h0->tune_cycle_us, h0->tune_state);
+    }
     /* the control fields every rank reads the same */
     uint64_t agreed[KOLO_MAX_PSETS / 64];
     memset(agreed, 0xff, sizeof(agreed));
@@ -326,6 +330,7 @@ static int cycle(kolo_request_t *q)
         worked |= s->nresp > 0;
     }
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
+    if (E.autotune) kolo__tune_after_cycle();
     E.local_pending = count_pending();
     E.idle_cycles = busy || E.local_pending ? 0 : E.idle_cycles + 1;
     E.used |= busy;
@@ -434,11 +439,12 @@ static void timeline_path(const char *path, int rank, char *out, size_t cap)
 }
 
 /* Every rank adopts rank 0's cache capacity and fusion threshold: the bits and the fusion
- * buckets must mean the same on every rank. */
+ * buckets must mean the same on every rank. And rank 0's KOLO_AUTOTUNE: with it, every rank
+ * applies rank 0's values each cycle (autotune.c). */
 static int agree_settings(void)
 {
-    uint64_t mine[2] = {(uint64_t)E.capacity, (uint64_t)E.fusion};
-    uint64_t *all = kolo__calloc((size_t)E.size * 2, sizeof(uint64_t));
+    uint64_t mine[3] = {(uint64_t)E.capacity, (uint64_t)E.fusion, (uint64_t)E.autotune};
+    uint64_t *all = kolo__calloc((size_t)E.size * 3, sizeof(uint64_t));
     size_t *counts = kolo__calloc((size_t)E.size, sizeof(size_t));
     int st = (all && counts) ? KOLO_OK : kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the engine's start");
     for (int r = 0; r < E.size && !st; r++) counts[r] = sizeof(mine);
@@ -454,8 +460,12 @@ static int agree_settings(void)
                       "%llu and %llu and follows rank 0",
                       (unsigned long long)all[0], (unsigned long long)all[1], (unsigned long long)mine[0],
                       (unsigned long long)mine[1]);
+        if (all[2] != mine[2])
+            KOLO_WARN("engine: rank 0 has KOLO_AUTOTUNE=%d and this rank %d; every rank follows rank 0",
+                      (int)all[2], (int)mine[2]);
         E.capacity = (int)all[0];
         E.fusion = (size_t)all[1];
+        E.autotune = (int)all[2];
     }
     kolo__free(all);
     kolo__free(counts);
@@ -496,6 +506,7 @@ int kolo__engine_start(void)
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
     E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
     E.stall_shutdown = kolo__setting_double(KOLO_SET_STALL_SHUTDOWN_TIME);
+    E.autotune = E.size > 1 && kolo__setting_long(KOLO_SET_AUTOTUNE) > 0;
     E.world_busy = 0;
     E.idle_cycles = 0;
     E.used = 0;
@@ -506,6 +517,7 @@ int kolo__engine_start(void)
     int st = kolo__hmap_init(&E.inflight, 256);
     if (st) return st;
     if (E.size > 1 && (st = agree_settings())) goto err_map;
+    kolo__tune_start();
     E.sets[0] = kolo__pset_new(0, W.psets[0], W.psets[0]->rank, E.capacity);
     if (!E.sets[0]) {
         st = KOLO_ERR_NO_MEMORY;
@@ -554,6 +566,7 @@ err_cond:
     pthread_cond_destroy(&E.wake);
     free_state();
 err_map:
+    kolo__tune_stop();
     kolo__hmap_free(&E.inflight);
     return st;
 }
@@ -585,6 +598,7 @@ void kolo__engine_stop(void)
     }
     fail_everything(KOLO_ERR_SHUT_DOWN, "kolo_shutdown was called while this request was pending");
     kolo__trace_stop();
+    kolo__tune_stop();
     free_state();
     pthread_mutex_lock(&E.lock);
     kolo__hmap_free(&E.inflight);

@@ -213,6 +213,10 @@ enum { KOLO__F_JOINED = 1, KOLO__F_LEAVING = 2, KOLO__F_BUSY = 4 };
 typedef struct kolo__fixed_hdr {
     uint32_t flags;
     uint32_t varlen;
+    /* world, with KOLO_AUTOTUNE: rank 0's engine values, which every rank applies (autotune.c) */
+    uint64_t tune_fusion;
+    uint32_t tune_cycle_us;
+    uint32_t tune_state; /* kolo__tune_word() */
     uint64_t present[KOLO_MAX_PSETS / 64];
 } kolo__fixed_hdr;
 
@@ -247,6 +251,8 @@ typedef struct kolo__engine {
     int capacity;           /* agreed at start (rank 0's) */
     double stall_check, stall_shutdown;
     int stall_disable;
+    int autotune;           /* agreed at start (rank 0's KOLO_AUTOTUNE) */
+    int tune_state, tune_samples; /* KOLO_AUTOTUNE_*, configurations scored (rank 0's) */
     int world_busy;         /* last world step: some rank had work */
     int idle_cycles;
     int used;               /* some rank has had requests since start */
@@ -270,6 +276,9 @@ typedef struct kolo__engine {
     int local_pending;      /* requests this rank holds in any set (or waiting for one) */
 
     kolo__stats_atomic st;
+    /* kolo_engine_params: the values in use, for user threads */
+    _Atomic uint64_t pub_fusion, pub_cycle_ns;
+    _Atomic uint32_t pub_state;
 } kolo__engine;
 
 extern kolo__engine kolo__E;
@@ -308,6 +317,32 @@ static inline const kolo__fixed_hdr *kolo__fixed_of(const kolo__pset_state *s, i
  * error is a job error (the mesh is failed). */
 int kolo__execute(kolo__pset_state *s);
 void kolo__execute_free(void);
+
+/* autotune.c: Bayesian optimisation of a score over [0, 1]^dim (dim 1 or 2), and the tuner */
+#define KOLO__BO_MAX 64
+typedef struct kolo__bo {
+    int dim, n;
+    double noise;             /* added to the diagonal, in units of the scores' variance */
+    double x[KOLO__BO_MAX][2];
+    double y[KOLO__BO_MAX];
+    uint64_t rng;
+} kolo__bo;
+void kolo__bo_init(kolo__bo *b, int dim, double noise, uint64_t seed);
+int kolo__bo_add(kolo__bo *b, const double *x, double y);
+/* The next point to sample: the candidate of most expected improvement. */
+void kolo__bo_next(kolo__bo *b, double *x);
+/* The sample with the best posterior mean, or -1 with none. */
+int kolo__bo_best(const kolo__bo *b);
+/* After the engine's settings are agreed: rank 0 sets up tuning (E.autotune). */
+void kolo__tune_start(void);
+void kolo__tune_stop(void);
+/* Rank 0, tuning: a response this rank executed successfully. */
+void kolo__tune_observe(int pset, const kolo__resp *rp);
+/* Rank 0, tuning: after each cycle, moves to the next configuration when a sample ended. */
+void kolo__tune_after_cycle(void);
+/* Every rank, E.autotune: the values of rank 0's world header, applied in the same cycle. */
+void kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state);
+uint32_t kolo__tune_word(void);
 
 /* engine.c: a job error found on the engine thread */
 void kolo__engine_fail_mesh(int status);

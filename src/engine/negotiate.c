@@ -5,7 +5,8 @@
  *
  *   1. Each member builds a blob. Its fixed part (the same size on every member) holds flags
  *      (joined; for the world set also "leaving" and "busy"), the length of its variable part,
- *      the process sets it sees (world set only), and one bit per response-cache slot: set when
+ *      the process sets it sees and its fusion threshold and cycle time (world set only; with
+ *      KOLO_AUTOTUNE every rank applies rank 0's), and one bit per response-cache slot: set when
  *      this member has a pending request that matches the cached response of that slot. Its
  *      variable part holds a full description (kind, dtype, shape, op, root, scale factors,
  *      device, name; alltoall: splits) of each request that is not cached, and, from the
@@ -401,7 +402,12 @@ int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *p
     memset(&h, 0, sizeof(h));
     h.flags = flags | (s->join_req ? KOLO__F_JOINED : 0u);
     h.varlen = (uint32_t)s->var_len;
-    if (present) memcpy(h.present, present, sizeof(h.present));
+    if (present) {
+        memcpy(h.present, present, sizeof(h.present));
+        h.tune_fusion = E.fusion;
+        h.tune_cycle_us = (uint32_t)(E.cycle_s * 1e6 + 0.5);
+        h.tune_state = kolo__tune_word();
+    }
     memcpy(s->fix_mine, &h, sizeof(h));
     return KOLO_OK;
 }

@@ -56,6 +56,12 @@ static const char usage_text[] =
     "  --stall-check-shutdown-time-seconds S  KOLO_STALL_SHUTDOWN_TIME\n"
     "  --log-level LEVEL             KOLO_LOG_LEVEL: trace, debug, info, warning, error, none\n"
     "  --network-interface(s) IFS    KOLO_IFACE, e.g. eth0 or eth0,eth1\n"
+    "  --autotune                    KOLO_AUTOTUNE=1: tune fusion and cycle time while the job runs\n"
+    "  --autotune-log-file FILE      KOLO_AUTOTUNE_LOG (CSV of the samples)\n"
+    "  --autotune-warmup-samples N   KOLO_AUTOTUNE_WARMUP_SAMPLES (3)\n"
+    "  --autotune-steps-per-sample N KOLO_AUTOTUNE_STEPS_PER_SAMPLE (10)\n"
+    "  --autotune-bayes-opt-max-samples N     KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES (20)\n"
+    "  --autotune-gaussian-process-noise X    KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (0.8)\n"
     "Information\n"
     "  -h, --help                    this text\n"
     "  -v, --version                 the version\n"
@@ -188,10 +194,10 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
-    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_HELP, O_VERSION,
+    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_HELP, O_VERSION,
     O_HELP_ENV, O_CHECK_BUILD, O_VERBOSE, O_COUNT
 } opt_id;
 
@@ -227,10 +233,16 @@ static const struct {
     {O_ELASTIC_TIMEOUT, "--elastic-timeout"},
     {O_RESET_LIMIT, "--reset-limit"},
     {O_COOLDOWN, "--blacklist-cooldown-range"},
+    {O_AT_LOG, "--autotune-log-file"},
+    {O_AT_WARMUP, "--autotune-warmup-samples"},
+    {O_AT_STEPS, "--autotune-steps-per-sample"},
+    {O_AT_MAX, "--autotune-bayes-opt-max-samples"},
+    {O_AT_NOISE, "--autotune-gaussian-process-noise"},
     {O_PREFIX_TS, "--prefix-timestamp -prefix-timestamp --prefix-output-with-timestamp"},
     {O_REPORT_BINDINGS, "--report-bindings"},
     {O_MARK_CYCLES, "--timeline-mark-cycles"},
     {O_NO_STALL, "--no-stall-check"},
+    {O_AUTOTUNE, "--autotune"},
     {O_HELP, "-h --help"},
     {O_VERSION, "-v --version"},
     {O_HELP_ENV, "--help-env"},
@@ -345,6 +357,21 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_STALL_SHUTDOWN:
         if (!parse_num(v, 0, 1e7, &d)) return kr_usage_error("%s: '%s' is not a number of seconds >= 0", opt, v);
         return add_setting(o, "KOLO_STALL_SHUTDOWN_TIME", "%s", v);
+    case O_AT_LOG:
+        if (!*v) return kr_usage_error("%s: empty file name", opt);
+        return add_setting(o, "KOLO_AUTOTUNE_LOG", "%s", v);
+    case O_AT_WARMUP:
+        if (!parse_int(v, 0, 1000000, &l)) return kr_usage_error("%s: '%s' is not an integer >= 0", opt, v);
+        return add_setting(o, "KOLO_AUTOTUNE_WARMUP_SAMPLES", "%ld", l);
+    case O_AT_STEPS:
+        if (!parse_int(v, 1, 1000000, &l)) return kr_usage_error("%s: '%s' is not a positive integer", opt, v);
+        return add_setting(o, "KOLO_AUTOTUNE_STEPS_PER_SAMPLE", "%ld", l);
+    case O_AT_MAX:
+        if (!parse_int(v, 1, 64, &l)) return kr_usage_error("%s: '%s' is not an integer in 1..64", opt, v);
+        return add_setting(o, "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "%ld", l);
+    case O_AT_NOISE:
+        if (!parse_num(v, 1e-6, 1e6, &d)) return kr_usage_error("%s: '%s' is not a number > 0", opt, v);
+        return add_setting(o, "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "%s", v);
     case O_LOG_LEVEL: {
         /* Horovod spells them in capitals and has FATAL; kolo's table has none instead. */
         static const char *const names[] = {"trace", "debug", "info", "warning", "error", "fatal", "none", "warn"};
@@ -394,6 +421,7 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_REPORT_BINDINGS: o->report_bindings = true; return -1;
     case O_MARK_CYCLES: return add_setting(o, "KOLO_TIMELINE_MARK_CYCLES", "1");
     case O_NO_STALL: return add_setting(o, "KOLO_STALL_CHECK_DISABLE", "1");
+    case O_AUTOTUNE: return add_setting(o, "KOLO_AUTOTUNE", "1");
     case O_HELP: fputs(usage_text, stdout); return 0;
     case O_VERSION: printf("kolorun (kolo) %s\n", KOLO_VERSION_STRING); return 0;
     case O_HELP_ENV: return print_help_env();
