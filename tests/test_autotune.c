@@ -230,3 +230,29 @@ static void params_plain(int rank, void *arg)
 }
 
 KT_TEST(autotune_off_reports_the_settings, 20) { KT_EQ(kt_job(2, params_plain, NULL, NULL, NULL), 0); }
+
+/* Both knobs set: nothing to tune, the job runs on them. A log that cannot be written: tuning
+ * goes on without it. */
+static void nothing_to_tune(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_AUTOTUNE", "1", 1);
+    setenv("KOLO_FUSION_THRESHOLD", "5M", 1);
+    setenv("HOROVOD_CYCLE_TIME", "3", 1); /* Horovod's name counts as set */
+    KT_OK(kolo_init());
+    kolo_engine_params_t p;
+    KT_OK(kolo_engine_params(&p));
+    KT_EQ(p.autotune, KOLO_AUTOTUNE_DONE);
+    KT_EQ(p.samples, 0);
+    KT_EQ(p.fusion_threshold, 5u << 20);
+    KT_ASSERTF(fabs(p.cycle_time_ms - 3) < 1e-9, "rank %d: cycle %g", rank, p.cycle_time_ms);
+    kolo_shutdown();
+    unsetenv("HOROVOD_CYCLE_TIME");
+    setenv("KOLO_AUTOTUNE_LOG", "/nonexistent-dir/autotune.csv", 1);
+    KT_OK(kolo_init());
+    KT_OK(kolo_engine_params(&p));
+    KT_EQ(p.autotune, KOLO_AUTOTUNE_TUNING);
+    KT_EQ(p.fusion_threshold, 5u << 20);
+}
+
+KT_TEST(autotune_with_nothing_to_tune_or_no_log, 30) { KT_EQ(kt_job(2, nothing_to_tune, NULL, NULL, NULL), 0); }

@@ -324,22 +324,18 @@ static void publish(void)
 void kolo__tune_start(void)
 {
     memset(&T, 0, sizeof(T));
-    E.tune_state = E.autotune ? KOLO_AUTOTUNE_TUNING : KOLO_AUTOTUNE_OFF;
+    E.tune_state = E.autotune;
     E.tune_samples = 0;
-    if (!E.autotune || E.rank != 0) {
+    if (E.rank == 0 && E.autotune == KOLO_AUTOTUNE_DONE)
+        KOLO_WARN("KOLO_AUTOTUNE: KOLO_FUSION_THRESHOLD and KOLO_CYCLE_TIME are both set, so there is nothing to "
+                  "tune; the engine keeps them");
+    if (E.autotune != KOLO_AUTOTUNE_TUNING || E.rank != 0) {
         publish();
         return;
     }
     T.tune_fusion = !kolo__setting_is_set(KOLO_SET_FUSION_THRESHOLD);
     T.tune_cycle = !kolo__setting_is_set(KOLO_SET_CYCLE_TIME);
     T.dim = T.tune_fusion + T.tune_cycle;
-    if (!T.dim) {
-        KOLO_WARN("KOLO_AUTOTUNE: KOLO_FUSION_THRESHOLD and KOLO_CYCLE_TIME are both set, so there is nothing to "
-                  "tune; the engine keeps them");
-        E.tune_state = KOLO_AUTOTUNE_DONE;
-        publish();
-        return;
-    }
     long w = kolo__setting_long(KOLO_SET_AUTOTUNE_WARMUP_SAMPLES);
     long s = kolo__setting_long(KOLO_SET_AUTOTUNE_STEPS_PER_SAMPLE);
     long m = kolo__setting_long(KOLO_SET_AUTOTUNE_BAYES_OPT_MAX_SAMPLES);

@@ -17,7 +17,9 @@
  * The cycle. Every rank of the job runs the same sequence of steps on the engine mesh:
  *   1. the world step: the negotiation of process set 0 (see negotiate.c), whose fixed part
  *      also carries each rank's control flags: "leaving" (kolo_shutdown), "busy" (it holds
- *      requests) and the bitmap of process sets it sees in the core's table;
+ *      requests) and the bitmap of process sets it sees in the core's table, and its fusion
+ *      threshold and cycle time, which with KOLO_AUTOTUNE every rank takes from rank 0's
+ *      (autotune.c);
  *   2. from the gathered control flags, every rank decides the same things: if any rank is
  *      leaving, the engine stops everywhere (pending requests fail with KOLO_ERR_SHUT_DOWN
  *      naming the rank); a process set becomes active when every rank sees it and inactive
@@ -461,8 +463,8 @@ static int agree_settings(void)
                       (unsigned long long)all[0], (unsigned long long)all[1], (unsigned long long)mine[0],
                       (unsigned long long)mine[1]);
         if (all[2] != mine[2])
-            KOLO_WARN("engine: rank 0 has KOLO_AUTOTUNE=%d and this rank %d; every rank follows rank 0",
-                      (int)all[2], (int)mine[2]);
+            KOLO_WARN("engine: rank 0 %s KOLO_AUTOTUNE and this rank %s; every rank follows rank 0",
+                      all[2] ? "has" : "does not have", mine[2] ? "has" : "does not");
         E.capacity = (int)all[0];
         E.fusion = (size_t)all[1];
         E.autotune = (int)all[2];
@@ -506,7 +508,11 @@ int kolo__engine_start(void)
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
     E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
     E.stall_shutdown = kolo__setting_double(KOLO_SET_STALL_SHUTDOWN_TIME);
-    E.autotune = E.size > 1 && kolo__setting_long(KOLO_SET_AUTOTUNE) > 0;
+    /* with both knobs set there is nothing to tune: done from the start (autotune.c) */
+    E.autotune = E.size < 2 || kolo__setting_long(KOLO_SET_AUTOTUNE) <= 0 ? KOLO_AUTOTUNE_OFF
+                 : kolo__setting_is_set(KOLO_SET_FUSION_THRESHOLD) && kolo__setting_is_set(KOLO_SET_CYCLE_TIME)
+                     ? KOLO_AUTOTUNE_DONE
+                     : KOLO_AUTOTUNE_TUNING;
     E.world_busy = 0;
     E.idle_cycles = 0;
     E.used = 0;
