@@ -152,6 +152,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--log-level", "chatty", "sh", "-c", worker, NULL}, "--log-level"},
         {{"-np", "1", "--autotune-bayes-opt-max-samples", "65", "sh", "-c", worker, NULL}, "1..64"},
         {{"-np", "1", "--autotune-steps-per-sample", "0", "sh", "-c", worker, NULL}, "--autotune-steps-per-sample"},
+        {{"-np", "1", "--get-stack-traces", "sh", "-c", worker, NULL}, "give --timeout too"},
+        {{"-np", "1", "--timeout", "0", "sh", "-c", worker, NULL}, "--timeout"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
     };
@@ -795,4 +797,87 @@ KT_TEST(kolorun_starts_a_kolo_job_that_initializes, 20)
         KT_CONTAINS(p.obuf, w);
     }
     assert_no_descendants(3);
+}
+
+/* ---- --timeout and --get-stack-traces ---- */
+
+/* A hang: rank 0 waits in an allreduce that rank 1, asleep, never joins. */
+KT_WORKER(kolorun_hang)
+{
+    (void)argc;
+    (void)argv;
+    if (kolo_init() != 0) {
+        fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
+        return 1;
+    }
+    printf("rank %d waits\n", kolo_rank());
+    fflush(stdout);
+    if (kolo_rank() == 1) {
+        for (;;) sleep(100);
+    }
+    float x = 1;
+    kolo_allreduce(&x, &x, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    return 0;
+}
+
+static bool have_gdb(void) { return system("command -v gdb >/dev/null 2>&1") == 0; }
+
+KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
+{
+    subreaper();
+    const char *args[] = {"-np", "2", "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
+                          kt_self(), "--worker", "kolorun_hang", NULL};
+    kproc p;
+    double t0 = now_s();
+    int code = run(&p, args, 80);
+    KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:rank 0 waits");
+    KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 waits");
+    KT_CONTAINS(p.ebuf, "kolorun: the job ran past --timeout 2 s with 2 ranks still running");
+    KT_CONTAINS(p.ebuf, "stacks of the 2 local ranks still running");
+    if (have_gdb()) {
+        /* where each waits, from gdb: rank 0 inside the allreduce, rank 1 asleep */
+        const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");
+        KT_ASSERTF(s0 && s1, "no stacks:\n%s", p.ebuf);
+        const char *a = strstr(s0, "kolo_allreduce");
+        KT_ASSERTF(a && a < s1, "rank 0's stack does not show kolo_allreduce:\n%s", p.ebuf);
+        KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack does not show its sleep:\n%s", p.ebuf);
+    } else {
+        KT_CONTAINS(p.ebuf, "gdb is not installed");
+    }
+    KT_CONTAINS(p.ebuf, "terminated by kolorun at --timeout 2 s");
+    KT_CONTAINS(p.ebuf, "exit code 124");
+    KT_ASSERTF(now_s() - t0 < 60, "took %.1f s", now_s() - t0);
+    assert_no_descendants(5);
+}
+
+/* A Python worker that imported kolo prints its Python stacks (faulthandler on SIGUSR2); a job
+ * that ends in time is not touched. */
+KT_TEST(kolorun_timeout_python_stacks_and_a_job_in_time, 90)
+{
+    subreaper();
+    char root[4096], pp[4200];
+    snprintf(root, sizeof(root), "%s", kt_build_dir());
+    char *b = strstr(root, "/build");
+    KT_ASSERT(b);
+    *b = '\0';
+    snprintf(pp, sizeof(pp), "PYTHONPATH=%s/python", root);
+    const char *args[] = {"-np", "1", "--timeout", "3", "--get-stack-traces", "-x", pp, "/usr/bin/python3", "-c",
+                          "import kolo, sys, time\nprint('imported', flush=True)\ndef waiting_here():\n"
+                          "    time.sleep(60)\nwaiting_here()\n",
+                          NULL};
+    kproc p;
+    int code = run(&p, args, 80);
+    KT_ASSERTF(code == 124, "exit %d; stdout:\n%s\nstderr:\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:imported");
+    KT_CONTAINS(p.ebuf, "(Python stacks follow on their stderr)");
+    KT_CONTAINS(p.ebuf, "[0]<stderr>:");
+    KT_CONTAINS(p.ebuf, "(most recent call first)");
+    KT_CONTAINS(p.ebuf, "in waiting_here");
+    assert_no_descendants(5);
+
+    const char *fast[] = {"-np", "2", "--timeout", "30", "--get-stack-traces", "sh", "-c", "echo done", NULL};
+    code = run(&p, fast, 20);
+    KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
+    KT_EQ(p.elen, 0);
 }

@@ -109,6 +109,25 @@ def _load():
 lib, path = _load()
 
 
+def _stack_traces_on_signal():
+    """kolorun --get-stack-traces exports KOLO_STACK_TRACES=1: then every thread's Python stack
+    is printed to stderr on SIGUSR2 (faulthandler, in C, so it works while threads are blocked
+    in kolo), which kolorun sends at --timeout to the workers that catch it. A handler the
+    program installed itself is left alone."""
+    if os.environ.get("KOLO_STACK_TRACES") != "1":
+        return
+    import faulthandler
+    import signal
+    try:
+        if signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):
+        pass  # no SIGUSR2 here, or a stderr faulthandler cannot use: no stacks, nothing else lost
+
+
+_stack_traces_on_signal()
+
+
 def _proto(name, restype, *argtypes, optional=False):
     try:
         f = getattr(lib, name)

@@ -41,6 +41,9 @@ static const char usage_text[] =
     "  --prefix-timestamp            prefix lines with the wall-clock time\n"
     "  --output-filename DIR         also write DIR/rank.N/stdout and DIR/rank.N/stderr\n"
     "  --grace-seconds S             after SIGTERM, wait S seconds before SIGKILL (default 5)\n"
+    "  --timeout S                   stop the job when it has run S seconds (exit code 124)\n"
+    "  --get-stack-traces            at --timeout, first print every local worker's stacks\n"
+    "                                (gdb's native ones; Python's, for workers that import kolo)\n"
     "CPU binding of local workers\n"
     "  --bind-to none|core|socket|numa   (default none)\n"
     "  --map-by slot|core|socket|numa    (default slot)\n"
@@ -71,7 +74,8 @@ static const char usage_text[] =
     "\n"
     "Exit code: 0 when every worker exits 0; else the failing worker's code (the lowest rank's\n"
     "when several fail together; 128+N for a worker killed by signal N); 128+N when kolorun\n"
-    "itself got signal N; 2 for a usage error; 127/126 for a command that cannot be run.\n";
+    "itself got signal N; 124 after --timeout; 2 for a usage error; 127/126 for a command that\n"
+    "cannot be run.\n";
 
 int kr_usage_error(const char *fmt, ...)
 {
@@ -194,10 +198,10 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
-    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_HELP, O_VERSION,
+    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_HELP, O_VERSION,
     O_HELP_ENV, O_CHECK_BUILD, O_VERBOSE, O_COUNT
 } opt_id;
 
@@ -233,6 +237,7 @@ static const struct {
     {O_ELASTIC_TIMEOUT, "--elastic-timeout"},
     {O_RESET_LIMIT, "--reset-limit"},
     {O_COOLDOWN, "--blacklist-cooldown-range"},
+    {O_TIMEOUT, "--timeout -timeout"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -243,6 +248,7 @@ static const struct {
     {O_MARK_CYCLES, "--timeline-mark-cycles"},
     {O_NO_STALL, "--no-stall-check"},
     {O_AUTOTUNE, "--autotune"},
+    {O_STACKS, "--get-stack-traces -get-stack-traces"},
     {O_HELP, "-h --help"},
     {O_VERSION, "-v --version"},
     {O_HELP_ENV, "--help-env"},
@@ -357,6 +363,10 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_STALL_SHUTDOWN:
         if (!parse_num(v, 0, 1e7, &d)) return kr_usage_error("%s: '%s' is not a number of seconds >= 0", opt, v);
         return add_setting(o, "KOLO_STALL_SHUTDOWN_TIME", "%s", v);
+    case O_TIMEOUT:
+        if (!parse_num(v, 0.001, 1e9, &d)) return kr_usage_error("%s: '%s' is not a positive number of seconds", opt, v);
+        o->timeout = d;
+        return -1;
     case O_AT_LOG:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         return add_setting(o, "KOLO_AUTOTUNE_LOG", "%s", v);
@@ -422,6 +432,9 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_MARK_CYCLES: return add_setting(o, "KOLO_TIMELINE_MARK_CYCLES", "1");
     case O_NO_STALL: return add_setting(o, "KOLO_STALL_CHECK_DISABLE", "1");
     case O_AUTOTUNE: return add_setting(o, "KOLO_AUTOTUNE", "1");
+    case O_STACKS:
+        o->stack_traces = true;
+        return add_setting(o, "KOLO_STACK_TRACES", "1"); /* Python workers print their stacks on SIGUSR2 */
     case O_HELP: fputs(usage_text, stdout); return 0;
     case O_VERSION: printf("kolorun (kolo) %s\n", KOLO_VERSION_STRING); return 0;
     case O_HELP_ENV: return print_help_env();
@@ -495,6 +508,8 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
     if (i >= argc) return kr_usage_error("no command given (e.g. kolorun -np 2 python train.py)");
     o->cmd = argv + i;
     o->ncmd = argc - i;
+    if (o->stack_traces && !o->timeout)
+        return kr_usage_error("--get-stack-traces prints the stacks when --timeout expires: give --timeout too");
     if (o->discovery && (o->hosts_arg || o->hostfile))
         return kr_usage_error("--host-discovery-script finds the hosts: give it or -H/--hostfile, not both");
     if (!o->np && o->elastic && o->discovery) o->np = o->min_np ? o->min_np : o->max_np;

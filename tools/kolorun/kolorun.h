@@ -11,6 +11,7 @@
 /* Exit codes of kolorun itself (a worker's failure is reported with the worker's own code). */
 #define KR_EXIT_USAGE 2        /* bad command line, host list or hostfile: nothing was started */
 #define KR_EXIT_LAUNCH 1       /* the job could not be started (store, fork, ssh start-up) */
+#define KR_EXIT_TIMEOUT 124    /* the job ran past --timeout (as timeout(1)) */
 #define KR_EXIT_NOEXEC 126     /* the command exists but cannot be executed (like a shell) */
 #define KR_EXIT_NOTFOUND 127   /* the command does not exist (like a shell) */
 
@@ -57,6 +58,8 @@ typedef struct kr_opts {
     double start_timeout;     /* seconds; also exported as KOLO_START_TIMEOUT when given */
     bool start_timeout_given;
     double grace;             /* seconds between SIGTERM and SIGKILL */
+    double timeout;           /* --timeout: seconds the job may run, 0 none */
+    bool stack_traces;        /* --get-stack-traces: print the workers' stacks at the timeout */
 
     bool tag_output;          /* [rank]<stdout>: prefix */
     bool prefix_timestamp;
@@ -222,6 +225,10 @@ void kr_output_flush(const kr_opts *o, kr_rank *r, kr_stream *s);
 void kr_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Writes all of buf, retrying on EINTR and partial writes. Returns false on error. */
 bool kr_write_all(int fd, const void *buf, size_t n);
+
+/* ---- stacks.c ---- */
+/* --get-stack-traces: Python and native stacks of every running local worker (stderr). */
+void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit);
 
 /* ---- supervise.c ---- */
 /* Runs the job until every worker has ended; returns kolorun's exit code. A non-zero

@@ -22,8 +22,11 @@
  * MPI's rule: the same bad input on every rank). A remote worker's death by signal N arrives as
  * the wrapper's exit code 128+N (sh cannot re-raise it across ssh).
  *
+ * --timeout: a job still RUNNING that long after its launch is stopped like a failed one
+ * (after --get-stack-traces' stacks, stacks.c), and exits with 124.
+ *
  * Exit code: the root failure's (exit code, or 128+signal), else 128+the signal kolorun got,
- * else the launch error, else 0. */
+ * else the launch error, else 124 after --timeout, else 0. */
 #include "kolorun.h"
 
 #include "../../src/net/transport.h"
@@ -64,6 +67,7 @@ typedef struct {
     int launch_code;
     bool start_timed_out;
     bool elastic_end;         /* the elastic job could not go on (too few slots), no worker failed */
+    bool timed_out;           /* the job ran past --timeout */
     /* stdin forwarding to rank 0 */
     bool stdin_on;
     char *sbuf;
@@ -263,6 +267,7 @@ static int rank_list(const sup *s, bool (*pred)(const kr_rank *), char *out, siz
 }
 
 static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0; }
+static bool is_running(const kr_rank *r) { return r->running; }
 static bool is_killed(const kr_rank *r)
 {
     /* a remote worker's SIGKILL arrives as its wrapper's exit code */
@@ -313,6 +318,7 @@ static void summary(sup *s)
         if (s->root >= 0) snprintf(why, sizeof(why), "after %s %d failed", s->unit, s->root);
         else if (s->got_signal) snprintf(why, sizeof(why), "because kolorun got %s", sig_name(s->got_signal));
         else if (s->elastic_end) snprintf(why, sizeof(why), "because the elastic job could not go on");
+        else if (s->timed_out) snprintf(why, sizeof(why), "at --timeout %g s", o->timeout);
         else snprintf(why, sizeof(why), "because the job could not start");
         kr_say("%s%s %s: terminated by kolorun %s (not a failure of %s)", s->unit, t == 1 ? "" : "s", list, why,
                t == 1 ? "its own" : "their own");
@@ -393,6 +399,7 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         begin_terminate(&s, SIGTERM);
     }
     double start_deadline = s.t0 + o->start_timeout;
+    double job_deadline = o->timeout > 0 ? s.t0 + o->timeout : 1e300;
     double drain_deadline = 0;
     bool groups_cleared = false;
 
@@ -464,6 +471,15 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
             }
             start_deadline = now + 1e9;
         }
+        if (s.phase == RUNNING && now >= job_deadline) {
+            char list[1024];
+            int live = rank_list(&s, is_running, list, sizeof(list));
+            kr_say("the job ran past --timeout %g s with %d %s%s still running (%s): stopping it", o->timeout, live,
+                   s.unit, live == 1 ? "" : "s", list);
+            if (o->stack_traces) kr_dump_stacks(o, ranks, n, s.unit);
+            s.timed_out = true;
+            begin_terminate(&s, SIGTERM);
+        }
         int open_streams = 0;
         for (int i = 0; i < n; i++) open_streams += (ranks[i].out.fd >= 0) + (ranks[i].err.fd >= 0);
         if (count_running(&s) == 0) {
@@ -502,6 +518,7 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         if (s.phase == SETTLING || s.phase == TERMINATING) wake = s.deadline < wake ? s.deadline : wake;
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
+        if (s.phase == RUNNING && job_deadline < wake) wake = job_deadline;
         if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
         if (j->el && s.phase == RUNNING) {
             double ew = kr_elastic_wake(j);
@@ -549,7 +566,8 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
     else if (s.got_signal) code = 128 + s.got_signal;
     else if (s.launch_code) code = s.launch_code;
     else if (s.start_timed_out) code = KR_EXIT_LAUNCH;
-    if (s.root >= 0 || s.got_signal || s.start_timed_out || s.launch_code) summary(&s);
-    if (code && (s.root >= 0 || s.start_timed_out)) kr_say("exit code %d", code);
+    else if (s.timed_out) code = KR_EXIT_TIMEOUT;
+    if (s.root >= 0 || s.got_signal || s.start_timed_out || s.launch_code || s.timed_out) summary(&s);
+    if (code && (s.root >= 0 || s.start_timed_out || s.timed_out)) kr_say("exit code %d", code);
     return code;
 }

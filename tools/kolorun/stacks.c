@@ -1,0 +1,183 @@
+/* stacks.c - --get-stack-traces: what every local worker is doing when the job runs past
+ * --timeout, printed before kolorun stops it, so that a hang names where each rank waits.
+ *
+ * Two sources, for every process of a running local worker's process group (the worker and
+ * whatever it started, e.g. a shell's python):
+ *   - Python stacks: with --get-stack-traces kolorun exports KOLO_STACK_TRACES=1, and a Python
+ *     process that imports kolo then has faulthandler print every thread's stack on SIGUSR2
+ *     (python/kolo/_lib.py). Such a process is sent SIGUSR2 only when /proc says it catches
+ *     it: to anything else the signal would be fatal. The stacks arrive on its stderr, tagged
+ *     like its other lines.
+ *   - Native stacks of every thread, from gdb (`thread apply all bt`), when gdb is installed;
+ *     printed as "[rank]<stack PID>:" lines on kolorun's stderr. At most GDB_S per process.
+ * Remote workers are not reached (each would need a second ssh), nor more than 64 local ones. */
+#include "kolorun.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define GDB_S 20.0
+#define GROUP_MAX 16
+
+/* The processes whose process group is pgid (the worker's group), the leader first. */
+static int group_members(pid_t pgid, pid_t *out, int cap)
+{
+    int n = 0;
+    out[n++] = pgid;
+    DIR *d = opendir("/proc");
+    if (!d) return n;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == pgid) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        const char *q = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+        int ppid = 0, pgrp = 0;
+        char state;
+        if (q && sscanf(q + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid) out[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Whether the process has a handler for sig (SigCgt in /proc/PID/status). */
+static bool catches(pid_t pid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool yes = false;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long mask;
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1) {
+            yes = (mask >> (sig - 1)) & 1;
+            break;
+        }
+    }
+    fclose(f);
+    return yes;
+}
+
+static void emit(const char *tag, pid_t pid, const char *line, size_t len)
+{
+    char out[1200];
+    int n = snprintf(out, sizeof(out), "%s<stack %d>:%.*s\n", tag, (int)pid, (int)(len < 1100 ? len : 1100), line);
+    if (n > 0) kr_write_all(2, out, (size_t)n < sizeof(out) ? (size_t)n : sizeof(out) - 1);
+}
+
+/* Runs gdb on pid and prints its threads and frames. Returns false when gdb could not be run. */
+static bool gdb_stacks(pid_t pid, const char *tag)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return false;
+    char pidstr[16];
+    snprintf(pidstr, sizeof(pidstr), "%d", (int)pid);
+    pid_t g = fork();
+    if (g < 0) {
+        close(p[0]);
+        close(p[1]);
+        return false;
+    }
+    if (g == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0);
+        /* kolorun blocks the signals it reads through signalfd: gdb needs SIGCHLD and the rest */
+        static const int reset[] = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+        for (size_t i = 0; i < sizeof(reset) / sizeof(reset[0]); i++) signal(reset[i], SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setpgid(0, 0); /* out of kolorun's group: a Ctrl-C meant for the job does not reach it */
+        execlp("gdb", "gdb", "-nx", "-batch", "-p", pidstr, "-ex", "set pagination off", "-ex",
+               "thread apply all bt", (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char buf[8192];
+    size_t have = 0;
+    int lines = 0;
+    double deadline = kr_now() + GDB_S;
+    for (;;) {
+        double left = deadline - kr_now();
+        if (left <= 0) {
+            kill(g, SIGKILL);
+            emit(tag, pid, " (gdb gave no answer within the time limit)", 43);
+            lines = -1;
+            break;
+        }
+        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        int r = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) continue;
+        ssize_t m = read(p[0], buf + have, sizeof(buf) - 1 - have);
+        if (m < 0 && errno == EINTR) continue;
+        if (m <= 0) break;
+        have += (size_t)m;
+        char *s = buf, *nl;
+        while ((nl = memchr(s, '\n', have - (size_t)(s - buf)))) {
+            /* the threads and their frames; gdb's chatter (libthread_db, source lines) left out */
+            if (!strncmp(s, "Thread ", 7) || s[0] == '#') {
+                emit(tag, pid, s, (size_t)(nl - s));
+                lines++;
+            }
+            s = nl + 1;
+        }
+        have -= (size_t)(s - buf);
+        memmove(buf, s, have);
+        if (have == sizeof(buf) - 1) have = 0; /* a line longer than the buffer: dropped */
+    }
+    close(p[0]);
+    int st = 0;
+    while (waitpid(g, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127 && lines == 0) return false;
+    if (lines == 0) emit(tag, pid, " (gdb printed no stack: ptrace not permitted here?)", 51);
+    return true;
+}
+
+void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit)
+{
+    pid_t members[GROUP_MAX * 64];
+    int count[64] = {0};
+    int nw = 0, idx[64], sent = 0;
+    for (int i = 0; i < n && nw < 64; i++) {
+        const kr_rank *r = &ranks[i];
+        if (!r->running || r->pid <= 0 || !o->hosts[r->host].local) continue;
+        idx[nw] = i;
+        count[nw] = group_members(r->pid, members + nw * GROUP_MAX, GROUP_MAX);
+        for (int k = 0; k < count[nw]; k++) {
+            pid_t p = members[nw * GROUP_MAX + k];
+            if (catches(p, SIGUSR2) && kill(p, SIGUSR2) == 0) sent++;
+        }
+        nw++;
+    }
+    if (nw == 0) return;
+    kr_say("stacks of the %d local %s%s still running%s:", nw, unit, nw == 1 ? "" : "s",
+           sent ? " (Python stacks follow on their stderr)" : "");
+    bool have_gdb = true;
+    for (int w = 0; w < nw && have_gdb; w++) {
+        const kr_rank *r = &ranks[idx[w]];
+        char tag[32];
+        snprintf(tag, sizeof(tag), "[%d]", r->rank);
+        for (int k = 0; k < count[w] && have_gdb; k++) have_gdb = gdb_stacks(members[w * GROUP_MAX + k], tag);
+    }
+    if (!have_gdb) kr_say("gdb is not installed: no native stacks (apt-get install gdb)");
+}
