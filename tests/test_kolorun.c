@@ -154,6 +154,9 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--autotune-steps-per-sample", "0", "sh", "-c", worker, NULL}, "--autotune-steps-per-sample"},
         {{"-np", "1", "--get-stack-traces", "sh", "-c", worker, NULL}, "give --timeout too"},
         {{"-np", "1", "--timeout", "0", "sh", "-c", worker, NULL}, "--timeout"},
+        {{"-np", "1", "--mpi", "sh", "-c", worker, NULL}, "run mpirun directly"},
+        {{"-np", "1", "--hierarchical-allreduce", "sh", "-c", worker, NULL}, "no hierarchical allreduce"},
+        {{"-np", "1", "--num-nccl-streams", "2", "sh", "-c", worker, NULL}, "no NCCL"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
     };
@@ -225,7 +228,8 @@ static const char print_env[] =
     "KOLO_FUSION_THRESHOLD KOLO_CYCLE_TIME KOLO_CACHE_CAPACITY KOLO_TIMELINE KOLO_TIMELINE_MARK_CYCLES "
     "KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_STALL_SHUTDOWN_TIME KOLO_LOG_LEVEL KOLO_IFACE "
     "KOLO_START_TIMEOUT KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG KOLO_AUTOTUNE_WARMUP_SAMPLES KOLO_AUTOTUNE_STEPS_PER_SAMPLE "
-    "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
+    "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE KOLO_TRANSPORT KOLO_LOG_TIME "
+    "KOLO_STACK_TRACES KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
     "eval \"[ -n \\\"\\${$v+x}\\\" ] && echo $v=\\$$v\"; done; true; ";
 
 KT_TEST(kolorun_worker_environment, 20)
@@ -246,7 +250,8 @@ KT_TEST(kolorun_worker_environment, 20)
                           "--log-level", "DEBUG", "--network-interface", "lo", "--start-timeout", "12",
                           "--autotune", "--autotune-log-file", "/tmp/kt-at.csv", "--autotune-warmup-samples", "0",
                           "--autotune-steps-per-sample", "4", "--autotune-bayes-opt-max-samples", "9",
-                          "--autotune-gaussian-process-noise", "0.5", "sh", "-c", script, NULL};
+                          "--autotune-gaussian-process-noise", "0.5", "--tcp", "--gloo", "--disable-cache",
+                          "--no-hierarchical-allreduce", "--log-with-timestamp", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "<stdout>:ready", 3, 10);
@@ -304,6 +309,10 @@ KT_TEST(kolorun_worker_environment, 20)
         expect_var(p.obuf, r, "KOLO_AUTOTUNE_STEPS_PER_SAMPLE", "4");
         expect_var(p.obuf, r, "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "9");
         expect_var(p.obuf, r, "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.5");
+        expect_var(p.obuf, r, "KOLO_TRANSPORT", "tcp");
+        expect_var(p.obuf, r, "KOLO_LOG_TIME", "1");
+        char st[16];
+        KT_ASSERTF(!rank_var(p.obuf, r, "KOLO_STACK_TRACES", st, sizeof(st)), "KOLO_STACK_TRACES without the option");
         expect_var(p.obuf, r, "KT_PASSED", "from-user-env");
         expect_var(p.obuf, r, "KT_X1", "one=1");
         expect_var(p.obuf, r, "KT_X2", "from-x-without-value");
@@ -880,4 +889,25 @@ KT_TEST(kolorun_timeout_python_stacks_and_a_job_in_time, 90)
     code = run(&p, fast, 20);
     KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
     KT_EQ(p.elen, 0);
+}
+
+/* horovodrun's --gloo-timeout-seconds is the start-up wait; --log-with-timestamp dates kolo's lines. */
+KT_TEST(kolorun_horovodrun_options, 30)
+{
+    const char *args[] = {"-np", "2", "--gloo-timeout-seconds", "7", "--log-with-timestamp", "--log-level", "info",
+                          kt_self(), "--worker", "kolorun_init", NULL};
+    kproc p;
+    int code = run(&p, args, 20);
+    KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
+    KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 of 2 initialized");
+    /* "[0]<stderr>:2026-11-27 17:14:11.435 [kolo 0 info] ..." */
+    const char *l = strstr(p.ebuf, "[0]<stderr>:");
+    KT_ASSERTF(l, "no log lines: %s", p.ebuf);
+    int y, mo, d, h, mi, sec, ms;
+    KT_ASSERTF(sscanf(l + 12, "%4d-%2d-%2d %2d:%2d:%2d.%3d [kolo 0 info]", &y, &mo, &d, &h, &mi, &sec, &ms) == 7 &&
+                   y >= 2024,
+               "not a dated line: %.120s", l);
+    const char *a2[] = {"-np", "1", "--gloo-timeout-seconds", "9", "sh", "-c", "echo $KOLO_START_TIMEOUT", NULL};
+    KT_EQ(run(&p, a2, 10), 0);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:9\n");
 }

@@ -120,6 +120,7 @@ static inline uint64_t kolo__window_add(kolo__window *w, uint64_t x)
  * each call (cheap: callers read them at init, not on hot paths). */
 typedef enum kolo_setting {
     KOLO_SET_LOG_LEVEL,
+    KOLO_SET_LOG_TIME,
     KOLO_SET_START_TIMEOUT,
     KOLO_SET_OP_TIMEOUT,
     KOLO_SET_TRANSPORT,

@@ -3,15 +3,18 @@
 
 #include <stdio.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 int kolo__log_level = KOLO_LOG_WARNING;
 static int log_rank = -1;
+static bool log_time;
 
 static const char *const level_names[] = {"trace", "debug", "info", "warning", "error", "none"};
 
 void kolo__log_init(void)
 {
+    log_time = kolo__setting_long(KOLO_SET_LOG_TIME) > 0;
     const char *v = kolo__setting_str(KOLO_SET_LOG_LEVEL);
     if (!*v) return;
     for (int i = 0; i < (int)KOLO_ARRAY_SIZE(level_names); i++) {
@@ -30,12 +33,20 @@ void kolo__log_set_rank(int rank) { log_rank = rank; }
 
 void kolo__log(int level, const char *fmt, ...)
 {
-    char line[2048];
+    char line[2048], when[40] = "";
     int n;
+    if (log_time) {
+        struct timespec ts;
+        struct tm tm;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        localtime_r(&ts.tv_sec, &tm);
+        size_t w = strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+        snprintf(when + w, sizeof(when) - w, ".%03ld ", ts.tv_nsec / 1000000);
+    }
     if (log_rank >= 0)
-        n = snprintf(line, sizeof(line), "[kolo %d %s] ", log_rank, level_names[level]);
+        n = snprintf(line, sizeof(line), "%s[kolo %d %s] ", when, log_rank, level_names[level]);
     else
-        n = snprintf(line, sizeof(line), "[kolo %s] ", level_names[level]);
+        n = snprintf(line, sizeof(line), "%s[kolo %s] ", when, level_names[level]);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);

@@ -9,6 +9,8 @@
 static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_LOG_LEVEL] = {"KOLO_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning",
                             "trace, debug, info, warning, error or none; info prints the transport chosen per peer"},
+    [KOLO_SET_LOG_TIME] = {"KOLO_LOG_TIME", "", "0",
+                           "1: kolo's log lines start with the wall-clock time (kolorun --log-with-timestamp)"},
     [KOLO_SET_START_TIMEOUT] = {"KOLO_START_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
                                 "seconds kolo_init() waits for every rank to arrive before naming the missing ones"},
     [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",

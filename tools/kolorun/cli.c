@@ -26,6 +26,7 @@ static const char usage_text[] =
     "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
     "  --ssh COMMAND                 ssh program and options (default: ssh)\n"
     "  --start-timeout S             seconds for remote workers to start, and for kolo_init (30)\n"
+    "                                (--gloo-timeout-seconds: the same)\n"
     "Elastic jobs (see docs/kolorun.md): the job goes on when workers fail or hosts change\n"
     "  --min-np N                    fewest workers the job may run with (default -np)\n"
     "  --max-np N                    most workers kolorun keeps running (default -np)\n"
@@ -59,12 +60,16 @@ static const char usage_text[] =
     "  --stall-check-shutdown-time-seconds S  KOLO_STALL_SHUTDOWN_TIME\n"
     "  --log-level LEVEL             KOLO_LOG_LEVEL: trace, debug, info, warning, error, none\n"
     "  --network-interface(s) IFS    KOLO_IFACE, e.g. eth0 or eth0,eth1\n"
+    "  --tcp                         KOLO_TRANSPORT=tcp (no shared memory)\n"
+    "  --log-with-timestamp, --log-without-timestamp   KOLO_LOG_TIME=1 / 0\n"
     "  --autotune                    KOLO_AUTOTUNE=1: tune fusion and cycle time while the job runs\n"
     "  --autotune-log-file FILE      KOLO_AUTOTUNE_LOG (CSV of the samples)\n"
     "  --autotune-warmup-samples N   KOLO_AUTOTUNE_WARMUP_SAMPLES (3)\n"
     "  --autotune-steps-per-sample N KOLO_AUTOTUNE_STEPS_PER_SAMPLE (10)\n"
     "  --autotune-bayes-opt-max-samples N     KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES (20)\n"
     "  --autotune-gaussian-process-noise X    KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (0.8)\n"
+    "horovodrun's --gloo, --disable-cache and --no-hierarchical-* are accepted and change nothing;\n"
+    "its --mpi, --hierarchical-allreduce, --num-nccl-streams ... are refused, saying why.\n"
     "Information\n"
     "  -h, --help                    this text\n"
     "  -v, --version                 the version\n"
@@ -198,10 +203,11 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
-    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_HELP, O_VERSION,
+    O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP, O_GLOO, O_NO_CACHE, O_LOG_TS,
+    O_LOG_NO_TS, O_HVD_OFF, O_HVD_FLAG, O_HELP, O_VERSION,
     O_HELP_ENV, O_CHECK_BUILD, O_VERBOSE, O_COUNT
 } opt_id;
 
@@ -238,6 +244,8 @@ static const struct {
     {O_RESET_LIMIT, "--reset-limit"},
     {O_COOLDOWN, "--blacklist-cooldown-range"},
     {O_TIMEOUT, "--timeout -timeout"},
+    {O_GLOO_TIMEOUT, "--gloo-timeout-seconds"},
+    {O_HVD_VALUE, "--mpi-args --binding-args --num-nccl-streams --thread-affinity"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -249,6 +257,14 @@ static const struct {
     {O_NO_STALL, "--no-stall-check"},
     {O_AUTOTUNE, "--autotune"},
     {O_STACKS, "--get-stack-traces -get-stack-traces"},
+    {O_TCP, "--tcp"},
+    {O_GLOO, "--gloo"},
+    {O_NO_CACHE, "--disable-cache"},
+    {O_LOG_TS, "--log-with-timestamp"},
+    {O_LOG_NO_TS, "--log-without-timestamp --log-hide-timestamp"},
+    {O_HVD_OFF, "--no-hierarchical-allreduce --no-hierarchical-allgather --no-torus-allreduce"},
+    {O_HVD_FLAG, "--mpi --jsrun --hierarchical-allreduce --hierarchical-allgather --torus-allreduce "
+                 "--mpi-threads-disable"},
     {O_HELP, "-h --help"},
     {O_VERSION, "-v --version"},
     {O_HELP_ENV, "--help-env"},
@@ -269,6 +285,31 @@ static int lookup(const char *arg, size_t len)
         }
     }
     return -1;
+}
+
+/* horovodrun's options that have no meaning for kolorun: why, and what to do instead. */
+static int horovod_only(const char *opt)
+{
+    static const struct {
+        const char *opt, *why;
+    } why[] = {
+        {"--mpi", "kolorun starts the workers itself (as horovodrun --gloo); to start them with mpirun, run "
+                  "mpirun directly (kolo reads its ranks)"},
+        {"--jsrun", "kolorun starts the workers itself; to start them with jsrun, run jsrun directly"},
+        {"--mpi-args", "kolorun does not run mpirun (binding: --bind-to, --map-by)"},
+        {"--binding-args", "kolorun does not run mpirun: use --bind-to and --map-by"},
+        {"--mpi-threads-disable", "kolo does not use MPI"},
+        {"--num-nccl-streams", "this kolo has no NCCL (no GPU collectives yet)"},
+        {"--thread-affinity", "kolo has no setting to pin its engine thread: --bind-to pins the whole worker"},
+        {"--hierarchical-allreduce", "kolo has no hierarchical allreduce (Horovod's needs NCCL): kolo's "
+                                     "collectives use shared memory within a host and TCP between hosts already"},
+        {"--hierarchical-allgather", "kolo has no hierarchical allgather: its collectives use shared memory "
+                                     "within a host and TCP between hosts already"},
+        {"--torus-allreduce", "kolo has no torus allreduce (Horovod's needs NCCL)"},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(why); i++)
+        if (!strcmp(opt, why[i].opt)) return kr_usage_error("%s is horovodrun's: %s", opt, why[i].why);
+    return kr_usage_error("%s is horovodrun's and means nothing to kolorun", opt);
 }
 
 static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
@@ -367,6 +408,10 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
         if (!parse_num(v, 0.001, 1e9, &d)) return kr_usage_error("%s: '%s' is not a positive number of seconds", opt, v);
         o->timeout = d;
         return -1;
+    case O_GLOO_TIMEOUT: /* horovodrun's name for the rendezvous wait (HOROVOD_GLOO_TIMEOUT_SECONDS) */
+        return apply(o, O_START_TIMEOUT, opt, v);
+    case O_HVD_VALUE:
+    case O_HVD_FLAG: return horovod_only(opt);
     case O_AT_LOG:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         return add_setting(o, "KOLO_AUTOTUNE_LOG", "%s", v);
@@ -432,6 +477,12 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_MARK_CYCLES: return add_setting(o, "KOLO_TIMELINE_MARK_CYCLES", "1");
     case O_NO_STALL: return add_setting(o, "KOLO_STALL_CHECK_DISABLE", "1");
     case O_AUTOTUNE: return add_setting(o, "KOLO_AUTOTUNE", "1");
+    case O_TCP: return add_setting(o, "KOLO_TRANSPORT", "tcp");
+    case O_GLOO: return -1;     /* horovodrun's controller choice: kolorun's own is Gloo mode's */
+    case O_NO_CACHE: return -1; /* horovodrun caches its ssh checks for an hour; kolorun caches nothing */
+    case O_HVD_OFF: return -1;  /* kolo has none of them to turn off */
+    case O_LOG_TS: return add_setting(o, "KOLO_LOG_TIME", "1");
+    case O_LOG_NO_TS: return add_setting(o, "KOLO_LOG_TIME", "0");
     case O_STACKS:
         o->stack_traces = true;
         return add_setting(o, "KOLO_STACK_TRACES", "1"); /* Python workers print their stacks on SIGUSR2 */
