@@ -911,3 +911,76 @@ KT_TEST(kolorun_horovodrun_options, 30)
     KT_EQ(run(&p, a2, 10), 0);
     KT_CONTAINS(p.obuf, "[0]<stdout>:9\n");
 }
+
+/* horovodrun's --config-file: its keys become the options they stand for, the command line wins
+ * whatever the order, and every problem names the file and line. */
+KT_TEST(kolorun_config_file, 30)
+{
+    char *d = tmpdir(), cfg[4300], bad[4300];
+    snprintf(cfg, sizeof(cfg), "%s/hvd.yaml", d);
+    write_file(cfg,
+               "# Horovod's example, with kolo's values\n"
+               "controller: gloo\n"
+               "params:\n"
+               "    fusion_threshold_mb: 32\n"
+               "    cycle_time_ms: 10   # overridden below\n"
+               "    hierarchical_allreduce: false\n"
+               "autotune:\n"
+               "    enabled: true\n"
+               "    log_file: '/tmp/at log.csv'\n"
+               "timeline:\n"
+               "    mark_cycles: yes\n"
+               "stall_check:\n"
+               "    enabled: false\n"
+               "    warning_time_seconds: 120\n"
+               "library_options:\n"
+               "    gloo_timeout_seconds: 60\n"
+               "logging:\n"
+               "    level: DEBUG\n"
+               "    with_timestamp: false\n",
+               0644);
+    const char *show = "for v in KOLO_FUSION_THRESHOLD KOLO_CYCLE_TIME KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG "
+                       "KOLO_TIMELINE_MARK_CYCLES KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_START_TIMEOUT "
+                       "KOLO_LOG_LEVEL KOLO_LOG_TIME; do eval \"echo $v=\\$$v\"; done";
+    const char *args[] = {"-np", "1", "--config-file", cfg, "--cycle-time-ms", "3", "sh", "-c", show, NULL};
+    kproc p;
+    int code = run(&p, args, 10);
+    KT_ASSERTF(code == 0, "exit %d: %s", code, p.ebuf);
+    static const char *const want[] = {"KOLO_FUSION_THRESHOLD=33554432", "KOLO_CYCLE_TIME=3", "KOLO_AUTOTUNE=1",
+                                       "KOLO_AUTOTUNE_LOG=/tmp/at log.csv", "KOLO_TIMELINE_MARK_CYCLES=1",
+                                       "KOLO_STALL_CHECK_DISABLE=1", "KOLO_STALL_CHECK_TIME=120",
+                                       "KOLO_START_TIMEOUT=60", "KOLO_LOG_LEVEL=debug", "KOLO_LOG_TIME=0"};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(want); i++) {
+        char line[256];
+        snprintf(line, sizeof(line), "[0]<stdout>:%s\n", want[i]);
+        KT_CONTAINS(p.obuf, line);
+    }
+    struct {
+        const char *text, *says;
+    } cases[] = {
+        {"params:\n  fusion_threshold_mb: lots\n", ":2: params.fusion_threshold_mb: 'lots' is not a number"},
+        {"params:\n  fusion_mb: 3\n", ":2: params.fusion_mb: not a key of section params (fusion_threshold_mb"},
+        {"paramz:\n  cycle_time_ms: 3\n", ":2: paramz.cycle_time_ms: not a section"},
+        {"library_options:\n  mpi_threads_disable: true\n", ":2: library_options.mpi_threads_disable: "
+                                                             "--mpi-threads-disable is horovodrun's"},
+        {"params:\n  hierarchical_allgather: maybe\n", "'maybe' is not true or false"},
+        {"params:\n  - 3\n", ":2: expected 'key: value'"},
+        {"params:\n  cycle_time_ms: 3\n  cycle_time_ms: 4\n", ":3: 'params.cycle_time_ms' is given twice"},
+        {"params:\n  cycle_time_ms: 3\n    cache_capacity: 4\n", ":3: 'cache_capacity' is indented by 4"},
+        {"params:\n\tcycle_time_ms: 3\n", ":2: a tab"},
+        {"controller: mpi\n", "run mpirun directly"},
+        {"  cycle_time_ms: 3\n", ":1: 'cycle_time_ms' is indented but no section"},
+    };
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++) {
+        snprintf(bad, sizeof(bad), "%s/bad%zu.yaml", d, c);
+        write_file(bad, cases[c].text, 0644);
+        const char *a[] = {"-np", "1", "--config-file", bad, "true", NULL};
+        code = run(&p, a, 10);
+        KT_ASSERTF(code == 2, "case %zu: exit %d: %s", c, code, p.ebuf);
+        KT_ASSERTF(kt_count(p.ebuf, "\n") == 1, "case %zu: %s", c, p.ebuf);
+        KT_ASSERTF(strstr(p.ebuf, cases[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, cases[c].says);
+    }
+    const char *missing[] = {"-np", "1", "--config-file", "/nonexistent/hvd.yaml", "true", NULL};
+    KT_EQ(run(&p, missing, 10), 2);
+    KT_CONTAINS(p.ebuf, "cannot read '/nonexistent/hvd.yaml'");
+}

@@ -61,6 +61,8 @@ static const char usage_text[] =
     "  --log-level LEVEL             KOLO_LOG_LEVEL: trace, debug, info, warning, error, none\n"
     "  --network-interface(s) IFS    KOLO_IFACE, e.g. eth0 or eth0,eth1\n"
     "  --tcp                         KOLO_TRANSPORT=tcp (no shared memory)\n"
+    "  --config-file FILE            horovodrun's YAML config (params, autotune, timeline,\n"
+    "                                stall_check, library_options, logging); options win\n"
     "  --log-with-timestamp, --log-without-timestamp   KOLO_LOG_TIME=1 / 0\n"
     "  --autotune                    KOLO_AUTOTUNE=1: tune fusion and cycle time while the job runs\n"
     "  --autotune-log-file FILE      KOLO_AUTOTUNE_LOG (CSV of the samples)\n"
@@ -203,7 +205,7 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP, O_GLOO, O_NO_CACHE, O_LOG_TS,
@@ -246,6 +248,7 @@ static const struct {
     {O_TIMEOUT, "--timeout -timeout"},
     {O_GLOO_TIMEOUT, "--gloo-timeout-seconds"},
     {O_HVD_VALUE, "--mpi-args --binding-args --num-nccl-streams --thread-affinity"},
+    {O_CONFIG, "--config-file"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -288,7 +291,7 @@ static int lookup(const char *arg, size_t len)
 }
 
 /* horovodrun's options that have no meaning for kolorun: why, and what to do instead. */
-static int horovod_only(const char *opt)
+static int horovod_only(const char *opt, const char *where)
 {
     static const struct {
         const char *opt, *why;
@@ -306,9 +309,11 @@ static int horovod_only(const char *opt)
         {"--hierarchical-allgather", "kolo has no hierarchical allgather: its collectives use shared memory "
                                      "within a host and TCP between hosts already"},
         {"--torus-allreduce", "kolo has no torus allreduce (Horovod's needs NCCL)"},
+        {"--ccl-bgt-affinity", "kolo has no oneCCL"},
     };
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(why); i++)
-        if (!strcmp(opt, why[i].opt)) return kr_usage_error("%s is horovodrun's: %s", opt, why[i].why);
+        if (!strcmp(opt, why[i].opt))
+            return kr_usage_error("%s%s%s is horovodrun's: %s", where ? where : "", where ? ": " : "", opt, why[i].why);
     return kr_usage_error("%s is horovodrun's and means nothing to kolorun", opt);
 }
 
@@ -411,7 +416,11 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_GLOO_TIMEOUT: /* horovodrun's name for the rendezvous wait (HOROVOD_GLOO_TIMEOUT_SECONDS) */
         return apply(o, O_START_TIMEOUT, opt, v);
     case O_HVD_VALUE:
-    case O_HVD_FLAG: return horovod_only(opt);
+    case O_HVD_FLAG: return horovod_only(opt, NULL);
+    case O_CONFIG:
+        if (!*v) return kr_usage_error("%s: empty file name", opt);
+        o->config_file = v;
+        return -1;
     case O_AT_LOG:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         return add_setting(o, "KOLO_AUTOTUNE_LOG", "%s", v);
@@ -507,8 +516,102 @@ void kr_opts_free(kr_opts *o)
     o->nsetenv = o->nxenv = o->nhosts = 0;
 }
 
+/* ---- --config-file: horovodrun's YAML keys, as the options they stand for ---- */
+
+enum { CK_VALUE, CK_IF_TRUE, CK_BOOL_PAIR };
+static const struct {
+    const char *section, *key;
+    int kind;
+    opt_id id, id_false; /* CK_IF_TRUE: id when true, nothing when false; CK_BOOL_PAIR: id or id_false */
+    const char *refused;  /* horovodrun's option that kolorun refuses, for a value that asks for it */
+} config_keys[] = {
+    {"params", "fusion_threshold_mb", CK_VALUE, O_FUSION, 0, NULL},
+    {"params", "cycle_time_ms", CK_VALUE, O_CYCLE, 0, NULL},
+    {"params", "cache_capacity", CK_VALUE, O_CACHE, 0, NULL},
+    {"params", "hierarchical_allreduce", CK_IF_TRUE, O_HVD_FLAG, 0, "--hierarchical-allreduce"},
+    {"params", "hierarchical_allgather", CK_IF_TRUE, O_HVD_FLAG, 0, "--hierarchical-allgather"},
+    {"autotune", "enabled", CK_IF_TRUE, O_AUTOTUNE, 0, NULL},
+    {"autotune", "log_file", CK_VALUE, O_AT_LOG, 0, NULL},
+    {"autotune", "warmup_samples", CK_VALUE, O_AT_WARMUP, 0, NULL},
+    {"autotune", "steps_per_sample", CK_VALUE, O_AT_STEPS, 0, NULL},
+    {"autotune", "bayes_opt_max_samples", CK_VALUE, O_AT_MAX, 0, NULL},
+    {"autotune", "gaussian_process_noise", CK_VALUE, O_AT_NOISE, 0, NULL},
+    {"timeline", "filename", CK_VALUE, O_TIMELINE, 0, NULL},
+    {"timeline", "mark_cycles", CK_IF_TRUE, O_MARK_CYCLES, 0, NULL},
+    {"stall_check", "enabled", CK_BOOL_PAIR, O_COUNT, O_NO_STALL, NULL}, /* true: the default */
+    {"stall_check", "warning_time_seconds", CK_VALUE, O_STALL_WARN, 0, NULL},
+    {"stall_check", "shutdown_time_seconds", CK_VALUE, O_STALL_SHUTDOWN, 0, NULL},
+    {"library_options", "gloo_timeout_seconds", CK_VALUE, O_GLOO_TIMEOUT, 0, NULL},
+    {"library_options", "mpi_threads_disable", CK_IF_TRUE, O_HVD_FLAG, 0, "--mpi-threads-disable"},
+    {"library_options", "num_nccl_streams", CK_VALUE, O_HVD_VALUE, 0, "--num-nccl-streams"},
+    {"library_options", "ccl_bgt_affinity", CK_VALUE, O_HVD_VALUE, 0, "--ccl-bgt-affinity"},
+    {"logging", "level", CK_VALUE, O_LOG_LEVEL, 0, NULL},
+    {"logging", "with_timestamp", CK_BOOL_PAIR, O_LOG_TS, O_LOG_NO_TS, NULL},
+};
+
+typedef struct {
+    kr_opts *o;
+    const bool *given; /* [O_COUNT]: options of the command line, which win over the file */
+} config_ctx;
+
+static int parse_bool(const char *v, bool *out)
+{
+    static const char *const t[] = {"true", "yes", "on", "1"}, *const f[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(v, t[i])) return *out = true, 1;
+        if (!strcasecmp(v, f[i])) return *out = false, 1;
+    }
+    return 0;
+}
+
+static int config_value(void *ctxp, const char *section, const char *key, const char *v, const char *path, int line)
+{
+    config_ctx *c = ctxp;
+    char where[512];
+    snprintf(where, sizeof(where), "%s:%d: %s%s%s", path, line, section, *section ? "." : "", key);
+    if (!*section && !strcmp(key, "controller")) {
+        if (!strcasecmp(v, "gloo")) return -1;
+        if (!strcasecmp(v, "mpi")) return horovod_only("--mpi", where);
+        return kr_usage_error("%s: '%s' is not a controller (gloo)", where, v);
+    }
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(config_keys); i++) {
+        if (strcmp(config_keys[i].section, section) || strcmp(config_keys[i].key, key)) continue;
+        opt_id id = config_keys[i].id, idf = config_keys[i].id_false;
+        bool b = false;
+        if (config_keys[i].kind != CK_VALUE && !parse_bool(v, &b))
+            return kr_usage_error("%s: '%s' is not true or false", where, v);
+        /* the command line wins, whatever the order (as horovodrun) */
+        bool start = id == O_START_TIMEOUT || id == O_GLOO_TIMEOUT;
+        if ((id < O_COUNT && c->given[id]) || (config_keys[i].kind == CK_BOOL_PAIR && c->given[idf]) ||
+            (start && (c->given[O_START_TIMEOUT] || c->given[O_GLOO_TIMEOUT])))
+            return -1;
+        if (config_keys[i].refused && (config_keys[i].kind == CK_VALUE || b))
+            return horovod_only(config_keys[i].refused, where);
+        switch (config_keys[i].kind) {
+        case CK_VALUE: return apply(c->o, id, where, v);
+        case CK_IF_TRUE: return b ? apply(c->o, id, where, NULL) : -1;
+        default: {
+            opt_id use = b ? id : idf;
+            return use < O_COUNT ? apply(c->o, use, where, NULL) : -1;
+        }
+        }
+    }
+    char known[1024] = "";
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(config_keys); i++)
+        if (!strcmp(config_keys[i].section, section)) {
+            strncat(known, *known ? ", " : "", sizeof(known) - strlen(known) - 1);
+            strncat(known, config_keys[i].key, sizeof(known) - strlen(known) - 1);
+        }
+    if (!*known)
+        return kr_usage_error("%s: not a section of a Horovod config file (controller, params, autotune, timeline, "
+                              "stall_check, library_options, logging)",
+                              where);
+    return kr_usage_error("%s: not a key of section %s (%s)", where, section, known);
+}
+
 int kr_cli_parse(int argc, char **argv, kr_opts *o)
 {
+    bool given[O_COUNT] = {false};
     o->tag_output = true;
     o->grace = 5.0;
     o->start_timeout = 30.0;
@@ -554,6 +657,12 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
             val = pair;
         }
         int r = apply(o, (opt_id)id, opt, val);
+        if (r != -1) return r;
+        given[id] = true;
+    }
+    if (o->config_file) {
+        config_ctx c = {o, given};
+        int r = kr_config_read(o->config_file, config_value, &c);
         if (r != -1) return r;
     }
     if (i >= argc) return kr_usage_error("no command given (e.g. kolorun -np 2 python train.py)");

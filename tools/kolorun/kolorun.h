@@ -60,6 +60,7 @@ typedef struct kr_opts {
     double grace;             /* seconds between SIGTERM and SIGKILL */
     double timeout;           /* --timeout: seconds the job may run, 0 none */
     bool stack_traces;        /* --get-stack-traces: print the workers' stacks at the timeout */
+    const char *config_file;  /* --config-file (horovodrun's YAML), read after the command line */
 
     bool tag_output;          /* [rank]<stdout>: prefix */
     bool prefix_timestamp;
@@ -168,6 +169,15 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o);
 void kr_opts_free(kr_opts *o);
 /* Prints "kolorun: error: <fmt>" and a hint on one line; returns KR_EXIT_USAGE. */
 int kr_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- config.c ---- */
+/* Called for each value of a --config-file: section ("" at the top level), key, value. Returns
+ * -1 to go on, or an exit code (after printing why). */
+typedef int (*kr_config_fn)(void *ctx, const char *section, const char *key, const char *value, const char *path,
+                            int line);
+/* Reads horovodrun's YAML config file. Returns -1 when every value was taken, or the exit code
+ * of the first problem (one line printed, naming the file and line). */
+int kr_config_read(const char *path, kr_config_fn fn, void *ctx);
 
 /* ---- hosts.c ---- */
 /* Fills o->hosts from -H, --hostfile or the default (np local slots), checks np against the
