@@ -984,3 +984,60 @@ KT_TEST(kolorun_config_file, 30)
     KT_EQ(run(&p, missing, 10), 2);
     KT_CONTAINS(p.ebuf, "cannot read '/nonexistent/hvd.yaml'");
 }
+
+/* --status-file: the job's state as JSON, while it runs and after. */
+KT_TEST(kolorun_status_file, 30)
+{
+    subreaper();
+    char *d = tmpdir(), path[4300], check[9000];
+    snprintf(path, sizeof(path), "%s/status.json", d);
+    const char *args[] = {"-np", "2", "--status-file", path, "sh", "-c",
+                          "echo up; if [ $KOLO_RANK = 1 ]; then sleep 1.5; exit 3; fi; sleep 30", NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "<stdout>:up", 2, 10);
+    /* while it runs: both workers running, with their real pids */
+    char *text = NULL;
+    for (double end = now_s() + 5; now_s() < end; usleep(50000)) {
+        free(text);
+        FILE *f = fopen(path, "r");
+        text = f ? calloc(1, 65536) : NULL;
+        if (f) {
+            size_t n = fread(text, 1, 65535, f);
+            text[n] = '\0';
+            fclose(f);
+        }
+        if (text && kt_count(text, "\"state\": \"running\"") == 3) break;
+    }
+    KT_ASSERTF(text && kt_count(text, "\"state\": \"running\"") == 3, "status while running: %s", text ? text : "(none)");
+    const char *q = text;
+    for (int r = 0; r < 2; r++) {
+        q = strstr(q, "\"pid\": ");
+        KT_ASSERT(q);
+        int pid = atoi(q + 7);
+        KT_ASSERTF(pid > 0 && kill(pid, 0) == 0, "rank %d's pid %d is not alive", r, pid);
+        q++;
+    }
+    free(text);
+    int code = kt_proc_finish(&p, 20);
+    KT_EQ(code, 3);
+    /* the last write: done, its code, who failed and who was terminated; valid JSON */
+    snprintf(check, sizeof(check),
+             "python3 -c \"import json,sys; s=json.load(open(sys.argv[1])); w=s['workers']; "
+             "assert s['state']=='done' and s['exit_code']==3 and s['workers_running']==0, s; "
+             "assert 'rank 1' in s['reason'] and 'code 3' in s['reason'], s; "
+             "assert w[1]['state']=='failed' and w[1]['exit_code']==3, w; "
+             "assert w[0]['state']=='terminated' and w[0]['signal']=='SIGTERM', w\" %s",
+             path);
+    KT_ASSERTF(system(check) == 0, "final status wrong: see above");
+    KT_ASSERT(access(path, F_OK) == 0);
+    char tmp[4400];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    KT_ASSERT(access(tmp, F_OK) != 0);
+    assert_no_descendants(5);
+
+    /* a file that cannot be written: one warning, the job is not affected */
+    const char *a2[] = {"-np", "1", "--status-file", "/nonexistent/dir/status.json", "true", NULL};
+    KT_EQ(run(&p, a2, 10), 0);
+    KT_EQ(kt_count(p.ebuf, "--status-file: cannot write"), 1);
+}

@@ -43,6 +43,8 @@ static const char usage_text[] =
     "  --output-filename DIR         also write DIR/rank.N/stdout and DIR/rank.N/stderr\n"
     "  --grace-seconds S             after SIGTERM, wait S seconds before SIGKILL (default 5)\n"
     "  --timeout S                   stop the job when it has run S seconds (exit code 124)\n"
+    "  --status-file FILE            keep the job's state in FILE as JSON (workers, pids, states,\n"
+    "                                exit codes, output idle times), rewritten at each change\n"
     "  --get-stack-traces            at --timeout, first print every local worker's stacks\n"
     "                                (gdb's native ones; Python's, for workers that import kolo)\n"
     "CPU binding of local workers\n"
@@ -205,7 +207,7 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP, O_GLOO, O_NO_CACHE, O_LOG_TS,
@@ -249,6 +251,7 @@ static const struct {
     {O_GLOO_TIMEOUT, "--gloo-timeout-seconds"},
     {O_HVD_VALUE, "--mpi-args --binding-args --num-nccl-streams --thread-affinity"},
     {O_CONFIG, "--config-file"},
+    {O_STATUS, "--status-file"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -417,6 +420,10 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
         return apply(o, O_START_TIMEOUT, opt, v);
     case O_HVD_VALUE:
     case O_HVD_FLAG: return horovod_only(opt, NULL);
+    case O_STATUS:
+        if (!*v) return kr_usage_error("%s: empty file name", opt);
+        o->status_file = v;
+        return -1;
     case O_CONFIG:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         o->config_file = v;

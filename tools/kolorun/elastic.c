@@ -698,3 +698,5 @@ void kr_elastic_finish(kr_job *j, bool print)
     free(el);
     j->el = NULL;
 }
+
+int kr_elastic_round(const kr_job *j) { return j->el ? j->el->round : 0; }

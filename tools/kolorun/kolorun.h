@@ -61,6 +61,7 @@ typedef struct kr_opts {
     double timeout;           /* --timeout: seconds the job may run, 0 none */
     bool stack_traces;        /* --get-stack-traces: print the workers' stacks at the timeout */
     const char *config_file;  /* --config-file (horovodrun's YAML), read after the command line */
+    const char *status_file;  /* --status-file: the job's state as JSON (status.c) */
 
     bool tag_output;          /* [rank]<stdout>: prefix */
     bool prefix_timestamp;
@@ -109,6 +110,7 @@ typedef struct kr_rank {
     int stdin_fd;             /* write end of rank 0's stdin pipe, or -1 */
     char (*tail)[KR_TAIL_COLS]; /* ring of the last KR_TAIL_LINES stderr lines */
     int tail_next, tail_count;
+    double last_output;       /* kr_now() of its last output (or its start) */
 
     /* elastic jobs: the index in the job's array is the worker id */
     int id;                   /* worker id: its index in the job's array */
@@ -157,6 +159,8 @@ bool kr_elastic_on_exit(kr_job *j, int i);
 int kr_elastic_tick(kr_job *j, double now);
 /* When kr_elastic_tick wants to run next (absolute, kr_now()). */
 double kr_elastic_wake(const kr_job *j);
+/* The current round, 0 outside elastic jobs. */
+int kr_elastic_round(const kr_job *j);
 /* The end: the lines about rounds and lost workers; closes the store connection. */
 void kr_elastic_finish(kr_job *j, bool print);
 
@@ -239,6 +243,11 @@ bool kr_write_all(int fd, const void *buf, size_t n);
 /* ---- stacks.c ---- */
 /* --get-stack-traces: Python and native stacks of every running local worker (stderr). */
 void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit);
+
+/* ---- status.c ---- */
+/* --status-file: writes the job's state (running, stopping, done), exit_code (-1: none yet)
+ * and why it stops or stopped (NULL: nothing to say), atomically. */
+void kr_status_write(const kr_job *j, const char *state, int exit_code, const char *reason, double elapsed);
 
 /* ---- supervise.c ---- */
 /* Runs the job until every worker has ended; returns kolorun's exit code. A non-zero

@@ -195,6 +195,7 @@ bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s)
         return false;
     }
     s->len += (size_t)n;
+    r->last_output = kr_now();
     size_t start = 0;
     for (size_t i = s->len - (size_t)n; i < s->len; i++) {
         if (s->buf[i] != '\n') continue;

@@ -326,6 +326,7 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
         goto err_close;
     }
     r->pid = pid;
+    r->last_output = kr_now();
     r->running = true;
     r->out.fd = out[0];
     r->err.fd = err[0];

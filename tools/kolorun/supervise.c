@@ -333,6 +333,32 @@ static void summary(sup *s)
     if (ns) kr_say("%s%s %s never started", s->unit, ns == 1 ? "" : "s", list);
 }
 
+/* --status-file: the job as it is now; final: done, with its exit code. */
+static void write_status(sup *s, bool final, int code)
+{
+    const kr_opts *o = s->o;
+    char reason[1024] = "", w[64], how[256];
+    if (s->root >= 0) {
+        const kr_rank *r = &s->ranks[s->root];
+        kr_describe(r, o, how, sizeof(how));
+        snprintf(reason, sizeof(reason), "%s on host %s %s", who(s, r, w, sizeof(w)), o->hosts[r->host].name, how);
+    } else if (s->phase == SETTLING) {
+        snprintf(reason, sizeof(reason), "a %s failed", s->unit);
+    } else if (s->got_signal) {
+        snprintf(reason, sizeof(reason), "kolorun got %s", sig_name(s->got_signal));
+    } else if (s->timed_out) {
+        snprintf(reason, sizeof(reason), "the job ran past --timeout %g s", o->timeout);
+    } else if (s->elastic_end) {
+        snprintf(reason, sizeof(reason), "the elastic job could not go on");
+    } else if (s->start_timed_out) {
+        snprintf(reason, sizeof(reason), "remote workers did not start within --start-timeout %g s", o->start_timeout);
+    } else if (s->launch_code) {
+        snprintf(reason, sizeof(reason), "the job could not be started");
+    }
+    const char *state = final ? "done" : s->phase == RUNNING ? "running" : "stopping";
+    kr_status_write(s->j, state, final ? code : -1, reason, kr_now() - s->t0);
+}
+
 /* The root cause among the failed ranks (see the top of the file). */
 static void pick_root(sup *s)
 {
@@ -400,6 +426,8 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
     }
     double start_deadline = s.t0 + o->start_timeout;
     double job_deadline = o->timeout > 0 ? s.t0 + o->timeout : 1e300;
+    double next_status = 0;       /* --status-file: rewritten at a change, and each second */
+    uint64_t status_sig = ~0ull;
     double drain_deadline = 0;
     bool groups_cleared = false;
 
@@ -480,6 +508,16 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
             s.timed_out = true;
             begin_terminate(&s, SIGTERM);
         }
+        if (o->status_file) {
+            uint64_t started = 0;
+            for (int i = 0; i < n; i++) started += ranks[i].started;
+            uint64_t sig = (uint64_t)s.phase | (uint64_t)count_running(&s) << 4 | (uint64_t)n << 24 | started << 44;
+            if (sig != status_sig || now >= next_status) {
+                write_status(&s, false, 0);
+                status_sig = sig;
+                next_status = now + 1.0;
+            }
+        }
         int open_streams = 0;
         for (int i = 0; i < n; i++) open_streams += (ranks[i].out.fd >= 0) + (ranks[i].err.fd >= 0);
         if (count_running(&s) == 0) {
@@ -519,6 +557,7 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
         if (s.phase == RUNNING && job_deadline < wake) wake = job_deadline;
+        if (o->status_file && next_status < wake) wake = next_status;
         if (groups_cleared && drain_deadline < wake) wake = drain_deadline;
         if (j->el && s.phase == RUNNING) {
             double ew = kr_elastic_wake(j);
@@ -569,5 +608,6 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
     else if (s.timed_out) code = KR_EXIT_TIMEOUT;
     if (s.root >= 0 || s.got_signal || s.start_timed_out || s.launch_code || s.timed_out) summary(&s);
     if (code && (s.root >= 0 || s.start_timed_out || s.timed_out)) kr_say("exit code %d", code);
+    write_status(&s, true, code);
     return code;
 }
