@@ -285,7 +285,6 @@ static struct {
     double score, seconds, sample_bytes;
     kolo__bo bo;
     FILE *log;
-    char log_path[1024];
 } T;
 
 static double x_to_fusion_mib(double x) { return x * FUSION_MAX_MIB; }
@@ -365,7 +364,6 @@ void kolo__tune_start(void)
     apply_x(T.x);
     const char *path = kolo__setting_str(KOLO_SET_AUTOTUNE_LOG);
     if (*path) {
-        snprintf(T.log_path, sizeof(T.log_path), "%s", path);
         T.log = fopen(path, "w");
         if (!T.log)
             KOLO_WARN("KOLO_AUTOTUNE_LOG: cannot write '%s' (%s); tuning goes on without a log", path,
@@ -398,8 +396,9 @@ static void say_result(void)
     /* the chosen values are what the user asked for: shown unless warnings are silenced */
     if (kolo__log_level <= KOLO_LOG_WARNING)
         kolo__log(KOLO_LOG_INFO,
-                  "autotune: done after %d configurations: %s%s (%.1f MB/s; the defaults %.1f). Set these "
-                  "(or kolorun --cycle-time-ms / --fusion-threshold-mb) to start a job there without tuning",
+                  "autotune: done after %d configurations: %s%s, kept by the model of all samples (its sample "
+                  "%.1f MB/s, the defaults' %.1f). Set these (or kolorun --cycle-time-ms / --fusion-threshold-mb) "
+                  "to start a job there without tuning",
                   T.scored, cyc, fus, T.best_score, T.default_score);
 }
 
@@ -488,7 +487,7 @@ void kolo__tune_after_cycle(void)
 void kolo__tune_stop(void)
 {
     if (T.on && E.rank == 0 && T.scored > 0)
-        KOLO_INFO("autotune: the engine stopped after %d of %d configurations; nothing was kept", T.scored,
+        KOLO_INFO("autotune: the engine stopped after %d of %d configurations, before tuning ended", T.scored,
                   T.max_samples);
     if (T.log) fclose(T.log);
     memset(&T, 0, sizeof(T));

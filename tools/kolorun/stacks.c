@@ -49,7 +49,9 @@ static int group_members(pid_t pgid, pid_t *out, int cap)
         const char *q = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
         int ppid = 0, pgrp = 0;
         char state;
-        if (q && sscanf(q + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid) out[n++] = (pid_t)pid;
+        if (q && sscanf(q + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z' &&
+            state != 'X')
+            out[n++] = (pid_t)pid; /* a zombie has no stack to show */
     }
     closedir(d);
     return n;
