@@ -381,8 +381,11 @@ KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
     kt_proc p;
     char dir[512];
     snprintf(dir, sizeof(dir), "%s/out", kt_scratch());
-    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "--output-filename", dir, kt_self(),
-                                                     "--worker", "elastic_train", "40", "die=2:12", NULL},
+    char tl[600];
+    snprintf(tl, sizeof(tl), "%s/tl.json", kt_scratch());
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "--output-filename", dir,
+                                                     "--timeline-filename", tl, kt_self(), "--worker", "elastic_train",
+                                                     "40", "die=2:12", NULL},
                            50);
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2 of round 1) on host localhost was killed by SIGKILL");
@@ -403,6 +406,13 @@ KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
         fclose(f);
         if (w < 2) KT_CONTAINS(text, w ? "done: worker 1 rank 1" : "done: worker 0 rank 0");
         else KT_EQ(strstr(text, "done:") == NULL, 1);
+    }
+    /* the timeline: round 1's files (3 ranks) kept beside round 2's (2 ranks), each valid JSON */
+    static const char *const files[] = {"", ".1", ".2", ".round2", ".round2.1"};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(files); i++) {
+        char cmd[1400];
+        snprintf(cmd, sizeof(cmd), "python3 -c \"import json,sys; json.load(open(sys.argv[1]))\" %s%s", tl, files[i]);
+        KT_ASSERTF(system(cmd) == 0, "timeline %s%s missing or not JSON", tl, files[i]);
     }
     kt_proc_free(&p);
 }

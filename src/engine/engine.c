@@ -434,10 +434,15 @@ static void *engine_main(void *arg)
 
 /* ---- start and stop ---- */
 
+/* Rank 0 writes PATH, rank r PATH.r. An elastic job's rounds after the first write
+ * PATH.roundG and PATH.roundG.r: ranks change hands between rounds, and a round's rank r
+ * reopening PATH.r would truncate the timeline another worker wrote there. */
 static void timeline_path(const char *path, int rank, char *out, size_t cap)
 {
-    if (rank == 0) snprintf(out, cap, "%s", path);
-    else snprintf(out, cap, "%s.%d", path, rank);
+    char round[32] = "";
+    if (W.elastic && W.elastic_round > 1) snprintf(round, sizeof(round), ".round%d", W.elastic_round);
+    if (rank == 0) snprintf(out, cap, "%s%s", path, round);
+    else snprintf(out, cap, "%s%s.%d", path, round, rank);
 }
 
 /* Every rank adopts rank 0's cache capacity and fusion threshold: the bits and the fusion
