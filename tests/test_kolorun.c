@@ -155,6 +155,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--get-stack-traces", "sh", "-c", worker, NULL}, "give --timeout too"},
         {{"-np", "1", "--timeout", "0", "sh", "-c", worker, NULL}, "--timeout"},
         {{"-np", "1", "--mpi", "sh", "-c", worker, NULL}, "run mpirun directly"},
+        {{"-np", "1", "--output-ranks", "0,x", "sh", "-c", worker, NULL}, "item 2 of '0,x'"},
+        {{"-np", "1", "--output-ranks", "3-1", "sh", "-c", worker, NULL}, "not a range"},
         {{"-np", "1", "--hierarchical-allreduce", "sh", "-c", worker, NULL}, "no hierarchical allreduce"},
         {{"-np", "1", "--num-nccl-streams", "2", "sh", "-c", worker, NULL}, "no NCCL"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
@@ -1040,4 +1042,35 @@ KT_TEST(kolorun_status_file, 30)
     const char *a2[] = {"-np", "1", "--status-file", "/nonexistent/dir/status.json", "true", NULL};
     KT_EQ(run(&p, a2, 10), 0);
     KT_EQ(kt_count(p.ebuf, "--status-file: cannot write"), 1);
+}
+
+/* --output-ranks: only those ranks' lines reach the console; the files and the failure report
+ * still get everyone's. */
+KT_TEST(kolorun_output_ranks, 30)
+{
+    char *d = tmpdir();
+    const char *args[] = {"-np", "4", "--output-ranks", "0,2-3", "--output-filename", d, "sh", "-c",
+                          "echo out $KOLO_RANK; echo err $KOLO_RANK >&2; [ $KOLO_RANK != 1 ] || { sleep 0.3; exit 5; }",
+                          NULL};
+    kproc p;
+    int code = run(&p, args, 20);
+    KT_EQ(code, 5);
+    for (int r = 0; r < 4; r++) {
+        char o[64], e[64];
+        snprintf(o, sizeof(o), "[%d]<stdout>:out %d\n", r, r);
+        snprintf(e, sizeof(e), "[%d]<stderr>:err %d\n", r, r);
+        KT_ASSERTF((strstr(p.obuf, o) != NULL) == (r != 1), "rank %d's stdout line: %s", r, p.obuf);
+        KT_ASSERTF((strstr(p.ebuf, e) != NULL) == (r != 1), "rank %d's stderr line: %s", r, p.ebuf);
+    }
+    /* rank 1 failed: the report quotes its stderr even though the console did not show it */
+    KT_CONTAINS(p.ebuf, "kolorun: rank 1 on host localhost exited with code 5");
+    KT_CONTAINS(p.ebuf, "err 1");
+    char path[4400], text[256] = "";
+    snprintf(path, sizeof(path), "%s/rank.1/stdout", d);
+    FILE *f = fopen(path, "r");
+    KT_ASSERTF(f, "no %s", path);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    KT_CONTAINS(text, "out 1");
 }

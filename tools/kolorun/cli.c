@@ -41,6 +41,8 @@ static const char usage_text[] =
     "  --tag-output=rank|none        prefix lines with [rank]<stdout>: (default rank)\n"
     "  --prefix-timestamp            prefix lines with the wall-clock time\n"
     "  --output-filename DIR         also write DIR/rank.N/stdout and DIR/rank.N/stderr\n"
+    "  --output-ranks LIST           print only these ranks' lines, e.g. 0 or 0,4-7 (the files\n"
+    "                                and failure reports still get every rank's)\n"
     "  --grace-seconds S             after SIGTERM, wait S seconds before SIGKILL (default 5)\n"
     "  --timeout S                   stop the job when it has run S seconds (exit code 124)\n"
     "  --status-file FILE            keep the job's state in FILE as JSON (workers, pids, states,\n"
@@ -207,7 +209,7 @@ typedef enum {
     O_NP, O_HOSTS, O_HOSTFILE, O_X, O_SSH_PORT, O_SSH_ID, O_SSH, O_START_TIMEOUT, O_GRACE,
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
-    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS, O_OUT_RANKS, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP, O_GLOO, O_NO_CACHE, O_LOG_TS,
@@ -252,6 +254,7 @@ static const struct {
     {O_HVD_VALUE, "--mpi-args --binding-args --num-nccl-streams --thread-affinity"},
     {O_CONFIG, "--config-file"},
     {O_STATUS, "--status-file"},
+    {O_OUT_RANKS, "--output-ranks"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -290,6 +293,39 @@ static int lookup(const char *arg, size_t len)
             while (*p == ' ') p++;
         }
     }
+    return -1;
+}
+
+/* --output-ranks "0,2,4-7": ranges of ranks. */
+static int parse_ranks(kr_opts *o, const char *opt, const char *v)
+{
+    free(o->out_ranks);
+    o->out_ranks = NULL;
+    o->n_out_ranks = 0;
+    size_t items = 1;
+    for (const char *p = v; *p; p++) items += *p == ',';
+    o->out_ranks = calloc(items, sizeof(*o->out_ranks));
+    if (!o->out_ranks) return kr_usage_error("out of memory");
+    const char *p = v;
+    for (size_t i = 0; i < items; i++) {
+        char *end;
+        errno = 0;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p || a < 0 || a > (1L << 30) || errno)
+            return kr_usage_error("%s: item %zu of '%s' is not a rank or a range like 4-7", opt, i + 1, v);
+        if (*end == '-') {
+            const char *q = end + 1;
+            b = strtol(q, &end, 10);
+            if (end == q || b < a || b > (1L << 30))
+                return kr_usage_error("%s: item %zu of '%s' is not a range like 4-7", opt, i + 1, v);
+        }
+        if (*end != ',' && *end != '\0')
+            return kr_usage_error("%s: item %zu of '%s' is not a rank or a range like 4-7", opt, i + 1, v);
+        o->out_ranks[i][0] = (int)a;
+        o->out_ranks[i][1] = (int)b;
+        p = end + 1;
+    }
+    o->n_out_ranks = (int)items;
     return -1;
 }
 
@@ -420,6 +456,7 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
         return apply(o, O_START_TIMEOUT, opt, v);
     case O_HVD_VALUE:
     case O_HVD_FLAG: return horovod_only(opt, NULL);
+    case O_OUT_RANKS: return parse_ranks(o, opt, v);
     case O_STATUS:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         o->status_file = v;
@@ -518,6 +555,9 @@ void kr_opts_free(kr_opts *o)
     free(o->setenv);
     free(o->xenv);
     free(o->hosts);
+    free(o->out_ranks);
+    o->out_ranks = NULL;
+    o->n_out_ranks = 0;
     o->setenv = o->xenv = NULL;
     o->hosts = NULL;
     o->nsetenv = o->nxenv = o->nhosts = 0;

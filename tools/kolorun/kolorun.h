@@ -62,6 +62,8 @@ typedef struct kr_opts {
     bool stack_traces;        /* --get-stack-traces: print the workers' stacks at the timeout */
     const char *config_file;  /* --config-file (horovodrun's YAML), read after the command line */
     const char *status_file;  /* --status-file: the job's state as JSON (status.c) */
+    int (*out_ranks)[2];      /* --output-ranks: [first, last] ranges of ranks printed; NULL: all */
+    int n_out_ranks;
 
     bool tag_output;          /* [rank]<stdout>: prefix */
     bool prefix_timestamp;
@@ -231,6 +233,8 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
 int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n);
 /* An elastic job's worker: DIR/worker.ID/stdout and stderr (ranks change between rounds). */
 int kr_output_open_worker(const kr_opts *o, kr_rank *r);
+/* Whether --output-ranks lets this rank's lines through to kolorun's stdout and stderr. */
+bool kr_rank_shown(const kr_opts *o, int rank);
 /* Reads what is available on s; forwards complete lines. Returns false at EOF (fd closed). */
 bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s);
 /* Forwards the partial line left at EOF and closes the stream. */

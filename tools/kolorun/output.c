@@ -122,6 +122,14 @@ int kr_output_open_worker(const kr_opts *o, kr_rank *r)
     return open_pair(o, r, name);
 }
 
+bool kr_rank_shown(const kr_opts *o, int rank)
+{
+    if (!o->out_ranks) return true;
+    for (int i = 0; i < o->n_out_ranks; i++)
+        if (rank >= o->out_ranks[i][0] && rank <= o->out_ranks[i][1]) return true;
+    return false;
+}
+
 static void remember(kr_rank *r, const char *line, size_t len)
 {
     if (!r->tail) return;
@@ -152,7 +160,7 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
     }
     if (s->is_err) remember(r, line, len);
     int fd = s->is_err ? 2 : 1;
-    if (broken[fd]) return;
+    if (broken[fd] || !kr_rank_shown(o, r->rank)) return;
 
     char prefix[96];
     size_t pl = 0;
