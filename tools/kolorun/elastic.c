@@ -118,51 +118,11 @@ static int add_host(kr_job *j, const char *name, int slots)
 static bool discover(kr_job *j)
 {
     kr_elastic *el = j->el;
-    const char *script = j->o->discovery;
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) return false;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        return false;
-    }
-    if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        dup2(p[1], 1);
-        int dn = open("/dev/null", O_RDONLY);
-        if (dn >= 0) dup2(dn, 0);
-        execl("/bin/sh", "sh", "-c", script, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    char out[65536];
-    size_t len = 0;
-    double deadline = kr_now() + DISCOVERY_TIMEOUT_S;
-    bool timed_out = false;
-    for (;;) {
-        double left = deadline - kr_now();
-        if (left <= 0) {
-            timed_out = true;
-            break;
-        }
-        struct pollfd pfd = {.fd = p[0], .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr <= 0) continue;
-        ssize_t k = read(p[0], out + len, sizeof(out) - 1 - len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        len += (size_t)k;
-        if (len == sizeof(out) - 1) break;
-    }
-    close(p[0]);
-    if (timed_out) kill(pid, SIGKILL);
+    const char *argv[] = {"/bin/sh", "-c", j->o->discovery, NULL};
+    static char out[65536];
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    out[len] = '\0';
+    bool timed_out = false;
+    if (kr_run_capture(argv, false, DISCOVERY_TIMEOUT_S, out, sizeof(out), &st, &timed_out) < 0) return false;
     char why[128] = "";
     if (timed_out) snprintf(why, sizeof(why), "it ran longer than %g s", DISCOVERY_TIMEOUT_S);
     else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {

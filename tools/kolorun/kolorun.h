@@ -229,6 +229,14 @@ void kr_guard_done(int guard_fd);
  * (KR_EXIT_NOTFOUND, KR_EXIT_NOEXEC, KR_EXIT_LAUNCH) after printing why. */
 int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bool give_stdin);
 
+/* Runs argv (argv[0] looked up in PATH) in a process group of its own with stdin /dev/null and
+ * its stdout (and stderr, with_stderr) read into out (NUL-terminated, at most cap-1 bytes), for
+ * at most timeout_s: past that its group is SIGKILLed and *timed_out set. Returns the bytes read
+ * and the wait status in *status (exit 127: it could not be run), or -1 when it could not be
+ * started at all. */
+ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
+                       int *status, bool *timed_out);
+
 /* ---- output.c ---- */
 int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n);
 /* An elastic job's worker: DIR/worker.ID/stdout and stderr (ranks change between rounds). */

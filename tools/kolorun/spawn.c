@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,4 +347,60 @@ err_close:
     }
     arg_free(&a);
     return code;
+}
+
+/* ---- helpers kolorun runs itself (a discovery script, gdb) ---- */
+
+ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
+                       int *status, bool *timed_out)
+{
+    *timed_out = false;
+    *status = 0;
+    int p[2];
+    if (cap == 0 || pipe2(p, O_CLOEXEC) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        /* kolorun blocks the signals it reads through signalfd, and ignores some: not for this */
+        for (size_t i = 0; i < sizeof(reset_signals) / sizeof(reset_signals[0]); i++) signal(reset_signals[i], SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setpgid(0, 0); /* a group of its own: a Ctrl-C meant for the job does not reach it, a timeout kills all of it */
+        dup2(p[1], 1);
+        if (with_stderr) dup2(p[1], 2);
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) dup2(dn, 0);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    double deadline = kr_now() + timeout_s;
+    for (;;) {
+        double left = deadline - kr_now();
+        if (left <= 0) {
+            *timed_out = true;
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            break;
+        }
+        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        int r = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (r <= 0) continue; /* EINTR, or the time is up: the top of the loop decides */
+        ssize_t k = read(p[0], out + len, cap - 1 - len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        len += (size_t)k;
+        if (len == cap - 1) break; /* full: the rest is not read (the helper may get SIGPIPE) */
+    }
+    close(p[0]);
+    out[len] = '\0';
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+    }
+    return (ssize_t)len;
 }

@@ -15,8 +15,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,72 +84,29 @@ static void emit(const char *tag, pid_t pid, const char *line, size_t len)
 /* Runs gdb on pid and prints its threads and frames. Returns false when gdb could not be run. */
 static bool gdb_stacks(pid_t pid, const char *tag)
 {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) return false;
     char pidstr[16];
     snprintf(pidstr, sizeof(pidstr), "%d", (int)pid);
-    pid_t g = fork();
-    if (g < 0) {
-        close(p[0]);
-        close(p[1]);
-        return false;
-    }
-    if (g == 0) {
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) dup2(nul, 0);
-        /* kolorun blocks the signals it reads through signalfd: gdb needs SIGCHLD and the rest */
-        static const int reset[] = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
-        for (size_t i = 0; i < sizeof(reset) / sizeof(reset[0]); i++) signal(reset[i], SIG_DFL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setpgid(0, 0); /* out of kolorun's group: a Ctrl-C meant for the job does not reach it */
-        execlp("gdb", "gdb", "-nx", "-batch", "-p", pidstr, "-ex", "set pagination off", "-ex",
-               "thread apply all bt", (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    char buf[8192];
-    size_t have = 0;
-    int lines = 0;
-    double deadline = kr_now() + GDB_S;
-    for (;;) {
-        double left = deadline - kr_now();
-        if (left <= 0) {
-            kill(g, SIGKILL);
-            emit(tag, pid, " (gdb gave no answer within the time limit)", 43);
-            lines = -1;
-            break;
-        }
-        struct pollfd pf = {.fd = p[0], .events = POLLIN};
-        int r = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) continue;
-        ssize_t m = read(p[0], buf + have, sizeof(buf) - 1 - have);
-        if (m < 0 && errno == EINTR) continue;
-        if (m <= 0) break;
-        have += (size_t)m;
-        char *s = buf, *nl;
-        while ((nl = memchr(s, '\n', have - (size_t)(s - buf)))) {
-            /* the threads and their frames; gdb's chatter (libthread_db, source lines) left out */
-            if (!strncmp(s, "Thread ", 7) || s[0] == '#') {
-                emit(tag, pid, s, (size_t)(nl - s));
-                lines++;
-            }
-            s = nl + 1;
-        }
-        have -= (size_t)(s - buf);
-        memmove(buf, s, have);
-        if (have == sizeof(buf) - 1) have = 0; /* a line longer than the buffer: dropped */
-    }
-    close(p[0]);
+    const char *argv[] = {"gdb", "-nx", "-batch", "-p", pidstr, "-ex", "set pagination off", "-ex",
+                          "thread apply all bt", NULL};
+    size_t cap = (size_t)1 << 20; /* a few hundred threads' frames */
+    char *out = malloc(cap);
     int st = 0;
-    while (waitpid(g, &st, 0) < 0 && errno == EINTR) {
+    bool timed_out = false;
+    if (!out || kr_run_capture(argv, true, GDB_S, out, cap, &st, &timed_out) < 0) {
+        free(out);
+        return true; /* no memory or no fork: nothing to say about gdb */
     }
+    int lines = 0;
+    for (char *save = NULL, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        /* the threads and their frames; gdb's chatter (libthread_db, source lines) left out */
+        if (strncmp(l, "Thread ", 7) != 0 && l[0] != '#') continue;
+        emit(tag, pid, l, strlen(l));
+        lines++;
+    }
+    free(out);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127 && lines == 0) return false;
-    if (lines == 0) emit(tag, pid, " (gdb printed no stack: ptrace not permitted here?)", 51);
+    if (timed_out) emit(tag, pid, " (gdb gave no answer within the time limit)", 43);
+    else if (lines == 0) emit(tag, pid, " (gdb printed no stack: ptrace not permitted here?)", 51);
     return true;
 }
 
