@@ -467,7 +467,7 @@ static int agree_settings(void)
                       "%llu and %llu and follows rank 0",
                       (unsigned long long)all[0], (unsigned long long)all[1], (unsigned long long)mine[0],
                       (unsigned long long)mine[1]);
-        if (all[2] != mine[2])
+        if (!all[2] != !mine[2])
             KOLO_WARN("engine: rank 0 %s KOLO_AUTOTUNE and this rank %s; every rank follows rank 0",
                       all[2] ? "has" : "does not have", mine[2] ? "has" : "does not");
         E.capacity = (int)all[0];
