@@ -982,6 +982,13 @@ KT_TEST(kolorun_config_file, 30)
         KT_ASSERTF(kt_count(p.ebuf, "\n") == 1, "case %zu: %s", c, p.ebuf);
         KT_ASSERTF(strstr(p.ebuf, cases[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, cases[c].says);
     }
+    /* a file saved on Windows: a byte-order mark and CRLF line ends */
+    snprintf(bad, sizeof(bad), "%s/crlf.yaml", d);
+    write_file(bad, "\xEF\xBB\xBFparams:\r\n  cycle_time_ms: 4\r\n", 0644);
+    const char *crlf[] = {"-np", "1", "--config-file", bad, "sh", "-c", "echo $KOLO_CYCLE_TIME", NULL};
+    code = run(&p, crlf, 10);
+    KT_ASSERTF(code == 0, "exit %d: %s", code, p.ebuf);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:4\n");
     const char *missing[] = {"-np", "1", "--config-file", "/nonexistent/hvd.yaml", "true", NULL};
     KT_EQ(run(&p, missing, 10), 2);
     KT_CONTAINS(p.ebuf, "cannot read '/nonexistent/hvd.yaml'");

@@ -4,7 +4,8 @@
  *     params:                     # a section ...
  *       fusion_threshold_mb: 32   # ... of scalars, indented
  *
- * Comments (#), blank lines, quoted scalars ('..' and ".."), any consistent indentation. Other
+ * Comments (#), blank lines, quoted scalars ('..' and ".."), any consistent indentation, CRLF
+ * line ends and a byte-order mark. Other
  * YAML (lists, flow maps, anchors, multi-line scalars, tabs) is refused with the file and line,
  * as is a key given twice; what the keys mean is the caller's (cli.c). */
 #include "kolorun.h"
@@ -68,6 +69,7 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
             rc = kr_usage_error("%s:%d: a tab (YAML indents with spaces)", path, lineno);
             break;
         }
+        if (lineno == 1 && !memcmp(line, "\xEF\xBB\xBF", 3)) memmove(line, line + 3, strlen(line + 3) + 1); /* a BOM */
         uncomment(line);
         int ind = 0;
         while (line[ind] == ' ') ind++;
