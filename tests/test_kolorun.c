@@ -845,7 +845,7 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     KT_CONTAINS(p.obuf, "[0]<stdout>:rank 0 waits");
     KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 waits");
     KT_CONTAINS(p.ebuf, "kolorun: the job ran past --timeout 2 s with 2 ranks still running");
-    KT_CONTAINS(p.ebuf, "stacks of the 2 local ranks still running");
+    KT_CONTAINS(p.ebuf, "stacks of the 2 ranks still running");
     if (have_gdb()) {
         /* where each waits, from gdb: rank 0 inside the allreduce, rank 1 asleep */
         const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");
@@ -881,7 +881,7 @@ KT_TEST(kolorun_timeout_python_stacks_and_a_job_in_time, 90)
     int code = run(&p, args, 80);
     KT_ASSERTF(code == 124, "exit %d; stdout:\n%s\nstderr:\n%s", code, p.obuf, p.ebuf);
     KT_CONTAINS(p.obuf, "[0]<stdout>:imported");
-    KT_CONTAINS(p.ebuf, "(Python stacks follow on their stderr)");
+    KT_CONTAINS(p.ebuf, "(Python workers that import kolo print theirs on their stderr)");
     KT_CONTAINS(p.ebuf, "[0]<stderr>:");
     KT_CONTAINS(p.ebuf, "(most recent call first)");
     KT_CONTAINS(p.ebuf, "in waiting_here");

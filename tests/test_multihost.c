@@ -713,6 +713,43 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
     cluster_down(&c);
 }
 
+/* --timeout --get-stack-traces across hosts: rank 1 on b, asleep, never joins rank 0's allreduce
+ * on a; at the timeout kolorun prints both ranks' stacks, b's over a second ssh, then stops the
+ * job (the worker is test_kolorun.c's). */
+KT_TEST(multihost_timeout_prints_remote_stacks, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    if (!have("gdb")) {
+        printf("  (skipped: no gdb)\n");
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:1,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                          "--start-timeout", "20", "--grace-seconds", "1", "--timeout", "4", "--get-stack-traces",
+                          kt_self(), "--worker", "kolorun_hang", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    int rc = kt_proc_finish(&p, 50);
+    KT_ASSERTF(rc == 124, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 waits");
+    KT_CONTAINS(p.ebuf, "stacks of the 2 ranks still running");
+    const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");
+    KT_ASSERTF(s0 && s1, "no stacks of both ranks:\n%s", p.ebuf);
+    KT_ASSERTF(strstr(s0, "kolo_allreduce"), "rank 0's stack (local) does not show kolo_allreduce:\n%s", p.ebuf);
+    KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack (on b) does not show its sleep:\n%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: exit code 124\n");
+    assert_no_leftovers(&c, true, 0.5);
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* An elastic job across hosts (the worker is test_elastic.c's training loop): it starts on a
  * alone, grows onto b when the discovery script lists b, and goes on when a worker on b is
  * killed; b's other worker stays in the job. kolorun runs on the login node, so every worker is

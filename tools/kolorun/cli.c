@@ -47,7 +47,7 @@ static const char usage_text[] =
     "  --timeout S                   stop the job when it has run S seconds (exit code 124)\n"
     "  --status-file FILE            keep the job's state in FILE as JSON (workers, pids, states,\n"
     "                                exit codes, output idle times), rewritten at each change\n"
-    "  --get-stack-traces            at --timeout, first print every local worker's stacks\n"
+    "  --get-stack-traces            at --timeout, first print every worker's stacks\n"
     "                                (gdb's native ones; Python's, for workers that import kolo)\n"
     "CPU binding of local workers\n"
     "  --bind-to none|core|socket|numa   (default none)\n"

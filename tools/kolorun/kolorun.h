@@ -102,6 +102,7 @@ typedef struct kr_rank {
     pid_t pid;                /* worker (or its ssh); also its process group id; 0: not started */
     bool running;             /* not yet reaped */
     bool started;             /* remote: the wrapper said it started the command */
+    int remote_pid;           /* remote: the command's pid (and process group) on its host, 0 unknown */
     int wstatus;              /* raw wait status once reaped */
     double end_time;          /* when reaped, seconds since launch */
     bool failed;              /* ended badly on its own (not because kolorun terminated it) */
@@ -236,6 +237,10 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
  * started at all. */
 ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
                        int *status, bool *timed_out);
+
+/* ssh's argv (the options kolorun's workers get) running remote_cmd on host; NULL out of memory. */
+char **kr_ssh_argv(const kr_opts *o, int host, const char *remote_cmd);
+void kr_argv_free(char **argv);
 
 /* ---- output.c ---- */
 int kr_output_open_files(const kr_opts *o, kr_rank *ranks, int n);

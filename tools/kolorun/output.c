@@ -144,9 +144,12 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
 {
     if (!s->is_err && !s->marker_seen && r->host >= 0 && !o->hosts[r->host].local) {
         size_t ml = strlen(kr_start_marker);
-        if (len == ml && memcmp(line, kr_start_marker, ml) == 0) {
+        if (len >= ml && len < ml + 12 && memcmp(line, kr_start_marker, ml) == 0) { /* and the pid there */
             s->marker_seen = true;
             r->started = true;
+            char pid[16];
+            snprintf(pid, sizeof(pid), "%.*s", (int)(len - ml), line + ml);
+            r->remote_pid = atoi(pid);
             return;
         }
     }

@@ -123,7 +123,8 @@ void kr_guard_done(int guard_fd)
  * explicitly). The watcher: wait for end of file, SIGTERM the command's group, poll every
  * half second until it is gone, SIGKILL it when the grace period is over. The wrapper kills
  * the watcher once the command has ended, and exits with the command's status (128+N when
- * a signal killed it: sh cannot re-raise it across ssh). */
+ * a signal killed it: sh cannot re-raise it across ssh). The start marker carries the
+ * command's pid there (its process group's, by setsid), for --get-stack-traces (stacks.c). */
 static const char remote_wrapper[] =
     "g=$1; shift\n"
     "exec 3<&0\n"
@@ -137,7 +138,7 @@ static const char remote_wrapper[] =
     "w=$!\n"
     "exec 3<&-\n"
     "trap 'kill -TERM -$c $c 2>/dev/null' TERM HUP INT\n"
-    "printf '\\001kolorun-remote-started\\001\\n'\n"
+    "printf '\\001kolorun-remote-started\\001%s\\n' \"$c\"\n"
     "while :; do wait $c; s=$?; kill -0 $c 2>/dev/null || break; done\n"
     "kill -KILL -$w $w 2>/dev/null\n"
     "exit $s\n";
@@ -188,9 +189,9 @@ static bool cat_quoted(char **buf, size_t *len, const char *s)
     return ok;
 }
 
-/* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] host 'remote command'.
+/* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] host, into a.
  * Options of --ssh come first: ssh keeps the first value it sees for an option. */
-static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argvec *a)
+static bool ssh_base(const kr_opts *o, int host, argvec *a)
 {
     char *words = strdup(o->ssh_cmd);
     if (!words) return false;
@@ -209,8 +210,28 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
         ok = arg_push(a, strdup("-p")) && arg_push(a, strdup(port));
     }
     if (ok && o->ssh_identity) ok = arg_push(a, strdup("-i")) && arg_push(a, strdup(o->ssh_identity));
-    ok = ok && arg_push(a, strdup(o->hosts[r->host].name));
+    return ok && arg_push(a, strdup(o->hosts[host].name));
+}
 
+char **kr_ssh_argv(const kr_opts *o, int host, const char *remote_cmd)
+{
+    argvec a = {NULL, 0};
+    if (ssh_base(o, host, &a) && arg_push(&a, strdup(remote_cmd))) return a.v;
+    arg_free(&a);
+    return NULL;
+}
+
+void kr_argv_free(char **argv)
+{
+    argvec a = {argv, 0};
+    while (argv && argv[a.n]) a.n++;
+    arg_free(&a);
+}
+
+/* ssh ... host 'cd DIR; exec env VARS /bin/sh -c WRAPPER kolorun-wrap GRACE command...' */
+static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argvec *a)
+{
+    bool ok = ssh_base(o, r->host, a);
     char cwd[4096];
     if (!getcwd(cwd, sizeof(cwd))) snprintf(cwd, sizeof(cwd), ".");
     char *cmd = NULL;

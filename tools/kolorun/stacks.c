@@ -10,7 +10,8 @@
  *     like its other lines.
  *   - Native stacks of every thread, from gdb (`thread apply all bt`), when gdb is installed;
  *     printed as "[rank]<stack PID>:" lines on kolorun's stderr. At most GDB_S per process.
- * Remote workers are not reached (each would need a second ssh), nor more than 64 local ones. */
+ * A remote worker's host is asked the same over a second ssh (remote_stacks, below; the PID is
+ * the remote one). At most 64 local workers. */
 #include "kolorun.h"
 
 #include <dirent.h>
@@ -110,6 +111,58 @@ static bool gdb_stacks(pid_t pid, const char *tag)
     return true;
 }
 
+/* A remote worker's stacks, by a second ssh to its host: the same two sources there, for the
+ * processes of the command's process group (its pid came with the wrapper's start marker).
+ * The script prints "@@stack PID" before each process's frames. Returns false when the host
+ * has no gdb (or nothing could be run there). */
+static const char remote_script[] =
+    "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
+    "for p in $c $more; do\n"
+    "  m=$(awk '/^SigCgt:/ { print substr($2, length($2) - 3) }' /proc/$p/status 2>/dev/null)\n"
+    "  [ -n \"$m\" ] && [ $(( (0x$m >> 11) & 1 )) = 1 ] && kill -USR2 $p 2>/dev/null\n"
+    "done\n"
+    "command -v gdb >/dev/null 2>&1 || { echo @@nogdb; exit 0; }\n"
+    "for p in $c $more; do\n"
+    "  [ -r /proc/$p/status ] || continue\n"
+    "  echo \"@@stack $p\"\n"
+    "  timeout 20 gdb -nx -batch -p $p -ex 'set pagination off' -ex 'thread apply all bt' 2>&1 |"
+    " grep -E '^(Thread |#)'\n"
+    "done\n";
+
+static bool remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
+{
+    char *q = kr_shell_quote(remote_script);
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "sh -c %s kolorun-stacks %d", q ? q : "", r->remote_pid);
+    free(q);
+    char **argv = kr_ssh_argv(o, r->host, cmd);
+    size_t cap = (size_t)1 << 20;
+    char *out = malloc(cap);
+    int st = 0;
+    bool timed_out = false, gdb = true;
+    ssize_t got = argv && out ? kr_run_capture((const char *const *)argv, true, 3 * GDB_S, out, cap, &st, &timed_out)
+                              : -1;
+    kr_argv_free(argv);
+    if (got < 0) {
+        free(out);
+        return true;
+    }
+    pid_t pid = r->remote_pid;
+    int lines = 0;
+    for (char *save = NULL, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (!strcmp(l, "@@nogdb")) gdb = false;
+        else if (!strncmp(l, "@@stack ", 8)) pid = (pid_t)atoi(l + 8);
+        else if (!strncmp(l, "Thread ", 7) || l[0] == '#') {
+            emit(tag, pid, l, strlen(l));
+            lines++;
+        }
+    }
+    free(out);
+    if (timed_out) emit(tag, pid, " (no answer from its host within the time limit)", 48);
+    else if (gdb && lines == 0) emit(tag, pid, " (no stack from its host: ssh failed, or ptrace is not permitted there)", 71);
+    return gdb;
+}
+
 void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit)
 {
     pid_t members[GROUP_MAX * 64];
@@ -126,9 +179,12 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         }
         nw++;
     }
-    if (nw == 0) return;
-    kr_say("stacks of the %d local %s%s still running%s:", nw, unit, nw == 1 ? "" : "s",
-           sent ? " (Python stacks follow on their stderr)" : "");
+    int nremote = 0;
+    for (int i = 0; i < n; i++)
+        nremote += ranks[i].running && !o->hosts[ranks[i].host].local && ranks[i].remote_pid > 0;
+    if (nw + nremote == 0) return;
+    kr_say("stacks of the %d %s%s still running%s:", nw + nremote, unit, nw + nremote == 1 ? "" : "s",
+           sent || nremote ? " (Python workers that import kolo print theirs on their stderr)" : "");
     bool have_gdb = true;
     for (int w = 0; w < nw && have_gdb; w++) {
         const kr_rank *r = &ranks[idx[w]];
@@ -137,4 +193,11 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         for (int k = 0; k < count[w] && have_gdb; k++) have_gdb = gdb_stacks(members[w * GROUP_MAX + k], tag);
     }
     if (!have_gdb) kr_say("gdb is not installed: no native stacks (apt-get install gdb)");
+    for (int i = 0; i < n; i++) {
+        const kr_rank *r = &ranks[i];
+        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0) continue;
+        char tag[32];
+        snprintf(tag, sizeof(tag), "[%d]", r->rank);
+        if (!remote_stacks(o, r, tag)) kr_say("gdb is not installed on %s: no native stacks of its workers", o->hosts[r->host].name);
+    }
 }
