@@ -256,3 +256,53 @@ static void nothing_to_tune(int rank, void *arg)
 }
 
 KT_TEST(autotune_with_nothing_to_tune_or_no_log, 30) { KT_EQ(kt_job(2, nothing_to_tune, NULL, NULL, NULL), 0); }
+
+/* Tuning while a process set runs its own collectives and ranks join after different numbers of
+ * steps: the values change under all of it and every result stays exact. */
+static void tune_sets_join(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_AUTOTUNE", "1", 1);
+    setenv("KOLO_AUTOTUNE_STEPS_PER_SAMPLE", "1", 1);
+    setenv("KOLO_AUTOTUNE_WARMUP_SAMPLES", "0", 1);
+    setenv("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "5", 1);
+    KT_OK(kolo_init());
+    int n = kolo_size(), set = -1, members[2] = {0, 2};
+    KT_OK(kolo_process_set_add(members, 2, &set));
+    int steps = 30 + 5 * rank;
+    enum { C = 70000 };
+    float *g = malloc(C * sizeof(float)), *out = malloc(C * sizeof(float)), s_in[8], s_out[8];
+    KT_ASSERT(g && out);
+    kolo_submit_opts_t in_set = {.process_set = set};
+    kolo_shape_t sh = {.ndim = 1, .dims = {C}}, sh8 = {.ndim = 1, .dims = {8}};
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < C; i++) g[i] = (float)(rank + 1);
+        for (int i = 0; i < 8; i++) s_in[i] = (float)(rank + step);
+        kolo_request_t *r, *rs = NULL;
+        KT_OK(kolo_iallreduce("grad", g, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        if (rank != 1 && step < 30)
+            KT_OK(kolo_iallreduce("set.stat", s_in, s_out, KOLO_FLOAT32, &sh8, KOLO_SUM, 1, 1, &in_set, &rs));
+        KT_ASSERTF(kolo_request_wait(r, WAIT_S) == KOLO_OK, "step %d: %s", step, kolo_request_error(r));
+        float want = 0;
+        for (int q = 0; q < n; q++)
+            if (30 + 5 * q > step) want += (float)(q + 1);
+        KT_ASSERTF(out[0] == want && out[C - 1] == want, "rank %d step %d: %g, expected %g", rank, step, out[C - 1], want);
+        kolo_request_release(r);
+        if (rs) {
+            KT_ASSERTF(kolo_request_wait(rs, WAIT_S) == KOLO_OK, "step %d: %s", step, kolo_request_error(rs));
+            KT_ASSERTF(s_out[7] == (float)(0 + 2 + 2 * step), "rank %d step %d: set sum %g", rank, step, s_out[7]);
+            kolo_request_release(rs);
+        }
+    }
+    kolo_request_t *j;
+    KT_OK(kolo_ijoin(NULL, &j));
+    KT_ASSERTF(kolo_request_wait(j, WAIT_S) == KOLO_OK, "join: %s", kolo_request_error(j));
+    kolo_request_release(j);
+    kolo_engine_params_t p;
+    KT_OK(kolo_engine_params(&p));
+    KT_ASSERTF(p.samples >= 3, "rank %d: %d configurations scored in %d steps", rank, p.samples, steps);
+    free(g);
+    free(out);
+}
+
+KT_TEST(autotune_under_process_sets_and_join, 60) { KT_EQ(kt_job(3, tune_sets_join, NULL, NULL, NULL), 0); }
