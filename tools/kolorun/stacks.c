@@ -193,11 +193,15 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         for (int k = 0; k < count[w] && have_gdb; k++) have_gdb = gdb_stacks(members[w * GROUP_MAX + k], tag);
     }
     if (!have_gdb) kr_say("gdb is not installed: no native stacks (apt-get install gdb)");
+    bool *no_gdb = calloc((size_t)o->nhosts, sizeof(bool)); /* said once per host */
     for (int i = 0; i < n; i++) {
         const kr_rank *r = &ranks[i];
-        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0) continue;
+        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || (no_gdb && no_gdb[r->host])) continue;
         char tag[32];
         snprintf(tag, sizeof(tag), "[%d]", r->rank);
-        if (!remote_stacks(o, r, tag)) kr_say("gdb is not installed on %s: no native stacks of its workers", o->hosts[r->host].name);
+        if (remote_stacks(o, r, tag)) continue;
+        kr_say("gdb is not installed on %s: no native stacks of its workers", o->hosts[r->host].name);
+        if (no_gdb) no_gdb[r->host] = true;
     }
+    free(no_gdb);
 }

@@ -502,8 +502,11 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         if (s.phase == RUNNING && now >= job_deadline) {
             char list[1024];
             int live = rank_list(&s, is_running, list, sizeof(list));
-            kr_say("the job ran past --timeout %g s with %d %s%s still running (%s): stopping it", o->timeout, live,
-                   s.unit, live == 1 ? "" : "s", list);
+            if (live)
+                kr_say("the job ran past --timeout %g s with %d %s%s still running (%s): stopping it", o->timeout, live,
+                       s.unit, live == 1 ? "" : "s", list);
+            else /* an elastic job waiting for --min-np slots */
+                kr_say("the job ran past --timeout %g s with no %s running: stopping it", o->timeout, s.unit);
             if (o->stack_traces) kr_dump_stacks(o, ranks, n, s.unit);
             s.timed_out = true;
             begin_terminate(&s, SIGTERM);
