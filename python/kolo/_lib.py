@@ -65,6 +65,11 @@ class EngineStats(ctypes.Structure):
         "fused_collectives", "collectives", "stall_warnings")]
 
 
+class EngineParams(ctypes.Structure):
+    _fields_ = [("cycle_time_ms", ctypes.c_double), ("fusion_threshold", ctypes.c_size_t),
+                ("autotune", ctypes.c_int), ("samples", ctypes.c_int)]
+
+
 def _candidates():
     env = os.environ.get("KOLO_LIBRARY")
     if env:
@@ -219,6 +224,7 @@ kolo_request_release = _proto("kolo_request_release", None, _req, optional=True)
 kolo_timeline_start = _proto("kolo_timeline_start", c_int, c_char_p, c_int, optional=True)
 kolo_timeline_stop = _proto("kolo_timeline_stop", c_int, optional=True)
 kolo_engine_stats = _proto("kolo_engine_stats", c_int, P(EngineStats), optional=True)
+kolo_engine_params = _proto("kolo_engine_params", c_int, P(EngineParams), optional=True)
 
 # ---- elastic jobs (optional: a library without them runs every job as a fixed one) ----
 ELASTIC_NONE, ELASTIC_ADDED, ELASTIC_REMOVED = 0, 1, 2

@@ -344,6 +344,20 @@ def engine_stats():
     return {name: getattr(s, name) for name, _ in _lib.EngineStats._fields_}
 
 
+def engine_params():
+    """The engine's values in use and the autotuner's progress, as a dict: cycle_time_ms,
+    fusion_threshold (bytes; 0: no fusion), autotune ("off", "tuning" or "done": KOLO_AUTOTUNE,
+    kolorun --autotune) and samples (configurations scored). While tuning, every rank reports
+    rank 0's values, which all ranks apply together. kolo's addition."""
+    _require_init()
+    if _lib.kolo_engine_params is None:
+        return {}
+    p = _lib.EngineParams()
+    _lib.check(_lib.kolo_engine_params(ctypes.byref(p)))
+    return {"cycle_time_ms": p.cycle_time_ms, "fusion_threshold": p.fusion_threshold,
+            "autotune": {0: "off", 1: "tuning", 2: "done"}.get(p.autotune, str(p.autotune)), "samples": p.samples}
+
+
 @atexit.register
 def _at_exit():
     # Leave the job cleanly (peers see a goodbye, not a lost connection).
@@ -359,4 +373,5 @@ __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "init", "shutdow
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built", "cuda_built", "rocm_built", "build_info", "ProcessSet",
            "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
-           "stop_timeline", "engine_stats", "HorovodInternalError", "peer_transport", "elastic_round"]
+           "stop_timeline", "engine_stats", "engine_params", "HorovodInternalError", "peer_transport",
+           "elastic_round"]

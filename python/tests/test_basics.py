@@ -149,6 +149,20 @@ def test_timeline_is_valid_json(tmp_path_factory):
     assert "ALLREDUCE" in names
 
 
+def test_engine_params_report_the_settings():
+    p = kolo.engine_params()
+    assert set(p) == {"cycle_time_ms", "fusion_threshold", "autotune", "samples"}
+    tuning = os.environ.get("KOLO_AUTOTUNE", os.environ.get("HOROVOD_AUTOTUNE", "0")) not in ("", "0")
+    assert p["autotune"] == ("tuning" if tuning else "off") or (tuning and p["autotune"] == "done")
+    if not tuning and "KOLO_FUSION_THRESHOLD" not in os.environ and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
+        assert p["fusion_threshold"] == 64 << 20
+    if not tuning and "KOLO_CYCLE_TIME" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ:
+        assert p["cycle_time_ms"] == 1.0
+    # every rank uses rank 0's fusion threshold (agreed at init)
+    mine = np.array([p["fusion_threshold"]], np.int64)
+    assert kolo.broadcast(mine, root_rank=0, name="params.fusion")[0] == p["fusion_threshold"]
+
+
 def test_engine_stats_count_requests():
     before = kolo.engine_stats()
     kolo.allreduce(np.ones(4, np.float32), name="stats")
