@@ -902,11 +902,11 @@ KT_TEST(kolorun_horovodrun_options, 30)
     int code = run(&p, args, 20);
     KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
     KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 of 2 initialized");
-    /* "[0]<stderr>:2026-11-27 17:14:11.435 [kolo 0 info] ..." */
+    /* "[0]<stderr>:2026-11-27T17:14:11.435 [kolo 0 info] ..." (the format of --prefix-timestamp) */
     const char *l = strstr(p.ebuf, "[0]<stderr>:");
     KT_ASSERTF(l, "no log lines: %s", p.ebuf);
     int y, mo, d, h, mi, sec, ms;
-    KT_ASSERTF(sscanf(l + 12, "%4d-%2d-%2d %2d:%2d:%2d.%3d [kolo 0 info]", &y, &mo, &d, &h, &mi, &sec, &ms) == 7 &&
+    KT_ASSERTF(sscanf(l + 12, "%4d-%2d-%2dT%2d:%2d:%2d.%3d [kolo 0 info]", &y, &mo, &d, &h, &mi, &sec, &ms) == 7 &&
                    y >= 2024,
                "not a dated line: %.120s", l);
     const char *a2[] = {"-np", "1", "--gloo-timeout-seconds", "9", "sh", "-c", "echo $KOLO_START_TIMEOUT", NULL};

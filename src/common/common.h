@@ -44,6 +44,10 @@ void kolo__err_clear(void);
 enum { KOLO_LOG_TRACE = 0, KOLO_LOG_DEBUG, KOLO_LOG_INFO, KOLO_LOG_WARNING, KOLO_LOG_ERROR, KOLO_LOG_NONE };
 extern int kolo__log_level;
 void kolo__log_init(void);
+/* The local wall-clock time, ISO 8601 with milliseconds ("2026-11-27T17:14:11.435"), into out
+ * (at least 32 bytes); returns its length. kolo's log lines (KOLO_LOG_TIME) and kolorun's
+ * --prefix-timestamp both use it. */
+size_t kolo__wall_time(char *out, size_t cap);
 void kolo__log_set_rank(int rank);
 void kolo__log(int level, const char *fmt, ...) KOLO_PRINTF(2, 3);
 #define KOLO_LOG(lvl, ...)                                                                          \

@@ -31,17 +31,25 @@ void kolo__log_init(void)
 
 void kolo__log_set_rank(int rank) { log_rank = rank; }
 
+size_t kolo__wall_time(char *out, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    localtime_r(&ts.tv_sec, &tm);
+    size_t w = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    int m = snprintf(out + w, cap - w, ".%03ld", ts.tv_nsec / 1000000);
+    return m > 0 && (size_t)m < cap - w ? w + (size_t)m : w;
+}
+
 void kolo__log(int level, const char *fmt, ...)
 {
     char line[2048], when[40] = "";
     int n;
     if (log_time) {
-        struct timespec ts;
-        struct tm tm;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        localtime_r(&ts.tv_sec, &tm);
-        size_t w = strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
-        snprintf(when + w, sizeof(when) - w, ".%03ld ", ts.tv_nsec / 1000000);
+        size_t w = kolo__wall_time(when, sizeof(when) - 1);
+        when[w] = ' ';
+        when[w + 1] = '\0';
     }
     if (log_rank >= 0)
         n = snprintf(line, sizeof(line), "%s[kolo %d %s] ", when, log_rank, level_names[level]);

@@ -312,12 +312,15 @@ static void seed_x(int i, double *x)
 
 uint32_t kolo__tune_word(void) { return (uint32_t)E.tune_state | (uint32_t)E.tune_samples << 8; }
 
-/* What kolo_engine_params reports (user threads read it). */
+/* What kolo_engine_params reports (user threads read it). Called every cycle when tuning is on:
+ * the shared cache lines are written only when a value changed. */
 static void publish(void)
 {
-    atomic_store(&E.pub_fusion, (uint64_t)E.fusion);
-    atomic_store(&E.pub_cycle_ns, (uint64_t)llround(E.cycle_s * 1e9));
-    atomic_store(&E.pub_state, kolo__tune_word());
+    uint64_t f = (uint64_t)E.fusion, c = (uint64_t)llround(E.cycle_s * 1e9);
+    uint32_t w = kolo__tune_word();
+    if (atomic_load_explicit(&E.pub_fusion, memory_order_relaxed) != f) atomic_store(&E.pub_fusion, f);
+    if (atomic_load_explicit(&E.pub_cycle_ns, memory_order_relaxed) != c) atomic_store(&E.pub_cycle_ns, c);
+    if (atomic_load_explicit(&E.pub_state, memory_order_relaxed) != w) atomic_store(&E.pub_state, w);
 }
 
 void kolo__tune_start(void)

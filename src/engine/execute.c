@@ -589,7 +589,7 @@ int kolo__execute(kolo__pset_state *s)
             q->done = 1;
             if (st != KOLO_OK) continue;
             if (q->d.kind == KOLO__JOIN && q->req) q->req->last_joined = s->last_joined;
-            if (E.autotune && E.rank == 0 && q->req) kolo__tune_observe(s->id, q);
+            if (E.tune_state == KOLO_AUTOTUNE_TUNING && E.rank == 0 && q->req) kolo__tune_observe(s->id, q);
             if (q->req) kolo__pset_complete(s, q->req, KOLO_OK, NULL);
         }
         if (st != KOLO_OK) return st; /* a job error: the caller fails everything that is left */

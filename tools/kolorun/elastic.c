@@ -238,7 +238,6 @@ static void lose(kr_job *j, int i, double now)
     }
 }
 
-
 static int put(kr_job *j, const char *key_fmt_arg, int g, const char *val)
 {
     char key[200];

@@ -8,6 +8,8 @@
  * newline added. Per-rank files (--output-filename) get the raw lines, without tag. */
 #include "kolorun.h"
 
+#include "../../src/common/common.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -168,12 +170,8 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
     char prefix[96];
     size_t pl = 0;
     if (o->prefix_timestamp) {
-        struct timeval tv;
-        struct tm tm;
-        gettimeofday(&tv, NULL);
-        localtime_r(&tv.tv_sec, &tm);
-        pl += strftime(prefix, sizeof(prefix), "%Y-%m-%dT%H:%M:%S", &tm);
-        pl += (size_t)snprintf(prefix + pl, sizeof(prefix) - pl, ".%03d ", (int)(tv.tv_usec / 1000));
+        pl = kolo__wall_time(prefix, 40);
+        prefix[pl++] = ' ';
     }
     if (o->tag_output)
         pl += (size_t)snprintf(prefix + pl, sizeof(prefix) - pl, "[%d]<%s>:", r->rank, s->is_err ? "stderr" : "stdout");

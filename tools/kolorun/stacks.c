@@ -23,7 +23,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define GDB_S 20.0
+#define GDB_S 20.0            /* one process's gdb; a remote host gets 3 times this */
+#define STACKS_BUDGET_S 120.0 /* all of it, before the job is stopped */
 #define GROUP_MAX 16
 
 /* The processes whose process group is pgid (the worker's group), the leader first. */
@@ -113,8 +114,8 @@ static bool gdb_stacks(pid_t pid, const char *tag)
 
 /* A remote worker's stacks, by a second ssh to its host: the same two sources there, for the
  * processes of the command's process group (its pid came with the wrapper's start marker).
- * The script prints "@@stack PID" before each process's frames. Returns false when the host
- * has no gdb (or nothing could be run there). */
+ * The script prints "@@stack PID" before each process's frames. */
+enum { REMOTE_OK, REMOTE_NO_GDB, REMOTE_NO_ANSWER };
 static const char remote_script[] =
     "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
     "for p in $c $more; do\n"
@@ -129,7 +130,7 @@ static const char remote_script[] =
     " grep -E '^(Thread |#)'\n"
     "done\n";
 
-static bool remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
+static int remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
 {
     char *q = kr_shell_quote(remote_script);
     char cmd[8192];
@@ -145,7 +146,7 @@ static bool remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
     kr_argv_free(argv);
     if (got < 0) {
         free(out);
-        return true;
+        return REMOTE_OK; /* no memory or no fork: nothing to say about the host */
     }
     pid_t pid = r->remote_pid;
     int lines = 0;
@@ -158,9 +159,13 @@ static bool remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
         }
     }
     free(out);
-    if (timed_out) emit(tag, pid, " (no answer from its host within the time limit)", 48);
-    else if (gdb && lines == 0) emit(tag, pid, " (no stack from its host: ssh failed, or ptrace is not permitted there)", 71);
-    return gdb;
+    if (timed_out) {
+        emit(tag, pid, " (no answer from its host within the time limit)", 48);
+        return REMOTE_NO_ANSWER;
+    }
+    if (!gdb) return REMOTE_NO_GDB;
+    if (lines == 0) emit(tag, pid, " (no stack from its host: ssh failed, or ptrace is not permitted there)", 71);
+    return REMOTE_OK;
 }
 
 void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit)
@@ -185,23 +190,32 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
     if (nw + nremote == 0) return;
     kr_say("stacks of the %d %s%s still running%s:", nw + nremote, unit, nw + nremote == 1 ? "" : "s",
            sent || nremote ? " (Python workers that import kolo print theirs on their stderr)" : "");
-    bool have_gdb = true;
-    for (int w = 0; w < nw && have_gdb; w++) {
+    /* the job is stopped only after this: it gets STACKS_BUDGET_S in all, however many workers
+     * hang and however many hosts do not answer */
+    double budget_end = kr_now() + STACKS_BUDGET_S;
+    bool have_gdb = true, out_of_time = false;
+    for (int w = 0; w < nw && have_gdb && !out_of_time; w++) {
         const kr_rank *r = &ranks[idx[w]];
         char tag[32];
         snprintf(tag, sizeof(tag), "[%d]", r->rank);
-        for (int k = 0; k < count[w] && have_gdb; k++) have_gdb = gdb_stacks(members[w * GROUP_MAX + k], tag);
+        for (int k = 0; k < count[w] && have_gdb && !(out_of_time = kr_now() > budget_end); k++)
+            have_gdb = gdb_stacks(members[w * GROUP_MAX + k], tag);
     }
     if (!have_gdb) kr_say("gdb is not installed: no native stacks (apt-get install gdb)");
-    bool *no_gdb = calloc((size_t)o->nhosts, sizeof(bool)); /* said once per host */
-    for (int i = 0; i < n; i++) {
+    char *skip = calloc((size_t)o->nhosts, 1); /* hosts already found without gdb or not answering */
+    for (int i = 0; i < n && !out_of_time; i++) {
         const kr_rank *r = &ranks[i];
-        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || (no_gdb && no_gdb[r->host])) continue;
+        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || (skip && skip[r->host])) continue;
+        if ((out_of_time = kr_now() > budget_end)) break;
         char tag[32];
         snprintf(tag, sizeof(tag), "[%d]", r->rank);
-        if (remote_stacks(o, r, tag)) continue;
-        kr_say("gdb is not installed on %s: no native stacks of its workers", o->hosts[r->host].name);
-        if (no_gdb) no_gdb[r->host] = true;
+        int v = remote_stacks(o, r, tag);
+        if (v == REMOTE_NO_GDB)
+            kr_say("gdb is not installed on %s: no native stacks of its workers", o->hosts[r->host].name);
+        else if (v == REMOTE_NO_ANSWER)
+            kr_say("%s did not answer: its other workers' stacks are skipped", o->hosts[r->host].name);
+        if (skip && v != REMOTE_OK) skip[r->host] = 1;
     }
-    free(no_gdb);
+    free(skip);
+    if (out_of_time) kr_say("%g s spent on stacks: the remaining workers' are skipped", STACKS_BUDGET_S);
 }
