@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ pytestmark = pytest.mark.standalone
 pyspark = pytest.importorskip("pyspark")
 
 import kolo.spark  # noqa: E402
+from _netns import make_hosts  # noqa: E402
 from kolo.spark import KoloSparkError  # noqa: E402
 
 # The executors cannot import this file: its functions travel by value (in an application, ship
@@ -301,87 +301,8 @@ s.stop()
 
 # Where network namespaces can be made (root, iproute2), the standalone cluster's two workers are
 # hosts of their own: namespaces "ktsp<pid>-a" (10.78.0.1) and "-b" (10.78.0.2), each with a veth
-# to a bridge in "-l" (10.78.0.254), which holds the master and the driver. Every address and
-# packet stays inside them. A guard process in a session of its own waits for the test's end of a
-# pipe to close, however the test ends, then kills every process in the namespaces and deletes
-# them; namespaces whose test process is gone (a guard killed too) go at the next run.
+# to a bridge in "-l" (10.78.0.254), which holds the master and the driver (_netns.py).
 NS_NET = "10.78.0"
-NS_GUARD = r"""
-import os, subprocess, sys, time
-names = sys.argv[1:]
-sys.stdin.read()
-for _ in range(3):
-    inos = set()
-    for n in names:
-        try:
-            inos.add(os.stat("/var/run/netns/" + n).st_ino)
-        except OSError:
-            pass
-    for p in os.listdir("/proc"):
-        try:
-            if p.isdigit() and os.stat("/proc/%s/ns/net" % p).st_ino in inos:
-                os.kill(int(p), 9)
-        except OSError:
-            pass
-    time.sleep(0.2)
-for n in names:
-    subprocess.run(["ip", "netns", "del", n], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-"""
-
-
-def _guard(names):
-    return subprocess.Popen([sys.executable, "-c", NS_GUARD] + names, stdin=subprocess.PIPE,
-                            start_new_session=True)
-
-
-def _stale_namespaces():
-    stale = []
-    for n in os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []:
-        m = re.match(r"ktsp(\d+)-[lab]$", n)
-        if m:
-            try:
-                os.kill(int(m.group(1)), 0)
-            except ProcessLookupError:
-                stale.append(n)
-            except PermissionError:
-                pass
-    if stale:
-        g = _guard(stale)
-        g.stdin.close()
-        g.wait(60)
-
-
-def _make_hosts(log):
-    """(the three namespaces {"l": name, "a": ..., "b": ...}, their guard, None), or (None, None,
-    why not) when they cannot be made here."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        return None, None, "needs root and iproute2's ip"
-    _stale_namespaces()
-    ns = {x: "ktsp%d-%s" % (os.getpid(), x) for x in "lab"}
-    guard = _guard(list(ns.values()))  # from here on, however the test ends, the namespaces go
-
-    def sh(*argv):
-        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log.write("$ %s\n%s" % (" ".join(argv), r.stdout))
-        if r.returncode:
-            raise RuntimeError("%s: %s" % (" ".join(argv), r.stdout.strip()))
-    try:
-        for x in "lab":
-            sh("ip", "netns", "add", ns[x])
-            sh("ip", "-n", ns[x], "link", "set", "lo", "up")
-        sh("ip", "-n", ns["l"], "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", ns["l"], "link", "set", "br0", "up")
-        sh("ip", "-n", ns["l"], "addr", "add", NS_NET + ".254/24", "dev", "br0")
-        for x, addr in (("a", 1), ("b", 2)):
-            sh("ip", "-n", ns["l"], "link", "add", "v" + x, "type", "veth", "peer", "name", "eth0", "netns", ns[x])
-            sh("ip", "-n", ns["l"], "link", "set", "v" + x, "master", "br0", "up")
-            sh("ip", "-n", ns[x], "addr", "add", "%s.%d/24" % (NS_NET, addr), "dev", "eth0")
-            sh("ip", "-n", ns[x], "link", "set", "eth0", "up")
-    except (RuntimeError, OSError) as e:
-        guard.stdin.close()
-        guard.wait(60)
-        return None, None, str(e)
-    return ns, guard, None
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +319,7 @@ def standalone(tmp_path_factory):
                                           [p for p in [os.environ.get("PYTHONPATH")] if p]))
     cls = os.path.join(home, "bin", "spark-class")
     with open(d / "netns.log", "w") as log:
-        ns, guard, why = _make_hosts(log)
+        ns, guard, why = make_hosts("ktsp", NS_NET, log)
     if ns:
         addr = {"l": NS_NET + ".254", "a": NS_NET + ".1", "b": NS_NET + ".2"}
         where = {x: ["ip", "netns", "exec", ns[x]] for x in "lab"}
