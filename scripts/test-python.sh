@@ -9,7 +9,11 @@
 #      kolorun, with the python of a venv that adds PyPI's pyspark to Debian's python3 packages
 #      (scripts/deps-spark.sh makes it, and installs a Java runtime when there is none);
 #      KOLO_SPARK_PYTHON=/path/to/python uses another interpreter, KOLO_TEST_SPARK=0 leaves it out;
-#   4. the TensorFlow suite (python/tests/test_tensorflow.py: kolo.tensorflow, kolo.keras) under
+#   4. the Ray suite (python/tests/test_ray.py: kolo.ray.RayExecutor on a local Ray cluster), outside
+#      kolorun, with the python of a venv that adds PyPI's ray to Debian's python3 packages
+#      (scripts/deps-ray.sh makes it); KOLO_RAY_PYTHON=/path/to/python uses another interpreter,
+#      KOLO_TEST_RAY=0 leaves it out;
+#   5. the TensorFlow suite (python/tests/test_tensorflow.py: kolo.tensorflow, kolo.keras) under
 #      `kolorun -np 2` and `-np 3`, then its example job outside kolorun, with the python of a venv
 #      that has TensorFlow from PyPI (scripts/deps-tf.sh makes it on first use; PyPI's numpy must not
 #      reach Debian's python3, whose torch is built against Debian's numpy). KOLO_TF_PYTHON=/path/to/python
@@ -112,6 +116,19 @@ if [ "$TF" != only ]; then
     else
       run "spark" wrap "$SPARKPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_spark.py "$@"
       VERSIONS="$VERSIONS; $SPARKPY: $SPARKVERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
+    fi
+  fi
+  if [ "${KOLO_TEST_RAY:-1}" = 0 ]; then
+    summary="$summary
+  ray: SKIPPED (KOLO_TEST_RAY=0)"
+  else
+    RAYPY=${KOLO_RAY_PYTHON:-$(sh scripts/deps-ray.sh | tail -n 1)}
+    RAYVERSIONS=$("$RAYPY" -c "import ray; print('ray %s' % ray.__version__)" 2>/dev/null)
+    if [ -z "$RAYVERSIONS" ]; then
+      no_python ray Ray "$RAYPY" scripts/deps-ray.sh
+    else
+      run "ray" wrap "$RAYPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_ray.py "$@"
+      VERSIONS="$VERSIONS; $RAYPY: $RAYVERSIONS"
     fi
   fi
 fi

@@ -1,4 +1,4 @@
-# venv-common.sh - what deps-tf.sh and deps-spark.sh share in making a venv for a test suite.
+# venv-common.sh - what deps-tf.sh, deps-spark.sh and deps-ray.sh share in making a venv for a test suite.
 # Sourced after setting NAME (for messages), VENV, BASE (the python that makes the venv) and a
 # function ready() that is true when the venv has everything its suite needs.
 

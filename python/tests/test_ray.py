@@ -1,0 +1,406 @@
+"""kolo.ray.RayExecutor on a local Ray cluster (one node, started by this module with 4 logical
+CPUs on this 2-core machine). Run outside kolorun with a python that has Ray (scripts/deps-ray.sh
+makes one); the executor starts the ranks as Ray actors itself."""
+
+import os
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.standalone
+ray = pytest.importorskip("ray")
+
+from kolo.ray import KoloRayError, RayExecutor, ray_logger  # noqa: E402
+
+# The actors cannot import this file: its functions travel by value (an application ships its
+# modules with Ray's runtime_env, or installs them on the nodes)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="error", log_to_driver=True)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def executor(cluster):
+    made = []
+
+    def make(n=2, timeout_s=20, **kw):
+        ex = RayExecutor(RayExecutor.create_settings(timeout_s=timeout_s), num_workers=n, **kw)
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+def _placed(x):
+    import numpy as np
+    import kolo
+    kolo.init()
+    total = kolo.allreduce(np.array([kolo.rank() + x], np.float64), op=kolo.Sum)
+    ray_logger.log({"rank": kolo.rank(), "total": float(total[0])})
+    ray_logger.log({"every": kolo.rank()}, chief_only=False)
+    return (kolo.rank(), kolo.size(), kolo.local_rank(), kolo.local_size(), kolo.cross_rank(),
+            kolo.cross_size(), float(total[0]), os.environ.get("KOLO_TEST_VAR"), os.environ["KOLO_JOB_ID"])
+
+
+def test_results_by_rank_callbacks_and_env(executor):
+    ex = executor(3)
+    ex.start(extra_env_vars={"KOLO_TEST_VAR": "passed"})
+    seen = []
+    res = ex.run(_placed, args=(10,), callbacks=[seen.append])
+    job = res[0][-1]
+    assert [r[:-1] for r in res] == [(r, 3, r, 3, 0, 1, 33.0, "passed") for r in range(3)]
+    assert all(r[-1] == job for r in res)
+    assert {"rank": 0, "total": 33.0} in seen and all(d.get("rank", 0) == 0 for d in seen)
+    assert sorted(d["every"] for d in seen if "every" in d) == [0, 1, 2]
+    # kolo is still initialized in every actor: the next run is in the same job
+    assert ex.run(_placed, args=(1,))[2][-1] == job
+
+
+def _init_and_leave():
+    import kolo
+    kolo.init()
+    job = os.environ["KOLO_JOB_ID"]
+    kolo.shutdown()
+    return job
+
+
+def test_a_run_after_shutdown_starts_a_new_job(executor):
+    ex = executor(2)
+    ex.start()
+    first = ex.run(_init_and_leave)
+    second = ex.run(_init_and_leave)
+    assert first[0] == first[1] and second[0] == second[1] and first[0] != second[0]
+    assert ex.run(_placed, args=(0,))[1][:7] == (1, 2, 1, 2, 0, 1, 1.0)
+
+
+class _Trainer:
+    """An executable: built once per worker by start(), kept between execute() calls."""
+
+    def __init__(self, scale):
+        import kolo
+        kolo.init()
+        self.scale = scale
+        self.steps = 0
+
+    def step(self):
+        import numpy as np
+        import kolo
+        self.steps += 1
+        return float(kolo.allreduce(np.array([self.scale * self.steps], np.float64), op=kolo.Sum)[0])
+
+
+def test_executable_keeps_its_state(executor):
+    ex = executor(2)
+    ex.start(executable_cls=_Trainer, executable_args=(3,))
+    assert ex.execute(lambda t: t.step()) == [6.0, 6.0]
+    assert ex.execute(lambda t: t.step()) == [12.0, 12.0]
+    assert ex.execute_single(lambda t: t.steps) == 2
+    refs = ex.run_remote(_placed, kwargs={"x": 5})
+    assert [r[6] for r in ray.get(refs)] == [11.0, 11.0]
+
+
+def _train(steps):
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    torch.manual_seed(1234 + hvd.rank())  # different starts: the broadcast must make them equal
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(hvd.rank())
+    x = torch.randn(64, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return [p.detach().clone() for p in model.parameters()], losses
+
+
+def test_pytorch_training_keeps_every_rank_equal(executor):
+    pytest.importorskip("torch")
+    ex = executor(2)
+    ex.start()
+    (p0, l0), (p1, l1) = ex.run(_train, kwargs={"steps": 30})
+    for a, b in zip(p0, p1):
+        assert (a == b).all()
+    assert l0[-1] < l0[0] and l1[-1] < l1[0]
+
+
+def _fails_on_rank_1():
+    import numpy as np
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        raise ValueError("rank one says no")
+    kolo.allreduce(np.ones(1))  # fails at once: rank 1 left the job
+    time.sleep(600)  # not reached
+
+
+def test_failing_rank_is_named_and_the_others_do_not_wait(executor):
+    ex = executor(3)
+    ex.start()
+    t0 = time.monotonic()
+    with pytest.raises(KoloRayError) as ei:
+        ex.run(_fails_on_rank_1)
+    e = ei.value
+    assert e.rank == 1, str(e)
+    assert "rank 1 on" in str(e) and "ValueError: rank one says no" in str(e)
+    assert "after it, rank(s) 0, 2 failed too" in str(e)
+    assert any("rank one says no" in line for line in e.tail)
+    assert time.monotonic() - t0 < 15  # the others' allreduce failed, nobody waited for the timeout
+    # the workers are fine: the next run is a new job
+    assert [r[6] for r in ex.run(_placed, args=(0,))] == [3.0, 3.0, 3.0]
+
+
+def _dies_on_rank_1():
+    import numpy as np
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        os._exit(3)
+    kolo.allreduce(np.ones(1))  # fails: rank 1 was lost
+
+
+def test_dead_worker_is_named_and_the_executor_restarts(executor):
+    ex = executor(2)
+    ex.start()
+    with pytest.raises(KoloRayError) as ei:
+        ex.run(_dies_on_rank_1)
+    assert ei.value.rank == 1 and "its worker process died" in str(ei.value), str(ei.value)
+    with pytest.raises(KoloRayError, match=r"rank 1's worker died.*call shutdown\(\) and start\(\) again"):
+        ex.run(_placed, args=(0,))
+    ex.shutdown()
+    ex.start()
+    assert [r[6] for r in ex.run(_placed, args=(0,))] == [1.0, 1.0]
+
+
+def _busy_rank_0():
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        raise RuntimeError("rank 1 gives up")
+    time.sleep(600)  # busy outside kolo: never learns of rank 1
+
+
+def test_a_rank_busy_after_a_failure_is_stopped(executor):
+    ex = executor(2, timeout_s=2)
+    ex.start()
+    t0 = time.monotonic()
+    with pytest.raises(KoloRayError) as ei:
+        ex.run(_busy_rank_0)
+    assert ei.value.rank == 1 and "RuntimeError: rank 1 gives up" in str(ei.value)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(KoloRayError, match=r"rank\(s\) 0 were stopped, still busy 2 s after rank 1 failed"):
+        ex.execute(lambda _: None)
+
+
+def test_bad_arguments_are_refused(cluster):
+    s = RayExecutor.create_settings()
+    cases = [
+        (lambda: RayExecutor(s), "say how many workers"),
+        (lambda: RayExecutor(s, num_workers=2, num_hosts=1), "not both"),
+        (lambda: RayExecutor(s, num_workers=0), "num_workers must be an integer of at least 1"),
+        (lambda: RayExecutor(s, num_workers=2, use_gpu=True), "host memory only"),
+        (lambda: RayExecutor(s, num_workers=2, min_workers=1, max_workers=3), "elastic"),
+        (lambda: RayExecutor("settings", num_workers=2), "create_settings"),
+        (lambda: RayExecutor.create_settings(timeout_s=0), "timeout_s must be a positive number"),
+        (lambda: RayExecutor(s, num_workers=1).run(len), "not started; call start"),
+        (lambda: RayExecutor(s, num_workers=1).start(extra_env_vars={"A=B": "c"}), "extra_env_vars"),
+    ]
+    for call, words in cases:
+        with pytest.raises((ValueError, TypeError, KoloRayError)) as ei:
+            call()
+        assert words in str(ei.value), (words, str(ei.value))
+
+
+def test_placement_the_cluster_cannot_give_is_an_error(cluster):
+    ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=1), num_hosts=2, num_workers_per_host=1)
+    t0 = time.monotonic()
+    with pytest.raises(KoloRayError, match=r"could not reserve 2 host\(s\) of 1 CPU each \(STRICT_SPREAD\) within 1 s"):
+        ex.start()
+    assert time.monotonic() - t0 < 20
+    assert ray.util.placement_group_table() == {} or all(
+        p["state"] == "REMOVED" for p in ray.util.placement_group_table().values())
+
+
+def test_training_example_runs_on_ray(cluster):
+    import re
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "examples", "ray", "ray_synthetic_digits.py")
+    p = subprocess.run([sys.executable, script, "--num-workers", "2", "--", "--epochs", "3", "--train-size", "2000",
+                        "--val-size", "500", "--threads", "1", "--checkpoint-dir", ""],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout
+    # Ray delivers actors' lines as it reads them from their log files: the last ones may still be on
+    # their way when the driver exits (docs/ray.md), the first ones are there
+    assert "(kolo rank 0 pid=" in p.stdout and "epoch 1/3" in p.stdout, p.stdout
+    ranks = re.findall(r"^rank (\d) on .*: (\d+) img/s, val-acc ([\d.]+)$", p.stdout, re.M)
+    assert [r[0] for r in ranks] == ["0", "1"], p.stdout
+    assert ranks[0][2] == ranks[1][2]  # the same model on every rank, so the same accuracy
+    assert float(ranks[0][2]) > 0.2, p.stdout  # above chance (0.1) after three short epochs
+
+
+# A Ray cluster of two nodes, each a host of its own: the head in network namespace "-a"
+# (10.79.0.1), a second node in "-b" (10.79.0.2), the driver beside the head (_netns.py). Ray's
+# token authentication is off inside them (the nodes are this test's only clients).
+NS_NET = "10.79.0"
+TWO_HOST_DRIVER = r"""
+import json, os, sys
+import ray
+from kolo.ray import KoloRayError, RayExecutor
+
+def info():
+    import numpy as np, kolo
+    kolo.init()
+    total = kolo.allreduce(np.array([kolo.rank() + 1.0]), op=kolo.Sum)
+    print("hello from rank %d" % kolo.rank(), flush=True)
+    return {"rank": kolo.rank(), "total": float(total[0]), "netns": os.stat("/proc/self/ns/net").st_ino,
+            "places": [kolo.local_rank(), kolo.local_size(), kolo.cross_rank(), kolo.cross_size()],
+            "transports": {str(r): kolo.peer_transport(r) for r in range(kolo.size()) if r != kolo.rank()}}
+
+def fails_on_rank_3():
+    import numpy as np, kolo
+    kolo.init()
+    if kolo.rank() == 3:
+        raise ValueError("rank three says no")
+    kolo.allreduce(np.ones(1))
+
+ray.init(address=sys.argv[1])
+ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_hosts=2, num_workers_per_host=2)
+ex.start()
+out = {"results": ex.run(info)}
+try:
+    ex.run(fails_on_rank_3)
+except KoloRayError as e:
+    out["failure"] = [e.rank, e.node, str(e).split("\n")[0]]
+ex.shutdown()
+print("RESULTS " + json.dumps(out), flush=True)
+"""
+
+
+def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    from _netns import make_hosts
+    signal.alarm(240)  # beyond the suite's per-test deadline: two Ray nodes start (5-10 s here)
+    with open(tmp_path / "netns.log", "w") as log:
+        ns, guard, why = make_hosts("ktray", NS_NET, log)
+    if ns is None:
+        pytest.skip("a Ray cluster of two hosts needs network namespaces: %s" % why)
+    temp = tempfile.mkdtemp(prefix="kray")  # short: Ray's socket paths live under it
+    pydir = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0",
+               PYTHONPATH=os.pathsep.join([pydir] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = NS_NET + ".1:6379"
+
+    def in_ns(x, *argv, timeout=90):
+        return subprocess.run(["ip", "netns", "exec", ns[x]] + list(argv), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    try:
+        common = ["--num-cpus", "2", "--temp-dir", temp, "--disable-usage-stats"]
+        r = in_ns("a", ray_cli, "start", "--head", "--node-ip-address", NS_NET + ".1", "--port", "6379",
+                  "--include-dashboard", "false", *common)
+        assert r.returncode == 0, r.stdout[-3000:]
+        r = in_ns("b", ray_cli, "start", "--address", head, "--node-ip-address", NS_NET + ".2", *common)
+        assert r.returncode == 0, r.stdout[-3000:]
+        p = in_ns("a", sys.executable, "-c", TWO_HOST_DRIVER, head, timeout=150)
+    finally:
+        guard.stdin.close()  # every Ray process of the two nodes goes with the namespaces
+        guard.wait(60)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert p.returncode == 0, p.stdout[-5000:]
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
+    assert line, p.stdout[-5000:]
+    out = json.loads(line[0][8:])
+    res = out["results"]
+    assert [r["rank"] for r in res] == [0, 1, 2, 3] and all(r["total"] == 10.0 for r in res), res
+    where = [r["netns"] for r in res]
+    # ranks of a host consecutive (0 and 1 on one, 2 and 3 on the other), shared memory within a
+    # host, TCP between hosts
+    assert where[0] == where[1] and where[2] == where[3] and where[0] != where[2], res
+    assert [r["places"] for r in res] == [[0, 2, 0, 2], [1, 2, 0, 2], [0, 2, 1, 2], [1, 2, 1, 2]], res
+    for r in res:
+        for peer, how in r["transports"].items():
+            assert how == ("shm" if where[int(peer)] == r["netns"] else "tcp"), (r["rank"], peer, how, res)
+    # the failing rank named, with the address of its node
+    rank, node, first = out["failure"]
+    assert rank == 3 and node in (NS_NET + ".1", NS_NET + ".2"), out["failure"]
+    assert "rank 3 on" in first and "ValueError: rank three says no" in first, first
+    for r in range(4):  # every rank's output reached the driver, tagged by Ray with its rank
+        assert "(kolo rank %d pid=" % r in p.stdout, p.stdout[-5000:]
+
+
+INTERRUPTED_DRIVER = r"""
+import os, sys, time
+import ray
+from kolo.ray import RayExecutor
+
+def sleeper(d):
+    import kolo
+    kolo.init()
+    with open(os.path.join(d, "rank%d.pid" % kolo.rank()), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+ray.init(address=sys.argv[2])
+ex = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+ex.start()
+try:
+    ex.run(sleeper, args=(sys.argv[1],))
+except KeyboardInterrupt:
+    print("driver interrupted", flush=True)
+    try:
+        ex.run(len, args=([],))
+    except Exception as e:
+        print("then: %s" % e, flush=True)
+"""
+
+
+def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
+    import signal
+    import subprocess
+    script = tmp_path / "driver.py"
+    script.write_text(INTERRUPTED_DRIVER)
+    pydir = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pydir] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    # the driver joins this module's cluster, which outlives it: its ranks must go all the same
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path), ray.get_runtime_context().gcs_address],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(f.exists() for f in pids), p.stdout.read() if p.poll() is not None else "ranks never started"
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert "driver interrupted" in out, out
+    assert "the workers cannot be used (interrupted); call shutdown() and start() again" in out, out
+    for f in pids:
+        pid = int(f.read_text())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("rank pid %d outlived the interrupted run" % pid)
