@@ -101,6 +101,15 @@ deps:
 
 # Every test: the C suite, the same suite under ASan+UBSan, the threaded parts under TSan,
 # then the Python suites under kolorun.
+# TSan looks for races between the threads of a process; these tests' processes have no second
+# thread TSan would not see elsewhere: kolorun is single-threaded (its tests' workers run the
+# kolo_init and engine paths the other tests run, kolorun_elastic_* kept for the rounds), the
+# reduce kernels are, and launch_*/multihost_* start the same workers under other launchers.
+TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exit' '!kolorun_forwards' \
+  '!kolorun_help' '!kolorun_horovodrun' '!kolorun_hostfile' '!kolorun_killed' '!kolorun_one_failure' \
+  '!kolorun_output' '!kolorun_remote' '!kolorun_removes' '!kolorun_second' '!kolorun_sigterm' \
+  '!kolorun_starts' '!kolorun_status' '!kolorun_stdin' '!kolorun_tag' '!kolorun_timeout' '!kolorun_usage' \
+  '!kolorun_worker' '!reduce_' '!launch_' '!multihost_'
 test: deps
 	$(MAKE) all
 	$(MAKE) test-c

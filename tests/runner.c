@@ -172,10 +172,23 @@ int main(int argc, char **argv)
     int passed = 0, failed = 0;
     const char *failed_names[64];
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* arguments: substrings of the names to run (none: every test); "!substring" leaves out the
+     * tests whose name contains it */
+    int positive = 0;
+    for (int i = 1 + list; i < argc; i++)
+        if (argv[i][0] != '!') positive = 1;
     for (kt_test *t = tests; t; t = t->next) {
-        int selected = argc <= 1 || list;
-        for (int i = 1; i < argc && !selected; i++)
-            if (strstr(t->name, argv[i])) selected = 1;
+        int selected = !positive;
+        for (int i = 1 + list; i < argc; i++) {
+            if (argv[i][0] == '!') {
+                if (strstr(t->name, argv[i] + 1)) {
+                    selected = 0;
+                    break;
+                }
+            } else if (strstr(t->name, argv[i])) {
+                selected = 1;
+            }
+        }
         if (!selected) continue;
         if (list) {
             printf("%s\n", t->name);
