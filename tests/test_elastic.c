@@ -605,4 +605,14 @@ KT_TEST(kolorun_elastic_usage_errors, 30)
           1);
     KT_CONTAINS(p.ebuf, "host discovery script failed: it printed '-oProxyCommand=x:1', not 'host' or 'host:slots'");
     kt_proc_free(&p);
+    /* a command missing here may exist on the remote hosts a script finds: said, not fatal; a
+     * worker started here then cannot start, and the job ends for want of workers */
+    KT_EQ(run_kolorun(&p, (const char *const[]){"--min-np", "1", "--elastic-timeout", "5", "--host-discovery-script",
+                                               "echo localhost:1", "kolo-no-such-command-xyz", NULL},
+                      20),
+          127);
+    KT_CONTAINS(p.ebuf, "warning: command not found here: 'kolo-no-such-command-xyz'; workers on remote hosts are "
+                        "not affected, a worker on this host cannot start");
+    KT_CONTAINS(p.ebuf, "cannot run 'kolo-no-such-command-xyz'");
+    kt_proc_free(&p);
 }

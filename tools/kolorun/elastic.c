@@ -466,7 +466,9 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     el->last_usable = usable_slots(j, kr_now());
     if (st != 0) return KR_EXIT_LAUNCH;
     for (int i = 0; i < j->n; i++)
-        if (j->ranks[i].lost) return KR_EXIT_LAUNCH; /* a worker of round 1 could not be started */
+        if (j->ranks[i].lost) /* a worker of round 1 could not be started: its code (127: not found) */
+            return WIFEXITED(j->ranks[i].wstatus) && WEXITSTATUS(j->ranks[i].wstatus) ? WEXITSTATUS(j->ranks[i].wstatus)
+                                                                                       : KR_EXIT_LAUNCH;
     return 0;
 }
 

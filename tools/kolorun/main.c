@@ -101,6 +101,8 @@ int kr_start_worker(kr_job *j, int i, int size)
     if (!code) {
         kr_guard_add(j->guard_fd, r->pid);
         if (o->verbose) kr_say("rank %d on %s: pid %d", r->rank, h->name, (int)r->pid);
+    } else {
+        r->wstatus = (code & 0xff) << 8; /* as if it had exited so (127: not found): the job's code */
     }
     return code;
 }
@@ -112,11 +114,16 @@ static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_pat
 {
     extern char **environ;
     if (o->discovery) {
-        /* the hosts come later: the command must run here; ssh is looked for, needed or not */
+        /* The hosts come later and may all be remote, where the command is looked for by the
+         * remote shell: one missing here is said, not fatal. A worker started on this host then
+         * fails to start and its slot is set aside, as for any worker that cannot start. ssh is
+         * looked for, needed or not. */
         int r = kr_find_exec(o->cmd[0], environ, exec_path, cap);
         if (r) {
-            kr_say("error: %s: '%s'", r == KR_EXIT_NOTFOUND ? "command not found" : "not an executable file", o->cmd[0]);
-            return r;
+            kr_say("warning: %s here: '%s'; workers on remote hosts are not affected, a worker on this "
+                   "host cannot start",
+                   r == KR_EXIT_NOTFOUND ? "command not found" : "not an executable file", o->cmd[0]);
+            snprintf(exec_path, cap, "%s", o->cmd[0]);
         }
         char first[256];
         snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->ssh_cmd, " \t"), o->ssh_cmd);
