@@ -185,6 +185,11 @@ def test_dead_worker_is_named_and_the_executor_restarts(executor):
     ex.shutdown()
     ex.start()
     assert [r[6] for r in ex.run(_placed, args=(0,))] == [1.0, 1.0]
+    # a worker killed between calls: the next call says which
+    ray.kill(ex.workers[1])
+    with pytest.raises(KoloRayError, match=r"rank 1's worker \(on [\d.]+\) died before this call"):
+        ex.run(_placed, args=(0,))
+    ex.shutdown()
 
 
 def _busy_rank_0():

@@ -367,7 +367,16 @@ class RayExecutor:
 
     def _prepare(self):
         """Before a call: a new kolo job when no rank is in one (a clean state when only some are)."""
-        states = ray.get([w.kolo_initialized.remote() for w in self.workers])
+        refs = [w.kolo_initialized.remote() for w in self.workers]
+        states = []
+        for rank, ref in enumerate(refs):
+            try:
+                states.append(ray.get(ref))
+            except ray.exceptions.RayActorError as e:  # died between calls (killed, its node lost)
+                self._broken = "rank %d's worker died" % rank
+                raise KoloRayError("kolo.ray: rank %d's worker (on %s) died before this call: %s; call shutdown() and "
+                                   "start() again" % (rank, self.nodes[rank]["ip"], str(e).strip().split("\n")[0][:300]),
+                                   rank, self.nodes[rank]["ip"]) from None
         if all(states):
             return
         if any(states):
