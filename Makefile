@@ -42,7 +42,7 @@ BENCH_SRC := bench/kolo-bench.c
 
 SO   := $(O)/lib/libkolo.so
 AR_  := $(O)/lib/libkolo.a
-BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun)
+BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun) $(O)/bin/kolo-timeline
 # built with the rest, not installed: what a timeline event costs (docs/timeline.md)
 DEV_BINS := $(O)/bin/timeline-bench
 TESTBIN := $(O)/tests/kolo-tests
@@ -84,6 +84,11 @@ $(O)/bin/engine-bench: bench/engine-bench.c bench/local_job.h bench/perf_ctl.h $
 $(O)/bin/timeline-bench: bench/timeline-bench.c $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+# the timeline's reader: a Python 3 script (standard library only), copied as it is
+$(O)/bin/kolo-timeline: tools/timeline/kolo-timeline
+	@mkdir -p $(dir $@)
+	cp $< $@
 
 $(O)/bin/kolorun: $(RUN_OBJ) $(AR_)
 	@mkdir -p $(dir $@)

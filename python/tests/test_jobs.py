@@ -537,3 +537,55 @@ def test_profile_samples_only_the_timed_calls(tmp_path):
     assert s["cats"]["bench"] == 0, s  # fill and check ran with sampling off
     assert s["cats"]["copy"] + s["cats"]["reduce"] > 0.3 * s["cpu_ms"], s
     assert not [f for f in os.listdir(tmp_path)], os.listdir(tmp_path)  # data and fifos removed
+
+
+KOLO_TIMELINE_TOOL = os.path.join(ROOT, "build", "bin", "kolo-timeline")
+
+
+def test_timeline_tool_names_the_rank_the_others_waited_for(tmp_path):
+    tl = tmp_path / "tl.json"
+    rc, out, dt = run_job(tmp_path, 3, """
+        import time, torch, kolo.torch as hvd
+        hvd.init()
+        for step in range(15):
+            if hvd.rank() == 1:
+                time.sleep(0.03)             # rank 1 does more before each step's collectives
+            hs = [hvd.allreduce_async_(torch.ones(1000 * (i + 1)), name="grad.%d" % i) for i in range(3)]
+            for h in hs:
+                hvd.synchronize(h)
+        hvd.shutdown()
+    """, env={"KOLO_TIMELINE": str(tl)})
+    assert rc == 0, out
+    p = subprocess.run([KOLO_TIMELINE_TOOL, "--json", str(tl), str(tl) + ".1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    s = json.loads(p.stdout)
+    v = s["verdict"]
+    assert v is not None and v["rank"] == 1, p.stdout
+    assert v["last"] >= 12 and v["median_wait_us"] > 15000, p.stdout  # it slept 30 ms before each of 15 steps
+    assert [f["rank"] for f in s["files"]] == [0, 1]
+    phases = {x["phase"]: x["share"] for x in s["files"][0]["phases"]}
+    assert phases["negotiation (waiting for every rank's report)"] > 0.5, phases
+    assert {t["tensor"] for t in s["files"][0]["top_tensors"]} == {"allreduce.grad.%d" % i for i in range(3)}
+    # the text says it in words; a file cut in the middle of a line (a copy taken while it was
+    # written) is read up to its last whole event
+    data = tl.read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[:data.rfind(b"\n", 0, len(data) * 2 // 3) + 20])
+    p = subprocess.run([KOLO_TIMELINE_TOOL, str(cut)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"^rank 1 reported last in \d+ of \d+ negotiations, [\d.]+ ms after the first rank", p.stdout,
+                     re.M), p.stdout
+    # what is not a timeline is said to be so
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a timeline"}\n')
+    p = subprocess.run([KOLO_TIMELINE_TOOL, str(bad), str(tmp_path / "missing.json")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 1 and "not a kolo timeline" in p.stdout, p.stdout
+    horovods = tmp_path / "horovod.json"  # Horovod's own layout: events end with commas, several a line
+    horovods.write_text('[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {}},\n'
+                        '{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 9345, "pid": 1},{"ph": "E", "ts": 9, "pid": 1},\n')
+    p = subprocess.run([KOLO_TIMELINE_TOOL, str(horovods)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "line 2 is not one event: a Horovod timeline?" in p.stdout, p.stdout
