@@ -12,34 +12,19 @@
 # its last line. Fails loudly (non-zero exit) when anything cannot be installed: the Ray suite is
 # part of `make test` and is never skipped silently.
 set -eu
+NAME=deps-ray
 VENV=${KOLO_RAY_VENV:-/var/tmp/kolo-ray-venv}
+VENV_VAR=KOLO_RAY_VENV
+VENV_FLAGS=--system-site-packages
 SPEC=${KOLO_RAY_SPEC:-ray==2.60.0}
+IMPORTS="numpy, pytest, torch, ray"
+SUITE="Ray suite"
+SIZE="about 250 MB"
 BASE=/usr/bin/python3
 [ -x "$BASE" ] || BASE=$(command -v python3)
 STAMP="$VENV/kolo-ray-spec"
-
-ready() {
-  [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$SPEC" ] &&
-    "$VENV/bin/python" -c "import numpy, pytest, torch, ray" >/dev/null 2>&1
-}
-
-NAME=deps-ray
 . "$(dirname "$0")/venv-common.sh"
-venv_begin
+ready() { venv_ready; }
 
-start=$(date +%s)
-echo "deps-ray: installing $SPEC into $VENV (about 250 MB from PyPI on first use)" >&2
-[ -x "$VENV/bin/python" ] || "$BASE" -m venv --system-site-packages "$VENV"
-rm -f "$STAMP"
-if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$SPEC" >&2; then
-  echo "deps-ray: FAILED to install $SPEC into $VENV (no network? no PyPI?). The Ray suite needs it;" \
-       "install it by hand or point KOLO_RAY_VENV at a venv that has ray, torch, numpy and pytest." >&2
-  exit 1
-fi
-if ! "$VENV/bin/python" -c "import numpy, pytest, torch, ray" >&2; then
-  echo "deps-ray: FAILED: $VENV/bin/python cannot import ray (or Debian's torch, numpy, pytest)" >&2
-  exit 1
-fi
-echo "$SPEC" >"$STAMP"
-echo "deps-ray: installed in $(( $(date +%s) - start )) s" >&2
-echo "$VENV/bin/python"
+venv_begin
+venv_install "$SPEC"

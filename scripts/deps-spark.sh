@@ -13,39 +13,23 @@
 # on its last line. Fails loudly (non-zero exit) when anything cannot be installed: the Spark
 # suite is part of `make test` and is never skipped silently.
 set -eu
+NAME=deps-spark
 VENV=${KOLO_SPARK_VENV:-/var/tmp/kolo-spark-venv}
+VENV_VAR=KOLO_SPARK_VENV
+VENV_FLAGS=--system-site-packages
 SPEC=${KOLO_SPARK_SPEC:-pyspark==3.5.8}
+IMPORTS="numpy, pytest, torch, pyspark"
+SUITE="Spark suite"
+SIZE="about 320 MB"
 BASE=/usr/bin/python3
 [ -x "$BASE" ] || BASE=$(command -v python3)
 STAMP="$VENV/kolo-spark-spec"
-
-ready() {
-  command -v java >/dev/null 2>&1 && [ -x "$VENV/bin/python" ] &&
-    [ "$(cat "$STAMP" 2>/dev/null)" = "$SPEC" ] &&
-    "$VENV/bin/python" -c "import numpy, pytest, torch, pyspark" >/dev/null 2>&1
-}
-
-NAME=deps-spark
 . "$(dirname "$0")/venv-common.sh"
+ready() { command -v java >/dev/null 2>&1 && venv_ready; }
+
 venv_begin
 if ! command -v java >/dev/null 2>&1; then
   echo "deps-spark: installing a Java runtime for Spark (default-jre-headless)" >&2
   apt_install default-jre-headless
 fi
-
-start=$(date +%s)
-echo "deps-spark: installing $SPEC into $VENV (about 320 MB from PyPI on first use)" >&2
-[ -x "$VENV/bin/python" ] || "$BASE" -m venv --system-site-packages "$VENV"
-rm -f "$STAMP"
-if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$SPEC" >&2; then
-  echo "deps-spark: FAILED to install $SPEC into $VENV (no network? no PyPI?). The Spark suite needs it;" \
-       "install it by hand or point KOLO_SPARK_VENV at a venv that has pyspark, torch, numpy and pytest." >&2
-  exit 1
-fi
-if ! "$VENV/bin/python" -c "import numpy, pytest, torch, pyspark" >&2; then
-  echo "deps-spark: FAILED: $VENV/bin/python cannot import pyspark (or Debian's torch, numpy, pytest)" >&2
-  exit 1
-fi
-echo "$SPEC" >"$STAMP"
-echo "deps-spark: installed in $(( $(date +%s) - start )) s" >&2
-echo "$VENV/bin/python"
+venv_install "$SPEC"

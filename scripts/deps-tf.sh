@@ -13,34 +13,19 @@
 # venv's python on its last line. Fails loudly (non-zero exit) when anything cannot be installed, e.g.
 # without network: the TensorFlow suites are part of `make test` and are never skipped silently.
 set -eu
+NAME=deps-tf
 VENV=${KOLO_TF_VENV:-/var/tmp/kolo-tf-venv}
+VENV_VAR=KOLO_TF_VENV
+VENV_FLAGS=
 SPEC=${KOLO_TF_SPEC:-tensorflow-cpu==2.21.0}
+IMPORTS="numpy, pytest, tensorflow"
+SUITE="TensorFlow suites"
+SIZE="about 250 MB"
 BASE=/usr/bin/python3
 [ -x "$BASE" ] || BASE=$(command -v python3)
 STAMP="$VENV/kolo-tf-spec"
-
-ready() {
-  [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$SPEC" ] &&
-    "$VENV/bin/python" -c "import numpy, pytest, tensorflow" >/dev/null 2>&1
-}
-
-NAME=deps-tf
 . "$(dirname "$0")/venv-common.sh"
-venv_begin
+ready() { venv_ready; }
 
-start=$(date +%s)
-echo "deps-tf: installing $SPEC, numpy and pytest into $VENV (about 250 MB from PyPI on first use)" >&2
-[ -x "$VENV/bin/python" ] || "$BASE" -m venv "$VENV"
-rm -f "$STAMP"
-if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$SPEC" numpy pytest >&2; then
-  echo "deps-tf: FAILED to install $SPEC into $VENV (no network? no PyPI?). The TensorFlow suites need it;" \
-       "install it by hand or point KOLO_TF_VENV at a venv that has tensorflow, numpy and pytest." >&2
-  exit 1
-fi
-if ! "$VENV/bin/python" -c "import numpy, pytest, tensorflow" >&2; then
-  echo "deps-tf: FAILED: $VENV/bin/python cannot import tensorflow after installing $SPEC" >&2
-  exit 1
-fi
-echo "$SPEC" >"$STAMP"
-echo "deps-tf: installed in $(( $(date +%s) - start )) s" >&2
-echo "$VENV/bin/python"
+venv_begin
+venv_install "$SPEC" numpy pytest

@@ -100,37 +100,35 @@ no_python() {  # label, what the python lacks, the python (empty when its script
 # tee hides the command's exit code: keep it in a file
 wrap() { "$@"; echo $? >"$LOG/rc"; }
 
+# A suite outside kolorun with the python of a venv its script makes: label, KOLO_TEST_<X> (0
+# leaves it out), KOLO_<X>_PYTHON (another interpreter), the module it needs, the script, the tests
+# and pytest's extra arguments. True when the suite ran (whether it passed or not).
+venv_suite() {
+  label=$1 skip=${2:-1} vpy=$3 module=$4 script=$5 tests=$6
+  shift 6
+  if [ "$skip" = 0 ]; then
+    summary="$summary
+  $label: SKIPPED (KOLO_TEST_$(echo "$label" | tr a-z A-Z)=0)"
+    return 1
+  fi
+  vpy=${vpy:-$(sh "$script" | tail -n 1)}
+  vv=$("$vpy" -c "import $module; print('$module %s' % $module.__version__)" 2>/dev/null)
+  if [ -z "$vv" ]; then
+    no_python "$label" "$module" "$vpy" "$script"
+    return 1
+  fi
+  run "$label" wrap "$vpy" -m pytest -q -rfEx -p no:cacheprovider "$tests" "$@"
+  VERSIONS="$VERSIONS; $vpy: $vv"
+}
+
 TF=${KOLO_TEST_TF:-1}
 if [ "$TF" != only ]; then
   run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py python/tests/test_elastic.py "$@"
-  if [ "${KOLO_TEST_SPARK:-1}" = 0 ]; then
-    summary="$summary
-  spark: SKIPPED (KOLO_TEST_SPARK=0)"
-  else
-    SPARKPY=${KOLO_SPARK_PYTHON:-$(sh scripts/deps-spark.sh | tail -n 1)}
-    SPARKVERSIONS=$("$SPARKPY" -c "import pyspark; print('pyspark %s' % pyspark.__version__)" 2>/dev/null)
-    if [ -z "$SPARKVERSIONS" ]; then
-      no_python spark pyspark "$SPARKPY" scripts/deps-spark.sh
-    else
-      run "spark" wrap "$SPARKPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_spark.py "$@"
-      VERSIONS="$VERSIONS; $SPARKPY: $SPARKVERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
-    fi
-  fi
-  if [ "${KOLO_TEST_RAY:-1}" = 0 ]; then
-    summary="$summary
-  ray: SKIPPED (KOLO_TEST_RAY=0)"
-  else
-    RAYPY=${KOLO_RAY_PYTHON:-$(sh scripts/deps-ray.sh | tail -n 1)}
-    RAYVERSIONS=$("$RAYPY" -c "import ray; print('ray %s' % ray.__version__)" 2>/dev/null)
-    if [ -z "$RAYVERSIONS" ]; then
-      no_python ray Ray "$RAYPY" scripts/deps-ray.sh
-    else
-      run "ray" wrap "$RAYPY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_ray.py "$@"
-      VERSIONS="$VERSIONS; $RAYPY: $RAYVERSIONS"
-    fi
-  fi
+  venv_suite spark "${KOLO_TEST_SPARK:-1}" "${KOLO_SPARK_PYTHON:-}" pyspark scripts/deps-spark.sh python/tests/test_spark.py "$@" &&
+    VERSIONS="$VERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
+  venv_suite ray "${KOLO_TEST_RAY:-1}" "${KOLO_RAY_PYTHON:-}" ray scripts/deps-ray.sh python/tests/test_ray.py "$@"
 fi
 
 if [ "$TF" = 0 ]; then

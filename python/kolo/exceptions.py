@@ -30,3 +30,4 @@ class KoloVersionMismatchError(ImportError):
 
 HorovodVersionMismatchError = KoloVersionMismatchError
 KoloInternalError = HorovodInternalError
+

@@ -11,11 +11,13 @@ import pytest
 pytestmark = pytest.mark.standalone
 ray = pytest.importorskip("ray")
 
+import _training  # noqa: E402
 from kolo.ray import KoloRayError, RayExecutor, ray_logger  # noqa: E402
 
 # The actors cannot import this file: its functions travel by value (an application ships its
 # modules with Ray's runtime_env, or installs them on the nodes)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(_training)
 
 
 @pytest.fixture(scope="module")
@@ -107,33 +109,11 @@ def test_executable_keeps_its_state(executor):
     assert [r[6] for r in ray.get(refs)] == [11.0, 11.0]
 
 
-def _train(steps):
-    import torch
-    import kolo.torch as hvd
-    hvd.init()
-    torch.manual_seed(1234 + hvd.rank())  # different starts: the broadcast must make them equal
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(hvd.rank())
-    x = torch.randn(64, 8, generator=g)
-    y = x.sum(dim=1, keepdim=True)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return [p.detach().clone() for p in model.parameters()], losses
-
-
 def test_pytorch_training_keeps_every_rank_equal(executor):
     pytest.importorskip("torch")
     ex = executor(2)
     ex.start()
-    (p0, l0), (p1, l1) = ex.run(_train, kwargs={"steps": 30})
+    (p0, l0), (p1, l1) = ex.run(_training.train, kwargs={"steps": 30})
     for a, b in zip(p0, p1):
         assert (a == b).all()
     assert l0[-1] < l0[0] and l1[-1] < l1[0]
@@ -187,6 +167,13 @@ def test_dead_worker_is_named_and_the_executor_restarts(executor):
     assert [r[6] for r in ex.run(_placed, args=(0,))] == [1.0, 1.0]
     # a worker killed between calls: the next call says which
     ray.kill(ex.workers[1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # ray.kill returns before the worker is gone
+        try:
+            ray.get(ex.workers[1].where.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     with pytest.raises(KoloRayError, match=r"rank 1's worker \(on [\d.]+\) died before this call"):
         ex.run(_placed, args=(0,))
     ex.shutdown()

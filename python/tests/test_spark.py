@@ -17,13 +17,16 @@ import pytest
 pytestmark = pytest.mark.standalone
 pyspark = pytest.importorskip("pyspark")
 
+import kolo._tasks  # noqa: E402
 import kolo.spark  # noqa: E402
+import _training  # noqa: E402
 from _netns import make_hosts  # noqa: E402
 from kolo.spark import KoloSparkError  # noqa: E402
 
 # The executors cannot import this file: its functions travel by value (in an application, ship
 # its modules with --py-files or SparkContext.addPyFile, as for any Spark job)
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pyspark.cloudpickle.register_pickle_by_value(_training)
 
 
 @pytest.fixture(scope="module")
@@ -72,31 +75,9 @@ def test_results_by_rank_output_tagged_env_passed(spark):
     assert "[0]<stdout>:hello from rank 0" in text and "[1]<stdout>:hello from rank 1" in text
 
 
-def _train(steps):
-    import torch
-    import kolo.torch as hvd
-    hvd.init()
-    torch.manual_seed(1234 + hvd.rank())  # different starts: the broadcast must make them equal
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(hvd.rank())
-    x = torch.randn(64, 8, generator=g)
-    y = x.sum(dim=1, keepdim=True)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return [p.detach().clone() for p in model.parameters()], losses
-
-
 def test_pytorch_training_keeps_every_rank_equal(spark):
     pytest.importorskip("torch")
-    res = kolo.spark.run(_train, kwargs={"steps": 30}, num_proc=2, verbose=0, stdout=io.StringIO())
+    res = kolo.spark.run(_training.train, kwargs={"steps": 30}, num_proc=2, verbose=0, stdout=io.StringIO())
     (p0, l0), (p1, l1) = res
     for a, b in zip(p0, p1):
         assert (a == b).all()
@@ -178,7 +159,7 @@ def test_bad_arguments_are_refused_before_spark_runs():
 
 def test_placement_keeps_a_hosts_ranks_together():
     hosts = ["a", "b", "a", "c", "b", "a"]
-    got = [kolo.spark._placement(hosts, p) for p in range(len(hosts))]
+    got = kolo._tasks.placement(hosts)
     # ranks: a's partitions 0, 2, 5 -> 0, 1, 2; b's 1, 4 -> 3, 4; c's 3 -> 5
     assert [g[0] for g in got] == [0, 3, 1, 5, 4, 2]
     assert got[5] == (2, 2, 3, 0, 3) and got[4] == (4, 1, 2, 1, 3) and got[3] == (5, 0, 1, 2, 3)

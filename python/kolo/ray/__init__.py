@@ -52,6 +52,7 @@ try:
 except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError("kolo.ray needs Ray (pip install ray): %s" % _e) from None
 
+from kolo._tasks import free_port, placement, reports_another_rank
 from kolo.ray import ray_logger
 
 __all__ = ["RayExecutor", "KoloRayError", "ray_logger"]
@@ -80,12 +81,6 @@ class _Settings:
             self.timeout_s, self.placement_group_timeout_s, self.nics)
 
 
-def _consequence(summary):
-    """True for kolo's errors that report another rank's failure (kolo_strerror's and the
-    engine's wording for lost, departed and aborting peers)."""
-    return any(w in summary for w in ("lost rank", "left the job", "aborted the job", "peer lost", "was lost"))
-
-
 # ---- the worker: one Ray actor per rank ----
 
 class _Worker:
@@ -103,12 +98,7 @@ class _Worker:
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
     def free_port(self):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("0.0.0.0", 0))
-            return s.getsockname()[1]
-        finally:
-            s.close()
+        return free_port()
 
     def configure(self, env):
         os.environ.update(env)
@@ -153,21 +143,6 @@ class _Worker:
             return ("error", last, traceback.format_exc())
         finally:
             ray_logger.configure(None, self.rank)
-
-
-def _placement(nodes):
-    """Ranks of the actors (index i -> rank), ranks of a node consecutive, nodes in the order of
-    their first actor; and each rank's local rank, local size, cross rank and cross size."""
-    order = []
-    for nd in nodes:
-        if nd not in order:
-            order.append(nd)
-    by_rank = sorted(range(len(nodes)), key=lambda i: (order.index(nodes[i]), i))
-    places = []
-    for i in by_rank:
-        mine = [j for j in by_rank if nodes[j] == nodes[i]]
-        places.append((i, mine.index(i), len(mine), order.index(nodes[i]), len(order)))
-    return places  # by rank: (actor index, local rank, local size, cross rank, cross size)
 
 
 class RayExecutor:
@@ -289,7 +264,10 @@ class RayExecutor:
         self._pg, self._own_pg = pg, own
         # the ranks of a node consecutive: each bundle's node is known once the group is placed
         bundle_nodes = placement_group_table(pg).get("bundles_to_node_id", {})
-        places = _placement([bundle_nodes.get(index[i], index[i]) for i in range(self.num_workers)])
+        by_index = placement([bundle_nodes.get(index[i], index[i]) for i in range(self.num_workers)])
+        # by rank: (worker index, local rank, local size, cross rank, cross size)
+        places = sorted((p[0], i) + tuple(p[1:]) for i, p in enumerate(by_index))
+        places = [p[1:] for p in places]
         actor = ray.remote(_Worker)
         self.workers = [actor.options(num_cpus=self.cpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=index[p[0]])).remote(rank)
@@ -427,7 +405,7 @@ class RayExecutor:
             raise
         if not failures:
             return values
-        first = next((f for f in failures if not _consequence(f[2])), failures[0])
+        first = next((f for f in failures if not reports_another_rank(f[2])), failures[0])
         _, rank, last, tb = first
         others = sorted(set(f[1] for f in failures) - {rank})
         node = self.nodes[rank]

@@ -43,6 +43,8 @@ import threading
 import time
 import uuid
 
+from kolo._tasks import free_port, placement, reports_another_rank
+
 __all__ = ["run", "KoloSparkError"]
 
 _TAIL_LINES = 20
@@ -151,13 +153,6 @@ def _spark_reason(e):
         except Exception:  # noqa: BLE001 - the gateway may be gone
             pass
     return (str(e).strip().split("\n") or [""])[0][:2000]
-
-
-def _consequence(summary):
-    """True for kolo's errors that report another rank's failure (kolo_strerror's and the
-    engine's wording for lost, departed and aborting peers)."""
-    return "HorovodInternalError" in summary and any(
-        w in summary for w in ("lost rank", "left the job", "aborted the job", "peer lost", "was lost"))
 
 
 def _driver_host(sc):
@@ -279,7 +274,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
         if fails:
             # a rank that failed because another was lost or left is not the cause: name the first
             # that failed otherwise (they may report in either order)
-            first = next((f for f in fails if not _consequence(f[4])), fails[0])
+            first = next((f for f in fails if not reports_another_rank(f[4])), fails[0])
             fails.remove(first)
             fails.insert(0, first)
             _, rank, host, code, summary, tail = fails[0]
@@ -304,28 +299,6 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
 
 
 # ---- a barrier task ----
-
-def _placement(hosts, partition):
-    """rank, local rank, local size, cross rank, cross size of a partition, given every
-    partition's host: ranks of a host consecutive, hosts in the order of their first partition."""
-    order = []
-    for h in hosts:
-        if h not in order:
-            order.append(h)
-    ranked = sorted(range(len(hosts)), key=lambda p: (order.index(hosts[p]), p))
-    rank = ranked.index(partition)
-    mine = [p for p in range(len(hosts)) if hosts[p] == hosts[partition]]
-    return rank, mine.index(partition), len(mine), order.index(hosts[partition]), len(order)
-
-
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
 
 class _Channel:
     """The task's end of the output channel; falls back to this process's own streams."""
@@ -375,8 +348,8 @@ def _task(spec):
     infos = ctx.getTaskInfos()
     hosts = [i.address.rsplit(":", 1)[0] for i in infos]
     size = len(hosts)
-    rank, lrank, lsize, crank, csize = _placement(hosts, partition)
-    port = _free_port() if partition == 0 else 0
+    rank, lrank, lsize, crank, csize = placement(hosts)[partition]
+    port = free_port() if partition == 0 else 0
     port = int(ctx.allGather(str(port))[0])
     rdv_host = hosts[0]
     if rdv_host.startswith("[") and rdv_host.endswith("]"):
