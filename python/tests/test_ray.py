@@ -374,15 +374,23 @@ def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
     pydir = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pydir] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     # the driver joins this module's cluster, which outlives it: its ranks must go all the same
+    # as from a terminal: a suite started in the background by a shell inherits SIGINT ignored,
+    # and Python raises no KeyboardInterrupt for an ignored signal
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path), ray.get_runtime_context().gcs_address],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
     deadline = time.monotonic() + 60
     while not all(f.exists() and f.read_text() for f in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(f.exists() for f in pids), p.stdout.read() if p.poll() is not None else "ranks never started"
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=60)
+    try:
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert "driver interrupted" in out, out
     assert "the workers cannot be used (interrupted); call shutdown() and start() again" in out, out
     for f in pids:
