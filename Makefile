@@ -23,7 +23,10 @@ endif
 OPT ?= -O2
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -pthread -Iinclude $(WARN)
 LIBCFLAGS   := $(CFLAGS_BASE) -DKOLO_BUILDING -fvisibility=hidden
-LDLIBS      := -lcrypto -lpthread -lm
+LDLIBS      := -lcrypto -lpthread -lm -ldl
+# PMIx's header (libpmix-dev), for rank 0's address under mpirun across hosts (src/boot/pmix_rdv.c:
+# libpmix itself is opened at run time). As system headers: their warnings are not kolo's.
+PMIX_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags pmix 2>/dev/null))
 
 ifeq ($(SAN),asan)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -51,6 +54,8 @@ TESTBIN := $(O)/tests/kolo-tests
 
 all: lib $(BINS) $(DEV_BINS) $(TESTBIN)
 lib: $(SO) $(AR_)
+
+$(O)/obj/boot/pmix_rdv.o: LIBCFLAGS += $(if $(PMIX_CFLAGS),$(PMIX_CFLAGS) -DKOLO_HAVE_PMIX)
 
 $(O)/obj/%.o: src/%.c $(wildcard src/*/*.h) include/kolo.h
 	@mkdir -p $(dir $@)
@@ -120,6 +125,7 @@ test: deps
 	$(MAKE) test-c
 	$(MAKE) O=build/asan SAN=asan OPT=-O1 all
 	KT_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-suppressions.txt \
 	  build/asan/tests/kolo-tests $(ASAN_TESTS)
 	$(MAKE) O=build/tsan SAN=tsan OPT=-O1 all
 	KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

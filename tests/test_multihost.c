@@ -637,6 +637,69 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
     cluster_down(&c);
 }
 
+/* Open MPI's mpirun from the login node across both hosts, over the same ssh, without
+ * KOLO_RENDEZVOUS: rank 0 publishes its address through the PMIx server mpirun's daemons run
+ * (src/boot/pmix_rdv.c), the ranks find it, and the job is the one kolorun runs above: ranks of
+ * a host on shared memory, TCP between hosts, results exact. */
+KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
+{
+    if (access("/usr/bin/mpirun.openmpi", X_OK) != 0) {
+        printf("  skip: mpirun.openmpi not installed (apt-get install openmpi-bin)\n");
+        return;
+    }
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], agent[1200], net[32];
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    snprintf(agent, sizeof(agent), "%s -i %s -p %s", c.ssh, c.key, MH_PORT);
+    snprintf(net, sizeof(net), "%s.0/24", MH_NET);
+    /* the sanitizer build's leak suppressions reach the ranks mpirun starts over ssh too */
+    char lsan[600], setting[64] = "KOLO_LOG_LEVEL=info";
+    snprintf(lsan, sizeof(lsan), "LSAN_OPTIONS=%s", getenv("LSAN_OPTIONS") ? getenv("LSAN_OPTIONS") : "");
+    const char *argv[] = {"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "-np", "4", "-H", hosts,
+                          "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+                          "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self", "--tag-output",
+                          "-x", setting, "-x", lsan, kt_self(), "--worker", "mh_job", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_L], argv);
+    int rc = kt_proc_finish(&p, 70);
+    size_t el = strlen(p.ebuf);
+    KT_ASSERTF(rc == 0, "mpirun exited %d; stdout:\n%s\nstderr (its end):\n%s", rc, p.obuf,
+               p.ebuf + (el > 3000 ? el - 3000 : 0));
+    printf("  4 ranks on 2 hosts under mpirun: %.2f s\n", p.t_end - p.t0);
+    static const char *const tps[4] = {"0=self 1=shm 2=tcp 3=tcp", "0=shm 1=self 2=tcp 3=tcp",
+                                       "0=tcp 1=tcp 2=self 3=shm", "0=tcp 1=tcp 2=shm 3=self"};
+    for (int r = 0; r < 4; r++) {
+        int h = r < 2 ? NS_A : NS_B;
+        char want[512];
+        snprintf(want, sizeof(want), "mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s: results exact\n", r,
+                 r % 2, r / 2, c.ino[h], tps[r]);
+        KT_ASSERTF(strstr(p.obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s\nstderr:\n%s",
+                   (int)strlen(want) - 1, want, r, c.ns[h], p.obuf, p.ebuf);
+    }
+    /* rank 0 said where it serves: host a's address, found through PMIx */
+    char want[128];
+    snprintf(want, sizeof(want), "openmpi: rendezvous at %s:", ns_addr[NS_A]);
+    KT_ASSERTF(strstr(p.ebuf, want) && strstr(p.ebuf, "rank 0's address through PMIx"), "no '%s' in stderr:\n%s", want,
+               p.ebuf);
+    kt_proc_free(&p);
+
+    /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why at
+     * once, rank 0 its own reason, the others that rank 0 published nothing */
+    snprintf(setting, sizeof(setting), "KOLO_IFACE=nope0");
+    proc_start(&p, c.ns[NS_L], argv);
+    rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "openmpi: 4 ranks on several hosts, and rank 0's address could not be exchanged through the "
+                        "launcher's PMIx (rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'))");
+    KT_CONTAINS(p.ebuf, "(rank 0 published no address through PMIx (see rank 0's error)): set KOLO_RENDEZVOUS=host:port");
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

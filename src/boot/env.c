@@ -30,7 +30,10 @@
  *     For 4-6 no address is given. Rank 0 serves: at KOLO_RENDEZVOUS if set; else, when all
  *     ranks share one host (local size == size), on 127.0.0.1 at a port derived from the job
  *     id; else at Slurm's address (7) when Slurm's variables describe the same world (mpirun or
- *     srun --mpi=pmi2 inside an allocation); else it is an error asking for KOLO_RENDEZVOUS.
+ *     srun --mpi=pmi2 inside an allocation); else, when a PMIx server gave this process its
+ *     address (PMIX_SERVER_URI*: mpirun of Open MPI), at the address rank 0 publishes through
+ *     PMIx (pmix_rdv.c; a collective at kolo_init); else it is an error asking for
+ *     KOLO_RENDEZVOUS.
  *  7. slurm     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID,
  *               SLURM_STEP_NUM_NODES (or SLURM_NNODES); local size from
  *               SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE ("2(x3),1") or
@@ -62,6 +65,7 @@
 #include "env.h"
 
 #include "auth.h"
+#include "pmix_rdv.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -479,6 +483,16 @@ static bool slurm_matches(int rank, int size)
     return parse_uint(var("SLURM_PROCID"), &r) && parse_uint(nt, &n) && r == rank && n == size;
 }
 
+/* Whether a PMIx server gave this process its address (PMIX_SERVER_URI, ..._URI4, ...): a
+ * namespace alone (the unit tests, a stale environment) is not worth a client's start-up. */
+static bool pmix_server_known(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "PMIX_SERVER_URI", 15) == 0 && strchr(*e, '=') && strchr(*e, '=')[1]) return true;
+    return false;
+}
+
 /* Open MPI, PMI, PMIx: no address; see the top of the file. */
 static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const char *launcher_jid)
 {
@@ -499,11 +513,28 @@ static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const ch
                   w->rdv_port);
         return KOLO_OK;
     }
+    const char *how = w->local_size < 0 ? "on hosts the launcher does not describe" : "on several hosts";
+    if (pmix_server_known()) {
+        /* a PMIx server in every host's daemon (mpirun of Open MPI): rank 0 publishes its address */
+        char hp[300];
+        int st = kolo__pmix_rendezvous(w->rank, kolo__setting_str(KOLO_SET_IFACE),
+                                       (int)kolo__setting_double(KOLO_SET_START_TIMEOUT), hp, sizeof(hp));
+        if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
+            w->rdv_serve = 1;
+            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through PMIx", source, w->rdv_host, w->rdv_port);
+            return KOLO_OK;
+        }
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "%s: %d ranks %s, and rank 0's address could not be exchanged through the launcher's PMIx "
+                         "(%s): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host in every rank's "
+                         "environment (e.g. mpirun -x KOLO_RENDEZVOUS=node1:29400 ...)",
+                         source, w->size, how, st == KOLO_OK ? hp : kolo__errmsg());
+    }
     return kolo__err(KOLO_ERR_INVALID_ARG,
                      "%s: %d ranks %s and the launcher gives no rendezvous address: set "
                      "KOLO_RENDEZVOUS=host:port to a free port on rank 0's host in every rank's environment "
                      "(e.g. mpirun -x KOLO_RENDEZVOUS=node1:29400 ...)",
-                     source, w->size, w->local_size < 0 ? "on hosts the launcher does not describe" : "on several hosts");
+                     source, w->size, how);
 }
 
 static int from_openmpi(kolo__world_info *w, ctx *c)

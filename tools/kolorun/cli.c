@@ -1,6 +1,7 @@
 /* cli.c - kolorun's command line: options, their checks, and the usage text. */
 #include "kolorun.h"
 
+#include "../../src/boot/pmix_rdv.h"
 #include "../../src/common/common.h"
 
 #include <ctype.h>
@@ -132,9 +133,13 @@ static int print_check_build(void)
            "    [X] horovodrun --gloo (HOROVOD_* + HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT)\n"
            "    [X] torchrun     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)\n"
            "    [X] mpirun       (Open MPI OMPI_COMM_WORLD_*, MPICH/Hydra PMI_*, PMIx)\n"
+           "                     across hosts: %s\n"
            "    [X] srun         (SLURM_PROCID, SLURM_NTASKS, first host of the node list)\n"
            "    [X] Spark        (kolo.spark.run: a barrier stage, one rank per task)\n"
-           "    [X] by hand      (KOLO_RANK, KOLO_SIZE, KOLO_RENDEZVOUS, KOLO_RENDEZVOUS_SERVER=rank0)\n\n");
+           "    [X] Ray          (kolo.ray.RayExecutor: one rank per actor, a placement group)\n"
+           "    [X] by hand      (KOLO_RANK, KOLO_SIZE, KOLO_RENDEZVOUS, KOLO_RENDEZVOUS_SERVER=rank0)\n\n",
+           kolo__pmix_built() ? "rank 0's address through mpirun's PMIx (libpmix.so.2, opened at run time)"
+                              : "KOLO_RENDEZVOUS (built without pmix.h: no PMIx rendezvous)");
     printf("kolorun: local workers with fork/exec, remote ones over ssh; CPU binding %s\n",
            "from /sys (core, socket, numa)");
     return 0;

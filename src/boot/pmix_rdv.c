@@ -1,0 +1,219 @@
+/* pmix_rdv.c - rank 0's address through PMIx, for launchers that give none across hosts (mpirun of
+ * Open MPI 2 and later, which runs a PMIx server in every host's daemon).
+ *
+ * Rank 0 puts "kolo.rendezvous" = "<address>:<port>" (PMIX_GLOBAL), every rank commits and
+ * fences with data collection (so the key reaches every host's server, under a time limit), and
+ * every rank gets rank 0's value. The address: the one KOLO_IFACE names, else the one rank 0
+ * would use towards the launcher's own host (Open MPI names it in OMPI_MCA_orte_hnp_uri: it is
+ * where the daemons reach each other, so the other hosts reach rank 0 there too), else the
+ * first IPv4 address of an interface that is up and not loopback.
+ *
+ * libpmix is opened at run time (dlopen "libpmix.so.2"): libkolo needs nothing more to link, and
+ * a host without PMIx gets kolo's error asking for KOLO_RENDEZVOUS, as before. Built only where
+ * pmix.h is found (Debian: libpmix-dev, which libopenmpi-dev brings). */
+#include "pmix_rdv.h"
+
+#include "../common/common.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#if defined(KOLO_HAVE_PMIX)
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pmix.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define KEY "kolo.rendezvous"
+
+typedef pmix_status_t (*init_fn)(pmix_proc_t *, pmix_info_t *, size_t);
+typedef pmix_status_t (*finalize_fn)(const pmix_info_t *, size_t);
+typedef pmix_status_t (*put_fn)(pmix_scope_t, const pmix_key_t, pmix_value_t *);
+typedef pmix_status_t (*commit_fn)(void);
+typedef pmix_status_t (*fence_fn)(const pmix_proc_t *, size_t, const pmix_info_t *, size_t);
+typedef pmix_status_t (*get_fn)(const pmix_proc_t *, const pmix_key_t, const pmix_info_t *, size_t, pmix_value_t **);
+typedef const char *(*error_fn)(pmix_status_t);
+
+/* The address rank 0's source address towards host:port would be (a UDP connect sends nothing). */
+static bool route_towards(const char *host, char *addr, size_t cap)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (getaddrinfo(host, "9", &hints, &res) != 0) return false;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+              getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return ok && strncmp(addr, "127.", 4) != 0;
+}
+
+/* The first IPv4 address of an up interface, not loopback, whose name KOLO_IFACE allows
+ * (a comma-separated list of names; empty: any). */
+static bool first_address(const char *spec, char *addr, size_t cap)
+{
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return false;
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        if (*spec) {
+            bool named = false;
+            size_t n = strlen(i->ifa_name);
+            for (const char *p = spec; *p && !named; p += strcspn(p, ","), p += *p == ',')
+                named = strcspn(p, ",") == n && strncmp(p, i->ifa_name, n) == 0;
+            if (!named) continue;
+        }
+        found = inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, (socklen_t)cap) != NULL;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* The launcher's host in OMPI_MCA_orte_hnp_uri ("jobid.0;tcp://10.0.0.1,10.1.0.1:port;..."). */
+static bool launcher_host(char *host, size_t cap)
+{
+    const char *uri = getenv("OMPI_MCA_orte_hnp_uri");
+    const char *p = uri ? strstr(uri, "tcp://") : NULL;
+    if (!p) return false;
+    p += 6;
+    size_t n = strcspn(p, ",:;");
+    if (n == 0 || n >= cap) return false;
+    memcpy(host, p, n);
+    host[n] = '\0';
+    return true;
+}
+
+/* A TCP port free on all interfaces now: the store binds it a moment later. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t sl = sizeof(sa);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static void my_address(const char *iface, char *addr, size_t cap)
+{
+    char hnp[256];
+    if (*iface && first_address(iface, addr, cap)) return;
+    if (!*iface && launcher_host(hnp, sizeof(hnp)) && route_towards(hnp, addr, cap)) return;
+    if (!*iface && first_address("", addr, cap)) return;
+    snprintf(addr, cap, "%s", "");
+}
+
+int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)
+{
+    void *lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return kolo__err(KOLO_ERR_STARTUP, "PMIx is not available here (%s)", dlerror());
+    init_fn init = (init_fn)dlsym(lib, "PMIx_Init");
+    finalize_fn fin = (finalize_fn)dlsym(lib, "PMIx_Finalize");
+    put_fn put = (put_fn)dlsym(lib, "PMIx_Put");
+    commit_fn commit = (commit_fn)dlsym(lib, "PMIx_Commit");
+    fence_fn fence = (fence_fn)dlsym(lib, "PMIx_Fence");
+    get_fn get = (get_fn)dlsym(lib, "PMIx_Get");
+    error_fn errstr = (error_fn)dlsym(lib, "PMIx_Error_string");
+    if (!init || !fin || !put || !commit || !fence || !get || !errstr) {
+        dlclose(lib);
+        return kolo__err(KOLO_ERR_STARTUP, "libpmix.so.2 lacks PMIx_Init, _Put, _Commit, _Fence or _Get");
+    }
+    int st = KOLO_OK;
+    pmix_proc_t me;
+    memset(&me, 0, sizeof(me));
+    pmix_status_t rc = init(&me, NULL, 0);
+    if (rc != PMIX_SUCCESS) {
+        st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Init: %s", errstr(rc));
+        goto out;
+    }
+    char mine[300] = "";
+    if (rank == 0) {
+        char addr[INET_ADDRSTRLEN] = "";
+        my_address(iface, addr, sizeof(addr));
+        int port = free_port();
+        if (!*addr || port <= 0) {
+            st = *addr ? kolo__err_sys(errno, "rank 0 found no free TCP port for the rendezvous store")
+                       : kolo__err(KOLO_ERR_STARTUP, "rank 0 found no IPv4 address to publish through PMIx%s%s%s",
+                                   *iface ? " (KOLO_IFACE='" : "", iface, *iface ? "')" : "");
+        } else {
+            snprintf(mine, sizeof(mine), "%s:%d", addr, port);
+        }
+        /* publish even an empty value: the others learn of the failure at once, not by timeout */
+        pmix_value_t v;
+        memset(&v, 0, sizeof(v));
+        v.type = PMIX_STRING;
+        v.data.string = mine;
+        rc = put(PMIX_GLOBAL, KEY, &v);
+        if (rc == PMIX_SUCCESS) rc = commit();
+        if (rc != PMIX_SUCCESS && st == KOLO_OK) st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Put of %s: %s", KEY, errstr(rc));
+    }
+    /* every rank: the fence, under the start time-out (a rank that never arrives is an error) */
+    pmix_info_t info[2];
+    memset(info, 0, sizeof(info));
+    snprintf(info[0].key, sizeof(info[0].key), "%s", PMIX_COLLECT_DATA);
+    info[0].value.type = PMIX_BOOL;
+    info[0].value.data.flag = true;
+    snprintf(info[1].key, sizeof(info[1].key), "%s", PMIX_TIMEOUT);
+    info[1].value.type = PMIX_INT;
+    info[1].value.data.integer = timeout_s > 0 ? timeout_s : 30;
+    pmix_proc_t all;
+    memset(&all, 0, sizeof(all));
+    memcpy(all.nspace, me.nspace, sizeof(all.nspace));
+    all.rank = PMIX_RANK_WILDCARD;
+    rc = fence(&all, 1, info, 2);
+    if (rc != PMIX_SUCCESS) {
+        if (st == KOLO_OK)
+            st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Fence (every rank's kolo_init, within %d s): %s", timeout_s,
+                           errstr(rc));
+        goto out_fin;
+    }
+    if (st == KOLO_OK) {
+        pmix_proc_t zero = all;
+        zero.rank = 0;
+        pmix_value_t *got = NULL;
+        rc = get(&zero, KEY, NULL, 0, &got);
+        if (rc != PMIX_SUCCESS || !got || got->type != PMIX_STRING || !got->data.string)
+            st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Get of rank 0's %s: %s", KEY,
+                           rc != PMIX_SUCCESS ? errstr(rc) : "not a string");
+        else if (!*got->data.string)
+            st = kolo__err(KOLO_ERR_STARTUP, "rank 0 published no address through PMIx (see rank 0's error)");
+        else
+            snprintf(host, cap, "%s", got->data.string);
+        /* the value is ours to release, as PMIX_VALUE_RELEASE does: its contents, then itself */
+        void (*destruct)(pmix_value_t *) = (void (*)(pmix_value_t *))dlsym(lib, "PMIx_Value_destruct");
+        if (got && destruct) destruct(got);
+        free(got);
+    }
+out_fin:
+    fin(NULL, 0);
+out:
+    /* libpmix stays loaded: its threads may outlive PMIx_Finalize by a moment */
+    return st;
+}
+
+int kolo__pmix_built(void) { return 1; }
+
+#else
+
+int kolo__pmix_built(void) { return 0; }
+
+int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)
+{
+    (void)rank, (void)iface, (void)timeout_s, (void)host, (void)cap;
+    return kolo__err(KOLO_ERR_STARTUP, "this libkolo was built without PMIx (no pmix.h: apt-get install libpmix-dev)");
+}
+
+#endif

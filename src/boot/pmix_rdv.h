@@ -1,0 +1,17 @@
+/* pmix_rdv.h - rank 0's rendezvous address through PMIx (pmix_rdv.c). */
+#ifndef KOLO_PMIX_RDV_H
+#define KOLO_PMIX_RDV_H
+
+#include <stddef.h>
+
+/* Collective over the launcher's PMIx namespace: rank 0 publishes "<its address>:<a free port>"
+ * (the address of KOLO_IFACE's interface `iface` when not empty, else the one towards the
+ * launcher's host, else its first non-loopback IPv4 address); every rank waits up to timeout_s
+ * for all, then copies rank 0's text into host. KOLO_ERR_STARTUP with the reason when PMIx is absent (no
+ * libpmix.so.2, or not under a PMIx launcher) or the exchange fails. */
+int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap);
+
+/* 1 when this build can exchange the address through PMIx (pmix.h was found), else 0. */
+int kolo__pmix_built(void);
+
+#endif
