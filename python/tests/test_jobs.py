@@ -577,6 +577,22 @@ def test_timeline_tool_names_the_rank_the_others_waited_for(tmp_path):
     assert p.returncode == 0, p.stdout
     assert re.search(r"^rank 1 reported last in \d+ of \d+ negotiations, [\d.]+ ms after the first rank", p.stdout,
                      re.M), p.stdout
+    # --merge: one timeline of both ranks, valid JSON, every event of both files, rank 1's shifted
+    merged = tmp_path / "all.json"
+    p = subprocess.run([KOLO_TIMELINE_TOOL, "--merge", str(merged), str(tl), str(tl) + ".1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    evs = json.loads(merged.read_text())
+    files = [json.loads(tl.read_text()), json.loads((tmp_path / "tl.json.1").read_text())]
+    assert len(evs) == len(files[0]) + len(files[1]) and "%d events of 2 file(s)" % len(evs) in p.stdout
+    assert sorted({e["pid"] for e in evs}) == [0, 1]
+    starts = [f[0]["args"]["start_time_since_epoch_in_micros"] for f in files]
+    first1 = next(e["ts"] for e in files[1] if "ts" in e)
+    got1 = next(e["ts"] for e in evs if e["pid"] == 1 and "ts" in e)
+    assert got1 == pytest.approx(first1 + (starts[1] - min(starts)), abs=0.002), (got1, first1, starts)
+    p = subprocess.run([KOLO_TIMELINE_TOOL, "--merge", str(tl), str(tl)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 1 and "would overwrite one of the files read" in p.stdout, p.stdout
     # what is not a timeline is said to be so
     bad = tmp_path / "bad.json"
     bad.write_text('{"not": "a timeline"}\n')
