@@ -1081,3 +1081,42 @@ KT_TEST(kolorun_output_ranks, 30)
     fclose(f);
     KT_CONTAINS(text, "out 1");
 }
+
+/* --merge-output: a line every rank writes goes out once, tagged with all of them; lines that
+ * differ stay per rank; each rank's lines keep their order; with --output-ranks only the shown
+ * ranks are named; kolorun's own report of a failure comes after the lines it concerns. */
+KT_TEST(kolorun_merge_output, 30)
+{
+    const char *args[] = {"-np", "4", "--merge-output", "5", "sh", "-c",
+                          "echo same line; echo rank $KOLO_RANK alone; echo same end; echo to stderr >&2; "
+                          "[ $KOLO_RANK = 2 ] && echo only two >&2; exit 0",
+                          NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 20), 0);
+    KT_EQ(kt_count(p.obuf, "same line"), 1);
+    KT_CONTAINS(p.obuf, "[0-3]<stdout>:same line\n");
+    KT_CONTAINS(p.obuf, "[0-3]<stdout>:same end\n");
+    KT_CONTAINS(p.ebuf, "[0-3]<stderr>:to stderr\n");
+    KT_CONTAINS(p.ebuf, "[2]<stderr>:only two\n");
+    for (int r = 0; r < 4; r++) {
+        char want[64];
+        snprintf(want, sizeof(want), "[%d]<stdout>:rank %d alone\n", r, r);
+        const char *at = strstr(p.obuf, want);
+        KT_ASSERTF(at && at > strstr(p.obuf, "same line") && at < strstr(p.obuf, "same end"),
+                   "rank %d's own line not between the merged ones:\n%s", r, p.obuf);
+    }
+    kt_proc_free(&p);
+
+    const char *shown[] = {"-np", "4", "--merge-output", "5", "--output-ranks", "0,2-3", "--tag-output=rank", "sh",
+                           "-c", "echo hello; [ $KOLO_RANK = 3 ] && { sleep 0.2; exit 4; }; exit 0", NULL};
+    KT_EQ(run(&p, shown, 20), 4);
+    KT_CONTAINS(p.obuf, "[0,2-3]<stdout>:hello\n");
+    KT_EQ(kt_count(p.obuf, "hello"), 1);
+    KT_CONTAINS(p.ebuf, "kolorun: rank 3 on host localhost exited with code 4");
+    kt_proc_free(&p);
+
+    const char *bad[] = {"-np", "1", "--merge-output", "0", "true", NULL};
+    KT_EQ(run(&p, bad, 10), 2);
+    KT_CONTAINS(p.ebuf, "--merge-output: '0' is not a number of seconds between 0.001 and 3600");
+    kt_proc_free(&p);
+}

@@ -44,6 +44,8 @@ static const char usage_text[] =
     "  --output-filename DIR         also write DIR/rank.N/stdout and DIR/rank.N/stderr\n"
     "  --output-ranks LIST           print only these ranks' lines, e.g. 0 or 0,4-7 (the files\n"
     "                                and failure reports still get every rank's)\n"
+    "  --merge-output S              print a line that several ranks write within S seconds once,\n"
+    "                                tagged with all of them: [0-3,5]<stdout>:... (lines wait S s)\n"
     "  --grace-seconds S             after SIGTERM, wait S seconds before SIGKILL (default 5)\n"
     "  --timeout S                   stop the job when it has run S seconds (exit code 124)\n"
     "  --status-file FILE            keep the job's state in FILE as JSON (workers, pids, states,\n"
@@ -215,7 +217,7 @@ typedef enum {
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
     O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS,
-    O_OUT_RANKS, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_OUT_RANKS, O_MERGE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP,
@@ -261,6 +263,7 @@ static const struct {
     {O_CONFIG, "--config-file"},
     {O_STATUS, "--status-file"},
     {O_OUT_RANKS, "--output-ranks"},
+    {O_MERGE, "--merge-output"},
     {O_AT_LOG, "--autotune-log-file"},
     {O_AT_WARMUP, "--autotune-warmup-samples"},
     {O_AT_STEPS, "--autotune-steps-per-sample"},
@@ -463,6 +466,11 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_HVD_VALUE:
     case O_HVD_FLAG: return horovod_only(opt, NULL);
     case O_OUT_RANKS: return parse_ranks(o, opt, v);
+    case O_MERGE:
+        if (!parse_num(v, 0.001, 3600, &d))
+            return kr_usage_error("%s: '%s' is not a number of seconds between 0.001 and 3600", opt, v);
+        o->merge_window = d;
+        return -1;
     case O_STATUS:
         if (!*v) return kr_usage_error("%s: empty file name", opt);
         o->status_file = v;

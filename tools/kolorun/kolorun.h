@@ -67,6 +67,7 @@ typedef struct kr_opts {
 
     bool tag_output;          /* [rank]<stdout>: prefix */
     bool prefix_timestamp;
+    double merge_window;      /* --merge-output S: identical lines of several ranks within S s go out once; 0 off */
     const char *output_dir;   /* --output-filename */
 
     enum kr_bind bind_to;
@@ -250,6 +251,11 @@ int kr_output_open_worker(const kr_opts *o, kr_rank *r);
 bool kr_rank_shown(const kr_opts *o, int rank);
 /* Reads what is available on s; forwards complete lines. Returns false at EOF (fd closed). */
 bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s);
+
+/* --merge-output: prints the merged lines whose window has passed (now < 0: all of them), and
+ * the time the next one's window ends (INFINITY: none waiting). kr_say prints them all first. */
+void kr_output_merge_flush(double now);
+double kr_output_merge_wake(void);
 /* Forwards the partial line left at EOF and closes the stream. */
 void kr_output_flush(const kr_opts *o, kr_rank *r, kr_stream *s);
 /* Prints one launcher line on stderr, "kolorun: ..." (whole line in one write). */

@@ -5,13 +5,22 @@
  * newline, so lines of different ranks never mix mid-line (kolorun is single-threaded and
  * writes each line whole, retrying partial writes). A line longer than KR_LINE_MAX goes out
  * in KR_LINE_MAX pieces, each tagged; the partial line left at end of file goes out with a
- * newline added. Per-rank files (--output-filename) get the raw lines, without tag. */
+ * newline added. Per-rank files (--output-filename) get the raw lines, without tag.
+ *
+ * --merge-output S holds each printed line for S seconds: the same text on the same stream from
+ * other ranks in that time joins it, and it goes out once, tagged with every rank that wrote it
+ * ("[0-3,5]<stdout>:"). Lines leave in the order they are held, and each rank's lines keep their
+ * order: a rank's line joins a twin held after that rank's last held line, or one held before it
+ * that can move behind it (none of the twin's ranks has a line held after the twin).
+ * kolorun's own messages (kr_say) print whatever is held first; files and failure tails get
+ * every rank's lines as written. */
 #include "kolorun.h"
 
 #include "../../src/common/common.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,8 +55,144 @@ bool kr_write_all(int fd, const void *buf, size_t n)
     return true;
 }
 
+/* ---- --merge-output ---- */
+
+typedef struct held {
+    struct held *next;
+    int fd;                  /* 1 or 2 */
+    double deadline;         /* when it goes out */
+    char ts[96];             /* the wall-clock prefix of its first arrival, "" without --prefix-timestamp */
+    int *ranks, nr, cap;     /* ranks that wrote it, increasing */
+    bool tag;
+    size_t len;
+    char text[];
+} held;
+
+static held *held_head, *held_tail;
+
+static bool held_has(const held *h, int rank)
+{
+    for (int i = 0; i < h->nr; i++)
+        if (h->ranks[i] == rank) return true;
+    return false;
+}
+
+static bool held_add_rank(held *h, int rank)
+{
+    if (h->nr == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 4;
+        int *g = realloc(h->ranks, (size_t)cap * sizeof(int));
+        if (!g) return false;
+        h->ranks = g;
+        h->cap = cap;
+    }
+    int i = h->nr++;
+    for (; i > 0 && h->ranks[i - 1] > rank; i--) h->ranks[i] = h->ranks[i - 1];
+    h->ranks[i] = rank;
+    return true;
+}
+
+/* "0-3,5,7-8" */
+static size_t rank_ranges(const held *h, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < h->nr && n < cap; i++) {
+        int j = i;
+        while (j + 1 < h->nr && h->ranks[j + 1] == h->ranks[j] + 1) j++;
+        int w = j > i ? snprintf(out + n, cap - n, "%s%d-%d", n ? "," : "", h->ranks[i], h->ranks[j])
+                      : snprintf(out + n, cap - n, "%s%d", n ? "," : "", h->ranks[i]);
+        n += w > 0 ? (size_t)w : 0;
+        i = j;
+    }
+    return n < cap ? n : cap - 1;
+}
+
+static void held_print(const held *h)
+{
+    if (broken[h->fd]) return;
+    size_t cap = strlen(h->ts) + 64 + 12 * (size_t)h->nr + h->len + 2;
+    char *out = malloc(cap);
+    if (!out) {
+        broken[h->fd] = !(kr_write_all(h->fd, h->text, h->len) && kr_write_all(h->fd, "\n", 1));
+        return;
+    }
+    size_t n = (size_t)snprintf(out, cap, "%s", h->ts);
+    if (h->tag) {
+        out[n++] = '[';
+        n += rank_ranges(h, out + n, cap - n - h->len - 16);
+        n += (size_t)snprintf(out + n, cap - n, "]<%s>:", h->fd == 2 ? "stderr" : "stdout");
+    }
+    memcpy(out + n, h->text, h->len);
+    n += h->len;
+    out[n++] = '\n';
+    if (!kr_write_all(h->fd, out, n)) broken[h->fd] = true;
+    free(out);
+}
+
+void kr_output_merge_flush(double now)
+{
+    while (held_head && (now < 0 || held_head->deadline <= now)) {
+        held *h = held_head;
+        held_head = h->next;
+        if (!held_head) held_tail = NULL;
+        held_print(h);
+        free(h->ranks);
+        free(h);
+    }
+}
+
+double kr_output_merge_wake(void) { return held_head ? held_head->deadline : INFINITY; }
+
+/* Holds a line for --merge-output; false when it could not be held (no memory): print it now. */
+static bool hold(const kr_opts *o, int fd, int rank, const char *line, size_t len, const char *ts)
+{
+    held *match = NULL;
+    for (held *h = held_head; h; h = h->next) { /* a stream's order is its own: the other is another pipe */
+        if (h->fd != fd) continue;
+        if (held_has(h, rank)) match = NULL; /* not before this rank's own newest held line */
+        else if (!match && h->len == len && memcmp(h->text, line, len) == 0) match = h;
+    }
+    if (match) return held_add_rank(match, rank);
+    /* A twin held before this rank's own newest line can still take it if it moves behind that
+     * line: allowed when none of the twin's ranks has a line held after the twin. */
+    held *prev = NULL;
+    for (held *h = held_head; h; prev = h, h = h->next) {
+        if (h->fd != fd || h->len != len || memcmp(h->text, line, len) != 0 || held_has(h, rank)) continue;
+        bool later = false;
+        for (held *k = h->next; k && !later; k = k->next)
+            for (int i = 0; i < h->nr && !later && k->fd == fd; i++) later = held_has(k, h->ranks[i]);
+        if (later || !held_add_rank(h, rank)) continue;
+        if (h != held_tail) { /* to the end: after every line held so far */
+            if (prev) prev->next = h->next;
+            else held_head = h->next;
+            h->next = NULL;
+            held_tail->next = h;
+            held_tail = h;
+        }
+        return true;
+    }
+    held *h = calloc(1, sizeof(*h) + len);
+    if (!h) return false;
+    h->fd = fd;
+    h->deadline = kr_now() + o->merge_window;
+    snprintf(h->ts, sizeof(h->ts), "%s", ts);
+    h->tag = o->tag_output;
+    h->len = len;
+    memcpy(h->text, line, len);
+    if (!held_add_rank(h, rank)) {
+        free(h);
+        return false;
+    }
+    if (held_tail) held_tail->next = h;
+    else held_head = h;
+    held_tail = h;
+    return true;
+}
+
 void kr_say(const char *fmt, ...)
 {
+    kr_output_merge_flush(-1); /* the workers' lines before kolorun's word on them */
     char line[4096];
     int n = snprintf(line, sizeof(line), "kolorun: ");
     va_list ap;
@@ -172,6 +317,10 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
     if (o->prefix_timestamp) {
         pl = kolo__wall_time(prefix, 40);
         prefix[pl++] = ' ';
+    }
+    if (o->merge_window > 0) {
+        prefix[pl] = '\0';
+        if (hold(o, fd, r->rank, line, len, prefix)) return;
     }
     if (o->tag_output)
         pl += (size_t)snprintf(prefix + pl, sizeof(prefix) - pl, "[%d]<%s>:", r->rank, s->is_err ? "stderr" : "stdout");

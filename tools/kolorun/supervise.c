@@ -555,7 +555,9 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
                 pfd[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
             }
         }
+        kr_output_merge_flush(now);
         double wake = now + 3600;
+        if (kr_output_merge_wake() < wake) wake = kr_output_merge_wake();
         if (s.phase == SETTLING || s.phase == TERMINATING) wake = s.deadline < wake ? s.deadline : wake;
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
         if (s.phase == RUNNING && start_deadline < wake) wake = start_deadline;
@@ -590,13 +592,14 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
             if (!kr_output_read(o, whose[i], whom[i])) { /* stream ended */ }
         }
     }
-    /* whatever is still buffered (a stream cut at the drain deadline) */
+    /* whatever is still buffered (a stream cut at the drain deadline), and held (--merge-output) */
     for (int i = 0; i < n; i++) {
         kr_output_flush(o, &ranks[i], &ranks[i].out);
         kr_output_flush(o, &ranks[i], &ranks[i].err);
         if (ranks[i].stdin_fd >= 0) close(ranks[i].stdin_fd);
         ranks[i].stdin_fd = -1;
     }
+    kr_output_merge_flush(-1);
     free(pfd);
     free(whom);
     free(whose);
