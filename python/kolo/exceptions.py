@@ -30,4 +30,3 @@ class KoloVersionMismatchError(ImportError):
 
 HorovodVersionMismatchError = KoloVersionMismatchError
 KoloInternalError = HorovodInternalError
-

@@ -3,10 +3,10 @@
  *
  * Rank 0 puts "kolo.rendezvous" = "<address>:<port>" (PMIX_GLOBAL), every rank commits and
  * fences with data collection (so the key reaches every host's server, under a time limit), and
- * every rank gets rank 0's value. The address: the one KOLO_IFACE names, else the one rank 0
- * would use towards the launcher's own host (Open MPI names it in OMPI_MCA_orte_hnp_uri: it is
- * where the daemons reach each other, so the other hosts reach rank 0 there too), else the
- * first IPv4 address of an interface that is up and not loopback.
+ * every rank gets rank 0's value. The address: the one KOLO_IFACE names (its syntax as for kolo's
+ * own connections, net/mesh.c), else the one rank 0 would use towards the launcher's own host
+ * (Open MPI names it in OMPI_MCA_orte_hnp_uri: it is where the daemons reach each other, so the
+ * other hosts reach rank 0 there too), else the first up interface's but lo and docker.
  *
  * libpmix is opened at run time (dlopen "libpmix.so.2"): libkolo needs nothing more to link, and
  * a host without PMIx gets kolo's error asking for KOLO_RENDEZVOUS, as before. Built only where
@@ -14,6 +14,7 @@
 #include "pmix_rdv.h"
 
 #include "../common/common.h"
+#include "../net/transport.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -22,9 +23,6 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <pmix.h>
 #include <stdlib.h>
@@ -40,45 +38,6 @@ typedef pmix_status_t (*commit_fn)(void);
 typedef pmix_status_t (*fence_fn)(const pmix_proc_t *, size_t, const pmix_info_t *, size_t);
 typedef pmix_status_t (*get_fn)(const pmix_proc_t *, const pmix_key_t, const pmix_info_t *, size_t, pmix_value_t **);
 typedef const char *(*error_fn)(pmix_status_t);
-
-/* The address rank 0's source address towards host:port would be (a UDP connect sends nothing). */
-static bool route_towards(const char *host, char *addr, size_t cap)
-{
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (getaddrinfo(host, "9", &hints, &res) != 0) return false;
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof(sa);
-    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-              getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return ok && strncmp(addr, "127.", 4) != 0;
-}
-
-/* The first IPv4 address of an up interface, not loopback, whose name KOLO_IFACE allows
- * (a comma-separated list of names; empty: any). */
-static bool first_address(const char *spec, char *addr, size_t cap)
-{
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0) return false;
-    bool found = false;
-    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
-            (i->ifa_flags & IFF_LOOPBACK))
-            continue;
-        if (*spec) {
-            bool named = false;
-            size_t n = strlen(i->ifa_name);
-            for (const char *p = spec; *p && !named; p += strcspn(p, ","), p += *p == ',')
-                named = strcspn(p, ",") == n && strncmp(p, i->ifa_name, n) == 0;
-            if (!named) continue;
-        }
-        found = inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, (socklen_t)cap) != NULL;
-    }
-    freeifaddrs(ifs);
-    return found;
-}
 
 /* The launcher's host in OMPI_MCA_orte_hnp_uri ("jobid.0;tcp://10.0.0.1,10.1.0.1:port;..."). */
 static bool launcher_host(char *host, size_t cap)
@@ -107,13 +66,20 @@ static int free_port(void)
     return port;
 }
 
+/* Rank 0's address for the others: KOLO_IFACE's interface's when set, else its route towards
+ * mpirun's host (unless that is loopback), else its first interface's (not lo, not docker).
+ * "" when none: the caller says so, naming KOLO_IFACE. */
 static void my_address(const char *iface, char *addr, size_t cap)
 {
     char hnp[256];
-    if (*iface && first_address(iface, addr, cap)) return;
-    if (!*iface && launcher_host(hnp, sizeof(hnp)) && route_towards(hnp, addr, cap)) return;
-    if (!*iface && first_address("", addr, cap)) return;
-    snprintf(addr, cap, "%s", "");
+    if (*iface) {
+        if (kolo__iface_address(iface, addr, cap) != KOLO_OK) addr[0] = '\0';
+        return;
+    }
+    if (launcher_host(hnp, sizeof(hnp)) && kolo__route_address(hnp, 0, addr, cap) == KOLO_OK &&
+        strncmp(addr, "127.", 4) != 0)
+        return;
+    if (kolo__iface_address("", addr, cap) != KOLO_OK) addr[0] = '\0';
 }
 
 int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)

@@ -5,8 +5,8 @@
 #include <stddef.h>
 
 /* Collective over the launcher's PMIx namespace: rank 0 publishes "<its address>:<a free port>"
- * (the address of KOLO_IFACE's interface `iface` when not empty, else the one towards the
- * launcher's host, else its first non-loopback IPv4 address); every rank waits up to timeout_s
+ * (the address of the interface KOLO_IFACE's spec `iface` allows when not empty, else the one
+ * towards the launcher's host, else its first interface's but lo and docker); every rank waits up to timeout_s
  * for all, then copies rank 0's text into host. KOLO_ERR_STARTUP with the reason when PMIx is absent (no
  * libpmix.so.2, or not under a PMIx launcher) or the exchange fails. */
 int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap);

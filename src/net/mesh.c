@@ -140,30 +140,28 @@ static bool iface_allowed(const char *name, const char *spec)
     return exclude ? !match : match;
 }
 
-static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
+int kolo__route_address(const char *host, int port, char *addr, size_t cap)
 {
-    const char *spec = kolo__setting_str(KOLO_SET_IFACE);
-    if (!*spec) {
-        /* the address that routes to the rendezvous host */
-        struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-        char port[16];
-        snprintf(port, sizeof(port), "%d", wi->rdv_port);
-        int g = getaddrinfo(wi->rdv_host, port, &hints, &res);
-        if (g != 0)
-            return kolo__err(KOLO_ERR_STARTUP, "cannot resolve the rendezvous host '%s': %s", wi->rdv_host,
-                             gai_strerror(g));
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa;
-        socklen_t sl = sizeof(sa);
-        int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-                 getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
-        int e = errno;
-        if (fd >= 0) close(fd);
-        freeaddrinfo(res);
-        if (!ok) return kolo__err_sys(e, "no route to the rendezvous host %s:%d", wi->rdv_host, wi->rdv_port);
-        inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
-        return KOLO_OK;
-    }
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port > 0 ? port : 9);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0) return kolo__err(KOLO_ERR_STARTUP, "cannot resolve the host '%s': %s", host, gai_strerror(g));
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+             getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
+    int e = errno;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    if (!ok) return kolo__err_sys(e, "no route to %s", host);
+    inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
+    return KOLO_OK;
+}
+
+int kolo__iface_address(const char *spec, char *addr, size_t cap)
+{
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0) return kolo__err_sys(errno, "listing network interfaces");
     int found = 0;
@@ -175,6 +173,16 @@ static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
     }
     freeifaddrs(ifs);
     if (!found) return kolo__err(KOLO_ERR_STARTUP, "no IPv4 interface matches KOLO_IFACE='%s'", spec);
+    return KOLO_OK;
+}
+
+static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
+{
+    const char *spec = kolo__setting_str(KOLO_SET_IFACE);
+    if (*spec) return kolo__iface_address(spec, addr, cap);
+    /* the address that routes to the rendezvous host */
+    if (kolo__route_address(wi->rdv_host, wi->rdv_port, addr, cap) != KOLO_OK)
+        return kolo__err(KOLO_ERR_STARTUP, "rendezvous host %s:%d: %s", wi->rdv_host, wi->rdv_port, kolo__errmsg());
     return KOLO_OK;
 }
 

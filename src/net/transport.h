@@ -212,6 +212,16 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
 #define KOLO__MESH_SUPERSEDED 1
 #define KOLO__MESH_DEADLINE 2
 int kolo__mesh_last_end(void);
+
+/* This host's IPv4 address towards host (the one a connection there would come from; a UDP
+ * connect, nothing sent), into addr. KOLO_ERR_STARTUP naming the host when it does not resolve
+ * or has no route. */
+int kolo__route_address(const char *host, int port, char *addr, size_t cap);
+
+/* The first up IPv4 address of an interface that a KOLO_IFACE spec allows ("eth0", "eth,ib" by
+ * prefix, "=eth0" exact, "^docker" excluded; empty: any but lo* and docker*), into addr.
+ * KOLO_ERR_STARTUP naming the spec when none does. */
+int kolo__iface_address(const char *spec, char *addr, size_t cap);
 void kolo__mesh_destroy(kolo__mesh *m);
 /* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
  * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
