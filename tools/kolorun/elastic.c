@@ -106,9 +106,16 @@ static int add_host(kr_job *j, const char *name, int slots)
         kr_say("warning: no route to host %s from here; its workers will look for the store at %s:%d", name,
                h->rdv_addr, j->port);
     }
-    if (!h->local && !strcmp(j->el->local_rdv, "127.0.0.1"))
+    if (!h->local && !strcmp(j->el->local_rdv, "127.0.0.1") && strcmp(h->rdv_addr, "127.0.0.1") && j->n == 0) {
+        /* no default route, and no worker started yet: this machine's workers will reach the
+         * store, and be reached, at the address the remote hosts see us at */
+        snprintf(j->el->local_rdv, sizeof(j->el->local_rdv), "%s", h->rdv_addr);
+        for (int i = 0; i < o->nhosts; i++)
+            if (o->hosts[i].local) snprintf(o->hosts[i].rdv_addr, sizeof(o->hosts[i].rdv_addr), "%s", h->rdv_addr);
+    } else if (!h->local && !strcmp(j->el->local_rdv, "127.0.0.1")) {
         kr_say("warning: host %s is remote, but this machine's workers reach the store over loopback: they "
                "cannot be reached from there", name);
+    }
     o->nhosts++;
     return 0;
 }
@@ -424,7 +431,8 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     if (!o->max_np) o->max_np = o->np;
     /* this machine's workers reach the store where the other hosts' do: through the address
      * of the route to the first remote host (main.c), or, when a script names the hosts, the
-     * default route's (loopback when there is none) */
+     * default route's; without one, the route's to the first remote host the script lists
+     * before round 1 (add_host), else loopback */
     snprintf(el->local_rdv, sizeof(el->local_rdv), "127.0.0.1");
     for (int h = 0; h < o->nhosts; h++)
         if (o->hosts[h].local) snprintf(el->local_rdv, sizeof(el->local_rdv), "%s", o->hosts[h].rdv_addr);
