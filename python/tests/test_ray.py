@@ -3,6 +3,7 @@ CPUs on this 2-core machine). Run outside kolorun with a python that has Ray (sc
 makes one); the executor starts the ranks as Ray actors itself."""
 
 import os
+import re
 import sys
 import time
 
@@ -229,7 +230,6 @@ def test_placement_the_cluster_cannot_give_is_an_error(cluster):
 
 
 def test_training_example_runs_on_ray(cluster):
-    import re
     import subprocess
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "..", "..", "examples", "ray", "ray_synthetic_digits.py")
@@ -245,6 +245,171 @@ def test_training_example_runs_on_ray(cluster):
     assert ranks[0][2] == ranks[1][2]  # the same model on every rank, so the same accuracy
     assert float(ranks[0][2]) > 0.2, p.stdout  # above chance (0.1) after three short epochs
 
+
+
+# ---- ElasticRayExecutor on the local cluster: every worker on the driver's node (kolorun's own
+# children); the second node's, through Ray actors, in the two-node test below ----
+
+def _elastic_loses_a_worker():
+    import numpy as np
+    import kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while state.step < 24:
+            kolo.allreduce(np.ones(4), name="g")
+            state.step += 1
+            if state.step % 4 == 0:
+                state.commit()
+                ray_logger.log({"step": state.step, "size": kolo.size()})
+            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 2:
+                os._exit(3)
+        return state.step
+
+    steps = loop(state)
+    return (kolo.rank(), kolo.size(), steps)
+
+
+def test_elastic_job_goes_on_without_a_failed_worker(cluster, capfd):
+    from kolo.ray import ElasticRayExecutor
+    ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=20))
+    ex.start()
+    logged = []
+    # 4 slots in the cluster, max 3: three workers, then two after rank 2's exit
+    assert ex.run(_elastic_loses_a_worker, callbacks=[logged.append]) == [(0, 2, 24), (1, 2, 24)]
+    assert [x["step"] for x in logged] == [4, 8, 12, 16, 20, 24], logged
+    assert logged[0]["size"] == 3 and logged[-1]["size"] == 2, logged
+    err = capfd.readouterr().err
+    assert re.search(r"worker \d \(rank 2 of round 1\) on host \S+ exited with code 3", err), err
+    assert "round 2: 2 workers (after losing worker" in err, err
+
+
+def _elastic_fails_everywhere():
+    import kolo
+    kolo.init()
+    if kolo.rank() == 1:
+        raise ValueError("rank one refuses")
+    import time
+    time.sleep(30)
+
+
+def test_elastic_job_that_cannot_go_on_names_the_failure(cluster, capfd):
+    from kolo.ray import ElasticRayExecutor
+    ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=20,
+                                                               elastic_timeout=1))
+    ex.start()
+    t0 = time.monotonic()
+    with pytest.raises(KoloRayError, match=r"the elastic job failed: .*worker \d \(rank 1\) on host \S+ exited "
+                                           r"with code 1") as ei:
+        ex.run(_elastic_fails_everywhere)
+    assert time.monotonic() - t0 < 25, "rank 0 was not stopped"
+    err = capfd.readouterr().err
+    assert "ValueError: rank one refuses" in err, err  # the worker's traceback, through kolorun
+    assert "fewer than --min-np 2" in err, (str(ei.value), err)
+
+
+def test_elastic_bad_arguments_are_refused(cluster):
+    from kolo.ray import ElasticRayExecutor
+    s = ElasticRayExecutor.create_settings()
+    cases = [
+        (lambda: ElasticRayExecutor.create_settings(min_num_proc=0), "min_num_proc must be an integer of at least 1"),
+        (lambda: ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2), "max_num_proc must be"),
+        (lambda: ElasticRayExecutor.create_settings(elastic_timeout=-1), "elastic_timeout must be a positive"),
+        (lambda: ElasticRayExecutor.create_settings(cooldown_range=(5, 1)), "cooldown_range"),
+        (lambda: ElasticRayExecutor.create_settings(no_such=1), "unknown setting(s) no_such"),
+        (lambda: ElasticRayExecutor(RayExecutor.create_settings()), "create_settings"),
+        (lambda: ElasticRayExecutor(s, use_gpu=True), "host memory only"),
+        (lambda: ElasticRayExecutor(s, cpus_per_slot=0), "cpus_per_slot must be a positive number"),
+        (lambda: ElasticRayExecutor(s, env_vars={"A": 1}), "env_vars"),
+        (lambda: ElasticRayExecutor(s).run(len), "not started; call start"),
+    ]
+    for call, words in cases:
+        with pytest.raises((ValueError, TypeError, KoloRayError)) as ei:
+            call()
+        assert words in str(ei.value), (words, str(ei.value))
+    assert ElasticRayExecutor.create_settings(min_np=2, max_np=5).max_num_proc == 5  # Horovod's older names
+
+
+def test_relay_reads_kolorun_ssh_command_line_and_fails_as_ssh_does(tmp_path):
+    import socket
+    import subprocess
+    from kolo import _relay
+    argv = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-p", "2222", "-i", "/k", "node7", "cd /x; exec env"]
+    assert _relay.parse_ssh_args(argv) == ("node7", "cd /x; exec env")
+    assert _relay.parse_ssh_args(["-oX=1", "-lme", "h", "a", "b"]) == ("h", "a b")
+    for bad in ([], ["-T"], ["-o", "X=1", "host"]):
+        with pytest.raises(ValueError):
+            _relay.parse_ssh_args(bad)
+    relay = _relay.__file__
+    p = subprocess.run([sys.executable, relay, "-T", "h", "true"], env={"PATH": os.environ["PATH"]},
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert p.returncode == 255 and "not by hand" in p.stderr, p.stderr
+    # a service that is not there, then one that answers garbage: 255 and a reason, no hang
+    unused = socket.socket()
+    unused.bind(("127.0.0.1", 0))
+    port = unused.getsockname()[1]
+    unused.close()
+    env = {"PATH": os.environ["PATH"], "KOLO_RAY_SERVICE": str(port), "KOLO_RAY_KEY": "k"}
+    p = subprocess.run([sys.executable, relay, "h", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=30)
+    assert p.returncode == 255 and "cannot reach the driver's service" in p.stderr, p.stderr
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    env["KOLO_RAY_SERVICE"] = str(srv.getsockname()[1])
+    q = subprocess.Popen([sys.executable, relay, "h", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    conn, _ = srv.accept()
+    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    conn.close()
+    _, err = q.communicate(timeout=30)
+    srv.close()
+    assert q.returncode == 255 and "not a kolo relay frame" in err, err
+
+
+def test_relay_far_end_runs_the_command_and_ends_it_when_the_connection_goes():
+    import socket
+    import threading
+    from kolo import _relay
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(2)
+    port = lst.getsockname()[1]
+    code = []
+    t = threading.Thread(target=lambda: code.append(_relay.serve_command(
+        lst, "tok", "echo out; echo err >&2; read x; echo got $x; exit 7")))
+    t.start()
+    stranger = _relay.connect("127.0.0.1", port)  # a wrong token is turned away
+    _relay.send_json(stranger, _relay.HELLO, {"token": "nope"})
+    assert _relay.recv(stranger) == (None, b"")
+    s = _relay.connect("127.0.0.1", port)
+    _relay.send_json(s, _relay.HELLO, {"token": "tok"})
+    _relay.send(s, _relay.STDIN, b"hi\n")
+    got = {}
+    while True:
+        kind, body = _relay.recv(s)
+        if kind == _relay.EXIT:
+            break
+        got[kind] = got.get(kind, b"") + body
+    t.join(10)
+    assert got == {_relay.STDOUT: b"out\ngot hi\n", _relay.STDERR: b"err\n"} and code == [7], (got, code)
+    # the connection lost while the command runs: it is ended (SIGTERM), as sshd's hang-up would
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    port = lst.getsockname()[1]
+    code = []
+    t = threading.Thread(target=lambda: code.append(_relay.serve_command(lst, "tok", "sleep 60")))
+    t.start()
+    s = _relay.connect("127.0.0.1", port)
+    _relay.send_json(s, _relay.HELLO, {"token": "tok"})
+    time.sleep(0.3)
+    s.close()
+    t.join(10)
+    assert code == [128 + 15], code
 
 # A Ray cluster of two nodes, each a host of its own: the head in network namespace "-a"
 # (10.79.0.1), a second node in "-b" (10.79.0.2), the driver beside the head (_netns.py). Ray's
@@ -280,6 +445,62 @@ try:
 except KoloRayError as e:
     out["failure"] = [e.rank, e.node, str(e).split("\n")[0]]
 ex.shutdown()
+
+def elastic_loop(fail):
+    # 4 workers (2 slots a node); at step 10 of round 1, rank 3 (on the second node, started
+    # there through the relay and a Ray actor) calls fail(), and the job goes on with 3
+    import numpy as np, kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while state.step < 20:
+            kolo.allreduce(np.ones(2), name="g")
+            state.step += 1
+            if state.step % 4 == 0:
+                state.commit()
+            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 3:
+                fail()
+        return state.step
+
+    return loop(state)
+
+def elastic_info():
+    import numpy as np, kolo
+    steps = elastic_loop(lambda: os._exit(3))
+    total = kolo.allreduce(np.array([kolo.rank() + 1.0]), op=kolo.Sum)
+    print("elastic rank %d of %d here" % (kolo.rank(), kolo.size()), flush=True)
+    return {"rank": kolo.rank(), "size": kolo.size(), "steps": steps, "total": float(total[0]),
+            "netns": os.stat("/proc/self/ns/net").st_ino, "round": kolo.elastic_round(),
+            "transports": {str(r): kolo.peer_transport(r) for r in range(kolo.size()) if r != kolo.rank()}}
+
+def kill_my_actor():
+    # the Ray actor that runs this worker's command on its node (the wrapper's parent) is
+    # killed, as when its node goes: the worker must go with it
+    import signal, time
+
+    def parent(pid):
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(VICTIM, "w") as f:
+        f.write(str(os.getpid()))
+    os.kill(parent(parent(os.getpid())), signal.SIGKILL)
+    time.sleep(60)
+
+def actor_dies():
+    import kolo
+    elastic_loop(kill_my_actor)
+    return kolo.rank()
+
+from kolo.ray import ElasticRayExecutor
+VICTIM = sys.argv[2]
+eex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=4, timeout_s=30))
+eex.start()
+out["driver_netns"] = os.stat("/proc/self/ns/net").st_ino
+out["elastic"] = eex.run(elastic_info)
+out["actor_dies"] = eex.run(actor_dies)
 print("RESULTS " + json.dumps(out), flush=True)
 """
 
@@ -313,7 +534,7 @@ def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
         assert r.returncode == 0, r.stdout[-3000:]
         r = in_ns("b", ray_cli, "start", "--address", head, "--node-ip-address", NS_NET + ".2", *common)
         assert r.returncode == 0, r.stdout[-3000:]
-        p = in_ns("a", sys.executable, "-c", TWO_HOST_DRIVER, head, timeout=150)
+        p = in_ns("a", sys.executable, "-c", TWO_HOST_DRIVER, head, str(tmp_path / "victim"), timeout=150)
     finally:
         guard.stdin.close()  # every Ray process of the two nodes goes with the namespaces
         guard.wait(60)
@@ -338,6 +559,26 @@ def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
     assert "rank 3 on" in first and "ValueError: rank three says no" in first, first
     for r in range(4):  # every rank's output reached the driver, tagged by Ray with its rank
         assert "(kolo rank %d pid=" % r in p.stdout, p.stdout[-5000:]
+    # ElasticRayExecutor: the second node's workers started through Ray (kolorun's relay), rank 3
+    # there lost, the job finished by the other three, ranks by host, TCP between the nodes
+    el = out["elastic"]
+    assert [r["rank"] for r in el] == [0, 1, 2] and all(r["size"] == 3 and r["steps"] == 20 for r in el), (
+        el, p.stdout[-8000:])
+    assert all(r["total"] == 6.0 and r["round"] == 2 for r in el), el
+    assert out["driver_netns"] == el[0]["netns"] == el[1]["netns"] != el[2]["netns"], el
+    assert el[2]["transports"] == {"0": "tcp", "1": "tcp"}, el
+    assert "exited with code 3" in p.stdout and "round 2: 3 workers" in p.stdout, p.stdout[-5000:]
+    assert "[2]<stdout>:elastic rank 2 of 3 here" in p.stdout, p.stdout[-5000:]
+    # the actor killed: its relay exits 255 as ssh does, kolorun goes on without the worker, and
+    # the worker's process is gone with its actor (the lifeline), not left running
+    assert out["actor_dies"] == [0, 1, 2], p.stdout[-5000:]
+    victim = int((tmp_path / "victim").read_text())
+    deadline = time.monotonic() + 30  # its wrapper's watcher: SIGTERM, then SIGKILL after the grace
+    while os.path.exists("/proc/%d" % victim) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists("/proc/%d" % victim), victim
+    assert re.search(r"worker \d \(rank 3 of round 1\) on host %s\.2 exited with code 255" % NS_NET, p.stdout), \
+        p.stdout[-5000:]
 
 
 INTERRUPTED_DRIVER = r"""

@@ -32,8 +32,8 @@ when ranks that are still busy are stopped). Before each call, if kolo is initia
 (the functions call kolo.shutdown(), or a run failed), the ranks get a new job id and rendezvous
 port, so the next kolo.init() starts a new job.
 
-Not here yet: elastic jobs (min_workers / max_workers, horovod.ray.ElasticRayExecutor) and GPU
-workers (kolo reduces host memory; use_gpu=True is refused).
+Elastic jobs: kolo.ray.ElasticRayExecutor (kolo/ray/elastic.py). Not here: GPU workers (kolo
+reduces host memory; use_gpu=True is refused).
 """
 
 import os
@@ -55,7 +55,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 from kolo._tasks import free_port, placement, reports_another_rank
 from kolo.ray import ray_logger
 
-__all__ = ["RayExecutor", "KoloRayError", "ray_logger"]
+__all__ = ["RayExecutor", "ElasticRayExecutor", "KoloRayError", "ray_logger"]
 
 
 class KoloRayError(RuntimeError):
@@ -180,9 +180,8 @@ class RayExecutor:
             raise TypeError("RayExecutor: settings must come from RayExecutor.create_settings(), got %s"
                             % type(settings).__name__)
         if min_workers is not None or max_workers is not None:
-            raise ValueError("RayExecutor: min_workers/max_workers (an elastic job on Ray) is not supported by "
-                             "kolo.ray yet; for an elastic job use kolorun --min-np/--max-np "
-                             "(docs/kolorun.md, \"Elastic jobs\"), or a fixed num_workers here")
+            raise ValueError("RayExecutor: min_workers/max_workers: an elastic job on Ray is kolo.ray.ElasticRayExecutor "
+                             "(docs/ray.md, \"Elastic jobs\"); RayExecutor runs a fixed num_workers")
         if use_gpu or gpus_per_worker:
             raise ValueError("RayExecutor: use_gpu=True / gpus_per_worker: kolo reduces host memory only (no GPU "
                              "transport yet), so kolo.ray places CPU workers; leave use_gpu unset")
@@ -501,3 +500,6 @@ def _resources(res):
     if "memory" in res:
         parts.append("memory %.1f GiB" % (res["memory"] / 2**30))
     return ", ".join(parts) or "nothing"
+
+
+from kolo.ray.elastic import ElasticRayExecutor  # noqa: E402 - it raises this module's KoloRayError

@@ -7,7 +7,13 @@ Each value reaches every callback passed to RayExecutor.run(fn, callbacks=[...])
 while the job runs (horovod.ray.ray_logger's API). chief_only=True (the default) sends only rank
 0's values: the ranks agree after an allreduce, so one copy is enough. Outside a RayExecutor
 worker, or in a run() without callbacks, log() does nothing.
+
+In an ElasticRayExecutor's worker (a process kolorun started, not an actor) the value goes to
+the driver over its service's connection instead, with the worker's rank in the current round.
 """
+
+import os
+import pickle
 
 _queue = None
 _rank = None
@@ -23,7 +29,18 @@ def configure(queue, rank=None):
 def log(info, chief_only=True):
     """Sends info (anything picklable) to the driver's callbacks; with chief_only, rank 0's only."""
     if _queue is None:
+        if os.environ.get("KOLO_RAY_SERVICE") and os.environ.get("KOLO_ELASTIC"):
+            _log_elastic(info, chief_only)
         return
     if chief_only and _rank not in (0, None):
         return
     _queue.put((_rank, info))
+
+
+def _log_elastic(info, chief_only):
+    import kolo
+    from kolo import _elastic_task
+    rank = kolo.rank() if kolo.is_initialized() else None
+    if chief_only and rank not in (0, None):
+        return
+    _elastic_task.request("log", pickle.dumps(info), rank=rank)

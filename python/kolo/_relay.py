@@ -1,0 +1,311 @@
+"""kolo._relay: kolorun's workers started through another framework's processes instead of ssh.
+
+kolorun starts a remote worker as `SSH [options] HOST COMMAND` (its --ssh program) and watches that
+process: what it writes is the worker's output, its exit status the worker's, and closing its
+stdin ends the worker (the remote wrapper's lifeline). This file is such a program, and the other
+end of it:
+
+* run as a script (`python3 .../kolo/_relay.py -T -o ... HOST COMMAND`, kolorun's --ssh), it asks
+  the driver's service (KOLO_RAY_SERVICE, a port on this machine, KOLO_RAY_KEY its secret) to start
+  COMMAND on HOST; the service starts a process there (a Ray actor, kolo.ray.elastic) that runs
+  `/bin/sh -c COMMAND` as sshd would and answers with where to reach it. This end then relays its
+  stdin there and the command's stdout and stderr here, and exits with the command's status:
+  128 + N when signal N ended it, and 255, as ssh does, when the command could not be started or
+  the connection to it was lost (kolorun then counts the host as failed).
+* serve_command() is the far end: it runs the command and serves one connection, whose loss
+  ends the command the way a lost ssh connection does (its stdin closed, then SIGTERM where sshd
+  would send SIGHUP).
+
+Standard library only, and nothing of kolo's imported: kolorun runs this with the environment
+it gives remote workers (kolo's variables, no PYTHONPATH).
+
+The wire: frames of a type byte, a 4-byte big-endian length and that many bytes. A connection
+opens with a HELLO frame (JSON with the secret, or the one-use token the service handed out);
+then STDIN frames one way (an empty one is the end of stdin), STDOUT/STDERR frames the other and
+one EXIT frame (JSON: {"code": N} or {"lost": why}) last.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+HELLO, REPLY, STDIN, STDOUT, STDERR, EXIT, DATA = b"H", b"R", b"I", b"O", b"E", b"X", b"P"
+MAX_FRAME = 1 << 30
+LOST = 255
+
+
+class WireError(Exception):
+    """A peer closed the connection mid-frame or sent something that is not a frame."""
+
+
+def send(sock, kind, payload=b"", lock=None):
+    if isinstance(payload, str):
+        payload = payload.encode()
+    data = kind + struct.pack(">I", len(payload)) + payload
+    if lock is None:
+        sock.sendall(data)
+    else:
+        with lock:
+            sock.sendall(data)
+
+
+def send_json(sock, kind, obj, lock=None):
+    send(sock, kind, json.dumps(obj), lock)
+
+
+def _exactly(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        got = sock.recv(min(n - len(buf), 1 << 20))
+        if not got:
+            return None if not buf else bytes(buf)
+        buf += got
+    return bytes(buf)
+
+
+def recv(sock):
+    """The next frame as (type, payload); (None, b"") at a clean end of the connection."""
+    head = _exactly(sock, 5)
+    if head is None:
+        return None, b""
+    if len(head) < 5:
+        raise WireError("the connection ended inside a frame's header")
+    kind, n = head[:1], struct.unpack(">I", head[1:])[0]
+    if kind not in (HELLO, REPLY, STDIN, STDOUT, STDERR, EXIT, DATA) or n > MAX_FRAME:
+        raise WireError("not a kolo relay frame (type %r, %d bytes)" % (kind, n))
+    body = _exactly(sock, n) if n else b""
+    if body is None or len(body) < n:
+        raise WireError("the connection ended inside a frame")
+    return kind, body
+
+
+def recv_json(sock, want):
+    kind, body = recv(sock)
+    if kind != want:
+        raise WireError("expected a %r frame, got %r" % (want, kind))
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise WireError("a garbled %r frame: %s" % (want, e)) from None
+
+
+def connect(host, port, timeout=30):
+    s = socket.create_connection((host, port), timeout=timeout)
+    s.settimeout(None)
+    keepalive(s)
+    return s
+
+
+def keepalive(s):
+    """A peer whose host vanished is noticed within ~25 s (idle 10 s, then 3 probes 5 s apart)."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt, v in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), v)
+
+
+# ---- the far end: the command's host ----
+
+def exit_code(status):
+    """A Popen returncode as a shell reports it (128 + N for signal N)."""
+    return 128 - status if status < 0 else status
+
+
+def serve_command(listener, token, command, env=None, accept_timeout=60):
+    """Waits on listener for the connection that says token (strangers are turned away), runs
+    `/bin/sh -c command` there and relays it; returns its exit code (LOST when no one came).
+    When the connection is lost before the command ends, the command's stdin is closed and it
+    gets SIGTERM (sshd would hang it up)."""
+    listener.settimeout(accept_timeout)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            return LOST
+        conn.settimeout(10)
+        try:
+            hello = recv_json(conn, HELLO)
+        except (OSError, WireError):
+            conn.close()
+            continue
+        if not isinstance(hello, dict) or hello.get("token") != token:
+            conn.close()
+            continue
+        conn.settimeout(None)
+        keepalive(conn)
+        break
+    listener.close()
+    proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    lock = threading.Lock()
+    gone = threading.Event()
+
+    def pump(stream, kind):
+        fd = stream.fileno()
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                return
+            try:
+                send(conn, kind, data, lock)
+            except OSError:
+                gone.set()
+
+    def feed():
+        """stdin frames to the command; the connection's end (its peer died, or the network
+        went and keepalive gave up) ends the command, as sshd's hang-up does."""
+        closed = False
+        try:
+            while True:
+                kind, data = recv(conn)
+                if kind is None:
+                    break
+                if kind == STDIN and not data and not closed:
+                    proc.stdin.close()
+                    closed = True
+                elif kind == STDIN and not closed:
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+        except (OSError, WireError, ValueError):
+            pass
+        if not closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        if proc.poll() is None and not gone.is_set():
+            try:  # SIGTERM, not sshd's SIGHUP: a Ray worker may run with SIGHUP ignored, and so its children
+                os.killpg(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, STDOUT), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, STDERR), daemon=True)]
+    for t in pumps:
+        t.start()
+    threading.Thread(target=feed, daemon=True).start()
+    code = exit_code(proc.wait())
+    for t in pumps:  # what it wrote before it ended (a child it left behind may hold the pipes open)
+        t.join(5)
+    try:
+        send_json(conn, EXIT, {"code": code}, lock)
+    except OSError:
+        pass
+    gone.set()
+    conn.close()
+    return code
+
+
+# ---- the near end: kolorun's --ssh ----
+
+_SSH_OPTS_WITH_VALUE = set("BbcDEeFIiJLlmOopQRSWw")
+
+
+def parse_ssh_args(argv):
+    """ssh's command line as kolorun writes it: (host, command)."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if not a.startswith("-") or a == "-":
+            break
+        letters = a[1:]
+        for j, c in enumerate(letters):
+            if c in _SSH_OPTS_WITH_VALUE:
+                if j == len(letters) - 1:
+                    i += 1  # the value is the next word
+                break
+        i += 1
+    if i >= len(argv):
+        raise ValueError("no host on the command line")
+    host, command = argv[i], " ".join(argv[i + 1:])
+    if not command:
+        raise ValueError("no command for host %s" % host)
+    return host, command
+
+
+def _say(msg):
+    sys.stderr.write("kolo relay: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def main(argv):
+    try:
+        host, command = parse_ssh_args(argv)
+    except ValueError as e:
+        _say("%s (usage: _relay.py [ssh options] HOST COMMAND)" % e)
+        return LOST
+    port, key = os.environ.get("KOLO_RAY_SERVICE"), os.environ.get("KOLO_RAY_KEY")
+    if not port or not key:
+        _say("KOLO_RAY_SERVICE and KOLO_RAY_KEY are not set: this program is started by kolo.ray's "
+             "elastic executor as kolorun's --ssh, not by hand")
+        return LOST
+    try:
+        ctl = connect("127.0.0.1", int(port))
+        send_json(ctl, HELLO, {"key": key, "op": "spawn", "host": host, "command": command})
+        where = recv_json(ctl, REPLY)
+    except (OSError, WireError, ValueError) as e:
+        _say("cannot reach the driver's service at 127.0.0.1:%s: %s" % (port, e))
+        return LOST
+    if "error" in where:
+        _say(where["error"])
+        return LOST
+    try:
+        s = connect(where["addr"], where["port"])
+        send_json(s, HELLO, {"token": where["token"]})
+    except (OSError, KeyError) as e:
+        _say("cannot reach the worker's process on %s: %s" % (host, e))
+        return LOST
+
+    def forward_stdin():
+        try:
+            while True:
+                data = os.read(0, 65536)
+                send(s, STDIN, data)
+                if not data:
+                    return
+        except OSError:
+            pass
+
+    threading.Thread(target=forward_stdin, daemon=True).start()
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    try:
+        while True:
+            ready, _, _ = select.select([s, ctl], [], [])
+            if ctl in ready:
+                kind, body = recv(ctl)
+                if kind == EXIT:
+                    _say("the worker on %s was lost: %s" % (host, json.loads(body).get("lost", "?")))
+                    return LOST
+                if kind is None:
+                    _say("the driver's service went away")
+                    return LOST
+            if s in ready:
+                kind, body = recv(s)
+                if kind == STDOUT:
+                    out.write(body)
+                    out.flush()
+                elif kind == STDERR:
+                    err.write(body)
+                    err.flush()
+                elif kind == EXIT:
+                    return int(json.loads(body)["code"])
+                elif kind is None:
+                    _say("the connection to the worker on %s was lost" % host)
+                    return LOST
+    except (OSError, WireError, ValueError) as e:
+        _say("the connection to the worker on %s failed: %s" % (host, e))
+        return LOST
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
