@@ -9,8 +9,11 @@
 #include "../src/boot/store.h"
 #include "../src/common/common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -161,6 +164,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--num-nccl-streams", "2", "sh", "-c", worker, NULL}, "no NCCL"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
+        {{"-np", "1", "--local-address", "127.0.0.1", "true", NULL}, "not a non-loopback address of this machine"},
+        {{"-np", "1", "--local-address", "192.0.2.254", "true", NULL}, "'192.0.2.254'"},
     };
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++) {
         kproc p;
@@ -171,6 +176,33 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         KT_ASSERTF(strstr(p.ebuf, cases[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, cases[c].says);
         KT_EQ(p.olen, 0);
         KT_ASSERTF(access(marker, F_OK) != 0, "case %zu started a worker", c);
+    }
+}
+
+/* --local-address: this machine's workers reach the store there (a driver whose remote hosts
+ * come later, and no default route to guess from: kolo.ray's elastic executor) */
+KT_TEST(kolorun_local_address_is_where_local_workers_reach_the_store, 20)
+{
+    struct ifaddrs *ifs = NULL;
+    KT_ASSERT(getifaddrs(&ifs) == 0);
+    char addr[INET_ADDRSTRLEN] = "";
+    for (struct ifaddrs *i = ifs; i && !addr[0]; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK))
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, sizeof(addr));
+    freeifaddrs(ifs);
+    if (!addr[0]) {
+        fprintf(stderr, "  no non-loopback IPv4 address here: nothing to check\n");
+        return;
+    }
+    for (int elastic = 0; elastic < 2; elastic++) {
+        const char *plain[] = {"--local-address", addr, "-np", "2", "sh", "-c", "echo at $KOLO_RENDEZVOUS", NULL};
+        const char *el[] = {"--local-address", addr, "-np", "2", "--min-np", "2", "sh", "-c",
+                            "echo at $KOLO_RENDEZVOUS", NULL};
+        kproc p;
+        KT_EQ(run(&p, elastic ? el : plain, 10), 0);
+        char want[64];
+        snprintf(want, sizeof(want), "<stdout>:at %s:", addr);
+        KT_ASSERTF(kt_count(p.obuf, want) == 2, "elastic %d: %s", elastic, p.obuf);
     }
 }
 

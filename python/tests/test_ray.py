@@ -505,6 +505,42 @@ print("RESULTS " + json.dumps(out), flush=True)
 """
 
 
+GROWING_DRIVER = r"""
+import json, os, sys, time
+import ray
+from kolo.ray import ElasticRayExecutor
+
+def grow():
+    # a job of 2 on the head's node; when the second node joins, 2 more workers start there
+    # (through Ray actors), get the state and the job goes on with 4
+    import numpy as np, kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while kolo.size() < 4 and state.step < 1200:
+            kolo.allreduce(np.ones(2), name="g")
+            state.step += 1
+            if state.step == 2 and kolo.rank() == 0:
+                open(MARK, "w").close()
+            state.commit()
+            time.sleep(0.05)
+        return state.step
+
+    steps = loop(state)
+    return [kolo.rank(), kolo.size(), steps, os.stat("/proc/self/ns/net").st_ino]
+
+MARK = sys.argv[2]
+ray.init(address=sys.argv[1])
+ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=4, timeout_s=30))
+ex.start()
+print("RESULTS " + json.dumps({"grow": ex.run(grow), "driver_netns": os.stat("/proc/self/ns/net").st_ino}),
+      flush=True)
+"""
+
+
 def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
     import json
     import shutil
@@ -532,13 +568,36 @@ def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
         r = in_ns("a", ray_cli, "start", "--head", "--node-ip-address", NS_NET + ".1", "--port", "6379",
                   "--include-dashboard", "false", *common)
         assert r.returncode == 0, r.stdout[-3000:]
+        # ElasticRayExecutor grows onto a node that joins the cluster while the job runs
+        mark = tmp_path / "running"
+        g = subprocess.Popen(["ip", "netns", "exec", ns["a"], sys.executable, "-c", GROWING_DRIVER, head, str(mark)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while not mark.exists() and g.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         r = in_ns("b", ray_cli, "start", "--address", head, "--node-ip-address", NS_NET + ".2", *common)
         assert r.returncode == 0, r.stdout[-3000:]
+        try:
+            grown, _ = g.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            g.kill()
+            grown, _ = g.communicate()
+            pytest.fail("the growing job did not end: " + grown[-5000:])
         p = in_ns("a", sys.executable, "-c", TWO_HOST_DRIVER, head, str(tmp_path / "victim"), timeout=150)
     finally:
         guard.stdin.close()  # every Ray process of the two nodes goes with the namespaces
         guard.wait(60)
         shutil.rmtree(temp, ignore_errors=True)
+    assert g.returncode == 0, grown[-5000:]
+    line = [x for x in grown.splitlines() if x.startswith("RESULTS ")]
+    assert line, grown[-5000:]
+    out = json.loads(line[0][8:])
+    # the two of the head's node (kolorun's children beside the driver), then two on the new node
+    assert [r[:2] for r in out["grow"]] == [[0, 4], [1, 4], [2, 4], [3, 4]], grown[-5000:]
+    assert [r[3] == out["driver_netns"] for r in out["grow"]] == [True, True, False, False], out
+    assert len(set(r[2] for r in out["grow"])) == 1, out  # every rank at the same step: the state synced
+    assert re.search(r"round 2: 4 workers \(.*2 new", grown), grown[-5000:]
+
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
     assert line, p.stdout[-5000:]

@@ -26,6 +26,8 @@ static const char usage_text[] =
     "  -p, --ssh-port PORT           ssh port for remote hosts\n"
     "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
     "  --ssh COMMAND                 ssh program and options (default: ssh)\n"
+    "  --local-address ADDR          this machine's address as remote hosts reach it (its workers and\n"
+    "                                the store use it; default: the route's towards them)\n"
     "  --start-timeout S             seconds for remote workers to start, and for kolo_init (30)\n"
     "                                (--gloo-timeout-seconds: the same)\n"
     "Elastic jobs (see docs/kolorun.md): the job goes on when workers fail or hosts change\n"
@@ -217,7 +219,7 @@ typedef enum {
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
     O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS,
-    O_OUT_RANKS, O_MERGE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_OUT_RANKS, O_LOCAL_ADDR, O_MERGE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP,
@@ -236,6 +238,7 @@ static const struct {
     {O_SSH_PORT, "-p --ssh-port"},
     {O_SSH_ID, "-i --ssh-identity-file"},
     {O_SSH, "--ssh"},
+    {O_LOCAL_ADDR, "--local-address"},
     {O_START_TIMEOUT, "--start-timeout"},
     {O_GRACE, "--grace-seconds"},
     {O_TAG_OUTPUT, "--tag-output"},
@@ -404,6 +407,12 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_SSH:
         if (!*v) return kr_usage_error("%s: empty command", opt);
         o->ssh_cmd = v;
+        return -1;
+    case O_LOCAL_ADDR:
+        if (!*v || strlen(v) + 2 >= KR_ADDR_MAX || !kr_host_is_local(v) || !strcmp(v, "localhost") ||
+            !strncmp(v, "127.", 4) || !strcmp(v, "::1"))
+            return kr_usage_error("%s: '%s' is not a non-loopback address of this machine", opt, v);
+        snprintf(o->local_addr, sizeof(o->local_addr), strchr(v, ':') && v[0] != '[' ? "[%s]" : "%s", v);
         return -1;
     case O_START_TIMEOUT:
         if (!parse_num(v, 0.001, 1e7, &d)) return kr_usage_error("%s: '%s' is not a positive number of seconds", opt, v);

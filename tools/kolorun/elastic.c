@@ -51,7 +51,7 @@ typedef struct kr_elastic {
     int lost;                 /* workers lost on the way */
     int last_lost;            /* worker id of the latest loss, -1 none */
     char lost_now[64];        /* ids lost since the last round, "2, 5" */
-    char local_rdv[64];       /* the store's address for workers on this machine */
+    char local_rdv[KR_ADDR_MAX]; /* the store's address for workers on this machine */
     double next_discovery;
     int last_usable;          /* usable slots at the previous tick */
     bool reform;              /* a round is due at reform_at */
@@ -432,12 +432,13 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     /* this machine's workers reach the store where the other hosts' do: through the address
      * of the route to the first remote host (main.c), or, when a script names the hosts, the
      * default route's; without one, the route's to the first remote host the script lists
-     * before round 1 (add_host), else loopback */
+     * before round 1 (add_host), else loopback; --local-address before all */
     snprintf(el->local_rdv, sizeof(el->local_rdv), "127.0.0.1");
     for (int h = 0; h < o->nhosts; h++)
         if (o->hosts[h].local) snprintf(el->local_rdv, sizeof(el->local_rdv), "%s", o->hosts[h].rdv_addr);
     if (o->discovery && !kr_route_source("192.0.2.1", el->local_rdv, sizeof(el->local_rdv)))
         snprintf(el->local_rdv, sizeof(el->local_rdv), "127.0.0.1");
+    if (o->local_addr[0]) snprintf(el->local_rdv, sizeof(el->local_rdv), "%s", o->local_addr);
     for (int h = 0; h < o->nhosts; h++) o->hosts[h].present = true;
     if (kolo__store_connect(&el->store, "127.0.0.1", j->port, j->secret, strlen(j->secret), 10) != 0) {
         kr_say("error: cannot reach our own store: %s", kolo_last_error());

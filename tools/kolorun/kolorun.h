@@ -16,6 +16,7 @@
 #define KR_EXIT_NOTFOUND 127   /* the command does not exist (like a shell) */
 
 #define KR_HOST_MAX 256        /* bytes of a host name, NUL included */
+#define KR_ADDR_MAX 64         /* bytes of an address as workers get it ("[v6]" included) */
 #define KR_TAIL_LINES 10       /* last stderr lines kept per rank for the failure summary */
 #define KR_TAIL_COLS 400       /* bytes kept of each of those lines */
 #define KR_LINE_MAX 65536      /* a longer line is forwarded in pieces of this size */
@@ -27,7 +28,7 @@ typedef struct kr_host {
     char name[KR_HOST_MAX];
     int slots;
     bool local;               /* started with fork/exec here rather than over ssh */
-    char rdv_addr[64];        /* the address of this machine that the host can reach */
+    char rdv_addr[KR_ADDR_MAX]; /* the address of this machine that the host can reach */
     /* elastic jobs */
     bool present;             /* listed by the last discovery (always, without a script) */
     int failures;             /* workers of it that failed */
@@ -62,6 +63,7 @@ typedef struct kr_opts {
     bool stack_traces;        /* --get-stack-traces: print the workers' stacks at the timeout */
     const char *config_file;  /* --config-file (horovodrun's YAML), read after the command line */
     const char *status_file;  /* --status-file: the job's state as JSON (status.c) */
+    char local_addr[KR_ADDR_MAX]; /* --local-address, "[...]" around IPv6; "" when not given */
     int (*out_ranks)[2];      /* --output-ranks: [first, last] ranges of ranks printed; NULL: all */
     int n_out_ranks;
 

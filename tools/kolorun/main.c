@@ -272,6 +272,7 @@ int main(int argc, char **argv)
                    host->name, host->rdv_addr, port);
         }
     }
+    if (o.local_addr[0]) local_rdv = o.local_addr;
     for (int h = 0; h < o.nhosts; h++)
         if (o.hosts[h].local) snprintf(o.hosts[h].rdv_addr, sizeof(o.hosts[h].rdv_addr), "%s", local_rdv);
     if (o.verbose) kr_say("rendezvous store on port %d, job %s", port, job.job_id);

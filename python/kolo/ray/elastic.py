@@ -377,6 +377,11 @@ class ElasticRayExecutor:
                "--ssh", "%s %s" % (sys.executable, os.path.abspath(_relay.__file__)),
                "--elastic-timeout", "%g" % s.elastic_timeout, "--start-timeout", "%g" % s.timeout_s,
                "--status-file", status]
+        # the nodes reach this machine at its Ray address: its workers use it too, even when the
+        # first nodes are all here and no default route says which address the others will use
+        addr = ray.util.get_node_ip_address()
+        if addr and not addr.startswith("127.") and addr not in ("::1", "localhost"):
+            cmd += ["--local-address", addr]
         if s.reset_limit is not None:
             cmd += ["--reset-limit", str(s.reset_limit)]
         if s.cooldown_range:
