@@ -1,9 +1,9 @@
 """kolo._elastic_task: a worker of an elastic job whose function lives in a driver's process
-(kolo.ray.ElasticRayExecutor.run(worker_fn)).
+(kolo.ray.ElasticRayExecutor.run, kolo.spark.run_elastic; kolo/_elastic_driver.py).
 
 kolorun starts `python3 -m kolo._elastic_task` as each worker, here or on another host. It
-fetches the pickled function from the driver's service (its port KOLO_RAY_SERVICE, secret
-KOLO_RAY_KEY, at the host of KOLO_RENDEZVOUS: the driver's machine runs kolorun, whose store the
+fetches the pickled function from the driver's service (its port KOLO_DRIVER_SERVICE, secret
+KOLO_DRIVER_KEY, at the host of KOLO_RENDEZVOUS: the driver's machine runs kolorun, whose store the
 worker reaches there), calls it, and sends back what it returned with this worker's rank and
 round. The function does what a script under `kolorun --min-np` does: kolo.init(), then a
 training loop under kolo.elastic.run. A function that raises makes the worker exit 1 after its
@@ -24,10 +24,10 @@ def _service():
     """(host, port, key) of the driver's service."""
     rdv = os.environ.get("KOLO_RENDEZVOUS", "")
     host = rdv.rsplit(":", 1)[0].strip("[]") if ":" in rdv else ""
-    port, key = os.environ.get("KOLO_RAY_SERVICE"), os.environ.get("KOLO_RAY_KEY")
+    port, key = os.environ.get("KOLO_DRIVER_SERVICE"), os.environ.get("KOLO_DRIVER_KEY")
     if not host or not port or not key:
-        raise SystemExit("kolo: this program is a worker of kolo.ray's elastic executor (kolorun starts it, with "
-                         "KOLO_RENDEZVOUS, KOLO_RAY_SERVICE and KOLO_RAY_KEY); it is not run by hand")
+        raise SystemExit("kolo: this program is a worker of an elastic job's driver (kolorun starts it, with "
+                         "KOLO_RENDEZVOUS, KOLO_DRIVER_SERVICE and KOLO_DRIVER_KEY); it is not run by hand")
     return host, int(port), key
 
 

@@ -6,8 +6,9 @@ stdin ends the worker (the remote wrapper's lifeline). This file is such a progr
 end of it:
 
 * run as a script (`python3 .../kolo/_relay.py -T -o ... HOST COMMAND`, kolorun's --ssh), it asks
-  the driver's service (KOLO_RAY_SERVICE, a port on this machine, KOLO_RAY_KEY its secret) to start
-  COMMAND on HOST; the service starts a process there (a Ray actor, kolo.ray.elastic) that runs
+  the driver's service (KOLO_DRIVER_SERVICE, a port on this machine, KOLO_DRIVER_KEY its secret) to start
+  COMMAND on HOST; the service starts a process there (a Ray actor, a Spark task's: see
+  kolo/_elastic_driver.py) that runs
   `/bin/sh -c COMMAND` as sshd would and answers with where to reach it. This end then relays its
   stdin there and the command's stdout and stderr here, and exits with the command's status:
   128 + N when signal N ended it, and 255, as ssh does, when the command could not be started or
@@ -244,10 +245,10 @@ def main(argv):
     except ValueError as e:
         _say("%s (usage: _relay.py [ssh options] HOST COMMAND)" % e)
         return LOST
-    port, key = os.environ.get("KOLO_RAY_SERVICE"), os.environ.get("KOLO_RAY_KEY")
+    port, key = os.environ.get("KOLO_DRIVER_SERVICE"), os.environ.get("KOLO_DRIVER_KEY")
     if not port or not key:
-        _say("KOLO_RAY_SERVICE and KOLO_RAY_KEY are not set: this program is started by kolo.ray's "
-             "elastic executor as kolorun's --ssh, not by hand")
+        _say("KOLO_DRIVER_SERVICE and KOLO_DRIVER_KEY are not set: this program is started by an elastic "
+             "job's driver (kolo.ray.ElasticRayExecutor, kolo.spark.run_elastic) as kolorun's --ssh, not by hand")
         return LOST
     try:
         ctl = connect("127.0.0.1", int(port))

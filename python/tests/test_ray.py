@@ -352,14 +352,14 @@ def test_relay_reads_kolorun_ssh_command_line_and_fails_as_ssh_does(tmp_path):
     unused.bind(("127.0.0.1", 0))
     port = unused.getsockname()[1]
     unused.close()
-    env = {"PATH": os.environ["PATH"], "KOLO_RAY_SERVICE": str(port), "KOLO_RAY_KEY": "k"}
+    env = {"PATH": os.environ["PATH"], "KOLO_DRIVER_SERVICE": str(port), "KOLO_DRIVER_KEY": "k"}
     p = subprocess.run([sys.executable, relay, "h", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=30)
     assert p.returncode == 255 and "cannot reach the driver's service" in p.stderr, p.stderr
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
-    env["KOLO_RAY_SERVICE"] = str(srv.getsockname()[1])
+    env["KOLO_DRIVER_SERVICE"] = str(srv.getsockname()[1])
     q = subprocess.Popen([sys.executable, relay, "h", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     conn, _ = srv.accept()

@@ -29,7 +29,7 @@ def configure(queue, rank=None):
 def log(info, chief_only=True):
     """Sends info (anything picklable) to the driver's callbacks; with chief_only, rank 0's only."""
     if _queue is None:
-        if os.environ.get("KOLO_RAY_SERVICE") and os.environ.get("KOLO_ELASTIC"):
+        if os.environ.get("KOLO_DRIVER_SERVICE") and os.environ.get("KOLO_ELASTIC"):
             _log_elastic(info, chief_only)
         return
     if chief_only and _rank not in (0, None):
