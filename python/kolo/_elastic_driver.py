@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from kolo import _relay
 
@@ -198,6 +199,10 @@ class Job:
         self.executable = executable or sys.executable
         self.kolorun = find_kolorun()
 
+    def _gone(self):
+        """Why no host can ever come (the backend's hosts are gone for good), or None."""
+        return getattr(self.backend, "gone", None)
+
     def _write_hosts(self, path):
         """The backend's hosts into the file kolorun's discovery script prints; returns their slots."""
         nodes = sorted(self.backend.nodes().items())
@@ -229,16 +234,27 @@ class Job:
             cmd += ["-x", name]
         return cmd + [self.executable, "-m", "kolo._elastic_task"]
 
-    def run(self, payload, callbacks=None, stdout=None, stderr=None):
+    def run(self, payload, callbacks=None, stdout=None, stderr=None, wait_slots=0, on_service=None):
         """Runs the job to its end; returns what the workers of its last round returned, by
         rank. Raises ElasticJobError with kolorun's reason when it fails. stdout/stderr: file
-        objects for kolorun's output (default: this process's)."""
+        objects for kolorun's output (default: this process's). on_service(service) is called
+        once the service listens (kolo.spark starts its agents then); kolorun starts when the
+        hosts have wait_slots slots, or after start_timeout with what there is."""
         service = Service(self.backend, payload, callbacks)
         tmp = tempfile.mkdtemp(prefix="kolo-elastic-")
         hosts, status = os.path.join(tmp, "hosts"), os.path.join(tmp, "status.json")
         stop = threading.Event()
         try:
+            if on_service is not None:
+                on_service(service)
+            deadline = time.monotonic() + self.start_timeout
+            while (sum(self.backend.nodes().values()) < wait_slots and time.monotonic() < deadline
+                   and not self._gone()):
+                time.sleep(0.1)
+            if self._gone():
+                raise ElasticJobError(self._gone())
             slots = self._write_hosts(hosts)
+            proc = None
 
             def discover():
                 while not stop.wait(1.0):
@@ -246,6 +262,8 @@ class Job:
                         self._write_hosts(hosts)
                     except Exception as e:  # noqa: BLE001 - the framework busy, say: the file keeps the last list
                         sys.stderr.write("kolo: listing the hosts failed: %s\n" % e)
+                    if self._gone() and proc is not None and proc.poll() is None:
+                        proc.terminate()  # no host can come back: kolorun would wait out its elastic timeout
 
             env = dict(os.environ, KOLO_DRIVER_SERVICE=str(service.port), KOLO_DRIVER_KEY=service.key,
                        **self.env_vars)
@@ -270,6 +288,8 @@ class Job:
                 t.join(10)
             if service.errors:
                 raise service.errors[0]
+            if code != 0 and self._gone():
+                raise ElasticJobError(self._gone())
             if code != 0:
                 raise ElasticJobError(_reason(status) or "kolorun exited with code %d" % code)
         finally:

@@ -114,6 +114,15 @@ def keepalive(s):
 
 # ---- the far end: the command's host ----
 
+def command_env(extra=None):
+    """The environment a served command gets: this process's, extra on top, and kolo importable
+    by the command's python as it is by this one."""
+    env = dict(os.environ, **(extra or {}))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
 def exit_code(status):
     """A Popen returncode as a shell reports it (128 + N for signal N)."""
     return 128 - status if status < 0 else status
@@ -279,17 +288,18 @@ def main(argv):
 
     threading.Thread(target=forward_stdin, daemon=True).start()
     out, err = sys.stdout.buffer, sys.stderr.buffer
+    watched = [s, ctl]
     try:
         while True:
-            ready, _, _ = select.select([s, ctl], [], [])
+            ready, _, _ = select.select(watched, [], [])
             if ctl in ready:
                 kind, body = recv(ctl)
                 if kind == EXIT:
                     _say("the worker on %s was lost: %s" % (host, json.loads(body).get("lost", "?")))
                     return LOST
-                if kind is None:
-                    _say("the driver's service went away")
-                    return LOST
+                if kind is None:  # the service is done with this worker (it ended): its exit
+                    watched = [s]  # status is on its way on the other connection
+                    ctl.close()
             if s in ready:
                 kind, body = recv(s)
                 if kind == STDOUT:

@@ -144,6 +144,61 @@ def test_spark_runs_again_after_failures(spark):
     assert kolo.spark.run(_noop, num_proc=2, verbose=0) == [1, 1]
 
 
+def _elastic_loses_rank_1(limit):
+    import numpy as np
+    import kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while state.step < limit:
+            kolo.allreduce(np.ones(4), name="g")
+            state.step += 1
+            if state.step % 4 == 0:
+                state.commit()
+            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 1:
+                os._exit(3)
+        return state.step
+
+    steps = loop(state)
+    return (kolo.rank(), kolo.size(), steps)
+
+
+def test_elastic_job_goes_on_without_a_failed_worker(spark):
+    out, err = io.StringIO(), io.StringIO()
+    # two Spark tasks hold the two slots; rank 1 exits in round 1 and the job finishes with one
+    res = kolo.spark.run_elastic(_elastic_loses_rank_1, args=(24,), num_proc=2, min_num_proc=1, stdout=out,
+                                 stderr=err)
+    assert res == [(0, 1, 24)], (res, err.getvalue())
+    text = err.getvalue()
+    assert re.search(r"worker \d \(rank 1 of round 1\) on host \S+ exited with code 3", text), text
+    assert "round 2: 1 worker" in text and "elastic job: 2 rounds, 1 worker lost on the way" in text, text
+    assert "kolo.spark: elastic job finished" in text, text
+    # the agents' Spark job is over: Spark runs the next job at once
+    assert kolo.spark.run(len, args=([1, 2],), num_proc=2, verbose=0) == [2, 2]
+
+
+def _elastic_fails():
+    import kolo
+    kolo.init()
+    raise ValueError("rank %d refuses" % kolo.rank())
+
+
+def test_elastic_job_that_cannot_go_on_names_the_failure(spark):
+    err = io.StringIO()
+    with pytest.raises(KoloSparkError, match=r"the elastic job failed: .*worker \d \(rank \d\) on host \S+ exited "
+                                              r"with code 1"):
+        kolo.spark.run_elastic(_elastic_fails, num_proc=2, elastic_timeout=1, stderr=err, stdout=io.StringIO())
+    assert "ValueError: rank 0 refuses" in err.getvalue() or "ValueError: rank 1 refuses" in err.getvalue(), \
+        err.getvalue()
+    with pytest.raises(ValueError, match="num_proc 3 must be between min_num_proc 1 and max_num_proc 2"):
+        kolo.spark.run_elastic(len, num_proc=3, min_num_proc=1, max_num_proc=2)
+    with pytest.raises(ValueError, match="max_num_proc must be an integer of at least 4"):
+        kolo.spark.run_elastic(len, num_proc=2, min_num_proc=4, max_num_proc=2)
+
+
 def test_bad_arguments_are_refused_before_spark_runs():
     with pytest.raises(ValueError, match="use_mpi"):
         kolo.spark.run(_noop, use_mpi=True)
@@ -276,6 +331,33 @@ s = (SparkSession.builder.master(url).config("spark.ui.enabled", "false")
 s.sparkContext.setLogLevel("FATAL")
 out = [kolo.spark.run(rank_info, num_proc=n, verbose=0),
        kolo.spark.run(rank_info, num_proc=n, verbose=0, env={"KOLO_TRANSPORT": "tcp"})]
+
+def elastic_info():
+    # every worker started by a Spark task on its host (the agents); the last rank exits in
+    # round 1 and the others finish in round 2
+    import numpy as np, kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while state.step < 20:
+            kolo.allreduce(np.ones(2), name="g")
+            state.step += 1
+            if state.step % 4 == 0:
+                state.commit()
+            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == n - 1:
+                os._exit(3)
+        return state.step
+
+    steps = loop(state)
+    info = rank_info()
+    info.update(steps=steps, round=kolo.elastic_round())
+    return info
+
+out.append(kolo.spark.run_elastic(elastic_info, num_proc=n, min_num_proc=n - 1))
+out.append(os.stat("/proc/self/ns/net").st_ino)
 print("RESULTS " + json.dumps(out), flush=True)
 s.stop()
 """
@@ -362,7 +444,8 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
     assert line, p.stdout[-5000:]
-    for res, forced_tcp in zip(json.loads(line[0][8:]), (False, True)):
+    results = json.loads(line[0][8:])
+    for res, forced_tcp in zip(results, (False, True)):
         assert [r["rank"] for r in res] == list(range(n)), res
         assert all(r["size"] == n and r["total"] == n * (n + 1) / 2 for r in res), res
         # each rank under an executor JVM of its worker's, not the driver's
@@ -381,4 +464,14 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
                 assert how == ("shm" if same and not forced_tcp else "tcp"), (r["rank"], peer, how, res)
     # every rank's output reached the driver across the network, tagged
     for r in range(n):
-        assert p.stdout.count("[%d]<stdout>:hello from rank %d" % (r, r)) == 2, p.stdout[-5000:]
+        assert p.stdout.count("[%d]<stdout>:hello from rank %d" % (r, r)) >= 2, p.stdout[-5000:]
+    # run_elastic: workers started on the executors' hosts by the Spark tasks holding the slots
+    # (kolo/spark/_elastic.py), the last rank lost, the job finished by the others
+    el, driver_netns = results[2], results[3]
+    assert [r["rank"] for r in el] == list(range(n - 1)), el
+    assert all(r["size"] == n - 1 and r["steps"] == 20 and r["round"] == 2 for r in el), el
+    assert re.search(r"worker \d \(rank %d of round 1\) on host \S+ exited with code 3" % (n - 1), p.stdout), \
+        p.stdout[-5000:]
+    if c["hosts"]:
+        assert all(r["netns"] in c["hosts"] and r["netns"] != driver_netns for r in el), el
+        assert None not in [r["executor"] for r in el], el  # each under its Spark executor's JVM

@@ -28,7 +28,6 @@ relay exits 255, as ssh does when its connection drops, and kolorun counts the w
 Workers on the driver's own node are kolorun's children, as under kolorun alone (no actor).
 """
 
-import os
 import secrets
 import socket
 import threading
@@ -94,10 +93,7 @@ class _Slot:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("0.0.0.0", 0))
         listener.listen(4)
-        env = dict(os.environ, **self.env)
-        # kolo importable by the command's python, as it is by this actor's
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_relay.__file__))))
-        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
+        env = _relay.command_env(self.env)
 
         def serve():
             try:

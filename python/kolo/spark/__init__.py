@@ -45,7 +45,7 @@ import uuid
 
 from kolo._tasks import free_port, placement, reports_another_rank
 
-__all__ = ["run", "KoloSparkError"]
+__all__ = ["run", "run_elastic", "KoloSparkError"]
 
 _TAIL_LINES = 20
 
@@ -297,6 +297,101 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
         print("kolo.spark: %d ranks finished in %.1f s" % (n, time.monotonic() - t0), file=err, flush=True)
     return [cloudpickle.loads(p[1]) for p in pairs]
 
+
+
+def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None, start_timeout=None,
+                elastic_timeout=None, reset_limit=None, env=None, stdout=None, stderr=None, verbose=1, nics=None,
+                prefix_output_with_timestamp=False, min_np=None, max_np=None, cooldown_range=None, executable=None):
+    """Runs fn(*args, **kwargs) as the workers of an elastic kolo job on Spark's executors until
+    the job ends; returns what the workers of its last round returned, by rank. Horovod's
+    horovod.spark.run_elastic signature; fn is a script's body under kolorun --min-np (init(),
+    state, a loop under kolo.elastic.run that commits).
+
+    num_proc: workers to start with (default spark.default.parallelism); min_num_proc (default
+    num_proc): fewest the job goes on with; max_num_proc (default num_proc): Spark tasks that hold
+    a slot each, so the most workers. start_timeout: seconds for the first num_proc slots and for a
+    round's workers to find each other (default 600); elastic_timeout: seconds to wait for
+    min_num_proc slots after losses (default 600, KOLO_ELASTIC_TIMEOUT); reset_limit: end the job
+    after that many re-formations; cooldown_range=(min, max): seconds before a host whose worker
+    failed gets workers again (default never). env: variables for the workers; stdout/stderr:
+    where kolorun's output goes (each worker's lines tagged by rank); nics: KOLO_IFACE;
+    executable: the workers' Python (default this one's path). prefix_output_with_timestamp and
+    verbose are accepted. Raises KoloSparkError with kolorun's reason when the job fails.
+
+    How (kolo/spark/_elastic.py): kolorun runs on the driver's machine as the job's coordinator;
+    max_num_proc Spark tasks are agents that hold a slot each and start the workers kolorun gives
+    them, so executors lost or added shrink or grow the job."""
+    from kolo import _elastic_driver
+    from kolo.spark import _elastic
+    kwargs = {} if kwargs is None else kwargs
+    _check_args(fn, args, kwargs, num_proc, None, None, env)
+    try:
+        from pyspark import SparkContext
+        from pyspark import cloudpickle
+    except ImportError as e:
+        raise ImportError("kolo.spark needs pyspark (pip install pyspark, Spark 3.0 or later): %s" % e) from None
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        from pyspark.sql import SparkSession
+        sc = SparkSession.builder.getOrCreate().sparkContext
+    n = num_proc if num_proc is not None else sc.defaultParallelism
+    lo = min_np if min_np is not None else (min_num_proc if min_num_proc is not None else n)
+    hi = max_np if max_np is not None else (max_num_proc if max_num_proc is not None else max(n, lo))
+    start_timeout = start_timeout if start_timeout else 600
+    elastic_timeout = elastic_timeout if elastic_timeout else float(os.environ.get("KOLO_ELASTIC_TIMEOUT", 600))
+    _elastic_driver.check_settings("kolo.spark.run_elastic", lo, hi, reset_limit, elastic_timeout, start_timeout,
+                                   cooldown_range, nics)
+    if not lo <= n <= hi:
+        raise ValueError("kolo.spark.run_elastic: num_proc %d must be between min_num_proc %d and max_num_proc %d"
+                         % (n, lo, hi))
+    backend = _elastic.SparkBackend(start_timeout)
+    driver = _driver_host(sc)
+    try:
+        local = socket.gethostbyname(driver)
+    except OSError:
+        local = None
+    job = _elastic_driver.Job(backend, lo, hi, elastic_timeout, start_timeout, reset_limit=reset_limit,
+                              cooldown_range=cooldown_range, env_vars=env, nics=nics, local_address=local,
+                              executable=executable)
+    payload = cloudpickle.dumps(_Call(fn, tuple(args), dict(kwargs)))
+    group = "kolo.spark.run_elastic.%s" % uuid.uuid4().hex[:12]
+    err = stderr if stderr is not None else sys.stderr
+
+    def agents(service):
+        spec = {"driver": "%s:%d" % (driver, service.port), "key": service.key, "env": dict(env or {})}
+        sc.setJobGroup(group, "kolo.spark.run_elastic: %d slots" % hi, interruptOnCancel=True)
+        try:
+            sc.parallelize(range(hi), hi).mapPartitionsWithIndex(lambda i, it: _elastic.agent_task(spec, i)).collect()
+        except Exception as e:  # noqa: BLE001 - cancelled at the job's end, or Spark gave up on a task
+            if not service.closed.is_set():
+                backend.gone = "the Spark job of the tasks that hold the slots failed: %s" % _spark_reason(e)
+
+    if verbose >= 1:
+        print("kolo.spark: elastic job of %d workers (%d to %d), %d Spark tasks holding the slots"
+              % (n, lo, hi, hi), file=err, flush=True)
+    t0 = time.monotonic()
+    try:
+        results = job.run(payload, stdout=stdout, stderr=stderr, wait_slots=n,
+                          on_service=lambda service: threading.Thread(target=agents, args=(service,),
+                                                                      daemon=True).start())
+    except _elastic_driver.ElasticJobError as e:
+        raise KoloSparkError("kolo.spark: the elastic job failed: %s" % e) from None
+    finally:
+        sc.cancelJobGroup(group)
+    if verbose >= 1:
+        print("kolo.spark: elastic job finished in %.1f s, %d workers in its last round"
+              % (time.monotonic() - t0, len(results)), file=err, flush=True)
+    return results
+
+
+class _Call:
+    """fn with its arguments, as the elastic workers call it."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __call__(self):
+        return self.fn(*self.args, **self.kwargs)
 
 # ---- a barrier task ----
 
