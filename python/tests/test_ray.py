@@ -251,25 +251,8 @@ def test_training_example_runs_on_ray(cluster):
 # children); the second node's, through Ray actors, in the two-node test below ----
 
 def _elastic_loses_a_worker():
-    import numpy as np
     import kolo
-    import kolo.elastic as el
-    kolo.init()
-    state = el.ObjectState(step=0)
-
-    @el.run
-    def loop(state):
-        while state.step < 24:
-            kolo.allreduce(np.ones(4), name="g")
-            state.step += 1
-            if state.step % 4 == 0:
-                state.commit()
-                ray_logger.log({"step": state.step, "size": kolo.size()})
-            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 2:
-                os._exit(3)
-        return state.step
-
-    steps = loop(state)
+    steps = _training.elastic_steps(24, 2, on_commit=lambda step: ray_logger.log({"step": step, "size": kolo.size()}))
     return (kolo.rank(), kolo.size(), steps)
 
 
@@ -419,6 +402,8 @@ TWO_HOST_DRIVER = r"""
 import json, os, sys
 import ray
 from kolo.ray import KoloRayError, RayExecutor
+import _training
+ray.cloudpickle.register_pickle_by_value(_training)
 
 def info():
     import numpy as np, kolo
@@ -449,23 +434,7 @@ ex.shutdown()
 def elastic_loop(fail):
     # 4 workers (2 slots a node); at step 10 of round 1, rank 3 (on the second node, started
     # there through the relay and a Ray actor) calls fail(), and the job goes on with 3
-    import numpy as np, kolo
-    import kolo.elastic as el
-    kolo.init()
-    state = el.ObjectState(step=0)
-
-    @el.run
-    def loop(state):
-        while state.step < 20:
-            kolo.allreduce(np.ones(2), name="g")
-            state.step += 1
-            if state.step % 4 == 0:
-                state.commit()
-            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 3:
-                fail()
-        return state.step
-
-    return loop(state)
+    return _training.elastic_steps(20, 3, fail)
 
 def elastic_info():
     import numpy as np, kolo
@@ -555,8 +524,9 @@ def test_two_nodes_ranks_by_host_shm_within_tcp_between(cluster, tmp_path):
         pytest.skip("a Ray cluster of two hosts needs network namespaces: %s" % why)
     temp = tempfile.mkdtemp(prefix="kray")  # short: Ray's socket paths live under it
     pydir = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    here = os.path.dirname(os.path.abspath(__file__))  # the driver imports _training from here
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0",
-               PYTHONPATH=os.pathsep.join([pydir] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+               PYTHONPATH=os.pathsep.join([pydir, here] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     head = NS_NET + ".1:6379"
 

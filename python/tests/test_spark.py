@@ -145,24 +145,8 @@ def test_spark_runs_again_after_failures(spark):
 
 
 def _elastic_loses_rank_1(limit):
-    import numpy as np
     import kolo
-    import kolo.elastic as el
-    kolo.init()
-    state = el.ObjectState(step=0)
-
-    @el.run
-    def loop(state):
-        while state.step < limit:
-            kolo.allreduce(np.ones(4), name="g")
-            state.step += 1
-            if state.step % 4 == 0:
-                state.commit()
-            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == 1:
-                os._exit(3)
-        return state.step
-
-    steps = loop(state)
+    steps = _training.elastic_steps(limit, 1)
     return (kolo.rank(), kolo.size(), steps)
 
 
@@ -300,8 +284,11 @@ def test_ctrl_c_on_the_driver_stops_every_rank(tmp_path):
 
 STANDALONE_DRIVER = r"""
 import json, os, sys
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 import kolo.spark
+import _training
+cloudpickle.register_pickle_by_value(_training)
 
 def jvm_of(pid):
     while pid > 1:  # up the parents to the executor's JVM
@@ -335,23 +322,8 @@ out = [kolo.spark.run(rank_info, num_proc=n, verbose=0),
 def elastic_info():
     # every worker started by a Spark task on its host (the agents); the last rank exits in
     # round 1 and the others finish in round 2
-    import numpy as np, kolo
-    import kolo.elastic as el
-    kolo.init()
-    state = el.ObjectState(step=0)
-
-    @el.run
-    def loop(state):
-        while state.step < 20:
-            kolo.allreduce(np.ones(2), name="g")
-            state.step += 1
-            if state.step % 4 == 0:
-                state.commit()
-            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == n - 1:
-                os._exit(3)
-        return state.step
-
-    steps = loop(state)
+    import kolo
+    steps = _training.elastic_steps(20, n - 1)
     info = rank_info()
     info.update(steps=steps, round=kolo.elastic_round())
     return info
@@ -439,7 +411,8 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(STANDALONE_DRIVER)
     n = c["slots"]
-    p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=c["env"],
+    env = dict(c["env"], PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), c["env"]["PYTHONPATH"]]))
+    p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150)
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]

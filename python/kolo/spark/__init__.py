@@ -155,6 +155,21 @@ def _spark_reason(e):
     return (str(e).strip().split("\n") or [""])[0][:2000]
 
 
+def _spark():
+    """The active SparkContext (made from the builder's defaults when there is none) and
+    PySpark's cloudpickle."""
+    try:
+        from pyspark import SparkContext
+        from pyspark import cloudpickle
+    except ImportError as e:
+        raise ImportError("kolo.spark needs pyspark (pip install pyspark, Spark 3.0 or later): %s" % e) from None
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        from pyspark.sql import SparkSession
+        sc = SparkSession.builder.getOrCreate().sparkContext
+    return sc, cloudpickle
+
+
 def _driver_host(sc):
     host = sc.getConf().get("spark.driver.host", None)
     return host or socket.gethostname()
@@ -203,15 +218,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     Raises KoloSparkError when a rank fails (the first to fail, with its last lines)."""
     kwargs = {} if kwargs is None else kwargs
     _check_args(fn, args, kwargs, num_proc, use_mpi, extra_mpi_args, env)
-    try:
-        from pyspark import SparkContext
-        from pyspark import cloudpickle
-    except ImportError as e:
-        raise ImportError("kolo.spark needs pyspark (pip install pyspark, Spark 3.0 or later): %s" % e) from None
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        from pyspark.sql import SparkSession
-        sc = SparkSession.builder.getOrCreate().sparkContext
+    sc, cloudpickle = _spark()
     n = num_proc if num_proc is not None else sc.defaultParallelism
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
@@ -325,15 +332,7 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_
     from kolo.spark import _elastic
     kwargs = {} if kwargs is None else kwargs
     _check_args(fn, args, kwargs, num_proc, None, None, env)
-    try:
-        from pyspark import SparkContext
-        from pyspark import cloudpickle
-    except ImportError as e:
-        raise ImportError("kolo.spark needs pyspark (pip install pyspark, Spark 3.0 or later): %s" % e) from None
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        from pyspark.sql import SparkSession
-        sc = SparkSession.builder.getOrCreate().sparkContext
+    sc, cloudpickle = _spark()
     n = num_proc if num_proc is not None else sc.defaultParallelism
     lo = min_np if min_np is not None else (min_num_proc if min_num_proc is not None else n)
     hi = max_np if max_np is not None else (max_num_proc if max_num_proc is not None else max(n, lo))
