@@ -113,7 +113,8 @@ deps:
 # then the Python suites under kolorun.
 # TSan looks for races between the threads of a process; these tests' processes have no second
 # thread TSan would not see elsewhere: kolorun is single-threaded (its tests' workers run the
-# kolo_init and engine paths the other tests run, kolorun_elastic_* kept for the rounds), the
+# kolo_init and engine paths the other tests run; kolorun_elastic_* kept for the rounds, but for
+# those that mostly wait out kolorun's timers: a worker given up on, one that never joins), the
 # reduce kernels are, and launch_*/multihost_* start the same workers under other launchers.
 # mapped_store_choice's second half times calls slowed by a hook (30 s under TSan, its largest);
 # the mapped allreduce it times runs under TSan in zero_copy_allreduce and engine_fused_mapped_arena.
@@ -121,7 +122,8 @@ TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exi
   '!kolorun_help' '!kolorun_horovodrun' '!kolorun_hostfile' '!kolorun_killed' '!kolorun_one_failure' \
   '!kolorun_output' '!kolorun_remote' '!kolorun_removes' '!kolorun_second' '!kolorun_sigterm' \
   '!kolorun_starts' '!kolorun_status' '!kolorun_stdin' '!kolorun_tag' '!kolorun_timeout' '!kolorun_usage' \
-  '!kolorun_worker' '!reduce_' '!launch_' '!multihost_' \
+  '!kolorun_worker' '!kolorun_local' '!kolorun_elastic_kills' '!kolorun_elastic_stops' \
+  '!kolorun_elastic_binds' '!kolorun_elastic_usage' '!reduce_' '!launch_' '!multihost_' \
   '!mapped_store_choice'
 test: deps
 	$(MAKE) all

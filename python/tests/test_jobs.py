@@ -75,17 +75,22 @@ def test_a_lost_peer_is_an_error_on_the_survivor(tmp_path):
 
 def test_a_stall_becomes_an_error_with_stall_shutdown(tmp_path):
     rc, out, dt = run_job(tmp_path, 2, """
-        import time, torch, kolo.torch as hvd
+        import os, time, torch, kolo.torch as hvd
         hvd.init()
+        done = os.path.join(os.environ["KOLO_TEST_DIR"], "rank0-done")
         if hvd.rank() == 0:
             try:
                 hvd.allreduce(torch.ones(2), name="only_rank_0")
                 print("NO ERROR")
             except hvd.HorovodInternalError as e:
                 print("CAUGHT:", e)
+            open(done, "w").close()
         else:
-            time.sleep(8)  # present, but never submits it
-    """, env={"KOLO_STALL_CHECK_TIME": "1", "KOLO_STALL_SHUTDOWN_TIME": "2"}, timeout=90)
+            t0 = time.monotonic()  # present, but never submits it, until rank 0 is done
+            while not os.path.exists(done) and time.monotonic() - t0 < 60:
+                time.sleep(0.05)
+    """, env={"KOLO_STALL_CHECK_TIME": "1", "KOLO_STALL_SHUTDOWN_TIME": "2", "KOLO_TEST_DIR": str(tmp_path)},
+        timeout=90)
     assert rc == 0, out
     assert "CAUGHT:" in out and "only_rank_0" in out
 
