@@ -138,6 +138,8 @@ class Service:
             self.sock.close()
         except OSError:
             pass
+        if hasattr(self.backend, "close"):
+            self.backend.close()
 
 
 class Handle:

@@ -26,6 +26,7 @@ then STDIN frames one way (an empty one is the end of stdin), STDOUT/STDERR fram
 one EXIT frame (JSON: {"code": N} or {"lost": why}) last.
 """
 
+import hmac
 import json
 import os
 import select
@@ -145,7 +146,7 @@ def serve_command(listener, token, command, env=None, accept_timeout=60):
         except (OSError, WireError):
             conn.close()
             continue
-        if not isinstance(hello, dict) or hello.get("token") != token:
+        if not isinstance(hello, dict) or not hmac.compare_digest(str(hello.get("token", "")), token):
             conn.close()
             continue
         conn.settimeout(None)
@@ -155,18 +156,20 @@ def serve_command(listener, token, command, env=None, accept_timeout=60):
     proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
     lock = threading.Lock()
-    gone = threading.Event()
+    ended = threading.Event()
 
     def pump(stream, kind):
         fd = stream.fileno()
+        broken = False
         while True:
             data = os.read(fd, 65536)
             if not data:
                 return
-            try:
-                send(conn, kind, data, lock)
-            except OSError:
-                gone.set()
+            if not broken:  # after the connection broke, the output is still drained
+                try:
+                    send(conn, kind, data, lock)
+                except OSError:
+                    broken = True
 
     def feed():
         """stdin frames to the command; the connection's end (its peer died, or the network
@@ -190,7 +193,7 @@ def serve_command(listener, token, command, env=None, accept_timeout=60):
                 proc.stdin.close()
             except OSError:
                 pass
-        if proc.poll() is None and not gone.is_set():
+        if proc.poll() is None and not ended.is_set():
             try:  # SIGTERM, not sshd's SIGHUP: a Ray worker may run with SIGHUP ignored, and so its children
                 os.killpg(proc.pid, signal.SIGTERM)
             except OSError:
@@ -204,11 +207,11 @@ def serve_command(listener, token, command, env=None, accept_timeout=60):
     code = exit_code(proc.wait())
     for t in pumps:  # what it wrote before it ended (a child it left behind may hold the pipes open)
         t.join(5)
+    ended.set()
     try:
         send_json(conn, EXIT, {"code": code}, lock)
     except OSError:
         pass
-    gone.set()
     conn.close()
     return code
 

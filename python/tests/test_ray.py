@@ -674,3 +674,38 @@ def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
             time.sleep(0.1)
         else:
             pytest.fail("rank pid %d outlived the interrupted run" % pid)
+
+
+def test_elastic_driver_service_answers_only_the_run_secret():
+    from kolo import _elastic_driver, _relay
+
+    class NoHosts:
+        def nodes(self):
+            return {}
+
+        def spawn(self, host, command):
+            raise _elastic_driver.SpawnError("no host %s here" % host)
+
+    svc = _elastic_driver.Service(NoHosts(), b"the function", None)
+    try:
+        def ask(hello, raw=None):
+            s = _relay.connect("127.0.0.1", svc.port)
+            try:
+                if raw is not None:
+                    s.sendall(raw)
+                else:
+                    _relay.send_json(s, _relay.HELLO, hello)
+                return _relay.recv(s)
+            except ConnectionResetError:  # closed with what it sent unread
+                return (None, b"")
+            finally:
+                s.close()
+        assert ask({"key": svc.key, "op": "fn"}) == (_relay.DATA, b"the function")
+        assert ask({"key": "not the key", "op": "fn"}) == (None, b"")  # a stranger: no answer
+        assert ask(None, raw=b"GET / HTTP/1.0\r\n\r\n") == (None, b"")  # garbage: closed
+        kind, body = ask({"key": svc.key, "op": "nonsense"})
+        assert kind == _relay.REPLY and "unknown request" in body.decode(), body
+        kind, body = ask({"key": svc.key, "op": "spawn", "host": "10.0.0.9", "command": "true"})
+        assert kind == _relay.REPLY and "no host 10.0.0.9 here" in body.decode(), body  # the relay says it
+    finally:
+        svc.close()

@@ -115,6 +115,7 @@ class _RayBackend:
     def __init__(self, discovery, cpus_per_slot, env_vars, start_timeout):
         self.discovery, self.cpus_per_slot = discovery, cpus_per_slot
         self.env_vars, self.start_timeout = env_vars, start_timeout
+        self.slot = ray.remote(_Slot)
 
     def nodes(self):
         return {addr: slots for addr, (_, slots) in self.discovery.nodes().items()}
@@ -124,7 +125,7 @@ class _RayBackend:
         if node is None:
             raise SpawnError("no live Ray node has address %s" % host)
         token = secrets.token_hex(16)
-        actor = ray.remote(_Slot).options(
+        actor = self.slot.options(
             num_cpus=self.cpus_per_slot, max_concurrency=2, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node[0], soft=False)).remote(self.env_vars)
         try:

@@ -361,9 +361,11 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_
         sc.setJobGroup(group, "kolo.spark.run_elastic: %d slots" % hi, interruptOnCancel=True)
         try:
             sc.parallelize(range(hi), hi).mapPartitionsWithIndex(lambda i, it: _elastic.agent_task(spec, i)).collect()
+            why = "the Spark tasks that hold the slots all ended (they lost the driver)"
         except Exception as e:  # noqa: BLE001 - cancelled at the job's end, or Spark gave up on a task
-            if not service.closed.is_set():
-                backend.gone = "the Spark job of the tasks that hold the slots failed: %s" % _spark_reason(e)
+            why = "the Spark job of the tasks that hold the slots failed: %s" % _spark_reason(e)
+        if not service.closed.is_set():
+            backend.gone = why
 
     if verbose >= 1:
         print("kolo.spark: elastic job of %d workers (%d to %d), %d Spark tasks holding the slots"

@@ -114,6 +114,16 @@ class SparkBackend:
     def release(self, handle):
         handle.agent.busy = False
 
+    def close(self):
+        """The job is over: every agent's connection ends, and with it its Spark task."""
+        with self.lock:
+            conns = [a.conn for a in self.agents]
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
 
 def agent_task(spec, index):
     """A Spark task's body: an agent until the driver closes its connection. Yields the index."""
