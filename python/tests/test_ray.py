@@ -623,6 +623,16 @@ def sleeper(d):
     time.sleep(600)
 
 ray.init(address=sys.argv[2])
+if sys.argv[3] == "elastic":  # kolorun and its workers must go too
+    from kolo.ray import ElasticRayExecutor
+    ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2))
+    ex.start()
+    d = sys.argv[1]
+    try:
+        ex.run(lambda: sleeper(d))
+    except KeyboardInterrupt:
+        print("driver interrupted", flush=True)
+    sys.exit(0)
 ex = RayExecutor(RayExecutor.create_settings(), num_workers=2)
 ex.start()
 try:
@@ -636,7 +646,8 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
+@pytest.mark.parametrize("executor_kind", ["fixed", "elastic"])
+def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path, executor_kind):
     import signal
     import subprocess
     script = tmp_path / "driver.py"
@@ -646,7 +657,8 @@ def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
     # the driver joins this module's cluster, which outlives it: its ranks must go all the same
     # as from a terminal: a suite started in the background by a shell inherits SIGINT ignored,
     # and Python raises no KeyboardInterrupt for an ignored signal
-    p = subprocess.Popen([sys.executable, str(script), str(tmp_path), ray.get_runtime_context().gcs_address],
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path), ray.get_runtime_context().gcs_address,
+                          executor_kind],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
@@ -662,7 +674,8 @@ def test_ctrl_c_on_the_driver_stops_every_rank(cluster, tmp_path):
             p.kill()
             p.wait()
     assert "driver interrupted" in out, out
-    assert "the workers cannot be used (interrupted); call shutdown() and start() again" in out, out
+    if executor_kind == "fixed":
+        assert "the workers cannot be used (interrupted); call shutdown() and start() again" in out, out
     for f in pids:
         pid = int(f.read_text())
         deadline = time.monotonic() + 30
