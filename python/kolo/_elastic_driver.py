@@ -298,10 +298,12 @@ class Job:
             stop.set()
             service.close()
             shutil.rmtree(tmp, ignore_errors=True)
-        # the workers that finished did so in one round (a worker's end forms no more rounds)
-        results = list(service.results.values())
-        last = max((r[0] or 0 for r in results), default=0)
-        return [v for _, _, v in sorted((r for r in results if (r[0] or 0) == last), key=lambda r: r[1] or 0)]
+        # the workers that finished did so in one round (a worker's end forms no more rounds); a
+        # worker whose function shut kolo down said no rank or round: those come last, by worker id
+        last = max((r[0] for r in service.results.values() if r[0] is not None), default=None)
+        kept = [(wid, r) for wid, r in service.results.items() if r[0] in (last, None)]
+        kept.sort(key=lambda x: (x[1][1] is None, x[1][1] or 0, int(x[0]) if x[0].isdigit() else 0))
+        return [r[2] for _, r in kept]
 
 
 def _copy(src, dst):

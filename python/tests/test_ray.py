@@ -394,6 +394,24 @@ def test_relay_far_end_runs_the_command_and_ends_it_when_the_connection_goes():
     t.join(10)
     assert code == [128 + 15], code
 
+
+def test_elastic_example_goes_on_after_a_death_with_no_sample_lost():
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "examples", "ray", "ray_elastic_digits.py")
+    p = subprocess.run([sys.executable, script, "--min-workers", "2", "--max-workers", "3", "--num-cpus", "3", "--",
+                        "--epochs", "2", "--train-size", "2000", "--val-size", "500", "--threads", "1",
+                        "--commit-every", "4", "--simulate-failure", "2:0:6"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"worker 2 \(rank 2 of round 1\) on host \S+ was killed by SIGKILL", p.stdout), p.stdout
+    assert "[0]<stdout>:round 2: 2 workers, from epoch 1 batch 4" in p.stdout, p.stdout  # the commit before
+    losses = [float(x) for x in re.findall(r"epoch \d/2 +val-loss ([\d.]+) +val-acc [\d.]+ +2 workers", p.stdout)]
+    assert len(losses) == 2 and losses[1] < losses[0], p.stdout  # it learns
+    # the two left, by worker id, each counted every sample of the two epochs once
+    assert re.findall(r"^worker (\d) on \S+: (\d+) samples", p.stdout, re.M) == [("0", "4000"), ("1", "4000")], p.stdout
+    assert "elastic job of 2 workers at its end" in p.stdout, p.stdout
+
 # A Ray cluster of two nodes, each a host of its own: the head in network namespace "-a"
 # (10.79.0.1), a second node in "-b" (10.79.0.2), the driver beside the head (_netns.py). Ray's
 # token authentication is off inside them (the nodes are this test's only clients).
