@@ -330,6 +330,36 @@ def elastic_info():
 
 out.append(kolo.spark.run_elastic(elastic_info, num_proc=n, min_num_proc=n - 1))
 out.append(os.stat("/proc/self/ns/net").st_ino)
+
+def agent_dies():
+    # the last rank's Spark task (its agent: the wrapper's parent) is killed, as when its executor
+    # goes: the job goes on without the worker; Spark runs the task again, the slot comes back
+    # (after the host's 1 s cooldown) and the job grows back to n
+    import signal, time
+    import numpy as np, kolo
+    import kolo.elastic as el
+    kolo.init()
+    state = el.ObjectState(step=0)
+
+    @el.run
+    def loop(state):
+        while state.step < 1200 and not (state.step > 10 and kolo.size() == n):
+            kolo.allreduce(np.ones(2), name="g")
+            state.step += 1
+            state.commit()
+            if state.step == 10 and kolo.elastic_round() == 1 and kolo.rank() == n - 1:
+                def parent(pid):
+                    with open("/proc/%d/stat" % pid) as f:
+                        return int(f.read().rsplit(")", 1)[1].split()[1])
+                os.kill(parent(parent(os.getpid())), signal.SIGKILL)
+                time.sleep(60)
+            time.sleep(0.05)
+        return state.step
+
+    steps = loop(state)
+    return [kolo.rank(), kolo.size(), kolo.elastic_round(), steps]
+
+out.append(kolo.spark.run_elastic(agent_dies, num_proc=n, min_num_proc=n - 1, cooldown_range=(1, 1)))
 print("RESULTS " + json.dumps(out), flush=True)
 s.stop()
 """
@@ -444,6 +474,14 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     assert [r["rank"] for r in el] == list(range(n - 1)), el
     assert all(r["size"] == n - 1 and r["steps"] == 20 and r["round"] == 2 for r in el), el
     assert re.search(r"worker \d \(rank %d of round 1\) on host \S+ exited with code 3" % (n - 1), p.stdout), \
+        p.stdout[-5000:]
+    # an agent killed: its worker lost (relay 255), Spark's retry of the task a slot again, the
+    # job back to n workers, every rank at the same step
+    back = results[4]
+    assert [r[:2] for r in back] == [[r, n] for r in range(n)] and len(set(r[3] for r in back)) == 1, \
+        (back, p.stdout[-5000:])
+    assert back[0][2] >= 3, back  # round 1, round 2 without the worker, then the one that took it back
+    assert re.search(r"worker \d \(rank %d of round 1\) on host \S+ exited with code 255" % (n - 1), p.stdout), \
         p.stdout[-5000:]
     if c["hosts"]:
         assert all(r["netns"] in c["hosts"] and r["netns"] != driver_netns for r in el), el
