@@ -11,7 +11,10 @@ timeout, tagged output, the job's end). The framework gives it:
   the command (kolo._relay.serve_command) and says where to reach it, backend.watch() waits
   for it to end and tells when it was lost (the relay then exits 255, as ssh does);
 * the function: every worker is `python -m kolo._elastic_task`, which fetches the pickled
-  function from the service and sends back its return value (and ray_logger values).
+  function from the service and sends back its return value (and ray_logger values);
+* the workers on the driver's own machine, kolorun's children, are told to the backend every
+  second (backend.hold_local(n), from kolorun's status file), so that the framework can hold
+  their resources (Ray: a placement group a worker).
 
 The service is one TCP port on every interface; every connection opens with the run's secret
 (KOLO_DRIVER_KEY), and a stranger gets no answer. Workers on the driver's own machine are
@@ -262,8 +265,10 @@ class Job:
                 while not stop.wait(1.0):
                     try:
                         self._write_hosts(hosts)
+                        if hasattr(self.backend, "hold_local"):
+                            self.backend.hold_local(_local_workers(status, self.local_address))
                     except Exception as e:  # noqa: BLE001 - the framework busy, say: the file keeps the last list
-                        sys.stderr.write("kolo: listing the hosts failed: %s\n" % e)
+                        sys.stderr.write("kolo: telling the hosts failed: %s\n" % e)
                     if self._gone() and proc is not None and proc.poll() is None:
                         proc.terminate()  # no host can come back: kolorun would wait out its elastic timeout
 
@@ -304,6 +309,18 @@ class Job:
         kept = [(wid, r) for wid, r in service.results.items() if r[0] in (last, None)]
         kept.sort(key=lambda x: (x[1][1] is None, x[1][1] or 0, int(x[0]) if x[0].isdigit() else 0))
         return [r[2] for _, r in kept]
+
+
+def _local_workers(status, local_address):
+    """How many of kolorun's workers run (or start) on this machine, from its status file: they
+    are kolorun's children, which the framework does not count unless told."""
+    try:
+        with open(status) as f:
+            workers = json.load(f).get("workers", [])
+    except (OSError, ValueError):
+        return None
+    return sum(1 for w in workers if w.get("state") in ("starting", "running") and
+               (w.get("host") == local_address or w.get("host") in ("localhost", "127.0.0.1")))
 
 
 def _copy(src, dst):

@@ -270,6 +270,44 @@ def test_elastic_job_goes_on_without_a_failed_worker(cluster, capfd):
     assert "round 2: 2 workers (after losing worker" in err, err
 
 
+def _wait_for_file(path):
+    import kolo
+    kolo.init()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return kolo.rank()
+
+
+def test_elastic_workers_beside_the_driver_hold_their_cpus(cluster, tmp_path):
+    import threading
+    from kolo.ray import ElasticRayExecutor
+    ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=20))
+    ex.start()
+
+    def free():
+        return ray.available_resources().get("CPU", 0)
+    before, marker, out = free(), str(tmp_path / "go"), []
+    t = threading.Thread(target=lambda: out.append(ex.run(lambda: _wait_for_file(marker))))
+    t.start()
+    try:
+        # the two workers are kolorun's children, not actors: Ray is told of them (a placement
+        # group each on the driver's node), so that it gives their CPUs to no other task
+        deadline = time.monotonic() + 30
+        while free() != before - 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        held = free()
+    finally:
+        open(marker, "w").close()
+        t.join(60)
+    assert held == before - 2, (before, held)
+    assert out == [[0, 1]], out
+    deadline = time.monotonic() + 10
+    while free() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert free() == before  # given back with the job's end
+
+
 def _elastic_fails_everywhere():
     import kolo
     kolo.init()

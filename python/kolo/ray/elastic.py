@@ -25,7 +25,8 @@ so nodes that join the cluster grow the job and nodes that leave it shrink it; a
 another node is started by a Ray actor there (num_cpus=cpus_per_slot, node affinity) that runs
 kolorun's command as sshd would (kolo/_relay.py). A node that dies takes its actors with it: the
 relay exits 255, as ssh does when its connection drops, and kolorun counts the worker lost.
-Workers on the driver's own node are kolorun's children, as under kolorun alone (no actor).
+Workers on the driver's own node are kolorun's children, as under kolorun alone (no actor); a
+placement group each holds their CPUs (hold_local).
 """
 
 import secrets
@@ -33,6 +34,7 @@ import socket
 import threading
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kolo import _relay
@@ -116,6 +118,8 @@ class _RayBackend:
         self.discovery, self.cpus_per_slot = discovery, cpus_per_slot
         self.env_vars, self.start_timeout = env_vars, start_timeout
         self.slot = ray.remote(_Slot)
+        self.held = []              # placement groups holding the CPUs of the workers beside the driver
+        self.here = "node:" + ray.util.get_node_ip_address()
 
     def nodes(self):
         return {addr: slots for addr, (_, slots) in self.discovery.nodes().items()}
@@ -154,6 +158,28 @@ class _RayBackend:
 
     def release(self, handle):
         _kill(handle.actor)
+
+    def hold_local(self, n):
+        """The workers on the driver's node are kolorun's children, not actors: one placement
+        group of cpus_per_slot CPUs each holds their share of the node, so that Ray does not
+        give it to other tasks."""
+        if n is None or not self.cpus_per_slot:
+            return
+        while len(self.held) < n:
+            self.held.append(placement_group([{"CPU": self.cpus_per_slot, self.here: 0.001}]))
+        while len(self.held) > n:
+            _remove(self.held.pop())
+
+    def close(self):
+        while self.held:
+            _remove(self.held.pop())
+
+
+def _remove(pg):
+    try:
+        remove_placement_group(pg)
+    except Exception:  # noqa: BLE001 - Ray shutting down
+        pass
 
 
 def _kill(actor):
