@@ -8,12 +8,10 @@
 
 #include "../src/boot/store.h"
 #include "../src/common/common.h"
+#include "../src/net/transport.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -183,14 +181,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
  * come later, and no default route to guess from: kolo.ray's elastic executor) */
 KT_TEST(kolorun_local_address_is_where_local_workers_reach_the_store, 20)
 {
-    struct ifaddrs *ifs = NULL;
-    KT_ASSERT(getifaddrs(&ifs) == 0);
-    char addr[INET_ADDRSTRLEN] = "";
-    for (struct ifaddrs *i = ifs; i && !addr[0]; i = i->ifa_next)
-        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK))
-            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, sizeof(addr));
-    freeifaddrs(ifs);
-    if (!addr[0]) {
+    char addr[64] = "";
+    if (kolo__iface_address("", addr, sizeof(addr)) != KOLO_OK) { /* the first up IPv4 but lo, docker */
         fprintf(stderr, "  no non-loopback IPv4 address here: nothing to check\n");
         return;
     }

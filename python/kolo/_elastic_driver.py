@@ -17,17 +17,16 @@ timeout, tagged output, the job's end). The framework gives it:
   their resources (Ray: a placement group a worker).
 
 The service is one TCP port on every interface; every connection opens with the run's secret
-(KOLO_DRIVER_KEY), and a stranger gets no answer. Workers on the driver's own machine are
-kolorun's children, as under kolorun alone.
+(KOLO_DRIVER_KEY), and a stranger gets no answer (the driver names it on stderr).
 """
 
 import json
 import os
 import pickle
 import secrets
+import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,26 +56,24 @@ class Service:
         self.lock = threading.Lock()
         self.errors = []            # the callbacks' exceptions
         self.closed = threading.Event()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen(128)
+        self.sock = _relay.listen(128)
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, name="kolo elastic driver", daemon=True).start()
 
     def _accept(self):
         while not self.closed.is_set():
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn):
+    def _serve(self, conn, peer):
         conn.settimeout(30)
         try:
             hello = _relay.recv_json(conn, _relay.HELLO)
             if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("key", "")), self.key):
+                sys.stderr.write("kolo: the elastic job's driver turned away %s:%d (not this run's secret)\n" % peer)
                 return  # a stranger on the port: no answer
             op = hello.get("op")
             if op == "spawn":
@@ -102,7 +99,8 @@ class Service:
                 _relay.send_json(conn, _relay.REPLY, {"error": "unknown request %r" % (op,)})
         except (OSError, _relay.WireError, ValueError, pickle.UnpicklingError, EOFError) as e:
             if not self.closed.is_set():
-                sys.stderr.write("kolo: a request to the elastic job's driver failed: %s\n" % e)
+                sys.stderr.write("kolo: a request from %s:%d to the elastic job's driver failed: %s\n"
+                                 % (peer[0], peer[1], e))
         finally:
             conn.close()
 
@@ -222,7 +220,7 @@ class Job:
         max_np (Horovod's driver starts that many too)."""
         max_np = self.max_np if self.max_np is not None else 1 << 16
         cmd = [self.kolorun, "-np", str(max(self.min_np, min(max_np, slots))), "--min-np", str(self.min_np),
-               "--max-np", str(max_np), "--host-discovery-script", "cat " + _quote(hosts),
+               "--max-np", str(max_np), "--host-discovery-script", "cat " + shlex.quote(hosts),
                "--ssh", "%s %s" % (sys.executable, os.path.abspath(_relay.__file__)),
                "--elastic-timeout", "%g" % self.elastic_timeout, "--start-timeout", "%g" % self.start_timeout,
                "--status-file", status]
@@ -347,6 +345,3 @@ def _reason(status):
     except (OSError, ValueError):
         return None
 
-
-def _quote(s):
-    return "'" + s.replace("'", "'\\''") + "'"

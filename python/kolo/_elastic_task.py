@@ -61,7 +61,13 @@ def _where():
 
 
 def main():
-    fn = pickle.loads(request("fn"))
+    try:
+        fn = pickle.loads(request("fn"))
+    except (OSError, _relay.WireError, RuntimeError) as e:
+        host, port, _ = _service()
+        sys.stderr.write("kolo: worker %s cannot get its function from the driver at %s:%d: %s\n"
+                         % (os.environ.get("KOLO_ELASTIC_ID", "?"), host, port, e))
+        return 1
     try:
         value = fn()
     except SystemExit:

@@ -97,6 +97,15 @@ def recv_json(sock, want):
         raise WireError("a garbled %r frame: %s" % (want, e)) from None
 
 
+def listen(backlog=4):
+    """A TCP socket listening on every interface at a free port."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 0))
+    s.listen(backlog)
+    return s
+
+
 def connect(host, port, timeout=30):
     s = socket.create_connection((host, port), timeout=timeout)
     s.settimeout(None)

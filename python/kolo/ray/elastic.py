@@ -30,7 +30,6 @@ placement group each holds their CPUs (hold_local).
 """
 
 import secrets
-import socket
 import threading
 
 import ray
@@ -69,7 +68,7 @@ class RayHostDiscovery:
             if not node.get("Alive", node.get("alive")):
                 continue
             cpus = node.get("Resources", {}).get("CPU", 0)
-            slots = int(cpus // self.cpus_per_slot) if self.cpus_per_slot else int(cpus)
+            slots = int(cpus // self.cpus_per_slot)
             addr = node["NodeManagerAddress"]
             if slots >= 1 and addr not in out:
                 out[addr] = (node["NodeID"], slots)
@@ -92,9 +91,7 @@ class _Slot:
 
     def open(self, token, command):
         """Listens for the relay on a free port; returns (address, port)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen(4)
+        listener = _relay.listen()
         env = _relay.command_env(self.env)
 
         def serve():

@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 
+from kolo import _relay
 from kolo._tasks import free_port, placement, reports_another_rank
 
 __all__ = ["run", "run_elastic", "KoloSparkError"]
@@ -70,10 +71,7 @@ class _Collector:
         self.on_failure = on_failure
         self.failures = []  # (time received, rank, host, exit code, summary, tail)
         self.lock = threading.Lock()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen(128)
+        self.sock = _relay.listen(128)
         self.port = self.sock.getsockname()[1]
         self.closed = False
         self.readers = []

@@ -139,9 +139,7 @@ def agent_task(spec, index):
         if kind != _relay.REPLY:
             break
         job = json.loads(body)
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen(4)
+        listener = _relay.listen()
         try:
             _relay.send_json(s, _relay.REPLY, {"addr": mine, "port": listener.getsockname()[1]})
         except OSError:
