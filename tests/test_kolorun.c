@@ -192,7 +192,7 @@ KT_TEST(kolorun_local_address_is_where_local_workers_reach_the_store, 20)
                             "echo at $KOLO_RENDEZVOUS", NULL};
         kproc p;
         KT_EQ(run(&p, elastic ? el : plain, 10), 0);
-        char want[64];
+        char want[96];
         snprintf(want, sizeof(want), "<stdout>:at %s:", addr);
         KT_ASSERTF(kt_count(p.obuf, want) == 2, "elastic %d: %s", elastic, p.obuf);
     }
