@@ -287,7 +287,15 @@ def test_elastic_workers_beside_the_driver_hold_their_cpus(cluster, tmp_path):
 
     def free():
         return ray.available_resources().get("CPU", 0)
-    before, marker, out = free(), str(tmp_path / "go"), []
+
+    # the earlier tests' actors and placement groups are given back asynchronously: start from
+    # the whole cluster free
+    before = ray.cluster_resources().get("CPU", 0)
+    deadline = time.monotonic() + 30
+    while free() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert free() == before, (free(), before)
+    marker, out = str(tmp_path / "go"), []
     t = threading.Thread(target=lambda: out.append(ex.run(lambda: _wait_for_file(marker))))
     t.start()
     try:
