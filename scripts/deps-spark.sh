@@ -18,9 +18,10 @@ VENV=${KOLO_SPARK_VENV:-/var/tmp/kolo-spark-venv}
 VENV_VAR=KOLO_SPARK_VENV
 VENV_FLAGS=--system-site-packages
 SPEC=${KOLO_SPARK_SPEC:-pyspark==3.5.8}
-IMPORTS="numpy, pytest, torch, pyspark"
+IMPORTS="numpy, pytest, torch, pyspark, pyarrow, pandas"
+EXTRA="pyarrow==17.0.0 pandas==2.2.3"
 SUITE="Spark suite"
-SIZE="about 320 MB"
+SIZE="about 400 MB"
 BASE=/usr/bin/python3
 [ -x "$BASE" ] || BASE=$(command -v python3)
 STAMP="$VENV/kolo-spark-spec"
@@ -32,4 +33,4 @@ if ! command -v java >/dev/null 2>&1; then
   echo "deps-spark: installing a Java runtime for Spark (default-jre-headless)" >&2
   apt_install default-jre-headless
 fi
-venv_install "$SPEC"
+venv_install "$SPEC" $EXTRA

@@ -5,7 +5,8 @@
 #      `kolorun -np 3` (sizes that are not a power of two: uneven rows, rings of three);
 #   2. the job suite (python/tests/test_jobs.py), outside kolorun: it starts its own jobs
 #      (failures, lost peers, stalls, pip install, the examples);
-#   3. the Spark suite (python/tests/test_spark.py: kolo.spark.run on a local[2] Spark), outside
+#   3. the Spark suites (python/tests/test_spark.py: kolo.spark.run on a local[2] Spark, and
+#      test_spark_estimator.py: the estimators of kolo.spark.torch), outside
 #      kolorun, with the python of a venv that adds PyPI's pyspark to Debian's python3 packages
 #      (scripts/deps-spark.sh makes it, and installs a Java runtime when there is none);
 #      KOLO_SPARK_PYTHON=/path/to/python uses another interpreter, KOLO_TEST_SPARK=0 leaves it out;
@@ -117,7 +118,8 @@ venv_suite() {
     no_python "$label" "$module" "$vpy" "$script"
     return 1
   fi
-  run "$label" wrap "$vpy" -m pytest -q -rfEx -p no:cacheprovider "$tests" "$@"
+  # shellcheck disable=SC2086 # tests: one or more files
+  run "$label" wrap "$vpy" -m pytest -q -rfEx -p no:cacheprovider $tests "$@"
   VERSIONS="$VERSIONS; $vpy: $vv"
 }
 
@@ -126,7 +128,8 @@ if [ "$TF" != only ]; then
   run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py python/tests/test_elastic.py "$@"
-  venv_suite spark "${KOLO_TEST_SPARK:-1}" "${KOLO_SPARK_PYTHON:-}" pyspark scripts/deps-spark.sh python/tests/test_spark.py "$@" &&
+  venv_suite spark "${KOLO_TEST_SPARK:-1}" "${KOLO_SPARK_PYTHON:-}" pyspark scripts/deps-spark.sh \
+    "python/tests/test_spark.py python/tests/test_spark_estimator.py" "$@" &&
     VERSIONS="$VERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
   venv_suite ray "${KOLO_TEST_RAY:-1}" "${KOLO_RAY_PYTHON:-}" ray scripts/deps-ray.sh python/tests/test_ray.py "$@"
 fi
