@@ -158,16 +158,20 @@ def check_common(est, who):
 
 def _column_expr(df, name, who):
     """The expression that stores column `name` of df: as it is when numeric (or boolean, or an
-    array of numbers), a Spark ML vector as a float32 array."""
+    array of numbers), decimals as doubles, a Spark ML vector as a float32 array."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+    from pyspark.sql.types import ArrayType, BooleanType, DecimalType, NumericType
     if name not in df.columns:
         raise ValueError("%s: the DataFrame has no column %r (its columns: %s)" % (who, name, ", ".join(df.columns)))
     t = df.schema[name].dataType
     if isinstance(t, VectorUDT):
         return vector_to_array(F.col(name), "float32").alias(name)
+    if isinstance(t, DecimalType):  # a SQL literal's type (0.5); Parquet keeps decimals as such
+        return F.col(name).cast("double").alias(name)
+    if isinstance(t, ArrayType) and isinstance(t.elementType, DecimalType):
+        return F.col(name).cast("array<double>").alias(name)
     if isinstance(t, (NumericType, BooleanType)):
         return F.col(name)
     if isinstance(t, ArrayType) and isinstance(t.elementType, (NumericType, BooleanType)):
