@@ -219,7 +219,7 @@ def test_shards_are_equal_shares_in_order(tmp_path):
     assert info["x"][0] == "scalar" and info["v"][:2] == ("array", (2,))
 
 
-def test_ragged_and_null_columns_are_refused(tmp_path):
+def test_ragged_null_and_missing_data_are_refused(tmp_path):
     f = str(tmp_path / "ragged.parquet")
     pq.write_table(pa.table({"v": pa.array([[1.0, 2.0], [3.0]])}), f)
     with pytest.raises(ValueError, match="column 'v' has rows of different lengths"):
@@ -228,6 +228,9 @@ def test_ragged_and_null_columns_are_refused(tmp_path):
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), g)
     with pytest.raises(ValueError, match="column 'x' has 1 null values"):
         est.read_shard([g], 0, 1, ["x"])
+    with pytest.raises(FileNotFoundError, match="the store's directory must be one that the driver and every "
+                                                 "executor share"):
+        est.read_shard([str(tmp_path / "elsewhere.parquet")], 0, 1, ["x"])
 
 
 def test_batches_cover_the_shard_each_pass():

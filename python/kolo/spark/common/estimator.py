@@ -18,6 +18,8 @@ fit(df), on the driver:
 """
 
 import math
+import os
+import socket
 import uuid
 
 import numpy as np
@@ -294,6 +296,10 @@ def read_shard(files, rank, size, columns):
     import pyarrow.parquet as pq
     groups, total = [], 0
     for f in files:
+        if not os.path.exists(f):
+            raise FileNotFoundError("%s: no such file on %s: the store's directory must be one that the driver and "
+                                    "every executor share (a LocalStore on a cluster needs a shared file system)"
+                                    % (f, socket.gethostname()))
         md = pq.ParquetFile(f).metadata
         for i in range(md.num_row_groups):
             n = md.row_group(i).num_rows
