@@ -22,6 +22,7 @@ import kolo.spark  # noqa: E402
 import _training  # noqa: E402
 from _netns import make_hosts  # noqa: E402
 from kolo.spark import KoloSparkError  # noqa: E402
+from _spark_session import local_spark  # noqa: E402
 
 # The executors cannot import this file: its functions travel by value (in an application, ship
 # its modules with --py-files or SparkContext.addPyFile, as for any Spark job)
@@ -31,16 +32,7 @@ pyspark.cloudpickle.register_pickle_by_value(_training)
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one, with kolo and torch
-    from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2]").appName("kolo-spark-tests")
-         .config("spark.ui.enabled", "false")
-         .config("spark.driver.host", "127.0.0.1")
-         # a barrier stage larger than the slots fails at once rather than after 40 checks
-         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("FATAL")
+    s = local_spark("kolo-spark-tests")
     yield s
     s.stop()
 

@@ -3,7 +3,6 @@ need no Spark (reading a rank's shard, drawing batches). Run outside kolorun wit
 pyspark, pyarrow and pandas (scripts/deps-spark.sh makes one)."""
 
 import io
-import os
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ from kolo.spark import KoloSparkError  # noqa: E402
 from kolo.spark.common import estimator as est  # noqa: E402
 from kolo.spark.common.store import LocalStore, Store  # noqa: E402
 from kolo.spark.torch import TorchEstimator, TorchModel  # noqa: E402
+from _spark_session import local_spark  # noqa: E402
 
 # the executors cannot import this file: its functions (losses, models) travel by value
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -29,14 +29,7 @@ W = np.array([1.0, -2.0, 0.5, 3.0])
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2]").appName("kolo-spark-estimator-tests")
-         .config("spark.ui.enabled", "false")
-         .config("spark.driver.host", "127.0.0.1")
-         .config("spark.sql.shuffle.partitions", "4")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("FATAL")
+    s = local_spark("kolo-spark-estimator-tests")
     yield s
     s.stop()
 

@@ -2,7 +2,6 @@
 (scripts/deps-tf.sh gives it pyspark, pyarrow and pandas too). Outside kolorun: the estimator
 starts its own ranks."""
 
-import os
 import sys
 
 import numpy as np
@@ -17,6 +16,7 @@ import keras  # noqa: E402
 
 from kolo.spark.common.store import Store  # noqa: E402
 from kolo.spark.keras import KerasEstimator, KerasModel  # noqa: E402
+from _spark_session import local_spark  # noqa: E402
 
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -25,14 +25,7 @@ W = np.array([1.0, -2.0, 0.5, 3.0])
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2]").appName("kolo-spark-keras-tests")
-         .config("spark.ui.enabled", "false")
-         .config("spark.driver.host", "127.0.0.1")
-         .config("spark.sql.shuffle.partitions", "4")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("FATAL")
+    s = local_spark("kolo-spark-keras-tests")
     yield s
     s.stop()
 
