@@ -352,6 +352,24 @@ def agent_dies():
     return [kolo.rank(), kolo.size(), kolo.elastic_round(), steps]
 
 out.append(kolo.spark.run_elastic(agent_dies, num_proc=n, min_num_proc=n - 1, cooldown_range=(1, 1)))
+
+# kolo.spark.torch.TorchEstimator on the cluster: the executors on both hosts write the Parquet
+# data, the ranks read their shards from the store (a directory every host sees: the namespaces
+# share this file system) and the executors score the rows
+import tempfile
+import numpy as np, torch
+from kolo.spark.common.store import Store
+from kolo.spark.torch import TorchEstimator
+df = s.createDataFrame([(float(x), float(3 * x - 1)) for x in np.linspace(-1, 1, 200)], ["x", "y"])
+torch.manual_seed(0)
+net = torch.nn.Linear(1, 1)
+est = TorchEstimator(num_proc=n, store=Store.create(tempfile.mkdtemp(prefix="kolo-estimator-")), model=net,
+                     optimizer=torch.optim.SGD(net.parameters(), lr=0.3), loss=torch.nn.MSELoss(),
+                     feature_cols=["x"], label_cols=["y"], input_shapes=[[-1, 1]], batch_size=8, epochs=10,
+                     partitions_per_process=1, verbose=0)
+fitted = est.fit(df)
+err = max(abs(r.y - r.y__output) for r in fitted.transform(df).collect())
+out.append([fitted.getHistory()["loss"], err, float(fitted.getModel().weight), float(fitted.getModel().bias)])
 print("RESULTS " + json.dumps(out), flush=True)
 s.stop()
 """
@@ -426,7 +444,7 @@ def standalone(tmp_path_factory):
 
 
 def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
-    signal.alarm(240)  # beyond the suite's per-test deadline: two executor JVMs start (20-30 s here)
+    signal.alarm(300)  # beyond the suite's per-test deadline: two executor JVMs start (20-30 s here)
     c = standalone
     if not c["hosts"]:
         print("one host only: no network namespaces here (%s)" % c["why_one_host"])
@@ -435,7 +453,7 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     n = c["slots"]
     env = dict(c["env"], PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), c["env"]["PYTHONPATH"]]))
     p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=220)
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
     assert line, p.stdout[-5000:]
@@ -478,3 +496,7 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     if c["hosts"]:
         assert all(r["netns"] in c["hosts"] and r["netns"] != driver_netns for r in el), el
         assert None not in [r["executor"] for r in el], el  # each under its Spark executor's JVM
+    # the estimator: 4 ranks on the two hosts learned y = 3x - 1, and the executors scored every row
+    loss, err, weight, bias = results[5]
+    assert len(loss) == 10 and loss[-1] < 1e-3 and err < 0.05, results[5]
+    assert abs(weight - 3) < 0.05 and abs(bias + 1) < 0.05, results[5]
