@@ -17,6 +17,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from kolo.spark import KoloSparkError  # noqa: E402
 from kolo.spark.common import estimator as est  # noqa: E402
+from kolo.spark.common.backend import SparkBackend  # noqa: E402
 from kolo.spark.common.store import LocalStore, Store  # noqa: E402
 from kolo.spark.torch import TorchEstimator, TorchModel  # noqa: E402
 from _spark_session import local_spark  # noqa: E402
@@ -144,15 +145,20 @@ def test_two_inputs_two_outputs_integer_labels_sample_weights_metrics(spark, tmp
     assert acc > 0.85 and err < 0.5, (acc, err)
 
 
-def test_fit_on_parquet(spark, tmp_path):
+def test_fit_on_parquet_streaming_the_shards(spark, tmp_path):
+    # KOLO_ESTIMATOR_MEMORY_MB=0: every rank streams its shard's row groups instead of holding it
     df = _linear_df(spark, 200, seed=7)
-    e = _linear_estimator(tmp_path, epochs=8)
+    out = io.StringIO()
+    e = _linear_estimator(tmp_path, epochs=8, num_proc=None, shuffle_buffer_size=40, verbose=1,
+                          backend=SparkBackend(num_proc=2, env={"KOLO_ESTIMATOR_MEMORY_MB": "0"}, verbose=0, stdout=out))
     store = e.getStore()
     # Parquet as fit writes it: the vector as a float32 array
     from pyspark.ml.functions import vector_to_array
     df.select(vector_to_array("features", "float32").alias("features"), "y").repartition(3).write.parquet(
         store.get_full_path(store.get_train_data_path()))
     model = e.fit_on_parquet()
+    assert "[0]<stdout>:TorchEstimator: rank 0's shard: 100 rows (" in out.getvalue(), out.getvalue()
+    assert "streamed by row groups, shuffled 40 rows at a time" in out.getvalue(), out.getvalue()
     assert np.allclose(model.getModel().weight.detach().numpy()[0], W, atol=0.05)
     assert len(model.getHistory()["loss"]) == 8
 
@@ -189,9 +195,10 @@ def test_a_failing_rank_and_bad_input_are_named(spark, tmp_path):
 
 # ---- without Spark ----
 
-def _write(path, n, row_group):
-    t = pa.table({"x": pa.array(np.arange(n, dtype=np.float64)),
-                  "v": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32()))})
+def _write(path, n, row_group, first=0):
+    """Rows first..first+n-1: x the row's number, v [x, -x]."""
+    t = pa.table({"x": pa.array(np.arange(first, first + n, dtype=np.float64)),
+                  "v": pa.array([[float(i), -float(i)] for i in range(first, first + n)], pa.list_(pa.float32()))})
     pq.write_table(t, path, row_group_size=row_group)
 
 
@@ -224,6 +231,33 @@ def test_ragged_null_and_missing_data_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="the store's directory must be one that the driver and every "
                                                  "executor share"):
         est.read_shard([str(tmp_path / "elsewhere.parquet")], 0, 1, ["x"])
+
+
+def test_streamed_batches_read_the_shard_in_pieces(tmp_path, monkeypatch):
+    files, first = [], 0
+    for i, n in enumerate([7, 12, 5]):
+        f = str(tmp_path / ("part-%d.parquet" % i))
+        _write(f, n, 4, first)
+        files.append(f)
+        first += n
+    # rank 1 of 2: rows 12..23, from 3 files' row groups
+    monkeypatch.setenv("KOLO_ESTIMATOR_MEMORY_MB", "0")
+    src = est.batch_source(files, 1, 2, ["x", "v"], 5, False, 0, False, None)
+    assert src.streamed
+    got = np.concatenate([src.next()["x"] for _ in range(5)])  # 25 rows: the 12 twice, in order, and one more
+    assert got.tolist() == list(range(12, 24)) * 2 + [12]
+    src.reset()
+    assert src.next()["x"].tolist() == [12, 13, 14, 15, 16]
+    # shuffled, with a buffer of the whole shard: one pass holds every row once
+    src = est.batch_source(files, 1, 2, ["x", "v"], 4, True, 3, False, 12)
+    first = [src.next() for _ in range(3)]
+    assert sorted(np.concatenate([b["x"] for b in first]).tolist()) == list(range(12, 24))
+    assert all(np.array_equal(b["v"][:, 0], b["x"]) for b in first)  # columns stay together
+    # in memory when asked (inmemory_cache_all) or when the shard is small enough
+    assert not est.batch_source(files, 1, 2, ["x"], 5, False, 0, True, None).streamed
+    monkeypatch.setenv("KOLO_ESTIMATOR_MEMORY_MB", "1")
+    mem = est.batch_source(files, 1, 2, ["x"], 5, False, 0, False, None)
+    assert not mem.streamed and mem.next()["x"].tolist() == [12, 13, 14, 15, 16]
 
 
 def test_batches_cover_the_shard_each_pass():

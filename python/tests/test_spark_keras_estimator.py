@@ -4,6 +4,8 @@ starts its own ranks."""
 
 import sys
 
+import io
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,10 @@ pytest.importorskip("pyarrow")
 
 import keras  # noqa: E402
 
+from kolo.spark.common import estimator as est  # noqa: E402
+from kolo.spark.common.backend import SparkBackend  # noqa: E402
 from kolo.spark.common.store import Store  # noqa: E402
+from kolo.spark.keras import _remote  # noqa: E402
 from kolo.spark.keras import KerasEstimator, KerasModel  # noqa: E402
 from _spark_session import local_spark  # noqa: E402
 
@@ -49,14 +54,19 @@ def test_keras_estimator_trains_two_outputs_and_transforms(spark, tmp_path):
     h = keras.layers.Dense(32, activation="relu")(inp)
     model = keras.Model(inp, [keras.layers.Dense(3, name="logits")(h),
                               keras.layers.Dense(1, name="value")(keras.layers.Concatenate()([inp, h]))])
-    e = KerasEstimator(num_proc=2, store=Store.create(str(tmp_path / "store")), model=model,
+    # the ranks stream their shards (KOLO_ESTIMATOR_MEMORY_MB=0) through a tf.data generator; the
+    # shard held in memory is tested below, without Spark
+    out = io.StringIO()
+    backend = SparkBackend(num_proc=2, env={"KOLO_ESTIMATOR_MEMORY_MB": "0"}, verbose=0, stdout=out)
+    e = KerasEstimator(backend=backend, store=Store.create(str(tmp_path / "store")), model=model,
                        optimizer=keras.optimizers.Adam(0.02),
                        loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"],
                        loss_weights=[1.0, 0.5], metrics=[["sparse_categorical_accuracy"], ["mae"]],
                        feature_cols=["features"], label_cols=["cls", "y"], sample_weight_col="w",
                        validation="is_val", batch_size=32, epochs=8, random_seed=3, partitions_per_process=1,
-                       run_id="keras_two", verbose=0)
+                       run_id="keras_two", verbose=1)
     fitted = e.fit(df)
+    assert "[0]<stdout>:KerasEstimator: rank 0's shard: " in out.getvalue(), out.getvalue()[-3000:]
     assert isinstance(fitted, KerasModel)
     hist = fitted.getHistory()
     assert len(hist["loss"]) == 8 and len(hist["val_loss"]) == 8 and hist["loss"][-1] < hist["loss"][0] / 2, hist
@@ -77,3 +87,30 @@ def test_keras_estimator_trains_two_outputs_and_transforms(spark, tmp_path):
         e.copy().setLabelCols(["y"]).setLoss("mse").setLossWeights(None).fit(df)
     with pytest.raises(ValueError, match="optimizer must be a keras.optimizers.Optimizer"):
         e.copy().setOptimizer("adam").fit(df)
+
+
+def test_a_shard_in_memory_and_one_streamed_give_the_same_batches():
+    rows = 10
+    data = {"f": np.arange(rows * 4, dtype=np.float32).reshape(rows, 4), "c": np.arange(rows) % 3,
+            "w": np.ones(rows)}
+    inp = keras.Input((2, 2))
+    model = keras.Model(inp, [keras.layers.Dense(3)(keras.layers.Flatten()(inp))])
+    spec = {"feature_cols": ["f"], "label_cols": ["c"], "label_shapes": None, "sample_weight_col": "w"}
+
+    class Streamed:  # what StreamedBatches gives, in order
+        streamed = True
+
+        def __init__(self):
+            self.pos = 0
+
+        def next(self):
+            i = np.arange(self.pos, self.pos + 4) % rows
+            self.pos += 4
+            return {k: v[i] for k, v in data.items()}
+
+    mem = est.MemoryBatches(data, rows, 4, False, 0)
+    for src in (mem, Streamed()):
+        x, y, w = next(iter(_remote._dataset(tf, est, model, src, spec, 4, False, 0)))
+        # the feature shaped as the model's input, the label as stored (3 logits for an integer)
+        assert x.shape == (4, 2, 2) and y.shape == (4,) and w.shape == (4,)
+        assert np.array_equal(x.numpy().reshape(4, 4), data["f"][:4]) and y.dtype == tf.int64

@@ -109,6 +109,8 @@ class EstimatorBase(Estimator):
             "train_rows": train_rows, "val_rows": val_rows, "batch_size": bs, "val_batch_size": vbs,
             "epochs": self.getOrDefault("epochs"), "verbose": self.getOrDefault("verbose"),
             "shuffle": self.getOrDefault("shuffle"), "seed": self.getOrDefault("random_seed"),
+            "in_memory": self.getOrDefault("inmemory_cache_all"),
+            "shuffle_buffer_size": self.getOrDefault("shuffle_buffer_size"),
             "train_steps": est.steps(train_rows, bs, n, self.getOrDefault("train_steps_per_epoch")),
             "val_steps": est.steps(val_rows, vbs, n, self.getOrDefault("validation_steps_per_epoch"))
             if val_path else 0,

@@ -8,7 +8,8 @@ fit(df), on the driver:
      num_proc * partitions_per_process files; the rows are counted from the files' footers.
   2. the framework's trainer runs as the ranks of one kolo job through the backend (default
      SparkBackend: kolo.spark.run on num_proc Spark tasks). Each rank reads its shard, an equal
-     share of the rows, from the files (read_shard), keeps it in memory, and takes the same number
+     share of the rows, from the files (Shard), keeps it in memory when it is small enough (or
+     inmemory_cache_all) or else streams its row groups every epoch (StreamedBatches), and takes the same number
      of steps per epoch as every other rank (rows // (batch_size * ranks) unless given), drawing
      batches from its shard in a new order every epoch; gradients are averaged by kolo. Rank 0
      writes a checkpoint to the store after every epoch and returns the trained weights and the
@@ -74,7 +75,8 @@ COMMON_PARAMS = [
     ("epochs", "passes over the training data"),
     ("verbose", "0 quiet; 1 a line per epoch from rank 0 (and kolo.spark's start and end lines)"),
     ("shuffle", "draw each epoch's batches in a new random order (default True)"),
-    ("shuffle_buffer_size", "accepted for Horovod's API: each rank shuffles its whole shard, held in memory"),
+    ("shuffle_buffer_size", "rows a rank shuffles at a time when it streams its shard (default max(4096, 16 "
+                            "batches)); a shard held in memory is shuffled whole"),
     ("partitions_per_process", "Parquet files written per rank (default 10)"),
     ("run_id", "the name of this run in the store (default a new one per fit)"),
     ("train_steps_per_epoch", "steps per epoch (default rows // (batch_size * num_proc))"),
@@ -83,7 +85,8 @@ COMMON_PARAMS = [
     ("backward_passes_per_step", "batches whose gradients add up before each optimizer step (default 1)"),
     ("random_seed", "seed of the shuffling and of the validation split"),
     ("transformation_fn", "not supported: transform the DataFrame in Spark before fit"),
-    ("inmemory_cache_all", "accepted for Horovod's API: every rank holds its shard in memory"),
+    ("inmemory_cache_all", "every rank holds its whole shard in memory (default: only shards of at most "
+                           "KOLO_ESTIMATOR_MEMORY_MB, 512; larger ones are streamed by row groups)"),
     ("reader_pool_type", "accepted for Horovod's API (no Petastorm reader in kolo)"),
     ("train_reader_num_workers", "accepted for Horovod's API (no Petastorm reader in kolo)"),
     ("val_reader_num_workers", "accepted for Horovod's API (no Petastorm reader in kolo)"),
@@ -288,35 +291,75 @@ def _to_numpy(chunked, name):
     return np.asarray(arr.to_numpy(zero_copy_only=False))
 
 
-def read_shard(files, rank, size, columns):
+class Shard:
     """This rank's share of the rows of the Parquet files: rows [rank * N / size, (rank + 1) * N /
-    size) of the N rows in file and row-group order, reading only the row groups that hold them.
-    Returns ({column: numpy array, rows first}, N)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    groups, total = [], 0
-    for f in files:
-        if not os.path.exists(f):
-            raise FileNotFoundError("%s: no such file on %s: the store's directory must be one that the driver and "
-                                    "every executor share (a LocalStore on a cluster needs a shared file system)"
-                                    % (f, socket.gethostname()))
-        md = pq.ParquetFile(f).metadata
-        for i in range(md.num_row_groups):
-            n = md.row_group(i).num_rows
-            groups.append((f, i, total, n))
-            total += n
-    lo, hi = rank * total // size, (rank + 1) * total // size
-    tables = []
-    for f, i, start, n in groups:
-        if start + n <= lo or start >= hi or n == 0:
-            continue
-        t = pq.ParquetFile(f).read_row_group(i, columns=columns)
-        a = max(lo, start)
-        tables.append(t.slice(a - start, min(hi, start + n) - a))
-    if tables:
-        table = pa.concat_tables(tables)
-        return {c: _to_numpy(table.column(c), c) for c in columns}, total
-    return {c: np.zeros((0,)) for c in columns}, total
+    size) of the N rows in file and row-group order, as slices of the row groups that hold them,
+    read on demand (read(i)) or all at once (read_all())."""
+
+    def __init__(self, files, rank, size, columns):
+        import pyarrow.parquet as pq
+        self.columns = list(columns)
+        groups, total = [], 0
+        for f in files:
+            if not os.path.exists(f):
+                raise FileNotFoundError("%s: no such file on %s: the store's directory must be one that the driver "
+                                        "and every executor share (a LocalStore on a cluster needs a shared file "
+                                        "system)" % (f, socket.gethostname()))
+            md = pq.ParquetFile(f).metadata
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                groups.append((f, i, total, rg.num_rows, rg.total_byte_size))
+                total += rg.num_rows
+        lo, hi = rank * total // size, (rank + 1) * total // size
+        self.total, self.rows, self.nbytes = total, hi - lo, 0
+        self.slices = []  # (file, row group, first row in it, rows)
+        for f, i, start, n, nb in groups:
+            if start + n <= lo or start >= hi or n == 0:
+                continue
+            a = max(lo, start)
+            self.slices.append((f, i, a - start, min(hi, start + n) - a))
+            self.nbytes += nb * (min(hi, start + n) - a) // n
+
+    def read(self, k):
+        """Slice k: {column: numpy array, rows first}."""
+        import pyarrow.parquet as pq
+        f, i, off, n = self.slices[k]
+        t = pq.ParquetFile(f).read_row_group(i, columns=self.columns).slice(off, n)
+        return {c: _to_numpy(t.column(c), c) for c in self.columns}
+
+    def read_all(self):
+        if not self.slices:
+            return {c: np.zeros((0,)) for c in self.columns}
+        parts = [self.read(k) for k in range(len(self.slices))]
+        return {c: np.concatenate([p[c] for p in parts]) if len(parts) > 1 else parts[0][c] for c in self.columns}
+
+
+def read_shard(files, rank, size, columns):
+    """This rank's share of the rows (Shard), read whole: ({column: numpy array}, N)."""
+    shard = Shard(files, rank, size, columns)
+    return shard.read_all(), shard.total
+
+
+# A rank keeps its shard in memory when inmemory_cache_all is set or the shard is at most this many
+# MiB (Parquet's uncompressed size); above, it streams the shard's row groups every epoch.
+MEMORY_MB_DEFAULT = 512
+
+
+def memory_limit():
+    v = os.environ.get("KOLO_ESTIMATOR_MEMORY_MB", "")
+    try:
+        return int(v) << 20 if v else MEMORY_MB_DEFAULT << 20
+    except ValueError:
+        raise ValueError("KOLO_ESTIMATOR_MEMORY_MB=%r is not a whole number of MiB" % v) from None
+
+
+def batch_source(files, rank, size, columns, batch_size, shuffle, seed, in_memory, buffer_rows):
+    """Where a rank's batches come from: its shard in memory (in_memory, or small enough), else
+    streamed (StreamedBatches). Either way next() gives {column: array of batch_size rows}."""
+    shard = Shard(files, rank, size, columns)
+    if in_memory or shard.nbytes <= memory_limit():
+        return MemoryBatches(shard.read_all(), shard.rows, batch_size, shuffle, seed)
+    return StreamedBatches(shard, batch_size, shuffle, seed, buffer_rows or max(4096, 16 * batch_size))
 
 
 class Batches:
@@ -343,6 +386,70 @@ class Batches:
             self.pos += take
             need -= take
         return np.concatenate(out) if len(out) > 1 else out[0]
+
+
+class MemoryBatches:
+    """Batches from a shard held in memory: {column: array} of batch_size rows each."""
+
+    streamed = False
+
+    def __init__(self, data, rows, batch_size, shuffle, seed):
+        self.data, self.rows, self.args = data, rows, (rows, batch_size, shuffle, seed)
+        self.reset()
+
+    def reset(self):
+        """Back to the first batch (of a pass in order; validation's)."""
+        self.idx = Batches(*self.args)
+
+    def next(self):
+        i = self.idx.next()
+        return {c: a[i] for c, a in self.data.items()}
+
+
+class StreamedBatches:
+    """Batches streamed from a shard too large to hold: each pass reads its row-group slices in a
+    new random order (in order without shuffle) into a buffer of at least buffer_rows rows, whose
+    rows are drawn in random order; passes follow each other without a gap, as with Batches."""
+
+    streamed = True
+
+    def __init__(self, shard, batch_size, shuffle, seed, buffer_rows):
+        self.shard, self.batch_size, self.shuffle = shard, batch_size, shuffle
+        self.buffer_rows = max(buffer_rows or 0, batch_size)
+        self.seed = seed
+        self.reset()
+
+    def describe(self):
+        return ("%d rows (%.1f MiB in Parquet) streamed by row groups, shuffled %d rows at a time"
+                % (self.shard.rows, self.shard.nbytes / 2.0 ** 20, self.buffer_rows))
+
+    def reset(self):
+        """Back to the first batch (of a pass in order; validation's)."""
+        self.rng = np.random.default_rng(self.seed)
+        self.queue, self.buf = [], None  # slices still to read this pass; rows read, not yet taken
+
+    def _fill(self):
+        parts = [self.buf] if self.buf is not None and len(self.buf[self.shard.columns[0]]) else []
+        have = len(parts[0][self.shard.columns[0]]) if parts else 0
+        while have < self.buffer_rows:
+            if not self.queue:
+                n = len(self.shard.slices)
+                self.queue = list(self.rng.permutation(n)) if self.shuffle else list(range(n))
+            part = self.shard.read(int(self.queue.pop(0)))
+            parts.append(part)
+            have += len(part[self.shard.columns[0]])
+        buf = {c: np.concatenate([p[c] for p in parts]) for c in self.shard.columns}
+        if self.shuffle:
+            order = self.rng.permutation(have)
+            buf = {c: a[order] for c, a in buf.items()}
+        self.buf = buf
+
+    def next(self):
+        if self.buf is None or len(self.buf[self.shard.columns[0]]) < self.batch_size:
+            self._fill()
+        out = {c: a[:self.batch_size] for c, a in self.buf.items()}
+        self.buf = {c: a[self.batch_size:] for c, a in self.buf.items()}
+        return out
 
 
 def steps(rows, batch_size, size, given):

@@ -13,7 +13,8 @@ a Keras model (TensorFlow backend) on a DataFrame with kolo, and the KerasModel 
 How fit runs: kolo/spark/common/estimator.py. The model travels as the bytes of a .keras file
 (custom_objects name its custom layers and functions), the optimizer as its Keras config; each
 rank compiles the model with kolo.keras.DistributedOptimizer, fits it on its shard (a tf.data
-pipeline over the shard in memory) with kolo.keras's BroadcastGlobalVariablesCallback and
+pipeline over the shard in memory, or over its streamed batches) with kolo.keras's
+BroadcastGlobalVariablesCallback and
 MetricAverageCallback and the given callbacks, and rank 0 writes the model to the store after
 every epoch. A column reaches the model shaped as the model's input (or output, for labels) when
 that holds as many values per row, else as stored; label_shapes shape the labels explicitly. The
@@ -37,8 +38,7 @@ class KerasEstimator(EstimatorBase):
     label_cols, label_shapes, sample_weight_col, validation, batch_size, val_batch_size, epochs,
     verbose, shuffle, partitions_per_process, run_id, train_steps_per_epoch,
     validation_steps_per_epoch, gradient_compression, backward_passes_per_step, random_seed.
-    Accepted for Horovod's API without effect: shuffle_buffer_size, inmemory_cache_all,
-    reader_pool_type, train_reader_num_workers, val_reader_num_workers. Refused: use_gpu=True,
+    shuffle_buffer_size, inmemory_cache_all. Accepted for Horovod's API without effect: reader_pool_type, train_reader_num_workers, val_reader_num_workers. Refused: use_gpu=True,
     transformation_fn."""
 
     _who = "KerasEstimator"

@@ -57,17 +57,29 @@ def _columns(est, data, cols, given, model):
             for i, c in enumerate(cols)]
 
 
-def _dataset(tf, est, model, data, spec, batch_size, shuffle, seed):
-    x = _one_or_tuple(_columns(est, data, spec["feature_cols"], None, model_shapes(model.inputs)))
-    y = _one_or_tuple(_columns(est, data, spec["label_cols"], spec["label_shapes"], model_shapes(model.outputs)))
-    parts = (x, y)
-    if spec["sample_weight_col"]:
-        parts = (x, y, np.asarray(data[spec["sample_weight_col"]], dtype=np.float32))
-    ds = tf.data.Dataset.from_tensor_slices(parts)
-    rows = len(data[spec["feature_cols"][0]])
-    if shuffle:
-        ds = ds.shuffle(rows, seed=seed, reshuffle_each_iteration=True)
-    return ds.repeat().batch(batch_size)
+def _dataset(tf, est, model, src, spec, batch_size, shuffle, seed):
+    """A tf.data pipeline of endless batches from a rank's batch source: over the shard in memory,
+    shuffled by tf.data; or the source's own streamed batches."""
+    ins, outs, w = model_shapes(model.inputs), model_shapes(model.outputs), spec["sample_weight_col"]
+
+    def parts(b):
+        x = _one_or_tuple(_columns(est, b, spec["feature_cols"], None, ins))
+        y = _one_or_tuple(_columns(est, b, spec["label_cols"], spec["label_shapes"], outs))
+        return (x, y, np.asarray(b[w], dtype=np.float32)) if w else (x, y)
+
+    if not src.streamed:
+        ds = tf.data.Dataset.from_tensor_slices(parts(src.data))
+        if shuffle:
+            ds = ds.shuffle(src.rows, seed=seed, reshuffle_each_iteration=True)
+        return ds.repeat().batch(batch_size)
+    first = parts(src.next())
+    sig = tf.nest.map_structure(lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), first)
+
+    def gen():
+        yield first
+        while True:
+            yield parts(src.next())
+    return tf.data.Dataset.from_generator(gen, output_signature=sig)
 
 
 def train(spec):
@@ -81,8 +93,14 @@ def train(spec):
         keras.utils.set_random_seed(spec["seed"])
     feats, labels, wcol = spec["feature_cols"], spec["label_cols"], spec["sample_weight_col"]
     cols = feats + labels + ([wcol] if wcol else [])
-    data, _ = est.read_shard(spec["train_files"], rank, size, cols)
-    val = est.read_shard(spec["val_files"], rank, size, cols)[0] if spec["val_files"] else None
+    seed = spec["seed"] if spec["seed"] is not None else 0
+    train_src = est.batch_source(spec["train_files"], rank, size, cols, spec["batch_size"], spec["shuffle"],
+                                 seed * 1000003 + rank, spec["in_memory"], spec["shuffle_buffer_size"])
+    val_src = est.batch_source(spec["val_files"], rank, size, cols, spec["val_batch_size"], False, 0,
+                               spec["in_memory"], None) if spec["val_files"] else None
+    if spec["verbose"] and rank == 0 and train_src.streamed:
+        print("%s: rank 0's shard: %s (more than KOLO_ESTIMATOR_MEMORY_MB, %d MiB)"
+              % (spec["who"], train_src.describe(), est.memory_limit() >> 20), flush=True)
 
     custom = spec["custom_objects"]
     model = model_from_bytes(spec["model"], custom)
@@ -92,9 +110,8 @@ def train(spec):
     loss = spec["loss"]
     model.compile(optimizer=dopt, loss=loss, loss_weights=spec["loss_weights"] if len(labels) > 1 else None,
                   metrics=spec["metrics"])
-    seed = spec["seed"] if spec["seed"] is not None else 0
-    train_ds = _dataset(tf, est, model, data, spec, spec["batch_size"], spec["shuffle"], seed * 1000003 + rank)
-    val_ds = _dataset(tf, est, model, val, spec, spec["val_batch_size"], False, 0) if val is not None else None
+    train_ds = _dataset(tf, est, model, train_src, spec, spec["batch_size"], spec["shuffle"], seed * 1000003 + rank)
+    val_ds = _dataset(tf, est, model, val_src, spec, spec["val_batch_size"], False, 0) if val_src else None
 
     store, ck = spec["store"], spec["checkpoint"]
 

@@ -38,11 +38,11 @@ class TorchEstimator(EstimatorBase):
     optimizer, loss (one callable, or one per label column), loss_constructors (callables that make
     the losses on the ranks), loss_weights, metrics (callables metric(output, label)), feature_cols,
     label_cols, input_shapes, label_shapes, sample_weight_col, validation, batch_size,
-    val_batch_size, epochs, verbose, shuffle, partitions_per_process, run_id,
+    val_batch_size, epochs, verbose, shuffle, shuffle_buffer_size, inmemory_cache_all, partitions_per_process, run_id,
     train_steps_per_epoch, validation_steps_per_epoch, gradient_compression,
     backward_passes_per_step, random_seed, train_minibatch_fn(model, optimizer, transform_outputs,
     loss_fn, inputs, labels, sample_weights) -> (outputs, loss). Accepted for Horovod's API without
-    effect: shuffle_buffer_size, inmemory_cache_all, reader_pool_type, train_reader_num_workers,
+    effect: reader_pool_type, train_reader_num_workers,
     val_reader_num_workers, mp_start_method. Refused: use_gpu=True, transformation_fn, callbacks."""
 
     _who = "TorchEstimator"

@@ -12,10 +12,10 @@ def _reshape(t, shape):
     return t if shape is None else t.reshape(list(shape))
 
 
-def _tensors(torch, est, data, idx, cols, shapes):
+def _tensors(torch, est, b, cols, shapes):
     out = []
     for i, c in enumerate(cols):
-        a = np.ascontiguousarray(est.np_input(data[c][idx]))
+        a = np.ascontiguousarray(est.np_input(b[c]))
         out.append(_reshape(torch.from_numpy(a), shapes[i] if shapes else None))
     return out
 
@@ -105,8 +105,14 @@ def train(spec):
         torch.manual_seed(spec["seed"])
     feats, labels, wcol = spec["feature_cols"], spec["label_cols"], spec["sample_weight_col"]
     cols = feats + labels + ([wcol] if wcol else [])
-    data, _ = est.read_shard(spec["train_files"], rank, size, cols)
-    val = est.read_shard(spec["val_files"], rank, size, cols)[0] if spec["val_files"] else None
+    seed = spec["seed"] if spec["seed"] is not None else 0
+    train_src = est.batch_source(spec["train_files"], rank, size, cols, spec["batch_size"], spec["shuffle"],
+                                 seed * 1000003 + rank, spec["in_memory"], spec["shuffle_buffer_size"])
+    val_src = est.batch_source(spec["val_files"], rank, size, cols, spec["val_batch_size"], False, 0,
+                               spec["in_memory"], None) if spec["val_files"] else None
+    if spec["verbose"] and rank == 0 and train_src.streamed:
+        print("%s: rank 0's shard: %s (more than KOLO_ESTIMATOR_MEMORY_MB, %d MiB)"
+              % (spec["who"], train_src.describe(), est.memory_limit() >> 20), flush=True)
 
     model = spec["model"]
     opt = _build_optimizer(spec, model)
@@ -126,14 +132,12 @@ def train(spec):
         return calculate_loss(outputs, labs, loss_weights, weighted_fns if sample_weights is not None else loss_fns,
                               sample_weights)
 
-    def batch(d, idx):
-        x = _tensors(torch, est, d, idx, feats, in_shapes)
-        y = _tensors(torch, est, d, idx, labels, lab_shapes)
-        w = torch.from_numpy(np.ascontiguousarray(d[wcol][idx], dtype=np.float32)) if wcol else None
+    def batch(b):
+        x = _tensors(torch, est, b, feats, in_shapes)
+        y = _tensors(torch, est, b, labels, lab_shapes)
+        w = torch.from_numpy(np.ascontiguousarray(b[wcol], dtype=np.float32)) if wcol else None
         return x, y, w
 
-    seed = spec["seed"] if spec["seed"] is not None else 0
-    train_batches = est.Batches(len(data[feats[0]]), spec["batch_size"], spec["shuffle"], seed * 1000003 + rank)
     steps = max(bpps, spec["train_steps"] // bpps * bpps)  # whole groups of backward passes
     names = ["loss"] + _metric_names(metrics, len(labels))
     history = {}
@@ -142,7 +146,7 @@ def train(spec):
         model.train()
         sums = np.zeros(len(names))
         for step in range(steps):
-            x, y, w = batch(data, train_batches.next())
+            x, y, w = batch(train_src.next())
             if fn is not None:  # Horovod's train_minibatch_fn: it zeroes, steps and returns (outputs, loss)
                 outputs, loss = fn(model, dopt, transform_outputs, loss_fn, x, y, w)
                 outputs, y = transform_outputs(outputs, y)
@@ -159,13 +163,13 @@ def train(spec):
                               name="kolo.spark.train.%d" % epoch)
         for k, v in zip(names, means.tolist()):
             history.setdefault(k, []).append(v)
-        if val is not None:
+        if val_src is not None:
             model.eval()
-            vb = est.Batches(len(val[feats[0]]), spec["val_batch_size"], False, 0)
+            val_src.reset()
             vsums = np.zeros(len(names))
             with torch.no_grad():
                 for _ in range(spec["val_steps"]):
-                    x, y, w = batch(val, vb.next())
+                    x, y, w = batch(val_src.next())
                     outputs, y = transform_outputs(model(*x), y)
                     vsums += [float(loss_fn(outputs, y, w))] + _metric_values(metrics, outputs, y)
             vmeans = hvd.allreduce(torch.tensor(vsums / spec["val_steps"], dtype=torch.float64), op=hvd.Average,
