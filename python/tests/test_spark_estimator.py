@@ -115,7 +115,9 @@ def accuracy(out, label):
 
 def test_two_inputs_two_outputs_integer_labels_sample_weights_metrics(spark, tmp_path):
     # class = which of b's three values is largest; r = a + sum(b). Rows of weight 0 carry wrong
-    # labels: a model that learned from them would miss.
+    # labels: a model that learned from them would miss. Gradients of two batches add up before
+    # each step, and travel as float16.
+    import kolo.torch as hvd
     rng = np.random.default_rng(3)
     data = []
     for i in range(600):
@@ -130,7 +132,8 @@ def test_two_inputs_two_outputs_integer_labels_sample_weights_metrics(spark, tmp
                        optimizer=torch.optim.Adam(net.parameters(), lr=0.02),
                        loss=[torch.nn.CrossEntropyLoss(), torch.nn.functional.mse_loss], loss_weights=[1.0, 0.5],
                        metrics=[accuracy], feature_cols=["a", "b"], label_cols=["cls", "r"],
-                       input_shapes=[[-1, 1], [-1, 3]], sample_weight_col="w", validation=0.2, batch_size=32,
+                       input_shapes=[[-1, 1], [-1, 3]], sample_weight_col="w", validation=0.2, batch_size=16,
+                       backward_passes_per_step=2, gradient_compression=hvd.Compression.fp16,
                        epochs=8, random_seed=5, partitions_per_process=1, verbose=0)
     model = e.fit(df)
     h = model.getHistory()
