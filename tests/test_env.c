@@ -486,6 +486,188 @@ KT_TEST(env_pmi_and_pmix, 10)
     expect_invalid("PMIX_RANK='1'");
 }
 
+/* ---- PMI-1 (MPICH's Hydra) against a scripted server ---- */
+
+/* One request the fake server expects (its beginning) and its answer line; answer NULL: the
+ * server reads the request and then goes silent; "<hangup>": it closes the connection. */
+typedef struct pmi_step {
+    const char *expect, *answer;
+} pmi_step;
+
+typedef struct pmi_outcome {
+    int status;       /* kolo__env_detect's */
+    char text[1024];  /* the error, or "<rdv_host>:<rdv_port> <job_id>" */
+    int served;       /* steps the server answered */
+    bool finalized;   /* the client said "cmd=finalize" before it exited */
+} pmi_outcome;
+
+/* Runs kolo__env_detect in a child whose PMI_FD is one end of a socket pair, with the extra
+ * variables env, while this process serves steps on the other end; then reads, until the child
+ * exits, whether it finalized. */
+static pmi_outcome pmi_run(const char *const *env, const pmi_step *steps, int nsteps)
+{
+    int sv[2], res[2];
+    KT_ASSERT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && pipe(res) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    KT_ASSERT(pid >= 0);
+    if (pid == 0) {
+        close(sv[0]);
+        close(res[0]);
+        clear_env();
+        char fd[16];
+        snprintf(fd, sizeof(fd), "%d", sv[1]);
+        setenv("PMI_FD", fd, 1);
+        set_vars(env);
+        pmi_outcome o;
+        memset(&o, 0, sizeof(o));
+        kolo__world_info w;
+        o.status = kolo__env_detect(&w);
+        if (o.status == KOLO_OK) snprintf(o.text, sizeof(o.text), "%s:%d %s", w.rdv_host, w.rdv_port, w.job_id);
+        else snprintf(o.text, sizeof(o.text), "%s", kolo_last_error());
+        ssize_t n = write(res[1], &o, sizeof(o));
+        exit(n == sizeof(o) ? 0 : 1); /* exit, not _exit: the PMI goodbye is an exit handler */
+    }
+    close(sv[1]);
+    close(res[1]);
+    pmi_outcome o;
+    memset(&o, 0, sizeof(o));
+    char line[1100];
+    size_t n = 0;
+    int step = 0;
+    bool silent = false;
+    char c;
+    while (read(sv[0], &c, 1) == 1) {
+        if (c != '\n') {
+            if (n + 1 < sizeof(line)) line[n++] = c;
+            continue;
+        }
+        line[n] = '\0';
+        n = 0;
+        if (strcmp(line, "cmd=finalize") == 0) {
+            o.finalized = true;
+            KT_ASSERT(write(sv[0], "cmd=finalize_ack\n", 17) == 17);
+            continue;
+        }
+        if (silent) continue;
+        KT_ASSERTF(step < nsteps && strncmp(line, steps[step].expect, strlen(steps[step].expect)) == 0,
+                   "request %d was '%s', expected '%s...'", step, line, step < nsteps ? steps[step].expect : "none");
+        if (!steps[step].answer) {
+            silent = true;
+            continue;
+        }
+        if (strcmp(steps[step].answer, "<hangup>") == 0) {
+            shutdown(sv[0], SHUT_RDWR);
+            break;
+        }
+        char ans[1100];
+        int len = snprintf(ans, sizeof(ans), "%s\n", steps[step].answer);
+        KT_ASSERT(write(sv[0], ans, (size_t)len) == len);
+        o.served = ++step;
+    }
+    pmi_outcome got;
+    KT_EQ(read(res[0], &got, sizeof(got)), sizeof(got));
+    int st;
+    waitpid(pid, &st, 0);
+    KT_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(sv[0]);
+    close(res[0]);
+    got.served = o.served;
+    got.finalized = o.finalized;
+    return got;
+}
+
+#define PMI_INIT {"cmd=init pmi_version=1 pmi_subversion=1", "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0"}
+#define PMI_KVS {"cmd=get_my_kvsname", "cmd=my_kvsname kvsname=kvs_42_0"}
+
+KT_TEST(env_pmi_rank_0_address_across_hosts, 20)
+{
+    /* rank 1 of 2, one rank per host: the job is named by the kvs, rank 0's address comes from
+     * the get after the barrier, and the process says goodbye as it exits */
+    static const char *const r1[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1", NULL};
+    static const pmi_step ok[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
+                                  {"cmd=get kvsname=kvs_42_0 key=kolo.rdv.0", "cmd=get_result rc=0 msg=success value=10.1.2.3:4567"}};
+    pmi_outcome o = pmi_run(r1, ok, 4);
+    KT_ASSERTF(o.status == KOLO_OK, "%s", o.text);
+    STR_EQ(o.text, "10.1.2.3:4567 pmi-kvs_42_0");
+    KT_EQ(o.served, 4);
+    KT_ASSERT(o.finalized);
+
+    /* rank 0 publishes an address of its own and a port, then reads it back */
+    static const char *const r0[] = {"PMI_RANK=0", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
+                                     "KOLO_IFACE=lo", NULL};
+    static const pmi_step zero[] = {PMI_INIT, PMI_KVS, {"cmd=put kvsname=kvs_42_0 key=kolo.rdv.0 value=127.0.0.1:", "cmd=put_result rc=0 msg=success"},
+                                    {"cmd=barrier_in", "cmd=barrier_out"},
+                                    {"cmd=get kvsname=kvs_42_0 key=kolo.rdv.0", "cmd=get_result rc=0 value=127.0.0.1:29999"}};
+    o = pmi_run(r0, zero, 5);
+    KT_ASSERTF(o.status == KOLO_OK, "%s", o.text);
+    STR_EQ(o.text, "127.0.0.1:29999 pmi-kvs_42_0");
+    KT_ASSERT(o.finalized);
+
+    /* rank 0 with nothing to publish: "-" tells the others at once; it names its reason */
+    static const char *const bad0[] = {"PMI_RANK=0", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
+                                       "KOLO_IFACE=nope0", NULL};
+    static const pmi_step dash[] = {PMI_INIT, PMI_KVS, {"cmd=put kvsname=kvs_42_0 key=kolo.rdv.0 value=-", "cmd=put_result rc=0"},
+                                    {"cmd=barrier_in", "cmd=barrier_out"}};
+    o = pmi_run(bad0, dash, 4);
+    KT_EQ(o.status, KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(o.text, "pmi: 2 ranks on several hosts, and rank 0's address could not be exchanged through the "
+                        "launcher's PMI (rank 0 found no IPv4 address to publish through PMI (KOLO_IFACE='nope0')): "
+                        "set KOLO_RENDEZVOUS=host:port");
+    KT_CONTAINS(o.text, "(e.g. mpirun -genv KOLO_RENDEZVOUS node1:29400 ...)");
+    static const pmi_step got_dash[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
+                                        {"cmd=get ", "cmd=get_result rc=0 value=-"}};
+    o = pmi_run(r1, got_dash, 4);
+    KT_CONTAINS(o.text, "(rank 0 published no address through PMI (see rank 0's error))");
+
+    /* on one host the connection is not touched: no goodbye owed */
+    static const char *const local[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};
+    o = pmi_run(local, NULL, 0);
+    KT_ASSERTF(o.status == KOLO_OK && strncmp(o.text, "127.0.0.1:", 10) == 0, "%s", o.text);
+    KT_ASSERT(!o.finalized);
+}
+
+KT_TEST(env_pmi_server_faults_are_named, 30)
+{
+    static const char *const r1[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
+                                     "KOLO_START_TIMEOUT=1", NULL};
+    /* a stranger's protocol */
+    static const pmi_step garbled[] = {{"cmd=init", "HTTP/1.1 400 Bad Request"}};
+    pmi_outcome o = pmi_run(r1, garbled, 1);
+    KT_EQ(o.status, KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(o.text, "the launcher's PMI (PMI (PMI_FD=");
+    KT_CONTAINS(o.text, "): the process manager answered 'HTTP/1.1 400 Bad Request' to init (expected "
+                        "cmd=response_to_init))");
+    KT_ASSERT(o.finalized);
+    /* an error the server reports */
+    static const pmi_step refused[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
+                                       {"cmd=get ", "cmd=get_result rc=-1 msg=key_kolo.rdv.0_not_found value=unknown"}};
+    o = pmi_run(r1, refused, 4);
+    KT_CONTAINS(o.text, "get failed: rc=-1 key_kolo.rdv.0_not_found");
+    /* a rank that never comes: the barrier is not answered within the start time-out */
+    static const pmi_step stuck[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", NULL}};
+    double t0 = kt_now();
+    o = pmi_run(r1, stuck, 3);
+    KT_CONTAINS(o.text, "no answer to barrier_in within 1 s (not every rank reached kolo_init)");
+    KT_ASSERT(kt_now() - t0 < 15);
+    /* an answer without what it should carry */
+    static const pmi_step nokvs[] = {PMI_INIT, {"cmd=get_my_kvsname", "cmd=my_kvsname"}};
+    o = pmi_run(r1, nokvs, 2);
+    KT_CONTAINS(o.text, "the answer 'cmd=my_kvsname' names no kvsname");
+    /* the server hangs up */
+    static const pmi_step gone[] = {PMI_INIT, {"cmd=get_my_kvsname", "<hangup>"}};
+    o = pmi_run(r1, gone, 2);
+    KT_CONTAINS(o.text, "the process manager closed the connection while kolo waited for the answer to get_my_kvsname");
+    KT_ASSERT(!o.finalized);
+    /* no descriptor behind PMI_FD */
+    clear_env();
+    static const char *const nofd[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
+                                       "PMI_FD=987", NULL};
+    set_vars(nofd);
+    expect_invalid("(environment variable PMI_FD='987' is not an open descriptor)");
+}
+
 KT_TEST(env_slurm, 10)
 {
     clear_env();

@@ -12,7 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* kolo-tests --worker launched <expected size>: init, check, allreduce, print one line */
+/* kolo-tests --worker launched <expected size> [linger]: init, check, allreduce, print one line;
+ * with linger, every rank but 0 stays a second longer and says so, while rank 0 has exited */
 KT_WORKER(launched)
 {
     int want = argc > 1 ? atoi(argv[1]) : -1;
@@ -25,7 +26,7 @@ KT_WORKER(launched)
         fprintf(stderr, "worker: size %d, expected %d\n", kolo_size(), want);
         return 4;
     }
-    int v = kolo_rank() + 1, sum = 0, n = kolo_size();
+    int me = kolo_rank(), v = me + 1, sum = 0, n = kolo_size();
     if (kolo_allreduce(&v, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) {
         fprintf(stderr, "worker: allreduce: %s\n", kolo_last_error());
         return 5;
@@ -37,10 +38,16 @@ KT_WORKER(launched)
     printf("worker rank %d of %d local %d of %d ok\n", kolo_rank(), n, kolo_local_rank(), kolo_local_size());
     fflush(stdout);
     kolo_shutdown();
+    if (argc > 2 && strcmp(argv[2], "linger") == 0 && me != 0) {
+        sleep(1);
+        printf("worker rank %d outlived rank 0\n", me);
+        fflush(stdout);
+    }
     return 0;
 }
 
-/* Runs argv with a clean launcher environment, captures stdout into out; returns exit code. */
+/* Runs argv with a clean launcher environment, captures stdout and stderr into out; returns
+ * exit code. */
 static int run(char *const argv[], char *out, size_t cap, const char *const *env)
 {
     int p[2];
@@ -54,6 +61,7 @@ static int run(char *const argv[], char *out, size_t cap, const char *const *env
         for (size_t i = 0; i < sizeof(drop) / sizeof(drop[0]); i++) unsetenv(drop[i]);
         for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
         dup2(p[1], 1);
+        dup2(p[1], 2);
         close(p[0]);
         close(p[1]);
         execvp(argv[0], argv);
@@ -107,6 +115,43 @@ KT_TEST(launch_under_mpich_mpirun, 60)
     int rc = run(argv, out, sizeof(out), NULL);
     KT_ASSERTF(rc == 0, "mpirun.mpich exited %d; output:\n%s", rc, out);
     KT_CONTAINS(out, "worker rank 1 of 2 local 1 of 2 ok");
+}
+
+/* MPICH's mpirun across "hosts": Hydra's fork launcher starts a proxy per named host here, so
+ * the ranks are on two hosts as far as the environment says, and only the PMI connection can
+ * tell them where rank 0 serves (src/boot/pmi_rdv.c). Ranks other than 0 outlive rank 0 by a
+ * second: Hydra would kill rank 1, on rank 0's proxy, if rank 0 left without PMI's finalize. Then the same
+ * under -pmi-port, where rank and size come only through the connection. */
+KT_TEST(launch_under_mpich_across_hosts_finds_rank_0_through_pmi, 90)
+{
+    if (!have("mpirun.mpich")) {
+        printf("  skip: mpirun.mpich not installed (apt-get install mpich)\n");
+        return;
+    }
+    static const char *const env[] = {"KOLO_LOG_LEVEL=info", NULL};
+    char out[32768];
+    char *argv[] = {S("mpirun.mpich"), S("-launcher"), S("fork"), S("-hosts"), S("hosta:2,hostb"), S("-np"), S("3"),
+                    (char *)kt_self(), S("--worker"), S("launched"), S("3"), S("linger"), NULL};
+    int rc = run(argv, out, sizeof(out), env);
+    KT_ASSERTF(rc == 0, "mpirun.mpich exited %d; output:\n%s", rc, out);
+    /* two hosts by the environment: the address came through PMI */
+    KT_EQ(kt_count(out, "rank 0's address through PMI"), 3);
+    KT_EQ(kt_count(out, "job id 'pmi-kvs_"), 3);
+    KT_CONTAINS(out, "worker rank 0 of 3 local 0 of 3 ok");
+    KT_CONTAINS(out, "worker rank 2 of 3 local 2 of 3 ok");
+    /* rank 1 shares rank 0's proxy, which would kill it if rank 0 left without finalize */
+    KT_CONTAINS(out, "worker rank 1 outlived rank 0");
+    KT_CONTAINS(out, "worker rank 2 outlived rank 0");
+
+    char *port_argv[] = {S("mpirun.mpich"), S("-pmi-port"), S("-launcher"), S("fork"), S("-hosts"), S("hosta:2,hostb"),
+                         S("-np"), S("3"), (char *)kt_self(), S("--worker"), S("launched"), S("3"), S("linger"), NULL};
+    rc = run(port_argv, out, sizeof(out), env);
+    KT_ASSERTF(rc == 0, "mpirun.mpich -pmi-port exited %d; output:\n%s", rc, out);
+    KT_EQ(kt_count(out, "rank 0's address through PMI"), 3);
+    KT_CONTAINS(out, "worker rank 0 of 3 local 0 of 3 ok");
+    KT_CONTAINS(out, "worker rank 2 of 3 local 2 of 3 ok");
+    KT_CONTAINS(out, "worker rank 1 outlived rank 0");
+    KT_CONTAINS(out, "worker rank 2 outlived rank 0");
 }
 
 /* A listening socket on a port whose neighbour (port + 1) is free too: kolo's rank 0 serves at

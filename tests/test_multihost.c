@@ -637,6 +637,29 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
     cluster_down(&c);
 }
 
+/* Runs an mpirun command line (argv) on the login node, starting the mh_job worker as 4 ranks, 2
+ * on each host: it must exit 0, and each rank must run on its host with shared memory to its
+ * neighbour, TCP to the other host, and exact results. */
+static void run_mpirun_job(cluster *c, proc *p, const char *const *argv)
+{
+    proc_start(p, c->ns[NS_L], argv);
+    int rc = kt_proc_finish(p, 70);
+    size_t el = strlen(p->ebuf);
+    KT_ASSERTF(rc == 0, "%s exited %d; stdout:\n%s\nstderr (its end):\n%s", argv[0], rc, p->obuf,
+               p->ebuf + (el > 3000 ? el - 3000 : 0));
+    printf("  4 ranks on 2 hosts under %s: %.2f s\n", argv[0], p->t_end - p->t0);
+    static const char *const tps[4] = {"0=self 1=shm 2=tcp 3=tcp", "0=shm 1=self 2=tcp 3=tcp",
+                                       "0=tcp 1=tcp 2=self 3=shm", "0=tcp 1=tcp 2=shm 3=self"};
+    for (int r = 0; r < 4; r++) {
+        int h = r < 2 ? NS_A : NS_B;
+        char want[512];
+        snprintf(want, sizeof(want), "mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s: results exact\n", r,
+                 r % 2, r / 2, c->ino[h], tps[r]);
+        KT_ASSERTF(strstr(p->obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s\nstderr:\n%s",
+                   (int)strlen(want) - 1, want, r, c->ns[h], p->obuf, p->ebuf);
+    }
+}
+
 /* Open MPI's mpirun from the login node across both hosts, over the same ssh, without
  * KOLO_RENDEZVOUS: rank 0 publishes its address through the PMIx server mpirun's daemons run
  * (src/boot/pmix_rdv.c), the ranks find it, and the job is the one kolorun runs above: ranks of
@@ -664,22 +687,7 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
                           "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self", "--tag-output",
                           "-x", setting, "-x", lsan, kt_self(), "--worker", "mh_job", NULL};
     proc p;
-    proc_start(&p, c.ns[NS_L], argv);
-    int rc = kt_proc_finish(&p, 70);
-    size_t el = strlen(p.ebuf);
-    KT_ASSERTF(rc == 0, "mpirun exited %d; stdout:\n%s\nstderr (its end):\n%s", rc, p.obuf,
-               p.ebuf + (el > 3000 ? el - 3000 : 0));
-    printf("  4 ranks on 2 hosts under mpirun: %.2f s\n", p.t_end - p.t0);
-    static const char *const tps[4] = {"0=self 1=shm 2=tcp 3=tcp", "0=shm 1=self 2=tcp 3=tcp",
-                                       "0=tcp 1=tcp 2=self 3=shm", "0=tcp 1=tcp 2=shm 3=self"};
-    for (int r = 0; r < 4; r++) {
-        int h = r < 2 ? NS_A : NS_B;
-        char want[512];
-        snprintf(want, sizeof(want), "mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s: results exact\n", r,
-                 r % 2, r / 2, c.ino[h], tps[r]);
-        KT_ASSERTF(strstr(p.obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s\nstderr:\n%s",
-                   (int)strlen(want) - 1, want, r, c.ns[h], p.obuf, p.ebuf);
-    }
+    run_mpirun_job(&c, &p, argv);
     /* rank 0 said where it serves: host a's address, found through PMIx */
     char want[128];
     snprintf(want, sizeof(want), "openmpi: rendezvous at %s:", ns_addr[NS_A]);
@@ -691,11 +699,51 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
      * once, rank 0 its own reason, the others that rank 0 published nothing */
     snprintf(setting, sizeof(setting), "KOLO_IFACE=nope0");
     proc_start(&p, c.ns[NS_L], argv);
-    rc = kt_proc_finish(&p, 70);
+    int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
     KT_CONTAINS(p.ebuf, "openmpi: 4 ranks on several hosts, and rank 0's address could not be exchanged through the "
                         "launcher's PMIx (rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'))");
     KT_CONTAINS(p.ebuf, "(rank 0 published no address through PMIx (see rank 0's error)): set KOLO_RENDEZVOUS=host:port");
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
+/* MPICH's mpirun (Hydra) from the login node across both hosts, over the same ssh, without
+ * KOLO_RENDEZVOUS: Hydra gives no address and no PMIx, so rank 0 publishes its address through
+ * the PMI-1 connection every rank has to its host's proxy (src/boot/pmi_rdv.c). The job is the
+ * one above: shared memory within a host, TCP between hosts, results exact, exit 0 (Hydra ends
+ * a job whose process leaves PMI without finalize). */
+KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
+{
+    if (access("/usr/bin/mpirun.mpich", X_OK) != 0) {
+        printf("  skip: mpirun.mpich not installed (apt-get install mpich)\n");
+        return;
+    }
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    /* Hydra runs its launcher as `<exec> -x <host> <command>`: ssh with this cluster's key */
+    char agent[300], hosts[64];
+    snprintf(agent, sizeof(agent), "%s/ssh-agent.sh", c.dir);
+    FILE *f = fopen(agent, "w");
+    KT_ASSERT(f);
+    fprintf(f, "#!/bin/sh\nexec %s -i %s -p %s \"$@\"\n", c.ssh, c.key, MH_PORT);
+    fclose(f);
+    KT_ASSERT(chmod(agent, 0755) == 0);
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    /* -iface br0: the proxies reach mpirun at the login node's bridge address, not at its name */
+    const char *argv[] = {"/usr/bin/mpirun.mpich", "-launcher", "ssh", "-launcher-exec", agent, "-iface", "br0",
+                          "-hosts", hosts, "-np", "4", "-genv", "KOLO_LOG_LEVEL", "info", kt_self(), "--worker",
+                          "mh_job", NULL};
+    proc p;
+    run_mpirun_job(&c, &p, argv);
+    /* every rank learned host a's address, found through PMI */
+    char want[128];
+    snprintf(want, sizeof(want), "pmi: rendezvous at %s:", ns_addr[NS_A]);
+    KT_ASSERTF(kt_count(p.ebuf, want) == 4 && kt_count(p.ebuf, "rank 0's address through PMI\n") == 4,
+               "not 4 times '%s... through PMI' in stderr:\n%s", want, p.ebuf);
     kt_proc_free(&p);
     cluster_down(&c);
 }

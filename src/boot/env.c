@@ -24,15 +24,19 @@
  *  4. openmpi   OMPI_COMM_WORLD_RANK (+ SIZE, LOCAL_RANK, LOCAL_SIZE). OMPI_COMM_WORLD_NODE_RANK
  *               counts processes of all jobs on the node: it is not a host index and is unused.
  *  5. pmi       PMI_RANK, PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS (MPICH Hydra, Intel MPI),
- *               else PMI_LOCAL_RANK/PMI_LOCAL_SIZE (Cray).
+ *               else PMI_LOCAL_RANK/PMI_LOCAL_SIZE (Cray). Under `mpiexec -pmi-port` Hydra sets
+ *               PMI_PORT and PMI_ID instead of PMI_RANK: rank and size come through the PMI
+ *               connection (pmi_rdv.c), and its key-value space names the job.
  *  6. pmix      PMIX_RANK, with the size from PMI_SIZE or PMIX_SIZE. Without a size, when
  *               Slurm's variables describe this very process (srun --mpi=pmix), Slurm is used.
  *     For 4-6 no address is given. Rank 0 serves: at KOLO_RENDEZVOUS if set; else, when all
  *     ranks share one host (local size == size), on 127.0.0.1 at a port derived from the job
  *     id; else at Slurm's address (7) when Slurm's variables describe the same world (mpirun or
- *     srun --mpi=pmi2 inside an allocation); else, when a PMIx server gave this process its
+ *     srun --mpi=pmi2 inside an allocation); else, when the process has a PMI-1 connection
+ *     (PMI_FD or PMI_PORT: MPICH's Hydra), at the address rank 0 publishes through it, the job
+ *     named by its key-value space (pmi_rdv.c); else, when a PMIx server gave this process its
  *     address (PMIX_SERVER_URI*: mpirun of Open MPI), at the address rank 0 publishes through
- *     PMIx (pmix_rdv.c; a collective at kolo_init); else it is an error asking for
+ *     PMIx (pmix_rdv.c); both are collectives at kolo_init. Else it is an error asking for
  *     KOLO_RENDEZVOUS.
  *  7. slurm     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID,
  *               SLURM_STEP_NUM_NODES (or SLURM_NNODES); local size from
@@ -54,7 +58,8 @@
  *
  * Job id: KOLO_JOB_ID, else "<convention>-<launcher's job identifiers>": horovod
  * HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT; torchrun run id, restart count, MASTER_ADDR:PORT; Open MPI
- * OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE; PMI PMI_KVSNAME or PMI_JOBID; PMIx PMIX_NAMESPACE;
+ * OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE; PMI PMI_KVSNAME or PMI_JOBID, else (across hosts
+ * and under -pmi-port) the PMI connection's key-value space; PMIx PMIX_NAMESPACE;
  * Slurm SLURM_JOB_ID.SLURM_STEP_ID. Without any: the KOLO_RENDEZVOUS text, else (one host
  * only) the parent pid and uid - every rank of one mpirun on one host has the same parent.
  * Ids longer than job_id holds or with characters outside [A-Za-z0-9._:@-] become a cleaned
@@ -65,6 +70,7 @@
 #include "env.h"
 
 #include "auth.h"
+#include "pmi_rdv.h"
 #include "pmix_rdv.h"
 
 #include <ctype.h>
@@ -514,27 +520,35 @@ static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const ch
         return KOLO_OK;
     }
     const char *how = w->local_size < 0 ? "on hosts the launcher does not describe" : "on several hosts";
-    if (pmix_server_known()) {
-        /* a PMIx server in every host's daemon (mpirun of Open MPI): rank 0 publishes its address */
+    const char *example = strcmp(source, "pmi") == 0 ? "mpirun -genv KOLO_RENDEZVOUS node1:29400 ..."
+                                                     : "mpirun -x KOLO_RENDEZVOUS=node1:29400 ...";
+    /* a PMI-1 connection (MPICH's Hydra; under srun, PMI_FD speaks Slurm's PMI-2 instead), else a
+     * PMIx server in every host's daemon (mpirun of Open MPI): rank 0 publishes its address */
+    const char *via = kolo__pmi_available() && !slurm_matches(w->rank, w->size) ? "PMI"
+                      : pmix_server_known()                                   ? "PMIx"
+                                                                              : NULL;
+    if (via) {
         char hp[300];
-        int st = kolo__pmix_rendezvous(w->rank, kolo__setting_str(KOLO_SET_IFACE),
-                                       (int)kolo__setting_double(KOLO_SET_START_TIMEOUT), hp, sizeof(hp));
+        const char *iface = kolo__setting_str(KOLO_SET_IFACE);
+        int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT);
+        int st = via[3] ? kolo__pmix_rendezvous(w->rank, iface, timeout, hp, sizeof(hp))
+                        : kolo__pmi_rendezvous(w->rank, iface, timeout, hp, sizeof(hp));
         if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
             w->rdv_serve = 1;
-            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through PMIx", source, w->rdv_host, w->rdv_port);
+            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through %s", source, w->rdv_host, w->rdv_port, via);
             return KOLO_OK;
         }
         return kolo__err(KOLO_ERR_INVALID_ARG,
-                         "%s: %d ranks %s, and rank 0's address could not be exchanged through the launcher's PMIx "
+                         "%s: %d ranks %s, and rank 0's address could not be exchanged through the launcher's %s "
                          "(%s): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host in every rank's "
-                         "environment (e.g. mpirun -x KOLO_RENDEZVOUS=node1:29400 ...)",
-                         source, w->size, how, st == KOLO_OK ? hp : kolo__errmsg());
+                         "environment (e.g. %s)",
+                         source, w->size, how, via, st == KOLO_OK ? hp : kolo__errmsg(), example);
     }
     return kolo__err(KOLO_ERR_INVALID_ARG,
                      "%s: %d ranks %s and the launcher gives no rendezvous address: set "
                      "KOLO_RENDEZVOUS=host:port to a free port on rank 0's host in every rank's environment "
-                     "(e.g. mpirun -x KOLO_RENDEZVOUS=node1:29400 ...)",
-                     source, w->size, how);
+                     "(e.g. %s)",
+                     source, w->size, how, example);
 }
 
 static int from_openmpi(kolo__world_info *w, ctx *c)
@@ -555,10 +569,27 @@ static int from_pmi(kolo__world_info *w, ctx *c)
         n.lrank = "PMI_LOCAL_RANK";
         n.lsize = "PMI_LOCAL_SIZE";
     }
-    int s = read_ints(&n, "the process manager sets PMI_RANK and PMI_SIZE", w);
-    if (s) return s;
+    int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT), s;
+    bool by_port = !var("PMI_RANK"); /* mpiexec -pmi-port: rank and size come through the connection */
+    if (by_port) {
+        if ((s = kolo__pmi_identity(&w->rank, &w->size, timeout)) || (s = opt_int(n.lrank, &w->local_rank)) ||
+            (s = opt_int(n.lsize, &w->local_size)) || (s = check_pair(n.lrank, w->local_rank, n.lsize, w->local_size)))
+            return s;
+        if (w->local_size > w->size)
+            return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s=%d exceeds the PMI server's size %d",
+                             n.lsize, w->local_size, w->size);
+    } else if ((s = read_ints(&n, "the process manager sets PMI_RANK and PMI_SIZE", w))) {
+        return s;
+    }
     const char *id = var("PMI_KVSNAME");
     if (!id) id = var("PMI_JOBID");
+    /* Hydra names the job only through the connection: use it where it is used anyway (across
+     * hosts, where the ranks' parents differ, or under -pmi-port) */
+    char kvs[257];
+    bool across = w->size > 1 && w->local_size != w->size && !c->have_rdv;
+    if (!id && kolo__pmi_available() && (by_port || across) && !slurm_matches(w->rank, w->size) &&
+        kolo__pmi_kvsname(kvs, sizeof(kvs), timeout) == KOLO_OK)
+        id = kvs;
     return mpi_address(w, c, "pmi", id);
 }
 
@@ -679,7 +710,7 @@ int kolo__env_detect(kolo__world_info *out)
     } else if (var("OMPI_COMM_WORLD_RANK")) {
         src = "openmpi";
         s = from_openmpi(&w, &c);
-    } else if (var("PMI_RANK")) {
+    } else if (var("PMI_RANK") || (var("PMI_PORT") && var("PMI_ID"))) {
         src = "pmi";
         s = from_pmi(&w, &c);
     } else if (var("PMIX_RANK") && (var("PMI_SIZE") || var("PMIX_SIZE") || !var("SLURM_PROCID"))) {

@@ -13,6 +13,8 @@
  * pmix.h is found (Debian: libpmix-dev, which libopenmpi-dev brings). */
 #include "pmix_rdv.h"
 
+#include "pmi_rdv.h"
+
 #include "../common/common.h"
 #include "../net/transport.h"
 
@@ -20,14 +22,9 @@
 #include <string.h>
 
 #if defined(KOLO_HAVE_PMIX)
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <pmix.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #define KEY "kolo.rendezvous"
 
@@ -51,35 +48,6 @@ static bool launcher_host(char *host, size_t cap)
     memcpy(host, p, n);
     host[n] = '\0';
     return true;
-}
-
-/* A TCP port free on all interfaces now: the store binds it a moment later. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t sl = sizeof(sa);
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-/* Rank 0's address for the others: KOLO_IFACE's interface's when set, else its route towards
- * mpirun's host (unless that is loopback), else its first interface's (not lo, not docker).
- * "" when none: the caller says so, naming KOLO_IFACE. */
-static void my_address(const char *iface, char *addr, size_t cap)
-{
-    char hnp[256];
-    if (*iface) {
-        if (kolo__iface_address(iface, addr, cap) != KOLO_OK) addr[0] = '\0';
-        return;
-    }
-    if (launcher_host(hnp, sizeof(hnp)) && kolo__route_address(hnp, 0, addr, cap) == KOLO_OK &&
-        strncmp(addr, "127.", 4) != 0)
-        return;
-    if (kolo__iface_address("", addr, cap) != KOLO_OK) addr[0] = '\0';
 }
 
 int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)
@@ -107,16 +75,10 @@ int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host
     }
     char mine[300] = "";
     if (rank == 0) {
-        char addr[INET_ADDRSTRLEN] = "";
-        my_address(iface, addr, sizeof(addr));
-        int port = free_port();
-        if (!*addr || port <= 0) {
-            st = *addr ? kolo__err_sys(errno, "rank 0 found no free TCP port for the rendezvous store")
-                       : kolo__err(KOLO_ERR_STARTUP, "rank 0 found no IPv4 address to publish through PMIx%s%s%s",
-                                   *iface ? " (KOLO_IFACE='" : "", iface, *iface ? "')" : "");
-        } else {
-            snprintf(mine, sizeof(mine), "%s:%d", addr, port);
-        }
+        /* towards mpirun's host: where the daemons reach each other, so the other hosts reach
+         * rank 0 there too */
+        char hnp[256];
+        st = kolo__rdv_endpoint(iface, launcher_host(hnp, sizeof(hnp)) ? hnp : NULL, "PMIx", mine, sizeof(mine));
         /* publish even an empty value: the others learn of the failure at once, not by timeout */
         pmix_value_t v;
         memset(&v, 0, sizeof(v));
