@@ -731,6 +731,20 @@ KT_TEST(env_slurm, 10)
     expect_invalid("NODELIST");
 }
 
+static bool join_host(const char *host, void *arg)
+{
+    char *all = arg;
+    size_t n = strlen(all);
+    snprintf(all + n, 256 - n, "%s%s", n ? " " : "", host);
+    return true;
+}
+
+static bool count_host(const char *host, void *arg)
+{
+    (void)host, (void)arg;
+    return true;
+}
+
 KT_TEST(env_slurm_hostlist, 10)
 {
     static const struct {
@@ -753,6 +767,23 @@ KT_TEST(env_slurm_hostlist, 10)
         char out[64];
         KT_ASSERTF(!kolo__slurm_first_host(bad[i], out, sizeof(out)), "'%s' accepted", bad[i]);
     }
+    /* every host, in Slurm's order */
+    static const struct {
+        const char *in, *all;
+    } full[] = {
+        {"node[01-03,07],gpu5", "node01 node02 node03 node07 gpu5"},
+        {"rack[1-2]-n[08-09]", "rack1-n08 rack1-n09 rack2-n08 rack2-n09"},
+        {"n[9-11]", "n9 n10 n11"}, {"cn[098-101]", "cn098 cn099 cn100 cn101"}, {"10.77.0.[1-2]", "10.77.0.1 10.77.0.2"},
+    };
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(full); i++) {
+        char all[256] = "";
+        KT_EQ(kolo__slurm_hosts(full[i].in, join_host, all), (long)kt_count(full[i].all, " ") + 1);
+        KT_ASSERTF(strcmp(all, full[i].all) == 0, "'%s' -> '%s', expected '%s'", full[i].in, all, full[i].all);
+    }
+    char none[256] = "";
+    KT_EQ(kolo__slurm_hosts("a,b[1-2],c[", join_host, none), -1); /* malformed: nothing given out */
+    KT_EQ(none[0], '\0');
+    KT_EQ(kolo__slurm_hosts("n[0-999999],m[0-99999]", count_host, NULL), -1); /* over a million */
     char small[5];
     KT_ASSERT(!kolo__slurm_first_host("node1", small, sizeof(small)));
     KT_ASSERT(kolo__slurm_first_host("nod1", small, sizeof(small)));

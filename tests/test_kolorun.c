@@ -177,6 +177,69 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
     }
 }
 
+/* Inside a batch job's allocation (Slurm, PBS, LSF) kolorun takes its hosts and slots when no -H
+ * or --hostfile is given (the allocation on two hosts runs in test_multihost.c); one of this
+ * host alone changes nothing (-np may still exceed its slots); what cannot be read is named. */
+KT_TEST(kolorun_reads_batch_allocations, 30)
+{
+    char *d = tmpdir(), nodefile[128], badfile[128];
+    snprintf(nodefile, sizeof(nodefile), "%s/nodefile", d);
+    snprintf(badfile, sizeof(badfile), "%s/badfile", d);
+    write_file(nodefile, "nodeA\nnodeA\nnodeB\n", 0644);
+    write_file(badfile, "nodeA\n-oProxyCommand=x\n", 0644);
+    static const char *const vars[] = {"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+                                       "SLURM_JOB_CPUS_PER_NODE", "PBS_NODEFILE", "LSB_MCPU_HOSTS"};
+    struct {
+        const char *env[3]; /* NAME=VALUE */
+        const char *np;
+        const char *says;
+    } bad[] = {
+        {{"SLURM_JOB_NODELIST=node[1-2]", "SLURM_TASKS_PER_NODE=2(x2)"}, "5",
+         "-np 5 is more than the 4 slots of the Slurm allocation (SLURM_JOB_NODELIST=node[1-2], "
+         "SLURM_TASKS_PER_NODE=2(x2)): give -H to place the workers yourself"},
+        {{"SLURM_JOB_NODELIST=node[1-2]", "SLURM_JOB_CPUS_PER_NODE=4"}, "2",
+         "SLURM_JOB_CPUS_PER_NODE='4' gives no count for node 1 (node2) of node[1-2]"},
+        {{"SLURM_NODELIST=node[1-"}, "2", "neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE is set"},
+        {{"SLURM_JOB_NODELIST=node[1-", "SLURM_TASKS_PER_NODE=2"}, "2", "SLURM_JOB_NODELIST='node[1-' is not a Slurm host list"},
+        {{"PBS_NODEFILE=/nonexistent/nodes"}, "2", "PBS_NODEFILE=/nonexistent/nodes: No such file"},
+        {{NULL}, "2", "badfile:2: '-oProxyCommand=x' is not a host name"},
+        {{NULL}, "4", "-np 4 is more than the 3 slots of the PBS allocation"},
+        {{"LSB_MCPU_HOSTS=nodeA 2 nodeB"}, "2", "LSB_MCPU_HOSTS='nodeA 2 nodeB' is not 'host slots host slots ...'"},
+    };
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(bad); c++) {
+        for (size_t v = 0; v < KOLO_ARRAY_SIZE(vars); v++) unsetenv(vars[v]);
+        for (int e = 0; e < 3 && bad[c].env[e]; e++) putenv((char *)(uintptr_t)bad[c].env[e]);
+        if (c == 5) setenv("PBS_NODEFILE", badfile, 1);
+        if (c == 6) setenv("PBS_NODEFILE", nodefile, 1);
+        const char *args[] = {"-np", bad[c].np, "true", NULL};
+        kproc p;
+        int code = run(&p, args, 10);
+        KT_ASSERTF(code == 2, "case %zu: exit %d, expected 2; stderr: %s", c, code, p.ebuf);
+        KT_ASSERTF(strstr(p.ebuf, bad[c].says), "case %zu: '%s' does not say '%s'", c, p.ebuf, bad[c].says);
+    }
+    for (size_t v = 0; v < KOLO_ARRAY_SIZE(vars); v++) unsetenv(vars[v]);
+
+    /* this host alone: the default placement, oversubscribed if asked; without -np, its slots */
+    setenv("SLURM_JOB_NODELIST", "localhost", 1);
+    setenv("SLURM_TASKS_PER_NODE", "2", 1);
+    const char *three[] = {"-np", "3", "sh", "-c", "echo size=$KOLO_SIZE", NULL};
+    kproc p;
+    KT_EQ(run(&p, three, 10), 0);
+    KT_EQ(kt_count(p.obuf, "<stdout>:size=3\n"), 3);
+    KT_ASSERTF(!strstr(p.ebuf, "hosts from"), "%s", p.ebuf);
+    const char *all[] = {"sh", "-c", "echo size=$KOLO_SIZE", NULL};
+    KT_EQ(run(&p, all, 10), 0);
+    KT_EQ(kt_count(p.obuf, "<stdout>:size=2\n"), 2);
+
+    /* -H wins over an allocation of other hosts */
+    setenv("SLURM_JOB_NODELIST", "node[1-2]", 1);
+    setenv("SLURM_TASKS_PER_NODE", "2(x2)", 1);
+    const char *h[] = {"-H", "localhost:2", "sh", "-c", "echo size=$KOLO_SIZE", NULL};
+    KT_EQ(run(&p, h, 10), 0);
+    KT_EQ(kt_count(p.obuf, "<stdout>:size=2\n"), 2);
+    KT_ASSERTF(!strstr(p.ebuf, "hosts from"), "%s", p.ebuf);
+}
+
 /* --local-address: this machine's workers reach the store there (a driver whose remote hosts
  * come later, and no default route to guess from: kolo.ray's elastic executor) */
 KT_TEST(kolorun_local_address_is_where_local_workers_reach_the_store, 20)

@@ -637,10 +637,10 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
     cluster_down(&c);
 }
 
-/* Runs an mpirun command line (argv) on the login node, starting the mh_job worker as 4 ranks, 2
- * on each host: it must exit 0, and each rank must run on its host with shared memory to its
+/* Runs a launcher's command line (argv) on the login node, starting the mh_job worker as 4 ranks,
+ * 2 on each host: it must exit 0, and each rank must run on its host with shared memory to its
  * neighbour, TCP to the other host, and exact results. */
-static void run_mpirun_job(cluster *c, proc *p, const char *const *argv)
+static void run_mh_job(cluster *c, proc *p, const char *const *argv)
 {
     proc_start(p, c->ns[NS_L], argv);
     int rc = kt_proc_finish(p, 70);
@@ -658,6 +658,53 @@ static void run_mpirun_job(cluster *c, proc *p, const char *const *argv)
         KT_ASSERTF(strstr(p->obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s\nstderr:\n%s",
                    (int)strlen(want) - 1, want, r, c->ns[h], p->obuf, p->ebuf);
     }
+}
+
+/* kolorun inside a batch job's allocation, without -H or -np: the hosts and slots come from
+ * Slurm's variables, then from PBS's node file, then from LSF's list, and the job runs 2 ranks
+ * on each host as with -H; kolorun says where they came from. */
+KT_TEST(multihost_kolorun_takes_the_batch_allocation, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char port_opt[] = MH_PORT, nodefile[300], lsf[64];
+    snprintf(nodefile, sizeof(nodefile), "%s/pbs_nodefile", c.dir);
+    FILE *f = fopen(nodefile, "w");
+    KT_ASSERT(f);
+    fprintf(f, "%s\n%s\n%s\n%s\n", ns_addr[NS_A], ns_addr[NS_A], ns_addr[NS_B], ns_addr[NS_B]);
+    fclose(f);
+    snprintf(lsf, sizeof(lsf), "%s 2 %s 2", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-p", port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20",
+                          kt_self(), "--worker", "mh_job", NULL};
+    static const char *const nodelist = MH_NET ".[1-2]";
+    char hosts[64];
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2 (-H overrides)", ns_addr[NS_A], ns_addr[NS_B]);
+    for (int batch = 0; batch < 3; batch++) {
+        unsetenv("SLURM_JOB_NODELIST");
+        unsetenv("PBS_NODEFILE");
+        unsetenv("LSB_MCPU_HOSTS");
+        char want[512];
+        if (batch == 0) {
+            setenv("SLURM_JOB_NODELIST", nodelist, 1);
+            setenv("SLURM_TASKS_PER_NODE", "2(x2)", 1);
+            snprintf(want, sizeof(want), "kolorun: hosts from the Slurm allocation (SLURM_JOB_NODELIST=%s, "
+                     "SLURM_TASKS_PER_NODE=2(x2)): %s", nodelist, hosts);
+        } else if (batch == 1) {
+            setenv("PBS_NODEFILE", nodefile, 1);
+            snprintf(want, sizeof(want), "kolorun: hosts from the PBS allocation (PBS_NODEFILE=%s): %s", nodefile, hosts);
+        } else {
+            setenv("LSB_MCPU_HOSTS", lsf, 1);
+            snprintf(want, sizeof(want), "kolorun: hosts from the LSF allocation (LSB_MCPU_HOSTS=%s): %s", lsf, hosts);
+        }
+        proc p;
+        run_mh_job(&c, &p, argv);
+        KT_ASSERTF(strstr(p.ebuf, want), "no '%s' in stderr:\n%s", want, p.ebuf);
+        kt_proc_free(&p);
+    }
+    cluster_down(&c);
 }
 
 /* Open MPI's mpirun from the login node across both hosts, over the same ssh, without
@@ -687,7 +734,7 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
                           "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self", "--tag-output",
                           "-x", setting, "-x", lsan, kt_self(), "--worker", "mh_job", NULL};
     proc p;
-    run_mpirun_job(&c, &p, argv);
+    run_mh_job(&c, &p, argv);
     /* rank 0 said where it serves: host a's address, found through PMIx */
     char want[128];
     snprintf(want, sizeof(want), "openmpi: rendezvous at %s:", ns_addr[NS_A]);
@@ -738,7 +785,7 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
                           "-hosts", hosts, "-np", "4", "-genv", "KOLO_LOG_LEVEL", "info", kt_self(), "--worker",
                           "mh_job", NULL};
     proc p;
-    run_mpirun_job(&c, &p, argv);
+    run_mh_job(&c, &p, argv);
     /* every rank learned host a's address, found through PMI */
     char want[128];
     snprintf(want, sizeof(want), "pmi: rendezvous at %s:", ns_addr[NS_A]);

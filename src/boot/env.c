@@ -215,78 +215,146 @@ bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port)
 
 static bool host_char(char c) { return isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_'; }
 
-/* Parses one bracket group "[a-b,c]" starting at *pp (just after '['); writes the first
- * number (with its zero padding) to first/firstcap when first is not NULL. */
-static bool parse_brackets(const char **pp, char *first, size_t firstcap)
+/* One host expression of a Slurm list ("rack[1-2]-n[08-09]"): literal runs and bracket groups
+ * of ranges, each range's numbers as wide as its lower bound's digits (zero padding kept). */
+#define HL_GROUPS 8
+#define HL_RANGES 64
+typedef struct hl_range {
+    unsigned long long lo, hi;
+    int width;
+} hl_range;
+typedef struct hl_expr {
+    int ngroups;
+    const char *lit[HL_GROUPS + 1]; /* the literal before group g, and after the last */
+    size_t litlen[HL_GROUPS + 1];
+    int nranges[HL_GROUPS];
+    hl_range range[HL_GROUPS][HL_RANGES];
+} hl_expr;
+
+static bool parse_number(const char **pp, unsigned long long *v, int *width)
 {
     const char *p = *pp;
-    bool any = false;
-    for (;;) {
-        const char *lo = p;
-        while (isdigit((unsigned char)*p)) p++;
-        size_t lolen = (size_t)(p - lo);
-        if (lolen == 0 || lolen > 18) return false;
-        if (first && !any) {
-            if (lolen >= firstcap) return false;
-            memcpy(first, lo, lolen);
-            first[lolen] = '\0';
-        }
-        if (*p == '-') {
-            const char *hi = ++p;
-            while (isdigit((unsigned char)*p)) p++;
-            size_t hilen = (size_t)(p - hi);
-            if (hilen == 0 || hilen > 18) return false;
-            if (strtoull(hi, NULL, 10) < strtoull(lo, NULL, 10)) return false;
-        }
-        any = true;
-        if (*p == ',') {
+    while (isdigit((unsigned char)*p)) p++;
+    size_t n = (size_t)(p - *pp);
+    if (n == 0 || n > 18) return false;
+    *v = strtoull(*pp, NULL, 10);
+    *width = (int)n;
+    *pp = p;
+    return true;
+}
+
+/* Parses the expression starting at *pp up to ',' or the end; false when malformed. */
+static bool parse_expr(const char **pp, hl_expr *e)
+{
+    const char *p = *pp;
+    memset(e, 0, sizeof(*e));
+    e->lit[0] = p;
+    bool empty = true;
+    while (*p && *p != ',') {
+        if (*p == '[') {
+            if (e->ngroups == HL_GROUPS) return false;
+            int g = e->ngroups++;
+            e->litlen[g] = (size_t)(p - e->lit[g]);
             p++;
-            continue;
+            for (;;) {
+                hl_range *r = &e->range[g][e->nranges[g]];
+                if (e->nranges[g] == HL_RANGES || !parse_number(&p, &r->lo, &r->width)) return false;
+                r->hi = r->lo;
+                if (*p == '-') {
+                    p++;
+                    int w;
+                    if (!parse_number(&p, &r->hi, &w) || r->hi < r->lo) return false;
+                }
+                e->nranges[g]++;
+                if (*p == ',') {
+                    p++;
+                    continue;
+                }
+                if (*p != ']') return false;
+                p++;
+                break;
+            }
+            e->lit[g + 1] = p;
+        } else if (host_char(*p)) {
+            p++;
+        } else {
+            return false;
         }
-        if (*p != ']') return false;
-        *pp = p + 1;
+        empty = false;
+    }
+    if (empty) return false;
+    e->litlen[e->ngroups] = (size_t)(p - e->lit[e->ngroups]);
+    *pp = p;
+    return true;
+}
+
+typedef struct hl_walk {
+    bool (*each)(const char *host, void *arg);
+    void *arg;
+    long count, limit;
+    bool stop;
+} hl_walk;
+
+/* Emits every host of e from group g on, after the n characters already in buf. */
+static bool expand(const hl_expr *e, int g, char *buf, size_t n, size_t cap, hl_walk *w)
+{
+    if (n + e->litlen[g] >= cap) return false;
+    memcpy(buf + n, e->lit[g], e->litlen[g]);
+    n += e->litlen[g];
+    if (g == e->ngroups) {
+        buf[n] = '\0';
+        if (++w->count > w->limit) return false;
+        if (!w->each(buf, w->arg)) w->stop = true;
         return true;
     }
+    for (int i = 0; i < e->nranges[g] && !w->stop; i++)
+        for (unsigned long long v = e->range[g][i].lo; v <= e->range[g][i].hi && !w->stop; v++) {
+            int k = snprintf(buf + n, cap - n, "%0*llu", e->range[g][i].width, v);
+            if (k < 0 || (size_t)k >= cap - n || !expand(e, g + 1, buf, n + (size_t)k, cap, w)) return false;
+        }
+    return true;
+}
+
+long kolo__slurm_hosts(const char *nodelist, bool (*each)(const char *host, void *arg), void *arg)
+{
+    if (!nodelist) return -1;
+    /* the whole list must parse before any host is given out */
+    hl_expr e;
+    for (const char *p = nodelist;;) {
+        if (!parse_expr(&p, &e)) return -1;
+        if (!*p) break;
+        p++;
+    }
+    hl_walk w = {each, arg, 0, 1L << 20, false};
+    char buf[256];
+    for (const char *p = nodelist; !w.stop;) {
+        parse_expr(&p, &e);
+        if (!expand(&e, 0, buf, 0, sizeof(buf), &w)) return -1;
+        if (!*p) break;
+        p++;
+    }
+    return w.count;
+}
+
+typedef struct first_host_arg {
+    char *out;
+    size_t cap;
+    bool fits;
+} first_host_arg;
+
+static bool take_first(const char *host, void *arg)
+{
+    first_host_arg *f = arg;
+    f->fits = strlen(host) < f->cap;
+    if (f->fits) memcpy(f->out, host, strlen(host) + 1);
+    return false;
 }
 
 bool kolo__slurm_first_host(const char *nodelist, char *out, size_t cap)
 {
-    if (!nodelist || !out || cap == 0) return false;
-    const char *p = nodelist;
-    size_t n = 0;
-    int host = 0;
-    for (;;) {
-        /* one host expression: text and bracket groups, up to ',' or the end */
-        bool empty = true;
-        while (*p && *p != ',') {
-            if (*p == '[') {
-                p++;
-                char num[24];
-                if (!parse_brackets(&p, host == 0 ? num : NULL, sizeof(num))) return false;
-                if (host == 0) {
-                    size_t l = strlen(num);
-                    if (n + l >= cap) return false;
-                    memcpy(out + n, num, l);
-                    n += l;
-                }
-            } else if (host_char(*p)) {
-                if (host == 0) {
-                    if (n + 1 >= cap) return false;
-                    out[n++] = *p;
-                }
-                p++;
-            } else {
-                return false;
-            }
-            empty = false;
-        }
-        if (empty) return false;
-        host++;
-        if (!*p) break;
-        p++; /* ',' */
-    }
-    out[n] = '\0';
-    return true;
+    if (!out || cap == 0) return false;
+    first_host_arg f = {out, cap, false};
+    return kolo__slurm_hosts(nodelist, take_first, &f) > 0 && f.fits;
 }
 
 bool kolo__slurm_tasks_on_node(const char *tpn, int node, int *count)

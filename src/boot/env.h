@@ -54,6 +54,12 @@ int kolo__env_detect(kolo__world_info *out);
  * Returns false if the list is malformed. */
 bool kolo__slurm_first_host(const char *nodelist, char *out, size_t cap);
 
+/* Calls each(host, arg) for every host of a Slurm hostlist, in order ("rack[1-2]-n[08-09]" ->
+ * rack1-n08, rack1-n09, rack2-n08, rack2-n09), until it returns false. Returns how many hosts were
+ * given out, or -1 when the list is malformed (nothing given out then), a host is longer than 255
+ * bytes or the list expands to over a million hosts. */
+long kolo__slurm_hosts(const char *nodelist, bool (*each)(const char *host, void *arg), void *arg);
+
 /* Splits "host:port" or "[v6addr]:port". Returns false if malformed. */
 bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port);
 

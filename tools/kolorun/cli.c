@@ -20,8 +20,9 @@ static const char usage_text[] =
     "worker's environment, output tagged per rank, every worker stopped when one fails.\n"
     "\n"
     "Hosts\n"
-    "  -np, -n, --num-proc N         number of workers (default: the slots of -H/--hostfile)\n"
-    "  -H, --hosts h1:s1,h2:s2       hosts and their slots (default: localhost:N)\n"
+    "  -np, -n, --num-proc N         number of workers (default: the slots of -H/--hostfile/allocation)\n"
+    "  -H, --hosts h1:s1,h2:s2       hosts and their slots (default: the hosts of the Slurm, PBS or LSF\n"
+    "                                allocation kolorun runs in when it spans several, else localhost:N)\n"
     "  --hostfile FILE               lines 'host slots=N' or 'host:N' ('#' starts a comment)\n"
     "  -p, --ssh-port PORT           ssh port for remote hosts\n"
     "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
@@ -743,8 +744,9 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
     if (o->discovery && (o->hosts_arg || o->hostfile))
         return kr_usage_error("--host-discovery-script finds the hosts: give it or -H/--hostfile, not both");
     if (!o->np && o->elastic && o->discovery) o->np = o->min_np ? o->min_np : o->max_np;
-    if (!o->np && !o->hosts_arg && !o->hostfile)
-        return kr_usage_error("-np is required when no -H or --hostfile is given");
+    if (!o->np && !o->hosts_arg && !o->hostfile && !kr_allocation())
+        return kr_usage_error("-np is required when no -H, --hostfile or batch allocation (Slurm, PBS, LSF) "
+                              "gives the slots");
     if (o->elastic) {
         if (!o->min_np) o->min_np = o->np ? o->np : 1;
         if (o->np && o->min_np > o->np) return kr_usage_error("--min-np %d is more than -np %d", o->min_np, o->np);

@@ -1,5 +1,8 @@
-/* hosts.c - the host list (-H, --hostfile, default), rank placement, and which hosts are this machine. */
+/* hosts.c - the host list (-H, --hostfile, a batch system's allocation, default), rank placement,
+ * and which hosts are this machine. */
 #include "kolorun.h"
+
+#include "../../src/boot/env.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -220,19 +223,149 @@ static int parse_hostfile(kr_opts *o, const char *path)
     return r;
 }
 
+/* ---- a batch system's allocation ---- */
+
+static const char *env_var(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+const char *kr_allocation(void)
+{
+    if (env_var("SLURM_JOB_NODELIST") || env_var("SLURM_NODELIST")) return "Slurm";
+    if (env_var("PBS_NODEFILE")) return "PBS";
+    if (env_var("LSB_MCPU_HOSTS")) return "LSF";
+    return NULL;
+}
+
+typedef struct slurm_ctx {
+    kr_opts *o;
+    const char *tasks, *tasks_var, *list;
+    int node, r;
+} slurm_ctx;
+
+static bool add_slurm_host(const char *host, void *arg)
+{
+    slurm_ctx *c = arg;
+    int slots;
+    if (!kolo__slurm_tasks_on_node(c->tasks, c->node, &slots)) {
+        c->r = kr_usage_error("Slurm allocation: %s='%s' gives no count for node %d (%s) of %s", c->tasks_var,
+                              c->tasks, c->node, host, c->list);
+        return false;
+    }
+    c->node++;
+    c->r = add_host(c->o, host, strlen(host), slots, "the Slurm allocation");
+    return c->r == 0;
+}
+
+/* Slurm: SLURM_JOB_NODELIST, slots per node from SLURM_TASKS_PER_NODE (the tasks sbatch/salloc
+ * was given), else SLURM_JOB_CPUS_PER_NODE; both "4(x2),2". */
+static int slurm_hosts(kr_opts *o, char *what, size_t cap)
+{
+    const char *lv = env_var("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST";
+    slurm_ctx c = {o, env_var("SLURM_TASKS_PER_NODE"), "SLURM_TASKS_PER_NODE", env_var(lv), 0, 0};
+    if (!c.tasks) {
+        c.tasks_var = "SLURM_JOB_CPUS_PER_NODE";
+        c.tasks = env_var(c.tasks_var);
+    }
+    if (!c.tasks)
+        return kr_usage_error("Slurm allocation %s='%s': neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE "
+                              "is set, so the slots per node are unknown; give -H", lv, c.list);
+    snprintf(what, cap, "the Slurm allocation (%s=%s, %s=%s)", lv, c.list, c.tasks_var, c.tasks);
+    if (kolo__slurm_hosts(c.list, add_slurm_host, &c) < 0 && !c.r)
+        return kr_usage_error("Slurm allocation: %s='%s' is not a Slurm host list", lv, c.list);
+    return c.r;
+}
+
+/* PBS/Torque: PBS_NODEFILE has a line per slot, a host's lines usually together. */
+static int pbs_hosts(kr_opts *o, char *what, size_t cap)
+{
+    const char *path = env_var("PBS_NODEFILE");
+    snprintf(what, cap, "the PBS allocation (PBS_NODEFILE=%s)", path);
+    FILE *f = fopen(path, "re");
+    if (!f) return kr_usage_error("PBS allocation: PBS_NODEFILE=%s: %s", path, strerror(errno));
+    char line[KR_HOST_MAX + 2];
+    int lineno = 0, r = 0;
+    while (!r && fgets(line, sizeof(line), f)) {
+        lineno++;
+        size_t n = strcspn(line, " \t\r\n");
+        if (n == 0) continue;
+        if (!kr_valid_host_name(line, n)) {
+            r = kr_usage_error("PBS allocation: %s:%d: '%.*s' is not a host name", path, lineno, (int)n, line);
+            break;
+        }
+        int i = 0;
+        while (i < o->nhosts && !(strlen(o->hosts[i].name) == n && strncmp(o->hosts[i].name, line, n) == 0)) i++;
+        if (i < o->nhosts) o->hosts[i].slots++;
+        else r = add_host(o, line, n, 1, "the PBS allocation");
+    }
+    fclose(f);
+    if (!r && o->nhosts == 0) r = kr_usage_error("PBS allocation: PBS_NODEFILE=%s names no host", path);
+    return r;
+}
+
+/* LSF: LSB_MCPU_HOSTS="hostA 4 hostB 4". */
+static int lsf_hosts(kr_opts *o, char *what, size_t cap)
+{
+    const char *v = env_var("LSB_MCPU_HOSTS");
+    snprintf(what, cap, "the LSF allocation (LSB_MCPU_HOSTS=%s)", v);
+    for (const char *p = v;;) {
+        p += strspn(p, " ");
+        if (!*p) break;
+        size_t hl = strcspn(p, " ");
+        const char *q = p + hl + strspn(p + hl, " ");
+        size_t sl = strcspn(q, " ");
+        long slots;
+        if (!kr_valid_host_name(p, hl) || !parse_slots(q, sl, &slots))
+            return kr_usage_error("LSF allocation: LSB_MCPU_HOSTS='%s' is not 'host slots host slots ...'", v);
+        int r = add_host(o, p, hl, slots, "the LSF allocation");
+        if (r) return r;
+        p = q + sl;
+    }
+    return o->nhosts ? 0 : kr_usage_error("LSF allocation: LSB_MCPU_HOSTS is empty");
+}
+
+/* The hosts of the allocation kolorun runs in, when it spans other hosts than this one; on this
+ * host alone, the default (np slots here) stays, so a job may still oversubscribe its node. */
+static int allocation_hosts(kr_opts *o, char *what, size_t cap)
+{
+    const char *a = kr_allocation();
+    int r = !a ? -1 : strcmp(a, "Slurm") == 0 ? slurm_hosts(o, what, cap)
+                    : strcmp(a, "PBS") == 0   ? pbs_hosts(o, what, cap)
+                                              : lsf_hosts(o, what, cap);
+    if (r) return r;
+    if (o->nhosts == 1 && kr_host_is_local(o->hosts[0].name)) {
+        if (!o->np) o->np = o->hosts[0].slots;
+        o->nhosts = 0;
+        return -1;
+    }
+    return 0;
+}
+
 int kr_hosts_resolve(kr_opts *o)
 {
     int r = 0;
+    char what[1200];
+    snprintf(what, sizeof(what), "%s", o->hosts_arg ? "-H" : "--hostfile");
     if (o->hosts_arg) r = parse_hosts_arg(o, o->hosts_arg);
     else if (o->hostfile) r = parse_hostfile(o, o->hostfile);
-    else r = add_host(o, "localhost", strlen("localhost"), o->np, "default hosts");
+    else if ((r = allocation_hosts(o, what, sizeof(what))) == -1)
+        r = add_host(o, "localhost", strlen("localhost"), o->np, "default hosts");
     if (r) return r;
     long total = 0;
     for (int i = 0; i < o->nhosts; i++) total += o->hosts[i].slots;
     if (!o->np) o->np = total > (1 << 20) ? (1 << 20) : (int)total;
     if (o->np > total)
-        return kr_usage_error("-np %d is more than the %ld slot%s of %s", o->np, total, total == 1 ? "" : "s",
-                              o->hosts_arg ? "-H" : "--hostfile");
+        return kr_usage_error("-np %d is more than the %ld slot%s of %s%s", o->np, total, total == 1 ? "" : "s", what,
+                              o->hosts_arg || o->hostfile ? "" : ": give -H to place the workers yourself");
+    if (!o->hosts_arg && !o->hostfile && strcmp(o->hosts[0].name, "localhost") != 0) {
+        char list[600] = "";
+        for (int i = 0; i < o->nhosts && strlen(list) < 500; i++)
+            snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s:%d", i ? "," : "", o->hosts[i].name,
+                     o->hosts[i].slots);
+        kr_say("hosts from %s: %s%s (-H overrides)", what, list, strlen(list) >= 500 ? ",..." : "");
+    }
     for (int i = 0; i < o->nhosts; i++) o->hosts[i].local = kr_host_is_local(o->hosts[i].name);
     return 0;
 }

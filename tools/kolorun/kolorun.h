@@ -190,9 +190,13 @@ typedef int (*kr_config_fn)(void *ctx, const char *section, const char *key, con
 int kr_config_read(const char *path, kr_config_fn fn, void *ctx);
 
 /* ---- hosts.c ---- */
-/* Fills o->hosts from -H, --hostfile or the default (np local slots), checks np against the
- * slots. Usage errors print one line and return KR_EXIT_USAGE; 0 on success. */
+/* Fills o->hosts from -H, --hostfile, the batch system's allocation kolorun runs in (when it has
+ * other hosts than this one: Slurm, PBS, LSF; one line says so) or the default (np local slots),
+ * and checks np against the slots. Usage errors print one line and return KR_EXIT_USAGE; 0 on
+ * success. */
 int kr_hosts_resolve(kr_opts *o);
+/* "Slurm", "PBS" or "LSF" when kolorun runs inside that batch system's allocation, else NULL. */
+const char *kr_allocation(void);
 /* Assigns rank, local and cross ranks host-major (Horovod's rule). ranks has o->np entries. */
 void kr_hosts_assign(const kr_opts *o, kr_rank *ranks);
 /* True when the name is this machine (localhost, 127.x, ::1, our host name or one of our addresses). */
