@@ -139,9 +139,11 @@ static int request(const char *req, const char *what, const char *want, char *an
     if (!field(ans, "cmd", cmd, sizeof(cmd)) || strcmp(cmd, want) != 0)
         return kolo__err(KOLO_ERR_STARTUP, "PMI (%s): the process manager answered '%.200s' to %s (expected cmd=%s)",
                          P.where, ans, what, want);
-    if (field(ans, "rc", rc, sizeof(rc)) && strcmp(rc, "0") != 0)
-        return kolo__err(KOLO_ERR_STARTUP, "PMI (%s): %s failed: rc=%s%s%s", P.where, what, rc,
-                         field(ans, "msg", msg, sizeof(msg)) ? " " : "", field(ans, "msg", msg, sizeof(msg)) ? msg : "");
+    if (field(ans, "rc", rc, sizeof(rc)) && strcmp(rc, "0") != 0) {
+        bool has_msg = field(ans, "msg", msg, sizeof(msg));
+        return kolo__err(KOLO_ERR_STARTUP, "PMI (%s): %s failed: rc=%s%s%s", P.where, what, rc, has_msg ? " " : "",
+                         has_msg ? msg : "");
+    }
     return KOLO_OK;
 }
 
@@ -155,7 +157,9 @@ static bool mpi_says(const char *fn)
 
 static void finalize_at_exit(void)
 {
-    pthread_mutex_lock(&P.mu);
+    /* a thread that exits the process while another is in an exchange: no goodbye (Hydra then
+     * ends the job, as for a crash) rather than a process that never exits */
+    if (pthread_mutex_trylock(&P.mu) != 0) return;
     if (P.fd >= 0 && P.pid == getpid() && (P.own_fd || !mpi_says("MPI_Finalized"))) {
         char ans[LINE_MAX_ + 2];
         /* a short wait: the proxy answers at once, and a process on its way out must not hang */

@@ -348,18 +348,20 @@ int kr_hosts_resolve(kr_opts *o)
     int r = 0;
     char what[1200];
     snprintf(what, sizeof(what), "%s", o->hosts_arg ? "-H" : "--hostfile");
+    bool alloc = false;
     if (o->hosts_arg) r = parse_hosts_arg(o, o->hosts_arg);
     else if (o->hostfile) r = parse_hostfile(o, o->hostfile);
     else if ((r = allocation_hosts(o, what, sizeof(what))) == -1)
         r = add_host(o, "localhost", strlen("localhost"), o->np, "default hosts");
+    else alloc = r == 0;
     if (r) return r;
     long total = 0;
     for (int i = 0; i < o->nhosts; i++) total += o->hosts[i].slots;
     if (!o->np) o->np = total > (1 << 20) ? (1 << 20) : (int)total;
     if (o->np > total)
         return kr_usage_error("-np %d is more than the %ld slot%s of %s%s", o->np, total, total == 1 ? "" : "s", what,
-                              o->hosts_arg || o->hostfile ? "" : ": give -H to place the workers yourself");
-    if (!o->hosts_arg && !o->hostfile && strcmp(o->hosts[0].name, "localhost") != 0) {
+                              alloc ? ": give -H to place the workers yourself" : "");
+    if (alloc) {
         char list[600] = "";
         for (int i = 0; i < o->nhosts && strlen(list) < 500; i++)
             snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s:%d", i ? "," : "", o->hosts[i].name,
