@@ -707,6 +707,97 @@ KT_TEST(multihost_kolorun_takes_the_batch_allocation, 60)
     cluster_down(&c);
 }
 
+/* A Slurm cluster on the namespaces, for real: a private munged and slurmctld on the login node,
+ * a slurmd on each host (nodea, nodeb), in a mount namespace of its own whose /etc/hosts names
+ * them, so that their tasks resolve the node names as a cluster's machines do (the machine's own
+ * /etc/hosts is left alone). Everything runs in the cluster's namespaces and goes with them.
+ * Sets SLURM_CONF for the commands that follow. False (after saying why) without Slurm. */
+static bool slurm_up(cluster *c, char *hosts, size_t cap)
+{
+    char me[256] = "localhost"; /* slurmctld runs only where SlurmctldHost names this machine */
+    if (gethostname(me, sizeof(me) - 1) != 0) snprintf(me, sizeof(me), "localhost");
+    static const char *const progs[] = {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun",
+                                        "/usr/bin/salloc", "/usr/bin/sinfo"};
+    for (size_t i = 0; i < sizeof(progs) / sizeof(progs[0]); i++)
+        if (access(progs[i], X_OK) != 0) {
+            printf("  skip: no %s (apt-get install slurmctld slurmd slurm-client munge)\n", progs[i]);
+            return false;
+        }
+    char conf[300];
+    snprintf(hosts, cap, "%s/hosts", c->dir);
+    snprintf(conf, sizeof(conf), "%s/slurm.conf", c->dir);
+    char etc[8192];
+    slurp("/etc/hosts", etc, sizeof(etc));
+    FILE *f = fopen(hosts, "w");
+    KT_ASSERT(f);
+    fprintf(f, "%s\n%s nodea\n%s nodeb\n", etc, ns_addr[NS_A], ns_addr[NS_B]);
+    fclose(f);
+    f = fopen(conf, "w");
+    KT_ASSERT(f);
+    fprintf(f,
+            "ClusterName=kolotest\nSlurmctldHost=%s(%s)\nSlurmUser=root\nSlurmdUser=root\n"
+            "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket=%s/munge.sock\n"
+            "StateSaveLocation=%s/state\nSlurmdSpoolDir=%s/spool-%%n\nSlurmctldPidFile=%s/slurmctld.pid\n"
+            "SlurmdPidFile=%s/slurmd-%%n.pid\nSlurmctldLogFile=%s/slurmctld.log\nSlurmdLogFile=%s/slurmd-%%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSchedulerType=sched/builtin\n"
+            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
+            "SlurmdParameters=config_overrides\nJobAcctGatherType=jobacct_gather/none\n"
+            "AccountingStorageType=accounting_storage/none\nMailProg=/bin/true\nDebugFlags=NO_CONF_HASH\n"
+            "NodeName=nodea NodeAddr=%s CPUs=2 State=UNKNOWN\nNodeName=nodeb NodeAddr=%s CPUs=2 State=UNKNOWN\n"
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
+            me, ns_addr[NS_L], c->dir, c->dir, c->dir, c->dir, c->dir, c->dir, c->dir, ns_addr[NS_A],
+            ns_addr[NS_B]);
+    fclose(f);
+    setenv("SLURM_CONF", conf, 1);
+    must(c, sh(c, "mkdir -p %1$s/state && dd if=/dev/urandom of=%1$s/munge.key bs=1024 count=1 2>/dev/null && "
+                  "chmod 600 %1$s/munge.key && nsenter --net=%2$s/%3$s /usr/sbin/munged --force "
+                  "--socket=%1$s/munge.sock --key-file=%1$s/munge.key --pid-file=%1$s/munged.pid "
+                  "--log-file=%1$s/munged.log --seed-file=%1$s/munged.seed",
+               c->dir, MH_NETNS_DIR, c->ns[NS_L]),
+         "munged");
+    must(c, sh(c, "nsenter --net=%s/%s /usr/sbin/slurmctld -c -i", MH_NETNS_DIR, c->ns[NS_L]), "slurmctld");
+    for (int h = NS_A; h <= NS_B; h++)
+        must(c, sh(c, "unshare -m --propagation private sh -c 'mount --bind %s /etc/hosts && exec nsenter "
+                      "--net=%s/%s /usr/sbin/slurmd -N node%s'", hosts, MH_NETNS_DIR, c->ns[h], ns_suffix[h]),
+             "slurmd");
+    double end = now_s() + 30;
+    while (sh(c, "test \"$(nsenter --net=%s/%s sinfo -h -N -o %%T | grep -c '^idle$')\" = 2", MH_NETNS_DIR,
+              c->ns[NS_L]) != 0) {
+        must(c, now_s() < end ? 0 : 1, "waiting for both nodes to be idle in sinfo");
+        usleep(200000);
+    }
+    return true;
+}
+
+/* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node, which find rank 0 at the
+ * first node of the step and run the job of the tests above; then kolorun inside an allocation
+ * (salloc -N 2 -n 4) takes the nodes and slots from it and starts the ranks over ssh. */
+KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
+{
+    cluster c;
+    char hosts[300];
+    if (!cluster_up(&c) || !slurm_up(&c, hosts, sizeof(hosts))) {
+        cluster_down(&c);
+        return;
+    }
+    const char *srun[] = {"/usr/bin/srun", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
+    proc p;
+    run_mh_job(&c, &p, srun);
+    kt_proc_free(&p);
+
+    /* kolorun runs on the login node under salloc; it resolves the node names as the nodes do */
+    char mount[400], port_opt[] = MH_PORT;
+    snprintf(mount, sizeof(mount), "mount --bind %s /etc/hosts && exec \"$@\"", hosts);
+    const char *salloc[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
+                            "private", "sh", "-c", mount, "sh", kolorun_path(), "-p", port_opt, "-i", c.key, "--ssh",
+                            c.ssh, "--start-timeout", "20", kt_self(), "--worker", "mh_job", NULL};
+    run_mh_job(&c, &p, salloc);
+    KT_CONTAINS(p.ebuf, "kolorun: hosts from the Slurm allocation (SLURM_JOB_NODELIST=nodea,nodeb, "
+                        "SLURM_TASKS_PER_NODE=2(x2)): nodea:2,nodeb:2 (-H overrides)");
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* Open MPI's mpirun from the login node across both hosts, over the same ssh, without
  * KOLO_RENDEZVOUS: rank 0 publishes its address through the PMIx server mpirun's daemons run
  * (src/boot/pmix_rdv.c), the ranks find it, and the job is the one kolorun runs above: ranks of
