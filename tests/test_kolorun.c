@@ -164,6 +164,8 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
         {{"-np", "1", "--local-address", "127.0.0.1", "true", NULL}, "not a non-loopback address of this machine"},
         {{"-np", "1", "--local-address", "192.0.2.254", "true", NULL}, "'192.0.2.254'"},
+        {{"-np", "1", "--launcher", "rsh", "true", NULL}, "--launcher: 'rsh' is neither ssh nor srun"},
+        {{"-np", "1", "--launcher", "srun", "true", NULL}, "--launcher srun starts workers as steps of a Slurm job"},
     };
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++) {
         kproc p;

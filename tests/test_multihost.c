@@ -55,11 +55,19 @@ static unsigned long long my_netns(void)
 
 /* kolo-tests --worker mh_job: where am I, which transport reaches each peer, and collectives
  * whose results are exact: a 4 MiB allreduce (ring over shm and tcp links), a broadcast from
- * the last rank. Prints one stdout line and one stderr line. */
+ * the last rank. Prints one stdout line and one stderr line. Exits 9 when kolorun started it
+ * with another launcher's variables beside its own. */
 KT_WORKER(mh_job)
 {
     (void)argc;
     (void)argv;
+    /* a worker kolorun starts sees kolorun's job only: no launcher's variables of its own (a
+     * Slurm step's, when kolorun starts it through srun) */
+    if (getenv("KOLO_RANK") && (getenv("SLURM_PROCID") || getenv("SLURM_STEP_ID"))) {
+        fprintf(stderr, "mh: KOLO_RANK=%s beside SLURM_PROCID=%s\n", getenv("KOLO_RANK"),
+                getenv("SLURM_PROCID") ? getenv("SLURM_PROCID") : "(unset)");
+        return 9;
+    }
     if (kolo_init() != KOLO_OK) {
         fprintf(stderr, "mh: kolo_init: %s\n", kolo_last_error());
         return 3;
@@ -517,6 +525,11 @@ static void note_leftover(pid_t pid, void *arg)
     }
     if (!cmd[0]) return; /* a zombie on its way out, or already gone */
     if (l->job_only && strncmp(cmd, "sshd: ", 6) == 0) return;
+    /* a Slurm test's daemons are the cluster's, not the job's (its steps' slurmstepd are the job's) */
+    static const char *const daemons[] = {"/usr/sbin/slurmd ", "/usr/sbin/slurmctld ", "slurmctld: slurmscriptd",
+                                          "/usr/sbin/munged "};
+    for (size_t i = 0; i < sizeof(daemons) / sizeof(daemons[0]); i++)
+        if (strncmp(cmd, daemons[i], strlen(daemons[i])) == 0) return;
     l->extra++;
     if (l->len < sizeof(l->list) - 200)
         l->len += (size_t)snprintf(l->list + l->len, sizeof(l->list) - l->len, "  pid %d: %s\n", (int)pid, cmd);
@@ -771,7 +784,8 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
 
 /* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node, which find rank 0 at the
  * first node of the step and run the job of the tests above; then kolorun inside an allocation
- * (salloc -N 2 -n 4) takes the nodes and slots from it and starts the ranks over ssh. */
+ * (salloc -N 2 -n 4) takes the nodes and slots from it and starts the ranks over ssh, and, given
+ * no ssh option, as Slurm steps through srun. */
 KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
 {
     cluster c;
@@ -793,8 +807,31 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
                             c.ssh, "--start-timeout", "20", kt_self(), "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, salloc);
     KT_CONTAINS(p.ebuf, "kolorun: hosts from the Slurm allocation (SLURM_JOB_NODELIST=nodea,nodeb, "
-                        "SLURM_TASKS_PER_NODE=2(x2)): nodea:2,nodeb:2 (-H overrides)");
+                        "SLURM_TASKS_PER_NODE=2(x2)): nodea:2,nodeb:2 (-H overrides)\n");
     kt_proc_free(&p);
+
+    /* no ssh option: the workers start as steps of the allocation, through srun (sites that
+     * allow no ssh between nodes); the summary, stack traces and lifeline go the same way */
+    const char *steps[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
+                           "private", "sh", "-c", mount, "sh", kolorun_path(), "--start-timeout", "20", kt_self(),
+                           "--worker", "mh_job", NULL};
+    run_mh_job(&c, &p, steps);
+    KT_CONTAINS(p.ebuf, "nodea:2,nodeb:2 (-H overrides); remote workers start with srun, a step each "
+                        "(--launcher ssh for ssh)\n");
+    kt_proc_free(&p);
+    assert_no_leftovers(&c, true, 5);
+
+    /* rank 3 fails while the others sleep: kolorun ends their steps, names rank 3, and nothing
+     * of the job is left on either node */
+    const char *fail[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
+                          "private", "sh", "-c", mount, "sh", kolorun_path(), "sh", "-c",
+                          "[ \"$KOLO_RANK\" = 3 ] && exit 7; exec sleep 60", NULL};
+    proc_start(&p, c.ns[NS_L], fail);
+    int rc = kt_proc_finish(&p, 40);
+    KT_ASSERTF(rc == 7 && p.t_end - p.t0 < 30, "exit %d after %.1f s; stderr:\n%s", rc, p.t_end - p.t0, p.ebuf);
+    KT_CONTAINS(p.ebuf, "rank 3 on host nodeb");
+    kt_proc_free(&p);
+    assert_no_leftovers(&c, true, 10);
     cluster_down(&c);
 }
 

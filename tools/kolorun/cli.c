@@ -27,6 +27,9 @@ static const char usage_text[] =
     "  -p, --ssh-port PORT           ssh port for remote hosts\n"
     "  -i, --ssh-identity-file FILE  ssh identity for remote hosts\n"
     "  --ssh COMMAND                 ssh program and options (default: ssh)\n"
+    "  --launcher ssh|srun           how workers on remote hosts start (default: srun, a step each,\n"
+    "                                when the hosts come from a Slurm allocation and no ssh option\n"
+    "                                is given; else ssh)\n"
     "  --local-address ADDR          this machine's address as remote hosts reach it (its workers and\n"
     "                                the store use it; default: the route's towards them)\n"
     "  --start-timeout S             seconds for remote workers to start, and for kolo_init (30)\n"
@@ -220,7 +223,7 @@ typedef enum {
     O_TAG_OUTPUT, O_OUTPUT_FILENAME, O_BIND_TO, O_MAP_BY, O_FUSION, O_CYCLE, O_CACHE, O_TIMELINE,
     O_STALL_WARN, O_STALL_SHUTDOWN, O_LOG_LEVEL, O_IFACE, O_MIN_NP, O_MAX_NP, O_DISCOVERY, O_SLOTS_PER_HOST,
     O_ELASTIC_TIMEOUT, O_RESET_LIMIT, O_COOLDOWN, O_TIMEOUT, O_GLOO_TIMEOUT, O_HVD_VALUE, O_CONFIG, O_STATUS,
-    O_OUT_RANKS, O_LOCAL_ADDR, O_MERGE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
+    O_OUT_RANKS, O_LOCAL_ADDR, O_LAUNCHER, O_MERGE, O_AT_LOG, O_AT_WARMUP, O_AT_STEPS, O_AT_MAX, O_AT_NOISE,
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP,
@@ -240,6 +243,7 @@ static const struct {
     {O_SSH_ID, "-i --ssh-identity-file"},
     {O_SSH, "--ssh"},
     {O_LOCAL_ADDR, "--local-address"},
+    {O_LAUNCHER, "--launcher"},
     {O_START_TIMEOUT, "--start-timeout"},
     {O_GRACE, "--grace-seconds"},
     {O_TAG_OUTPUT, "--tag-output"},
@@ -401,13 +405,21 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_SSH_PORT:
         if (!parse_int(v, 1, 65535, &l)) return kr_usage_error("%s: '%s' is not a port (1-65535)", opt, v);
         o->ssh_port = (int)l;
+        o->ssh_given = true;
         return -1;
     case O_SSH_ID:
         o->ssh_identity = v;
+        o->ssh_given = true;
         return -1;
     case O_SSH:
         if (!*v) return kr_usage_error("%s: empty command", opt);
         o->ssh_cmd = v;
+        o->ssh_given = true;
+        return -1;
+    case O_LAUNCHER:
+        if (strcmp(v, "ssh") == 0) o->launcher = KR_LAUNCH_SSH;
+        else if (strcmp(v, "srun") == 0) o->launcher = KR_LAUNCH_SRUN;
+        else return kr_usage_error("%s: '%s' is neither ssh nor srun", opt, v);
         return -1;
     case O_LOCAL_ADDR:
         if (!*v || strlen(v) + 2 >= KR_ADDR_MAX || !kr_host_is_local(v) || !strcmp(v, "localhost") ||

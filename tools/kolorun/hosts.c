@@ -361,12 +361,18 @@ int kr_hosts_resolve(kr_opts *o)
     if (o->np > total)
         return kr_usage_error("-np %d is more than the %ld slot%s of %s%s", o->np, total, total == 1 ? "" : "s", what,
                               alloc ? ": give -H to place the workers yourself" : "");
+    if (o->launcher == KR_LAUNCH_SRUN && !env_var("SLURM_JOB_ID"))
+        return kr_usage_error("--launcher srun starts workers as steps of a Slurm job: run kolorun inside one "
+                              "(salloc, sbatch)");
+    o->use_srun = o->launcher == KR_LAUNCH_SRUN ||
+                  (o->launcher == KR_LAUNCH_AUTO && alloc && strcmp(kr_allocation(), "Slurm") == 0 && !o->ssh_given);
     if (alloc) {
         char list[600] = "";
         for (int i = 0; i < o->nhosts && strlen(list) < 500; i++)
             snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s:%d", i ? "," : "", o->hosts[i].name,
                      o->hosts[i].slots);
-        kr_say("hosts from %s: %s%s (-H overrides)", what, list, strlen(list) >= 500 ? ",..." : "");
+        kr_say("hosts from %s: %s%s (-H overrides)%s", what, list, strlen(list) >= 500 ? ",..." : "",
+               o->use_srun ? "; remote workers start with srun, a step each (--launcher ssh for ssh)" : "");
     }
     for (int i = 0; i < o->nhosts; i++) o->hosts[i].local = kr_host_is_local(o->hosts[i].name);
     return 0;

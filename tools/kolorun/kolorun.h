@@ -52,6 +52,9 @@ typedef struct kr_opts {
     const char **setenv;      /* engine settings from options, "NAME=VALUE" */
     int nsetenv;
 
+    enum kr_launcher { KR_LAUNCH_AUTO, KR_LAUNCH_SSH, KR_LAUNCH_SRUN } launcher; /* --launcher */
+    bool ssh_given;           /* --ssh, -p or -i: ssh was asked for */
+    bool use_srun;            /* remote workers start as Slurm steps (hosts.c decides) */
     int ssh_port;             /* 0: ssh's default */
     const char *ssh_identity;
     const char *ssh_cmd;      /* default "ssh" */

@@ -160,7 +160,8 @@ static int check_commands(const kr_opts *o, const kr_rank *ranks, char *exec_pat
     }
     if (any_remote) {
         char first[256];
-        snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->ssh_cmd, " \t"), o->ssh_cmd);
+        snprintf(first, sizeof(first), "%.*s", (int)strcspn(o->use_srun ? "srun" : o->ssh_cmd, " \t"),
+                 o->use_srun ? "srun" : o->ssh_cmd);
         if (kr_find_exec(first, environ, ssh_path, ssh_cap) != 0) {
             kr_say("error: '%s' not found, but it is needed to start workers on remote hosts", first);
             return KR_EXIT_NOTFOUND;

@@ -189,10 +189,25 @@ static bool cat_quoted(char **buf, size_t *len, const char *s)
     return ok;
 }
 
+/* srun --nodes=1 --ntasks=1 --nodelist=host --overlap ... /bin/sh -c, into a: the remote command
+ * runs as a step of the Slurm job kolorun runs in. --overlap lets the steps of one node share its
+ * CPUs (one step per worker); srun forwards stdin (the wrapper's lifeline), stdout, stderr and the
+ * exit status, and Slurm ends the step when srun goes. */
+static bool srun_base(const kr_opts *o, int host, argvec *a)
+{
+    char nodelist[KR_HOST_MAX + 16];
+    snprintf(nodelist, sizeof(nodelist), "--nodelist=%s", o->hosts[host].name);
+    return arg_push(a, strdup("srun")) && arg_push(a, strdup("--nodes=1")) && arg_push(a, strdup("--ntasks=1")) &&
+           arg_push(a, strdup(nodelist)) && arg_push(a, strdup("--overlap")) && arg_push(a, strdup("--quiet")) &&
+           arg_push(a, strdup("--job-name=kolorun")) && arg_push(a, strdup("/bin/sh")) && arg_push(a, strdup("-c"));
+}
+
 /* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] host, into a.
- * Options of --ssh come first: ssh keeps the first value it sees for an option. */
+ * Options of --ssh come first: ssh keeps the first value it sees for an option. With srun as the
+ * launcher, srun_base instead: either way the remote shell command comes next. */
 static bool ssh_base(const kr_opts *o, int host, argvec *a)
 {
+    if (o->use_srun) return srun_base(o, host, a);
     char *words = strdup(o->ssh_cmd);
     if (!words) return false;
     bool ok = true;
@@ -241,6 +256,12 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
     snprintf(grace, sizeof(grace), "%ld", (long)(o->grace * 2 + 0.999));
     /* Like Open MPI: a missing directory on the remote host is a warning, and the worker
      * runs in the home directory there. */
+    /* A Slurm step's task inherits srun's SLURM_* (and the site's PMI_*) variables, which would
+     * describe a job of one task: frameworks that read them (torch, Lightning) must see only
+     * kolorun's job. */
+    if (o->use_srun)
+        ok = ok && cat(&cmd, &len, "for v in $(env | sed -n 's/^\\(SLURM_[A-Za-z0-9_]*\\|PMIX\\{0,1\\}_[A-Za-z0-9_]*\\)=.*/\\1/p'); "
+                                   "do unset \"$v\"; done; ");
     ok = ok && qcwd && cat(&cmd, &len, "cd ") && cat(&cmd, &len, qcwd) &&
          cat(&cmd, &len, " 2>/dev/null || { echo \"kolorun: warning: no directory ") && cat(&cmd, &len, qcwd) &&
          cat(&cmd, &len, " on $(hostname); running in $HOME\" >&2; cd; }; exec env");
@@ -327,7 +348,10 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
         kr_say("error: rank %d: fork: %s", r->rank, strerror(errno));
         goto err_close;
     }
-    if (pid == 0) child(parent, in[0], out[1], err[1], st[1], r, exec_path, argv, env);
+    /* srun itself needs this job's SLURM_* variables (the worker's own environment travels in
+     * its command line) */
+    extern char **environ;
+    if (pid == 0) child(parent, in[0], out[1], err[1], st[1], r, exec_path, argv, remote && o->use_srun ? environ : env);
 
     setpgid(pid, pid); /* both sides set it, so that it holds whoever runs first */
     close(out[1]);

@@ -220,7 +220,9 @@ void kr_describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
 {
     bool remote = !o->hosts[r->host].local;
     int sig = death_signal(o, r);
-    if (remote && !r->started && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 255)
+    if (remote && !r->started && WIFEXITED(r->wstatus) && o->use_srun && WEXITSTATUS(r->wstatus) != 0)
+        snprintf(out, cap, "could not be started as a Slurm step (srun exited with %d)", WEXITSTATUS(r->wstatus));
+    else if (remote && !r->started && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 255)
         snprintf(out, cap, "could not be started over ssh (ssh exited with 255)");
     else if (remote && WIFEXITED(r->wstatus) && sig)
         snprintf(out, cap, "was killed by %s (%s) (ssh reported exit code %d)", sig_name(sig), strsignal(sig),
