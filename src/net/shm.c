@@ -107,6 +107,7 @@ typedef struct shm_priv {
      * one ended; each size class's choice */
     uint64_t rx_start, last_end;
     way_choice cls[SHM_CLASSES];
+    uint64_t vclock; /* the way choice's clock under kolo__shm_test_virtual */
     /* auto, an exchange: a large message that came in while this side's own large message to
      * the peer was still going out, timed to when that one is out too (adapt_done) */
     bool deferred;
@@ -314,10 +315,25 @@ void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi)
 
 void kolo__shm_test_delay(int way, uint64_t ns) { kolo__shm_test_delay_sizes(way, ns, 0, UINT64_MAX); }
 
+/* test hook: the way choice's clock and costs made up instead of read. A large message costs
+ * VIRTUAL_PS per byte either way, plus the delay set for its way and length, and the receiver's
+ * clock (shm_priv.vclock) moves on by that much when it has the message; nothing sleeps. The
+ * decisions then follow from the delays alone, not from how busy the machine is (tests of the
+ * choice's rules; the tests of the timing itself run on the real clock). */
+#define VIRTUAL_PS 100
+static bool test_virtual;
+
+void kolo__shm_test_virtual(bool on) { test_virtual = on; }
+
+static bool delayed(int way, uint64_t len) { return len >= test_delay_lo[way] && len < test_delay_hi[way]; }
+
 static void test_delay(int way, uint64_t len)
 {
-    if (len >= test_delay_lo[way] && len < test_delay_hi[way]) kolo__sleep_ns(test_delay_ns[way]);
+    if (!test_virtual && delayed(way, len)) kolo__sleep_ns(test_delay_ns[way]);
 }
+
+/* The way choice's clock: the real one, or the made-up one. */
+static uint64_t adapt_now(const shm_priv *s) { return test_virtual ? s->vclock : kolo__now_ns(); }
 
 static bool enough(const way_choice *w, uint64_t msgs, uint64_t bytes)
 {
@@ -402,6 +418,10 @@ static bool unseen(const way_choice *w) { return !w->cost_ps[0] && !w->cost_ps[1
 static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
 {
     uint64_t now = kolo__now_ns();
+    if (test_virtual) {
+        start = s->vclock ? s->vclock : 1000000000; /* not 0: a cost_at of 0 means never */
+        now = s->vclock = start + bytes * VIRTUAL_PS / 1000 + (delayed(way, bytes) ? test_delay_ns[way] : 0);
+    }
     s->last_end = now;
     if (now <= start || !bytes) return;
     uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
@@ -1117,7 +1137,7 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
     if (kolo__shm_cma_state(c) != 2) return -1;
     const shm_priv *s = c->priv;
     const way_choice *w = &s->cls[shm_class(s, bytes)];
-    uint64_t now = kolo__now_ns(), ring = w->cost_ps[0], cma = w->cost_ps[1];
+    uint64_t now = adapt_now(s), ring = w->cost_ps[0], cma = w->cost_ps[1];
     if (!ring || !cma || now - w->cost_at[0] > PROBE_MAX_NS || now - w->cost_at[1] > PROBE_MAX_NS) return -1;
     if (cma * margin_pct < ring * 100) return 1;
     if (ring * margin_pct < cma * 100) return 0;

@@ -288,6 +288,9 @@ void kolo__shm_garble(kolo__conn *c, bool whole_frame);
 void kolo__shm_test_delay(int way, uint64_t ns);
 /* The same for messages of lo <= length < hi bytes only. */
 void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi);
+/* Test hook, before kolo_init: the way choice runs on a made-up clock, each large message
+ * costing a fixed rate plus the delays above, and nothing sleeps (shm.c). */
+void kolo__shm_test_virtual(bool on);
 
 
 #endif
