@@ -1028,7 +1028,7 @@ KT_TEST(multihost_timeout_prints_remote_stacks, 60)
     const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");
     KT_ASSERTF(s0 && s1, "no stacks of both ranks:\n%s", p.ebuf);
     KT_ASSERTF(strstr(s0, "kolo_allreduce"), "rank 0's stack (local) does not show kolo_allreduce:\n%s", p.ebuf);
-    KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack (on b) does not show its sleep:\n%s", p.ebuf);
+    KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack (on b) does not show its sleep:\n%s", s1);
     KT_CONTAINS(p.ebuf, "kolorun: exit code 124\n");
     assert_no_leftovers(&c, true, 0.5);
     assert_no_leftovers(&c, false, 5);
