@@ -761,6 +761,15 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
             me, ns_addr[NS_L], c->dir, c->dir, c->dir, c->dir, c->dir, c->dir, c->dir, ns_addr[NS_A],
             ns_addr[NS_B]);
     fclose(f);
+    /* srun --mpi=pmix: each step's PMIx server makes its clients' directory under this base, by
+     * the same name on every node; the nodes share this machine's file system, so each slurmd
+     * sees a directory of its own there (bound over it in its mount namespace, below) */
+    snprintf(conf, sizeof(conf), "%s/mpi.conf", c->dir);
+    f = fopen(conf, "w");
+    KT_ASSERT(f);
+    fprintf(f, "PMIxCliTmpDirBase=%s/pmix\n", c->dir);
+    fclose(f);
+    snprintf(conf, sizeof(conf), "%s/slurm.conf", c->dir);
     setenv("SLURM_CONF", conf, 1);
     must(c, sh(c, "mkdir -p %1$s/state && dd if=/dev/urandom of=%1$s/munge.key bs=1024 count=1 2>/dev/null && "
                   "chmod 600 %1$s/munge.key && nsenter --net=%2$s/%3$s /usr/sbin/munged --force "
@@ -770,8 +779,10 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
          "munged");
     must(c, sh(c, "nsenter --net=%s/%s /usr/sbin/slurmctld -c -i", MH_NETNS_DIR, c->ns[NS_L]), "slurmctld");
     for (int h = NS_A; h <= NS_B; h++)
-        must(c, sh(c, "unshare -m --propagation private sh -c 'mount --bind %s /etc/hosts && exec nsenter "
-                      "--net=%s/%s /usr/sbin/slurmd -N node%s'", hosts, MH_NETNS_DIR, c->ns[h], ns_suffix[h]),
+        must(c, sh(c, "mkdir -p %1$s/pmix %1$s/pmix-%5$s && unshare -m --propagation private sh -c 'mount --bind "
+                      "%2$s /etc/hosts && mount --bind %1$s/pmix-%5$s %1$s/pmix && exec nsenter --net=%3$s/%4$s "
+                      "/usr/sbin/slurmd -N node%5$s'",
+                   c->dir, hosts, MH_NETNS_DIR, c->ns[h], ns_suffix[h]),
              "slurmd");
     double end = now_s() + 30;
     while (sh(c, "test \"$(nsenter --net=%s/%s sinfo -h -N -o %%T | grep -c '^idle$')\" = 2", MH_NETNS_DIR,
@@ -782,8 +793,9 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
     return true;
 }
 
-/* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node, which find rank 0 at the
- * first node of the step and run the job of the tests above; then kolorun inside an allocation
+/* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node (plainly, and with Slurm's
+ * PMI-2 and PMIx servers, which set variables of their own), which find rank 0 at the first node
+ * of the step and run the job of the tests above; then kolorun inside an allocation
  * (salloc -N 2 -n 4) takes the nodes and slots from it and starts the ranks over ssh, and, given
  * no ssh option, as Slurm steps through srun. */
 KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
@@ -797,6 +809,13 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     const char *srun[] = {"/usr/bin/srun", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
     proc p;
     run_mh_job(&c, &p, srun);
+    kt_proc_free(&p);
+    /* the same with Slurm's PMI-2 and PMIx servers, which give the ranks their own variables */
+    const char *pmi2[] = {"/usr/bin/srun", "--mpi=pmi2", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
+    run_mh_job(&c, &p, pmi2);
+    kt_proc_free(&p);
+    const char *pmix[] = {"/usr/bin/srun", "--mpi=pmix", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
+    run_mh_job(&c, &p, pmix);
     kt_proc_free(&p);
 
     /* kolorun runs on the login node under salloc; it resolves the node names as the nodes do */
