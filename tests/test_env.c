@@ -3,6 +3,7 @@
 #include "kt.h"
 
 #include "../src/boot/env.h"
+#include "../src/boot/pmix_rdv.h"
 #include "../src/boot/store.h"
 #include "../src/net/transport.h"
 
@@ -484,6 +485,21 @@ KT_TEST(env_pmi_and_pmix, 10)
     STR_EQ(w.rdv_host, "a1");
     setenv("SLURM_PROCID", "0", 1); /* a stale batch-script value */
     expect_invalid("PMIX_RANK='1'");
+
+    /* srun --mpi=pmix, whose server gave its address: rank 0's address goes through it (the
+     * multi-host tests run it for real); one that answers nothing is named, with the remedy */
+    setenv("SLURM_PROCID", "1", 1);
+    setenv("PMIX_SERVER_URI4", "pmix-server.1;tcp4://127.0.0.1:1", 1);
+    setenv("PMIX_SERVER_URI41", "pmix-server.1;tcp4://127.0.0.1:1", 1);
+    if (kolo__pmix_built() && kolo__pmix_loadable()) {
+        KT_STATUS(kolo__env_detect(&w), KOLO_ERR_STARTUP);
+        KT_CONTAINS(kolo_last_error(), "slurm: rank 0's address could not be exchanged through Slurm's PMIx server "
+                                       "(PMIx_Init: ");
+        KT_CONTAINS(kolo_last_error(), "set KOLO_RENDEZVOUS=host:port to a free port on a1 in every rank's environment");
+    } else {
+        w = detect_ok(); /* no libpmix: the node list's first host, as before */
+        STR_EQ(w.rdv_host, "a1");
+    }
 }
 
 /* ---- PMI-1 (MPICH's Hydra) against a scripted server ---- */

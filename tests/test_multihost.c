@@ -795,7 +795,8 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
 
 /* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node (plainly, and with Slurm's
  * PMI-2 and PMIx servers, which set variables of their own), which find rank 0 at the first node
- * of the step and run the job of the tests above; then kolorun inside an allocation
+ * of the step (through the PMIx server, also where the node names do not resolve) and run the
+ * job of the tests above; then kolorun inside an allocation
  * (salloc -N 2 -n 4) takes the nodes and slots from it and starts the ranks over ssh, and, given
  * no ssh option, as Slurm steps through srun. */
 KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
@@ -814,8 +815,37 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     const char *pmi2[] = {"/usr/bin/srun", "--mpi=pmi2", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, pmi2);
     kt_proc_free(&p);
-    const char *pmix[] = {"/usr/bin/srun", "--mpi=pmix", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
+    const char *pmix[] = {"/usr/bin/srun", "--mpi=pmix", "--export=ALL,KOLO_LOG_LEVEL=info", "-N", "2", "-n", "4",
+                          kt_self(), "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, pmix);
+    /* there rank 0 publishes the address its node's name stands for, with a port it found free */
+    char want[200];
+    snprintf(want, sizeof(want), "rendezvous at %s:", ns_addr[NS_A]);
+    KT_CONTAINS(p.ebuf, want);
+    KT_CONTAINS(p.ebuf, ", rank 0's address through Slurm's PMIx server\n");
+    kt_proc_free(&p);
+
+    /* node names that do not resolve where the tasks run (a cluster whose names only Slurm
+     * knows): with PMIx the job runs all the same, rank 0 reached at the address towards srun's
+     * host; without, every rank stops at the name (-K: srun ends the step at the first) */
+    char bare[320], unmap[400];
+    snprintf(bare, sizeof(bare), "%s/hosts-bare", c.dir);
+    must(&c, sh(&c, "cp /etc/hosts %s", bare), "copying /etc/hosts");
+    snprintf(unmap, sizeof(unmap), "mount --bind %s /etc/hosts && exec \"$@\"", bare);
+    const char *unresolved[] = {"/usr/bin/srun", "--mpi=pmix", "--export=ALL,KOLO_LOG_LEVEL=info", "-N", "2", "-n",
+                                "4", "unshare", "-m", "--propagation", "private", "sh", "-c", unmap, "sh", kt_self(),
+                                "--worker", "mh_job", NULL};
+    run_mh_job(&c, &p, unresolved);
+    KT_CONTAINS(p.ebuf, want);
+    kt_proc_free(&p);
+    const char *nopmix[] = {"/usr/bin/srun", "-K", "--export=ALL,KOLO_START_TIMEOUT=3", "-N", "2", "-n", "4",
+                            "unshare", "-m", "--propagation", "private", "sh", "-c", unmap, "sh", kt_self(),
+                            "--worker", "mh_job", NULL};
+    proc_start(&p, c.ns[NS_L], nopmix);
+    KT_ASSERTF(kt_proc_finish(&p, 60) != 0, "srun without PMIx ran with unresolvable node names; stderr:\n%s",
+               p.ebuf);
+    KT_CONTAINS(p.ebuf, "could not reach the rendezvous store at nodea:");
+    KT_CONTAINS(p.ebuf, "name resolution");
     kt_proc_free(&p);
 
     /* kolorun runs on the login node under salloc; it resolves the node names as the nodes do */

@@ -41,9 +41,11 @@
  *  7. slurm     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID,
  *               SLURM_STEP_NUM_NODES (or SLURM_NNODES); local size from
  *               SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE ("2(x3),1") or
- *               SLURM_NTASKS_PER_NODE. Rank 0 serves at the first host of SLURM_STEP_NODELIST
- *               (else SLURM_JOB_NODELIST, SLURM_NODELIST), at a port derived from SLURM_JOB_ID
- *               and SLURM_STEP_ID. With block and cyclic distributions rank 0 runs there.
+ *               SLURM_NTASKS_PER_NODE. Under srun --mpi=pmix rank 0 publishes its address and a
+ *               free port through Slurm's PMIx server (slurm_address). Else rank 0 serves at the
+ *               first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST), at
+ *               a port derived from SLURM_JOB_ID and SLURM_STEP_ID. With block and cyclic
+ *               distributions rank 0 runs there.
  *  8. none      rank 0 of 1; no store.
  *
  * KOLO_RENDEZVOUS=host:port overrides the address of every convention (and makes rank 0 serve
@@ -72,6 +74,7 @@
 #include "auth.h"
 #include "pmi_rdv.h"
 #include "pmix_rdv.h"
+#include "../net/transport.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -523,28 +526,71 @@ static bool slurm_key(char *out, size_t cap)
     return true;
 }
 
-/* Slurm's address for this job step: the first host of the node list, a port from the job and
- * step ids. Every rank computes the same. */
-static int slurm_address(kolo__world_info *w)
+/* Whether a PMIx server gave this process its address (PMIX_SERVER_URI, ..._URI4, ...): a
+ * namespace alone (the unit tests, a stale environment) is not worth a client's start-up. */
+static bool pmix_server_known(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "PMIX_SERVER_URI", 15) == 0 && strchr(*e, '=') && strchr(*e, '=')[1]) return true;
+    return false;
+}
+
+/* Whether Slurm's address goes through a PMIx server (srun --mpi=pmix). */
+static bool slurm_pmix(void) { return pmix_server_known() && kolo__pmix_loadable(); }
+
+/* Slurm's address for this job step. Under srun --mpi=pmix (a PMIx server in every node's
+ * slurmstepd) rank 0 publishes its address and a port it found free through PMIx, a collective
+ * (pmix_rdv.c): no port that another program on the node may hold, no node name the other nodes
+ * must resolve. Its address is the one towards its node's name in Slurm's list (the interface
+ * that name stands for), else, where the name does not resolve or resolves to loopback, towards
+ * srun's host (SLURM_LAUNCH_NODE_IPADDR). Otherwise (no PMIx server, or no libpmix.so.2 to speak
+ * to it) every rank computes the same address: the first host of the node list, and a port
+ * derived from the job and step ids. Not through srun --mpi=pmi2's PMI_FD: the process has one
+ * such connection, and an MPI library in it (MPI_Init, also after kolo_init) needs it to itself. */
+static int slurm_address(kolo__world_info *w, const char *source)
 {
     const char *list = var("SLURM_STEP_NODELIST");
     const char *lname = "SLURM_STEP_NODELIST";
     if (!list) list = var(lname = "SLURM_JOB_NODELIST");
     if (!list) list = var(lname = "SLURM_NODELIST");
+    char host[256] = "", key[320];
+    bool listed = list && kolo__slurm_first_host(list, host, sizeof(host));
+    if (slurm_pmix()) {
+        const char *iface = kolo__setting_str(KOLO_SET_IFACE), *towards = NULL;
+        int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT);
+        char addr[64], hp[300];
+        if (w->rank == 0 && !*iface) {
+            towards = var("SLURM_LAUNCH_NODE_IPADDR");
+            if (listed && kolo__route_address(host, 0, addr, sizeof(addr)) == KOLO_OK && strncmp(addr, "127.", 4) != 0)
+                towards = host;
+        }
+        int st = kolo__pmix_rendezvous(w->rank, iface, towards, timeout, hp, sizeof(hp));
+        if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
+            w->rdv_serve = 1;
+            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through Slurm's PMIx server", source, w->rdv_host,
+                      w->rdv_port);
+            return KOLO_OK;
+        }
+        return kolo__err(KOLO_ERR_STARTUP,
+                         "%s: rank 0's address could not be exchanged through Slurm's PMIx server (%s): set "
+                         "KOLO_RENDEZVOUS=host:port to a free port on %s in every rank's environment",
+                         source, st == KOLO_OK ? hp : kolo__errmsg(), *host ? host : "the step's first node");
+    }
     if (!list)
         return kolo__err(KOLO_ERR_INVALID_ARG,
-                         "slurm: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is set, so "
-                         "rank 0's host is unknown; set KOLO_RENDEZVOUS=host:port");
-    char host[256], key[320];
-    if (!kolo__slurm_first_host(list, host, sizeof(host)))
+                         "%s: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is set, so "
+                         "rank 0's host is unknown; set KOLO_RENDEZVOUS=host:port", source);
+    if (!listed)
         return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s='%s' is not a Slurm host list", lname, list);
     if (!slurm_key(key, sizeof(key)))
         return kolo__err(KOLO_ERR_INVALID_ARG,
-                         "slurm: SLURM_JOB_ID is not set, so no rendezvous port can be derived; set "
-                         "KOLO_RENDEZVOUS=host:port");
+                         "%s: SLURM_JOB_ID is not set, so no rendezvous port can be derived; set "
+                         "KOLO_RENDEZVOUS=host:port", source);
     snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", host);
     w->rdv_port = kolo__env_port_from(key);
     w->rdv_serve = 1;
+    KOLO_INFO("%s: rendezvous at the first host of Slurm's node list, %s:%d", source, w->rdv_host, w->rdv_port);
     return KOLO_OK;
 }
 
@@ -555,16 +601,6 @@ static bool slurm_matches(int rank, int size)
     const char *nt = var("SLURM_NTASKS");
     if (!nt) nt = var("SLURM_NPROCS");
     return parse_uint(var("SLURM_PROCID"), &r) && parse_uint(nt, &n) && r == rank && n == size;
-}
-
-/* Whether a PMIx server gave this process its address (PMIX_SERVER_URI, ..._URI4, ...): a
- * namespace alone (the unit tests, a stale environment) is not worth a client's start-up. */
-static bool pmix_server_known(void)
-{
-    extern char **environ;
-    for (char **e = environ; e && *e; e++)
-        if (strncmp(*e, "PMIX_SERVER_URI", 15) == 0 && strchr(*e, '=') && strchr(*e, '=')[1]) return true;
-    return false;
 }
 
 /* Open MPI, PMI, PMIx: no address; see the top of the file. */
@@ -582,10 +618,11 @@ static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const ch
         serve_loopback(w);
         return KOLO_OK;
     }
-    if (slurm_matches(w->rank, w->size) && slurm_address(w) == KOLO_OK) {
-        KOLO_INFO("%s: rendezvous at the first host of Slurm's node list, %s:%d", source, w->rdv_host,
-                  w->rdv_port);
-        return KOLO_OK;
+    if (slurm_matches(w->rank, w->size)) {
+        int st = slurm_address(w, source);
+        /* after the collective exchange, its result; else, without the node list or a job id,
+         * the ways below */
+        if (st == KOLO_OK || slurm_pmix()) return st;
     }
     const char *how = w->local_size < 0 ? "on hosts the launcher does not describe" : "on several hosts";
     const char *example = strcmp(source, "pmi") == 0 ? "mpirun -genv KOLO_RENDEZVOUS node1:29400 ..."
@@ -599,7 +636,7 @@ static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const ch
         char hp[300];
         const char *iface = kolo__setting_str(KOLO_SET_IFACE);
         int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT);
-        int st = via[3] ? kolo__pmix_rendezvous(w->rank, iface, timeout, hp, sizeof(hp))
+        int st = via[3] ? kolo__pmix_rendezvous(w->rank, iface, NULL, timeout, hp, sizeof(hp))
                         : kolo__pmi_rendezvous(w->rank, iface, timeout, hp, sizeof(hp));
         if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
             w->rdv_serve = 1;
@@ -703,7 +740,7 @@ static int from_slurm(kolo__world_info *w, ctx *c)
         if (c->have_rdv) use_override(w, c, 1);
         return KOLO_OK;
     }
-    if ((s = slurm_address(w))) return s;
+    if ((s = slurm_address(w, "slurm"))) return s;
     slurm_key(c->jid, sizeof(c->jid));
     apply_job_id(w, c);
     return KOLO_OK;

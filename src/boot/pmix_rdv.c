@@ -50,7 +50,7 @@ static bool launcher_host(char *host, size_t cap)
     return true;
 }
 
-int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)
+int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int timeout_s, char *host, size_t cap)
 {
     void *lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return kolo__err(KOLO_ERR_STARTUP, "PMIx is not available here (%s)", dlerror());
@@ -75,10 +75,11 @@ int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host
     }
     char mine[300] = "";
     if (rank == 0) {
-        /* towards mpirun's host: where the daemons reach each other, so the other hosts reach
-         * rank 0 there too */
+        /* towards the caller's host, else mpirun's: where the daemons reach each other, so the
+         * other hosts reach rank 0 there too */
         char hnp[256];
-        st = kolo__rdv_endpoint(iface, launcher_host(hnp, sizeof(hnp)) ? hnp : NULL, "PMIx", mine, sizeof(mine));
+        if (!towards && launcher_host(hnp, sizeof(hnp))) towards = hnp;
+        st = kolo__rdv_endpoint(iface, towards, "PMIx", mine, sizeof(mine));
         /* publish even an empty value: the others learn of the failure at once, not by timeout */
         pmix_value_t v;
         memset(&v, 0, sizeof(v));
@@ -134,13 +135,22 @@ out:
 
 int kolo__pmix_built(void) { return 1; }
 
+bool kolo__pmix_loadable(void)
+{
+    void *lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib) dlclose(lib);
+    return lib != NULL;
+}
+
 #else
 
 int kolo__pmix_built(void) { return 0; }
 
-int kolo__pmix_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap)
+bool kolo__pmix_loadable(void) { return false; }
+
+int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int timeout_s, char *host, size_t cap)
 {
-    (void)rank, (void)iface, (void)timeout_s, (void)host, (void)cap;
+    (void)rank, (void)iface, (void)towards, (void)timeout_s, (void)host, (void)cap;
     return kolo__err(KOLO_ERR_STARTUP, "this libkolo was built without PMIx (no pmix.h: apt-get install libpmix-dev)");
 }
 
