@@ -565,17 +565,19 @@ static int slurm_address(kolo__world_info *w, const char *source)
             if (listed && kolo__route_address(host, 0, addr, sizeof(addr)) == KOLO_OK && strncmp(addr, "127.", 4) != 0)
                 towards = host;
         }
+        /* Open MPI's mpirun inside an allocation, one rank per node: its own server */
+        const char *whose = strcmp(source, "openmpi") == 0 ? "mpirun's" : "Slurm's";
         int st = kolo__pmix_rendezvous(w->rank, iface, towards, timeout, hp, sizeof(hp));
         if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
             w->rdv_serve = 1;
-            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through Slurm's PMIx server", source, w->rdv_host,
-                      w->rdv_port);
+            KOLO_INFO("%s: rendezvous at %s:%d, rank 0's address through %s PMIx server", source, w->rdv_host,
+                      w->rdv_port, whose);
             return KOLO_OK;
         }
         return kolo__err(KOLO_ERR_STARTUP,
-                         "%s: rank 0's address could not be exchanged through Slurm's PMIx server (%s): set "
+                         "%s: rank 0's address could not be exchanged through %s PMIx server (%s): set "
                          "KOLO_RENDEZVOUS=host:port to a free port on %s in every rank's environment",
-                         source, st == KOLO_OK ? hp : kolo__errmsg(), *host ? host : "the step's first node");
+                         source, whose, st == KOLO_OK ? hp : kolo__errmsg(), *host ? host : "the step's first node");
     }
     if (!list)
         return kolo__err(KOLO_ERR_INVALID_ARG,
