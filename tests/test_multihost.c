@@ -838,17 +838,17 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     run_mh_job(&c, &p, pmix);
     if (asan) setenv("ASAN_OPTIONS", asan, 1);
     free(asan);
-    /* there rank 0 publishes the address its node's name stands for, with a port it found free;
-     * a second kolo_init in the same processes exchanges its own */
-    char want[200];
-    snprintf(want, sizeof(want), "rendezvous at %s:", ns_addr[NS_A]);
-    KT_CONTAINS(p.ebuf, want);
+    /* there rank 0 publishes the address its node's name stands for, with a port it found free
+     * (the node-list way would say "nodea:<port>"); a second kolo_init in the same processes
+     * exchanges its own */
+    char at_a[64], again[64];
+    snprintf(at_a, sizeof(at_a), "rendezvous at %s:", ns_addr[NS_A]);
+    KT_CONTAINS(p.ebuf, at_a);
     KT_CONTAINS(p.ebuf, ", rank 0's address through Slurm's PMIx server\n");
     for (int r = 0; r < 4; r++) {
-        snprintf(want, sizeof(want), "mh rank %d again: 4 ranks\n", r);
-        KT_CONTAINS(p.obuf, want);
+        snprintf(again, sizeof(again), "mh rank %d again: 4 ranks\n", r);
+        KT_CONTAINS(p.obuf, again);
     }
-    snprintf(want, sizeof(want), "rendezvous at %s:", ns_addr[NS_A]);
     kt_proc_free(&p);
 
     /* node names that do not resolve where the tasks run (a cluster whose names only Slurm
@@ -862,7 +862,7 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
                                 "4", "unshare", "-m", "--propagation", "private", "sh", "-c", unmap, "sh", kt_self(),
                                 "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, unresolved);
-    KT_CONTAINS(p.ebuf, want);
+    KT_CONTAINS(p.ebuf, at_a);
     kt_proc_free(&p);
     const char *nopmix[] = {"/usr/bin/srun", "-K", "--export=ALL,KOLO_START_TIMEOUT=3", "-N", "2", "-n", "4",
                             "unshare", "-m", "--propagation", "private", "sh", "-c", unmap, "sh", kt_self(),
