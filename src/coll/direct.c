@@ -14,7 +14,7 @@
  *      and reads the rest by CMA;
  *   2. member r reduces block r from all n inputs, in member order, and applies the final
  *      scaling. When it maps every other member it stores the results into every member's
- *      output, a piece of PUSH_PIECE bytes at a time through a buffer in the first-level cache
+ *      output, a piece at a time through a buffer in the first-level cache
  *      ("pushed"). Otherwise it reduces a step at a time in a scratch step that stays in cache
  *      (an input read by CMA is first copied into a second scratch step) and stores the results
  *      into its own output. Either way through the cache or around it ("Storing", below);
@@ -34,7 +34,16 @@
  * read the other blocks back after an exchange (step 2 6.3-6.8 ms, step 3 3.9); pushed, pieces of
  * 1 KiB 6.0-6.7 ms, 512 B 6.1-6.3, 2 KiB 6.7-7.0, 4 KiB 7.5-8.0, 16 KiB 7.0-7.4 (interleaved
  * launches; float16 and bfloat16 alike, 1 KiB 12-15 % faster than 4 KiB). The bound, both cores
- * moving 2 x 64 MiB at the measured 44 GB/s, is 6.1 ms. The engine's ResNet-50 step in one
+ * moving 2 x 64 MiB at the measured 44 GB/s, is 6.1 ms. On a Zen 4 VM (AMD EPYC family 25, B
+ * 47 GB/s), stored around the cache, 1 KiB pieces were the slowest: two threads standing in for
+ * the members, the same kernels, interleaved call by call, 64 MiB out of place 6.8-6.9 ms per
+ * call against 512 B 5.7-5.9, 256 B 5.4-5.6, 128 B 5.6-5.7 (a plain non-temporal copy of the same
+ * bytes: 5.8); in kolo-bench, 8 launches interleaved, float32 64 MiB 11.2 GB/s algbw against 8.0,
+ * 16 MiB 12.4 against 11.6, below alike. So elements of 4 and 8 bytes stored around the cache
+ * take 256 B pieces (PUSH_PIECE_STREAM). Through the cache 256 B lost below 16 MiB (in place 1 MiB
+ * 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose kernels go
+ * through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against 9.9 in one
+ * set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's ResNet-50 step in one
  * kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
  * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
  * member pushes is its own (it maps everyone), and step 3 follows what each said.
@@ -94,7 +103,10 @@
  * "Storing" at the top) */
 #define STORE_CACHED_FIRST ((size_t)2 << 20)
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
-#define PUSH_PIECE ((size_t)1 << 10)  /* mapped, results are stored this many bytes at a time (below) */
+/* mapped, results are stored this many bytes at a time (see "Pushing" at the top); around the
+ * cache, elements of 4 and 8 bytes a smaller piece at a time */
+#define PUSH_PIECE ((size_t)1 << 10)
+#define PUSH_PIECE_STREAM ((size_t)256)
 /* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc
  * allocations (inputs and outputs together): an in-place tensor, or the engine's fusion buffer and
  * one arena holding the tensors of a bucket. */
@@ -300,7 +312,7 @@ static void reduce_push(char *const *out, const char *const *in, int n, size_t c
                         double post, bool cached)
 {
     _Alignas(64) char buf[PUSH_PIECE];
-    size_t es = kolo_dtype_size(dtype), per = PUSH_PIECE / es;
+    size_t es = kolo_dtype_size(dtype), per = (cached || es < 4 ? PUSH_PIECE : PUSH_PIECE_STREAM) / es;
     for (size_t i = 0; i < c; i += per) {
         size_t e = KOLO_MIN(per, c - i), o = i * es;
         kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
