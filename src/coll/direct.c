@@ -40,7 +40,7 @@
  * call against 512 B 5.7-5.9, 256 B 5.4-5.6, 128 B 5.6-5.7 (a plain non-temporal copy of the same
  * bytes: 5.8); in kolo-bench, 8 launches interleaved, float32 64 MiB 11.2 GB/s algbw against 8.0,
  * 16 MiB 12.4 against 11.6, below alike. So elements of 4 and 8 bytes stored around the cache
- * take 256 B pieces (PUSH_PIECE_STREAM). Through the cache 256 B lost below 16 MiB (in place 1 MiB
+ * take 256 B pieces (kolo__out_piece, coll.h). Through the cache 256 B lost below 16 MiB (in place 1 MiB
  * 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose kernels go
  * through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against 9.9 in one
  * set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's ResNet-50 step in one
@@ -103,10 +103,6 @@
  * "Storing" at the top) */
 #define STORE_CACHED_FIRST ((size_t)2 << 20)
 #define STEP ((size_t)256 << 10)      /* a block is reduced this many bytes at a time, in cache */
-/* mapped, results are stored this many bytes at a time (see "Pushing" at the top); around the
- * cache, elements of 4 and 8 bytes a smaller piece at a time */
-#define PUSH_PIECE ((size_t)1 << 10)
-#define PUSH_PIECE_STREAM ((size_t)256)
 /* A member's segments are mapped only if they lie in at most this many kolo_mem_alloc
  * allocations (inputs and outputs together): an in-place tensor, or the engine's fusion buffer and
  * one arena holding the tensors of a bucket. */
@@ -311,8 +307,8 @@ static void put_out(void *dst, const void *src, size_t n, bool cached)
 static void reduce_push(char *const *out, const char *const *in, int n, size_t c, kolo_dtype_t dtype, kolo_op_t op,
                         double post, bool cached)
 {
-    _Alignas(64) char buf[PUSH_PIECE];
-    size_t es = kolo_dtype_size(dtype), per = (cached || es < 4 ? PUSH_PIECE : PUSH_PIECE_STREAM) / es;
+    _Alignas(64) char buf[KOLO_OUT_PIECE_MAX];
+    size_t es = kolo_dtype_size(dtype), per = kolo__out_piece(es, cached) / es;
     for (size_t i = 0; i < c; i += per) {
         size_t e = KOLO_MIN(per, c - i), o = i * es;
         kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
