@@ -120,7 +120,8 @@ size_t kolo__coll_small_max(void);
  * writes it out runs a phase of reads alone and then one of writes alone; pieces keep both going
  * at once. Around the cache (non-temporal stores) elements of 4 and 8 bytes take 256 B; through
  * it, and float16 and bfloat16 (whose kernels go through float32, a setup per call), 1 KiB.
- * Measured on a Zen 4 VM (AMD EPYC family 25), 2 ranks, in the files that use it. */
+ * Measured on a Zen 4 VM (AMD EPYC family 25), 2 ranks: see direct.c ("Pushing") and
+ * kolo__coll_reduce_out in coll_util.c. */
 static inline size_t kolo__out_piece(size_t es, bool cached) { return cached || es < 4 ? 1024 : 256; }
 #define KOLO_OUT_PIECE_MAX ((size_t)1024)
 /* Allgather's exchange and alltoall, which write their output once and never read it back,
@@ -161,6 +162,11 @@ void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream);
 void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_t n, bool stream);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
+/* out = a OP b over `bytes` (finished with kolo__coll_finish_scale when `finish`), and the same bytes
+ * written to d around the cache, a piece at a time (kolo__out_piece): a ring's reduced chunk. out
+ * may be b. The caller fences (kolo__stream_fence) before others read d. */
+void kolo__coll_reduce_out(char *d, char *out, const char *a, const char *b, size_t bytes, kolo_dtype_t dtype,
+                           kolo_op_t op, bool finish, double post, int n);
 /* Ring chunk size in bytes, a multiple of 64 (KOLO_RING_CHUNK). */
 size_t kolo__coll_chunk(void);
 /* Ring reduce-scatter over blocks (off[b], cnt[b] in elements). Member `rank` ends with the fully

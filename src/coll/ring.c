@@ -15,9 +15,10 @@
  * block goes out as chunks too (on shared memory each one is a single-copy read by the peer).
  *
  * When the whole buffer is far larger than the cache (KOLO_STREAM_MIN), every byte written to its
- * final place is written with non-temporal stores: the reduced chunk from its slot, a received
- * block by the transport (kolo__xfer.stream). A plain store to a line not in cache first reads
- * it, so this drops a read per byte written. Measured on this project's VM, 2 ranks, allreduce
+ * final place is written with non-temporal stores: the reduced chunk from its slot (a piece at a
+ * time as it is reduced, kolo__coll_reduce_out), a received block by the transport
+ * (kolo__xfer.stream). A plain store to a line not in cache first reads it, so this drops a read
+ * per byte written. Measured on this project's VM, 2 ranks, allreduce
  * busbw, streamed against plain in the same launches call by call (420+ launches per size with
  * the vCPUs on one CCD, 60+ on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input
  * and output, 8 MiB, fit the 32 MiB L3: the output was still cached, now it is not); two CCDs
@@ -83,25 +84,6 @@ static int wait_sends(kolo__mesh *m, kolo__xfer *xs, int n)
     return kolo__wait(m, ptrs, n);
 }
 
-/* out = a OP b (finished, when `finish`), and the same bytes written to d around the cache, a
- * piece at a time (kolo__out_piece). Measured on a Zen 4 VM (AMD EPYC family 25), 2 ranks, ring
- * copies (KOLO_SHM_CMA=0), malloc'd buffers, launches interleaved and sorted by the machine's
- * state (see shm.c), medians of algbw out of place: with the vCPUs sharing a cache, float32 64
- * MiB 7.3-7.35 GB/s against 6.4-6.6 with whole chunks, 256 MiB 5.6 against 4.0-5.1, 16 MiB alike;
- * across CCDs 64 MiB 2.9 against 2.5, 16 MiB 2.6 against 2.0; float16 64 MiB 7.2 (1 KiB pieces)
- * against 5.7. */
-static void reduce_out(char *d, char *out, const char *a, const char *b, size_t bytes, kolo_dtype_t dtype,
-                       kolo_op_t op, bool finish, double post, int n)
-{
-    size_t es = kolo_dtype_size(dtype), piece = kolo__out_piece(es, false);
-    for (size_t o = 0; o < bytes; o += piece) {
-        size_t len = KOLO_MIN(piece, bytes - o);
-        kolo__reduce(out + o, a + o, b + o, len / es, dtype, op);
-        if (finish) kolo__coll_finish_scale(out + o, len / es, dtype, op, post, n);
-        kolo__stream_copy(d + o, out + o, len);
-    }
-}
-
 /* Reduce-scatter step s (see the top). */
 static int rs_step(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, const size_t *off,
                    const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, int shift, int s, bool stream)
@@ -134,7 +116,7 @@ static int rs_step(kolo__mesh *m, const kolo__group *g, const char *src, char *d
         const char *mine = src + off[rb] * es + o;
         char *slot = slots + (c % 2) * rch;
         if (stream) { /* reduced in the slot, in cache, then written out around it */
-            reduce_out(d, slot, mine, slot, len, dtype, op, false, 1.0, 1);
+            kolo__coll_reduce_out(d, slot, mine, slot, len, dtype, op, false, 1.0, 1);
         } else {
             kolo__reduce(d, mine, slot, len / es, dtype, op);
         }
@@ -278,7 +260,7 @@ int kolo__ring_fused_step(kolo__mesh *m, const kolo__group *g, const kolo__seg *
             if (st != KOLO_OK) return st;
             char *slot = slots + (size_t)(t % W) * och, *out = slots + (size_t)(W + t % W) * och;
             if (t >= W && (st = kolo__wait1(m, &ag_sx[t - W])) != KOLO_OK) return st;
-            reduce_out(M[t].dst, out, M[t].src, slot, M[t].len, dtype, op, true, post, n);
+            kolo__coll_reduce_out(M[t].dst, out, M[t].src, slot, M[t].len, dtype, op, true, post, n);
             kolo__isend(m, right, out, M[t].len, &ag_sx[t]);
         }
         if (t + W < nR) {

@@ -149,8 +149,8 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
             const kolo__seg *gs = &segs[rseg[k]];
             char *slot = slots + (size_t)k * chunk * es;
             if (stream) { /* reduced in the slot, in cache, then written out around it */
-                kolo__reduce(slot, gs->src + roff[k] * es, slot, rlen[k], dtype, op);
-                kolo__stream_copy(gs->dst + roff[k] * es, slot, rlen[k] * es);
+                kolo__coll_reduce_out(gs->dst + roff[k] * es, slot, gs->src + roff[k] * es, slot, rlen[k] * es, dtype,
+                                      op, false, 1.0, 1);
             } else {
                 kolo__reduce(gs->dst + roff[k] * es, gs->src + roff[k] * es, slot, rlen[k], dtype, op);
             }
