@@ -119,7 +119,8 @@ size_t kolo__coll_small_max(void);
  * reduce a piece, write it out, reduce the next. A core that first reduces a whole chunk and then
  * writes it out runs a phase of reads alone and then one of writes alone; pieces keep both going
  * at once. Around the cache (non-temporal stores) elements of 4 and 8 bytes take 256 B; through
- * it, and float16 and bfloat16 (whose kernels go through float32, a setup per call), 1 KiB.
+ * it, 1 KiB, and so do elements of 1 and 2 bytes (float16 and bfloat16, whose kernels go through
+ * float32 with a setup per call, gained nothing from 256 B; the small integers were not measured).
  * Measured on a Zen 4 VM (AMD EPYC family 25), 2 ranks: see direct.c ("Pushing") and
  * kolo__coll_reduce_out in coll_util.c. */
 static inline size_t kolo__out_piece(size_t es, bool cached) { return cached || es < 4 ? 1024 : 256; }

@@ -39,12 +39,12 @@
  * the members, the same kernels, interleaved call by call, 64 MiB out of place 6.8-6.9 ms per
  * call against 512 B 5.7-5.9, 256 B 5.4-5.6, 128 B 5.6-5.7 (a plain non-temporal copy of the same
  * bytes: 5.8); in kolo-bench, 8 launches interleaved, float32 64 MiB 11.2 GB/s algbw against 8.0,
- * 16 MiB 12.4 against 11.6, below alike. So elements of 4 and 8 bytes stored around the cache
- * take 256 B pieces (kolo__out_piece, coll.h). Through the cache 256 B lost below 16 MiB (in place 1 MiB
- * 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose kernels go
- * through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against 9.9 in one
- * set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's ResNet-50 step in one
- * kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
+ * 16 MiB 12.4 against 11.6, smaller sizes alike. So elements of 4 and 8 bytes stored around the
+ * cache take 256 B pieces (kolo__out_piece, coll.h). Through the cache 256 B lost below 16 MiB (in
+ * place 1 MiB 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose
+ * kernels go through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against
+ * 9.9 in one set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's
+ * ResNet-50 step in one kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
  * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
  * member pushes is its own (it maps everyone), and step 3 follows what each said.
  *

@@ -18,12 +18,11 @@
  * final place is written with non-temporal stores: the reduced chunk from its slot (a piece at a
  * time as it is reduced, kolo__coll_reduce_out), a received block by the transport
  * (kolo__xfer.stream). A plain store to a line not in cache first reads it, so this drops a read
- * per byte written. Measured on this project's VM, 2 ranks, allreduce
- * busbw, streamed against plain in the same launches call by call (420+ launches per size with
- * the vCPUs on one CCD, 60+ on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input
- * and output, 8 MiB, fit the 32 MiB L3: the output was still cached, now it is not); two CCDs
- * 0.94x and 0.97x at 16 and 64 MiB (there allreduce reads the others' buffers directly
- * instead, direct.c).
+ * per byte written. Measured on this project's VM, 2 ranks, allreduce busbw, streamed against
+ * plain in the same launches call by call (420+ launches per size with the vCPUs on one CCD, 60+
+ * on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input and output, 8 MiB, fit the
+ * 32 MiB L3: the output was still cached, now it is not); two CCDs 0.94x and 0.97x at 16 and 64
+ * MiB (there allreduce reads the others' buffers directly instead, direct.c).
  *
  * An allreduce from that size also fuses the last reduce-scatter step with the first allgather
  * step (kolo__ring_fused_step, below, which the engine's ring over a list of buffers runs too,
