@@ -5,6 +5,7 @@
 
 #include "../src/core/mem.h"
 #include "../src/core/world.h"
+#include "../src/reduce/reduce.h"
 
 #include <math.h>
 #include <sched.h>
@@ -824,6 +825,18 @@ static void big_buffers(int rank, void *arg)
         for (int r = 0; r < n; r++) want += (double)((i * 7 + (size_t)r) % 1000);
         want = want / n * 0.5;
         KT_ASSERTF(fabs(out[i] - want) <= 1e-5 * want, "average [%zu]: %g, want %g", i, (double)out[i], want);
+    }
+    /* float16 over 16 MiB: its reduced chunks go out a piece at a time of 1 KiB, float32's of 256 B
+     * (kolo__out_piece); integer sums below 2048 are exact in float16 */
+    size_t hcount = ((size_t)17 << 20) / 2 + 3;
+    uint16_t *hin = (uint16_t *)(void *)in, *hout = (uint16_t *)(void *)out;
+    for (size_t i = 0; i < hcount; i++) hin[i] = kolo__f32_to_f16((float)((i * 7 + (size_t)rank) % 500));
+    KT_OK(kolo_allreduce(hin, hout, hcount, KOLO_FLOAT16, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < hcount; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += (float)((i * 7 + (size_t)r) % 500);
+        KT_ASSERTF(kolo__f16_to_f32(hout[i]) == want, "float16 allreduce [%zu]: %g, want %g", i,
+                   (double)kolo__f16_to_f32(hout[i]), (double)want);
     }
     size_t per = ((size_t)8 << 20) / 4 + 3; /* the ring's from 3 ranks */
     float *all = malloc(per * 4 * (size_t)n), *mine = malloc(per * 4 * (size_t)n);

@@ -123,8 +123,8 @@ size_t kolo__coll_small_max(void);
  * float32 with a setup per call, gained nothing from 256 B; the small integers were not measured).
  * Measured on a Zen 4 VM (AMD EPYC family 25), 2 ranks: see direct.c ("Pushing") and
  * kolo__coll_reduce_out in coll_util.c. */
-static inline size_t kolo__out_piece(size_t es, bool cached) { return cached || es < 4 ? 1024 : 256; }
 #define KOLO_OUT_PIECE_MAX ((size_t)1024)
+static inline size_t kolo__out_piece(size_t es, bool cached) { return cached || es < 4 ? KOLO_OUT_PIECE_MAX : 256; }
 /* Allgather's exchange and alltoall, which write their output once and never read it back,
  * write it around the cache from this many bytes of output. Against 16 MiB, 2 ranks, 5 launches
  * interleaved (out of place, us): allgather 8 MiB 797-1201 against 956-1521, faster in 5 of 5;

@@ -30,21 +30,21 @@
  * safe: block r of every member's buffer is read and written only by member r in step 2 (each
  * piece read before it is written), and read by others only after the exchange of step 3.
  * Pushing, measured on this project's VM (Sapphire Rapids), 2 ranks, 64 MiB in kolo_mem_alloc
- * buffers, out of place: 10.5-11.2 ms per call when each member wrote only its own output and
- * read the other blocks back after an exchange (step 2 6.3-6.8 ms, step 3 3.9); pushed, pieces of
- * 1 KiB 6.0-6.7 ms, 512 B 6.1-6.3, 2 KiB 6.7-7.0, 4 KiB 7.5-8.0, 16 KiB 7.0-7.4 (interleaved
- * launches; float16 and bfloat16 alike, 1 KiB 12-15 % faster than 4 KiB). The bound, both cores
- * moving 2 x 64 MiB at the measured 44 GB/s, is 6.1 ms. On a Zen 4 VM (AMD EPYC family 25, B
- * 47 GB/s), stored around the cache, 1 KiB pieces were the slowest: two threads standing in for
- * the members, the same kernels, interleaved call by call, 64 MiB out of place 6.8-6.9 ms per
- * call against 512 B 5.7-5.9, 256 B 5.4-5.6, 128 B 5.6-5.7 (a plain non-temporal copy of the same
- * bytes: 5.8); in kolo-bench, 8 launches interleaved, float32 64 MiB 11.2 GB/s algbw against 8.0,
- * 16 MiB 12.4 against 11.6, smaller sizes alike. So elements of 4 and 8 bytes stored around the
- * cache take 256 B pieces (kolo__out_piece, coll.h). Through the cache 256 B lost below 16 MiB (in
- * place 1 MiB 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose
- * kernels go through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against
- * 9.9 in one set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's
- * ResNet-50 step in one kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
+ * buffers, out of place: 10.5-11.2 ms per call when each member wrote only its own output and read
+ * the other blocks back after an exchange (step 2 6.3-6.8 ms, step 3 3.9); pushed, pieces of 1 KiB
+ * 6.0-6.7 ms, 512 B 6.1-6.3, 2 KiB 6.7-7.0, 4 KiB 7.5-8.0, 16 KiB 7.0-7.4 (interleaved launches;
+ * float16 and bfloat16 alike, 1 KiB 12-15 % faster than 4 KiB). The bound, both cores moving 2 x
+ * 64 MiB at the measured 44 GB/s, is 6.1 ms. On a Zen 4 VM (AMD EPYC family 25, B 47 GB/s), stored
+ * around the cache, 1 KiB pieces were the slowest: two threads standing in for the members, the
+ * same kernels, interleaved call by call, 64 MiB out of place 6.8-6.9 ms per call against 512 B
+ * 5.7-5.9, 256 B 5.4-5.6, 128 B 5.6-5.7 (a plain non-temporal copy of the same bytes: 5.8); in
+ * kolo-bench, 8 launches interleaved, float32 64 MiB 11.2 GB/s algbw against 8.0, 16 MiB 12.4
+ * against 11.6, smaller sizes alike. So elements of 4 and 8 bytes stored around the cache take 256
+ * B pieces (kolo__out_piece, coll.h). Through the cache 256 B lost below 16 MiB (in place 1 MiB
+ * 31.5 GB/s against 34.4, 4 MiB 29.8 against 35.6), and float16 and bfloat16, whose kernels go
+ * through float32 a piece at a time, gained nothing (64 MiB bfloat16 8.0 GB/s against 9.9 in one
+ * set of 5 launches, 9.8 against 10.1 in another): those keep 1 KiB. The engine's ResNet-50 step
+ * in one kolo_mem_alloc arena (engine-bench -m 1): 12.3-12.7 ms instead of 18.6-19.5. The decision
  * (direct or ring) is taken from the exchanged descriptors, the same on every member; whether a
  * member pushes is its own (it maps everyone), and step 3 follows what each said.
  *
