@@ -1544,6 +1544,146 @@ KT_TEST(alltoall_single_copy_when_oversubscribed, 60)
     KT_EQ(kt_job(2, alltoall_single_when_oversubscribed, NULL, &o, NULL), 0);
 }
 
+/* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
+ * shut down) when it is not a shared-memory pair (the suite's KOLO_TRANSPORT=tcp pass) whose
+ * copies can go around the cache. */
+static kolo__conn *shm_pair(int rank)
+{
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+#if defined(__x86_64__) /* elsewhere copies never go around the cache (shm.c, FAR_STORES) */
+    if (kolo__shm_ring_bytes(c)) return c;
+#endif
+    printf("rank %d: not a shared-memory pair on x86-64; skipped\n", rank);
+    KT_OK(kolo_shutdown());
+    return NULL;
+}
+
+/* Copies into the ring around the cache (shm.c, "far") carry every byte: with ring copies pinned
+ * and every payload step of 32 KiB or more written with non-temporal stores, an allreduce, a
+ * broadcast, an allgather and an alltoall whose messages are not multiples of a line and, over
+ * several calls, wrap around the 4 MiB rings come out exact; the bytes went around the cache
+ * (kolo__shm_far_bytes), and with the hook at 0 none do. */
+static void far_copies_exact(int rank, void *arg)
+{
+    int mode = *(const int *)arg;
+    kolo__shm_test_far(mode, 0);
+    KT_OK(kolo_init());
+    kolo__conn *c = shm_pair(rank);
+    if (!c) return;
+    size_t n = ((size_t)5 << 20) / 4 + 3; /* floats: 5 MiB and 12 bytes */
+    float *x = malloc(n * 4), *y = malloc(2 * n * 4);
+    unsigned char *b = malloc(3 * n);
+    KT_ASSERT(x && y && b);
+    for (int it = 0; it < 3; it++) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)((i % 1021) + (size_t)rank * 3 + (size_t)it);
+        KT_OK(kolo_allreduce(x, y, n, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
+        for (size_t i = 0; i < n; i++)
+            KT_ASSERTF(y[i] == (float)(2 * (i % 1021) + 3 + 2 * (size_t)it), "allreduce %d [%zu]: %g", it, i,
+                       (double)y[i]);
+        size_t bn = 3 * n - (size_t)it; /* bytes: 15 MiB and some */
+        for (size_t i = 0; i < bn; i++) b[i] = rank == 1 ? (unsigned char)(i * 7 + (size_t)it) : 0;
+        KT_OK(kolo_broadcast(b, bn, KOLO_UINT8, 1, KOLO_WORLD));
+        for (size_t i = 0; i < bn; i++)
+            KT_ASSERTF(b[i] == (unsigned char)(i * 7 + (size_t)it), "broadcast %d [%zu]: %d", it, i, b[i]);
+        size_t per = n / 2 - (size_t)it; /* allgather: 2.5 MiB from each rank */
+        for (size_t i = 0; i < per; i++) x[i] = (float)(rank * 100000 + (int)(i % 9973) + it);
+        KT_OK(kolo_allgather(x, per, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+        for (size_t i = 0; i < 2 * per; i++)
+            KT_ASSERTF(y[i] == (float)((int)(i / per) * 100000 + (int)(i % per % 9973) + it), "allgather %d [%zu]: %g",
+                       it, i, (double)y[i]);
+        size_t counts[2] = {per, per};
+        for (size_t i = 0; i < 2 * per; i++) x[i] = (float)(rank * 1000 + (int)(i / per) * 10 + (int)(i % 13) + it);
+        KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
+        for (int src = 0; src < 2; src++)
+            for (size_t i = 0; i < per; i++) {
+                float want = (float)(src * 1000 + rank * 10 + (int)((size_t)rank * per + i) % 13 + it);
+                KT_ASSERTF(y[(size_t)src * per + i] == want, "alltoall %d from %d [%zu]: %g, want %g", it, src, i,
+                           (double)y[(size_t)src * per + i], (double)want);
+            }
+    }
+    if (mode == 1)
+        KT_ASSERTF(kolo__shm_far_bytes(c) >= ((size_t)16 << 20), "rank %d: only %llu bytes went around the cache", rank,
+                   (unsigned long long)kolo__shm_far_bytes(c));
+    else
+        KT_EQ(kolo__shm_far_bytes(c), 0);
+    free(x);
+    free(y);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_far_copies_exact, 120)
+{
+    static int around = 1, through = 0;
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(2, far_copies_exact, &around, &o, NULL), 0);
+    KT_EQ(kt_job(2, far_copies_exact, &through, &o, NULL), 0);
+}
+
+/* The sender follows its copies' cost (shm.c, "far"), which the hook makes up. At 1000 ps/B
+ * (they crawl) it writes around the cache within 40 allgathers of 1 MiB (the ring's first lap
+ * untimed, 5 copies to fill the window, 8 in a row above 200 ps/B), and keeps doing so: the
+ * checks back through the cache find the copies still crawling. At 10 ps/B it is back through
+ * the cache after its next check (at most 2.56 s on) and stays there. Pinned for a host with more
+ * ranks than cores, it never leaves the cache, crawling or not. The ranks agree on when to stop
+ * waiting by an allreduce, so that both run the same calls. */
+static bool far_moving(kolo__conn *c, uint64_t *last)
+{
+    uint64_t now = kolo__shm_far_bytes(c);
+    bool moved = now != *last;
+    *last = now;
+    return moved;
+}
+
+static void far_rule(int rank, void *arg)
+{
+    (void)arg;
+    kolo__shm_test_far(-1, 1000);
+    KT_OK(kolo_init());
+    kolo__conn *c = shm_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 18; /* 1 MiB from each rank */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    int it = 0;
+    for (; it < 40; it++) allgather_step(rank, x, y, count, it);
+    uint64_t last = kolo__shm_far_bytes(c);
+    KT_ASSERTF(last > 0, "rank %d: copies at 1000 ps/B, yet none went around the cache in 40 calls", rank);
+    for (int k = 0; k < 10; k++, it++) allgather_step(rank, x, y, count, it);
+    KT_ASSERTF(far_moving(c, &last), "rank %d: copies still crawl, yet the last 10 calls stayed in cache", rank);
+
+    kolo__shm_test_far(-1, 10);
+    double start = kolo__now_s();
+    int quiet = 0;
+    for (;;) {
+        allgather_step(rank, x, y, count, it++);
+        quiet = far_moving(c, &last) ? 0 : quiet + 1;
+        float mine = quiet >= 3 || kolo__now_s() - start > 10.0 ? 1.0f : 0.0f, both;
+        KT_OK(kolo_allreduce(&mine, &both, 1, KOLO_FLOAT32, KOLO_MIN, 1.0, 1.0, KOLO_WORLD));
+        if (both > 0.0f) break;
+        kolo__sleep_ns(20 * 1000 * 1000);
+    }
+    KT_ASSERTF(quiet >= 3, "rank %d: copies at 10 ps/B, yet still around the cache %.1f s on", rank,
+               kolo__now_s() - start);
+    for (int k = 0; k < 10; k++, it++) allgather_step(rank, x, y, count, it);
+    KT_ASSERTF(!far_moving(c, &last), "rank %d: copies at 10 ps/B went around the cache again", rank);
+
+    kolo__shm_pin_cached_copies(c);
+    kolo__shm_test_far(-1, 1000);
+    for (int k = 0; k < 40; k++, it++) allgather_step(rank, x, y, count, it);
+    KT_ASSERTF(!far_moving(c, &last), "rank %d: pinned in cache, yet copies went around it", rank);
+    kolo__shm_test_far(-1, 0);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_far_follows_copy_cost, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(2, far_rule, NULL, &o, NULL), 0);
+}
+
 /* The ranks agree at init on what algorithm choices need alike (kolo__mesh.world_shm and
  * .world_oversubscribed). `arg` picks the world: NULL all shared memory (or all TCP under the
  * suite's KOLO_TRANSPORT=tcp pass); TCP_RANK1, rank 1 asks for TCP with its own KOLO_TRANSPORT,

@@ -22,10 +22,13 @@
  * other CCD's cache, and the same allgather fell to 2 GB/s by ring while CMA stayed at 9.4; the
  * VM moves between the two placements every few minutes. So with KOLO_SHM_CMA=auto (the
  * default) the receiver of each direction times both ways on the messages themselves and
- * tells the sender which to use (adapt_*() below); 1 and 0 pin one way.
+ * tells the sender which to use (adapt_*() below); 1 and 0 pin one way. Across CCDs the sender
+ * also writes its ring copies around the cache, which makes them 3-5x cheaper there ("far").
  *
  * Memory order: the producer writes bytes, then publishes head with release; the consumer
- * acquires head, reads, then publishes tail with release. acks likewise.
+ * acquires head, reads, then publishes tail with release. acks likewise. Bytes written with
+ * non-temporal stores ("far") are fenced (sfence) before head or a mark is published: a release
+ * store does not order them.
  */
 #include "transport.h"
 
@@ -117,6 +120,14 @@ typedef struct shm_priv {
      * populated at start-up, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
     uint64_t tx_tail; /* sending: the reader's tail as last loaded */
+    /* sending: ring copies around the cache when the cores sit far apart (see "far" below) */
+    kolo__window wwin;   /* the last timed copies through the cache, ps/B */
+    int crawls;          /* timed copies in a row whose window's median crawled */
+    bool far;            /* payload steps written around the cache */
+    bool far_check;      /* back through the cache to see whether the crawl is over */
+    bool far_never;      /* more ranks than cores: copies are timed by the scheduler; stay put */
+    uint64_t far_until, far_every;
+    uint64_t far_bytes;  /* payload bytes written around the cache so far */
 } shm_priv;
 
 static size_t seg_len(size_t ring)
@@ -129,6 +140,14 @@ static void ring_write(char *ring, uint64_t mask, uint64_t pos, const void *src,
     size_t off = (size_t)(pos & mask), first = KOLO_MIN(n, (size_t)(mask + 1 - off));
     memcpy(ring + off, src, first);
     if (n > first) memcpy(ring, (const char *)src + first, n - first);
+}
+
+/* ring_write with non-temporal stores; the caller fences before publishing */
+static void ring_write_around(char *ring, uint64_t mask, uint64_t pos, const void *src, size_t n)
+{
+    size_t off = (size_t)(pos & mask), first = KOLO_MIN(n, (size_t)(mask + 1 - off));
+    kolo__stream_copy(ring + off, src, first);
+    if (n > first) kolo__stream_copy(ring, (const char *)src + first, n - first);
 }
 
 static void copy_out(void *dst, const void *src, size_t n, bool stream)
@@ -588,6 +607,128 @@ static void adapt_flush(shm_priv *s)
     adapt_learn(s, s->deferred_way, s->deferred_start, s->deferred_bytes);
 }
 
+/* ---- ring copies around the cache when the cores sit far apart ----
+ *
+ * A ring copy's sender writes lines the reader read on the last lap, so each store first takes
+ * the line back from the reader's cache. With the two cores sharing a cache that costs little;
+ * across CCDs (or sockets) it is a round trip to the other cache per line, and the sender's copy
+ * crawls. Non-temporal stores take no line back: they write whole lines to memory, and the reader
+ * reads them from there. Measured on this project's Zen 4 VM, 2 ranks, ring copies pinned
+ * (KOLO_SHM_CMA=0), through the cache against around it, launches alternated:
+ *
+ *   the sender's copy, ps/B:  vCPUs on one CCD (shared-memory ping 0.05 us) 26-33 through the
+ *     cache (42-65 at 16-64 MiB, whose source is out of cache), 33-78 around it; on two CCDs
+ *     (ping 0.26 us) 146-368 through it, 35-66 around it.
+ *   allreduce 1 MiB, us per call:  one CCD 75-89 through, 151-186 around; two CCDs 414-481
+ *     through, 151-154 around. allgather on two CCDs: 1 MiB 223 against 61, 64 MiB 22.8 ms
+ *     against 5.4; allreduce 64 MiB 31.2 against 13.9. On one CCD around the cache lost at every
+ *     size (allreduce 64 MiB 9.3-10.5 ms against 14.4-16.5, broadcast 4.6 against 7.5).
+ *
+ * With the rule below, against the build before it, the default way choice (KOLO_SHM_CMA=auto),
+ * 256 KiB-64 MiB, busbw by medians of launches alternated for 15 minutes and sorted by the ping
+ * before and after each: two CCDs (7-10 launches per size) allreduce 1.57-3.94x, broadcast 1 MiB
+ * and up 1.67-2.57x, allgather and alltoall 16-64 MiB 1.15-1.80x; allgather 256 KiB-4 MiB (27-29
+ * launches) 0.86-1.00x, where single-copy carried them before and the two ways now run close.
+ * One CCD (50 launches) unchanged: allreduce 256 KiB-4 MiB 0.96-1.02x in 10 rounds of its own.
+ *
+ * So the sender times its own copies through the cache (payload steps of FAR_MIN bytes or more,
+ * after the ring's first lap, whose lines no reader holds) and writes around the cache once the
+ * median of its last 5 has stayed above CRAWL_PS for CRAWL_AFTER copies in a row: 200 ps/B is 3x
+ * the slowest copy seen with the cores close, and a few slow copies in a burst (a preempted
+ * rank) do not move it. Around the cache its copies say nothing about the other way, so after
+ * 0.1 s it goes back through the cache for one window of copies (a check: the placement may have
+ * changed), and stays there if they no longer crawl; if they still do, the next check waits twice
+ * as long, up to 2.56 s (a check costs 5 crawling copies, some 0.4 ms). Each direction's sender
+ * decides alone: it is its writes that crawl, and the receiver's way choice above (ring or
+ * single-copy) then times the ring as it now runs. Shorter payloads stay in cache: a message of
+ * a few KiB is read at once, and around the cache the reader would fetch it from memory. With
+ * more ranks than cores the sender never switches (copies timed there measure the scheduler).
+ */
+#define FAR_MIN ((size_t)32 << 10)
+#define CRAWL_PS 200
+#define CRAWL_AFTER 8
+#if defined(__x86_64__)
+#define FAR_STORES 1
+#else
+#define FAR_STORES 0 /* kolo__stream_copy is a plain copy there: nothing to switch to */
+#endif
+
+/* test hook: -1 the rule above, 0 always through the cache, 1 always around it; a `ps` not 0 is
+ * every timed copy's cost per byte instead of what the clock says */
+static int test_far = -1;
+static uint64_t test_far_ps;
+
+void kolo__shm_test_far(int mode, uint64_t ps)
+{
+    test_far = mode;
+    test_far_ps = ps;
+}
+
+static void go_far(shm_priv *s, uint64_t now, uint64_t every, uint64_t ps)
+{
+    s->far = true;
+    s->far_every = every;
+    s->far_until = now + every;
+    KOLO_TRACE("shm to rank %d: copies into the ring crawl (%llu ps/B): writing around the cache for %llu ms",
+               s->peer_rank, (unsigned long long)ps, (unsigned long long)(every / 1000000));
+}
+
+/* Whether the sender writes around the cache now; ends a spell around it when it is due. */
+static bool far_now(shm_priv *s, uint64_t now)
+{
+    if (test_far >= 0) return test_far == 1;
+    if (s->far && now >= s->far_until) {
+        s->far = false;
+        s->far_check = true;
+        kolo__window_clear(&s->wwin);
+        s->crawls = 0;
+    }
+    return s->far;
+}
+
+/* A copy of n bytes through the cache took ns. */
+static void far_learn(shm_priv *s, uint64_t now, uint64_t ns, size_t n)
+{
+    uint64_t ps = test_far_ps ? test_far_ps : ns * 1000 / n;
+    uint64_t median = kolo__window_add(&s->wwin, ps);
+    if (s->wwin.n < KOLO_WINDOW) return;
+    bool crawl = median > CRAWL_PS;
+    s->crawls = crawl ? s->crawls + 1 : 0;
+    if (s->far_check) {
+        s->far_check = false;
+        if (crawl) {
+            go_far(s, now, KOLO_MIN(2 * s->far_every, PROBE_MAX_NS), median);
+        } else {
+            KOLO_TRACE("shm to rank %d: copies into the ring no longer crawl (%llu ps/B): through the cache",
+                       s->peer_rank, (unsigned long long)median);
+        }
+    } else if (s->crawls >= CRAWL_AFTER) {
+        go_far(s, now, PROBE_MIN_NS, median);
+    }
+}
+
+/* Writes a payload step of n bytes at ring position pos (see above). */
+static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n)
+{
+    if (n < FAR_MIN || s->far_never || !FAR_STORES) {
+        tx_write(s, pos, src, n);
+        return;
+    }
+    uint64_t now = kolo__now_ns();
+    if (far_now(s, now)) {
+        first_pass(s->tx, s->mask + 1, &s->tx_ready, pos + n, MADV_POPULATE_WRITE);
+        ring_write_around(s->tx, s->mask, pos, src, n);
+        kolo__stream_fence(); /* before head or the next mark is published */
+        s->far_bytes += n;
+        return;
+    }
+    tx_write(s, pos, src, n);
+    if (pos > s->mask && test_far < 0) {
+        uint64_t end = kolo__now_ns();
+        far_learn(s, end, end - now, n);
+    }
+}
+
 /* ---- framing: marks ----
  *
  * A frame in the ring starts on a cache line: [mark, 8 B][header, 16 B][payload or CMA
@@ -707,7 +848,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 if (space <= TERM_RESERVE) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), space - TERM_RESERVE), STREAM_STEP);
-            tx_write(s, head, x->buf + x->done, n);
+            tx_payload(s, head, x->buf + x->done, n);
             head += n;
             x->done += n;
             if (x->done < x->len) {
@@ -1117,6 +1258,17 @@ bool kolo__shm_pin_oversubscribed(kolo__conn *c)
     if (!kolo__shm_use_cma(c, false)) return false;
     ((shm_priv *)c->priv)->single_ok = 1;
     return true;
+}
+
+void kolo__shm_pin_cached_copies(kolo__conn *c)
+{
+    if (c && c->tp == &kolo__shm_transport && c->priv) ((shm_priv *)c->priv)->far_never = true;
+}
+
+uint64_t kolo__shm_far_bytes(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;
+    return ((const shm_priv *)c->priv)->far_bytes;
 }
 
 uint64_t kolo__shm_cma_sent(const kolo__conn *c)

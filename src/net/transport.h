@@ -257,6 +257,10 @@ bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* On a host with more ranks than cores: c keeps ring copies, but sends the large messages marked
  * `single` single-copy (shm.c); false if c cannot. */
 bool kolo__shm_pin_oversubscribed(kolo__conn *c);
+/* On a host with more ranks than cores: c's copies into its ring stay in cache (shm.c, "far"). */
+void kolo__shm_pin_cached_copies(kolo__conn *c);
+/* How many payload bytes c has written into its ring around the cache (shm.c, "far"). */
+uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 /* How many messages c has sent single-copy. */
 uint64_t kolo__shm_cma_sent(const kolo__conn *c);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
@@ -291,6 +295,9 @@ void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi);
 /* Test hook, before kolo_init: the way choice runs on a made-up clock, each large message
  * costing a fixed rate plus the delays above, and nothing sleeps (shm.c). */
 void kolo__shm_test_virtual(bool on);
+/* Test hook: copies into the ring go -1 by the rule (shm.c, "far"), 0 always through the cache,
+ * 1 always around it; a `ps` not 0 is every timed copy's cost per byte instead of the clock's. */
+void kolo__shm_test_far(int mode, uint64_t ps);
 
 
 #endif
