@@ -1559,9 +1559,10 @@ static kolo__conn *shm_pair(int rank)
 }
 
 /* Copies into the ring around the cache (shm.c, "far") carry every byte: with ring copies pinned
- * and every payload step of 32 KiB or more written with non-temporal stores, an allreduce, a
+ * and every payload step of 4 KiB or more written with non-temporal stores, an allreduce, a
  * broadcast, an allgather and an alltoall whose messages are not multiples of a line and, over
- * several calls, wrap around the 4 MiB rings come out exact; the bytes went around the cache
+ * several calls, wrap around the 4 MiB rings come out exact, and so do broadcasts of 4-64 KiB
+ * (short steps, timed one in 8 by the rule); the bytes went around the cache
  * (kolo__shm_far_bytes), and with the hook at 0 none do. */
 static void far_copies_exact(int rank, void *arg)
 {
@@ -1591,6 +1592,12 @@ static void far_copies_exact(int rank, void *arg)
         for (size_t i = 0; i < 2 * per; i++)
             KT_ASSERTF(y[i] == (float)((int)(i / per) * 100000 + (int)(i % per % 9973) + it), "allgather %d [%zu]: %g",
                        it, i, (double)y[i]);
+        for (size_t sn = 4097 + (size_t)it * 8; sn < ((size_t)64 << 10); sn = sn * 3 + 5) { /* short steps */
+            for (size_t i = 0; i < sn; i++) b[i] = rank == 0 ? (unsigned char)(i * 13 + sn) : 0;
+            KT_OK(kolo_broadcast(b, sn, KOLO_UINT8, 0, KOLO_WORLD));
+            for (size_t i = 0; i < sn; i++)
+                KT_ASSERTF(b[i] == (unsigned char)(i * 13 + sn), "broadcast of %zu [%zu]: %d", sn, i, b[i]);
+        }
         size_t counts[2] = {per, per};
         for (size_t i = 0; i < 2 * per; i++) x[i] = (float)(rank * 1000 + (int)(i / per) * 10 + (int)(i % 13) + it);
         KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
