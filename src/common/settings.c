@@ -43,7 +43,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                            "the name this host reports in messages (default: gethostname)"},
     [KOLO_SET_SHM_CMA] = {"KOLO_SHM_CMA", "", "auto",
                           "how large shared-memory messages travel: 1 read single-copy from the peer's memory "
-                          "(process_vm_readv) from 128 KiB; 0 copied through the shared ring; auto: from 32 KiB the "
+                          "(process_vm_readv) from 128 KiB; 0 copied through the shared ring (whose sender, when its "
+                          "copies crawl because the reader's cache sits on another CCD or socket, writes them "
+                          "around the cache); auto: from 32 KiB the "
                           "receiver of each pair times both on the messages themselves, per size class, and keeps the "
                           "faster (ring copies win while two cores share a cache, single-copy across CCDs or sockets "
                           "and, on some CPUs, for messages of 256 KiB and more); ranks on a "
