@@ -684,11 +684,12 @@ static void go_far(shm_priv *s, uint64_t now, uint64_t every, uint64_t ps)
                s->peer_rank, (unsigned long long)ps, (unsigned long long)(every / 1000000));
 }
 
-/* Whether the sender writes around the cache now; ends a spell around it when it is due. */
+/* Whether the sender writes around the cache now; at a timed copy (`now` not 0) ends a spell
+ * around it when it is due. */
 static bool far_now(shm_priv *s, uint64_t now)
 {
     if (test_far >= 0) return test_far == 1;
-    if (s->far && now >= s->far_until) {
+    if (s->far && now && now >= s->far_until) {
         s->far = false;
         s->far_check = true;
         kolo__window_clear(&s->wwin);
@@ -725,15 +726,9 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n)
         tx_write(s, pos, src, n);
         return;
     }
-    bool timed = n >= FAR_TIME_ALL || ++s->far_tick % FAR_TIME_EVERY == 0, around;
-    uint64_t now = 0;
-    if (timed) {
-        now = kolo__now_ns();
-        around = far_now(s, now);
-    } else {
-        around = test_far >= 0 ? test_far == 1 : s->far; /* a spell ends at a timed copy */
-    }
-    if (around) {
+    bool timed = n >= FAR_TIME_ALL || ++s->far_tick % FAR_TIME_EVERY == 0;
+    uint64_t now = timed ? kolo__now_ns() : 0;
+    if (far_now(s, now)) {
         first_pass(s->tx, s->mask + 1, &s->tx_ready, pos + n, MADV_POPULATE_WRITE);
         ring_write_around(s->tx, s->mask, pos, src, n);
         kolo__stream_fence(); /* before head or the next mark is published */
