@@ -1562,7 +1562,7 @@ static kolo__conn *shm_pair(int rank)
  * and every payload step of 4 KiB or more written with non-temporal stores, an allreduce, a
  * broadcast, an allgather and an alltoall whose messages are not multiples of a line and, over
  * several calls, wrap around the 4 MiB rings come out exact, and so do broadcasts of 4-64 KiB
- * (short steps, timed one in 8 by the rule); the bytes went around the cache
+ * (short steps, timed one in FAR_TIME_EVERY by the rule); the bytes went around the cache
  * (kolo__shm_far_bytes), and with the hook at 0 none do. */
 static void far_copies_exact(int rank, void *arg)
 {

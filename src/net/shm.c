@@ -636,7 +636,9 @@ static void adapt_flush(shm_priv *s)
  * more, and one in FAR_TIME_EVERY of the shorter ones down to FAR_MIN, after the ring's first lap,
  * whose lines no reader holds; two readings of the clock are 10-15 % of a copy of 4-8 KiB, and
  * broadcasts of 8 KiB with every short copy timed ran 0.47x with the cores together, one in 8
- * 0.96x) and writes every step of FAR_MIN bytes or more around the cache once the
+ * 0.96x; one in 32 runs broadcasts of 8-16 KiB 1.02-1.04x one in 8 there, 12 launches each
+ * alternated, allreduce alike, and on two CCDs switches as fast: 32 timed copies are some 400
+ * short ones, 0.3 ms) and writes every step of FAR_MIN bytes or more around the cache once the
  * median of its last 5 has stayed above CRAWL_PS for CRAWL_AFTER copies in a row: 200 ps/B is 3x
  * the slowest copy seen with the cores close, and a few slow copies in a burst (a preempted
  * rank) do not move it. Around the cache its copies say nothing about the other way, so after
@@ -651,11 +653,11 @@ static void adapt_flush(shm_priv *s)
  * sorted by the ping; busbw, 28-47 launches per size far, 277-283 near): on two CCDs broadcast
  * 8-16 KiB 5.8x, 32 KiB 2.5x, 64-128 KiB 1.4-1.7x; allreduce 8-16 KiB 1.6x, 32 KiB 3.8x, 64-128 KiB
  * 1.15-1.2x; allgather 16-32 KiB 1.4-2.4x. On one CCD 0.96-1.00x, but broadcast 8-16 KiB 0.90-0.96x
- * in 10 more rounds of its own (what the timing of one copy in 8 costs there).
+ * in 10 more rounds of its own (what the timing of one copy in 8 cost there; one in 32 since).
  */
 #define FAR_MIN ((size_t)4 << 10)
 #define FAR_TIME_ALL ((size_t)32 << 10) /* shorter steps are timed one in FAR_TIME_EVERY */
-#define FAR_TIME_EVERY 8
+#define FAR_TIME_EVERY 32
 #define CRAWL_PS 200
 #define CRAWL_AFTER 8
 #if defined(__x86_64__)
