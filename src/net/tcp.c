@@ -108,7 +108,7 @@ static int aborted_mid_receive(kolo__conn *c, kolo__xfer *x, size_t got)
     char why[KOLO_ABORT_REASON_MAX + 1];
     size_t have = KOLO_MIN(x->done, KOLO_MIN((size_t)len, sizeof(why) - 1));
     (void)got;
-    memcpy(why, x->buf, have);
+    if (have) memcpy(why, x->buf, have); /* a barrier's receive has no buffer */
     if (have < len && len < sizeof(why)) {
         ssize_t r = recv(c->fd, why + have, (size_t)len - have, MSG_DONTWAIT);
         if (r > 0) have += (size_t)r;
