@@ -372,6 +372,62 @@ static void allgather_step(int rank, float *x, float *y, size_t count, int it)
                    it, r);
 }
 
+/* TCP frames of 128 KiB and more whose payload starts near a page boundary carry filler around
+ * it (tcp.c, "filler"): allgathers, broadcasts and alltoalls over TCP, from and into buffers at
+ * and around page boundaries, with odd lengths and an 8-byte allreduce between them (short
+ * frames, which move where the next one lands in the kernel's buffers), come out exact, and
+ * every rank sent filler. */
+static void tcp_filler(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    const size_t offs[] = {0, 8, 24, 64, 1024, 4088, 2000};
+    size_t big = (size_t)3 << 20;
+    unsigned char *sa = aligned_alloc(4096, big + 8192), *ra = aligned_alloc(4096, 3 * big + 8192);
+    KT_ASSERT(sa && ra);
+    for (int k = 0; k < 7; k++) {
+        unsigned char *sb = sa + offs[k], *rb = ra + offs[(k + 3) % 7];
+        size_t per = ((size_t)128 << 10) + (size_t)k * 4099 + 3; /* allgather: bytes from each rank */
+        for (size_t i = 0; i < per; i++) sb[i] = (unsigned char)(i * 7 + (size_t)rank * 31 + (size_t)k);
+        KT_OK(kolo_allgather(sb, per, rb, NULL, KOLO_UINT8, KOLO_WORLD));
+        for (int src = 0; src < n; src++)
+            for (size_t i = 0; i < per; i++)
+                KT_ASSERTF(rb[(size_t)src * per + i] == (unsigned char)(i * 7 + (size_t)src * 31 + (size_t)k),
+                           "allgather %d from rank %d [%zu]: %d", k, src, i, rb[(size_t)src * per + i]);
+        int v = rank + 1, sum = 0;
+        KT_OK(kolo_allreduce(&v, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(sum, n * (n + 1) / 2);
+        size_t bn = ((size_t)1 << 20) + 5 + (size_t)k; /* broadcast: bytes */
+        int root = k % n;
+        for (size_t i = 0; i < bn; i++) sb[i] = rank == root ? (unsigned char)(i * 13 + (size_t)k) : 0;
+        KT_OK(kolo_broadcast(sb, bn, KOLO_UINT8, root, KOLO_WORLD));
+        for (size_t i = 0; i < bn; i++)
+            KT_ASSERTF(sb[i] == (unsigned char)(i * 13 + (size_t)k), "broadcast %d [%zu]: %d", k, i, sb[i]);
+        size_t c = ((size_t)200 << 10) + (size_t)k * 13 + 1, counts[3] = {c, c, c}; /* alltoall: bytes per pair */
+        for (int dst = 0; dst < n; dst++)
+            for (size_t i = 0; i < c; i++)
+                sb[(size_t)dst * c + i] = (unsigned char)(i * 11 + (size_t)rank * 5 + (size_t)dst + (size_t)k);
+        KT_OK(kolo_alltoall(sb, counts, rb, counts, KOLO_UINT8, KOLO_WORLD));
+        for (int src = 0; src < n; src++)
+            for (size_t i = 0; i < c; i++)
+                KT_ASSERTF(rb[(size_t)src * c + i] ==
+                               (unsigned char)(i * 11 + (size_t)src * 5 + (size_t)rank + (size_t)k),
+                           "alltoall %d from rank %d [%zu]: %d", k, src, i, rb[(size_t)src * c + i]);
+    }
+    KT_ASSERTF(kolo__tcp_filler_sent() > 0, "rank %d sent no filler", rank);
+    free(sa);
+    free(ra);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(tcp_filler_frames_exact, 120)
+{
+    kt_job_opts o = {.tcp_only = 1};
+    KT_EQ(kt_job(2, tcp_filler, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(3, tcp_filler, NULL, &o, NULL), 0);
+}
+
 /* After kolo_init on 2 ranks: the direct channel's connection to the peer, or NULL (and the job
  * shut down) when the pair does not choose between the ways (one core, or CMA refused). */
 static kolo__conn *choosing_pair(int rank)

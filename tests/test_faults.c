@@ -490,6 +490,38 @@ KT_TEST(garbled_shm_stream_is_named, 30)
     KT_EQ(kt_job(2, garbled_shm, (void *)1, NULL, NULL), 0);
 }
 
+/* Over TCP, filler (tcp.c) on a frame shorter than any that may carry it is a garbled stream,
+ * named by the rank that reads it; the sender learns that the reader gave up. */
+static void garbled_tcp_filler(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    KT_CONTAINS(kolo_peer_transport(1 - rank), "tcp");
+    int v = 1, out;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    if (rank == 1) {
+        unsigned char frame[KOLO_HDR_LEN + 4 + 64] = {0};
+        kolo__hdr_pack(frame, 64u << 16, 4); /* 64 bytes of filler before 4 bytes of payload */
+        KT_EQ(send(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[0]->fd, frame, sizeof(frame), MSG_NOSIGNAL),
+              (ssize_t)sizeof(frame));
+        int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+        if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+        KT_EQ(st, KOLO_ERR_PEER_LOST);
+        KT_CONTAINS(kolo_last_error(), "rank 0");
+        KT_CONTAINS(kolo_last_error(), "garbled");
+    } else {
+        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PROTOCOL);
+        KT_CONTAINS(kolo_last_error(), "rank 1");
+        KT_CONTAINS(kolo_last_error(), "filler");
+    }
+}
+
+KT_TEST(garbled_tcp_filler_is_named, 30)
+{
+    kt_job_opts o = {.tcp_only = 1};
+    KT_EQ(kt_job(2, garbled_tcp_filler, NULL, &o, NULL), 0);
+}
+
 /* A rank that shuts down while another still waits for it: the waiter is told, not hung. */
 static void early_exit(int rank, void *arg)
 {

@@ -30,7 +30,8 @@
 #define KOLO_CHANNEL_ENGINE 1
 
 #define KOLO_MSG_MAGIC 0x4b4f4c4du /* "KOLM" */
-#define KOLO_HDR_LEN 16
+#define KOLO_HDR_LEN 16 /* magic (4 bytes), flags (4), payload length (8), in host order */
+/* The flags' low 28 bits are the transport's own (shm: a single-copy descriptor; tcp: filler). */
 /* header flag of the last frame a rank sends on a stream when it shuts down cleanly */
 #define KOLO_HDR_GOODBYE 0x80000000u
 /* header flag of the last frame a rank sends when it gives up on the job; payload: the reason */
@@ -52,6 +53,8 @@ struct kolo__xfer {
     size_t len;       /* payload bytes */
     size_t done;      /* payload bytes moved */
     unsigned hdr_done;
+    unsigned pad, pad_done;   /* tcp: filler bytes between header and payload, and how many moved (tcp.c) */
+    unsigned tail, tail_done; /* tcp: filler bytes after the payload, and how many moved */
     int kind;
     int status;       /* 1 pending, 0 done, < 0 failed */
     uint64_t cma_seq; /* shm: sequence of a single-copy send awaiting the peer's ack */
@@ -287,6 +290,8 @@ void kolo__shm_test_switch(kolo__conn *c, uint64_t bytes);
 /* Tests: corrupts what c's peer reads next from us, either the mark it polls or, with
  * whole_frame, a whole frame whose header is not kolo's. Nothing may be in flight on c. */
 void kolo__shm_garble(kolo__conn *c, bool whole_frame);
+/* test hook: filler bytes this process has sent around TCP payloads (tcp.c, "filler") */
+uint64_t kolo__tcp_filler_sent(void);
 /* Test hook, before kolo_init: each large message by ring copies (way 0) or single-copy (1) takes
  * `ns` longer, so that tests can make either way the slow one. */
 void kolo__shm_test_delay(int way, uint64_t ns);

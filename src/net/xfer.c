@@ -126,6 +126,7 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
     x->len = len;
     x->done = 0;
     x->hdr_done = 0;
+    x->pad = x->pad_done = x->tail = x->tail_done = 0;
     x->kind = kind;
     x->cma_seq = 0;
     x->looked_ns = 0;
@@ -278,6 +279,9 @@ void kolo__wait_test_counts(uint64_t out[2])
     out[1] = yields;
 }
 
+/* Bytes of the frame at the head of a queue moved so far (header, filler, payload). */
+static size_t moved_bytes(const kolo__xfer *x) { return x ? x->done + x->hdr_done + x->pad_done + x->tail_done : 0; }
+
 /* A wait whose messages are all at most this long counts as small (below). */
 #define QUICK_YIELD_MAX 1024
 
@@ -304,13 +308,11 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
             kolo__conn *c = m->conns[p];
             if (!c || (!c->sendq && !c->recvq)) continue;
             syscalls |= c->tp == &kolo__tcp_transport;
-            size_t before = (c->sendq ? c->sendq->done + c->sendq->hdr_done : 0) +
-                            (c->recvq ? c->recvq->done + c->recvq->hdr_done : 0);
+            size_t before = moved_bytes(c->sendq) + moved_bytes(c->recvq);
             kolo__xfer *sq = c->sendq, *rq = c->recvq;
             int st = c->tp->progress(c);
             if (st != KOLO_OK) break; /* the conn failed its xfers; all_done sees it */
-            size_t after = (c->sendq ? c->sendq->done + c->sendq->hdr_done : 0) +
-                           (c->recvq ? c->recvq->done + c->recvq->hdr_done : 0);
+            size_t after = moved_bytes(c->sendq) + moved_bytes(c->recvq);
             if (after != before || sq != c->sendq || rq != c->recvq) moved = true;
         }
         if (all_done(xs, n, &status)) goto out;
