@@ -657,8 +657,12 @@ int main(int argc, char **argv)
   for (int i = 0; i < o.nbands; i++)
     if (o.bands[i].hi > maxb)
       maxb = o.bands[i].hi;
-  maxb += 64;
-  void *sbuf = malloc(maxb), *rbuf = malloc(maxb);
+  maxb = (maxb + 64 + 63) / 64 * 64;
+  /* As kolo-bench allocates (and PyTorch's CPU allocator): 64-byte aligned, which glibc puts 64
+   * bytes into a page for large buffers. Where a buffer starts in its page matters to every
+   * library's copies on some CPUs (REP MOVSB, see src/net/tcp.c, "filler"): both benchmarks
+   * start theirs alike. */
+  void *sbuf = aligned_alloc(64, maxb), *rbuf = aligned_alloc(64, maxb);
   if (!sbuf || !rbuf) {
     fprintf(stderr, "mpi_coll_bench: out of memory for %zu-byte buffers\n", maxb);
     MPI_Abort(MPI_COMM_WORLD, 1);
