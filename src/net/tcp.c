@@ -2,10 +2,10 @@
  *
  * Sends go out with sendmsg() of [header remainder, payload remainder] straight from the user's
  * buffer; receives read [header, payload] with one readv() straight into the user's buffer, so
- * a message costs no copy in user space and one or two system calls (long frames may carry
- * filler around the payload, and their receivers read the header first: "filler" below). Only the head of each
- * queue is active; both directions progress independently, so a ring step that sends and
- * receives at once cannot deadlock on full socket buffers.
+ * a message costs no copy in user space and one or two system calls (frames of 128 KiB and more
+ * may carry filler around the payload, and their receivers read the header first: "filler"
+ * below). Only the head of each queue is active; both directions progress independently, so a
+ * ring step that sends and receives at once cannot deadlock on full socket buffers.
  */
 #include "transport.h"
 
