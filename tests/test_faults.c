@@ -458,6 +458,25 @@ KT_TEST(mismatched_counts_fail_every_rank, 20)
     KT_EQ(kt_job(2, mismatch, NULL, &o, NULL), 0);
 }
 
+/* After rank 1 has put something garbled into its stream to rank 0: rank 0's next allreduce is
+ * a protocol error naming rank 1 and saying `what`, and rank 1 learns that rank 0 gave up (our
+ * part of the first allreduce may complete before rank 0 reads anything; the next cannot). */
+static void garbled_outcome(int rank, const char *what)
+{
+    int v = 1, out;
+    if (rank == 1) {
+        int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+        if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
+        KT_EQ(st, KOLO_ERR_PEER_LOST);
+        KT_CONTAINS(kolo_last_error(), "rank 0");
+        KT_CONTAINS(kolo_last_error(), "garbled");
+    } else {
+        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PROTOCOL);
+        KT_CONTAINS(kolo_last_error(), "rank 1");
+        KT_CONTAINS(kolo_last_error(), what);
+    }
+}
+
 /* A garbled shared-memory stream is an error naming the sender, on the rank that reads it, and
  * the other rank learns that the reader gave up: either the mark the reader polls holds junk
  * (arg 0), or a frame arrives whose header is not kolo's (arg 1). */
@@ -471,17 +490,8 @@ static void garbled_shm(int rank, void *arg)
     if (rank == 1) {
         kolo__shm_garble(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[0], whole);
         if (!whole) usleep(300 * 1000); /* rank 0 must read the junk mark before we send again */
-        /* our part of this one may complete before rank 0 reads anything; the next cannot */
-        int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
-        if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
-        KT_EQ(st, KOLO_ERR_PEER_LOST);
-        KT_CONTAINS(kolo_last_error(), "rank 0");
-        KT_CONTAINS(kolo_last_error(), "garbled");
-    } else {
-        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PROTOCOL);
-        KT_CONTAINS(kolo_last_error(), "rank 1");
-        KT_CONTAINS(kolo_last_error(), "garbled");
     }
+    garbled_outcome(rank, "garbled");
 }
 
 KT_TEST(garbled_shm_stream_is_named, 30)
@@ -504,16 +514,8 @@ static void garbled_tcp_filler(int rank, void *arg)
         kolo__hdr_pack(frame, 64u << 16, 4); /* 64 bytes of filler before 4 bytes of payload */
         KT_EQ(send(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[0]->fd, frame, sizeof(frame), MSG_NOSIGNAL),
               (ssize_t)sizeof(frame));
-        int st = kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
-        if (st == KOLO_OK) st = kolo_barrier(KOLO_WORLD);
-        KT_EQ(st, KOLO_ERR_PEER_LOST);
-        KT_CONTAINS(kolo_last_error(), "rank 0");
-        KT_CONTAINS(kolo_last_error(), "garbled");
-    } else {
-        KT_STATUS(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PROTOCOL);
-        KT_CONTAINS(kolo_last_error(), "rank 1");
-        KT_CONTAINS(kolo_last_error(), "filler");
     }
+    garbled_outcome(rank, "filler");
 }
 
 KT_TEST(garbled_tcp_filler_is_named, 30)
