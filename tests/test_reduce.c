@@ -874,6 +874,35 @@ KT_TEST(reduce_divide, 5)
     KT_ASSERT(one[0] == -5 && one[1] == 5);
 }
 
+/* kolo__copy in every build: for destinations 0-130 bytes past the source modulo 4096 (1-63 take
+ * the vector loop from 2 KiB) and lengths around the loop's threshold and its 64-byte steps, the
+ * bytes are memcpy's and nothing outside the destination is touched. */
+KT_TEST(reduce_copy_every_distance, 20)
+{
+    enum { MAX = 9000, PAD = 64, SPAN = 2 * 4096 + MAX + 3 * PAD };
+    static unsigned char arena[2 * SPAN], want[SPAN];
+    unsigned char *src = arena, *dst = arena + SPAN; /* SPAN is not a multiple of 4096: every distance occurs */
+    rng_state = 91;
+    for (size_t i = 0; i < SPAN; i++) src[i] = (unsigned char)rnd();
+    static const size_t lens[] = {1, 63, 2047, 2048, 2049, 2111, 4096, MAX};
+    FOR_EACH_ISA(isa) {
+        for (size_t past = 0; past <= 130; past += past < 70 ? 1 : 20)
+            for (size_t li = 0; li < KOLO_ARRAY_SIZE(lens); li++) {
+                size_t n = lens[li], so = (size_t)rnd() % 64;
+                /* the destination's offset in dst with (dst + d) - (src + so) = past modulo 4096 */
+                size_t d = (so + past + 2 * 4096 - PAD - ((uintptr_t)dst - (uintptr_t)src) % 4096) % 4096 + PAD;
+                KT_EQ(((uintptr_t)(dst + d) - (uintptr_t)(src + so)) % 4096, past);
+                memset(dst, 0xA5, SPAN);
+                memcpy(want, dst, SPAN);
+                memcpy(want + d, src + so, n);
+                kolo__copy(dst + d, src + so, n);
+                KT_ASSERTF(memcmp(dst, want, SPAN) == 0, "%s: copy of %zu bytes, destination %zu past the source, differs",
+                           isa, n, past);
+            }
+    }
+    KT_ASSERT(kolo__reduce_set_isa(NULL));
+}
+
 /* The streamed copy of every build: any alignment of either end and any length gives memcpy's
  * bytes, and nothing outside the destination is touched. */
 KT_TEST(reduce_stream_copy_every_alignment, 10)

@@ -342,7 +342,7 @@ static void to_work(char *w, const void *send, size_t total, kolo_dtype_t dtype)
 {
     if (dtype == KOLO_FLOAT16) kolo__f16_to_f32_n((float *)(void *)w, send, total);
     else if (dtype == KOLO_BFLOAT16) kolo__bf16_to_f32_n((float *)(void *)w, send, total);
-    else if (w != send && total) memcpy(w, send, total * kolo_dtype_size(dtype));
+    else if (w != send && total) kolo__copy(w, send, total * kolo_dtype_size(dtype));
 }
 
 /* recv = scale * w, converted to the dtype (w may be recv). Adasum is homogeneous (scaling every
@@ -353,7 +353,7 @@ static void from_work(void *recv, char *w, size_t total, kolo_dtype_t dtype, dou
     if (scale != 1.0) kolo__scale(w, w, total, dtype == KOLO_FLOAT64 ? KOLO_FLOAT64 : KOLO_FLOAT32, scale);
     if (dtype == KOLO_FLOAT16) kolo__f32_to_f16_n(recv, (const float *)(const void *)w, total);
     else if (dtype == KOLO_BFLOAT16) kolo__f32_to_bf16_n(recv, (const float *)(const void *)w, total);
-    else if (w != recv && total) memcpy(recv, w, total * kolo_dtype_size(dtype));
+    else if (w != recv && total) kolo__copy(recv, w, total * kolo_dtype_size(dtype));
 }
 
 /* out = a (+) b over the whole buffer, with dot products of whole tensors (out may be a) */

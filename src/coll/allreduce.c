@@ -67,7 +67,7 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
     char *own = tmp + stride * (size_t)r;
     /* a private copy of our contribution: recv may alias send and is overwritten below */
     if (pre != 1.0) kolo__scale(own, send, count, dtype, pre);
-    else if (bytes) memcpy(own, send, bytes);
+    else if (bytes) kolo__copy(own, send, bytes);
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
     int k = 0;
@@ -111,7 +111,7 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
     if (!tmp) return KOLO_ERR_NO_MEMORY;
     /* the running result lives in recv from the start (send may alias it) */
     if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
-    else if (send != recv) memcpy(recv, send, bytes);
+    else if (send != recv) kolo__copy(recv, send, bytes);
     int p2 = 1;
     while (p2 * 2 <= n) p2 *= 2;
     int extra = n - p2; /* members 0 .. 2*extra-1 pair up: the even one hands over to the odd one */
@@ -159,7 +159,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (op == KOLO_ADASUM) return kolo__coll_adasum(m, g, send, recv, &count, 1, dtype, pre, post);
     if (n == 1) {
         if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
-        else if (send != recv && count) memcpy(recv, send, count * es);
+        else if (send != recv && count) kolo__copy(recv, send, count * es);
         kolo__coll_finish_scale(recv, count, dtype, op, post, 1);
         return KOLO_OK;
     }
@@ -238,7 +238,7 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
         xs[k++].single = counts[to] * es <= SINGLE_RS_MAX;
     }
     /* a private copy of this member's own block: recv may overlap send */
-    if (bytes) memcpy(tmp + stride * (size_t)r, src + offs[r] * es, bytes);
+    if (bytes) kolo__copy(tmp + stride * (size_t)r, src + offs[r] * es, bytes);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
     if (st != KOLO_OK) return st;
@@ -275,7 +275,7 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     }
     int st = kolo__ring_reduce_scatter(m, g, src, work, offs, counts, dtype, op, 0);
     if (st != KOLO_OK) return st;
-    if (counts[r]) memcpy(recv, work + offs[r] * es, counts[r] * es);
+    if (counts[r]) kolo__copy(recv, work + offs[r] * es, counts[r] * es);
     kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);
     return KOLO_OK;
 }

@@ -75,9 +75,12 @@ void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream)
 {
     if (!n || dst == src) return;
     const char *d = dst, *s = src;
-    if (stream && (d + n <= s || s + n <= d)) {
+    bool apart = d + n <= s || s + n <= d;
+    if (stream && apart) {
         kolo__stream_copy(dst, src, n);
         kolo__stream_fence();
+    } else if (apart) {
+        kolo__copy(dst, src, n);
     } else {
         memmove(dst, src, n);
     }

@@ -297,7 +297,7 @@ static bool regions_hold(const desc *d, const seg_addr *sa, const size_t *start,
  * top); the caller fences before the others look. */
 static void put_out(void *dst, const void *src, size_t n, bool cached)
 {
-    if (cached) memcpy(dst, src, n);
+    if (cached) kolo__copy(dst, src, n);
     else kolo__stream_copy(dst, src, n);
 }
 

@@ -37,6 +37,7 @@
  * instead of waiting for a collective this rank will not run. */
 #include "internal.h"
 
+#include "../reduce/reduce.h"
 #include "../trace/trace.h"
 #include "ring_iov.h"
 
@@ -204,7 +205,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     for (size_t i = 0; i < k; i++) {
         kolo__resp *rp = &s->resp[idx[i]];
         if (rp->bytes < PACK_MIN) {
-            if (rp->req && rp->bytes) memcpy(buf + poff, rp->req->send, rp->bytes);
+            if (rp->req && rp->bytes) kolo__copy(buf + poff, rp->req->send, rp->bytes);
             else if (rp->bytes) memset(buf + poff, 0, rp->bytes);
             poff += rp->bytes;
         } else if (rp->req) {
@@ -236,7 +237,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     for (size_t i = 0; i < k && st == KOLO_OK; i++) {
         kolo__resp *rp = &s->resp[idx[i]];
         if (rp->bytes >= PACK_MIN) continue;
-        if (rp->req && rp->bytes) memcpy(rp->req->recv, buf + poff, rp->bytes);
+        if (rp->req && rp->bytes) kolo__copy(rp->req->recv, buf + poff, rp->bytes);
         poff += rp->bytes;
     }
     if (st == KOLO_OK && tracing) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0, PACK_MIN, TR_OUT);
@@ -273,7 +274,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
         for (size_t i = 0; i < k; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
             if (rp->req) {
-                if (rp->bytes) memcpy(buf + off, rp->req->send, rp->bytes);
+                if (rp->bytes) kolo__copy(buf + off, rp->req->send, rp->bytes);
             } else {
                 memset(buf + off, 0, rp->bytes); /* joined: zeros */
             }
@@ -296,7 +297,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
         off = 0;
         for (size_t i = 0; i < k && st == KOLO_OK; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
-            if (rp->req && rp->bytes) memcpy(rp->req->recv, buf + off, rp->bytes);
+            if (rp->req && rp->bytes) kolo__copy(rp->req->recv, buf + off, rp->bytes);
             off += rp->bytes;
         }
         if (copies && st == KOLO_OK) trace_some(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0, SIZE_MAX, TR_OUT);
@@ -431,7 +432,7 @@ static int run_allgather_fused(kolo__pset_state *s, const size_t *idx, size_t k,
     size_t off = 0;
     for (size_t i = 0; i < k; i++) {
         size_t b = part(&s->resp[idx[i]], me);
-        if (b) memcpy(send + off, s->resp[idx[i]].req->send, b);
+        if (b) kolo__copy(send + off, s->resp[idx[i]].req->send, b);
         off += b;
     }
     if (tracing) {
@@ -447,7 +448,7 @@ static int run_allgather_fused(kolo__pset_state *s, const size_t *idx, size_t k,
         for (size_t i = 0; i < k; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
             size_t b = part(rp, r);
-            if (b) memcpy((char *)rp->req->out + rp->off, recv + off, b);
+            if (b) kolo__copy((char *)rp->req->out + rp->off, recv + off, b);
             rp->off += b;
             off += b;
         }
@@ -469,7 +470,7 @@ static int run_broadcast_fused(kolo__pset_state *s, const size_t *idx, size_t k,
         if (tracing) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 1);
         for (size_t i = 0; i < k; i++) {
             kolo__resp *rp = &s->resp[idx[i]];
-            if (rp->bytes) memcpy(buf + off, rp->req->recv, rp->bytes);
+            if (rp->bytes) kolo__copy(buf + off, rp->req->recv, rp->bytes);
             off += rp->bytes;
         }
         if (tracing) trace_all(s, idx, k, "MEMCPY_IN_FUSION_BUFFER", 0);
@@ -481,7 +482,7 @@ static int run_broadcast_fused(kolo__pset_state *s, const size_t *idx, size_t k,
     if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 1);
     for (size_t i = 0; i < k; i++) {
         kolo__resp *rp = &s->resp[idx[i]];
-        if (rp->bytes) memcpy(rp->req->recv, buf + off, rp->bytes);
+        if (rp->bytes) kolo__copy(rp->req->recv, buf + off, rp->bytes);
         off += rp->bytes;
     }
     if (tracing) trace_all(s, idx, k, "MEMCPY_OUT_FUSION_BUFFER", 0);

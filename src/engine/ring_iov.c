@@ -99,7 +99,7 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
     int st = KOLO_OK;
     if (n == 1) {
         for (int i = 0; i < nseg; i++) {
-            if (segs[i].src != segs[i].dst && segs[i].count) memcpy(segs[i].dst, segs[i].src, segs[i].count * es);
+            if (segs[i].src != segs[i].dst && segs[i].count) kolo__copy(segs[i].dst, segs[i].src, segs[i].count * es);
             kolo__coll_finish_scale(segs[i].dst, segs[i].count, dtype, op, post, 1);
         }
         goto out;

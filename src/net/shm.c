@@ -139,8 +139,8 @@ static size_t seg_len(size_t ring)
 static void ring_write(char *ring, uint64_t mask, uint64_t pos, const void *src, size_t n)
 {
     size_t off = (size_t)(pos & mask), first = KOLO_MIN(n, (size_t)(mask + 1 - off));
-    memcpy(ring + off, src, first);
-    if (n > first) memcpy(ring, (const char *)src + first, n - first);
+    kolo__copy(ring + off, src, first);
+    if (n > first) kolo__copy(ring, (const char *)src + first, n - first);
 }
 
 /* ring_write with non-temporal stores; the caller fences before publishing */
@@ -154,7 +154,7 @@ static void ring_write_around(char *ring, uint64_t mask, uint64_t pos, const voi
 static void copy_out(void *dst, const void *src, size_t n, bool stream)
 {
     if (stream) kolo__stream_copy(dst, src, n);
-    else memcpy(dst, src, n);
+    else kolo__copy(dst, src, n);
 }
 
 /* stream: with non-temporal stores (kolo__xfer.stream; the caller fences) */

@@ -35,6 +35,9 @@ void kolo__divide(void *buf, size_t count, kolo_dtype_t dtype, int n);
  * see the bytes only after kolo__stream_fence(). */
 void kolo__stream_copy(void *dst, const void *src, size_t n);
 void kolo__stream_fence(void);
+/* memcpy (no overlap), except where the destination lies 1-63 bytes past the source modulo 4096:
+ * there memcpy's `rep movsb` crawls on some CPUs, and a vector loop copies instead (reduce.c). */
+void kolo__copy(void *dst, const void *src, size_t n);
 
 /* Conversions for float16 (IEEE binary16) and bfloat16, round to nearest even,
  * NaN stays NaN, overflow goes to infinity. */
