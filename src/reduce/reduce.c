@@ -438,49 +438,15 @@ ATTR_avx512 static inline void bf16_st2e_avx512(uint16_t *p, v64_f32 lo, v64_f32
 }
 #endif
 
-/* ---- Copies that write around the cache ----------------------------------------------
+/* ---- Copies: around the cache, and through it where memcpy would crawl ------------------
  * A plain store to a line that is not in cache first reads the line from memory, so a large
  * memcpy moves three bytes per byte copied; non-temporal stores move two. Each build stores
  * whole 64-byte lines with its widest vectors once the destination is aligned: on this
  * project's VM (Sapphire Rapids, 2 threads copying 32 MiB each at once) 64-byte stores took
  * 2.36 ms where 16-byte ones took 2.50 (glibc's memcpy 3.7), and a 256 KiB block reduced in
- * 4 KiB pieces streamed out one by one ran 4.6 ms with 64-byte stores, 6.2 with 16-byte ones. */
-#if defined(KOLO_REDUCE_X86)
-#define STREAM_COPY(ISA, BODY)                                                                      \
-    ATTR_##ISA static void stream_copy_##ISA(void *dst, const void *src, size_t n)                  \
-    {                                                                                               \
-        char *d = dst;                                                                              \
-        const char *s = src;                                                                        \
-        size_t head = KOLO_MIN((64 - ((uintptr_t)d & 63)) & 63, n);                                 \
-        memcpy(d, s, head);                                                                         \
-        d += head, s += head, n -= head;                                                            \
-        for (; n >= 64; n -= 64, d += 64, s += 64) {                                                \
-            BODY                                                                                    \
-        }                                                                                           \
-        memcpy(d, s, n);                                                                            \
-    }
-STREAM_COPY(generic, {
-    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-    _mm_stream_si128((__m128i *)(void *)d, a);
-    _mm_stream_si128((__m128i *)(void *)(d + 16), b);
-    _mm_stream_si128((__m128i *)(void *)(d + 32), c);
-    _mm_stream_si128((__m128i *)(void *)(d + 48), e);
-})
-STREAM_COPY(avx2, {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)s);
-    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + 32));
-    _mm256_stream_si256((__m256i *)(void *)d, a);
-    _mm256_stream_si256((__m256i *)(void *)(d + 32), b);
-})
-STREAM_COPY(avx512, { _mm512_stream_si512((void *)d, _mm512_loadu_si512((const void *)s)); })
-#else
-static void stream_copy_generic(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
-#endif
-
-/* ---- Copies through the cache, where memcpy would crawl ---------------------------------
+ * 4 KiB pieces streamed out one by one ran 4.6 ms with 64-byte stores, 6.2 with 16-byte ones.
+ *
+ * Copies through the cache, where memcpy would crawl:
  * glibc's memcpy copies with `rep movsb` from about 2 KiB up to about the second-level cache's
  * size on CPUs with fast short REP MOVSB (AMD from Zen 3, recent Intel). On this project's Zen 4
  * VM that instruction copies at 3.5 GB/s instead of 50-57 when the destination lies 1-15 bytes
@@ -490,34 +456,47 @@ static void stream_copy_generic(void *dst, const void *src, size_t n) { memcpy(d
  * memcpy leaves `rep movsb` and both run alike. Such distances come with tensors packed end to
  * end in a fusion buffer or buffers at odd offsets; kolo__copy takes the loop for them only. */
 #if defined(KOLO_REDUCE_X86)
-#define COPY_LOOP(ISA, BODY)                                                                        \
-    ATTR_##ISA static void copy_##ISA(void *dst, const void *src, size_t n)                         \
+/* Both copies below: 64 bytes a step with the build's widest vectors, loaded unaligned and stored
+ * with _mm*_KIND_si*: `stream` (non-temporal, the destination aligned to a line first) or
+ * `storeu`; the tail (and the head) through memcpy. */
+#define LINE_generic(KIND)                                                                          \
+    {                                                                                               \
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);                              \
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));                       \
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));                       \
+        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));                       \
+        _mm_##KIND##_si128((__m128i *)(void *)d, a);                                                \
+        _mm_##KIND##_si128((__m128i *)(void *)(d + 16), b);                                         \
+        _mm_##KIND##_si128((__m128i *)(void *)(d + 32), c);                                         \
+        _mm_##KIND##_si128((__m128i *)(void *)(d + 48), e);                                         \
+    }
+#define LINE_avx2(KIND)                                                                             \
+    {                                                                                               \
+        __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)s);                           \
+        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + 32));                    \
+        _mm256_##KIND##_si256((__m256i *)(void *)d, a);                                             \
+        _mm256_##KIND##_si256((__m256i *)(void *)(d + 32), b);                                      \
+    }
+#define LINE_avx512(KIND) { _mm512_##KIND##_si512((void *)d, _mm512_loadu_si512((const void *)s)); }
+#define LINE_COPY(NAME, ISA, KIND, ALIGN)                                                           \
+    ATTR_##ISA static void NAME##_##ISA(void *dst, const void *src, size_t n)                       \
     {                                                                                               \
         char *d = dst;                                                                              \
         const char *s = src;                                                                        \
-        for (; n >= 64; n -= 64, d += 64, s += 64) {                                                \
-            BODY                                                                                    \
-        }                                                                                           \
+        size_t head = ALIGN ? KOLO_MIN((64 - ((uintptr_t)d & 63)) & 63, n) : 0;                     \
+        memcpy(d, s, head);                                                                         \
+        d += head, s += head, n -= head;                                                            \
+        for (; n >= 64; n -= 64, d += 64, s += 64) LINE_##ISA(KIND)                                 \
         memcpy(d, s, n);                                                                            \
     }
-COPY_LOOP(generic, {
-    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-    _mm_storeu_si128((__m128i *)(void *)d, a);
-    _mm_storeu_si128((__m128i *)(void *)(d + 16), b);
-    _mm_storeu_si128((__m128i *)(void *)(d + 32), c);
-    _mm_storeu_si128((__m128i *)(void *)(d + 48), e);
-})
-COPY_LOOP(avx2, {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)s);
-    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + 32));
-    _mm256_storeu_si256((__m256i *)(void *)d, a);
-    _mm256_storeu_si256((__m256i *)(void *)(d + 32), b);
-})
-COPY_LOOP(avx512, { _mm512_storeu_si512((void *)d, _mm512_loadu_si512((const void *)s)); })
+LINE_COPY(stream_copy, generic, stream, 1)
+LINE_COPY(stream_copy, avx2, stream, 1)
+LINE_COPY(stream_copy, avx512, stream, 1)
+LINE_COPY(copy, generic, storeu, 0)
+LINE_COPY(copy, avx2, storeu, 0)
+LINE_COPY(copy, avx512, storeu, 0)
 #else
+static void stream_copy_generic(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 static void copy_generic(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif
 
