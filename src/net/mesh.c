@@ -8,8 +8,8 @@
  *      other rank's entry, waiting until KOLO_START_TIMEOUT, then name the missing ranks.
  *   3. For each channel and each pair, the higher rank connects to the lower one. Handshake
  *      (all fixed-size binary messages; HMAC-SHA256 with the job secret, distinct labels):
- *        A (acceptor) -> C: "KOLOMSH1", rank_a, nonce_a
- *        C -> A: "KOLOMSH1", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
+ *        A (acceptor) -> C: "KOLOMSH2", rank_a, nonce_a
+ *        C -> A: "KOLOMSH2", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
  *        A -> C: mac(accept: job, nonce_c, rank_a, channel, rank_c), transport offer
  *                (tcp, or shm with a segment name), A's pid and a probe address for CMA
  *        C -> A: shm opened and token matched?, CMA read of A's probe worked?, C's probe address
@@ -43,7 +43,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define HS_MAGIC "KOLOMSH1"
+/* The greeting's magic names the wire's version: KOLOMSH2 since TCP frames may carry filler
+ * (tcp.c). A peer of another version would misread our frames, so it is refused by name. */
+#define HS_MAGIC "KOLOMSH2"
+#define HS_FAMILY_LEN 7 /* "KOLOMSH": a kolo peer, of some wire version */
 #define HELLO_A_LEN (8 + 4 + KOLO_NONCE_LEN)
 #define HELLO_C_LEN (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)
 #define SHM_NAME_LEN 96
@@ -280,9 +283,22 @@ static kolo__conn *conn_new(build *b, int channel, int peer, int fd)
 
 /* ---- acceptor side ---- */
 
+/* A greeting whose magic is kolo's but not this build's wire version. */
+static bool other_version(const unsigned char *magic)
+{
+    return memcmp(magic, HS_MAGIC, HS_FAMILY_LEN) == 0 && memcmp(magic, HS_MAGIC, 8) != 0;
+}
+
 static int on_hello_c(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
+    if (other_version(h->in)) {
+        char why[160];
+        snprintf(why, sizeof(why), "a kolo of another wire version (%.8s; this one speaks %s): every rank of a job "
+                 "must run the same kolo", (const char *)h->in, HS_MAGIC);
+        refuse(h, why);
+        return KOLO_OK;
+    }
     if (memcmp(h->in, HS_MAGIC, 8) != 0) {
         refuse(h, "not a kolo peer (bad magic)");
         return KOLO_OK;
@@ -390,6 +406,11 @@ void kolo__mesh_test_fail_shm_from(int peer) { test_fail_shm_from = peer; }
 static int on_hello_a(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
+    if (other_version(h->in))
+        return kolo__err(KOLO_ERR_PROTOCOL,
+                         "rank %d at %s:%d runs a kolo of another wire version (%.8s; this one speaks %s): every "
+                         "rank of a job must run the same kolo",
+                         h->peer, b->peers[h->peer].addr, b->peers[h->peer].port, (const char *)h->in, HS_MAGIC);
     if (memcmp(h->in, HS_MAGIC, 8) != 0 || (int)get32(h->in + 8) != h->peer)
         return kolo__err(KOLO_ERR_PROTOCOL, "the process at %s:%d is not rank %d of this job (bad greeting)",
                          b->peers[h->peer].addr, b->peers[h->peer].port, h->peer);
