@@ -32,9 +32,16 @@
  * give 6 GB/s, 128 KiB ones 2.6), small enough to let the other direction progress. */
 #define TCP_IO_MAX (4u << 20)
 
+static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap);
+
 static int io_error(kolo__conn *c, const char *what, int err)
 {
     kolo__mesh *m = c->mesh;
+    char why[KOLO_ABORT_REASON_MAX + 1];
+    /* a peer that gave up sent its reason before closing: a send can meet the closed socket
+     * before anything reads that frame */
+    if ((err == 0 || err == ECONNRESET || err == EPIPE) && tcp_abort_reason(c, why, sizeof(why)))
+        return kolo__conn_fail(c, kolo__err_aborted(c, why));
     if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
         kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
                   c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
@@ -305,7 +312,9 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
             buf[m] = '\0';
             return true;
         }
-        pos += KOLO_HDR_LEN + (size_t)len;
+        /* the frame's filler, if it has any ("filler" above) */
+        size_t fill = len >= TCP_PAD_MIN ? ((flags >> TCP_PAD_SHIFT) & TCP_PAD_MASK) + (flags & TCP_PAD_MASK) : 0;
+        pos += KOLO_HDR_LEN + fill + (size_t)len;
     }
     return false;
 }
