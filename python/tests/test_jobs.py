@@ -522,6 +522,20 @@ def test_profile_sorts_symbols_and_says_what_differs():
     assert "machine's rate" in " ".join(close) and "waiting" in " ".join(shows), (shows, close)
 
 
+def test_profiles_compare_out_of_place_as_the_sweep_does():
+    # A profiled launch's time per call is the out-of-place figure where the row has one (the
+    # sweep's ratios are out-of-place), not a mean with an in-place call that takes another path.
+    compare = _bench_module("compare")
+    text = ("#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+            "     4194304      1048576  float32   none     -1   240.00   17.48    8.74    N/A"
+            "  1270.00    3.30    1.65    N/A\n")
+    (row,), _ = compare.parse_rows(text, "alltoall")
+    assert set(row["place"]) == {"oop", "ip"} and compare.sweep_us(row) == pytest.approx(240.0)
+    ip_only = "     8  2  float32  sum  -1  N/A  N/A  N/A  N/A  12.50  0.00  0.00  0\n"
+    (row,), _ = compare.parse_rows(ip_only, "allreduce")
+    assert set(row["place"]) == {"ip"} and compare.sweep_us(row) == pytest.approx(12.5)
+
+
 def test_profile_samples_only_the_timed_calls(tmp_path):
     # A real kolo-bench launch under perf: rank 0 turns sampling on for the timed calls only
     # (bench/perf_ctl.h), so the fill and check loops of the benchmark take no samples.
