@@ -91,17 +91,17 @@ static void compute_topology(void)
 }
 
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
- * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies, and no pair moves its copies into
- * the ring around the cache: a copy timed while its rank shares a core measures the scheduler,
- * not the path. The large sends that a collective marks `single` (alltoall's, the exchanges of
- * allgather and reducescatter) still go single-copy (shm.c, SINGLE_MIN). */
+ * reads from timings (KOLO_SHM_CMA=auto) stay on ring copies: a message timed while its rank
+ * shares a core measures the scheduler, not the way. The large sends that a collective marks
+ * `single` (alltoall's, the exchanges of allgather and reducescatter) still go single-copy (shm.c,
+ * SINGLE_MIN). The senders still move their copies around the cache when those crawl (shm.c,
+ * "far": its rule rides out a copy the scheduler cut in two). */
 static void pin_ring_copies(void)
 {
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
         for (int r = 0; r < W.info.size; r++)
             if (W.mesh[ch]) {
                 kolo__conn *c = W.mesh[ch]->conns[r];
-                kolo__shm_pin_cached_copies(c);
                 if (kolo__shm_cma_state(c) == 2) kolo__shm_pin_oversubscribed(c);
             }
 }

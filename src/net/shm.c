@@ -126,7 +126,6 @@ typedef struct shm_priv {
     unsigned far_tick;   /* short copies, one in FAR_TIME_EVERY of which is timed */
     bool far;            /* payload steps written around the cache */
     bool far_check;      /* back through the cache to see whether the crawl is over */
-    bool far_never;      /* more ranks than cores: copies are timed by the scheduler; stay put */
     uint64_t far_until, far_every;
     uint64_t far_bytes;  /* payload bytes written around the cache so far */
 } shm_priv;
@@ -660,8 +659,19 @@ static void adapt_flush(shm_priv *s)
  * changed), and stays there if they no longer crawl; if they still do, the next check waits twice
  * as long, up to 2.56 s (a check costs 5 crawling copies, some 0.4 ms). Each direction's sender
  * decides alone: it is its writes that crawl, and the receiver's way choice above (ring or
- * single-copy) then times the ring as it now runs. With more ranks than cores the sender never
- * switches (copies timed there measure the scheduler).
+ * single-copy) then times the ring as it now runs.
+ *
+ * With more ranks than cores the rule is the same. A copy cut in two by the scheduler is one slow
+ * sample, which the median of 5 and 8 in a row ride out (none switched in 20 traced launches of 4
+ * ranks on the Zen 4 VM's 2 vCPUs with the vCPUs on one CCD), while on two CCDs every copy to a
+ * rank on the other one crawls. Such hosts had kept their copies in cache until 2026-11-29;
+ * against that, 4 ranks, launches alternated, us per call: on two CCDs allreduce 32 KiB / 256 KiB
+ * / 1 MiB / 4 MiB 31 / 127 / 405 / 1757 against 47 / 259 / 968 / 4233, broadcast 3.7 / 36 / 131 /
+ * 602 against 15 / 124 / 496 / 2184, reducescatter, allgather and alltoall 32-256 KiB 1.7-2.6x
+ * (their larger exchanges go single-copy: allgather 1-4 MiB 0.87-0.96x), 8 ranks allreduce 1.6-2.2x,
+ * 16 ranks 1.0-1.5x; on one CCD allreduce 8 / 32 / 128 KiB 9.3 / 19.2 / 65 against 7.8 / 18.4 / 60
+ * (medians of 30 launches each, both builds bimodal by launch, 8 KiB at 7-11 or 16-19 in about the
+ * same shares), the other collectives and 8 and 16 ranks within the noise of 4-10 launches each.
  *
  * Short messages gain most (against steps from 32 KiB only, 8 minutes of launches alternated and
  * sorted by the ping; busbw, 28-47 launches per size far, 277-283 near): on two CCDs broadcast
@@ -738,7 +748,7 @@ static void far_learn(shm_priv *s, uint64_t now, uint64_t ns, size_t n)
 /* Writes a payload step of n bytes at ring position pos (see above). */
 static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n)
 {
-    if (n < FAR_MIN || s->far_never || !FAR_STORES) {
+    if (n < FAR_MIN || !FAR_STORES) {
         tx_write(s, pos, src, n);
         return;
     }
@@ -1287,11 +1297,6 @@ bool kolo__shm_pin_oversubscribed(kolo__conn *c)
     if (!kolo__shm_use_cma(c, false)) return false;
     ((shm_priv *)c->priv)->single_ok = 1;
     return true;
-}
-
-void kolo__shm_pin_cached_copies(kolo__conn *c)
-{
-    if (c && c->tp == &kolo__shm_transport && c->priv) ((shm_priv *)c->priv)->far_never = true;
 }
 
 uint64_t kolo__shm_far_bytes(const kolo__conn *c)

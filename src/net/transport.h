@@ -260,8 +260,6 @@ bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* On a host with more ranks than cores: c keeps ring copies, but sends the large messages marked
  * `single` single-copy (shm.c); false if c cannot. */
 bool kolo__shm_pin_oversubscribed(kolo__conn *c);
-/* On a host with more ranks than cores: c's copies into its ring stay in cache (shm.c, "far"). */
-void kolo__shm_pin_cached_copies(kolo__conn *c);
 /* How many payload bytes c has written into its ring around the cache (shm.c, "far"). */
 uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 /* How many messages c has sent single-copy. */
