@@ -668,8 +668,8 @@ static void adapt_flush(shm_priv *s)
  * against that, 4 ranks, launches alternated, us per call: on two CCDs allreduce 32 KiB / 256 KiB
  * / 1 MiB / 4 MiB 31 / 127 / 405 / 1757 against 47 / 259 / 968 / 4233, broadcast 3.7 / 36 / 131 /
  * 602 against 15 / 124 / 496 / 2184, reducescatter, allgather and alltoall 32-256 KiB 1.7-2.6x
- * (their larger exchanges go single-copy: allgather 1-4 MiB 0.87-0.96x), 8 ranks allreduce 1.6-2.2x,
- * 16 ranks 1.0-1.5x; on one CCD allreduce 8 / 32 / 128 KiB 9.3 / 19.2 / 65 against 7.8 / 18.4 / 60
+ * (their larger exchanges go single-copy: allgather 1-4 MiB 0.87-0.96x), 8 ranks allreduce 1.5-2.2x,
+ * 16 ranks 0.96-1.56x; on one CCD allreduce 8 / 32 / 128 KiB 9.3 / 19.2 / 65 against 7.8 / 18.4 / 60
  * (medians of 30 launches each, both builds bimodal by launch, 8 KiB at 7-11 or 16-19 in about the
  * same shares), the other collectives and 8 and 16 ranks within the noise of 4-10 launches each.
  *
