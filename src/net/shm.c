@@ -286,9 +286,10 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * the third or fifth on; 4 MiB 620-656, then 370. A pair already read twice is fast at once, so
  * it is the kernel's state of the pages, not the cache. And warm, the kernel's read ran at a
  * quarter to a third of the speed of a user-space copy of the same bytes (memcpy from a shared
- * mapping: 45 us for 2 MiB, 86 for 4 MiB): it pins, copies and unpins page by page. So a class's first probe of single-copy
- * times it on pages never read that way, at up to twice its later cost; the first probe of 2 MiB
- * messages in an alltoall sweep (25 calls per size) read 231-252 ps/B against the ring's 51-62.
+ * mapping: 45 us for 2 MiB, 86 for 4 MiB): it pins, copies and unpins page by page. So a class's
+ * first probe of single-copy times it on pages never read that way, at up to twice its later
+ * cost; the first probe of 2 MiB messages in an alltoall sweep (25 calls per size) read 231-252
+ * ps/B against the ring's 51-62.
  * Left as it is: warm, the two ways ran within 10 % of each other at 1-4 MiB exchanges with the
  * cores close (allgather 4 MiB, launches of 500 calls: ring pinned 243 us, single-copy pinned
  * 233, the choice 228-237 where it took single-copy and 254-263 where it kept the ring), and a
