@@ -219,9 +219,16 @@ static void strangers(int rank, void *arg)
         memcpy(msg, "KOLOMSH1", 8);
         KT_ASSERT(write(older, msg, sizeof(msg)) == (ssize_t)sizeof(msg));
         KT_ASSERT(read(older, &b, 1) <= 0);
+        /* 5: the same with an unprintable version byte, which the log shows escaped */
+        int odd = connect_to(addr, p0);
+        KT_ASSERT(read(odd, hello_a, sizeof(hello_a)) == (ssize_t)sizeof(hello_a));
+        memcpy(msg, "KOLOMSH\x01", 8);
+        KT_ASSERT(write(odd, msg, sizeof(msg)) == (ssize_t)sizeof(msg));
+        KT_ASSERT(read(odd, &b, 1) <= 0);
         close(fd);
         close(forged);
         close(older);
+        close(odd);
         KT_OK(kolo_init()); /* the quiet one is still open: it must not stall the start-up */
         close(quiet);
     } else {
@@ -243,6 +250,7 @@ static void strangers(int rank, void *arg)
         KT_CONTAINS(text, "not a kolo peer");
         KT_CONTAINS(text, "does not hold this job's secret");
         KT_CONTAINS(text, "another wire version (KOLOMSH1; this one speaks KOLOMSH2)");
+        KT_CONTAINS(text, "another wire version (KOLOMSH\\x01; this one speaks KOLOMSH2)");
     }
 }
 

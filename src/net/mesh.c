@@ -283,19 +283,25 @@ static kolo__conn *conn_new(build *b, int channel, int peer, int fd)
 
 /* ---- acceptor side ---- */
 
-/* A greeting whose magic is kolo's but not this build's wire version. */
-static bool other_version(const unsigned char *magic)
+/* A greeting whose magic is kolo's but not this build's wire version: true, with the version it
+ * names in `name` (its last byte escaped unless printable, as it comes off the wire). */
+static bool other_version(const unsigned char *magic, char name[16])
 {
-    return memcmp(magic, HS_MAGIC, HS_FAMILY_LEN) == 0 && memcmp(magic, HS_MAGIC, 8) != 0;
+    if (memcmp(magic, HS_MAGIC, HS_FAMILY_LEN) != 0 || memcmp(magic, HS_MAGIC, 8) == 0) return false;
+    unsigned char v = magic[HS_FAMILY_LEN];
+    if (v >= 0x20 && v < 0x7f) snprintf(name, 16, "%.7s%c", (const char *)magic, v);
+    else snprintf(name, 16, "%.7s\\x%02x", (const char *)magic, v);
+    return true;
 }
 
 static int on_hello_c(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
-    if (other_version(h->in)) {
+    char version[16];
+    if (other_version(h->in, version)) {
         char why[160];
-        snprintf(why, sizeof(why), "a kolo of another wire version (%.8s; this one speaks %s): every rank of a job "
-                 "must run the same kolo", (const char *)h->in, HS_MAGIC);
+        snprintf(why, sizeof(why), "a kolo of another wire version (%s; this one speaks %s): every rank of a job "
+                 "must run the same kolo", version, HS_MAGIC);
         refuse(h, why);
         return KOLO_OK;
     }
@@ -406,11 +412,12 @@ void kolo__mesh_test_fail_shm_from(int peer) { test_fail_shm_from = peer; }
 static int on_hello_a(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
-    if (other_version(h->in))
+    char version[16];
+    if (other_version(h->in, version))
         return kolo__err(KOLO_ERR_PROTOCOL,
-                         "rank %d at %s:%d runs a kolo of another wire version (%.8s; this one speaks %s): every "
+                         "rank %d at %s:%d runs a kolo of another wire version (%s; this one speaks %s): every "
                          "rank of a job must run the same kolo",
-                         h->peer, b->peers[h->peer].addr, b->peers[h->peer].port, (const char *)h->in, HS_MAGIC);
+                         h->peer, b->peers[h->peer].addr, b->peers[h->peer].port, version, HS_MAGIC);
     if (memcmp(h->in, HS_MAGIC, 8) != 0 || (int)get32(h->in + 8) != h->peer)
         return kolo__err(KOLO_ERR_PROTOCOL, "the process at %s:%d is not rank %d of this job (bad greeting)",
                          b->peers[h->peer].addr, b->peers[h->peer].port, h->peer);
