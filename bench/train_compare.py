@@ -8,11 +8,15 @@
 Runs examples/pytorch/pytorch_synthetic_benchmark.py under each framework: kolo
 (`import kolo.torch as hvd`, started by kolorun), Horovod (`import horovod.torch as hvd`, the same
 code, started by `horovodrun --gloo`) and torch DistributedDataParallel with the gloo backend
-(started by kolorun, which exports RANK/WORLD_SIZE/LOCAL_WORLD_SIZE). Every worker gets the same
-number of torch threads. Each repetition runs every framework once per worker count, and the order
+(started by kolorun, which exports RANK/WORLD_SIZE/LOCAL_WORLD_SIZE), and, as the ceiling, the same
+workers alone (`--framework alone`: each trains a model of its own and exchanges nothing, so N
+of them give what this machine allows N copies of the compute; a framework's share of that is
+what its communication costs, waiting, copies and the cores and caches it takes from the
+compute included). Every worker gets the same number of torch threads. Each repetition runs every framework once per worker count, and the order
 of the frameworks rotates by one each repetition, so that a change of load on the machine hits them
 alike. The tables give medians over the repetitions, the scaling efficiency, and kolo's ratio to
-each peer at the largest worker count, as a ratio of medians and per repetition.
+each peer and its share of the ceiling at the largest worker count, as a ratio of medians and per
+repetition.
 
 Writes bench/results/<date>_<time>-train-compare.md (machine, versions, the exact commands, every
 run, the medians) and keeps every launch's output under build/bench/logs/<date>_<time>-train-compare/.
@@ -38,7 +42,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = "examples/pytorch/pytorch_synthetic_benchmark.py"
 KOLORUN = "build/bin/kolorun"
-NAMES = {"kolo": "kolo", "horovod": "Horovod (gloo)", "ddp": "PyTorch DDP (gloo)"}
+NAMES = {"kolo": "kolo", "horovod": "Horovod (gloo)", "ddp": "PyTorch DDP (gloo)",
+         "alone": "alone (no communication: the ceiling)"}
 
 
 def parse_args(argv):
@@ -49,7 +54,8 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=int(os.environ.get("REPEAT", "3")),
                    help="interleaved repetitions (default: $REPEAT, else 3)")
     p.add_argument("--workers", default="1,2", help="comma list of worker counts")
-    p.add_argument("--frameworks", default="kolo,horovod,ddp", help="comma list from kolo, horovod, ddp")
+    p.add_argument("--frameworks", default="kolo,horovod,ddp,alone",
+                   help="comma list from kolo, horovod, ddp, alone (the workers without communication)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker, every framework")
     p.add_argument("--timeout", type=float, default=900, help="seconds one launch may take")
     p.add_argument("--python", default="/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK)
@@ -64,7 +70,7 @@ def parse_args(argv):
     a.frameworks = [x for x in a.frameworks.split(",") if x]
     for fw in a.frameworks:
         if fw not in NAMES:
-            p.error("unknown framework %r (kolo, horovod, ddp)" % fw)
+            p.error("unknown framework %r (kolo, horovod, ddp, alone)" % fw)
     if a.reps < 1 or not a.workers or min(a.workers) < 1:
         p.error("--reps and --workers must be at least 1")
     for x in a.bench_args:
@@ -136,8 +142,26 @@ def command(a, fw, n, port="<free port>"):
     return [KOLORUN, "-np", str(n)] + bench
 
 
-def launch(cmd, log, timeout):
-    """Runs one job in its own process group; (img/sec or None, wall s, CPU s of the job, exit code)."""
+def result(lines, n):
+    """images/sec in total from a launch's output: the RESULT line rank 0 printed, or, for workers
+    alone (a `rank=` in their lines), the sum of all n workers' lines; None when they are not all there."""
+    total, ranks = None, {}
+    for line in lines:
+        if "RESULT " not in line or "img_per_sec=" not in line:
+            continue
+        value = float(line.split("img_per_sec=")[1].split()[0])
+        if " rank=" in line:
+            ranks[int(line.split(" rank=")[1].split()[0])] = value
+        else:
+            total = value
+    if ranks:
+        return sum(ranks.values()) if sorted(ranks) == list(range(n)) else None
+    return total
+
+
+def launch(cmd, n, log, timeout):
+    """Runs one job of n workers in its own process group; (img/sec or None, wall s, CPU s of the job,
+    exit code)."""
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") +
                (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -164,11 +188,8 @@ def launch(cmd, log, timeout):
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    value = None
     with open(log) as f:
-        for line in f:
-            if "RESULT " in line and "img_per_sec=" in line:
-                value = float(line.split("img_per_sec=")[1].split()[0])
+        value = result(f, n)
     return value, wall, cpu, rc
 
 
@@ -250,7 +271,7 @@ def main(argv):
                     cmd = command(a, fw, n, free_port() if fw == "ddp" else None)
                     log = os.path.join(logdir, "%s.%d.%d.log" % (fw, n, rep + 1))
                     load = os.getloadavg()[0]
-                    value, wall, cpu, rc = launch(cmd, log, a.timeout)
+                    value, wall, cpu, rc = launch(cmd, n, log, a.timeout)
                     runs.append(dict(rep=rep + 1, fw=fw, n=n, value=value, wall=wall, cpu=cpu, load=load,
                                      rc=rc, log=log))
                     print("  rep %d  %-22s %d worker(s): %s img/sec  (%.0f s, load before %.2f)%s"
@@ -283,7 +304,7 @@ def main(argv):
     ratios = []
     if "kolo" in frameworks:
         for fw in frameworks:
-            if fw == "kolo":
+            if fw in ("kolo", "alone"):
                 continue
             k, p = med("kolo", top), med(fw, top)
             pairs = []
@@ -293,6 +314,18 @@ def main(argv):
             ratios.append("kolo / %s with %d worker%s: **%s** (ratio of medians; per repetition %s)"
                           % (names[fw], top, "s" if top > 1 else "", fmt(k / p if k and p else None, "%.2fx"),
                              ", ".join(pairs)))
+    if "alone" in frameworks:
+        for fw in frameworks:
+            if fw == "alone":
+                continue
+            k, p = med(fw, top), med("alone", top)
+            shares = []
+            for rep in range(1, a.reps + 1):
+                kv, pv = value(fw, top, rep), value("alone", top, rep)
+                shares.append(fmt(100.0 * kv / pv if kv and pv else None, "%.0f %%"))
+            ratios.append("%s with %d worker%s reaches **%s** of the same workers alone (ratio of medians; per "
+                          "repetition %s)" % (names[fw], top, "s" if top > 1 else "",
+                                               fmt(100.0 * k / p if k and p else None, "%.0f %%"), ", ".join(shares)))
 
     print("\n== synthetic benchmark, %d torch thread(s) per worker (%s)" % (a.threads, " ".join(a.bench_args) or
                                                                           "the script's defaults"))
@@ -303,6 +336,9 @@ def main(argv):
 
     # ---- the results file
     md = ["# Training throughput: kolo, Horovod and PyTorch DDP, synthetic benchmark", ""]
+    if "alone" in frameworks:
+        md += ["The ceiling, \"alone\": the same workers started alike, each training a model of its own "
+               "with no communication at all; a framework's share of it is what its communication costs.", ""]
     md.append("- Date: %s (local time of the machine)" % now.strftime("%Y-%m-%d %H:%M"))
     md.append("- Machine: %s" % machine())
     md.append("- Versions: " + "; ".join(("%s %s" % kv).strip() for kv in versions))

@@ -7,9 +7,14 @@ images/sec per worker and in total.
         python3 examples/pytorch/pytorch_synthetic_benchmark.py --framework horovod   # Horovod, gloo
     kolorun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29511 \\
         python3 examples/pytorch/pytorch_synthetic_benchmark.py --framework ddp       # PyTorch DDP, gloo
+    kolorun -np 2 python3 examples/pytorch/pytorch_synthetic_benchmark.py --framework alone
 
 kolo and Horovod run the very same code: only the import differs (`import kolo.torch as hvd` or
-`import horovod.torch as hvd`). DDP wraps the model instead of the optimizer.
+`import horovod.torch as hvd`). DDP wraps the model instead of the optimizer. `alone` is the
+ceiling the others are measured against: every worker trains a model of its own and exchanges
+nothing, so the images/sec of N workers alone are what the machine gives N copies of this compute
+without any communication (every worker prints its own RESULT line; bench/train_compare.py adds
+them up).
 
 The model is defined here (no torchvision needed): a ResNet for small images, resnet18
 (11 M parameters, 45 MB of gradients per step) or resnet20 (0.27 M). Each worker uses
@@ -40,8 +45,9 @@ parser.add_argument("--num-iters", type=int, default=5, help="benchmark iteratio
 parser.add_argument("--fp16-allreduce", action="store_true",
                     help="kolo and Horovod: send gradients as float16")
 parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cpus / local size)")
-parser.add_argument("--framework", choices=["kolo", "horovod", "ddp"], default="kolo",
-                    help="kolo.torch, horovod.torch (same code, other import) or torch DistributedDataParallel (gloo)")
+parser.add_argument("--framework", choices=["kolo", "horovod", "ddp", "alone"], default="kolo",
+                    help="kolo.torch, horovod.torch (same code, other import), torch DistributedDataParallel "
+                         "(gloo), or alone: no communication, each worker on its own (the ceiling)")
 parser.add_argument("--ddp", action="store_true", help="the same as --framework ddp")
 args = parser.parse_args()
 if args.ddp:
@@ -99,6 +105,11 @@ if args.framework == "ddp":
     rank, size = dist.get_rank(), dist.get_world_size()
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     framework = "PyTorch DDP (gloo)"
+elif args.framework == "alone":
+    # Started by kolorun (or torchrun) for its placement and output only: nothing is exchanged.
+    rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    framework = "alone (no communication)"
 else:
     # The one line that differs between kolo and Horovod; everything below uses hvd alike.
     if args.framework == "horovod":
@@ -120,6 +131,8 @@ model = make_model(args.model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
 if args.framework == "ddp":
     model = nn.parallel.DistributedDataParallel(model)
+elif args.framework == "alone":
+    pass
 else:
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -163,10 +176,15 @@ for x in range(args.num_iters):
 img_sec_mean = float(np.mean(img_secs))
 img_sec_conf = float(1.96 * np.std(img_secs))
 log("Img/sec per worker: %.1f +-%.1f" % (img_sec_mean, img_sec_conf))
-log("Total img/sec on %d worker(s): %.1f +-%.1f" % (size, size * img_sec_mean, size * img_sec_conf))
-log("RESULT framework=%s workers=%d img_per_sec=%.2f" % (args.framework, size, size * img_sec_mean))
+if args.framework != "alone":
+    log("Total img/sec on %d worker(s): %.1f +-%.1f" % (size, size * img_sec_mean, size * img_sec_conf))
+if args.framework == "alone":
+    # Each worker's own figure: the workers do not talk, so none can add the others' up.
+    print("RESULT framework=alone workers=%d rank=%d img_per_sec=%.2f" % (size, rank, img_sec_mean), flush=True)
+else:
+    log("RESULT framework=%s workers=%d img_per_sec=%.2f" % (args.framework, size, size * img_sec_mean))
 
 if args.framework == "ddp":
     dist.destroy_process_group()
-else:
+elif args.framework != "alone":
     hvd.shutdown()

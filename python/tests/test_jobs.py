@@ -261,9 +261,10 @@ def horovod_unavailable():
     return None
 
 
-# The same script under kolo, under Horovod (only the import differs) and under DDP (--ddp, the alias
-# of --framework ddp): each starts, trains a step and prints the line bench/train_compare.py reads.
-@pytest.mark.parametrize("framework", ["kolo", "horovod", "ddp"])
+# The same script under kolo, under Horovod (only the import differs), under DDP (--ddp, the alias
+# of --framework ddp) and alone (no communication, the ceiling): each starts, trains a step and
+# prints the line(s) bench/train_compare.py reads.
+@pytest.mark.parametrize("framework", ["kolo", "horovod", "ddp", "alone"])
 def test_synthetic_benchmark_runs(tmp_path, framework):
     script = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_benchmark.py")
     bench = [PY, script, "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
@@ -281,10 +282,16 @@ def test_synthetic_benchmark_runs(tmp_path, framework):
         s.close()
         cmd = [KOLORUN, "-np", "2", "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % port] + bench + ["--ddp"]
     else:
-        cmd = [KOLORUN, "-np", "2"] + bench
+        cmd = [KOLORUN, "-np", "2"] + bench + ["--framework", framework]
     p = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=240)
     assert p.returncode == 0, p.stdout
+    if framework == "alone":
+        # every worker reports its own figure, and nobody adds them up
+        for r in range(2):
+            assert re.search(r"RESULT framework=alone workers=2 rank=%d img_per_sec=[\d.]+" % r, p.stdout), p.stdout
+        assert "Total img/sec" not in p.stdout, p.stdout
+        return
     assert re.search(r"Total img/sec on 2 worker\(s\): [\d.]+", p.stdout), p.stdout
     assert re.search(r"RESULT framework=%s workers=2 img_per_sec=[\d.]+" % framework, p.stdout), p.stdout
 
@@ -301,10 +308,23 @@ def test_step_latency_prints_what_the_harness_reads():
                      p.stdout), p.stdout
 
 
+def test_train_compare_adds_up_workers_alone():
+    # The workers alone each print their own RESULT line; the driver sums them, and only when all
+    # n are there (a worker that died must not pass for a slower machine).
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import train_compare
+    alone = ["[1]<stdout>:RESULT framework=alone workers=2 rank=1 img_per_sec=26.50\n",
+             "[0]<stdout>:RESULT framework=alone workers=2 rank=0 img_per_sec=27.25\n"]
+    assert train_compare.result(alone, 2) == pytest.approx(53.75)
+    assert train_compare.result(alone[:1], 2) is None
+    assert train_compare.result(["[0]<stdout>:RESULT framework=kolo workers=2 img_per_sec=48.10\n"], 2) == 48.10
+    assert train_compare.result(["no result\n"], 2) is None
+
+
 def test_train_compare_writes_its_table(tmp_path):
-    # The driver end to end on the smallest job: one framework, one worker count, one repetition.
+    # The driver end to end on the smallest job: two frameworks, one worker count, one repetition.
     driver = os.path.join(ROOT, "bench", "train_compare.py")
-    p = subprocess.run([PY, driver, "--reps", "1", "--workers", "2", "--frameworks", "kolo",
+    p = subprocess.run([PY, driver, "--reps", "1", "--workers", "2", "--frameworks", "kolo,alone",
                         "--results-dir", str(tmp_path), "--timeout", "60", "--", "--model", "resnet20",
                         "--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
                         "--num-iters", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
@@ -312,6 +332,8 @@ def test_train_compare_writes_its_table(tmp_path):
     (md,) = [f for f in os.listdir(tmp_path) if f.endswith("-train-compare.md")]
     text = (tmp_path / md).read_text()
     assert re.search(r"\| kolo \| [\d.]+ \|", text), text
+    assert re.search(r"\| alone \(no communication: the ceiling\) \| [\d.]+ \|", text), text
+    assert re.search(r"kolo with 2 workers reaches \*\*\d+ %\*\* of the same workers alone", text), text
     assert "kolorun -np N" in text and "torch " in text and "git " in text and "RAM" in text, text
 
 
