@@ -1514,7 +1514,7 @@ static void yields_while_waiting(int rank, void *arg)
             usleep(3000);
             memset(buf, 7 + round % 100, bytes);
         }
-        uint64_t a[2], b[2];
+        uint64_t a[4], b[4];
         kolo__wait_test_counts(a);
         KT_OK(kolo_broadcast(buf, bytes, KOLO_UINT8, 1, KOLO_WORLD));
         kolo__wait_test_counts(b);
@@ -1545,6 +1545,73 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
     o.tcp_only = 1;
     KT_EQ(kt_job(2, yields_while_waiting, &small, &o, NULL), 0);
     KT_EQ(kt_job(2, yields_while_waiting, &large, &o, NULL), 0);
+}
+
+/* A mesh marked `doze` (the engine's while its user thread computes) sleeps on the doorbells of
+ * its shared-memory pairs instead of spinning and yielding, and the peer's progress wakes it:
+ * rank 0 waits 5 ms at a time for the others, who are late on purpose, in turn for bytes (a
+ * broadcast from a late root), for ring space (a broadcast of more than the ring holds to a late
+ * receiver) and for two peers at once (an allgather of three), three rounds of each. Waits must
+ * end by a bell, not by the sleep's time limit (in two rounds of three at least: a peer that
+ * moves while the waiter is between two sleeps, polling, is seen without one), and hold no
+ * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. */
+static void dozes_until_rung(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    for (int p = 0; p < n; p++)
+        if (p != rank && m->conns[p]->tp != &kolo__shm_transport) {
+            if (rank == 0) printf("  skipped: rank %d is not reached over shared memory\n", p);
+            return;
+        }
+    if (rank == 0) {
+        m->doze = true;
+        m->spin_ns = 10000; /* the engine's spin while its user thread computes */
+    }
+    size_t big = 24u << 20; /* more than a ring holds (KOLO_SHM_RING_SIZE, 4 MiB) */
+    unsigned char *buf = malloc(big), *all = malloc((size_t)n * 4096);
+    KT_ASSERT(buf && all);
+    int rung[3] = {0, 0, 0};
+    for (int round = 0; round < 9; round++) {
+        int kind = round % 3;
+        size_t len = kind == 1 ? big : 4096;
+        int root = kind == 1 ? 0 : n - 1;
+        memset(buf, rank == root ? 0x40 + round : 0, len);
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        uint64_t a[4], b[4];
+        kolo__wait_test_counts(a);
+        if (rank != 0) usleep(5000);
+        if (kind == 2) {
+            memset(buf, 0x10 + rank, 4096);
+            size_t counts[3] = {4096, 4096, 4096};
+            KT_OK(kolo_allgather(buf, 4096, all, counts, KOLO_UINT8, KOLO_WORLD));
+            for (int p = 0; p < n; p++) KT_EQ(all[(size_t)p * 4096 + 4095], 0x10 + p);
+        } else {
+            KT_OK(kolo_broadcast(buf, len, KOLO_UINT8, root, KOLO_WORLD));
+            KT_EQ(buf[len - 1], 0x40 + round);
+        }
+        kolo__wait_test_counts(b);
+        if (rank == 0) {
+            KT_ASSERTF(b[2] > a[2], "round %d: no sleep in a 5 ms wait", round);
+            rung[kind] += b[3] > a[3];
+            KT_EQ(b[1] - a[1], 0);
+            KT_ASSERTF(b[0] - a[0] < 100000, "round %d: %llu idle passes in a 5 ms wait", round,
+                       (unsigned long long)(b[0] - a[0]));
+        }
+    }
+    for (int kind = 0; kind < 3 && rank == 0; kind++)
+        KT_ASSERTF(rung[kind] >= 2, "waits for %s: %d of 3 ended by a bell",
+                   kind == 0 ? "bytes" : kind == 1 ? "space" : "two peers", rung[kind]);
+    free(buf);
+    free(all);
+}
+
+KT_TEST(dozing_waiter_wakes_on_the_doorbell, 60)
+{
+    KT_EQ(kt_job(2, dozes_until_rung, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(3, dozes_until_rung, NULL, NULL, NULL), 0);
 }
 
 /* On a host with more ranks than cores the pairs keep ring copies, but alltoall's and

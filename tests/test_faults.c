@@ -206,14 +206,14 @@ static void strangers(int rank, void *arg)
         unsigned char hello_a[44], msg[80];
         KT_ASSERT(read(forged, hello_a, sizeof(hello_a)) == (ssize_t)sizeof(hello_a));
         memset(msg, 0x5a, sizeof(msg));
-        memcpy(msg, "KOLOMSH2", 8);
+        memcpy(msg, "KOLOMSH3", 8);
         uint32_t r2 = 2, ch = 0;
         memcpy(msg + 8, &r2, 4);
         memcpy(msg + 12, &ch, 4);
         KT_ASSERT(write(forged, msg, sizeof(msg)) == (ssize_t)sizeof(msg));
         char b;
         KT_ASSERT(read(forged, &b, 1) <= 0); /* refused: closed without an answer */
-        /* 4: a kolo of the wire version before (frames without filler, tcp.c) */
+        /* 4: a kolo of an older wire version (frames without filler, tcp.c) */
         int older = connect_to(addr, p0);
         KT_ASSERT(read(older, hello_a, sizeof(hello_a)) == (ssize_t)sizeof(hello_a));
         memcpy(msg, "KOLOMSH1", 8);
@@ -249,8 +249,8 @@ static void strangers(int rank, void *arg)
         KT_CONTAINS(text, "refused a connection from 127.0.0.1");
         KT_CONTAINS(text, "not a kolo peer");
         KT_CONTAINS(text, "does not hold this job's secret");
-        KT_CONTAINS(text, "another wire version (KOLOMSH1; this one speaks KOLOMSH2)");
-        KT_CONTAINS(text, "another wire version (KOLOMSH\\x01; this one speaks KOLOMSH2)");
+        KT_CONTAINS(text, "another wire version (KOLOMSH1; this one speaks KOLOMSH3)");
+        KT_CONTAINS(text, "another wire version (KOLOMSH\\x01; this one speaks KOLOMSH3)");
     }
 }
 

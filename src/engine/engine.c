@@ -43,14 +43,30 @@
  * step.) That adds no exchanges for the other ranks: this rank's exchange waits for their next
  * cycle, by their period or their own waiters, which is where its request would have waited
  * anyway; meanwhile its engine thread waits inside the exchange (kolo__wait: spinning, then
- * yielding, then napping) instead of on `wake`, on a core whose user thread sleeps. A flush of
+ * yielding, then sleeping) instead of on `wake`, on a core whose user thread sleeps. A flush of
  * one cycle per wait is not enough: when that cycle meets a rank that has not submitted yet,
  * the next one comes only after a full period. Measured on the 2-vCPU Zen 4 VM, 2 ranks,
  * KOLO_CYCLE_TIME=1, launches of the build before and after interleaved: engine-bench's
  * latency-bound step (161 one-element tensors, submitted, then waited for) 95-207 us against
  * 1.12-1.13 ms (3 pairs); the demo's LeNet step (16 ms of compute, 8 gradients) spent a
  * median 1.1 ms in optimizer.step() against 1.9, and trained at 6589-7507 images/s against
- * 5919-7181 (medians 6878 and 6546, 6 pairs, 5 won). */
+ * 5919-7181 (medians 6878 and 6546, 6 pairs, 5 won).
+ *
+ * Dozing. While no thread is blocked on the engine, its user thread is computing (a backward
+ * pass producing gradients) on the core the engine thread shares, and the engine's waits are
+ * mostly for a peer whose engine has not reached the same cycle yet, often a millisecond or
+ * more away: a wait that spins or yields takes the core from the compute. So such cycles mark
+ * the engine mesh `doze`: its waits spin DOZE_SPIN_NS at most and then sleep until the peer
+ * moves (net/xfer.c). A cycle started while a thread is blocked waits as before (spin, yield,
+ * then sleep), for that thread's latency: with the doze there too (KOLO_SPIN_US of spin, then
+ * sleep), engine-bench's latency-bound step of 161 one-element tensors took 72-346 us against
+ * 69-108 (6 launches each, interleaved, on the 2-vCPU Zen 4 VM: a wake-up from a sleep costs
+ * tens of microseconds there). But only for BLOCKED_YIELD_NS: a thread blocked for longer
+ * waits for a straggler (a rank saving a checkpoint, say), and each of its cycles' exchanges
+ * then waits up to the straggler's idle period (4 ms), never the 5 ms after which a wait stops
+ * yielding, so the engine yielded, on a core with nothing else to run, for as long as the
+ * straggler took: a rank blocked 2 s in kolo.allreduce used 2.0 s of CPU. After that time its
+ * cycles doze too. KOLO_SPIN_US, when set, turns dozing off. */
 #include "internal.h"
 
 #include "../trace/trace.h"
@@ -66,6 +82,8 @@
 #define IDLE_MAX_NS 4000000ull         /* once any rank has used the engine */
 #define IDLE_MAX_UNUSED_NS 50000000ull /* before: a program of direct collectives only */
 #define LEAVE_GRACE_S 2
+#define DOZE_SPIN_NS 10000ull       /* the spin before a doze (see "Dozing") */
+#define BLOCKED_YIELD_NS 5000000ull /* a thread blocked this long: cycles doze too (see "Dozing") */
 
 kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -369,6 +387,7 @@ static uint64_t period_ns(bool busy)
 void kolo__engine_waiting(int delta)
 {
     pthread_mutex_lock(&E.lock);
+    if (delta > 0 && E.blocked == 0) E.blocked_since = kolo__now_ns();
     E.blocked += delta;
     if (delta > 0) pthread_cond_signal(&E.wake);
     pthread_mutex_unlock(&E.lock);
@@ -400,6 +419,10 @@ static void *engine_main(void *arg)
             pthread_cond_timedwait(&E.wake, &E.lock, &ts);
         }
         int stop = E.stop, down = E.down;
+        if (E.doze) { /* see "Dozing" */
+            E.mesh->doze = !E.blocked || kolo__now_ns() - E.blocked_since > BLOCKED_YIELD_NS;
+            E.mesh->spin_ns = E.blocked ? E.spin_ns : KOLO_MIN(E.spin_ns, DOZE_SPIN_NS);
+        }
         kolo_request_t *q = E.qhead;
         E.qhead = E.qtail = NULL;
         pthread_mutex_unlock(&E.lock);
@@ -511,6 +534,8 @@ int kolo__engine_start(void)
     E.capacity = (int)(cap < 0 ? 0 : cap > 65536 ? 65536 : cap);
     E.fusion = kolo__setting_bytes(KOLO_SET_FUSION_THRESHOLD);
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
+    E.doze = E.mesh && !kolo__setting_is_set(KOLO_SET_SPIN_US); /* see "Dozing" */
+    if (E.doze) E.spin_ns = E.mesh->spin_ns;
     E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
     E.stall_shutdown = kolo__setting_double(KOLO_SET_STALL_SHUTDOWN_TIME);
     /* with both knobs set there is nothing to tune: done from the start (autotune.c) */

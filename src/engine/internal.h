@@ -241,6 +241,9 @@ typedef struct kolo__engine {
      * run must not shift the world's next unnamed barrier */
     uint64_t noname[KOLO_MAX_PSETS][KOLO__KIND_COUNT];
     int blocked;        /* threads blocked in kolo_request_wait: cycles do not wait (engine.c) */
+    bool doze;          /* cycles while no thread is blocked doze (KOLO_SPIN_US unset; engine.c) */
+    uint64_t spin_ns;   /* with doze: the mesh's spin in the other cycles */
+    uint64_t blocked_since; /* when `blocked` last became nonzero */
 
     /* engine thread only */
     pthread_t thread;

@@ -29,6 +29,17 @@
  * acquires head, reads, then publishes tail with release. acks likewise. Bytes written with
  * non-temporal stores ("far") are fenced (sfence) before head or a mark is published: a release
  * store does not order them.
+ *
+ * Sleeping. A waiter that has polled for a while without news (xfer.c, kolo__wait) can sleep
+ * instead of polling on: it sets `asleep` in the control block of the ring it reads, reads the
+ * doorbell `bell` beside it, polls once more and sleeps (futex) while `bell` still reads the
+ * same. The peer, after any progress pass that moved its head, tail or acks (all a waiter on
+ * this side can wait for: bytes, space, an ack), within a pass each time it publishes part of
+ * a long message's bytes or space (a pass can stream a whole message), and after it closed or
+ * aborted, bumps `bell` and wakes the sleeper if `asleep` is set. Both sides fence between
+ * their store and their load of the other's word (asleep, then the counters; the counters,
+ * then asleep), so one of them sees the other: a sleeper never misses a move made after it set
+ * `asleep`. The layout of the control blocks is the wire's (mesh.c, KOLOMSH3).
  */
 #include "transport.h"
 
@@ -38,12 +49,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,6 +104,9 @@ typedef struct ring_ctl {
      * message, and head's line changes hands at every frame. */
     _Atomic uint32_t nudge;
     char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
+    /* the consumer sleeps on `bell` with `asleep` set; the producer bumps it (see "Sleeping") */
+    _Alignas(64) _Atomic uint32_t bell;
+    _Atomic uint32_t asleep;
 } ring_ctl;
 
 typedef struct shm_priv {
@@ -817,6 +833,25 @@ static void end_frame(shm_priv *s, uint64_t *head)
     atomic_store_explicit(mark_at(s->tx, s->mask, *head), 0, memory_order_relaxed);
 }
 
+/* This side's counters that a waiting peer reads: its head, and the tail and acks of the ring it
+ * reads (only this side writes them, so relaxed loads see its own latest values). */
+static uint64_t moves(const shm_priv *s)
+{
+    return atomic_load_explicit(&s->tx_ctl->head, memory_order_relaxed) +
+           atomic_load_explicit(&s->rx_ctl->tail, memory_order_relaxed) +
+           atomic_load_explicit(&s->rx_ctl->acks, memory_order_relaxed);
+}
+
+/* Wakes the peer if it sleeps on this pair (see "Sleeping"). The fence orders what this side
+ * just published before its load of `asleep`. */
+static void ring_bell(shm_priv *s)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!atomic_load_explicit(&s->tx_ctl->asleep, memory_order_relaxed)) return;
+    atomic_fetch_add_explicit(&s->tx_ctl->bell, 1, memory_order_relaxed);
+    syscall(SYS_futex, &s->tx_ctl->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
@@ -894,6 +929,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             if (x->done < x->len) {
                 /* publish what fits now so the reader can start draining */
                 atomic_store_explicit(&ctl->head, head, memory_order_release);
+                ring_bell(s);
                 start = head;
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
                 if (size - (head - tail) <= TERM_RESERVE) break;
@@ -1006,6 +1042,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
                 atomic_fetch_add_explicit(&ctl->acks, 1, memory_order_release);
+                ring_bell(s);
                 kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
                 continue;
             }
@@ -1036,6 +1073,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             x->done += n;
             if (x->done < x->len) {
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
+                ring_bell(s); /* a sender asleep on a full ring can go on now, not when this pass ends */
                 start = tail;
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
                 continue;
@@ -1055,10 +1093,27 @@ static int shm_progress(kolo__conn *c)
     if (c->error) return c->error;
     shm_priv *s = c->priv;
     int st = KOLO_OK;
+    uint64_t before = moves(s);
     if (c->recvq) note_look(s, c->recvq); /* before this pass's own sends */
     if (c->sendq) st = progress_send(c, s);
     if (st == KOLO_OK && c->recvq) st = progress_recv(c, s);
+    if (moves(s) != before) ring_bell(s);
     return st;
+}
+
+static _Atomic uint32_t *shm_doze(kolo__conn *c, uint32_t *seen)
+{
+    shm_priv *s = c->priv;
+    if (!s) return NULL;
+    atomic_store(&s->rx_ctl->asleep, 1u); /* seq_cst: before the caller's last poll */
+    *seen = atomic_load(&s->rx_ctl->bell);
+    return &s->rx_ctl->bell;
+}
+
+static void shm_awake(kolo__conn *c)
+{
+    shm_priv *s = c->priv;
+    if (s) atomic_store_explicit(&s->rx_ctl->asleep, 0u, memory_order_relaxed);
 }
 
 static void shm_close(kolo__conn *c)
@@ -1073,7 +1128,9 @@ static void shm_close(kolo__conn *c)
 static void shm_goodbye(kolo__conn *c)
 {
     shm_priv *s = c->priv;
-    if (s) atomic_store_explicit(&s->tx_ctl->closed, SHM_CLOSED, memory_order_release);
+    if (!s) return;
+    atomic_store_explicit(&s->tx_ctl->closed, SHM_CLOSED, memory_order_release);
+    ring_bell(s);
 }
 
 static bool shm_left_cleanly(kolo__conn *c)
@@ -1088,6 +1145,7 @@ static void shm_abort(kolo__conn *c, const char *reason)
     if (!s) return;
     snprintf(s->tx_ctl->reason, sizeof(s->tx_ctl->reason), "%s", reason);
     atomic_store(&s->tx_ctl->closed, SHM_ABORTED); /* seq_cst: before our user reuses buffers */
+    ring_bell(s);
 }
 
 static bool shm_abort_reason(kolo__conn *c, char *buf, size_t cap)
@@ -1098,8 +1156,8 @@ static bool shm_abort_reason(kolo__conn *c, char *buf, size_t cap)
     return buf[0] != '\0';
 }
 
-const kolo__transport kolo__shm_transport = {"shm",     shm_progress, shm_close, shm_goodbye, shm_left_cleanly,
-                                             shm_abort, shm_abort_reason};
+const kolo__transport kolo__shm_transport = {"shm",     shm_progress,     shm_close, shm_goodbye, shm_left_cleanly,
+                                             shm_abort, shm_abort_reason, shm_doze,  shm_awake};
 
 static int map_segment(kolo__conn *c, int fd, size_t ring, int creator, int populate)
 {

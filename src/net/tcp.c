@@ -319,8 +319,8 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
     return false;
 }
 
-const kolo__transport kolo__tcp_transport = {"tcp",        tcp_progress, tcp_close, tcp_goodbye, tcp_left_cleanly,
-                                             tcp_abort, tcp_abort_reason};
+const kolo__transport kolo__tcp_transport = {"tcp",     tcp_progress,     tcp_close, tcp_goodbye, tcp_left_cleanly,
+                                             tcp_abort, tcp_abort_reason, NULL,      NULL};
 
 /* True when both ends of the connection are this host: a loopback address, or the same address
  * at both ends (a host's own address also routes over loopback). */

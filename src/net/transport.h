@@ -86,6 +86,13 @@ typedef struct kolo__transport {
     void (*abort)(kolo__conn *c, const char *reason);
     /* After the peer hung up without a goodbye: the reason it gave when it aborted, if any. */
     bool (*abort_reason)(kolo__conn *c, char *buf, size_t cap);
+    /* Sleeping until the peer moves (kolo__wait): marks this side asleep on the connection and
+     * returns the 32-bit word the peer bumps (and wakes by futex) when it next moves anything
+     * this side may wait for, with *seen its value now; the caller polls once more, then sleeps
+     * on the word while it still reads *seen. NULL where the transport has no such word (tcp,
+     * whose socket is waited on instead). awake() ends it. */
+    _Atomic uint32_t *(*doze)(kolo__conn *c, uint32_t *seen);
+    void (*awake)(kolo__conn *c);
 } kolo__transport;
 
 struct kolo__conn {
@@ -132,6 +139,8 @@ struct kolo__mesh {
     const kolo__peer_info *peers;   /* shared by all channels; owned by the world */
     uint64_t op_timeout_ns;
     uint64_t spin_ns;
+    /* waits on this mesh sleep after their spin, without yielding first (the engine's: xfer.c) */
+    bool doze;
     int failed;                     /* first job error seen on this mesh, or 0 */
     char failmsg[512];
     /* scratch memory of the collectives running on this mesh (one thread at a time) */
@@ -163,8 +172,9 @@ void kolo__isend(kolo__mesh *m, int peer, const void *buf, size_t len, kolo__xfe
 void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 
 /* Drives every connection of the mesh until all n xfers are complete. Busy-polls for
- * KOLO_SPIN_US, then yields the core between polls, then sleeps in short steps (so idle
- * waiters on an oversubscribed host let the others run). Watches every peer's liveness:
+ * KOLO_SPIN_US, then yields the core between polls, then sleeps until a peer moves (so idle
+ * waiters on an oversubscribed host let the others run); a mesh marked `doze` sleeps right
+ * after its spin. Watches every peer's liveness:
  * a peer that dies, even one not involved in these xfers, fails the wait within a few
  * milliseconds with KOLO_ERR_PEER_LOST naming it. No progress for KOLO_OP_TIMEOUT
  * seconds fails with KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also
@@ -172,8 +182,9 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
-/* Test hook: the calling thread's idle passes [0] and yields [1] in kolo__wait so far. */
-void kolo__wait_test_counts(uint64_t out[2]);
+/* Test hook: the calling thread's idle passes [0], yields [1], sleeps on doorbells [2] and
+ * those of them a doorbell ended [3] in kolo__wait so far. */
+void kolo__wait_test_counts(uint64_t out[4]);
 /* One progress pass over every connection with queued xfers, without waiting, so that xfers
  * posted just now start moving before the caller does local work. A failure stays in the xfers
  * (and the mesh) for kolo__wait to report. */
