@@ -65,8 +65,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
                           "microseconds a waiting rank busy-polls before it starts yielding its core (0 when "
-                          "a host has more ranks than cores); unset, the engine's waits spin at most 10 while "
-                          "the user thread computes and then sleep until the peer moves, without yielding"},
+                          "a host has more ranks than cores); unset, the engine's waits spin at most 10 and then "
+                          "sleep until the peer moves, without yielding, while no thread waits for the engine "
+                          "or one has waited over 5 ms"},
     [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
                                    "bytes of tensors fused into one collective; 0 disables fusion"},
     [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",
