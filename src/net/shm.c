@@ -33,10 +33,10 @@
  * Sleeping. A waiter that has polled for a while without news (xfer.c, kolo__wait) can sleep
  * instead of polling on: it sets `asleep` in the control block of the ring it reads, reads the
  * doorbell `bell` beside it, polls once more and sleeps (futex) while `bell` still reads the
- * same. The peer, after any progress pass that moved its head, tail or acks (all a waiter on
- * this side can wait for: bytes, space, an ack), within a pass each time it publishes part of
- * a long message's bytes or space (a pass can stream a whole message), and after it closed or
- * aborted, bumps `bell` and wakes the sleeper if `asleep` is set. Both sides fence between
+ * same. The peer, each time it publishes its head, tail or acks (all a waiter on this side can
+ * wait for: bytes, space, an ack; within a pass too, as it streams a long message, so that a
+ * sender asleep on a full ring goes on at once), and after it closed or aborted, bumps `bell`
+ * and wakes the sleeper if `asleep` is set. Both sides fence between
  * their store and their load of the other's word (asleep, then the counters; the counters,
  * then asleep), so one of them sees the other: a sleeper never misses a move made after it set
  * `asleep`. The layout of the control blocks is the wire's (mesh.c, KOLOMSH3).
@@ -833,15 +833,6 @@ static void end_frame(shm_priv *s, uint64_t *head)
     atomic_store_explicit(mark_at(s->tx, s->mask, *head), 0, memory_order_relaxed);
 }
 
-/* This side's counters that a waiting peer reads: its head, and the tail and acks of the ring it
- * reads (only this side writes them, so relaxed loads see its own latest values). */
-static uint64_t moves(const shm_priv *s)
-{
-    return atomic_load_explicit(&s->tx_ctl->head, memory_order_relaxed) +
-           atomic_load_explicit(&s->rx_ctl->tail, memory_order_relaxed) +
-           atomic_load_explicit(&s->rx_ctl->acks, memory_order_relaxed);
-}
-
 /* Wakes the peer if it sleeps on this pair (see "Sleeping"). The fence orders what this side
  * just published before its load of `asleep`. */
 static void ring_bell(shm_priv *s)
@@ -941,7 +932,10 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
         if (large) adapt_flush(s);
     }
-    if (head != start) atomic_store_explicit(&ctl->head, head, memory_order_release);
+    if (head != start) {
+        atomic_store_explicit(&ctl->head, head, memory_order_release);
+        ring_bell(s);
+    }
     s->tx_tail = tail;
     return KOLO_OK;
 }
@@ -1073,7 +1067,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             x->done += n;
             if (x->done < x->len) {
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
-                ring_bell(s); /* a sender asleep on a full ring can go on now, not when this pass ends */
+                ring_bell(s);
                 start = tail;
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
                 continue;
@@ -1084,7 +1078,10 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
         }
         kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
     }
-    if (tail != start) atomic_store_explicit(&ctl->tail, tail, memory_order_release);
+    if (tail != start) {
+        atomic_store_explicit(&ctl->tail, tail, memory_order_release);
+        ring_bell(s);
+    }
     return st;
 }
 
@@ -1093,11 +1090,9 @@ static int shm_progress(kolo__conn *c)
     if (c->error) return c->error;
     shm_priv *s = c->priv;
     int st = KOLO_OK;
-    uint64_t before = moves(s);
     if (c->recvq) note_look(s, c->recvq); /* before this pass's own sends */
     if (c->sendq) st = progress_send(c, s);
     if (st == KOLO_OK && c->recvq) st = progress_recv(c, s);
-    if (moves(s) != before) ring_bell(s);
     return st;
 }
 
@@ -1445,4 +1440,5 @@ void kolo__shm_garble(kolo__conn *c, bool whole_frame)
     end_frame(s, &head);
     atomic_store_explicit(mark_at(s->tx, s->mask, at), at + 1, memory_order_release);
     atomic_store_explicit(&s->tx_ctl->head, head, memory_order_release);
+    ring_bell(s);
 }
