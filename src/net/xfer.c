@@ -9,8 +9,8 @@
  * sockets of ALL peers for a hang-up: a dead rank's kernel closes its sockets, so every
  * survivor learns of the death within milliseconds even if it was waiting on someone else.
  *
- * A mesh marked `doze` (the engine's while no thread is blocked on it: engine/engine.c,
- * "Dozing") skips the yield phase: after its spin it sleeps. Its waits are the engine thread's,
+ * A mesh marked `doze` (the engine's while no thread is blocked on it, or once one has been for
+ * 5 ms: engine/engine.c, "Dozing") skips the yield phase: after its spin it sleeps. Its waits are the engine thread's,
  * mostly for a peer whose engine has not reached the same cycle yet, a millisecond or so away,
  * on a core whose user thread is computing (a training step's backward pass). Measured on the
  * 2-vCPU Zen 4 VM, 2 ranks training ResNet-18 under kolo.torch (one torch thread each; perf at
