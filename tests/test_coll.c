@@ -1554,7 +1554,8 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
  * receiver) and for two peers at once (an allgather of three), three rounds of each. Waits must
  * end by a bell, not by the sleep's time limit (in two rounds of three at least: a peer that
  * moves while the waiter is between two sleeps, polling, is seen without one), and hold no
- * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. */
+ * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. Then one wait
+ * of 40 ms, whose sleeps end by the liveness checks' clock, every 10 ms while the mesh dozes. */
 static void dozes_until_rung(int rank, void *arg)
 {
     (void)arg;
@@ -1604,6 +1605,18 @@ static void dozes_until_rung(int rank, void *arg)
     for (int kind = 0; kind < 3 && rank == 0; kind++)
         KT_ASSERTF(rung[kind] >= 2, "waits for %s: %d of 3 ended by a bell",
                    kind == 0 ? "bytes" : kind == 1 ? "space" : "two peers", rung[kind]);
+    /* a dozing wait checks liveness every 10 ms, not every millisecond: a 40 ms wait for a late
+     * root sleeps about 4 times, not 40 */
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    uint64_t a[4], b[4];
+    kolo__wait_test_counts(a);
+    if (rank != 0) usleep(40000);
+    memset(buf, rank == n - 1 ? 0x77 : 0, 4096);
+    KT_OK(kolo_broadcast(buf, 4096, KOLO_UINT8, n - 1, KOLO_WORLD));
+    KT_EQ(buf[4095], 0x77);
+    kolo__wait_test_counts(b);
+    if (rank == 0)
+        KT_ASSERTF(b[2] - a[2] <= 10, "a 40 ms wait slept %llu times", (unsigned long long)(b[2] - a[2]));
     free(buf);
     free(all);
 }

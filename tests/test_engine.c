@@ -4,6 +4,7 @@
 #include "kt.h"
 
 #include "../src/coll/coll.h"
+#include "../src/engine/engine.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -601,6 +602,103 @@ static void flush(int rank, void *arg)
 }
 
 KT_TEST(engine_waiter_does_not_wait_for_the_cycle, 40) { KT_EQ(kt_job(2, flush, NULL, NULL, NULL), 0); }
+
+/* A rank that holds nothing while the world waits for it (a straggler: rank 1 sleeps 400 ms
+ * while rank 0 waits for a request of both) backs its engine's cycles off to 4 ms; rank 0's
+ * engine, which starts a cycle as soon as one ends while its thread waits, then waits in each
+ * exchange for the straggler's next. With the 1 ms cycle the straggler kept while the world was
+ * busy, the two ran a world cycle per millisecond. */
+static void quiet_straggler(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo_shape_t sh = shape1(4);
+    float x[4] = {1, 2, 3, 4}, y[4];
+    kolo_request_t *r;
+    for (int round = 0; round < 2; round++) {
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        if (rank == 1 && round == 1) {
+            usleep(400000);
+            int q = kolo__engine_test_quiet_cycles();
+            KT_ASSERTF(q >= 3, "after 400 ms in which the world waited for this rank, %d quiet cycles in a row", q);
+        }
+        double t0 = kt_now();
+        uint64_t c0 = kolo__engine_test_cycles();
+        KT_OK(kolo_iallreduce("late", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        wait_ok(r);
+        uint64_t cycles = kolo__engine_test_cycles() - c0;
+        double ms = (kt_now() - t0) * 1e3;
+        KT_ASSERT(y[3] == 8);
+        kolo_request_release(r);
+        if (rank == 0 && round == 1)
+            KT_ASSERTF((double)cycles < ms / 2, "blocked %.0f ms on a straggler: %llu world cycles", ms,
+                       (unsigned long long)cycles);
+    }
+}
+
+KT_TEST(engine_straggler_quiet_backoff, 30) { kt_job_both(2, quiet_straggler, NULL); }
+
+/* The back-off is for a still world whose requests are all the world's: rank 1, in no process
+ * set and holding nothing, keeps the cycle time while ranks 0 and 2 run collectives in a set of
+ * their own (each cycle starts with a world exchange that waits for rank 1's engine), and while
+ * rank 0 waits 300 ms in that set for rank 2 (rank 2's submission must not then wait out rank
+ * 1's back-off). */
+static void quiet_beside_a_set(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int members[2] = {0, 2}, id;
+    KT_OK(kolo_process_set_add(members, 2, &id));
+    kolo_shape_t one = shape1(1);
+    float s0 = 1, s1 = 0;
+    kolo_request_t *stop = NULL;
+    if (rank != 1) KT_OK(kolo_iallreduce("stop", &s0, &s1, KOLO_FLOAT32, &one, KOLO_SUM, 1, 1, NULL, &stop));
+    if (rank == 1) {
+        int most = 0;
+        for (double t0 = kt_now(); kt_now() - t0 < 0.3;) {
+            most = KOLO_MAX(most, kolo__engine_test_quiet_cycles());
+            usleep(200);
+        }
+        KT_OK(kolo_iallreduce("stop", &s0, &s1, KOLO_FLOAT32, &one, KOLO_SUM, 1, 1, NULL, &stop));
+        wait_ok(stop);
+        KT_ASSERTF(most <= 2, "%d quiet cycles in a row while a process set ran collectives", most);
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        most = 0;
+        for (double t0 = kt_now(); kt_now() - t0 < 0.25;) {
+            most = KOLO_MAX(most, kolo__engine_test_quiet_cycles());
+            usleep(200);
+        }
+        KT_ASSERTF(most <= 2, "%d quiet cycles in a row while a process set waited for a member", most);
+    } else {
+        kolo_submit_opts_t o = {.process_set = id};
+        float x[1] = {(float)rank}, y[1];
+        int steps = 0;
+        for (int done = 0;;) {
+            KT_OK(kolo_request_test(stop, &done));
+            if (done) break;
+            kolo_request_t *r;
+            KT_OK(kolo_iallreduce("s", x, y, KOLO_FLOAT32, &one, KOLO_SUM, 1, 1, &o, &r));
+            wait_ok(r);
+            KT_ASSERTF(y[0] == 2, "step %d: %g", steps, y[0]);
+            kolo_request_release(r);
+            steps++;
+        }
+        wait_ok(stop);
+        KT_ASSERT(steps > 0);
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        if (rank == 2) usleep(300000);
+        kolo_request_t *r;
+        KT_OK(kolo_iallreduce("late", x, y, KOLO_FLOAT32, &one, KOLO_SUM, 1, 1, &o, &r));
+        wait_ok(r);
+        KT_ASSERT(y[0] == 2);
+        kolo_request_release(r);
+    }
+    KT_ASSERT(s1 == 3);
+    kolo_request_release(stop);
+    KT_OK(kolo_process_set_remove(id));
+}
+
+KT_TEST(engine_no_backoff_beside_a_busy_set, 30) { KT_EQ(kt_job(3, quiet_beside_a_set, NULL, NULL, NULL), 0); }
 
 static void eviction(int rank, void *arg)
 {

@@ -5,9 +5,10 @@
  * memory). So a waiter busy-polls for KOLO_SPIN_US, then yields its core between polls
  * (sched_yield lets an oversubscribed peer run), and after ~5 ms of nothing sleeps until a peer
  * moves: on the doorbells of its shared-memory connections (shm.c, "Sleeping"), in poll() when
- * only sockets are pending, else in short naps. About every millisecond it also polls the
- * sockets of ALL peers for a hang-up: a dead rank's kernel closes its sockets, so every
- * survivor learns of the death within milliseconds even if it was waiting on someone else.
+ * only sockets are pending, else in short naps. About every millisecond (every 10 while the
+ * mesh dozes, below) it also polls the sockets of ALL peers for a hang-up: a dead rank's kernel
+ * closes its sockets, so every survivor learns of the death within milliseconds even if it was
+ * waiting on someone else.
  *
  * A mesh marked `doze` (the engine's while no thread is blocked on it, or once one has been for
  * 5 ms: engine/engine.c, "Dozing") skips the yield phase: after its spin it sleeps. Its waits are the engine thread's,
@@ -310,6 +311,8 @@ void kolo__wait_test_counts(uint64_t out[4])
 
 #define DOZE_MAX 64 /* connections one sleep waits on; more fall back to naps */
 #define YIELD_NS 5000000ull
+#define CHECK_NS 1000000ull       /* between liveness checks (hang-ups, KOLO_OP_TIMEOUT) */
+#define DOZE_CHECK_NS 10000000ull /* the same while the mesh dozes (kolo__wait) */
 
 typedef struct dozing {
     int n; /* connections marked asleep; 0: none */
@@ -374,7 +377,12 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
     dozing d; /* its arrays are written before they are read: no 2 KiB of zeroes per wait */
     d.n = 0;
     if (all_done(xs, n, &status)) goto out;
-    uint64_t start = kolo__now_ns(), last_progress = start, next_check = start + 1000000;
+    /* A dozing mesh's waits are mostly for the engine exchanges of ranks that have nothing to
+     * say (a straggler's, every 4 ms: engine.c, "Cycle timing"): a liveness check every
+     * millisecond woke the waiter four times per exchange. A dead peer is seen within
+     * DOZE_CHECK_NS instead. */
+    uint64_t check_ns = m->doze ? DOZE_CHECK_NS : CHECK_NS;
+    uint64_t start = kolo__now_ns(), last_progress = start, next_check = start + check_ns;
     uint64_t spin = m->spin_ns, yield_until = m->doze ? spin : YIELD_NS;
     /* Idle passes between readings of the clock (minus one; see below). A rank that must yield
      * at once (oversubscribed) and waits only for small messages reads it after every pass: what
@@ -408,7 +416,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
             continue;
         }
         if (d.n) { /* marked asleep, and the last poll found nothing */
-            doze_sleep(&d, KOLO_MIN(next_check, kolo__now_ns() + 1000000));
+            doze_sleep(&d, next_check);
             syscalls = true; /* read the clock after a sleep */
         }
         idle_passes++;
@@ -423,7 +431,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         uint64_t now = kolo__now_ns();
         if (last_progress == 0) last_progress = now;
         if (now >= next_check) {
-            next_check = now + 1000000;
+            next_check = now + check_ns;
             status = check_liveness(m);
             if (status != KOLO_OK) {
                 all_done(xs, n, &status);
