@@ -31,15 +31,18 @@
  * store does not order them.
  *
  * Sleeping. A waiter that has polled for a while without news (xfer.c, kolo__wait) can sleep
- * instead of polling on: it sets `asleep` in the control block of the ring it reads, reads the
- * doorbell `bell` beside it, polls once more and sleeps (futex) while `bell` still reads the
- * same. The peer, each time it publishes its head, tail or acks (all a waiter on this side can
- * wait for: bytes, space, an ack; within a pass too, as it streams a long message, so that a
- * sender asleep on a full ring goes on at once), and after it closed or aborted, bumps `bell`
- * and wakes the sleeper if `asleep` is set. Both sides fence between
+ * instead of polling on: it sets `asleep` in the control block of the ring it reads to what it
+ * waits for (WANT_BYTES when it has receives pending, WANT_ROOM when it has sends: a send is
+ * pending only while it waits for ring space or an ack), reads the doorbell `bell` beside it,
+ * polls once more and sleeps (futex) while `bell` still reads the same. The peer, each time it
+ * publishes its head (bytes) or its tail or acks (room; within a pass too, as it streams a long
+ * message, so that a sender asleep on a full ring goes on at once), and after it closed or
+ * aborted, bumps `bell` and wakes the sleeper if `asleep` asks for that. (Waking a sleeper for
+ * the room its completed sends left, when it waits for bytes, woke the rank waiting on a
+ * straggler's engine twice per exchange.) Both sides fence between
  * their store and their load of the other's word (asleep, then the counters; the counters,
  * then asleep), so one of them sees the other: a sleeper never misses a move made after it set
- * `asleep`. The layout of the control blocks is the wire's (mesh.c, KOLOMSH3).
+ * `asleep`. The layout of the control blocks is the wire's (mesh.c, KOLOMSH4).
  */
 #include "transport.h"
 
@@ -833,12 +836,16 @@ static void end_frame(shm_priv *s, uint64_t *head)
     atomic_store_explicit(mark_at(s->tx, s->mask, *head), 0, memory_order_relaxed);
 }
 
-/* Wakes the peer if it sleeps on this pair (see "Sleeping"). The fence orders what this side
- * just published before its load of `asleep`. */
-static void ring_bell(shm_priv *s)
+/* What a sleeper waits for, in its `asleep` (see "Sleeping") */
+#define WANT_BYTES 1u /* the writer's head */
+#define WANT_ROOM 2u  /* the reader's tail and acks */
+
+/* Wakes the peer if it sleeps on this pair waiting for WHAT (see "Sleeping"). The fence orders
+ * what this side just published before its load of `asleep`. */
+static void ring_bell(shm_priv *s, uint32_t what)
 {
     atomic_thread_fence(memory_order_seq_cst);
-    if (!atomic_load_explicit(&s->tx_ctl->asleep, memory_order_relaxed)) return;
+    if (!(atomic_load_explicit(&s->tx_ctl->asleep, memory_order_relaxed) & what)) return;
     atomic_fetch_add_explicit(&s->tx_ctl->bell, 1, memory_order_relaxed);
     syscall(SYS_futex, &s->tx_ctl->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
@@ -920,7 +927,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             if (x->done < x->len) {
                 /* publish what fits now so the reader can start draining */
                 atomic_store_explicit(&ctl->head, head, memory_order_release);
-                ring_bell(s);
+                ring_bell(s, WANT_BYTES);
                 start = head;
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
                 if (size - (head - tail) <= TERM_RESERVE) break;
@@ -934,7 +941,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
     }
     if (head != start) {
         atomic_store_explicit(&ctl->head, head, memory_order_release);
-        ring_bell(s);
+        ring_bell(s, WANT_BYTES);
     }
     s->tx_tail = tail;
     return KOLO_OK;
@@ -1036,7 +1043,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
                 atomic_fetch_add_explicit(&ctl->acks, 1, memory_order_release);
-                ring_bell(s);
+                ring_bell(s, WANT_ROOM);
                 kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
                 continue;
             }
@@ -1067,7 +1074,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             x->done += n;
             if (x->done < x->len) {
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
-                ring_bell(s);
+                ring_bell(s, WANT_ROOM);
                 start = tail;
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
                 continue;
@@ -1080,7 +1087,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
     }
     if (tail != start) {
         atomic_store_explicit(&ctl->tail, tail, memory_order_release);
-        ring_bell(s);
+        ring_bell(s, WANT_ROOM);
     }
     return st;
 }
@@ -1100,7 +1107,8 @@ static _Atomic uint32_t *shm_doze(kolo__conn *c, uint32_t *seen)
 {
     shm_priv *s = c->priv;
     if (!s) return NULL;
-    atomic_store(&s->rx_ctl->asleep, 1u); /* seq_cst: before the caller's last poll */
+    uint32_t want = (c->recvq ? WANT_BYTES : 0u) | (c->sendq ? WANT_ROOM : 0u);
+    atomic_store(&s->rx_ctl->asleep, want); /* seq_cst: before the caller's last poll */
     *seen = atomic_load(&s->rx_ctl->bell);
     return &s->rx_ctl->bell;
 }
@@ -1125,7 +1133,7 @@ static void shm_goodbye(kolo__conn *c)
     shm_priv *s = c->priv;
     if (!s) return;
     atomic_store_explicit(&s->tx_ctl->closed, SHM_CLOSED, memory_order_release);
-    ring_bell(s);
+    ring_bell(s, WANT_BYTES | WANT_ROOM);
 }
 
 static bool shm_left_cleanly(kolo__conn *c)
@@ -1140,7 +1148,7 @@ static void shm_abort(kolo__conn *c, const char *reason)
     if (!s) return;
     snprintf(s->tx_ctl->reason, sizeof(s->tx_ctl->reason), "%s", reason);
     atomic_store(&s->tx_ctl->closed, SHM_ABORTED); /* seq_cst: before our user reuses buffers */
-    ring_bell(s);
+    ring_bell(s, WANT_BYTES | WANT_ROOM);
 }
 
 static bool shm_abort_reason(kolo__conn *c, char *buf, size_t cap)
@@ -1440,5 +1448,5 @@ void kolo__shm_garble(kolo__conn *c, bool whole_frame)
     end_frame(s, &head);
     atomic_store_explicit(mark_at(s->tx, s->mask, at), at + 1, memory_order_release);
     atomic_store_explicit(&s->tx_ctl->head, head, memory_order_release);
-    ring_bell(s);
+    ring_bell(s, WANT_BYTES);
 }
