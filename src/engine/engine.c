@@ -17,7 +17,8 @@
  * The cycle. Every rank of the job runs the same sequence of steps on the engine mesh:
  *   1. the world step: the negotiation of process set 0 (see negotiate.c), whose fixed part
  *      also carries each rank's control flags: "leaving" (kolo_shutdown), "busy" (it holds
- *      requests), "sets" and "moved" (see "Cycle timing") and the bitmap of process sets it sees in the core's table, and its fusion
+ *      requests), "sets" (some in a process set other than the world: see "Cycle timing") and
+ *      the bitmap of process sets it sees in the core's table, and its fusion
  *      threshold and cycle time, which with KOLO_AUTOTUNE every rank takes from rank 0's
  *      (autotune.c);
  *   2. from the gathered control flags, every rank decides the same things: if any rank is
@@ -28,25 +29,25 @@
  *   3. the world's responses run, then each active set this rank belongs to runs its own
  *      negotiation and responses, in increasing id order, among its members only.
  *
- * Cycle timing. The cycle repeats every KOLO_CYCLE_TIME while this rank holds requests, and
- * while the world moves. A rank that holds none backs off while the world is still: after each
- * cycle in which no rank submitted requests or ran responses (the MOVED flag, a rank's own
- * submissions for the cycle or responses of its last one), none was described, and no rank held
- * requests of a process set other than the world (SETS), the period doubles, up to IDLE_MAX (4 ms;
- * 50 ms until some rank has used the engine, so that programs of direct collectives only are left
- * alone). Such an engine sleeps on its condition variable and spends a few microseconds per
- * wake-up, and a submission wakes it at once (its first exchange then waits at most IDLE_MAX for
- * the other ranks). That is an idle world, and a world waiting for this rank: a straggler, whose
- * peers wait for requests it has not submitted. There holding its exchanges off delays nothing,
- * because a request of the world cannot run without this rank's submission, and that starts a
- * cycle at once. The peers' engines, which start cycles back to back while their threads wait
- * (see "Waiters"), then wait in each exchange for the straggler's next, asleep: a rank blocked 2 s
+ * Cycle timing. The cycle repeats every KOLO_CYCLE_TIME while this rank holds requests. A
+ * rank that holds none backs off unless some rank holds requests of a process set other than
+ * the world (the SETS flag): after each cycle that ran none of its requests, the period doubles,
+ * up to IDLE_MAX (4 ms; 50 ms until some rank has used the engine, so that programs of direct
+ * collectives only are left alone). Such an engine sleeps on its condition variable and spends a
+ * few microseconds per wake-up, and a submission wakes it at once (its first exchange then waits
+ * at most IDLE_MAX for the other ranks). That is an idle world, and a world waiting for this
+ * rank: a straggler, whose peers wait for world requests it has not submitted. Holding its
+ * exchanges off delays nothing there, because such a request cannot run without this rank's
+ * submission, and that starts a cycle at once. (The world was once counted busy as soon as any
+ * rank held requests, and the straggler cycled every 1 ms.) The peers' engines, which start
+ * cycles back to back while their threads wait (see "Waiters"), then wait in each exchange for
+ * the straggler's next, asleep: a rank blocked 2 s
  * on a straggler used 0.166 s of CPU and the straggler 0.045 s; 0.029 and 0.030 s with the
  * back-off and the dozing waits' liveness checks every 10 ms instead of every 1 (net/xfer.c;
  * the back-off alone: 0.058 s for the blocked rank); medians of 9 waits, 3 launches of each
- * build interleaved, 2 ranks on the 2-vCPU Zen 4 VM. Process sets keep the cycle time: their
- * members' cycles begin with a world exchange, which must not wait out the back-off of a rank
- * outside the set. A world of one sleeps until there is work.
+ * build interleaved, 2 ranks on the 2-vCPU Zen 4 VM. A process set's requests keep every rank
+ * at the cycle time: the members' cycles begin with a world exchange, which must not wait out
+ * the back-off of a rank outside the set. A world of one sleeps until there is work.
  *
  * Waiters. The cycle time lets requests submitted close together meet in one cycle and fuse. A
  * thread blocked on a request (kolo_request_wait) submits nothing more before it returns, so
@@ -305,7 +306,6 @@ static int set_step(kolo__pset_state *s)
 static int cycle(kolo_request_t *q)
 {
     if (kolo__trace_on() && kolo__trace_mark_cycles()) kolo__trace_cycle();
-    bool fresh = q != NULL;
     while (q) {
         kolo_request_t *r = q;
         q = q->qnext;
@@ -314,8 +314,7 @@ static int cycle(kolo_request_t *q)
     snapshot();
     kolo__pset_state *s0 = E.sets[0];
     uint64_t t0 = kolo__now_ns();
-    uint32_t flags = (count_pending(0) ? KOLO__F_BUSY : 0) | (count_pending(1) ? KOLO__F_SETS : 0) |
-                     (fresh || E.ran ? KOLO__F_MOVED : 0);
+    uint32_t flags = (count_pending(0) ? KOLO__F_BUSY : 0) | (count_pending(1) ? KOLO__F_SETS : 0);
     int st = kolo__negotiate_build(s0, flags, E.present);
     uint64_t t1 = kolo__now_ns();
     if (!st) st = kolo__negotiate_gather_fixed(s0);
@@ -333,12 +332,11 @@ static int cycle(kolo_request_t *q)
     /* the control fields every rank reads the same */
     uint64_t agreed[KOLO_MAX_PSETS / 64];
     memset(agreed, 0xff, sizeof(agreed));
-    int leaving = -1, busy = 0, described = 0, moved = 0, sets = 0;
+    int leaving = -1, busy = 0, described = 0, sets = 0;
     for (int r = 0; r < s0->n; r++) {
         const kolo__fixed_hdr *h = kolo__fixed_of(s0, r);
         if ((h->flags & KOLO__F_LEAVING) && leaving < 0) leaving = r;
         busy |= (h->flags & KOLO__F_BUSY) != 0;
-        moved |= (h->flags & KOLO__F_MOVED) != 0;
         sets |= (h->flags & KOLO__F_SETS) != 0;
         described |= h->varlen != 0;
         for (int w = 0; w < KOLO_MAX_PSETS / 64; w++) agreed[w] &= h->present[w];
@@ -373,8 +371,7 @@ static int cycle(kolo_request_t *q)
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
     E.local_pending = count_pending(0);
-    E.ran = worked;
-    int quiet = moved || sets || described || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
+    int quiet = sets || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
     atomic_store_explicit(&E.quiet_cycles, quiet, memory_order_relaxed); /* the tests read it */
     E.used |= busy;
     return KOLO_OK;
@@ -570,7 +567,6 @@ int kolo__engine_start(void)
     E.world_busy = 0;
     atomic_store_explicit(&E.quiet_cycles, 0, memory_order_relaxed);
     atomic_store_explicit(&E.world_cycles, 0, memory_order_relaxed);
-    E.ran = 0;
     E.used = 0;
     E.local_pending = 0;
     memset(E.noname, 0, sizeof(E.noname));

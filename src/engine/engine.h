@@ -20,9 +20,9 @@ void kolo__engine_stop(void);
 #include <stdint.h>
 void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *local_ns);
 
-/* For the tests: world cycles in a row in which no rank moved while this rank held nothing (from
- * the third on, this rank's engine waits 4 ms between cycles: engine.c, "Cycle timing"), and
- * world cycles run since kolo_init. */
+/* For the tests: world cycles in a row in which this rank held no requests and no rank held any
+ * of a process set (from the third on, this rank's engine waits 4 ms between cycles: engine.c,
+ * "Cycle timing"), and world cycles run since kolo_init. */
 int kolo__engine_test_quiet_cycles(void);
 uint64_t kolo__engine_test_cycles(void);
 

@@ -210,9 +210,8 @@ typedef struct kolo__pset_state {
 
 /* fixed part of a member's blob: header, presence bitmap (world only), cache bits */
 /* World only: BUSY, this rank holds requests; SETS, some of them in process sets other than the
- * world; MOVED, it submitted requests for this cycle or ran responses in its last one (engine.c,
- * "Cycle timing") */
-enum { KOLO__F_JOINED = 1, KOLO__F_LEAVING = 2, KOLO__F_BUSY = 4, KOLO__F_MOVED = 8, KOLO__F_SETS = 16 };
+ * world (engine.c, "Cycle timing") */
+enum { KOLO__F_JOINED = 1, KOLO__F_LEAVING = 2, KOLO__F_BUSY = 4, KOLO__F_SETS = 8 };
 typedef struct kolo__fixed_hdr {
     uint32_t flags;
     uint32_t varlen;
@@ -260,9 +259,8 @@ typedef struct kolo__engine {
     int autotune;           /* KOLO_AUTOTUNE_* at start, agreed (rank 0's); not OFF: apply rank 0's values */
     int tune_state, tune_samples; /* KOLO_AUTOTUNE_*, configurations scored (rank 0's) */
     int world_busy;         /* last world step: some rank had work */
-    _Atomic int quiet_cycles; /* cycles in a row in which no rank moved and this rank held nothing */
+    _Atomic int quiet_cycles; /* cycles in a row that held back nothing (engine.c) */
     _Atomic uint64_t world_cycles; /* for the tests */
-    int ran;                /* the last cycle ran responses of this rank, in any set */
     int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
     kolo__pset_state *sets[KOLO_MAX_PSETS];
