@@ -41,13 +41,13 @@
  * submission, and that starts a cycle at once. (The world was once counted busy as soon as any
  * rank held requests, and the straggler cycled every 1 ms.) The peers' engines, which start
  * cycles back to back while their threads wait (see "Waiters"), then wait in each exchange for
- * the straggler's next, asleep: a rank blocked 2 s
- * on a straggler used 0.166 s of CPU and the straggler 0.045 s; 0.029 and 0.030 s with the
- * back-off and the dozing waits' liveness checks every 10 ms instead of every 1 (net/xfer.c;
- * the back-off alone: 0.058 s for the blocked rank); medians of 9 waits, 3 launches of each
- * build interleaved, 2 ranks on the 2-vCPU Zen 4 VM. A process set's requests keep every rank
- * at the cycle time: the members' cycles begin with a world exchange, which must not wait out
- * the back-off of a rank outside the set. A world of one sleeps until there is work.
+ * the straggler's next, asleep: a rank blocked 2 s on a straggler used 0.166 s of CPU and the
+ * straggler 0.045 s; 0.027 and 0.020 s with the back-off, the dozing waits' liveness checks
+ * every 10 ms instead of every 1 (net/xfer.c) and the short spin of "Dozing" (the back-off
+ * alone: 0.058 s for the blocked rank); medians of 9 waits in 3 launches, 2 ranks on the 2-vCPU
+ * Zen 4 VM. A process set's requests keep every rank at the cycle time: the members' cycles
+ * begin with a world exchange, which must not wait out the back-off of a rank outside the set.
+ * A world of one sleeps until there is work.
  *
  * Waiters. The cycle time lets requests submitted close together meet in one cycle and fuse. A
  * thread blocked on a request (kolo_request_wait) submits nothing more before it returns, so
@@ -81,8 +81,12 @@
  * then waits up to the straggler's period (1 ms then, 4 ms with the back-off of "Cycle
  * timing"), never the 5 ms after which a wait stops yielding, so the engine yielded, on a core
  * with nothing else to run, for as long as the straggler took: a rank blocked 2 s in
- * kolo.allreduce used 2.0 s of CPU. After that time its cycles doze too, with DOZE_SPIN_NS of
- * spin. KOLO_SPIN_US, when set, turns dozing off. */
+ * kolo.allreduce used 2.0 s of CPU. After that time its cycles doze too, after the full spin
+ * (KOLO_SPIN_US's default) in the responses' collectives: the last gradients of a training step
+ * are reduced while a thread has waited that long for them, and a shorter spin would put the
+ * exchange's every step to sleep. Only the world's exchange, which waits for a straggler's
+ * next cycle, spins DOZE_SPIN_NS: with the full spin there, the rank blocked 2 s on a straggler
+ * used 0.043-0.049 s of CPU, 0.021-0.032 s without. KOLO_SPIN_US, when set, turns dozing off. */
 #include "internal.h"
 
 #include "../trace/trace.h"
@@ -317,7 +321,14 @@ static int cycle(kolo_request_t *q)
     uint32_t flags = (count_pending(0) ? KOLO__F_BUSY : 0) | (count_pending(1) ? KOLO__F_SETS : 0);
     int st = kolo__negotiate_build(s0, flags, E.present);
     uint64_t t1 = kolo__now_ns();
-    if (!st) st = kolo__negotiate_gather_fixed(s0);
+    if (!st) {
+        /* a dozing mesh's world exchange waits for the others' next cycle, mostly: it spins no
+         * longer than DOZE_SPIN_NS even while a thread is blocked (see "Dozing") */
+        uint64_t spin = E.doze ? E.mesh->spin_ns : 0;
+        if (E.doze && E.mesh->doze) E.mesh->spin_ns = KOLO_MIN(spin, DOZE_SPIN_NS);
+        st = kolo__negotiate_gather_fixed(s0);
+        if (E.doze) E.mesh->spin_ns = spin;
+    }
     if (st) return st;
     uint64_t t2 = kolo__now_ns();
     /* Time the next cycle from here, a moment every rank shares within microseconds: timing it
@@ -442,7 +453,7 @@ static void *engine_main(void *arg)
         int stop = E.stop, down = E.down;
         if (E.doze) { /* see "Dozing" */
             E.mesh->doze = !E.blocked || kolo__now_ns() - E.blocked_since > BLOCKED_YIELD_NS;
-            E.mesh->spin_ns = E.mesh->doze ? KOLO_MIN(E.spin_ns, DOZE_SPIN_NS) : E.spin_ns;
+            E.mesh->spin_ns = E.blocked ? E.spin_ns : KOLO_MIN(E.spin_ns, DOZE_SPIN_NS);
         }
         kolo_request_t *q = E.qhead;
         E.qhead = E.qtail = NULL;
