@@ -259,7 +259,8 @@ typedef struct kolo__engine {
     int autotune;           /* KOLO_AUTOTUNE_* at start, agreed (rank 0's); not OFF: apply rank 0's values */
     int tune_state, tune_samples; /* KOLO_AUTOTUNE_*, configurations scored (rank 0's) */
     int world_busy;         /* last world step: some rank had work */
-    _Atomic int quiet_cycles; /* cycles in a row that held back nothing (engine.c) */
+    _Atomic int quiet_cycles; /* cycles in a row in which this rank could hold back its period
+                               * (it held nothing, no set held anything: engine.c, "Cycle timing") */
     _Atomic uint64_t world_cycles; /* for the tests */
     int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
