@@ -66,8 +66,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
                           "microseconds a waiting rank busy-polls before it starts yielding its core (0 when "
                           "a host has more ranks than cores); unset, the engine's waits spin at most 10 and then "
-                          "sleep until the peer moves, without yielding, while no thread waits for the engine "
-                          "or one has waited over 5 ms"},
+                          "sleep until the peer moves, without yielding, while no thread waits for the engine; "
+                          "once one has waited over 5 ms they sleep after the full spin (the world exchange "
+                          "after 10)"},
     [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
                                    "bytes of tensors fused into one collective; 0 disables fusion"},
     [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",

@@ -283,15 +283,18 @@ static int update_sets(const uint64_t *agreed)
     return KOLO_OK;
 }
 
-/* Requests this rank holds; FIRST: 1 counts those of process sets only (not the world's) */
-static int count_pending(int first)
+/* Requests this rank holds; *IN_SETS (when not NULL): those of process sets other than the world */
+static int count_pending(int *in_sets)
 {
-    int n = 0;
-    for (int id = first; id < KOLO_MAX_PSETS; id++) {
-        if (E.sets[id]) n += (int)E.sets[id]->nlocal + (E.sets[id]->join_req != NULL);
-        if (E.waiting[id]) n++;
+    int world = 0, sets = 0;
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        const kolo__pset_state *s = E.sets[id];
+        int k = (s ? (int)s->nlocal + (s->join_req != NULL) : 0) + (E.waiting[id] != NULL);
+        if (id == 0) world = k;
+        else sets += k;
     }
-    return n;
+    if (in_sets) *in_sets = sets;
+    return world + sets;
 }
 
 /* ---- the cycle ---- */
@@ -318,7 +321,8 @@ static int cycle(kolo_request_t *q)
     snapshot();
     kolo__pset_state *s0 = E.sets[0];
     uint64_t t0 = kolo__now_ns();
-    uint32_t flags = (count_pending(0) ? KOLO__F_BUSY : 0) | (count_pending(1) ? KOLO__F_SETS : 0);
+    int in_sets;
+    uint32_t flags = (count_pending(&in_sets) ? KOLO__F_BUSY : 0) | (in_sets ? KOLO__F_SETS : 0);
     int st = kolo__negotiate_build(s0, flags, E.present);
     uint64_t t1 = kolo__now_ns();
     if (!st) {
@@ -381,7 +385,7 @@ static int cycle(kolo_request_t *q)
     }
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
-    E.local_pending = count_pending(0);
+    E.local_pending = count_pending(NULL);
     int quiet = sets || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
     atomic_store_explicit(&E.quiet_cycles, quiet, memory_order_relaxed); /* the tests read it */
     E.used |= busy;

@@ -45,7 +45,8 @@
 
 /* The greeting's magic names the wire's version: KOLOMSH2 since TCP frames may carry filler
  * (tcp.c), KOLOMSH3 since shared-memory control blocks carry a doorbell, KOLOMSH4 since a
- * sleeper says there what it waits for (shm.c, "Sleeping"). A peer of another version would misread our frames, so it is refused by name. */
+ * sleeper says there what it waits for (shm.c, "Sleeping"). A peer of another version would
+ * misread our frames, so it is refused by name. */
 #define HS_MAGIC "KOLOMSH4"
 #define HS_FAMILY_LEN 7 /* "KOLOMSH": a kolo peer, of some wire version */
 #define HELLO_A_LEN (8 + 4 + KOLO_NONCE_LEN)

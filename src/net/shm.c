@@ -39,10 +39,10 @@
  * message, so that a sender asleep on a full ring goes on at once), and after it closed or
  * aborted, bumps `bell` and wakes the sleeper if `asleep` asks for that. (Waking a sleeper for
  * the room its completed sends left, when it waits for bytes, woke the rank waiting on a
- * straggler's engine twice per exchange.) Both sides fence between
- * their store and their load of the other's word (asleep, then the counters; the counters,
- * then asleep), so one of them sees the other: a sleeper never misses a move made after it set
- * `asleep`. The layout of the control blocks is the wire's (mesh.c, KOLOMSH4).
+ * straggler's engine twice per exchange.) Both sides fence between their store and their load
+ * of the other's word (asleep, then the counters; the counters, then asleep), so one of them
+ * sees the other: a sleeper never misses a move made after it set `asleep`. The layout of the
+ * control blocks, and the meaning of `asleep`, are the wire's (mesh.c, KOLOMSH4).
  */
 #include "transport.h"
 

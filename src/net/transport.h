@@ -174,11 +174,11 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 /* Drives every connection of the mesh until all n xfers are complete. Busy-polls for
  * KOLO_SPIN_US, then yields the core between polls, then sleeps until a peer moves (so idle
  * waiters on an oversubscribed host let the others run); a mesh marked `doze` sleeps right
- * after its spin. Watches every peer's liveness:
- * a peer that dies, even one not involved in these xfers, fails the wait within a few
- * milliseconds (10 or so while the mesh dozes) with KOLO_ERR_PEER_LOST naming it. No progress for KOLO_OP_TIMEOUT
- * seconds fails with KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also
- * marks the mesh failed: later calls fail at once with the same message. */
+ * after its spin. Watches every peer's liveness: a peer that dies, even one not involved in
+ * these xfers, fails the wait within a few milliseconds (10 or so while the mesh dozes) with
+ * KOLO_ERR_PEER_LOST naming it. No progress for KOLO_OP_TIMEOUT seconds fails with
+ * KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also marks the mesh failed:
+ * later calls fail at once with the same message. */
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);

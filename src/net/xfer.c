@@ -10,18 +10,19 @@
  * closes its sockets, so every survivor learns of the death within milliseconds even if it was
  * waiting on someone else.
  *
- * A mesh marked `doze` (the engine's while no thread is blocked on it, or once one has been for
- * 5 ms: engine/engine.c, "Dozing") skips the yield phase: after its spin it sleeps. Its waits are the engine thread's,
- * mostly for a peer whose engine has not reached the same cycle yet, a millisecond or so away,
- * on a core whose user thread is computing (a training step's backward pass). Measured on the
- * 2-vCPU Zen 4 VM, 2 ranks training ResNet-18 under kolo.torch (one torch thread each; perf at
- * 0.2 ms per sample, one launch each): the two engine threads took 10,500 samples, 5,900 of them
- * polling in kolo__wait, and 7,600 and 2,200 with the doze (the blocked thread's rule in
- * engine.c included); context switches rose from 56,000 to 93,000 in 36 s (a sleep is two).
- * Images/s did not move beyond the spread of the launches (5 interleaved launches each of the
- * builds before and with the first form of the doze: 50.5-52.9 and 49.6-52.3), as the step is
- * bound by compute. What the doze buys is a core's worth of polling given back where a wait is
- * long: a rank blocked 2 s in kolo.allreduce on a straggler used 2.0 s of CPU, now 0.15.
+ * A mesh marked `doze` (the engine's while no thread is blocked on it, or once one has been for 5
+ * ms: engine/engine.c, "Dozing") skips the yield phase: after its spin it sleeps. Its waits are the
+ * engine thread's, mostly for a peer whose engine has not reached the same cycle yet, a millisecond
+ * or so away, on a core whose user thread is computing (a training step's backward pass). Measured
+ * on the 2-vCPU Zen 4 VM, 2 ranks training ResNet-18 under kolo.torch (one torch thread each; perf
+ * at 0.2 ms per sample, one launch each): the two engine threads took 10,500 samples, 5,900 of them
+ * polling in kolo__wait, and 7,600 and 2,200 with the doze (the blocked thread's rule in engine.c
+ * included); context switches rose from 56,000 to 93,000 in 36 s (a sleep is two). Images/s did not
+ * move beyond the spread of the launches (5 interleaved launches each of the builds before and with
+ * the first form of the doze: 50.5-52.9 and 49.6-52.3), as the step is bound by compute. What the
+ * doze buys is a core's worth of polling given back where a wait is long: a rank blocked 2 s in
+ * kolo.allreduce on a straggler used 2.0 s of CPU, 0.15 s with the doze (0.027 s since, with the
+ * engine's back-off: engine.c, "Cycle timing").
  */
 #include "transport.h"
 
