@@ -1554,8 +1554,10 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
  * receiver) and for two peers at once (an allgather of three), three rounds of each. Waits must
  * end by a bell, not by the sleep's time limit (in two rounds of three at least: a peer that
  * moves while the waiter is between two sleeps, polling, is seen without one), and hold no
- * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. Then one wait
- * of 40 ms, whose sleeps end by the liveness checks' clock, every 10 ms while the mesh dozes. */
+ * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. The 5 ms
+ * stretch with KT_TIMEOUT_SCALE: under TSan, filling the ring for the late receiver took longer
+ * than the receiver was late, and rank 0 never waited. Then one wait of 40 ms, whose sleeps end
+ * by the liveness checks' clock, every 10 ms while the mesh dozes. */
 static void dozes_until_rung(int rank, void *arg)
 {
     (void)arg;
@@ -1575,6 +1577,9 @@ static void dozes_until_rung(int rank, void *arg)
     unsigned char *buf = malloc(big), *all = malloc((size_t)n * 4096);
     KT_ASSERT(buf && all);
     int rung[3] = {0, 0, 0};
+    const char *scale_env = getenv("KT_TIMEOUT_SCALE");
+    double scale = scale_env && atof(scale_env) > 1 ? atof(scale_env) : 1;
+    useconds_t late = (useconds_t)(5000 * scale);
     for (int round = 0; round < 9; round++) {
         int kind = round % 3;
         size_t len = kind == 1 ? big : 4096;
@@ -1583,7 +1588,7 @@ static void dozes_until_rung(int rank, void *arg)
         KT_OK(kolo_barrier(KOLO_WORLD));
         uint64_t a[4], b[4];
         kolo__wait_test_counts(a);
-        if (rank != 0) usleep(5000);
+        if (rank != 0) usleep(late);
         if (kind == 2) {
             memset(buf, 0x10 + rank, 4096);
             size_t counts[3] = {4096, 4096, 4096};
@@ -1595,11 +1600,11 @@ static void dozes_until_rung(int rank, void *arg)
         }
         kolo__wait_test_counts(b);
         if (rank == 0) {
-            KT_ASSERTF(b[2] > a[2], "round %d: no sleep in a 5 ms wait", round);
+            KT_ASSERTF(b[2] > a[2], "round %d: no sleep in a %u us wait", round, (unsigned)late);
             rung[kind] += b[3] > a[3];
             KT_EQ(b[1] - a[1], 0);
-            KT_ASSERTF(b[0] - a[0] < 100000, "round %d: %llu idle passes in a 5 ms wait", round,
-                       (unsigned long long)(b[0] - a[0]));
+            KT_ASSERTF(b[0] - a[0] < 100000, "round %d: %llu idle passes in a %u us wait", round,
+                       (unsigned long long)(b[0] - a[0]), (unsigned)late);
         }
     }
     for (int kind = 0; kind < 3 && rank == 0; kind++)
