@@ -53,7 +53,7 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "more single-copy (one copy instead of two where the cores are short). Allreduces of 4 MiB "
                           "and more among ranks of one host choose the same way between the ring and each rank reading the others' buffers "
                           "directly (1: always direct, 0: never)"},
-    [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "4M",
+    [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",

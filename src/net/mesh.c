@@ -779,6 +779,15 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     if (strcmp(cma, "auto") == 0 || !*cma) b.want_cma = 2; /* set but empty: the default */
     else if (strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
     else return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SHM_CMA='%s' is not one of auto, 0, 1", cma);
+    /* 2 MiB rings by default (4 MiB until 2026-11-29). 2 ranks on the Zen 4 VM, launches shaped
+     * like the harness's sweep (20-50 calls per size), alternated with 4 MiB rings for 20-25
+     * rounds, us per call with 4 MiB over 2 MiB, median of the paired launches: 1-16 MiB allgather
+     * 1.05-1.22, alltoall 1.05-1.16 (4 MiB 1.16), reducescatter 1.05-1.33, allreduce 1.03-1.14
+     * but 8 MiB 0.88-0.93 (1.07 in launches of 100 calls), broadcast 0.96-1.13; 128-512 KiB
+     * 1.00-1.09; 64 MiB 0.95-1.08; 2-32 KiB 1.05-1.66 (broadcast and allreduce 8 KiB 1.66 and
+     * 1.53); the engine's ResNet-50 step 20.9 ms against 21.3. Fewer ring lines to go through
+     * cold in a short launch, less cache taken by the rings; which of the two, not measured. 1
+     * MiB rings lost allreduce 64 MiB (0.83) and 128 KiB (0.85) and broadcast 2-4 MiB (0.90). */
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
     /* single-copy candidates: from 128 KiB when pinned on; from 32 KiB when picked from timings.
      * 32 KiB messages (allgather and alltoall of 64 KiB, 2 ranks): with the vCPUs on two CCDs
@@ -838,7 +847,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         /* Fault the rings in now rather than one page per message during the first passes
          * (two faults per 4 KiB, one on each side, made 4 KiB messages ~10x slower until a ring
          * had wrapped once), unless that would fault in more than 128 MiB for this rank's rings
-         * (8 ranks per host at the default 4 MiB: ~0.4 s of start-up on 2 cores); beyond that
+         * (beyond 17 ranks per host at the default 2 MiB; 128 MiB took ~0.4 s of start-up on 2
+         * cores); beyond that
          * the rings are mapped in 256 KiB steps during their first pass (shm.c). */
         size_t local = 0;
         for (int r = 0; r < wi->size; r++)

@@ -583,7 +583,7 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
 
 /* A large message by ring begins. If it ends a probe of the ring, the sender is asked for the way
  * in use from now on, not when it has been read: the sender offers its next message as soon as
- * this one's last bytes are in the ring, up to a ring's length (4 MiB) before they are read, so a
+ * this one's last bytes are in the ring, up to a ring's length (2 MiB) before they are read, so a
  * request made at the end came a message late, and every probe of a long message cost two by
  * ring (traced, broadcasts of 64 MiB with the vCPUs on two CCDs: "asking for CMA", then one more
  * message by ring at 216-453 ps/B, where single-copy took 130-180). Should the probe find the
@@ -817,7 +817,7 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n)
 #define LINE 64
 #define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
 /* A streamed payload is copied in and out in steps of at most this, each published at once, so
- * that writer and reader copy at the same time. Copying as much as the ring held (4 MiB) per
+ * that writer and reader copy at the same time. Copying as much as the ring held (then 4 MiB) per
  * step made them take turns: broadcast of 64 MiB ran at 3.7 GB/s by ring against 9 by CMA. */
 #define STREAM_STEP (256u << 10)
 
