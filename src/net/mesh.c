@@ -848,8 +848,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * (two faults per 4 KiB, one on each side, made 4 KiB messages ~10x slower until a ring
          * had wrapped once), unless that would fault in more than 128 MiB for this rank's rings
          * (beyond 17 ranks per host at the default 2 MiB; 128 MiB took ~0.4 s of start-up on 2
-         * cores); beyond that
-         * the rings are mapped in 256 KiB steps during their first pass (shm.c). */
+         * cores); beyond that the rings are mapped in 256 KiB steps during their first pass
+         * (shm.c). */
         size_t local = 0;
         for (int r = 0; r < wi->size; r++)
             local += r != wi->rank && strcmp(b.peers[r].hostkey, b.peers[wi->rank].hostkey) == 0;
