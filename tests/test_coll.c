@@ -7,6 +7,7 @@
 #include "../src/core/world.h"
 #include "../src/reduce/reduce.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
@@ -712,6 +713,57 @@ KT_TEST(shm_auto_chooses_per_message_size, 60)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, cma_choice_per_size, NULL, &o, NULL), 0);
+}
+
+/* At KOLO_LOG_LEVEL=debug a pair that chooses its way says, as it closes, how many large messages
+ * of each size class came each way: the counts the choice itself kept, for every class that had
+ * any (here 64 KiB and 1 MiB messages, none of 128 KiB-512 KiB), and nothing at the trace level's
+ * cost of a line per message. */
+static void ways_logged(int rank, void *arg)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/ways.%d.log", (const char *)arg, rank);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    KT_ASSERT(fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    float *x, *y;
+    if (!auto_pair(rank, 0, 0, (size_t)1 << 18, &x, &y)) return;
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+    for (int it = 0; it < 12; it++) allgather_step(rank, x, y, (size_t)1 << 14, it); /* 64 KiB messages */
+    for (int it = 0; it < 3; it++) allgather_step(rank, x, y, (size_t)1 << 18, it);  /* 1 MiB */
+    uint64_t small[2], large[2], between[2];
+    kolo__shm_class_received(c, 64 << 10, small);
+    kolo__shm_class_received(c, 1 << 20, large);
+    kolo__shm_class_received(c, 256 << 10, between);
+    KT_ASSERT(small[0] + small[1] == 12 && large[0] + large[1] == 3 && between[0] + between[1] == 0);
+    auto_pair_done(x, y);
+    fflush(stderr);
+    char log[4096] = "", want[160];
+    FILE *f = fopen(path, "r");
+    KT_ASSERT(f);
+    log[fread(log, 1, sizeof(log) - 1, f)] = 0;
+    fclose(f);
+    snprintf(want, sizeof(want),
+             "shm from rank %d, large messages by ring/single-copy per size class: 64 KiB %llu/%llu, 1 MiB %llu/%llu\n",
+             !rank, (unsigned long long)small[0], (unsigned long long)small[1], (unsigned long long)large[0],
+             (unsigned long long)large[1]);
+    KT_CONTAINS(log, want);
+}
+
+KT_TEST(shm_auto_logs_its_ways_at_debug_level, 60)
+{
+    char dir[] = "/tmp/kolo-ways-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto", "KOLO_LOG_LEVEL=debug"}};
+    int st = kt_job(2, ways_logged, dir, &o, NULL);
+    for (int r = 0; r < 2; r++) {
+        char p[256];
+        snprintf(p, sizeof(p), "%s/ways.%d.log", dir, r);
+        unlink(p);
+    }
+    rmdir(dir);
+    KT_EQ(st, 0);
 }
 
 /* A class whose way was seeded by a smaller class's close decision checks it soon; one seeded by

@@ -1119,10 +1119,32 @@ static void shm_awake(kolo__conn *c)
     if (s) atomic_store_explicit(&s->rx_ctl->asleep, 0u, memory_order_relaxed);
 }
 
+/* With the way chosen per message (auto), how each size class of large messages came in, for
+ * KOLO_LOG_LEVEL=debug: which way a run's messages took, without the trace level's line per
+ * message (whose writing slows the messages it describes). */
+static void log_ways(const shm_priv *s)
+{
+    char buf[512];
+    size_t n = 0;
+    for (int k = 0; k < SHM_CLASSES && n < sizeof buf; k++) {
+        const way_choice *w = &s->cls[k];
+        if (!w->got[0] && !w->got[1]) continue;
+        uint64_t lo = (uint64_t)s->cma_threshold << k;
+        int r = snprintf(buf + n, sizeof buf - n, "%s %llu%s%s %llu/%llu", n ? "," : "",
+                         (unsigned long long)(lo >= (1u << 20) ? lo >> 20 : lo >> 10), lo >= (1u << 20) ? " MiB" : " KiB",
+                         k == SHM_CLASSES - 1 ? " and up" : "", (unsigned long long)w->got[0],
+                         (unsigned long long)w->got[1]);
+        if (r < 0) break;
+        n += (size_t)r;
+    }
+    if (n) KOLO_DEBUG("shm from rank %d, large messages by ring/single-copy per size class:%s", s->peer_rank, buf);
+}
+
 static void shm_close(kolo__conn *c)
 {
     shm_priv *s = c->priv;
     if (!s) return;
+    if (s->adapt) log_ways(s);
     if (s->base) munmap(s->base, s->maplen);
     kolo__free(s);
     c->priv = NULL;
