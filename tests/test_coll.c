@@ -1884,6 +1884,37 @@ KT_TEST(shm_far_follows_copy_cost, 60)
     KT_EQ(kt_job(2, far_rule, NULL, &o, NULL), 0);
 }
 
+/* Short messages switch at a lower bar (shm.c, CRAWL_PS_SMALL): copies made up at 150 ps/B keep
+ * 40 allgathers of 256 KiB blocks in cache (the bar for them is 200) and send the 64 KiB blocks of
+ * the next 40 around it (the bar for them is 100). */
+static void far_small_bar(int rank, void *arg)
+{
+    (void)arg;
+    kolo__shm_test_far(-1, 150);
+    KT_OK(kolo_init());
+    kolo__conn *c = shm_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 16; /* 256 KiB from each rank */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    int it = 0;
+    for (; it < 40; it++) allgather_step(rank, x, y, count, it);
+    KT_ASSERTF(kolo__shm_far_bytes(c) == 0, "rank %d: copies of 256 KiB messages at 150 ps/B went around the cache",
+               rank);
+    for (; it < 80; it++) allgather_step(rank, x, y, count / 4, it);
+    KT_ASSERTF(kolo__shm_far_bytes(c) > 0, "rank %d: copies of 64 KiB messages at 150 ps/B stayed in cache", rank);
+    kolo__shm_test_far(-1, 0);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_far_bar_lower_for_short_messages, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(2, far_small_bar, NULL, &o, NULL), 0);
+}
+
 /* Keeps this process on at most 2 of the CPUs it may use, so that 4 ranks oversubscribe their
  * host on any machine and the oversubscribed paths run (kolo counts the cores a rank may run on). */
 static void at_most_two_cpus(void)

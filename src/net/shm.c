@@ -138,6 +138,7 @@ typedef struct shm_priv {
     /* bytes from the start of each ring known to be mapped in: all of it when the segment was
      * populated at start-up, else it grows in big steps during the first pass (first_pass) */
     uint64_t tx_ready, rx_ready;
+    uint64_t tx_len; /* the length of the message whose payload is being written (far_learn) */
     uint64_t tx_tail; /* sending: the reader's tail as last loaded */
     /* sending: ring copies around the cache when the cores sit far apart (see "far" below) */
     kolo__window wwin;   /* the last timed copies through the cache, ps/B */
@@ -674,12 +675,32 @@ static void adapt_flush(shm_priv *s)
  * short ones, 0.3 ms) and writes every step of FAR_MIN bytes or more around the cache once the
  * median of its last 5 has stayed above CRAWL_PS for CRAWL_AFTER copies in a row: 200 ps/B is 3x
  * the slowest copy seen with the cores close, and a few slow copies in a burst (a preempted
- * rank) do not move it. Around the cache its copies say nothing about the other way, so after
+ * rank) do not move it. For messages of up to 64 KiB (CRAWL_SMALL_LEN) the bar is 100 ps/B
+ * (CRAWL_PS_SMALL), below. Around the cache its copies say nothing about the other way, so after
  * 0.1 s it goes back through the cache for one window of copies (a check: the placement may have
  * changed), and stays there if they no longer crawl; if they still do, the next check waits twice
  * as long, up to 2.56 s (a check costs 5 crawling copies, some 0.4 ms). Each direction's sender
  * decides alone: it is its writes that crawl, and the receiver's way choice above (ring or
  * single-copy) then times the ring as it now runs.
+ *
+ * 200 ps/B tells the placements apart for long messages only. Recorded on the Zen 4 VM (every
+ * timed copy of 2 ranks' sweeps of all five collectives, 8 KiB-64 MiB, 30 launches): with the
+ * vCPUs together, copies of messages up to 64 KiB cost a median 35 ps/B (90th percentile 85, 99th
+ * 123), of longer ones, whose sources are out of cache, 70 (90th 110, 99th 203); apart, copies of
+ * 16-32 KiB messages cost 107-290 ps/B, and in some launches their median stayed between 127 and
+ * 237, never above 200 for 8 copies in a row, so they crawled all launch long (alltoall 64 KiB
+ * 17 us per call, against 9-10 in launches that switched and Open MPI's 8). Around the cache is
+ * the wrong way with the vCPUs together, for every size (every copy sent around it, 30 launches
+ * alternated with the rule: 1.3-1.8x the time at 16-64 KiB, 1.4-3x at 128 KiB-1 MiB), and apart
+ * it gains most on short messages (0.25-0.9x at 16-64 KiB, 0.9-1.1x from 128 KiB). So messages up
+ * to 64 KiB switch from 100 ps/B. Against 200 for all sizes, launches alternated in the harness's
+ * bands of 8 KiB-1 MiB, medians of paired ratios (time with the lower bar over time without),
+ * pairs of launches whose pings put both in one state: apart (7-10 pairs per size) allreduce 32 /
+ * 64 KiB 0.82 / 0.70, allgather 32 / 64 KiB 0.88 / 0.82, the rest 0.89-1.09; together (109-112
+ * pairs) 0.97-1.04. An earlier form with the bar at 100 up to 256 KiB, 150 rounds: apart (14-25
+ * pairs) allreduce 32 / 64 KiB 0.59 / 0.62, alltoall 64 KiB 0.91, broadcast 32 KiB 0.91, the
+ * rest 0.93-1.07; together 0.98-1.03. With more ranks than cores the bar stays 200, unmeasured
+ * there.
  *
  * With more ranks than cores the rule is the same. A copy cut in two by the scheduler is one slow
  * sample, which the median of 5 and 8 in a row ride out (none switched in 20 traced launches of 4
@@ -704,6 +725,8 @@ static void adapt_flush(shm_priv *s)
 #define FAR_TIME_EVERY 32
 #define CRAWL_PS 200
 #define CRAWL_AFTER 8
+#define CRAWL_PS_SMALL 100
+#define CRAWL_SMALL_LEN ((uint64_t)64 << 10)
 #if defined(__x86_64__)
 #define FAR_STORES 1
 #else
@@ -750,7 +773,7 @@ static void far_learn(shm_priv *s, uint64_t now, uint64_t ns, size_t n)
     uint64_t ps = test_far_ps ? test_far_ps : ns * 1000 / n;
     uint64_t median = kolo__window_add(&s->wwin, ps);
     if (s->wwin.n < KOLO_WINDOW) return;
-    bool crawl = median > CRAWL_PS;
+    bool crawl = median > (s->tx_len <= CRAWL_SMALL_LEN && !s->single_ok ? CRAWL_PS_SMALL : CRAWL_PS);
     s->crawls = crawl ? s->crawls + 1 : 0;
     if (s->far_check) {
         s->far_check = false;
@@ -921,6 +944,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 if (space <= TERM_RESERVE) break;
             }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), space - TERM_RESERVE), STREAM_STEP);
+            s->tx_len = x->len;
             tx_payload(s, head, x->buf + x->done, n);
             head += n;
             x->done += n;
