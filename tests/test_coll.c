@@ -1839,16 +1839,36 @@ static bool far_moving(kolo__conn *c, uint64_t *last)
     return moved;
 }
 
+/* The start of the tests of the rule: copies made up at `ps`, kolo_init, and buffers for
+ * allgathers of `count` floats; NULL (the job shut down) where the pair is not shared memory on
+ * x86-64. far_pair_done frees, and shuts down. */
+static kolo__conn *far_pair(int rank, uint64_t ps, size_t count, float **x, float **y)
+{
+    kolo__shm_test_far(-1, ps);
+    KT_OK(kolo_init());
+    kolo__conn *c = shm_pair(rank);
+    if (!c) return NULL;
+    *x = malloc(count * 4);
+    *y = malloc(count * 8);
+    KT_ASSERT(*x && *y);
+    return c;
+}
+
+static void far_pair_done(float *x, float *y)
+{
+    kolo__shm_test_far(-1, 0);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
 static void far_rule(int rank, void *arg)
 {
     (void)arg;
-    kolo__shm_test_far(-1, 1000);
-    KT_OK(kolo_init());
-    kolo__conn *c = shm_pair(rank);
-    if (!c) return;
     size_t count = (size_t)1 << 18; /* 1 MiB from each rank */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
+    float *x, *y;
+    kolo__conn *c = far_pair(rank, 1000, count, &x, &y);
+    if (!c) return;
     int it = 0;
     for (; it < 40; it++) allgather_step(rank, x, y, count, it);
     uint64_t last = kolo__shm_far_bytes(c);
@@ -1871,11 +1891,7 @@ static void far_rule(int rank, void *arg)
                kolo__now_s() - start);
     for (int k = 0; k < 10; k++, it++) allgather_step(rank, x, y, count, it);
     KT_ASSERTF(!far_moving(c, &last), "rank %d: copies at 10 ps/B went around the cache again", rank);
-
-    kolo__shm_test_far(-1, 0);
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
+    far_pair_done(x, y);
 }
 
 KT_TEST(shm_far_follows_copy_cost, 60)
@@ -1890,23 +1906,17 @@ KT_TEST(shm_far_follows_copy_cost, 60)
 static void far_small_bar(int rank, void *arg)
 {
     (void)arg;
-    kolo__shm_test_far(-1, 150);
-    KT_OK(kolo_init());
-    kolo__conn *c = shm_pair(rank);
-    if (!c) return;
     size_t count = (size_t)1 << 16; /* 256 KiB from each rank */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
+    float *x, *y;
+    kolo__conn *c = far_pair(rank, 150, count, &x, &y);
+    if (!c) return;
     int it = 0;
     for (; it < 40; it++) allgather_step(rank, x, y, count, it);
     KT_ASSERTF(kolo__shm_far_bytes(c) == 0, "rank %d: copies of 256 KiB messages at 150 ps/B went around the cache",
                rank);
     for (; it < 80; it++) allgather_step(rank, x, y, count / 4, it);
     KT_ASSERTF(kolo__shm_far_bytes(c) > 0, "rank %d: copies of 64 KiB messages at 150 ps/B stayed in cache", rank);
-    kolo__shm_test_far(-1, 0);
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
+    far_pair_done(x, y);
 }
 
 KT_TEST(shm_far_bar_lower_for_short_messages, 60)
