@@ -1612,9 +1612,12 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
  * end by a bell, not by the sleep's time limit (in two rounds of three at least: a peer that
  * moves while the waiter is between two sleeps, polling, is seen without one), and hold no
  * yields and far fewer idle passes than 5 ms of spinning; the results must be exact. The 5 ms
- * stretch with KT_TIMEOUT_SCALE: under TSan, filling the ring for the late receiver took longer
- * than the receiver was late, and rank 0 never waited. Then one wait of 40 ms, whose sleeps end
- * by the liveness checks' clock, every 10 ms while the mesh dozes. */
+ * stretch with KT_TIMEOUT_SCALE (under TSan, filling the ring for the late receiver took longer
+ * than the receiver was late, and rank 0 never waited), by whole 10 ms steps: a dozing wait wakes
+ * for its liveness check every 10 ms and polls before it sleeps again, so the late ranks come
+ * halfway between two checks. Stretched 4x to 20 ms, they came as rank 0 woke at its second check,
+ * and in two runs under TSan only 1 and 0 of 3 allgathers ended by a bell. Then one wait of 40
+ * ms, whose sleeps end by the liveness checks' clock. */
 static void dozes_until_rung(int rank, void *arg)
 {
     (void)arg;
@@ -1636,7 +1639,7 @@ static void dozes_until_rung(int rank, void *arg)
     int rung[3] = {0, 0, 0};
     const char *scale_env = getenv("KT_TIMEOUT_SCALE");
     double scale = scale_env && atof(scale_env) > 1 ? atof(scale_env) : 1;
-    useconds_t late = (useconds_t)(5000 * scale);
+    useconds_t late = (useconds_t)(5000 + 10000 * (int)(scale - 1)); /* 10 ms: DOZE_CHECK_NS, xfer.c */
     for (int round = 0; round < 9; round++) {
         int kind = round % 3;
         size_t len = kind == 1 ? big : 4096;
