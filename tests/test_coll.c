@@ -1905,7 +1905,7 @@ KT_TEST(shm_far_follows_copy_cost, 60)
 
 /* Short messages switch at a lower bar (shm.c, CRAWL_PS_SMALL): copies made up at 150 ps/B keep
  * 40 allgathers of 256 KiB blocks in cache (the bar for them is 200) and send the 64 KiB blocks of
- * the next 40 around it (the bar for them is 100). */
+ * the next 40 around it (the bar for them is 100), unless the world is oversubscribed. */
 static void far_small_bar(int rank, void *arg)
 {
     (void)arg;
@@ -1913,6 +1913,11 @@ static void far_small_bar(int rank, void *arg)
     float *x, *y;
     kolo__conn *c = far_pair(rank, 150, count, &x, &y);
     if (!c) return;
+    if (c->mesh->world_oversubscribed) { /* the bar is 200 for every message there */
+        printf("rank %d: more ranks than cores; skipped\n", rank);
+        far_pair_done(x, y);
+        return;
+    }
     int it = 0;
     for (; it < 40; it++) allgather_step(rank, x, y, count, it);
     KT_ASSERTF(kolo__shm_far_bytes(c) == 0, "rank %d: copies of 256 KiB messages at 150 ps/B went around the cache",
