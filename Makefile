@@ -78,7 +78,7 @@ $(AR_): $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 # Tools and tests link the static library: they may use kolo's private (kolo__) symbols.
-$(O)/bin/kolo-bench: $(BENCH_SRC) bench/local_job.h bench/perf_ctl.h $(AR_)
+$(O)/bin/kolo-bench: $(BENCH_SRC) bench/local_job.h bench/perf_ctl.h bench/bench_mem.h $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 

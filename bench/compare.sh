@@ -80,7 +80,7 @@ for mpi in openmpi mpich; do
     echo "$fam: mpicc.$mpi not found (Debian package $([ $mpi = openmpi ] && echo libopenmpi-dev || echo libmpich-dev))" >> "$STATUS"
     continue
   fi
-  if [ ! -x "$bin" ] || [ bench/peers/mpi_coll_bench.c -nt "$bin" ] || [ bench/perf_ctl.h -nt "$bin" ]; then
+  if [ ! -x "$bin" ] || [ bench/peers/mpi_coll_bench.c -nt "$bin" ] || [ bench/perf_ctl.h -nt "$bin" ] || [ bench/bench_mem.h -nt "$bin" ]; then
     if ! "mpicc.$mpi" $CFLAGS -o "$bin" bench/peers/mpi_coll_bench.c > "$OUT/mpicc.$mpi.log" 2>&1; then
       echo "$fam: mpicc.$mpi failed: $(head -c 200 "$OUT/mpicc.$mpi.log")" >> "$STATUS"
       rm -f "$bin"

@@ -12,6 +12,7 @@
 #include "kolo.h"
 
 #include "local_job.h"
+#include "bench_mem.h"
 #include "perf_ctl.h"
 
 #include "../src/core/world.h"
@@ -35,7 +36,7 @@ typedef struct opts {
     enum coll coll;
     size_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, root, np, avg_mode, bind, shared_mem;
+    int iters, warmup, check, root, np, avg_mode, bind, mem; /* mem: MEM_* */
     int calls; /* --calls 1: print every timed call's time (the slowest rank's) after each size */
     double warm_ms; /* -W: warm up at the first size for at least this long */
     kolo_dtype_t dtype;
@@ -120,12 +121,14 @@ static void usage(FILE *f)
             "  -np N     fork N local ranks (when no launcher started us)\n"
             "  --bind core|none  with -np: bind each rank to its own CPU while there are enough\n"
             "            (default core, as mpirun does; a launcher's ranks are left as it placed them)\n"
-            "  --mem malloc|kolo  where the buffers come from (default malloc); kolo: kolo_mem_alloc,\n"
-            "            which lets allreduce of 16 MiB and more read the other ranks' buffers directly\n"
+            "  --mem malloc|kolo|thp  where the buffers come from (default malloc); kolo: kolo_mem_alloc,\n"
+            "            which lets allreduce of 16 MiB and more read the other ranks' buffers directly;\n"
+            "            thp: malloc'd memory in 2 MiB pages (madvise MADV_HUGEPAGE), as NumPy and PyTorch\n"
+            "            (THP_MEM_ALLOC_ENABLE=1) hand over large arrays; prints how much the kernel gave\n"
             "  --vs TYPE|mem  paired mode: every iteration also runs the same bytes as TYPE (a dtype, in\n"
-            "            the same buffers), or with the other buffer source (mem), call by call, and prints\n"
-            "            both medians and their ratio (out of place only); for comparisons a drifting\n"
-            "            machine cannot skew\n"
+            "            the same buffers), or with the other buffer source (mem: kolo or thp against\n"
+            "            malloc), call by call, and prints both medians and their ratio (out of place\n"
+            "            only); for comparisons a drifting machine cannot skew\n"
             "  --calls 0|1  after each size's row, print every timed call's time in us, the slowest\n"
             "            rank's, on '# calls' lines (default 0): where a size's first calls cost more than\n"
             "            its later ones, the row's average hides it\n"
@@ -240,11 +243,32 @@ static bool close_enough(double got, double want, kolo_dtype_t d)
     return fabs(got - want) <= tol * fmax(1.0, fabs(want));
 }
 
+/* Where the buffers come from (--mem): malloc, kolo_mem_alloc, or malloc'd in huge pages. */
+enum { MEM_MALLOC, MEM_KOLO, MEM_THP };
+static const char *const mem_names[] = {"/malloc", "/kolo-mem", "/thp"};
+
+static int parse_mem(const char *v, int *mem)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(v, mem_names[i] + 1) || (i == MEM_KOLO && !strcmp(v, "kolo"))) {
+            *mem = i;
+            return 0;
+        }
+    return 1;
+}
+
+static void *side_alloc(int mem, size_t n)
+{
+    if (mem == MEM_KOLO) return kolo_mem_alloc(n);
+    if (mem == MEM_THP) return bench_alloc_huge(n);
+    return aligned_alloc(64, n);
+}
+
 /* The buffers and dtype of one side of a measurement: the sweep has one, --vs two. */
 typedef struct side {
     kolo_dtype_t dtype;
     size_t es;
-    int shared_mem;
+    int mem; /* MEM_*: where its buffers come from */
     char *send, *recv;
 } side;
 
@@ -403,7 +427,7 @@ static size_t next_size(const opts *o, size_t b)
 static void side_name(const run *R, int k, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s%s", kolo_dtype_name(R->sides[k].dtype),
-             R->o->vs != 2 ? "" : R->sides[k].shared_mem ? "/kolo-mem" : "/malloc");
+             R->o->vs != 2 ? "" : mem_names[R->sides[k].mem]);
 }
 
 static void print_paired_header(const run *R)
@@ -514,8 +538,10 @@ static int bench(const opts *o)
         return 2;
     }
     int nsides = o->vs ? 2 : 1;
-    R.sides[0] = (side){.dtype = o->dtype, .shared_mem = o->shared_mem};
-    R.sides[1] = (side){.dtype = o->vs == 1 ? o->vs_dtype : o->dtype, .shared_mem = o->vs == 2 ? !o->shared_mem : o->shared_mem};
+    R.sides[0] = (side){.dtype = o->dtype, .mem = o->mem};
+    /* --vs mem: kolo_mem_alloc against malloc, huge pages against malloc */
+    R.sides[1] = (side){.dtype = o->vs == 1 ? o->vs_dtype : o->dtype,
+                        .mem = o->vs != 2 ? o->mem : o->mem == MEM_MALLOC ? MEM_KOLO : MEM_MALLOC};
     size_t cap = 0;
     for (int k = 0; k < nsides; k++) {
         side *sd = &R.sides[k];
@@ -534,11 +560,11 @@ static int bench(const opts *o)
             sd->recv = R.sides[0].recv;
             continue;
         }
-        sd->send = sd->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
-        sd->recv = sd->shared_mem ? kolo_mem_alloc(alloc) : aligned_alloc(64, alloc);
+        sd->send = side_alloc(sd->mem, alloc);
+        sd->recv = side_alloc(sd->mem, alloc);
         if (!sd->send || !sd->recv) {
-            fprintf(stderr, "kolo-bench: cannot allocate %zu bytes%s%s\n", cap, sd->shared_mem ? ": " : "",
-                    sd->shared_mem ? kolo_last_error() : "");
+            fprintf(stderr, "kolo-bench: cannot allocate %zu bytes%s%s\n", cap, sd->mem == MEM_KOLO ? ": " : "",
+                    sd->mem == MEM_KOLO ? kolo_last_error() : "");
             return 1;
         }
         memset(sd->send, 0, cap);
@@ -551,7 +577,15 @@ static int bench(const opts *o)
                o->minb, o->maxb, o->step ? (double)o->step : o->factor, o->step ? "bytes" : "factor", o->warmup,
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
-        if (o->shared_mem) printf("# buffers from kolo_mem_alloc\n");
+        if (o->mem == MEM_KOLO) printf("# buffers from kolo_mem_alloc\n");
+        if (o->mem == MEM_THP || (o->vs == 2 && R.sides[1].mem == MEM_THP)) {
+            char mode[32];
+            long kib = bench_huge_kib();
+            printf("# buffers%s in transparent huge pages, asked for with madvise (the kernel's mode: %s): ",
+                   o->vs == 2 ? " of the thp side" : "", bench_thp_mode(mode, sizeof mode));
+            if (kib < 0) printf("how much it gave is unknown\n");
+            else printf("%ld MiB of rank 0's memory is in them\n", kib >> 10);
+        }
         kolo__conn *c1 = n > 1 ? kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1] : NULL;
         int cma = kolo__shm_cma_state(c1);
         printf("# transport to rank 1: %s", n > 1 ? kolo_peer_transport(1) : "self");
@@ -704,7 +738,7 @@ static int bench(const opts *o)
     free(percall);
     for (int k = 0; k < nsides && !(k == 1 && o->vs == 1); k++) {
         side *sd = &R.sides[k];
-        if (sd->shared_mem) {
+        if (sd->mem == MEM_KOLO) {
             kolo_mem_free(sd->send);
             kolo_mem_free(sd->recv);
         } else {
@@ -764,7 +798,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-r")) o.root = (int)strtol(v, &end, 10), bad = *end || o.root < 0;
         else if (!strcmp(a, "-a")) o.avg_mode = (int)strtol(v, &end, 10), bad = *end || o.avg_mode < 0 || o.avg_mode > 3;
         else if (!strcmp(a, "--bind")) o.bind = !strcmp(v, "core"), bad = !o.bind && strcmp(v, "none");
-        else if (!strcmp(a, "--mem")) o.shared_mem = !strcmp(v, "kolo"), bad = !o.shared_mem && strcmp(v, "malloc");
+        else if (!strcmp(a, "--mem")) bad = parse_mem(v, &o.mem);
         else if (!strcmp(a, "-np")) o.np = (int)strtol(v, &end, 10), bad = *end || o.np < 1 || o.np > 256;
         else if (!strcmp(a, "-d")) bad = parse_dtype(v, &o.dtype);
         else if (!strcmp(a, "--vs")) {

@@ -30,6 +30,7 @@
  */
 #include <mpi.h>
 
+#include "../bench_mem.h"
 #include "../perf_ctl.h"
 
 #include <errno.h>
@@ -72,6 +73,7 @@ struct opts {
   int root;
   double warm_ms;
   int calls; /* -C 1: every timed call's time (the slowest rank's) after each size */
+  int huge;  /* -H 1: buffers in transparent huge pages (bench_mem.h), as kolo-bench --mem thp */
 };
 
 static int g_rank, g_size;
@@ -543,8 +545,9 @@ static void usage(void)
   fprintf(stderr,
           "usage: mpi_coll_bench <coll>[,<coll>...]|all [-b minbytes] [-e maxbytes] [-f factor]\n"
           "       [-n iters] [-w warmup] [-c 0|1] [-d float32[,float16]] [-o sum] [-r root]\n"
-          "       [-B lo:hi:iters:warmup[:factor],...] [-W ms] [-C 0|1]\n"
-          "  -C 1: after each size's row, every timed call's time in us, the slowest rank's\n");
+          "       [-B lo:hi:iters:warmup[:factor],...] [-W ms] [-C 0|1] [-H 0|1]\n"
+          "  -C 1: after each size's row, every timed call's time in us, the slowest rank's\n"
+          "  -H 1: buffers in 2 MiB pages (madvise MADV_HUGEPAGE), as kolo-bench --mem thp\n");
   exit(2);
 }
 
@@ -591,6 +594,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     case 'B': bands = v; break;
     case 'W': o->warm_ms = atof(v); break;
     case 'C': o->calls = atoi(v); break;
+    case 'H': o->huge = atoi(v); break;
     case 'o':
       if (strcmp(v, "sum")) {
         fprintf(stderr, "mpi_coll_bench: only -o sum is measured\n");
@@ -619,7 +623,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     }
   }
   if (o->factor <= 1.0 || iters < 1 || warmup < 0 || !(o->warm_ms >= 0 && o->warm_ms <= 60000) || o->calls < 0 ||
-      o->calls > 1)
+      o->calls > 1 || o->huge < 0 || o->huge > 1)
     usage();
   if (bands)
     parse_bands(o, bands);
@@ -662,13 +666,24 @@ int main(int argc, char **argv)
    * bytes into a page for large buffers. Where a buffer starts in its page matters to every
    * library's copies on some CPUs (REP MOVSB, see src/net/tcp.c, "filler"): both benchmarks
    * start theirs alike. */
-  void *sbuf = aligned_alloc(64, maxb), *rbuf = aligned_alloc(64, maxb);
+  void *sbuf = o.huge ? bench_alloc_huge(maxb) : aligned_alloc(64, maxb);
+  void *rbuf = o.huge ? bench_alloc_huge(maxb) : aligned_alloc(64, maxb);
   if (!sbuf || !rbuf) {
     fprintf(stderr, "mpi_coll_bench: out of memory for %zu-byte buffers\n", maxb);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   memset(sbuf, 0, maxb);
   memset(rbuf, 0, maxb);
+  if (o.huge && g_rank == 0) {
+    char mode[32];
+    long kib = bench_huge_kib();
+    printf("# buffers in transparent huge pages, asked for with madvise (the kernel's mode: %s): ",
+           bench_thp_mode(mode, sizeof mode));
+    if (kib < 0)
+      printf("how much it gave is unknown\n");
+    else
+      printf("%ld MiB of rank 0's memory is in them\n", kib >> 10);
+  }
 
   int errs = 0;
   for (int di = 0; di < o.ndtypes; di++) {

@@ -361,6 +361,41 @@ def test_kolo_bench_paired_mode(tmp_path):
     assert p.returncode == 2 and "bad value 'float17' for --vs" in p.stdout, p.stdout
 
 
+def test_benchmarks_take_huge_pages(tmp_path):
+    # kolo-bench --mem thp and the MPI peers' benchmark -H 1 put their buffers in 2 MiB pages
+    # (bench/bench_mem.h), say how much of them the kernel gave, and still check out; --vs mem
+    # pairs them with malloc'd buffers. A kernel with THP off gives none, and they say so.
+    bench = os.path.join(ROOT, "build", "bin", "kolo-bench")
+    line = re.compile(r"^# buffers(?: of the thp side)? in transparent huge pages, asked for with madvise "
+                      r"\(the kernel's mode: (\w+|\?)\): (\d+) MiB of rank 0's memory is in them$", re.M)
+    p = subprocess.run([bench, "reducescatter", "-np", "2", "-b", "4M", "-e", "8M", "-n", "2", "-w", "1", "-c", "1",
+                        "--mem", "thp"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0 and "Out of bounds values : 0 OK" in p.stdout, p.stdout
+    m = line.search(p.stdout)
+    assert m, p.stdout
+    if m.group(1) in ("always", "madvise"):  # two buffers of 8 MiB and the checks' slack: 2 x 10 MiB
+        assert int(m.group(2)) >= 16, p.stdout
+    p = subprocess.run([bench, "allgather", "-np", "2", "-b", "4M", "-e", "4M", "-n", "2", "-w", "1", "-c", "1",
+                        "--mem", "thp", "--vs", "mem"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and line.search(p.stdout), p.stdout
+    assert re.search(r"^\s+4194304\s+none\s+float32/thp\s+[\d.]+\s+[\d.]+\s+float32/malloc\s", p.stdout, re.M), p.stdout
+    p = subprocess.run([bench, "allreduce", "-np", "2", "--mem", "huge"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=30)
+    assert p.returncode == 2 and "bad value 'huge' for --mem" in p.stdout, p.stdout
+    if not shutil.which("mpicc.openmpi") or not shutil.which("mpirun.openmpi"):
+        pytest.skip("Open MPI not installed (apt-get install libopenmpi-dev openmpi-bin)")
+    mpi = str(tmp_path / "mpi_coll_bench")
+    subprocess.run(["mpicc.openmpi", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-o", mpi,
+                    os.path.join(ROOT, "bench", "peers", "mpi_coll_bench.c")], check=True, timeout=120)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run(["mpirun.openmpi", "-np", "2", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl",
+                        "self,vader", mpi, "reducescatter", "-b", "4M", "-e", "4M", "-n", "2", "-w", "1", "-c", "1",
+                        "-H", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+    assert p.returncode == 0 and line.search(p.stdout), p.stdout
+    assert re.search(r"^\s+4194304\s+\d+\s+float32\s+sum\s+-1\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0\s", p.stdout, re.M), p.stdout
+
+
 def test_compare_pairs_launches_in_one_machine_state():
     # The harness judges kolo against a peer by pairs of launches of one repetition that both ran
     # wholly in one machine state (ping before and after each launch on one side of the split).
