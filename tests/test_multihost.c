@@ -946,13 +946,15 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
     kt_proc_free(&p);
 
     /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why at
-     * once, rank 0 its own reason, the others that rank 0 published nothing */
+     * once, rank 0 its own reason (before the fence: kolo_init's full error after it may be cut
+     * off when mpirun ends the job at the first rank's exit), the others that rank 0 published
+     * nothing */
     snprintf(setting, sizeof(setting), "KOLO_IFACE=nope0");
     proc_start(&p, c.ns[NS_L], argv);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
-    KT_CONTAINS(p.ebuf, "openmpi: 4 ranks on several hosts, and rank 0's address could not be exchanged through the "
-                        "launcher's PMIx (rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'))");
+    KT_CONTAINS(p.ebuf, "rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'); the other "
+                        "ranks learn of it now");
     KT_CONTAINS(p.ebuf, "(rank 0 published no address through PMIx (see rank 0's error)): set KOLO_RENDEZVOUS=host:port");
     kt_proc_free(&p);
     cluster_down(&c);

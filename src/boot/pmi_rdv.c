@@ -314,6 +314,8 @@ int kolo__pmi_rendezvous(int rank, const char *iface, int timeout_s, char *host,
     snprintf(key, sizeof(key), "kolo.rdv.%d", P.exchanges++);
     if (rank == 0) {
         st = kolo__rdv_endpoint(iface, NULL, "PMI", mine, sizeof(mine));
+        /* said now, before the barrier through which the others learn of it (pmix_rdv.c) */
+        if (st != KOLO_OK) KOLO_ERROR("%s; the other ranks learn of it now", kolo__errmsg());
         /* publish even an empty value: the others learn of the failure at once, not by timeout */
         snprintf(req, sizeof(req), "cmd=put kvsname=%s key=%s value=%s", P.kvs, key, *mine ? mine : "-");
         int ps = request(req, "put", "put_result", ans, sizeof(ans), timeout_s);

@@ -80,6 +80,12 @@ int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int 
         char hnp[256];
         if (!towards && launcher_host(hnp, sizeof(hnp))) towards = hnp;
         st = kolo__rdv_endpoint(iface, towards, "PMIx", mine, sizeof(mine));
+        /* said now, before the fence through which the others learn of it: they fail at once
+         * then, and under mpirun the first rank to exit ends the job, so a reason rank 0 gave
+         * only with kolo_init's error after the fence could be cut off (seen once in a CI run of
+         * multihost_mpirun_finds_rank_0_through_pmix: every rank's "published no address", not
+         * rank 0's own) */
+        if (st != KOLO_OK) KOLO_ERROR("%s; the other ranks learn of it now", kolo__errmsg());
         /* publish even an empty value: the others learn of the failure at once, not by timeout */
         pmix_value_t v;
         memset(&v, 0, sizeof(v));
