@@ -1686,6 +1686,67 @@ static void dozes_until_rung(int rank, void *arg)
     free(all);
 }
 
+/* A wait with tcp and shared-memory conns pending at once cannot sleep on doorbells (poll()
+ * does not wait on futexes) and naps 100 us at a time; a message coming by tcp ends the nap at
+ * once (ppoll on the sockets, xfer.c) rather than waiting out its rest. Rank 2 asks for TCP, so
+ * rank 0 has rank 1 by shared memory and rank 2 by TCP: rank 0 keeps a receive from rank 1
+ * pending while it waits, three times, for a message rank 2 sends 20 ms late (past the 5 ms of
+ * yielding, scaled under the sanitizers); at least two of those waits must end by a socket. With
+ * a plain nap none does. */
+static void mixed_wait_woken_by_socket(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 2) setenv("KOLO_TRANSPORT", "tcp", 1);
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (rank == 0) {
+        KT_CONTAINS(kolo_peer_transport(1), "shm");
+        KT_CONTAINS(kolo_peer_transport(2), "tcp");
+    }
+    const char *scale_env = getenv("KT_TIMEOUT_SCALE");
+    double scale = scale_env && atof(scale_env) > 1 ? atof(scale_env) : 1;
+    useconds_t late = (useconds_t)(20000 * scale);
+    char one = 0, got = 0, done = 1;
+    int woken = 0;
+    kolo__xfer from1, x;
+    /* no collective meanwhile: its messages would match rank 0's pending receive from rank 1 */
+    if (rank == 0) {
+        kolo__irecv(m, 1, &one, 1, &from1);
+        for (int k = 0; k < 3; k++) {
+            uint64_t before = kolo__wait_test_socket_naps();
+            kolo__irecv(m, 2, &got, 1, &x);
+            KT_OK(kolo__wait1(m, &x));
+            KT_EQ(got, 10 + k);
+            woken += kolo__wait_test_socket_naps() > before;
+        }
+        kolo__isend(m, 1, &done, 1, &x); /* now rank 1 may send */
+        KT_OK(kolo__wait1(m, &x));
+        KT_OK(kolo__wait1(m, &from1));
+        KT_EQ(one, 7);
+        KT_ASSERTF(woken >= 2, "%d of 3 waits for a late tcp message, with a shared-memory receive pending, "
+                               "were ended by the socket", woken);
+    } else if (rank == 1) {
+        kolo__irecv(m, 0, &done, 1, &x);
+        KT_OK(kolo__wait1(m, &x));
+        char b = 7;
+        kolo__isend(m, 0, &b, 1, &x);
+        KT_OK(kolo__wait1(m, &x));
+    } else {
+        for (int k = 0; k < 3; k++) {
+            usleep(late);
+            char b = (char)(10 + k);
+            kolo__isend(m, 0, &b, 1, &x);
+            KT_OK(kolo__wait1(m, &x));
+        }
+    }
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(mixed_wait_ends_its_nap_on_a_socket, 60)
+{
+    KT_EQ(kt_job(3, mixed_wait_woken_by_socket, NULL, NULL, NULL), 0);
+}
+
 KT_TEST(dozing_waiter_wakes_on_the_doorbell, 60)
 {
     KT_EQ(kt_job(2, dozes_until_rung, NULL, NULL, NULL), 0);

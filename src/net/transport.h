@@ -185,6 +185,9 @@ int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
 /* Test hook: the calling thread's idle passes [0], yields [1], sleeps on doorbells [2] and
  * those of them a doorbell ended [3] in kolo__wait so far. */
 void kolo__wait_test_counts(uint64_t out[4]);
+/* Test hook: the calling thread's naps in waits on tcp and shared-memory conns at once that a
+ * socket ended early (xfer.c, sleep_on_sockets). */
+uint64_t kolo__wait_test_socket_naps(void);
 /* One progress pass over every connection with queued xfers, without waiting, so that xfers
  * posted just now start moving before the caller does local work. A failure stays in the xfers
  * (and the mesh) for kolo__wait to report. */

@@ -270,19 +270,30 @@ static int all_done(kolo__xfer *const *xs, int n, int *status)
     return done;
 }
 
-/* Blocks in poll() on the sockets of pending tcp conns, up to ms milliseconds. */
+/* test hook: naps of mixed waits that a socket ended (sleep_on_sockets) */
+static _Thread_local uint64_t socket_naps;
+
+uint64_t kolo__wait_test_socket_naps(void) { return socket_naps; }
+
+/* Sleeps until a pending tcp conn's socket is ready: up to ms milliseconds when every pending conn
+ * is tcp; else, with shared-memory conns pending too (whose doorbells poll() cannot wait on, and
+ * which have none to sleep on here: doze_arm refused), up to 100 us, so that their bytes are seen
+ * soon after they come, while a socket that becomes ready ends the nap at once. A plain 100 us
+ * nap left a tcp peer's message (a rank on another host, beside shared-memory ones on this host)
+ * waiting for the rest of it. */
 static void sleep_on_sockets(kolo__mesh *m, int ms)
 {
     struct pollfd pfd[64];
     int n = 0;
     bool only_tcp = true;
-    for (int p = 0; p < m->size && n < 64; p++) {
+    for (int p = 0; p < m->size; p++) {
         kolo__conn *c = m->conns[p];
         if (!c || c->error || (!c->sendq && !c->recvq)) continue;
         if (c->tp != &kolo__tcp_transport) {
             only_tcp = false;
-            break;
+            continue;
         }
+        if (n == 64) continue;
         pfd[n].fd = c->fd;
         pfd[n].events = (short)((c->recvq ? POLLIN : 0) | (c->sendq ? POLLOUT : 0));
         pfd[n].revents = 0;
@@ -290,10 +301,10 @@ static void sleep_on_sockets(kolo__mesh *m, int ms)
     }
     if (only_tcp && n > 0) {
         poll(pfd, (nfds_t)n, ms);
-    } else {
-        struct timespec ts = {0, 100000}; /* 100 us */
-        nanosleep(&ts, NULL);
+        return;
     }
+    struct timespec ts = {0, 100000}; /* 100 us */
+    if (ppoll(pfd, (nfds_t)n, &ts, NULL) > 0) socket_naps++;
 }
 
 /* test hook: this thread's idle passes, yields, sleeps on doorbells and sleeps a doorbell
