@@ -276,11 +276,11 @@ static _Thread_local uint64_t socket_naps;
 uint64_t kolo__wait_test_socket_naps(void) { return socket_naps; }
 
 /* Sleeps until a pending tcp conn's socket is ready: up to ms milliseconds when every pending conn
- * is tcp; else, with shared-memory conns pending too (whose doorbells poll() cannot wait on, and
- * which have none to sleep on here: doze_arm refused), up to 100 us, so that their bytes are seen
- * soon after they come, while a socket that becomes ready ends the nap at once. A plain 100 us
- * nap left a tcp peer's message (a rank on another host, beside shared-memory ones on this host)
- * waiting for the rest of it. */
+ * is tcp; else, with shared-memory conns pending too (their doorbells are futexes, which poll()
+ * cannot wait on, so doze_arm refused the wait), up to 100 us, so that their bytes are seen soon
+ * after they come, while a socket that becomes ready ends the nap at once. A plain 100 us nap left
+ * a tcp peer's message (a rank on another host, beside shared-memory ones on this host) waiting
+ * for the rest of it. */
 static void sleep_on_sockets(kolo__mesh *m, int ms)
 {
     struct pollfd pfd[64];
