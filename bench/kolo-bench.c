@@ -578,7 +578,7 @@ static int bench(const opts *o)
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
         if (o->mem == MEM_KOLO) printf("# buffers from kolo_mem_alloc\n");
-        if (o->mem == MEM_THP || (o->vs == 2 && R.sides[1].mem == MEM_THP)) {
+        if (o->mem == MEM_THP) { /* --vs mem pairs it with malloc, never the other way round */
             char mode[32];
             long kib = bench_huge_kib();
             printf("# buffers%s in transparent huge pages, asked for with madvise (the kernel's mode: %s): ",
