@@ -9,6 +9,9 @@ repetition (the order of the peers rotates each rep), takes medians, and writes 
     <date>-compare.csv    one row per (ranks, peer, collective, type, size)
     <date>-<coll>.png     busbw against message size, one line per peer
 
+With --mem thp every peer's buffers are in transparent huge pages and the files are named
+<date>-thp-*; such a run leaves latest.md (the default run's) alone.
+
 Normally started by bench/compare.sh (which installs and builds the peers first). Python 3 stdlib.
 See bench/README.md for the columns and the method.
 """
@@ -239,8 +242,9 @@ class MpiPeer(Peer):
             env.update({"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"})
         # one launch per type, collective and band, like kolo's, so that the launches of the
         # peers can alternate one by one (see run_reps)
-        return [Launch(cmd + [self.binary, c, "-d", dt, "-B", b.spec(), "-c", str(check), "-W", str(WARM_MS)], env,
-                       coll=c)
+        huge = ["-H", "1"] if MEM == "thp" else []
+        return [Launch(cmd + [self.binary, c, "-d", dt, "-B", b.spec(), "-c", str(check), "-W", str(WARM_MS)] + huge,
+                       env, coll=c)
                 for dt in dtypes for c in colls for b in bands]
 
 
@@ -276,6 +280,8 @@ class PyPeer(Peer):
     def launches(self, np, colls, dtypes, bands, check):
         cmd = [PY, self.script, ",".join(colls), "-np", str(np), "-d", ",".join(dtypes),
                "-B", ",".join(b.spec() for b in bands), "-c", str(check), "-W", str(WARM_MS)]
+        if MEM == "thp":
+            cmd += ["-H", "1"]
         ln = Launch(cmd, {"GLOO_SOCKET_IFNAME": "lo"})
         ln.ends = len(colls) * len(dtypes)
         return [ln]
@@ -303,7 +309,7 @@ class KoloPeer(Peer):
                 for b in bands:
                     args = [c, "-b", str(b.lo), "-e", str(b.hi), "-f", "%g" % b.factor,
                             "-n", str(b.iters), "-w", str(b.warmup), "-W", str(WARM_MS), "-c", str(check),
-                            "-d", dt, "-o", "sum"]
+                            "-d", dt, "-o", "sum"] + (["--mem", "thp"] if MEM == "thp" else [])
                     if self.use_kolorun:
                         cmd = [KOLORUN, "-np", str(np), KOLO_BENCH] + args
                     else:
@@ -505,6 +511,8 @@ class Run:
         self.cpu = {}  # (peer key, np) -> [CPU seconds, wall seconds]
         self.pings = []  # (before, after): the shared-memory pings around every launch (us; None: not measured)
         self.waited = 0.0  # seconds spent waiting for an idle machine (--idle-wait)
+        self.huge = {}  # --mem thp: peer key -> MiB of rank 0's memory in huge pages, per launch
+        self.thp_mode = None  # the kernel's THP mode, as the benchmarks read it
 
 
 def brief(cmd):
@@ -558,6 +566,11 @@ def run_round(p, np, rep, bands, check, a, logdir, run):
             c[0] += ln.cpu
             c[1] += secs
             run.comments += com
+            for line in com:  # bench_mem.h's line (and benchcommon's): how much the kernel gave
+                m = HUGE_LINE.search(line)
+                if m:
+                    run.huge.setdefault(p.key, []).append(int(m.group(2)))
+                    run.thp_mode = m.group(1)
             for r in rows:
                 run.store.add(np, p.key, r, (ping, after), rep)
             nrows += len(rows)
@@ -918,8 +931,8 @@ class Report:
     def write_md(self, path, csv_name, pngs):
         L = []
         a = self.args
-        L.append("# kolo vs. Open MPI, MPICH, torch.distributed (Gloo) and Horovod — %s" %
-                 self.stamp.replace("_", " "))
+        L.append("# kolo vs. Open MPI, MPICH, torch.distributed (Gloo) and Horovod — %s%s" %
+                 (self.stamp.replace("_", " "), ", buffers in huge pages" if MEM == "thp" else ""))
         L.append("")
         # the command as given (compare.sh passes its arguments on, and $KOLO_BENCH_ARGS too)
         given, skip = [], False
@@ -1012,6 +1025,18 @@ class Report:
         L.append("")
         return L
 
+    def md_huge(self):
+        """--mem thp: the Method's line on the buffers, with what the kernel gave each peer."""
+        keys = [p.key for p in self.peers]
+        got = "; ".join("%s %s" % (self.peer(k).short, "%d MiB" % min(v) if min(v) == max(v) else "%d-%d MiB" % (min(v), max(v)))
+                        for k, v in sorted(self.huge.items(), key=lambda kv: keys.index(kv[0])))
+        return ("- **Buffers in transparent huge pages** (`--mem thp`): every peer's send and receive buffers are "
+                "2 MiB-aligned anonymous memory advised `MADV_HUGEPAGE` before their first touch (`kolo-bench --mem thp`, "
+                "`mpi_coll_bench -H 1`, the Python peers' `-H 1`: torch tensors on such a mapping), as NumPy gives "
+                "arrays from 4 MiB and PyTorch >= 2.2 CPU tensors with `THP_MEM_ALLOC_ENABLE=1`. The kernel's THP mode: "
+                "%s. Rank 0's memory in huge pages, as each launch printed it: %s." % (
+                    self.thp_mode or "not reported", got or "no launch reported it"))
+
     def md_method(self):
         a = self.args
         L = ["## Method", ""]
@@ -1029,6 +1054,8 @@ class Report:
                  "ranks than that are oversubscribed)." % (", ".join(a.coll_list),
                                                            ", ".join(a.dtype_list),
                                                            " and ".join(map(str, a.np_list)), NCPU))
+        if MEM == "thp":
+            L.append(self.md_huge())
         L.append("- %d repetitions, **interleaved launch by launch**: within a repetition the "
                  "peers take turns, one launch (one collective, type and size band) each, and the "
                  "order of the peers rotates by one each repetition, so a change in machine speed "
@@ -2085,6 +2112,9 @@ def oversub_check(a, running, logdir, run):
 # passed (-W): this VM runs copies 1.5-2.5x slower in its first 20-50 ms of work, and a band's first
 # size (50 calls of 128 KiB: ~0.3 ms) was timed in that state in some launches of every peer.
 WARM_MS = 50
+MEM = "malloc"  # --mem: where every peer's buffers come from (malloc'd, or in transparent huge pages)
+HUGE_LINE = re.compile(r"buffers in transparent huge pages, asked for with madvise \(the kernel's mode: ([\w?]+)\): "
+                       r"(\d+) MiB of rank 0's memory is in them")
 FULL_BANDS = "8:64K:50:10:2,128K:1M:50:10:2,2M:16M:20:5:2,64M:256M:3:1:4"
 QUICK_BANDS = "8:8:50:10:4,64:64K:50:10:4,256K:4M:10:3:4,16M:64M:3:1:4"
 
@@ -2118,6 +2148,10 @@ def parse_args(argv):
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-profiles", action="store_true",
                    help="do not profile the unmet targets with perf after the sweep")
+    p.add_argument("--mem", choices=["malloc", "thp"], default="malloc",
+                   help="every peer's buffers: malloc'd (default), or thp: in transparent huge pages (2 MiB), "
+                        "as NumPy gives arrays from 4 MiB and PyTorch >= 2.2 CPU tensors with THP_MEM_ALLOC_ENABLE=1; "
+                        "results named <date>-thp-*, without kolo's own checks (engine, --vs, oversubscribed)")
     a = p.parse_args(argv)
     q = a.quick
     a.reps = a.reps or (1 if q else 3)
@@ -2151,7 +2185,9 @@ def _sigterm(signum, frame):
 
 
 def main(argv):
+    global MEM
     a = parse_args(argv)
+    MEM = a.mem
     signal.signal(signal.SIGTERM, _sigterm)  # stop like ^C: kill the launch, write the results
     t_start = time.monotonic()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M")
@@ -2224,10 +2260,15 @@ def main(argv):
             limits_again()
             rep_times.append(time.monotonic() - t_rep - first_only)
             reps_done += 1
-        oversub = oversub_check(a, running, logdir, run)
-        engine = engine_check(a, logdir) if any(p.family == "kolo" for p in running) else {}
-        memc = (paired_check(a, logdir, limits=limits_again if lim else None)
-                if any(p.key == "kolo-shm" for p in running) and 2 in a.np_list else {})
+        if MEM == "thp":  # kolo's own checks run on their own buffers: the default run's
+            oversub, engine, memc = [], {}, {}
+            notes.append("buffers in huge pages (--mem thp): the oversubscribed, engine and paired (--vs) checks "
+                         "were not run; they are the default run's")
+        else:
+            oversub = oversub_check(a, running, logdir, run)
+            engine = engine_check(a, logdir) if any(p.family == "kolo" for p in running) else {}
+            memc = (paired_check(a, logdir, limits=limits_again if lim else None)
+                    if any(p.key == "kolo-shm" for p in running) and 2 in a.np_list else {})
     except KeyboardInterrupt:
         oversub, engine, memc = [], {}, {}
         notes.append("interrupted by the user after %d repetitions" % reps_done)
@@ -2259,18 +2300,19 @@ def main(argv):
     rep.memc = memc
     rep.waited = run.waited
     rep.pings = run.pings
+    rep.huge, rep.thp_mode = run.huge, run.thp_mode
     rep.md_targets()  # finds the unmet targets (rep.gaps) for the profiles
     try:
         rep.profiles = profile_gaps(rep, logdir) if not a.no_profiles else None
     except KeyboardInterrupt:
         rep.profiles = {"why": "interrupted by the user", "items": []}
-    prefix = stamp + ("-quick" if a.quick else "")
+    prefix = stamp + ("-thp" if MEM == "thp" else "") + ("-quick" if a.quick else "")
     pngs = [] if a.no_plots else plot(rep, prefix)
     csv_path = os.path.join(a.out, prefix + "-compare.csv")
     md_path = os.path.join(a.out, prefix + "-compare.md")
     rep.write_csv(csv_path)
     rep.write_md(md_path, os.path.basename(csv_path), pngs)
-    if not (a.quick or a.peers or a.colls or a.nranks or a.dtypes or a.bands):
+    if not (a.quick or a.peers or a.colls or a.nranks or a.dtypes or a.bands or MEM != "malloc"):
         shutil.copyfile(md_path, os.path.join(a.out, "latest.md"))  # a full run only
     print("compare: done in %.1f min" % (elapsed / 60))
     print("compare: results %s" % os.path.relpath(md_path, ROOT))

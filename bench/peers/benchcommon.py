@@ -5,16 +5,25 @@ build/bin/kolo-bench:
 
     <coll>[,<coll>...]|all [-b 8] [-e 256M] [-f 2] [-n 20] [-w 5] [-c 1]
     [-d float32[,float16]] [-o sum] [-r 0] [-B lo:hi:iters:warmup[:factor],...] [-W ms] [-np N]
+    [-H 1]
 
 -W: before each collective's sweep, after the warm-up calls, keep calling at the first size until
 some rank has spent this many milliseconds (the ranks agree after every call), so that a machine
 that speeds up after its first moments of work meets the first timed size warm.
+
+-H 1: the tensors in transparent huge pages (2 MiB), as mpi_coll_bench -H 1 and kolo-bench --mem
+thp put their buffers: an anonymous mapping advised MADV_HUGEPAGE before its first touch, a tensor
+on it through torch.frombuffer. Rank 0 prints how much of its memory the kernel gave in huge pages,
+in the same words as they do (bench/bench_mem.h).
 
 A placement the library has no call for (torch's all_reduce is in-place only, Horovod's
 allgather is out-of-place only, ...) prints "-" in its four columns.
 """
 
 import argparse
+import ctypes
+import mmap
+import re
 import time
 
 COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
@@ -46,6 +55,7 @@ def parse_args(argv, prog):
     p.add_argument("-B", default=None, help="bands lo:hi:iters:warmup[:factor],...")
     p.add_argument("-W", type=float, default=0.0, help="warm up at the first size for this many ms")
     p.add_argument("-np", type=int, default=None, help="fork N local ranks")
+    p.add_argument("-H", type=int, default=0, choices=[0, 1], help="1: tensors in transparent huge pages")
     a = p.parse_args(argv)
     colls = []
     for c in a.colls.split(","):
@@ -189,6 +199,44 @@ def torch_pattern(torch, ranks, count, offset=0):
     return base.repeat(count // 29 + 1)[:count]
 
 
+HUGE = 2 << 20
+
+
+def huge_zeros(torch, count, dt, keep):
+    """A zeroed tensor of count elements of dt on 2 MiB-aligned anonymous memory advised for huge
+    pages before its first touch (when the kernel picks the page size); the mapping goes into
+    keep, which must outlive the tensor."""
+    esize = torch.tensor([], dtype=dt).element_size()
+    n = (count * esize + HUGE - 1) // HUGE * HUGE
+    mm = mmap.mmap(-1, n + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    off = (-addr) % HUGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # only advice: a kernel that refuses it keeps 4 KiB pages
+        mm.madvise(mmap.MADV_HUGEPAGE, off, n)
+    keep.append(mm)
+    return torch.frombuffer(mm, dtype=dt, count=count, offset=off).zero_()
+
+
+def huge_line():
+    """bench_mem.h's line: the kernel's THP mode and this process's memory in huge pages."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            m = re.search(r"\[(\w+)\]", f.read())
+        mode = m.group(1) if m else "?"
+    except OSError:
+        mode = "?"
+    kib = None
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    kib = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    head = "# buffers in transparent huge pages, asked for with madvise (the kernel's mode: %s): " % mode
+    return head + ("how much it gave is unknown" if kib is None else "%d MiB of rank 0's memory is in them" % (kib >> 10))
+
+
 def timed(fn, iters, warmup, barrier):
     """Mean seconds per call of fn() over iters calls after warmup calls, after a barrier."""
     for _ in range(warmup):
@@ -213,8 +261,15 @@ def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier,
     for dname in args.dtypes:
         dt = dtypes[dname]
         esize = torch.tensor([], dtype=dt).element_size()
-        sbuf = torch.zeros(maxb // esize, dtype=dt)
-        rbuf = torch.zeros(maxb // esize, dtype=dt)
+        keep = []
+        if args.H:
+            sbuf = huge_zeros(torch, maxb // esize, dt, keep)
+            rbuf = huge_zeros(torch, maxb // esize, dt, keep)
+            if rank == 0:
+                print(huge_line(), flush=True)
+        else:
+            sbuf = torch.zeros(maxb // esize, dtype=dt)
+            rbuf = torch.zeros(maxb // esize, dtype=dt)
         for coll in args.coll_list:
             if rank == 0:
                 header(coll, dname, lib, n, args)

@@ -396,6 +396,43 @@ def test_benchmarks_take_huge_pages(tmp_path):
     assert re.search(r"^\s+4194304\s+\d+\s+float32\s+sum\s+-1\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0\s", p.stdout, re.M), p.stdout
 
 
+def test_compare_puts_every_peer_in_huge_pages(tmp_path):
+    # bench/compare.py --mem thp gives every peer it runs buffers in huge pages (kolo-bench --mem
+    # thp, mpi_coll_bench -H 1, the Python peers' -H 1), says in the results how much memory each
+    # got in them, names the files -thp and leaves latest.md alone.
+    import csv
+    pytest.importorskip("torch")
+    peers = ["kolo-shm", "torch-gloo"]
+    if os.access(os.path.join(ROOT, "build", "bench", "mpi_coll_bench.openmpi"), os.X_OK):
+        peers.append("ompi-shm")  # built by bench/compare.sh
+    p = subprocess.run([PY, os.path.join(ROOT, "bench", "compare.py"), "--quick", "--mem", "thp", "--peers", ",".join(peers),
+                        "--colls", "allgather", "--dtypes", "float32", "--bands", "4M:4M:2:1", "--no-plots",
+                        "--no-profiles", "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    names = os.listdir(tmp_path)
+    (md,) = [f for f in names if f.endswith("-thp-quick-compare.md")]
+    (cs,) = [f for f in names if f.endswith("-thp-quick-compare.csv")]
+    assert "latest.md" not in names, names
+    text = open(os.path.join(tmp_path, md)).read()
+    assert text.splitlines()[0].endswith(", buffers in huge pages"), text
+    m = re.search(r"^- \*\*Buffers in transparent huge pages\*\* .*The kernel's THP mode: ([\w?]+)\. Rank 0's memory "
+                  r"in huge pages, as each launch printed it: (.*)\.$", text, re.M)
+    assert m, text
+    short = {"kolo-shm": "kolo shm", "torch-gloo": "torch gloo", "ompi-shm": "Open MPI shm"}
+    for k in peers:
+        got = re.search(r"%s (\d+)(?:-\d+)? MiB" % short[k], m.group(2))
+        assert got, (k, m.group(0))
+        if m.group(1) in ("always", "madvise"):  # at least one 2 MiB page of the ~12 MiB asked for
+            assert int(got.group(1)) >= 2, m.group(0)
+    rows = list(csv.DictReader(open(os.path.join(tmp_path, cs))))
+    assert sorted(r["peer"] for r in rows) == sorted(peers), rows
+    assert all(r["wrong"] == "0" and float(r["oop_time_us"]) > 0 for r in rows), rows
+    p = subprocess.run([PY, os.path.join(ROOT, "bench", "compare.py"), "--mem", "huge"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 2 and "invalid choice: 'huge'" in p.stdout, p.stdout
+
+
 def test_compare_pairs_launches_in_one_machine_state():
     # The harness judges kolo against a peer by pairs of launches of one repetition that both ran
     # wholly in one machine state (ping before and after each launch on one side of the split).
