@@ -309,10 +309,18 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * first probe of single-copy times it on pages never read that way, at up to twice its later
  * cost; the first probe of 2 MiB messages in an alltoall sweep (25 calls per size) read 231-252
  * ps/B against the ring's 51-62.
- * Left as it is: warm, the two ways ran within 10 % of each other at 1-4 MiB exchanges with the
- * cores close (allgather 4 MiB, launches of 500 calls: ring pinned 243 us, single-copy pinned
- * 233, the choice 228-237 where it took single-copy and 254-263 where it kept the ring), and a
- * warmer probe costs more messages of the way that usually loses.
+ * With the cores close that was left as it is: warm, the two ways ran within 10 % of each other
+ * at 1-4 MiB exchanges (allgather 4 MiB, launches of 500 calls: ring pinned 243 us, single-copy
+ * pinned 233, the choice 228-237 where it took single-copy and 254-263 where it kept the ring),
+ * and a warmer probe costs more messages of the way that usually loses. With them apart it cost
+ * more: on the Zen 4 VM a 128 KiB class's first probe read single-copy at 135 ps/B against the
+ * ring's 128 and kept the ring, where single-copy ran 92-95 once chosen, and allgathers of 256 KiB
+ * took 22-23 us per call instead of 15-16 (the harness's 128 KiB-1 MiB band: 64-256 KiB classes
+ * kept the ring in most launches). So a class's first probe of single-copy that keeps the ring by
+ * less than COLD_CLOSE (5/4) is checked by a second one after PROBE_CLASS_FIRST_MSGS messages
+ * (confirm, as above), on pages read that way four times already. Not for a wider loss: a
+ * broadcast's single-copy loses to the ring apart by 1.3-1.5x warm, its first probes read
+ * 1.25-1.84x, and checking those at 2x cost 4-10 % at 2-16 MiB in 20-call sweeps.
  *
  * Outside a probe, the way in use is left for the other only after SWITCH_AFTER_MSGS messages
  * in a row found it dearer (its median 10 % above the other's last figure). On a 2-vCPU AMD
@@ -349,6 +357,8 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
 #define PROBE_CLASS_FIRST_MSGS 4
 #define SWITCH_AFTER_MSGS 8
 #define SEED_CLOSE 2
+#define COLD_CLOSE_NUM 5 /* a first probe's single-copy figure within 5/4 of the ring's is checked */
+#define COLD_CLOSE_DEN 4
 #define PROBE_BYTES (4ull << 20)
 #define WARM_BYTES (1ull << 20)
 #define LONG_BYTES (16ull << 20) /* a message this long is a probe on its own */
@@ -528,7 +538,12 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
             }
         } else {
             want = !want;
-            w->probe_every = KOLO_MIN(2 * w->probe_every, PROBE_MAX_NS);
+            if (first && want == 0 && w->cost_ps[1] * COLD_CLOSE_DEN < w->cost_ps[0] * COLD_CLOSE_NUM) {
+                w->confirm = true; /* single-copy timed cold lost by little: check it (above) */
+                w->since_probe = w->since_bytes = 0;
+            } else {
+                w->probe_every = KOLO_MIN(2 * w->probe_every, PROBE_MAX_NS);
+            }
         }
     } else {
         /* samples older than the longest probe interval are dropped */
