@@ -851,31 +851,45 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
  * that 0.1 s spans many messages. On the made-up clock (kolo__shm_test_virtual), as above: on the
  * real one, with the cores loaded, 0.1 s went by within a few messages and the wide case sent 2-5
  * of calls 17-22 by ring. */
-static void cma_first_probe_checked(int rank, void *arg)
+/* The first-probe checks' run, on the made-up clock: ring copies `ring_ns` and single-copy `cma_ns`
+ * slower per message, kolo_init, allgathers of 64 KiB each way; before call `change_at` the
+ * delay of `way` becomes `now_ns`; how many of the last 6 of `calls` messages came each way goes
+ * to got. False (the job shut down) when the pair does not choose. */
+static bool first_probe_run(int rank, uint64_t ring_ns, uint64_t cma_ns, int change_at, int way, uint64_t now_ns,
+                            int calls, uint64_t got[2])
 {
-    int wide = *(const int *)arg;
     kolo__shm_test_virtual(true);
-    kolo__shm_test_delay_sizes(0, wide ? 40000000 : 4000000, 0, UINT64_MAX);
-    kolo__shm_test_delay_sizes(1, 3000000, 0, UINT64_MAX);
+    kolo__shm_test_delay_sizes(0, ring_ns, 0, UINT64_MAX);
+    kolo__shm_test_delay_sizes(1, cma_ns, 0, UINT64_MAX);
     KT_OK(kolo_init());
     kolo__conn *c = choosing_pair(rank);
-    if (!c) return;
+    if (!c) return false;
     size_t count = (size_t)1 << 14; /* 64 KiB each way */
     float *x = malloc(count * 4), *y = malloc(count * 8);
     KT_ASSERT(x && y);
     uint64_t before[2] = {0, 0}, after[2];
-    for (int it = 0; it < 22; it++) {
-        if (it == 10) kolo__shm_test_delay_sizes(0, 0, 0, UINT64_MAX); /* the ring is warm */
-        if (it == 16) kolo__shm_class_received(c, count * 4, before);
+    for (int it = 0; it < calls; it++) {
+        if (it == change_at) kolo__shm_test_delay_sizes(way, now_ns, 0, UINT64_MAX);
+        if (it == calls - 6) kolo__shm_class_received(c, count * 4, before);
         allgather_step(rank, x, y, count, it);
     }
     kolo__shm_class_received(c, count * 4, after);
-    uint64_t ring = after[0] - before[0], total = after[0] + after[1] - before[0] - before[1];
-    KT_ASSERTF(total == 6 && (wide ? ring <= 1 : ring >= 5), "rank %d: %s: of messages 17-22 %llu of %llu came by ring",
-               rank, wide ? "wide" : "close", (unsigned long long)ring, (unsigned long long)total);
+    got[0] = after[0] - before[0];
+    got[1] = after[1] - before[1];
     free(x);
     free(y);
     KT_OK(kolo_shutdown());
+    return true;
+}
+
+static void cma_first_probe_checked(int rank, void *arg)
+{
+    int wide = *(const int *)arg;
+    uint64_t got[2]; /* from call 10 the ring is warm */
+    if (!first_probe_run(rank, wide ? 40000000 : 4000000, 3000000, 10, 0, 0, 22, got)) return;
+    KT_ASSERTF(got[0] + got[1] == 6 && (wide ? got[0] <= 1 : got[0] >= 5),
+               "rank %d: %s: of messages 17-22 %llu of %llu came by ring", rank, wide ? "wide" : "close",
+               (unsigned long long)got[0], (unsigned long long)(got[0] + got[1]));
 }
 
 KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
@@ -900,28 +914,11 @@ KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
 static void cma_kept_ring_checked(int rank, void *arg)
 {
     int wide = *(const int *)arg;
-    kolo__shm_test_virtual(true);
-    kolo__shm_test_delay_sizes(0, 4000000, 0, UINT64_MAX);
-    kolo__shm_test_delay_sizes(1, wide ? 6000000 : 4500000, 0, UINT64_MAX);
-    KT_OK(kolo_init());
-    kolo__conn *c = choosing_pair(rank);
-    if (!c) return;
-    size_t count = (size_t)1 << 14; /* 64 KiB each way */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
-    uint64_t before[2] = {0, 0}, after[2];
-    for (int it = 0; it < 26; it++) {
-        if (it == 12) kolo__shm_test_delay_sizes(1, 1000000, 0, UINT64_MAX); /* single-copy warm */
-        if (it == 20) kolo__shm_class_received(c, count * 4, before);
-        allgather_step(rank, x, y, count, it);
-    }
-    kolo__shm_class_received(c, count * 4, after);
-    uint64_t single = after[1] - before[1], total = after[0] + after[1] - before[0] - before[1];
-    KT_ASSERTF(total == 6 && (wide ? single <= 1 : single >= 5), "rank %d: %s: of messages 21-26 %llu of %llu came "
-               "single-copy", rank, wide ? "wide" : "close", (unsigned long long)single, (unsigned long long)total);
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
+    uint64_t got[2]; /* from call 12 single-copy is warm */
+    if (!first_probe_run(rank, 4000000, wide ? 6000000 : 4500000, 12, 1, 1000000, 26, got)) return;
+    KT_ASSERTF(got[0] + got[1] == 6 && (wide ? got[1] <= 1 : got[1] >= 5),
+               "rank %d: %s: of messages 21-26 %llu of %llu came single-copy", rank, wide ? "wide" : "close",
+               (unsigned long long)got[1], (unsigned long long)(got[0] + got[1]));
 }
 
 KT_TEST(shm_auto_checks_a_close_first_probe_that_kept_the_ring, 60)
