@@ -56,4 +56,20 @@ static const char *bench_thp_mode(char *buf, size_t cap)
     return buf;
 }
 
+/* The line both benchmarks print (rank 0) after touching their buffers: the kernel's THP mode and
+ * how much of this process's memory it gave in huge pages. bench/compare.py reads it (HUGE_LINE),
+ * and the Python peers print the same words (benchcommon.py, huge_line). `which` goes after
+ * "buffers" (kolo-bench --vs mem: " of the thp side"). */
+static void bench_huge_report(const char *which)
+{
+    char mode[32];
+    long kib = bench_huge_kib();
+    printf("# buffers%s in transparent huge pages, asked for with madvise (the kernel's mode: %s): ", which,
+           bench_thp_mode(mode, sizeof mode));
+    if (kib < 0)
+        printf("how much it gave is unknown\n");
+    else
+        printf("%ld MiB of rank 0's memory is in them\n", kib >> 10);
+}
+
 #endif

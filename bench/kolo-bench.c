@@ -578,14 +578,8 @@ static int bench(const opts *o)
                o->iters, o->check);
         printf("# %s\n", kolo_build_info());
         if (o->mem == MEM_KOLO) printf("# buffers from kolo_mem_alloc\n");
-        if (o->mem == MEM_THP) { /* --vs mem pairs it with malloc, never the other way round */
-            char mode[32];
-            long kib = bench_huge_kib();
-            printf("# buffers%s in transparent huge pages, asked for with madvise (the kernel's mode: %s): ",
-                   o->vs == 2 ? " of the thp side" : "", bench_thp_mode(mode, sizeof mode));
-            if (kib < 0) printf("how much it gave is unknown\n");
-            else printf("%ld MiB of rank 0's memory is in them\n", kib >> 10);
-        }
+        /* --vs mem pairs thp with malloc, never the other way round */
+        if (o->mem == MEM_THP) bench_huge_report(o->vs == 2 ? " of the thp side" : "");
         kolo__conn *c1 = n > 1 ? kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1] : NULL;
         int cma = kolo__shm_cma_state(c1);
         printf("# transport to rank 1: %s", n > 1 ? kolo_peer_transport(1) : "self");

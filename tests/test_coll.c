@@ -838,6 +838,43 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
     KT_EQ(kt_job(2, cma_seeded_class_probes, &moved, &o, NULL), 0);
 }
 
+/* A first-probe check, on the made-up clock: ring copies `ring_ns` and single-copy `cma_ns` slower
+ * per message, allgathers of 64 KiB each way, before call `change_at` the delay of `way` becomes
+ * `now_ns`; of the last 6 of `calls` messages, at least 5 (close) or at most 1 (wide) come the
+ * way `counted`. */
+typedef struct first_probe_case {
+    uint64_t ring_ns, cma_ns, now_ns;
+    int change_at, way, calls, counted, wide;
+} first_probe_case;
+
+static void first_probe_checked(int rank, void *arg)
+{
+    const first_probe_case *fc = arg;
+    kolo__shm_test_virtual(true);
+    kolo__shm_test_delay_sizes(0, fc->ring_ns, 0, UINT64_MAX);
+    kolo__shm_test_delay_sizes(1, fc->cma_ns, 0, UINT64_MAX);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 14; /* 64 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t before[2] = {0, 0}, after[2];
+    for (int it = 0; it < fc->calls; it++) {
+        if (it == fc->change_at) kolo__shm_test_delay_sizes(fc->way, fc->now_ns, 0, UINT64_MAX);
+        if (it == fc->calls - 6) kolo__shm_class_received(c, count * 4, before);
+        allgather_step(rank, x, y, count, it);
+    }
+    kolo__shm_class_received(c, count * 4, after);
+    uint64_t n = after[fc->counted] - before[fc->counted], total = after[0] + after[1] - before[0] - before[1];
+    KT_ASSERTF(total == 6 && (fc->wide ? n <= 1 : n >= 5), "rank %d: %s: of messages %d-%d %llu of %llu came %s", rank,
+               fc->wide ? "wide" : "close", fc->calls - 5, fc->calls, (unsigned long long)n, (unsigned long long)total,
+               fc->counted ? "single-copy" : "by ring");
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
 /* A class's first probe is checked by a second one a few messages later when it changed the
  * class's way by less than 2x: the way it left was timed on the class's first messages, which can
  * run slower than the way's steady state (on the Zen 4 VM a 1 MiB allgather's first seven ring
@@ -851,53 +888,14 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
  * that 0.1 s spans many messages. On the made-up clock (kolo__shm_test_virtual), as above: on the
  * real one, with the cores loaded, 0.1 s went by within a few messages and the wide case sent 2-5
  * of calls 17-22 by ring. */
-/* The first-probe checks' run, on the made-up clock: ring copies `ring_ns` and single-copy `cma_ns`
- * slower per message, kolo_init, allgathers of 64 KiB each way; before call `change_at` the
- * delay of `way` becomes `now_ns`; how many of the last 6 of `calls` messages came each way goes
- * to got. False (the job shut down) when the pair does not choose. */
-static bool first_probe_run(int rank, uint64_t ring_ns, uint64_t cma_ns, int change_at, int way, uint64_t now_ns,
-                            int calls, uint64_t got[2])
-{
-    kolo__shm_test_virtual(true);
-    kolo__shm_test_delay_sizes(0, ring_ns, 0, UINT64_MAX);
-    kolo__shm_test_delay_sizes(1, cma_ns, 0, UINT64_MAX);
-    KT_OK(kolo_init());
-    kolo__conn *c = choosing_pair(rank);
-    if (!c) return false;
-    size_t count = (size_t)1 << 14; /* 64 KiB each way */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
-    uint64_t before[2] = {0, 0}, after[2];
-    for (int it = 0; it < calls; it++) {
-        if (it == change_at) kolo__shm_test_delay_sizes(way, now_ns, 0, UINT64_MAX);
-        if (it == calls - 6) kolo__shm_class_received(c, count * 4, before);
-        allgather_step(rank, x, y, count, it);
-    }
-    kolo__shm_class_received(c, count * 4, after);
-    got[0] = after[0] - before[0];
-    got[1] = after[1] - before[1];
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
-    return true;
-}
-
-static void cma_first_probe_checked(int rank, void *arg)
-{
-    int wide = *(const int *)arg;
-    uint64_t got[2]; /* from call 10 the ring is warm */
-    if (!first_probe_run(rank, wide ? 40000000 : 4000000, 3000000, 10, 0, 0, 22, got)) return;
-    KT_ASSERTF(got[0] + got[1] == 6 && (wide ? got[0] <= 1 : got[0] >= 5),
-               "rank %d: %s: of messages 17-22 %llu of %llu came by ring", rank, wide ? "wide" : "close",
-               (unsigned long long)got[0], (unsigned long long)(got[0] + got[1]));
-}
-
 KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
 {
-    static int close = 0, wide = 1;
+    /* from call 10 the ring is warm */
+    static first_probe_case close = {.ring_ns = 4000000, .cma_ns = 3000000, .change_at = 10, .calls = 22},
+                            wide = {.ring_ns = 40000000, .cma_ns = 3000000, .change_at = 10, .calls = 22, .wide = 1};
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(2, cma_first_probe_checked, &close, &o, NULL), 0);
-    KT_EQ(kt_job(2, cma_first_probe_checked, &wide, &o, NULL), 0);
+    KT_EQ(kt_job(2, first_probe_checked, &close, &o, NULL), 0);
+    KT_EQ(kt_job(2, first_probe_checked, &wide, &o, NULL), 0);
 }
 
 /* A class's first probe of single-copy that kept the ring by less than 1.25x is checked by a second
@@ -911,22 +909,16 @@ KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
  * single-copy cheaper, and of calls 21-26 at least 5 messages come single-copy (without the check
  * the next probe waits 0.1 s, some 25 messages by ring, and none does). Wide: no check, and at most
  * one does. On the made-up clock, as above. */
-static void cma_kept_ring_checked(int rank, void *arg)
-{
-    int wide = *(const int *)arg;
-    uint64_t got[2]; /* from call 12 single-copy is warm */
-    if (!first_probe_run(rank, 4000000, wide ? 6000000 : 4500000, 12, 1, 1000000, 26, got)) return;
-    KT_ASSERTF(got[0] + got[1] == 6 && (wide ? got[1] <= 1 : got[1] >= 5),
-               "rank %d: %s: of messages 21-26 %llu of %llu came single-copy", rank, wide ? "wide" : "close",
-               (unsigned long long)got[1], (unsigned long long)(got[0] + got[1]));
-}
-
 KT_TEST(shm_auto_checks_a_close_first_probe_that_kept_the_ring, 60)
 {
-    static int close = 0, wide = 1;
+    /* from call 12 single-copy is warm */
+    static first_probe_case close = {.ring_ns = 4000000, .cma_ns = 4500000, .change_at = 12, .way = 1,
+                                     .now_ns = 1000000, .calls = 26, .counted = 1},
+                            wide = {.ring_ns = 4000000, .cma_ns = 6000000, .change_at = 12, .way = 1,
+                                    .now_ns = 1000000, .calls = 26, .counted = 1, .wide = 1};
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(2, cma_kept_ring_checked, &close, &o, NULL), 0);
-    KT_EQ(kt_job(2, cma_kept_ring_checked, &wide, &o, NULL), 0);
+    KT_EQ(kt_job(2, first_probe_checked, &close, &o, NULL), 0);
+    KT_EQ(kt_job(2, first_probe_checked, &wide, &o, NULL), 0);
 }
 
 static void cma_bad_value(int rank, void *arg)

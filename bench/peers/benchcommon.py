@@ -218,7 +218,8 @@ def huge_zeros(torch, count, dt, keep):
 
 
 def huge_line():
-    """bench_mem.h's line: the kernel's THP mode and this process's memory in huge pages."""
+    """bench_mem.h's line (bench_huge_report), word for word: the kernel's THP mode and this
+    process's memory in huge pages; bench/compare.py reads it (HUGE_LINE)."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             m = re.search(r"\[(\w+)\]", f.read())

@@ -674,16 +674,8 @@ int main(int argc, char **argv)
   }
   memset(sbuf, 0, maxb);
   memset(rbuf, 0, maxb);
-  if (o.huge && g_rank == 0) {
-    char mode[32];
-    long kib = bench_huge_kib();
-    printf("# buffers in transparent huge pages, asked for with madvise (the kernel's mode: %s): ",
-           bench_thp_mode(mode, sizeof mode));
-    if (kib < 0)
-      printf("how much it gave is unknown\n");
-    else
-      printf("%ld MiB of rank 0's memory is in them\n", kib >> 10);
-  }
+  if (o.huge && g_rank == 0)
+    bench_huge_report("");
 
   int errs = 0;
   for (int di = 0; di < o.ndtypes; di++) {
