@@ -1488,6 +1488,82 @@ KT_TEST(direct_choice_follows_timings, 120)
     KT_EQ(kt_job(2, direct_choice, NULL, &o, NULL), 0);
 }
 
+/* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group go the way member 0's timings
+ * of whole calls favour, and both members send every call the same way (coll_util.c, "pair"): a
+ * hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
+ * calls (after the first probe and its verdict, which take up to call 16; a later probe, which a
+ * slow sanitizer build can reach, runs 4 calls the other way); each member records the way of
+ * each of its calls, and the two records must match call for call; the messages each member
+ * received as its peer's call chose match the record too (the transport obeyed). Then the other
+ * way is the slow one, with calls of another size (a fresh class). Skips where the pair cannot
+ * read by CMA. */
+static void pair_choice(int rank, void *arg)
+{
+    (void)arg;
+    enum { CALLS = 30 };
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    kolo__conn *c = m->conns[!rank];
+    if (kolo__shm_cma_state(c) != 2) {
+        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
+    uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
+        size_t half = ((size_t)128 << 10) * (size_t)slow; /* floats per member: 512 KiB, then 1 MiB */
+        float *a = malloc(2 * half * 4), *b = malloc(half * 4);
+        KT_ASSERT(a && b);
+        for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
+        kolo__pair_test_delay(slow, delay_ns);
+        int32_t ways[2][CALLS];
+        uint64_t got0[2], got1[2], before[3], after[3];
+        kolo__shm_call_received(c, got0);
+        for (int call = 0; call < CALLS; call++) {
+            kolo__pair_test_calls(before);
+            KT_OK(kolo_reducescatter(a, b, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            KT_ASSERTF(b[0] == 3 && b[half - 1] == 3, "call %d: %g %g", call, (double)b[0], (double)b[half - 1]);
+            kolo__pair_test_calls(after);
+            ways[rank][call] = -1;
+            for (int w = 0; w < 3; w++)
+                if (after[w] != before[w]) ways[rank][call] = w;
+            KT_ASSERTF(ways[rank][call] >= 0, "call %d was not counted as a 2-member call", call);
+        }
+        kolo__pair_test_delay(slow, 0);
+        kolo__shm_call_received(c, got1);
+        int mine[3] = {0, 0, 0}, fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
+        for (int call = 0; call < CALLS; call++) {
+            mine[ways[rank][call]]++;
+            if (call >= CALLS - 12) fast += ways[rank][call] == other;
+        }
+        /* every call sends its block in the same number of chunks, k, each the way the call chose */
+        uint64_t chosen = (uint64_t)(mine[KOLO_WAY_RING] + mine[KOLO_WAY_SINGLE]);
+        uint64_t k = chosen ? (got1[0] - got0[0] + got1[1] - got0[1]) / chosen : 0;
+        KT_ASSERTF(k >= 1 && got1[0] - got0[0] == k * (uint64_t)mine[KOLO_WAY_RING] &&
+                       got1[1] - got0[1] == k * (uint64_t)mine[KOLO_WAY_SINGLE],
+                   "received %llu messages by ring and %llu single-copy as chosen, where the calls chose %d and %d",
+                   (unsigned long long)(got1[0] - got0[0]), (unsigned long long)(got1[1] - got0[1]),
+                   mine[KOLO_WAY_RING], mine[KOLO_WAY_SINGLE]);
+        int32_t all[2][CALLS];
+        KT_OK(kolo_allgather(ways[rank], CALLS, all, NULL, KOLO_INT32, KOLO_WORLD));
+        for (int call = 0; call < CALLS; call++)
+            KT_ASSERTF(all[0][call] == all[1][call], "call %d: member 0 sent by way %d, member 1 by way %d", call,
+                       (int)all[0][call], (int)all[1][call]);
+        KT_ASSERTF(fast >= 7, "%s slowed by %.0f ms: %d of the last 12 calls the other way",
+                   slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6, fast);
+        free(a);
+        free(b);
+    }
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
+}
+
 /* No launcher variables at all: a world of one, no sockets. */
 KT_TEST(world_of_one_without_environment, 10)
 {

@@ -273,7 +273,10 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
         kolo__scale(work, send, total, dtype, pre);
         src = work;
     }
+    kolo__pair_ticket pt; /* with 2 members, both directions go one way (coll_util.c, "pair") */
+    kolo__pair_begin(m, g, total * es, &pt);
     int st = kolo__ring_reduce_scatter(m, g, src, work, offs, counts, dtype, op, 0);
+    kolo__pair_end(m, &pt, st, "reducescatter");
     if (st != KOLO_OK) return st;
     if (counts[r]) kolo__copy(recv, work + offs[r] * es, counts[r] * es);
     kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);

@@ -189,15 +189,146 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
                 }
             }
         } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
-            c->want = !way; /* the way in use got dearer than the other's last figure */
-            c->every = PROBE_MIN_NS;
-            c->calls = 0;
+            if (++c->dearer >= KOLO_MAX(c->switch_after, 1u)) {
+                c->want = !way; /* the way in use got dearer than the other's last figure */
+                c->every = PROBE_MIN_NS;
+                c->calls = 0;
+                c->dearer = 0;
+            }
+        } else {
+            c->dearer = 0;
         }
     }
     int next = c->probing ? !c->want : c->want;
     KOLO_TRACE("%s of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", what, (unsigned long long)bytes,
                ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
                (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
+}
+
+/* ---- the reduce-scatters of a 2-member group: both directions one way, chosen per call ----
+ *
+ * On a pair that picks its ways from timings (KOLO_SHM_CMA=auto), the receiver of each direction
+ * times each large message and asks the sender for the cheaper way (shm.c). A reduce-scatter of
+ * 2 members is one ring step: both send their half in chunks (128 KiB by default) while they
+ * receive and reduce the other's. There the per-message figure misses what the ring costs the
+ * sender: its copies into the ring run on the core that also reduces, while a single-copy chunk
+ * costs its sender nothing. Measured on an Intel Xeon guest with the vCPUs apart (pings
+ * 0.13-0.19 us), 2 ranks, 4 launches: reduce-scatters of 512 KiB-4 MiB kept the ring for 1784 of
+ * 1788 chunks and took 1.5-2.9x the time of single-copy pinned (512 KiB 55-75 us against 33-38).
+ *
+ * So such a call (from KOLO_PAIR_MIN bytes in all) sends its chunks the way the member of lower
+ * rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings of
+ * whole calls, per class of the call's bytes (x2 from KOLO_PAIR_MIN), and the transport neither
+ * times nor asks for those messages. Both members must send the same way in the same call, or a
+ * probe would run the step half one way, half the other. The lead publishes, after its call n,
+ * the way of call n + 2 in the pair's shared memory, with the way of call n + 1
+ * (kolo__shm_publish_call_way); the other member reads it at the start of each call
+ * (kolo__shm_call_way), after it has received the lead's chunks of the call before, which the
+ * lead sent after it published at the end of the call before that: the word is at worst a call
+ * ahead, and then holds the way of this call as the one before. Both count the calls of each
+ * class alike, as every member makes the same calls; the first two of a class go as the
+ * transport picks. A probe therefore starts two calls after the lead decides on it; the call
+ * between still goes the way in use and is not timed, nor is the probe's last call, which ends
+ * after the verdict, nor the first call after any change of way: traced, allgathers of 2 MiB by
+ * single-copy took 144-159 ps/B in the first call after ring ones and 93-121 in the next, by ring
+ * 132-154 after single-copy ones and 103-116 next, and a probe counting its first call kept the
+ * ring where single-copy, once chosen, ran at 90-95 against the ring's 110-120.
+ *
+ * Against the build before, launches alternated (10 pairs, vCPUs apart, pings 0.13-0.24 us,
+ * kolo-bench -n 30 -w 5): reduce-scatter 256 KiB-2 MiB 0.66-0.88x the time, 64-128 KiB and 4-8
+ * MiB 0.94-1.02x. The same choice for 2-member allgathers and alltoalls, whose exchanges the
+ * transport's nudge (shm.c) already keeps in step, gained nothing there (allgather 0.94-1.03x,
+ * alltoall 1.01-1.09x, the probes' cost in short launches), so they keep the transport's. */
+static const char *const WAYS_PAIR[2] = {"ring copies", "single-copy"};
+static uint64_t test_pair_delay_ns[3];
+static _Atomic uint64_t pair_calls[3];
+
+void kolo__pair_test_delay(int way, uint64_t ns)
+{
+    if (way == KOLO_WAY_RING || way == KOLO_WAY_SINGLE) test_pair_delay_ns[way] = ns;
+}
+void kolo__pair_test_calls(uint64_t got[3])
+{
+    for (int i = 0; i < 3; i++) got[i] = atomic_load_explicit(&pair_calls[i], memory_order_relaxed);
+}
+
+/* A call that took more than OUTLIER_X times its way's figure is left out, up to OUTLIER_RUN in a
+ * row (the next counts: the machine changed): traced, 2 ranks, alltoall 128 KiB, single-copy
+ * calls at 52-66 ps/B, then three at 16249, 4361 and 619 (the process preempted), whose median
+ * put single-copy above the ring's last figure and moved the class to the ring, at 93-110, for
+ * the rest of the launch. */
+#define OUTLIER_X 4
+#define OUTLIER_RUN 3
+/* Outside a probe the way in use is left after this many calls in a row found it dearer than the
+ * other's last figure (in the same launch, three single-copy calls of 109-122 ps/B among 50-66
+ * moved a 64 KiB class to the ring for good). */
+#define SWITCH_AFTER_CALLS 3
+
+static int pair_class(uint64_t bytes)
+{
+    int k = 0;
+    for (uint64_t b = bytes / KOLO_PAIR_MIN; b >= 2 && k < KOLO_PAIR_CLASSES - 1; b /= 2) k++;
+    return k;
+}
+
+void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, uint64_t bytes, kolo__pair_ticket *t)
+{
+    t->conn = NULL;
+    t->way = KOLO_WAY_AUTO;
+    if (g->size != 2 || bytes < KOLO_PAIR_MIN) return;
+    int peer = kolo__g2w(g, !g->rank);
+    kolo__conn *c = m->conns[peer];
+    if (!c || kolo__shm_cma_state(c) != 2) return;
+    if (!m->pair_ways && !(m->pair_ways = kolo__calloc((size_t)m->size, sizeof(kolo__pair_ways))))
+        return; /* the transport picks, as it would anyway */
+    kolo__pair_ways *p = &m->pair_ways[peer];
+    int k = pair_class(bytes);
+    t->conn = c;
+    t->peer = peer;
+    t->cls = k;
+    t->call = p->seq[k]++;
+    t->lead = m->rank < peer;
+    t->bytes = bytes;
+    t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
+    m->call_way = (unsigned char)t->way;
+    t->start = kolo__now_ns();
+}
+
+void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const char *what)
+{
+    m->call_way = KOLO_WAY_AUTO;
+    if (!t->conn) return;
+    atomic_fetch_add_explicit(&pair_calls[t->way], 1, memory_order_relaxed);
+    if (st == KOLO_OK) kolo__sleep_ns(test_pair_delay_ns[t->way]);
+    if (!t->lead) return;
+    kolo__pair_ways *p = &m->pair_ways[t->peer];
+    kolo__choice *c = &p->choice[t->cls];
+    int way = t->way - 1; /* the choice's way: 0 ring, 1 single-copy */
+    bool changed = t->way != p->last[t->cls];
+    p->last[t->cls] = (unsigned char)t->way;
+    uint64_t now = kolo__now_ns(), ps = (now - t->start) * 1000 / KOLO_MAX(t->bytes, 1);
+    bool outlier = way >= 0 && !c->probing && !c->recheck && c->cost[way] && ps > OUTLIER_X * c->cost[way] &&
+                   p->outliers[t->cls] < OUTLIER_RUN;
+    p->outliers[t->cls] = outlier ? p->outliers[t->cls] + 1 : 0;
+    if (st == KOLO_OK && t->way != KOLO_WAY_AUTO && !changed && !outlier && !(c->probing && way == c->want))
+        kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR);
+    /* the way of the call after next, which takes the slot of this one. A class starts as the
+     * nearest smaller class that has timed both ways decided (else by ring), and probes the other
+     * way after its first calls all the same: as a hint it would wait 0.1 s, longer than a
+     * benchmark's sweep spends at one size (traced: a 64 KiB class that had just moved to the
+     * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time) */
+    if (!c->every) {
+        c->switch_after = SWITCH_AFTER_CALLS;
+        for (int j = t->cls - 1; j >= 0; j--)
+            if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
+                c->want = p->choice[j].want;
+                break;
+            }
+    }
+    int next = kolo__choice_pick(c, now, -1) + 1;
+    int was = p->plan[t->cls][(t->call + 1) & 1];
+    p->plan[t->cls][t->call & 1] = (unsigned char)next;
+    kolo__shm_publish_call_way(t->conn, t->cls, t->call + 2, next, was);
 }
 
 /* ---- allgather and alltoall: their output written through the cache or around it ----

@@ -70,6 +70,7 @@
 #endif
 
 #define SHM_FLAG_CMA 1u
+#define SHM_FLAG_CALL 2u /* a large message whose way the sender's call chose (kolo__xfer.way) */
 #define SHM_CLOSED 1u
 #define SHM_ABORTED 2u
 #define CMA_DESC_LEN 24 /* {address, length, stamp} */
@@ -107,6 +108,9 @@ typedef struct ring_ctl {
      * message, and head's line changes hands at every frame. */
     _Atomic uint32_t nudge;
     char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
+    /* consumer, the member of lower rank of a pair: the way of its 2-member calls per class, once
+     * per call (kolo__shm_publish_call_way) */
+    _Alignas(64) _Atomic uint64_t call_way[KOLO_PAIR_CLASSES];
     /* the consumer sleeps on `bell` with `asleep` set; the producer bumps it (see "Sleeping") */
     _Alignas(64) _Atomic uint32_t bell;
     _Atomic uint32_t asleep;
@@ -124,6 +128,7 @@ typedef struct shm_priv {
     int adapt;  /* auto: the receiver of each direction picks, from timings (cma is unused) */
     size_t cma_threshold;
     uint64_t cma_sent;
+    uint64_t called[2]; /* large messages received by ring [0] and single-copy [1] as the sender's call chose */
     int single_ok; /* sends marked single go single-copy from SINGLE_MIN (oversubscribed host) */
     /* auto, receiving: when the large message being read by ring started, and when the last
      * one ended; each size class's choice */
@@ -908,9 +913,11 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         uint64_t space = size - (head - tail);
         if (x->hdr_done == 0) {
             bool large = x->len >= s->cma_threshold;
-            bool cma = large && (s->adapt ? ((atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) >>
-                                              shm_class(s, x->len)) & 1u) != 0
-                                          : s->cma != 0);
+            bool called = large && s->adapt && x->way != KOLO_WAY_AUTO; /* the call chose its way */
+            bool cma = large && (called   ? x->way == KOLO_WAY_SINGLE
+                                 : s->adapt ? ((atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) >>
+                                                shm_class(s, x->len)) & 1u) != 0
+                                            : s->cma != 0);
             cma = cma || (x->single && s->single_ok && x->len >= SINGLE_MIN);
             bool whole = cma || x->len <= INLINE_MAX;
             /* a streamed payload starts on the line after the header's */
@@ -922,17 +929,18 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             }
             uint64_t at = head;
             /* auto: when the message was offered, for the receiver's timing */
-            uint64_t stamp = large && s->adapt ? kolo__now_ns() : 0;
+            uint64_t stamp = large && s->adapt && !called ? kolo__now_ns() : 0;
             if (cma) {
                 unsigned char msg[KOLO_HDR_LEN + CMA_DESC_LEN];
                 uint64_t addr = (uint64_t)(uintptr_t)x->buf, len = x->len;
-                kolo__hdr_pack(msg, SHM_FLAG_CMA, x->len);
+                kolo__hdr_pack(msg, SHM_FLAG_CMA | (called ? SHM_FLAG_CALL : 0), x->len);
                 memcpy(msg + KOLO_HDR_LEN, &addr, 8);
                 memcpy(msg + KOLO_HDR_LEN + 8, &len, 8);
                 memcpy(msg + KOLO_HDR_LEN + 16, &stamp, STAMP_LEN);
                 tx_write(s, at + MARK_LEN, msg, sizeof(msg));
                 x->cma_seq = ++s->cma_sent;
             } else {
+                if (called) kolo__hdr_pack(x->hdr, SHM_FLAG_CALL, x->len);
                 tx_write(s, at + MARK_LEN, x->hdr, KOLO_HDR_LEN);
                 if (whole && x->len) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
                 else if (!whole) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);
@@ -1060,6 +1068,10 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 kolo__conn_fail(c, st);
                 break;
             }
+            if (flags & SHM_FLAG_CALL) { /* timed by the call that chose it, not here */
+                x->way = flags & SHM_FLAG_CMA ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
+                s->called[(flags & SHM_FLAG_CMA) != 0]++;
+            }
             if (flags & SHM_FLAG_CMA) {
                 if (!s->cma_ok) {
                     st = kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL,
@@ -1077,7 +1089,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 st = cma_read(c, s, x, addr);
                 if (st != KOLO_OK) break;
                 test_delay(1, x->len);
-                if (s->adapt) adapt_done(c, s, 1, large_start(s, x, stamp), x->len);
+                if (s->adapt && !x->way) adapt_done(c, s, 1, large_start(s, x, stamp), x->len);
                 tail = pad_line(tail + MARK_LEN + KOLO_HDR_LEN + CMA_DESC_LEN);
                 atomic_store_explicit(&ctl->tail, tail, memory_order_release);
                 start = tail;
@@ -1094,7 +1106,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
                 continue;
             }
-            if (s->adapt && x->len >= s->cma_threshold) {
+            if (s->adapt && x->len >= s->cma_threshold && !x->way) {
                 uint64_t stamp;
                 rx_read(s, tail + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN, false);
                 s->rx_start = large_start(s, x, stamp);
@@ -1120,7 +1132,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
             }
             tail = pad_line(tail);
             if (x->stream) kolo__stream_fence(); /* before anyone learns the receive is done */
-            if (s->adapt && x->len >= s->cma_threshold) adapt_done(c, s, 0, s->rx_start, x->len);
+            if (s->adapt && x->len >= s->cma_threshold && !x->way) adapt_done(c, s, 0, s->rx_start, x->len);
         }
         kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
     }
@@ -1178,6 +1190,9 @@ static void log_ways(const shm_priv *s)
         n += (size_t)r;
     }
     if (n) KOLO_DEBUG("shm from rank %d, large messages by ring/single-copy per size class:%s", s->peer_rank, buf);
+    if (s->called[0] || s->called[1])
+        KOLO_DEBUG("shm from rank %d, large messages by ring/single-copy as 2-member calls chose: %llu/%llu",
+                   s->peer_rank, (unsigned long long)s->called[0], (unsigned long long)s->called[1]);
 }
 
 static void shm_close(kolo__conn *c)
@@ -1440,6 +1455,34 @@ int kolo__shm_cma_state(const kolo__conn *c)
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return -1;
     const shm_priv *s = c->priv;
     return !s->cma_ok ? -1 : s->adapt ? 2 : s->cma;
+}
+
+/* The word: `from` << 4 | way << 2 | was. The reader of call n takes `way` from call `from` on,
+ * else `was`: the publisher writes after each call, for the call after next, so the reader,
+ * which reads at the start of a call and is at most one call ahead of or behind the publisher,
+ * sees the word for its call or the one before it (coll_util.c, "pair"). */
+void kolo__shm_publish_call_way(kolo__conn *c, int cls, uint64_t from, int way, int was)
+{
+    shm_priv *s = c->priv;
+    if (cls < 0 || cls >= KOLO_PAIR_CLASSES) return;
+    atomic_store_explicit(&s->rx_ctl->call_way[cls], from << 4 | (uint64_t)(way & 3) << 2 | (uint64_t)(was & 3),
+                          memory_order_relaxed);
+}
+
+int kolo__shm_call_way(const kolo__conn *c, int cls, uint64_t call)
+{
+    const shm_priv *s = c->priv;
+    if (cls < 0 || cls >= KOLO_PAIR_CLASSES) return KOLO_WAY_AUTO;
+    uint64_t w = atomic_load_explicit(&s->tx_ctl->call_way[cls], memory_order_relaxed);
+    int way = (int)(call >= w >> 4 ? w >> 2 & 3 : w & 3);
+    return way <= KOLO_WAY_SINGLE ? way : KOLO_WAY_AUTO; /* a garbled word: the transport picks */
+}
+
+void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2])
+{
+    const shm_priv *s = c->priv;
+    got[0] = s ? s->called[0] : 0;
+    got[1] = s ? s->called[1] : 0;
 }
 
 int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pct)

@@ -43,6 +43,8 @@ typedef struct kolo__xfer kolo__xfer;
 typedef struct kolo__mesh kolo__mesh;
 
 enum { KOLO_XFER_SEND = 1, KOLO_XFER_RECV = 2 };
+/* how a large message goes over a pair that picks from timings (shm.c, KOLO_SHM_CMA=auto) */
+enum { KOLO_WAY_AUTO = 0, KOLO_WAY_RING = 1, KOLO_WAY_SINGLE = 2 };
 
 /* One queued send or receive. Owned by the caller (usually on its stack) until it completes;
  * the caller must not touch buf meanwhile. */
@@ -65,6 +67,10 @@ struct kolo__xfer {
                          * the exchanges of allgather and reducescatter): a pair that keeps ring
                          * copies because its host has more ranks than cores sends it
                          * single-copy when large (shm.c). Set after posting. */
+    unsigned char way;  /* a send: how a pair that picks from timings sends it when large, chosen by
+                         * the call (KOLO_WAY_*, coll_util.c "pair"); KOLO_WAY_AUTO leaves it to the
+                         * transport. A receive: how it came, when the sender's call chose. Set by
+                         * post() from kolo__mesh.call_way. */
     unsigned char hdr[KOLO_HDR_LEN];
 };
 
@@ -124,6 +130,7 @@ typedef struct kolo__peer_info {
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
+#define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member reduce-scatter's bytes) */
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
@@ -131,7 +138,22 @@ typedef struct kolo__choice {
     int recheck;             /* calls of the way in use still to run after a probe, before its verdict */
     bool hinted;             /* started from the transport's figures, before a probe of its own */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
+    /* outside a probe, the way in use is left after this many calls in a row (0 counts as 1)
+     * found it dearer than the other's last figure; dearer counts them */
+    unsigned switch_after, dearer;
 } kolo__choice;
+
+/* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
+ * chunks (coll_util.c, "pair"): per class of the call's bytes, the calls so far (the same count
+ * on both members), and on the member of lower rank, which chooses for both, its choice, the ways
+ * of its next two calls, of its last, and how many outliers it left out in a row. */
+typedef struct kolo__pair_ways {
+    uint64_t seq[KOLO_PAIR_CLASSES];
+    kolo__choice choice[KOLO_PAIR_CLASSES];
+    unsigned char plan[KOLO_PAIR_CLASSES][2]; /* KOLO_WAY_*, by call number mod 2 */
+    unsigned char last[KOLO_PAIR_CLASSES];
+    unsigned char outliers[KOLO_PAIR_CLASSES];
+} kolo__pair_ways;
 
 struct kolo__mesh {
     int rank, size, channel;
@@ -154,6 +176,10 @@ struct kolo__mesh {
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
+    /* per peer (allocated at the first call that chooses), and the way the call running now
+     * chose for its sends (KOLO_WAY_*), which post() gives each send it queues */
+    kolo__pair_ways *pair_ways;
+    unsigned char call_way;
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
      * channel; some host has more ranks than cores. */
@@ -289,6 +315,14 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
+/* The reduce-scatters of a 2-member group choosing for both directions (coll_util.c, "pair"):
+ * the member of lower rank publishes, in its receiving ring's control block, the way of the
+ * calls of class `cls` from call `from` on (way) and before it (was); the other reads that word. */
+void kolo__shm_publish_call_way(kolo__conn *c, int cls, uint64_t from, int way, int was);
+int kolo__shm_call_way(const kolo__conn *c, int cls, uint64_t call);
+/* How many large messages c received single-copy [1] and by ring [0] the way the sender's call
+ * chose (not the transport's own choice). */
+void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2]);
 /* The bytes of each of c's rings; 0 when c is not a shared-memory conn. */
 size_t kolo__shm_ring_bytes(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking

@@ -158,6 +158,7 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
     x->looked_ns = 0;
     x->stream = false;
     x->single = false;
+    x->way = kind == KOLO_XFER_SEND ? m->call_way : KOLO_WAY_AUTO;
     x->status = 1;
     kolo__conn *c = (peer >= 0 && peer < m->size) ? m->conns[peer] : NULL;
     x->conn = c;
