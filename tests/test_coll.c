@@ -1488,8 +1488,9 @@ KT_TEST(direct_choice_follows_timings, 120)
     KT_EQ(kt_job(2, direct_choice, NULL, &o, NULL), 0);
 }
 
-/* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group go the way member 0's timings
- * of whole calls favour, and both members send every call the same way (coll_util.c, "pair"): a
+/* With KOLO_SHM_CMA=auto, the reduce-scatters (arg KOLO_PAIR_RS) or allreduces (KOLO_PAIR_AR,
+ * by ring below 4 MiB) of a 2-member group go the way member 0's timings of whole calls favour,
+ * and both members send every call the same way (coll_util.c, "pair"): a
  * hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
  * calls (after the first probe and its verdict, which take up to call 16; a later probe, which a
  * slow sanitizer build can reach, runs 4 calls the other way); each member records the way of
@@ -1499,7 +1500,7 @@ KT_TEST(direct_choice_follows_timings, 120)
  * read by CMA. */
 static void pair_choice(int rank, void *arg)
 {
-    (void)arg;
+    int kind = *(const int *)arg;
     enum { CALLS = 30 };
     KT_OK(kolo_init());
     kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
@@ -1513,7 +1514,7 @@ static void pair_choice(int rank, void *arg)
     uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
     for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
         size_t half = ((size_t)128 << 10) * (size_t)slow; /* floats per member: 512 KiB, then 1 MiB */
-        float *a = malloc(2 * half * 4), *b = malloc(half * 4);
+        float *a = malloc(2 * half * 4), *b = malloc(2 * half * 4);
         KT_ASSERT(a && b);
         for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
         kolo__pair_test_delay(slow, delay_ns);
@@ -1522,8 +1523,12 @@ static void pair_choice(int rank, void *arg)
         kolo__shm_call_received(c, got0);
         for (int call = 0; call < CALLS; call++) {
             kolo__pair_test_calls(before);
-            KT_OK(kolo_reducescatter(a, b, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-            KT_ASSERTF(b[0] == 3 && b[half - 1] == 3, "call %d: %g %g", call, (double)b[0], (double)b[half - 1]);
+            if (kind == KOLO_PAIR_RS)
+                KT_OK(kolo_reducescatter(a, b, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            else
+                KT_OK(kolo_allreduce(a, b, 2 * half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            size_t last = kind == KOLO_PAIR_RS ? half - 1 : 2 * half - 1;
+            KT_ASSERTF(b[0] == 3 && b[last] == 3, "call %d: %g %g", call, (double)b[0], (double)b[last]);
             kolo__pair_test_calls(after);
             ways[rank][call] = -1;
             for (int w = 0; w < 3; w++)
@@ -1537,7 +1542,7 @@ static void pair_choice(int rank, void *arg)
             mine[ways[rank][call]]++;
             if (call >= CALLS - 12) fast += ways[rank][call] == other;
         }
-        /* every call sends its block in the same number of chunks, k, each the way the call chose */
+        /* every call sends the same number of chunks, k, each the way the call chose */
         uint64_t chosen = (uint64_t)(mine[KOLO_WAY_RING] + mine[KOLO_WAY_SINGLE]);
         uint64_t k = chosen ? (got1[0] - got0[0] + got1[1] - got0[1]) / chosen : 0;
         KT_ASSERTF(k >= 1 && got1[0] - got0[0] == k * (uint64_t)mine[KOLO_WAY_RING] &&
@@ -1561,7 +1566,15 @@ static void pair_choice(int rank, void *arg)
 KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
+    static const int kind = KOLO_PAIR_RS;
+    KT_EQ(kt_job(2, pair_choice, (void *)&kind, &o, NULL), 0);
+}
+
+KT_TEST(pair_choice_of_ring_allreduces, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    static const int kind = KOLO_PAIR_AR;
+    KT_EQ(kt_job(2, pair_choice, (void *)&kind, &o, NULL), 0);
 }
 
 /* No launcher variables at all: a world of one, no sockets. */

@@ -64,6 +64,7 @@ int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, voi
  * ring should run, else the collective's status. After a declined call the caller runs the ring
  * and then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
 #define KOLO_DIRECT_DECLINED 1
+#define KOLO_DIRECT_CMA_MIN ((size_t)4 << 20)
 typedef struct kolo__direct_ticket {
     uint64_t start, bytes;
     int plan;
@@ -148,19 +149,21 @@ void kolo__coll_test_force_out(int stream);
 void kolo__coll_test_delay_out(int stream, uint64_t ns);
 void kolo__coll_test_out_calls(uint64_t got[2]);
 
-/* A reduce-scatter of a 2-member group of `bytes` in all: where the pair picks its ways from
- * timings (KOLO_SHM_CMA=auto) and bytes are at least KOLO_PAIR_MIN, the member of lower rank
- * chooses from its timings of whole calls how both send their chunks, and the call's sends go
- * that way (coll_util.c, "pair"). The call begins with kolo__pair_begin, before posting, and
- * ends with kolo__pair_end, with its status; it runs no other collective between them. */
+/* A reduce-scatter (KOLO_PAIR_RS) or ring allreduce (KOLO_PAIR_AR) of a 2-member group of
+ * `bytes` in all: where the pair picks its ways from timings (KOLO_SHM_CMA=auto) and bytes are
+ * at least KOLO_PAIR_MIN, the member of lower rank chooses from its timings of whole calls how
+ * both send their chunks, and the call's sends go that way (coll_util.c, "pair"). The call
+ * begins with kolo__pair_begin, before posting, and ends with kolo__pair_end, with its status;
+ * it runs no other collective between them. */
 #define KOLO_PAIR_MIN ((size_t)64 << 10)
+enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AR = 1 };
 typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: the call leaves the ways to the transport */
-    int peer, cls, way;
+    int peer, kind, slot, way;
     bool lead;
     uint64_t call, start, bytes;
 } kolo__pair_ticket;
-void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, uint64_t bytes, kolo__pair_ticket *t);
+void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t);
 void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const char *what);
 /* Test hooks: each such call by ring (KOLO_WAY_RING) or single-copy takes ns longer; the ways of
  * this process's calls so far, by KOLO_WAY_* (got[0]: left to the transport). */

@@ -205,7 +205,7 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
                (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
 }
 
-/* ---- the reduce-scatters of a 2-member group: both directions one way, chosen per call ----
+/* ---- the ring steps of a 2-member group: both directions one way, chosen per call ----
  *
  * On a pair that picks its ways from timings (KOLO_SHM_CMA=auto), the receiver of each direction
  * times each large message and asks the sender for the cheaper way (shm.c). A reduce-scatter of
@@ -216,10 +216,12 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * 0.13-0.19 us), 2 ranks, 4 launches: reduce-scatters of 512 KiB-4 MiB kept the ring for 1784 of
  * 1788 chunks and took 1.5-2.9x the time of single-copy pinned (512 KiB 55-75 us against 33-38).
  *
- * So such a call (from KOLO_PAIR_MIN bytes in all) sends its chunks the way the member of lower
+ * So such a call (from KOLO_PAIR_MIN bytes in all), and an allreduce of 2 members by ring (its
+ * reduce-scatter step, then its allgather step) below KOLO_DIRECT_CMA_MIN (from there member 0
+ * times the ring against reading by CMA, direct.c), sends its chunks the way the member of lower
  * rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings of
- * whole calls, per class of the call's bytes (x2 from KOLO_PAIR_MIN), and the transport neither
- * times nor asks for those messages. Both members must send the same way in the same call, or a
+ * whole calls, per kind of call and class of its bytes (x2 from KOLO_PAIR_MIN; a slot), and the
+ * transport neither times nor asks for those messages. Both members must send the same way in the same call, or a
  * probe would run the step half one way, half the other. The lead publishes, after its call n,
  * the way of call n + 2 in the pair's shared memory, with the way of call n + 1
  * (kolo__shm_publish_call_way); the other member reads it at the start of each call
@@ -236,7 +238,8 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  *
  * Against the build before, launches alternated (10 pairs, vCPUs apart, pings 0.13-0.24 us,
  * kolo-bench -n 30 -w 5): reduce-scatter 256 KiB-2 MiB 0.66-0.88x the time, 64-128 KiB and 4-8
- * MiB 0.94-1.02x. The same choice for 2-member allgathers and alltoalls, whose exchanges the
+ * MiB 0.94-1.02x; allreduce 512 KiB 0.89x, 64 KiB-4 MiB otherwise 0.95-1.01x (there the two
+ * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). The same choice for 2-member allgathers and alltoalls, whose exchanges the
  * transport's nudge (shm.c) already keeps in step, gained nothing there (allgather 0.94-1.03x,
  * alltoall 1.01-1.09x, the probes' cost in short launches), so they keep the transport's. */
 static const char *const WAYS_PAIR[2] = {"ring copies", "single-copy"};
@@ -271,7 +274,7 @@ static int pair_class(uint64_t bytes)
     return k;
 }
 
-void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, uint64_t bytes, kolo__pair_ticket *t)
+void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t)
 {
     t->conn = NULL;
     t->way = KOLO_WAY_AUTO;
@@ -282,10 +285,11 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, uint64_t bytes, kolo_
     if (!m->pair_ways && !(m->pair_ways = kolo__calloc((size_t)m->size, sizeof(kolo__pair_ways))))
         return; /* the transport picks, as it would anyway */
     kolo__pair_ways *p = &m->pair_ways[peer];
-    int k = pair_class(bytes);
+    int k = kind * KOLO_PAIR_CLASSES + pair_class(bytes);
     t->conn = c;
     t->peer = peer;
-    t->cls = k;
+    t->kind = kind;
+    t->slot = k;
     t->call = p->seq[k]++;
     t->lead = m->rank < peer;
     t->bytes = bytes;
@@ -302,14 +306,14 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
     if (st == KOLO_OK) kolo__sleep_ns(test_pair_delay_ns[t->way]);
     if (!t->lead) return;
     kolo__pair_ways *p = &m->pair_ways[t->peer];
-    kolo__choice *c = &p->choice[t->cls];
+    kolo__choice *c = &p->choice[t->slot];
     int way = t->way - 1; /* the choice's way: 0 ring, 1 single-copy */
-    bool changed = t->way != p->last[t->cls];
-    p->last[t->cls] = (unsigned char)t->way;
+    bool changed = t->way != p->last[t->slot];
+    p->last[t->slot] = (unsigned char)t->way;
     uint64_t now = kolo__now_ns(), ps = (now - t->start) * 1000 / KOLO_MAX(t->bytes, 1);
     bool outlier = way >= 0 && !c->probing && !c->recheck && c->cost[way] && ps > OUTLIER_X * c->cost[way] &&
-                   p->outliers[t->cls] < OUTLIER_RUN;
-    p->outliers[t->cls] = outlier ? p->outliers[t->cls] + 1 : 0;
+                   p->outliers[t->slot] < OUTLIER_RUN;
+    p->outliers[t->slot] = outlier ? p->outliers[t->slot] + 1 : 0;
     if (st == KOLO_OK && t->way != KOLO_WAY_AUTO && !changed && !outlier && !(c->probing && way == c->want))
         kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR);
     /* the way of the call after next, which takes the slot of this one. A class starts as the
@@ -319,16 +323,16 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time) */
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
-        for (int j = t->cls - 1; j >= 0; j--)
+        for (int j = t->slot - 1; j >= t->kind * KOLO_PAIR_CLASSES; j--)
             if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
                 c->want = p->choice[j].want;
                 break;
             }
     }
     int next = kolo__choice_pick(c, now, -1) + 1;
-    int was = p->plan[t->cls][(t->call + 1) & 1];
-    p->plan[t->cls][t->call & 1] = (unsigned char)next;
-    kolo__shm_publish_call_way(t->conn, t->cls, t->call + 2, next, was);
+    int was = p->plan[t->slot][(t->call + 1) & 1];
+    p->plan[t->slot][t->call & 1] = (unsigned char)next;
+    kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
 }
 
 /* ---- allgather and alltoall: their output written through the cache or around it ----

@@ -97,7 +97,7 @@
 #include <unistd.h>
 
 #define ZC_MIN ((size_t)64 << 10)     /* mapped: from this size on, always (above) */
-#define CMA_MIN ((size_t)4 << 20)     /* by CMA: from this size on, if chosen */
+#define CMA_MIN KOLO_DIRECT_CMA_MIN   /* by CMA: from this size on, if chosen */
 /* mapped and out of place, results are first stored through the cache below this size, around
  * it from it (in place always through it first), until the calls' timings say otherwise (see
  * "Storing" at the top) */

@@ -108,9 +108,9 @@ typedef struct ring_ctl {
      * message, and head's line changes hands at every frame. */
     _Atomic uint32_t nudge;
     char reason[KOLO_ABORT_REASON_MAX]; /* why it gave up; written before `closed` */
-    /* consumer, the member of lower rank of a pair: the way of its 2-member calls per class, once
+    /* consumer, the member of lower rank of a pair: the way of its 2-member calls per slot, once
      * per call (kolo__shm_publish_call_way) */
-    _Alignas(64) _Atomic uint64_t call_way[KOLO_PAIR_CLASSES];
+    _Alignas(64) _Atomic uint64_t call_way[KOLO_PAIR_SLOTS];
     /* the consumer sleeps on `bell` with `asleep` set; the producer bumps it (see "Sleeping") */
     _Alignas(64) _Atomic uint32_t bell;
     _Atomic uint32_t asleep;
@@ -1461,19 +1461,19 @@ int kolo__shm_cma_state(const kolo__conn *c)
  * else `was`: the publisher writes after each call, for the call after next, so the reader,
  * which reads at the start of a call and is at most one call ahead of or behind the publisher,
  * sees the word for its call or the one before it (coll_util.c, "pair"). */
-void kolo__shm_publish_call_way(kolo__conn *c, int cls, uint64_t from, int way, int was)
+void kolo__shm_publish_call_way(kolo__conn *c, int slot, uint64_t from, int way, int was)
 {
     shm_priv *s = c->priv;
-    if (cls < 0 || cls >= KOLO_PAIR_CLASSES) return;
-    atomic_store_explicit(&s->rx_ctl->call_way[cls], from << 4 | (uint64_t)(way & 3) << 2 | (uint64_t)(was & 3),
+    if (slot < 0 || slot >= KOLO_PAIR_SLOTS) return;
+    atomic_store_explicit(&s->rx_ctl->call_way[slot], from << 4 | (uint64_t)(way & 3) << 2 | (uint64_t)(was & 3),
                           memory_order_relaxed);
 }
 
-int kolo__shm_call_way(const kolo__conn *c, int cls, uint64_t call)
+int kolo__shm_call_way(const kolo__conn *c, int slot, uint64_t call)
 {
     const shm_priv *s = c->priv;
-    if (cls < 0 || cls >= KOLO_PAIR_CLASSES) return KOLO_WAY_AUTO;
-    uint64_t w = atomic_load_explicit(&s->tx_ctl->call_way[cls], memory_order_relaxed);
+    if (slot < 0 || slot >= KOLO_PAIR_SLOTS) return KOLO_WAY_AUTO;
+    uint64_t w = atomic_load_explicit(&s->tx_ctl->call_way[slot], memory_order_relaxed);
     int way = (int)(call >= w >> 4 ? w >> 2 & 3 : w & 3);
     return way <= KOLO_WAY_SINGLE ? way : KOLO_WAY_AUTO; /* a garbled word: the transport picks */
 }

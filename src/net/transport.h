@@ -130,7 +130,9 @@ typedef struct kolo__peer_info {
 #define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
-#define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member reduce-scatter's bytes) */
+#define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member call's bytes) */
+#define KOLO_PAIR_KINDS 2     /* reduce-scatters, allreduces by ring (KOLO_PAIR_*, coll.h) */
+#define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
     uint64_t cost[2], at[2]; /* their median, and when the last came */
@@ -143,16 +145,17 @@ typedef struct kolo__choice {
     unsigned switch_after, dearer;
 } kolo__choice;
 
-/* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
- * chunks (coll_util.c, "pair"): per class of the call's bytes, the calls so far (the same count
- * on both members), and on the member of lower rank, which chooses for both, its choice, the ways
- * of its next two calls, of its last, and how many outliers it left out in a row. */
+/* How the reduce-scatters and ring allreduces of a 2-member group over a pair that picks from
+ * timings send their chunks (coll_util.c, "pair"): per kind of call and class of its bytes (a
+ * slot), the calls so far (the same count on both members), and on the member of lower rank,
+ * which chooses for both, its choice, the ways of its next two calls, of its last, and how many
+ * outliers it left out in a row. */
 typedef struct kolo__pair_ways {
-    uint64_t seq[KOLO_PAIR_CLASSES];
-    kolo__choice choice[KOLO_PAIR_CLASSES];
-    unsigned char plan[KOLO_PAIR_CLASSES][2]; /* KOLO_WAY_*, by call number mod 2 */
-    unsigned char last[KOLO_PAIR_CLASSES];
-    unsigned char outliers[KOLO_PAIR_CLASSES];
+    uint64_t seq[KOLO_PAIR_SLOTS];
+    kolo__choice choice[KOLO_PAIR_SLOTS];
+    unsigned char plan[KOLO_PAIR_SLOTS][2]; /* KOLO_WAY_*, by call number mod 2 */
+    unsigned char last[KOLO_PAIR_SLOTS];
+    unsigned char outliers[KOLO_PAIR_SLOTS];
 } kolo__pair_ways;
 
 struct kolo__mesh {
@@ -315,11 +318,11 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
-/* The reduce-scatters of a 2-member group choosing for both directions (coll_util.c, "pair"):
- * the member of lower rank publishes, in its receiving ring's control block, the way of the
- * calls of class `cls` from call `from` on (way) and before it (was); the other reads that word. */
-void kolo__shm_publish_call_way(kolo__conn *c, int cls, uint64_t from, int way, int was);
-int kolo__shm_call_way(const kolo__conn *c, int cls, uint64_t call);
+/* The calls of a 2-member group choosing for both directions (coll_util.c, "pair"): the member
+ * of lower rank publishes, in its receiving ring's control block, the way of the calls of slot
+ * `slot` from call `from` on (way) and before it (was); the other reads that word. */
+void kolo__shm_publish_call_way(kolo__conn *c, int slot, uint64_t from, int way, int was);
+int kolo__shm_call_way(const kolo__conn *c, int slot, uint64_t call);
 /* How many large messages c received single-copy [1] and by ring [0] the way the sender's call
  * chose (not the transport's own choice). */
 void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2]);
