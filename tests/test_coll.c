@@ -1490,14 +1490,14 @@ KT_TEST(direct_choice_follows_timings, 120)
 
 /* With KOLO_SHM_CMA=auto, the reduce-scatters (arg KOLO_PAIR_RS) or allreduces (KOLO_PAIR_AR,
  * by ring below 4 MiB) of a 2-member group go the way member 0's timings of whole calls favour,
- * and both members send every call the same way (coll_util.c, "pair"): a
- * hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
- * calls (after the first probe and its verdict, which take up to call 16; a later probe, which a
- * slow sanitizer build can reach, runs 4 calls the other way); each member records the way of
- * each of its calls, and the two records must match call for call; the messages each member
- * received as its peer's call chose match the record too (the transport obeyed). Then the other
- * way is the slow one, with calls of another size (a fresh class). Skips where the pair cannot
- * read by CMA. */
+ * and both members send every call the same way (coll_util.c, "pair"): a hook makes calls by
+ * one way 30 ms slower, and the other must carry at least 7 of the last 12 calls (after the
+ * first probe and its verdict, which take up to call 16; a later probe, which a slow sanitizer
+ * build can reach, runs 4 calls the other way); each member records the way of each of its
+ * calls, and the two records must match call for call; the messages each member received as
+ * its peer's call chose match the record too (the transport obeyed). Then the other way is the
+ * slow one, with calls of another size (a fresh class). Skips where the pair cannot read by
+ * CMA. */
 static void pair_choice(int rank, void *arg)
 {
     int kind = *(const int *)arg;

@@ -282,9 +282,10 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     int peer = kolo__g2w(g, !g->rank);
     kolo__conn *c = m->conns[peer];
     if (!c || kolo__shm_cma_state(c) != 2) return;
-    if (!m->pair_ways && !(m->pair_ways = kolo__calloc((size_t)m->size, sizeof(kolo__pair_ways))))
+    if (!m->pair_ways && !(m->pair_ways = kolo__calloc((size_t)m->size, sizeof(*m->pair_ways))))
         return; /* the transport picks, as it would anyway */
-    kolo__pair_ways *p = &m->pair_ways[peer];
+    if (!m->pair_ways[peer] && !(m->pair_ways[peer] = kolo__calloc(1, sizeof(kolo__pair_ways)))) return;
+    kolo__pair_ways *p = m->pair_ways[peer];
     int k = kind * KOLO_PAIR_CLASSES + pair_class(bytes);
     t->conn = c;
     t->peer = peer;
@@ -305,7 +306,7 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
     atomic_fetch_add_explicit(&pair_calls[t->way], 1, memory_order_relaxed);
     if (st == KOLO_OK) kolo__sleep_ns(test_pair_delay_ns[t->way]);
     if (!t->lead) return;
-    kolo__pair_ways *p = &m->pair_ways[t->peer];
+    kolo__pair_ways *p = m->pair_ways[t->peer];
     kolo__choice *c = &p->choice[t->slot];
     int way = t->way - 1; /* the choice's way: 0 ring, 1 single-copy */
     bool changed = t->way != p->last[t->slot];

@@ -904,6 +904,7 @@ void kolo__mesh_destroy(kolo__mesh *m)
         kolo__free(c);
     }
     kolo__free(m->conns);
+    for (int i = 0; m->pair_ways && i < m->size; i++) kolo__free(m->pair_ways[i]);
     kolo__free(m->pair_ways);
     kolo__free(m->scratch[0]);
     kolo__free(m->scratch[1]);

@@ -179,9 +179,10 @@ struct kolo__mesh {
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
-    /* per peer (allocated at the first call that chooses), and the way the call running now
-     * chose for its sends (KOLO_WAY_*), which post() gives each send it queues */
-    kolo__pair_ways *pair_ways;
+    /* per peer, each allocated at its first call that chooses (4 KiB or so: not for every peer
+     * of a large world at once), and the way the call running now chose for its sends
+     * (KOLO_WAY_*), which post() gives each send it queues */
+    kolo__pair_ways **pair_ways;
     unsigned char call_way;
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
