@@ -159,7 +159,7 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
 enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AR = 1 };
 typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: the call leaves the ways to the transport */
-    int peer, kind, slot, way;
+    int peer, slot, way; /* slot: kind x class (coll_util.c) */
     bool lead;
     uint64_t call, start, bytes;
 } kolo__pair_ticket;

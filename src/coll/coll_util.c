@@ -216,13 +216,15 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * 0.13-0.19 us), 2 ranks, 4 launches: reduce-scatters of 512 KiB-4 MiB kept the ring for 1784 of
  * 1788 chunks and took 1.5-2.9x the time of single-copy pinned (512 KiB 55-75 us against 33-38).
  *
- * So such a call (from KOLO_PAIR_MIN bytes in all), and an allreduce of 2 members by ring (its
- * reduce-scatter step, then its allgather step) below KOLO_DIRECT_CMA_MIN (from there member 0
- * times the ring against reading by CMA, direct.c), sends its chunks the way the member of lower
- * rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings of
- * whole calls, per kind of call and class of its bytes (x2 from KOLO_PAIR_MIN; a slot), and the
- * transport neither times nor asks for those messages. Both members must send the same way in the same call, or a
- * probe would run the step half one way, half the other. The lead publishes, after its call n,
+ * So such a call (from KOLO_PAIR_MIN bytes in all), and an allreduce of one buffer by ring on 2
+ * members (its reduce-scatter step, then its allgather step) below KOLO_DIRECT_CMA_MIN (from there
+ * member 0 times the ring against reading by CMA, direct.c), sends its chunks the way the member
+ * of lower rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings
+ * of whole calls, per kind of call and class of its bytes (x2 from KOLO_PAIR_MIN; a slot), and
+ * the transport neither times nor asks for those messages. The engine's fused allreduces of
+ * several tensors run their own ring (engine/ring_iov.c) and keep the transport's choice. Both
+ * members must send the same way in the same call, or a probe would run the step half one way,
+ * half the other. The lead publishes, after its call n,
  * the way of call n + 2 in the pair's shared memory, with the way of call n + 1
  * (kolo__shm_publish_call_way); the other member reads it at the start of each call
  * (kolo__shm_call_way), after it has received the lead's chunks of the call before, which the
@@ -231,17 +233,19 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * class alike, as every member makes the same calls; the first two of a class go as the
  * transport picks. A probe therefore starts two calls after the lead decides on it; the call
  * between still goes the way in use and is not timed, nor is the probe's last call, which ends
- * after the verdict, nor the first call after any change of way: traced, allgathers of 2 MiB by
- * single-copy took 144-159 ps/B in the first call after ring ones and 93-121 in the next, by ring
- * 132-154 after single-copy ones and 103-116 next, and a probe counting its first call kept the
- * ring where single-copy, once chosen, ran at 90-95 against the ring's 110-120.
+ * after the verdict, nor the first call after any change of way: traced while the choice was
+ * tried on allgathers (below), 2 MiB by single-copy took 144-159 ps/B in the first call after
+ * ring ones and 93-121 in the next, by ring 132-154 after single-copy ones and 103-116 next, and
+ * a probe counting its first call kept the ring where single-copy, once chosen, ran at 90-95
+ * against the ring's 110-120.
  *
  * Against the build before, launches alternated (10 pairs, vCPUs apart, pings 0.13-0.24 us,
  * kolo-bench -n 30 -w 5): reduce-scatter 256 KiB-2 MiB 0.66-0.88x the time, 64-128 KiB and 4-8
  * MiB 0.94-1.02x; allreduce 512 KiB 0.89x, 64 KiB-4 MiB otherwise 0.95-1.01x (there the two
- * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). The same choice for 2-member allgathers and alltoalls, whose exchanges the
- * transport's nudge (shm.c) already keeps in step, gained nothing there (allgather 0.94-1.03x,
- * alltoall 1.01-1.09x, the probes' cost in short launches), so they keep the transport's. */
+ * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). The same
+ * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
+ * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
+ * probes' cost in short launches), so they keep the transport's. */
 static const char *const WAYS_PAIR[2] = {"ring copies", "single-copy"};
 static uint64_t test_pair_delay_ns[3];
 static _Atomic uint64_t pair_calls[3];
@@ -289,7 +293,6 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     int k = kind * KOLO_PAIR_CLASSES + pair_class(bytes);
     t->conn = c;
     t->peer = peer;
-    t->kind = kind;
     t->slot = k;
     t->call = p->seq[k]++;
     t->lead = m->rank < peer;
@@ -324,7 +327,7 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time) */
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
-        for (int j = t->slot - 1; j >= t->kind * KOLO_PAIR_CLASSES; j--)
+        for (int j = t->slot - 1; j >= t->slot - t->slot % KOLO_PAIR_CLASSES; j--) /* this kind's */
             if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
                 c->want = p->choice[j].want;
                 break;

@@ -128,7 +128,8 @@ typedef struct shm_priv {
     int adapt;  /* auto: the receiver of each direction picks, from timings (cma is unused) */
     size_t cma_threshold;
     uint64_t cma_sent;
-    uint64_t called[2]; /* large messages received by ring [0] and single-copy [1] as the sender's call chose */
+    uint64_t called[2]; /* large messages received by ring [0] and single-copy [1] as the sender's
+                         * call chose */
     int single_ok; /* sends marked single go single-copy from SINGLE_MIN (oversubscribed host) */
     /* auto, receiving: when the large message being read by ring started, and when the last
      * one ended; each size class's choice */
