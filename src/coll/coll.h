@@ -193,10 +193,11 @@ void kolo__coll_reduce_out(char *d, char *out, const char *a, const char *b, siz
 /* Ring chunk size in bytes, a multiple of 64 (KOLO_RING_CHUNK). */
 size_t kolo__coll_chunk(void);
 /* Ring reduce-scatter over blocks (off[b], cnt[b] in elements). Member `rank` ends with the fully
- * reduced block `final_block(rank)` = (rank + shift) mod n, stored at dst + off[that block].
- * Other blocks are accumulated in dst too (dst must be a full-size buffer). src holds this
- * member's contribution (may equal dst). */
-int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *src, char *dst,
+ * reduced block `final_block(rank)` = (rank + shift) mod n, stored at `out` or, when that is
+ * NULL, at dst + off[that block]. The blocks passed on are accumulated in dst (a full-size
+ * buffer; with 2 members there are none and dst is not touched when `out` is given). src holds
+ * this member's contribution (may equal dst); `out` must not overlap the rest of src. */
+int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, char *out,
                               const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op,
                               int shift);
 /* Ring allgather of blocks already placed: member i's block is at buf + off[i]*es (bytes of
