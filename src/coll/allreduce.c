@@ -24,10 +24,11 @@
  * KiB 56 against 69; over shared memory 16 B 3.9 against 7.2, 64 KiB 28 against 31; 8 ranks over
  * TCP 16 B 211 against 262. Above 64 KiB the exchange was still faster over shared memory (4
  * ranks, 1 MiB 300 us against 388, 4 MiB 1.73 ms against 2.16) but not over TCP (128 KiB 158
- * against 97, 2 MiB 2.03 ms against 1.45), so it runs to EXCHANGE_SHM_MAX only where the ranks
- * agreed at init that every pair shares memory on an oversubscribed host (kolo__mesh.world_shm;
- * 6 pairs: 2 MiB 786 us against 1010). There its messages of at most SINGLE_RS_MAX go
- * single-copy (the `single` mark; shm.c, SINGLE_MIN).
+ * against 97, 2 MiB 2.03 ms against 1.45), so it runs further only where the ranks agreed at
+ * init that every pair shares memory on an oversubscribed host (kolo__mesh.world_shm; 6 pairs: 2
+ * MiB 786 us against 1010), and since the ring writes its own block straight into the output
+ * only to blocks of 256 KiB on average (EXCHANGE_SHM_BLOCK, below). There its messages of at most
+ * SINGLE_RS_MAX go single-copy (the `single` mark; shm.c, SINGLE_MIN).
  */
 #include "coll.h"
 
@@ -204,9 +205,14 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 }
 
 /* Reduce-scatters of at most this many bytes in all on 3 to EXCHANGE_MEMBERS members go by
- * one-round exchange; EXCHANGE_SHM_MAX when every pair runs over shared memory on a host with
- * more ranks than cores. */
+ * one-round exchange; where every pair runs over shared memory on a host with more ranks than
+ * cores, those of blocks of at most EXCHANGE_SHM_BLOCK on average (n of them in all), up to
+ * EXCHANGE_SHM_MAX. Once the ring's last step wrote its block straight into the output (see
+ * kolo__coll_reducescatter), the ring overtook the exchange from blocks of 512 KiB: Intel Xeon
+ * VM, 2 vCPUs, launches alternated, 4 ranks 2 MiB 0.84-0.85x the exchange's time and 4 MiB
+ * 0.84-0.87x (8 and 6 pairs), 1 MiB 1.10x; 8 ranks 4 MiB 0.85x, 2 MiB 1.09x (6 pairs). */
 #define EXCHANGE_MAX ((size_t)64 << 10)
+#define EXCHANGE_SHM_BLOCK ((size_t)256 << 10)
 #define EXCHANGE_SHM_MAX ((size_t)4 << 20)
 #define EXCHANGE_MEMBERS 64
 #define SINGLE_RS_MAX ((size_t)256 << 10)
@@ -267,7 +273,9 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     }
     if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
     /* the choice depends on the member count and the total only, the same on every member */
-    size_t exchange_max = m->world_shm && m->world_oversubscribed ? EXCHANGE_SHM_MAX : EXCHANGE_MAX;
+    size_t exchange_max = m->world_shm && m->world_oversubscribed
+                              ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)
+                              : EXCHANGE_MAX;
     if (n >= 3 && n <= EXCHANGE_MEMBERS && total * es <= exchange_max)
         return reducescatter_exchange(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
     /* The ring accumulates the blocks it passes on in a full-size work buffer (so does a
