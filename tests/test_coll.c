@@ -287,7 +287,7 @@ static void conformance(int rank, void *arg)
             for (size_t i = 0; i < total; i++) send[i] = (float)((i % 1000) + (size_t)rank);
             float *recv = layout == 1 && rank > 0 ? send + 1 : send + total;
             KT_OK(kolo_reducescatter(send, recv, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
-            for (size_t i = 0; i < mine; i++) { /* recv may now hold send's first elements */
+            for (size_t i = 0; i < mine; i++) {
                 float want = (float)(((first + i) % 1000) * (size_t)n + (size_t)(n * (n - 1) / 2));
                 KT_ASSERTF(recv[i] == want, "reducescatter layout %d: element %zu is %g, expected %g", layout, i,
                            (double)recv[i], (double)want);

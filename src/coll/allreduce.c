@@ -285,9 +285,9 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
      * copies 21 % of the samples, the reduction 24 %. Launches alternated with that build on an
      * Intel Xeon VM, 2 ranks over shared memory (8 pairs): 64 KiB 0.79x the time, 1 MiB 0.69x, 16
      * MiB 0.58x, 64 MiB 0.65x; over TCP (5 pairs) 64 KiB 0.96x, 1 MiB 0.85x, 64 MiB 0.66x; 4 ranks
-     * on 2 vCPUs (the ring from 4 MiB) 16 and 64 MiB 0.82x. A recv
-     * that overlaps send (the API says "not in place" but refuses only recv == send) keeps the
-     * copy at the end, after the peers have read what they read from send. */
+     * on 2 vCPUs (the ring from 4 MiB) 16 and 64 MiB 0.82x. A recv that overlaps send (the API
+     * says "not in place" but refuses only recv == send) keeps the copy at the end, after the
+     * peers have read what they read from send. */
     char *out = NULL;
     if (counts[r]) {
         const char *lo = send, *hi = lo + total * es, *ro = recv, *rh = ro + counts[r] * es;
