@@ -144,12 +144,15 @@ def summarize(rows, calls, top=8):
         by_sym[k] = by_sym.get(k, 0) + n
         by_comm[comm] = by_comm.get(comm, 0) + n
     total = sum(cats.values())
-    syms = sorted(by_sym.items(), key=lambda kv: -kv[1])[:top]
+    ranked = sorted(by_sym.items(), key=lambda kv: -kv[1])
+    syms = ranked[:top]
     return {
         "calls": calls,
         "cpu_ms": total,
         "cats": cats,
         "top": [(n * ms, sym, dso, c) for (sym, dso, c), n in syms],
+        # the busiest few of each category, so that a stray sample can be named
+        "by_cat": {k: [(n, sym, dso) for (sym, dso, c), n in ranked if c == k][:3] for k in CAT_KEYS},
         "threads": {k: v * ms for k, v in by_comm.items()},
         "samples": sum(r[0] for r in rows),
     }
