@@ -242,7 +242,10 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * Against the build before, launches alternated (10 pairs, vCPUs apart, pings 0.13-0.24 us,
  * kolo-bench -n 30 -w 5): reduce-scatter 256 KiB-2 MiB 0.66-0.88x the time, 64-128 KiB and 4-8
  * MiB 0.94-1.02x; allreduce 512 KiB 0.89x, 64 KiB-4 MiB otherwise 0.95-1.01x (there the two
- * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). The same
+ * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). Later on
+ * the same VM the allreduce choice did not settle: 256 KiB-2 MiB, 5 rounds, each phase's way forced,
+ * it took 1.12-1.16x the time of single-copy for both phases (both by ring 1.06-1.29x) and ended
+ * with about half its messages each way (debug counts 2254 / 2052); open work. The same
  * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
  * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
  * probes' cost in short launches), so they keep the transport's. */
