@@ -288,11 +288,7 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
      * on 2 vCPUs (the ring from 4 MiB) 16 and 64 MiB 0.82x. A recv that overlaps send (the API
      * says "not in place" but refuses only recv == send) keeps the copy at the end, after the
      * peers have read what they read from send. */
-    char *out = NULL;
-    if (counts[r]) {
-        const char *lo = send, *hi = lo + total * es, *ro = recv, *rh = ro + counts[r] * es;
-        if (rh <= lo || ro >= hi) out = recv;
-    }
+    char *out = counts[r] && kolo__coll_apart(recv, counts[r] * es, send, total * es) ? recv : NULL;
     char *work = NULL;
     if (n > 2 || pre != 1.0 || !out) {
         work = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, total * es);

@@ -175,6 +175,12 @@ void kolo__pair_test_calls(uint64_t got[3]);
  * the algorithm that calls the ring. Valid until the next call for the same area. */
 enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1 };
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
+/* Whether the byte ranges [a, a + na) and [b, b + nb) share no byte. */
+static inline bool kolo__coll_apart(const void *a, size_t na, const void *b, size_t nb)
+{
+    const char *x = a, *y = b;
+    return x + na <= y || y + nb <= x;
+}
 /* A member's own block copied into its output (allgather, alltoall): when the received blocks
  * are written around the cache (`stream`), so is this one, if it does not overlap its source;
  * memmove otherwise. */

@@ -75,7 +75,7 @@ void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream)
 {
     if (!n || dst == src) return;
     const char *d = dst, *s = src;
-    bool apart = d + n <= s || s + n <= d;
+    bool apart = kolo__coll_apart(d, n, s, n);
     if (stream && apart) {
         kolo__stream_copy(dst, src, n);
         kolo__stream_fence();
@@ -93,7 +93,7 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
     char *d = dst;
     const char *s = src;
     /* overlapping halves cannot be copied slice by slice in this order: one piece then */
-    size_t slice = d + n <= s || s + n <= d ? OWN_SLICE : KOLO_MAX(n, (size_t)1);
+    size_t slice = kolo__coll_apart(d, n, s, n) ? OWN_SLICE : KOLO_MAX(n, (size_t)1);
     size_t at = 0;
     do {
         size_t k = KOLO_MIN(slice, n - at);
