@@ -1386,8 +1386,9 @@ KT_TEST(mapped_store_choice, 120)
 /* allreduce reading the others' malloc'd buffers by CMA (member 0 told to plan so): exact for a
  * sum, an in-place max and an average with a postscale on uneven blocks, with one rank's buffers
  * from kolo_mem_alloc (mapped by the others, read by CMA by none); ranks passing different counts
- * all get a mismatch naming them; a failed read on one rank fails the call on every rank,
- * naming who could not read whom, and the next call works. */
+ * all get a mismatch naming them; a failed read, or a failed write of a block into another's
+ * output, on one rank fails the call on every rank, naming who could not read or write whom, and
+ * the next call works. */
 static float dv(size_t i, int r) { return (float)((i * 5 + (size_t)r * 3) % 997); }
 
 static void direct_cma(int rank, void *arg)
@@ -1444,6 +1445,18 @@ static void direct_cma(int rank, void *arg)
         float want = 0;
         for (int r = 0; r < n; r++) want += dv(i, r);
         KT_ASSERTF(b[i] == want, "after the failure [%zu]: %g, want %g", i, (double)b[i], (double)want);
+    }
+    /* rank 0 maps no one (their buffers come from malloc) and writes its block into rank 1's
+     * output by CMA: its first write fails */
+    if (rank == 0) kolo__direct_test_fail_write(1);
+    KT_STATUS(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_SYSTEM);
+    KT_CONTAINS(kolo_last_error(), "rank 0 could not write the buffer of rank 1 with process_vm_writev (Bad address)");
+    for (size_t i = 0; i < count; i++) b[i] = -1;
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += dv(i, r);
+        KT_ASSERTF(b[i] == want, "after the failed write [%zu]: %g, want %g", i, (double)b[i], (double)want);
     }
     kolo__direct_test_force(-1);
     KT_OK(kolo_shutdown());

@@ -90,9 +90,11 @@ uint64_t kolo__direct_cma_runs(void);
 uint64_t kolo__zc_cached_runs(void);
 uint64_t kolo__zc_push_runs(void);
 /* Test hooks: member 0 plans ring (0) or direct (1) instead of choosing (-1: choose); the nth CMA
- * read from now on fails (0 disarms); each call by the ring (0) or direct (1) takes ns longer. */
+ * read (or write) from now on fails (0 disarms); each call by the ring (0) or direct (1) takes ns
+ * longer. */
 void kolo__direct_test_force(int plan);
 void kolo__direct_test_fail_read(int nth);
+void kolo__direct_test_fail_write(int nth);
 void kolo__direct_test_delay(int plan, uint64_t ns);
 /* Test hooks for mapped allreduces in place: member 0 plans streaming stores (0) or cached ones
  * (1) instead of choosing (-1); each such call with streaming (0) or cached (1) stores takes ns

@@ -1017,6 +1017,20 @@ int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done)
     return 0;
 }
 
+int kolo__cma_write(int pid, uint64_t addr, const void *src, size_t n, size_t *done)
+{
+    while (*done < n) {
+        struct iovec local = {(char *)(uintptr_t)src + *done, n - *done};
+        struct iovec remote = {(void *)(uintptr_t)(addr + *done), n - *done};
+        ssize_t k = process_vm_writev(pid, &local, 1, &remote, 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return errno;
+        if (k == 0) return ENODATA;
+        *done += (size_t)k;
+    }
+    return 0;
+}
+
 static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
 {
     int e = kolo__cma_read(s->peer_pid, x->buf, addr, x->len, &x->done);

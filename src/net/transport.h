@@ -317,6 +317,8 @@ int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pc
 /* Reads [addr, addr + n) of process pid into dst with process_vm_readv, from *done on (advanced
  * as bytes arrive): 0, or the errno of the failed call (ENODATA: it read nothing). */
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
+/* Writes src into [addr, addr + n) of process pid with process_vm_writev, likewise. */
+int kolo__cma_write(int pid, uint64_t addr, const void *src, size_t n, size_t *done);
 /* The size from which messages may go single-copy; 0 when c cannot. */
 size_t kolo__shm_cma_threshold(const kolo__conn *c);
 /* The calls of a 2-member group choosing for both directions (coll_util.c, "pair"): the member
