@@ -193,13 +193,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         kolo__scale(recv, send, count, dtype, pre);
         src = recv;
     }
-    /* with 2 members, both directions go one way (coll_util.c, "pair"); below the size from
-     * which member 0 may time the ring against reading by CMA (direct.c), whose figures the
-     * pair's probes would blur */
-    kolo__pair_ticket pt;
-    kolo__pair_begin(m, g, KOLO_PAIR_AR, count * es < KOLO_DIRECT_CMA_MIN ? count * es : 0, &pt);
     int st = kolo__ring_allreduce(m, g, src, recv, offs, cnts, dtype, op, post);
-    kolo__pair_end(m, &pt, st, "allreduce");
     kolo__direct_ring_done(m, &ticket, st);
     return st;
 }

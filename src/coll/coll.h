@@ -59,12 +59,11 @@ int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
 int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                       size_t ntensor, kolo_dtype_t dtype, double pre, double post);
 /* Allreduce reading the other members' buffers directly (direct.c), when every member is on
- * this host: mapped when all pass one kolo_mem_alloc buffer of 16 MiB or more, else by CMA from
- * 4 MiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
+ * this host and the call has 64 KiB or more: mapped when all pass kolo_mem_alloc buffers, else
+ * by CMA from 256 KiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
  * ring should run, else the collective's status. After a declined call the caller runs the ring
  * and then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
 #define KOLO_DIRECT_DECLINED 1
-#define KOLO_DIRECT_CMA_MIN ((size_t)4 << 20)
 typedef struct kolo__direct_ticket {
     uint64_t start, bytes;
     int plan;
@@ -151,14 +150,13 @@ void kolo__coll_test_force_out(int stream);
 void kolo__coll_test_delay_out(int stream, uint64_t ns);
 void kolo__coll_test_out_calls(uint64_t got[2]);
 
-/* A reduce-scatter (KOLO_PAIR_RS) or ring allreduce (KOLO_PAIR_AR) of a 2-member group of
- * `bytes` in all: where the pair picks its ways from timings (KOLO_SHM_CMA=auto) and bytes are
+/* A reduce-scatter (KOLO_PAIR_RS) of a 2-member group of `bytes` in all: where the pair picks its ways from timings (KOLO_SHM_CMA=auto) and bytes are
  * at least KOLO_PAIR_MIN, the member of lower rank chooses from its timings of whole calls how
  * both send their chunks, and the call's sends go that way (coll_util.c, "pair"). The call
  * begins with kolo__pair_begin, before posting, and ends with kolo__pair_end, with its status;
  * it runs no other collective between them. */
 #define KOLO_PAIR_MIN ((size_t)64 << 10)
-enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AR = 1 };
+enum { KOLO_PAIR_RS = 0 };
 typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: the call leaves the ways to the transport */
     int peer, slot, way; /* slot: kind x class (coll_util.c) */

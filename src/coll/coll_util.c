@@ -216,11 +216,9 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * 0.13-0.19 us), 2 ranks, 4 launches: reduce-scatters of 512 KiB-4 MiB kept the ring for 1784 of
  * 1788 chunks and took 1.5-2.9x the time of single-copy pinned (512 KiB 55-75 us against 33-38).
  *
- * So such a call (from KOLO_PAIR_MIN bytes in all), and an allreduce of one buffer by ring on 2
- * members (its reduce-scatter step, then its allgather step) below KOLO_DIRECT_CMA_MIN (from there
- * member 0 times the ring against reading by CMA, direct.c), sends its chunks the way the member
- * of lower rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings
- * of whole calls, per kind of call and class of its bytes (x2 from KOLO_PAIR_MIN; a slot), and
+ * So such a call (from KOLO_PAIR_MIN bytes in all) sends its chunks the way the member of lower
+ * rank (the lead) chooses with kolo__choice_pick and kolo__choice_learn from its timings
+ * of whole calls, per class of its bytes (x2 from KOLO_PAIR_MIN; a slot), and
  * the transport neither times nor asks for those messages. The engine's fused allreduces of
  * several tensors run their own ring (engine/ring_iov.c) and keep the transport's choice. Both
  * members must send the same way in the same call, or a probe would run the step half one way,
@@ -241,11 +239,12 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  *
  * Against the build before, launches alternated (10 pairs, vCPUs apart, pings 0.13-0.24 us,
  * kolo-bench -n 30 -w 5): reduce-scatter 256 KiB-2 MiB 0.66-0.88x the time, 64-128 KiB and 4-8
- * MiB 0.94-1.02x; allreduce 512 KiB 0.89x, 64 KiB-4 MiB otherwise 0.95-1.01x (there the two
- * ways cost about the same: traced, 1 MiB by ring 150-220 ps/B, single-copy 146-226). Later on
- * the same VM the allreduce choice did not settle: 256 KiB-2 MiB, 5 rounds, each phase's way forced,
- * it took 1.12-1.16x the time of single-copy for both phases (both by ring 1.06-1.29x) and ended
- * with about half its messages each way (debug counts 2254 / 2052); open work. The same
+ * MiB 0.94-1.02x. The same choice ran for 2-member allreduces by ring below 4 MiB (their
+ * reduce-scatter step, then their allgather step) until 2026-11-30: at first 0.89-1.01x the
+ * time of the build before, but later on the same VM it did not settle (256 KiB-2 MiB, 5 rounds,
+ * each phase's way forced: 1.12-1.16x the time of single-copy for both phases, both by ring
+ * 1.06-1.29x, ending with about half its messages each way), and from 256 KiB such allreduces now
+ * read and write each other's buffers by CMA where that times faster (direct.c). The same
  * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
  * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
  * probes' cost in short launches), so they keep the transport's. */

@@ -93,7 +93,22 @@
  * 0 never does. The choice against either way pinned, call by call in launches of 14 calls
  * (whose start has 4 calls by ring and a probe of 2 by CMA), 270+ launches on one CCD, 28+ on
  * two: one CCD 0.92-0.96x the ring; two CCDs 1.43x (64 MiB) to 2.18x (4 MiB) the ring, 1.00x
- * direct.
+ * direct. (Those figures are from before the members wrote each other's outputs, step 2.)
+ *
+ * The choice ran from 4 MiB until writing the outputs made CMA the cheaper way below that too.
+ * Intel Xeon VM, vCPUs apart, 2 ranks, direct by CMA pinned against the ring with single-copy
+ * messages pinned (KOLO_SHM_CMA=1 before), launches of 200 calls alternated (6 pairs): 128 KiB
+ * 0.81x the time, 256 KiB 0.82x, 512 KiB 0.79x, 1 MiB 0.83x, 2 MiB 0.92x; traced at 256 KiB, 195-210
+ * ps/B against the ring's 290-300. At 64 KiB neither way won (launches of 600 calls: 15-28 us
+ * against 15-27, bimodal by launch), nor with 4 ranks (1.08x), so CMA_MIN is 256 KiB. Below it a
+ * 2-member ring used to choose its messages' way per call (coll_util.c, "pair"); that choice did
+ * not settle (see there), and the ring's messages now go as the transport picks. Against the
+ * build before (the ring below 4 MiB, its 2-member calls choosing), launches alternated: 8 rounds
+ * of 50 calls (the harness's length) 64 KiB 1.11x the time, 256 KiB 0.99x, 1 MiB 0.71x, 4 MiB 0.81x,
+ * 16 / 64 MiB 0.99 / 0.98x; 4 rounds of 600 calls 1 MiB 0.73x, 4 MiB 0.75x (64 KiB alike in 8
+ * rounds of 200: 1.02-1.04x, within the launches' spread). Each class's first call, and the first
+ * after a change of way, is not timed: traced, the first call of a launch took 28705 ps/B where
+ * the next took 463 and the third 286, and a probe's first CMA call 818 where the next took 212.
  */
 #include "coll.h"
 
@@ -103,8 +118,8 @@
 #include <errno.h>
 #include <unistd.h>
 
-#define ZC_MIN ((size_t)64 << 10)     /* mapped: from this size on, always (above) */
-#define CMA_MIN KOLO_DIRECT_CMA_MIN   /* by CMA: from this size on, if chosen */
+#define ZC_MIN ((size_t)64 << 10)   /* mapped: from this size on, always (above) */
+#define CMA_MIN ((size_t)256 << 10) /* by CMA: from this size on, if chosen */
 /* mapped and out of place, results are first stored through the cache below this size, around
  * it from it (in place always through it first), until the calls' timings say otherwise (see
  * "Storing" at the top) */
@@ -224,8 +239,15 @@ static bool all_near(kolo__mesh *m, const kolo__group *g)
     return true;
 }
 
-/* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses, and a pair
- * pinned to ring copies (a test hook) keeps the ring. */
+/* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses, a host with
+ * more ranks than cores runs direct (below), and a pair pinned to ring copies (KOLO_SHM_CMA=0)
+ * keeps the ring.
+ *
+ * With more ranks than cores the pairs stop timing their messages (core/kolo.c: a rank that
+ * shares a core times the scheduler), and so does this choice: reading and writing the others'
+ * buffers by CMA needs none of them to run while it copies, where every step of the ring waits
+ * for its peer to be scheduled. Intel Xeon VM, 2 vCPUs, 4 ranks, launches alternated (5 pairs),
+ * direct against the ring: 128 KiB 0.57x the time, 512 KiB 0.65x, 2 MiB 0.73x, 8 MiB 0.93x. */
 static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
 {
     if (test_force >= 0) return test_force;
@@ -233,7 +255,7 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
     int mode = kolo__shm_cma_state(c1);
     if (mode == 2) /* the transport's figures for messages of one member's block */
         return kolo__choice_pick(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, bytes / (uint64_t)g->size, 125));
-    return mode == 1 ? PLAN_DIRECT : PLAN_RING;
+    return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
 /* Reads n bytes at `addr` in process pid into buf; 0 or an errno. */
@@ -393,6 +415,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         /* member 0 times this call either way; by the ring, kolo__direct_ring_done does */
         t->learn = r == 0 && bytes >= CMA_MIN && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
         t->plan = all[0].plan;
+        if (t->learn) { /* not the first call of a class, nor the first after a change of way */
+            unsigned char *last = &m->direct_last[size_class(bytes)];
+            t->learn = *last == t->plan + 1;
+            *last = (unsigned char)(t->plan + 1);
+        }
         if (all[0].plan != PLAN_DIRECT) st = KOLO_DIRECT_DECLINED;
     }
     if (st != KOLO_OK) {

@@ -14,7 +14,7 @@
  *     smaller ones packed into the fusion buffer; on one host the same list may instead be read
  *     (and written) by the other members directly (coll/direct.c), as a single tensor may:
  *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
- *     kolo_mem_alloc memory too), else, from 4 MiB, by CMA when that times faster than the ring. On this
+ *     kolo_mem_alloc memory too), else, from 256 KiB, by CMA when that times faster than the ring. On this
  *     memory-bound host the two copies of Horovod's fusion buffer cost as much as the allreduce
  *     itself: with everything copied a ResNet-50 step took 1.2-1.6x one direct allreduce of
  *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it

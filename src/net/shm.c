@@ -1453,6 +1453,11 @@ bool kolo__shm_pin_oversubscribed(kolo__conn *c)
     return true;
 }
 
+bool kolo__shm_pinned_oversubscribed(const kolo__conn *c)
+{
+    return kolo__shm_cma_state(c) == 0 && ((const shm_priv *)c->priv)->single_ok;
+}
+
 uint64_t kolo__shm_far_bytes(const kolo__conn *c)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;

@@ -127,11 +127,11 @@ typedef struct kolo__peer_info {
  * timings (kolo__choice_pick and kolo__choice_learn, coll/coll_util.c): how allreduces of this
  * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store their
  * results (coll/direct.c), how allgathers and alltoalls write their output (coll_util.c). */
-#define KOLO_DIRECT_CLASSES 4 /* 4-16 MiB, 16-64, 64-256, larger */
+#define KOLO_DIRECT_CLASSES 6 /* 256 KiB-1 MiB, 1-4, 4-16, 16-64, 64-256, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 #define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member call's bytes) */
-#define KOLO_PAIR_KINDS 2     /* reduce-scatters, allreduces by ring (KOLO_PAIR_*, coll.h) */
+#define KOLO_PAIR_KINDS 1     /* reduce-scatters (KOLO_PAIR_*, coll.h) */
 #define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
@@ -145,8 +145,8 @@ typedef struct kolo__choice {
     unsigned switch_after, dearer;
 } kolo__choice;
 
-/* How the reduce-scatters and ring allreduces of a 2-member group over a pair that picks from
- * timings send their chunks (coll_util.c, "pair"): per kind of call and class of its bytes (a
+/* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
+ * chunks (coll_util.c, "pair"): per kind of call and class of its bytes (a
  * slot), the calls so far (the same count on both members), and on the member of lower rank,
  * which chooses for both, its choice, the ways of its next two calls, of its last, and how many
  * outliers it left out in a row. */
@@ -175,6 +175,7 @@ struct kolo__mesh {
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
     kolo__choice direct[KOLO_DIRECT_CLASSES];
+    unsigned char direct_last[KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
@@ -304,6 +305,8 @@ bool kolo__shm_use_cma(kolo__conn *c, bool on);
 /* On a host with more ranks than cores: c keeps ring copies, but sends the large messages marked
  * `single` single-copy (shm.c); false if c cannot. */
 bool kolo__shm_pin_oversubscribed(kolo__conn *c);
+/* Whether c was pinned so (not by KOLO_SHM_CMA=0). */
+bool kolo__shm_pinned_oversubscribed(const kolo__conn *c);
 /* How many payload bytes c has written into its ring around the cache (shm.c, "far"). */
 uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 /* How many messages c has sent single-copy. */
