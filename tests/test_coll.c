@@ -1436,6 +1436,31 @@ static void direct_cma(int rank, void *arg)
     KT_STATUS(kolo_allreduce(a, b, count - (size_t)rank, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_MISMATCH);
     KT_CONTAINS(kolo_last_error(), "different counts");
 
+    /* a list of two buffers (as the engine fuses), cut alike on every rank: exact; cut
+     * differently on rank 1 (the same bytes in all): a mismatch on every rank, before anyone
+     * writes into another's buffers */
+    kolo__mesh *mesh = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    for (int cut = 0; cut < 2; cut++) {
+        size_t first = count / 3 + (cut && rank == 1);
+        kolo__seg segs[2] = {{(const char *)a, (char *)b, first},
+                             {(const char *)(a + first), (char *)(b + first), count - first}};
+        for (size_t i = 0; i < count; i++) a[i] = dv(i, rank), b[i] = -1;
+        kolo__direct_ticket ticket;
+        int got = kolo__direct_allreduce(mesh, kolo__W.psets[0], segs, 2, KOLO_FLOAT32, KOLO_SUM, 1.0, &ticket);
+        if (cut) {
+            KT_EQ(got, KOLO_ERR_MISMATCH);
+            KT_CONTAINS(kolo_last_error(), "of other sizes");
+            for (size_t i = 0; i < count; i++) KT_ASSERTF(b[i] == -1, "cut differently, [%zu] written: %g", i, (double)b[i]);
+            continue;
+        }
+        KT_EQ(got, KOLO_OK);
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += dv(i, r);
+            KT_ASSERTF(b[i] == want, "two buffers [%zu]: %g, want %g", i, (double)b[i], (double)want);
+        }
+    }
+
     /* rank 0's first read (of rank 1's malloc'd input) fails: everyone hears it */
     if (rank == 0) kolo__direct_test_fail_read(1);
     KT_STATUS(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_SYSTEM);

@@ -146,6 +146,8 @@ typedef struct desc {
     int32_t store;  /* member 0's: how a mapped call in place stores its results (STORE_*) */
     int32_t nseg;
     uint64_t bytes;
+    uint64_t layout; /* a hash of the segments' counts: every member reads and writes the others'
+                      * segments as its own are cut, so they must be cut alike */
     int32_t nreg;
     int32_t fd[MAX_REGIONS];
     uint64_t id[MAX_REGIONS], len[MAX_REGIONS];
@@ -374,7 +376,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     size_t per = sizeof(desc) + (size_t)nseg * sizeof(seg_addr);
     char *ex = kolo__malloc(per * (size_t)(n + 1) + ((size_t)nseg + 1) * sizeof(size_t));
     if (!ex) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the addresses of %d buffers", nseg);
-    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg};
+    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg, .layout = 0xcbf29ce484222325ull};
     char *mine_ex = ex + per * (size_t)n;
     size_t *start = (size_t *)(void *)(mine_ex + per);
     seg_addr *sa = (seg_addr *)(void *)(mine_ex + sizeof(desc));
@@ -382,6 +384,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     for (int k = 0; k < nseg; k++) {
         sa[k] = (seg_addr){(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst, {-1, -1}};
         start[k + 1] = start[k] + segs[k].count;
+        me.layout = (me.layout ^ segs[k].count) * 0x100000001b3ull; /* FNV-1a over the counts */
     }
     me.mapped = !m->zc_unmappable && describe_regions(segs, nseg, es, &me, sa);
     if (!me.mapped) {
@@ -409,6 +412,11 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                            "ranks called collectives with different counts, dtypes or orders",
                            kolo__g2w(g, i), (unsigned long long)all[i].bytes, all[i].nseg, kolo__g2w(g, r), bytes,
                            nseg);
+        else if (all[i].layout != me.layout)
+            st = kolo__err(KOLO_ERR_MISMATCH,
+                           "allreduce: rank %d cut its %zu bytes into %d buffers of other sizes than rank %d did: "
+                           "the ranks fused tensors of different shapes",
+                           kolo__g2w(g, i), bytes, nseg, kolo__g2w(g, r));
         mapped = mapped && all[i].mapped;
     }
     if (st == KOLO_OK && !mapped) {
