@@ -1003,12 +1003,14 @@ static int aborted_peer(kolo__conn *c, shm_priv *s)
     return kolo__conn_fail(c, kolo__err_aborted(c, why));
 }
 
-int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done)
+/* [addr, addr + n) of process pid to or from `mine`, from *done on */
+static int cma_copy(int pid, char *mine, uint64_t addr, size_t n, size_t *done, bool write)
 {
     while (*done < n) {
-        struct iovec local = {(char *)dst + *done, n - *done};
+        struct iovec local = {mine + *done, n - *done};
         struct iovec remote = {(void *)(uintptr_t)(addr + *done), n - *done};
-        ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        ssize_t k = write ? process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                          : process_vm_readv(pid, &local, 1, &remote, 1, 0);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return errno;
         if (k == 0) return ENODATA;
@@ -1017,18 +1019,14 @@ int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done)
     return 0;
 }
 
+int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done)
+{
+    return cma_copy(pid, dst, addr, n, done, false);
+}
+
 int kolo__cma_write(int pid, uint64_t addr, const void *src, size_t n, size_t *done)
 {
-    while (*done < n) {
-        struct iovec local = {(char *)(uintptr_t)src + *done, n - *done};
-        struct iovec remote = {(void *)(uintptr_t)(addr + *done), n - *done};
-        ssize_t k = process_vm_writev(pid, &local, 1, &remote, 1, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return errno;
-        if (k == 0) return ENODATA;
-        *done += (size_t)k;
-    }
-    return 0;
+    return cma_copy(pid, (char *)(uintptr_t)src, addr, n, done, true);
 }
 
 static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
