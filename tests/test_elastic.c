@@ -9,6 +9,7 @@
 #include "../src/boot/store.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -100,6 +101,11 @@ static int await_update(void)
     kt_fail(__FILE__, __LINE__, "no newer round appeared");
 }
 
+/* The survivors of round 1 tell the driver, through this pipe, that they have checked round 2
+ * for a newer round, so that it writes round 3 only after that (under ASan the driver once wrote
+ * it between a worker's start of round 2 and its check, which then saw round 3). */
+static int checked_pipe[2] = {-1, -1};
+
 static void rejoin(void)
 {
     KT_OK(kolo_shutdown());
@@ -134,6 +140,7 @@ static void worker(int id)
         int u = -1;
         KT_OK(kolo_elastic_check(&u));
         KT_EQ(u, KOLO_ELASTIC_NONE);
+        KT_ASSERT(write(checked_pipe[1], "c", 1) == 1);
         /* a worker is added (round 3, superseded by round 4 before it could start) */
         KT_EQ(await_update(), KOLO_ELASTIC_ADDED);
         rejoin();
@@ -202,6 +209,7 @@ KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
     driver_start(&d, "ktel");
 
     write_round(&d, 1, "added", (const char *const[]){"0 3", "1 3", "2 3", NULL});
+    KT_ASSERT(pipe(checked_pipe) == 0);
     pid_t w[4];
     for (int id = 0; id < 3; id++) w[id] = start_worker(&d, id, 1);
     int st = reap_ok(w[2]);
@@ -209,6 +217,14 @@ KT_TEST(elastic_rounds_after_death_growth_and_removal, 60)
     write_round(&d, 2, "removed", (const char *const[]){"0 2", "1 2", NULL});
     wait_joined(&d, 0, 2);
     wait_joined(&d, 1, 2);
+    for (int got = 0; got < 2;) { /* both checked round 2 (a worker that failed never says so) */
+        struct pollfd p = {checked_pipe[0], POLLIN, 0};
+        KT_ASSERTF(poll(&p, 1, 30000) == 1, "the workers of round 2 did not check it within 30 s");
+        char c[2];
+        ssize_t k = read(checked_pipe[0], c, (size_t)(2 - got));
+        KT_ASSERT(k > 0);
+        got += (int)k;
+    }
     /* round 3 names a worker 4 that never comes: the others must not wait for it past round 4 */
     write_round(&d, 3, "added", (const char *const[]){"0 4", "1 4", "", "2 4", "3 4", NULL});
     w[3] = start_worker(&d, 3, 3);
