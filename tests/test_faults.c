@@ -112,6 +112,47 @@ KT_TEST(peer_loss_names_rank_and_host, 30)
     KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
 }
 
+/* A peer that sent what a wait needs and then died: the wait gets the bytes and succeeds, even
+ * when the liveness check finds the peer gone before a progress pass has read them (a test hook
+ * puts the check first, as when the peer sends and dies between two passes: the CI once failed
+ * an elastic test's allreduce that way, its dead peer's part already sent); the next exchange
+ * fails, naming the peer. Over shared memory and over TCP (arg). */
+static void sent_then_died(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    int v = 41 + rank, got = 0;
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    kolo__xfer x;
+    if (rank == 1) {
+        kolo__isend(m, 0, &v, sizeof(v), &x);
+        KT_OK(kolo__wait1(m, &x));
+        raise(SIGKILL);
+    }
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* rank 1 has sent and is gone */
+    kolo__irecv(m, 1, &got, sizeof(got), &x);
+    kolo__wait_test_liveness_first(true);
+    int st = kolo__wait1(m, &x);
+    kolo__wait_test_liveness_first(false);
+    KT_OK(st);
+    KT_EQ(got, 42);
+    KT_STATUS(kolo_allreduce(&v, &got, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "lost rank 1 on ");
+}
+
+KT_TEST(peer_dead_after_sending_delivers, 30)
+{
+    for (int tcp = 0; tcp < 2; tcp++) {
+        kt_job_opts o = {.tcp_only = tcp};
+        int status[2];
+        kt_job(2, sent_then_died, NULL, &o, status);
+        KT_ASSERTF(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0, "%s: rank 0 ended with 0x%x",
+                   tcp ? "tcp" : "shm", status[0]);
+    }
+}
+
 /* ---- a stopped rank: timeout, not a hang ---- */
 
 static void stopped(int rank, void *arg)

@@ -207,7 +207,8 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
  * waiters on an oversubscribed host let the others run); a mesh marked `doze` sleeps right
  * after its spin. Watches every peer's liveness: a peer that dies, even one not involved in
  * these xfers, fails the wait within a few milliseconds (10 or so while the mesh dozes) with
- * KOLO_ERR_PEER_LOST naming it. No progress for KOLO_OP_TIMEOUT seconds fails with
+ * KOLO_ERR_PEER_LOST naming it, unless what it sent before it died completes the xfers (then
+ * the wait succeeds and the next one fails). No progress for KOLO_OP_TIMEOUT seconds fails with
  * KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also marks the mesh failed:
  * later calls fail at once with the same message. */
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
@@ -219,6 +220,9 @@ void kolo__wait_test_counts(uint64_t out[4]);
 /* Test hook: the calling thread's naps in waits on tcp and shared-memory conns at once that a
  * socket ended early (xfer.c, sleep_on_sockets). */
 uint64_t kolo__wait_test_socket_naps(void);
+/* Test hook: waits check every peer's liveness before their first progress pass (as when a peer
+ * sends and hangs up between two passes). */
+void kolo__wait_test_liveness_first(bool on);
 /* One progress pass over every connection with queued xfers, without waiting, so that xfers
  * posted just now start moving before the caller does local work. A failure stays in the xfers
  * (and the mesh) for kolo__wait to report. */

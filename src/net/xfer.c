@@ -384,12 +384,31 @@ static size_t moved_bytes(const kolo__xfer *x) { return x ? x->done + x->hdr_don
 /* A wait whose messages are all at most this long counts as small (below). */
 #define QUICK_YIELD_MAX 1024
 
+/* test hook: the next waits check liveness before their first progress pass */
+static bool test_liveness_first;
+
+void kolo__wait_test_liveness_first(bool on) { test_liveness_first = on; }
+
+/* check_liveness found a peer gone (status). It drained what that peer sent before it went, and
+ * a wait that now has all its bytes succeeds: a peer may die right after its part of a
+ * collective is sent (it returned from the call), and the others' calls must not fail for it;
+ * the loss fails the next exchange that needs that peer (the mesh is marked failed). */
+static int after_loss(kolo__xfer *const *xs, int n, int status)
+{
+    int mine = KOLO_OK;
+    return all_done(xs, n, &mine) ? mine : status;
+}
+
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
 {
     int status = KOLO_OK;
     dozing d; /* its arrays are written before they are read: no 2 KiB of zeroes per wait */
     d.n = 0;
     if (all_done(xs, n, &status)) goto out;
+    if (test_liveness_first && (status = check_liveness(m)) != KOLO_OK) {
+        status = after_loss(xs, n, status);
+        goto out;
+    }
     /* A dozing mesh's waits are mostly for the engine exchanges of ranks that have nothing to
      * say (a straggler's, every 4 ms: engine.c, "Cycle timing"): a liveness check every
      * millisecond woke the waiter four times per exchange. A dead peer is seen within
@@ -447,7 +466,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
             next_check = now + check_ns;
             status = check_liveness(m);
             if (status != KOLO_OK) {
-                all_done(xs, n, &status);
+                status = after_loss(xs, n, status);
                 goto out;
             }
             if (now - last_progress > m->op_timeout_ns) {
