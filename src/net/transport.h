@@ -220,8 +220,8 @@ void kolo__wait_test_counts(uint64_t out[4]);
 /* Test hook: the calling thread's naps in waits on tcp and shared-memory conns at once that a
  * socket ended early (xfer.c, sleep_on_sockets). */
 uint64_t kolo__wait_test_socket_naps(void);
-/* Test hook: waits check every peer's liveness before their first progress pass (as when a peer
- * sends and hangs up between two passes). */
+/* Test hook: the calling thread's waits check every peer's liveness before their first progress
+ * pass (as when a peer sends and hangs up between two passes). */
 void kolo__wait_test_liveness_first(bool on);
 /* One progress pass over every connection with queued xfers, without waiting, so that xfers
  * posted just now start moving before the caller does local work. A failure stays in the xfers

@@ -384,8 +384,8 @@ static size_t moved_bytes(const kolo__xfer *x) { return x ? x->done + x->hdr_don
 /* A wait whose messages are all at most this long counts as small (below). */
 #define QUICK_YIELD_MAX 1024
 
-/* test hook: the next waits check liveness before their first progress pass */
-static bool test_liveness_first;
+/* test hook: the calling thread's next waits check liveness before their first progress pass */
+static _Thread_local bool test_liveness_first;
 
 void kolo__wait_test_liveness_first(bool on) { test_liveness_first = on; }
 
