@@ -58,11 +58,12 @@ int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
  * kolo__coll_allreduce with KOLO_ADASUM runs it for one tensor. */
 int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                       size_t ntensor, kolo_dtype_t dtype, double pre, double post);
-/* Allreduce reading the other members' buffers directly (direct.c), when every member is on
- * this host and the call has 64 KiB or more: mapped when all pass kolo_mem_alloc buffers, else
- * by CMA from 256 KiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on every member alike) when the
- * ring should run, else the collective's status. After a declined call the caller runs the ring
- * and then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
+/* Allreduce reading and writing the other members' buffers directly (direct.c), when every
+ * member is on this host and the call has 64 KiB or more: mapped when all pass kolo_mem_alloc
+ * buffers, else by CMA from 256 KiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on
+ * every member alike) when the ring should run, else the collective's status. After a declined
+ * call the caller runs the ring and then calls kolo__direct_ring_done with the ticket, which
+ * times it for the choice. */
 #define KOLO_DIRECT_DECLINED 1
 typedef struct kolo__direct_ticket {
     uint64_t start, bytes;
@@ -150,8 +151,8 @@ void kolo__coll_test_force_out(int stream);
 void kolo__coll_test_delay_out(int stream, uint64_t ns);
 void kolo__coll_test_out_calls(uint64_t got[2]);
 
-/* A reduce-scatter (KOLO_PAIR_RS) of a 2-member group of `bytes` in all: where the pair picks its ways from timings (KOLO_SHM_CMA=auto) and bytes are
- * at least KOLO_PAIR_MIN, the member of lower rank chooses from its timings of whole calls how
+/* A reduce-scatter (KOLO_PAIR_RS) of a 2-member group of `bytes` in all: where the pair picks
+ * its ways from timings (KOLO_SHM_CMA=auto) and bytes are at least KOLO_PAIR_MIN, the member of lower rank chooses from its timings of whole calls how
  * both send their chunks, and the call's sends go that way (coll_util.c, "pair"). The call
  * begins with kolo__pair_begin, before posting, and ends with kolo__pair_end, with its status;
  * it runs no other collective between them. */
