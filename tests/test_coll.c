@@ -1286,7 +1286,8 @@ static void zero_copy(int rank, void *arg)
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
         KT_EQ(kolo__zc_runs(), runs + 4);
         /* in the first round the others still map everyone and store their blocks into every
-         * output, rank 1 its own only: the others take its block from its output */
+         * output through the mappings; rank 1 stores its block into its own output and writes it
+         * into the others' by CMA */
         KT_EQ(kolo__zc_push_runs(), pushes + (round == 0 && rank != 1));
         for (size_t i = 0; i < count; i += 101) {
             float want = 0;
@@ -1527,6 +1528,7 @@ static void direct_choice(int rank, void *arg)
     uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
     for (int slow = 0; slow < 2; slow++) {
         memset(m->direct, 0, sizeof(m->direct));
+        memset(m->direct_last, 0, sizeof(m->direct_last));
         kolo__direct_test_delay(slow, delay_ns);
         int direct = 0;
         for (int call = 0; call < 24; call++) {

@@ -116,7 +116,7 @@ KT_TEST(peer_loss_names_rank_and_host, 30)
  * when the liveness check finds the peer gone before a progress pass has read them (a test hook
  * puts the check first, as when the peer sends and dies between two passes: the CI once failed
  * an elastic test's allreduce that way, its dead peer's part already sent); the next exchange
- * fails, naming the peer. Over shared memory and over TCP (arg). */
+ * fails, naming the peer. Over shared memory, then over TCP. */
 static void sent_then_died(int rank, void *arg)
 {
     (void)arg;

@@ -86,7 +86,7 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int sta
 uint64_t kolo__zc_runs(void);
 uint64_t kolo__direct_cma_runs(void);
 /* How many mapped allreduces (in place or not) stored their results through the cache, and in
- * how many this member stored its block into every member's output itself (tests). */
+ * how many this member reached every member's buffers through its mappings alone (tests). */
 uint64_t kolo__zc_cached_runs(void);
 uint64_t kolo__zc_push_runs(void);
 /* Test hooks: member 0 plans ring (0) or direct (1) instead of choosing (-1: choose); the nth CMA
@@ -152,10 +152,11 @@ void kolo__coll_test_delay_out(int stream, uint64_t ns);
 void kolo__coll_test_out_calls(uint64_t got[2]);
 
 /* A reduce-scatter (KOLO_PAIR_RS) of a 2-member group of `bytes` in all: where the pair picks
- * its ways from timings (KOLO_SHM_CMA=auto) and bytes are at least KOLO_PAIR_MIN, the member of lower rank chooses from its timings of whole calls how
- * both send their chunks, and the call's sends go that way (coll_util.c, "pair"). The call
- * begins with kolo__pair_begin, before posting, and ends with kolo__pair_end, with its status;
- * it runs no other collective between them. */
+ * its ways from timings (KOLO_SHM_CMA=auto) and bytes are at least KOLO_PAIR_MIN, the member of
+ * lower rank chooses from its timings of whole calls how both send their chunks, and the call's
+ * sends go that way (coll_util.c, "pair"). The call begins with kolo__pair_begin, before
+ * posting, and ends with kolo__pair_end, with its status; it runs no other collective between
+ * them. */
 #define KOLO_PAIR_MIN ((size_t)64 << 10)
 enum { KOLO_PAIR_RS = 0 };
 typedef struct kolo__pair_ticket {
