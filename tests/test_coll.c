@@ -518,6 +518,46 @@ KT_TEST(shm_auto_follows_elapsed_time, 60)
     KT_EQ(kt_job(2, cma_follows_time, &cma, &o, NULL), 0);
 }
 
+/* A small allreduce in place sends its buffer by ring copies whatever the pair's choice: the peer
+ * reading it single-copy would leave its lines in the peer's cache right before this rank writes
+ * the result over them (2 ranks, 64 KiB in place: 24 us single-copy against 11 by ring). With
+ * ring copies made 2 ms slower per message, out-of-place allreduces of 64 KiB go single-copy
+ * after the first probe (the test's check that the pair would); then none of 8 in place may. */
+static void small_in_place_by_ring(int rank, void *arg)
+{
+    (void)arg;
+    size_t count = (size_t)1 << 14; /* 64 KiB, at most KOLO_SMALL_ALLREDUCE_MAX: one message each way */
+    float *x, *y;
+    kolo__conn *c = auto_pair(rank, 0, 2000000, count, &x, &y);
+    if (!c) return;
+    for (size_t i = 0; i < count; i++) x[i] = (float)(i % 64 + (size_t)rank);
+    uint64_t before = 0;
+    for (int it = 0; it < 40; it++) {
+        if (it == 32) before = kolo__shm_cma_sent(c);
+        KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    }
+    uint64_t out = kolo__shm_cma_sent(c) - before;
+    KT_ASSERTF(out >= 4, "rank %d: ring copies made slow, yet only %llu of 8 out-of-place allreduces went single-copy",
+               rank, (unsigned long long)out);
+    before = kolo__shm_cma_sent(c);
+    for (int it = 0; it < 8; it++) {
+        for (size_t i = 0; i < count; i++) y[i] = (float)(i % 64 + (size_t)rank);
+        KT_OK(kolo_allreduce(y, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(y[i] == (float)(2 * (i % 64) + 1), "in place: element %zu is %g", i, (double)y[i]);
+    }
+    uint64_t in = kolo__shm_cma_sent(c) - before;
+    KT_ASSERTF(in == 0, "rank %d: %llu of 8 small allreduces in place sent their buffer single-copy", rank,
+               (unsigned long long)in);
+    auto_pair_done(x, y);
+}
+
+KT_TEST(shm_auto_small_allreduce_in_place_by_ring, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, small_in_place_by_ring, NULL, &o, NULL), 0);
+}
+
 /* In an exchange each direction's timings hold the other's: a rank busy copying a message into
  * the ring is late to read the one coming in single-copy. So when one side changes a size class's
  * way, the other side times that way too at once (the nudge, shm.c) instead of at its next probe,
