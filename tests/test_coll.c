@@ -1592,6 +1592,45 @@ KT_TEST(direct_choice_follows_timings, 120)
     KT_EQ(kt_job(2, direct_choice, NULL, &o, NULL), 0);
 }
 
+/* With KOLO_SHM_CMA=auto, allreduces out of place and in place choose apart, and start apart: out
+ * of place direct, in place by the ring (direct.c). Six calls out of place (the first probe of the
+ * ring comes after four, so the first three are direct whatever the timings), then the first call
+ * in place of the same size goes by the ring, though the class out of place has settled. */
+static void direct_start_ways(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (kolo__shm_cma_state(m->conns[!rank]) != 2) {
+        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    size_t count = ((size_t)1 << 20) / 4;
+    float *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(a && b);
+    for (int call = 0; call < 6; call++) {
+        for (size_t i = 0; i < count; i++) a[i] = (float)(rank + 1);
+        uint64_t before = kolo__direct_cma_runs();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_ASSERTF(b[count - 1] == 3, "call %d: %g", call, (double)b[count - 1]);
+        if (call < 3) KT_ASSERTF(kolo__direct_cma_runs() != before, "out of place, call %d went by the ring", call);
+    }
+    uint64_t before = kolo__direct_cma_runs();
+    KT_OK(kolo_allreduce(b, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERTF(b[0] == 6 && b[count - 1] == 6, "in place: %g", (double)b[count - 1]);
+    KT_ASSERTF(kolo__direct_cma_runs() == before, "the first allreduce in place went direct");
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(direct_choice_starts_apart_in_place, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, direct_start_ways, NULL, &o, NULL), 0);
+}
+
 /* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group go the way member 0's timings
  * of whole calls favour,
  * and both members send every call the same way (coll_util.c, "pair"): a hook makes calls by

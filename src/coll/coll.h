@@ -68,7 +68,7 @@ int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, voi
 typedef struct kolo__direct_ticket {
     uint64_t start, bytes;
     int plan;
-    bool learn;
+    bool learn, in_place;
 } kolo__direct_ticket;
 /* One part of a virtual buffer: count elements read from src, results written to dst (src may
  * equal dst). */
@@ -104,10 +104,11 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
 
 /* ---- shared by the algorithm files (coll_util.c) ---- */
 
-/* The way (0 or 1) to run the next call of the size class c by; `hint`, a way some other figure
- * clearly favours to start with, or -1 (way 0). Then kolo__choice_learn with the call's way, its
+/* The way (0 or 1) to run the next call of the size class c by; `hint`, the way to start with,
+ * or -1 (way 0), and `wait`, whether a hinted start waits out the usual interval before its first
+ * probe (it is sure of itself) or probes as early as an unhinted one. Then kolo__choice_learn with the call's way, its
  * start (kolo__now_ns), its bytes, and for the trace log what it was and the ways' names. */
-int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint);
+int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
 

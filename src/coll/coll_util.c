@@ -107,21 +107,21 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
  *
  * The caller times each call it makes by the way kolo__choice_pick gave, from entry to return, in
  * ps per byte, and passes it to kolo__choice_learn; one kolo__choice per size class. Each way's
- * figure is the median of its last KOLO_WINDOW samples (common.h); samples older than
- * PROBE_MAX_NS are dropped. It starts with way 0, or with a hinted way. Unhinted, after
- * FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way (a probe, whose samples replace
- * that way's old ones), then PROBE_CALLS by the way in use, whose samples replace its old ones
- * too, and keeps the cheaper, switching only for a 10 % gain; hinted, the first probe waits as
- * the later ones do. Later probes come at least PROBE_GAP_CALLS calls and an interval apart that
- * doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when a probe or the way in
- * use getting dearer than the other's figure changes it. The same scheme as the shared-memory
- * transport's per-message choice (shm.c), one level up, except for the second half of a probe:
- * the machine warms up over its first busy tens of milliseconds (this VM's copies run 1.5-2.5x
- * faster then), so the way in use, timed in a launch's first calls, looked dearer than a probe
- * timed later, and kept losing to it. Measured before that half (2 ranks, 3 launches each):
- * engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3 with the
- * ring pinned; member 0's log had the ring at 371-454 ps/B in the first calls, CMA at 330-346 in
- * the probe, the ring at 296-323 in later probes. */
+ * figure is the median of its last KOLO_WINDOW samples (common.h); samples older than PROBE_MAX_NS
+ * are dropped. It starts with way 0, or with a hinted way. Unhinted (or hinted without `wait`),
+ * after FIRST_PROBE_CALLS calls it runs PROBE_CALLS by the other way (a probe, whose samples
+ * replace that way's old ones), then PROBE_CALLS by the way in use, whose samples replace its old
+ * ones too, and keeps the cheaper, switching only for a 10 % gain; hinted with `wait`, the first
+ * probe waits as the later ones do. Later probes come at least PROBE_GAP_CALLS calls and an
+ * interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when a
+ * probe or the way in use getting dearer than the other's figure changes it. The same scheme as
+ * the shared-memory transport's per-message choice (shm.c), one level up, except for the second
+ * half of a probe: the machine warms up over its first busy tens of milliseconds (this VM's copies
+ * run 1.5-2.5x faster then), so the way in use, timed in a launch's first calls, looked dearer
+ * than a probe timed later, and kept losing to it. Measured before that half (2 ranks, 3 launches
+ * each): engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3
+ * with the ring pinned; member 0's log had the ring at 371-454 ps/B in the first calls, CMA at
+ * 330-346 in the probe, the ring at 296-323 in later probes. */
 #define FIRST_PROBE_CALLS 4
 #define PROBE_CALLS 2
 #define PROBE_GAP_CALLS 8
@@ -137,14 +137,14 @@ static bool cheaper(const kolo__choice *c, int a, int b)
     return c->cost[a] && c->cost[b] && c->cost[a] * 10 < c->cost[b] * 9;
 }
 
-/* `hint`: a way other figures clearly favour (e.g. kolo__shm_faster_way), or -1. */
-int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint)
+/* `hint`: the way to start with, or -1 (way 0); `wait`: its first probe waits as later ones do. */
+int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
 {
     if (!c->every) { /* the first call of this size class */
         c->every = PROBE_MIN_NS;
         if (hint >= 0) {
             c->want = hint;
-            c->hinted = true;
+            c->hinted = wait;
             c->at[!hint] = now;
         }
     }
@@ -335,7 +335,7 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
                 break;
             }
     }
-    int next = kolo__choice_pick(c, now, -1) + 1;
+    int next = kolo__choice_pick(c, now, -1, false) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
     p->plan[t->slot][t->call & 1] = (unsigned char)next;
     kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
@@ -395,7 +395,7 @@ bool kolo__coll_out_stream(kolo__mesh *m, size_t bytes, kolo__out_ticket *t)
         if (test_out >= 0) {
             t->stream = test_out;
         } else {
-            t->way = kolo__choice_pick(out_choice(m, bytes), kolo__now_ns(), -1);
+            t->way = kolo__choice_pick(out_choice(m, bytes), kolo__now_ns(), -1, false);
             t->stream = rule != (t->way == 1);
             t->start = kolo__now_ns();
         }

@@ -192,25 +192,39 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  *
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, and
  * chooses with kolo__choice_pick and kolo__choice_learn (coll_util.c, where the scheme is
- * described), per size class (choice_for). It starts with the ring, or with the way the
- * shared-memory transport's figures for single messages from member 1 favour by a quarter or
- * more (a probe costs slow calls: on one CCD single-copy messages are 1.4x slower than ring
- * copies and a direct allreduce 1.2-1.5x slower than the ring; on two CCDs 5x and 2x faster). */
+ * described), per size class and separately in place and out of place (choice_for). Out of
+ * place it starts direct, in place with the ring, and the first probe of the other way comes
+ * after a few calls (as an unhinted choice's does).
+ *
+ * Why these, and why in place apart: on an Intel Xeon guest (2 ranks, each way pinned, 4-6
+ * launches of 20-50 calls alternated), direct took 0.67-0.85x the ring's time out of place at
+ * every size from 256 KiB to 16 MiB, but in place 1.1-1.2x at 256-512 KiB, about the same at 1-4
+ * MiB and 0.7x from 16 MiB. In place, the peers write a rank's own buffer, and the calls that
+ * follow pay for it: the ring timed right after direct calls ran 200-220 ps/B against 160 warm,
+ * so each way's timings in a probe hold debts of the other, and the way in use keeps a lead of
+ * its own (a switch needs a 10 % gain). Until 2026-12 both kinds shared one class, which started
+ * with the way the transport's figures for single messages favoured and then probed only after
+ * 0.1 s: that left short launches out of place on the ring (256-512 KiB 1.3-1.6x direct's time)
+ * although the transport's messages say nothing of what direct costs (it writes each block
+ * from cache into the others' outputs once; the ring copies it through the pair's rings). */
 
 /* what the two ways of each choice are called in the trace log */
-static const char *const WAYS_CMA[2] = {"the ring", "direct CMA reads"};
+static const char *const WAYS_CMA[2] = {"the ring", "direct by CMA"};
 static const char *const WAYS_STORE[2] = {"streaming stores", "cached stores"};
 
 /* The choice for allreduces of about this size: a ring of 4-16 MiB runs largely in cache, one of
- * 64 MiB does not, so each size class (x4 from CMA_MIN) keeps its own figures. */
+ * 64 MiB does not, so each size class (x2 from CMA_MIN) keeps its own figures. Classes x4 wide
+ * (until 2026-12) compared one way's figures from calls of one size with the other's from
+ * another: in a sweep, the ring timed at 4 MiB (224 ps/B) against the first, cold calls of 8 MiB
+ * direct (356) moved the class to the ring for the rest of 8 MiB, where direct ran at 180-210. */
 static int size_class(uint64_t bytes)
 {
     int k = 0;
-    for (uint64_t b = bytes / CMA_MIN; b >= 4 && k < KOLO_DIRECT_CLASSES - 1; b /= 4) k++;
+    for (uint64_t b = bytes / CMA_MIN; b >= 2 && k < KOLO_DIRECT_CLASSES - 1; b /= 2) k++;
     return k;
 }
 
-static kolo__choice *choice_for(kolo__mesh *m, uint64_t bytes) { return &m->direct[size_class(bytes)]; }
+static kolo__choice *choice_for(kolo__mesh *m, uint64_t bytes, bool ip) { return &m->direct[ip][size_class(bytes)]; }
 /* The store choice for mapped allreduces of about this size, in place or not: classes x4 from
  * ZC_MIN, as much of a call may still be in cache up to a few MiB. */
 static kolo__choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
@@ -250,13 +264,12 @@ static bool all_near(kolo__mesh *m, const kolo__group *g)
  * buffers by CMA needs none of them to run while it copies, where every step of the ring waits
  * for its peer to be scheduled. Intel Xeon VM, 2 vCPUs, 4 ranks, launches alternated (5 pairs),
  * direct against the ring: 128 KiB 0.57x the time, 512 KiB 0.65x, 2 MiB 0.73x, 8 MiB 0.93x. */
-static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes)
+static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip)
 {
     if (test_force >= 0) return test_force;
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
-    if (mode == 2) /* the transport's figures for messages of one member's block */
-        return kolo__choice_pick(choice_for(m, bytes), kolo__now_ns(), kolo__shm_faster_way(c1, bytes / (uint64_t)g->size, 125));
+    if (mode == 2) return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), ip ? PLAN_RING : PLAN_DIRECT, false);
     return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
@@ -365,7 +378,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     size_t es = kolo_dtype_size(dtype), count = 0;
     for (int k = 0; k < nseg; k++) count += segs[k].count;
     size_t bytes = count * es;
-    t->learn = false;
+    t->learn = t->in_place = false;
     t->start = 0;
     t->plan = PLAN_RING;
     if (bytes < ZC_MIN || n < 2 || nseg < 1 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
@@ -391,13 +404,13 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         me.nreg = 0;
         for (int k = 0; k < nseg; k++) sa[k].reg[0] = sa[k].reg[1] = -1;
     }
-    bool ip = in_place(segs, nseg);
-    if (r == 0 && bytes >= CMA_MIN) me.plan = plan_for(m, g, bytes);
+    bool ip = t->in_place = in_place(segs, nseg);
+    if (r == 0 && bytes >= CMA_MIN) me.plan = plan_for(m, g, bytes, ip);
     me.store = STORE_STREAM;
     if (r == 0 && me.mapped)
         me.store = test_store >= 0 ? test_store
                                    : kolo__choice_pick(store_choice_for(m, bytes, ip), kolo__now_ns(),
-                                            ip || bytes < STORE_CACHED_FIRST ? STORE_CACHED : STORE_STREAM);
+                                            ip || bytes < STORE_CACHED_FIRST ? STORE_CACHED : STORE_STREAM, true);
     memcpy(mine_ex, &me, sizeof(desc));
     size_t ones[MAX_MEMBERS];
     for (int i = 0; i < n; i++) ones[i] = 1;
@@ -424,7 +437,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         t->learn = r == 0 && bytes >= CMA_MIN && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
         t->plan = all[0].plan;
         if (t->learn) { /* not the first call of a class, nor the first after a change of way */
-            unsigned char *last = &m->direct_last[size_class(bytes)];
+            unsigned char *last = &m->direct_last[ip][size_class(bytes)];
             t->learn = *last == t->plan + 1;
             *last = (unsigned char)(t->plan + 1);
         }
@@ -555,7 +568,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
     } else {
         __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);
-        if (t->learn) kolo__choice_learn(choice_for(m, bytes), PLAN_DIRECT, t->start, bytes, "allreduce", WAYS_CMA);
+        if (t->learn) kolo__choice_learn(choice_for(m, bytes, ip), PLAN_DIRECT, t->start, bytes, ip ? "allreduce in place" : "allreduce", WAYS_CMA);
     }
     return KOLO_OK;
 }
@@ -564,5 +577,5 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
 {
     if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
     test_delay(PLAN_RING);
-    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes), PLAN_RING, t->start, t->bytes, "allreduce", WAYS_CMA);
+    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes, t->in_place), PLAN_RING, t->start, t->bytes, t->in_place ? "allreduce in place" : "allreduce", WAYS_CMA);
 }

@@ -401,9 +401,6 @@ static void test_delay(int way, uint64_t len)
     if (!test_virtual && delayed(way, len)) kolo__sleep_ns(test_delay_ns[way]);
 }
 
-/* The way choice's clock: the real one, or the made-up one. */
-static uint64_t adapt_now(const shm_priv *s) { return test_virtual ? s->vclock : kolo__now_ns(); }
-
 static bool enough(const way_choice *w, uint64_t msgs, uint64_t bytes)
 {
     return w->since_probe >= msgs || w->since_bytes >= bytes;
@@ -1501,18 +1498,6 @@ void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2])
     const shm_priv *s = c->priv;
     got[0] = s ? s->called[0] : 0;
     got[1] = s ? s->called[1] : 0;
-}
-
-int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pct)
-{
-    if (kolo__shm_cma_state(c) != 2) return -1;
-    const shm_priv *s = c->priv;
-    const way_choice *w = &s->cls[shm_class(s, bytes)];
-    uint64_t now = adapt_now(s), ring = w->cost_ps[0], cma = w->cost_ps[1];
-    if (!ring || !cma || now - w->cost_at[0] > PROBE_MAX_NS || now - w->cost_at[1] > PROBE_MAX_NS) return -1;
-    if (cma * margin_pct < ring * 100) return 1;
-    if (ring * margin_pct < cma * 100) return 0;
-    return -1;
 }
 
 size_t kolo__shm_ring_bytes(const kolo__conn *c)

@@ -127,7 +127,7 @@ typedef struct kolo__peer_info {
  * timings (kolo__choice_pick and kolo__choice_learn, coll/coll_util.c): how allreduces of this
  * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store their
  * results (coll/direct.c), how allgathers and alltoalls write their output (coll_util.c). */
-#define KOLO_DIRECT_CLASSES 6 /* 256 KiB-1 MiB, 1-4, 4-16, 16-64, 64-256, larger */
+#define KOLO_DIRECT_CLASSES 10 /* 256-512 KiB, 512 KiB-1 MiB, 1-2, ..., 64-128 MiB, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 #define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member call's bytes) */
@@ -138,7 +138,7 @@ typedef struct kolo__choice {
     uint64_t cost[2], at[2]; /* their median, and when the last came */
     int want, probing;       /* the way in use; calls of the other way still to run in a probe */
     int recheck;             /* calls of the way in use still to run after a probe, before its verdict */
-    bool hinted;             /* started from the transport's figures, before a probe of its own */
+    bool hinted;             /* started from a hint that waits for the first probe (wait) */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
     /* outside a probe, the way in use is left after this many calls in a row (0 counts as 1)
      * found it dearer than the other's last figure; dearer counts them */
@@ -174,8 +174,9 @@ struct kolo__mesh {
     /* this rank could not map another rank's shared buffer once: its allreduces no longer offer
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
-    kolo__choice direct[KOLO_DIRECT_CLASSES];
-    unsigned char direct_last[KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
+    /* allreduces out of place [0] and in place [1]: ring or direct by CMA, per size class */
+    kolo__choice direct[2][KOLO_DIRECT_CLASSES];
+    unsigned char direct_last[2][KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
@@ -317,10 +318,6 @@ uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 uint64_t kolo__shm_cma_sent(const kolo__conn *c);
 /* 2: c picks from timings; 1: sends large messages single-copy; 0: by ring but could; -1: cannot. */
 int kolo__shm_cma_state(const kolo__conn *c);
-/* Which way c's messages of about `bytes` from the peer are faster by at least margin_pct %
- * (125: by a quarter) by the receiver's current figures for their size class: 0 ring copies,
- * 1 single-copy, -1 no figures less than 2.56 s old for both, not that clear, or not choosing. */
-int kolo__shm_faster_way(const kolo__conn *c, uint64_t bytes, unsigned margin_pct);
 /* Reads [addr, addr + n) of process pid into dst with process_vm_readv, from *done on (advanced
  * as bytes arrive): 0, or the errno of the failed call (ENODATA: it read nothing). */
 int kolo__cma_read(int pid, void *dst, uint64_t addr, size_t n, size_t *done);
