@@ -351,14 +351,17 @@ static void cma_mode(int rank, void *arg)
     size_t count = (size_t)1 << 18; /* 1 MiB each way: above the single-copy threshold */
     float *x = malloc(count * 4), *y = malloc(count * 4 * (size_t)n);
     KT_ASSERT(x && y);
+    /* broadcasts from every rank in turn: the transport times their messages, where it leaves
+     * an allgather's (marked `single`) untimed */
     for (int it = 0; it < 48; it++) { /* the first probe comes after 8 messages by ring */
-        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 100 + (size_t)rank + (size_t)it);
-        KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
-        for (int r = 0; r < n; r++)
-            for (size_t i = 0; i < count; i++)
-                KT_ASSERTF(y[(size_t)r * count + i] == (float)(i % 100 + (size_t)r + (size_t)it), "iteration %d [%d][%zu]",
-                           it, r, i);
+        int root = it % n;
+        for (size_t i = 0; i < count; i++) x[i] = rank == root ? (float)(i % 100 + (size_t)it) : -1.0f;
+        KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, root, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(x[i] == (float)(i % 100 + (size_t)it), "iteration %d (root %d): [%zu] = %g", it, root, i,
+                       (double)x[i]);
     }
+    for (size_t i = 0; i < count; i++) x[i] = (float)(i % 100 + (size_t)rank + 47);
     KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     for (size_t i = 0; i < count; i++)
         KT_ASSERTF(y[i] == (float)(n * (int)(i % 100 + 47) + n * (n - 1) / 2), "[%zu] = %g", i, (double)y[i]);
@@ -383,12 +386,21 @@ KT_TEST(shm_cma_modes, 60)
     KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
 }
 
-/* One allgather of `count` floats between 2 ranks, the inputs marked with the iteration, and a
- * check of each block: the step the shm way-choice tests repeat while they count the ways. */
+/* One exchange of `count` floats between 2 ranks, as an allgather moves them (each rank's block
+ * to the other, its own copied into place), the inputs marked with the iteration, and a check of
+ * each block: the step the shm way-choice tests repeat while they count the ways. By the
+ * transport's own sends: kolo_allgather marks its sends `single`, which a choosing pair sends
+ * single-copy without timing them (shm.c, SINGLE_MIN). */
 static void allgather_step(int rank, float *x, float *y, size_t count, int it)
 {
     for (size_t i = 0; i < count; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
-    KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    kolo__xfer xs[2];
+    kolo__xfer *ptrs[2] = {&xs[0], &xs[1]};
+    kolo__isend(m, !rank, x, count * 4, &xs[0]);
+    kolo__irecv(m, !rank, y + (size_t)!rank * count, count * 4, &xs[1]);
+    memcpy(y + (size_t)rank * count, x, count * 4);
+    KT_OK(kolo__wait(m, ptrs, 2));
     for (int r = 0; r < 2; r++)
         KT_ASSERTF(y[(size_t)r * count + 5] == (float)(5 + r + it), "%zu floats, iteration %d, rank %d's block", count,
                    it, r);

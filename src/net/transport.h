@@ -64,9 +64,9 @@ struct kolo__xfer {
     bool stream;        /* a receive whose bytes are not read again soon: where the transport copies
                          * them (shm ring copies), it writes around the cache. Set after posting. */
     bool single;        /* a send whose bytes the receiver keeps and no rank forwards (alltoall,
-                         * the exchanges of allgather and reducescatter): a pair that keeps ring
-                         * copies because its host has more ranks than cores sends it
-                         * single-copy when large (shm.c). Set after posting. */
+                         * the exchanges of allgather and reducescatter): a pair that picks from
+                         * timings, or keeps ring copies because its host has more ranks than
+                         * cores, sends it single-copy when large (shm.c). Set after posting. */
     unsigned char way;  /* a send: how a pair that picks from timings sends it when large, chosen by
                          * the call (KOLO_WAY_*, coll_util.c "pair"); KOLO_WAY_AUTO leaves it to the
                          * transport. A receive: how it came, when the sender's call chose. Set by
