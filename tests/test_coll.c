@@ -495,6 +495,47 @@ static void auto_pair_done(float *x, float *y)
     KT_OK(kolo_shutdown());
 }
 
+/* With auto, the sends of an allgather's exchange (marked `single`: the receiver keeps the bytes)
+ * go single-copy as the call's choice from 32 KiB to 1 MiB, untimed; larger ones as the pair's
+ * timings say (shm.c, SINGLE_AUTO_MAX). Four allgathers of 256 KiB blocks must arrive as four
+ * called single-copy messages, two of 2 MiB blocks as none. */
+static void single_marked_sends(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t big = (size_t)1 << 19; /* floats: 2 MiB */
+    float *x = malloc(big * 4), *y = malloc(2 * big * 4);
+    KT_ASSERT(x && y);
+    for (int pass = 0; pass < 2; pass++) {
+        size_t count = pass ? big : (size_t)1 << 16; /* 256 KiB, then 2 MiB */
+        int calls = pass ? 2 : 4;
+        uint64_t before[2], after[2];
+        kolo__shm_call_received(c, before);
+        for (int it = 0; it < calls; it++) {
+            for (size_t i = 0; i < count; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
+            KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < 2; r++)
+                KT_ASSERTF(y[(size_t)r * count + 7] == (float)(7 + r + it), "%zu floats, call %d, block %d", count, it, r);
+        }
+        kolo__shm_call_received(c, after);
+        uint64_t single = after[1] - before[1], ring = after[0] - before[0];
+        KT_ASSERTF(single == (pass ? 0u : (uint64_t)calls) && ring == 0,
+                   "rank %d, allgathers of %zu-byte blocks: %llu called single-copy and %llu called ring messages came",
+                   rank, count * 4, (unsigned long long)single, (unsigned long long)ring);
+    }
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_single_marked_sends, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, single_marked_sends, NULL, &o, NULL), 0);
+}
+
 /* With auto, a pair keeps whichever way its messages take less time by, counted from when the
  * sender offers a message to when the receiver has it all. Make one way 20 ms slower per message
  * (ring copies on the sender's side, where only the sender's time stamp shows it) and after the
