@@ -1597,6 +1597,18 @@ KT_TEST(direct_cma_allreduce, 120)
     KT_EQ(kt_job(3, direct_cma, NULL, NULL, NULL), 0);
 }
 
+/* kolo_init, and the direct channel's mesh where this rank's pair picks between ring copies and
+ * CMA from timings; else NULL, the job shut down (rank 0 says the test skips). */
+static kolo__mesh *choosing_mesh(int rank)
+{
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (kolo__shm_cma_state(m->conns[!rank]) == 2) return m;
+    if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
+    KT_OK(kolo_shutdown());
+    return NULL;
+}
+
 /* With KOLO_SHM_CMA=auto, member 0 keeps the way its timings favour: a hook makes one way 30 ms
  * slower per call, and the other must carry at least 8 of the last 12 calls (the slow way runs
  * only in the first calls and in probes of 2 calls). Then the other way is the slow one, from a fresh
@@ -1606,13 +1618,8 @@ KT_TEST(direct_cma_allreduce, 120)
 static void direct_choice(int rank, void *arg)
 {
     (void)arg;
-    KT_OK(kolo_init());
-    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
-    if (kolo__shm_cma_state(m->conns[!rank]) != 2) {
-        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
-        KT_OK(kolo_shutdown());
-        return;
-    }
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
     size_t count = ((size_t)4 << 20) / 4;
     float *a = malloc(count * 4), *b = malloc(count * 4);
     KT_ASSERT(a && b);
@@ -1652,13 +1659,7 @@ KT_TEST(direct_choice_follows_timings, 120)
 static void direct_start_ways(int rank, void *arg)
 {
     (void)arg;
-    KT_OK(kolo_init());
-    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
-    if (kolo__shm_cma_state(m->conns[!rank]) != 2) {
-        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
-        KT_OK(kolo_shutdown());
-        return;
-    }
+    if (!choosing_mesh(rank)) return;
     size_t count = ((size_t)1 << 20) / 4;
     float *a = malloc(count * 4), *b = malloc(count * 4);
     KT_ASSERT(a && b);
@@ -1698,14 +1699,9 @@ static void pair_choice(int rank, void *arg)
 {
     (void)arg;
     enum { CALLS = 30 };
-    KT_OK(kolo_init());
-    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
     kolo__conn *c = m->conns[!rank];
-    if (kolo__shm_cma_state(c) != 2) {
-        if (rank == 0) printf("  (skipped: the pair does not choose between ring copies and CMA here)\n");
-        KT_OK(kolo_shutdown());
-        return;
-    }
     double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
     uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
     for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {

@@ -106,7 +106,7 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
 
 /* The way (0 or 1) to run the next call of the size class c by; `hint`, the way to start with,
  * or -1 (way 0), and `wait`, whether a hinted start waits out the usual interval before its first
- * probe (it is sure of itself) or probes as early as an unhinted one. Then kolo__choice_learn with the call's way, its
+ * probe or probes as early as an unhinted one. Then kolo__choice_learn with the call's way, its
  * start (kolo__now_ns), its bytes, and for the trace log what it was and the ways' names. */
 int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,

@@ -197,16 +197,19 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  * after a few calls (as an unhinted choice's does).
  *
  * Why these, and why in place apart: on an Intel Xeon guest (2 ranks, each way pinned, 4-6
- * launches of 20-50 calls alternated), direct took 0.67-0.85x the ring's time out of place at
- * every size from 256 KiB to 16 MiB, but in place 1.1-1.2x at 256-512 KiB, about the same at 1-4
- * MiB and 0.7x from 16 MiB. In place, the peers write a rank's own buffer, and the calls that
+ * launches of 20-50 calls alternated), direct took 0.59-0.94x the ring's time out of place at
+ * every size from 256 KiB to 16 MiB, but in place 1.1-1.2x at 256-512 KiB, about the same at 1-8
+ * MiB and 0.7x at 16 MiB. In place, the peers write a rank's own buffer, and the calls that
  * follow pay for it: the ring timed right after direct calls ran 200-220 ps/B against 160 warm,
  * so each way's timings in a probe hold debts of the other, and the way in use keeps a lead of
  * its own (a switch needs a 10 % gain). Until 2026-12 both kinds shared one class, which started
  * with the way the transport's figures for single messages favoured and then probed only after
  * 0.1 s: that left short launches out of place on the ring (256-512 KiB 1.3-1.6x direct's time)
  * although the transport's messages say nothing of what direct costs (it writes each block
- * from cache into the others' outputs once; the ring copies it through the pair's rings). */
+ * from cache into the others' outputs once; the ring copies it through the pair's rings). Where
+ * the ring wins (on the AMD VM with its vCPUs on one CCD, direct by reads took 1.2-1.5x its time
+ * before 2026-11-30; not measured since), the first probe moves a class there within a dozen
+ * calls. */
 
 /* what the two ways of each choice are called in the trace log */
 static const char *const WAYS_CMA[2] = {"the ring", "direct by CMA"};
@@ -269,7 +272,8 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip
     if (test_force >= 0) return test_force;
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
-    if (mode == 2) return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), ip ? PLAN_RING : PLAN_DIRECT, false);
+    if (mode == 2)
+        return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), ip ? PLAN_RING : PLAN_DIRECT, false);
     return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
