@@ -496,9 +496,9 @@ static void auto_pair_done(float *x, float *y)
 }
 
 /* With auto, the sends of an allgather's exchange (marked `single`: the receiver keeps the bytes)
- * go single-copy as the call's choice from 32 KiB to 1 MiB, untimed; larger ones as the pair's
- * timings say (shm.c, SINGLE_AUTO_MAX). Four allgathers of 256 KiB blocks must arrive as four
- * called single-copy messages, two of 2 MiB blocks as none. */
+ * go single-copy as the call's choice from the pair's threshold (32 KiB), untimed (shm.c,
+ * SINGLE_MIN). Allgathers of 16 KiB blocks must arrive as no called message, of 256 KiB and 2 MiB
+ * blocks as one called single-copy message each. */
 static void single_marked_sends(int rank, void *arg)
 {
     (void)arg;
@@ -508,9 +508,10 @@ static void single_marked_sends(int rank, void *arg)
     size_t big = (size_t)1 << 19; /* floats: 2 MiB */
     float *x = malloc(big * 4), *y = malloc(2 * big * 4);
     KT_ASSERT(x && y);
-    for (int pass = 0; pass < 2; pass++) {
-        size_t count = pass ? big : (size_t)1 << 16; /* 256 KiB, then 2 MiB */
-        int calls = pass ? 2 : 4;
+    const size_t counts[] = {(size_t)1 << 12, (size_t)1 << 16, big}; /* 16 KiB, 256 KiB, 2 MiB */
+    for (int pass = 0; pass < 3; pass++) {
+        size_t count = counts[pass];
+        int calls = 3;
         uint64_t before[2], after[2];
         kolo__shm_call_received(c, before);
         for (int it = 0; it < calls; it++) {
@@ -521,7 +522,7 @@ static void single_marked_sends(int rank, void *arg)
         }
         kolo__shm_call_received(c, after);
         uint64_t single = after[1] - before[1], ring = after[0] - before[0];
-        KT_ASSERTF(single == (pass ? 0u : (uint64_t)calls) && ring == 0,
+        KT_ASSERTF(single == (pass ? (uint64_t)calls : 0u) && ring == 0,
                    "rank %d, allgathers of %zu-byte blocks: %llu called single-copy and %llu called ring messages came",
                    rank, count * 4, (unsigned long long)single, (unsigned long long)ring);
     }

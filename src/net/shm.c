@@ -855,17 +855,20 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * MiB 540 / 352, 4 MiB 1109 / 885; the ring collectives (allgather, broadcast, reducescatter,
  * allreduce) lost 5-70 % single-copy.
  *
- * With auto, such sends of the pair's threshold (32 KiB) to SINGLE_AUTO_MAX go single-copy, as
- * their call's choice (SHM_FLAG_CALL: the receiver does not time them). The receiver's timing of a
- * message sees its own copy, not the sender's copy into the ring, and in an exchange both sides
- * do both: per message the ring looked close to single-copy, and short launches often settled on
- * it. Intel Xeon guest, vCPUs apart, 2 ranks, 5 rounds of 20-call launches: allgather and
- * alltoall 256-512 KiB 0.77-0.79x the time left to the transport, 128 KiB and 1-16 MiB
- * 0.95-1.03x; against Open MPI's 0.82-0.99x at every size from 128 KiB to 16 MiB (before:
- * 256-512 KiB 1.16-1.27x). Larger messages stay with the timings: with the vCPUs together,
- * single-copy lost from 4 MiB messages (allgather of 8 MiB 890 us against 777, README). */
+ * With auto, such sends from the pair's threshold (32 KiB) go single-copy, as their call's choice
+ * (SHM_FLAG_CALL: the receiver does not time them). The receiver's timing of a message sees its
+ * own copy, not the sender's copy into the ring, and in an exchange both sides do both: per
+ * message the ring looked close to single-copy, and short launches often settled on it. Intel
+ * Xeon guest, vCPUs apart, 2 ranks, 5 rounds of 20-call launches: allgather and alltoall 256-512
+ * KiB 0.77-0.79x the time left to the transport, 128 KiB and 1-16 MiB 0.95-1.03x; against Open
+ * MPI's 0.82-0.99x at every size from 128 KiB to 16 MiB (before: 256-512 KiB 1.16-1.27x). Capped
+ * at 1 MiB messages for a run (2026-11-30_2137), the larger ones lost more than they had: the
+ * transport no longer decided the small classes, whose decisions seeded the larger ones, and
+ * those started on the ring (alltoall 4-16 MiB 0.75-0.79x Open MPI's busbw); uncapped against
+ * capped, 5 rounds: 2-16 MiB 0.82-1.00x the time, at or below Open MPI's at every size. Once, on
+ * another day and build, with the vCPUs together, single-copy from 2 MiB lost to the timings'
+ * choice (allgather of 8 MiB 890 us against 777, README): not seen since. */
 #define SINGLE_MIN ((size_t)128 << 10)
-#define SINGLE_AUTO_MAX ((size_t)1 << 20)
 #define LINE 64
 #define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
 /* A streamed payload is copied in and out in steps of at most this, each published at once, so
@@ -923,7 +926,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         if (x->hdr_done == 0) {
             bool large = x->len >= s->cma_threshold;
             /* the call chose its way, or (auto) marked the send `single`: single-copy (SINGLE_MIN) */
-            int way = x->way == KOLO_WAY_AUTO && x->single && x->len <= SINGLE_AUTO_MAX ? KOLO_WAY_SINGLE : x->way;
+            int way = x->way == KOLO_WAY_AUTO && x->single ? KOLO_WAY_SINGLE : x->way;
             bool called = large && s->adapt && way != KOLO_WAY_AUTO;
             bool cma = large && (called   ? way == KOLO_WAY_SINGLE
                                  : s->adapt ? ((atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) >>
