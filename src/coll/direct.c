@@ -228,6 +228,8 @@ static int size_class(uint64_t bytes)
 }
 
 static kolo__choice *choice_for(kolo__mesh *m, uint64_t bytes, bool ip) { return &m->direct[ip][size_class(bytes)]; }
+/* what a call of that choice is called in the trace log */
+static const char *choice_what(bool ip) { return ip ? "allreduce in place" : "allreduce"; }
 /* The store choice for mapped allreduces of about this size, in place or not: classes x4 from
  * ZC_MIN, as much of a call may still be in cache up to a few MiB. */
 static kolo__choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
@@ -572,7 +574,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         KOLO_DEBUG("allreduce of %zu bytes read the other %d ranks' shared buffers directly", bytes, n - 1);
     } else {
         __atomic_fetch_add(&cma_runs, 1, __ATOMIC_RELAXED);
-        if (t->learn) kolo__choice_learn(choice_for(m, bytes, ip), PLAN_DIRECT, t->start, bytes, ip ? "allreduce in place" : "allreduce", WAYS_CMA);
+        if (t->learn) kolo__choice_learn(choice_for(m, bytes, ip), PLAN_DIRECT, t->start, bytes, choice_what(ip), WAYS_CMA);
     }
     return KOLO_OK;
 }
@@ -581,5 +583,5 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
 {
     if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
     test_delay(PLAN_RING);
-    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes, t->in_place), PLAN_RING, t->start, t->bytes, t->in_place ? "allreduce in place" : "allreduce", WAYS_CMA);
+    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes, t->in_place), PLAN_RING, t->start, t->bytes, choice_what(t->in_place), WAYS_CMA);
 }

@@ -50,9 +50,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "faster (ring copies win while two cores share a cache, single-copy across CCDs or sockets "
                           "and, on some CPUs, for messages of 256 KiB and more); ranks on a "
                           "host with more ranks than cores use the ring, but send alltoall's messages of 128 KiB and "
-                          "more single-copy (one copy instead of two where the cores are short). Allreduces of 4 MiB "
-                          "and more among ranks of one host choose the same way between the ring and each rank reading the others' buffers "
-                          "directly (1: always direct, 0: never)"},
+                          "more single-copy (one copy instead of two where the cores are short); with auto, alltoall's "
+                          "messages and allgather's exchanges, which the receiver keeps, go single-copy from 32 KiB. "
+                          "Allreduces of 256 KiB and more among ranks of one host choose the same way between the ring "
+                          "and each rank reading and writing the others' buffers directly (process_vm_readv/writev; "
+                          "out of place starting direct, in place with the ring; 1: always direct, 0: never; a host "
+                          "with more ranks than cores: always direct)"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores"},
