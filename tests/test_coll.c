@@ -1686,6 +1686,115 @@ KT_TEST(direct_choice_starts_apart_in_place, 60)
     KT_EQ(kt_job(2, direct_start_ways, NULL, &o, NULL), 0);
 }
 
+/* 2-member allreduces out of place below 256 KiB run the one-round exchange or the ring, as
+ * member 0 chooses over shared memory (direct.c, "the exchange"): forced each way, the results
+ * are exact and the exchange runs (counted) only where chosen; in place, and at 256 KiB, never;
+ * with a prescale (no descriptor exchange) always; with every buffer from kolo_mem_alloc the
+ * members map each other's instead. Over TCP (arg not NULL) out of place below 256 KiB always. */
+static float px_val(size_t i, int r) { return (float)((i * 5 + (size_t)r * 3) % 511); }
+
+static void px_check(const float *b, size_t count, float mul, const char *what)
+{
+    for (size_t i = 0; i < count; i++) {
+        float want = mul * (px_val(i, 0) + px_val(i, 1));
+        KT_ASSERTF(b[i] == want, "%s, %zu elements [%zu]: %g, want %g", what, count, i, (double)b[i], (double)want);
+    }
+}
+
+static void pair_exchange(int rank, void *arg)
+{
+    bool tcp = arg != NULL;
+    KT_OK(kolo_init());
+    size_t count = ((size_t)128 << 10) / 4 + 3, big = ((size_t)256 << 10) / 4;
+    float *a = malloc(big * 4), *b = malloc(big * 4);
+    KT_ASSERT(a && b);
+    for (int force = 0; force < 2; force++) {
+        kolo__direct_test_force_exchange(force);
+        for (size_t i = 0; i < count; i++) a[i] = px_val(i, rank);
+        uint64_t before = kolo__coll_pair_exchange_runs();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_ASSERTF(kolo__coll_pair_exchange_runs() == before + (tcp || force), "%s: %llu exchanges",
+                   force ? "exchange chosen" : "ring chosen",
+                   (unsigned long long)(kolo__coll_pair_exchange_runs() - before));
+        px_check(b, count, 1, force ? "exchange chosen" : "ring chosen");
+    }
+    uint64_t before = kolo__coll_pair_exchange_runs();
+    KT_OK(kolo_allreduce(b, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    px_check(b, count, 2, "in place");
+    for (size_t i = 0; i < big; i++) a[i] = px_val(i, rank);
+    KT_OK(kolo_allreduce(a, b, big, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    px_check(b, big, 1, "256 KiB");
+    KT_EQ(kolo__coll_pair_exchange_runs(), before);
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 2, 0.5, KOLO_WORLD));
+    KT_EQ(kolo__coll_pair_exchange_runs(), before + 1);
+    px_check(b, count, 1, "prescaled");
+    if (!tcp) {
+        float *ma = kolo_mem_alloc(count * 4), *mb = kolo_mem_alloc(count * 4);
+        KT_ASSERT(ma && mb);
+        for (size_t i = 0; i < count; i++) ma[i] = px_val(i, rank);
+        uint64_t zc = kolo__zc_runs();
+        KT_OK(kolo_allreduce(ma, mb, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(kolo__zc_runs(), zc + 1);
+        KT_EQ(kolo__coll_pair_exchange_runs(), before + 1);
+        px_check(mb, count, 1, "mapped");
+        KT_OK(kolo_mem_free(ma));
+        KT_OK(kolo_mem_free(mb));
+    }
+    kolo__direct_test_force_exchange(-1);
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_out_of_place, 60)
+{
+    KT_EQ(kt_job(2, pair_exchange, NULL, NULL, NULL), 0);
+    kt_job_opts t = {.tcp_only = 1};
+    KT_EQ(kt_job(2, pair_exchange, (void *)1, &t, NULL), 0);
+}
+
+/* Over shared memory, member 0 keeps the way its timings favour between the ring and the
+ * exchange, and both members follow it (the results stay exact): a hook makes one way 30 ms
+ * slower per call, and the other must carry at least 8 of the last 12 calls, from a fresh choice
+ * each time (as direct_choice). Skips where the pair cannot read by CMA (no direct calls there). */
+static void pair_exchange_choice(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (kolo__shm_cma_state(m->conns[!rank]) < 0) {
+        if (rank == 0) printf("  (skipped: the pair cannot read by CMA here)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    size_t count = ((size_t)128 << 10) / 4;
+    float *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < count; i++) a[i] = px_val(i, rank);
+    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
+    uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    for (int slow = 0; slow < 2; slow++) {
+        memset(m->exchange, 0, sizeof(m->exchange));
+        memset(m->exchange_last, 0, sizeof(m->exchange_last));
+        kolo__direct_test_delay_exchange(slow, delay_ns);
+        int exchanged = 0;
+        for (int call = 0; call < 24; call++) {
+            uint64_t before = kolo__coll_pair_exchange_runs();
+            KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            if (call >= 12) exchanged += kolo__coll_pair_exchange_runs() != before;
+        }
+        kolo__direct_test_delay_exchange(slow, 0);
+        px_check(b, count, 1, "chosen");
+        KT_ASSERTF(slow == 0 ? exchanged >= 8 : exchanged <= 4, "%s slowed by %.0f ms: %d of the last 12 calls exchanged",
+                   slow ? "the exchange" : "the ring", (double)delay_ns * 1e-6, exchanged);
+    }
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_choice_follows_timings, 120) { KT_EQ(kt_job(2, pair_exchange_choice, NULL, NULL, NULL), 0); }
+
 /* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group go the way member 0's timings
  * of whole calls favour,
  * and both members send every call the same way (coll_util.c, "pair"): a hook makes calls by

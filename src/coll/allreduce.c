@@ -6,6 +6,8 @@
  *    combines all n buffers in member order 0..n-1, so every member computes the same bits.
  *    One round trip, n-1 messages each way: the latency optimum for a few ranks. Except tiny
  *    buffers on 4 or 8 members of a job with a TCP pair on an oversubscribed host (kolo__coll_doubling_world).
+ *    On 2 members out of place the exchange also runs above that, below PAIR_EXCHANGE_BELOW, where
+ *    member 0 chooses it over the ring (below; direct.c, "the exchange").
  *  - Otherwise recursive doubling: log2(n) rounds in which partners swap what they hold and
  *    both combine the lower member's part first, so the two hold the same bits after every
  *    round and all members do at the end. Each member moves and combines its buffer log2(n)
@@ -43,6 +45,27 @@ size_t kolo__coll_small_max(void)
     size_t r = atomic_load_explicit(&v, memory_order_relaxed);
     if (r == (size_t)-1) {
         r = kolo__setting_bytes(KOLO_SET_SMALL_ALLREDUCE_MAX);
+        atomic_store_explicit(&v, r, memory_order_relaxed);
+    }
+    return r;
+}
+
+/* 2-member allreduces below this size may run the one-round exchange instead of the ring (over
+ * shared memory as member 0's timings choose, direct.c "the exchange"; over TCP always: Intel
+ * Xeon VM, 2 ranks, 3 launches alternated, 128 KiB 41-44 us against the ring's 44-51), unless the
+ * user set KOLO_SMALL_ALLREDUCE_MAX. */
+#define PAIR_EXCHANGE_BELOW ((size_t)256 << 10)
+
+static uint64_t pair_exchange_runs;
+
+uint64_t kolo__coll_pair_exchange_runs(void) { return __atomic_load_n(&pair_exchange_runs, __ATOMIC_RELAXED); }
+
+static size_t pair_exchange_below(void)
+{
+    static _Atomic size_t v = (size_t)-1; /* as kolo__coll_small_max */
+    size_t r = atomic_load_explicit(&v, memory_order_relaxed);
+    if (r == (size_t)-1) {
+        r = kolo__setting_is_set(KOLO_SET_SMALL_ALLREDUCE_MAX) ? 0 : PAIR_EXCHANGE_BELOW;
         atomic_store_explicit(&v, r, memory_order_relaxed);
     }
     return r;
@@ -88,7 +111,7 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
     }
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
-    const char *src[8]; /* n <= 8 here */
+    const char *src[8] = {NULL}; /* n <= 8 here */
     int k = 0;
     /* what we overwrite goes by ring copies (above) */
     unsigned char way = m->call_way;
@@ -196,11 +219,18 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
 
     /* every member on this host: maybe read the others' buffers directly */
-    kolo__direct_ticket ticket = {0};
+    kolo__direct_ticket ticket = {.can_exchange = n == 2 && send != recv && count * es < pair_exchange_below()};
     if (pre == 1.0) {
         kolo__seg whole = {send, recv, count};
         int z = kolo__direct_allreduce(m, g, &whole, 1, dtype, op, post, &ticket);
         if (z != KOLO_DIRECT_DECLINED) return z;
+    }
+    /* member 0 chose (over shared memory), or no one could: the size says */
+    if (ticket.start ? ticket.exchange : ticket.can_exchange) {
+        __atomic_fetch_add(&pair_exchange_runs, 1, __ATOMIC_RELAXED);
+        int st = allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+        kolo__direct_ring_done(m, &ticket, st);
+        return st;
     }
 
     size_t offs[1024], cnts[1024];

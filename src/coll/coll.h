@@ -61,14 +61,18 @@ int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, voi
 /* Allreduce reading and writing the other members' buffers directly (direct.c), when every
  * member is on this host and the call has 64 KiB or more: mapped when all pass kolo_mem_alloc
  * buffers, else by CMA from 256 KiB when member 0 chooses so. Returns KOLO_DIRECT_DECLINED (on
- * every member alike) when the ring should run, else the collective's status. After a declined
- * call the caller runs the ring and then calls kolo__direct_ring_done with the ticket, which
- * times it for the choice. */
+ * every member alike) when the ring should run (the exchange, where the ticket says so), else the
+ * collective's status. After a declined call the caller runs the ring (or the exchange) and
+ * then calls kolo__direct_ring_done with the ticket, which times it for the choice. */
 #define KOLO_DIRECT_DECLINED 1
 typedef struct kolo__direct_ticket {
     uint64_t start, bytes;
     int plan;
     bool learn, in_place;
+    bool can_exchange; /* in: 2 members, out of place, below 256 KiB: the caller can run the
+                        * one-round exchange instead of the ring, if member 0 chooses it (direct.c,
+                        * "the exchange") */
+    bool exchange;     /* out, declined: member 0 chose the exchange */
 } kolo__direct_ticket;
 /* One part of a virtual buffer: count elements read from src, results written to dst (src may
  * equal dst). */
@@ -85,6 +89,9 @@ void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int sta
 /* How many allreduces in this process mapped the others' buffers, and read them by CMA (tests). */
 uint64_t kolo__zc_runs(void);
 uint64_t kolo__direct_cma_runs(void);
+/* How many 2-member allreduces in this process ran the one-round exchange above the small ones
+ * (allreduce.c, PAIR_EXCHANGE_BELOW; tests). */
+uint64_t kolo__coll_pair_exchange_runs(void);
 /* How many mapped allreduces (in place or not) stored their results through the cache, and in
  * how many this member reached every member's buffers through its mappings alone (tests). */
 uint64_t kolo__zc_cached_runs(void);
@@ -96,6 +103,11 @@ void kolo__direct_test_force(int plan);
 void kolo__direct_test_fail_read(int nth);
 void kolo__direct_test_fail_write(int nth);
 void kolo__direct_test_delay(int plan, uint64_t ns);
+/* Test hooks: member 0 plans the ring (0) or the one-round exchange (1) for a call that can take
+ * either instead of choosing (-1); each such call by the ring (0) or the exchange (1) takes ns
+ * longer. */
+void kolo__direct_test_force_exchange(int way);
+void kolo__direct_test_delay_exchange(int way, uint64_t ns);
 /* Test hooks for mapped allreduces in place: member 0 plans streaming stores (0) or cached ones
  * (1) instead of choosing (-1); each such call with streaming (0) or cached (1) stores takes ns
  * longer. */

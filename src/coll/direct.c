@@ -135,7 +135,7 @@
 #define MAX_MEMBERS 16
 _Static_assert(2 * MAX_REGIONS * (MAX_MEMBERS - 1) <= KOLO_MEM_PEER_MAPS, "peer map cache too small for the members");
 
-enum { PLAN_RING = 0, PLAN_DIRECT = 1 };
+enum { PLAN_RING = 0, PLAN_DIRECT = 1, PLAN_EXCHANGE = 2 };
 enum { STORE_STREAM = 0, STORE_CACHED = 1 };
 
 typedef struct desc {
@@ -176,8 +176,8 @@ uint64_t kolo__zc_cached_runs(void) { return __atomic_load_n(&zc_cached_runs, __
 uint64_t kolo__zc_push_runs(void) { return __atomic_load_n(&zc_push_runs, __ATOMIC_RELAXED); }
 
 /* test hooks */
-static int test_force = -1, test_fail_read, test_fail_write, test_store = -1;
-static uint64_t test_delay_ns[2], test_store_delay_ns[2];
+static int test_force = -1, test_fail_read, test_fail_write, test_store = -1, test_exchange = -1;
+static uint64_t test_delay_ns[3], test_store_delay_ns[2]; /* per plan */
 
 void kolo__direct_test_force(int plan) { test_force = plan; }
 void kolo__direct_test_fail_read(int nth) { test_fail_read = nth; }
@@ -185,6 +185,8 @@ void kolo__direct_test_fail_write(int nth) { test_fail_write = nth; }
 void kolo__direct_test_delay(int plan, uint64_t ns) { test_delay_ns[plan != 0] = ns; }
 void kolo__direct_test_force_store(int mode) { test_store = mode; }
 void kolo__direct_test_delay_store(int mode, uint64_t ns) { test_store_delay_ns[mode != 0] = ns; }
+void kolo__direct_test_force_exchange(int way) { test_exchange = way; }
+void kolo__direct_test_delay_exchange(int way, uint64_t ns) { test_delay_ns[way ? PLAN_EXCHANGE : PLAN_RING] = ns; }
 
 static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
 
@@ -213,6 +215,7 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
 
 /* what the two ways of each choice are called in the trace log */
 static const char *const WAYS_CMA[2] = {"the ring", "direct by CMA"};
+static const char *const WAYS_EXCHANGE[2] = {"the ring", "the exchange"};
 static const char *const WAYS_STORE[2] = {"streaming stores", "cached stores"};
 
 /* The choice for allreduces of about this size: a ring of 4-16 MiB runs largely in cache, one of
@@ -230,6 +233,38 @@ static int size_class(uint64_t bytes)
 static kolo__choice *choice_for(kolo__mesh *m, uint64_t bytes, bool ip) { return &m->direct[ip][size_class(bytes)]; }
 /* what a call of that choice is called in the trace log */
 static const char *choice_what(bool ip) { return ip ? "allreduce in place" : "allreduce"; }
+
+/* ---- the exchange: 2 members, out of place, below CMA_MIN ----
+ *
+ * On 2 members the one-round exchange (allreduce.c: each sends the other its whole buffer and
+ * combines both) moves the ring's bytes, the whole buffer once each way where the ring sends half
+ * of it twice, in one round instead of two, and sends straight from the caller's buffer, which the
+ * transport may then send single-copy; but it combines the whole buffer where the ring combines
+ * half, and copies it all through the receiver's scratch. Which is faster depends on the machine's
+ * state: on an Intel Xeon guest, 2 ranks, vCPUs apart (shared-memory ping 0.13-0.16 us), 8
+ * launches alternated, out of place 128 KiB 12-19 us against the ring's 26-30, in place 19-31
+ * against 27-33, 256 KiB alike (direct by CMA or the ring); minutes later, the ping at 0.20 us,
+ * out of place 20-31 against 20-22 and in place 27-30 against 19-22, 256 KiB in place 58 against
+ * 32-38. So where the caller can run it (the ticket's can_exchange: 2 members, out of place, below
+ * 256 KiB, KOLO_SMALL_ALLREDUCE_MAX left at its default) and the buffers are not all mapped,
+ * member 0 chooses between the ring and the exchange from the calls' timings as for CMA above,
+ * per class (x2 from ZC_MIN), starting with the exchange; its choice travels in its descriptor,
+ * which these calls exchanged before anyway. Not in place: there a choice timed both ways alike
+ * (260-330 ps/B at 128 KiB) and took the exchange while the launches ran 1.2x the ring's time. */
+static int exchange_class(uint64_t bytes) { return bytes > 2 * ZC_MIN; }
+
+static bool exchange_range(const kolo__direct_ticket *t, int n, uint64_t bytes, bool ip)
+{
+    return t->can_exchange && n == 2 && bytes < CMA_MIN && !ip;
+}
+
+static int exchange_plan_for(kolo__mesh *m, uint64_t bytes)
+{
+    int way = test_exchange >= 0 ? test_exchange
+                                 : kolo__choice_pick(&m->exchange[exchange_class(bytes)], kolo__now_ns(), 1, false);
+    return way ? PLAN_EXCHANGE : PLAN_RING;
+}
+
 /* The store choice for mapped allreduces of about this size, in place or not: classes x4 from
  * ZC_MIN, as much of a call may still be in cache up to a few MiB. */
 static kolo__choice *store_choice_for(kolo__mesh *m, uint64_t bytes, bool ip)
@@ -384,7 +419,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     size_t es = kolo_dtype_size(dtype), count = 0;
     for (int k = 0; k < nseg; k++) count += segs[k].count;
     size_t bytes = count * es;
-    t->learn = t->in_place = false;
+    t->learn = t->in_place = t->exchange = false;
     t->start = 0;
     t->plan = PLAN_RING;
     if (bytes < ZC_MIN || n < 2 || nseg < 1 || !all_near(m, g)) return KOLO_DIRECT_DECLINED;
@@ -412,6 +447,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     }
     bool ip = t->in_place = in_place(segs, nseg);
     if (r == 0 && bytes >= CMA_MIN) me.plan = plan_for(m, g, bytes, ip);
+    else if (r == 0 && exchange_range(t, n, bytes, ip)) me.plan = exchange_plan_for(m, bytes);
     me.store = STORE_STREAM;
     if (r == 0 && me.mapped)
         me.store = test_store >= 0 ? test_store
@@ -439,11 +475,16 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         mapped = mapped && all[i].mapped;
     }
     if (st == KOLO_OK && !mapped) {
-        /* member 0 times this call either way; by the ring, kolo__direct_ring_done does */
-        t->learn = r == 0 && bytes >= CMA_MIN && test_force < 0 && kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
+        /* member 0 times this call either way; by the ring or the exchange,
+         * kolo__direct_ring_done does */
+        bool exch = exchange_range(t, n, bytes, ip);
+        t->learn = r == 0 && (exch ? test_exchange < 0
+                                 : bytes >= CMA_MIN && test_force < 0 &&
+                                       kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2);
         t->plan = all[0].plan;
+        t->exchange = n == 2 && all[0].plan == PLAN_EXCHANGE;
         if (t->learn) { /* not the first call of a class, nor the first after a change of way */
-            unsigned char *last = &m->direct_last[ip][size_class(bytes)];
+            unsigned char *last = exch ? &m->exchange_last[exchange_class(bytes)] : &m->direct_last[ip][size_class(bytes)];
             t->learn = *last == t->plan + 1;
             *last = (unsigned char)(t->plan + 1);
         }
@@ -581,7 +622,12 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
 
 void kolo__direct_ring_done(kolo__mesh *m, const kolo__direct_ticket *t, int st)
 {
-    if (!t->start || t->plan != PLAN_RING) return; /* not a candidate */
-    test_delay(PLAN_RING);
-    if (t->learn && st == KOLO_OK) kolo__choice_learn(choice_for(m, t->bytes, t->in_place), PLAN_RING, t->start, t->bytes, choice_what(t->in_place), WAYS_CMA);
+    if (!t->start || t->plan == PLAN_DIRECT) return; /* not a candidate */
+    test_delay(t->exchange ? PLAN_EXCHANGE : PLAN_RING);
+    if (!t->learn || st != KOLO_OK) return;
+    if (t->bytes < CMA_MIN)
+        kolo__choice_learn(&m->exchange[exchange_class(t->bytes)], t->exchange, t->start, t->bytes, "allreduce",
+                           WAYS_EXCHANGE);
+    else
+        kolo__choice_learn(choice_for(m, t->bytes, t->in_place), PLAN_RING, t->start, t->bytes, choice_what(t->in_place), WAYS_CMA);
 }

@@ -63,7 +63,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                       "allreduces up to this many bytes use the latency-optimal algorithm (Adasum "
                                       "too, on at most 8 ranks), larger ones the ring (or, from 64K, when every "
                                       "rank of one host passes kolo_mem_alloc buffers, each rank reading and "
-                                      "writing the others' directly)"},
+                                      "writing the others' directly); left unset, 2-rank allreduces out of place "
+                                      "below 256K may run the one-round exchange too, as rank 0's timings choose "
+                                      "(over TCP always)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",

@@ -130,6 +130,7 @@ typedef struct kolo__peer_info {
 #define KOLO_DIRECT_CLASSES 10 /* 256-512 KiB, 512 KiB-1 MiB, 1-2, ..., 64-128 MiB, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
+#define KOLO_EXCHANGE_CLASSES 2 /* 64-128 KiB, 128-256 KiB */
 #define KOLO_PAIR_CLASSES 12  /* 64-128 KiB, ..., 64-128 MiB, larger (a 2-member call's bytes) */
 #define KOLO_PAIR_KINDS 1     /* reduce-scatters (KOLO_PAIR_*, coll.h) */
 #define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
@@ -177,6 +178,9 @@ struct kolo__mesh {
     /* allreduces out of place [0] and in place [1]: ring or direct by CMA, per size class */
     kolo__choice direct[2][KOLO_DIRECT_CLASSES];
     unsigned char direct_last[2][KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
+    /* 2-member allreduces out of place below that: ring or one-round exchange */
+    kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
+    unsigned char exchange_last[KOLO_EXCHANGE_CLASSES];
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
