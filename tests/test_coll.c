@@ -1688,9 +1688,11 @@ KT_TEST(direct_choice_starts_apart_in_place, 60)
 
 /* 2-member allreduces out of place below 256 KiB run the one-round exchange or the ring, as
  * member 0 chooses over shared memory (direct.c, "the exchange"): forced each way, the results
- * are exact and the exchange runs (counted) only where chosen; in place, and at 256 KiB, never;
+ * are exact and the exchange runs (counted) only where chosen, its message single-copy where the
+ * pair picks from timings; in place, and at 256 KiB, never;
  * with a prescale (no descriptor exchange) always; with every buffer from kolo_mem_alloc the
- * members map each other's instead. Over TCP (arg not NULL) out of place below 256 KiB always. */
+ * members map each other's instead. Over TCP (arg not NULL), or where the pair cannot read by CMA
+ * (no direct calls), out of place below 256 KiB always. */
 static float px_val(size_t i, int r) { return (float)((i * 5 + (size_t)r * 3) % 511); }
 
 static void px_check(const float *b, size_t count, float mul, const char *what)
@@ -1708,15 +1710,23 @@ static void pair_exchange(int rank, void *arg)
     size_t count = ((size_t)128 << 10) / 4 + 3, big = ((size_t)256 << 10) / 4;
     float *a = malloc(big * 4), *b = malloc(big * 4);
     KT_ASSERT(a && b);
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[!rank];
+    bool near = !tcp && kolo__shm_cma_state(c) >= 0, picks = near && kolo__shm_cma_state(c) == 2;
     for (int force = 0; force < 2; force++) {
         kolo__direct_test_force_exchange(force);
         for (size_t i = 0; i < count; i++) a[i] = px_val(i, rank);
-        uint64_t before = kolo__coll_pair_exchange_runs();
+        uint64_t before = kolo__coll_pair_exchange_runs(), got0[2], got1[2];
+        if (picks) kolo__shm_call_received(c, got0);
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-        KT_ASSERTF(kolo__coll_pair_exchange_runs() == before + (tcp || force), "%s: %llu exchanges",
+        KT_ASSERTF(kolo__coll_pair_exchange_runs() == before + (!near || force), "%s: %llu exchanges",
                    force ? "exchange chosen" : "ring chosen",
                    (unsigned long long)(kolo__coll_pair_exchange_runs() - before));
         px_check(b, count, 1, force ? "exchange chosen" : "ring chosen");
+        if (picks && force) { /* its one message came single-copy, as the call chose */
+            kolo__shm_call_received(c, got1);
+            KT_ASSERTF(got1[1] - got0[1] == 1 && got1[0] == got0[0], "received %llu single-copy, %llu by ring",
+                       (unsigned long long)(got1[1] - got0[1]), (unsigned long long)(got1[0] - got0[0]));
+        }
     }
     uint64_t before = kolo__coll_pair_exchange_runs();
     KT_OK(kolo_allreduce(b, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
@@ -1728,7 +1738,7 @@ static void pair_exchange(int rank, void *arg)
     KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 2, 0.5, KOLO_WORLD));
     KT_EQ(kolo__coll_pair_exchange_runs(), before + 1);
     px_check(b, count, 1, "prescaled");
-    if (!tcp) {
+    if (near) {
         float *ma = kolo_mem_alloc(count * 4), *mb = kolo_mem_alloc(count * 4);
         KT_ASSERT(ma && mb);
         for (size_t i = 0; i < count; i++) ma[i] = px_val(i, rank);

@@ -93,9 +93,15 @@ static void combine_in_order(void *dst, const char *const *src, int n, size_t co
  * receiver timed the message at 150 ps/B single-copy against 220. Until 2026-12 the copy was made
  * always, and a pair that chose single-copy for the size paid that in every call: kolo-bench 8
  * B-64 KiB, 8 launches alternated, 64 KiB out of place 26.3 us before, 10.4 after (Open MPI
- * 25.8), 4-32 KiB 0.87-0.93x the time. */
+ * 25.8), 4-32 KiB 0.87-0.93x the time.
+ *
+ * `single` (the 2-member exchange above the small sizes, PAIR_EXCHANGE_BELOW): out of place, the
+ * sends straight from `send` are marked single (the peer keeps the bytes and forwards none), so a
+ * pair that picks from timings sends them single-copy as the call's choice. Left to the pair,
+ * a launch starting at 128 KiB probed single-copy once, on cold pages (208 ps/B against the ring's
+ * 145), and kept the ring for the rest: 17-19 us a call against 11.7-13 marked. */
 static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
-                           kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+                           kolo_dtype_t dtype, kolo_op_t op, double pre, double post, bool single)
 {
     int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype), bytes = count * es;
@@ -119,7 +125,8 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
     for (int i = 0; i < n; i++) {
         src[i] = i == r ? own : tmp + stride * (size_t)i;
         if (i == r) continue;
-        kolo__isend(m, kolo__g2w(g, i), own, bytes, &xs[k++]);
+        kolo__isend(m, kolo__g2w(g, i), own, bytes, &xs[k]);
+        xs[k++].single = single && own == send && recv != send;
         kolo__irecv(m, kolo__g2w(g, i), tmp + stride * (size_t)i, bytes, &xs[k++]);
     }
     m->call_way = way;
@@ -214,7 +221,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
      * recursive doubling; large: the ring */
     if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))
-            return allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+            return allreduce_small(m, g, send, recv, count, dtype, op, pre, post, false);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
     }
 
@@ -228,7 +235,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* member 0 chose (over shared memory), or no one could: the size says */
     if (ticket.start ? ticket.exchange : ticket.can_exchange) {
         __atomic_fetch_add(&pair_exchange_runs, 1, __ATOMIC_RELAXED);
-        int st = allreduce_small(m, g, send, recv, count, dtype, op, pre, post);
+        int st = allreduce_small(m, g, send, recv, count, dtype, op, pre, post, true);
         kolo__direct_ring_done(m, &ticket, st);
         return st;
     }

@@ -249,7 +249,8 @@ static const char *choice_what(bool ip) { return ip ? "allreduce in place" : "al
  * 256 KiB, KOLO_SMALL_ALLREDUCE_MAX left at its default) and the buffers are not all mapped,
  * member 0 chooses between the ring and the exchange from the calls' timings as for CMA above,
  * per class (x2 from ZC_MIN), starting with the exchange; its choice travels in its descriptor,
- * which these calls exchanged before anyway. Not in place: there a choice timed both ways alike
+ * which these calls exchanged before anyway. The exchange's sends go single-copy under auto
+ * (allreduce.c, `single`). Not in place: there a choice timed both ways alike
  * (260-330 ps/B at 128 KiB) and took the exchange while the launches ran 1.2x the ring's time. */
 static int exchange_class(uint64_t bytes) { return bytes > 2 * ZC_MIN; }
 
