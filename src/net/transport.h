@@ -125,8 +125,9 @@ typedef struct kolo__peer_info {
 
 /* A choice between two ways of running a collective of about one size, made from the calls' own
  * timings (kolo__choice_pick and kolo__choice_learn, coll/coll_util.c): how allreduces of this
- * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store their
- * results (coll/direct.c), how allgathers and alltoalls write their output (coll_util.c). */
+ * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store
+ * their results, whether 2-member ones run the one-round exchange (coll/direct.c), how
+ * allgathers and alltoalls write their output (coll_util.c). */
 #define KOLO_DIRECT_CLASSES 10 /* 256-512 KiB, 512 KiB-1 MiB, 1-2, ..., 64-128 MiB, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
@@ -178,11 +179,11 @@ struct kolo__mesh {
     /* allreduces out of place [0] and in place [1]: ring or direct by CMA, per size class */
     kolo__choice direct[2][KOLO_DIRECT_CLASSES];
     unsigned char direct_last[2][KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
-    /* 2-member allreduces out of place below that: ring or one-round exchange */
-    kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
-    unsigned char exchange_last[KOLO_EXCHANGE_CLASSES];
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
+    /* 2-member allreduces out of place below 256 KiB: ring or one-round exchange, per size class */
+    kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
+    unsigned char exchange_last[KOLO_EXCHANGE_CLASSES]; /* the way of each class's last call, + 1 */
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
     /* per peer, each allocated at its first call that chooses (4 KiB or so: not for every peer
