@@ -1610,6 +1610,14 @@ static kolo__mesh *choosing_mesh(int rank)
     return NULL;
 }
 
+/* What the choice tests add to each call of the way they slow down: 30 ms, stretched with
+ * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */
+static uint64_t choice_delay_ns(void)
+{
+    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
+    return (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+}
+
 /* With KOLO_SHM_CMA=auto, member 0 keeps the way its timings favour: a hook makes one way 30 ms
  * slower per call, and the other must carry at least 8 of the last 12 calls (the slow way runs
  * only in the first calls and in probes of 2 calls). Then the other way is the slow one, from a fresh
@@ -1625,8 +1633,7 @@ static void direct_choice(int rank, void *arg)
     float *a = malloc(count * 4), *b = malloc(count * 4);
     KT_ASSERT(a && b);
     for (size_t i = 0; i < count; i++) a[i] = 1;
-    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
-    uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    uint64_t delay_ns = choice_delay_ns();
     for (int slow = 0; slow < 2; slow++) {
         memset(m->direct, 0, sizeof(m->direct));
         memset(m->direct_last, 0, sizeof(m->direct_last));
@@ -1781,8 +1788,7 @@ static void pair_exchange_choice(int rank, void *arg)
     float *a = malloc(count * 4), *b = malloc(count * 4);
     KT_ASSERT(a && b);
     for (size_t i = 0; i < count; i++) a[i] = px_val(i, rank);
-    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
-    uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    uint64_t delay_ns = choice_delay_ns();
     for (int slow = 0; slow < 2; slow++) {
         memset(m->exchange, 0, sizeof(m->exchange));
         memset(m->exchange_last, 0, sizeof(m->exchange_last));
@@ -1822,8 +1828,7 @@ static void pair_choice(int rank, void *arg)
     kolo__mesh *m = choosing_mesh(rank);
     if (!m) return;
     kolo__conn *c = m->conns[!rank];
-    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
-    uint64_t delay_ns = (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    uint64_t delay_ns = choice_delay_ns();
     for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
         size_t half = ((size_t)128 << 10) * (size_t)slow; /* floats per member: 512 KiB, then 1 MiB */
         float *a = malloc(2 * half * 4), *b = malloc(2 * half * 4);

@@ -50,10 +50,11 @@ size_t kolo__coll_small_max(void)
     return r;
 }
 
-/* 2-member allreduces below this size may run the one-round exchange instead of the ring (over
- * shared memory as member 0's timings choose, direct.c "the exchange"; over TCP always: Intel
- * Xeon VM, 2 ranks, 3 launches alternated, 128 KiB 41-44 us against the ring's 44-51), unless the
- * user set KOLO_SMALL_ALLREDUCE_MAX. */
+/* 2-member allreduces out of place below this size may run the one-round exchange instead of
+ * the ring, unless the user set KOLO_SMALL_ALLREDUCE_MAX: over shared memory as member 0's timings
+ * choose (direct.c, "the exchange"); where no member chooses (over TCP, a pair that cannot read
+ * by CMA, a prescale) always. Over TCP, Intel Xeon VM, 2 ranks, 3 launches alternated: 128 KiB
+ * 41-44 us against the ring's 44-51. */
 #define PAIR_EXCHANGE_BELOW ((size_t)256 << 10)
 
 static uint64_t pair_exchange_runs;
