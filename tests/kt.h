@@ -101,6 +101,12 @@ typedef struct kt_job_opts {
 } kt_job_opts;
 int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts *opts, int *status);
 
+/* Rings write around the cache (and fuse their middle steps) from 16 MiB, as on a machine whose
+ * last-level cache is at most 128 MiB (src/coll/coll_util.c, kolo__stream_min_local): tests of
+ * that path call this in each rank before kolo_init, whatever this machine's cache. A value the
+ * test's environment sets stays. */
+static inline void kt_stream_from_16m(void) { setenv("KOLO_STREAM_MIN", "16M", 0); }
+
 /* Runs a rendezvous store on 127.0.0.1 (port 0) in a child process and returns its pid (kill it
  * with SIGKILL). Tests that fork must not run the store as a thread of the forking process:
  * a child could inherit a lock (OpenSSL's) held by that thread and hang. */

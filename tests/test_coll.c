@@ -1059,6 +1059,7 @@ KT_TEST(shm_cma_bad_value_refused, 30)
  * too, is written around the cache, which an odd length must not cut short). */
 static void big_buffers(int rank, void *arg)
 {
+    kt_stream_from_16m();
     KT_OK(kolo_init());
     if (arg) kolo__direct_test_force(0); /* allreduce by the ring even where it could read directly */
     int n = kolo_size();
@@ -1239,6 +1240,7 @@ KT_TEST(ring_streams_np3, 180)
 static void fused_matches_unfused(int rank, void *arg)
 {
     (void)arg;
+    kt_stream_from_16m();
     KT_OK(kolo_init());
     kolo__direct_test_force(0);
     size_t count = ((size_t)17 << 20) / 4 + 5;
@@ -1279,6 +1281,87 @@ KT_TEST(ring_fused_matches_unfused, 180)
     KT_EQ(kt_job(3, fused_matches_unfused, NULL, &o, NULL), 0);
     kt_job_opts t = {.tcp_only = 1};
     KT_EQ(kt_job(3, fused_matches_unfused, NULL, &t, NULL), 0);
+}
+
+/* The size from which rings write around the cache and fuse their middle steps (KOLO_STREAM_MIN,
+ * unset: 16 MiB or an eighth of the last-level cache) is agreed: every rank takes the smallest of
+ * the ranks' values, since a ring that fuses sends other messages than one that does not. With
+ * rank 0 at 1 MiB, rank 1 at 64 MiB and rank 2 unset, 2 MiB rings (the ring forced: sum in and
+ * out of place, average with a postscale on floats that are not integers, fused against unfused
+ * bit for bit) give the right results on all three. */
+static void stream_size_agreed(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 0) setenv("KOLO_STREAM_MIN", "1M", 1);
+    if (rank == 1) setenv("KOLO_STREAM_MIN", "64M", 1);
+    kolo__direct_test_force(0);
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    for (int c = 0; c < KOLO_NCHANNELS; c++)
+        KT_ASSERTF(kolo__W.mesh[c]->stream_min == ((size_t)1 << 20), "rank %d channel %d: rings stream from %zu", rank,
+                   c, kolo__W.mesh[c]->stream_min);
+    size_t count = ((size_t)2 << 20) / 4 + 3;
+    float *in = malloc(count * 4), *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(in && a && b);
+    for (size_t i = 0; i < count; i++) in[i] = (float)((i * 7 + (size_t)rank) % 1000);
+    KT_OK(kolo_allreduce(in, a, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    memcpy(b, in, count * 4);
+    KT_OK(kolo_allreduce(b, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += (float)((i * 7 + (size_t)r) % 1000);
+        KT_ASSERTF(a[i] == want && b[i] == want, "rank %d [%zu]: %g and %g in place, want %g", rank, i, (double)a[i],
+                   (double)b[i], (double)want);
+    }
+    for (size_t i = 0; i < count; i++) in[i] = (float)sin((double)(i + 1) * (rank + 1)) * 1000.0f;
+    for (int unfused = 0; unfused < 2; unfused++) {
+        kolo__ring_test_unfused(unfused);
+        KT_OK(kolo_allreduce(in, unfused ? b : a, count, KOLO_FLOAT32, KOLO_AVERAGE, 1, 0.3, KOLO_WORLD));
+    }
+    kolo__ring_test_unfused(false);
+    KT_ASSERTF(memcmp(a, b, count * 4) == 0, "rank %d: fused and unfused differ", rank);
+    double want = 0;
+    for (int r = 0; r < n; r++) want += (double)((float)sin(3.0 * (r + 1)) * 1000.0f);
+    want = want / n * 0.3;
+    KT_ASSERTF(fabs(a[2] - want) <= 1e-4 * fabs(want) + 1e-3, "rank %d: [2] = %g, want %g", rank, (double)a[2], want);
+    kolo__direct_test_force(-1);
+    free(in);
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+/* Unset, each rank would stream from 16 MiB or an eighth of its last-level cache (sysfs), and all
+ * ranks hold the same value; a value that is no size is refused with a warning for that default;
+ * a size is taken as it is. */
+static void stream_size_default(int rank, void *arg)
+{
+    (void)arg;
+    unsetenv("KOLO_STREAM_MIN");
+    size_t dflt = kolo__stream_min_local();
+    KT_ASSERTF(dflt >= ((size_t)16 << 20), "unset: rings would stream from %zu", dflt);
+    setenv("KOLO_STREAM_MIN", "lots", 1);
+    KT_EQ(kolo__stream_min_local(), dflt);
+    setenv("KOLO_STREAM_MIN", "3M", 1);
+    KT_EQ(kolo__stream_min_local(), (size_t)3 << 20);
+    unsetenv("KOLO_STREAM_MIN");
+    KT_OK(kolo_init());
+    KT_EQ(kolo__W.mesh[0]->stream_min, dflt);
+    int64_t mine = (int64_t)kolo__W.mesh[0]->stream_min, all[8];
+    KT_ASSERT(kolo_size() <= 8);
+    KT_OK(kolo_allgather(&mine, 1, all, NULL, KOLO_INT64, KOLO_WORLD));
+    for (int r = 0; r < kolo_size(); r++) KT_EQ(all[r], mine);
+    (void)rank;
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(stream_size_agreed, 120)
+{
+    KT_EQ(kt_job(3, stream_size_agreed, NULL, NULL, NULL), 0);
+    kt_job_opts t = {.tcp_only = 1};
+    KT_EQ(kt_job(3, stream_size_agreed, NULL, &t, NULL), 0);
+    KT_EQ(kt_job(2, stream_size_agreed, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(2, stream_size_default, NULL, NULL, NULL), 0);
 }
 
 /* single-copy reads stay correct: every message from 4 KiB on goes through CMA */

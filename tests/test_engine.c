@@ -330,6 +330,7 @@ static void fused_direct(int rank, void *arg)
 {
     int plan = *(int *)arg;
     kolo__direct_test_force(plan);
+    kt_stream_from_16m();
     KT_OK(kolo_init());
     int n = kolo_size();
     enum { T = 6 };
@@ -451,7 +452,7 @@ KT_TEST(engine_fused_mapped_arena, 120)
 }
 
 /* The ring over a list of buffers fuses its last reduce-scatter step with its first allgather
- * step from 16 MiB, as the ring on one buffer does: the same bits as the phases one after the
+ * step from the stream size (16 MiB here), as the ring on one buffer does: the same bits as the phases one after the
  * other, for non-integer floats with a prescale (which keeps direct reads out), AVERAGE and a
  * postscale, small tensors packed and large ones reduced in place, blocks cut by segments. */
 static void fused_step_run(int rank, float *const *in, float *const *out, const size_t *lens, int T, bool unfused)
@@ -478,6 +479,7 @@ static void fused_step_run(int rank, float *const *in, float *const *out, const 
 static void fused_step_matches(int rank, void *arg)
 {
     (void)arg;
+    kt_stream_from_16m();
     KT_OK(kolo_init());
     enum { T = 7, IN_PLACE = 3 };
     static const size_t lens[T] = {1000, 2200001, 3001, 1500000, 16384, 900007, 77}; /* 18.5 MB */

@@ -75,7 +75,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (n >= 4 && total * es <= DOUBLING_MAX && kolo__coll_doubling_world(m, n))
         return allgather_doubling(m, g, send, out, offs, counts, es);
     if (n == 1 || !exchange) {
-        kolo__coll_copy_own(mine, send, counts[r] * es, total * es >= KOLO_STREAM_MIN); /* as the ring */
+        kolo__coll_copy_own(mine, send, counts[r] * es, total * es >= kolo__coll_stream_min(m)); /* as the ring */
         return n == 1 ? KOLO_OK : kolo__ring_allgather(m, g, out, offs, counts, es, 0, own);
     }
     kolo__out_ticket ot;

@@ -14,10 +14,10 @@
  *    times instead of n-1 times; with 8 ranks on 2 cores a 4 KiB allreduce took 152 us by
  *    one-round exchange (Open MPI: 59). Members beyond the largest power of two first hand
  *    their buffer to a partner and get the result back at the end.
- * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and
- * 1/n for AVERAGE) to its block alone, then ring allgather; from KOLO_STREAM_MIN the last
- * reduce-scatter step and the first allgather step run as one (ring.c). When every member is on this host,
- * the members may read each other's buffers instead (direct.c): always when all pass
+ * Large: ring reduce-scatter, then the owner of each block applies the final scaling (post, and 1/n
+ * for AVERAGE) to its block alone, then ring allgather; from the stream size (KOLO_STREAM_MIN) the
+ * last reduce-scatter step and the first allgather step run as one (ring.c). When every member is
+ * on this host, the members may read each other's buffers instead (direct.c): always when all pass
  * kolo_mem_alloc buffers, by CMA when that times faster than the ring.
  *
  * Reducescatter (below) runs the ring's reduce-scatter, or for at most EXCHANGE_MAX bytes in all

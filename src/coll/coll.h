@@ -128,8 +128,16 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * (allreduce.c; adasum.c likewise). */
 size_t kolo__coll_small_max(void);
 
-/* Rings over this many bytes or more write their blocks around the cache (ring.c). */
-#define KOLO_STREAM_MIN ((size_t)16 << 20)
+/* Rings of m->stream_min bytes or more write their blocks around the cache and fuse their
+ * middle steps (ring.c, where the rule is measured). The ranks agree on it at init (core/kolo.c:
+ * the smallest of every rank's kolo__stream_min_local), since fusing changes which messages a
+ * ring sends; before that, and in a world of one (no mesh), it is KOLO_STREAM_MIN_FLOOR. */
+#define KOLO_STREAM_MIN_FLOOR ((size_t)16 << 20)
+size_t kolo__stream_min_local(void);
+static inline size_t kolo__coll_stream_min(const kolo__mesh *m)
+{
+    return m && m->stream_min ? m->stream_min : KOLO_STREAM_MIN_FLOOR;
+}
 /* Results that are computed in cache and then written out to memory (a reduced chunk of the ring,
  * ring.c; a block pushed to every member, direct.c) go a piece of this many bytes at a time:
  * reduce a piece, write it out, reduce the next. A core that first reduces a whole chunk and then

@@ -4,6 +4,9 @@
 #include "../reduce/reduce.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
 {
@@ -32,6 +35,67 @@ size_t kolo__coll_chunk(void)
         atomic_store_explicit(&chunk, c, memory_order_relaxed);
     }
     return c;
+}
+
+/* The first line of a small sysfs file into buf, without its newline; false if there is none. */
+static bool read_line(const char *path, char *buf, int cap)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return false;
+    bool ok = fgets(buf, cap, f) != NULL;
+    fclose(f);
+    if (ok) buf[strcspn(buf, "\n")] = 0;
+    return ok;
+}
+
+/* The size of the last-level cache of cpu 0 (sysfs: the highest level that holds data), or 0. */
+static size_t llc_bytes(void)
+{
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char dir[64], path[80], type[32], level[16], size[32];
+        snprintf(dir, sizeof(dir), "/sys/devices/system/cpu/cpu0/cache/index%d", i);
+        snprintf(path, sizeof(path), "%s/type", dir);
+        if (!read_line(path, type, sizeof(type))) break;
+        snprintf(path, sizeof(path), "%s/level", dir);
+        bool have_level = read_line(path, level, sizeof(level));
+        snprintf(path, sizeof(path), "%s/size", dir);
+        size_t bytes;
+        if (strcmp(type, "Instruction") == 0 || !have_level || !read_line(path, size, sizeof(size)) ||
+            !kolo__parse_bytes(size, &bytes))
+            continue;
+        if (atoi(level) > best_level) {
+            best_level = atoi(level);
+            best = bytes;
+        }
+    }
+    return best;
+}
+
+/* Where rings start writing around the cache (ring.c): from 16 MiB, or an eighth of the
+ * last-level cache where that is more. Writing around the cache pays once the data no longer
+ * fits it, and caches differ tenfold: the 16 MiB rule was measured on AMD EPYC VMs with 32 MiB
+ * of L3 per CCD (allreduce 16 MiB 1.10x, 64 MiB 1.23x; ring.c), where it stays. On an Intel Xeon
+ * guest whose L3 is 300 MiB, 2 ranks, launches of 50 calls alternated (8 sets of 4-12 rounds,
+ * medians), the ring's allreduce in place around the cache against through it: 16 MiB 0.92-1.36x
+ * the time (median of the sets 1.15), 32 MiB 0.81-1.11x (0.99), 64 MiB 0.94-1.00x, 128 MiB 1.00x,
+ * 256 MiB 0.89x; out of place, which mostly reads directly there (direct.c), alike. Call by call
+ * in one launch the two ways time alike at 16-32 MiB (0.94-1.10x): there each call's output is
+ * as cached as the call before left it, where through the cache a result stays cached for the
+ * next call, or the optimizer, to read. An eighth (37.5 MiB there) leaves 16 and 32 MiB in
+ * cache. */
+#define STREAM_LLC_DIV 8
+
+size_t kolo__stream_min_local(void)
+{
+    if (kolo__setting_is_set(KOLO_SET_STREAM_MIN)) {
+        const char *v = kolo__setting_str(KOLO_SET_STREAM_MIN);
+        size_t r;
+        if (kolo__parse_bytes(v, &r)) return r;
+        KOLO_WARN("KOLO_STREAM_MIN='%s' is not a byte size (e.g. 16M, 256M); using this host's default", v);
+    }
+    return KOLO_MAX(KOLO_STREAM_MIN_FLOOR, llc_bytes() / STREAM_LLC_DIV);
 }
 
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n)

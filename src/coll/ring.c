@@ -14,15 +14,17 @@
  * flight, so the reduction overlaps the transfer and the slots stay in cache. The outgoing
  * block goes out as chunks too (on shared memory each one is a single-copy read by the peer).
  *
- * When the whole buffer is far larger than the cache (KOLO_STREAM_MIN), every byte written to its
+ * When the whole buffer is far larger than the cache (m->stream_min), every byte written to its
  * final place is written with non-temporal stores: the reduced chunk from its slot (a piece at a
  * time as it is reduced, kolo__coll_reduce_out), a received block by the transport
  * (kolo__xfer.stream). A plain store to a line not in cache first reads it, so this drops a read
- * per byte written. Measured on this project's VM, 2 ranks, allreduce busbw, streamed against
- * plain in the same launches call by call (420+ launches per size with the vCPUs on one CCD, 60+
- * on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input and output, 8 MiB, fit the
- * 32 MiB L3: the output was still cached, now it is not); two CCDs 0.94x and 0.97x at 16 and 64
- * MiB (there allreduce reads the others' buffers directly instead, direct.c).
+ * per byte written. Measured on an AMD EPYC VM (32 MiB of L3 per CCD), 2 ranks, allreduce busbw,
+ * streamed against plain in the same launches call by call (420+ launches per size with the
+ * vCPUs on one CCD, 60+ on two): one CCD 16 MiB 1.10x, 64 MiB 1.23x, but 4 MiB 0.83x (input and
+ * output, 8 MiB, fit the 32 MiB L3: the output was still cached, now it is not); two CCDs 0.94x
+ * and 0.97x at 16 MiB and 64 MiB (there allreduce reads the others' buffers directly instead,
+ * direct.c). Where the last-level cache is larger, the size is too (16 MiB, or an eighth of that
+ * cache where that is more: coll_util.c, measured there).
  *
  * An allreduce from that size also fuses the last reduce-scatter step with the first allgather
  * step (kolo__ring_fused_step, below, which the engine's ring over a list of buffers runs too,
@@ -69,11 +71,11 @@ static int post_block_sends(kolo__mesh *m, int to, const char *p, size_t bytes, 
 }
 
 /* Whether the blocks of a ring over these counts are written around the cache (above). */
-static bool streams(const size_t *cnt, int n, size_t es)
+static bool streams(const kolo__mesh *m, const size_t *cnt, int n, size_t es)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += cnt[i];
-    return total * es >= KOLO_STREAM_MIN;
+    return total * es >= kolo__coll_stream_min(m);
 }
 
 static int wait_sends(kolo__mesh *m, kolo__xfer *xs, int n)
@@ -133,7 +135,7 @@ static int rs_step(kolo__mesh *m, const kolo__group *g, const char *src, char *d
 int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, char *out,
                               const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, int shift)
 {
-    bool stream = streams(cnt, g->size, kolo_dtype_size(dtype));
+    bool stream = streams(m, cnt, g->size, kolo_dtype_size(dtype));
     for (int s = 0; s < g->size - 1; s++) {
         int st = rs_step(m, g, src, dst, out, off, cnt, dtype, op, shift, s, stream);
         if (st != KOLO_OK) return st;
@@ -171,7 +173,7 @@ static int ag_step(kolo__mesh *m, const kolo__group *g, char *buf, const size_t 
 int kolo__ring_allgather(kolo__mesh *m, const kolo__group *g, char *buf, const size_t *off, const size_t *cnt,
                          size_t es, int shift, const char *own)
 {
-    bool stream = streams(cnt, g->size, es);
+    bool stream = streams(m, cnt, g->size, es);
     for (int s = 0; s < g->size - 1; s++) {
         int st = ag_step(m, g, buf, off, cnt, es, shift, own, s, stream);
         if (st != KOLO_OK) return st;
@@ -291,8 +293,8 @@ int kolo__ring_allreduce(kolo__mesh *m, const kolo__group *g, const char *src, c
 {
     int n = g->size;
     size_t es = kolo_dtype_size(dtype);
-    bool stream = streams(cnt, n, es);
-    /* Fused only when streaming: below KOLO_STREAM_MIN the block is read back from the cache,
+    bool stream = streams(m, cnt, n, es);
+    /* Fused only when streaming: below the stream size the block is read back from the cache,
      * and fusing measured 0.93-0.99x at 4 MiB. */
     if (!stream || !kolo__ring_fusing()) { /* the phases one after the other */
         int st = kolo__ring_reduce_scatter(m, g, src, dst, NULL, off, cnt, dtype, op, 0);

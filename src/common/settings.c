@@ -68,6 +68,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                       "(over TCP always)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
+    [KOLO_SET_STREAM_MIN] = {"KOLO_STREAM_MIN", "", "",
+                             "rings of this many bytes or more (allreduce and the engine's fused allreduces; "
+                             "reducescatter and allgather where they take the ring) write their results around the "
+                             "cache (non-temporal stores), and allreduce's overlap their two phases; unset: 16M, or "
+                             "an eighth of the last-level cache where that is more; every rank takes the smallest of "
+                             "all ranks' values"},
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
                           "microseconds a waiting rank busy-polls before it starts yielding its core (0 when "
                           "a host has more ranks than cores); unset, the engine's waits spin at most 10 and then "

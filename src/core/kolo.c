@@ -120,22 +120,31 @@ static void choose_spin(long cpus)
 }
 
 /* What the ranks must know alike to choose the same algorithms (kolo__mesh): each knows only
- * its own pairs (one whose shared memory could not be opened runs over TCP) and its own host, so
- * every rank contributes one byte (bit 0: this host is oversubscribed; bit 1 + c: every pair of
- * this rank runs over shared memory on channel c) and all combine them. Once this allgather has
- * ended on a rank, every rank has entered it. The allgather itself runs while the flags are still
- * false on every rank, so it takes the same path everywhere. */
+ * its own pairs (one whose shared memory could not be opened runs over TCP), its own host and
+ * its own cache, so every rank contributes flags (bit 0: this host is oversubscribed; bit 1 + c:
+ * every pair of this rank runs over shared memory on channel c) and the size from which it would
+ * have rings write around the cache (kolo__stream_min_local: hosts and KOLO_STREAM_MIN may
+ * differ, and a ring that fuses its middle steps sends other messages than one that does not),
+ * and all combine them: the flags by and and or, the sizes by their minimum. Once this allgather
+ * has ended on a rank, every rank has entered it. The allgather itself runs while the flags are
+ * still false and the size unset on every rank, so it takes the same path everywhere. */
+typedef struct agreement {
+    uint64_t stream_min;
+    uint8_t flags;
+    uint8_t pad[7];
+} agreement;
+
 static int agree_world(bool oversubscribed)
 {
     int n = W.info.size, me = W.info.rank;
-    uint8_t mine = oversubscribed ? 1u : 0u;
+    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u};
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
         bool shm = true;
         for (int r = 0; r < n && shm; r++)
             if (r != me && W.mesh[c]->conns[r]->tp != &kolo__shm_transport) shm = false;
-        if (shm) mine |= (uint8_t)(2u << c);
+        if (shm) mine.flags |= (uint8_t)(2u << c);
     }
-    uint8_t *all = kolo__calloc((size_t)n, 1);
+    agreement *all = kolo__calloc((size_t)n, sizeof(agreement));
     size_t *counts = kolo__calloc((size_t)n, sizeof(size_t));
     if (!all || !counts) {
         kolo__free(all);
@@ -143,17 +152,23 @@ static int agree_world(bool oversubscribed)
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the ranks' agreement at init");
     }
     for (int r = 0; r < n; r++) counts[r] = 1;
-    int st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, 1);
+    int st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, sizeof(agreement));
     if (st == KOLO_OK) {
         uint8_t and_all = 0xff, or_all = 0;
+        uint64_t stream_min = UINT64_MAX;
         for (int r = 0; r < n; r++) {
-            and_all &= all[r];
-            or_all |= all[r];
+            and_all &= all[r].flags;
+            or_all |= all[r].flags;
+            stream_min = KOLO_MIN(stream_min, all[r].stream_min);
         }
+        if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
             W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
+            W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
         }
+        KOLO_DEBUG("rings of %zu bytes or more write around the cache (this rank would from %llu)",
+                   W.mesh[0]->stream_min, (unsigned long long)mine.stream_min);
     }
     kolo__free(all);
     kolo__free(counts);

@@ -188,7 +188,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     }
     size_t total = 0;
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
-    size_t chunk2 = kolo__iov_scratch(total, s->n, kolo_dtype_size(dt));
+    size_t chunk2 = kolo__iov_scratch(E.mesh, total, s->n, kolo_dtype_size(dt));
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
     char *buf = segs ? fusion_buffer(packed + zeros) : NULL;
     char *scratch = buf ? grow(&E.zbuf, &E.zbuf_cap, chunk2) : NULL;

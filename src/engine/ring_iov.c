@@ -13,7 +13,7 @@
  * segments' lengths are part of the negotiated response (the same on every member; a member
  * without data for a segment, e.g. a joined one, points it at zeros of the same length). At most
  * WINDOW sends are in flight; received reduce-scatter pieces land in two alternating slots and are
- * combined as the next one arrives; allgather pieces land in place. From KOLO_STREAM_MIN bytes the
+ * combined as the next one arrives; allgather pieces land in place. From m->stream_min bytes the
  * blocks are written around the cache and the last reduce-scatter step is fused with the first
  * allgather step by the contiguous ring's own kolo__ring_fused_step (src/coll/ring.c), which cuts
  * pieces the same way (a plain buffer is one segment to it). Measured call by call against the
@@ -72,11 +72,11 @@ static int drain(sender *s)
     }
 }
 
-size_t kolo__iov_scratch(size_t total, int n, size_t es)
+size_t kolo__iov_scratch(const kolo__mesh *m, size_t total, int n, size_t es)
 {
     size_t chunk = kolo__ring_chunk_elems(total, n, es) * es;
-    /* from KOLO_STREAM_MIN the fused step takes W receive and W send slots */
-    return 2 * chunk * (size_t)(total * es >= KOLO_STREAM_MIN ? kolo__fused_slots(chunk) : 1);
+    /* from the stream size the fused step takes W receive and W send slots */
+    return 2 * chunk * (size_t)(total * es >= kolo__coll_stream_min(m) ? kolo__fused_slots(chunk) : 1);
 }
 
 int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
@@ -111,13 +111,13 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
         o += cnt[i];
     }
     size_t chunk = kolo__ring_chunk_elems(total, n, es);
-    if (scratch_len < kolo__iov_scratch(total, n, es)) { /* slots for the steps and the fused step */
+    if (scratch_len < kolo__iov_scratch(m, total, n, es)) { /* slots for the steps and the fused step */
         st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
-                       kolo__iov_scratch(total, n, es));
+                       kolo__iov_scratch(m, total, n, es));
         goto out;
     }
     char *slots = scratch;
-    bool stream = total * es >= KOLO_STREAM_MIN; /* written around the cache, as src/coll/ring.c */
+    bool stream = total * es >= kolo__coll_stream_min(m); /* written around the cache, as src/coll/ring.c */
     int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
     sender snd;
     snd.m = m;

@@ -13,7 +13,7 @@
 int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
                         kolo_op_t op, double pre, double post, void *scratch, size_t scratch_len);
 
-/* Scratch bytes kolo__iov_allreduce needs for a virtual buffer of `total` elements. */
-size_t kolo__iov_scratch(size_t total, int n, size_t es);
+/* Scratch bytes kolo__iov_allreduce needs for a virtual buffer of `total` elements on m. */
+size_t kolo__iov_scratch(const kolo__mesh *m, size_t total, int n, size_t es);
 
 #endif

@@ -193,8 +193,10 @@ struct kolo__mesh {
     unsigned char call_way;
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
-     * channel; some host has more ranks than cores. */
+     * channel; some host has more ranks than cores; the size from which rings write around the
+     * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
     bool world_shm, world_oversubscribed;
+    size_t stream_min;
 };
 
 /* The transports (tcp.c, shm.c). */
