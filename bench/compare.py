@@ -1233,6 +1233,16 @@ class Report:
                     if ok < len(ps):
                         self.gap("%s ≥ Open MPI %s at ≥ 64 KiB (worst size, %s)" % (coll, what, fmt_size(worst[1])),
                                  "peer", kolo, coll, worst[1], ref)
+        # in place: what frameworks call (Horovod's fusion buffer, DDP's buckets, allreduce_), and
+        # a path of its own in both libraries (Open MPI's in place skips its copy of the input)
+        ps = self.paired_speedups(ks, "ompi-shm", "allreduce", places=("ip",)) if ks else []
+        if ps:
+            behind = sorted((r, s) for r, s, *_ in ps if r < 1)
+            L.append("| (no target) allreduce in place, the form frameworks call, ≥ Open MPI shm in place at "
+                     "≥ 64 KiB | %d of %d sizes%s (pairs of launches in one state: %d of %d used) | — |" % (
+                         len(ps) - len(behind), len(ps), "; below: %s" % ", ".join(
+                             "%s %.2f×" % (fmt_size(s), r) for r, s in behind) if behind else "",
+                         sum(x[2] for x in ps), sum(x[3] for x in ps)))
         for np in self.args.np_list:
             if np <= NCPU or not ks:
                 continue
@@ -1315,15 +1325,16 @@ class Report:
         L.append("")
         return L
 
-    def paired(self, kolo, ref, coll, size, dtype="float32", np=2):
+    def paired(self, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
         """(peer time / kolo time, used, both): the median ratio over the repetitions whose two
         launches (kolo's and the peer's, seconds apart) both ran wholly in one machine state, the
         same for both; `used` such pairs of the `both` repetitions that measured both. With no
         such pair, the ratio of the medians over all launches (used = 0). A pair split across
         states compares two machines: this VM's far state slows every peer's shared-memory and
         loopback figures about 2x, so a pair whose launches fell on either side of a switch reads
-        a 2x gap either way that neither library has."""
-        for place in ("oop", "ip"):
+        a 2x gap either way that neither library has. Out of place where both have it, else in
+        place; `places` ("ip",) compares the in-place calls."""
+        for place in places:
             pr, both = self.store.pairs(np, kolo, ref, coll, dtype, size, place)
             if pr:
                 return statistics.median(b / a for a, b, _ in pr), len(pr), both
@@ -1333,12 +1344,12 @@ class Report:
                 return b / a, 0, both
         return None, 0, 0
 
-    def paired_speedups(self, kolo, ref, coll):
+    def paired_speedups(self, kolo, ref, coll, places=("oop", "ip")):
         """[(ratio, size, used, both)] as paired() for 2 ranks, float32, from 64 KiB."""
         out = []
         for s in self.sizes:
             if s >= (64 << 10):
-                r, used, both = self.paired(kolo, ref, coll, s)
+                r, used, both = self.paired(kolo, ref, coll, s, places=places)
                 if r is not None:
                     out.append((r, s, used, both))
         return out
