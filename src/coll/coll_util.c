@@ -73,18 +73,18 @@ static size_t llc_bytes(void)
     return best;
 }
 
-/* Where rings start writing around the cache (ring.c): from 16 MiB, or an eighth of the
- * last-level cache where that is more. Writing around the cache pays once the data no longer
- * fits it, and caches differ tenfold: the 16 MiB rule was measured on AMD EPYC VMs with 32 MiB
- * of L3 per CCD (allreduce 16 MiB 1.10x, 64 MiB 1.23x; ring.c), where it stays. On an Intel Xeon
- * guest whose L3 is 300 MiB, 2 ranks, launches of 50 calls alternated (8 sets of 4-12 rounds,
- * medians), the ring's allreduce in place around the cache against through it: 16 MiB 0.92-1.36x
- * the time (median of the sets 1.15), 32 MiB 0.81-1.11x (0.99), 64 MiB 0.94-1.00x, 128 MiB 1.00x,
- * 256 MiB 0.89x; out of place, which mostly reads directly there (direct.c), alike. Call by call
- * in one launch the two ways time alike at 16-32 MiB (0.94-1.10x): there each call's output is
- * as cached as the call before left it, where through the cache a result stays cached for the
- * next call, or the optimizer, to read. An eighth (37.5 MiB there) leaves 16 and 32 MiB in
- * cache. */
+/* Where rings start writing around the cache (ring.c): from 16 MiB, or an eighth of the last-level
+ * cache where that is more. Writing around the cache pays once the data no longer fits it, and
+ * caches differ tenfold: the 16 MiB rule was measured on AMD EPYC VMs with 32 MiB of L3 per CCD
+ * (allreduce 16 MiB 1.10x, 64 MiB 1.23x; ring.c), where it stays. On an Intel Xeon guest whose L3
+ * is 300 MiB, 2 ranks, launches of 50 calls alternated (8 sets of 4-12 rounds, medians), allreduce
+ * in place (the ring first, then as direct.c chooses) with its rings around the cache against
+ * through it: 16 MiB 0.92-1.36x the time (median of the sets 1.15), 32 MiB 0.81-1.11x (0.99), 64
+ * MiB 0.94-1.00x, 128 MiB 1.00x, 256 MiB 0.89x; out of place, which mostly reads directly there
+ * (direct.c), alike. Call by call in one launch the two ways time alike at 16-32 MiB (0.94-1.10x):
+ * there each call's output is as cached as the call before left it, where through the cache a
+ * result stays cached for the next call, or the optimizer, to read. An eighth (37.5 MiB there)
+ * leaves 16 and 32 MiB in cache. */
 #define STREAM_LLC_DIV 8
 
 size_t kolo__stream_min_local(void)
