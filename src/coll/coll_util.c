@@ -65,8 +65,9 @@ static size_t llc_bytes(void)
         if (strcmp(type, "Instruction") == 0 || !have_level || !read_line(path, size, sizeof(size)) ||
             !kolo__parse_bytes(size, &bytes))
             continue;
-        if (atoi(level) > best_level) {
-            best_level = atoi(level);
+        int lv = atoi(level);
+        if (lv > best_level) {
+            best_level = lv;
             best = bytes;
         }
     }
