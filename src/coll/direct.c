@@ -80,6 +80,15 @@
  * (the ways: streaming, cached), starting with cached stores in place and below
  * STORE_CACHED_FIRST, and its choice travels in its descriptor.
  *
+ * Not mapped (by CMA), a member stores its block into its own output through the cache in place
+ * (those lines were just read as its input and sit in the cache) and around it out of place; the
+ * kernel's copies into the others' outputs go through the cache. Until 2026-12 it streamed in
+ * place too, and paid for it: Intel Xeon VM (260 MiB of L3), 2 ranks, direct by CMA pinned,
+ * launches of 20 calls alternated (4 rounds, medians), in place 2 MiB 0.63x the time, 4 MiB 0.66x,
+ * 8 MiB 0.64x, 16 MiB 0.70x: from 1.17-1.22x Open MPI's in-place time to 0.72-0.79x (pairs of
+ * launches). Out of place, stores through the cache below the streaming size (ring.c) gained 0-10 %
+ * at 256 KiB-8 MiB in such launches and lost 9-24 % at 16-32 MiB: left streaming.
+ *
  * By CMA it depends on where the VM's vCPUs sit (see shm.c): the kernel's copy is slower than
  * the ring's copies through a shared cache, but the ring's copies crawl across CCDs. Measured
  * call by call in the same launches, 2 ranks, direct by CMA against the ring (which writes
@@ -194,17 +203,22 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  *
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, and
  * chooses with kolo__choice_pick and kolo__choice_learn (coll_util.c, where the scheme is
- * described), per size class and separately in place and out of place (choice_for). Out of
- * place it starts direct, in place with the ring, and the first probe of the other way comes
- * after a few calls (as an unhinted choice's does).
+ * described), per size class and separately in place and out of place (choice_for). Both start
+ * direct, and the first probe of the ring comes after a few calls (as an unhinted choice's does).
  *
  * Why these, and why in place apart: on an Intel Xeon guest (2 ranks, each way pinned, 4-6
  * launches of 20-50 calls alternated), direct took 0.59-0.94x the ring's time out of place at
- * every size from 256 KiB to 16 MiB, but in place 1.1-1.2x at 256-512 KiB, about the same at 1-8
- * MiB and 0.7x at 16 MiB. In place, the peers write a rank's own buffer, and the calls that
- * follow pay for it: the ring timed right after direct calls ran 200-220 ps/B against 160 warm,
- * so each way's timings in a probe hold debts of the other, and the way in use keeps a lead of
- * its own (a switch needs a 10 % gain). Until 2026-12 both kinds shared one class, which started
+ * every size from 256 KiB to 16 MiB, but in place (while it streamed its own block, see
+ * "Storing") 1.1-1.2x at 256-512 KiB, about the same at 1-8 MiB and 0.7x at 16 MiB, so in place
+ * started with the ring until 2026-12. Storing in place through the cache made direct the faster
+ * way in place too: traced, 4 MiB in place by the ring 300-430 ps/B, direct 160-200 (streaming)
+ * and ~120 (through the cache). Starting in place direct, against starting it with the ring (both
+ * storing through the cache), launches of 20 calls alternated (4 rounds, medians): 256 KiB-64 MiB
+ * 0.78-0.98x the time; 256 KiB-16 MiB 0.44-0.87x Open MPI's in-place time by pairs of launches,
+ * where the build before both changes read 0.72-1.18x. They choose apart because in place the
+ * peers write a rank's own buffer, and the calls that follow pay for it: the ring timed right
+ * after direct calls ran 200-220 ps/B against 160 warm, so each way's timings in a probe hold
+ * debts of the other, and the way in use keeps a lead of its own (a switch needs a 10 % gain). Until 2026-12 both kinds shared one class, which started
  * with the way the transport's figures for single messages favoured and then probed only after
  * 0.1 s: that left short launches out of place on the ring (256-512 KiB 1.3-1.6x direct's time)
  * although the transport's messages say nothing of what direct costs (it writes each block
@@ -311,7 +325,7 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
     if (mode == 2)
-        return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), ip ? PLAN_RING : PLAN_DIRECT, false);
+        return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), PLAN_DIRECT, false);
     return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
@@ -576,7 +590,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        put_out(segs[k].dst + b0, tmp, c * es, cached);
+        put_out(segs[k].dst + b0, tmp, c * es, cached || ip); /* "Storing", at the top */
         for (int i = 0; i < n && !mine.err; i++) {
             if (i == r) continue;
             if (maps[i]) put_out(PEER(i, k, 1) + b0, tmp, c * es, cached);
