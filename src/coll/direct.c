@@ -218,14 +218,14 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  * where the build before both changes read 0.72-1.18x. They choose apart because in place the
  * peers write a rank's own buffer, and the calls that follow pay for it: the ring timed right
  * after direct calls ran 200-220 ps/B against 160 warm, so each way's timings in a probe hold
- * debts of the other, and the way in use keeps a lead of its own (a switch needs a 10 % gain). Until 2026-12 both kinds shared one class, which started
- * with the way the transport's figures for single messages favoured and then probed only after
- * 0.1 s: that left short launches out of place on the ring (256-512 KiB 1.3-1.6x direct's time)
- * although the transport's messages say nothing of what direct costs (it writes each block
- * from cache into the others' outputs once; the ring copies it through the pair's rings). Where
- * the ring wins (on the AMD VM with its vCPUs on one CCD, direct by reads took 1.2-1.5x its time
- * before 2026-11-30; not measured since), the first probe moves a class there within a dozen
- * calls. */
+ * debts of the other, and the way in use keeps a lead of its own (a switch needs a 10 % gain).
+ * Until 2026-12 both kinds shared one class, which started with the way the transport's figures
+ * for single messages favoured and then probed only after 0.1 s: that left short launches out
+ * of place on the ring (256-512 KiB 1.3-1.6x direct's time) although the transport's messages
+ * say nothing of what direct costs (it writes each block from cache into the others' outputs
+ * once; the ring copies it through the pair's rings). Where the ring wins (on the AMD VM with
+ * its vCPUs on one CCD, direct by reads took 1.2-1.5x its time before 2026-11-30; not measured
+ * since), the first probe moves a class there within a dozen calls. */
 
 /* what the two ways of each choice are called in the trace log */
 static const char *const WAYS_CMA[2] = {"the ring", "direct by CMA"};
