@@ -557,6 +557,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     int who = -1;
     /* mapped, member 0 may have chosen cached stores (see "Storing" at the top) */
     bool cached = mapped && all[0].store == STORE_CACHED;
+    /* its own block: as chosen when mapped, else through the cache in place only ("Storing") */
+    bool own_cached = mapped ? cached : ip;
     /* every other member mapped: this member reduces from their inputs and stores into their
      * outputs through the mappings, a piece at a time (step 2) */
     bool push = mapped;
@@ -590,7 +592,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         if (mine.err) break;
         kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
-        put_out(segs[k].dst + b0, tmp, c * es, cached || ip); /* "Storing", at the top */
+        put_out(segs[k].dst + b0, tmp, c * es, own_cached);
         for (int i = 0; i < n && !mine.err; i++) {
             if (i == r) continue;
             if (maps[i]) put_out(PEER(i, k, 1) + b0, tmp, c * es, cached);
