@@ -2711,3 +2711,154 @@ KT_TEST(world_agreement_at_init, 60)
     KT_EQ(kt_job(4, world_agreement, &tcp_rank1, NULL, NULL), 0);
     KT_EQ(kt_job(4, world_agreement, &fail_2_3, NULL, NULL), 0);
 }
+
+/* The hierarchical allreduce (hier.c): ranks made to look like ranks of two or more hosts (the
+ * test hook adds a host name to each rank's host key, so that the hosts talk TCP to each other
+ * and each host's ranks share memory). With `mode` set on every rank (1 on, auto, or 0 on the
+ * last rank only), each allreduce runs it (counted) exactly where it should: on, above 64 KiB;
+ * auto, from 1 MiB; off on any rank, never; on a process set with one rank per host, never; and
+ * the results are exact whichever way: float32 sums out of place, averages in place with a pre-
+ * and a postscale, int32 maxima, float64 sums, and a fused bucket of the engine. */
+typedef struct hier_case {
+    const char *hosts; /* host name per rank: "aabb" */
+    const char *mode;  /* KOLO_HIERARCHICAL_ALLREDUCE: "1", "auto", "0" (the last rank only) */
+} hier_case;
+
+static float hv(size_t i, int r) { return (float)((i * 7 + (size_t)r * 13) % 1000); }
+
+static void hier_run(int rank, void *arg)
+{
+    const hier_case *hc = arg;
+    int n = (int)strlen(hc->hosts);
+    char host[2] = {hc->hosts[rank], 0};
+    kolo__mesh_test_host(host);
+    bool off = !strcmp(hc->mode, "0");
+    setenv("KOLO_HIERARCHICAL_ALLREDUCE", off ? (rank == n - 1 ? "0" : "1") : hc->mode, 1);
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    for (int q = 0; q < n; q++)
+        if (q != rank)
+            KT_ASSERTF((m->conns[q]->tp == &kolo__tcp_transport) == (hc->hosts[q] != hc->hosts[rank]),
+                       "rank %d reaches rank %d by %s", rank, q,
+                       m->conns[q]->tp == &kolo__tcp_transport ? "TCP" : "shared memory");
+    /* an even layout: every host holds as many ranks as the first */
+    int first = 0, hosts = 0;
+    for (int q = 0; q < n; q++) first += hc->hosts[q] == hc->hosts[0];
+    for (int q = 0; q < n; q++) hosts += strchr(hc->hosts, hc->hosts[q]) == hc->hosts + q;
+    bool even = first >= 2 && hosts >= 2;
+    for (char c = 'a'; c <= 'z' && even; c++) {
+        int k = 0;
+        for (int q = 0; q < n; q++) k += hc->hosts[q] == c;
+        even = k == 0 || k == first;
+    }
+    size_t hsizes[] = {(size_t)64 << 10, (size_t)128 << 10, (size_t)512 << 10, ((size_t)1 << 20) + 12};
+    size_t maxc = hsizes[3] / 4 + 7;
+    float *a = malloc(maxc * 4), *b = malloc(maxc * 4);
+    double *d = malloc(maxc * 8), *e = malloc(maxc * 8);
+    KT_ASSERT(a && b && d && e);
+    for (size_t s = 0; s < KOLO_ARRAY_SIZE(hsizes); s++) {
+        size_t count = hsizes[s] / 4;
+        bool want_hier = even && !off && hsizes[s] > ((size_t)64 << 10) &&
+                         (strcmp(hc->mode, "auto") != 0 || hsizes[s] >= ((size_t)1 << 20));
+        uint64_t before = kolo__coll_hier_runs();
+        for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int q = 0; q < n; q++) want += hv(i, q);
+            KT_ASSERTF(b[i] == want, "%s sum of %zu floats [%zu]: %g, want %g", hc->mode, count, i, (double)b[i],
+                       (double)want);
+        }
+        /* in place, averaged, x2 before and x0.25 after: sum / (2n) */
+        KT_OK(kolo_allreduce(a, a, count, KOLO_FLOAT32, KOLO_AVERAGE, 2.0, 0.25, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int q = 0; q < n; q++) want += hv(i, q);
+            want = want / (float)(2 * n);
+            KT_ASSERTF(fabsf(a[i] - want) <= 1e-6f * want, "%s average of %zu floats [%zu]: %g, want %g", hc->mode,
+                       count, i, (double)a[i], (double)want);
+        }
+        int32_t *ia = (int32_t *)(void *)b;
+        for (size_t i = 0; i < count; i++) ia[i] = (int32_t)(i % 977) * (rank % 2 ? -1 : 1) + rank;
+        KT_OK(kolo_allreduce(ia, ia, count, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++) {
+            int32_t want = INT32_MIN;
+            for (int q = 0; q < n; q++) want = KOLO_MAX(want, (int32_t)(i % 977) * (q % 2 ? -1 : 1) + q);
+            KT_ASSERTF(ia[i] == want, "%s max of %zu ints [%zu]: %d, want %d", hc->mode, count, i, ia[i], want);
+        }
+        size_t dc = count / 2; /* the same bytes */
+        for (size_t i = 0; i < dc; i++) d[i] = (double)hv(i, rank) * 0.5;
+        KT_OK(kolo_allreduce(d, e, dc, KOLO_FLOAT64, KOLO_SUM, 1, 1, KOLO_WORLD));
+        for (size_t i = 0; i < dc; i++) {
+            double want = 0;
+            for (int q = 0; q < n; q++) want += (double)hv(i, q) * 0.5;
+            KT_ASSERTF(e[i] == want, "%s sum of %zu doubles [%zu]: %g, want %g", hc->mode, dc, i, e[i], want);
+        }
+        KT_ASSERTF(kolo__coll_hier_runs() - before == (want_hier ? 4u : 0u), "%s, %zu bytes: %llu hierarchical of 4",
+                   hc->mode, hsizes[s], (unsigned long long)(kolo__coll_hier_runs() - before));
+    }
+    /* the engine: three tensors fused into one bucket of 1.5 MiB */
+    enum { T = 3 };
+    size_t tc = ((size_t)512 << 10) / 4;
+    float *tin[T], *tout[T];
+    const void *sb[T];
+    void *rb[T];
+    kolo_shape_t sh[T];
+    for (int t = 0; t < T; t++) {
+        tin[t] = malloc(tc * 4);
+        tout[t] = malloc(tc * 4);
+        KT_ASSERT(tin[t] && tout[t]);
+        for (size_t i = 0; i < tc; i++) tin[t][i] = hv(i + (size_t)t, rank);
+        sb[t] = tin[t];
+        rb[t] = tout[t];
+        memset(&sh[t], 0, sizeof(sh[t]));
+        sh[t].ndim = 1;
+        sh[t].dims[0] = (int64_t)tc;
+    }
+    uint64_t before = kolo__coll_hier_runs();
+    kolo_request_t *rs[T];
+    KT_OK(kolo_igrouped_allreduce(T, NULL, sb, rb, KOLO_FLOAT32, sh, KOLO_SUM, 1, 1, NULL, rs));
+    for (int t = 0; t < T; t++) {
+        int st = kolo_request_wait(rs[t], 60);
+        KT_ASSERTF(st == KOLO_OK, "tensor %d: %s", t, kolo_request_error(rs[t]));
+        for (size_t i = 0; i < tc; i++) {
+            float want = 0;
+            for (int q = 0; q < n; q++) want += hv(i + (size_t)t, q);
+            KT_ASSERTF(tout[t][i] == want, "%s engine tensor %d [%zu]: %g, want %g", hc->mode, t, i,
+                       (double)tout[t][i], (double)want);
+        }
+        kolo_request_release(rs[t]);
+        free(tin[t]);
+        free(tout[t]);
+    }
+    KT_ASSERTF(kolo__coll_hier_runs() - before == (even && !off ? 1u : 0u), "%s engine: %llu hierarchical",
+               hc->mode, (unsigned long long)(kolo__coll_hier_runs() - before));
+    /* one rank per host: the flat ring */
+    if (n == 4) {
+        int ranks[] = {0, 2}, id = -1;
+        KT_OK(kolo_process_set_add(ranks, 2, &id));
+        if (rank % 2 == 0) {
+            size_t count = ((size_t)1 << 20) / 4;
+            for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
+            before = kolo__coll_hier_runs();
+            KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, id));
+            KT_EQ(kolo__coll_hier_runs(), before);
+            for (size_t i = 0; i < count; i++) KT_ASSERT(b[i] == hv(i, 0) + hv(i, 2));
+        }
+        KT_OK(kolo_process_set_remove(id));
+    }
+    free(a);
+    free(b);
+    free(d);
+    free(e);
+    kolo__mesh_test_host(NULL);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(hier_allreduce_across_hosts, 120)
+{
+    static const hier_case cases[] = {{"aabb", "1"}, {"aabb", "auto"}, {"aabb", "0"}, {"abab", "1"},
+                                      {"aab", "1"}};
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
+        KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
+}

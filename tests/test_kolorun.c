@@ -158,7 +158,7 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--mpi", "sh", "-c", worker, NULL}, "run mpirun directly"},
         {{"-np", "1", "--output-ranks", "0,x", "sh", "-c", worker, NULL}, "item 2 of '0,x'"},
         {{"-np", "1", "--output-ranks", "3-1", "sh", "-c", worker, NULL}, "not a range"},
-        {{"-np", "1", "--hierarchical-allreduce", "sh", "-c", worker, NULL}, "no hierarchical allreduce"},
+        {{"-np", "1", "--hierarchical-allgather", "sh", "-c", worker, NULL}, "no hierarchical allgather"},
         {{"-np", "1", "--num-nccl-streams", "2", "sh", "-c", worker, NULL}, "no NCCL"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
@@ -320,7 +320,7 @@ static const char print_env[] =
     "KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_STALL_SHUTDOWN_TIME KOLO_LOG_LEVEL KOLO_IFACE "
     "KOLO_START_TIMEOUT KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG KOLO_AUTOTUNE_WARMUP_SAMPLES KOLO_AUTOTUNE_STEPS_PER_SAMPLE "
     "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE KOLO_TRANSPORT KOLO_LOG_TIME "
-    "KOLO_STACK_TRACES KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
+    "KOLO_HIERARCHICAL_ALLREDUCE KOLO_STACK_TRACES KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
     "eval \"[ -n \\\"\\${$v+x}\\\" ] && echo $v=\\$$v\"; done; true; ";
 
 KT_TEST(kolorun_worker_environment, 20)
@@ -402,6 +402,7 @@ KT_TEST(kolorun_worker_environment, 20)
         expect_var(p.obuf, r, "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.5");
         expect_var(p.obuf, r, "KOLO_TRANSPORT", "tcp");
         expect_var(p.obuf, r, "KOLO_LOG_TIME", "1");
+        expect_var(p.obuf, r, "KOLO_HIERARCHICAL_ALLREDUCE", "0");
         char st[16];
         KT_ASSERTF(!rank_var(p.obuf, r, "KOLO_STACK_TRACES", st, sizeof(st)), "KOLO_STACK_TRACES without the option");
         expect_var(p.obuf, r, "KT_PASSED", "from-user-env");
@@ -432,12 +433,13 @@ KT_TEST(kolorun_worker_environment, 20)
     write_file(done, "", 0644);
     KT_EQ(kt_proc_finish(&p, 10), 0);
 
-    /* a second job gets its own secret and id */
+    /* a second job gets its own secret and id (and the hierarchical allreduce turned on) */
     unlink(done);
     write_file(done, "", 0644);
     kproc q;
-    const char *args2[] = {"-np", "1", "sh", "-c", print_env, NULL};
+    const char *args2[] = {"-np", "1", "--hierarchical-allreduce", "sh", "-c", print_env, NULL};
     KT_EQ(run(&q, args2, 10), 0);
+    expect_var(q.obuf, 0, "KOLO_HIERARCHICAL_ALLREDUCE", "1");
     char secret2[256], job2[256];
     KT_ASSERT(rank_var(q.obuf, 0, "KOLO_SECRET", secret2, sizeof(secret2)));
     KT_ASSERT(rank_var(q.obuf, 0, "KOLO_JOB_ID", job2, sizeof(job2)));
@@ -1032,7 +1034,7 @@ KT_TEST(kolorun_config_file, 30)
                0644);
     const char *show = "for v in KOLO_FUSION_THRESHOLD KOLO_CYCLE_TIME KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG "
                        "KOLO_TIMELINE_MARK_CYCLES KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_START_TIMEOUT "
-                       "KOLO_LOG_LEVEL KOLO_LOG_TIME; do eval \"echo $v=\\$$v\"; done";
+                       "KOLO_LOG_LEVEL KOLO_LOG_TIME KOLO_HIERARCHICAL_ALLREDUCE; do eval \"echo $v=\\$$v\"; done";
     const char *args[] = {"-np", "1", "--config-file", cfg, "--cycle-time-ms", "3", "sh", "-c", show, NULL};
     kproc p;
     int code = run(&p, args, 10);
@@ -1040,7 +1042,8 @@ KT_TEST(kolorun_config_file, 30)
     static const char *const want[] = {"KOLO_FUSION_THRESHOLD=33554432", "KOLO_CYCLE_TIME=3", "KOLO_AUTOTUNE=1",
                                        "KOLO_AUTOTUNE_LOG=/tmp/at log.csv", "KOLO_TIMELINE_MARK_CYCLES=1",
                                        "KOLO_STALL_CHECK_DISABLE=1", "KOLO_STALL_CHECK_TIME=120",
-                                       "KOLO_START_TIMEOUT=60", "KOLO_LOG_LEVEL=debug", "KOLO_LOG_TIME=0"};
+                                       "KOLO_START_TIMEOUT=60", "KOLO_LOG_LEVEL=debug", "KOLO_LOG_TIME=0",
+                                       "KOLO_HIERARCHICAL_ALLREDUCE=0"};
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(want); i++) {
         char line[256];
         snprintf(line, sizeof(line), "[0]<stdout>:%s\n", want[i]);

@@ -22,6 +22,8 @@
  * guard died too are removed by the next run (the dead pid in their name says so). */
 #include "kt.h"
 
+#include "../src/coll/coll.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -92,11 +94,15 @@ KT_WORKER(mh_job)
         w += (size_t)snprintf(tp + w, sizeof(tp) - w, "%s%d=%s", p ? " " : "", p, t ? t : "?");
     }
     for (size_t i = 0; i < count; i++) x[i] = (rank + 1) * (int32_t)(i % 1009);
+    /* 4 MiB, hosts of equal rank counts: the hierarchical allreduce (coll/hier.c), by default */
+    int ls = kolo_local_size(), cs = kolo_cross_size();
+    uint64_t hier0 = kolo__coll_hier_runs(), want_hier = ls >= 2 && cs >= 2 && ls * cs == n;
     if (kolo_allreduce(x, sum, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) {
         fprintf(stderr, "mh: allreduce: %s\n", kolo_last_error());
         return 6;
     }
     size_t bad = 0;
+    uint64_t hier = kolo__coll_hier_runs() - hier0;
     for (size_t i = 0; i < count; i++) bad += sum[i] != n * (n + 1) / 2 * (int32_t)(i % 1009);
     for (size_t i = 0; i < count; i++) x[i] = rank == n - 1 ? (int32_t)(i * 3 + 7) : -1;
     if (kolo_broadcast(x, count, KOLO_INT32, n - 1, KOLO_WORLD) != KOLO_OK) {
@@ -104,16 +110,16 @@ KT_WORKER(mh_job)
         return 7;
     }
     for (size_t i = 0; i < count; i++) bad += x[i] != (int32_t)(i * 3 + 7);
-    printf("mh rank %d/%d local %d/%d cross %d/%d netns %llu transports %s: %s\n", rank, n, kolo_local_rank(),
-           kolo_local_size(), kolo_cross_rank(), kolo_cross_size(), ns, tp,
-           bad || wrong_tp ? "WRONG" : "results exact");
+    printf("mh rank %d/%d local %d/%d cross %d/%d netns %llu transports %s hierarchical %llu: %s\n", rank, n,
+           kolo_local_rank(), kolo_local_size(), kolo_cross_rank(), kolo_cross_size(), ns, tp,
+           (unsigned long long)hier, bad || wrong_tp || hier != want_hier ? "WRONG" : "results exact");
     fflush(stdout);
     fprintf(stderr, "mh rank %d says goodbye on stderr\n", rank);
     free(all);
     free(x);
     free(sum);
     kolo_shutdown();
-    if (bad || wrong_tp) return 8;
+    if (bad || wrong_tp || hier != want_hier) return 8;
     if (again) {
         int one = 1, total = 0;
         if (kolo_init() != KOLO_OK || kolo_allreduce(&one, &total, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) {
@@ -634,8 +640,9 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
         int h = r < 2 ? NS_A : NS_B;
         char want[512];
         snprintf(want, sizeof(want),
-                 "[%d]<stdout>:mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s: results exact\n", r, r,
-                 r % 2, r / 2, c.ino[h], tps[r]);
+                 "[%d]<stdout>:mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s hierarchical 1: "
+                 "results exact\n",
+                 r, r, r % 2, r / 2, c.ino[h], tps[r]);
         KT_ASSERTF(strstr(p.obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s", (int)strlen(want) - 1,
                    want, r, c.ns[h], p.obuf);
         snprintf(want, sizeof(want), "[%d]<stderr>:mh rank %d says goodbye on stderr\n", r, r);
@@ -676,7 +683,8 @@ static void run_mh_job(cluster *c, proc *p, const char *const *argv)
     for (int r = 0; r < 4; r++) {
         int h = r < 2 ? NS_A : NS_B;
         char want[512];
-        snprintf(want, sizeof(want), "mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s: results exact\n", r,
+        snprintf(want, sizeof(want),
+                 "mh rank %d/4 local %d/2 cross %d/2 netns %llu transports %s hierarchical 1: results exact\n", r,
                  r % 2, r / 2, c->ino[h], tps[r]);
         KT_ASSERTF(strstr(p->obuf, want), "no line '%.*s' (rank %d should run in %s); stdout:\n%s\nstderr:\n%s",
                    (int)strlen(want) - 1, want, r, c->ns[h], p->obuf, p->ebuf);

@@ -226,6 +226,10 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
     }
 
+    /* spread over hosts: maybe in three stages (hier.c) */
+    if (kolo__coll_hier_applies(m, g, count * es))
+        return kolo__coll_hier_allreduce(m, g, send, recv, count, dtype, op, pre, post);
+
     /* every member on this host: maybe read the others' buffers directly */
     kolo__direct_ticket ticket = {.can_exchange = n == 2 && send != recv && count * es < pair_exchange_below()};
     if (pre == 1.0) {

@@ -53,6 +53,14 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
 
+/* The hierarchical allreduce (hier.c): whether an allreduce of `bytes` on g runs it (the same
+ * answer on every member), and the allreduce itself, which kolo__coll_allreduce calls then; the
+ * number of such allreduces this process ran. */
+bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
+int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
+                              kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
+uint64_t kolo__coll_hier_runs(void);
+
 /* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
  * recv (send may equal recv), each combined as its own vector; floating dtypes only.
  * kolo__coll_allreduce with KOLO_ADASUM runs it for one tensor. */

@@ -68,6 +68,16 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                       "(over TCP always)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
+    [KOLO_SET_HIERARCHICAL_ALLREDUCE] = {"KOLO_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
+                                         "1: allreduces larger than KOLO_SMALL_ALLREDUCE_MAX, on ranks spread over "
+                                         "2 or more hosts with the same number (2 or more) on each, run in three "
+                                         "stages: reduce-scatter within each host, allreduce of each block among the "
+                                         "ranks of the same local rank across the hosts, allgather within each "
+                                         "host; the network then carries 2(h-1)/h of the buffer per host (h hosts) "
+                                         "where the flat ring's link between two hosts carries 2(n-1)/n (n ranks): "
+                                         "with 2 hosts of 8 ranks, about half; 0: the flat ring; auto: as 1 from 1M "
+                                         "(kolorun --hierarchical-allreduce sets 1; any rank's 0 turns it off for "
+                                         "all)"},
     [KOLO_SET_STREAM_MIN] = {"KOLO_STREAM_MIN", "", "",
                              "rings of this many bytes or more (allreduce and the engine's fused allreduces; "
                              "reducescatter and allgather where they take the ring) write their results around the "

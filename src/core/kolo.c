@@ -88,6 +88,16 @@ static void compute_topology(void)
     W.local_size = ls;
     W.cross_rank = cr;
     W.cross_size = cs;
+    /* every rank's host, for the hierarchical allreduce (coll/hier.c): the same numbers on every
+     * rank, as all read the same keys */
+    W.host_of = kolo__calloc((size_t)n, sizeof(int));
+    if (!W.host_of) return;
+    int hosts = 0;
+    for (int r = 0; r < n; r++) {
+        int q = 0;
+        while (q < r && strcmp(W.peers[q].hostkey, W.peers[r].hostkey) != 0) q++;
+        W.host_of[r] = q < r ? W.host_of[q] : hosts++;
+    }
 }
 
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
@@ -131,13 +141,18 @@ static void choose_spin(long cpus)
 typedef struct agreement {
     uint64_t stream_min;
     uint8_t flags;
-    uint8_t pad[7];
+    uint8_t hier; /* KOLO_HIERARCHICAL_ALLREDUCE: 0 off, 1 auto, 2 on; all take the least */
+    uint8_t pad[6];
 } agreement;
 
 static int agree_world(bool oversubscribed)
 {
     int n = W.info.size, me = W.info.rank;
-    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u};
+    const char *hv = kolo__setting_str(KOLO_SET_HIERARCHICAL_ALLREDUCE);
+    uint8_t hier = !*hv || !strcmp(hv, "auto") ? 1 : !strcmp(hv, "0") ? 0 : !strcmp(hv, "1") ? 2 : 3;
+    if (hier == 3)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_HIERARCHICAL_ALLREDUCE='%s' is not one of auto, 0, 1", hv);
+    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u, .hier = hier};
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
         bool shm = true;
         for (int r = 0; r < n && shm; r++)
@@ -160,12 +175,15 @@ static int agree_world(bool oversubscribed)
             and_all &= all[r].flags;
             or_all |= all[r].flags;
             stream_min = KOLO_MIN(stream_min, all[r].stream_min);
+            hier = KOLO_MIN(hier, all[r].hier);
         }
         if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
             W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
             W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
+            W.mesh[c]->host_of = W.host_of;
+            W.mesh[c]->hier = hier;
         }
         KOLO_DEBUG("rings of %zu bytes or more write around the cache (this rank would from %llu)",
                    W.mesh[0]->stream_min, (unsigned long long)mine.stream_min);
@@ -184,6 +202,8 @@ static void teardown(void)
     }
     kolo__free(W.peers);
     W.peers = NULL;
+    kolo__free(W.host_of);
+    W.host_of = NULL;
     kolo__store_server_stop(W.server);
     W.server = NULL;
     for (int i = 0; i < KOLO_MAX_PSETS; i++) {

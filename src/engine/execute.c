@@ -254,7 +254,8 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
     int st;
     bool adasum = r0->d.op == KOLO_ADASUM; /* fused only by copying: it needs the tensors' bounds */
     const char *xfer = adasum ? "KOLO_ADASUM" : transfer_name(KOLO__ALLREDUCE);
-    if (k > 1 && total * es > IOV_MIN && !adasum) {
+    /* across hosts in three stages (coll/hier.c), a bucket goes through the fusion buffer */
+    if (k > 1 && total * es > IOV_MIN && !adasum && !kolo__coll_hier_applies(E.mesh, &s->g, total * es)) {
         st = run_allreduce_iov(s, idx, k, tracing);
     } else if (k == 1 && r0->req) {
         if (tracing) {

@@ -191,6 +191,11 @@ static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
     return KOLO_OK;
 }
 
+/* test hook: a name appended to this process's host key, so that ranks of one machine look like
+ * ranks of several hosts (TCP between them, and the hierarchical allreduce's layout) */
+static char test_host[16];
+void kolo__mesh_test_host(const char *name) { snprintf(test_host, sizeof(test_host), "%s", name ? name : ""); }
+
 static void host_key(char *out, size_t cap)
 {
     char boot[64] = "noboot", ns[64] = "nons";
@@ -201,7 +206,7 @@ static void host_key(char *out, size_t cap)
     }
     ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
     if (n > 0) ns[n] = '\0';
-    snprintf(out, cap, "%.40s/%.40s", boot, ns);
+    snprintf(out, cap, "%.40s/%.38s%.15s", boot, ns, test_host);
 }
 
 /* ---- helpers ---- */

@@ -197,6 +197,10 @@ struct kolo__mesh {
      * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
     bool world_shm, world_oversubscribed;
     size_t stream_min;
+    /* each world rank's host (owned by the world; NULL with one rank) and the hierarchical
+     * allreduce's mode, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
+    const int *host_of;
+    int hier;
 };
 
 /* The transports (tcp.c, shm.c). */
@@ -286,6 +290,8 @@ void kolo__mesh_destroy(kolo__mesh *m);
 /* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
  * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
 void kolo__mesh_test_fail_shm_from(int peer);
+/* Test hook: ranks given different names (before kolo_init) look like ranks of different hosts. */
+void kolo__mesh_test_host(const char *name);
 
 /* Host of a world rank for messages: "hostname (addr)". */
 const char *kolo__peer_name(const kolo__mesh *m, int peer);
