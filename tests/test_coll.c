@@ -889,9 +889,11 @@ KT_TEST(shm_auto_logs_its_ways_at_debug_level, 60)
  * the deciding class. Close: messages under 256 KiB take 40 ms longer by ring copies and
  * 25 ms longer single-copy, longer ones 40 ms longer single-copy; 16 allgathers of 64 KiB make the
  * pair choose single-copy (1.6x cheaper), which seeds the larger classes, and of the first 12
- * messages of 1 MiB at least 7 come by ring (the seeded class probes the ring after its own 4
- * messages, one warm-up and three timed, then keeps it: 8 do; a class that waited for the usual
- * probe, 8 messages and 0.1 s on, sent at most 4 by ring). Clear: only ring copies under 256 KiB
+ * messages of 1 MiB at least 6 come by ring (the seeded class probes the ring after its own 4
+ * messages, one warm-up and three timed, then keeps it: 8 do, or 6-7 where the sender, which
+ * reads the receiver's request in real time, posted a message or two the old way before it saw
+ * a change: 1 run in 30 had 6; a class that waited for the usual probe, 8 messages and 0.1 s on,
+ * sent at most 4 by ring). Clear: only ring copies under 256 KiB
  * are slow, and none of the first 8 messages of 1 MiB comes by ring (an early probe sends 4).
  * Moved: single-copy is 3 ms slower under 256 KiB, so the 64 KiB class clearly keeps the ring and
  * seeds it; then ring copies of 1 MiB take 200 ms longer (about 190 000 ps/B, against at most
@@ -937,7 +939,7 @@ static void cma_seeded_class_probes(int rank, void *arg)
         KT_ASSERTF(total == 8 && ring <= 5, "rank %d: moved: of the first %llu messages of 1 MiB, slow by ring, %llu "
                    "came by ring", rank, (unsigned long long)total, (unsigned long long)ring);
     else if (close)
-        KT_ASSERTF(total == 12 && ring >= 7, "rank %d: close: of the first %llu messages of 1 MiB, slow single-copy, "
+        KT_ASSERTF(total == 12 && ring >= 6, "rank %d: close: of the first %llu messages of 1 MiB, slow single-copy, "
                    "%llu came by ring", rank, (unsigned long long)total, (unsigned long long)ring);
     else
         KT_ASSERTF(total == 8 && ring == 0, "rank %d: clear: of the first %llu messages of 1 MiB %llu came by ring",
