@@ -2714,13 +2714,15 @@ KT_TEST(world_agreement_at_init, 60)
     KT_EQ(kt_job(4, world_agreement, &fail_2_3, NULL, NULL), 0);
 }
 
-/* The hierarchical allreduce (hier.c): ranks made to look like ranks of two or more hosts (the
- * test hook adds a host name to each rank's host key, so that the hosts talk TCP to each other
- * and each host's ranks share memory). With `mode` set on every rank (1 on, auto, or 0 on the
- * last rank only), each allreduce runs it (counted) exactly where it should: on, above 64 KiB;
- * auto, from 1 MiB; off on any rank, never; on a process set with one rank per host, never; and
- * the results are exact whichever way: float32 sums out of place, averages in place with a pre-
- * and a postscale, int32 maxima, float64 sums, and a fused bucket of the engine. */
+/* The hierarchical allreduce and allgather (hier.c): ranks made to look like ranks of two or
+ * more hosts (the test hook adds a host name to each rank's host key, so that the hosts talk TCP
+ * to each other and each host's ranks share memory), numbered host by host, interleaved, or
+ * unevenly spread. With `mode` set on every rank (1 on, auto, or 0 on the last rank only), each
+ * allreduce runs it (counted) exactly where it should: on, above 64 KiB; auto, from 1 MiB; off on
+ * any rank, never; on a process set with one rank per host, never; and each allgather of a
+ * different count per rank from 256 KiB in all (on) or 1 MiB (auto). The results are exact
+ * whichever way: float32 sums out of place, averages in place with a pre- and a postscale, int32
+ * maxima, float64 sums, a fused bucket of the engine, allgathers out of place and in place. */
 typedef struct hier_case {
     const char *hosts; /* host name per rank: "aabb" */
     const char *mode;  /* KOLO_HIERARCHICAL_ALLREDUCE: "1", "auto", "0" (the last rank only) */
@@ -2736,6 +2738,7 @@ static void hier_run(int rank, void *arg)
     kolo__mesh_test_host(host);
     bool off = !strcmp(hc->mode, "0");
     setenv("KOLO_HIERARCHICAL_ALLREDUCE", off ? (rank == n - 1 ? "0" : "1") : hc->mode, 1);
+    setenv("KOLO_HIERARCHICAL_ALLGATHER", off ? (rank == n - 1 ? "0" : "1") : hc->mode, 1);
     KT_OK(kolo_init());
     kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
     for (int q = 0; q < n; q++)
@@ -2835,6 +2838,33 @@ static void hier_run(int rank, void *arg)
     }
     KT_ASSERTF(kolo__coll_hier_runs() - before == (even && !off ? 1u : 0u), "%s engine: %llu hierarchical",
                hc->mode, (unsigned long long)(kolo__coll_hier_runs() - before));
+    /* allgathers of a different count per rank, out of place and in place: across the hosts first
+     * from 256 KiB in all (on) or 1 MiB (auto) */
+    size_t per[] = {(size_t)12 << 10, (size_t)60 << 10, (size_t)200 << 10};
+    for (size_t s = 0; s < KOLO_ARRAY_SIZE(per); s++) {
+        size_t counts[8], total = 0, off0 = 0;
+        for (int q = 0; q < n; q++) {
+            counts[q] = per[s] + (size_t)q * 5;
+            if (q < rank) off0 += counts[q];
+            total += counts[q];
+        }
+        bool want_ag = even && !off && total * 4 >= (strcmp(hc->mode, "auto") ? (size_t)256 << 10 : (size_t)1 << 20);
+        float *all = malloc(total * 4);
+        KT_ASSERT(all);
+        for (int ip = 0; ip < 2; ip++) {
+            uint64_t ag0 = kolo__coll_hier_ag_runs();
+            float *mine = ip ? all + off0 : a;
+            for (size_t i = 0; i < counts[rank]; i++) mine[i] = hv(i, rank);
+            KT_OK(kolo_allgather(mine, counts[rank], all, counts, KOLO_FLOAT32, KOLO_WORLD));
+            for (int q = 0, o = 0; q < n; o += (int)counts[q], q++)
+                for (size_t i = 0; i < counts[q]; i++)
+                    KT_ASSERTF(all[(size_t)o + i] == hv(i, q), "%s allgather of %zu floats%s, rank %d's [%zu]: %g",
+                               hc->mode, total, ip ? " in place" : "", q, i, (double)all[(size_t)o + i]);
+            KT_ASSERTF(kolo__coll_hier_ag_runs() - ag0 == (want_ag ? 1u : 0u), "%s allgather of %zu bytes: %llu "
+                       "hierarchical", hc->mode, total * 4, (unsigned long long)(kolo__coll_hier_ag_runs() - ag0));
+        }
+        free(all);
+    }
     /* one rank per host: the flat ring */
     if (n == 4) {
         int ranks[] = {0, 2}, id = -1;
@@ -2857,10 +2887,24 @@ static void hier_run(int rank, void *arg)
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(hier_allreduce_across_hosts, 120)
+KT_TEST(hier_allreduce_allgather_across_hosts, 120)
 {
     static const hier_case cases[] = {{"aabb", "1"}, {"aabb", "auto"}, {"aabb", "0"}, {"abab", "1"},
-                                      {"aab", "1"}};
+                                      {"abccab", "1"}, {"aab", "1"}};
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
+}
+
+static void hier_bad_value(int rank, void *arg)
+{
+    (void)rank, (void)arg;
+    KT_EQ(kolo_init(), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "KOLO_HIERARCHICAL_ALLGATHER='often' is not one of auto, 0, 1");
+    exit(0); /* the other rank fails the same way; there is no job to shut down */
+}
+
+KT_TEST(hier_bad_value_refused, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_HIERARCHICAL_ALLGATHER=often"}};
+    KT_EQ(kt_job(2, hier_bad_value, NULL, &o, NULL), 0);
 }

@@ -158,7 +158,7 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--mpi", "sh", "-c", worker, NULL}, "run mpirun directly"},
         {{"-np", "1", "--output-ranks", "0,x", "sh", "-c", worker, NULL}, "item 2 of '0,x'"},
         {{"-np", "1", "--output-ranks", "3-1", "sh", "-c", worker, NULL}, "not a range"},
-        {{"-np", "1", "--hierarchical-allgather", "sh", "-c", worker, NULL}, "no hierarchical allgather"},
+        {{"-np", "1", "--torus-allreduce", "sh", "-c", worker, NULL}, "no torus allreduce"},
         {{"-np", "1", "--num-nccl-streams", "2", "sh", "-c", worker, NULL}, "no NCCL"},
         {{"-np", "1", "--start-timeout", NULL}, "needs a value"},
         {{"-np", "1", "--no-stall-check=1", "true", NULL}, "takes no value"},
@@ -320,7 +320,7 @@ static const char print_env[] =
     "KOLO_STALL_CHECK_DISABLE KOLO_STALL_CHECK_TIME KOLO_STALL_SHUTDOWN_TIME KOLO_LOG_LEVEL KOLO_IFACE "
     "KOLO_START_TIMEOUT KOLO_AUTOTUNE KOLO_AUTOTUNE_LOG KOLO_AUTOTUNE_WARMUP_SAMPLES KOLO_AUTOTUNE_STEPS_PER_SAMPLE "
     "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE KOLO_TRANSPORT KOLO_LOG_TIME "
-    "KOLO_HIERARCHICAL_ALLREDUCE KOLO_STACK_TRACES KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
+    "KOLO_HIERARCHICAL_ALLREDUCE KOLO_HIERARCHICAL_ALLGATHER KOLO_STACK_TRACES KT_PASSED KT_X1 KT_X2 KT_OVERRIDE MASTER_ADDR MASTER_PORT; do "
     "eval \"[ -n \\\"\\${$v+x}\\\" ] && echo $v=\\$$v\"; done; true; ";
 
 KT_TEST(kolorun_worker_environment, 20)
@@ -342,7 +342,7 @@ KT_TEST(kolorun_worker_environment, 20)
                           "--autotune", "--autotune-log-file", "/tmp/kt-at.csv", "--autotune-warmup-samples", "0",
                           "--autotune-steps-per-sample", "4", "--autotune-bayes-opt-max-samples", "9",
                           "--autotune-gaussian-process-noise", "0.5", "--tcp", "--gloo", "--disable-cache",
-                          "--no-hierarchical-allreduce", "--log-with-timestamp", "sh", "-c", script, NULL};
+                          "--no-hierarchical-allreduce", "--hierarchical-allgather", "--log-with-timestamp", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "<stdout>:ready", 3, 10);
@@ -403,6 +403,7 @@ KT_TEST(kolorun_worker_environment, 20)
         expect_var(p.obuf, r, "KOLO_TRANSPORT", "tcp");
         expect_var(p.obuf, r, "KOLO_LOG_TIME", "1");
         expect_var(p.obuf, r, "KOLO_HIERARCHICAL_ALLREDUCE", "0");
+        expect_var(p.obuf, r, "KOLO_HIERARCHICAL_ALLGATHER", "1");
         char st[16];
         KT_ASSERTF(!rank_var(p.obuf, r, "KOLO_STACK_TRACES", st, sizeof(st)), "KOLO_STACK_TRACES without the option");
         expect_var(p.obuf, r, "KT_PASSED", "from-user-env");
@@ -433,13 +434,15 @@ KT_TEST(kolorun_worker_environment, 20)
     write_file(done, "", 0644);
     KT_EQ(kt_proc_finish(&p, 10), 0);
 
-    /* a second job gets its own secret and id (and the hierarchical allreduce turned on) */
+    /* a second job gets its own secret and id (and the hierarchical allreduce on, allgather off) */
     unlink(done);
     write_file(done, "", 0644);
     kproc q;
-    const char *args2[] = {"-np", "1", "--hierarchical-allreduce", "sh", "-c", print_env, NULL};
+    const char *args2[] = {"-np", "1", "--hierarchical-allreduce", "--no-hierarchical-allgather", "sh", "-c",
+                           print_env, NULL};
     KT_EQ(run(&q, args2, 10), 0);
     expect_var(q.obuf, 0, "KOLO_HIERARCHICAL_ALLREDUCE", "1");
+    expect_var(q.obuf, 0, "KOLO_HIERARCHICAL_ALLGATHER", "0");
     char secret2[256], job2[256];
     KT_ASSERT(rank_var(q.obuf, 0, "KOLO_SECRET", secret2, sizeof(secret2)));
     KT_ASSERT(rank_var(q.obuf, 0, "KOLO_JOB_ID", job2, sizeof(job2)));

@@ -67,6 +67,8 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
         total += counts[i];
     }
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
+    /* spread over hosts: maybe across them first, then within each (hier.c) */
+    if (kolo__coll_hier_ag_applies(m, g, total * es)) return kolo__coll_hier_allgather(m, g, send, recv, counts, es);
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
     /* (a world of one rank has no mesh) */

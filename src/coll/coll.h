@@ -53,13 +53,17 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
 
-/* The hierarchical allreduce (hier.c): whether an allreduce of `bytes` on g runs it (the same
- * answer on every member), and the allreduce itself, which kolo__coll_allreduce calls then; the
- * number of such allreduces this process ran. */
+/* The hierarchical allreduce and allgather (hier.c): whether an allreduce or allgather of `bytes`
+ * (in all) on g runs it (the same answer on every member), and the collective itself, which
+ * kolo__coll_allreduce and kolo__coll_allgather call then; how many of each this process ran. */
 bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
 uint64_t kolo__coll_hier_runs(void);
+bool kolo__coll_hier_ag_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
+int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                              size_t es);
+uint64_t kolo__coll_hier_ag_runs(void);
 
 /* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
  * recv (send may equal recv), each combined as its own vector; floating dtypes only.

@@ -78,6 +78,13 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                          "with 2 hosts of 8 ranks, about half; 0: the flat ring; auto: as 1 from 1M "
                                          "(kolorun --hierarchical-allreduce sets 1; any rank's 0 turns it off for "
                                          "all)"},
+    [KOLO_SET_HIERARCHICAL_ALLGATHER] = {"KOLO_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
+                                         "1: allgathers of 256K and more in all, on ranks spread as for "
+                                         "KOLO_HIERARCHICAL_ALLREDUCE, exchange each rank's block with the ranks of "
+                                         "the same local rank on the other hosts first, then the blocks gathered so "
+                                         "within each host, so that each block crosses the network once per other "
+                                         "host; 0: never; auto: as 1 from 1M (kolorun --hierarchical-allgather "
+                                         "sets 1; any rank's 0 turns it off for all)"},
     [KOLO_SET_STREAM_MIN] = {"KOLO_STREAM_MIN", "", "",
                              "rings of this many bytes or more (allreduce and the engine's fused allreduces; "
                              "reducescatter and allgather where they take the ring) write their results around the "

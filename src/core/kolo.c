@@ -141,18 +141,26 @@ static void choose_spin(long cpus)
 typedef struct agreement {
     uint64_t stream_min;
     uint8_t flags;
-    uint8_t hier; /* KOLO_HIERARCHICAL_ALLREDUCE: 0 off, 1 auto, 2 on; all take the least */
-    uint8_t pad[6];
+    uint8_t hier[2]; /* KOLO_HIERARCHICAL_ALLREDUCE, _ALLGATHER: 0 off, 1 auto, 2 on; all take the least */
+    uint8_t pad[5];
 } agreement;
 
 static int agree_world(bool oversubscribed)
 {
     int n = W.info.size, me = W.info.rank;
-    const char *hv = kolo__setting_str(KOLO_SET_HIERARCHICAL_ALLREDUCE);
-    uint8_t hier = !*hv || !strcmp(hv, "auto") ? 1 : !strcmp(hv, "0") ? 0 : !strcmp(hv, "1") ? 2 : 3;
-    if (hier == 3)
-        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_HIERARCHICAL_ALLREDUCE='%s' is not one of auto, 0, 1", hv);
-    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u, .hier = hier};
+    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u};
+    static const kolo_setting_t hier_set[2] = {KOLO_SET_HIERARCHICAL_ALLREDUCE, KOLO_SET_HIERARCHICAL_ALLGATHER};
+    uint8_t hier[2];
+    size_t nset;
+    const kolo__setting_info *set = kolo__setting_table(&nset);
+    for (int k = 0; k < 2; k++) {
+        const char *hv = kolo__setting_str(hier_set[k]);
+        hier[k] = !*hv || !strcmp(hv, "auto") ? 1 : !strcmp(hv, "0") ? 0 : !strcmp(hv, "1") ? 2 : 3;
+        if (hier[k] == 3)
+            return kolo__err(KOLO_ERR_INVALID_ARG, "%s='%s' is not one of auto, 0, 1",
+                             set[hier_set[k]].name, hv);
+        mine.hier[k] = hier[k];
+    }
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
         bool shm = true;
         for (int r = 0; r < n && shm; r++)
@@ -175,7 +183,7 @@ static int agree_world(bool oversubscribed)
             and_all &= all[r].flags;
             or_all |= all[r].flags;
             stream_min = KOLO_MIN(stream_min, all[r].stream_min);
-            hier = KOLO_MIN(hier, all[r].hier);
+            for (int k = 0; k < 2; k++) hier[k] = KOLO_MIN(hier[k], all[r].hier[k]);
         }
         if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
@@ -183,7 +191,8 @@ static int agree_world(bool oversubscribed)
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
             W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
             W.mesh[c]->host_of = W.host_of;
-            W.mesh[c]->hier = hier;
+            W.mesh[c]->hier = hier[0];
+            W.mesh[c]->hier_ag = hier[1];
         }
         KOLO_DEBUG("rings of %zu bytes or more write around the cache (this rank would from %llu)",
                    W.mesh[0]->stream_min, (unsigned long long)mine.stream_min);

@@ -197,10 +197,10 @@ struct kolo__mesh {
      * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
     bool world_shm, world_oversubscribed;
     size_t stream_min;
-    /* each world rank's host (owned by the world; NULL with one rank) and the hierarchical
-     * allreduce's mode, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
+    /* each world rank's host (owned by the world; NULL with one rank) and the modes of the
+     * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
     const int *host_of;
-    int hier;
+    int hier, hier_ag;
 };
 
 /* The transports (tcp.c, shm.c). */

@@ -77,6 +77,9 @@ static const char usage_text[] =
     "  --hierarchical-allreduce      KOLO_HIERARCHICAL_ALLREDUCE=1: allreduces across hosts above\n"
     "                                64 KiB in three stages (default auto: from 1 MiB)\n"
     "  --no-hierarchical-allreduce   KOLO_HIERARCHICAL_ALLREDUCE=0: always the flat ring\n"
+    "  --hierarchical-allgather      KOLO_HIERARCHICAL_ALLGATHER=1: allgathers across hosts from\n"
+    "                                256 KiB across the hosts first (default auto: from 1 MiB)\n"
+    "  --no-hierarchical-allgather   KOLO_HIERARCHICAL_ALLGATHER=0\n"
     "  --config-file FILE            horovodrun's YAML config (params, autotune, timeline,\n"
     "                                stall_check, library_options, logging); options win\n"
     "  --log-with-timestamp, --log-without-timestamp   KOLO_LOG_TIME=1 / 0\n"
@@ -86,9 +89,8 @@ static const char usage_text[] =
     "  --autotune-steps-per-sample N KOLO_AUTOTUNE_STEPS_PER_SAMPLE (10)\n"
     "  --autotune-bayes-opt-max-samples N     KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES (20)\n"
     "  --autotune-gaussian-process-noise X    KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (0.8)\n"
-    "horovodrun's --gloo, --disable-cache, --no-hierarchical-allgather and --no-torus-allreduce are\n"
-    "accepted and change nothing; its --mpi, --hierarchical-allgather, --num-nccl-streams ... are\n"
-    "refused, saying why.\n"
+    "horovodrun's --gloo, --disable-cache and --no-torus-allreduce are accepted and change nothing;\n"
+    "its --mpi, --torus-allreduce, --num-nccl-streams ... are refused, saying why.\n"
     "Information\n"
     "  -h, --help                    this text\n"
     "  -v, --version                 the version\n"
@@ -231,7 +233,7 @@ typedef enum {
     /* flags (no value) from here */
     O_FLAGS_START,
     O_PREFIX_TS = O_FLAGS_START, O_REPORT_BINDINGS, O_MARK_CYCLES, O_NO_STALL, O_AUTOTUNE, O_STACKS, O_TCP,
-    O_GLOO, O_NO_CACHE, O_LOG_TS, O_LOG_NO_TS, O_HIER, O_NO_HIER, O_HVD_OFF, O_HVD_FLAG, O_HELP, O_VERSION,
+    O_GLOO, O_NO_CACHE, O_LOG_TS, O_LOG_NO_TS, O_HIER, O_NO_HIER, O_HIER_AG, O_NO_HIER_AG, O_HVD_OFF, O_HVD_FLAG, O_HELP, O_VERSION,
     O_HELP_ENV, O_CHECK_BUILD, O_VERBOSE, O_COUNT
 } opt_id;
 
@@ -294,8 +296,10 @@ static const struct {
     {O_LOG_NO_TS, "--log-without-timestamp --log-hide-timestamp"},
     {O_HIER, "--hierarchical-allreduce"},
     {O_NO_HIER, "--no-hierarchical-allreduce"},
-    {O_HVD_OFF, "--no-hierarchical-allgather --no-torus-allreduce"},
-    {O_HVD_FLAG, "--mpi --jsrun --hierarchical-allgather --torus-allreduce "
+    {O_HIER_AG, "--hierarchical-allgather"},
+    {O_NO_HIER_AG, "--no-hierarchical-allgather"},
+    {O_HVD_OFF, "--no-torus-allreduce"},
+    {O_HVD_FLAG, "--mpi --jsrun --torus-allreduce "
                  "--mpi-threads-disable"},
     {O_HELP, "-h --help"},
     {O_VERSION, "-v --version"},
@@ -366,8 +370,6 @@ static int horovod_only(const char *opt, const char *where)
         {"--mpi-threads-disable", "kolo does not use MPI"},
         {"--num-nccl-streams", "this kolo has no NCCL (no GPU collectives yet)"},
         {"--thread-affinity", "kolo has no setting to pin its engine thread: --bind-to pins the whole worker"},
-        {"--hierarchical-allgather", "kolo has no hierarchical allgather: its collectives use shared memory "
-                                     "within a host and TCP between hosts already"},
         {"--torus-allreduce", "kolo has no torus allreduce (Horovod's needs NCCL)"},
         {"--ccl-bgt-affinity", "kolo has no oneCCL"},
     };
@@ -573,6 +575,8 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_TCP: return add_setting(o, "KOLO_TRANSPORT", "tcp");
     case O_HIER: return add_setting(o, "KOLO_HIERARCHICAL_ALLREDUCE", "1");
     case O_NO_HIER: return add_setting(o, "KOLO_HIERARCHICAL_ALLREDUCE", "0");
+    case O_HIER_AG: return add_setting(o, "KOLO_HIERARCHICAL_ALLGATHER", "1");
+    case O_NO_HIER_AG: return add_setting(o, "KOLO_HIERARCHICAL_ALLGATHER", "0");
     case O_GLOO: return -1;     /* horovodrun's controller choice: kolorun's own is Gloo mode's */
     case O_NO_CACHE: return -1; /* horovodrun caches its ssh checks for an hour; kolorun caches nothing */
     case O_HVD_OFF: return -1;  /* kolo has none of them to turn off */
@@ -618,7 +622,7 @@ static const struct {
     {"params", "cycle_time_ms", CK_VALUE, O_CYCLE, 0, NULL},
     {"params", "cache_capacity", CK_VALUE, O_CACHE, 0, NULL},
     {"params", "hierarchical_allreduce", CK_BOOL_PAIR, O_HIER, O_NO_HIER, NULL},
-    {"params", "hierarchical_allgather", CK_IF_TRUE, O_HVD_FLAG, 0, "--hierarchical-allgather"},
+    {"params", "hierarchical_allgather", CK_BOOL_PAIR, O_HIER_AG, O_NO_HIER_AG, NULL},
     {"autotune", "enabled", CK_IF_TRUE, O_AUTOTUNE, 0, NULL},
     {"autotune", "log_file", CK_VALUE, O_AT_LOG, 0, NULL},
     {"autotune", "warmup_samples", CK_VALUE, O_AT_WARMUP, 0, NULL},
