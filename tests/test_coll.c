@@ -1041,18 +1041,19 @@ KT_TEST(shm_auto_checks_a_close_first_probe_that_kept_the_ring, 60)
     KT_EQ(kt_job(2, first_probe_checked, &wide, &o, NULL), 0);
 }
 
-static void cma_bad_value(int rank, void *arg)
+/* kolo_init refuses a setting's bad value (the job's env), with the message `arg` */
+static void bad_value_refused(int rank, void *arg)
 {
-    (void)rank, (void)arg;
+    (void)rank;
     KT_EQ(kolo_init(), KOLO_ERR_INVALID_ARG);
-    KT_CONTAINS(kolo_last_error(), "KOLO_SHM_CMA='sometimes' is not one of auto, 0, 1");
+    KT_CONTAINS(kolo_last_error(), (const char *)arg);
     exit(0); /* the other rank fails the same way; there is no job to shut down */
 }
 
 KT_TEST(shm_cma_bad_value_refused, 30)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=sometimes"}};
-    KT_EQ(kt_job(2, cma_bad_value, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(2, bad_value_refused, (void *)"KOLO_SHM_CMA='sometimes' is not one of auto, 0, 1", &o, NULL), 0);
 }
 
 /* Collectives of several ring chunks per block, more than one ring's worth, with uneven
@@ -2895,16 +2896,10 @@ KT_TEST(hier_allreduce_allgather_across_hosts, 120)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }
 
-static void hier_bad_value(int rank, void *arg)
-{
-    (void)rank, (void)arg;
-    KT_EQ(kolo_init(), KOLO_ERR_INVALID_ARG);
-    KT_CONTAINS(kolo_last_error(), "KOLO_HIERARCHICAL_ALLGATHER='often' is not one of auto, 0, 1");
-    exit(0); /* the other rank fails the same way; there is no job to shut down */
-}
-
 KT_TEST(hier_bad_value_refused, 30)
 {
     kt_job_opts o = {.env = {"KOLO_HIERARCHICAL_ALLGATHER=often"}};
-    KT_EQ(kt_job(2, hier_bad_value, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(2, bad_value_refused, (void *)"KOLO_HIERARCHICAL_ALLGATHER='often' is not one of auto, 0, 1", &o,
+                 NULL),
+          0);
 }

@@ -192,7 +192,7 @@ static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
 }
 
 /* test hook: a name appended to this process's host key, so that ranks of one machine look like
- * ranks of several hosts (TCP between them, and the hierarchical allreduce's layout) */
+ * ranks of several hosts (TCP between them, and the hierarchical collectives' layout) */
 static char test_host[16];
 void kolo__mesh_test_host(const char *name) { snprintf(test_host, sizeof(test_host), "%s", name ? name : ""); }
 
