@@ -2803,42 +2803,53 @@ static void hier_run(int rank, void *arg)
         KT_ASSERTF(kolo__coll_hier_runs() - before == (want_hier ? 4u : 0u), "%s, %zu bytes: %llu hierarchical of 4",
                    hc->mode, hsizes[s], (unsigned long long)(kolo__coll_hier_runs() - before));
     }
-    /* the engine: three tensors fused into one bucket of 1.5 MiB */
-    enum { T = 3 };
-    size_t tc = ((size_t)512 << 10) / 4;
+    /* the engine: a bucket of four tensors, two rounds: summed, then averaged with a pre- and a
+     * postscale (sum / 2n); one reduced in place, one small enough to be packed into the fusion
+     * buffer, one of an odd count. Across hosts it runs in three stages over the list of buffers
+     * (ring_iov.c), not copied into the fusion buffer. */
+    enum { T = 4 };
+    const size_t tc[T] = {((size_t)512 << 10) / 4, ((size_t)512 << 10) / 4, ((size_t)16 << 10) / 4,
+                          ((size_t)768 << 10) / 4 + 5};
     float *tin[T], *tout[T];
     const void *sb[T];
     void *rb[T];
     kolo_shape_t sh[T];
     for (int t = 0; t < T; t++) {
-        tin[t] = malloc(tc * 4);
-        tout[t] = malloc(tc * 4);
+        tin[t] = malloc(tc[t] * 4);
+        tout[t] = t == 1 ? tin[t] : malloc(tc[t] * 4);
         KT_ASSERT(tin[t] && tout[t]);
-        for (size_t i = 0; i < tc; i++) tin[t][i] = hv(i + (size_t)t, rank);
         sb[t] = tin[t];
         rb[t] = tout[t];
         memset(&sh[t], 0, sizeof(sh[t]));
         sh[t].ndim = 1;
-        sh[t].dims[0] = (int64_t)tc;
+        sh[t].dims[0] = (int64_t)tc[t];
     }
-    uint64_t before = kolo__coll_hier_runs();
-    kolo_request_t *rs[T];
-    KT_OK(kolo_igrouped_allreduce(T, NULL, sb, rb, KOLO_FLOAT32, sh, KOLO_SUM, 1, 1, NULL, rs));
-    for (int t = 0; t < T; t++) {
-        int st = kolo_request_wait(rs[t], 60);
-        KT_ASSERTF(st == KOLO_OK, "tensor %d: %s", t, kolo_request_error(rs[t]));
-        for (size_t i = 0; i < tc; i++) {
-            float want = 0;
-            for (int q = 0; q < n; q++) want += hv(i + (size_t)t, q);
-            KT_ASSERTF(tout[t][i] == want, "%s engine tensor %d [%zu]: %g, want %g", hc->mode, t, i,
-                       (double)tout[t][i], (double)want);
+    for (int avg = 0; avg < 2; avg++) {
+        for (int t = 0; t < T; t++)
+            for (size_t i = 0; i < tc[t]; i++) tin[t][i] = hv(i + (size_t)t, rank);
+        uint64_t before = kolo__coll_hier_runs();
+        kolo_request_t *rs[T];
+        KT_OK(kolo_igrouped_allreduce(T, NULL, sb, rb, KOLO_FLOAT32, sh, avg ? KOLO_AVERAGE : KOLO_SUM, avg ? 2.0 : 1.0,
+                                      avg ? 0.25 : 1.0, NULL, rs));
+        for (int t = 0; t < T; t++) {
+            int st = kolo_request_wait(rs[t], 60);
+            KT_ASSERTF(st == KOLO_OK, "tensor %d: %s", t, kolo_request_error(rs[t]));
+            for (size_t i = 0; i < tc[t]; i++) {
+                float want = 0;
+                for (int q = 0; q < n; q++) want += hv(i + (size_t)t, q);
+                if (avg) want /= (float)(2 * n);
+                KT_ASSERTF(fabsf(tout[t][i] - want) <= 1e-6f * want, "%s engine %s tensor %d [%zu]: %g, want %g",
+                           hc->mode, avg ? "average" : "sum", t, i, (double)tout[t][i], (double)want);
+            }
+            kolo_request_release(rs[t]);
         }
-        kolo_request_release(rs[t]);
-        free(tin[t]);
-        free(tout[t]);
+        KT_ASSERTF(kolo__coll_hier_runs() - before == (even && !off ? 1u : 0u), "%s engine: %llu hierarchical",
+                   hc->mode, (unsigned long long)(kolo__coll_hier_runs() - before));
     }
-    KT_ASSERTF(kolo__coll_hier_runs() - before == (even && !off ? 1u : 0u), "%s engine: %llu hierarchical",
-               hc->mode, (unsigned long long)(kolo__coll_hier_runs() - before));
+    for (int t = 0; t < T; t++) {
+        if (tout[t] != tin[t]) free(tout[t]);
+        free(tin[t]);
+    }
     /* allgathers of a different count per rank, out of place and in place: across the hosts first
      * from 256 KiB in all (on) or 1 MiB (auto) */
     size_t per[] = {(size_t)12 << 10, (size_t)60 << 10, (size_t)200 << 10};
@@ -2873,7 +2884,7 @@ static void hier_run(int rank, void *arg)
         if (rank % 2 == 0) {
             size_t count = ((size_t)1 << 20) / 4;
             for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
-            before = kolo__coll_hier_runs();
+            uint64_t before = kolo__coll_hier_runs();
             KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, id));
             KT_EQ(kolo__coll_hier_runs(), before);
             for (size_t i = 0; i < count; i++) KT_ASSERT(b[i] == hv(i, 0) + hv(i, 2));

@@ -60,10 +60,17 @@ bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t b
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
 uint64_t kolo__coll_hier_runs(void);
+void kolo__coll_hier_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */
 bool kolo__coll_hier_ag_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
 int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                               size_t es);
 uint64_t kolo__coll_hier_ag_runs(void);
+/* The groups of the hierarchical collectives: lg the members on this member's host, xg those of
+ * its local index on every host (ranks arrays of KOLO_HIER_HALF); false where they do not apply
+ * (the hosts hold different numbers of members, fewer than 2, or there is one host). */
+#define KOLO_HIER_HALF 512
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, kolo__group *lg, int *lranks, kolo__group *xg,
+                            int *xranks);
 
 /* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
  * recv (send may equal recv), each combined as its own vector; floating dtypes only.

@@ -44,11 +44,13 @@
 
 /* members above which the groups are not built on the stack */
 #define HIER_MAX 1024
+_Static_assert(HIER_MAX / 2 == KOLO_HIER_HALF, "coll.h's KOLO_HIER_HALF is half of HIER_MAX");
 
 static uint64_t hier_runs, hier_ag_runs;
 
 uint64_t kolo__coll_hier_runs(void) { return __atomic_load_n(&hier_runs, __ATOMIC_RELAXED); }
 uint64_t kolo__coll_hier_ag_runs(void) { return __atomic_load_n(&hier_ag_runs, __ATOMIC_RELAXED); }
+void kolo__coll_hier_ran(void) { __atomic_fetch_add(&hier_runs, 1, __ATOMIC_RELAXED); }
 
 /* With the mode at auto, allreduces from this many bytes go hierarchical. Measured on this
  * project's 2-vCPU Intel Xeon VM: two network namespaces joined by a veth pair stand for two
@@ -127,6 +129,16 @@ static kolo__group subgroup(const kolo__group *g, const int *members, int count,
     return s;
 }
 
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, kolo__group *lg, int *lranks, kolo__group *xg,
+                            int *xranks)
+{
+    hier_map hm;
+    if (!hier_layout(m, g, &hm)) return false;
+    *lg = subgroup(g, hm.local, hm.L, lranks);
+    *xg = subgroup(g, hm.cross + hm.me_local * hm.H, hm.H, xranks);
+    return true;
+}
+
 bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes)
 {
     if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes <= kolo__coll_small_max()) return false;
@@ -137,11 +149,11 @@ bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t b
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
-    hier_map hm;
-    if (!hier_layout(m, g, &hm))
+    kolo__group lg, xg;
+    int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
+    if (!kolo__coll_hier_groups(m, g, &lg, lr, &xg, xr))
         return kolo__err(KOLO_ERR_INTERNAL, "hierarchical allreduce on a group that is not spread evenly over hosts");
-    int L = hm.L, H = hm.H, lr[HIER_MAX / 2], xr[HIER_MAX / 2];
-    kolo__group lg = subgroup(g, hm.local, L, lr), xg = subgroup(g, hm.cross + hm.me_local * H, H, xr);
+    int L = lg.size;
     size_t es = kolo_dtype_size(dtype), counts[HIER_MAX / 2], base = count / (size_t)L, extra = count % (size_t)L;
     size_t off = 0;
     for (int i = 0; i < L; i++) {
@@ -156,7 +168,7 @@ int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *s
     if (st != KOLO_OK) return st;
     kolo__coll_finish_scale(block, mine, dtype, op, post, g->size);
     st = kolo__coll_allgather(m, &lg, block, recv, counts, es);
-    if (st == KOLO_OK) __atomic_fetch_add(&hier_runs, 1, __ATOMIC_RELAXED);
+    if (st == KOLO_OK) kolo__coll_hier_ran();
     return st;
 }
 

@@ -11,7 +11,8 @@
  *     (MEMCPY_IN_FUSION_BUFFER), one collective in place, copied back (MEMCPY_OUT_FUSION_BUFFER);
  *   - several, more than IOV_MIN bytes: one ring allreduce over the list of buffers
  *     (ring_iov.c), the tensors of at least PACK_MIN bytes reduced where they are and only the
- *     smaller ones packed into the fusion buffer; on one host the same list may instead be read
+ *     smaller ones packed into the fusion buffer (across hosts, where coll/hier.c applies, in its
+ *     three stages over the list: ring_iov.c); on one host the same list may instead be read
  *     (and written) by the other members directly (coll/direct.c), as a single tensor may:
  *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
  *     kolo_mem_alloc memory too), else, from 256 KiB, by CMA when that times faster than the ring. On this
@@ -186,9 +187,15 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
         if (rp->bytes < PACK_MIN) packed += rp->bytes;
         else if (!rp->req) zeros += rp->bytes;
     }
-    size_t total = 0;
+    size_t total = 0, es = kolo_dtype_size(dt);
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
-    size_t chunk2 = kolo__iov_scratch(E.mesh, total, s->n, kolo_dtype_size(dt));
+    /* across hosts maybe in three stages (coll/hier.c, ring_iov.c) */
+    kolo__group lg, xg;
+    int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
+    bool hier = kolo__coll_hier_applies(E.mesh, &s->g, total * es) &&
+                kolo__coll_hier_groups(E.mesh, &s->g, &lg, lr, &xg, xr);
+    size_t chunk2 = hier ? kolo__iov_hier_scratch(E.mesh, lg.size, xg.size, total, es)
+                         : kolo__iov_scratch(E.mesh, total, s->n, es);
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
     char *buf = segs ? fusion_buffer(packed + zeros) : NULL;
     char *scratch = buf ? grow(&E.zbuf, &E.zbuf_cap, chunk2) : NULL;
@@ -226,7 +233,10 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     int st = r0->d.pre != 1.0 ? KOLO_DIRECT_DECLINED
                               : kolo__direct_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.post,
                                                        &ticket);
-    if (st == KOLO_DIRECT_DECLINED) {
+    if (st == KOLO_DIRECT_DECLINED && hier) {
+        st = kolo__iov_hier_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post,
+                                      scratch, chunk2);
+    } else if (st == KOLO_DIRECT_DECLINED) {
         st = kolo__iov_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post, scratch,
                                  chunk2);
         kolo__direct_ring_done(E.mesh, &ticket, st);
@@ -254,8 +264,7 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
     int st;
     bool adasum = r0->d.op == KOLO_ADASUM; /* fused only by copying: it needs the tensors' bounds */
     const char *xfer = adasum ? "KOLO_ADASUM" : transfer_name(KOLO__ALLREDUCE);
-    /* across hosts in three stages (coll/hier.c), a bucket goes through the fusion buffer */
-    if (k > 1 && total * es > IOV_MIN && !adasum && !kolo__coll_hier_applies(E.mesh, &s->g, total * es)) {
+    if (k > 1 && total * es > IOV_MIN && !adasum) {
         st = run_allreduce_iov(s, idx, k, tracing);
     } else if (k == 1 && r0->req) {
         if (tracing) {
