@@ -3,7 +3,7 @@
 # collectives (src/coll/hier.c), with two network namespaces standing for two hosts.
 #
 #   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R] [--coll allreduce|allgather|engine]
-#                     [--min SIZE] [--max SIZE] [--iters N]
+#                     [--min SIZE] [--max SIZE] [--iters N] [--gloo]
 #
 # Needs root (ip netns, tc) and a built tree (make all). The namespaces "kh<pid>a" and "kh<pid>b"
 # are joined by a veth pair (10.79.0.1 and .2), its sending side shaped by tc's token bucket to
@@ -13,9 +13,12 @@
 # one after the other, and the table gives each size's median time over the rounds and the
 # median of the rounds' ratios, hierarchical over flat (below 1: hierarchical is faster).
 # --coll engine runs engine-bench (ResNet-50's gradients through the engine) instead of
-# kolo-bench. The namespaces are deleted at the end, however the script ends.
+# kolo-bench. --gloo adds torch.distributed's Gloo (bench/peers/torch_dist_bench.py, Debian's
+# python3-torch) to every round, the same ranks in the same namespaces, and compares kolo's
+# hierarchical run with it (in place for allreduce, Gloo's only form; out of place for
+# allgather). The namespaces are deleted at the end, however the script ends.
 set -eu
-RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10
+RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10 GLOO=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -25,7 +28,8 @@ while [ $# -gt 0 ]; do
     --min) MIN=$2; shift 2 ;;
     --max) MAX=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --gloo) GLOO=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hosts.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +38,11 @@ case "$COLL" in allreduce|allgather|engine) ;; *) echo "hosts.sh: --coll allredu
 BIN=build/bin/kolo-bench
 [ "$COLL" = engine ] && BIN=build/bin/engine-bench
 [ -x "$BIN" ] || { echo "hosts.sh: $BIN not built (make all)" >&2; exit 2; }
+if [ "$GLOO" = 1 ]; then
+  [ "$COLL" != engine ] || { echo "hosts.sh: --gloo compares allreduce or allgather" >&2; exit 2; }
+  /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
+    { echo "hosts.sh: --gloo needs Debian's python3-torch (/usr/bin/python3)" >&2; exit 2; }
+fi
 
 A=kh$$a B=kh$$b TMP=$(mktemp -d)
 cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$TMP"; }
@@ -54,16 +63,23 @@ if [ "$RATE" != none ]; then
 fi
 
 N=$((2 * PER))
-run() { # run HIER ROUND: one launch, rank 0's output into $TMP/out.HIER.ROUND
+run() { # run HIER|g ROUND: one launch (g: Gloo), rank 0's output into $TMP/out.HIER.ROUND
   h=$1 rnd=$2
   port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 20000))
   r=0
   while [ $r -lt $N ]; do
-    ns=$A; [ $r -ge $PER ] && ns=$B
-    if [ "$COLL" = engine ]; then set -- -n "$ITERS" -w 2 -s 1; else set -- "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1; fi
-    ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
-      KOLO_JOB_ID=hosts$$.$h.$rnd KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
-      "$BIN" "$@" > "$TMP/out.$h.$rnd.$r" 2>&1 &
+    ns=$A dev=v$$a
+    [ $r -ge $PER ] && ns=$B dev=v$$b
+    if [ "$h" = g ]; then
+      ip netns exec "$ns" env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$((r % PER)) MASTER_ADDR=10.79.0.1 MASTER_PORT=$port \
+        GLOO_SOCKET_IFNAME=$dev /usr/bin/python3 bench/peers/torch_dist_bench.py "$COLL" -b "$MIN" -e "$MAX" \
+        -n "$ITERS" -w 3 -c 1 > "$TMP/out.$h.$rnd.$r" 2>&1 &
+    else
+      if [ "$COLL" = engine ]; then set -- -n "$ITERS" -w 2 -s 1; else set -- "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1; fi
+      ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
+        KOLO_JOB_ID=hosts$$.$h.$rnd KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
+        "$BIN" "$@" > "$TMP/out.$h.$rnd.$r" 2>&1 &
+    fi
     r=$((r + 1))
   done
   wait
@@ -73,13 +89,19 @@ i=1
 while [ $i -le "$ROUNDS" ]; do
   run 0 $i
   run 1 $i
+  [ "$GLOO" = 1 ] && run g $i
   i=$((i + 1))
 done
 
 echo "# kolo across 2 hosts of $PER ranks (network namespaces, veth $RATE), $COLL, $ROUNDS rounds, $(date -u +%Y-%m-%dT%H:%MZ)"
-python3 - "$TMP" "$ROUNDS" "$COLL" <<'EOF'
+python3 - "$TMP" "$ROUNDS" "$COLL" "$GLOO" <<'EOF'
 import statistics, sys
-tmp, rounds, coll = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tmp, rounds, coll, gloo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+def num(s):
+    try:
+        return float(s)
+    except ValueError:
+        return None  # "-": a form this peer does not run
 def rows(h, r):
     out = {}
     for line in open(f"{tmp}/out.{h}.{r}"):
@@ -88,20 +110,34 @@ def rows(h, r):
             if line.startswith("engine step"):
                 out["step"] = (float(f[-5]), float(f[-5]))
         elif f and f[0].isdigit() and len(f) >= 13:
-            if f[8] not in ("0", "N/A") or f[12] not in ("0", "N/A"):
+            if f[8] not in ("0", "N/A", "-") or f[12] not in ("0", "N/A", "-"):
                 sys.exit(f"hosts.sh: wrong results in {tmp}/out.{h}.{r}: {line.strip()}")
-            out[int(f[0])] = (float(f[5]), float(f[9]))
+            out[int(f[0])] = (num(f[5]), num(f[9]))
+    if not out:
+        sys.exit(f"hosts.sh: no results in {tmp}/out.{h}.{r}:\n" + open(f"{tmp}/out.{h}.{r}").read()[-2000:])
     return out
-data = {(h, r): rows(h, r) for h in (0, 1) for r in range(1, rounds + 1)}
+runs = (0, 1, "g") if gloo else (0, 1)
+data = {(h, r): rows(h, r) for h in runs for r in range(1, rounds + 1)}
 keys = sorted(data[(0, 1)], key=lambda k: (isinstance(k, str), k))
 unit = "ms" if coll == "engine" else "us"
-print(f"| size (B) | flat {unit} | hierarchical {unit} | hierarchical / flat |" if coll != "engine"
-      else "| | flat ms | hierarchical ms | hierarchical / flat |")
-print("|---:|---:|---:|---:|")
+col = 1 if coll == "allreduce" else 0  # Gloo's form: in place for allreduce, out of place for allgather
+head = f"| {'' if coll == 'engine' else 'size (B)'} | flat {unit} | hierarchical {unit} | hierarchical / flat |"
+if gloo:
+    head += f" hierarchical {'in place' if col else 'out of place'} {unit} | Gloo {unit} | kolo / Gloo |"
+print(head)
+print("|---:" * head.count(" | ") + "|---:|")
+med = statistics.median
 for k in keys:
     flat = [data[(0, r)][k][0] for r in range(1, rounds + 1)]
     hier = [data[(1, r)][k][0] for r in range(1, rounds + 1)]
-    ratio = statistics.median(h / f for h, f in zip(hier, flat))
     name = "ResNet-50 step" if k == "step" else f"{k}"
-    print(f"| {name} | {statistics.median(flat):.1f} | {statistics.median(hier):.1f} | {ratio:.2f} |")
+    line = f"| {name} | {med(flat):.1f} | {med(hier):.1f} | {med(h / f for h, f in zip(hier, flat)):.2f} |"
+    if gloo:
+        kh = [data[(1, r)][k][col] for r in range(1, rounds + 1)]
+        gl = [data[("g", r)].get(k, (None, None))[col] for r in range(1, rounds + 1)]
+        if None in gl:
+            line += " | - | - |"
+        else:
+            line += f" {med(kh):.1f} | {med(gl):.1f} | {med(a / b for a, b in zip(kh, gl)):.2f} |"
+    print(line)
 EOF
