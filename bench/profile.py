@@ -42,9 +42,12 @@ CAT_LABEL = {c[0]: c[1] for c in CATEGORIES}
 
 # Checked in this order; the first rule whose pattern matches the symbol decides. A rule's scope
 # says whose symbols it applies to: "kernel" (kolo's own tcp_* functions are not the TCP stack),
-# "user" (the kernel's check_stack_object is not the benchmark's check loop) or "any".
+# "user" (the kernel's check_stack_object is not the benchmark's check loop) or "any". The
+# benchmarks' own loops by their exact names: kolo-bench links the library in, whose argument
+# checks (check_dtype_op, on every call) a pattern like check_\w+ took for the benchmark's (a CI
+# run found one such sample within the timed calls and failed the test that wants none).
 _RULES = [
-    ("bench", "user", r"^(fill|check|expect|put|get|__fmax|__fmin|fill_\w+|check_\w+|verify\w*)$"),
+    ("bench", "user", r"^(fill|check|expect|expected_value|verify|put|get|__fmax|__fmin)$"),
     ("pin", "kernel", r"follow_page|get_user_pages|gup_|grab_folio|unpin_user|process_vm_rw|pte_offset|"
                       r"vm_normal_page|mod_node_page_state|pte_val|vma_pgtable|follow_p[mu4]d|"
                       r"folio_add_pin|try_get_folio|pin_user|check_vma_flags"),

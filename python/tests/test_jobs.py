@@ -597,15 +597,17 @@ def test_profile_sorts_symbols_and_says_what_differs():
   5.00% ; 50 ;kolo-timeline ;kolo-bench ;[.] fill
   0.10% ; 1 ;kolo-bench ;[kernel.kallsyms] ;[k] check_stack_object
   0.10% ; 1 ;kolo-bench ;[kernel.kallsyms] ;[k] check_vma_flags
+  0.10% ; 1 ;kolo-bench ;kolo-bench ;[.] check_dtype_op
 """
     rows = prof.parse_report(text)
-    assert len(rows) == 9 and rows[0] == (400, "kolo-bench", "libc.so.6", "__memmove_avx512_unaligned_erms")
+    assert len(rows) == 10 and rows[0] == (400, "kolo-bench", "libc.so.6", "__memmove_avx512_unaligned_erms")
     cats = [prof.categorize(sym, dso) for _, _, dso, sym in rows]
-    # The kernel's usercopy and pinning checks are not the benchmark's check loop.
-    assert cats == ["copy", "reduce", "wait", "pin", "net", "other", "bench", "copy", "pin"], cats
+    # The kernel's usercopy and pinning checks are not the benchmark's check loop, nor is the
+    # library's argument check linked into kolo-bench.
+    assert cats == ["copy", "reduce", "wait", "pin", "net", "other", "bench", "copy", "pin", "other"], cats
     s = prof.summarize(rows, calls=10)
     ms = prof.PERIOD_NS / 1e6 / 10
-    assert s["cats"]["copy"] == pytest.approx(401 * ms) and s["cpu_ms"] == pytest.approx(1002 * ms)
+    assert s["cats"]["copy"] == pytest.approx(401 * ms) and s["cpu_ms"] == pytest.approx(1003 * ms)
     assert s["threads"]["kolo-timeline"] == pytest.approx(50 * ms) and s["top"][0][1].startswith("__memmove")
     peer = dict(s, cats=dict(s["cats"], copy=s["cats"]["copy"] / 4, pin=0.0), cpu_ms=s["cpu_ms"] / 2)
     shows, close = prof.diagnose(s, peer, "shm", "Open MPI", wall_k=2.0, wall_p=1.0)
