@@ -2,7 +2,7 @@
 # bench/hosts.sh - kolo across hosts on one machine: the flat ring against the hierarchical
 # collectives (src/coll/hier.c), with two network namespaces standing for two hosts.
 #
-#   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R] [--coll allreduce|allgather|engine]
+#   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R] [--coll allreduce|allgather|reducescatter|engine]
 #                     [--min SIZE] [--max SIZE] [--iters N] [--gloo]
 #
 # Needs root (ip netns, tc) and a built tree (make all). The namespaces "kh<pid>a" and "kh<pid>b"
@@ -33,13 +33,14 @@ while [ $# -gt 0 ]; do
     *) echo "hosts.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
-case "$COLL" in allreduce|allgather|engine) ;; *) echo "hosts.sh: --coll allreduce, allgather or engine" >&2; exit 2 ;; esac
+case "$COLL" in allreduce|allgather|reducescatter|engine) ;;
+  *) echo "hosts.sh: --coll allreduce, allgather, reducescatter or engine" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "hosts.sh: needs root (ip netns, tc)" >&2; exit 2; }
 BIN=build/bin/kolo-bench
 [ "$COLL" = engine ] && BIN=build/bin/engine-bench
 [ -x "$BIN" ] || { echo "hosts.sh: $BIN not built (make all)" >&2; exit 2; }
 if [ "$GLOO" = 1 ]; then
-  [ "$COLL" != engine ] || { echo "hosts.sh: --gloo compares allreduce or allgather" >&2; exit 2; }
+  case "$COLL" in allreduce|allgather) ;; *) echo "hosts.sh: --gloo compares allreduce or allgather (torch 1.13's Gloo has no reduce-scatter)" >&2; exit 2 ;; esac
   /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
     { echo "hosts.sh: --gloo needs Debian's python3-torch (/usr/bin/python3)" >&2; exit 2; }
 fi

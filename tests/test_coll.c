@@ -2877,6 +2877,36 @@ static void hier_run(int rank, void *arg)
         }
         free(all);
     }
+    /* reducescatters of rows of 3 (rows not a multiple of the ranks), summed and averaged with a
+     * pre- and a postscale: within each host first from 256 KiB in all where the allreduce's mode
+     * is on, never at auto */
+    size_t rows_of[] = {(size_t)4 << 10, (size_t)30 << 10, (size_t)100 << 10};
+    for (size_t s = 0; s < KOLO_ARRAY_SIZE(rows_of); s++) {
+        size_t rows = rows_of[s] + 1, row = 3, total = rows * row;
+        bool want_rs = even && !off && strcmp(hc->mode, "auto") != 0 && total * 4 >= ((size_t)256 << 10);
+        float *in = malloc(total * 4), *out = malloc(total * 4);
+        KT_ASSERT(in && out);
+        size_t row0 = 0;
+        for (int q = 0; q < rank; q++) row0 += kolo_reducescatter_rows(rows, n, q);
+        size_t mine = kolo_reducescatter_rows(rows, n, rank) * row;
+        for (int avg = 0; avg < 2; avg++) {
+            for (size_t i = 0; i < total; i++) in[i] = hv(i, rank);
+            uint64_t rs0 = kolo__coll_hier_rs_runs();
+            KT_OK(kolo_reducescatter(in, out, rows, row, KOLO_FLOAT32, avg ? KOLO_AVERAGE : KOLO_SUM, avg ? 2.0 : 1.0,
+                                     avg ? 0.25 : 1.0, KOLO_WORLD));
+            for (size_t i = 0; i < mine; i++) {
+                float want = 0;
+                for (int q = 0; q < n; q++) want += hv(row0 * row + i, q);
+                if (avg) want /= (float)(2 * n);
+                KT_ASSERTF(fabsf(out[i] - want) <= 1e-6f * want, "%s reducescatter of %zu floats [%zu]: %g, want %g",
+                           hc->mode, total, i, (double)out[i], (double)want);
+            }
+            KT_ASSERTF(kolo__coll_hier_rs_runs() - rs0 == (want_rs ? 1u : 0u), "%s reducescatter of %zu bytes: %llu "
+                       "hierarchical", hc->mode, total * 4, (unsigned long long)(kolo__coll_hier_rs_runs() - rs0));
+        }
+        free(in);
+        free(out);
+    }
     /* one rank per host: the flat ring */
     if (n == 4) {
         int ranks[] = {0, 2}, id = -1;

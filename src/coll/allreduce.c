@@ -333,6 +333,9 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
         total += counts[i];
     }
     if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
+    /* spread over hosts: maybe within each host first, then across (hier.c) */
+    if (kolo__coll_hier_rs_applies(m, g, total * es))
+        return kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
     /* the choice depends on the member count and the total only, the same on every member */
     size_t exchange_max = m->world_shm && m->world_oversubscribed
                               ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)

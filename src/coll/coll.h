@@ -65,6 +65,11 @@ bool kolo__coll_hier_ag_applies(const kolo__mesh *m, const kolo__group *g, size_
 int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                               size_t es);
 uint64_t kolo__coll_hier_ag_runs(void);
+/* The hierarchical reducescatter (hier.c), governed by the allreduce's mode (it is half of one). */
+bool kolo__coll_hier_rs_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
+int kolo__coll_hier_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                                  const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
+uint64_t kolo__coll_hier_rs_runs(void);
 /* The groups of the hierarchical collectives: lg the members on this member's host, xg those of
  * its local index on every host (ranks arrays of KOLO_HIER_HALF); false where they do not apply
  * (the hosts hold different numbers of members, fewer than 2, or there is one host). */
@@ -214,8 +219,9 @@ void kolo__pair_test_calls(uint64_t got[3]);
 
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
  * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for
- * the algorithm that calls the ring. Valid until the next call for the same area. */
-enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1 };
+ * the algorithm that calls the ring; KOLO_SCRATCH_HIER for the hierarchical reducescatter (hier.c),
+ * which calls algorithms that use the other two. Valid until the next call for the same area. */
+enum { KOLO_SCRATCH_RING = 0, KOLO_SCRATCH_WORK = 1, KOLO_SCRATCH_HIER = 2 };
 void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n);
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share no byte. */
 static inline bool kolo__coll_apart(const void *a, size_t na, const void *b, size_t nb)

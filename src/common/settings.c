@@ -77,7 +77,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                          "where the flat ring's link between two hosts carries 2(n-1)/n (n ranks): "
                                          "with 2 hosts of 8 ranks, about half; 0: the flat ring; auto: as 1 from 1M "
                                          "(kolorun --hierarchical-allreduce sets 1; any rank's 0 turns it off for "
-                                         "all)"},
+                                         "all). With 1, reducescatters of 256K and more in all too (within each "
+                                         "host first, then across the hosts; not with auto)"},
     [KOLO_SET_HIERARCHICAL_ALLGATHER] = {"KOLO_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
                                          "1: allgathers of 256K and more in all, on ranks spread as for "
                                          "KOLO_HIERARCHICAL_ALLREDUCE, exchange each rank's block with the ranks of "

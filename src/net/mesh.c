@@ -913,5 +913,6 @@ void kolo__mesh_destroy(kolo__mesh *m)
     kolo__free(m->pair_ways);
     kolo__free(m->scratch[0]);
     kolo__free(m->scratch[1]);
+    kolo__free(m->scratch[2]);
     kolo__free(m);
 }

@@ -171,8 +171,8 @@ struct kolo__mesh {
     int failed;                     /* first job error seen on this mesh, or 0 */
     char failmsg[512];
     /* scratch memory of the collectives running on this mesh (one thread at a time) */
-    void *scratch[2];
-    size_t scratch_cap[2];
+    void *scratch[3];
+    size_t scratch_cap[3];
     /* this rank could not map another rank's shared buffer once: its allreduces no longer offer
      * their kolo_mem_alloc buffers to be mapped, and read the others' by CMA (coll/direct.c) */
     bool zc_unmappable;
