@@ -2717,8 +2717,8 @@ KT_TEST(world_agreement_at_init, 60)
 
 /* The hierarchical allreduce and allgather (hier.c): ranks made to look like ranks of two or
  * more hosts (the test hook adds a host name to each rank's host key, so that the hosts talk TCP
- * to each other and each host's ranks share memory), numbered host by host, interleaved, or
- * unevenly spread. With `mode` set on every rank (1 on, auto, or 0 on the last rank only), each
+ * to each other and each host's ranks share memory), numbered host by host, interleaved,
+ * unevenly spread, or all on one host. With `mode` set on every rank (1 on, auto, or 0 on the last rank only), each
  * allreduce runs it (counted) exactly where it should: on, above 64 KiB; auto, from 1 MiB; off on
  * any rank, never; on a process set with one rank per host, never; and each allgather of a
  * different count per rank from 256 KiB in all (on) or 1 MiB (auto). The results are exact
@@ -2932,7 +2932,7 @@ static void hier_run(int rank, void *arg)
 KT_TEST(hier_allreduce_allgather_across_hosts, 120)
 {
     static const hier_case cases[] = {{"aabb", "1"}, {"aabb", "auto"}, {"aabb", "0"}, {"abab", "1"},
-                                      {"abccab", "1"}, {"aab", "1"}};
+                                      {"abccab", "1"}, {"aab", "1"}, {"aaaa", "1"}};
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }

@@ -67,10 +67,11 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
         total += counts[i];
     }
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
-    /* spread over hosts: maybe across them first, then within each (hier.c) */
-    if (kolo__coll_hier_ag_applies(m, g, total * es)) return kolo__coll_hier_allgather(m, g, send, recv, counts, es);
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
+    /* spread over hosts: maybe across them first, then within each (hier.c) */
+    int h = n > 1 ? kolo__coll_hier_allgather(m, g, send, recv, counts, es) : KOLO_HIER_DECLINED;
+    if (h != KOLO_HIER_DECLINED) return h;
     /* (a world of one rank has no mesh) */
     size_t exchange_max = n > 2 && m->world_shm && m->world_oversubscribed ? SINGLE_EXCHANGE_MAX : DIRECT_MAX;
     bool exchange = n <= 64 && (n <= 2 || total * es <= exchange_max);

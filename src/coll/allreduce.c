@@ -227,8 +227,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
 
     /* spread over hosts: maybe in three stages (hier.c) */
-    if (kolo__coll_hier_applies(m, g, count * es))
-        return kolo__coll_hier_allreduce(m, g, send, recv, count, dtype, op, pre, post);
+    int h = kolo__coll_hier_allreduce(m, g, send, recv, count, dtype, op, pre, post);
+    if (h != KOLO_HIER_DECLINED) return h;
 
     /* every member on this host: maybe read the others' buffers directly */
     kolo__direct_ticket ticket = {.can_exchange = n == 2 && send != recv && count * es < pair_exchange_below()};
@@ -334,8 +334,8 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     }
     if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
     /* spread over hosts: maybe within each host first, then across (hier.c) */
-    if (kolo__coll_hier_rs_applies(m, g, total * es))
-        return kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
+    int h = kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
+    if (h != KOLO_HIER_DECLINED) return h;
     /* the choice depends on the member count and the total only, the same on every member */
     size_t exchange_max = m->world_shm && m->world_oversubscribed
                               ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)

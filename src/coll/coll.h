@@ -53,29 +53,28 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
 
 int kolo__coll_barrier(kolo__mesh *m, const kolo__group *g);
 
-/* The hierarchical allreduce and allgather (hier.c): whether an allreduce or allgather of `bytes`
- * (in all) on g runs it (the same answer on every member), and the collective itself, which
- * kolo__coll_allreduce and kolo__coll_allgather call then; how many of each this process ran. */
-bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
+/* The hierarchical allreduce, allgather and reducescatter (hier.c), which kolo__coll_allreduce,
+ * kolo__coll_allgather and kolo__coll_reducescatter try first: KOLO_HIER_DECLINED (on every member
+ * alike) where it does not run (the mode, the size, or a group not spread evenly over 2 or more
+ * hosts), else the collective's status; how many of each this process ran. The reducescatter
+ * follows the allreduce's mode (it is half of one). */
+#define KOLO_HIER_DECLINED 1
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
-uint64_t kolo__coll_hier_runs(void);
-void kolo__coll_hier_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */
-bool kolo__coll_hier_ag_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
 int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                               size_t es);
-uint64_t kolo__coll_hier_ag_runs(void);
-/* The hierarchical reducescatter (hier.c), governed by the allreduce's mode (it is half of one). */
-bool kolo__coll_hier_rs_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes);
 int kolo__coll_hier_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
                                   const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post);
+uint64_t kolo__coll_hier_runs(void);
+uint64_t kolo__coll_hier_ag_runs(void);
 uint64_t kolo__coll_hier_rs_runs(void);
-/* The groups of the hierarchical collectives: lg the members on this member's host, xg those of
- * its local index on every host (ranks arrays of KOLO_HIER_HALF); false where they do not apply
- * (the hosts hold different numbers of members, fewer than 2, or there is one host). */
+void kolo__coll_hier_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */
+/* Where an allreduce of `bytes` on g runs hierarchically, its groups: lg the members on this
+ * member's host, xg those of its local index on every host (ranks arrays of KOLO_HIER_HALF); false
+ * where it does not (as kolo__coll_hier_allreduce declines). */
 #define KOLO_HIER_HALF 512
-bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, kolo__group *lg, int *lranks, kolo__group *xg,
-                            int *xranks);
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
+                            kolo__group *xg, int *xranks);
 
 /* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
  * recv (send may equal recv), each combined as its own vector; floating dtypes only.

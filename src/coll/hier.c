@@ -45,7 +45,7 @@
  * within each host gives member i the host's sum of its local index's blocks, and a reduce-scatter
  * of those among the members of local index i across the hosts gives each its own block: (h-1)/h
  * of the buffer per host over the network, against the flat ring's (n-1)/n per link. Only where
- * KOLO_HIERARCHICAL_ALLREDUCE is 1: see kolo__coll_hier_rs_applies for why. */
+ * KOLO_HIERARCHICAL_ALLREDUCE is 1: see kolo__coll_hier_reducescatter for why. */
 #include "coll.h"
 
 #include "../reduce/reduce.h"
@@ -138,9 +138,10 @@ static kolo__group subgroup(const kolo__group *g, const int *members, int count,
     return s;
 }
 
-bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, kolo__group *lg, int *lranks, kolo__group *xg,
-                            int *xranks)
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
+                            kolo__group *xg, int *xranks)
 {
+    if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes <= kolo__coll_small_max()) return false;
     hier_map hm;
     if (!hier_layout(m, g, &hm)) return false;
     *lg = subgroup(g, hm.local, hm.L, lranks);
@@ -148,22 +149,15 @@ bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, kolo__gro
     return true;
 }
 
-bool kolo__coll_hier_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes)
-{
-    if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes <= kolo__coll_small_max()) return false;
-    hier_map hm;
-    return hier_layout(m, g, &hm);
-}
-
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
     kolo__group lg, xg;
     int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
-    if (!kolo__coll_hier_groups(m, g, &lg, lr, &xg, xr))
-        return kolo__err(KOLO_ERR_INTERNAL, "hierarchical allreduce on a group that is not spread evenly over hosts");
+    size_t es = kolo_dtype_size(dtype);
+    if (!kolo__coll_hier_groups(m, g, count * es, &lg, lr, &xg, xr)) return KOLO_HIER_DECLINED;
     int L = lg.size;
-    size_t es = kolo_dtype_size(dtype), counts[HIER_MAX / 2], base = count / (size_t)L, extra = count % (size_t)L;
+    size_t counts[HIER_MAX / 2], base = count / (size_t)L, extra = count % (size_t)L;
     size_t off = 0;
     for (int i = 0; i < L; i++) {
         counts[i] = base + ((size_t)i < extra);
@@ -181,25 +175,20 @@ int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *s
     return st;
 }
 
-bool kolo__coll_hier_ag_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes)
-{
-    if (g->size < 4 || m->hier_ag == 0 || bytes < (m->hier_ag == 1 ? HIER_AG_AUTO_MIN : HIER_AG_MIN)) return false;
-    hier_map hm;
-    return hier_layout(m, g, &hm);
-}
-
 int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                               size_t es)
 {
-    hier_map hm;
-    if (!hier_layout(m, g, &hm))
-        return kolo__err(KOLO_ERR_INTERNAL, "hierarchical allgather on a group that is not spread evenly over hosts");
-    int n = g->size, me = g->rank, L = hm.L, H = hm.H;
+    int n = g->size, me = g->rank;
+    if (n < 4 || m->hier_ag == 0 || n > HIER_MAX) return KOLO_HIER_DECLINED;
     size_t offs[HIER_MAX], o = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = o;
         o += counts[i];
     }
+    hier_map hm;
+    if (o * es < (m->hier_ag == 1 ? HIER_AG_AUTO_MIN : HIER_AG_MIN) || !hier_layout(m, g, &hm))
+        return KOLO_HIER_DECLINED;
+    int L = hm.L, H = hm.H;
     char *out = recv;
     /* phase 1 sends H - 1 and receives as many; phase 2 (L - 1) H each way */
     size_t nx = 2 * (size_t)(H - 1 > (L - 1) * H ? H - 1 : (L - 1) * H);
@@ -252,26 +241,20 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
  * and not shaped 0.68-0.84x at 1-4 MiB, 1.02x at 8 MiB, 1.21x at 16 MiB: packing the blocks (one
  * copy of the buffer) and two reduce-scatters one after the other cost the cores what the network
  * saves unless the network is slow, where the allreduce and allgather gained at every rate. */
-bool kolo__coll_hier_rs_applies(const kolo__mesh *m, const kolo__group *g, size_t bytes)
-{
-    if (g->size < 4 || m->hier != 2 || bytes < HIER_AG_MIN) return false;
-    hier_map hm;
-    return hier_layout(m, g, &hm);
-}
-
 int kolo__coll_hier_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
                                   const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
-    hier_map hm;
-    if (!hier_layout(m, g, &hm))
-        return kolo__err(KOLO_ERR_INTERNAL, "hierarchical reducescatter on a group that is not spread evenly over hosts");
-    int n = g->size, me = g->rank, L = hm.L, H = hm.H, lr[HIER_MAX / 2], xr[HIER_MAX / 2];
-    kolo__group lg = subgroup(g, hm.local, L, lr), xg = subgroup(g, hm.cross + hm.me_local * H, H, xr);
+    int n = g->size, me = g->rank;
+    if (n < 4 || m->hier != 2 || n > HIER_MAX) return KOLO_HIER_DECLINED;
     size_t es = kolo_dtype_size(dtype), offs[HIER_MAX], total = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = total;
         total += counts[i];
     }
+    hier_map hm;
+    if (total * es < HIER_AG_MIN || !hier_layout(m, g, &hm)) return KOLO_HIER_DECLINED;
+    int L = hm.L, H = hm.H, lr[HIER_MAX / 2], xr[HIER_MAX / 2];
+    kolo__group lg = subgroup(g, hm.local, L, lr), xg = subgroup(g, hm.cross + hm.me_local * H, H, xr);
     /* bundle i: the blocks of the members of local index i, in their cross order, packed one
      * after another so that the host's reduce-scatter gives member i the host's sum of them */
     size_t bundle[HIER_MAX / 2], xc[HIER_MAX / 2];

@@ -58,7 +58,7 @@ static int make_world_group(void)
 /* Local and cross ranks from the host keys every rank published (Horovod's definitions:
  * cross_size = hosts that have a rank with this local rank; cross_rank = this host's index
  * among them). */
-static void compute_topology(void)
+static int compute_topology(void)
 {
     int n = W.info.size, me = W.info.rank;
     if (!W.peers) {
@@ -66,7 +66,7 @@ static void compute_topology(void)
         W.local_size = 1;
         W.cross_rank = 0;
         W.cross_size = 1;
-        return;
+        return KOLO_OK;
     }
     int lr = 0, ls = 0;
     for (int r = 0; r < n; r++) {
@@ -88,16 +88,23 @@ static void compute_topology(void)
     W.local_size = ls;
     W.cross_rank = cr;
     W.cross_size = cs;
-    /* every rank's host, for the hierarchical allreduce (coll/hier.c): the same numbers on every
-     * rank, as all read the same keys */
+    /* every rank's host, for the hierarchical collectives (coll/hier.c): the same numbers on every
+     * rank, as all read the same keys; none on one host, where they never run, so that a large
+     * collective there does not look at its group's hosts at every call */
     W.host_of = kolo__calloc((size_t)n, sizeof(int));
-    if (!W.host_of) return;
+    if (!W.host_of) /* every rank must have it, or their algorithms would differ */
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the hosts of %d ranks", n);
     int hosts = 0;
     for (int r = 0; r < n; r++) {
         int q = 0;
         while (q < r && strcmp(W.peers[q].hostkey, W.peers[r].hostkey) != 0) q++;
         W.host_of[r] = q < r ? W.host_of[q] : hosts++;
     }
+    if (hosts < 2) { /* (not cross_size: that counts the hosts with this rank's local rank) */
+        kolo__free(W.host_of);
+        W.host_of = NULL;
+    }
+    return KOLO_OK;
 }
 
 /* With more ranks than cores, the shared-memory pairs that pick ring copies or single-copy
@@ -264,7 +271,8 @@ static int init_once(void)
         if (store != W.estore) kolo__store_close(store);
         if (st != KOLO_OK) goto fail;
     }
-    compute_topology();
+    st = compute_topology();
+    if (st != KOLO_OK) goto fail;
     bool oversubscribed = kolo__host_oversubscribed((size_t)W.local_size);
     if (oversubscribed) choose_spin(kolo__host_cpus());
     st = make_world_group();

@@ -16,7 +16,7 @@ typedef struct kolo__world {
     int local_rank, local_size, cross_rank, cross_size;
     kolo__mesh *mesh[KOLO_NCHANNELS];
     kolo__peer_info *peers;
-    int *host_of; /* [size]: each rank's host, numbered in order of each host's lowest rank */
+    int *host_of; /* [size]: each rank's host, numbered in order of each host's lowest rank; NULL on one host */
     kolo__store_server *server; /* when this rank serves the rendezvous store */
     /* Serializes direct collectives of user threads on channel 0. Lock order: direct_lock,
      * then pset_lock. */

@@ -192,8 +192,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     /* across hosts maybe in three stages (coll/hier.c, ring_iov.c) */
     kolo__group lg, xg;
     int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
-    bool hier = kolo__coll_hier_applies(E.mesh, &s->g, total * es) &&
-                kolo__coll_hier_groups(E.mesh, &s->g, &lg, lr, &xg, xr);
+    bool hier = kolo__coll_hier_groups(E.mesh, &s->g, total * es, &lg, lr, &xg, xr);
     size_t chunk2 = hier ? kolo__iov_hier_scratch(E.mesh, lg.size, xg.size, total, es)
                          : kolo__iov_scratch(E.mesh, total, s->n, es);
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
@@ -234,8 +233,8 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
                               : kolo__direct_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.post,
                                                        &ticket);
     if (st == KOLO_DIRECT_DECLINED && hier) {
-        st = kolo__iov_hier_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post,
-                                      scratch, chunk2);
+        st = kolo__iov_hier_allreduce(E.mesh, &s->g, &lg, &xg, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,
+                                      r0->d.post, scratch, chunk2);
     } else if (st == KOLO_DIRECT_DECLINED) {
         st = kolo__iov_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post, scratch,
                                  chunk2);

@@ -245,13 +245,10 @@ size_t kolo__iov_hier_scratch(const kolo__mesh *m, int local, int hosts, size_t 
     return KOLO_MAX(a, b);
 }
 
-int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
-                             kolo_op_t op, double pre, double post, void *scratch, size_t scratch_len)
+int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__group *lg, const kolo__group *xg,
+                             kolo__seg *segs, int nseg, kolo_dtype_t dtype, kolo_op_t op, double pre, double post,
+                             void *scratch, size_t scratch_len)
 {
-    kolo__group lg, xg;
-    int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
-    if (!kolo__coll_hier_groups(m, g, &lg, lr, &xg, xr))
-        return kolo__err(KOLO_ERR_INTERNAL, "hierarchical allreduce on a group that is not spread evenly over hosts");
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
     size_t es = kolo_dtype_size(dtype), total = 0;
     size_t *start = kolo__malloc(((size_t)nseg + 1) * sizeof(size_t));
@@ -266,9 +263,9 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *seg
         total += segs[i].count;
     }
     start[nseg] = total;
-    int st = iov_ring(m, &lg, segs, nseg, dtype, sum, pre, 1.0, scratch, scratch_len, RS);
+    int st = iov_ring(m, lg, segs, nseg, dtype, sum, pre, 1.0, scratch, scratch_len, RS);
     /* this member's block of the host's sum, as iov_ring split the list among the L members */
-    size_t L = (size_t)lg.size, r = (size_t)lg.rank, base = total / L, extra = total % L;
+    size_t L = (size_t)lg->size, r = (size_t)lg->rank, base = total / L, extra = total % L;
     size_t from = r * base + KOLO_MIN(r, extra), to = from + base + (r < extra);
     kolo__walker w;
     kolo__walk_init(&w, segs, start, from, to, (size_t)-1);
@@ -279,10 +276,10 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *seg
         mine[nmine++] = (kolo__seg){p, p, pl};
     }
     if (st == KOLO_OK && nmine)
-        st = iov_ring(m, &xg, mine, nmine, dtype, sum, 1.0, 1.0, scratch, scratch_len, RS | AG);
+        st = iov_ring(m, xg, mine, nmine, dtype, sum, 1.0, 1.0, scratch, scratch_len, RS | AG);
     for (int i = 0; i < nmine && st == KOLO_OK; i++)
         kolo__coll_finish_scale(mine[i].dst, mine[i].count, dtype, op, post, g->size);
-    if (st == KOLO_OK) st = iov_ring(m, &lg, segs, nseg, dtype, sum, 1.0, 1.0, scratch, scratch_len, AG);
+    if (st == KOLO_OK) st = iov_ring(m, lg, segs, nseg, dtype, sum, 1.0, 1.0, scratch, scratch_len, AG);
     if (st == KOLO_OK) kolo__coll_hier_ran();
     kolo__free(start);
     kolo__free(mine);

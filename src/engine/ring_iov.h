@@ -16,10 +16,11 @@ int kolo__iov_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, in
 /* Scratch bytes kolo__iov_allreduce needs for a virtual buffer of `total` elements on m. */
 size_t kolo__iov_scratch(const kolo__mesh *m, size_t total, int n, size_t es);
 
-/* The same allreduce across hosts in three stages (coll/hier.c), where kolo__coll_hier_applies
- * says so; its scratch, for `local` members per host on `hosts` hosts. */
-int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int nseg, kolo_dtype_t dtype,
-                             kolo_op_t op, double pre, double post, void *scratch, size_t scratch_len);
+/* The same allreduce across hosts in three stages (coll/hier.c), on the groups
+ * kolo__coll_hier_groups gave; its scratch, for `local` members per host on `hosts` hosts. */
+int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__group *lg, const kolo__group *xg,
+                             kolo__seg *segs, int nseg, kolo_dtype_t dtype, kolo_op_t op, double pre, double post,
+                             void *scratch, size_t scratch_len);
 size_t kolo__iov_hier_scratch(const kolo__mesh *m, int local, int hosts, size_t total, size_t es);
 
 #endif

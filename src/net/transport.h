@@ -197,7 +197,7 @@ struct kolo__mesh {
      * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
     bool world_shm, world_oversubscribed;
     size_t stream_min;
-    /* each world rank's host (owned by the world; NULL with one rank) and the modes of the
+    /* each world rank's host (owned by the world; NULL when all ranks are on one host) and the modes of the
      * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
     const int *host_of;
     int hier, hier_ag;
