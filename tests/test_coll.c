@@ -2720,7 +2720,9 @@ KT_TEST(world_agreement_at_init, 60)
  * to each other and each host's ranks share memory), numbered host by host, interleaved,
  * unevenly spread, or all on one host. With `mode` set on every rank (1 on, auto, or 0 on the last rank only), each
  * allreduce runs it (counted) exactly where it should: on, above 64 KiB; auto, from 1 MiB; off on
- * any rank, never; on a process set with one rank per host, never; and each allgather of a
+ * any rank, never; on a process set with one rank per host, never; where it does not, 4 or more
+ * ranks on 2 or more hosts run recursive halving (counted; 5 ranks: one hands its buffer over
+ * first); and each allgather of a
  * different count per rank from 256 KiB in all (on) or 1 MiB (auto). The results are exact
  * whichever way: float32 sums out of place, averages in place with a pre- and a postscale, int32
  * maxima, float64 sums, a fused bucket of the engine, allgathers out of place and in place. */
@@ -2766,7 +2768,9 @@ static void hier_run(int rank, void *arg)
         size_t count = hsizes[s] / 4;
         bool want_hier = even && !off && hsizes[s] > ((size_t)64 << 10) &&
                          (strcmp(hc->mode, "auto") != 0 || hsizes[s] >= ((size_t)1 << 20));
-        uint64_t before = kolo__coll_hier_runs();
+        /* where the three stages do not run, across hosts: recursive halving (allreduce.c) */
+        bool want_halving = hosts >= 2 && n >= 4 && !want_hier;
+        uint64_t before = kolo__coll_hier_runs(), halved = kolo__coll_halving_runs();
         for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
         for (size_t i = 0; i < count; i++) {
@@ -2802,6 +2806,9 @@ static void hier_run(int rank, void *arg)
         }
         KT_ASSERTF(kolo__coll_hier_runs() - before == (want_hier ? 4u : 0u), "%s, %zu bytes: %llu hierarchical of 4",
                    hc->mode, hsizes[s], (unsigned long long)(kolo__coll_hier_runs() - before));
+        KT_ASSERTF(kolo__coll_halving_runs() - halved == (want_halving ? 4u : 0u), "%s %s, %zu bytes: %llu by "
+                   "recursive halving of 4", hc->hosts, hc->mode, hsizes[s],
+                   (unsigned long long)(kolo__coll_halving_runs() - halved));
     }
     /* the engine: a bucket of four tensors, two rounds: summed, then averaged with a pre- and a
      * postscale (sum / 2n); one reduced in place, one small enough to be packed into the fusion
@@ -2914,9 +2921,10 @@ static void hier_run(int rank, void *arg)
         if (rank % 2 == 0) {
             size_t count = ((size_t)1 << 20) / 4;
             for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
-            uint64_t before = kolo__coll_hier_runs();
+            uint64_t before = kolo__coll_hier_runs(), halved = kolo__coll_halving_runs();
             KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, id));
             KT_EQ(kolo__coll_hier_runs(), before);
+            KT_EQ(kolo__coll_halving_runs(), halved);
             for (size_t i = 0; i < count; i++) KT_ASSERT(b[i] == hv(i, 0) + hv(i, 2));
         }
         KT_OK(kolo_process_set_remove(id));
@@ -2932,7 +2940,7 @@ static void hier_run(int rank, void *arg)
 KT_TEST(hier_allreduce_allgather_across_hosts, 120)
 {
     static const hier_case cases[] = {{"aabb", "1"}, {"aabb", "auto"}, {"aabb", "0"}, {"abab", "1"},
-                                      {"abccab", "1"}, {"aab", "1"}, {"aaaa", "1"}};
+                                      {"abccab", "1"}, {"aab", "1"}, {"aaabb", "1"}, {"aaaa", "1"}};
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }

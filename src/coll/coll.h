@@ -115,6 +115,8 @@ uint64_t kolo__direct_cma_runs(void);
 /* How many 2-member allreduces in this process ran the one-round exchange above the small ones
  * (allreduce.c, PAIR_EXCHANGE_BELOW; tests). */
 uint64_t kolo__coll_pair_exchange_runs(void);
+/* How many allreduces in this process ran recursive halving across hosts (allreduce.c; tests). */
+uint64_t kolo__coll_halving_runs(void);
 /* How many mapped allreduces (in place or not) stored their results through the cache, and in
  * how many this member reached every member's buffers through its mappings alone (tests). */
 uint64_t kolo__zc_cached_runs(void);
