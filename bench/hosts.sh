@@ -2,8 +2,8 @@
 # bench/hosts.sh - kolo across hosts on one machine: the flat ring against the hierarchical
 # collectives (src/coll/hier.c), with two network namespaces standing for two hosts.
 #
-#   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R] [--coll allreduce|allgather|reducescatter|engine]
-#                     [--min SIZE] [--max SIZE] [--iters N] [--gloo]
+#   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R]
+#                     [--coll allreduce|allgather|reducescatter|engine] [--min SIZE] [--max SIZE] [--iters N] [--gloo] [--ompi] [--out FILE]
 #
 # Needs root (ip netns, tc) and a built tree (make all). The namespaces "kh<pid>a" and "kh<pid>b"
 # are joined by a veth pair (10.79.0.1 and .2), its sending side shaped by tc's token bucket to
@@ -16,9 +16,14 @@
 # kolo-bench. --gloo adds torch.distributed's Gloo (bench/peers/torch_dist_bench.py, Debian's
 # python3-torch) to every round, the same ranks in the same namespaces, and compares kolo's
 # hierarchical run with it (in place for allreduce, Gloo's only form; out of place for
-# allgather). The namespaces are deleted at the end, however the script ends.
+# allgather). --ompi adds Open MPI (bench/peers/mpi_coll_bench.c, Debian's openmpi-bin, built here
+# when missing) the same way: one mpirun in the first namespace starts the ranks of both, the
+# second through an rsh agent that enters its namespace; each namespace has its own host name
+# (unshare --uts) so that Open MPI sees two nodes (vader within, tcp between). Ranks of both yield
+# when idle (below). --out FILE also writes the table, with the machine and versions, as
+# Markdown. The namespaces are deleted at the end, however the script ends.
 set -eu
-RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10 GLOO=0
+RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10 GLOO=0 OMPI=0 OUT=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -29,7 +34,9 @@ while [ $# -gt 0 ]; do
     --max) MAX=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --gloo) GLOO=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ompi) OMPI=1; shift ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hosts.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +50,17 @@ if [ "$GLOO" = 1 ]; then
   case "$COLL" in allreduce|allgather) ;; *) echo "hosts.sh: --gloo compares allreduce or allgather (torch 1.13's Gloo has no reduce-scatter)" >&2; exit 2 ;; esac
   /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
     { echo "hosts.sh: --gloo needs Debian's python3-torch (/usr/bin/python3)" >&2; exit 2; }
+fi
+MPIB=build/bench/mpi_coll_bench.openmpi
+if [ "$OMPI" = 1 ]; then
+  [ "$COLL" != engine ] || { echo "hosts.sh: --ompi compares collectives, not the engine's step" >&2; exit 2; }
+  command -v mpirun.openmpi >/dev/null && command -v mpicc.openmpi >/dev/null ||
+    { echo "hosts.sh: --ompi needs Debian's openmpi-bin and libopenmpi-dev" >&2; exit 2; }
+  command -v unshare >/dev/null || { echo "hosts.sh: --ompi needs unshare (util-linux)" >&2; exit 2; }
+  if [ ! -x "$MPIB" ] || [ bench/peers/mpi_coll_bench.c -nt "$MPIB" ]; then
+    mkdir -p build/bench
+    mpicc.openmpi -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -o "$MPIB" bench/peers/mpi_coll_bench.c
+  fi
 fi
 
 A=kh$$a B=kh$$b TMP=$(mktemp -d)
@@ -64,8 +82,32 @@ if [ "$RATE" != none ]; then
 fi
 
 N=$((2 * PER))
-run() { # run HIER|g ROUND: one launch (g: Gloo), rank 0's output into $TMP/out.HIER.ROUND
+# Each namespace's ranks see the machine's cores as their host's, but the other namespace's ranks
+# run on them too: neither kolo nor Open MPI can tell the machine is oversubscribed, and ranks
+# spinning while they wait take the cores from the ranks they wait for (kolo's flat 128 KiB
+# allreduce took 558 us spinning, 163 us yielding). kolo waits as on a host it knows is
+# oversubscribed (KOLO_SPIN_US=0: yield at once), as Open MPI does with mpi_yield_when_idle.
+SPIN=${KOLO_SPIN_US:-0}
+# Open MPI's rsh agent: `agent HOST COMMAND...` runs COMMAND in HOST's namespace, under its name
+cat > "$TMP/agent" <<AGENT
+#!/bin/sh
+case "\$1" in 10.79.0.1) ns=$A name=hosta ;; 10.79.0.2) ns=$B name=hostb ;;
+  *) echo "hosts.sh agent: unknown host \$1" >&2; exit 1 ;; esac
+shift
+exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
+AGENT
+chmod +x "$TMP/agent"
+run() { # run HIER|g|m ROUND: one launch (g: Gloo, m: Open MPI), rank 0's output into $TMP/out.HIER.ROUND
   h=$1 rnd=$2
+  if [ "$h" = m ]; then
+    ip netns exec "$A" unshare --uts sh -c 'hostname hosta; exec "$@"' sh mpirun.openmpi --allow-run-as-root \
+      -np $N -H 10.79.0.1:$PER,10.79.0.2:$PER --mca plm_rsh_agent "$TMP/agent" --mca plm_rsh_no_tree_spawn 1 \
+      --mca oob_tcp_if_include 10.79.0.0/24 --mca btl_tcp_if_include 10.79.0.0/24 --mca pml ob1 \
+      --mca btl self,vader,tcp --mca mpi_yield_when_idle 1 \
+      "$MPIB" "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1 > "$TMP/out.$h.$rnd" 2>&1 ||
+      { echo "hosts.sh: Open MPI failed:" >&2; tail -20 "$TMP/out.$h.$rnd" >&2; exit 1; }
+    return
+  fi
   port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 20000))
   r=0
   while [ $r -lt $N ]; do
@@ -78,7 +120,7 @@ run() { # run HIER|g ROUND: one launch (g: Gloo), rank 0's output into $TMP/out.
     else
       if [ "$COLL" = engine ]; then set -- -n "$ITERS" -w 2 -s 1; else set -- "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1; fi
       ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
-        KOLO_JOB_ID=hosts$$.$h.$rnd KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
+        KOLO_JOB_ID=hosts$$.$h.$rnd KOLO_SPIN_US=$SPIN KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
         "$BIN" "$@" > "$TMP/out.$h.$rnd.$r" 2>&1 &
     fi
     r=$((r + 1))
@@ -91,13 +133,14 @@ while [ $i -le "$ROUNDS" ]; do
   run 0 $i
   run 1 $i
   [ "$GLOO" = 1 ] && run g $i
+  [ "$OMPI" = 1 ] && run m $i
   i=$((i + 1))
 done
 
-echo "# kolo across 2 hosts of $PER ranks (network namespaces, veth $RATE), $COLL, $ROUNDS rounds, $(date -u +%Y-%m-%dT%H:%MZ)"
-python3 - "$TMP" "$ROUNDS" "$COLL" "$GLOO" <<'EOF'
-import statistics, sys
-tmp, rounds, coll, gloo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+python3 - "$TMP" "$ROUNDS" "$COLL" "$GLOO" "$OMPI" "$RATE" "$PER" "$OUT" <<'EOF'
+import os, platform, re, statistics, subprocess, sys, time
+tmp, rounds, coll, gloo, ompi = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1"
+rate, per, out_md = sys.argv[6], sys.argv[7], sys.argv[8]
 def num(s):
     try:
         return float(s)
@@ -117,28 +160,57 @@ def rows(h, r):
     if not out:
         sys.exit(f"hosts.sh: no results in {tmp}/out.{h}.{r}:\n" + open(f"{tmp}/out.{h}.{r}").read()[-2000:])
     return out
-runs = (0, 1, "g") if gloo else (0, 1)
+runs = (0, 1) + (("g",) if gloo else ()) + (("m",) if ompi else ())
 data = {(h, r): rows(h, r) for h in runs for r in range(1, rounds + 1)}
 keys = sorted(data[(0, 1)], key=lambda k: (isinstance(k, str), k))
 unit = "ms" if coll == "engine" else "us"
 col = 1 if coll == "allreduce" else 0  # Gloo's form: in place for allreduce, out of place for allgather
-head = f"| {'' if coll == 'engine' else 'size (B)'} | flat {unit} | hierarchical {unit} | hierarchical / flat |"
+cols = ["" if coll == "engine" else "size (B)", f"flat {unit}", f"hierarchical {unit}", "hierarchical / flat"]
 if gloo:
-    head += f" hierarchical {'in place' if col else 'out of place'} {unit} | Gloo {unit} | kolo / Gloo |"
-print(head)
-print("|---:" * head.count(" | ") + "|---:|")
+    cols += [f"hierarchical {'in place' if col else 'out of place'} {unit}", f"Gloo {unit}", "kolo / Gloo"]
+if ompi:
+    cols += [f"Open MPI {unit}", "kolo hierarchical / Open MPI"]
 med = statistics.median
+R = range(1, rounds + 1)
+def vs(mine, theirs):  # medians of both, and the median of the rounds' ratios
+    if None in theirs:
+        return ["-"] * 3
+    return [f"{med(mine):.1f}", f"{med(theirs):.1f}", f"{med(a / b for a, b in zip(mine, theirs)):.2f}"]
+table = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
 for k in keys:
-    flat = [data[(0, r)][k][0] for r in range(1, rounds + 1)]
-    hier = [data[(1, r)][k][0] for r in range(1, rounds + 1)]
-    name = "ResNet-50 step" if k == "step" else f"{k}"
-    line = f"| {name} | {med(flat):.1f} | {med(hier):.1f} | {med(h / f for h, f in zip(hier, flat)):.2f} |"
+    flat = [data[(0, r)][k][0] for r in R]
+    hier = [data[(1, r)][k][0] for r in R]
+    cells = ["ResNet-50 step" if k == "step" else f"{k}"] + vs(hier, flat)[1::-1] + [vs(hier, flat)[2]]
     if gloo:
-        kh = [data[(1, r)][k][col] for r in range(1, rounds + 1)]
-        gl = [data[("g", r)].get(k, (None, None))[col] for r in range(1, rounds + 1)]
-        if None in gl:
-            line += " | - | - |"
-        else:
-            line += f" {med(kh):.1f} | {med(gl):.1f} | {med(a / b for a, b in zip(kh, gl)):.2f} |"
-    print(line)
+        cells += vs([data[(1, r)][k][col] for r in R], [data[("g", r)].get(k, (None, None))[col] for r in R])
+    if ompi:
+        cells += vs(hier, [data[("m", r)].get(k, (None, None))[0] for r in R])[1:]
+    table.append("| " + " | ".join(cells) + " |")
+title = (f"# kolo across 2 hosts of {per} ranks (network namespaces, veth {rate}), {coll}, {rounds} rounds, "
+         + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()))
+print(title)
+print("\n".join(table))
+if out_md:
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except OSError:
+            return ""
+    cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    peers = []
+    if ompi:
+        peers.append(sh(["mpirun.openmpi", "--version"]).split("\n")[0])
+    if gloo:
+        peers.append("torch " + sh(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"]))
+    argv = " ".join(["sh bench/hosts.sh", f"--coll {coll}", f"--rate {rate}", f"--rounds {rounds}"]
+                    + (["--gloo"] if gloo else []) + (["--ompi"] if ompi else []))
+    with open(out_md, "w") as f:
+        f.write(title + "\n\n")
+        f.write(f"Made by `{argv}` (and its --min/--max/--iters). Machine: {cpu.group(1) if cpu else '?'}, "
+                f"{os.cpu_count()} cores, {mem:.1f} GiB, kernel {platform.release()}; kolo "
+                f"{sh(['git', 'describe', '--always', '--dirty'])}"
+                + (f"; {'; '.join(peers)}" if peers else "") + ". Times are medians over the rounds (out of "
+                "place unless said), ratios the medians of the rounds' ratios: below 1, kolo's is faster.\n\n")
+        f.write("\n".join(table) + "\n")
 EOF
