@@ -2719,7 +2719,7 @@ KT_TEST(world_agreement_at_init, 60)
  * more hosts (the test hook adds a host name to each rank's host key, so that the hosts talk TCP
  * to each other and each host's ranks share memory), numbered host by host, interleaved,
  * unevenly spread, or all on one host. With `mode` set on every rank (1 on, auto, or 0 on the last rank only), each
- * allreduce runs it (counted) exactly where it should: on, above 64 KiB; auto, from 1 MiB; off on
+ * allreduce runs it (counted) exactly where it should: on, from 256 KiB; auto, from 1 MiB; off on
  * any rank, never; on a process set with one rank per host, never; where it does not, 4 or more
  * ranks on 2 or more hosts run recursive halving (counted; 5 ranks: one hands its buffer over
  * first); and each allgather of a
@@ -2766,7 +2766,7 @@ static void hier_run(int rank, void *arg)
     KT_ASSERT(a && b && d && e);
     for (size_t s = 0; s < KOLO_ARRAY_SIZE(hsizes); s++) {
         size_t count = hsizes[s] / 4;
-        bool want_hier = even && !off && hsizes[s] > ((size_t)64 << 10) &&
+        bool want_hier = even && !off && hsizes[s] >= ((size_t)256 << 10) &&
                          (strcmp(hc->mode, "auto") != 0 || hsizes[s] >= ((size_t)1 << 20));
         /* where the three stages do not run, across hosts: recursive halving (allreduce.c) */
         bool want_halving = hosts >= 2 && n >= 4 && !want_hier;

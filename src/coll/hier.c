@@ -75,8 +75,13 @@ void kolo__coll_hier_ran(void) { __atomic_fetch_add(&hier_runs, 1, __ATOMIC_RELA
  *     512 KiB 1.03x, 128-256 KiB 0.47-0.83x with single calls of 1-1.4 ms among them.
  * Below 1 MiB the three stages' extra round trips and wake-ups (with more ranks than cores) cost
  * as much as the bytes they save unless the network is slow; 1 (KOLO_HIERARCHICAL_ALLREDUCE=1)
- * runs it from KOLO_SMALL_ALLREDUCE_MAX. */
+ * runs it from HIER_ON_MIN. That was KOLO_SMALL_ALLREDUCE_MAX (above 64 KiB) until the flat
+ * allreduce across hosts became recursive halving (allreduce.c, HALVING_MIN), which carries the
+ * same bytes over the network: against it, at 10 Gbit/s with ranks yielding (bench/hosts.sh),
+ * 128 KiB took 1.9-2.9x its time in three stages (206-310 us against 105), 256 KiB 0.47-0.65x,
+ * 512 KiB 0.81-0.97x; at 2 Gbit/s 1.00x at every size. */
 #define HIER_AUTO_MIN ((size_t)1 << 20)
+#define HIER_ON_MIN ((size_t)256 << 10)
 /* The same for allgathers (bytes in all), and where 1 starts them: below, the exchange or the
  * ring. See "Allgather" at the top for the measurements. */
 #define HIER_AG_AUTO_MIN ((size_t)1 << 20)
@@ -141,7 +146,9 @@ static kolo__group subgroup(const kolo__group *g, const int *members, int count,
 bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
                             kolo__group *xg, int *xranks)
 {
-    if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes <= kolo__coll_small_max()) return false;
+    if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes < HIER_ON_MIN ||
+        bytes <= kolo__coll_small_max())
+        return false;
     hier_map hm;
     if (!hier_layout(m, g, &hm)) return false;
     *lg = subgroup(g, hm.local, hm.L, lranks);

@@ -65,17 +65,21 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                       "rank of one host passes kolo_mem_alloc buffers, each rank reading and "
                                       "writing the others' directly); left unset, 2-rank allreduces out of place "
                                       "below 256K may run the one-round exchange too, as rank 0's timings choose "
-                                      "(over TCP always)"},
+                                      "(over TCP always); on 4 or more ranks spread over 2 or more hosts, "
+                                      "allreduces from 32K go by recursive halving and doubling where the "
+                                      "hierarchical allreduce does not run"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
                              "bytes per pipelined chunk in ring algorithms"},
     [KOLO_SET_HIERARCHICAL_ALLREDUCE] = {"KOLO_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
-                                         "1: allreduces larger than KOLO_SMALL_ALLREDUCE_MAX, on ranks spread over "
-                                         "2 or more hosts with the same number (2 or more) on each, run in three "
-                                         "stages: reduce-scatter within each host, allreduce of each block among the "
-                                         "ranks of the same local rank across the hosts, allgather within each "
-                                         "host; the network then carries 2(h-1)/h of the buffer per host (h hosts) "
-                                         "where the flat ring's link between two hosts carries 2(n-1)/n (n ranks): "
-                                         "with 2 hosts of 8 ranks, about half; 0: the flat ring; auto: as 1 from 1M "
+                                         "1: allreduces of 256K and more (and above KOLO_SMALL_ALLREDUCE_MAX), on "
+                                         "ranks spread over 2 or more hosts with the same number (2 or more) on "
+                                         "each, run in three stages: reduce-scatter within each host, allreduce of "
+                                         "each block among the ranks of the same local rank across the hosts, "
+                                         "allgather within each host; the network then carries 2(h-1)/h of the "
+                                         "buffer per host (h hosts) where the flat ring's link between two hosts "
+                                         "carries 2(n-1)/n (n ranks): with 2 hosts of 8 ranks, about half; 0: never "
+                                         "(4 or more ranks then run recursive halving and doubling from 32K, whose "
+                                         "rounds between hosts carry the smallest parts); auto: as 1 from 1M "
                                          "(kolorun --hierarchical-allreduce sets 1; any rank's 0 turns it off for "
                                          "all). With 1, reducescatters of 256K and more in all too (within each "
                                          "host first, then across the hosts; not with auto)"},
