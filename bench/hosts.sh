@@ -3,15 +3,18 @@
 # collectives (src/coll/hier.c), with two network namespaces standing for two hosts.
 #
 #   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R]
-#                     [--coll allreduce|allgather|reducescatter|engine] [--min SIZE] [--max SIZE] [--iters N] [--gloo] [--ompi] [--out FILE]
+#                     [--coll allreduce|allgather|reducescatter|engine] [--min SIZE] [--max SIZE]
+#                     [--iters N] [--gloo] [--ompi] [--out FILE]
 #
 # Needs root (ip netns, tc) and a built tree (make all). The namespaces "kh<pid>a" and "kh<pid>b"
 # are joined by a veth pair (10.79.0.1 and .2), its sending side shaped by tc's token bucket to
 # --rate (default 10gbit; none: as fast as the kernel copies); each runs --per-host ranks (2),
 # started by hand (KOLO_RANK, KOLO_RENDEZVOUS, rank 0 serving the store). Every round runs the
-# collective once with KOLO_HIERARCHICAL_ALLREDUCE/_ALLGATHER=0 (the flat ring) and once with 1,
-# one after the other, and the table gives each size's median time over the rounds and the
-# median of the rounds' ratios, hierarchical over flat (below 1: hierarchical is faster).
+# collective once with KOLO_HIERARCHICAL_ALLREDUCE/_ALLGATHER=0 (flat: the ring, or for
+# allreduce recursive halving) and once with 1, one after the other, sizes up to 1 MiB in a
+# launch of their own with 5N calls a size, larger ones with N (--iters, 10); the table gives
+# each size's median time over the rounds and the median of the rounds' ratios, hierarchical
+# over flat (below 1: hierarchical is faster).
 # --coll engine runs engine-bench (ResNet-50's gradients through the engine) instead of
 # kolo-bench. --gloo adds torch.distributed's Gloo (bench/peers/torch_dist_bench.py, Debian's
 # python3-torch) to every round, the same ranks in the same namespaces, and compares kolo's
@@ -97,15 +100,38 @@ shift
 exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
 AGENT
 chmod +x "$TMP/agent"
-run() { # run HIER|g|m ROUND: one launch (g: Gloo, m: Open MPI), rank 0's output into $TMP/out.HIER.ROUND
-  h=$1 rnd=$2
+bytes() { # 32K, 1M, 4096 -> bytes
+  case "$1" in *[kK]) echo $((${1%?} << 10)) ;; *[mM]) echo $((${1%?} << 20)) ;; *[gG]) echo $((${1%?} << 30)) ;;
+    *) echo "$1" ;; esac
+}
+# Up to 1 MiB a call takes tens of microseconds to a millisecond, and a few slow calls (4 ranks
+# taking turns on 2 vCPUs) move a launch's mean by much: the same 256 KiB allreduce averaged
+# 220-500 us over 50 calls from launch to launch, 0.3-1.07 ms over 10. Those sizes run in a
+# launch of their own with 5x the calls (and 5 to warm up).
+SMALL_TOP=$((1 << 20))
+BANDS=
+if [ "$COLL" = engine ]; then BANDS="- - $ITERS 2"
+else
+  lo=$(bytes "$MIN") hi=$(bytes "$MAX")
+  if [ "$lo" -le $SMALL_TOP ]; then
+    top=$hi; [ "$top" -gt $SMALL_TOP ] && top=$SMALL_TOP
+    BANDS="$lo $top $((ITERS * 5)) 5"
+  fi
+  if [ "$hi" -gt $SMALL_TOP ]; then
+    b=$lo; [ "$b" -le $SMALL_TOP ] && b=$((SMALL_TOP * 2))
+    BANDS="$BANDS $b $hi $ITERS 3"
+  fi
+fi
+launch() { # launch HIER|g|m ROUND LO HI ITERS WARMUP: one launch (g: Gloo, m: Open MPI), rank 0's output added to $TMP/out.HIER.ROUND
+  h=$1 rnd=$2 lo=$3 hi=$4 it=$5 wu=$6
   if [ "$h" = m ]; then
     ip netns exec "$A" unshare --uts sh -c 'hostname hosta; exec "$@"' sh mpirun.openmpi --allow-run-as-root \
       -np $N -H 10.79.0.1:$PER,10.79.0.2:$PER --mca plm_rsh_agent "$TMP/agent" --mca plm_rsh_no_tree_spawn 1 \
       --mca oob_tcp_if_include 10.79.0.0/24 --mca btl_tcp_if_include 10.79.0.0/24 --mca pml ob1 \
       --mca btl self,vader,tcp --mca mpi_yield_when_idle 1 \
-      "$MPIB" "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1 > "$TMP/out.$h.$rnd" 2>&1 ||
-      { echo "hosts.sh: Open MPI failed:" >&2; tail -20 "$TMP/out.$h.$rnd" >&2; exit 1; }
+      "$MPIB" "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1 > "$TMP/launch" 2>&1 ||
+      { echo "hosts.sh: Open MPI failed:" >&2; tail -20 "$TMP/launch" >&2; exit 1; }
+    cat "$TMP/launch" >> "$TMP/out.$h.$rnd"
     return
   fi
   port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 20000))
@@ -115,25 +141,31 @@ run() { # run HIER|g|m ROUND: one launch (g: Gloo, m: Open MPI), rank 0's output
     [ $r -ge $PER ] && ns=$B dev=v$$b
     if [ "$h" = g ]; then
       ip netns exec "$ns" env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$((r % PER)) MASTER_ADDR=10.79.0.1 MASTER_PORT=$port \
-        GLOO_SOCKET_IFNAME=$dev /usr/bin/python3 bench/peers/torch_dist_bench.py "$COLL" -b "$MIN" -e "$MAX" \
-        -n "$ITERS" -w 3 -c 1 > "$TMP/out.$h.$rnd.$r" 2>&1 &
+        GLOO_SOCKET_IFNAME=$dev /usr/bin/python3 bench/peers/torch_dist_bench.py "$COLL" -b "$lo" -e "$hi" \
+        -n "$it" -w "$wu" -c 1 > "$TMP/out.$r" 2>&1 &
     else
-      if [ "$COLL" = engine ]; then set -- -n "$ITERS" -w 2 -s 1; else set -- "$COLL" -b "$MIN" -e "$MAX" -n "$ITERS" -w 3 -c 1; fi
+      if [ "$COLL" = engine ]; then set -- -n "$it" -w "$wu" -s 1; else set -- "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1; fi
       ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
-        KOLO_JOB_ID=hosts$$.$h.$rnd KOLO_SPIN_US=$SPIN KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
-        "$BIN" "$@" > "$TMP/out.$h.$rnd.$r" 2>&1 &
+        KOLO_JOB_ID=hosts$$.$h.$rnd.$port KOLO_SPIN_US=$SPIN KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
+        "$BIN" "$@" > "$TMP/out.$r" 2>&1 &
     fi
     r=$((r + 1))
   done
   wait
-  cp "$TMP/out.$h.$rnd.0" "$TMP/out.$h.$rnd"
+  cat "$TMP/out.0" >> "$TMP/out.$h.$rnd"
 }
 i=1
 while [ $i -le "$ROUNDS" ]; do
-  run 0 $i
-  run 1 $i
-  [ "$GLOO" = 1 ] && run g $i
-  [ "$OMPI" = 1 ] && run m $i
+  set -- $BANDS
+  while [ $# -ge 4 ]; do
+    lo=$1 hi=$2 it=$3 wu=$4
+    shift 4
+    for h in 0 1 g m; do
+      [ $h = g ] && [ "$GLOO" = 0 ] && continue
+      [ $h = m ] && [ "$OMPI" = 0 ] && continue
+      (launch $h $i "$lo" "$hi" "$it" "$wu")
+    done
+  done
   i=$((i + 1))
 done
 
