@@ -219,7 +219,11 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * at these sizes, took 64-68 us at 64 KiB and 107 at 128 KiB in the same launches. At 2 Gbit/s,
  * 256 KiB 1.09 ms against the ring's 1.63. Where the three stages run they carry the same bytes
  * over the network in fewer steps: 1.00-1.02x the halving's time at 2 Gbit/s, 0.63-0.92x at 10
- * Gbit/s and 0.80-0.91x not shaped from 512 KiB, so they keep their threshold. */
+ * Gbit/s and 0.80-0.91x not shaped from 512 KiB, so they keep their threshold. On one host over
+ * TCP (KOLO_TRANSPORT=tcp, 4 ranks, 3 launches each way, out of place) it lost to recursive
+ * doubling and the ring at 32-512 KiB (32 KiB 56-61 us against 32-44, 512 KiB 716-783 against
+ * 389-423; 2 MiB 0.92-0.97x), where every pair's link is the same and fewer bytes between hosts
+ * buy nothing: it runs only where the members span hosts. */
 #define HALVING_MIN ((size_t)32 << 10)
 #define HALVING_MAX 1024
 
