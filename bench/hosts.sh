@@ -66,6 +66,38 @@ if [ "$OMPI" = 1 ]; then
   fi
 fi
 
+for v in "--rounds $ROUNDS" "--iters $ITERS" "--per-host $PER"; do
+  case "${v#* }" in
+    '' | *[!0-9]* | 0) echo "hosts.sh: ${v% *} takes a whole number above 0, not '${v#* }'" >&2; exit 2 ;;
+  esac
+done
+bytes() { # 32K, 1M, 4096 -> bytes
+  case "$1" in
+    *[!0-9kKmMgG]* | [!0-9]* | *[kKmMgG]?*)
+      echo "hosts.sh: '$1' is not a size (4096, 32K, 64M, 1G)" >&2; exit 2 ;;
+    *[kK]) echo $((${1%?} << 10)) ;; *[mM]) echo $((${1%?} << 20)) ;; *[gG]) echo $((${1%?} << 30)) ;;
+    *) echo "$1" ;; esac
+}
+# Up to 1 MiB a call takes tens of microseconds to a millisecond, and a few slow calls (4 ranks
+# taking turns on 2 vCPUs) move a launch's mean by much: the same 256 KiB allreduce averaged
+# 220-500 us over 50 calls from launch to launch, 0.3-1.07 ms over 10. Those sizes run in a
+# launch of their own with 5x the calls (and 5 to warm up).
+SMALL_TOP=$((1 << 20))
+BANDS=
+if [ "$COLL" = engine ]; then BANDS="- - $ITERS 2"
+else
+  lo=$(bytes "$MIN") && hi=$(bytes "$MAX") || exit 2
+  [ "$lo" -ge 1 ] && [ "$hi" -ge "$lo" ] ||
+    { echo "hosts.sh: --min ($MIN) must be 1 or more and --max ($MAX) at least --min" >&2; exit 2; }
+  if [ "$lo" -le $SMALL_TOP ]; then
+    top=$hi; [ "$top" -gt $SMALL_TOP ] && top=$SMALL_TOP
+    BANDS="$lo $top $((ITERS * 5)) 5"
+  fi
+  if [ "$hi" -gt $SMALL_TOP ]; then
+    b=$lo; [ "$b" -le $SMALL_TOP ] && b=$((SMALL_TOP * 2))
+    BANDS="$BANDS $b $hi $ITERS 3"
+  fi
+fi
 A=kh$$a B=kh$$b TMP=$(mktemp -d)
 cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT INT TERM
@@ -100,28 +132,6 @@ shift
 exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
 AGENT
 chmod +x "$TMP/agent"
-bytes() { # 32K, 1M, 4096 -> bytes
-  case "$1" in *[kK]) echo $((${1%?} << 10)) ;; *[mM]) echo $((${1%?} << 20)) ;; *[gG]) echo $((${1%?} << 30)) ;;
-    *) echo "$1" ;; esac
-}
-# Up to 1 MiB a call takes tens of microseconds to a millisecond, and a few slow calls (4 ranks
-# taking turns on 2 vCPUs) move a launch's mean by much: the same 256 KiB allreduce averaged
-# 220-500 us over 50 calls from launch to launch, 0.3-1.07 ms over 10. Those sizes run in a
-# launch of their own with 5x the calls (and 5 to warm up).
-SMALL_TOP=$((1 << 20))
-BANDS=
-if [ "$COLL" = engine ]; then BANDS="- - $ITERS 2"
-else
-  lo=$(bytes "$MIN") hi=$(bytes "$MAX")
-  if [ "$lo" -le $SMALL_TOP ]; then
-    top=$hi; [ "$top" -gt $SMALL_TOP ] && top=$SMALL_TOP
-    BANDS="$lo $top $((ITERS * 5)) 5"
-  fi
-  if [ "$hi" -gt $SMALL_TOP ]; then
-    b=$lo; [ "$b" -le $SMALL_TOP ] && b=$((SMALL_TOP * 2))
-    BANDS="$BANDS $b $hi $ITERS 3"
-  fi
-fi
 launch() { # launch HIER|g|m ROUND LO HI ITERS WARMUP: one launch (g: Gloo, m: Open MPI), rank 0's output added to $TMP/out.HIER.ROUND
   h=$1 rnd=$2 lo=$3 hi=$4 it=$5 wu=$6
   if [ "$h" = m ]; then
