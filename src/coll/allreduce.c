@@ -213,7 +213,7 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * the ring or recursive doubling (below). 4 ranks as 2 hosts of 2 (bench/hosts.sh: network
  * namespaces, veth shaped to 10 Gbit/s, ranks yielding while they wait, 50 calls a size, 2
  * launches each way alternated), time against the ring / recursive doubling: 16 KiB 40-45 us
- * against 24 (recursive doubling's 2 rounds against 4), 32 KiB 43-52 against 52, 64 KiB 57-66
+ * against 24 (recursive doubling's 2 rounds against its 4), 32 KiB 43-52 against 52, 64 KiB 57-66
  * against 109, 128 KiB 108 against 163, 1-2 MiB 0.58-0.82x, 4-8 MiB 0.61-0.83x, 16-64 MiB
  * 0.83-0.96x (10 calls a size). Open MPI 4.1's tuned allreduce, whose times match this algorithm's
  * at these sizes, took 64-68 us at 64 KiB and 107 at 128 KiB in the same launches. At 2 Gbit/s,
