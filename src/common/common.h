@@ -179,6 +179,10 @@ long kolo__setting_long(kolo_setting_t s);
 double kolo__setting_double(kolo_setting_t s);
 /* Byte sizes with K/M/G suffixes ("64M", "1048576"). */
 size_t kolo__setting_bytes(kolo_setting_t s);
+/* Settings of auto, 0 or 1 (KOLO_SHM_CMA, KOLO_HIERARCHICAL_*): *out = KOLO_SETTING_OFF, _ON or
+ * _AUTO (also for a value set but empty); KOLO_ERR_INVALID_ARG naming the setting for another. */
+enum { KOLO_SETTING_OFF = 0, KOLO_SETTING_ON = 1, KOLO_SETTING_AUTO = 2 };
+int kolo__setting_auto01(kolo_setting_t s, int *out);
 /* Parses "123", "4K", "64M", "1G" (powers of 1024). Returns false if malformed. */
 bool kolo__parse_bytes(const char *s, size_t *out);
 

@@ -224,6 +224,15 @@ bool kolo__parse_bytes(const char *s, size_t *out)
     return true;
 }
 
+int kolo__setting_auto01(kolo_setting_t s, int *out)
+{
+    const char *v = kolo__setting_str(s);
+    if (!*v || strcmp(v, "auto") == 0) *out = KOLO_SETTING_AUTO;
+    else if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) *out = v[0] == '1' ? KOLO_SETTING_ON : KOLO_SETTING_OFF;
+    else return kolo__err(KOLO_ERR_INVALID_ARG, "%s='%s' is not one of auto, 0, 1", table[s].name, v);
+    return KOLO_OK;
+}
+
 size_t kolo__setting_bytes(kolo_setting_t s)
 {
     const char *v = kolo__setting_str(s);

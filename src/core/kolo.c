@@ -158,14 +158,11 @@ static int agree_world(bool oversubscribed)
     agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u};
     static const kolo_setting_t hier_set[2] = {KOLO_SET_HIERARCHICAL_ALLREDUCE, KOLO_SET_HIERARCHICAL_ALLGATHER};
     uint8_t hier[2];
-    size_t nset;
-    const kolo__setting_info *set = kolo__setting_table(&nset);
     for (int k = 0; k < 2; k++) {
-        const char *hv = kolo__setting_str(hier_set[k]);
-        hier[k] = !*hv || !strcmp(hv, "auto") ? 1 : !strcmp(hv, "0") ? 0 : !strcmp(hv, "1") ? 2 : 3;
-        if (hier[k] == 3)
-            return kolo__err(KOLO_ERR_INVALID_ARG, "%s='%s' is not one of auto, 0, 1",
-                             set[hier_set[k]].name, hv);
+        int v, st = kolo__setting_auto01(hier_set[k], &v);
+        if (st != KOLO_OK) return st;
+        /* ordered so that the least of all ranks' wins: 0 off, 1 auto, 2 on */
+        hier[k] = v == KOLO_SETTING_OFF ? 0 : v == KOLO_SETTING_AUTO ? 1 : 2;
         mine.hier[k] = hier[k];
     }
     for (int c = 0; c < KOLO_NCHANNELS; c++) {

@@ -780,10 +780,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     if (strcmp(tp, "tcp") == 0) b.tcp_only = 1;
     else if (strcmp(tp, "auto") != 0 && strcmp(tp, "shm") != 0 && *tp)
         return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_TRANSPORT='%s' is not one of auto, tcp", tp);
-    const char *cma = kolo__setting_str(KOLO_SET_SHM_CMA);
-    if (strcmp(cma, "auto") == 0 || !*cma) b.want_cma = 2; /* set but empty: the default */
-    else if (strcmp(cma, "0") == 0 || strcmp(cma, "1") == 0) b.want_cma = cma[0] == '1';
-    else return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_SHM_CMA='%s' is not one of auto, 0, 1", cma);
+    if (kolo__setting_auto01(KOLO_SET_SHM_CMA, &b.want_cma) != KOLO_OK) return KOLO_ERR_INVALID_ARG; /* 2: auto */
     /* 2 MiB rings by default (4 MiB until 2026-11-29). 2 ranks on the Zen 4 VM, launches shaped
      * like the harness's sweep (20-50 calls per size), alternated with 4 MiB rings for 20-25
      * rounds, us per call with 4 MiB over 2 MiB, median of the paired launches: 1-16 MiB allgather
