@@ -2749,6 +2749,21 @@ static void hier_run(int rank, void *arg)
             KT_ASSERTF((m->conns[q]->tp == &kolo__tcp_transport) == (hc->hosts[q] != hc->hosts[rank]),
                        "rank %d reaches rank %d by %s", rank, q,
                        m->conns[q]->tp == &kolo__tcp_transport ? "TCP" : "shared memory");
+    /* local and cross ranks by Horovod's definitions, counted from the host names here */
+    int lr = 0, ls = 0, cr = 0, cs = 0;
+    for (int q = 0; q < n; q++) {
+        lr += q < rank && hc->hosts[q] == hc->hosts[rank];
+        ls += hc->hosts[q] == hc->hosts[rank];
+    }
+    for (int q = 0; q < n; q++) {
+        int qlr = 0; /* q's local rank */
+        for (int p = 0; p < q; p++) qlr += hc->hosts[p] == hc->hosts[q];
+        cr += q < rank && qlr == lr;
+        cs += qlr == lr;
+    }
+    KT_ASSERTF(kolo_local_rank() == lr && kolo_local_size() == ls && kolo_cross_rank() == cr && kolo_cross_size() == cs,
+               "hosts %s, rank %d: local %d/%d cross %d/%d, want %d/%d %d/%d", hc->hosts, rank, kolo_local_rank(),
+               kolo_local_size(), kolo_cross_rank(), kolo_cross_size(), lr, ls, cr, cs);
     /* an even layout: every host holds as many ranks as the first */
     int first = 0, hosts = 0;
     for (int q = 0; q < n; q++) first += hc->hosts[q] == hc->hosts[0];

@@ -68,42 +68,37 @@ static int compute_topology(void)
         W.cross_size = 1;
         return KOLO_OK;
     }
-    int lr = 0, ls = 0;
-    for (int r = 0; r < n; r++) {
-        if (strcmp(W.peers[r].hostkey, W.peers[me].hostkey) != 0) continue;
-        if (r < me) lr++;
-        ls++;
-    }
-    int cr = 0, cs = 0;
-    for (int r = 0; r < n; r++) {
-        /* is r the rank with local rank lr on its host? */
-        int its_lr = 0;
-        for (int q = 0; q < r; q++)
-            if (strcmp(W.peers[q].hostkey, W.peers[r].hostkey) == 0) its_lr++;
-        if (its_lr != lr) continue;
-        if (r < me) cr++;
-        cs++;
-    }
-    W.local_rank = lr;
-    W.local_size = ls;
-    W.cross_rank = cr;
-    W.cross_size = cs;
-    /* every rank's host, for the hierarchical collectives (coll/hier.c): the same numbers on every
-     * rank, as all read the same keys; none on one host, where they never run, so that a large
-     * collective there does not look at its group's hosts at every call */
-    W.host_of = kolo__calloc((size_t)n, sizeof(int));
-    if (!W.host_of) /* every rank must have it, or their algorithms would differ */
+    /* each rank's host, numbered in order of each host's lowest rank (the same numbers on every
+     * rank, as all read the same keys), and its local rank */
+    int *host = kolo__calloc((size_t)n * 3, sizeof(int)); /* host, local rank, ranks seen per host */
+    if (!host) /* every rank must have them, or their algorithms would differ */
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the hosts of %d ranks", n);
-    int hosts = 0;
+    int *lrank = host + n, *seen = host + 2 * n, hosts = 0;
     for (int r = 0; r < n; r++) {
         int q = 0;
         while (q < r && strcmp(W.peers[q].hostkey, W.peers[r].hostkey) != 0) q++;
-        W.host_of[r] = q < r ? W.host_of[q] : hosts++;
+        host[r] = q < r ? host[q] : hosts++;
+        lrank[r] = seen[host[r]]++;
     }
-    if (hosts < 2) { /* (not cross_size: that counts the hosts with this rank's local rank) */
-        kolo__free(W.host_of);
-        W.host_of = NULL;
+    int lr = lrank[me], cr = 0, cs = 0;
+    for (int r = 0; r < n; r++) /* the ranks with this local rank, one per host that has one */
+        if (lrank[r] == lr) {
+            cr += r < me;
+            cs++;
+        }
+    W.local_rank = lr;
+    W.local_size = seen[host[me]];
+    W.cross_rank = cr;
+    W.cross_size = cs;
+    /* the hosts stay for the hierarchical collectives (coll/hier.c) and the halving
+     * (coll/allreduce.c); none on one host, where they never run, so that a large collective
+     * there does not look at its group's hosts at every call (counted by distinct hosts, not
+     * cross_size: that counts the hosts with this rank's local rank) */
+    if (hosts < 2) {
+        kolo__free(host);
+        host = NULL;
     }
+    W.host_of = host;
     return KOLO_OK;
 }
 
