@@ -2955,7 +2955,7 @@ static void hier_run(int rank, void *arg)
 KT_TEST(hier_allreduce_allgather_across_hosts, 120)
 {
     static const hier_case cases[] = {{"aabb", "1"}, {"aabb", "auto"}, {"aabb", "0"}, {"abab", "1"},
-                                      {"abccab", "1"}, {"aab", "1"}, {"aaabb", "1"}, {"aaaa", "1"}};
+                                      {"abccab", "1"}, {"aab", "1"}, {"aaabb", "1"}, {"aaab", "1"}, {"aaaa", "1"}};
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }

@@ -207,7 +207,7 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
     return KOLO_OK;
 }
 
-/* Allreduces of at least HALVING_MIN bytes on 4 or more members (at most HALVING_MAX) spread
+/* Allreduces of at least HALVING_MIN bytes on 4 or more members (at most KOLO_HIER_MAX) spread
  * over 2 or more hosts, where the hierarchical allreduce does not run (below its threshold, an
  * uneven spread, KOLO_HIERARCHICAL_ALLREDUCE=0), go by recursive halving and doubling instead of
  * the ring or recursive doubling (below). 4 ranks as 2 hosts of 2 (bench/hosts.sh: network
@@ -225,33 +225,13 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * 389-423; 2 MiB 0.92-0.97x), where every pair's link is the same and fewer bytes between hosts
  * buy nothing: it runs only where the members span hosts. */
 #define HALVING_MIN ((size_t)32 << 10)
-#define HALVING_MAX 1024
 
 static uint64_t halving_runs;
 
 uint64_t kolo__coll_halving_runs(void) { return __atomic_load_n(&halving_runs, __ATOMIC_RELAXED); }
 
-/* Whether g's members sit on 2 or more hosts (as every rank published them at init); if so,
- * order[] lists them host by host, hosts in the order of their numbers, members in group order:
- * the same list on every member. */
-static bool host_major(const kolo__mesh *m, const kolo__group *g, int *order)
-{
-    int n = g->size, k = 0, lo = INT32_MAX, hi = -1;
-    if (!m->host_of || n > HALVING_MAX) return false;
-    for (int i = 0; i < n; i++) {
-        int h = m->host_of[kolo__g2w(g, i)];
-        lo = h < lo ? h : lo;
-        hi = h > hi ? h : hi;
-    }
-    if (lo == hi) return false;
-    for (int h = lo; h <= hi && k < n; h++)
-        for (int i = 0; i < n; i++)
-            if (m->host_of[kolo__g2w(g, i)] == h) order[k++] = i;
-    return true;
-}
-
 /* Recursive halving, then recursive doubling (Rabenseifner's allreduce), over the members in
- * `order` (host by host). In round k (distance 2^k in that order) partners swap halves of what
+ * `order` (host by host: kolo__coll_host_order). In round k (distance 2^k in that order) partners swap halves of what
  * they hold and each reduces the half it keeps, the lower member's part first; after log2(p)
  * rounds each holds one p-th of the buffer fully reduced, finishes its scaling (AVERAGE's 1/n,
  * the postscale), and the rounds run backwards, swapping finished parts, until every member
@@ -350,8 +330,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
      * recursive doubling; large: the ring */
     /* spread over hosts: recursive halving unless in three stages (below) */
-    int order[HALVING_MAX];
-    bool halve = n >= 4 && count * es >= HALVING_MIN && count >= (size_t)n && host_major(m, g, order);
+    int order[KOLO_HIER_MAX];
+    bool halve = n >= 4 && count * es >= HALVING_MIN && count >= (size_t)n && kolo__coll_host_order(m, g, order);
     if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
         if (halve) return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))

@@ -72,7 +72,8 @@ void kolo__coll_hier_ran(void); /* counts one, for the engine's over a list (rin
 /* Where an allreduce of `bytes` on g runs hierarchically, its groups: lg the members on this
  * member's host, xg those of its local index on every host (ranks arrays of KOLO_HIER_HALF); false
  * where it does not (as kolo__coll_hier_allreduce declines). */
-#define KOLO_HIER_HALF 512
+#define KOLO_HIER_MAX 1024
+#define KOLO_HIER_HALF (KOLO_HIER_MAX / 2)
 bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
                             kolo__group *xg, int *xranks);
 
@@ -115,6 +116,10 @@ uint64_t kolo__direct_cma_runs(void);
 /* How many 2-member allreduces in this process ran the one-round exchange above the small ones
  * (allreduce.c, PAIR_EXCHANGE_BELOW; tests). */
 uint64_t kolo__coll_pair_exchange_runs(void);
+/* g's members host by host into order[] (hosts in the order of their numbers, a host's members
+ * in member order; the same list on every member), and how many hosts they are on: 0 where that
+ * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */
+int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order);
 /* How many allreduces in this process ran recursive halving across hosts (allreduce.c; tests). */
 uint64_t kolo__coll_halving_runs(void);
 /* How many mapped allreduces (in place or not) stored their results through the cache, and in

@@ -50,9 +50,10 @@
 
 #include "../reduce/reduce.h"
 
+#include <stdlib.h>
+
 /* members above which the groups are not built on the stack */
-#define HIER_MAX 1024
-_Static_assert(HIER_MAX / 2 == KOLO_HIER_HALF, "coll.h's KOLO_HIER_HALF is half of HIER_MAX");
+#define HIER_MAX KOLO_HIER_MAX
 
 static uint64_t hier_runs, hier_ag_runs, hier_rs_runs;
 
@@ -88,10 +89,11 @@ void kolo__coll_hier_ran(void) { __atomic_fetch_add(&hier_runs, 1, __ATOMIC_RELA
 #define HIER_AG_MIN ((size_t)256 << 10)
 
 /* How g lies over its hosts, when each of 2 or more hosts holds the same number L (2 or more) of
- * its members. Hosts are counted in the order of their first member, a host's members in member
- * order (their local index). cross[i * H + k]: the k-th member, in member order, of those of
- * local index i (one per host; the hosts need not come in the same order for every i, as
- * launchers may number ranks round robin). local[]: the members on this member's host. */
+ * its members. Hosts in the order of their numbers, a host's members in member order (their
+ * local index): kolo__coll_host_order. cross[i * H + k]: the k-th member, in member order, of
+ * those of local index i (one per host; the hosts need not come in the same order for every i,
+ * as launchers may number ranks round robin, and a group's ranks ascend). local[]: the members
+ * on this member's host. */
 typedef struct hier_map {
     int L, H, me_local; /* members per host, hosts, this member's local index */
     int cross[HIER_MAX];
@@ -99,36 +101,44 @@ typedef struct hier_map {
     int by_host[HIER_MAX]; /* [h * L + i]: the member of local index i on the h-th host */
 } hier_map;
 
+static int host_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order)
+{
+    int n = g->size, hosts = 0;
+    if (!m->host_of || n > HIER_MAX) return 0;
+    uint64_t key[HIER_MAX]; /* host, then member: sorted, members host by host */
+    for (int i = 0; i < n; i++) key[i] = (uint64_t)m->host_of[kolo__g2w(g, i)] << 32 | (uint32_t)i;
+    qsort(key, (size_t)n, sizeof(key[0]), host_cmp);
+    for (int i = 0; i < n; i++) {
+        order[i] = (int)(uint32_t)key[i];
+        hosts += i == 0 || key[i] >> 32 != key[i - 1] >> 32;
+    }
+    return hosts < 2 ? 0 : hosts;
+}
+
 static bool hier_layout(const kolo__mesh *m, const kolo__group *g, hier_map *hm)
 {
     int n = g->size, me = g->rank;
-    if (!m->host_of || me < 0 || n < 4 || n > HIER_MAX) return false;
-    int hosts[HIER_MAX / 2], fill[HIER_MAX / 2], li[HIER_MAX], hid[HIER_MAX], H = 0;
-    int my_host = m->host_of[kolo__g2w(g, me)];
-    for (int i = 0; i < n; i++) {
-        int hv = m->host_of[kolo__g2w(g, i)], k = 0;
-        while (k < H && hosts[k] != hv) k++;
-        if (k == H) {
-            if (H == n / 2) return false; /* a host of one member, somewhere */
-            hosts[H] = hv;
-            fill[H++] = 0;
-        }
-        hid[i] = k;
-        li[i] = fill[k]++;
-    }
-    int L = fill[0];
-    if (H < 2 || L < 2) return false;
-    for (int k = 1; k < H; k++)
-        if (fill[k] != L) return false;
-    int at[HIER_MAX / 2] = {0}, nl = 0;
-    for (int i = 0; i < n; i++) {
-        hm->cross[li[i] * H + at[li[i]]++] = i;
-        if (m->host_of[kolo__g2w(g, i)] == my_host) hm->local[nl++] = i;
-        hm->by_host[hid[i] * L + li[i]] = i;
-    }
+    if (me < 0 || n < 4) return false;
+    int H = kolo__coll_host_order(m, g, hm->by_host), L = H ? n / H : 0;
+    if (H < 2 || L < 2 || L * H != n) return false;
+    /* even: each run of L in the host order is one host (H runs, H hosts) */
+    for (int h = 0; h < H; h++)
+        for (int i = 1; i < L; i++)
+            if (m->host_of[kolo__g2w(g, hm->by_host[h * L + i])] != m->host_of[kolo__g2w(g, hm->by_host[h * L])])
+                return false;
+    int pos[HIER_MAX], at[HIER_MAX / 2] = {0};
+    for (int p = 0; p < n; p++) pos[hm->by_host[p]] = p;
+    for (int i = 0; i < n; i++) hm->cross[pos[i] % L * H + at[pos[i] % L]++] = i; /* in member order */
+    memcpy(hm->local, hm->by_host + pos[me] / L * L, (size_t)L * sizeof(int));
     hm->L = L;
     hm->H = H;
-    hm->me_local = li[me];
+    hm->me_local = pos[me] % L;
     return true;
 }
 
