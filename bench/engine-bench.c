@@ -24,7 +24,7 @@
  * the flat buffer of the direct step is kolo_mem_alloc memory too: buckets of more than 64 KiB are
  * then read and written by the other ranks directly, mapped (src/coll/direct.c), and so is the
  * direct step.
- * It prints the medians, their ratio, and, from -s steps of 161 one-element tensors (everything
+ * It prints the medians (each step's time its slowest rank's), their ratio, and, from -s steps of 161 one-element tensors (everything
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.
  *
@@ -144,11 +144,12 @@ static int run(const opts *o)
     }
     float *grads = o->shared ? kolo_mem_alloc(total * sizeof(float)) : malloc(total * sizeof(float));
     float *flat = o->shared ? kolo_mem_alloc(total * sizeof(float)) : malloc(total * sizeof(float));
-    double *te = calloc((size_t)o->iters, sizeof(double)), *td = calloc((size_t)o->iters, sizeof(double));
+    /* te, td and ton in one block, so that one allreduce gives the slowest rank's times */
+    double *te = calloc(3 * (size_t)o->iters, sizeof(double)), *td = te ? te + o->iters : NULL;
     kolo_request_t *reqs[MAXT];
     if (!grads || !flat || !te || !td) return 1;
     for (size_t i = 0; i < total; i++) grads[i] = flat[i] = (float)(i % 1000) * 1e-3f;
-    double *ton = calloc((size_t)o->iters, sizeof(double)), *pair = calloc((size_t)o->iters, sizeof(double));
+    double *ton = te ? td + o->iters : NULL, *pair = calloc((size_t)o->iters, sizeof(double));
     if (!ton || !pair) return 1;
     int rc = 0;
     for (int it = -o->warmup; it < o->iters && !rc; it++) {
@@ -187,10 +188,16 @@ static int run(const opts *o)
             te[it] = t_off;
             td[it] = t2 - t1;
             ton[it] = t_on;
-            pair[it] = t_off > 0 ? t_on / t_off : 0;
         }
         kolo_barrier(KOLO_WORLD);
     }
+    /* a step takes as long as its slowest rank: rank 0 alone may finish a step early (4 ranks
+     * across hosts, 3 on one and 1 on the other: its last round of recursive halving is over
+     * shared memory while halves still cross the network; at 2 Gbit/s the direct step took rank 0
+     * 481-538 ms and the slowest rank 689-714) */
+    if (!rc && kolo_allreduce(te, te, 3 * (size_t)o->iters, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD) != KOLO_OK)
+        rc = 1;
+    for (int it = 0; it < o->iters; it++) pair[it] = te[it] > 0 ? ton[it] / te[it] : 0;
     if (rc) fprintf(stderr, "engine-bench: rank %d: %s\n", rank, kolo_last_error());
     /* latency-bound steps: everything cached, one float per tensor */
     uint64_t c0, ns0, l0, c1, ns1, l1;
@@ -252,9 +259,7 @@ static int run(const opts *o)
         free(grads);
         free(flat);
     }
-    free(te);
-    free(td);
-    free(ton);
+    free(te); /* td and ton with it */
     free(pair);
     kolo_shutdown();
     fflush(stdout);
