@@ -5,6 +5,7 @@
 
 #include "../src/core/mem.h"
 #include "../src/core/world.h"
+#include "../src/engine/ring_iov.h"
 #include "../src/reduce/reduce.h"
 
 #include <fcntl.h>
@@ -2725,7 +2726,9 @@ KT_TEST(world_agreement_at_init, 60)
  * first); and each allgather of a
  * different count per rank from 256 KiB in all (on) or 1 MiB (auto). The results are exact
  * whichever way: float32 sums out of place, averages in place with a pre- and a postscale, int32
- * maxima, float64 sums, a fused bucket of the engine, allgathers out of place and in place. */
+ * maxima, float64 sums, a fused bucket of the engine (by recursive halving where the three stages
+ * do not run), allgathers out of place and in place; recursive halving over a list of buffers gives
+ * the contiguous algorithm's bits. */
 typedef struct hier_case {
     const char *hosts; /* host name per rank: "aabb" */
     const char *mode;  /* KOLO_HIERARCHICAL_ALLREDUCE: "1", "auto", "0" (the last rank only) */
@@ -2825,10 +2828,42 @@ static void hier_run(int rank, void *arg)
                    "recursive halving of 4", hc->hosts, hc->mode, hsizes[s],
                    (unsigned long long)(kolo__coll_halving_runs() - halved));
     }
+    /* recursive halving over a list of buffers (the engine's, ring_iov.c) gives the contiguous
+     * algorithm's bits: non-integer floats averaged with a pre- and a postscale, 200 KB (below
+     * the stages' threshold, so the contiguous call halves too) cut into 3 segments, one in place */
+    int order[KOLO_HIER_MAX];
+    if (kolo__coll_halving_order(m, kolo__pset_get(0), (size_t)50001, 4, order)) {
+        enum { HC = 50001 };
+        const size_t cut[3] = {7, 30000, HC - 30007};
+        for (size_t i = 0; i < HC; i++) a[i] = (float)sin((double)(i + 1) * (rank + 1)) * 100.0f;
+        memcpy(b, a, HC * 4);
+        float *outs = malloc(HC * 4);
+        KT_ASSERT(outs);
+        kolo__seg segs[3];
+        for (size_t k = 0, o = 0; k < 3; o += cut[k], k++)
+            segs[k] = (kolo__seg){(const char *)(b + o), k == 1 ? (char *)(b + o) : (char *)(outs + o), cut[k]};
+        size_t sl = kolo__iov_scratch(m, HC, n, 4);
+        char *scratch = malloc(sl);
+        KT_ASSERT(scratch);
+        uint64_t halved = kolo__coll_halving_runs();
+        KT_OK(kolo__iov_halving_allreduce(m, kolo__pset_get(0), order, segs, 3, KOLO_FLOAT32, KOLO_AVERAGE, 0.5, 0.3,
+                                          scratch, sl));
+        memcpy(outs + cut[0], b + cut[0], cut[1] * 4); /* the segment reduced in place */
+        KT_OK(kolo_allreduce(a, a, HC, KOLO_FLOAT32, KOLO_AVERAGE, 0.5, 0.3, KOLO_WORLD));
+        KT_EQ(kolo__coll_halving_runs() - halved, 2u);
+        KT_ASSERTF(memcmp(outs, a, HC * 4) == 0, "hosts %s: halving over a list differs from the contiguous one",
+                   hc->hosts);
+        double want = 0;
+        for (int q = 0; q < n; q++) want += (double)((float)sin(2.0 * (q + 1)) * 100.0f);
+        want = want * 0.5 / n * 0.3;
+        KT_ASSERTF(fabs(a[1] - want) <= 1e-4 * fabs(want) + 1e-4, "[1] = %g, want %g", (double)a[1], want);
+        free(scratch);
+        free(outs);
+    }
     /* the engine: a bucket of four tensors, two rounds: summed, then averaged with a pre- and a
      * postscale (sum / 2n); one reduced in place, one small enough to be packed into the fusion
-     * buffer, one of an odd count. Across hosts it runs in three stages over the list of buffers
-     * (ring_iov.c), not copied into the fusion buffer. */
+     * buffer, one of an odd count. Across hosts it runs over the list of buffers (ring_iov.c), not
+     * copied into the fusion buffer: in three stages where they run, else by recursive halving. */
     enum { T = 4 };
     const size_t tc[T] = {((size_t)512 << 10) / 4, ((size_t)512 << 10) / 4, ((size_t)16 << 10) / 4,
                           ((size_t)768 << 10) / 4 + 5};
@@ -2849,7 +2884,7 @@ static void hier_run(int rank, void *arg)
     for (int avg = 0; avg < 2; avg++) {
         for (int t = 0; t < T; t++)
             for (size_t i = 0; i < tc[t]; i++) tin[t][i] = hv(i + (size_t)t, rank);
-        uint64_t before = kolo__coll_hier_runs();
+        uint64_t before = kolo__coll_hier_runs(), halved = kolo__coll_halving_runs();
         kolo_request_t *rs[T];
         KT_OK(kolo_igrouped_allreduce(T, NULL, sb, rb, KOLO_FLOAT32, sh, avg ? KOLO_AVERAGE : KOLO_SUM, avg ? 2.0 : 1.0,
                                       avg ? 0.25 : 1.0, NULL, rs));
@@ -2867,6 +2902,9 @@ static void hier_run(int rank, void *arg)
         }
         KT_ASSERTF(kolo__coll_hier_runs() - before == (even && !off ? 1u : 0u), "%s engine: %llu hierarchical",
                    hc->mode, (unsigned long long)(kolo__coll_hier_runs() - before));
+        bool engine_halving = hosts >= 2 && n >= 4 && !(even && !off);
+        KT_ASSERTF(kolo__coll_halving_runs() - halved == (engine_halving ? 1u : 0u), "%s %s engine: %llu by recursive "
+                   "halving", hc->hosts, hc->mode, (unsigned long long)(kolo__coll_halving_runs() - halved));
     }
     for (int t = 0; t < T; t++) {
         if (tout[t] != tin[t]) free(tout[t]);

@@ -230,6 +230,13 @@ static uint64_t halving_runs;
 
 uint64_t kolo__coll_halving_runs(void) { return __atomic_load_n(&halving_runs, __ATOMIC_RELAXED); }
 
+void kolo__coll_halving_ran(void) { __atomic_fetch_add(&halving_runs, 1, __ATOMIC_RELAXED); }
+
+bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t count, size_t es, int *order)
+{
+    return g->size >= 4 && count * es >= HALVING_MIN && count >= (size_t)g->size && kolo__coll_host_order(m, g, order);
+}
+
 /* Recursive halving, then recursive doubling (Rabenseifner's allreduce), over the members in
  * `order` (host by host: kolo__coll_host_order). In round k (distance 2^k in that order) partners swap halves of what
  * they hold and each reduces the half it keeps, the lower member's part first; after log2(p)
@@ -256,7 +263,7 @@ static int allreduce_halving(kolo__mesh *m, const kolo__group *g, const int *ord
     char *out = recv;
     if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
     else if (send != recv) kolo__copy(recv, send, bytes);
-    __atomic_fetch_add(&halving_runs, 1, __ATOMIC_RELAXED);
+    kolo__coll_halving_ran();
     if (q < 2 * extra) {
         kolo__xfer x;
         if (q % 2 == 0) {
@@ -331,7 +338,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
      * recursive doubling; large: the ring */
     /* spread over hosts: recursive halving unless in three stages (below) */
     int order[KOLO_HIER_MAX];
-    bool halve = n >= 4 && count * es >= HALVING_MIN && count >= (size_t)n && kolo__coll_host_order(m, g, order);
+    bool halve = kolo__coll_halving_order(m, g, count, es, order);
     if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
         if (halve) return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))

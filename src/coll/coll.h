@@ -120,8 +120,13 @@ uint64_t kolo__coll_pair_exchange_runs(void);
  * in member order; the same list on every member), and how many hosts they are on: 0 where that
  * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */
 int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order);
+/* Whether an allreduce of count elements of es bytes on g goes by recursive halving across hosts
+ * where the three stages do not run (allreduce.c: 4 or more members on 2 or more hosts, from
+ * HALVING_MIN), and then the members host by host into order[]. */
+bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t count, size_t es, int *order);
 /* How many allreduces in this process ran recursive halving across hosts (allreduce.c; tests). */
 uint64_t kolo__coll_halving_runs(void);
+void kolo__coll_halving_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */
 /* How many mapped allreduces (in place or not) stored their results through the cache, and in
  * how many this member reached every member's buffers through its mappings alone (tests). */
 uint64_t kolo__zc_cached_runs(void);

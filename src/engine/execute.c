@@ -12,7 +12,8 @@
  *   - several, more than IOV_MIN bytes: one ring allreduce over the list of buffers
  *     (ring_iov.c), the tensors of at least PACK_MIN bytes reduced where they are and only the
  *     smaller ones packed into the fusion buffer (across hosts, where coll/hier.c applies, in its
- *     three stages over the list: ring_iov.c); on one host the same list may instead be read
+ *     three stages over the list, and where it does not on 4 or more members, by recursive
+ *     halving over the list, as coll/allreduce.c would: ring_iov.c); on one host the same list may instead be read
  *     (and written) by the other members directly (coll/direct.c), as a single tensor may:
  *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
  *     kolo_mem_alloc memory too), else, from 256 KiB, by CMA when that times faster than the ring. On this
@@ -170,8 +171,8 @@ static void trace_all(const kolo__pset_state *s, const size_t *idx, size_t k, co
     trace_some(s, idx, k, phase, begin, SIZE_MAX, TR_IN);
 }
 
-/* A bucket of several tensors of more than IOV_MIN bytes in all runs as a ring over the list of
- * buffers: the tensors of at least PACK_MIN bytes are reduced where they are, the smaller ones are
+/* A bucket of several tensors of more than IOV_MIN bytes in all runs over the list of buffers (a
+ * ring, the three stages or recursive halving, as its size and the hosts say): the tensors of at least PACK_MIN bytes are reduced where they are, the smaller ones are
  * packed together into the fusion buffer first (one segment at the front instead of many tiny
  * messages). A joined member points its segments at zeros of the same lengths. */
 #define IOV_MIN ((size_t)1 << 20)
@@ -189,10 +190,12 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     }
     size_t total = 0, es = kolo_dtype_size(dt);
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
-    /* across hosts maybe in three stages (coll/hier.c, ring_iov.c) */
+    /* across hosts maybe in three stages (coll/hier.c, ring_iov.c), or by recursive halving */
     kolo__group lg, xg;
     int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
     bool hier = kolo__coll_hier_groups(E.mesh, &s->g, total * es, &lg, lr, &xg, xr);
+    int order[KOLO_HIER_MAX]; /* or by recursive halving, as kolo__coll_allreduce would */
+    bool halve = !hier && kolo__coll_halving_order(E.mesh, &s->g, total, es, order);
     size_t chunk2 = hier ? kolo__iov_hier_scratch(E.mesh, lg.size, xg.size, total, es)
                          : kolo__iov_scratch(E.mesh, total, s->n, es);
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
@@ -235,6 +238,9 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     if (st == KOLO_DIRECT_DECLINED && hier) {
         st = kolo__iov_hier_allreduce(E.mesh, &s->g, &lg, &xg, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,
                                       r0->d.post, scratch, chunk2);
+    } else if (st == KOLO_DIRECT_DECLINED && halve) {
+        st = kolo__iov_halving_allreduce(E.mesh, &s->g, order, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,
+                                         r0->d.post, scratch, chunk2);
     } else if (st == KOLO_DIRECT_DECLINED) {
         st = kolo__iov_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre, r0->d.post, scratch,
                                  chunk2);

@@ -1,4 +1,5 @@
-/* ring_iov.c - the ring allreduce over a list of buffers, so that fusion needs no copies.
+/* ring_iov.c - the ring allreduce over a list of buffers, so that fusion needs no copies (and,
+ * at the end, the same list in the hierarchical allreduce's three stages or by recursive halving).
  *
  * The buffers (segments) are the consecutive parts of one virtual buffer of `total` elements.
  * It is split into n blocks exactly as kolo__coll_allreduce splits a buffer of that size (n
@@ -79,6 +80,131 @@ size_t kolo__iov_scratch(const kolo__mesh *m, size_t total, int n, size_t es)
     return 2 * chunk * (size_t)(total * es >= kolo__coll_stream_min(m) ? kolo__fused_slots(chunk) : 1);
 }
 
+/* What one exchange over the list needs besides its ranges: the list, the piece size, the
+ * reduction and two receive slots of `chunk` elements. */
+typedef struct iov_ctx {
+    kolo__mesh *m;
+    const kolo__seg *segs;
+    const size_t *start;
+    size_t chunk, es;
+    kolo_dtype_t dtype;
+    kolo_op_t op;
+    bool stream; /* reduced pieces written around the cache, received ones too (src/coll/ring.c) */
+    char *slots;
+} iov_ctx;
+
+/* The sends of [sa, sb) to `to` begin (from the segments' src when from_src, else their dst). */
+static int send_range(const iov_ctx *c, sender *snd, int to, size_t sa, size_t sb, bool from_src)
+{
+    *snd = (sender){.m = c->m, .to = to, .from_src = from_src, .es = c->es};
+    kolo__walk_init(&snd->w, c->segs, c->start, sa, sb, c->chunk);
+    return pump(snd);
+}
+
+/* While snd's sends go, [ra, rb) arrives from `from` piece by piece into the two slots, each
+ * combined as the next arrives into dst with this member's part of it (in src when own_src,
+ * else already in dst): theirs OP mine when theirs_first, else mine OP theirs. */
+static int recv_reduce(const iov_ctx *c, sender *snd, int from, size_t ra, size_t rb, bool own_src, bool theirs_first)
+{
+    size_t es = c->es;
+    kolo__walker rw;
+    kolo__walk_init(&rw, c->segs, c->start, ra, rb, c->chunk);
+    kolo__xfer rx[2];
+    int rseg[2], st = KOLO_OK;
+    size_t roff[2], rlen[2];
+    int posted = 0, done = 0;
+    while (posted < 2 && kolo__walk_next(&rw, &rseg[posted], &roff[posted], &rlen[posted])) {
+        kolo__irecv(c->m, from, c->slots + (size_t)posted * c->chunk * es, rlen[posted] * es, &rx[posted]);
+        posted++;
+    }
+    while (done < posted && !st) {
+        int k = done % 2;
+        if ((st = kolo__wait1(c->m, &rx[k]))) break;
+        const kolo__seg *gs = &c->segs[rseg[k]];
+        char *slot = c->slots + (size_t)k * c->chunk * es, *dst = gs->dst + roff[k] * es;
+        const char *mine = (own_src ? gs->src : gs->dst) + roff[k] * es;
+        const char *a = theirs_first ? slot : mine, *b = theirs_first ? mine : slot;
+        if (c->stream) /* reduced in the slot, in cache, then written out around it */
+            kolo__coll_reduce_out(dst, slot, a, b, rlen[k] * es, c->dtype, c->op, false, 1.0, 1);
+        else
+            kolo__reduce(dst, a, b, rlen[k], c->dtype, c->op);
+        done++;
+        if (kolo__walk_next(&rw, &rseg[k], &roff[k], &rlen[k])) {
+            kolo__irecv(c->m, from, slot, rlen[k] * es, &rx[k]);
+            posted++;
+        }
+        st = pump(snd);
+    }
+    if (c->stream) kolo__stream_fence(); /* the next step may send these pieces, perhaps single-copy */
+    if (!st) st = drain(snd);
+    return st;
+}
+
+/* While snd's sends go, [ra, rb) arrives from `from` in place, in dst. */
+static int recv_place(const iov_ctx *c, sender *snd, int from, size_t ra, size_t rb)
+{
+    kolo__walker rw;
+    kolo__walk_init(&rw, c->segs, c->start, ra, rb, c->chunk);
+    kolo__xfer rx[WINDOW];
+    kolo__xfer *ptrs[2 * WINDOW];
+    int posted = 0, done = 0, seg, st = KOLO_OK;
+    size_t po, pl;
+    bool more = true;
+    while (!st) {
+        while (more && posted - done < WINDOW) {
+            if (!(more = kolo__walk_next(&rw, &seg, &po, &pl))) break;
+            kolo__irecv(c->m, from, c->segs[seg].dst + po * c->es, pl * c->es, &rx[posted % WINDOW]);
+            rx[posted % WINDOW].stream = c->stream;
+            posted++;
+        }
+        if (done == posted) break;
+        if (!more && snd->w.pos >= snd->w.end) {
+            /* everything is posted: one wait for all of it, as src/coll/ring.c does */
+            int k = 0;
+            for (int i = done; i < posted; i++) ptrs[k++] = &rx[i % WINDOW];
+            for (int i = snd->done; i < snd->posted; i++) ptrs[k++] = &snd->x[i % WINDOW];
+            st = kolo__wait(c->m, ptrs, k);
+            done = posted;
+            snd->done = snd->posted;
+            break;
+        }
+        if ((st = kolo__wait1(c->m, &rx[done % WINDOW]))) break;
+        done++;
+        st = pump(snd);
+    }
+    if (!st) st = drain(snd);
+    return st;
+}
+
+/* The final scaling (AVERAGE's 1/n, post) of [a, b) of the list, in dst. */
+static void finish_range(const iov_ctx *c, size_t a, size_t b, kolo_op_t op, double post, int n)
+{
+    kolo__walker w;
+    kolo__walk_init(&w, c->segs, c->start, a, b, (size_t)-1);
+    int seg;
+    size_t po, pl;
+    while (kolo__walk_next(&w, &seg, &po, &pl))
+        kolo__coll_finish_scale(c->segs[seg].dst + po * c->es, pl, c->dtype, op, post, n);
+}
+
+/* start[i]: the first element of segment i, start[nseg] the total (kolo__walker); segs[].src
+ * set to dst after scaling the contributions there when pre != 1. NULL without memory. */
+static size_t *list_start(kolo__seg *segs, int nseg, kolo_dtype_t dtype, double pre, size_t extra_words)
+{
+    size_t *start = kolo__malloc(((size_t)nseg + 1 + extra_words) * sizeof(size_t)), total = 0;
+    if (!start) return NULL;
+    for (int i = 0; i < nseg; i++) {
+        start[i] = total;
+        total += segs[i].count;
+        if (pre != 1.0) {
+            kolo__scale(segs[i].dst, segs[i].src, segs[i].count, dtype, pre);
+            segs[i].src = segs[i].dst;
+        }
+    }
+    start[nseg] = total;
+    return start;
+}
+
 /* the phases iov_ring runs */
 enum { RS = 1, AG = 2 };
 
@@ -87,18 +213,9 @@ static int iov_ring(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int ns
 {
     int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype);
-    size_t *start = kolo__malloc(((size_t)nseg + 1) * sizeof(size_t) + 2 * (size_t)n * sizeof(size_t));
+    size_t *start = list_start(segs, nseg, dtype, (phases & RS) ? pre : 1.0, 2 * (size_t)n);
     if (!start) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
-    size_t *off = start + nseg + 1, *cnt = off + n, total = 0;
-    for (int i = 0; i < nseg; i++) {
-        start[i] = total;
-        total += segs[i].count;
-        if (pre != 1.0 && (phases & RS)) { /* scaled contributions go to dst, which is then the source */
-            kolo__scale(segs[i].dst, segs[i].src, segs[i].count, dtype, pre);
-            segs[i].src = segs[i].dst;
-        }
-    }
-    start[nseg] = total;
+    size_t *off = start + nseg + 1, *cnt = off + n, total = start[nseg];
     int st = KOLO_OK;
     if (n == 1) {
         for (int i = 0; i < nseg; i++) {
@@ -119,102 +236,29 @@ static int iov_ring(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int ns
                        kolo__iov_scratch(m, total, n, es));
         goto out;
     }
-    char *slots = scratch;
-    bool stream = total * es >= kolo__coll_stream_min(m); /* written around the cache, as src/coll/ring.c */
+    iov_ctx c = {m, segs, start, chunk, es, dtype, op, total * es >= kolo__coll_stream_min(m), scratch};
     int right = kolo__g2w(g, mod(r + 1, n)), left = kolo__g2w(g, mod(r - 1, n));
     sender snd;
-    snd.m = m;
-    snd.to = right;
-    snd.es = es;
     /* the last reduce-scatter step and the first allgather step as one (kolo__ring_fused_step)
      * when streaming, as src/coll/ring.c does */
-    int fuse = stream && kolo__ring_fusing() && phases == (RS | AG);
-    /* reduce-scatter */
+    int fuse = c.stream && kolo__ring_fusing() && phases == (RS | AG);
+    /* reduce-scatter: step s sends block r-s-1 (the own contributions at step 0) and combines
+     * block r-s-2, never touched before, with the own contribution to it */
     for (int s = 0; s < n - 1 - fuse && (phases & RS) && !st; s++) {
         int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
-        snd.posted = snd.done = 0;
-        snd.from_src = s == 0;
-        kolo__walk_init(&snd.w, segs, start, off[sb], off[sb] + cnt[sb], chunk);
-        if ((st = pump(&snd))) break;
-        kolo__walker rw;
-        kolo__walk_init(&rw, segs, start, off[rb], off[rb] + cnt[rb], chunk);
-        kolo__xfer rx[2];
-        int rseg[2];
-        size_t roff[2], rlen[2];
-        int posted = 0, done = 0;
-        while (posted < 2 && kolo__walk_next(&rw, &rseg[posted], &roff[posted], &rlen[posted])) {
-            kolo__irecv(m, left, slots + (size_t)posted * chunk * es, rlen[posted] * es, &rx[posted]);
-            posted++;
-        }
-        while (done < posted && !st) {
-            int k = done % 2;
-            if ((st = kolo__wait1(m, &rx[k]))) break;
-            const kolo__seg *gs = &segs[rseg[k]];
-            char *slot = slots + (size_t)k * chunk * es;
-            if (stream) { /* reduced in the slot, in cache, then written out around it */
-                kolo__coll_reduce_out(gs->dst + roff[k] * es, slot, gs->src + roff[k] * es, slot, rlen[k] * es, dtype,
-                                      op, false, 1.0, 1);
-            } else {
-                kolo__reduce(gs->dst + roff[k] * es, gs->src + roff[k] * es, slot, rlen[k], dtype, op);
-            }
-            done++;
-            if (kolo__walk_next(&rw, &rseg[k], &roff[k], &rlen[k])) {
-                kolo__irecv(m, left, slots + (size_t)k * chunk * es, rlen[k] * es, &rx[k]);
-                posted++;
-            }
-            st = pump(&snd);
-        }
-        if (stream) kolo__stream_fence(); /* the next step sends this block, perhaps single-copy */
-        if (!st) st = drain(&snd);
+        if (!(st = send_range(&c, &snd, right, off[sb], off[sb] + cnt[sb], s == 0)))
+            st = recv_reduce(&c, &snd, left, off[rb], off[rb] + cnt[rb], true, false);
     }
     if (st) goto out;
-    if (fuse) {
-        st = kolo__ring_fused_step(m, g, segs, start, off, cnt, chunk, dtype, op, post, slots);
-    } else if (phases & RS) { /* the block this member owns is complete: apply the final scaling to it */
-        kolo__walker w;
-        kolo__walk_init(&w, segs, start, off[r], off[r] + cnt[r], (size_t)-1);
-        int seg;
-        size_t po, pl;
-        while (kolo__walk_next(&w, &seg, &po, &pl))
-            kolo__coll_finish_scale(segs[seg].dst + po * es, pl, dtype, op, post, n);
-    }
+    if (fuse)
+        st = kolo__ring_fused_step(m, g, segs, start, off, cnt, chunk, dtype, op, post, scratch);
+    else if (phases & RS) /* the block this member owns is complete: apply the final scaling to it */
+        finish_range(&c, off[r], off[r] + cnt[r], op, post, n);
     /* allgather: reduced blocks travel in place */
     for (int s = fuse; s < n - 1 && (phases & AG) && !st; s++) {
         int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-        snd.posted = snd.done = 0;
-        snd.from_src = false;
-        kolo__walk_init(&snd.w, segs, start, off[sb], off[sb] + cnt[sb], chunk);
-        if ((st = pump(&snd))) break;
-        kolo__walker rw;
-        kolo__walk_init(&rw, segs, start, off[rb], off[rb] + cnt[rb], chunk);
-        kolo__xfer rx[WINDOW];
-        kolo__xfer *ptrs[2 * WINDOW];
-        int posted = 0, done = 0, seg;
-        size_t po, pl;
-        bool more = true;
-        while (!st) {
-            while (more && posted - done < WINDOW) {
-                if (!(more = kolo__walk_next(&rw, &seg, &po, &pl))) break;
-                kolo__irecv(m, left, segs[seg].dst + po * es, pl * es, &rx[posted % WINDOW]);
-                rx[posted % WINDOW].stream = stream;
-                posted++;
-            }
-            if (done == posted) break;
-            if (!more && snd.w.pos >= snd.w.end) {
-                /* everything is posted: one wait for all of it, as src/coll/ring.c does */
-                int k = 0;
-                for (int i = done; i < posted; i++) ptrs[k++] = &rx[i % WINDOW];
-                for (int i = snd.done; i < snd.posted; i++) ptrs[k++] = &snd.x[i % WINDOW];
-                st = kolo__wait(m, ptrs, k);
-                done = posted;
-                snd.done = snd.posted;
-                break;
-            }
-            if ((st = kolo__wait1(m, &rx[done % WINDOW]))) break;
-            done++;
-            st = pump(&snd);
-        }
-        if (!st) st = drain(&snd);
+        if (!(st = send_range(&c, &snd, right, off[sb], off[sb] + cnt[sb], false)))
+            st = recv_place(&c, &snd, left, off[rb], off[rb] + cnt[rb]);
     }
 out:
     kolo__free(start);
@@ -250,19 +294,14 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__gr
                              void *scratch, size_t scratch_len)
 {
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
-    size_t es = kolo_dtype_size(dtype), total = 0;
-    size_t *start = kolo__malloc(((size_t)nseg + 1) * sizeof(size_t));
+    size_t es = kolo_dtype_size(dtype);
+    size_t *start = list_start(segs, nseg, dtype, 1.0, 0), total = start ? start[nseg] : 0;
     kolo__seg *mine = kolo__malloc((size_t)nseg * sizeof(kolo__seg));
     if (!start || !mine) {
         kolo__free(start);
         kolo__free(mine);
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
     }
-    for (int i = 0; i < nseg; i++) {
-        start[i] = total;
-        total += segs[i].count;
-    }
-    start[nseg] = total;
     int st = iov_ring(m, lg, segs, nseg, dtype, sum, pre, 1.0, scratch, scratch_len, RS);
     /* this member's block of the host's sum, as iov_ring split the list among the L members */
     size_t L = (size_t)lg->size, r = (size_t)lg->rank, base = total / L, extra = total % L;
@@ -283,5 +322,92 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__gr
     if (st == KOLO_OK) kolo__coll_hier_ran();
     kolo__free(start);
     kolo__free(mine);
+    return st;
+}
+
+/* ---- across hosts by recursive halving and doubling (src/coll/allreduce.c), over the list ----
+ *
+ * The rounds of kolo__coll_allreduce's allreduce_halving, each an exchange of element ranges of
+ * the list with the partner (the halves split at the same elements, the lower member's part
+ * first in every combination, each part finished by one member): the same results, to the bit,
+ * as the contiguous algorithm on the list's concatenation. It runs where that would: buckets
+ * across hosts that the three stages do not take (hosts holding different numbers of members,
+ * KOLO_HIERARCHICAL_ALLREDUCE=0). engine-bench's ResNet-50 step (102 MB in 161 tensors), network
+ * namespaces joined by a veth shaped to 10 Gbit/s, 3 launches alternated with the ring over the
+ * list, each step's time its slowest rank's: 2 hosts of 2 with the stages off 168-176 ms against
+ * 198-202 (one allreduce of the same bytes 162-170), 3 ranks on one host and 1 on the other
+ * 215-222 against 247-261 (205-206); at 2 Gbit/s 2 hosts of 2 504 against 660. */
+int kolo__iov_halving_allreduce(kolo__mesh *m, const kolo__group *g, const int *order, kolo__seg *segs, int nseg,
+                                kolo_dtype_t dtype, kolo_op_t op, double pre, double post, void *scratch,
+                                size_t scratch_len)
+{
+    int n = g->size, q = 0;
+    while (order[q] != g->rank) q++;
+    size_t es = kolo_dtype_size(dtype);
+    size_t *start = list_start(segs, nseg, dtype, pre, 0);
+    if (!start) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
+    size_t total = start[nseg];
+    int st = KOLO_OK;
+    if (scratch_len < kolo__iov_scratch(m, total, n, es)) {
+        st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
+                       kolo__iov_scratch(m, total, n, es));
+        goto out;
+    }
+    kolo__coll_halving_ran();
+    iov_ctx c = {m,  segs, start, kolo__ring_chunk_elems(total, n, es), es, dtype, op,
+                 total * es >= kolo__coll_stream_min(m), scratch};
+    int p2 = 1;
+    while (p2 * 2 <= n) p2 *= 2;
+    int extra = n - p2, v; /* v: index among the p2 members that take part, or -1 */
+    bool own_src = true;   /* this member's contributions are still where the caller put them */
+    sender snd;
+    /* members beyond p2 hand their contributions to a neighbour in the order, lower one first */
+    if (q < 2 * extra) {
+        int peer = kolo__g2w(g, order[q ^ 1]);
+        if (q % 2 == 0) {
+            if (!(st = send_range(&c, &snd, peer, 0, total, true))) st = drain(&snd);
+            v = -1;
+        } else {
+            if (!(st = send_range(&c, &snd, peer, 0, 0, false))) st = recv_reduce(&c, &snd, peer, 0, total, true, true);
+            own_src = false;
+            v = q / 2;
+        }
+    } else {
+        v = q - extra;
+    }
+    /* lo[k] .. hi[k]: the elements this member holds before halving round k */
+    size_t lo[12], hi[12];
+    int rounds = 0;
+    lo[0] = 0;
+    hi[0] = total;
+    for (int mask = 1; v >= 0 && mask < p2 && !st; mask <<= 1, rounds++) {
+        int pv = v ^ mask, partner = kolo__g2w(g, order[pv < extra ? 2 * pv + 1 : pv + extra]);
+        size_t a = lo[rounds], b = hi[rounds], mid = a + (b - a) / 2;
+        bool low = v < pv; /* keeps the lower half */
+        size_t ka = low ? a : mid, kb = low ? mid : b, sa = low ? mid : a, sb = low ? b : mid;
+        if (!(st = send_range(&c, &snd, partner, sa, sb, own_src)))
+            st = recv_reduce(&c, &snd, partner, ka, kb, own_src, !low);
+        own_src = false;
+        lo[rounds + 1] = ka;
+        hi[rounds + 1] = kb;
+    }
+    if (v >= 0 && !st) finish_range(&c, lo[rounds], hi[rounds], op, post, n);
+    /* backwards: the part this member finished for the partner's, the rest of round k's range */
+    for (int k = rounds - 1; v >= 0 && k >= 0 && !st; k--) {
+        int pv = v ^ (1 << k), partner = kolo__g2w(g, order[pv < extra ? 2 * pv + 1 : pv + extra]);
+        size_t ka = lo[k + 1], kb = hi[k + 1];
+        size_t oa = ka == lo[k] ? kb : lo[k], ob = ka == lo[k] ? hi[k] : ka;
+        if (!(st = send_range(&c, &snd, partner, ka, kb, false))) st = recv_place(&c, &snd, partner, oa, ob);
+    }
+    if (!st && q < 2 * extra) {
+        int peer = kolo__g2w(g, order[q ^ 1]);
+        if (q % 2 == 0) {
+            if (!(st = send_range(&c, &snd, peer, 0, 0, false))) st = recv_place(&c, &snd, peer, 0, total);
+        } else if (!(st = send_range(&c, &snd, peer, 0, total, false))) {
+            st = drain(&snd);
+        }
+    }
+out:
+    kolo__free(start);
     return st;
 }

@@ -1,4 +1,4 @@
-/* ring_iov.h - the ring allreduce over a list of buffers (ring_iov.c). */
+/* ring_iov.h - allreduces over a list of buffers: the ring, three stages, recursive halving (ring_iov.c). */
 #ifndef KOLO_RING_IOV_H
 #define KOLO_RING_IOV_H
 
@@ -22,5 +22,12 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__gr
                              kolo__seg *segs, int nseg, kolo_dtype_t dtype, kolo_op_t op, double pre, double post,
                              void *scratch, size_t scratch_len);
 size_t kolo__iov_hier_scratch(const kolo__mesh *m, int local, int hosts, size_t total, size_t es);
+
+/* The same allreduce across hosts by recursive halving and doubling over the members in `order`
+ * (kolo__coll_halving_order), with kolo__coll_allreduce's results on the concatenation; scratch
+ * as kolo__iov_allreduce's. */
+int kolo__iov_halving_allreduce(kolo__mesh *m, const kolo__group *g, const int *order, kolo__seg *segs, int nseg,
+                                kolo_dtype_t dtype, kolo_op_t op, double pre, double post, void *scratch,
+                                size_t scratch_len);
 
 #endif
