@@ -249,74 +249,81 @@ bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t 
  * ring's 2(n-1)/n per link. Every block is finished by one member and copied to the others: all
  * get the same bits. Members beyond the largest power of two hand their buffer to a neighbour in
  * the order first and get the result back at the end, as in recursive doubling. */
+void kolo__coll_halving_plan(const kolo__group *g, const int *order, size_t count, kolo__halving_plan *p)
+{
+    int n = g->size, q = 0, p2 = 1;
+    while (order[q] != g->rank) q++;
+    while (p2 * 2 <= n) p2 *= 2;
+    int extra = n - p2, v = q < 2 * extra ? (q % 2 ? q / 2 : -1) : q - extra; /* index among the p2, or -1 */
+    p->handover = q < 2 * extra ? order[q ^ 1] : -1;
+    p->gives = v < 0;
+    p->rounds = 0;
+    size_t a = 0, b = count; /* the range held before each round */
+    for (int mask = 1; v >= 0 && mask < p2; mask <<= 1) {
+        int pv = v ^ mask;
+        size_t mid = a + (b - a) / 2;
+        bool low = v < pv;
+        kolo__halving_round *r = &p->r[p->rounds++];
+        *r = (kolo__halving_round){order[pv < extra ? 2 * pv + 1 : pv + extra], low, low ? a : mid, low ? mid : b,
+                                   low ? mid : a, low ? b : mid};
+        a = r->keep_lo;
+        b = r->keep_hi;
+    }
+}
+
+/* The schedule above on one buffer: each range one message, the received half into scratch. */
 static int allreduce_halving(kolo__mesh *m, const kolo__group *g, const int *order, const void *send, void *recv,
                              size_t count, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
-    int n = g->size, q = 0;
-    while (order[q] != g->rank) q++;
+    kolo__halving_plan hp;
+    kolo__coll_halving_plan(g, order, count, &hp);
     size_t es = kolo_dtype_size(dtype), bytes = count * es;
-    int p2 = 1;
-    while (p2 * 2 <= n) p2 *= 2;
-    int extra = n - p2, st = KOLO_OK, v; /* v: index among the p2 members that take part, or -1 */
-    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, extra ? bytes : (count + 1) / 2 * es);
+    int st = KOLO_OK;
+    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, hp.handover >= 0 ? bytes : (count + 1) / 2 * es);
     if (!tmp) return KOLO_ERR_NO_MEMORY;
     char *out = recv;
     if (pre != 1.0) kolo__scale(recv, send, count, dtype, pre);
     else if (send != recv) kolo__copy(recv, send, bytes);
     kolo__coll_halving_ran();
-    if (q < 2 * extra) {
+    if (hp.handover >= 0) {
         kolo__xfer x;
-        if (q % 2 == 0) {
-            kolo__isend(m, kolo__g2w(g, order[q + 1]), recv, bytes, &x);
+        if (hp.gives) {
+            kolo__isend(m, kolo__g2w(g, hp.handover), recv, bytes, &x);
             st = kolo__wait1(m, &x);
-            v = -1;
         } else {
-            kolo__irecv(m, kolo__g2w(g, order[q - 1]), tmp, bytes, &x);
+            kolo__irecv(m, kolo__g2w(g, hp.handover), tmp, bytes, &x);
             st = kolo__wait1(m, &x);
             if (st == KOLO_OK) kolo__reduce(recv, tmp, recv, count, dtype, op); /* lower member first */
-            v = q / 2;
         }
-    } else {
-        v = q - extra;
     }
-    /* lo[k] .. hi[k]: the elements this member holds before halving round k */
-    size_t lo[12], hi[12];
-    int rounds = 0;
-    lo[0] = 0;
-    hi[0] = count;
-    for (int mask = 1; v >= 0 && mask < p2 && st == KOLO_OK; mask <<= 1, rounds++) {
-        int pv = v ^ mask, partner = order[pv < extra ? 2 * pv + 1 : pv + extra];
-        size_t a = lo[rounds], b = hi[rounds], mid = a + (b - a) / 2;
-        bool low = v < pv; /* keeps the lower half */
-        size_t ka = low ? a : mid, kb = low ? mid : b, sa = low ? mid : a, sb = low ? b : mid;
+    for (int k = 0; k < hp.rounds && st == KOLO_OK; k++) {
+        const kolo__halving_round *r = &hp.r[k];
+        size_t ka = r->keep_lo, kb = r->keep_hi;
         kolo__xfer xs[2];
         kolo__xfer *ptrs[2] = {&xs[0], &xs[1]};
-        kolo__isend(m, kolo__g2w(g, partner), out + sa * es, (sb - sa) * es, &xs[0]);
-        kolo__irecv(m, kolo__g2w(g, partner), tmp, (kb - ka) * es, &xs[1]);
-        st = kolo__wait(m, ptrs, 2);
-        if (st != KOLO_OK) break;
-        if (low) kolo__reduce(out + ka * es, out + ka * es, tmp, kb - ka, dtype, op);
+        kolo__isend(m, kolo__g2w(g, r->partner), out + r->send_lo * es, (r->send_hi - r->send_lo) * es, &xs[0]);
+        kolo__irecv(m, kolo__g2w(g, r->partner), tmp, (kb - ka) * es, &xs[1]);
+        if ((st = kolo__wait(m, ptrs, 2)) != KOLO_OK) break;
+        if (r->low) kolo__reduce(out + ka * es, out + ka * es, tmp, kb - ka, dtype, op);
         else kolo__reduce(out + ka * es, tmp, out + ka * es, kb - ka, dtype, op);
-        lo[rounds + 1] = ka;
-        hi[rounds + 1] = kb;
     }
-    if (v >= 0 && st == KOLO_OK)
-        kolo__coll_finish_scale(out + lo[rounds] * es, hi[rounds] - lo[rounds], dtype, op, post, n);
-    /* backwards: the part this member finished for the partner's, the rest of round k's range */
-    for (int k = rounds - 1; v >= 0 && k >= 0 && st == KOLO_OK; k--) {
-        int pv = v ^ (1 << k), partner = order[pv < extra ? 2 * pv + 1 : pv + extra];
-        size_t ka = lo[k + 1], kb = hi[k + 1];
-        size_t oa = ka == lo[k] ? kb : lo[k], ob = ka == lo[k] ? hi[k] : ka;
+    if (hp.rounds && st == KOLO_OK) {
+        const kolo__halving_round *r = &hp.r[hp.rounds - 1];
+        kolo__coll_finish_scale(out + r->keep_lo * es, r->keep_hi - r->keep_lo, dtype, op, post, g->size);
+    }
+    /* backwards: the part this member finished for the partner's */
+    for (int k = hp.rounds - 1; k >= 0 && st == KOLO_OK; k--) {
+        const kolo__halving_round *r = &hp.r[k];
         kolo__xfer xs[2];
         kolo__xfer *ptrs[2] = {&xs[0], &xs[1]};
-        kolo__isend(m, kolo__g2w(g, partner), out + ka * es, (kb - ka) * es, &xs[0]);
-        kolo__irecv(m, kolo__g2w(g, partner), out + oa * es, (ob - oa) * es, &xs[1]);
+        kolo__isend(m, kolo__g2w(g, r->partner), out + r->keep_lo * es, (r->keep_hi - r->keep_lo) * es, &xs[0]);
+        kolo__irecv(m, kolo__g2w(g, r->partner), out + r->send_lo * es, (r->send_hi - r->send_lo) * es, &xs[1]);
         st = kolo__wait(m, ptrs, 2);
     }
-    if (st == KOLO_OK && q < 2 * extra) {
+    if (st == KOLO_OK && hp.handover >= 0) {
         kolo__xfer x;
-        if (q % 2 == 0) kolo__irecv(m, kolo__g2w(g, order[q + 1]), recv, bytes, &x);
-        else kolo__isend(m, kolo__g2w(g, order[q - 1]), recv, bytes, &x);
+        if (hp.gives) kolo__irecv(m, kolo__g2w(g, hp.handover), recv, bytes, &x);
+        else kolo__isend(m, kolo__g2w(g, hp.handover), recv, bytes, &x);
         st = kolo__wait1(m, &x);
     }
     return st;

@@ -124,6 +124,25 @@ int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order)
  * where the three stages do not run (allreduce.c: 4 or more members on 2 or more hosts, from
  * HALVING_MIN), and then the members host by host into order[]. */
 bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t count, size_t es, int *order);
+/* The schedule of recursive halving and doubling (allreduce.c) for this member of g over count
+ * elements, the members in `order`: members beyond the largest power of two p2 first hand their
+ * buffer to a neighbour in the order (`handover`, a member index, or -1; `gives`: this one hands
+ * over and sits out the rounds), then round k (distance 2^k among the p2) swaps halves with
+ * `partner`: this member keeps and combines [keep_lo, keep_hi) (`low`: the lower half, its own
+ * part first in each combination), sends [send_lo, send_hi). The doubling runs the rounds
+ * backwards, sending the kept range and receiving the sent one. */
+#define KOLO_HALVING_ROUNDS 10 /* log2(KOLO_HIER_MAX) */
+typedef struct kolo__halving_round {
+    int partner;
+    bool low;
+    size_t keep_lo, keep_hi, send_lo, send_hi;
+} kolo__halving_round;
+typedef struct kolo__halving_plan {
+    int handover, rounds;
+    bool gives;
+    kolo__halving_round r[KOLO_HALVING_ROUNDS];
+} kolo__halving_plan;
+void kolo__coll_halving_plan(const kolo__group *g, const int *order, size_t count, kolo__halving_plan *p);
 /* How many allreduces in this process ran recursive halving across hosts (allreduce.c; tests). */
 uint64_t kolo__coll_halving_runs(void);
 void kolo__coll_halving_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */

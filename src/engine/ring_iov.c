@@ -341,8 +341,7 @@ int kolo__iov_halving_allreduce(kolo__mesh *m, const kolo__group *g, const int *
                                 kolo_dtype_t dtype, kolo_op_t op, double pre, double post, void *scratch,
                                 size_t scratch_len)
 {
-    int n = g->size, q = 0;
-    while (order[q] != g->rank) q++;
+    int n = g->size;
     size_t es = kolo_dtype_size(dtype);
     size_t *start = list_start(segs, nseg, dtype, pre, 0);
     if (!start) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
@@ -356,56 +355,34 @@ int kolo__iov_halving_allreduce(kolo__mesh *m, const kolo__group *g, const int *
     kolo__coll_halving_ran();
     iov_ctx c = {m,  segs, start, kolo__ring_chunk_elems(total, n, es), es, dtype, op,
                  total * es >= kolo__coll_stream_min(m), scratch};
-    int p2 = 1;
-    while (p2 * 2 <= n) p2 *= 2;
-    int extra = n - p2, v; /* v: index among the p2 members that take part, or -1 */
-    bool own_src = true;   /* this member's contributions are still where the caller put them */
+    kolo__halving_plan hp;
+    kolo__coll_halving_plan(g, order, total, &hp);
     sender snd;
-    /* members beyond p2 hand their contributions to a neighbour in the order, lower one first */
-    if (q < 2 * extra) {
-        int peer = kolo__g2w(g, order[q ^ 1]);
-        if (q % 2 == 0) {
-            if (!(st = send_range(&c, &snd, peer, 0, total, true))) st = drain(&snd);
-            v = -1;
-        } else {
-            if (!(st = send_range(&c, &snd, peer, 0, 0, false))) st = recv_reduce(&c, &snd, peer, 0, total, true, true);
-            own_src = false;
-            v = q / 2;
-        }
-    } else {
-        v = q - extra;
+    int ho = hp.handover >= 0 ? kolo__g2w(g, hp.handover) : -1;
+    if (ho >= 0 && hp.gives) {
+        if (!(st = send_range(&c, &snd, ho, 0, total, true))) st = drain(&snd);
+    } else if (ho >= 0 && !(st = send_range(&c, &snd, ho, 0, 0, false))) {
+        st = recv_reduce(&c, &snd, ho, 0, total, true, true); /* lower member first */
     }
-    /* lo[k] .. hi[k]: the elements this member holds before halving round k */
-    size_t lo[12], hi[12];
-    int rounds = 0;
-    lo[0] = 0;
-    hi[0] = total;
-    for (int mask = 1; v >= 0 && mask < p2 && !st; mask <<= 1, rounds++) {
-        int pv = v ^ mask, partner = kolo__g2w(g, order[pv < extra ? 2 * pv + 1 : pv + extra]);
-        size_t a = lo[rounds], b = hi[rounds], mid = a + (b - a) / 2;
-        bool low = v < pv; /* keeps the lower half */
-        size_t ka = low ? a : mid, kb = low ? mid : b, sa = low ? mid : a, sb = low ? b : mid;
-        if (!(st = send_range(&c, &snd, partner, sa, sb, own_src)))
-            st = recv_reduce(&c, &snd, partner, ka, kb, own_src, !low);
-        own_src = false;
-        lo[rounds + 1] = ka;
-        hi[rounds + 1] = kb;
+    bool own_src = ho < 0; /* this member's contributions are still where the caller put them */
+    for (int k = 0; k < hp.rounds && !st; k++, own_src = false) {
+        const kolo__halving_round *r = &hp.r[k];
+        int partner = kolo__g2w(g, r->partner);
+        if (!(st = send_range(&c, &snd, partner, r->send_lo, r->send_hi, own_src)))
+            st = recv_reduce(&c, &snd, partner, r->keep_lo, r->keep_hi, own_src, !r->low);
     }
-    if (v >= 0 && !st) finish_range(&c, lo[rounds], hi[rounds], op, post, n);
-    /* backwards: the part this member finished for the partner's, the rest of round k's range */
-    for (int k = rounds - 1; v >= 0 && k >= 0 && !st; k--) {
-        int pv = v ^ (1 << k), partner = kolo__g2w(g, order[pv < extra ? 2 * pv + 1 : pv + extra]);
-        size_t ka = lo[k + 1], kb = hi[k + 1];
-        size_t oa = ka == lo[k] ? kb : lo[k], ob = ka == lo[k] ? hi[k] : ka;
-        if (!(st = send_range(&c, &snd, partner, ka, kb, false))) st = recv_place(&c, &snd, partner, oa, ob);
+    if (hp.rounds && !st) finish_range(&c, hp.r[hp.rounds - 1].keep_lo, hp.r[hp.rounds - 1].keep_hi, op, post, n);
+    /* backwards: the part this member finished for the partner's */
+    for (int k = hp.rounds - 1; k >= 0 && !st; k--) {
+        const kolo__halving_round *r = &hp.r[k];
+        int partner = kolo__g2w(g, r->partner);
+        if (!(st = send_range(&c, &snd, partner, r->keep_lo, r->keep_hi, false)))
+            st = recv_place(&c, &snd, partner, r->send_lo, r->send_hi);
     }
-    if (!st && q < 2 * extra) {
-        int peer = kolo__g2w(g, order[q ^ 1]);
-        if (q % 2 == 0) {
-            if (!(st = send_range(&c, &snd, peer, 0, 0, false))) st = recv_place(&c, &snd, peer, 0, total);
-        } else if (!(st = send_range(&c, &snd, peer, 0, total, false))) {
-            st = drain(&snd);
-        }
+    if (ho >= 0 && hp.gives && !st && !(st = send_range(&c, &snd, ho, 0, 0, false))) {
+        st = recv_place(&c, &snd, ho, 0, total);
+    } else if (ho >= 0 && !hp.gives && !st && !(st = send_range(&c, &snd, ho, 0, total, false))) {
+        st = drain(&snd);
     }
 out:
     kolo__free(start);
