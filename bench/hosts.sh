@@ -118,11 +118,10 @@ fi
 
 N=$((2 * PER))
 # Each namespace's ranks see the machine's cores as their host's, but the other namespace's ranks
-# run on them too: neither kolo nor Open MPI can tell the machine is oversubscribed, and ranks
-# spinning while they wait take the cores from the ranks they wait for (kolo's flat 128 KiB
-# allreduce took 558 us spinning, 163 us yielding). kolo waits as on a host it knows is
-# oversubscribed (KOLO_SPIN_US=0: yield at once), as Open MPI does with mpi_yield_when_idle.
-SPIN=${KOLO_SPIN_US:-0}
+# run on them too, and ranks spinning while they wait take the cores from the ranks they wait for
+# (kolo's flat 128 KiB allreduce took 558 us spinning, 163 us yielding). kolo counts the ranks on
+# the machine's cores across namespaces (kolo__core_sharers, src/net/mesh.c) and yields at once;
+# Open MPI cannot tell, and is told to (mpi_yield_when_idle). KOLO_SPIN_US passes through if set.
 # Open MPI's rsh agent: `agent HOST COMMAND...` runs COMMAND in HOST's namespace, under its name
 cat > "$TMP/agent" <<AGENT
 #!/bin/sh
@@ -156,7 +155,7 @@ launch() { # launch HIER|g|m ROUND LO HI ITERS WARMUP: one launch (g: Gloo, m: O
     else
       if [ "$COLL" = engine ]; then set -- -n "$it" -w "$wu" -s 1; else set -- "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1; fi
       ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
-        KOLO_JOB_ID=hosts$$.$h.$rnd.$port KOLO_SPIN_US=$SPIN KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
+        KOLO_JOB_ID=hosts$$.$h.$rnd.$port KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
         "$BIN" "$@" > "$TMP/out.$r" 2>&1 &
     fi
     r=$((r + 1))

@@ -2998,6 +2998,49 @@ KT_TEST(hier_allreduce_allgather_across_hosts, 120)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }
 
+/* Ranks on one machine's cores in different network namespaces (or containers) are hosts of their
+ * own to the transports, but they take turns on the same cores: kolo__core_sharers counts them,
+ * by boot id and set of cores, and more of them than cores make the world oversubscribed
+ * (waiting ranks yield, smaller rings, ring copies kept), while local rank and size stay per host. */
+static void sharers_run(int rank, void *arg)
+{
+    const char *hosts = arg;
+    int n = (int)strlen(hosts);
+    char host[2] = {hosts[rank], 0};
+    kolo__mesh_test_host(host);
+    KT_OK(kolo_init());
+    int local = 0;
+    for (int q = 0; q < n; q++) local += hosts[q] == hosts[rank];
+    KT_EQ(kolo_local_size(), local);
+    KT_EQ(kolo__core_sharers(kolo__W.peers, n, rank), (size_t)n);
+    bool over = (long)n > kolo__host_cpus();
+    for (int c = 0; c < KOLO_NCHANNELS; c++) {
+        KT_ASSERTF(kolo__W.mesh[c]->world_oversubscribed == over, "%s, %d ranks on %ld cores: oversubscribed %d",
+                   hosts, n, kolo__host_cpus(), kolo__W.mesh[c]->world_oversubscribed);
+        if (over && !getenv("KOLO_SPIN_US")) KT_EQ(kolo__W.mesh[c]->spin_ns, 0u);
+    }
+    float x[4] = {1, 2, 3, (float)rank};
+    KT_OK(kolo_allreduce(x, x, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(x[0] == (float)n && x[3] == (float)(n * (n - 1) / 2));
+    kolo__mesh_test_host(NULL);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(core_sharers_across_namespaces, 60)
+{
+    /* the count itself: same boot id and cores, any namespace */
+    kolo__peer_info p[5] = {{.hostkey = "boot-1/net:[1]", .cores = 7}, {.hostkey = "boot-1/net:[2]", .cores = 7},
+                            {.hostkey = "boot-1/net:[1]a", .cores = 7}, {.hostkey = "boot-2/net:[1]", .cores = 7},
+                            {.hostkey = "boot-1/net:[3]", .cores = 9}};
+    KT_EQ(kolo__core_sharers(p, 5, 0), 3u);
+    KT_EQ(kolo__core_sharers(p, 5, 3), 1u);
+    KT_EQ(kolo__core_sharers(p, 5, 4), 1u);
+    kolo__peer_info q[2] = {{.hostkey = "boot-1/net:[1]", .cores = 7}, {.hostkey = "boot-10/net:[1]", .cores = 7}};
+    KT_EQ(kolo__core_sharers(q, 2, 0), 1u); /* a boot id that begins another is another */
+    KT_EQ(kt_job(4, sharers_run, (void *)"aabb", NULL, NULL), 0);
+    KT_EQ(kt_job(2, sharers_run, (void *)"ab", NULL, NULL), 0);
+}
+
 KT_TEST(hier_bad_value_refused, 30)
 {
     kt_job_opts o = {.env = {"KOLO_HIERARCHICAL_ALLGATHER=often"}};

@@ -222,7 +222,7 @@ static void strangers(int rank, void *arg)
         /* a placeholder record lets ranks 0 and 1 reach their accept loops (they only accept
          * from rank 2, so the address in it is never used); kolo_init rewrites it */
         snprintf(key, sizeof(key), "%s/1/peer/2", job);
-        const char placeholder[] = "127.0.0.1 1 1 placeholder placeholder";
+        const char placeholder[] = "127.0.0.1 1 1 placeholder 0 placeholder";
         KT_OK(kolo__store_set(st, key, placeholder, strlen(placeholder)));
         snprintf(key, sizeof(key), "%s/1/peer/0", job);
         void *val = NULL;

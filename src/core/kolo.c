@@ -122,10 +122,10 @@ static void pin_ring_copies(void)
  * ranks than cores, a waiter that spins holds the core its peer needs to produce what it waits
  * for, and every step of a collective costs a whole spin period. So, unless KOLO_SPIN_US is set,
  * an oversubscribed host yields at once (Open MPI's yield_when_idle does the same). */
-static void choose_spin(long cpus)
+static void choose_spin(size_t sharers, long cpus)
 {
     if (kolo__setting_is_set(KOLO_SET_SPIN_US)) return;
-    KOLO_INFO("%d ranks on this host share %ld cores: waiting ranks yield at once instead of spinning", W.local_size,
+    KOLO_INFO("%zu ranks on this machine share %ld cores: waiting ranks yield at once instead of spinning", sharers,
               cpus);
     for (int c = 0; c < KOLO_NCHANNELS; c++)
         if (W.mesh[c]) W.mesh[c]->spin_ns = 0;
@@ -265,8 +265,10 @@ static int init_once(void)
     }
     st = compute_topology();
     if (st != KOLO_OK) goto fail;
-    bool oversubscribed = kolo__host_oversubscribed((size_t)W.local_size);
-    if (oversubscribed) choose_spin(kolo__host_cpus());
+    /* the ranks on this machine's cores, in every network namespace (kolo__core_sharers) */
+    size_t sharers = W.peers ? kolo__core_sharers(W.peers, W.info.size, W.info.rank) : 1;
+    bool oversubscribed = kolo__host_oversubscribed(sharers);
+    if (oversubscribed) choose_spin(sharers, kolo__host_cpus());
     st = make_world_group();
     if (st != KOLO_OK) goto fail;
     if (oversubscribed) pin_ring_copies();

@@ -32,6 +32,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <inttypes.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -207,6 +208,18 @@ static void host_key(char *out, size_t cap)
     ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
     if (n > 0) ns[n] = '\0';
     snprintf(out, cap, "%.40s/%.38s%.15s", boot, ns, test_host);
+}
+
+/* The set kolo__host_cpus counts, hashed (FNV-1a): the affinity mask, or 0 for all online cores
+ * (bound to one core, or no mask). */
+static uint64_t cores_key(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) <= 1) return 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *p = (const unsigned char *)&set;
+    for (size_t i = 0; i < sizeof(set); i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
 }
 
 /* ---- helpers ---- */
@@ -687,6 +700,7 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     me->port = port;
     me->pid = (int)getpid();
     host_key(me->hostkey, sizeof(me->hostkey));
+    me->cores = cores_key();
     const char *hn = kolo__setting_str(KOLO_SET_HOSTNAME);
     if (*hn) snprintf(me->hostname, sizeof(me->hostname), "%s", hn);
     else if (gethostname(me->hostname, sizeof(me->hostname)) != 0) snprintf(me->hostname, sizeof(me->hostname), "?");
@@ -699,7 +713,8 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     int epoch = wi->epoch ? wi->epoch : inits;
     char key[160], val[512];
     snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, wi->rank);
-    int n = snprintf(val, sizeof(val), "%s %d %d %s %s", me->addr, me->port, me->pid, me->hostkey, me->hostname);
+    int n = snprintf(val, sizeof(val), "%s %d %d %s %" PRIx64 " %s", me->addr, me->port, me->pid, me->hostkey,
+                     me->cores, me->hostname);
     int st = kolo__store_set(store, key, val, (size_t)n);
     if (st != KOLO_OK) return st;
     for (int r = 0; r < wi->size; r++) {
@@ -744,7 +759,8 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
         text[tl] = '\0';
         kolo__free(v);
         kolo__peer_info *p = &b->peers[r];
-        if (sscanf(text, "%63s %d %d %95s %127s", p->addr, &p->port, &p->pid, p->hostkey, p->hostname) != 5)
+        if (sscanf(text, "%63s %d %d %95s %" SCNx64 " %127s", p->addr, &p->port, &p->pid, p->hostkey, &p->cores,
+                   p->hostname) != 6)
             return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a malformed address record '%s'", r, text);
     }
     return KOLO_OK;
@@ -762,6 +778,15 @@ bool kolo__host_oversubscribed(size_t local_ranks)
 {
     long cpus = kolo__host_cpus();
     return cpus >= 1 && local_ranks > (size_t)cpus;
+}
+
+size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me)
+{
+    size_t boot = strcspn(peers[me].hostkey, "/"), k = 0;
+    for (int r = 0; r < n; r++)
+        k += r == me || (peers[r].cores == peers[me].cores && strcspn(peers[r].hostkey, "/") == boot &&
+                         strncmp(peers[r].hostkey, peers[me].hostkey, boot) == 0);
+    return k;
 }
 
 /* Each shared-memory ring's size (KOLO_SHM_RING_SIZE unset) on a host with more ranks than cores. */
@@ -865,7 +890,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * every pair's rings (16 ranks: 60 MiB a rank, most of it for pairs that never talk)
          * took a 16-rank launch from 0.24-0.28 s to 0.53-0.54, while the first calls of 64 KiB
          * ran alike (0.55-0.72 ms against 0.66-0.76). */
-        bool oversubscribed = kolo__host_oversubscribed(local + 1);
+        bool oversubscribed = kolo__host_oversubscribed(kolo__core_sharers(b.peers, wi->size, wi->rank));
         if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;

@@ -120,6 +120,7 @@ typedef struct kolo__peer_info {
     int port;
     int pid;
     char hostkey[96];     /* boot id + network namespace: equal means "maybe the same host" */
+    uint64_t cores;       /* the cores it may run on (kolo__host_cpus's set), hashed */
     char hostname[128];
 } kolo__peer_info;
 
@@ -268,6 +269,11 @@ struct kolo__store;
 long kolo__host_cpus(void);
 /* Whether this host has more ranks (local_ranks, this one included) than those cores. */
 bool kolo__host_oversubscribed(size_t local_ranks);
+/* The ranks of peers[0..n) that take turns on rank me's cores, me included: those on the same
+ * kernel (boot id) with the same set of cores, whatever their network namespace. Ranks in
+ * containers or network namespaces of one machine are hosts of their own to the transports and
+ * the hierarchical collectives (TCP between them), but they share its cores. */
+size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me);
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
