@@ -11,7 +11,7 @@
 # --rate (default 10gbit; none: as fast as the kernel copies); each runs --per-host ranks (2),
 # started by hand (KOLO_RANK, KOLO_RENDEZVOUS, rank 0 serving the store). Every round runs the
 # collective once with KOLO_HIERARCHICAL_ALLREDUCE/_ALLGATHER=0 (flat: the ring, or for
-# allreduce recursive halving) and once with 1, one after the other, sizes up to 1 MiB in a
+# allreduce and the engine's buckets recursive halving) and once with 1, one after the other, sizes up to 1 MiB in a
 # launch of their own with 5N calls a size, larger ones with N (--iters, 10); the table gives
 # each size's median time over the rounds and the median of the rounds' ratios, hierarchical
 # over flat (below 1: hierarchical is faster).
