@@ -96,7 +96,11 @@ typedef struct iov_ctx {
 /* The sends of [sa, sb) to `to` begin (from the segments' src when from_src, else their dst). */
 static int send_range(const iov_ctx *c, sender *snd, int to, size_t sa, size_t sb, bool from_src)
 {
-    *snd = (sender){.m = c->m, .to = to, .from_src = from_src, .es = c->es};
+    snd->m = c->m; /* the transfers' slots are left as they are: pump posts into them */
+    snd->to = to;
+    snd->posted = snd->done = 0;
+    snd->from_src = from_src;
+    snd->es = c->es;
     kolo__walk_init(&snd->w, c->segs, c->start, sa, sb, c->chunk);
     return pump(snd);
 }

@@ -776,9 +776,10 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
  * relative to the mount's root, as in a container that sees its own cgroup at the top) and every
  * ancestor up to the mount: the least of them, rounded up. */
 
+#define CG_PATH 1024 /* cgroup paths and mount points (longer ones are not read) */
+
 /* The quota's CPUs in the directory dir (v2: cpu.max "QUOTA PERIOD" or "max PERIOD"; v1:
  * cpu.cfs_quota_us, -1 for none, and cpu.cfs_period_us), rounded up; 0 without one. */
-#define CG_PATH 1024 /* cgroup paths and mount points (longer ones are not read) */
 
 static long quota_cpus(const char *dir, bool v2)
 {
