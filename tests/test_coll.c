@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -3041,97 +3040,6 @@ KT_TEST(core_sharers_across_namespaces, 60)
     KT_EQ(kolo__core_sharers(q, 2, 0), 1u); /* a boot id that begins another is another */
     KT_EQ(kt_job(4, sharers_run, (void *)"aabb", NULL, NULL), 0);
     KT_EQ(kt_job(2, sharers_run, (void *)"ab", NULL, NULL), 0);
-}
-
-/* A CPU quota (a container's --cpus, a Kubernetes CPU limit) counts as cores: read from the cgroup
- * file system where mountinfo says it is mounted, at the process's cgroup below the mount's root
- * and each ancestor, the least rounded up (kolo__cgroup_cpus). */
-static void put_file(const char *dir, const char *name, const char *text)
-{
-    char p[512];
-    snprintf(p, sizeof(p), "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    KT_ASSERT(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static void quota_run(int rank, void *arg)
-{
-    const char *procs = arg;
-    FILE *f = fopen(procs, "w");
-    KT_ASSERT(f);
-    fprintf(f, "%d\n", (int)getpid());
-    KT_ASSERT(fclose(f) == 0);
-    KT_EQ(kolo__host_cpus(), 1);
-    KT_OK(kolo_init());
-    for (int c = 0; c < KOLO_NCHANNELS; c++) KT_ASSERT(kolo__W.mesh[c]->world_oversubscribed);
-    if (!getenv("KOLO_SPIN_US")) KT_EQ(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->spin_ns, 0u);
-    int x = rank + 1;
-    KT_OK(kolo_allreduce(&x, &x, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-    KT_EQ(x, 3);
-    KT_OK(kolo_shutdown());
-}
-
-KT_TEST(cpu_quota_counts_as_cores, 60)
-{
-    char t[512], d[640], mi[640], cg[640];
-    snprintf(t, sizeof(t), "%s", kt_scratch());
-    /* v2 mounted at t/v2 (its root the top), v1's cpu hierarchy at t/v1 seen from /docker/abc */
-    snprintf(mi, sizeof(mi), "%s/mountinfo", t);
-    snprintf(cg, sizeof(cg), "%s/cgroup", t);
-    char text[2048];
-    snprintf(text, sizeof(text),
-             "25 20 0:21 / /sys rw - sysfs sysfs rw\n"
-             "30 20 0:30 / %s/v2 rw,relatime - cgroup2 cgroup2 rw\n"
-             "31 20 0:31 /docker/abc %s/v1 rw,relatime - cgroup cgroup rw,cpuacct,cpu\n"
-             "32 20 0:32 / %s/v1set rw,relatime - cgroup cgroup rw,cpuset\n",
-             t, t, t);
-    put_file(t, "mountinfo", text);
-    put_file(t, "cgroup", "5:cpuset:/x\n4:cpu,cpuacct:/docker/abc/c\n0::/a/b\n");
-    const char *dirs[] = {"v2", "v2/a", "v2/a/b", "v1", "v1/c", "v1set", "v1set/x"};
-    for (size_t i = 0; i < KOLO_ARRAY_SIZE(dirs); i++) {
-        snprintf(d, sizeof(d), "%s/%s", t, dirs[i]);
-        KT_ASSERT(mkdir(d, 0755) == 0);
-    }
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 0); /* no quota files */
-    snprintf(d, sizeof(d), "%s/v2/a/b", t);
-    put_file(d, "cpu.max", "max 100000\n");
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 0);
-    snprintf(d, sizeof(d), "%s/v2/a", t);
-    put_file(d, "cpu.max", "250000 100000\n"); /* 2.5 CPUs, the parent's */
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 3);
-    snprintf(d, sizeof(d), "%s/v1/c", t);
-    put_file(d, "cpu.cfs_quota_us", "200000\n");
-    put_file(d, "cpu.cfs_period_us", "100000\n");
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 2); /* the least */
-    snprintf(d, sizeof(d), "%s/v1", t);
-    put_file(d, "cpu.cfs_quota_us", "-1\n");
-    put_file(d, "cpu.cfs_period_us", "100000\n");
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 2);
-    /* a cgroup outside the mount's root is not this mount's: v2's 3 */
-    put_file(t, "cgroup", "4:cpu,cpuacct:/other/c\n0::/a/b\n");
-    KT_EQ(kolo__cgroup_cpus(mi, cg), 3);
-    KT_EQ(kolo__cgroup_cpus("/nonexistent/mountinfo", cg), 0);
-
-    /* for real: two ranks in a cgroup of one CPU are oversubscribed (needs root and cgroup v1's
-     * cpu controller at /sys/fs/cgroup/cpu, as CI has) */
-    const char *base = "/sys/fs/cgroup/cpu";
-    char q[256];
-    snprintf(q, sizeof(q), "%s/cpu.cfs_quota_us", base);
-    if (geteuid() != 0 || access(q, F_OK) != 0) {
-        printf("  skip (the real cgroup): %s\n", geteuid() ? "not root" : "no cgroup v1 cpu controller at /sys/fs/cgroup/cpu");
-        return;
-    }
-    char grp[256], procs[300];
-    snprintf(grp, sizeof(grp), "%s/kolo-test-%d", base, (int)getpid());
-    KT_ASSERT(mkdir(grp, 0755) == 0);
-    put_file(grp, "cpu.cfs_period_us", "100000\n");
-    put_file(grp, "cpu.cfs_quota_us", "100000\n");
-    snprintf(procs, sizeof(procs), "%s/cgroup.procs", grp);
-    int st = kt_job(2, quota_run, procs, NULL, NULL);
-    KT_ASSERT(rmdir(grp) == 0);
-    KT_EQ(st, 0);
 }
 
 KT_TEST(hier_bad_value_refused, 30)

@@ -99,7 +99,7 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_SPIN_US] = {"KOLO_SPIN_US", "", "50",
                           "microseconds a waiting rank busy-polls before it starts yielding its core (0 when "
                           "more ranks than cores run on the machine, counted across network namespaces and "
-                          "containers, the cores no more than the cgroup's CPU quota allows); unset, the engine's waits spin at most 10 and then "
+                          "containers); unset, the engine's waits spin at most 10 and then "
                           "sleep until the peer moves, without yielding, while no thread waits for the engine; "
                           "once one has waited over 5 ms they sleep after the full spin (the world exchange "
                           "after 10)"},

@@ -766,121 +766,12 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     return KOLO_OK;
 }
 
-/* ---- a CPU quota: what a container's --cpus or a Kubernetes CPU limit gives ----
- *
- * A CFS quota lets a cgroup's processes run `quota` microseconds of every `period` in all, on any
- * of the cores they see: 2 CPUs' worth on a 64-core node leaves sched_getaffinity at 64, and ranks
- * that spin there burn the quota their peers need, then all sit throttled to the period's end. The
- * quota is read where the cgroup file system is mounted (/proc/self/mountinfo: cgroup2, or the
- * cgroup v1 hierarchy with the cpu controller), at this process's cgroup (/proc/self/cgroup,
- * relative to the mount's root, as in a container that sees its own cgroup at the top) and every
- * ancestor up to the mount: the least of them, rounded up. */
-
-#define CG_PATH 1024 /* cgroup paths and mount points (longer ones are not read) */
-
-/* The quota's CPUs in the directory dir (v2: cpu.max "QUOTA PERIOD" or "max PERIOD"; v1:
- * cpu.cfs_quota_us, -1 for none, and cpu.cfs_period_us), rounded up; 0 without one. */
-
-static long quota_cpus(const char *dir, bool v2)
-{
-    char path[2 * CG_PATH + 32], a[32] = "", b[32] = "";
-    long long quota = -1, period = 0;
-    FILE *f;
-    if (v2) {
-        snprintf(path, sizeof(path), "%s/cpu.max", dir);
-        if (!(f = fopen(path, "re"))) return 0;
-        if (fscanf(f, "%31s %31s", a, b) == 2 && strcmp(a, "max") != 0) {
-            quota = strtoll(a, NULL, 10);
-            period = strtoll(b, NULL, 10);
-        }
-        fclose(f);
-    } else {
-        snprintf(path, sizeof(path), "%s/cpu.cfs_quota_us", dir);
-        if (!(f = fopen(path, "re"))) return 0;
-        if (fscanf(f, "%lld", &quota) != 1) quota = -1;
-        fclose(f);
-        snprintf(path, sizeof(path), "%s/cpu.cfs_period_us", dir);
-        if (!(f = fopen(path, "re"))) return 0;
-        if (fscanf(f, "%lld", &period) != 1) period = 0;
-        fclose(f);
-    }
-    return quota > 0 && period > 0 ? (long)((quota + period - 1) / period) : 0;
-}
-
-/* Whether the comma-separated list has the word w. */
-static bool has_word(const char *list, const char *w)
-{
-    size_t n = strlen(w);
-    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (strncmp(p, w, n) == 0 && (p[n] == ',' || p[n] == '\0')) return true;
-    return false;
-}
-
-long kolo__cgroup_cpus(const char *mountinfo, const char *cgroup)
-{
-    char mnt[2][CG_PATH], root[2][CG_PATH], path[2][CG_PATH]; /* [1]: v2, [0]: v1 with cpu */
-    bool have_mnt[2] = {false, false}, have_path[2] = {false, false};
-    char line[4096];
-    FILE *f = fopen(mountinfo ? mountinfo : "/proc/self/mountinfo", "re");
-    if (!f) return 0;
-    while (fgets(line, sizeof(line), f)) {
-        /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPEROPTIONS */
-        char r[CG_PATH], mp[CG_PATH], type[64], src[256], opts[1024];
-        const char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %1023s %1023s", r, mp) != 2 ||
-            sscanf(dash + 3, "%63s %255s %1023s", type, src, opts) != 3)
-            continue;
-        int v = !strcmp(type, "cgroup2") ? 1 : !strcmp(type, "cgroup") && has_word(opts, "cpu") ? 0 : -1;
-        if (v < 0 || have_mnt[v]) continue;
-        snprintf(mnt[v], sizeof(mnt[v]), "%s", mp);
-        snprintf(root[v], sizeof(root[v]), "%s", r);
-        have_mnt[v] = true;
-    }
-    fclose(f);
-    if (!(f = fopen(cgroup ? cgroup : "/proc/self/cgroup", "re"))) return 0;
-    while (fgets(line, sizeof(line), f)) {
-        /* HIERARCHY:CONTROLLERS:PATH; v2's is 0 with no controllers */
-        line[strcspn(line, "\n")] = '\0';
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2) continue;
-        *c1 = *c2 = '\0';
-        int v = !strcmp(line, "0") && c2 == c1 + 1 ? 1 : has_word(c1 + 1, "cpu") ? 0 : -1;
-        if (v < 0 || have_path[v]) continue;
-        snprintf(path[v], sizeof(path[v]), "%s", c2 + 1);
-        have_path[v] = true;
-    }
-    fclose(f);
-    long least = 0;
-    for (int v = 0; v < 2; v++) {
-        if (!have_mnt[v] || !have_path[v]) continue;
-        /* the path below the mount's root ("/" in a container's own cgroup namespace) */
-        const char *rel = path[v];
-        size_t rl = strlen(root[v]);
-        if (strcmp(root[v], "/") != 0) {
-            if (strncmp(rel, root[v], rl) != 0 || (rel[rl] != '/' && rel[rl] != '\0')) continue;
-            rel += rl;
-        }
-        char dir[2 * CG_PATH];
-        snprintf(dir, sizeof(dir), "%s%s", mnt[v], strcmp(rel, "/") ? rel : "");
-        for (;;) { /* this cgroup, then each parent up to the mount */
-            long q = quota_cpus(dir, v == 1);
-            if (q > 0 && (least == 0 || q < least)) least = q;
-            if (strlen(dir) <= strlen(mnt[v])) break;
-            char *slash = strrchr(dir, '/');
-            if (!slash) break;
-            *slash = '\0';
-        }
-    }
-    return least;
-}
-
 long kolo__host_cpus(void)
 {
     cpu_set_t set;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1) cpus = CPU_COUNT(&set);
-    long quota = kolo__cgroup_cpus(NULL, NULL);
-    return quota > 0 && quota < cpus ? quota : cpus;
+    return cpus;
 }
 
 bool kolo__host_oversubscribed(size_t local_ranks)

@@ -265,13 +265,8 @@ int kolo__conn_fail(kolo__conn *c, int status);
  * *peers (array of size) and per-rank host info are filled in. */
 struct kolo__store;
 /* The cores this host's ranks share: the ones this process may run on, or all online ones when
- * it was bound to a single core (a launcher that binds ranks has already given each its own);
- * no more than its cgroup's CPU quota allows. */
+ * it was bound to a single core (a launcher that binds ranks has already given each its own). */
 long kolo__host_cpus(void);
-/* The CPUs the CFS quota of this process's cgroup and its ancestors allows (cgroup v2 or v1),
- * rounded up; 0 without a quota. mountinfo and cgroup: /proc/self/mountinfo and /proc/self/cgroup
- * when NULL (other files: tests). */
-long kolo__cgroup_cpus(const char *mountinfo, const char *cgroup);
 /* Whether this host has more ranks (local_ranks, this one included) than those cores. */
 bool kolo__host_oversubscribed(size_t local_ranks);
 /* The ranks of peers[0..n) that take turns on rank me's cores, me included: those on the same
