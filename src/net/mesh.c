@@ -890,7 +890,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * every pair's rings (16 ranks: 60 MiB a rank, most of it for pairs that never talk)
          * took a 16-rank launch from 0.24-0.28 s to 0.53-0.54, while the first calls of 64 KiB
          * ran alike (0.55-0.72 ms against 0.66-0.76). */
-        bool oversubscribed = kolo__host_oversubscribed(kolo__core_sharers(b.peers, wi->size, wi->rank));
+        bool oversubscribed = kolo__host_oversubscribed(local + 1);
         if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;

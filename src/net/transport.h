@@ -272,7 +272,8 @@ bool kolo__host_oversubscribed(size_t local_ranks);
 /* The ranks of peers[0..n) that take turns on rank me's cores, me included: those on the same
  * kernel (boot id) with the same set of cores, whatever their network namespace. Ranks in
  * containers or network namespaces of one machine are hosts of their own to the transports and
- * the hierarchical collectives (TCP between them), but they share its cores. */
+ * the hierarchical collectives (TCP between them), but they share its cores: more of them than
+ * cores, and waiting ranks yield at once (core/kolo.c). */
 size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me);
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
