@@ -4,17 +4,21 @@
 #
 #   sh bench/hosts.sh [--rate 10gbit|none] [--per-host L] [--rounds R]
 #                     [--coll allreduce|allgather|reducescatter|engine] [--min SIZE] [--max SIZE]
-#                     [--iters N] [--gloo] [--ompi] [--out FILE]
+#                     [--iters N] [--gloo] [--ompi] [--calls] [--out FILE]
 #
 # Needs root (ip netns, tc) and a built tree (make all). The namespaces "kh<pid>a" and "kh<pid>b"
 # are joined by a veth pair (10.79.0.1 and .2), its sending side shaped by tc's token bucket to
 # --rate (default 10gbit; none: as fast as the kernel copies); each runs --per-host ranks (2),
 # started by hand (KOLO_RANK, KOLO_RENDEZVOUS, rank 0 serving the store). Every round runs the
 # collective once with KOLO_HIERARCHICAL_ALLREDUCE/_ALLGATHER=0 (flat: the ring, or for
-# allreduce and the engine's buckets recursive halving) and once with 1, one after the other, sizes up to 1 MiB in a
-# launch of their own with 5N calls a size, larger ones with N (--iters, 10); the table gives
-# each size's median time over the rounds and the median of the rounds' ratios, hierarchical
-# over flat (below 1: hierarchical is faster).
+# allreduce and the engine's buckets recursive halving) and once with 1, one after the other,
+# sizes up to 1 MiB in a launch of their own with 5N calls a size, larger ones with N (--iters,
+# 10); the table gives each size's median time over the rounds and the median of the rounds'
+# ratios, hierarchical over flat (below 1: hierarchical is faster).
+# --calls times every call instead (kolo-bench --calls 1, mpi_coll_bench -C 1: the slowest
+# rank's time of each) and gives the median and the 90th percentile of all the rounds' calls
+# together, the ratios of those: a launch's mean moves with its few slow calls (4 ranks taking
+# turns on 2 vCPUs, TCP's stalls), which hides what most calls take. Not with --gloo or the engine.
 # --coll engine runs engine-bench (ResNet-50's gradients through the engine) instead of
 # kolo-bench. --gloo adds torch.distributed's Gloo (bench/peers/torch_dist_bench.py, Debian's
 # python3-torch) to every round, the same ranks in the same namespaces, and compares kolo's
@@ -26,7 +30,7 @@
 # when idle (below). --out FILE also writes the table, with the machine and versions, as
 # Markdown. The namespaces are deleted at the end, however the script ends.
 set -eu
-RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10 GLOO=0 OMPI=0 OUT=
+RATE=10gbit PER=2 ROUNDS=3 COLL=allreduce MIN=128K MAX=64M ITERS=10 GLOO=0 OMPI=0 CALLS=0 OUT=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=$2; shift 2 ;;
     --gloo) GLOO=1; shift ;;
     --ompi) OMPI=1; shift ;;
+    --calls) CALLS=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hosts.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
@@ -45,6 +50,8 @@ while [ $# -gt 0 ]; do
 done
 case "$COLL" in allreduce|allgather|reducescatter|engine) ;;
   *) echo "hosts.sh: --coll allreduce, allgather, reducescatter or engine" >&2; exit 2 ;; esac
+[ "$CALLS" = 0 ] || { [ "$GLOO" = 0 ] && [ "$COLL" != engine ]; } ||
+  { echo "hosts.sh: --calls times kolo-bench's and Open MPI's calls, not with --gloo or --coll engine" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "hosts.sh: needs root (ip netns, tc)" >&2; exit 2; }
 BIN=build/bin/kolo-bench
 [ "$COLL" = engine ] && BIN=build/bin/engine-bench
@@ -138,7 +145,7 @@ launch() { # launch HIER|g|m ROUND LO HI ITERS WARMUP: one launch (g: Gloo, m: O
       -np $N -H 10.79.0.1:$PER,10.79.0.2:$PER --mca plm_rsh_agent "$TMP/agent" --mca plm_rsh_no_tree_spawn 1 \
       --mca oob_tcp_if_include 10.79.0.0/24 --mca btl_tcp_if_include 10.79.0.0/24 --mca pml ob1 \
       --mca btl self,vader,tcp --mca mpi_yield_when_idle 1 \
-      "$MPIB" "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1 > "$TMP/launch" 2>&1 ||
+      "$MPIB" "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1 -C "$CALLS" > "$TMP/launch" 2>&1 ||
       { echo "hosts.sh: Open MPI failed:" >&2; tail -20 "$TMP/launch" >&2; exit 1; }
     cat "$TMP/launch" >> "$TMP/out.$h.$rnd"
     return
@@ -153,7 +160,7 @@ launch() { # launch HIER|g|m ROUND LO HI ITERS WARMUP: one launch (g: Gloo, m: O
         GLOO_SOCKET_IFNAME=$dev /usr/bin/python3 bench/peers/torch_dist_bench.py "$COLL" -b "$lo" -e "$hi" \
         -n "$it" -w "$wu" -c 1 > "$TMP/out.$r" 2>&1 &
     else
-      if [ "$COLL" = engine ]; then set -- -n "$it" -w "$wu" -s 1; else set -- "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1; fi
+      if [ "$COLL" = engine ]; then set -- -n "$it" -w "$wu" -s 1; else set -- "$COLL" -b "$lo" -e "$hi" -n "$it" -w "$wu" -c 1 --calls "$CALLS"; fi
       ip netns exec "$ns" env KOLO_RANK=$r KOLO_SIZE=$N KOLO_RENDEZVOUS=10.79.0.1:$port KOLO_RENDEZVOUS_SERVER=rank0 \
         KOLO_JOB_ID=hosts$$.$h.$rnd.$port KOLO_HIERARCHICAL_ALLREDUCE=$h KOLO_HIERARCHICAL_ALLGATHER=$h \
         "$BIN" "$@" > "$TMP/out.$r" 2>&1 &
@@ -178,15 +185,25 @@ while [ $i -le "$ROUNDS" ]; do
   i=$((i + 1))
 done
 
-python3 - "$TMP" "$ROUNDS" "$COLL" "$GLOO" "$OMPI" "$RATE" "$PER" "$OUT" <<'EOF'
+python3 - "$TMP" "$ROUNDS" "$COLL" "$GLOO" "$OMPI" "$RATE" "$PER" "$OUT" "$CALLS" <<'EOF'
 import os, platform, re, statistics, subprocess, sys, time
 tmp, rounds, coll, gloo, ompi = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1"
-rate, per, out_md = sys.argv[6], sys.argv[7], sys.argv[8]
+rate, per, out_md, calls = sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9] == "1"
 def num(s):
     try:
         return float(s)
     except ValueError:
         return None  # "-": a form this peer does not run
+def percall(h):  # {size: [times of every out-of-place call of every round]}
+    out = {}
+    for r in range(1, rounds + 1):
+        for line in open(f"{tmp}/out.{h}.{r}"):
+            m = re.match(r"# calls (\d+) out-of-place: (.*)", line)
+            if m:
+                out.setdefault(int(m.group(1)), []).extend(float(x) for x in m.group(2).split())
+    if not out:
+        sys.exit(f"hosts.sh: no per-call times in {tmp}/out.{h}.1")
+    return out
 def rows(h, r):
     out = {}
     for line in open(f"{tmp}/out.{h}.{r}"):
@@ -218,6 +235,27 @@ def vs(mine, theirs):  # medians of both, and the median of the rounds' ratios
         return ["-"] * 3
     return [f"{med(mine):.1f}", f"{med(theirs):.1f}", f"{med(a / b for a, b in zip(mine, theirs)):.2f}"]
 table = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+def pct(v, q):  # the q-quantile of v, nearest rank
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+if calls:
+    pc = {h: percall(h) for h in runs}
+    cols = ["size (B)", "calls", "flat median us", "hierarchical median us", "hierarchical / flat"]
+    if ompi:
+        cols += ["Open MPI median us", "kolo hierarchical / Open MPI", "hierarchical p90 us", "Open MPI p90 us",
+                 "p90 ratio"]
+    table = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+    for k in sorted(pc[0]):
+        fl, hi = pc[0][k], pc[1].get(k, [])
+        if not hi:
+            continue
+        cells = [f"{k}", f"{len(hi)}", f"{med(fl):.1f}", f"{med(hi):.1f}", f"{med(hi) / med(fl):.2f}"]
+        if ompi:
+            mp = pc["m"].get(k, [])
+            cells += ([f"{med(mp):.1f}", f"{med(hi) / med(mp):.2f}", f"{pct(hi, 0.9):.1f}", f"{pct(mp, 0.9):.1f}",
+                       f"{pct(hi, 0.9) / pct(mp, 0.9):.2f}"] if mp else ["-"] * 5)
+        table.append("| " + " | ".join(cells) + " |")
+    keys = []
 for k in keys:
     flat = [data[(0, r)][k][0] for r in R]
     hier = [data[(1, r)][k][0] for r in R]
@@ -245,13 +283,16 @@ if out_md:
     if gloo:
         peers.append("torch " + sh(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"]))
     argv = " ".join(["sh bench/hosts.sh", f"--coll {coll}", f"--rate {rate}", f"--rounds {rounds}"]
-                    + (["--gloo"] if gloo else []) + (["--ompi"] if ompi else []))
+                    + (["--gloo"] if gloo else []) + (["--ompi"] if ompi else []) + (["--calls"] if calls else []))
     with open(out_md, "w") as f:
         f.write(title + "\n\n")
         f.write(f"Made by `{argv}` (and its --min/--max/--iters). Machine: {cpu.group(1) if cpu else '?'}, "
                 f"{os.cpu_count()} cores, {mem:.1f} GiB, kernel {platform.release()}; kolo "
                 f"{sh(['git', 'describe', '--always', '--dirty'])}"
-                + (f"; {'; '.join(peers)}" if peers else "") + ". Times are medians over the rounds (out of "
-                "place unless said), ratios the medians of the rounds' ratios: below 1, kolo's is faster.\n\n")
+                + (f"; {'; '.join(peers)}" if peers else "")
+                + (". Times are every out-of-place call's (the slowest rank's), the rounds' calls together: their "
+                   "median and 90th percentile, ratios of those: below 1, kolo's is faster.\n\n" if calls else
+                   ". Times are medians over the rounds (out of place unless said), ratios the medians of the rounds' "
+                   "ratios: below 1, kolo's is faster.\n\n"))
         f.write("\n".join(table) + "\n")
 EOF
