@@ -23,9 +23,10 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                         "default: the one that reaches the rendezvous host"},
     [KOLO_SET_TCP_CONGESTION] = {"KOLO_TCP_CONGESTION", "", "auto",
                                  "TCP congestion control of kolo's connections: auto (connections that stay on this "
-                                 "host, over loopback, use cubic, or reno where cubic is not allowed; BBR, the "
-                                 "default on some systems, keeps them to about a megabyte in flight and halves "
-                                 "their speed; connections to other hosts keep the system's choice), system (leave "
+                                 "machine, over loopback or to another network namespace or container on it, use "
+                                 "cubic, or reno where cubic is not allowed; BBR, the default on some systems, keeps "
+                                 "them to about a megabyte in flight and halves their speed; connections to other "
+                                 "machines keep the system's choice), system (leave "
                                  "every connection alone), or a name from "
                                  "/proc/sys/net/ipv4/tcp_allowed_congestion_control for every connection"},
     [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",

@@ -210,6 +210,14 @@ static void host_key(char *out, size_t cap)
     snprintf(out, cap, "%.40s/%.38s%.15s", boot, ns, test_host);
 }
 
+/* Whether two ranks' host keys name the same boot of the same kernel (whatever their network
+ * namespaces): they run on the same machine's cores. */
+static bool same_kernel(const kolo__peer_info *a, const kolo__peer_info *b)
+{
+    size_t boot = strcspn(a->hostkey, "/");
+    return strcspn(b->hostkey, "/") == boot && strncmp(a->hostkey, b->hostkey, boot) == 0;
+}
+
 /* The set kolo__host_cpus counts, hashed (FNV-1a): the affinity mask, or 0 for all online cores
  * (bound to one core, or no mask). */
 static uint64_t cores_key(void)
@@ -387,7 +395,7 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
     if (!shm_ok) {
         if (c->tp == &kolo__shm_transport) c->tp->close(c);
         c->priv = NULL;
-        int st = kolo__tcp_attach(c);
+        int st = kolo__tcp_attach(c, same_kernel(&b->peers[c->peer], &b->peers[b->wi->rank]));
         if (st != KOLO_OK) return st;
     } else {
         int st = set_nonblock(c->fd);
@@ -782,10 +790,8 @@ bool kolo__host_oversubscribed(size_t local_ranks)
 
 size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me)
 {
-    size_t boot = strcspn(peers[me].hostkey, "/"), k = 0;
-    for (int r = 0; r < n; r++)
-        k += r == me || (peers[r].cores == peers[me].cores && strcspn(peers[r].hostkey, "/") == boot &&
-                         strncmp(peers[r].hostkey, peers[me].hostkey, boot) == 0);
+    size_t k = 0;
+    for (int r = 0; r < n; r++) k += r == me || (peers[r].cores == peers[me].cores && same_kernel(&peers[r], &peers[me]));
     return k;
 }
 

@@ -304,7 +304,9 @@ void kolo__mesh_test_host(const char *name);
 const char *kolo__peer_name(const kolo__mesh *m, int peer);
 
 /* ---- Transport set-up hooks used by mesh.c ---- */
-int kolo__tcp_attach(kolo__conn *c);
+/* same_machine: the peer runs on this machine's kernel (another network namespace or container,
+ * the same boot id), which tcp.c treats as it treats loopback. */
+int kolo__tcp_attach(kolo__conn *c, bool same_machine);
 /* The congestion control a TCP conn runs ("cubic"), for messages; "?" when unknown. */
 const char *kolo__tcp_congestion(const kolo__conn *c);
 /* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
