@@ -3038,6 +3038,8 @@ KT_TEST(core_sharers_across_namespaces, 60)
     KT_EQ(kolo__core_sharers(p, 5, 4), 1u);
     kolo__peer_info q[2] = {{.hostkey = "boot-1/net:[1]", .cores = 7}, {.hostkey = "boot-10/net:[1]", .cores = 7}};
     KT_EQ(kolo__core_sharers(q, 2, 0), 1u); /* a boot id that begins another is another */
+    kolo__peer_info u[2] = {{.hostkey = "noboot/net:[1]", .cores = 0}, {.hostkey = "noboot/net:[2]", .cores = 0}};
+    KT_EQ(kolo__core_sharers(u, 2, 0), 1u); /* no boot id read: not known to share anything */
     KT_EQ(kt_job(4, sharers_run, (void *)"aabb", NULL, NULL), 0);
     KT_EQ(kt_job(2, sharers_run, (void *)"ab", NULL, NULL), 0);
 }

@@ -211,11 +211,13 @@ static void host_key(char *out, size_t cap)
 }
 
 /* Whether two ranks' host keys name the same boot of the same kernel (whatever their network
- * namespaces): they run on the same machine's cores. */
+ * namespaces): they run on the same machine's cores. Never for ranks that could not read their
+ * boot id (host_key's "noboot"). */
 static bool same_kernel(const kolo__peer_info *a, const kolo__peer_info *b)
 {
     size_t boot = strcspn(a->hostkey, "/");
-    return strcspn(b->hostkey, "/") == boot && strncmp(a->hostkey, b->hostkey, boot) == 0;
+    return strcspn(b->hostkey, "/") == boot && strncmp(a->hostkey, b->hostkey, boot) == 0 &&
+           strncmp(a->hostkey, "noboot/", 7) != 0;
 }
 
 /* The set kolo__host_cpus counts, hashed (FNV-1a): the affinity mask, or 0 for all online cores
@@ -791,7 +793,8 @@ bool kolo__host_oversubscribed(size_t local_ranks)
 size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me)
 {
     size_t k = 0;
-    for (int r = 0; r < n; r++) k += r == me || (peers[r].cores == peers[me].cores && same_kernel(&peers[r], &peers[me]));
+    for (int r = 0; r < n; r++)
+        k += r == me || (peers[r].cores == peers[me].cores && same_kernel(&peers[r], &peers[me]));
     return k;
 }
 

@@ -359,8 +359,8 @@ static bool set_congestion(int fd, const char *name)
  * namespaces of 2 (bench/hosts.sh --calls, 3 rounds of 50 calls, Open MPI beside), 256 KiB
  * allreduces had a 90th percentile of 586-1760 us against a median of 230-330 (1.7-6.4x Open
  * MPI's); with cubic 271-385 (4 runs each way, the veth not shaped and at 10 Gbit/s; medians
- * alike). At 2 Gbit/s the two ran alike. Such connections get cubic too; those to other machines keep the
- * system's choice. */
+ * alike). At 2 Gbit/s the two ran alike. Such connections get cubic too; those to other
+ * machines keep the system's choice. */
 static void choose_congestion(kolo__conn *c, bool local)
 {
     const char *want = kolo__setting_str(KOLO_SET_TCP_CONGESTION);
