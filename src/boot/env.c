@@ -154,19 +154,9 @@ static int read_ints(const names *n, const char *why, kolo__world_info *w)
     return KOLO_OK;
 }
 
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 int kolo__env_port_from(const char *key)
 {
-    uint64_t h = fnv1a(key ? key : "");
+    uint64_t h = kolo__fnv1a(key ? key : "", key ? strlen(key) : 0);
     h ^= h >> 29; /* FNV's low bits mix weakly; fold the high ones in */
     return 20000 + (int)(h % 12768u);
 }
@@ -184,7 +174,7 @@ static void set_job_id(kolo__world_info *w, const char *raw)
     }
     size_t keep = KOLO_MIN(n, (size_t)48), j = 0;
     for (size_t i = 0; i < keep; i++) w->job_id[j++] = job_char_ok(raw[i]) ? raw[i] : '_';
-    snprintf(w->job_id + j, sizeof(w->job_id) - j, "-%016llx", (unsigned long long)fnv1a(raw));
+    snprintf(w->job_id + j, sizeof(w->job_id) - j, "-%016llx", (unsigned long long)kolo__fnv1a(raw, strlen(raw)));
 }
 
 bool kolo__parse_hostport(const char *s, char *host, size_t cap, int *port)

@@ -170,19 +170,9 @@ struct kolo__store_server {
     size_t nbuckets, nentries;
 };
 
-static uint64_t hash_key(const uint8_t *k, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= k[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static entry *lookup(kolo__store_server *s, const uint8_t *k, size_t n)
 {
-    for (entry *e = s->tab[hash_key(k, n) & (s->nbuckets - 1)]; e; e = e->next)
+    for (entry *e = s->tab[kolo__fnv1a(k, n) & (s->nbuckets - 1)]; e; e = e->next)
         if (e->klen == n && memcmp(e->key, k, n) == 0) return e;
     return NULL;
 }
@@ -196,7 +186,7 @@ static void grow_table(kolo__store_server *s)
         entry *e = s->tab[i];
         while (e) {
             entry *next = e->next;
-            size_t b = hash_key(e->key, e->klen) & (nb - 1);
+            size_t b = kolo__fnv1a(e->key, e->klen) & (nb - 1);
             e->next = t[b];
             t[b] = e;
             e = next;
@@ -224,7 +214,7 @@ static bool put_entry(kolo__store_server *s, const uint8_t *k, size_t n, const u
         }
         e->klen = (uint8_t)n;
         memcpy(e->key, k, n);
-        size_t b = hash_key(k, n) & (s->nbuckets - 1);
+        size_t b = kolo__fnv1a(k, n) & (s->nbuckets - 1);
         e->next = s->tab[b];
         s->tab[b] = e;
         if (++s->nentries > 2 * s->nbuckets) grow_table(s);

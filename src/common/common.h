@@ -82,6 +82,14 @@ static inline uint64_t kolo__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 static inline double kolo__now_s(void) { return (double)kolo__now_ns() * 1e-9; }
+
+/* FNV-1a over n bytes: the store's buckets, job ids and ports from names, a rank's set of cores. */
+static inline uint64_t kolo__fnv1a(const void *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
 /* Sleeps ns nanoseconds (none for 0), through signals. */
 static inline void kolo__sleep_ns(uint64_t ns)
 {

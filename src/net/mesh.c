@@ -226,10 +226,7 @@ static uint64_t cores_key(void)
 {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) <= 1) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    const unsigned char *p = (const unsigned char *)&set;
-    for (size_t i = 0; i < sizeof(set); i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    return kolo__fnv1a(&set, sizeof(set));
 }
 
 /* ---- helpers ---- */
