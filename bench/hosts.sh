@@ -234,11 +234,10 @@ def vs(mine, theirs):  # medians of both, and the median of the rounds' ratios
     if None in theirs:
         return ["-"] * 3
     return [f"{med(mine):.1f}", f"{med(theirs):.1f}", f"{med(a / b for a, b in zip(mine, theirs)):.2f}"]
-table = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
 def pct(v, q):  # the q-quantile of v, nearest rank
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))]
-if calls:
+if calls:  # every call of every round: medians and 90th percentiles
     pc = {h: percall(h) for h in runs}
     cols = ["size (B)", "calls", "flat median us", "hierarchical median us", "hierarchical / flat"]
     if ompi:
@@ -255,16 +254,17 @@ if calls:
             cells += ([f"{med(mp):.1f}", f"{med(hi) / med(mp):.2f}", f"{pct(hi, 0.9):.1f}", f"{pct(mp, 0.9):.1f}",
                        f"{pct(hi, 0.9) / pct(mp, 0.9):.2f}"] if mp else ["-"] * 5)
         table.append("| " + " | ".join(cells) + " |")
-    keys = []
-for k in keys:
-    flat = [data[(0, r)][k][0] for r in R]
-    hier = [data[(1, r)][k][0] for r in R]
-    cells = ["ResNet-50 step" if k == "step" else f"{k}"] + vs(hier, flat)[1::-1] + [vs(hier, flat)[2]]
-    if gloo:
-        cells += vs([data[(1, r)][k][col] for r in R], [data[("g", r)].get(k, (None, None))[col] for r in R])
-    if ompi:
-        cells += vs(hier, [data[("m", r)].get(k, (None, None))[0] for r in R])[1:]
-    table.append("| " + " | ".join(cells) + " |")
+else:  # each launch's mean per size: medians over the rounds
+    table = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+    for k in keys:
+        flat = [data[(0, r)][k][0] for r in R]
+        hier = [data[(1, r)][k][0] for r in R]
+        cells = ["ResNet-50 step" if k == "step" else f"{k}"] + vs(hier, flat)[1::-1] + [vs(hier, flat)[2]]
+        if gloo:
+            cells += vs([data[(1, r)][k][col] for r in R], [data[("g", r)].get(k, (None, None))[col] for r in R])
+        if ompi:
+            cells += vs(hier, [data[("m", r)].get(k, (None, None))[0] for r in R])[1:]
+        table.append("| " + " | ".join(cells) + " |")
 title = (f"# kolo across 2 hosts of {per} ranks (network namespaces, veth {rate}), {coll}, {rounds} rounds, "
          + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()))
 print(title)
