@@ -345,9 +345,9 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
      * recursive doubling; large: the ring */
     /* spread over hosts: recursive halving unless in three stages (below) */
     int order[KOLO_HIER_MAX];
-    bool halve = kolo__coll_halving_order(m, g, count, es, order);
     if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
-        if (halve) return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
+        if (kolo__coll_halving_order(m, g, count, es, order))
+            return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post, false);
         return allreduce_doubling(m, g, send, recv, count, dtype, op, pre, post);
@@ -356,7 +356,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* spread over hosts: maybe in three stages (hier.c) */
     int h = kolo__coll_hier_allreduce(m, g, send, recv, count, dtype, op, pre, post);
     if (h != KOLO_HIER_DECLINED) return h;
-    if (halve) return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
+    if (kolo__coll_halving_order(m, g, count, es, order)) /* after the stages: one host order a call */
+        return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
 
     /* every member on this host: maybe read the others' buffers directly */
     kolo__direct_ticket ticket = {.can_exchange = n == 2 && send != recv && count * es < pair_exchange_below()};
