@@ -867,7 +867,7 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * those started on the ring (alltoall 4-16 MiB 0.75-0.79x Open MPI's busbw); uncapped against
  * capped, 5 rounds: 2-16 MiB 0.82-1.00x the time, at or below Open MPI's at every size. Once, on
  * another day and build, with the vCPUs together, single-copy from 2 MiB lost to the timings'
- * choice (allgather of 8 MiB 890 us against 777, README): not seen since. */
+ * choice (allgather of 8 MiB 890 us against 777, docs/performance.md): not seen since. */
 #define SINGLE_MIN ((size_t)128 << 10)
 #define LINE 64
 #define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
