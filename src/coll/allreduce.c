@@ -376,12 +376,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 
     size_t offs[1024], cnts[1024];
     if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
-    size_t base = count / (size_t)n, extra = count % (size_t)n, o = 0;
-    for (int i = 0; i < n; i++) {
-        cnts[i] = base + ((size_t)i < extra);
-        offs[i] = o;
-        o += cnts[i];
-    }
+    kolo__coll_blocks(count, n, offs, cnts);
     const char *src = send;
     if (pre != 1.0) {
         kolo__scale(recv, send, count, dtype, pre);

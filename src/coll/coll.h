@@ -20,6 +20,23 @@ typedef struct kolo__group {
 /* World rank of group member i. */
 static inline int kolo__g2w(const kolo__group *g, int i) { return g->ranks[i]; }
 
+/* How count elements split into n blocks, as every algorithm that gives each member a block
+ * splits them (the ring, direct reads, the hierarchical stages, kolo_reducescatter_rows):
+ * count / n each, one more for each of the first count % n. Block i's length, and where it
+ * starts when start is not NULL. */
+static inline size_t kolo__coll_block(size_t count, int n, int i, size_t *start)
+{
+    size_t base = count / (size_t)n, extra = count % (size_t)n;
+    if (start) *start = (size_t)i * base + KOLO_MIN((size_t)i, extra);
+    return base + ((size_t)i < extra);
+}
+
+/* All n blocks: lengths into cnt, starts into off (when not NULL). */
+static inline void kolo__coll_blocks(size_t count, int n, size_t *off, size_t *cnt)
+{
+    for (int i = 0; i < n; i++) cnt[i] = kolo__coll_block(count, n, i, off ? &off[i] : NULL);
+}
+
 /* Whether small collectives on n members go by recursive doubling instead of a one-round
  * exchange: n a power of two, and some pair of the job runs over TCP on a host with more ranks
  * than cores, where each of the exchange's n-1 sends runs the receiver's TCP stack in the

@@ -445,7 +445,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     size_t per = sizeof(desc) + (size_t)nseg * sizeof(seg_addr);
     char *ex = kolo__malloc(per * (size_t)(n + 1) + ((size_t)nseg + 1) * sizeof(size_t));
     if (!ex) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the addresses of %d buffers", nseg);
-    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg, .layout = 0xcbf29ce484222325ull};
+    desc me = {.pid = (int32_t)getpid(), .bytes = bytes, .plan = PLAN_RING, .nseg = nseg};
     char *mine_ex = ex + per * (size_t)n;
     size_t *start = (size_t *)(void *)(mine_ex + per);
     seg_addr *sa = (seg_addr *)(void *)(mine_ex + sizeof(desc));
@@ -453,8 +453,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     for (int k = 0; k < nseg; k++) {
         sa[k] = (seg_addr){(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst, {-1, -1}};
         start[k + 1] = start[k] + segs[k].count;
-        me.layout = (me.layout ^ segs[k].count) * 0x100000001b3ull; /* FNV-1a over the counts */
     }
+    me.layout = kolo__fnv1a(start + 1, (size_t)nseg * sizeof(size_t)); /* the segments' lengths */
     me.mapped = !m->zc_unmappable && describe_regions(segs, nseg, es, &me, sa);
     if (!me.mapped) {
         me.nreg = 0;
@@ -546,13 +546,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
     }
 
-    size_t base = count / (size_t)n, extra = count % (size_t)n;
-    size_t off[MAX_MEMBERS], cnt[MAX_MEMBERS], o = 0;
-    for (int i = 0; i < n; i++) {
-        cnt[i] = base + ((size_t)i < extra);
-        off[i] = o;
-        o += cnt[i];
-    }
+    size_t off[MAX_MEMBERS], cnt[MAX_MEMBERS];
+    kolo__coll_blocks(count, n, off, cnt);
     status mine = {0, -1, 0}, bad = {0, -1, 0};
     int who = -1;
     /* mapped, member 0 may have chosen cached stores (see "Storing" at the top) */

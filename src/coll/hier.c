@@ -174,12 +174,9 @@ int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *s
     size_t es = kolo_dtype_size(dtype);
     if (!kolo__coll_hier_groups(m, g, count * es, &lg, lr, &xg, xr)) return KOLO_HIER_DECLINED;
     int L = lg.size;
-    size_t counts[HIER_MAX / 2], base = count / (size_t)L, extra = count % (size_t)L;
-    size_t off = 0;
-    for (int i = 0; i < L; i++) {
-        counts[i] = base + ((size_t)i < extra);
-        if (i < lg.rank) off += counts[i];
-    }
+    size_t counts[HIER_MAX / 2], off;
+    kolo__coll_blocks(count, L, NULL, counts);
+    kolo__coll_block(count, L, lg.rank, &off);
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
     char *block = (char *)recv + off * es;
     size_t mine = counts[lg.rank];

@@ -643,7 +643,7 @@ int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf, 
 size_t kolo_reducescatter_rows(size_t rows, int n, int r)
 {
     if (n <= 0 || r < 0 || r >= n) return 0;
-    return rows / (size_t)n + ((size_t)r < rows % (size_t)n);
+    return kolo__coll_block(rows, n, r, NULL);
 }
 
 int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t row_count, kolo_dtype_t dtype,

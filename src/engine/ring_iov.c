@@ -228,12 +228,7 @@ static int iov_ring(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int ns
         }
         goto out;
     }
-    size_t base = total / (size_t)n, extra = total % (size_t)n, o = 0;
-    for (int i = 0; i < n; i++) {
-        cnt[i] = base + ((size_t)i < extra);
-        off[i] = o;
-        o += cnt[i];
-    }
+    kolo__coll_blocks(total, n, off, cnt);
     size_t chunk = kolo__ring_chunk_elems(total, n, es);
     if (scratch_len < kolo__iov_scratch(m, total, n, es)) { /* slots for the steps and the fused step */
         st = kolo__err(KOLO_ERR_INTERNAL, "fused allreduce: %zu bytes of scratch, %zu needed", scratch_len,
@@ -307,9 +302,9 @@ int kolo__iov_hier_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__gr
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a fused allreduce");
     }
     int st = iov_ring(m, lg, segs, nseg, dtype, sum, pre, 1.0, scratch, scratch_len, RS);
-    /* this member's block of the host's sum, as iov_ring split the list among the L members */
-    size_t L = (size_t)lg->size, r = (size_t)lg->rank, base = total / L, extra = total % L;
-    size_t from = r * base + KOLO_MIN(r, extra), to = from + base + (r < extra);
+    /* this member's block of the host's sum, as iov_ring split the list among the host's members */
+    size_t from, len = kolo__coll_block(total, lg->size, lg->rank, &from);
+    size_t to = from + len;
     kolo__walker w;
     kolo__walk_init(&w, segs, start, from, to, (size_t)-1);
     int nmine = 0, seg;
