@@ -2280,9 +2280,10 @@ KT_TEST(dozing_waiter_wakes_on_the_doorbell, 60)
 }
 
 /* On a host with more ranks than cores the pairs keep ring copies, but alltoall's and
- * allgather's large sends go single-copy (shm.c, SINGLE_MIN); the ring collectives' do not. Two
- * ranks stand in for such a host: each pins its pair on the direct channel the way kolo_init
- * does when oversubscribed (the engine's channel is its thread's, already running). */
+ * allgather's sends of 32 KiB and more go single-copy (shm.c, SINGLE_MIN); the ring
+ * collectives' do not. Two ranks stand in for such a host: each pins its pair on the direct
+ * channel the way kolo_init does when oversubscribed (the engine's channel is its thread's,
+ * already running). */
 static void alltoall_single_when_oversubscribed(int rank, void *arg)
 {
     (void)arg;
@@ -2311,6 +2312,14 @@ static void alltoall_single_when_oversubscribed(int rank, void *arg)
             }
     }
     KT_EQ(kolo__shm_cma_sent(c) - before, 3);
+    /* from SINGLE_MIN (32 KiB) on, not below it */
+    size_t at_min[2] = {8192, 8192}, under_min[2] = {8191, 8191};
+    before = kolo__shm_cma_sent(c);
+    KT_OK(kolo_alltoall(x, at_min, y, at_min, KOLO_FLOAT32, KOLO_WORLD));
+    KT_EQ(kolo__shm_cma_sent(c) - before, 1);
+    before = kolo__shm_cma_sent(c);
+    KT_OK(kolo_alltoall(x, under_min, y, under_min, KOLO_FLOAT32, KOLO_WORLD));
+    KT_EQ(kolo__shm_cma_sent(c) - before, 0);
     /* small alltoall messages and a ring collective's large ones stay on the ring */
     before = kolo__shm_cma_sent(c);
     KT_OK(kolo_alltoall(x, small, y, small, KOLO_FLOAT32, KOLO_WORLD));

@@ -6,7 +6,7 @@
  *
  * Where every pair shares memory on a host with more ranks than cores (kolo__mesh.world_shm and
  * .world_oversubscribed, agreed at init), the exchange runs up to SINGLE_EXCHANGE_MAX and its
- * sends are marked `single`: each receiver keeps its block and forwards none, so from 128 KiB
+ * sends are marked `single`: each receiver keeps its block and forwards none, so from 32 KiB
  * a block is read once out of its owner's buffer (shm.c, SINGLE_MIN) instead of copied into and
  * out of a ring at every step; the cores, not the links, are what such a host runs short of. 4
  * ranks on 2 cores, us per call, 10 interleaved pairs against the ring: 2 MiB 456 against 578, 4

@@ -853,7 +853,17 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * when the cores are the bottleneck, one copy beats two. 4 ranks on 2 cores, alltoall, us per
  * call, ring against single-copy (8 launches interleaved): 512 KiB 129 / 123, 1 MiB 244 / 176, 2
  * MiB 540 / 352, 4 MiB 1109 / 885; the ring collectives (allgather, broadcast, reducescatter,
- * allreduce) lost 5-70 % single-copy.
+ * allreduce) lost 5-70 % single-copy. From 128 KiB until 2026-12-01; on the Intel Xeon VM (vCPUs
+ * in one state) messages of 32-64 KiB by ring then cost such calls up to 2.7x: 4 ranks, the
+ * harness's band (50 calls a size), 4 rounds alternated with the build before, Open MPI in the
+ * same rounds, us: alltoall 128 / 256 / 512 KiB 19.4 / 27.6 / 68.4 against 27.5 / 74.5 / 142.2
+ * (Open MPI 23.1 / 36.1 / 110.0), allgather 256 / 512 KiB 39.7 / 85.2 against 58.7 / 89.3, the
+ * reducescatter exchange 64-256 KiB 0.53-0.84x the time, 1 MiB and up alike (6 rounds); 8 ranks
+ * (3 rounds) alltoall 128-512 KiB 0.38-0.57x, allgather 0.51-0.65x. perf of a slow launch before:
+ * two thirds of the samples in the ring's memcpy. On a Zen 3 VM (2026-11-27) the same change had
+ * read the same or slower (alltoall 256 KiB 88 us against 80, allgather 86 against 69, 10 rounds),
+ * so this is the machine's as much as the rule's; single-copy is one copy instead of two on a
+ * host whose cores are what it lacks, and the pair's threshold is its floor.
  *
  * With auto, such sends from the pair's threshold (32 KiB) go single-copy, as their call's choice
  * (SHM_FLAG_CALL: the receiver does not time them). The receiver's timing of a message sees its
@@ -868,7 +878,7 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * capped, 5 rounds: 2-16 MiB 0.82-1.00x the time, at or below Open MPI's at every size. Once, on
  * another day and build, with the vCPUs together, single-copy from 2 MiB lost to the timings'
  * choice (allgather of 8 MiB 890 us against 777, docs/performance.md): not seen since. */
-#define SINGLE_MIN ((size_t)128 << 10)
+#define SINGLE_MIN ((size_t)32 << 10)
 #define LINE 64
 #define TERM_RESERVE (2 * LINE) /* padding to the next line, and the next mark's zero */
 /* A streamed payload is copied in and out in steps of at most this, each published at once, so
