@@ -174,9 +174,9 @@ int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *s
     size_t es = kolo_dtype_size(dtype);
     if (!kolo__coll_hier_groups(m, g, count * es, &lg, lr, &xg, xr)) return KOLO_HIER_DECLINED;
     int L = lg.size;
-    size_t counts[HIER_MAX / 2], off;
-    kolo__coll_blocks(count, L, NULL, counts);
-    kolo__coll_block(count, L, lg.rank, &off);
+    size_t counts[HIER_MAX / 2], offs[HIER_MAX / 2];
+    kolo__coll_blocks(count, L, offs, counts);
+    size_t off = offs[lg.rank];
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
     char *block = (char *)recv + off * es;
     size_t mine = counts[lg.rank];

@@ -14,14 +14,14 @@
  *     smaller ones packed into the fusion buffer (across hosts, where coll/hier.c applies, in its
  *     three stages over the list, and where it does not, on 4 or more members, by recursive
  *     halving over the list, as coll/allreduce.c would: ring_iov.c); on one host the same list
- *     may instead be read (and written) by the other members directly (coll/direct.c), as a single tensor may:
- *     mapped when every member's tensors lie in one kolo_mem_alloc arena (the fusion buffer is
- *     kolo_mem_alloc memory too), else, from 256 KiB, by CMA when that times faster than the ring. On this
- *     memory-bound host the two copies of Horovod's fusion buffer cost as much as the allreduce
- *     itself: with everything copied a ResNet-50 step took 1.2-1.6x one direct allreduce of
- *     the same bytes; running tensors above 256 KiB as separate collectives 0.95-1.65x (it
- *     depends on how the ranks get scheduled); the ring over the list 1.04-1.23x, measured side
- *     by side under the same load.
+ *     may instead be read (and written) by the other members directly (coll/direct.c), as a
+ *     single tensor may: mapped when every member's tensors lie in one kolo_mem_alloc arena (the
+ *     fusion buffer is kolo_mem_alloc memory too), else, from 256 KiB, by CMA when that times
+ *     faster than the ring. On this memory-bound host the two copies of Horovod's fusion
+ *     buffer cost as much as the allreduce itself: with everything copied a ResNet-50 step took
+ *     1.2-1.6x one direct allreduce of the same bytes; running tensors above 256 KiB as separate
+ *     collectives 0.95-1.65x (it depends on how the ranks get scheduled); the ring over the list
+ *     1.04-1.23x, measured side by side under the same load.
  * Adasum fuses only tensors of at most FUSE_TENSOR_MAX bytes, always copied into the fusion buffer
  * (each tensor is combined as its own vector, so the collective needs the tensors' bounds:
  * coll/adasum.c); larger ones run alone on their own buffers. engine-bench -a 1 (ResNet-50, 2
@@ -174,7 +174,8 @@ static void trace_all(const kolo__pset_state *s, const size_t *idx, size_t k, co
 /* A bucket of several tensors of more than IOV_MIN bytes in all runs over the list of buffers (a
  * ring, the three stages or recursive halving, as its size and the hosts say): the tensors of at
  * least PACK_MIN bytes are reduced where they are, the smaller ones are packed together into the
- * fusion buffer first (one segment at the front instead of many tiny messages). A joined member points its segments at zeros of the same lengths. */
+ * fusion buffer first (one segment at the front instead of many tiny messages). A joined member
+ * points its segments at zeros of the same lengths. */
 #define IOV_MIN ((size_t)1 << 20)
 #define PACK_MIN ((size_t)64 << 10)
 
