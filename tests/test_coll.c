@@ -2698,6 +2698,23 @@ static void world_agreement(int rank, void *arg)
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
         if (single && p != rank && kolo__shm_cma_threshold(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
     }
+    /* a 256 KiB broadcast from rank 2: where every pair shares memory, the root sends to each
+     * member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 1 MiB, down the chain */
+    for (int big = 0; big < 2; big++) {
+        size_t bn = big ? rows : rows / 4;
+        for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
+        for (size_t i = 0; i < bn; i++) z[i] = rank == 2 ? (float)(i % 4093) + (float)big : -1.0f;
+        KT_OK(kolo_broadcast(z, bn, KOLO_FLOAT32, 2, KOLO_WORLD));
+        for (size_t i = 0; i < bn; i++)
+            KT_ASSERTF(z[i] == (float)(i % 4093) + (float)big, "broadcast of %zu [%zu]: %g", bn, i, (double)z[i]);
+        for (int p = 0; p < n && single && !big; p++) {
+            kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
+            if (p != rank && kolo__shm_cma_threshold(c))
+                KT_ASSERTF(kolo__shm_cma_sent(c) - before[p] == (rank == 2),
+                           "rank %d sent %llu single-copy to %d", rank,
+                           (unsigned long long)(kolo__shm_cma_sent(c) - before[p]), p);
+        }
+    }
     /* a small allgather with a different count per rank, one of them 0, out of place and in
      * place: by recursive doubling where some pair is TCP on an oversubscribed host */
     size_t counts[4] = {3, 0, 700, 5}, offs[4] = {0, 3, 3, 703}, all = 708;

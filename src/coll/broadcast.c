@@ -1,7 +1,8 @@
 /* broadcast.c - broadcast: on up to 3 members the root sends to everyone directly; small
  * buffers on more go down a binomial tree; large ones down a pipelined chain (root -> next ->
  * next ...) in chunks, so every link carries the buffer once and all links work at the same
- * time. Chunks are received in place, no copies.
+ * time, except up to 512 KiB on a host with more ranks than cores, where the root sends to
+ * everyone directly again (spread, below). Chunks are received in place, no copies.
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
  * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
@@ -9,11 +10,50 @@
  * (kolo-bench, 8 launches interleaved, us per call), 4 ranks on 2 cores over TCP: 8 B 7.4 against
  * 10.2, 4 KiB 10.5 against 14.1, 32 KiB 21.5 against 28.2; 8 ranks (3 launches) 8 B 15 against
  * 36; over shared memory 4 KiB 1.36 against 1.71, 32 KiB 9.5 against 10.4 (8 ranks 15 against
- * 25), 8-512 B 0.23-0.33 against 0.18-0.24. */
+ * 25), 8-512 B 0.23-0.33 against 0.18-0.24.
+ *
+ * Spread: where every pair shares memory on a host with more ranks than cores (the world's flags,
+ * agreed at init, so every member decides alike), buffers above DIRECT_MAX up to SPREAD_MAX go
+ * from the root to every member directly, each send marked `single` (read once and kept), so each
+ * member reads the root's buffer single-copy (shm.c, SINGLE_MIN): one copy per member instead of
+ * the chain's two per link, and no member waits for another to be scheduled to forward. Intel Xeon
+ * VM, 2 vCPUs, the harness's band (50 calls a size), launches alternated with the chain's build
+ * and Open MPI's, medians, us per call: 4 ranks (6 rounds) 128 KiB 17.6 against 23.2, 256 KiB
+ * 31.6 against 53.3, 512 KiB 76.4 against 105.3 (Open MPI 26.8 / 52.5 / 114.1); 8 ranks (5 and 3
+ * rounds) 128 KiB 42 against 51, 256 KiB 60-78 against 93-116, 512 KiB 168 against 217; 16 ranks
+ * (2 rounds) 0.8-1.5x, no clear change. At 1 MiB it tied (4 ranks 0.96-0.97x the chain's time, 8
+ * ranks 1.02x) and from 2 MiB it lost (4 ranks 570-615 us against 460-500): several members
+ * reading one large buffer at once; sent in 512 KiB pieces it did no better than the chain. On 3
+ * members the root sends to both anyway, and marking those sends single was no faster. */
 #include "coll.h"
 
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
+#define SPREAD_MAX (512u << 10)
+#define SPREAD_MEMBERS 64
+
+/* The root sends to every other member itself; `single` marks its sends as read once and kept
+ * (spread, above). */
+static int from_root(kolo__mesh *m, const kolo__group *g, void *p, size_t bytes, int root, bool single)
+{
+    int n = g->size;
+    if (g->rank != root) {
+        kolo__xfer x;
+        kolo__irecv(m, kolo__g2w(g, root), p, bytes, &x);
+        return kolo__wait1(m, &x);
+    }
+    kolo__xfer xs[SPREAD_MEMBERS - 1];
+    kolo__xfer *ptrs[SPREAD_MEMBERS - 1];
+    int k = 0;
+    for (int i = 0; i < n && k < SPREAD_MEMBERS - 1; i++) {
+        if (i == root) continue;
+        kolo__isend(m, kolo__g2w(g, i), p, bytes, &xs[k]);
+        xs[k].single = single;
+        ptrs[k] = &xs[k];
+        k++;
+    }
+    return kolo__wait(m, ptrs, k);
+}
 
 int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root)
 {
@@ -40,23 +80,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
         }
         return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
     }
-    if (n <= 3) {
-        if (r != root) {
-            kolo__xfer x;
-            kolo__irecv(m, kolo__g2w(g, root), p, bytes, &x);
-            return kolo__wait1(m, &x);
-        }
-        kolo__xfer xs[2];
-        kolo__xfer *ptrs[2];
-        int k = 0;
-        for (int i = 0; i < n; i++) {
-            if (i == root) continue;
-            kolo__isend(m, kolo__g2w(g, i), p, bytes, &xs[k]);
-            ptrs[k] = &xs[k];
-            k++;
-        }
-        return kolo__wait(m, ptrs, k);
-    }
+    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= SPREAD_MAX && m->world_oversubscribed && m->world_shm;
+    if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
     int v = (r - root + n) % n; /* position in the chain */
     int prev = kolo__g2w(g, (r - 1 + n) % n), next = kolo__g2w(g, (r + 1) % n);
     size_t chunk = kolo__coll_chunk();
