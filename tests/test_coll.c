@@ -366,6 +366,26 @@ static void cma_mode(int rank, void *arg)
     KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     for (size_t i = 0; i < count; i++)
         KT_ASSERTF(y[i] == (float)(n * (int)(i % 100 + 47) + n * (n - 1) / 2), "[%zu] = %g", i, (double)y[i]);
+    if ((expect == 0 || expect == 1) && kolo__shm_cma_state(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer]) >= 0) {
+        /* alltoall's sends (marked single) go single-copy from 32 KiB (shm.c, SINGLE_MIN) with 1
+         * and on a host with more ranks than cores with auto, by ring with 0; a broadcast's of the
+         * same size by ring */
+        int single = expect == 1 || mode[0] == 'a';
+        kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer];
+        size_t per = ((size_t)32 << 10) / 4, counts[64];
+        KT_ASSERT(n <= 64);
+        for (int p = 0; p < n; p++) counts[p] = per;
+        for (size_t i = 0; i < per * (size_t)n; i++) x[i] = (float)(rank * 1000 + (int)(i / per) * 10 + (int)(i % 7));
+        uint64_t before = kolo__shm_cma_sent(c);
+        KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
+        for (size_t i = 0; i < per * (size_t)n; i++)
+            KT_ASSERTF(y[i] == (float)((int)(i / per) * 1000 + rank * 10 + (int)(((size_t)rank * per + i % per) % 7)),
+                       "alltoall [%zu] = %g", i, (double)y[i]);
+        KT_EQ(kolo__shm_cma_sent(c) - before, (uint64_t)single);
+        before = kolo__shm_cma_sent(c);
+        for (int root = 0; root < n; root++) KT_OK(kolo_broadcast(x, per, KOLO_FLOAT32, root, KOLO_WORLD));
+        KT_EQ(kolo__shm_cma_sent(c) - before, 0);
+    }
     if (expect == 2) {
         uint64_t got[2];
         kolo__shm_large_received(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer], got);

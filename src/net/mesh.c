@@ -822,7 +822,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
      * cold in a short launch, less cache taken by the rings; which of the two, not measured. 1
      * MiB rings lost allreduce 64 MiB (0.83) and 128 KiB (0.85) and broadcast 2-4 MiB (0.90). */
     b.ring = kolo__setting_bytes(KOLO_SET_SHM_RING_SIZE);
-    /* single-copy candidates: from 128 KiB when pinned on; from 32 KiB when picked from timings.
+    /* single-copy candidates: from 128 KiB when pinned on; from 32 KiB when picked from timings
+     * (and the sends a collective marks `single`, either way: shm.c, SINGLE_MIN).
      * 32 KiB messages (allgather and alltoall of 64 KiB, 2 ranks): with the vCPUs on two CCDs
      * 1.9-2.0x by single-copy (medians of 12 and 4 launches); on one CCD 1.03-1.04x, where the
      * timings keep the ring (36 and 46 launches). From 16 KiB, those messages gained 1.4-2.0x on

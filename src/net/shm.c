@@ -865,6 +865,12 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * so this is the machine's as much as the rule's; single-copy is one copy instead of two on a
  * host whose cores are what it lacks, and the pair's threshold is its floor.
  *
+ * With KOLO_SHM_CMA=1 too, on any host, where other messages go single-copy only from 128 KiB
+ * (mesh.c): until 2026-12-01 such sends of 32-128 KiB went by ring there. 2 ranks, the
+ * harness's band, 4-5 rounds alternated with the build before, us: alltoall 64 / 128 KiB (32 /
+ * 64 KiB messages) 2.8 / 4.4 against 4.3 / 9.2, allgather 2.9 / 4.7 against 4.3 / 8.2 (Open MPI
+ * 3.7-4.2 / 5.5-5.6); 4 ranks alltoall 128 / 256 KiB 21 / 42 against 27 / 65 (6 rounds).
+ *
  * With auto, such sends from the pair's threshold (32 KiB) go single-copy, as their call's choice
  * (SHM_FLAG_CALL: the receiver does not time them). The receiver's timing of a message sees its
  * own copy, not the sender's copy into the ring, and in an exchange both sides do both: per
@@ -942,7 +948,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                                  : s->adapt ? ((atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) >>
                                                 shm_class(s, x->len)) & 1u) != 0
                                             : s->cma != 0);
-            cma = cma || (x->single && s->single_ok && x->len >= SINGLE_MIN);
+            cma = cma || (x->single && (s->single_ok || s->cma) && x->len >= SINGLE_MIN);
             bool whole = cma || x->len <= INLINE_MAX;
             /* a streamed payload starts on the line after the header's */
             uint64_t body = whole ? KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : x->len) : LINE - MARK_LEN;
