@@ -1,7 +1,7 @@
 /* broadcast.c - broadcast: on up to 3 members the root sends to everyone directly; small
  * buffers on more go down a binomial tree; large ones down a pipelined chain (root -> next ->
  * next ...) in chunks, so every link carries the buffer once and all links work at the same
- * time, except up to 512 KiB on a host with more ranks than cores, where the root sends to
+ * time, except up to 1 MiB on a host with more ranks than cores, where the root sends to
  * everyone directly again (spread, below). Chunks are received in place, no copies.
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
@@ -21,15 +21,19 @@
  * and Open MPI's, medians, us per call: 4 ranks (6 rounds) 128 KiB 17.6 against 23.2, 256 KiB
  * 31.6 against 53.3, 512 KiB 76.4 against 105.3 (Open MPI 26.8 / 52.5 / 114.1); 8 ranks (5 and 3
  * rounds) 128 KiB 42 against 51, 256 KiB 60-78 against 93-116, 512 KiB 168 against 217; 16 ranks
- * (2 rounds) 0.8-1.5x, no clear change. At 1 MiB it tied (4 ranks 0.96-0.97x the chain's time, 8
- * ranks 1.02x) and from 2 MiB it lost (4 ranks 570-615 us against 460-500): several members
- * reading one large buffer at once; sent in 512 KiB pieces it did no better than the chain. On 3
- * members the root sends to both anyway, and marking those sends single was no faster. */
+ * (2 rounds) 0.8-1.5x, no clear change. At 1 MiB 4 ranks 0.88x the chain's time (10 rounds:
+ * 167-296 us against 192-340; Open MPI 181-304), 8 ranks 0.90x (5 rounds: 405-512 against
+ * 483-750); two shorter sets before had read 0.96x and 1.02x. From 2 MiB it lost (4 ranks 570-615
+ * us against 460-500): several members reading one large buffer at once; sent in 512 KiB pieces
+ * it did no better than the chain. On 3 members the root sends to both anyway, and marking those
+ * sends single was no faster. Nor was the chain faster with its sends marked single (4 ranks, 4
+ * rounds, 1-16 MiB 1.0-1.35x the time by ring copies), with one descriptor in flight per pair or
+ * sixteen. */
 #include "coll.h"
 
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
-#define SPREAD_MAX (512u << 10)
+#define SPREAD_MAX (1u << 20)
 #define SPREAD_MEMBERS 64
 
 /* The root sends to every other member itself; `single` marks its sends as read once and kept
