@@ -2662,12 +2662,13 @@ KT_TEST(direct_cma_when_oversubscribed, 60)
  * .world_oversubscribed). `arg` picks the world: NULL all shared memory (or all TCP under the
  * suite's KOLO_TRANSPORT=tcp pass); TCP_RANK1, rank 1 asks for TCP with its own KOLO_TRANSPORT,
  * so all of its pairs are TCP whichever side offers; FAIL_2_3, rank 3 cannot open the segment
- * rank 2 offers (a /dev/shm that fills up fails pairs one by one), so only pair 2-3 is TCP. Rank
+ * rank 2 offers (a /dev/shm that fills up fails pairs one by one), so only pair 2-3 is TCP;
+ * CMA_OFF, all shared memory with KOLO_SHM_CMA=0 (no pair sends single-copy). Rank
  * 0 then has only shared-memory pairs and must still count the world as not all shared memory,
  * as 2 and 3 do: the collectives whose algorithm follows must match up (had rank 0 chosen alone
  * on a host of fewer than 4 cores, the 1 MiB reducescatter below would wait for messages nobody
  * sends). */
-enum { TCP_RANK1 = 1, FAIL_2_3 };
+enum { TCP_RANK1 = 1, FAIL_2_3, CMA_OFF };
 static void world_agreement(int rank, void *arg)
 {
     int world = arg ? *(int *)arg : 0;
@@ -2677,14 +2678,22 @@ static void world_agreement(int rank, void *arg)
     if (world == FAIL_2_3 && rank == 3) kolo__mesh_test_fail_shm_from(2);
     KT_OK(kolo_init());
     kolo__mesh_test_fail_shm_from(-1);
-    for (int p = 0; p < n && world; p++) {
+    for (int p = 0; p < n && (world == TCP_RANK1 || world == FAIL_2_3); p++) {
         bool tcp = world == TCP_RANK1 ? (rank == 1 || p == 1) : (rank == 2 && p == 3) || (rank == 3 && p == 2);
         if (p != rank) KT_CONTAINS(kolo_peer_transport(p), tcp ? "tcp" : "shm");
     }
-    bool tcp_env = !world && getenv("KOLO_TRANSPORT");
+    bool tcp_env = (!world || world == CMA_OFF) && getenv("KOLO_TRANSPORT");
+    bool all_shm = (!world || world == CMA_OFF) && !tcp_env;
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
-        KT_EQ(kolo__W.mesh[c]->world_shm, !world && !tcp_env);
+        KT_EQ(kolo__W.mesh[c]->world_shm, all_shm);
         KT_EQ(kolo__W.mesh[c]->world_oversubscribed, true);
+        /* every pair sends `single` messages single-copy: not with KOLO_SHM_CMA=0, and where
+         * one pair is TCP (FAIL_2_3) not even on rank 0, whose own pairs all could */
+        bool mine = true;
+        for (int p = 0; p < n; p++)
+            if (p != rank) mine = mine && kolo__shm_sends_single(kolo__W.mesh[c]->conns[p]);
+        KT_EQ(kolo__W.mesh[c]->world_single, all_shm && world != CMA_OFF && mine);
+        if (world == CMA_OFF) KT_EQ(mine, false);
     }
     /* a tiny allreduce, a 1 MiB reducescatter and a 1 MiB allgather, whose algorithms follow the
      * agreement */
@@ -2700,7 +2709,7 @@ static void world_agreement(int rank, void *arg)
      * their 256 KiB messages single-copy, one to each peer that can read so; elsewhere the
      * reducescatter's exchange keeps ring copies and the allgather takes the ring, whose pairs
      * may pick either way by their timings. */
-    bool single = kolo__W.mesh[0]->world_shm;
+    bool exchange = kolo__W.mesh[0]->world_shm;
     uint64_t before[4];
     for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
     KT_OK(kolo_reducescatter(x, y, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
@@ -2716,11 +2725,12 @@ static void world_agreement(int rank, void *arg)
         KT_ASSERTF(z[i] == (float)((int)(i / mine) * 100000 + (int)(i % mine)), "allgather [%zu]: %g", i, (double)z[i]);
     for (int p = 0; p < n; p++) {
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
-        if (single && p != rank && kolo__shm_cma_threshold(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
+        if (exchange && p != rank && kolo__shm_sends_single(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
     }
-    /* a 256 KiB broadcast from rank 2: where every pair shares memory, the root sends to each
-     * member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 2 MiB, down the chain,
-     * whose sends keep ring copies on such a host */
+    /* a 256 KiB broadcast from rank 2: where every pair shares memory and sends single-copy, the
+     * root sends to each member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 2
+     * MiB, down the chain, whose sends keep ring copies on such a host */
+    bool single = kolo__W.mesh[0]->world_single;
     free(z);
     z = malloc(2 * rows * 4);
     KT_ASSERT(z);
@@ -2728,7 +2738,9 @@ static void world_agreement(int rank, void *arg)
         size_t bn = big ? 2 * rows : rows / 4;
         for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
         for (size_t i = 0; i < bn; i++) z[i] = rank == 2 ? (float)(i % 4093) + (float)big : -1.0f;
+        uint64_t spread = kolo__coll_broadcast_spread_runs();
         KT_OK(kolo_broadcast(z, bn, KOLO_FLOAT32, 2, KOLO_WORLD));
+        KT_EQ(kolo__coll_broadcast_spread_runs() - spread, (uint64_t)(single && !big));
         for (size_t i = 0; i < bn; i++)
             KT_ASSERTF(z[i] == (float)(i % 4093) + (float)big, "broadcast of %zu [%zu]: %g", bn, i, (double)z[i]);
         for (int p = 0; p < n && single; p++) {
@@ -2764,6 +2776,9 @@ KT_TEST(world_agreement_at_init, 60)
     static int tcp_rank1 = TCP_RANK1, fail_2_3 = FAIL_2_3;
     KT_EQ(kt_job(4, world_agreement, &tcp_rank1, NULL, NULL), 0);
     KT_EQ(kt_job(4, world_agreement, &fail_2_3, NULL, NULL), 0);
+    static int cma_off = CMA_OFF;
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
+    KT_EQ(kt_job(4, world_agreement, &cma_off, &o, NULL), 0);
 }
 
 /* The hierarchical allreduce and allgather (hier.c): ranks made to look like ranks of two or

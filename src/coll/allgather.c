@@ -13,7 +13,10 @@
  * MiB 910 against 1398, 8 MiB 2505 against 3546 (Open MPI 396, 958, 3070 in the same launches),
  * but 16 MiB 6368 against 5131; 8 ranks 1 MiB 477 against 694, 8 MiB 5349 against 7228. The
  * exchange with ring copies was no faster than the ring (4 ranks, 2 MiB 588 against 465), nor was
- * recursive doubling (4 MiB 1739 against 1605).
+ * recursive doubling (4 MiB 1739 against 1605). Yet with KOLO_SHM_CMA=0, where every send goes by
+ * ring copies, the exchange still ran 0.85-0.96x the ring's time at 256 KiB-4 MiB (Intel Xeon VM,
+ * 4 ranks, 5 rounds; 8 MiB alike), so it keys on the pairs sharing memory, not on their reading
+ * single-copy as broadcast.c's spread does.
  *
  * The own block goes out from the caller's send buffer, not from its copy in the output: that
  * copy was just written, so on shared memory a peer reading it (single-copy) would have to pull

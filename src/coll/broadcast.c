@@ -12,8 +12,11 @@
  * 36; over shared memory 4 KiB 1.36 against 1.71, 32 KiB 9.5 against 10.4 (8 ranks 15 against
  * 25), 8-512 B 0.23-0.33 against 0.18-0.24.
  *
- * Spread: where every pair shares memory on a host with more ranks than cores (the world's flags,
- * agreed at init, so every member decides alike), buffers above DIRECT_MAX up to SPREAD_MAX go
+ * Spread: where every pair shares memory and sends `single` messages single-copy, on a host with
+ * more ranks than cores (the world's flags, agreed at init, so every member decides alike: not
+ * with KOLO_SHM_CMA=0, nor where a pair failed the CMA probe, as by ring copies the spread made
+ * the root copy the buffer once per member: 4 ranks, 128-512 KiB 1.15-1.30x the chain's time, 5
+ * rounds), buffers above DIRECT_MAX up to SPREAD_MAX go
  * from the root to every member directly, each send marked `single` (read once and kept), so each
  * member reads the root's buffer single-copy (shm.c, SINGLE_MIN): one copy per member instead of
  * the chain's two per link, and no member waits for another to be scheduled to forward. Intel Xeon
@@ -35,6 +38,10 @@
 #define MAX_CHUNKS 4096
 #define SPREAD_MAX (1u << 20)
 #define SPREAD_MEMBERS 64
+
+static uint64_t spread_runs;
+
+uint64_t kolo__coll_broadcast_spread_runs(void) { return __atomic_load_n(&spread_runs, __ATOMIC_RELAXED); }
 
 /* The root sends to every other member itself; `single` marks its sends as read once and kept
  * (spread, above). */
@@ -84,7 +91,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
         }
         return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
     }
-    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= SPREAD_MAX && m->world_oversubscribed && m->world_shm;
+    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= SPREAD_MAX && m->world_oversubscribed && m->world_single;
+    if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
     int v = (r - root + n) % n; /* position in the chain */
     int prev = kolo__g2w(g, (r - 1 + n) % n), next = kolo__g2w(g, (r + 1) % n);

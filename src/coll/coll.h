@@ -133,6 +133,9 @@ uint64_t kolo__direct_cma_runs(void);
 /* How many 2-member allreduces in this process ran the one-round exchange above the small ones
  * (allreduce.c, PAIR_EXCHANGE_BELOW; tests). */
 uint64_t kolo__coll_pair_exchange_runs(void);
+/* How many broadcasts so far the root sent to every member itself on a host with more ranks
+ * than cores (broadcast.c, "spread"), for tests. */
+uint64_t kolo__coll_broadcast_spread_runs(void);
 /* g's members host by host into order[] (hosts in the order of their numbers, a host's members
  * in member order; the same list on every member), and how many hosts they are on: 0 where that
  * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */

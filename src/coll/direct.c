@@ -454,7 +454,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         sa[k] = (seg_addr){(uint64_t)(uintptr_t)segs[k].src, (uint64_t)(uintptr_t)segs[k].dst, {-1, -1}};
         start[k + 1] = start[k] + segs[k].count;
     }
-    me.layout = kolo__fnv1a(start + 1, (size_t)nseg * sizeof(size_t)); /* the segments' lengths */
+    me.layout = kolo__fnv1a(start + 1, (size_t)nseg * sizeof(size_t)); /* the segments' ends */
     me.mapped = !m->zc_unmappable && describe_regions(segs, nseg, es, &me, sa);
     if (!me.mapped) {
         me.nreg = 0;

@@ -134,7 +134,8 @@ static void choose_spin(size_t sharers, long cpus)
 /* What the ranks must know alike to choose the same algorithms (kolo__mesh): each knows only
  * its own pairs (one whose shared memory could not be opened runs over TCP), its own host and
  * its own cache, so every rank contributes flags (bit 0: this host is oversubscribed; bit 1 + c:
- * every pair of this rank runs over shared memory on channel c) and the size from which it would
+ * every pair of this rank runs over shared memory on channel c; bit 3 + c: and sends the messages
+ * marked `single` single-copy) and the size from which it would
  * have rings write around the cache (kolo__stream_min_local: hosts and KOLO_STREAM_MIN may
  * differ, and a ring that fuses its middle steps sends other messages than one that does not),
  * and all combine them: the flags by and and or, the sizes by their minimum. Once this allgather
@@ -161,10 +162,13 @@ static int agree_world(bool oversubscribed)
         mine.hier[k] = hier[k];
     }
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
-        bool shm = true;
-        for (int r = 0; r < n && shm; r++)
+        bool shm = true, single = true;
+        for (int r = 0; r < n && shm; r++) {
             if (r != me && W.mesh[c]->conns[r]->tp != &kolo__shm_transport) shm = false;
+            if (r != me && !kolo__shm_sends_single(W.mesh[c]->conns[r])) single = false;
+        }
         if (shm) mine.flags |= (uint8_t)(2u << c);
+        if (shm && single) mine.flags |= (uint8_t)(8u << c);
     }
     agreement *all = kolo__calloc((size_t)n, sizeof(agreement));
     size_t *counts = kolo__calloc((size_t)n, sizeof(size_t));
@@ -187,6 +191,7 @@ static int agree_world(bool oversubscribed)
         if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
             W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
+            W.mesh[c]->world_single = (and_all & (8u << c)) != 0;
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
             W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
             W.mesh[c]->host_of = W.host_of;

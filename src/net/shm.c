@@ -1485,6 +1485,13 @@ bool kolo__shm_pinned_oversubscribed(const kolo__conn *c)
     return kolo__shm_cma_state(c) == 0 && ((const shm_priv *)c->priv)->single_ok;
 }
 
+bool kolo__shm_sends_single(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return false;
+    const shm_priv *s = c->priv;
+    return s->cma_ok && (s->adapt || s->cma || s->single_ok);
+}
+
 uint64_t kolo__shm_far_bytes(const kolo__conn *c)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;

@@ -194,9 +194,10 @@ struct kolo__mesh {
     unsigned char call_way;
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
-     * channel; some host has more ranks than cores; the size from which rings write around the
+     * channel; some host has more ranks than cores; every pair of the world shares memory on this
+     * channel and sends the messages marked `single` single-copy (kolo__shm_sends_single); the size from which rings write around the
      * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
-    bool world_shm, world_oversubscribed;
+    bool world_shm, world_oversubscribed, world_single;
     size_t stream_min;
     /* each world rank's host (owned by the world; NULL when all ranks are on one host) and the modes of the
      * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
@@ -334,6 +335,10 @@ bool kolo__shm_use_cma(kolo__conn *c, bool on);
 bool kolo__shm_pin_oversubscribed(kolo__conn *c);
 /* Whether c was pinned so (not by KOLO_SHM_CMA=0). */
 bool kolo__shm_pinned_oversubscribed(const kolo__conn *c);
+/* Whether c, a shared-memory pair, sends large messages marked `single` single-copy (it passed
+ * the CMA probe, and KOLO_SHM_CMA is 1, auto, or auto pinned to ring copies on an oversubscribed
+ * host); false for any other connection. */
+bool kolo__shm_sends_single(const kolo__conn *c);
 /* How many payload bytes c has written into its ring around the cache (shm.c, "far"). */
 uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 /* How many messages c has sent single-copy. */
