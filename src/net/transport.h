@@ -195,8 +195,9 @@ struct kolo__mesh {
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
      * channel; some host has more ranks than cores; every pair of the world shares memory on this
-     * channel and sends the messages marked `single` single-copy (kolo__shm_sends_single); the size from which rings write around the
-     * cache and fuse their middle steps (0 until agreed: coll.h, kolo__coll_stream_min). */
+     * channel and sends the messages marked `single` single-copy (kolo__shm_sends_single); the
+     * size from which rings write around the cache and fuse their middle steps (0 until agreed:
+     * coll.h, kolo__coll_stream_min). */
     bool world_shm, world_oversubscribed, world_single;
     size_t stream_min;
     /* each world rank's host (owned by the world; NULL when all ranks are on one host) and the modes of the
