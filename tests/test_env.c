@@ -5,6 +5,7 @@
 #include "../src/boot/env.h"
 #include "../src/boot/pmix_rdv.h"
 #include "../src/boot/store.h"
+#include "../src/core/world.h"
 #include "../src/net/transport.h"
 
 #include <arpa/inet.h>
@@ -919,13 +920,21 @@ KT_TEST(env_port_from, 10)
 
 /* ---- KOLO_TCP_CONGESTION ---- */
 
-/* The congestion control a fresh loopback connection ends up with after kolo attaches to it
- * under KOLO_TCP_CONGESTION=setting (NULL: unset); the connection must still carry a byte. */
-static void cc_after_attach(const char *setting, char *out, size_t cap)
+/* The congestion control both ends of a fresh loopback connection end up with after kolo attaches
+ * to them under KOLO_TCP_CONGESTION=setting (NULL: unset), having set its choice on the listener
+ * and the connecting socket before the connection was made (as mesh.c does) when `early`, the
+ * connection taken for one to another machine when `remote`; it must still carry a byte. *late:
+ * the connections whose algorithm came after they were established (tcp.c). */
+static void cc_after_attach(const char *setting, bool early, bool remote, char *out, size_t cap, uint64_t *late)
 {
     if (setting) setenv("KOLO_TCP_CONGESTION", setting, 1);
     else unsetenv("KOLO_TCP_CONGESTION");
+    uint64_t late0 = kolo__tcp_congestion_late();
     int ls = socket(AF_INET, SOCK_STREAM, 0), a = socket(AF_INET, SOCK_STREAM, 0);
+    if (early) {
+        kolo__tcp_congestion_early(ls, true);
+        kolo__tcp_congestion_early(a, !remote);
+    }
     struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t sl = sizeof(sa);
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -934,14 +943,20 @@ static void cc_after_attach(const char *setting, char *out, size_t cap)
     KT_ASSERT(connect(a, (struct sockaddr *)&sa, sizeof(sa)) == 0);
     int b = accept(ls, NULL, NULL);
     KT_ASSERT(b >= 0);
-    kolo__conn c = {.fd = a, .peer = 1};
+    kolo__conn c = {.fd = a, .peer = 1}, d = {.fd = b, .peer = 0};
+    kolo__tcp_test_remote(remote);
     KT_OK(kolo__tcp_attach(&c, false));
+    KT_OK(kolo__tcp_attach(&d, false));
+    kolo__tcp_test_remote(false);
     snprintf(out, cap, "%s", kolo__tcp_congestion(&c));
+    KT_ASSERTF(strcmp(out, kolo__tcp_congestion(&d)) == 0, "the connecting end runs %s, the accepting end %s", out,
+               kolo__tcp_congestion(&d));
+    *late = kolo__tcp_congestion_late() - late0;
     /* within the host, unsent data queued in the kernel is bounded (tcp.c: TCP_LOCAL_UNSENT_MAX) */
     int unsent = 0;
     socklen_t ul = sizeof(unsent);
     KT_ASSERT(getsockopt(a, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, &ul) == 0);
-    KT_ASSERTF(unsent > 0 && unsent <= (1 << 20), "TCP_NOTSENT_LOWAT %d on a loopback connection", unsent);
+    if (!remote) KT_ASSERTF(unsent > 0 && unsent <= (1 << 20), "TCP_NOTSENT_LOWAT %d on a loopback connection", unsent);
     KT_ASSERT(send(a, "k", 1, 0) == 1);
     char ch = 0;
     KT_ASSERT(recv(b, &ch, 1, 0) == 1 && ch == 'k');
@@ -954,7 +969,10 @@ static void cc_after_attach(const char *setting, char *out, size_t cap)
  * (BBR there halves the speed of 1 MiB messages: tcp.c); system keeps the default; a name is
  * used; a name the kernel lacks leaves the default and the connection working. Under auto,
  * connections to another network namespace of this machine get cubic too (test_multihost checks
- * it); those to other machines keep the default (mesh.c tells tcp.c which are which by boot id). */
+ * it); those to other machines keep the default, also when accepted by a listener that chose
+ * cubic (mesh.c tells tcp.c which are which by boot id). Set before the connection is made, the
+ * algorithm runs from its start (a later one would inherit BBR's pacing: tcp.c): no connection
+ * counts as switched late, where attaching alone does count one. */
 KT_TEST(tcp_congestion_control_follows_the_setting, 10)
 {
     char sys[32] = "", got[32];
@@ -966,15 +984,59 @@ KT_TEST(tcp_congestion_control_follows_the_setting, 10)
     }
     fclose(f);
     sys[strcspn(sys, "\n")] = '\0';
-    cc_after_attach(NULL, got, sizeof(got));
+    bool lossy = strcmp(sys, "cubic") == 0 || strcmp(sys, "reno") == 0;
+    uint64_t late;
+    cc_after_attach(NULL, true, false, got, sizeof(got), &late);
     KT_ASSERTF(strcmp(got, "cubic") == 0 || strcmp(got, "reno") == 0, "default on loopback: %s (system: %s)", got, sys);
-    cc_after_attach("auto", got, sizeof(got));
+    KT_EQ(late, 0);
+    cc_after_attach("auto", true, false, got, sizeof(got), &late);
     KT_ASSERTF(strcmp(got, "cubic") == 0 || strcmp(got, "reno") == 0, "auto on loopback: %s (system: %s)", got, sys);
-    cc_after_attach("system", got, sizeof(got));
+    KT_EQ(late, 0);
+    cc_after_attach("auto", false, false, got, sizeof(got), &late); /* set only once established */
+    KT_ASSERTF(strcmp(got, "cubic") == 0 || strcmp(got, "reno") == 0, "auto, attached: %s (system: %s)", got, sys);
+    KT_EQ(late, lossy ? 0 : 2);
+    cc_after_attach("auto", true, true, got, sizeof(got), &late);
+    KT_ASSERTF(strcmp(got, sys) == 0, "auto to another machine: %s, expected %s", got, sys);
+    KT_EQ(late, 0);
+    cc_after_attach("system", true, false, got, sizeof(got), &late);
     KT_ASSERTF(strcmp(got, sys) == 0, "system: %s, expected %s", got, sys);
-    cc_after_attach("reno", got, sizeof(got)); /* reno is built in and always allowed */
+    KT_EQ(late, 0);
+    cc_after_attach("reno", true, false, got, sizeof(got), &late); /* reno is built in and always allowed */
     KT_ASSERTF(strcmp(got, "reno") == 0, "reno: %s", got);
-    cc_after_attach("no-such-algorithm", got, sizeof(got));
+    KT_EQ(late, 0);
+    cc_after_attach("reno", true, true, got, sizeof(got), &late);
+    KT_ASSERTF(strcmp(got, "reno") == 0, "reno to another machine: %s", got);
+    KT_EQ(late, 0);
+    cc_after_attach("no-such-algorithm", true, false, got, sizeof(got), &late);
     KT_ASSERTF(strcmp(got, sys) == 0, "an unknown name: %s, expected the default %s", got, sys);
+    KT_EQ(late, 0);
     unsetenv("KOLO_TCP_CONGESTION");
+}
+
+/* A world over TCP (3 ranks: rank 1 both accepts and connects): every connection on every channel
+ * runs the setting's algorithm ("reno", or auto's) from its start, none switched once established
+ * (without mesh.c's early setting, every one would be where the system's default is another). */
+static void cc_world(int rank, void *arg)
+{
+    const char *want = arg;
+    KT_OK(kolo_init());
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        kolo__mesh *m = kolo__W.mesh[ch];
+        for (int q = 0; q < m->size; q++) {
+            if (q == rank) continue;
+            const char *got = kolo__tcp_congestion(m->conns[q]);
+            KT_ASSERTF(strcmp(got, want) == 0 || (!strcmp(want, "cubic") && !strcmp(got, "reno")),
+                       "rank %d, channel %d: the connection to rank %d runs %s, not %s", rank, ch, q, got, want);
+        }
+    }
+    KT_EQ(kolo__tcp_congestion_late(), 0);
+}
+
+KT_TEST(tcp_congestion_control_from_the_start_in_a_world, 30)
+{
+    static char reno[] = "reno", cubic[] = "cubic";
+    kt_job_opts o = {.env = {"KOLO_TCP_CONGESTION=reno"}, .tcp_only = 1};
+    KT_EQ(kt_job(3, cc_world, reno, &o, NULL), 0);
+    kt_job_opts a = {.env = {"KOLO_TCP_CONGESTION=auto"}, .tcp_only = 1};
+    KT_EQ(kt_job(3, cc_world, cubic, &a, NULL), 0);
 }

@@ -28,7 +28,9 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                  "them to about a megabyte in flight and halves their speed; connections to other "
                                  "machines keep the system's choice), system (leave "
                                  "every connection alone), or a name from "
-                                 "/proc/sys/net/ipv4/tcp_allowed_congestion_control for every connection"},
+                                 "/proc/sys/net/ipv4/tcp_allowed_congestion_control for every connection; kolo "
+                                 "sets it before each connection is made (set later, it would keep the pacing "
+                                 "BBR turns on)"},
     [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",
                              "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
     [KOLO_SET_RENDEZVOUS_SERVER] = {"KOLO_RENDEZVOUS_SERVER", "", "launcher",

@@ -513,6 +513,14 @@ static int on_ack(build *b, hs *h)
     return KOLO_OK;
 }
 
+/* Whether a peer runs on this machine: the same boot id, the same address, or a loopback one
+ * (what kolo__tcp_attach will find, known here before the connection is made). */
+static bool on_this_machine(const build *b, int peer)
+{
+    const kolo__peer_info *p = &b->peers[peer], *me = &b->peers[b->wi->rank];
+    return same_kernel(p, me) || strcmp(p->addr, me->addr) == 0 || strncmp(p->addr, "127.", 4) == 0;
+}
+
 static int start_connect(build *b, hs *h)
 {
     const kolo__peer_info *p = &b->peers[h->peer];
@@ -521,6 +529,7 @@ static int start_connect(build *b, hs *h)
         return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
     h->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0) return kolo__err_sys(errno, "socket()");
+    kolo__tcp_congestion_early(h->fd, on_this_machine(b, h->peer));
     snprintf(h->from, sizeof(h->from), "%s:%d", p->addr, p->port);
     if (connect(h->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
         int e = errno;
@@ -867,6 +876,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         st = kolo__err_sys(errno, "socket()");
         goto err;
     }
+    /* what this machine's peers' connections should run from their start (tcp.c) */
+    kolo__tcp_congestion_early(lfd, true);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     inet_pton(AF_INET, addr, &sa.sin_addr);
     socklen_t sl = sizeof(sa);

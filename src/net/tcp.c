@@ -348,26 +348,82 @@ static bool set_congestion(int fd, const char *name)
     return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0;
 }
 
+/* The algorithm a socket runs now ("" when it cannot be read). */
+static void congestion_of(int fd, char *name, size_t cap)
+{
+    socklen_t len = (socklen_t)cap - 1;
+    memset(name, 0, cap);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) name[0] = '\0';
+}
+
 /* KOLO_TCP_CONGESTION. Over loopback both ends run on this host's cores, and BBR's model of the
- * path (a bandwidth-delay product of microseconds) caps the window at 12-26 segments of 64 KiB:
- * the sender becomes ACK-clocked, so segments leave from the receiver's core (where the ACKs are
+ * path (a bandwidth-delay product of microseconds) caps the window at 12-26 segments of 64 KiB: the
+ * sender becomes ACK-clocked, so segments leave from the receiver's core (where the ACKs are
  * processed) as well as the sender's, arrive out of order, and trigger spurious retransmissions.
- * 1 MiB broadcasts then took 90-450 us each instead of 90-110 (cubic). Loss-based algorithms
- * see no loss over loopback and keep the window open.
- * A connection to a rank in another network namespace or container of this machine (the same
- * boot id: a veth or a bridge) runs on the same cores, and BBR did the same there: 4 ranks as 2
- * namespaces of 2 (bench/hosts.sh --calls, 3 rounds of 50 calls, Open MPI beside), 256 KiB
- * allreduces had a 90th percentile of 586-1760 us against a median of 230-330 (1.7-6.4x Open
- * MPI's); with cubic 271-385 (4 runs each way, the veth not shaped and at 10 Gbit/s; medians
- * alike). At 2 Gbit/s the two ran alike. Such connections get cubic too; those to other
- * machines keep the system's choice. */
+ * 1 MiB broadcasts then took 90-450 us each instead of 90-110 (cubic as it was then set: below).
+ * Loss-based algorithms see no loss over loopback and keep the window open. A connection to a rank
+ * in another network namespace or container of this machine (the same boot id: a veth or a bridge)
+ * runs on the same cores, and BBR did the same there: 4 ranks as 2 namespaces of 2 (bench/hosts.sh
+ * --calls, 3 rounds of 50 calls, Open MPI beside), 256 KiB allreduces had a 90th percentile of
+ * 586-1760 us against a median of 230-330 (1.7-6.4x Open MPI's); with cubic 271-385 (4 runs each
+ * way, the veth not shaped and at 10 Gbit/s; medians alike). At 2 Gbit/s the two ran alike. Such
+ * connections get cubic too; those to other machines keep the system's choice.
+ *
+ * The algorithm is chosen before the connection is established (kolo__tcp_congestion_early, on the
+ * connecting socket and on the listening one, whose connections inherit it): the kernel starts the
+ * system's default then, and BBR's start turns on the kernel's own pacing of the connection
+ * (sk_pacing_status), which no algorithm set later turns off. Until 2026-12-01 kolo set cubic on
+ * established connections, which then ran cubic paced by hrtimers: 4 ranks on this Intel VM's 2
+ * vCPUs (kernel 6.18) over loopback took ~40,000 timer interrupts a second (HRTIMER in
+ * /proc/softirqs; none unpaced), a third of perf's samples sat where the senders' tcp_write_xmit
+ * re-enabled interrupts, and alltoalls of 512 KiB-4 MiB ran at 0.6-0.9x Open MPI's speed. Unpaced
+ * from the start, alltoalls of 256 KiB-64 MiB take 0.35-0.86x the time they took, 16 MiB allgathers
+ * 0.71-0.77x, broadcasts 0.73-0.93x; 2 ranks, allgathers and alltoalls of 1 MiB 0.60-0.90x, the
+ * rest alike (docs/performance.md, "TCP"). Connections from other machines that a listener set to
+ * cubic accepted go back to the system's default once their peer is known (choose_congestion); an
+ * algorithm started on an established connection, as BBR is then, sets itself up whole. */
+/* connections on this machine whose algorithm came after they were established */
+static _Atomic uint64_t congestion_late;
+
+uint64_t kolo__tcp_congestion_late(void) { return atomic_load(&congestion_late); }
+
+/* test hook: connections over loopback count as connections to another machine */
+static _Thread_local bool test_remote;
+
+void kolo__tcp_test_remote(bool on) { test_remote = on; }
+
+/* Sets the local choice of auto: cubic, or reno where cubic is not allowed. */
+static bool set_local_choice(int fd) { return set_congestion(fd, "cubic") || set_congestion(fd, "reno"); }
+
+void kolo__tcp_congestion_early(int fd, bool local)
+{
+    const char *want = kolo__setting_str(KOLO_SET_TCP_CONGESTION);
+    if (strcmp(want, "system") == 0 || !*want) return;
+    if (strcmp(want, "auto") != 0) set_congestion(fd, want); /* choose_congestion reports a refusal */
+    else if (local) set_local_choice(fd);
+}
+
+/* The system's default algorithm: what a fresh socket gets. */
+static void system_congestion(char *name, size_t cap)
+{
+    name[0] = '\0';
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    congestion_of(fd, name, cap);
+    close(fd);
+}
+
 static void choose_congestion(kolo__conn *c, bool local)
 {
     const char *want = kolo__setting_str(KOLO_SET_TCP_CONGESTION);
     if (strcmp(want, "system") == 0 || !*want) return;
+    char now[32];
+    congestion_of(c->fd, now, sizeof(now));
     if (strcmp(want, "auto") != 0) {
+        if (strcmp(now, want) == 0) return;
         static _Atomic int warned;
-        if (!set_congestion(c->fd, want) && !atomic_exchange(&warned, 1))
+        if (set_congestion(c->fd, want)) atomic_fetch_add(&congestion_late, 1);
+        else if (!atomic_exchange(&warned, 1))
             KOLO_WARN("KOLO_TCP_CONGESTION=%s: cannot use it on the connection to rank %d (%s); keeping the "
                       "system's default (see /proc/sys/net/ipv4/tcp_allowed_congestion_control)",
                       want, c->peer,
@@ -376,16 +432,22 @@ static void choose_congestion(kolo__conn *c, bool local)
                                        : strerror(errno));
         return;
     }
-    if (local && !set_congestion(c->fd, "cubic")) set_congestion(c->fd, "reno");
+    if (local) {
+        if (strcmp(now, "cubic") != 0 && strcmp(now, "reno") != 0 && set_local_choice(c->fd))
+            atomic_fetch_add(&congestion_late, 1);
+        return;
+    }
+    /* another machine: the system's choice, which a connection accepted by our listener lost */
+    char sys[32];
+    system_congestion(sys, sizeof(sys));
+    if (sys[0] && strcmp(now, sys) != 0) set_congestion(c->fd, sys);
 }
 
 const char *kolo__tcp_congestion(const kolo__conn *c)
 {
     static _Thread_local char name[32];
-    socklen_t len = sizeof(name) - 1;
-    memset(name, 0, sizeof(name));
-    if (getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0 || !name[0]) return "?";
-    return name;
+    congestion_of(c->fd, name, sizeof(name));
+    return name[0] ? name : "?";
 }
 
 int kolo__tcp_attach(kolo__conn *c, bool same_machine)
@@ -398,8 +460,8 @@ int kolo__tcp_attach(kolo__conn *c, bool same_machine)
     int buf = 4 << 20;
     setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
     setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-    bool local = stays_on_host(c->fd);
-    choose_congestion(c, local || same_machine);
+    bool local = !test_remote && stays_on_host(c->fd);
+    choose_congestion(c, local || (!test_remote && same_machine));
     if (local) {
         int unsent = (int)TCP_LOCAL_UNSENT_MAX;
         setsockopt(c->fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));

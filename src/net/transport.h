@@ -309,6 +309,14 @@ const char *kolo__peer_name(const kolo__mesh *m, int peer);
 /* same_machine: the peer runs on this machine's kernel (another network namespace or container,
  * the same boot id), which tcp.c treats as it treats loopback. */
 int kolo__tcp_attach(kolo__conn *c, bool same_machine);
+/* Sets KOLO_TCP_CONGESTION's algorithm on a socket before its connection is established: a
+ * connecting socket (local: its peer runs on this machine) or a listening one (local: true; the
+ * connections it accepts from other machines return to the system's choice in kolo__tcp_attach). */
+void kolo__tcp_congestion_early(int fd, bool local);
+/* test hooks: connections on this machine whose algorithm was set after they were established;
+ * the calling thread's kolo__tcp_attach treats loopback connections as other machines' */
+uint64_t kolo__tcp_congestion_late(void);
+void kolo__tcp_test_remote(bool on);
 /* The congestion control a TCP conn runs ("cubic"), for messages; "?" when unknown. */
 const char *kolo__tcp_congestion(const kolo__conn *c);
 /* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
