@@ -377,11 +377,13 @@ static void congestion_of(int fd, char *name, size_t cap)
  * vCPUs (kernel 6.18) over loopback took ~40,000 timer interrupts a second (HRTIMER in
  * /proc/softirqs; none unpaced), a third of perf's samples sat where the senders' tcp_write_xmit
  * re-enabled interrupts, and alltoalls of 512 KiB-4 MiB ran at 0.6-0.9x Open MPI's speed. Unpaced
- * from the start, alltoalls of 256 KiB-64 MiB take 0.35-0.86x the time they took, 16 MiB allgathers
- * 0.71-0.77x, broadcasts 0.73-0.93x; 2 ranks, allgathers and alltoalls of 1 MiB 0.60-0.90x, the
- * rest alike (docs/performance.md, "TCP"). Connections from other machines that a listener set to
- * cubic accepted go back to the system's default once their peer is known (choose_congestion); an
+ * from the start (medians of 3 rounds alternated with the build before), alltoalls of
+ * 256 KiB-64 MiB take 0.39-0.82x the time they took, allgathers, broadcasts and reducescatters of
+ * 4-64 MiB 0.55-0.88x; 2 ranks, allgathers and alltoalls of 1 MiB 0.66x and 0.81x, the rest alike
+ * (docs/performance.md, "TCP"). Connections from other machines that a listener set to cubic
+ * accepted go back to the system's default once their peer is known (choose_congestion); an
  * algorithm started on an established connection, as BBR is then, sets itself up whole. */
+
 /* connections on this machine whose algorithm came after they were established */
 static _Atomic uint64_t congestion_late;
 
