@@ -972,7 +972,8 @@ static void cc_after_attach(const char *setting, bool early, bool remote, char *
  * it); those to other machines keep the default, also when accepted by a listener that chose
  * cubic (mesh.c tells tcp.c which are which by boot id). Set before the connection is made, the
  * algorithm runs from its start (a later one would inherit BBR's pacing: tcp.c): no connection
- * counts as switched late, where attaching alone does count one. */
+ * counts as switched late, where attaching alone counts both ends (the system's default being
+ * another than cubic or reno). */
 KT_TEST(tcp_congestion_control_follows_the_setting, 10)
 {
     char sys[32] = "", got[32];
