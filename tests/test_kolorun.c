@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
@@ -147,7 +148,7 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "--hostfile", "/nonexistent/hosts", "sh", "-c", worker, NULL}, "/nonexistent/hosts"},
         {{"-np", "1", "-H", "localhost:1", "--hostfile", hf, "sh", "-c", worker, NULL}, "not both"},
         {{"-np", "1", "-x", "1BAD=2", "sh", "-c", worker, NULL}, "not a variable name"},
-        {{"-np", "1", "--bind-to", "cache", "sh", "-c", worker, NULL}, "none|core|socket|numa"},
+        {{"-np", "1", "--bind-to", "cache", "sh", "-c", worker, NULL}, "auto|none|core|socket|numa"},
         {{"-np", "1", "--tag-output=loud", "sh", "-c", worker, NULL}, "none|rank"},
         {{"-np", "1", "--fusion-threshold-mb", "-1", "sh", "-c", worker, NULL}, "--fusion-threshold-mb"},
         {{"-np", "1", "--log-level", "chatty", "sh", "-c", worker, NULL}, "--log-level"},
@@ -853,23 +854,67 @@ KT_TEST(kolorun_killed_launcher_stops_remote_workers, 20)
 
 /* ---- CPU binding ---- */
 
+/* Rank r's CPUs as its worker printed them (Cpus_allowed_list) into got; checks that kolorun
+ * reported them, as bound or not as `bound` says. */
+static void worker_cpus(const kproc *p, int r, bool bound, char got[64])
+{
+    char pat[96], want[64] = "";
+    snprintf(pat, sizeof(pat), "[%d]<stdout>:Cpus_allowed_list:", r);
+    const char *s = strstr(p->obuf, pat);
+    KT_ASSERTF(s, "no affinity line for rank %d: %s", r, p->obuf);
+    KT_ASSERT(sscanf(s + strlen(pat), " %63s", got) == 1);
+    snprintf(pat, sizeof(pat), "kolorun: rank %d on localhost: %s ", r, bound ? "bound to cpus" : "not bound; may use cpus");
+    s = strstr(p->ebuf, pat);
+    KT_ASSERTF(s, "no report '%s' for rank %d: %s", pat, r, p->ebuf);
+    KT_ASSERT(sscanf(s + strlen(pat), "%63s", want) == 1);
+    KT_ASSERTF(strcmp(got, want) == 0, "rank %d runs on %s, reported %s", r, got, want);
+}
+
 KT_TEST(kolorun_bind_to_core_sets_affinity, 10)
 {
     const char *args[] = {"-np", "2", "--bind-to", "core", "--map-by", "core", "--report-bindings", "sh", "-c",
                           "grep Cpus_allowed_list /proc/self/status", NULL};
     kproc p;
     KT_EQ(run(&p, args, 10), 0);
-    for (int r = 0; r < 2; r++) {
-        char pat[64], got[64] = "", want[64] = "";
-        snprintf(pat, sizeof(pat), "[%d]<stdout>:Cpus_allowed_list:", r);
-        const char *s = strstr(p.obuf, pat);
-        KT_ASSERTF(s, "no affinity line for rank %d: %s", r, p.obuf);
-        KT_ASSERT(sscanf(s + strlen(pat), " %63s", got) == 1);
-        snprintf(pat, sizeof(pat), "kolorun: rank %d on localhost: bound to cpus ", r);
-        s = strstr(p.ebuf, pat);
-        KT_ASSERTF(s, "no report for rank %d: %s", r, p.ebuf);
-        KT_ASSERT(sscanf(s + strlen(pat), "%63s", want) == 1);
-        KT_ASSERTF(strcmp(got, want) == 0, "rank %d runs on %s, reported %s", r, got, want);
+    char got[64];
+    for (int r = 0; r < 2; r++) worker_cpus(&p, r, true, got);
+}
+
+/* The default, --bind-to auto: workers unbound while they fit the CPUs kolorun may use, and once
+ * there are more, each on one CPU, in blocks of neighbouring ranks (5 on 2 CPUs: 3 and 2). The
+ * test (a process of its own) first keeps itself, and so kolorun, to two CPUs, or one. */
+KT_TEST(kolorun_bind_auto_binds_a_crowded_host_in_blocks, 20)
+{
+    cpu_set_t all, two;
+    KT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+    CPU_ZERO(&two);
+    int k = 0;
+    for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &all)) CPU_SET(c, &two), k++;
+    KT_EQ(sched_setaffinity(0, sizeof(two), &two), 0);
+    const char *cmd = "grep Cpus_allowed_list /proc/self/status";
+    char np[16], got[8][64];
+    kproc p;
+    snprintf(np, sizeof(np), "%d", k);
+    const char *fit[] = {"-np", np, "--report-bindings", "sh", "-c", cmd, NULL};
+    KT_EQ(run(&p, fit, 10), 0);
+    for (int r = 0; r < k; r++) {
+        worker_cpus(&p, r, false, got[r]);
+        KT_ASSERTF(k == 1 || strpbrk(got[r], ",-"), "rank %d of %d on %d CPUs runs on %s alone", r, k, k, got[r]);
+    }
+    int n = 2 * k + 1;
+    snprintf(np, sizeof(np), "%d", n);
+    const char *crowded[] = {"-np", np, "--report-bindings", "sh", "-c", cmd, NULL};
+    KT_EQ(run(&p, crowded, 10), 0);
+    for (int r = 0; r < n; r++) {
+        worker_cpus(&p, r, true, got[r]);
+        int cpu = -1;
+        KT_ASSERTF(sscanf(got[r], "%d", &cpu) == 1 && !strpbrk(got[r], ",-") && CPU_ISSET(cpu, &two),
+                   "rank %d of %d on %d CPUs runs on %s", r, n, k, got[r]);
+        if (r == 0) continue;
+        bool same = r * k / n == (r - 1) * k / n;
+        KT_ASSERTF((strcmp(got[r], got[r - 1]) == 0) == same, "ranks %d and %d of %d on %d CPUs: %s and %s", r - 1, r,
+                   n, k, got[r - 1], got[r]);
     }
 }
 

@@ -59,7 +59,8 @@ static const char usage_text[] =
     "  --get-stack-traces            at --timeout, first print every worker's stacks\n"
     "                                (gdb's native ones; Python's, for workers that import kolo)\n"
     "CPU binding of local workers\n"
-    "  --bind-to none|core|socket|numa   (default none)\n"
+    "  --bind-to auto|none|core|socket|numa  (default auto: none, but where a host has more\n"
+    "                                workers than CPUs, neighbouring ranks in blocks on one CPU each)\n"
     "  --map-by slot|core|socket|numa    (default slot)\n"
     "  --report-bindings             print each rank's CPU set at start\n"
     "Engine settings (exported as KOLO_* variables)\n"
@@ -455,9 +456,9 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
         o->output_dir = v;
         return -1;
     case O_BIND_TO: {
-        static const char *const names[] = {"none", "core", "socket", "numa"};
+        static const char *const names[] = {"auto", "none", "core", "socket", "numa"};
         int t = 0;
-        int r = parse_enum(opt, v, names, 4, &t);
+        int r = parse_enum(opt, v, names, 5, &t);
         o->bind_to = (enum kr_bind)t;
         return r;
     }
