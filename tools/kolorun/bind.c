@@ -14,8 +14,8 @@
  * --map-by says. Unbound, the kernel left three of four workers on one of two CPUs for a few
  * hundred milliseconds at a time, and the fourth alone on the other, so that the same calls
  * took twice as long; Open MPI's workers too. Blocks of neighbours ran rings and broadcasts'
- * chains up to 18 % faster than ranks dealt round the CPUs (docs/kolorun.md, "CPU binding",
- * has the figures). */
+ * chains up to 11 % faster than ranks dealt round the CPUs (docs/kolorun.md, "More workers
+ * than CPUs", has the figures). */
 #include "kolorun.h"
 
 #include <errno.h>

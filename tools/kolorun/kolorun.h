@@ -21,7 +21,8 @@
 #define KR_TAIL_COLS 400       /* bytes kept of each of those lines */
 #define KR_LINE_MAX 65536      /* a longer line is forwarded in pieces of this size */
 
-/* AUTO, the default: NONE, but one CPU per worker on a host with more workers than CPUs (bind.c) */
+/* AUTO, the default: NONE, but on a host with more workers than CPUs one CPU each, in blocks
+ * (bind.c) */
 enum kr_bind { KR_BIND_AUTO, KR_BIND_NONE, KR_BIND_CORE, KR_BIND_SOCKET, KR_BIND_NUMA };
 enum kr_map { KR_MAP_SLOT, KR_MAP_CORE, KR_MAP_SOCKET, KR_MAP_NUMA };
 
