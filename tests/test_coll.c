@@ -2728,14 +2728,14 @@ static void world_agreement(int rank, void *arg)
         if (exchange && p != rank && kolo__shm_sends_single(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
     }
     /* a 256 KiB broadcast from rank 2: where every pair shares memory and sends single-copy, the
-     * root sends to each member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 2
-     * MiB, down the chain, whose sends keep ring copies on such a host */
+     * root sends to each member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 1
+     * MiB on these 4 members, down the chain, whose sends keep ring copies on such a host */
     bool single = kolo__W.mesh[0]->world_single;
     free(z);
-    z = malloc(2 * rows * 4);
+    z = malloc(rows * 4);
     KT_ASSERT(z);
     for (int big = 0; big < 2; big++) {
-        size_t bn = big ? 2 * rows : rows / 4;
+        size_t bn = big ? rows : rows / 4;
         for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
         for (size_t i = 0; i < bn; i++) z[i] = rank == 2 ? (float)(i % 4093) + (float)big : -1.0f;
         uint64_t spread = kolo__coll_broadcast_spread_runs();

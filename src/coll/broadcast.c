@@ -1,8 +1,9 @@
 /* broadcast.c - broadcast: on up to 3 members the root sends to everyone directly; small
  * buffers on more go down a binomial tree; large ones down a pipelined chain (root -> next ->
  * next ...) in chunks, so every link carries the buffer once and all links work at the same
- * time, except up to 1 MiB on a host with more ranks than cores, where the root sends to
- * everyone directly again (spread, below). Chunks are received in place, no copies.
+ * time, except up to 1 MiB (512 KiB on 4 members) on a host with more ranks than cores, where
+ * the root sends to everyone directly again (spread, below). Chunks are received in place, no
+ * copies.
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
  * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
@@ -16,8 +17,8 @@
  * more ranks than cores (the world's flags, agreed at init, so every member decides alike: not
  * with KOLO_SHM_CMA=0, nor where a pair failed the CMA probe, as by ring copies the spread made
  * the root copy the buffer once per member: 4 ranks, 128-512 KiB 1.15-1.30x the chain's time, 5
- * rounds), buffers above DIRECT_MAX up to SPREAD_MAX go
- * from the root to every member directly, each send marked `single` (read once and kept), so each
+ * rounds), buffers above DIRECT_MAX up to SPREAD_MAX (SPREAD_MAX_4 on 4 members) go from the
+ * root to every member directly, each send marked `single` (read once and kept), so each
  * member reads the root's buffer single-copy (shm.c, SINGLE_MIN): one copy per member instead of
  * the chain's two per link, and no member waits for another to be scheduled to forward. Intel Xeon
  * VM, 2 vCPUs, the harness's band (50 calls a size), launches alternated with the chain's build
@@ -26,9 +27,14 @@
  * rounds) 128 KiB 42 against 51, 256 KiB 60-78 against 93-116, 512 KiB 168 against 217; 16 ranks
  * (2 rounds) 0.8-1.5x, no clear change. At 1 MiB 4 ranks 0.88x the chain's time (10 rounds:
  * 167-296 us against 192-340; Open MPI 181-304), 8 ranks 0.90x (5 rounds: 405-512 against
- * 483-750); two shorter sets before had read 0.96x and 1.02x. From 2 MiB it lost (4 ranks 570-615
- * us against 460-500): several members reading one large buffer at once; sent in 512 KiB pieces
- * it did no better than the chain. On 3 members the root sends to both anyway, and marking those
+ * 483-750); two shorter sets before had read 0.96x and 1.02x. Those ranks were unbound; bound in
+ * blocks, one CPU each, as kolorun and the benchmarks now bind such hosts (2026-12-02), the
+ * chain took 0.78x the spread's time at 1 MiB on 4 members (8 rounds, 231-261 us against
+ * 294-320; 512 KiB 0.94x, within the launches' spread; unbound in the same rounds 1.04x and
+ * 1.00x), so 4 members spread up to SPREAD_MAX_4; 8 members kept the spread at 1 MiB (5 rounds,
+ * the chain 1.04x bound, 1.10x unbound). From 2 MiB it lost (4 ranks 570-615 us against
+ * 460-500): several members reading one large buffer at once; sent in 512 KiB pieces it did no
+ * better than the chain. On 3 members the root sends to both anyway, and marking those
  * sends single was no faster. Nor was the chain faster with its sends marked single (4 ranks, 4
  * rounds, 1-16 MiB 1.0-1.35x the time by ring copies), with one descriptor in flight per pair or
  * sixteen. */
@@ -37,6 +43,7 @@
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
 #define SPREAD_MAX (1u << 20)
+#define SPREAD_MAX_4 (512u << 10) /* on 4 members (above) */
 #define SPREAD_MEMBERS 64
 
 static uint64_t spread_runs;
@@ -91,7 +98,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
         }
         return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
     }
-    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= SPREAD_MAX && m->world_oversubscribed && m->world_single;
+    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX) &&
+                  m->world_oversubscribed && m->world_single;
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
     int v = (r - root + n) % n; /* position in the chain */
