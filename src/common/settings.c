@@ -55,11 +55,10 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "than cores, which keeps the ring. With 1 and auto, the messages the receiver keeps and "
                           "nobody forwards (alltoall's, allgather's and reducescatter's exchanges, and broadcasts of "
                           "up to 1 MiB, 512 KiB on 4 ranks, on a host with more ranks than cores) go single-copy from "
-                          "32 KiB. "
-                          "Allreduces of 256 KiB and more among ranks of one host choose the same way between the ring "
-                          "and each rank reading and writing the others' buffers directly (process_vm_readv/writev; "
-                          "starting direct, in place and out of place chosen apart; 1: always direct, 0: never; a host "
-                          "with more ranks than cores: always direct)"},
+                          "32 KiB. Allreduces of 256 KiB and more among ranks of one host choose the same way between "
+                          "the ring and each rank reading and writing the others' buffers directly "
+                          "(process_vm_readv/writev; starting direct, in place and out of place chosen apart; 1: "
+                          "always direct, 0: never; a host with more ranks than cores: always direct)"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores"},
