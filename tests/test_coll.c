@@ -2727,6 +2727,25 @@ static void world_agreement(int rank, void *arg)
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
         if (exchange && p != rank && kolo__shm_sends_single(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
     }
+    /* a 12 MiB allgather, by exchange at every size there (each peer reads our 3 MiB block once,
+     * single-copy where it can), by the ring elsewhere */
+    size_t big_rows = (size_t)3 << 20, big_mine = big_rows / (size_t)n;
+    float *bx = malloc(big_mine * 4), *bz = malloc(big_rows * 4);
+    KT_ASSERT(bx && bz);
+    for (size_t i = 0; i < big_mine; i++) bx[i] = (float)(rank * 1000000 + (int)i);
+    for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
+    KT_OK(kolo_allgather(bx, big_mine, bz, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    for (size_t i = 0; i < big_rows; i++)
+        KT_ASSERTF(bz[i] == (float)((int)(i / big_mine) * 1000000 + (int)(i % big_mine)), "allgather 12 MiB [%zu]: %g",
+                   i, (double)bz[i]);
+    for (int p = 0; p < n; p++) {
+        kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
+        if (exchange && p != rank && kolo__shm_sends_single(c))
+            KT_ASSERTF(kolo__shm_cma_sent(c) - before[p] == 1, "rank %d, 12 MiB allgather: %llu sent single-copy to %d",
+                       rank, (unsigned long long)(kolo__shm_cma_sent(c) - before[p]), p);
+    }
+    free(bx);
+    free(bz);
     /* a 256 KiB broadcast from rank 2: where every pair shares memory and sends single-copy, the
      * root sends to each member itself, single-copy (broadcast.c, "spread"); elsewhere, and at 1
      * MiB on these 4 members, down the chain, whose sends keep ring copies on such a host */

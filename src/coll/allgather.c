@@ -1,22 +1,28 @@
-/* allgather.c - allgather with a different count per member: direct exchange when small or two
- * members, the ring otherwise. Every received block lands directly at its final offset.
+/* allgather.c - allgather with a different count per member: direct exchange when small, on two
+ * members or on a host with more ranks than cores whose pairs share memory, the ring otherwise. Every received block lands directly at its final offset.
  *
  * Where some pair runs over TCP on a host with more ranks than cores, up to DOUBLING_MAX on a
  * power of two of members: recursive doubling (allgather_doubling, below).
  *
  * Where every pair shares memory on a host with more ranks than cores (kolo__mesh.world_shm and
- * .world_oversubscribed, agreed at init), the exchange runs up to SINGLE_EXCHANGE_MAX and its
- * sends are marked `single`: each receiver keeps its block and forwards none, so from 32 KiB
- * a block is read once out of its owner's buffer (shm.c, SINGLE_MIN) instead of copied into and
- * out of a ring at every step; the cores, not the links, are what such a host runs short of. 4
- * ranks on 2 cores, us per call, 10 interleaved pairs against the ring: 2 MiB 456 against 578, 4
- * MiB 910 against 1398, 8 MiB 2505 against 3546 (Open MPI 396, 958, 3070 in the same launches),
- * but 16 MiB 6368 against 5131; 8 ranks 1 MiB 477 against 694, 8 MiB 5349 against 7228. The
+ * .world_oversubscribed, agreed at init), the exchange runs at every size and its sends are
+ * marked `single`: each receiver keeps its block and forwards none, so from 32 KiB a block is
+ * read once out of its owner's buffer (shm.c, SINGLE_MIN) instead of copied into and out of a
+ * ring at every step; the cores, not the links, are what such a host runs short of. 4 ranks on
+ * 2 cores, us per call, 10 interleaved pairs against the ring: 2 MiB 456 against 578, 4 MiB 910
+ * against 1398, 8 MiB 2505 against 3546 (Open MPI 396, 958, 3070 in the same launches); 8 ranks
+ * 1 MiB 477 against 694, 8 MiB 5349 against 7228. Above 8 MiB the ring stayed until 2026-12-02,
+ * as 16 MiB had taken 6368 against 5131; measured again then (Intel Xeon VM, ranks bound in
+ * blocks as kolorun and the benchmarks bind such hosts, 3-4 rounds), the exchange won at every
+ * size: 4 ranks 16 / 32 / 64 / 128 / 256 MiB 2811-2999 / 7510-8417 / 17393-20028 / 39202-40595 /
+ * 83226-86592 against 4615-4676 / 11292-11898 / 20892-21711 / 44484-45147 / 88172-94096 (Open
+ * MPI 16 MiB 3891-4881); unbound 16 MiB 2794-3020 against 4450-4695, 64 MiB 18377-20225 against
+ * 21827-22845; 8 ranks 16 / 32 / 64 MiB 0.66-0.87x the ring's time, 16 ranks 0.65-0.84x. The
  * exchange with ring copies was no faster than the ring (4 ranks, 2 MiB 588 against 465), nor was
  * recursive doubling (4 MiB 1739 against 1605). Yet with KOLO_SHM_CMA=0, where every send goes by
  * ring copies, the exchange still ran 0.85-0.96x the ring's time at 256 KiB-4 MiB (Intel Xeon VM,
- * 4 ranks, 5 rounds; 8 MiB alike), so it keys on the pairs sharing memory, not on their reading
- * single-copy as broadcast.c's spread does.
+ * 4 ranks, 5 rounds; 8 MiB alike; bound, 16 MiB 1.07x, 32 and 64 MiB 0.81-0.83x), so it keys on
+ * the pairs sharing memory, not on their reading single-copy as broadcast.c's spread does.
  *
  * The own block goes out from the caller's send buffer, not from its copy in the output: that
  * copy was just written, so on shared memory a peer reading it (single-copy) would have to pull
@@ -26,7 +32,6 @@
 #include "coll.h"
 
 #define DIRECT_MAX (256u << 10)
-#define SINGLE_EXCHANGE_MAX ((size_t)8 << 20) /* see the top */
 
 /* Recursive doubling, n a power of two: in the round of distance d, member r holds the d blocks
  * of its aligned range [r & ~(d-1), +d) and swaps them with member r ^ d, whose range is the
@@ -76,8 +81,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     int h = n > 1 ? kolo__coll_hier_allgather(m, g, send, recv, counts, es) : KOLO_HIER_DECLINED;
     if (h != KOLO_HIER_DECLINED) return h;
     /* (a world of one rank has no mesh) */
-    size_t exchange_max = n > 2 && m->world_shm && m->world_oversubscribed ? SINGLE_EXCHANGE_MAX : DIRECT_MAX;
-    bool exchange = n <= 64 && (n <= 2 || total * es <= exchange_max);
+    bool exchange = n <= 64 && (n <= 2 || total * es <= DIRECT_MAX || (m->world_shm && m->world_oversubscribed));
     if (n >= 4 && total * es <= DOUBLING_MAX && kolo__coll_doubling_world(m, n))
         return allgather_doubling(m, g, send, out, offs, counts, es);
     if (n == 1 || !exchange) {
