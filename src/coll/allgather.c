@@ -1,5 +1,6 @@
 /* allgather.c - allgather with a different count per member: direct exchange when small, on two
- * members or on a host with more ranks than cores whose pairs share memory, the ring otherwise. Every received block lands directly at its final offset.
+ * members or on a host with more ranks than cores whose pairs share memory, the ring otherwise.
+ * Every received block lands directly at its final offset.
  *
  * Where some pair runs over TCP on a host with more ranks than cores, up to DOUBLING_MAX on a
  * power of two of members: recursive doubling (allgather_doubling, below).
