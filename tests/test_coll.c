@@ -2762,7 +2762,9 @@ static void world_agreement(int rank, void *arg)
         KT_EQ(kolo__coll_broadcast_spread_runs() - spread, (uint64_t)(single && !big));
         for (size_t i = 0; i < bn; i++)
             KT_ASSERTF(z[i] == (float)(i % 4093) + (float)big, "broadcast of %zu [%zu]: %g", bn, i, (double)z[i]);
-        for (int p = 0; p < n && single; p++) {
+        /* (on a host of one CPU every rank is bound, in blocks, and 1 MiB takes the tree:
+         * broadcast_tree_when_bound_in_blocks) */
+        for (int p = 0; p < n && single && !(big && kolo__W.mesh[0]->world_blocks); p++) {
             kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
             if (p != rank && kolo__shm_cma_threshold(c))
                 KT_ASSERTF(kolo__shm_cma_sent(c) - before[p] == (uint64_t)(rank == 2 && !big),
@@ -2798,6 +2800,69 @@ KT_TEST(world_agreement_at_init, 60)
     static int cma_off = CMA_OFF;
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=0"}};
     KT_EQ(kt_job(4, world_agreement, &cma_off, &o, NULL), 0);
+}
+
+/* Broadcasts on 4 ranks on at most 2 CPUs, each rank bound by itself as `arg` says: BOUND_BLOCKS,
+ * neighbouring ranks to one CPU (as kolorun and the benchmarks bind a crowded host); BOUND_DEALT,
+ * dealt round the CPUs (kolorun --bind-to core); or left unbound. The ranks agree whether they
+ * are bound in blocks (on one CPU, dealt round and unbound are blocks too), and where they are
+ * and every pair reads single-copy, a 1 MiB broadcast from rank 1 goes down the tree of
+ * positions rank XOR 1 (broadcast.c, "tree"): rank 1 sends to 3 and 0, rank 3 to 2, each once
+ * single-copy; 128 KiB still goes from the root to all (spread), 32 MiB down the chain;
+ * elsewhere never the tree. */
+enum { BOUND_BLOCKS = 1, BOUND_DEALT };
+static void broadcast_bound(int rank, void *arg)
+{
+    int how = *(int *)arg, n = 4;
+    at_most_two_cpus();
+    cpu_set_t set;
+    KT_ASSERT(sched_getaffinity(0, sizeof(set), &set) == 0);
+    int cpus[2], k = 0;
+    for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &set)) cpus[k++] = c;
+    KT_ASSERT(k >= 1);
+    if (how) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(how == BOUND_BLOCKS ? cpus[rank * k / n] : cpus[rank % k], &one);
+        KT_ASSERT(sched_setaffinity(0, sizeof(one), &one) == 0);
+    }
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    KT_EQ(m->world_blocks, how == BOUND_BLOCKS || k == 1); /* one CPU: all bound to it */
+    bool tree = m->world_blocks && m->world_single && m->world_oversubscribed;
+    size_t bsizes[3] = {(size_t)128 << 10, (size_t)1 << 20, (size_t)32 << 20};
+    float *z = malloc(bsizes[2]);
+    KT_ASSERT(z);
+    for (int s = 0; s < 3; s++) {
+        size_t count = bsizes[s] / 4;
+        for (size_t i = 0; i < count; i++) z[i] = rank == 1 ? (float)(i % 8191) + (float)s : -1.0f;
+        uint64_t before[4], trees = kolo__coll_broadcast_tree_runs(), spreads = kolo__coll_broadcast_spread_runs();
+        for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(m->conns[p]);
+        KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(z[i] == (float)(i % 8191) + (float)s, "broadcast of %zu bytes [%zu]: %g", bsizes[s], i,
+                       (double)z[i]);
+        KT_EQ(kolo__coll_broadcast_tree_runs() - trees, (uint64_t)(tree && s == 1));
+        KT_EQ(kolo__coll_broadcast_spread_runs() - spreads, (uint64_t)(m->world_single && s == 0));
+        for (int p = 0; p < n && tree && s == 1; p++) {
+            bool edge = (rank == 1 && (p == 3 || p == 0)) || (rank == 3 && p == 2);
+            if (p != rank)
+                KT_ASSERTF(kolo__shm_cma_sent(m->conns[p]) - before[p] == (uint64_t)edge,
+                           "rank %d sent %llu single-copy to %d", rank,
+                           (unsigned long long)(kolo__shm_cma_sent(m->conns[p]) - before[p]), p);
+        }
+    }
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
+{
+    static int blocks = BOUND_BLOCKS, dealt = BOUND_DEALT, none = 0;
+    KT_EQ(kt_job(4, broadcast_bound, &blocks, NULL, NULL), 0);
+    KT_EQ(kt_job(4, broadcast_bound, &dealt, NULL, NULL), 0);
+    KT_EQ(kt_job(4, broadcast_bound, &none, NULL, NULL), 0);
 }
 
 /* The hierarchical allreduce and allgather (hier.c): ranks made to look like ranks of two or

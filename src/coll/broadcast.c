@@ -1,9 +1,10 @@
 /* broadcast.c - broadcast: on up to 3 members the root sends to everyone directly; small
  * buffers on more go down a binomial tree; large ones down a pipelined chain (root -> next ->
  * next ...) in chunks, so every link carries the buffer once and all links work at the same
- * time, except up to 1 MiB (512 KiB on 4 members) on a host with more ranks than cores, where
- * the root sends to everyone directly again (spread, below). Chunks are received in place, no
- * copies.
+ * time, except on a host with more ranks than cores: there, where the ranks are bound in blocks,
+ * buffers up to 16 MiB go down the binomial tree too, read single-copy ("tree", below), and
+ * otherwise up to 1 MiB (512 KiB on 4 members) the root sends to everyone directly again
+ * (spread, below). Chunks are received in place, no copies.
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
  * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
@@ -37,18 +38,75 @@
  * better than the chain. On 3 members the root sends to both anyway, and marking those
  * sends single was no faster. Nor was the chain faster with its sends marked single (4 ranks, 4
  * rounds, 1-16 MiB 1.0-1.35x the time by ring copies), with one descriptor in flight per pair or
- * sixteen. */
+ * sixteen.
+ *
+ * Tree: where, besides, every rank is bound to one CPU and each CPU's ranks are neighbours in rank
+ * order (kolo__mesh.world_blocks, agreed at init: kolorun's and the benchmarks' binding of such a
+ * host), on a power of two of members, buffers above DIRECT_MAX (above SPREAD_MAX_BLOCKS_4 on 4
+ * members) up to TREE_MAX go down the binomial tree with every send marked `single`. Each member's
+ * position in the tree is its rank XOR the root's, so every subtree is an aligned block of ranks,
+ * which sits on one CPU: there a member reads the buffer single-copy from a parent that has just
+ * written it into that CPU's cache, and the buffer crosses between CPUs once per block instead of
+ * once per member (the spread) or at every link the chain's order happens to cross (root 1 on 4
+ * ranks: 1 -> 2 -> 3 -> 0 crosses twice). Intel Xeon VM, 2 vCPUs, ranks bound in blocks, launches
+ * alternated, medians, us per call: 4 ranks, root 0 (5 rounds), tree against the chain and the
+ * spread, 512 KiB 70.9 against 81.3 and 84.6, 768 KiB 129 against 143 and 179, 1 MiB 203 against
+ * 215 and 250; root 1 (4 rounds) 512 KiB 53.5 against 104 and 65.4, 1 MiB 182 against 275 and 213,
+ * 2 / 4 MiB 429 / 826 against 552 / 1113 (the chain); 2-8 MiB 0.90-0.94x the chain's time from
+ * root 0, 16 MiB alike, 32 and 64 MiB 1.25-1.29x (hence TREE_MAX); 128 and 256 KiB 1.00-1.16x the
+ * spread's time (hence SPREAD_MAX_BLOCKS_4); 8 ranks (3 rounds) 128 KiB-1 MiB 0.62-0.98x the
+ * spread's time, 2-16 MiB 0.69-0.82x the chain's, 32 MiB alike; 16 ranks (2 rounds) 2 and 8 MiB
+ * 0.62 and 0.81x the chain's. Bound otherwise the tree loses: ranks dealt round the CPUs (kolorun
+ * --bind-to core), 4 ranks, 128-512 KiB 1.9-2.8x the spread's time and 2-4 MiB 1.16-1.19x the
+ * chain's; unbound 128-512 KiB 1.05-2.6x. The small buffers' tree takes the same positions on a
+ * power of two of members (64 KiB from root 1, 4 ranks bound: 7.2 us against 10.9 with positions
+ * relative to the root; from root 0 the two are the same tree). So does the chain where the ranks
+ * are bound in blocks (on a power of two of members, beside the tree or not): 4 ranks, 3 rounds,
+ * root 1 32 / 64 MiB 8146 / 19960 us against 9792 / 25201 with positions relative to the root (1
+ * -> 2 -> 3 -> 0), root 2 0.95-0.96x, root 0 alike. */
 #include "coll.h"
 
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
 #define SPREAD_MAX (1u << 20)
 #define SPREAD_MAX_4 (512u << 10) /* on 4 members (above) */
+#define SPREAD_MAX_BLOCKS_4 (256u << 10) /* on 4 members bound in blocks, where the tree takes over (above) */
 #define SPREAD_MEMBERS 64
+#define TREE_MAX ((size_t)16 << 20)
 
-static uint64_t spread_runs;
+static uint64_t spread_runs, tree_runs;
 
 uint64_t kolo__coll_broadcast_spread_runs(void) { return __atomic_load_n(&spread_runs, __ATOMIC_RELAXED); }
+uint64_t kolo__coll_broadcast_tree_runs(void) { return __atomic_load_n(&tree_runs, __ATOMIC_RELAXED); }
+
+/* The binomial tree over positions: on a power of two of members a member's rank XOR the
+ * root's (so that each subtree is an aligned block of ranks; tree, above), otherwise its
+ * distance from the root. `single` marks the sends as read once and kept. */
+static int binomial(kolo__mesh *m, const kolo__group *g, void *p, size_t bytes, int root, bool single)
+{
+    int n = g->size, r = g->rank;
+    bool x = (n & (n - 1)) == 0;
+    int v = x ? r ^ root : (r - root + n) % n, mask = 1, st = KOLO_OK;
+    while (mask < n && !(v & mask)) mask <<= 1;
+    if (v != 0) {
+        int from = v - mask;
+        kolo__xfer xr;
+        kolo__irecv(m, kolo__g2w(g, x ? from ^ root : (from + root) % n), p, bytes, &xr);
+        st = kolo__wait1(m, &xr);
+    }
+    kolo__xfer xs[32]; /* log2(n) sends at most, n an int */
+    kolo__xfer *ptrs[32];
+    int k = 0;
+    for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
+        int to = v + mask;
+        if (to >= n) continue;
+        kolo__isend(m, kolo__g2w(g, x ? to ^ root : (to + root) % n), p, bytes, &xs[k]);
+        xs[k].single = single;
+        ptrs[k] = &xs[k];
+        k++;
+    }
+    return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
+}
 
 /* The root sends to every other member itself; `single` marks its sends as read once and kept
  * (spread, above). */
@@ -78,32 +136,21 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     int n = g->size, r = g->rank;
     if (n == 1) return KOLO_OK;
     char *p = buf;
-    if (n > 3 && bytes <= DIRECT_MAX) {
-        /* binomial tree over positions relative to the root */
-        int v = (r - root + n) % n, mask = 1, st = KOLO_OK;
-        while (mask < n && !(v & mask)) mask <<= 1;
-        if (v != 0) {
-            kolo__xfer x;
-            kolo__irecv(m, kolo__g2w(g, (v - mask + root) % n), p, bytes, &x);
-            st = kolo__wait1(m, &x);
-        }
-        kolo__xfer xs[32]; /* log2(n) sends at most, n an int */
-        kolo__xfer *ptrs[32];
-        int k = 0;
-        for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
-            if (v + mask >= n) continue;
-            kolo__isend(m, kolo__g2w(g, (v + mask + root) % n), p, bytes, &xs[k]);
-            ptrs[k] = &xs[k];
-            k++;
-        }
-        return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
-    }
-    bool spread = n > 3 && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX) &&
-                  m->world_oversubscribed && m->world_single;
+    /* a host with more ranks than cores, every pair reading single-copy; bound in blocks */
+    bool crowded = n > 3 && m->world_oversubscribed && m->world_single;
+    bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
+    bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
+    if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
+    if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree);
+    bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
-    int v = (r - root + n) % n; /* position in the chain */
-    int prev = kolo__g2w(g, (r - 1 + n) % n), next = kolo__g2w(g, (r + 1) % n);
+    /* position in the chain: bound in blocks, rank XOR root as in the tree, so that the chain
+     * crosses between CPUs once per block whichever the root */
+    bool x = m->world_blocks && (n & (n - 1)) == 0;
+    int v = x ? r ^ root : (r - root + n) % n;
+    int prev = kolo__g2w(g, x ? ((v - 1 + n) % n) ^ root : (r - 1 + n) % n);
+    int next = kolo__g2w(g, x ? ((v + 1) % n) ^ root : (r + 1) % n);
     size_t chunk = kolo__coll_chunk();
     if (bytes / chunk >= MAX_CHUNKS) chunk = bytes / (MAX_CHUNKS - 1);
     size_t nc = (bytes + chunk - 1) / chunk;

@@ -134,8 +134,10 @@ uint64_t kolo__direct_cma_runs(void);
  * (allreduce.c, PAIR_EXCHANGE_BELOW; tests). */
 uint64_t kolo__coll_pair_exchange_runs(void);
 /* How many broadcasts so far the root sent to every member itself on a host with more ranks
- * than cores (broadcast.c, "spread"), for tests. */
+ * than cores (broadcast.c, "spread"), and how many went down the tree read single-copy there
+ * (broadcast.c, "tree"), for tests. */
 uint64_t kolo__coll_broadcast_spread_runs(void);
+uint64_t kolo__coll_broadcast_tree_runs(void);
 /* g's members host by host into order[] (hosts in the order of their numbers, a host's members
  * in member order; the same list on every member), and how many hosts they are on: 0 where that
  * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */

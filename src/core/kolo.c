@@ -137,21 +137,49 @@ static void choose_spin(size_t sharers, long cpus)
  * every pair of this rank runs over shared memory on channel c; bit 3 + c: and sends the messages
  * marked `single` single-copy) and the size from which it would
  * have rings write around the cache (kolo__stream_min_local: hosts and KOLO_STREAM_MIN may
- * differ, and a ring that fuses its middle steps sends other messages than one that does not),
- * and all combine them: the flags by and and or, the sizes by their minimum. Once this allgather
+ * differ, and a ring that fuses its middle steps sends other messages than one that does not)
+ * and the one CPU it is bound to, if it is, and all combine them: the flags by and and or, the
+ * sizes by their minimum, the CPUs into whether the ranks are bound in blocks. Once this allgather
  * has ended on a rank, every rank has entered it. The allgather itself runs while the flags are
  * still false and the size unset on every rank, so it takes the same path everywhere. */
 typedef struct agreement {
     uint64_t stream_min;
     uint8_t flags;
     uint8_t hier[2]; /* KOLO_HIERARCHICAL_ALLREDUCE, _ALLGATHER: 0 off, 1 auto, 2 on; all take the least */
-    uint8_t pad[5];
+    uint8_t pad;
+    int32_t cpu; /* the one CPU this rank is bound to, or -1 (blocks_of, below) */
 } agreement;
+
+/* The one CPU this process may run on, or -1 if it may run on several. */
+static int32_t bound_cpu(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) != 1) return -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) return c;
+    return -1;
+}
+
+/* Whether every rank is bound to one CPU and each CPU's ranks are neighbours in rank order
+ * (kolo__mesh.world_blocks): walking the ranks, a CPU once left never comes back. On one host
+ * only: CPU numbers of different machines say nothing about each other. */
+static bool blocks_of(const agreement *all, int n, bool one_host)
+{
+    if (!one_host) return false;
+    cpu_set_t left;
+    CPU_ZERO(&left);
+    for (int r = 0; r < n; r++) {
+        int c = all[r].cpu;
+        if (c < 0 || c >= CPU_SETSIZE || CPU_ISSET(c, &left)) return false;
+        if (r + 1 < n && all[r + 1].cpu != c) CPU_SET(c, &left);
+    }
+    return true;
+}
 
 static int agree_world(bool oversubscribed)
 {
     int n = W.info.size, me = W.info.rank;
-    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u};
+    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u, .cpu = bound_cpu()};
     static const kolo_setting_t hier_set[2] = {KOLO_SET_HIERARCHICAL_ALLREDUCE, KOLO_SET_HIERARCHICAL_ALLGATHER};
     uint8_t hier[2];
     for (int k = 0; k < 2; k++) {
@@ -189,7 +217,9 @@ static int agree_world(bool oversubscribed)
             for (int k = 0; k < 2; k++) hier[k] = KOLO_MIN(hier[k], all[r].hier[k]);
         }
         if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
+        bool blocks = blocks_of(all, n, !W.host_of);
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
+            W.mesh[c]->world_blocks = blocks;
             W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
             W.mesh[c]->world_single = (and_all & (8u << c)) != 0;
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;

@@ -197,8 +197,10 @@ struct kolo__mesh {
      * channel; some host has more ranks than cores; every pair of the world shares memory on this
      * channel and sends the messages marked `single` single-copy (kolo__shm_sends_single); the
      * size from which rings write around the cache and fuse their middle steps (0 until agreed:
-     * coll.h, kolo__coll_stream_min). */
-    bool world_shm, world_oversubscribed, world_single;
+     * coll.h, kolo__coll_stream_min). world_blocks: all ranks on one host, each bound to one CPU,
+     * and the ranks of each CPU neighbours in rank order (as kolorun and the benchmarks bind a
+     * crowded host), so that an aligned block of ranks shares CPUs (coll/broadcast.c, "tree"). */
+    bool world_shm, world_oversubscribed, world_single, world_blocks;
     size_t stream_min;
     /* each world rank's host (owned by the world; NULL when all ranks are on one host) and the modes of the
      * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
