@@ -54,8 +54,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "and, on some CPUs, for messages of 256 KiB and more), except on a host with more ranks "
                           "than cores, which keeps the ring. With 1 and auto, the messages the receiver keeps and "
                           "nobody forwards (alltoall's, allgather's and reducescatter's exchanges, and broadcasts of "
-                          "up to 1 MiB, 512 KiB on 4 ranks, on a host with more ranks than cores) go single-copy from "
-                          "32 KiB. Allreduces of 256 KiB and more among ranks of one host choose the same way between "
+                          "up to 1 MiB, 512 KiB on 4 ranks, on a host with more ranks than cores, up to 16 MiB where "
+                          "its ranks are bound in blocks) go single-copy from 32 KiB. Allreduces of 256 KiB and more among ranks of one host choose the same way between "
                           "the ring and each rank reading and writing the others' buffers directly "
                           "(process_vm_readv/writev; starting direct, in place and out of place chosen apart; 1: "
                           "always direct, 0: never; a host with more ranks than cores: always direct)"},
