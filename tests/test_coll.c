@@ -2610,10 +2610,10 @@ KT_TEST(shm_far_when_oversubscribed, 60)
     KT_EQ(kt_job(4, far_oversubscribed, NULL, &o, NULL), 0);
 }
 
-/* With more ranks than cores (4 ranks on at most 2 cores), allreduces of malloc'd buffers from
- * 256 KiB read and write the others' buffers by CMA (direct.c, plan_for) and are exact, out of
- * place and in place, on uneven blocks; smaller ones go by ring. Skips where the pairs cannot
- * read by CMA (the suite's TCP pass). */
+/* With more ranks than cores (4 ranks on at most 2 cores), allreduces of malloc'd buffers above
+ * the small ones read and write the others' buffers by CMA (direct.c, plan_for; 128 KiB too,
+ * below CMA_MIN) and are exact, out of place and in place, on uneven blocks; 64 KiB is a small
+ * one. Skips where the pairs cannot read by CMA (the suite's TCP pass). */
 static void direct_when_oversubscribed(int rank, void *arg)
 {
     (void)arg;
@@ -2644,8 +2644,17 @@ static void direct_when_oversubscribed(int rank, void *arg)
             KT_ASSERTF(got[i] == want, "iteration %d [%zu]: %g, want %g", it, i, (double)got[i], (double)want);
         }
     }
+    for (size_t i = 0; i < count; i++) x[i] = (float)((i * 3 + (size_t)rank * 5 + 2) % 1009);
     uint64_t before = kolo__direct_cma_runs();
     KT_OK(kolo_allreduce(x, y, ((size_t)128 << 10) / 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__direct_cma_runs(), before + 1);
+    for (size_t i = 0; i < ((size_t)128 << 10) / 4; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += (float)((i * 3 + (size_t)r * 5 + 2) % 1009);
+        KT_ASSERTF(y[i] == want, "128 KiB [%zu]: %g, want %g", i, (double)y[i], (double)want);
+    }
+    before = kolo__direct_cma_runs();
+    KT_OK(kolo_allreduce(x, y, ((size_t)64 << 10) / 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     KT_EQ(kolo__direct_cma_runs(), before);
     free(x);
     free(y);

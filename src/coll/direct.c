@@ -118,6 +118,13 @@
  * rounds of 200: 1.02-1.04x, within the launches' spread). Each class's first call, and the first
  * after a change of way, is not timed: traced, the first call of a launch took 28705 ps/B where
  * the next took 463 and the third 286, and a probe's first CMA call 818 where the next took 212.
+ *
+ * On a host with more ranks than cores, where the pairs keep ring copies and malloc'd buffers
+ * always go direct (plan_for), they do so from ZC_MIN, not CMA_MIN: the ring's 2(n-1) steps are
+ * as many hand-offs between ranks that share a core, direct's two exchanges are two. Intel Xeon
+ * VM, 2 vCPUs, ranks bound in blocks, 3 rounds, us per call, 128 KiB: 4 ranks 45 against 65 by
+ * the ring, 8 ranks 120 against 211, 16 ranks (2 rounds) 429 against 780; 64 and 256 KiB and
+ * above alike (64 KiB itself is a small allreduce, KOLO_SMALL_ALLREDUCE_MAX).
  */
 #include "coll.h"
 
@@ -461,7 +468,8 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         for (int k = 0; k < nseg; k++) sa[k].reg[0] = sa[k].reg[1] = -1;
     }
     bool ip = t->in_place = in_place(segs, nseg);
-    if (r == 0 && bytes >= CMA_MIN) me.plan = plan_for(m, g, bytes, ip);
+    if (r == 0 && (bytes >= CMA_MIN || kolo__shm_pinned_oversubscribed(m->conns[kolo__g2w(g, 1)])))
+        me.plan = plan_for(m, g, bytes, ip);
     else if (r == 0 && exchange_range(t, n, bytes, ip)) me.plan = exchange_plan_for(m, bytes);
     me.store = STORE_STREAM;
     if (r == 0 && me.mapped)
