@@ -1194,6 +1194,49 @@ static void rings_mapped_dirty(int rank, void *arg)
 
 KT_TEST(shm_rings_are_mapped_dirty, 30) { KT_EQ(kt_job(2, rings_mapped_dirty, NULL, NULL, NULL), 0); }
 
+/* Where the rings are not faulted in at start-up (more ranks than cores: 4 ranks on at most 2),
+ * a ring is mapped in whole at its first use (shm.c, first_pass), not a step at a time as the
+ * ring fills: after one tiny alltoall, which sends each peer one message, every segment this
+ * rank shares with a peer on the collectives' channel holds its two 1 MiB rings resident. */
+static void at_most_two_cpus(void);
+static void rings_mapped_whole(int rank, void *arg)
+{
+    (void)arg;
+    at_most_two_cpus();
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    for (int p = 0; p < n; p++)
+        if (p != rank && !strstr(kolo_peer_transport(p), "shm")) { /* the suite's TCP pass */
+            KT_OK(kolo_shutdown());
+            return;
+        }
+    KT_EQ(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->world_oversubscribed, true);
+    float x[4], y[4];
+    size_t ones[4] = {1, 1, 1, 1};
+    for (int i = 0; i < n; i++) x[i] = (float)(rank * 10 + i);
+    KT_OK(kolo_alltoall(x, ones, y, ones, KOLO_FLOAT32, KOLO_WORLD));
+    for (int i = 0; i < n; i++) KT_EQ(y[i], (float)(i * 10 + rank));
+    FILE *f = fopen("/proc/self/smaps", "r");
+    KT_ASSERT(f);
+    char line[512];
+    int in_seg = 0, whole = 0;
+    while (fgets(line, sizeof(line), f)) {
+        long kb;
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3)
+            in_seg = strstr(line, "/kolo-") != NULL && strncmp(perms, "rw", 2) == 0;
+        else if (in_seg && sscanf(line, "Rss: %ld kB", &kb) == 1)
+            whole += kb >= 2 * 1024;
+    }
+    fclose(f);
+    KT_ASSERTF(whole >= n - 1, "rank %d: %d segments with both rings resident, want %d", rank, whole, n - 1);
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_rings_mapped_whole_at_first_use, 30) { KT_EQ(kt_job(4, rings_mapped_whole, NULL, NULL, NULL), 0); }
+
 /* Each shared-memory ring is 2 MiB, or 1 MiB on a host with more ranks than cores (mesh.c),
  * unless KOLO_SHM_RING_SIZE says otherwise; two ranks that asked for different sizes take the
  * creator's (shm.c), so the pair stays on shared memory. arg "default" or "mixed" (rank 0 asks

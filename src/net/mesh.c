@@ -893,8 +893,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * (two faults per 4 KiB, one on each side, made 4 KiB messages ~10x slower until a ring
          * had wrapped once), unless that would fault in more than 128 MiB for this rank's rings
          * (beyond 17 ranks per host at the default 2 MiB; 128 MiB took ~0.4 s of start-up on 2
-         * cores); beyond that the rings are mapped in 256 KiB steps during their first pass
-         * (shm.c). */
+         * cores); beyond that each ring is mapped in at its first use (shm.c, first_pass). */
         size_t local = 0;
         for (int r = 0; r < wi->size; r++)
             local += r != wi->rank && strcmp(b.peers[r].hostkey, b.peers[wi->rank].hostkey) == 0;
@@ -904,7 +903,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * first passes through 4 MiB rings fault in 16 MiB per rank per partner set and the
          * rings crowd the cache. 4 ranks on 2 cores, 256 KiB-64 MiB: 1 MiB rings as fast or
          * faster for allreduce (64 MiB 50-65 ms against 76-78), broadcast and allgather, alltoall
-         * alike. And they are mapped in during their first pass, not at start-up: faulting in
+         * alike. And they are mapped in at their first use, not at start-up: faulting in
          * every pair's rings (16 ranks: 60 MiB a rank, most of it for pairs that never talk)
          * took a 16-rank launch from 0.24-0.28 s to 0.53-0.54, while the first calls of 64 KiB
          * ran alike (0.55-0.72 ms against 0.66-0.76). */
