@@ -328,6 +328,31 @@ CONF_RING(2)
 CONF_RING(3)
 CONF_RING(4)
 
+/* The root sends `bytes` to every other rank as one plain message each, as a broadcast on 3
+ * ranks does: the transport picks each message's way (timed, under auto). A 2-rank broadcast from
+ * 64 KiB splits its message instead (broadcast.c, "split"), so the transport's tests below send
+ * with this. */
+static void plain_from_root(int rank, int n, int root, void *buf, size_t bytes)
+{
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    kolo__xfer xs[64];
+    kolo__xfer *ptrs[64];
+    int k = 0;
+    KT_ASSERT(n <= 64);
+    if (rank != root) {
+        kolo__irecv(m, root, buf, bytes, &xs[0]);
+        KT_OK(kolo__wait1(m, &xs[0]));
+        return;
+    }
+    for (int p = 0; p < n; p++)
+        if (p != rank) {
+            kolo__isend(m, p, buf, bytes, &xs[k]);
+            ptrs[k] = &xs[k];
+            k++;
+        }
+    KT_OK(kolo__wait(m, ptrs, k));
+}
+
 /* KOLO_SHM_CMA: 0 and 1 pin every shared-memory connection, on both channels, to ring copies or
  * single-copy for large messages; auto (the default) lets each pair pick from timings, except on
  * a host with more ranks than cores, which stays on ring copies. A pair that cannot do CMA (-1:
@@ -352,12 +377,12 @@ static void cma_mode(int rank, void *arg)
     size_t count = (size_t)1 << 18; /* 1 MiB each way: above the single-copy threshold */
     float *x = malloc(count * 4), *y = malloc(count * 4 * (size_t)n);
     KT_ASSERT(x && y);
-    /* broadcasts from every rank in turn: the transport times their messages, where it leaves
-     * an allgather's (marked `single`) untimed */
+    /* plain messages from every rank in turn, as broadcasts on 3 ranks send: the transport
+     * times them, where it leaves an allgather's (marked `single`) untimed */
     for (int it = 0; it < 48; it++) { /* the first probe comes after 8 messages by ring */
         int root = it % n;
         for (size_t i = 0; i < count; i++) x[i] = rank == root ? (float)(i % 100 + (size_t)it) : -1.0f;
-        KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, root, KOLO_WORLD));
+        plain_from_root(rank, n, root, x, count * 4);
         for (size_t i = 0; i < count; i++)
             KT_ASSERTF(x[i] == (float)(i % 100 + (size_t)it), "iteration %d (root %d): [%zu] = %g", it, root, i,
                        (double)x[i]);
@@ -703,12 +728,12 @@ static void cma_ignores_burst(int rank, void *arg)
 /* A probe of the ring with long messages (16 MiB: one message is a probe) costs one message by
  * ring, not two: the receiver asks for the way in use again when the probe's message begins, so
  * the sender's next message, offered while the receiver still reads the last 4 MiB of this one,
- * already goes single-copy. Ring copies made 20 ms slower per message, rank 0 broadcasts and
- * rank 1 notes which way each message came: once single-copy has carried one, no two messages
- * in a row come by ring (a probe of the ring never wins here), and at least one does (the first
- * probe that changed the way is checked by a probe of the ring a few messages on). When the
- * request went out at the end of the probe's message, every probe was followed by a second
- * message by ring. */
+ * already goes single-copy. Ring copies made 20 ms slower per message, rank 0 sends
+ * (plain_from_root) and rank 1 notes which way each message came: once single-copy has carried
+ * one, no two messages in a row come by ring (a probe of the ring never wins here), and at least
+ * one does (the first probe that changed the way is checked by a probe of the ring a few
+ * messages on). When the request went out at the end of the probe's message, every probe was
+ * followed by a second message by ring. */
 static void ring_probe_one_message(int rank, void *arg)
 {
     (void)arg;
@@ -721,7 +746,7 @@ static void ring_probe_one_message(int rank, void *arg)
     int seen_cma = 0, rings = 0, ring_before = 0;
     for (int it = 0; it < 80; it++) { /* the same calls on both ranks */
         if (rank == 0) x[7] = (float)it;
-        KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, 0, KOLO_WORLD));
+        plain_from_root(rank, 2, 0, x, count * 4);
         KT_ASSERTF(x[7] == (float)it, "message %d: %g", it, x[7]);
         if (rank == 0) continue;
         kolo__shm_class_received(c, count * 4, now);
@@ -2860,7 +2885,7 @@ KT_TEST(world_agreement_at_init, 60)
  * are bound in blocks (on one CPU, dealt round and unbound are blocks too), and where they are
  * and every pair reads single-copy, a 1 MiB broadcast from rank 1 goes down the tree of
  * positions rank XOR 1 (broadcast.c, "tree"): rank 1 sends to 3 and 0, rank 3 to 2, each once
- * single-copy; 128 KiB still goes from the root to all (spread), 32 MiB down the chain;
+ * single-copy, and rank 1 writes the second half into rank 3 itself ("split"); 128 KiB still goes from the root to all (spread), 32 MiB down the chain;
  * elsewhere never the tree. */
 enum { BOUND_BLOCKS = 1, BOUND_DEALT };
 static void broadcast_bound(int rank, void *arg)
@@ -2890,12 +2915,15 @@ static void broadcast_bound(int rank, void *arg)
         size_t count = bsizes[s] / 4;
         for (size_t i = 0; i < count; i++) z[i] = rank == 1 ? (float)(i % 8191) + (float)s : -1.0f;
         uint64_t before[4], trees = kolo__coll_broadcast_tree_runs(), spreads = kolo__coll_broadcast_spread_runs();
+        uint64_t splits = kolo__coll_broadcast_split_runs();
         for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(m->conns[p]);
         KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, 1, KOLO_WORLD));
         for (size_t i = 0; i < count; i++)
             KT_ASSERTF(z[i] == (float)(i % 8191) + (float)s, "broadcast of %zu bytes [%zu]: %g", bsizes[s], i,
                        (double)z[i]);
         KT_EQ(kolo__coll_broadcast_tree_runs() - trees, (uint64_t)(tree && s == 1));
+        /* the 1 MiB tree's edge from the root to position 2 (rank 3) is split (broadcast.c) */
+        KT_EQ(kolo__coll_broadcast_split_runs() - splits, (uint64_t)(tree && s == 1 && rank == 1));
         KT_EQ(kolo__coll_broadcast_spread_runs() - spreads, (uint64_t)(m->world_single && s == 0));
         for (int p = 0; p < n && tree && s == 1; p++) {
             bool edge = (rank == 1 && (p == 3 || p == 0)) || (rank == 3 && p == 2);
@@ -2908,6 +2936,48 @@ static void broadcast_bound(int rank, void *arg)
     free(z);
     KT_OK(kolo_shutdown());
 }
+
+/* 2 ranks: broadcasts from 64 KiB where the pair reads single-copy are split (broadcast.c): the
+ * receiver reads the first half, the root writes the second half into the receiver's buffer.
+ * Sizes below, at and above the start, one not a multiple of a page, from either root; exact,
+ * counted on the root only; none where the pair is TCP (the suite's TCP pass). Then a receiver
+ * whose buffer is 16 bytes longer (the same half, so the first half arrives): both fail with a
+ * mismatch naming the other, the root writes nothing into it, and the job goes on. */
+static void broadcast_split2(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    bool single = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->world_single;
+    size_t counts[5] = {8192, 16384, 262147, 1048576, 16384 + 3};
+    size_t most = 1048576 + 16;
+    float *z = malloc(most * 4);
+    KT_ASSERT(z);
+    for (int c = 0; c < 5; c++)
+        for (int root = 0; root < 2; root++) {
+            size_t count = counts[c];
+            for (size_t i = 0; i < most; i++) z[i] = rank == root ? (float)((i * 7 + (size_t)c) % 10007) : -1.0f;
+            uint64_t splits = kolo__coll_broadcast_split_runs();
+            KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, root, KOLO_WORLD));
+            for (size_t i = 0; i < count; i++)
+                KT_ASSERTF(z[i] == (float)((i * 7 + (size_t)c) % 10007), "%zu floats from %d [%zu]: %g", count, root, i,
+                           (double)z[i]);
+            for (size_t i = count; i < most && rank != root; i++) KT_ASSERTF(z[i] == -1.0f, "past the end [%zu]", i);
+            KT_EQ(kolo__coll_broadcast_split_runs() - splits, (uint64_t)(single && rank == root && count * 4 >= 65536));
+        }
+    if (single) {
+        for (size_t i = 0; i < most; i++) z[i] = rank == 0 ? 1.0f : -1.0f;
+        KT_STATUS(kolo_broadcast(z, rank == 0 ? 1048576 : 1048576 + 4, KOLO_FLOAT32, 0, KOLO_WORLD), KOLO_ERR_MISMATCH);
+        KT_CONTAINS(kolo_last_error(), rank == 0 ? "rank 1" : "rank 0");
+        for (size_t i = 524288; i < most && rank == 1; i++) KT_ASSERTF(z[i] == -1.0f, "written past the half [%zu]", i);
+        float one = 1, two = 0;
+        KT_OK(kolo_allreduce(&one, &two, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(two, 2.0f);
+    }
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NULL); }
 
 KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
 {

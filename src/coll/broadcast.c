@@ -4,7 +4,9 @@
  * time, except on a host with more ranks than cores: there, where the ranks are bound in blocks,
  * buffers up to 16 MiB go down the binomial tree too, read single-copy ("tree", below), and
  * otherwise up to 1 MiB (512 KiB on 4 members) the root sends to everyone directly again
- * (spread, below). Chunks are received in place, no copies.
+ * (spread, below). Chunks are received in place, no copies. On 2 members, and on the tree's edge
+ * that crosses between CPUs, the sender writes half of the buffer into the receiver while the
+ * receiver reads the other half ("split", below).
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
  * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
@@ -73,39 +75,143 @@
 #define SPREAD_MAX_BLOCKS_4 (256u << 10) /* on 4 members bound in blocks, where the tree takes over (above) */
 #define SPREAD_MEMBERS 64
 #define TREE_MAX ((size_t)16 << 20)
+#define SPLIT_MIN_2 ((size_t)64 << 10)  /* split (below), 2 members */
+#define SPLIT_MIN_TREE ((size_t)1 << 20) /* split, the tree's edge to position n/2 */
 
-static uint64_t spread_runs, tree_runs;
+static uint64_t spread_runs, tree_runs, split_runs;
 
 uint64_t kolo__coll_broadcast_spread_runs(void) { return __atomic_load_n(&spread_runs, __ATOMIC_RELAXED); }
 uint64_t kolo__coll_broadcast_tree_runs(void) { return __atomic_load_n(&tree_runs, __ATOMIC_RELAXED); }
+uint64_t kolo__coll_broadcast_split_runs(void) { return __atomic_load_n(&split_runs, __ATOMIC_RELAXED); }
+
+/* Split: where a receiver reads the buffer single-copy, its CPU makes the whole copy while the
+ * sender's waits. On a split edge the receiver reads the first half single-copy as usual and
+ * the sender writes the second half into the receiver's buffer itself (process_vm_writev), so
+ * the two CPUs copy at once. The receiver sends where that half goes, and how long its buffer
+ * is; the sender writes only into a buffer as long as its own (or fails the call with a
+ * mismatch, as a message of the wrong length does), then sends whether it wrote, and its
+ * length; if it could not write (CMA refused), it sends the half as a message instead.
+ *
+ * Split edges: on 2 members every broadcast from SPLIT_MIN_2 where the world's pairs read
+ * single-copy (kolo__mesh.world_single; so not with KOLO_SHM_CMA=0, nor over TCP), and the
+ * tree's edge from the root to position n/2 from SPLIT_MIN_TREE, which with the ranks in two
+ * blocks is the edge that crosses to the other CPU: there one CPU's members made the copies of
+ * n/2 of them, the root's CPU of n/2 - 1. Intel Xeon VM, 2 vCPUs, launches alternated with the
+ * build before, 3 rounds, medians, us per call: 2 ranks 32 KiB 2.1 against 2.4 (split from 64
+ * KiB: at 4-32 KiB the two more messages cost more, 16 KiB 1.8 against 0.9), 128 KiB 3.7 against
+ * 5.2, 512 KiB 10.6 against 19.8, 2 MiB 62 against 153, 8 MiB 369 against 627, 32 MiB 1592
+ * against 2433 (Open MPI 5.9, 18.0, 181, 777, 3284); 4 ranks bound in blocks, roots 0 and 1, 512
+ * KiB 1.04-1.09x (hence SPLIT_MIN_TREE), 1 MiB 0.84-0.92x, 2-16 MiB 0.74-0.84x; 8 ranks 1-16 MiB
+ * alike (0.98-1.02x). */
+static size_t split_at(size_t bytes) { return (bytes / 2) & ~(size_t)4095; }
+
+static int split_recv(kolo__mesh *m, int from, char *p, size_t bytes)
+{
+    size_t h = split_at(bytes);
+    uint64_t where[2] = {(uint64_t)(uintptr_t)(p + h), bytes}, done[2] = {0, 0};
+    kolo__xfer xw, xh, xd;
+    kolo__xfer *ptrs[3] = {&xw, &xh, &xd};
+    kolo__isend(m, from, where, sizeof(where), &xw);
+    kolo__irecv(m, from, p, h, &xh);
+    kolo__irecv(m, from, done, sizeof(done), &xd);
+    int st = kolo__wait(m, ptrs, 3);
+    if (st != KOLO_OK) return st;
+    if (done[1] != bytes)
+        return kolo__err(KOLO_ERR_MISMATCH,
+                         "broadcast: rank %d sends %llu bytes where rank %d expects %zu: the ranks called "
+                         "collectives with different counts, dtypes or orders",
+                         from, (unsigned long long)done[1], m->rank, bytes);
+    if (done[0] == 0) return KOLO_OK;
+    kolo__irecv(m, from, p + h, bytes - h, &xh); /* the sender could not write it */
+    return kolo__wait1(m, &xh);
+}
+
+typedef struct split_send {
+    int to;
+    uint64_t where[2], done[2];
+    kolo__xfer xw;
+} split_send;
+
+/* The sender's side, first part: the first half goes out as a message read once and kept. */
+static void split_post(kolo__mesh *m, split_send *sp, int to, char *p, size_t bytes, kolo__xfer *half)
+{
+    sp->to = to;
+    kolo__irecv(m, to, sp->where, sizeof(sp->where), &sp->xw);
+    kolo__isend(m, to, p, split_at(bytes), half);
+    half->single = true;
+}
+
+/* Second part, once the other sends are posted: writes the second half and posts what it did
+ * (and the half itself, if it could not write) into xs[*k...], at most 2. */
+static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo__xfer *xs, kolo__xfer **ptrs, int *k)
+{
+    int st = kolo__wait1(m, &sp->xw);
+    if (st != KOLO_OK) return st;
+    size_t h = split_at(bytes), wrote = 0;
+    bool same = sp->where[1] == bytes;
+    sp->done[0] = same ? (uint64_t)kolo__cma_write(m->peers[sp->to].pid, sp->where[0], p + h, bytes - h, &wrote) : 0;
+    sp->done[1] = bytes;
+    kolo__isend(m, sp->to, sp->done, sizeof(sp->done), &xs[*k]);
+    ptrs[*k] = &xs[*k];
+    (*k)++;
+    if (same && sp->done[0]) {
+        kolo__isend(m, sp->to, p + h, bytes - h, &xs[*k]);
+        ptrs[*k] = &xs[*k];
+        (*k)++;
+    } else if (same) {
+        __atomic_fetch_add(&split_runs, 1, __ATOMIC_RELAXED);
+    }
+    if (same) return KOLO_OK;
+    return kolo__err(KOLO_ERR_MISMATCH,
+                     "broadcast: rank %d expects %llu bytes where rank %d sends %zu: the ranks called "
+                     "collectives with different counts, dtypes or orders",
+                     sp->to, (unsigned long long)sp->where[1], m->rank, bytes);
+}
 
 /* The binomial tree over positions: on a power of two of members a member's rank XOR the
  * root's (so that each subtree is an aligned block of ranks; tree, above), otherwise its
- * distance from the root. `single` marks the sends as read once and kept. */
-static int binomial(kolo__mesh *m, const kolo__group *g, void *p, size_t bytes, int root, bool single)
+ * distance from the root. `single` marks the sends as read once and kept; with `split` (on a
+ * power of two of members) the edge from the root to position n/2 is split (above). */
+static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, int root, bool single, bool split)
 {
     int n = g->size, r = g->rank;
     bool x = (n & (n - 1)) == 0;
     int v = x ? r ^ root : (r - root + n) % n, mask = 1, st = KOLO_OK;
+    split = split && x;
     while (mask < n && !(v & mask)) mask <<= 1;
     if (v != 0) {
-        int from = v - mask;
-        kolo__xfer xr;
-        kolo__irecv(m, kolo__g2w(g, x ? from ^ root : (from + root) % n), p, bytes, &xr);
-        st = kolo__wait1(m, &xr);
+        int from = v - mask, fw = kolo__g2w(g, x ? from ^ root : (from + root) % n);
+        if (split && v == n / 2) {
+            st = split_recv(m, fw, p, bytes);
+        } else {
+            kolo__xfer xr;
+            kolo__irecv(m, fw, p, bytes, &xr);
+            st = kolo__wait1(m, &xr);
+        }
     }
-    kolo__xfer xs[32]; /* log2(n) sends at most, n an int */
-    kolo__xfer *ptrs[32];
+    kolo__xfer xs[34]; /* log2(n) sends at most, n an int, and a split's two */
+    kolo__xfer *ptrs[34];
     int k = 0;
+    split_send sp;
+    bool splitting = false;
     for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
         int to = v + mask;
         if (to >= n) continue;
-        kolo__isend(m, kolo__g2w(g, x ? to ^ root : (to + root) % n), p, bytes, &xs[k]);
-        xs[k].single = single;
+        int tw = kolo__g2w(g, x ? to ^ root : (to + root) % n);
+        if (split && v == 0 && to == n / 2) {
+            split_post(m, &sp, tw, p, bytes, &xs[k]);
+            splitting = true;
+        } else {
+            kolo__isend(m, tw, p, bytes, &xs[k]);
+            xs[k].single = single;
+        }
         ptrs[k] = &xs[k];
         k++;
     }
-    return st != KOLO_OK || k == 0 ? st : kolo__wait(m, ptrs, k);
+    int sst = splitting ? split_push(m, &sp, p, bytes, xs, ptrs, &k) : KOLO_OK;
+    if (st != KOLO_OK || k == 0) return st;
+    st = kolo__wait(m, ptrs, k); /* (a split whose descriptor never came still waits its sends out) */
+    return st != KOLO_OK ? st : sst;
 }
 
 /* The root sends to every other member itself; `single` marks its sends as read once and kept
@@ -141,7 +247,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
     bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
     if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
-    if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree);
+    if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree, tree && bytes >= SPLIT_MIN_TREE);
+    if (n == 2 && bytes >= SPLIT_MIN_2 && m->world_single) return binomial(m, g, p, bytes, root, true, true);
     bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
