@@ -2940,7 +2940,8 @@ static void broadcast_bound(int rank, void *arg)
 /* 2 ranks: broadcasts from 64 KiB where the pair reads single-copy are split (broadcast.c): the
  * receiver reads the first half, the root writes the second half into the receiver's buffer.
  * Sizes below, at and above the start, one not a multiple of a page, from either root; exact,
- * counted on the root only; none where the pair is TCP (the suite's TCP pass). Then a receiver
+ * counted on the root only; none where the pair is TCP (the suite's TCP pass). A write the
+ * kernel refuses: the root sends that half instead, and the data arrive whole. Then a receiver
  * whose buffer is 16 bytes longer (the same half, so the first half arrives): both fail with a
  * mismatch naming the other, the root writes nothing into it, and the job goes on. */
 static void broadcast_split2(int rank, void *arg)
@@ -2964,6 +2965,15 @@ static void broadcast_split2(int rank, void *arg)
             for (size_t i = count; i < most && rank != root; i++) KT_ASSERTF(z[i] == -1.0f, "past the end [%zu]", i);
             KT_EQ(kolo__coll_broadcast_split_runs() - splits, (uint64_t)(single && rank == root && count * 4 >= 65536));
         }
+    /* a refused write: the half goes as a message, the data arrive whole, nothing is counted */
+    for (size_t i = 0; i < most; i++) z[i] = rank == 1 ? (float)(i % 4099) : -1.0f;
+    uint64_t splits = kolo__coll_broadcast_split_runs();
+    if (rank == 1) kolo__coll_broadcast_test_refuse_write(1);
+    KT_OK(kolo_broadcast(z, 1048576, KOLO_FLOAT32, 1, KOLO_WORLD));
+    for (size_t i = 0; i < 1048576; i++)
+        KT_ASSERTF(z[i] == (float)(i % 4099), "after a refused write [%zu]: %g", i, (double)z[i]);
+    KT_EQ(kolo__coll_broadcast_split_runs(), splits);
+    kolo__coll_broadcast_test_refuse_write(0);
     if (single) {
         for (size_t i = 0; i < most; i++) z[i] = rank == 0 ? 1.0f : -1.0f;
         KT_STATUS(kolo_broadcast(z, rank == 0 ? 1048576 : 1048576 + 4, KOLO_FLOAT32, 0, KOLO_WORLD), KOLO_ERR_MISMATCH);

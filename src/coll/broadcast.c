@@ -68,6 +68,10 @@
  * -> 2 -> 3 -> 0), root 2 0.95-0.96x, root 0 alike. */
 #include "coll.h"
 
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
 #define SPREAD_MAX (1u << 20)
@@ -104,6 +108,10 @@ uint64_t kolo__coll_broadcast_split_runs(void) { return __atomic_load_n(&split_r
  * KiB 1.04-1.09x (hence SPLIT_MIN_TREE), 1 MiB 0.84-0.92x, 2-16 MiB 0.74-0.84x; 8 ranks 1-16 MiB
  * alike (0.98-1.02x). */
 static size_t split_at(size_t bytes) { return (bytes / 2) & ~(size_t)4095; }
+
+static int test_refuse_write; /* test hook: the nth write from now is refused (EPERM) */
+
+void kolo__coll_broadcast_test_refuse_write(int nth) { test_refuse_write = nth; }
 
 static int split_recv(kolo__mesh *m, int from, char *p, size_t bytes)
 {
@@ -149,7 +157,16 @@ static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo
     if (st != KOLO_OK) return st;
     size_t h = split_at(bytes), wrote = 0;
     bool same = sp->where[1] == bytes;
-    sp->done[0] = same ? (uint64_t)kolo__cma_write(m->peers[sp->to].pid, sp->where[0], p + h, bytes - h, &wrote) : 0;
+    int e = !same ? 0
+            : test_refuse_write && --test_refuse_write == 0
+                ? EPERM
+                : kolo__cma_write(m->peers[sp->to].pid, sp->where[0], p + h, bytes - h, &wrote);
+    static _Atomic int warned;
+    if (e && !atomic_exchange(&warned, 1))
+        KOLO_WARN("broadcast: cannot write into the buffer of rank %d (%s): it gets that half as a message "
+                  "instead (said once)",
+                  sp->to, strerror(e));
+    sp->done[0] = (uint64_t)e;
     sp->done[1] = bytes;
     kolo__isend(m, sp->to, sp->done, sizeof(sp->done), &xs[*k]);
     ptrs[*k] = &xs[*k];
@@ -168,6 +185,15 @@ static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo
                      sp->to, (unsigned long long)sp->where[1], m->rank, bytes);
 }
 
+/* A member's position relative to the root (0 the root): its rank XOR the root's (`xor`, on a
+ * power of two of members), otherwise its distance past the root; and the world rank of the
+ * member at position v. */
+static int position(int r, int root, int n, bool xor) { return xor ? r ^ root : (r - root + n) % n; }
+static int member_at(const kolo__group *g, int v, int root, bool xor)
+{
+    return kolo__g2w(g, xor ? v ^ root : (v + root) % g->size);
+}
+
 /* The binomial tree over positions: on a power of two of members a member's rank XOR the
  * root's (so that each subtree is an aligned block of ranks; tree, above), otherwise its
  * distance from the root. `single` marks the sends as read once and kept; with `split` (on a
@@ -176,11 +202,11 @@ static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, 
 {
     int n = g->size, r = g->rank;
     bool x = (n & (n - 1)) == 0;
-    int v = x ? r ^ root : (r - root + n) % n, mask = 1, st = KOLO_OK;
+    int v = position(r, root, n, x), mask = 1, st = KOLO_OK;
     split = split && x;
     while (mask < n && !(v & mask)) mask <<= 1;
     if (v != 0) {
-        int from = v - mask, fw = kolo__g2w(g, x ? from ^ root : (from + root) % n);
+        int fw = member_at(g, v - mask, root, x);
         if (split && v == n / 2) {
             st = split_recv(m, fw, p, bytes);
         } else {
@@ -197,7 +223,7 @@ static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, 
     for (mask >>= 1; mask > 0 && st == KOLO_OK; mask >>= 1) {
         int to = v + mask;
         if (to >= n) continue;
-        int tw = kolo__g2w(g, x ? to ^ root : (to + root) % n);
+        int tw = member_at(g, to, root, x);
         if (split && v == 0 && to == n / 2) {
             split_post(m, &sp, tw, p, bytes, &xs[k]);
             splitting = true;
@@ -255,9 +281,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     /* position in the chain: bound in blocks, rank XOR root as in the tree, so that the chain
      * crosses between CPUs once per block whichever the root */
     bool x = m->world_blocks && (n & (n - 1)) == 0;
-    int v = x ? r ^ root : (r - root + n) % n;
-    int prev = kolo__g2w(g, x ? ((v - 1 + n) % n) ^ root : (r - 1 + n) % n);
-    int next = kolo__g2w(g, x ? ((v + 1) % n) ^ root : (r + 1) % n);
+    int v = position(r, root, n, x);
+    int prev = member_at(g, (v - 1 + n) % n, root, x), next = member_at(g, (v + 1) % n, root, x);
     size_t chunk = kolo__coll_chunk();
     if (bytes / chunk >= MAX_CHUNKS) chunk = bytes / (MAX_CHUNKS - 1);
     size_t nc = (bytes + chunk - 1) / chunk;
