@@ -8,6 +8,7 @@
 #include "../src/engine/ring_iov.h"
 #include "../src/reduce/reduce.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
@@ -2995,6 +2996,75 @@ KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
     KT_EQ(kt_job(4, broadcast_bound, &blocks, NULL, NULL), 0);
     KT_EQ(kt_job(4, broadcast_bound, &dealt, NULL, NULL), 0);
     KT_EQ(kt_job(4, broadcast_bound, &none, NULL, NULL), 0);
+}
+
+/* KOLO_BIND=auto (core/kolo.c, bind_host): 4 ranks on at most 2 CPUs, started unbound as mpirun
+ * or torchrun start them, each with a thread of its own started before kolo_init. Set on every
+ * rank: each binds itself and that thread to the CPU at rank * CPUs / 4 of
+ * kolo__cpus_in_core_order (kolorun --bind-to auto's blocks), and the ranks agree they are bound
+ * in blocks. Set on all but rank 3, or rank 0 bound to one CPU beforehand: nobody binds (rank 0
+ * keeps its CPU) and, on 2 CPUs, no blocks. A value other than none or auto fails kolo_init,
+ * naming it. */
+enum { BIND_ALL = 1, BIND_BUT_3, BIND_0_BOUND, BIND_BAD };
+static void *wait_on_pipe(void *arg)
+{
+    char c;
+    while (read(*(int *)arg, &c, 1) < 0 && errno == EINTR) {}
+    return NULL;
+}
+
+static void bind_self(int rank, void *arg)
+{
+    int how = *(int *)arg;
+    at_most_two_cpus();
+    cpu_set_t set, got;
+    KT_ASSERT(sched_getaffinity(0, sizeof(set), &set) == 0);
+    int order[CPU_SETSIZE], k = kolo__cpus_in_core_order(&set, order);
+    KT_ASSERT(k >= 1 && k <= 2);
+    setenv("KOLO_BIND", how == BIND_BAD ? "blocks" : how == BIND_BUT_3 && rank == 3 ? "none" : "auto", 1);
+    if (how == BIND_0_BOUND && rank == 0) {
+        CPU_ZERO(&set);
+        CPU_SET(order[0], &set);
+        KT_ASSERT(sched_setaffinity(0, sizeof(set), &set) == 0);
+    }
+    int fds[2];
+    KT_ASSERT(pipe(fds) == 0);
+    pthread_t t;
+    KT_ASSERT(pthread_create(&t, NULL, wait_on_pipe, &fds[0]) == 0);
+    if (how == BIND_BAD) {
+        KT_STATUS(kolo_init(), KOLO_ERR_INVALID_ARG);
+        KT_CONTAINS(kolo_last_error(), "KOLO_BIND='blocks'");
+    } else {
+        KT_OK(kolo_init());
+        bool binds = how == BIND_ALL && k == 2;
+        cpu_set_t want = set;
+        if (binds) {
+            CPU_ZERO(&want);
+            CPU_SET(order[rank * k / 4], &want);
+        }
+        KT_ASSERT(sched_getaffinity(0, sizeof(got), &got) == 0);
+        KT_ASSERTF(CPU_EQUAL(&got, &want), "rank %d: %d CPUs, first %d", rank, CPU_COUNT(&got), order[0]);
+        KT_ASSERT(pthread_getaffinity_np(t, sizeof(got), &got) == 0);
+        KT_ASSERTF(CPU_EQUAL(&got, &want), "rank %d's own thread: %d CPUs", rank, CPU_COUNT(&got));
+        KT_EQ(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->world_blocks, binds || k == 1);
+        float one = 1, sum = 0;
+        KT_OK(kolo_allreduce(&one, &sum, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(sum, 4.0f);
+        KT_OK(kolo_shutdown());
+    }
+    KT_ASSERT(write(fds[1], "x", 1) == 1);
+    KT_ASSERT(pthread_join(t, NULL) == 0);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+KT_TEST(bind_self_when_asked_on_a_crowded_host, 60)
+{
+    static int all = BIND_ALL, but3 = BIND_BUT_3, bound0 = BIND_0_BOUND, bad = BIND_BAD;
+    KT_EQ(kt_job(4, bind_self, &all, NULL, NULL), 0);
+    KT_EQ(kt_job(4, bind_self, &but3, NULL, NULL), 0);
+    KT_EQ(kt_job(4, bind_self, &bound0, NULL, NULL), 0);
+    KT_EQ(kt_job(4, bind_self, &bad, NULL, NULL), 0);
 }
 
 /* The hierarchical allreduce and allgather (hier.c): ranks made to look like ranks of two or

@@ -108,6 +108,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "sleep until the peer moves, without yielding, while no thread waits for the engine; "
                           "once one has waited over 5 ms they sleep after the full spin (the world exchange "
                           "after 10)"},
+    [KOLO_SET_BIND] = {"KOLO_BIND", "", "none",
+                       "none (the process keeps the CPUs it was started with) or auto: where a host has more "
+                       "ranks than the CPUs they may use, each rank binds itself and its threads at init to one "
+                       "CPU, neighbouring local ranks together, as kolorun --bind-to auto does (for ranks that "
+                       "mpirun, srun or torchrun start unbound); only if every rank of the host sets it, none is "
+                       "bound already and all may use the same CPUs"},
     [KOLO_SET_FUSION_THRESHOLD] = {"KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "64M",
                                    "bytes of tensors fused into one collective; 0 disables fusion"},
     [KOLO_SET_CYCLE_TIME] = {"KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1",

@@ -7,6 +7,8 @@
 #include "../engine/engine.h"
 #include "../reduce/reduce.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,7 +149,9 @@ typedef struct agreement {
     uint8_t flags;
     uint8_t hier[2]; /* KOLO_HIERARCHICAL_ALLREDUCE, _ALLGATHER: 0 off, 1 auto, 2 on; all take the least */
     uint8_t pad;
-    int32_t cpu; /* the one CPU this rank is bound to, or -1 (blocks_of, below) */
+    int32_t cpu;  /* the one CPU this rank is bound to, or -1 (blocks_of, below) */
+    int32_t plan; /* the CPU KOLO_BIND=auto would bind it to, or -1 (bind_host, below) */
+    int32_t pad2;
 } agreement;
 
 /* The one CPU this process may run on, or -1 if it may run on several. */
@@ -176,10 +180,90 @@ static bool blocks_of(const agreement *all, int n, bool one_host)
     return true;
 }
 
-static int agree_world(bool oversubscribed)
+/* KOLO_BIND: none, or auto (*wish). Read before the rendezvous, so that a bad value fails every
+ * rank that has it at once. */
+static int bind_setting(bool *wish)
+{
+    const char *v = kolo__setting_str(KOLO_SET_BIND);
+    *wish = strcmp(v, "auto") == 0;
+    if (!*wish && *v && strcmp(v, "none") != 0)
+        return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_BIND='%s' is not one of none, auto", v);
+    return KOLO_OK;
+}
+
+/* The CPU KOLO_BIND=auto would bind this rank to, or -1: where it asks, is not bound to one CPU
+ * already and its host has more ranks than the CPUs it may use, the CPU at local rank * CPUs /
+ * local ranks of those CPUs in core order (kolorun --bind-to auto's blocks, tools/kolorun/bind.c). */
+static int32_t bind_plan(bool wish)
+{
+    cpu_set_t set;
+    if (!wish || W.local_size < 2 || sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) < 2 ||
+        W.local_size <= CPU_COUNT(&set))
+        return -1;
+    int *order = kolo__calloc(CPU_SETSIZE, sizeof(int));
+    if (!order) return -1;
+    int k = kolo__cpus_in_core_order(&set, order);
+    int32_t cpu = k > 0 ? order[(long)W.local_rank * k / W.local_size] : -1;
+    kolo__free(order);
+    return cpu;
+}
+
+/* Binds every thread of this process (the calling one last, whatever else fails) to one CPU;
+ * threads it starts later inherit it. 0 or the errno of the first failure. */
+static int bind_threads(int cpu)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    int err = 0;
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        pid_t tid = (pid_t)atoi(e->d_name);
+        if (tid > 0 && sched_setaffinity(tid, sizeof(one), &one) != 0 && errno != ESRCH && !err) err = errno;
+    }
+    if (d) closedir(d);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) err = errno;
+    return err;
+}
+
+/* KOLO_BIND=auto, for ranks a launcher started unbound on a crowded host (kolorun binds its own):
+ * where every rank of this host planned a CPU (bind_plan) and all may use the same CPUs (their
+ * peer records' `cores`), each takes its planned CPU; all ranks write their host's into all[].cpu
+ * from the exchanged plans alone, so the blocks agreement is the same everywhere whatever a
+ * binding's outcome. Otherwise nobody on the host binds, and a rank that asked says why. */
+static void bind_host(agreement *all, int n)
+{
+    int me = W.info.rank, here = 0, planned = 0, bound = 0;
+    bool same = true;
+    for (int r = 0; r < n; r++) {
+        if (W.host_of && W.host_of[r] != W.host_of[me]) continue;
+        here++;
+        planned += all[r].plan >= 0;
+        bound += all[r].cpu >= 0;
+        same = same && W.peers[r].cores == W.peers[me].cores;
+    }
+    if (all[me].plan < 0) return;
+    if (planned < here || !same) {
+        KOLO_WARN("KOLO_BIND=auto leaves rank %d unbound: %s", me,
+                  bound ? "a rank of this host is bound to one CPU already"
+                  : !same ? "the ranks of this host may use different CPUs"
+                          : "not every rank of this host sets KOLO_BIND=auto");
+        return;
+    }
+    for (int r = 0; r < n; r++)
+        if (!W.host_of || W.host_of[r] == W.host_of[me]) all[r].cpu = all[r].plan;
+    int err = bind_threads(all[me].plan);
+    if (err) KOLO_WARN("KOLO_BIND=auto: rank %d could not bind itself to CPU %d: %s", me, all[me].plan, strerror(err));
+    else KOLO_INFO("KOLO_BIND=auto: bound to CPU %d (local rank %d of %d)", all[me].plan, W.local_rank, W.local_size);
+}
+
+static int agree_world(bool oversubscribed, bool bind_wish)
 {
     int n = W.info.size, me = W.info.rank;
-    agreement mine = {.stream_min = kolo__stream_min_local(), .flags = oversubscribed ? 1u : 0u, .cpu = bound_cpu()};
+    agreement mine = {.stream_min = kolo__stream_min_local(),
+                      .flags = oversubscribed ? 1u : 0u,
+                      .cpu = bound_cpu(),
+                      .plan = bind_plan(bind_wish)};
     static const kolo_setting_t hier_set[2] = {KOLO_SET_HIERARCHICAL_ALLREDUCE, KOLO_SET_HIERARCHICAL_ALLGATHER};
     uint8_t hier[2];
     for (int k = 0; k < 2; k++) {
@@ -217,6 +301,7 @@ static int agree_world(bool oversubscribed)
             for (int k = 0; k < 2; k++) hier[k] = KOLO_MIN(hier[k], all[r].hier[k]);
         }
         if (stream_min > SIZE_MAX) stream_min = SIZE_MAX;
+        bind_host(all, n);
         bool blocks = blocks_of(all, n, !W.host_of);
         for (int c = 0; c < KOLO_NCHANNELS; c++) {
             W.mesh[c]->world_blocks = blocks;
@@ -264,6 +349,8 @@ static int init_once(void)
 {
     int st = kolo__env_detect(&W.info);
     if (st != KOLO_OK) return st;
+    bool bind_wish;
+    if ((st = bind_setting(&bind_wish)) != KOLO_OK) return st;
     W.elastic = kolo_elastic_enabled();
     if (W.elastic && (st = kolo__elastic_join()) != KOLO_OK) return st;
     kolo__log_set_rank(W.info.size > 1 ? W.info.rank : -1);
@@ -313,7 +400,7 @@ static int init_once(void)
     if (st != KOLO_OK) goto fail;
     if (oversubscribed) pin_ring_copies();
     if (W.info.size > 1) {
-        st = agree_world(oversubscribed);
+        st = agree_world(oversubscribed, bind_wish);
         if (st != KOLO_OK) goto fail;
     }
     if (W.info.rdv_serve && W.info.size > 1) {

@@ -790,6 +790,52 @@ long kolo__host_cpus(void)
     return cpus;
 }
 
+static int topology_id(int cpu, const char *what)
+{
+    char path[96];
+    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/%s", cpu, what);
+    FILE *f = fopen(path, "re");
+    int v = -1;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+typedef struct cpu_place {
+    int package, core, cpu;
+} cpu_place;
+
+static int cmp_place(const void *a, const void *b)
+{
+    const cpu_place *x = a, *y = b;
+    if (x->package != y->package) return x->package < y->package ? -1 : 1;
+    if (x->core != y->core) return x->core < y->core ? -1 : 1;
+    return (x->cpu > y->cpu) - (x->cpu < y->cpu);
+}
+
+int kolo__cpus_in_core_order(const cpu_set_t *set, int *order)
+{
+    cpu_place *p = kolo__calloc(CPU_SETSIZE, sizeof(cpu_place));
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, set)) continue;
+        if (p) {
+            /* a CPU without topology files: package 0, a core of its own */
+            int pkg = topology_id(c, "physical_package_id"), core = topology_id(c, "core_id");
+            p[n] = (cpu_place){pkg < 0 ? 0 : pkg, core < 0 ? c : core, c};
+        }
+        order[n++] = c;
+    }
+    if (p) {
+        qsort(p, (size_t)n, sizeof(cpu_place), cmp_place);
+        for (int i = 0; i < n; i++) order[i] = p[i].cpu;
+    }
+    kolo__free(p);
+    return n;
+}
+
 bool kolo__host_oversubscribed(size_t local_ranks)
 {
     long cpus = kolo__host_cpus();

@@ -25,6 +25,8 @@
 #include "../boot/env.h"
 #include "../common/common.h"
 
+#include <sched.h>
+
 #define KOLO_NCHANNELS 2
 #define KOLO_CHANNEL_DIRECT 0
 #define KOLO_CHANNEL_ENGINE 1
@@ -271,6 +273,11 @@ struct kolo__store;
 /* The cores this host's ranks share: the ones this process may run on, or all online ones when
  * it was bound to a single core (a launcher that binds ranks has already given each its own). */
 long kolo__host_cpus(void);
+/* The CPUs of `set` core by core: cores in order of their package and core ids (/sys), each
+ * core's hyperthreads together in CPU order. Fills order[] (CPU_SETSIZE entries at most) and
+ * returns how many. kolorun --bind-to auto and KOLO_BIND=auto deal a crowded host's ranks out
+ * over them in blocks of neighbours. */
+int kolo__cpus_in_core_order(const cpu_set_t *set, int *order);
 /* Whether this host has more ranks (local_ranks, this one included) than those cores. */
 bool kolo__host_oversubscribed(size_t local_ranks);
 /* The ranks of peers[0..n) that take turns on rank me's cores, me included: those on the same

@@ -18,6 +18,8 @@
  * than CPUs", has the figures). */
 #include "kolorun.h"
 
+#include "../../src/net/transport.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,15 +156,10 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
             if (j == ndoms) doms[ndoms++] = d;
         }
     }
-    /* auto: the CPUs core by core, each core's in order, and their cores */
-    static int order[CPU_SETSIZE], core_of[CPU_SETSIZE];
-    int nallowed = 0;
-    for (int k = 0; k < ncores; k++)
-        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
-            if (CPU_ISSET(cpu, &cores[k].cpus)) {
-                core_of[nallowed] = k;
-                order[nallowed++] = cpu;
-            }
+    /* auto: the CPUs core by core, each core's in order (the library's order, which KOLO_BIND=auto
+     * deals out alike) */
+    static int order[CPU_SETSIZE];
+    int nallowed = kolo__cpus_in_core_order(&allowed, order);
     int max_local = 0;
     for (int i = 0; i < n; i++) max_local = ranks[i].local_size > max_local ? ranks[i].local_size : max_local;
     if (o->bind_to == KR_BIND_CORE && max_local > ncores)
@@ -184,7 +181,10 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
         }
         bool crowded = o->bind_to == KR_BIND_AUTO && r->local_size > nallowed && lr < r->local_size;
         int slot = crowded ? (int)((long)lr * nallowed / r->local_size) : 0;
-        const core_t *c = &cores[crowded ? core_of[slot] : pick];
+        if (crowded)
+            for (int k = 0; k < ncores; k++)
+                if (CPU_ISSET(order[slot], &cores[k].cpus)) pick = k;
+        const core_t *c = &cores[pick];
         CPU_ZERO(&r->cpus);
         switch (o->bind_to) {
         case KR_BIND_AUTO:
