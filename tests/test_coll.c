@@ -544,8 +544,9 @@ static void auto_pair_done(float *x, float *y)
 
 /* With auto, the sends of an allgather's exchange (marked `single`: the receiver keeps the bytes)
  * go single-copy as the call's choice from the pair's threshold (32 KiB), untimed (shm.c,
- * SINGLE_MIN). Allgathers of 16 KiB blocks must arrive as no called message, of 256 KiB and 2 MiB
- * blocks as one called single-copy message each. */
+ * SINGLE_MIN). Allgathers of 16 KiB blocks must arrive as no called message, of 256 KiB blocks
+ * as one called single-copy message each; of 2 MiB blocks as none, each rank writing its block
+ * into the other (allgather.c, "push"). */
 static void single_marked_sends(int rank, void *arg)
 {
     (void)arg;
@@ -559,7 +560,7 @@ static void single_marked_sends(int rank, void *arg)
     for (int pass = 0; pass < 3; pass++) {
         size_t count = counts[pass];
         int calls = 3;
-        uint64_t before[2], after[2];
+        uint64_t before[2], after[2], pushes = kolo__coll_allgather_push_runs();
         kolo__shm_call_received(c, before);
         for (int it = 0; it < calls; it++) {
             for (size_t i = 0; i < count; i++) x[i] = (float)(i % 89 + (size_t)rank + (size_t)it);
@@ -569,7 +570,8 @@ static void single_marked_sends(int rank, void *arg)
         }
         kolo__shm_call_received(c, after);
         uint64_t single = after[1] - before[1], ring = after[0] - before[0];
-        KT_ASSERTF(single == (pass ? (uint64_t)calls : 0u) && ring == 0,
+        KT_EQ(kolo__coll_allgather_push_runs() - pushes, pass == 2 ? (uint64_t)calls : 0u);
+        KT_ASSERTF(single == (pass == 1 ? (uint64_t)calls : 0u) && ring == 0,
                    "rank %d, allgathers of %zu-byte blocks: %llu called single-copy and %llu called ring messages came",
                    rank, count * 4, (unsigned long long)single, (unsigned long long)ring);
     }
@@ -2795,32 +2797,42 @@ static void world_agreement(int rank, void *arg)
         size_t g = (size_t)rank * mine + i;
         KT_ASSERTF(y[i] == (float)(4 * (g % 1000) + 6), "reducescatter [%zu]: %g", i, (double)y[i]);
     }
+    /* where every pair reads single-copy, the allgather writes its block into the others
+     * (allgather.c, "push"), so only the reducescatter's messages were read single-copy */
+    bool push = kolo__W.mesh[0]->world_single;
+    uint64_t pushes = kolo__coll_allgather_push_runs();
     float *z = malloc(rows * 4);
     KT_ASSERT(z);
     for (size_t i = 0; i < mine; i++) x[i] = (float)(rank * 100000 + (int)i);
     KT_OK(kolo_allgather(x, mine, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
     for (size_t i = 0; i < rows; i++)
         KT_ASSERTF(z[i] == (float)((int)(i / mine) * 100000 + (int)(i % mine)), "allgather [%zu]: %g", i, (double)z[i]);
+    KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)push);
     for (int p = 0; p < n; p++) {
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
-        if (exchange && p != rank && kolo__shm_sends_single(c)) KT_EQ(kolo__shm_cma_sent(c) - before[p], 2);
+        if (exchange && p != rank && kolo__shm_sends_single(c))
+            KT_EQ(kolo__shm_cma_sent(c) - before[p], push ? 1 : 2);
     }
     /* a 12 MiB allgather, by exchange at every size there (each peer reads our 3 MiB block once,
-     * single-copy where it can), by the ring elsewhere */
+     * single-copy where it can; where every pair can, we write it into each instead), by the ring
+     * elsewhere */
     size_t big_rows = (size_t)3 << 20, big_mine = big_rows / (size_t)n;
     float *bx = malloc(big_mine * 4), *bz = malloc(big_rows * 4);
     KT_ASSERT(bx && bz);
     for (size_t i = 0; i < big_mine; i++) bx[i] = (float)(rank * 1000000 + (int)i);
     for (int p = 0; p < n; p++) before[p] = kolo__shm_cma_sent(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p]);
+    pushes = kolo__coll_allgather_push_runs();
     KT_OK(kolo_allgather(bx, big_mine, bz, NULL, KOLO_FLOAT32, KOLO_WORLD));
     for (size_t i = 0; i < big_rows; i++)
         KT_ASSERTF(bz[i] == (float)((int)(i / big_mine) * 1000000 + (int)(i % big_mine)), "allgather 12 MiB [%zu]: %g",
                    i, (double)bz[i]);
+    KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)push);
     for (int p = 0; p < n; p++) {
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
         if (exchange && p != rank && kolo__shm_sends_single(c))
-            KT_ASSERTF(kolo__shm_cma_sent(c) - before[p] == 1, "rank %d, 12 MiB allgather: %llu sent single-copy to %d",
-                       rank, (unsigned long long)(kolo__shm_cma_sent(c) - before[p]), p);
+            KT_ASSERTF(kolo__shm_cma_sent(c) - before[p] == (push ? 0 : 1),
+                       "rank %d, 12 MiB allgather: %llu sent single-copy to %d", rank,
+                       (unsigned long long)(kolo__shm_cma_sent(c) - before[p]), p);
     }
     free(bx);
     free(bz);
@@ -2989,6 +3001,70 @@ static void broadcast_split2(int rank, void *arg)
 }
 
 KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NULL); }
+
+/* 2 ranks: allgathers of 1 MiB and more where the pair reads single-copy push (allgather.c):
+ * each rank writes its block into the other's output itself. Totals below, at and above the
+ * start, blocks not a multiple of a page or of a chunk, different counts per rank (one empty),
+ * out of place and in place; exact, counted where they push, never over TCP (the suite's TCP
+ * pass). A write the kernel refuses: that block goes as a message, the data arrive whole, and
+ * only the other rank counts a push. Then rank 1 gives 16 bytes more than rank 0 expects: both
+ * fail with a mismatch naming both, nothing is written where rank 1's block would go on rank 0,
+ * and the job goes on. */
+static void allgather_push2(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    bool single = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->world_single;
+    /* floats per rank */
+    size_t cases[5][2] = {{131070, 131070}, {131072, 131072}, {786435, 786435}, {917504, 0}, {262147, 655360}};
+    size_t most = 2 * 917504 + 64;
+    float *x = malloc(most * 4), *z = malloc(most * 4);
+    KT_ASSERT(x && z);
+    for (int c = 0; c < 5; c++)
+        for (int ip = 0; ip < 2; ip++) {
+            size_t counts[2] = {cases[c][0], cases[c][1]}, mine = counts[rank], off = rank ? counts[0] : 0;
+            for (size_t i = 0; i < most; i++) z[i] = -1.0f;
+            float *src = ip ? z + off : x;
+            for (size_t i = 0; i < mine; i++) src[i] = (float)((i * 7 + (size_t)rank * 3 + (size_t)c) % 10007);
+            uint64_t pushes = kolo__coll_allgather_push_runs();
+            KT_OK(kolo_allgather(src, mine, z, counts, KOLO_FLOAT32, KOLO_WORLD));
+            for (int q = 0, at = 0; q < 2; at += (int)counts[q], q++)
+                for (size_t i = 0; i < counts[q]; i++)
+                    KT_ASSERTF(z[(size_t)at + i] == (float)((i * 7 + (size_t)q * 3 + (size_t)c) % 10007),
+                               "case %d%s, from rank %d [%zu]: %g", c, ip ? " in place" : "", q, i,
+                               (double)z[(size_t)at + i]);
+            KT_ASSERT(z[counts[0] + counts[1]] == -1.0f);
+            bool push = single && (counts[0] + counts[1]) * 4 >= ((size_t)1 << 20);
+            KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)push);
+        }
+    /* a refused write */
+    size_t n1 = 393216, counts[2] = {n1, n1};
+    for (size_t i = 0; i < n1; i++) x[i] = (float)(i % 4099) + (float)rank;
+    for (size_t i = 0; i < most; i++) z[i] = -1.0f;
+    uint64_t pushes = kolo__coll_allgather_push_runs();
+    if (rank == 1) kolo__coll_allgather_test_refuse_write(2);
+    KT_OK(kolo_allgather(x, n1, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    kolo__coll_allgather_test_refuse_write(0);
+    for (size_t i = 0; i < 2 * n1; i++)
+        KT_ASSERTF(z[i] == (float)((i % n1) % 4099) + (float)(i / n1), "after a refused write [%zu]: %g", i,
+                   (double)z[i]);
+    KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(single && rank == 0));
+    if (single) {
+        if (rank == 1) counts[1] = n1 + 4;
+        for (size_t i = 0; i < most; i++) z[i] = -1.0f;
+        KT_STATUS(kolo_allgather(x, counts[rank], z, counts, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_MISMATCH);
+        KT_CONTAINS(kolo_last_error(), "rank 1 gives 1572880 bytes where rank 0 expects 1572864");
+        for (size_t i = n1; i < most && rank == 0; i++) KT_ASSERTF(z[i] == -1.0f, "written into rank 1's slot [%zu]", i);
+        float one = 1, two = 0;
+        KT_OK(kolo_allreduce(&one, &two, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(two, 2.0f);
+    }
+    free(x);
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(allgather_push_on_two_ranks, 60) { kt_job_both(2, allgather_push2, NULL); }
 
 KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
 {

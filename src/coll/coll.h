@@ -142,6 +142,10 @@ uint64_t kolo__coll_broadcast_tree_runs(void);
 uint64_t kolo__coll_broadcast_split_runs(void);
 /* Test hook: the nth split write from now (1: the next) is refused, as CMA refuses it (EPERM). */
 void kolo__coll_broadcast_test_refuse_write(int nth);
+/* How many allgathers this process ran by writing its block into every other member itself,
+ * every write done (allgather.c, "push"); and a test hook: the nth write from now is refused. */
+uint64_t kolo__coll_allgather_push_runs(void);
+void kolo__coll_allgather_test_refuse_write(int nth);
 /* g's members host by host into order[] (hosts in the order of their numbers, a host's members
  * in member order; the same list on every member), and how many hosts they are on: 0 where that
  * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */

@@ -1495,6 +1495,13 @@ bool kolo__shm_pinned_oversubscribed(const kolo__conn *c)
     return kolo__shm_cma_state(c) == 0 && ((const shm_priv *)c->priv)->single_ok;
 }
 
+bool kolo__shm_peer_aborted(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return false;
+    const shm_priv *s = c->priv;
+    return atomic_load(&s->rx_ctl->closed) == SHM_ABORTED;
+}
+
 bool kolo__shm_sends_single(const kolo__conn *c)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return false;

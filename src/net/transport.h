@@ -357,6 +357,10 @@ bool kolo__shm_pinned_oversubscribed(const kolo__conn *c);
  * the CMA probe, and KOLO_SHM_CMA is 1, auto, or auto pinned to ring copies on an oversubscribed
  * host); false for any other connection. */
 bool kolo__shm_sends_single(const kolo__conn *c);
+/* Whether the peer of this shared-memory pair has marked its side aborted (it gave up on the
+ * job, and its buffers may be back with its user): a rank about to write into the peer's
+ * memory (process_vm_writev) checks it first. */
+bool kolo__shm_peer_aborted(const kolo__conn *c);
 /* How many payload bytes c has written into its ring around the cache (shm.c, "far"). */
 uint64_t kolo__shm_far_bytes(const kolo__conn *c);
 /* How many messages c has sent single-copy. */
