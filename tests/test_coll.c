@@ -2018,7 +2018,9 @@ static void pair_choice(int rank, void *arg)
     kolo__conn *c = m->conns[!rank];
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
-        size_t half = ((size_t)128 << 10) * (size_t)slow; /* floats per member: 512 KiB, then 1 MiB */
+        /* floats per member: 32 KiB, then 64 KiB (64 and 128 KiB in all: below where 2 members
+         * read each other's inputs directly, allreduce.c) */
+        size_t half = ((size_t)8 << 10) * (size_t)slow;
         float *a = malloc(2 * half * 4), *b = malloc(2 * half * 4);
         KT_ASSERT(a && b);
         for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
@@ -2786,7 +2788,8 @@ static void world_agreement(int rank, void *arg)
     KT_ASSERT(x && y);
     for (size_t i = 0; i < rows; i++) x[i] = (float)((i % 1000) + (size_t)rank);
     /* Where every pair shares memory on an oversubscribed host, both go by exchange and send
-     * their 256 KiB messages single-copy, one to each peer that can read so; elsewhere the
+     * their 256 KiB messages single-copy, one to each peer that can read so (unless every pair
+     * can: below); elsewhere the
      * reducescatter's exchange keeps ring copies and the allgather takes the ring, whose pairs
      * may pick either way by their timings. */
     bool exchange = kolo__W.mesh[0]->world_shm;
@@ -2797,8 +2800,9 @@ static void world_agreement(int rank, void *arg)
         size_t g = (size_t)rank * mine + i;
         KT_ASSERTF(y[i] == (float)(4 * (g % 1000) + 6), "reducescatter [%zu]: %g", i, (double)y[i]);
     }
-    /* where every pair reads single-copy, the allgather writes its block into the others
-     * (allgather.c, "push"), so only the reducescatter's messages were read single-copy */
+    /* where every pair reads single-copy, the reducescatter reads its block of the others'
+     * inputs itself (allreduce.c, "Direct") and the allgather writes its block into the others
+     * (allgather.c, "push"): no message of either is read single-copy */
     bool push = kolo__W.mesh[0]->world_single;
     uint64_t pushes = kolo__coll_allgather_push_runs();
     float *z = malloc(rows * 4);
@@ -2811,7 +2815,7 @@ static void world_agreement(int rank, void *arg)
     for (int p = 0; p < n; p++) {
         kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[p];
         if (exchange && p != rank && kolo__shm_sends_single(c))
-            KT_EQ(kolo__shm_cma_sent(c) - before[p], push ? 1 : 2);
+            KT_EQ(kolo__shm_cma_sent(c) - before[p], push ? 0 : 2);
     }
     /* a 12 MiB allgather, by exchange at every size there (each peer reads our 3 MiB block once,
      * single-copy where it can; where every pair can, we write it into each instead), by the ring
@@ -3065,6 +3069,75 @@ static void allgather_push2(int rank, void *arg)
 }
 
 KT_TEST(allgather_push_on_two_ranks, 60) { kt_job_both(2, allgather_push2, NULL); }
+
+/* Reducescatters where every pair reads single-copy go direct (allreduce.c, "Direct"; on 2
+ * ranks from 256 KiB in all, on more where there are more ranks than cores from 128 KiB): each
+ * rank reads its block of the others' inputs itself. 2 and 4 ranks, 1 MiB in all:
+ * float32 sums of rows not divisible by n, int32 maxima of 3-element rows, float64 averages with
+ * a post-scale; exact, counted where direct (never over TCP, the suite's TCP pass). A pre-scale,
+ * and a recv that overlaps send on the last rank only, take the ring on every rank (exact,
+ * uncounted). A read that fails on rank 1: every rank fails naming rank 1, and the job goes on. */
+static float rsd_in(size_t i, int r) { return (float)((i * 7 + (size_t)r * 3) % 1000); }
+
+static void rs_direct(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    bool direct = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->world_single;
+    size_t rows = ((size_t)1 << 18) + (size_t)n - 1, mine = kolo_reducescatter_rows(rows, n, rank), first = 0;
+    for (int q = 0; q < rank; q++) first += kolo_reducescatter_rows(rows, n, q);
+    float *send = malloc((rows * 3 + 16) * 8), *recv = malloc((mine * 3 + 16) * 8);
+    KT_ASSERT(send && recv);
+    for (int c = 0; c < 5; c++) {
+        /* 0 sum, 1 max of int32 rows of 3, 2 average x0.5 of float64, 3 pre-scaled sum, 4 overlapping sum */
+        uint64_t before = kolo__coll_reducescatter_direct_runs();
+        int32_t *is = (int32_t *)(void *)send, *ir = (int32_t *)(void *)recv;
+        double *ds = (double *)(void *)send, *dr = (double *)(void *)recv;
+        float *out = c == 4 && rank == n - 1 ? send + 1 : recv;
+        if (c == 1) {
+            for (size_t i = 0; i < rows * 3; i++) is[i] = (int32_t)((i * 13) % 977) * (rank % 2 ? -1 : 1) + rank;
+            KT_OK(kolo_reducescatter(is, ir, rows, 3, KOLO_INT32, KOLO_MAX, 1.0, 1.0, KOLO_WORLD));
+        } else if (c == 2) {
+            for (size_t i = 0; i < rows; i++) ds[i] = (double)rsd_in(i, rank);
+            KT_OK(kolo_reducescatter(ds, dr, rows, 1, KOLO_FLOAT64, KOLO_AVERAGE, 1.0, 0.5, KOLO_WORLD));
+        } else {
+            for (size_t i = 0; i < rows; i++) send[i] = rsd_in(i, rank);
+            KT_OK(kolo_reducescatter(send, out, rows, 1, KOLO_FLOAT32, KOLO_SUM, c == 3 ? 2.0 : 1.0, 1.0, KOLO_WORLD));
+        }
+        for (size_t i = 0; i < mine * (c == 1 ? 3 : 1); i++) {
+            size_t g = first * (c == 1 ? 3 : 1) + i;
+            double want = c == 1 ? -1e18 : 0;
+            for (int q = 0; q < n; q++)
+                want = c == 1 ? fmax(want, (double)((int32_t)((g * 13) % 977) * (q % 2 ? -1 : 1) + q))
+                              : want + (double)rsd_in(g, q);
+            double got = c == 1 ? ir[i] : c == 2 ? dr[i] : out[i];
+            if (c == 2) want = want / n * 0.5;
+            if (c == 3) want *= 2;
+            KT_ASSERTF(got == want, "case %d, %d ranks [%zu]: %g, want %g", c, n, i, got, want);
+        }
+        KT_EQ(kolo__coll_reducescatter_direct_runs() - before, (uint64_t)(direct && c < 3));
+    }
+    if (direct) {
+        if (rank == 1) kolo__coll_reducescatter_test_fail_read(2);
+        KT_STATUS(kolo_reducescatter(send, recv, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD),
+                  KOLO_ERR_SYSTEM);
+        KT_CONTAINS(kolo_last_error(), "rank 1 could not read the buffer of rank");
+        kolo__coll_reducescatter_test_fail_read(0);
+        float one = 1, sum = 0;
+        KT_OK(kolo_allreduce(&one, &sum, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(sum, (float)n);
+    }
+    free(send);
+    free(recv);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(reducescatter_direct_reads_each_block, 90)
+{
+    kt_job_both(2, rs_direct, NULL);
+    KT_EQ(kt_job(4, rs_direct, NULL, NULL, NULL), 0);
+}
 
 KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
 {

@@ -146,6 +146,10 @@ void kolo__coll_broadcast_test_refuse_write(int nth);
  * every write done (allgather.c, "push"); and a test hook: the nth write from now is refused. */
 uint64_t kolo__coll_allgather_push_runs(void);
 void kolo__coll_allgather_test_refuse_write(int nth);
+/* How many reducescatters this process ran direct, reading every other member's share of its
+ * block itself (allreduce.c, "Direct"); and a test hook: the nth read from now fails (EFAULT). */
+uint64_t kolo__coll_reducescatter_direct_runs(void);
+void kolo__coll_reducescatter_test_fail_read(int nth);
 /* g's members host by host into order[] (hosts in the order of their numbers, a host's members
  * in member order; the same list on every member), and how many hosts they are on: 0 where that
  * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */
