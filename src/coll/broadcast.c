@@ -157,12 +157,13 @@ static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo
     if (st != KOLO_OK) return st;
     size_t h = split_at(bytes), wrote = 0;
     bool same = sp->where[1] == bytes;
-    int e = !same ? 0
+    int e = !same                                 ? 0
+            : kolo__shm_peer_aborted(m->conns[sp->to]) ? ECANCELED /* its buffer may be its user's again */
             : test_refuse_write && --test_refuse_write == 0
                 ? EPERM
                 : kolo__cma_write(m->peers[sp->to].pid, sp->where[0], p + h, bytes - h, &wrote);
     static _Atomic int warned;
-    if (e && !atomic_exchange(&warned, 1))
+    if (e && e != ECANCELED && !atomic_exchange(&warned, 1))
         KOLO_WARN("broadcast: cannot write into the buffer of rank %d (%s): it gets that half as a message "
                   "instead (said once)",
                   sp->to, strerror(e));
