@@ -3068,7 +3068,41 @@ static void allgather_push2(int rank, void *arg)
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(allgather_push_on_two_ranks, 60) { kt_job_both(2, allgather_push2, NULL); }
+/* 4 ranks on at most 2 CPUs, 1 MiB allgathers, pushed where every pair reads single-copy: rank 3
+ * gives 16 bytes more than the others expect (so it writes into nobody), while rank 1's first
+ * write (into rank 2) is refused, so that block goes as a message. Every rank fails with a
+ * mismatch naming rank 3, the refused block's message is sent and received before (a rank that
+ * returned first left it posted and unwaited), and the job goes on. */
+static void allgather_push_mismatch4(int rank, void *arg)
+{
+    (void)arg;
+    at_most_two_cpus();
+    KT_OK(kolo_init());
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    if (m->world_single && m->world_oversubscribed) {
+        size_t n1 = 65536, counts[4] = {n1, n1, n1, rank == 3 ? n1 + 4 : n1};
+        float *x = malloc((n1 + 4) * 4), *z = malloc((4 * n1 + 4) * 4);
+        KT_ASSERT(x && z);
+        for (size_t i = 0; i < n1 + 4; i++) x[i] = (float)rank;
+        if (rank == 1) kolo__coll_allgather_test_refuse_write(1);
+        KT_STATUS(kolo_allgather(x, counts[rank], z, counts, KOLO_FLOAT32, KOLO_WORLD), KOLO_ERR_MISMATCH);
+        KT_CONTAINS(kolo_last_error(), "rank 3 gives 262160 bytes where rank");
+        kolo__coll_allgather_test_refuse_write(0);
+        if (rank == 2) KT_EQ(z[n1], 1.0f); /* rank 1's block, sent as a message */
+        free(x);
+        free(z);
+    }
+    float one = 1, sum = 0;
+    KT_OK(kolo_allreduce(&one, &sum, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(sum, 4.0f);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(allgather_push_on_two_ranks, 60)
+{
+    kt_job_both(2, allgather_push2, NULL);
+    KT_EQ(kt_job(4, allgather_push_mismatch4, NULL, NULL, NULL), 0);
+}
 
 /* Reducescatters where every pair reads single-copy go direct (allreduce.c, "Direct"; on 2
  * ranks from 256 KiB in all, on more where there are more ranks than cores from 128 KiB): each

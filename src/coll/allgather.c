@@ -32,9 +32,6 @@
  * progress pass before each). */
 #include "coll.h"
 
-#include <errno.h>
-#include <stdatomic.h>
-#include <string.h>
 
 #define DIRECT_MAX (256u << 10)
 
@@ -108,20 +105,6 @@ static bool push_here(const kolo__mesh *m, int n, size_t bytes)
     return m->world_oversubscribed && bytes >= PUSH_MIN && (n >= 8 || bytes <= PUSH_MAX);
 }
 
-static int push_write(kolo__mesh *m, int peer, uint64_t addr, const char *src, size_t c)
-{
-    if (kolo__shm_peer_aborted(m->conns[peer])) return ECANCELED;
-    if (test_refuse_write && --test_refuse_write == 0) return EPERM;
-    size_t wrote = 0;
-    int e = kolo__cma_write(m->peers[peer].pid, addr, src, c, &wrote);
-    static _Atomic int warned;
-    if (e && !atomic_exchange(&warned, 1))
-        KOLO_WARN("allgather: cannot write into the buffer of rank %d (%s): it gets the block as a message "
-                  "instead (said once)",
-                  peer, strerror(e));
-    return e;
-}
-
 static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, char *out, const size_t *offs,
                           const size_t *counts, size_t es, bool stream)
 {
@@ -149,7 +132,9 @@ static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, 
         size_t c = KOLO_MIN(PUSH_CHUNK, len - at);
         for (int d = 1; d < n; d++) { /* each member's first write from another: not all at once */
             int i = (r + d) % n;
-            if (theirs[i][1] == len && !e[i]) e[i] = push_write(m, kolo__g2w(g, i), theirs[i][0] + at, own + at, c);
+            if (theirs[i][1] == len && !e[i])
+                e[i] = kolo__coll_write_peer(m, kolo__g2w(g, i), theirs[i][0] + at, own + at, c, &test_refuse_write,
+                                             "allgather");
         }
         kolo__coll_copy_own(mine + at, own + at, c, stream);
     }
@@ -166,22 +151,26 @@ static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, 
     }
     st = kolo__wait(m, ptrs, k);
     if (st != KOLO_OK) return st;
+    /* the blocks that could not be written go as messages, to and from every member whose
+     * lengths agreed, before a mismatch with another is reported (or they would be left hanging) */
     k = 0;
+    int bad = -1;
     for (int i = 0; i < n; i++) {
         if (i == r) continue;
-        if (!done[i][2] || !got[i][2])
-            return kolo__err(KOLO_ERR_MISMATCH,
-                             "allgather: rank %d gives %llu bytes where rank %d expects %llu: the ranks called "
-                             "collectives with different counts, dtypes or orders",
-                             done[i][2] ? kolo__g2w(g, i) : m->rank,
-                             (unsigned long long)(done[i][2] ? got[i][1] : len),
-                             done[i][2] ? m->rank : kolo__g2w(g, i),
-                             (unsigned long long)(done[i][2] ? where[i][1] : theirs[i][1]));
+        if ((!done[i][2] || !got[i][2]) && bad < 0) bad = i;
         if (e[i]) kolo__isend(m, kolo__g2w(g, i), own, len, &xs[k++]);
         if (got[i][0]) kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k++]);
     }
-    if (all) __atomic_fetch_add(&push_runs, 1, __ATOMIC_RELAXED);
-    return k ? kolo__wait(m, ptrs, k) : KOLO_OK;
+    st = k ? kolo__wait(m, ptrs, k) : KOLO_OK;
+    if (st == KOLO_OK && bad >= 0)
+        return kolo__err(KOLO_ERR_MISMATCH,
+                         "allgather: rank %d gives %llu bytes where rank %d expects %llu: the ranks called "
+                         "collectives with different counts, dtypes or orders",
+                         done[bad][2] ? kolo__g2w(g, bad) : m->rank,
+                         (unsigned long long)(done[bad][2] ? got[bad][1] : len), done[bad][2] ? m->rank : kolo__g2w(g, bad),
+                         (unsigned long long)(done[bad][2] ? where[bad][1] : theirs[bad][1]));
+    if (st == KOLO_OK && all) __atomic_fetch_add(&push_runs, 1, __ATOMIC_RELAXED);
+    return st;
 }
 
 int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,

@@ -68,9 +68,6 @@
  * -> 2 -> 3 -> 0), root 2 0.95-0.96x, root 0 alike. */
 #include "coll.h"
 
-#include <errno.h>
-#include <stdatomic.h>
-#include <string.h>
 
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
@@ -155,18 +152,10 @@ static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo
 {
     int st = kolo__wait1(m, &sp->xw);
     if (st != KOLO_OK) return st;
-    size_t h = split_at(bytes), wrote = 0;
+    size_t h = split_at(bytes);
     bool same = sp->where[1] == bytes;
-    int e = !same                                 ? 0
-            : kolo__shm_peer_aborted(m->conns[sp->to]) ? ECANCELED /* its buffer may be its user's again */
-            : test_refuse_write && --test_refuse_write == 0
-                ? EPERM
-                : kolo__cma_write(m->peers[sp->to].pid, sp->where[0], p + h, bytes - h, &wrote);
-    static _Atomic int warned;
-    if (e && e != ECANCELED && !atomic_exchange(&warned, 1))
-        KOLO_WARN("broadcast: cannot write into the buffer of rank %d (%s): it gets that half as a message "
-                  "instead (said once)",
-                  sp->to, strerror(e));
+    int e = same ? kolo__coll_write_peer(m, sp->to, sp->where[0], p + h, bytes - h, &test_refuse_write, "broadcast")
+                 : 0;
     sp->done[0] = (uint64_t)e;
     sp->done[1] = bytes;
     kolo__isend(m, sp->to, sp->done, sizeof(sp->done), &xs[*k]);

@@ -301,6 +301,14 @@ void kolo__coll_copy_own(void *dst, const void *src, size_t n, bool stream);
  * each, so that the sends just posted leave (and arriving data is taken) while this rank copies
  * instead of after it. */
 void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_t n, bool stream);
+/* Writes n bytes of src at addr in the buffer of world rank `peer` (process_vm_writev), for a
+ * collective that writes into the others' buffers itself (allgather.c "push", broadcast.c
+ * "split"): 0, or ECANCELED without writing where the peer has marked its side aborted (its
+ * buffers may be its user's again), or the kernel's errno (EPERM where the test hook *refuse
+ * counts down to 0), which it warns of once per process, naming `what` and the rank (the caller
+ * then sends the bytes as a message). */
+int kolo__coll_write_peer(kolo__mesh *m, int peer, uint64_t addr, const void *src, size_t n, int *refuse,
+                          const char *what);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
 /* out = a OP b over `bytes` (finished with kolo__coll_finish_scale when `finish`), and the same bytes

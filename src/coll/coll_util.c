@@ -3,6 +3,7 @@
 
 #include "../reduce/reduce.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +167,20 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
         kolo__coll_copy_own(d + at, s + at, k, stream);
         at += k;
     } while (at < n);
+}
+
+int kolo__coll_write_peer(kolo__mesh *m, int peer, uint64_t addr, const void *src, size_t n, int *refuse,
+                          const char *what)
+{
+    if (kolo__shm_peer_aborted(m->conns[peer])) return ECANCELED;
+    size_t wrote = 0;
+    int e = *refuse && --*refuse == 0 ? EPERM : kolo__cma_write(m->peers[peer].pid, addr, src, n, &wrote);
+    static _Atomic int warned;
+    if (e && !atomic_exchange(&warned, 1))
+        KOLO_WARN("%s: cannot write into the buffer of rank %d (%s): it gets those bytes as a message instead "
+                  "(said once)",
+                  what, peer, strerror(e));
+    return e;
 }
 
 /* ---- choosing between two ways from the calls' own timings ----
