@@ -3110,7 +3110,8 @@ KT_TEST(allgather_push_on_two_ranks, 60)
  * float32 sums of rows not divisible by n, int32 maxima of 3-element rows, float64 averages with
  * a post-scale; exact, counted where direct (never over TCP, the suite's TCP pass). A pre-scale,
  * and a recv that overlaps send on the last rank only, take the ring on every rank (exact,
- * uncounted). A read that fails on rank 1: every rank fails naming rank 1, and the job goes on. */
+ * uncounted). Rank 0 passing more rows than the others: every rank fails with a mismatch. A
+ * read that fails on rank 1: every rank fails naming rank 1. The job goes on after both. */
 static float rsd_in(size_t i, int r) { return (float)((i * 7 + (size_t)r * 3) % 1000); }
 
 static void rs_direct(int rank, void *arg)
@@ -3153,6 +3154,11 @@ static void rs_direct(int rank, void *arg)
         KT_EQ(kolo__coll_reducescatter_direct_runs() - before, (uint64_t)(direct && c < 3));
     }
     if (direct) {
+        /* rank 0 passes n rows more: every rank fails with a mismatch naming rank 0 or the others */
+        KT_STATUS(kolo_reducescatter(send, recv, rows + (rank == 0 ? (size_t)n : 0), 1, KOLO_FLOAT32, KOLO_SUM, 1.0,
+                                     1.0, KOLO_WORLD),
+                  KOLO_ERR_MISMATCH);
+        KT_CONTAINS(kolo_last_error(), rank == 0 ? "reducescatter: rank 1 passed" : "reducescatter: rank 0 passed");
         if (rank == 1) kolo__coll_reducescatter_test_fail_read(2);
         KT_STATUS(kolo_reducescatter(send, recv, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD),
                   KOLO_ERR_SYSTEM);

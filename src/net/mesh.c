@@ -803,6 +803,13 @@ static int topology_id(int cpu, const char *what)
     return v;
 }
 
+void kolo__cpu_place(int cpu, int *package, int *core)
+{
+    int pkg = topology_id(cpu, "physical_package_id"), id = topology_id(cpu, "core_id");
+    *package = pkg < 0 ? 0 : pkg; /* without topology files: package 0, a core of its own */
+    *core = id < 0 ? cpu : id;
+}
+
 typedef struct cpu_place {
     int package, core, cpu;
 } cpu_place;
@@ -822,9 +829,8 @@ int kolo__cpus_in_core_order(const cpu_set_t *set, int *order)
     for (int c = 0; c < CPU_SETSIZE; c++) {
         if (!CPU_ISSET(c, set)) continue;
         if (p) {
-            /* a CPU without topology files: package 0, a core of its own */
-            int pkg = topology_id(c, "physical_package_id"), core = topology_id(c, "core_id");
-            p[n] = (cpu_place){pkg < 0 ? 0 : pkg, core < 0 ? c : core, c};
+            p[n].cpu = c;
+            kolo__cpu_place(c, &p[n].package, &p[n].core);
         }
         order[n++] = c;
     }

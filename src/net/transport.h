@@ -278,6 +278,8 @@ long kolo__host_cpus(void);
  * returns how many. kolorun --bind-to auto and KOLO_BIND=auto deal a crowded host's ranks out
  * over them in blocks of neighbours. */
 int kolo__cpus_in_core_order(const cpu_set_t *set, int *order);
+/* A CPU's package and core ids from /sys (package 0 and a core of its own where they are missing). */
+void kolo__cpu_place(int cpu, int *package, int *core);
 /* Whether this host has more ranks (local_ranks, this one included) than those cores. */
 bool kolo__host_oversubscribed(size_t local_ranks);
 /* The ranks of peers[0..n) that take turns on rank me's cores, me included: those on the same

@@ -31,16 +31,6 @@ typedef struct {
     cpu_set_t cpus;
 } core_t;
 
-static int read_int(const char *path, int def)
-{
-    FILE *f = fopen(path, "re");
-    if (!f) return def;
-    int v = def;
-    if (fscanf(f, "%d", &v) != 1) v = def;
-    fclose(f);
-    return v;
-}
-
 /* Parses a /sys cpulist ("0-3,8,10-11") into set. */
 static bool read_cpulist(const char *path, cpu_set_t *set)
 {
@@ -122,11 +112,8 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
     int ncores = 0;
     for (int c = 0; c < CPU_SETSIZE; c++) {
         if (!CPU_ISSET(c, &allowed)) continue;
-        char path[128];
-        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", c);
-        int pkg = read_int(path, 0);
-        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/core_id", c);
-        int core = read_int(path, c);
+        int pkg, core;
+        kolo__cpu_place(c, &pkg, &core);
         int k = 0;
         while (k < ncores && !(cores[k].package == pkg && cores[k].core_id == core)) k++;
         if (k == ncores) {
