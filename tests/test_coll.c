@@ -422,6 +422,37 @@ static void cma_mode(int rank, void *arg)
     free(y);
 }
 
+/* KOLO_SHM_CMA set differently on the two ranks of a pair: 0 on either keeps the pair on ring
+ * copies both ways (the handshake answers as a failed probe), so that the sends a collective marks
+ * `single` go by ring too. Rank 0 with 1 once sent its allgather's and alltoall's blocks as
+ * descriptors that rank 1 refused, failing the job. */
+static void cma_mixed(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_SHM_CMA", rank == 0 ? "1" : "0", 1);
+    KT_OK(kolo_init());
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
+        KT_ASSERTF(kolo__shm_cma_state(kolo__W.mesh[ch]->conns[1 - rank]) == -1, "rank %d: channel %d in state %d",
+                   rank, ch, kolo__shm_cma_state(kolo__W.mesh[ch]->conns[1 - rank]));
+    kolo__conn *c = kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[1 - rank];
+    size_t count = (size_t)1 << 19; /* 2 MiB each */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    for (size_t i = 0; i < count; i++) x[i] = (float)(i % 1000 + (size_t)rank * 7);
+    KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    for (size_t i = 0; i < 2 * count; i++)
+        KT_ASSERTF(y[i] == (float)((i % count) % 1000 + (i / count) * 7), "allgather [%zu] = %g", i, (double)y[i]);
+    size_t counts[2] = {count / 2, count / 2};
+    KT_OK(kolo_alltoall(x, counts, y, counts, KOLO_FLOAT32, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) {
+        size_t from = i / (count / 2), at = (size_t)rank * (count / 2) + i % (count / 2);
+        KT_ASSERTF(y[i] == (float)(at % 1000 + from * 7), "alltoall [%zu] = %g", i, (double)y[i]);
+    }
+    KT_EQ(kolo__shm_cma_sent(c), 0);
+    free(x);
+    free(y);
+}
+
 KT_TEST(shm_cma_modes, 60)
 {
     static char a[] = "auto", one[] = "1", zero[] = "0";
@@ -431,6 +462,7 @@ KT_TEST(shm_cma_modes, 60)
     kt_job_opts on = {.env = {"KOLO_SHM_CMA=1"}}, off = {.env = {"KOLO_SHM_CMA=0"}};
     KT_EQ(kt_job(2, cma_mode, one, &on, NULL), 0);
     KT_EQ(kt_job(2, cma_mode, zero, &off, NULL), 0);
+    KT_EQ(kt_job(2, cma_mixed, NULL, NULL, NULL), 0);
 }
 
 /* One exchange of `count` floats between 2 ranks, as an allgather moves them (each rank's block

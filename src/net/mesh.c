@@ -12,8 +12,9 @@
  *        C -> A: "KOLOMSH4", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
  *        A -> C: mac(accept: job, nonce_c, rank_a, channel, rank_c), transport offer
  *                (tcp, or shm with a segment name), A's pid and a probe address for CMA
- *        C -> A: shm opened and token matched?, CMA read of A's probe worked?, C's probe address
- *        A -> C: CMA read of C's probe worked?
+ *        C -> A: shm opened and token matched?, CMA read of A's probe worked (and KOLO_SHM_CMA
+ *                is not 0 at C)?, C's probe address
+ *        A -> C: CMA read of C's probe worked (and KOLO_SHM_CMA is not 0 at A)?
  *      A proves its identity to C and C to A; neither answer can be replayed (fresh nonces,
  *      labels per direction). Shared memory is offered only when the host keys (boot id +
  *      network namespace) are equal, and used only when the peer actually finds the creator's
@@ -420,7 +421,9 @@ static int on_result(build *b, hs *h)
 {
     bool shm_ok = get32(h->in) != 0, cma_c = get32(h->in + 4) != 0;
     uint64_t addr = get64(h->in + 8), val = get64(h->in + 16);
-    bool cma_a = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);
+    /* KOLO_SHM_CMA=0 here answers as a failed probe: a pair reads single-copy only where both
+     * ranks allow it, or one would send descriptors the other refuses */
+    bool cma_a = shm_ok && b->want_cma && cma_probe_peer(b->peers[h->peer].pid, addr, val);
     unsigned char fin[FINAL_LEN];
     put32(fin, cma_a);
     if (send_all(h, fin, sizeof(fin)) != 0)
@@ -497,7 +500,7 @@ static int on_ack(build *b, hs *h)
     } else if (offer == 1) {
         shm_ok = kolo__shm_open(c, name, b->populate) == KOLO_OK;
         if (!shm_ok) KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
-        cma_c = shm_ok && cma_probe_peer(b->peers[h->peer].pid, addr, val);
+        cma_c = shm_ok && b->want_cma && cma_probe_peer(b->peers[h->peer].pid, addr, val); /* as cma_a */
     }
     unsigned char res[RESULT_LEN];
     put32(res, shm_ok);
