@@ -3570,6 +3570,128 @@ KT_TEST(hier_allreduce_allgather_across_hosts, 120)
         KT_EQ(kt_job((int)strlen(cases[c].hosts), hier_run, (void *)&cases[c], NULL, NULL), 0);
 }
 
+/* Groups lying on one host of a job on several (the hierarchical allreduce's steps within a host,
+ * a process set of one host's ranks) push their allgathers, read their reducescatters direct and
+ * split their broadcasts as a world on one host would, where every pair of that host reads
+ * single-copy: agreed per host at init (kolo__mesh.host_flags). Hosts "aabb"; the same with
+ * KOLO_SHM_CMA=0 on rank 3, which takes host b's pairs off single-copy and only host b's (rank 2
+ * alone could still read rank 3); "aaab", whose host a of 3 ranks pushes and reads direct only
+ * where it has more ranks than cores (as a world of 3 on one host). A group across hosts never
+ * does. Counted on every member; results exact. */
+typedef struct hostgrp_case {
+    const char *hosts;
+    int no_cma; /* the rank with KOLO_SHM_CMA=0, or -1 */
+} hostgrp_case;
+
+static void host_groups_run(int rank, void *arg)
+{
+    const hostgrp_case *hc = arg;
+    int n = (int)strlen(hc->hosts);
+    char host[2] = {hc->hosts[rank], 0};
+    kolo__mesh_test_host(host);
+    if (rank == hc->no_cma) setenv("KOLO_SHM_CMA", "0", 1);
+    setenv("KOLO_HIERARCHICAL_ALLREDUCE", "1", 1);
+    KT_OK(kolo_init());
+    /* every rank adds every host's set, and one of each host's first rank */
+    int here = -1, across = -1, k = 0, firsts[8], nf = 0;
+    for (int q = 0; q < n; q++) {
+        if (strchr(hc->hosts, hc->hosts[q]) != hc->hosts + q) continue;
+        int ranks[8], c = 0, id = -1;
+        for (int p = q; p < n; p++)
+            if (hc->hosts[p] == hc->hosts[q]) ranks[c++] = p;
+        KT_OK(kolo_process_set_add(ranks, c, &id));
+        if (hc->hosts[q] == hc->hosts[rank]) {
+            here = id;
+            k = c;
+        }
+        firsts[nf++] = q;
+    }
+    KT_OK(kolo_process_set_add(firsts, nf, &across));
+    bool single = hc->no_cma < 0 || hc->hosts[hc->no_cma] != hc->hosts[rank];
+    bool direct = single && (k == 2 || kolo__host_oversubscribed((size_t)k));
+    int me = -1, cme = -1;
+    KT_OK(kolo_process_set_rank(here, &me));
+    KT_OK(kolo_process_set_rank(across, &cme));
+
+    size_t bytes = (size_t)2 << 20, count = bytes / 4;
+    float *a = malloc(bytes), *b = malloc(bytes);
+    KT_ASSERT(a && b);
+    /* on this host's set and on the one across hosts (its members only) */
+    for (int pass = 0; pass < 2; pass++) {
+        int id = pass ? across : here, gm = pass ? cme : me, gn = pass ? nf : k;
+        if (gm < 0) continue;
+        bool want = pass == 0 && direct;
+        const char *what = pass ? "across hosts" : "on this host";
+        size_t counts[8], each = count / (size_t)gn, off = 0;
+        for (int i = 0; i < gn; i++) counts[i] = each - (size_t)i;
+        for (int i = 0; i < gm; i++) off += counts[i];
+        for (size_t i = 0; i < counts[gm]; i++) a[i] = hv(i, gm);
+        uint64_t pushed = kolo__coll_allgather_push_runs();
+        KT_OK(kolo_allgather(a, counts[gm], b, counts, KOLO_FLOAT32, id));
+        KT_ASSERTF(kolo__coll_allgather_push_runs() - pushed == (want ? 1u : 0u), "%s %s: rank %d pushed %llu "
+                   "allgathers of 1", hc->hosts, what, rank, (unsigned long long)(kolo__coll_allgather_push_runs() - pushed));
+        for (int q = 0, o = 0; q < gn; o += (int)counts[q], q++)
+            for (size_t i = 0; i < counts[q]; i++)
+                KT_ASSERTF(b[(size_t)o + i] == hv(i, q), "%s %s: allgather, member %d's [%zu]: %g", hc->hosts, what, q,
+                           i, (double)b[(size_t)o + i]);
+        /* 512 KiB in rows of 5, summed */
+        size_t rows = ((size_t)512 << 10) / 20, row = 5, row0 = 0;
+        for (int q = 0; q < gm; q++) row0 += kolo_reducescatter_rows(rows, gn, q);
+        for (size_t i = 0; i < rows * row; i++) a[i] = hv(i, rank);
+        uint64_t read = kolo__coll_reducescatter_direct_runs();
+        KT_OK(kolo_reducescatter(a, b, rows, row, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, id));
+        KT_ASSERTF(kolo__coll_reducescatter_direct_runs() - read == (want ? 1u : 0u), "%s %s: rank %d read %llu "
+                   "reducescatters direct of 1", hc->hosts, what, rank,
+                   (unsigned long long)(kolo__coll_reducescatter_direct_runs() - read));
+        int members[8];
+        KT_OK(kolo_process_set_ranks(id, members, 8));
+        for (size_t i = 0; i < kolo_reducescatter_rows(rows, gn, gm) * row; i++) {
+            float want_v = 0;
+            for (int q = 0; q < gn; q++) want_v += hv(row0 * row + i, members[q]);
+            KT_ASSERTF(b[i] == want_v, "%s %s: reducescatter [%zu]: %g, want %g", hc->hosts, what, i, (double)b[i],
+                       (double)want_v);
+        }
+        /* 2 members: the root writes the second half itself */
+        for (size_t i = 0; i < count; i++) a[i] = gm == gn - 1 ? hv(i, 99) : 0;
+        uint64_t split = kolo__coll_broadcast_split_runs();
+        KT_OK(kolo_broadcast(a, count, KOLO_FLOAT32, gn - 1, id));
+        bool want_split = want && gn == 2 && gm == gn - 1;
+        KT_ASSERTF(kolo__coll_broadcast_split_runs() - split == (want_split ? 1u : 0u), "%s %s: rank %d split %llu "
+                   "broadcasts of 1", hc->hosts, what, rank, (unsigned long long)(kolo__coll_broadcast_split_runs() - split));
+        for (size_t i = 0; i < count; i++) KT_ASSERT(a[i] == hv(i, 99));
+    }
+    /* the world's hierarchical allreduce: within each host by the direct reducescatter and the
+     * push where the host reads single-copy (2 members: from 256 KiB and 1 MiB) */
+    if (k == 2 && nf == 2) {
+        for (size_t i = 0; i < count; i++) a[i] = hv(i, rank);
+        uint64_t hier = kolo__coll_hier_runs(), pushed = kolo__coll_allgather_push_runs(),
+                 read = kolo__coll_reducescatter_direct_runs();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_EQ(kolo__coll_hier_runs() - hier, 1u);
+        KT_ASSERTF(kolo__coll_allgather_push_runs() - pushed == (single ? 1u : 0u) &&
+                       kolo__coll_reducescatter_direct_runs() - read == (single ? 1u : 0u),
+                   "%s: rank %d's hierarchical allreduce pushed %llu and read %llu direct", hc->hosts, rank,
+                   (unsigned long long)(kolo__coll_allgather_push_runs() - pushed),
+                   (unsigned long long)(kolo__coll_reducescatter_direct_runs() - read));
+        for (size_t i = 0; i < count; i++) {
+            float want_v = 0;
+            for (int q = 0; q < n; q++) want_v += hv(i, q);
+            KT_ASSERTF(b[i] == want_v, "%s: allreduce [%zu]: %g, want %g", hc->hosts, i, (double)b[i], (double)want_v);
+        }
+    }
+    free(a);
+    free(b);
+    kolo__mesh_test_host(NULL);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(host_groups_push_and_read_direct, 90)
+{
+    static const hostgrp_case cases[] = {{"aabb", -1}, {"aabb", 3}, {"aaab", -1}};
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
+        KT_EQ(kt_job((int)strlen(cases[c].hosts), host_groups_run, (void *)&cases[c], NULL, NULL), 0);
+}
+
 /* Ranks on one machine's cores in different network namespaces (or containers) are hosts of their
  * own to the transports, but they take turns on the same cores: kolo__core_sharers counts them,
  * by boot id and set of cores, and more of them than cores make waiting ranks yield; the

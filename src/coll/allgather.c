@@ -76,16 +76,18 @@ static int allgather_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * it wrote, and how long; a block it could not write (CMA refused) goes as a message instead.
  * A member returns once every other has said it is done writing into it.
  *
- * Where: n == 2 from PUSH_MIN_2 wherever the pair reads single-copy (kolo__mesh.world_single);
- * more members only on a host with more ranks than cores whose pairs all read single-copy (the
- * exchange's home), from PUSH_MIN, and below 8 members up to PUSH_MAX. Intel Xeon VM, 2 vCPUs,
+ * Where: n == 2 from PUSH_MIN_2 wherever the pair reads single-copy; more members only on a host
+ * with more ranks than cores whose pairs all read single-copy (the exchange's home), from PUSH_MIN, and below 8 members up to PUSH_MAX. Intel Xeon VM, 2 vCPUs,
  * alternated with the exchange, 3-4 rounds, medians, us per call: 2 ranks 1 / 2 / 4 / 16 / 64 MiB
  * 37 / 139 / 301 / 1262 / 7689 against 58 / 170 / 342 / 1419 / 8089 (Open MPI 57, 170, 365, 1427,
  * 10461), 512 KiB alike, 128 KiB 1.08x; 4 ranks bound in blocks 128 KiB-16 MiB 0.78-0.89x
  * (1 MiB 129 against 162, 16 MiB 2543 against 2841), 32 / 64 MiB 1.13 / 1.08x, 64 KiB 1.09x;
  * 8 ranks 128 KiB-64 MiB 0.73-0.95x, 64 KiB 1.6x. Chunks of 256 KiB: 64 KiB lost 1 MiB-64 MiB
  * by 4-20 %, 1 MiB lost at 4 ranks (4-16 MiB 1.05-1.12x). The CMA write first, then the own copy
- * from the cache: the other order 1.02-1.07x at 1-4 MiB. */
+ * from the cache: the other order 1.02-1.07x at 1-4 MiB. "The pairs" are the world's where all
+ * ranks share one host, else those of the one host the group lies on (kolo__coll_group_flags):
+ * the steps within a host of the hierarchical allreduce (hier.c), a process set of one host's
+ * ranks. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
 #define PUSH_MIN ((size_t)128 << 10)
 #define PUSH_MAX ((size_t)16 << 20)
@@ -98,11 +100,13 @@ static int test_refuse_write; /* test hook: the nth write from now is refused (E
 uint64_t kolo__coll_allgather_push_runs(void) { return __atomic_load_n(&push_runs, __ATOMIC_RELAXED); }
 void kolo__coll_allgather_test_refuse_write(int nth) { test_refuse_write = nth; }
 
-static bool push_here(const kolo__mesh *m, int n, size_t bytes)
+static bool push_here(const kolo__mesh *m, const kolo__group *g, size_t bytes)
 {
-    if (!m->world_single || n > PUSH_MAX_MEMBERS) return false;
-    if (n == 2) return bytes >= PUSH_MIN_2;
-    return m->world_oversubscribed && bytes >= PUSH_MIN && (n >= 8 || bytes <= PUSH_MAX);
+    int n = g->size;
+    if (n > PUSH_MAX_MEMBERS || bytes < (n == 2 ? PUSH_MIN_2 : PUSH_MIN)) return false;
+    unsigned f = kolo__coll_group_flags(m, g);
+    if (!(f & KOLO_HOST_SINGLE)) return false;
+    return n == 2 || ((f & KOLO_HOST_CROWDED) && (n >= 8 || bytes <= PUSH_MAX));
 }
 
 static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, char *out, const size_t *offs,
@@ -190,7 +194,9 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     int h = n > 1 ? kolo__coll_hier_allgather(m, g, send, recv, counts, es) : KOLO_HIER_DECLINED;
     if (h != KOLO_HIER_DECLINED) return h;
     /* (a world of one rank has no mesh) */
-    bool exchange = n <= 64 && (n <= 2 || total * es <= DIRECT_MAX || (m->world_shm && m->world_oversubscribed));
+    bool exchange = n <= 64 && (n <= 2 || total * es <= DIRECT_MAX ||
+                                (kolo__coll_group_flags(m, g) & (KOLO_HOST_SHM | KOLO_HOST_CROWDED)) ==
+                                    (KOLO_HOST_SHM | KOLO_HOST_CROWDED));
     if (n >= 4 && total * es <= DOUBLING_MAX && kolo__coll_doubling_world(m, n))
         return allgather_doubling(m, g, send, out, offs, counts, es);
     if (n == 1 || !exchange) {
@@ -199,7 +205,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     kolo__out_ticket ot;
     bool stream = kolo__coll_out_stream(m, total * es, &ot); /* written around the cache */
-    if (push_here(m, n, total * es)) {
+    if (push_here(m, g, total * es)) {
         int st = allgather_push(m, g, own, out, offs, counts, es, stream);
         kolo__coll_out_done(m, &ot, "allgather", st);
         return st;

@@ -457,8 +457,9 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
  * nobody reads its input any more: a failed read fails the call on every member, naming who
  * could not read whom.
  *
- * Where every pair reads single-copy (kolo__mesh.world_single): 2 members from RS_DIRECT_MIN_2
- * in all, more on a host with more ranks than cores from RS_DIRECT_MIN. Intel Xeon VM, 2 vCPUs,
+ * Where every pair of the group reads single-copy (of the world, or of the one host the group
+ * lies on: kolo__coll_group_flags, as the allgather's push): 2 members from RS_DIRECT_MIN_2 in
+ * all, more on a host with more ranks than cores from RS_DIRECT_MIN. Intel Xeon VM, 2 vCPUs,
  * alternated with the build before (the exchange, or the ring), 3 rounds, medians, us per call:
  * 2 ranks 256 KiB 10.8 against 13.9, 2 MiB 164 against 208, 16 MiB 1319 against 1707, 64 MiB
  * 10776 against 11047 (128 KiB alike); 4 ranks bound in blocks 128 KiB 26.6 against 34.5, 4 MiB
@@ -476,10 +477,12 @@ static int rs_test_fail_read;
 uint64_t kolo__coll_reducescatter_direct_runs(void) { return __atomic_load_n(&rs_direct_runs, __ATOMIC_RELAXED); }
 void kolo__coll_reducescatter_test_fail_read(int nth) { rs_test_fail_read = nth; }
 
-static bool rs_direct_here(const kolo__mesh *m, int n, size_t bytes)
+static bool rs_direct_here(const kolo__mesh *m, const kolo__group *g, size_t bytes)
 {
-    if (!m->world_single || n > EXCHANGE_MEMBERS) return false;
-    return n == 2 ? bytes >= RS_DIRECT_MIN_2 : m->world_oversubscribed && bytes >= RS_DIRECT_MIN;
+    int n = g->size;
+    if (n > EXCHANGE_MEMBERS || bytes < (n == 2 ? RS_DIRECT_MIN_2 : RS_DIRECT_MIN)) return false;
+    unsigned f = kolo__coll_group_flags(m, g);
+    return (f & KOLO_HOST_SINGLE) && (n == 2 || (f & KOLO_HOST_CROWDED));
 }
 
 typedef struct rs_desc {
@@ -574,14 +577,14 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     /* spread over hosts: maybe within each host first, then across (hier.c) */
     int h = kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
     if (h != KOLO_HIER_DECLINED) return h;
-    if (rs_direct_here(m, n, total * es)) {
+    if (rs_direct_here(m, g, total * es)) {
         int st = reducescatter_direct(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
         if (st != KOLO_DIRECT_DECLINED) return st;
     }
     /* the choice depends on the member count and the total only, the same on every member */
-    size_t exchange_max = m->world_shm && m->world_oversubscribed
-                              ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)
-                              : EXCHANGE_MAX;
+    bool shm_crowded = n >= 3 && (kolo__coll_group_flags(m, g) & (KOLO_HOST_SHM | KOLO_HOST_CROWDED)) ==
+                                     (KOLO_HOST_SHM | KOLO_HOST_CROWDED);
+    size_t exchange_max = shm_crowded ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX) : EXCHANGE_MAX;
     if (n >= 3 && n <= EXCHANGE_MEMBERS && total * es <= exchange_max)
         return reducescatter_exchange(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
     /* The ring accumulates the blocks it passes on in a full-size work buffer (so does a

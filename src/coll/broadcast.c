@@ -93,8 +93,9 @@ uint64_t kolo__coll_broadcast_split_runs(void) { return __atomic_load_n(&split_r
  * mismatch, as a message of the wrong length does), then sends whether it wrote, and its
  * length; if it could not write (CMA refused), it sends the half as a message instead.
  *
- * Split edges: on 2 members every broadcast from SPLIT_MIN_2 where the world's pairs read
- * single-copy (kolo__mesh.world_single; so not with KOLO_SHM_CMA=0, nor over TCP), and the
+ * Split edges: on 2 members every broadcast from SPLIT_MIN_2 where the pair reads single-copy
+ * (kolo__coll_group_flags: the world's pairs, or its host's; so not with KOLO_SHM_CMA=0, nor over
+ * TCP), and the
  * tree's edge from the root to position n/2 from SPLIT_MIN_TREE, which with the ranks in two
  * blocks is the edge that crosses to the other CPU: there one CPU's members made the copies of
  * n/2 of them, the root's CPU of n/2 - 1. Intel Xeon VM, 2 vCPUs, launches alternated with the
@@ -259,12 +260,13 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     if (n == 1) return KOLO_OK;
     char *p = buf;
     /* a host with more ranks than cores, every pair reading single-copy; bound in blocks */
-    bool crowded = n > 3 && m->world_oversubscribed && m->world_single;
+    unsigned f = n > 3 || (n == 2 && bytes >= SPLIT_MIN_2) ? kolo__coll_group_flags(m, g) : 0u;
+    bool crowded = n > 3 && (f & (KOLO_HOST_CROWDED | KOLO_HOST_SINGLE)) == (KOLO_HOST_CROWDED | KOLO_HOST_SINGLE);
     bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
     bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
     if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
     if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree, tree && bytes >= SPLIT_MIN_TREE);
-    if (n == 2 && bytes >= SPLIT_MIN_2 && m->world_single) return binomial(m, g, p, bytes, root, true, true);
+    if (n == 2 && bytes >= SPLIT_MIN_2 && (f & KOLO_HOST_SINGLE)) return binomial(m, g, p, bytes, root, true, true);
     bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);

@@ -37,6 +37,22 @@ static inline void kolo__coll_blocks(size_t count, int n, size_t *off, size_t *c
     for (int i = 0; i < n; i++) cnt[i] = kolo__coll_block(count, n, i, off ? &off[i] : NULL);
 }
 
+/* What the algorithms that read or write a peer's buffers, or that a crowded host favours,
+ * need to know of g's pairs: KOLO_HOST_* (transport.h). Of every pair of the world where the
+ * world says so (kolo__mesh.world_shm, _single, _oversubscribed); of its host's pairs where g
+ * lies on one host of a job on several (host_flags); else none. Agreed at init, the same on
+ * every member. Only the world's on one host: no walk over the members. */
+static inline unsigned kolo__coll_group_flags(const kolo__mesh *m, const kolo__group *g)
+{
+    unsigned f = (m->world_shm ? KOLO_HOST_SHM : 0u) | (m->world_single ? KOLO_HOST_SINGLE : 0u) |
+                 (m->world_oversubscribed ? KOLO_HOST_CROWDED : 0u);
+    if (!m->host_of || !m->host_flags || (f & KOLO_HOST_SINGLE)) return f;
+    int h = m->host_of[kolo__g2w(g, 0)];
+    for (int i = 1; i < g->size; i++)
+        if (m->host_of[kolo__g2w(g, i)] != h) return f;
+    return m->host_flags[h];
+}
+
 /* Whether small collectives on n members go by recursive doubling instead of a one-round
  * exchange: n a power of two, and some pair of the job runs over TCP on a host with more ranks
  * than cores, where each of the exchange's n-1 sends runs the receiver's TCP stack in the

@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -137,7 +138,8 @@ static void choose_spin(size_t sharers, long cpus)
  * its own pairs (one whose shared memory could not be opened runs over TCP), its own host and
  * its own cache, so every rank contributes flags (bit 0: this host is oversubscribed; bit 1 + c:
  * every pair of this rank runs over shared memory on channel c; bit 3 + c: and sends the messages
- * marked `single` single-copy) and the size from which it would
+ * marked `single` single-copy; bits 5 + c and 7 + c: the same of its pairs with the ranks of its
+ * own host, for the groups that lie on one host of a job on several: host_flags) and the size from which it would
  * have rings write around the cache (kolo__stream_min_local: hosts and KOLO_STREAM_MIN may
  * differ, and a ring that fuses its middle steps sends other messages than one that does not)
  * and the one CPU it is bound to, if it is, and all combine them: the flags by and and or, the
@@ -146,9 +148,8 @@ static void choose_spin(size_t sharers, long cpus)
  * still false and the size unset on every rank, so it takes the same path everywhere. */
 typedef struct agreement {
     uint64_t stream_min;
-    uint8_t flags;
+    uint16_t flags;
     uint8_t hier[2]; /* KOLO_HIERARCHICAL_ALLREDUCE, _ALLGATHER: 0 off, 1 auto, 2 on; all take the least */
-    uint8_t pad;
     int32_t cpu;  /* the one CPU this rank is bound to, or -1 (blocks_of, below) */
     int32_t plan; /* the CPU KOLO_BIND=auto would bind it to, or -1 (bind_host, below) */
     int32_t pad2;
@@ -257,6 +258,30 @@ static void bind_host(agreement *all, int n)
     else KOLO_INFO("KOLO_BIND=auto: bound to CPU %d (local rank %d of %d)", all[me].plan, W.local_rank, W.local_size);
 }
 
+/* Each host's flags from its ranks' (a job on several hosts): KOLO_HOST_CROWDED where one says its
+ * host has more ranks than cores, KOLO_HOST_SHM and KOLO_HOST_SINGLE of channel c where every one
+ * says so of its pairs on the host. Per channel, W.hosts bytes each. */
+static int agree_hosts(const agreement *all, int n)
+{
+    int hosts = 0;
+    for (int r = 0; r < n; r++) hosts = KOLO_MAX(hosts, W.host_of[r] + 1);
+    uint8_t *f = kolo__calloc((size_t)hosts * KOLO_NCHANNELS, 1);
+    if (!f) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the flags of %d hosts at init", hosts);
+    for (int c = 0; c < KOLO_NCHANNELS; c++) {
+        uint8_t *fc = f + (size_t)c * (size_t)hosts;
+        memset(fc, KOLO_HOST_SHM | KOLO_HOST_SINGLE, (size_t)hosts);
+        for (int r = 0; r < n; r++) {
+            uint8_t *h = &fc[W.host_of[r]];
+            if (all[r].flags & 1u) *h |= KOLO_HOST_CROWDED;
+            if (!(all[r].flags & (32u << c))) *h &= (uint8_t)~(KOLO_HOST_SHM | KOLO_HOST_SINGLE);
+            if (!(all[r].flags & (128u << c))) *h &= (uint8_t)~KOLO_HOST_SINGLE;
+        }
+    }
+    W.host_flags = f;
+    W.hosts = hosts;
+    return KOLO_OK;
+}
+
 static int agree_world(bool oversubscribed, bool bind_wish)
 {
     int n = W.info.size, me = W.info.rank;
@@ -274,13 +299,21 @@ static int agree_world(bool oversubscribed, bool bind_wish)
         mine.hier[k] = hier[k];
     }
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
-        bool shm = true, single = true;
-        for (int r = 0; r < n && shm; r++) {
-            if (r != me && W.mesh[c]->conns[r]->tp != &kolo__shm_transport) shm = false;
-            if (r != me && !kolo__shm_sends_single(W.mesh[c]->conns[r])) single = false;
+        bool shm = true, single = true, host_shm = true, host_single = true;
+        for (int r = 0; r < n; r++) {
+            if (r == me) continue;
+            bool s = W.mesh[c]->conns[r]->tp == &kolo__shm_transport, one = kolo__shm_sends_single(W.mesh[c]->conns[r]);
+            shm &= s;
+            single &= one;
+            if (W.host_of && W.host_of[r] == W.host_of[me]) {
+                host_shm &= s;
+                host_single &= one;
+            }
         }
-        if (shm) mine.flags |= (uint8_t)(2u << c);
-        if (shm && single) mine.flags |= (uint8_t)(8u << c);
+        if (shm) mine.flags |= (uint16_t)(2u << c);
+        if (shm && single) mine.flags |= (uint16_t)(8u << c);
+        if (host_shm) mine.flags |= (uint16_t)(32u << c);
+        if (host_shm && host_single) mine.flags |= (uint16_t)(128u << c);
     }
     agreement *all = kolo__calloc((size_t)n, sizeof(agreement));
     size_t *counts = kolo__calloc((size_t)n, sizeof(size_t));
@@ -291,8 +324,9 @@ static int agree_world(bool oversubscribed, bool bind_wish)
     }
     for (int r = 0; r < n; r++) counts[r] = 1;
     int st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, sizeof(agreement));
+    if (st == KOLO_OK && W.host_of) st = agree_hosts(all, n);
     if (st == KOLO_OK) {
-        uint8_t and_all = 0xff, or_all = 0;
+        uint16_t and_all = 0xffff, or_all = 0;
         uint64_t stream_min = UINT64_MAX;
         for (int r = 0; r < n; r++) {
             and_all &= all[r].flags;
@@ -310,6 +344,7 @@ static int agree_world(bool oversubscribed, bool bind_wish)
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
             W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
             W.mesh[c]->host_of = W.host_of;
+            W.mesh[c]->host_flags = W.host_flags ? W.host_flags + (size_t)c * (size_t)W.hosts : NULL;
             W.mesh[c]->hier = hier[0];
             W.mesh[c]->hier_ag = hier[1];
         }
@@ -332,6 +367,9 @@ static void teardown(void)
     W.peers = NULL;
     kolo__free(W.host_of);
     W.host_of = NULL;
+    kolo__free(W.host_flags);
+    W.host_flags = NULL;
+    W.hosts = 0;
     kolo__store_server_stop(W.server);
     W.server = NULL;
     for (int i = 0; i < KOLO_MAX_PSETS; i++) {

@@ -17,6 +17,8 @@ typedef struct kolo__world {
     kolo__mesh *mesh[KOLO_NCHANNELS];
     kolo__peer_info *peers;
     int *host_of; /* [size]: each rank's host, numbered in order of each host's lowest rank; NULL on one host */
+    uint8_t *host_flags; /* [KOLO_NCHANNELS][hosts]: KOLO_HOST_* agreed at init; NULL on one host */
+    int hosts;
     kolo__store_server *server; /* when this rank serves the rendezvous store */
     /* Serializes direct collectives of user threads on channel 0. Lock order: direct_lock,
      * then pset_lock. */

@@ -208,7 +208,18 @@ struct kolo__mesh {
      * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
     const int *host_of;
     int hier, hier_ag;
+    /* each host's KOLO_HOST_* flags on this channel, indexed as host_of (owned by the world; NULL
+     * when host_of is): what world_shm, world_single and world_oversubscribed say of the world,
+     * said of the pairs within each host, so that a group lying on one host of a job on several
+     * (a step of the hierarchical collectives, a process set) chooses as a world on one host
+     * would (coll.h, kolo__coll_group_flags). Agreed at init as those. */
+    const uint8_t *host_flags;
 };
+
+/* Bits of kolo__mesh.host_flags. */
+#define KOLO_HOST_SHM 1u     /* every pair of the host's ranks runs over shared memory */
+#define KOLO_HOST_SINGLE 2u  /* and sends the messages marked `single` single-copy */
+#define KOLO_HOST_CROWDED 4u /* the host has more ranks than cores */
 
 /* The transports (tcp.c, shm.c). */
 extern const kolo__transport kolo__tcp_transport;
