@@ -132,8 +132,45 @@ def test_more_ranks_than_slots_is_a_clear_error(spark):
         kolo.spark.run(_noop, num_proc=3, verbose=0)
 
 
+def _stale_task_dirs():
+    """kolo.spark's task directories in the temporary directory whose process is gone."""
+    import tempfile
+    stale, prefix = [], "kolo-spark-%d-" % kolo.spark._pid_ns()
+    for name in os.listdir(tempfile.gettempdir()):
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not os.path.exists("/proc/%s" % pid):
+            stale.append(name)
+    return stale
+
+
 def test_spark_runs_again_after_failures(spark):
+    # the failed runs' tasks were killed before their own cleanup: this run's tasks sweep what
+    # they left (those whose process was gone before it started: others may be going now)
+    stale = _stale_task_dirs()
     assert kolo.spark.run(_noop, num_proc=2, verbose=0) == [1, 1]
+    assert set(stale) & set(_stale_task_dirs()) == set()
+
+
+def test_stale_task_dirs_are_swept_only_when_their_process_is_gone(tmp_path):
+    ns = kolo.spark._pid_ns()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        names = {"kolo-spark-%d-%d-ab12" % (ns, gone.pid): False,  # its process is gone: swept
+                 "kolo-spark-%d-%d-cd34" % (ns, live.pid): True,  # alive
+                 "kolo-spark-%d-%d-ef56" % (ns + 1, gone.pid): True,  # another pid namespace's
+                 "kolo-spark-gh78": True,  # not of this form
+                 "other-%d-%d-ij90" % (ns, gone.pid): True}
+        for name in names:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "payload").write_bytes(b"x")
+        kolo.spark._sweep_stale_dirs(str(tmp_path))
+        for name, kept in names.items():
+            assert (tmp_path / name).exists() == kept, name
+    finally:
+        live.kill()
+        live.wait()
 
 
 def _elastic_loses_rank_1(limit):
@@ -363,7 +400,8 @@ from kolo.spark.torch import TorchEstimator
 df = s.createDataFrame([(float(x), float(3 * x - 1)) for x in np.linspace(-1, 1, 200)], ["x", "y"])
 torch.manual_seed(0)
 net = torch.nn.Linear(1, 1)
-est = TorchEstimator(num_proc=n, store=Store.create(tempfile.mkdtemp(prefix="kolo-estimator-")), model=net,
+store_dir = tempfile.mkdtemp(prefix="kolo-estimator-")
+est = TorchEstimator(num_proc=n, store=Store.create(store_dir), model=net,
                      optimizer=torch.optim.SGD(net.parameters(), lr=0.3), loss=torch.nn.MSELoss(),
                      feature_cols=["x"], label_cols=["y"], input_shapes=[[-1, 1]], batch_size=8, epochs=10,
                      partitions_per_process=1, verbose=0)
@@ -372,6 +410,8 @@ err = max(abs(r.y - r.y__output) for r in fitted.transform(df).collect())
 out.append([fitted.getHistory()["loss"], err, float(fitted.getModel().weight), float(fitted.getModel().bias)])
 print("RESULTS " + json.dumps(out), flush=True)
 s.stop()
+import shutil
+shutil.rmtree(store_dir, ignore_errors=True)
 """
 
 # Where network namespaces can be made (root, iproute2), the standalone cluster's two workers are

@@ -39,6 +39,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -432,9 +433,46 @@ class _Channel:
                 self.sock = None
 
 
+def _pid_ns():
+    """This process's pid namespace (its inode), or 0 where /proc cannot tell."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _sweep_stale_dirs(tmp=None):
+    """Removes what tasks of earlier runs on this host left in the temporary directory.
+
+    A task's directory (its rank's payload and result) goes in the task's `finally`, but Spark
+    kills a task's Python worker outright when its barrier stage fails or is cancelled, and each
+    failed run left one behind. The name says whose it is, kolo-spark-<pid namespace>-<pid>-*:
+    one of this user's, from this pid namespace, whose process is gone, is removed. Another
+    namespace's (containers sharing /tmp) is left alone: its pids mean nothing here.
+    """
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    prefix = "kolo-spark-%d-" % _pid_ns()
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive (another user's), or gone already
+            pass
+
+
 def _task(spec):
     import subprocess
-    import tempfile
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -454,7 +492,8 @@ def _task(spec):
     if spec["verbose"] >= 2:
         chan.send("E %d kolo.spark: rank %d is partition %d on %s (local %d of %d)"
                   % (rank, rank, partition, hosts[partition], lrank, lsize), sys.stderr)
-    tmp = tempfile.mkdtemp(prefix="kolo-spark-")
+    _sweep_stale_dirs()
+    tmp = tempfile.mkdtemp(prefix="kolo-spark-%d-%d-" % (_pid_ns(), os.getpid()))
     try:
         with open(os.path.join(tmp, "payload"), "wb") as f:
             f.write(spec["payload"])
