@@ -3738,6 +3738,60 @@ KT_TEST(core_sharers_across_namespaces, 60)
     KT_EQ(kt_job(2, sharers_run, (void *)"ab", NULL, NULL), 0);
 }
 
+/* The settings that cut the ranks' messages (KOLO_RING_CHUNK, KOLO_SMALL_ALLREDUCE_MAX) set
+ * differently on some ranks: every rank follows rank 0's, where the first collective they touched
+ * used to fail as a mismatch of counts no rank made. Rings of 1 MiB (chunked), 2-rank sets at
+ * 128 KiB (the exchange where the setting is unset) and small allreduces run, exact. */
+typedef struct diff_case {
+    int rank;        /* the rank that sets it, or -1: every rank */
+    const char *var; /* "NAME=value" */
+    size_t small, chunk;
+} diff_case;
+
+static void differing_setting(int rank, void *arg)
+{
+    const diff_case *dc = arg;
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", (int)strcspn(dc->var, "="), dc->var);
+    if (dc->rank < 0 || dc->rank == rank) setenv(name, strchr(dc->var, '=') + 1, 1);
+    KT_OK(kolo_init());
+    KT_ASSERTF(kolo__coll_small_max() == dc->small && kolo__coll_chunk() == dc->chunk,
+               "%s on rank %d: rank %d follows %zu and %zu, want %zu and %zu", dc->var, dc->rank, rank,
+               kolo__coll_small_max(), kolo__coll_chunk(), dc->small, dc->chunk);
+    KT_EQ(kolo__coll_small_max_set(), dc->rank <= 0 && !strncmp(dc->var, "KOLO_SMALL", 10));
+    int pair[2] = {0, 1}, id = -1;
+    KT_OK(kolo_process_set_add(pair, 2, &id));
+    size_t lens[] = {(size_t)1 << 18, (size_t)32 << 10, 16};
+    float *x = malloc(lens[0] * 4), *y = malloc(lens[0] * 4);
+    KT_ASSERT(x && y);
+    for (size_t s = 0; s < KOLO_ARRAY_SIZE(lens); s++)
+        for (int on_pair = 0; on_pair < 2; on_pair++) {
+            if (on_pair && rank > 1) continue;
+            size_t count = lens[s];
+            int n = on_pair ? 2 : 3;
+            for (size_t i = 0; i < count; i++) x[i] = (float)(i % 97 + (size_t)rank);
+            KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, on_pair ? id : KOLO_WORLD));
+            for (size_t i = 0; i < count; i++)
+                KT_ASSERTF(y[i] == (float)((size_t)n * (i % 97) + (size_t)(n * (n - 1) / 2)), "%zu floats%s [%zu]: %g",
+                           count, on_pair ? " on 2 ranks" : "", i, (double)y[i]);
+        }
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(settings_that_cut_messages_follow_rank_0, 60)
+{
+    static const diff_case cases[] = {{1, "KOLO_RING_CHUNK=64K", (size_t)64 << 10, (size_t)128 << 10},
+                                      {0, "KOLO_RING_CHUNK=64K", (size_t)64 << 10, (size_t)64 << 10},
+                                      {2, "KOLO_SMALL_ALLREDUCE_MAX=1M", (size_t)64 << 10, (size_t)128 << 10},
+                                      {1, "KOLO_SMALL_ALLREDUCE_MAX=64K", (size_t)64 << 10, (size_t)128 << 10},
+                                      {0, "KOLO_SMALL_ALLREDUCE_MAX=1M", (size_t)1 << 20, (size_t)128 << 10},
+                                      {-1, "KOLO_SMALL_ALLREDUCE_MAX=0", 0, (size_t)128 << 10}};
+    for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
+        KT_EQ(kt_job(3, differing_setting, (void *)&cases[c], NULL, NULL), 0);
+}
+
 KT_TEST(hier_bad_value_refused, 30)
 {
     kt_job_opts o = {.env = {"KOLO_HIERARCHICAL_ALLGATHER=often"}};

@@ -42,14 +42,15 @@
 #include <string.h>
 #include <unistd.h>
 
+/* read once (threads racing on the first call store the same value), or rank 0's (kolo__coll_follow) */
+static _Atomic size_t small_max = (size_t)-1, pair_below = (size_t)-1;
+
 size_t kolo__coll_small_max(void)
 {
-    /* read once; threads racing on the first call store the same value */
-    static _Atomic size_t v = (size_t)-1;
-    size_t r = atomic_load_explicit(&v, memory_order_relaxed);
+    size_t r = atomic_load_explicit(&small_max, memory_order_relaxed);
     if (r == (size_t)-1) {
         r = kolo__setting_bytes(KOLO_SET_SMALL_ALLREDUCE_MAX);
-        atomic_store_explicit(&v, r, memory_order_relaxed);
+        atomic_store_explicit(&small_max, r, memory_order_relaxed);
     }
     return r;
 }
@@ -67,13 +68,20 @@ uint64_t kolo__coll_pair_exchange_runs(void) { return __atomic_load_n(&pair_exch
 
 static size_t pair_exchange_below(void)
 {
-    static _Atomic size_t v = (size_t)-1; /* as kolo__coll_small_max */
-    size_t r = atomic_load_explicit(&v, memory_order_relaxed);
+    size_t r = atomic_load_explicit(&pair_below, memory_order_relaxed); /* as kolo__coll_small_max */
     if (r == (size_t)-1) {
         r = kolo__setting_is_set(KOLO_SET_SMALL_ALLREDUCE_MAX) ? 0 : PAIR_EXCHANGE_BELOW;
-        atomic_store_explicit(&v, r, memory_order_relaxed);
+        atomic_store_explicit(&pair_below, r, memory_order_relaxed);
     }
     return r;
+}
+
+bool kolo__coll_small_max_set(void) { return pair_exchange_below() == 0; }
+
+void kolo__coll_follow_small(size_t max, bool set)
+{
+    atomic_store_explicit(&small_max, max, memory_order_relaxed);
+    atomic_store_explicit(&pair_below, set ? 0 : PAIR_EXCHANGE_BELOW, memory_order_relaxed);
 }
 
 /* dst = src[0] OP src[1] OP ... OP src[n-1] (n >= 2), always in member order, so that members

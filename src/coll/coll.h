@@ -231,6 +231,14 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
 /* KOLO_SMALL_ALLREDUCE_MAX: allreduces of at most this many bytes take the small algorithms
  * (allreduce.c; adasum.c likewise). */
 size_t kolo__coll_small_max(void);
+/* Whether KOLO_SMALL_ALLREDUCE_MAX was set (2-member allreduces then never take the exchange:
+ * allreduce.c, PAIR_EXCHANGE_BELOW). */
+bool kolo__coll_small_max_set(void);
+/* Makes this rank follow rank 0's KOLO_SMALL_ALLREDUCE_MAX (value, and whether set) and
+ * KOLO_RING_CHUNK, which cut the ranks' messages and so must be alike (core/kolo.c, at init,
+ * before any thread but the caller's runs collectives). */
+void kolo__coll_follow(size_t small_max, bool small_set, size_t chunk);
+void kolo__coll_follow_small(size_t small_max, bool small_set); /* its allreduce.c half */
 
 /* Rings of m->stream_min bytes or more write their blocks around the cache and fuse their
  * middle steps (ring.c, where the rule is measured). The ranks agree on it at init (core/kolo.c:

@@ -24,10 +24,17 @@ void *kolo__coll_scratch(kolo__mesh *m, int area, size_t n)
     return p;
 }
 
+/* read once (threads racing on the first call store the same value), or rank 0's */
+static _Atomic size_t chunk;
+
+void kolo__coll_follow(size_t small_max, bool small_set, size_t c)
+{
+    kolo__coll_follow_small(small_max, small_set);
+    atomic_store_explicit(&chunk, c, memory_order_relaxed);
+}
+
 size_t kolo__coll_chunk(void)
 {
-    /* read once; threads racing on the first call store the same value */
-    static _Atomic size_t chunk;
     size_t c = atomic_load_explicit(&chunk, memory_order_relaxed);
     if (!c) {
         c = kolo__setting_bytes(KOLO_SET_RING_CHUNK);

@@ -76,9 +76,11 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                       "below 256K may run the one-round exchange too, as rank 0's timings choose "
                                       "(over TCP always); on 4 or more ranks spread over 2 or more hosts, "
                                       "allreduces from 32K go by recursive halving and doubling where the "
-                                      "hierarchical allreduce does not run"},
+                                      "hierarchical allreduce does not run. Every rank follows rank 0's (set "
+                                      "or not; a rank with another warns)"},
     [KOLO_SET_RING_CHUNK] = {"KOLO_RING_CHUNK", "", "128K",
-                             "bytes per pipelined chunk in ring algorithms"},
+                             "bytes per pipelined chunk in ring algorithms; every rank follows rank 0's (a rank "
+                             "with another warns)"},
     [KOLO_SET_HIERARCHICAL_ALLREDUCE] = {"KOLO_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
                                          "1: allreduces of 256K and more (and above KOLO_SMALL_ALLREDUCE_MAX), on "
                                          "ranks spread over 2 or more hosts with the same number (2 or more) on "

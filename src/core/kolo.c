@@ -153,7 +153,33 @@ typedef struct agreement {
     int32_t cpu;  /* the one CPU this rank is bound to, or -1 (blocks_of, below) */
     int32_t plan; /* the CPU KOLO_BIND=auto would bind it to, or -1 (bind_host, below) */
     int32_t pad2;
+    uint64_t small_max; /* KOLO_SMALL_ALLREDUCE_MAX in effect, SMALL_SET added where set (follow_rank0) */
+    uint64_t chunk;     /* KOLO_RING_CHUNK in effect */
 } agreement;
+
+#define SMALL_SET ((uint64_t)1 << 63)
+
+/* The settings that cut the ranks' messages (the allreduce's algorithms by size, the ring's
+ * chunks) must be alike on every rank, or the first collective they touch fails as a mismatch of
+ * counts that no rank made. Every rank follows rank 0's, as the engine's settings do
+ * (engine/engine.c), and one that had others says so. */
+static void follow_rank0(const agreement *all, const agreement *mine)
+{
+    const agreement *z = &all[0];
+    if (z->small_max != mine->small_max) {
+        char v0[48], v[48];
+        snprintf(v0, sizeof(v0), z->small_max & SMALL_SET ? "%llu" : "unset (%llu)",
+                 (unsigned long long)(z->small_max & ~SMALL_SET));
+        snprintf(v, sizeof(v), mine->small_max & SMALL_SET ? "%llu" : "unset (%llu)",
+                 (unsigned long long)(mine->small_max & ~SMALL_SET));
+        KOLO_WARN("KOLO_SMALL_ALLREDUCE_MAX is %s on rank 0 and %s here: every rank follows rank 0 (set it alike "
+                  "everywhere, or nowhere)", v0, v);
+    }
+    if (z->chunk != mine->chunk)
+        KOLO_WARN("KOLO_RING_CHUNK is %llu on rank 0 and %llu here: every rank follows rank 0 (set it alike "
+                  "everywhere, or nowhere)", (unsigned long long)z->chunk, (unsigned long long)mine->chunk);
+    kolo__coll_follow((size_t)(z->small_max & ~SMALL_SET), (z->small_max & SMALL_SET) != 0, (size_t)z->chunk);
+}
 
 /* The one CPU this process may run on, or -1 if it may run on several. */
 static int32_t bound_cpu(void)
@@ -288,7 +314,9 @@ static int agree_world(bool oversubscribed, bool bind_wish)
     agreement mine = {.stream_min = kolo__stream_min_local(),
                       .flags = oversubscribed ? 1u : 0u,
                       .cpu = bound_cpu(),
-                      .plan = bind_plan(bind_wish)};
+                      .plan = bind_plan(bind_wish),
+                      .small_max = kolo__coll_small_max() | (kolo__coll_small_max_set() ? SMALL_SET : 0),
+                      .chunk = kolo__coll_chunk()};
     static const kolo_setting_t hier_set[2] = {KOLO_SET_HIERARCHICAL_ALLREDUCE, KOLO_SET_HIERARCHICAL_ALLGATHER};
     uint8_t hier[2];
     for (int k = 0; k < 2; k++) {
@@ -324,6 +352,7 @@ static int agree_world(bool oversubscribed, bool bind_wish)
     }
     for (int r = 0; r < n; r++) counts[r] = 1;
     int st = kolo__coll_allgather(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, sizeof(agreement));
+    if (st == KOLO_OK) follow_rank0(all, &mine);
     if (st == KOLO_OK && W.host_of) st = agree_hosts(all, n);
     if (st == KOLO_OK) {
         uint16_t and_all = 0xffff, or_all = 0;
