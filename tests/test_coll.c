@@ -2031,7 +2031,8 @@ static void pair_exchange_choice(int rank, void *arg)
 
 KT_TEST(pair_exchange_choice_follows_timings, 120) { KT_EQ(kt_job(2, pair_exchange_choice, NULL, NULL, NULL), 0); }
 
-/* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group go the way member 0's timings
+/* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group that take the ring from
+ * KOLO_PAIR_MIN (256 KiB; prescaled, as the direct reads decline) go the way member 0's timings
  * of whole calls favour,
  * and both members send every call the same way (coll_util.c, "pair"): a hook makes calls by
  * one way 30 ms slower, and the other must carry at least 7 of the last 12 calls (after the
@@ -2039,8 +2040,8 @@ KT_TEST(pair_exchange_choice_follows_timings, 120) { KT_EQ(kt_job(2, pair_exchan
  * build can reach, runs 4 calls the other way); each member records the way of each of its
  * calls, and the two records must match call for call; the messages each member received as
  * its peer's call chose match the record too (the transport obeyed). Then the other way is the
- * slow one, with calls of another size (a fresh class). Skips where the pair cannot read by
- * CMA. */
+ * slow one, with calls of another size (a fresh class); a call of 128 KiB is left to the
+ * transport. Skips where the pair cannot read by CMA. */
 static void pair_choice(int rank, void *arg)
 {
     (void)arg;
@@ -2050,9 +2051,9 @@ static void pair_choice(int rank, void *arg)
     kolo__conn *c = m->conns[!rank];
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
-        /* floats per member: 32 KiB, then 64 KiB (64 and 128 KiB in all: below where 2 members
-         * read each other's inputs directly, allreduce.c) */
-        size_t half = ((size_t)8 << 10) * (size_t)slow;
+        /* floats per member: 128 KiB, then 256 KiB (256 and 512 KiB in all), prescaled: where 2
+         * members would read each other's inputs directly but for the prescale (allreduce.c) */
+        size_t half = ((size_t)32 << 10) * (size_t)slow;
         float *a = malloc(2 * half * 4), *b = malloc(2 * half * 4);
         KT_ASSERT(a && b);
         for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
@@ -2062,8 +2063,8 @@ static void pair_choice(int rank, void *arg)
         kolo__shm_call_received(c, got0);
         for (int call = 0; call < CALLS; call++) {
             kolo__pair_test_calls(before);
-            KT_OK(kolo_reducescatter(a, b, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-            KT_ASSERTF(b[0] == 3 && b[half - 1] == 3, "call %d: %g %g", call, (double)b[0], (double)b[half - 1]);
+            KT_OK(kolo_reducescatter(a, b, 2, half, KOLO_FLOAT32, KOLO_SUM, 2.0, 1, KOLO_WORLD));
+            KT_ASSERTF(b[0] == 6 && b[half - 1] == 6, "call %d: %g %g", call, (double)b[0], (double)b[half - 1]);
             kolo__pair_test_calls(after);
             ways[rank][call] = -1;
             for (int w = 0; w < 3; w++)
@@ -2092,6 +2093,12 @@ static void pair_choice(int rank, void *arg)
                        (int)all[0][call], (int)all[1][call]);
         KT_ASSERTF(fast >= 7, "%s slowed by %.0f ms: %d of the last 12 calls the other way",
                    slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6, fast);
+        /* below KOLO_PAIR_MIN the transport picks, call by call uncounted */
+        uint64_t small0[3], small1[3];
+        kolo__pair_test_calls(small0);
+        KT_OK(kolo_reducescatter(a, b, 2, ((size_t)16 << 10), KOLO_FLOAT32, KOLO_SUM, 2.0, 1, KOLO_WORLD));
+        kolo__pair_test_calls(small1);
+        KT_ASSERT(b[0] == 6 && memcmp(small0, small1, sizeof(small0)) == 0);
         free(a);
         free(b);
     }

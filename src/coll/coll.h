@@ -290,7 +290,7 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
  * sends go that way (coll_util.c, "pair"). The call begins with kolo__pair_begin, before
  * posting, and ends with kolo__pair_end, with its status; it runs no other collective between
  * them. */
-#define KOLO_PAIR_MIN ((size_t)64 << 10)
+#define KOLO_PAIR_MIN ((size_t)256 << 10)
 enum { KOLO_PAIR_RS = 0 };
 typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: the call leaves the ways to the transport */
