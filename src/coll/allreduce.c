@@ -460,10 +460,14 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
  * chunk of the n inputs in member order straight into its output (finished there too). Every
  * input byte is read once and every output byte written once, where the ring moves each block
  * through the pairs' rings or a full-size work buffer at every step. The members first exchange
- * where their inputs are (and whether they can take part: send and recv apart, no pre-scaling;
- * if any cannot, all take the ring), and at the end their status, which also tells each that
+ * where their inputs are (and whether they can take part: send and recv apart; if any cannot,
+ * all take the ring), and at the end their status, which also tells each that
  * nobody reads its input any more: a failed read fails the call on every member, naming who
- * could not read whom.
+ * could not read whom. A prescale scales each chunk as it arrives, and this member's own into a
+ * slot of its own, before they are combined: the values the ring combines, which scales the whole
+ * input first. Prescaled, 2 ranks, 256 KiB / 1 / 4 / 16 MiB in all, 5 rounds of 200 calls
+ * alternated with the ring (and its 2-member pair choice) that such calls took before: 18.3 / 77
+ * / 408 / 1647 us against 28.5 / 151 / 690 / 2872.
  *
  * Where every pair of the group reads single-copy (of the world, or of the one host the group
  * lies on: kolo__coll_group_flags, as the allgather's push): 2 members from RS_DIRECT_MIN_2 in
@@ -517,7 +521,7 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
                                          .total = total * es,
                                          .layout = kolo__fnv1a(counts, (size_t)n * sizeof(size_t)),
                                          .pid = (int32_t)getpid(),
-                                         .ok = pre == 1.0 && kolo__coll_apart(recv, bytes, send, total * es)};
+                                         .ok = kolo__coll_apart(recv, bytes, send, total * es)};
     for (int i = 0; i < n; i++) ones[i] = 1;
     int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(rs_desc));
     bool ok = true;
@@ -533,9 +537,11 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     }
     if (st != KOLO_OK) return st;
     if (!ok) return KOLO_DIRECT_DECLINED;
-    size_t chunk = KOLO_MIN(RS_DIRECT_CHUNK, RS_DIRECT_SCRATCH / (size_t)(n - 1)) & ~(size_t)63;
+    /* a prescale scales each chunk as it arrives, this member's own into a slot of its own */
+    size_t slots_n = (size_t)(n - 1) + (pre != 1.0);
+    size_t chunk = KOLO_MIN(RS_DIRECT_CHUNK, RS_DIRECT_SCRATCH / slots_n) & ~(size_t)63;
     chunk = KOLO_MAX(chunk, (size_t)4096);
-    char *scratch = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, chunk * (size_t)(n - 1));
+    char *scratch = kolo__coll_scratch(m, KOLO_SCRATCH_WORK, chunk * slots_n);
     rs_status mine = {0, -1}, sts[EXCHANGE_MEMBERS];
     if (!scratch) mine.err = ENOMEM;
     const char *slots[EXCHANGE_MEMBERS];
@@ -550,10 +556,16 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
                         ? EFAULT
                         : kolo__cma_read(all[i].pid, slot, all[i].addr + base + at, c, &done);
             if (e || kolo__shm_peer_aborted(m->conns[kolo__g2w(g, i)])) mine = (rs_status){e ? e : ECANCELED, i};
+            else if (pre != 1.0) kolo__scale(slot, slot, c / es, dtype, pre);
             slots[i] = slot;
         }
         if (mine.err) break;
         slots[r] = send + base + at;
+        if (pre != 1.0) {
+            char *own = scratch + chunk * (size_t)(n - 1);
+            kolo__scale(own, send + base + at, c / es, dtype, pre);
+            slots[r] = own;
+        }
         combine_in_order(recv + at, slots, n, c / es, dtype, op);
         kolo__coll_finish_scale(recv + at, c / es, dtype, op, post, n);
     }
