@@ -77,10 +77,11 @@ static int allgather_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * A member returns once every other has said it is done writing into it.
  *
  * Where: n == 2 from PUSH_MIN_2 wherever the pair reads single-copy; more members only on a host
- * with more ranks than cores whose pairs all read single-copy (the exchange's home), from PUSH_MIN, and below 8 members up to PUSH_MAX. Intel Xeon VM, 2 vCPUs,
- * alternated with the exchange, 3-4 rounds, medians, us per call: 2 ranks 1 / 2 / 4 / 16 / 64 MiB
- * 37 / 139 / 301 / 1262 / 7689 against 58 / 170 / 342 / 1419 / 8089 (Open MPI 57, 170, 365, 1427,
- * 10461), 512 KiB alike, 128 KiB 1.08x; 4 ranks bound in blocks 128 KiB-16 MiB 0.78-0.89x
+ * with more ranks than cores whose pairs all read single-copy (the exchange's home), from
+ * PUSH_MIN, and below 8 members up to PUSH_MAX. Intel Xeon VM, 2 vCPUs, alternated with the
+ * exchange, 3-4 rounds, medians, us per call: 2 ranks 1 / 2 / 4 / 16 / 64 MiB 37 / 139 / 301 /
+ * 1262 / 7689 against 58 / 170 / 342 / 1419 / 8089 (Open MPI 57, 170, 365, 1427, 10461), 512 KiB
+ * alike, 128 KiB 1.08x; 4 ranks bound in blocks 128 KiB-16 MiB 0.78-0.89x
  * (1 MiB 129 against 162, 16 MiB 2543 against 2841), 32 / 64 MiB 1.13 / 1.08x, 64 KiB 1.09x;
  * 8 ranks 128 KiB-64 MiB 0.73-0.95x, 64 KiB 1.6x. Chunks of 256 KiB: 64 KiB lost 1 MiB-64 MiB
  * by 4-20 %, 1 MiB lost at 4 ranks (4-16 MiB 1.05-1.12x). The CMA write first, then the own copy

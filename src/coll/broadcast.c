@@ -95,10 +95,10 @@ uint64_t kolo__coll_broadcast_split_runs(void) { return __atomic_load_n(&split_r
  *
  * Split edges: on 2 members every broadcast from SPLIT_MIN_2 where the pair reads single-copy
  * (kolo__coll_group_flags: the world's pairs, or its host's; so not with KOLO_SHM_CMA=0, nor over
- * TCP), and the
- * tree's edge from the root to position n/2 from SPLIT_MIN_TREE, which with the ranks in two
- * blocks is the edge that crosses to the other CPU: there one CPU's members made the copies of
- * n/2 of them, the root's CPU of n/2 - 1. Intel Xeon VM, 2 vCPUs, launches alternated with the
+ * TCP), and the tree's edge from the root to position n/2 from SPLIT_MIN_TREE, which with the
+ * ranks in two blocks is the edge that crosses to the other CPU: there one CPU's members made the
+ * copies of n/2 of them, the root's CPU of n/2 - 1. Intel Xeon VM, 2 vCPUs, launches alternated
+ * with the
  * build before, 3 rounds, medians, us per call: 2 ranks 32 KiB 2.1 against 2.4 (split from 64
  * KiB: at 4-32 KiB the two more messages cost more, 16 KiB 1.8 against 0.9), 128 KiB 3.7 against
  * 5.2, 512 KiB 10.6 against 19.8, 2 MiB 62 against 153, 8 MiB 369 against 627, 32 MiB 1592

@@ -336,13 +336,12 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
  * probes' cost in short launches), so they keep the transport's.
  *
- * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters
- * of 256 KiB and more read each other's inputs directly (allreduce.c, "Direct"), so this choice
- * runs only where that one declines (recv overlapping send; a prescale too until the direct
- * reads took one the same day). Below, the transport's
- * own choice took 0.91-1.0x this one's time (Intel Xeon VM, 2 ranks, kolo-bench, 6 rounds of
- * 1000 calls alternated: 64 / 128 KiB 4.3 / 6.0 us against 4.5 / 6.6; 6 of 300: 4.3 / 5.5
- * against 5.0 / 5.5). */
+ * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters of
+ * 256 KiB and more read each other's inputs directly (allreduce.c, "Direct"), so this choice runs
+ * only where that one declines (recv overlapping send; a prescale too until the direct reads took
+ * one the same day). Below, the transport's own choice took 0.91-1.0x this one's time (Intel Xeon
+ * VM, 2 ranks, kolo-bench, 6 rounds of 1000 calls alternated: 64 / 128 KiB 4.3 / 6.0 us against
+ * 4.5 / 6.6; 6 of 300: 4.3 / 5.5 against 5.0 / 5.5). */
 static const char *const WAYS_PAIR[2] = {"ring copies", "single-copy"};
 static uint64_t test_pair_delay_ns[3];
 static _Atomic uint64_t pair_calls[3];
