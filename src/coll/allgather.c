@@ -32,7 +32,6 @@
  * progress pass before each). */
 #include "coll.h"
 
-
 #define DIRECT_MAX (256u << 10)
 
 /* Recursive doubling, n a power of two: in the round of distance d, member r holds the d blocks
@@ -105,9 +104,7 @@ static bool push_here(const kolo__mesh *m, const kolo__group *g, size_t bytes)
 {
     int n = g->size;
     if (n > PUSH_MAX_MEMBERS || bytes < (n == 2 ? PUSH_MIN_2 : PUSH_MIN)) return false;
-    unsigned f = kolo__coll_group_flags(m, g);
-    if (!(f & KOLO_HOST_SINGLE)) return false;
-    return n == 2 || ((f & KOLO_HOST_CROWDED) && (n >= 8 || bytes <= PUSH_MAX));
+    return (n == 2 || n >= 8 || bytes <= PUSH_MAX) && kolo__coll_single_copy_group(m, g);
 }
 
 static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, char *out, const size_t *offs,
@@ -195,9 +192,7 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     int h = n > 1 ? kolo__coll_hier_allgather(m, g, send, recv, counts, es) : KOLO_HIER_DECLINED;
     if (h != KOLO_HIER_DECLINED) return h;
     /* (a world of one rank has no mesh) */
-    bool exchange = n <= 64 && (n <= 2 || total * es <= DIRECT_MAX ||
-                                (kolo__coll_group_flags(m, g) & (KOLO_HOST_SHM | KOLO_HOST_CROWDED)) ==
-                                    (KOLO_HOST_SHM | KOLO_HOST_CROWDED));
+    bool exchange = n <= 64 && (n <= 2 || total * es <= DIRECT_MAX || kolo__coll_shm_crowded(m, g));
     if (n >= 4 && total * es <= DOUBLING_MAX && kolo__coll_doubling_world(m, n))
         return allgather_doubling(m, g, send, out, offs, counts, es);
     if (n == 1 || !exchange) {

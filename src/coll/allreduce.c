@@ -492,9 +492,8 @@ void kolo__coll_reducescatter_test_fail_read(int nth) { rs_test_fail_read = nth;
 static bool rs_direct_here(const kolo__mesh *m, const kolo__group *g, size_t bytes)
 {
     int n = g->size;
-    if (n > EXCHANGE_MEMBERS || bytes < (n == 2 ? RS_DIRECT_MIN_2 : RS_DIRECT_MIN)) return false;
-    unsigned f = kolo__coll_group_flags(m, g);
-    return (f & KOLO_HOST_SINGLE) && (n == 2 || (f & KOLO_HOST_CROWDED));
+    return n <= EXCHANGE_MEMBERS && bytes >= (n == 2 ? RS_DIRECT_MIN_2 : RS_DIRECT_MIN) &&
+           kolo__coll_single_copy_group(m, g);
 }
 
 typedef struct rs_desc {
@@ -602,9 +601,9 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
         if (st != KOLO_DIRECT_DECLINED) return st;
     }
     /* the choice depends on the member count and the total only, the same on every member */
-    bool shm_crowded = n >= 3 && (kolo__coll_group_flags(m, g) & (KOLO_HOST_SHM | KOLO_HOST_CROWDED)) ==
-                                     (KOLO_HOST_SHM | KOLO_HOST_CROWDED);
-    size_t exchange_max = shm_crowded ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX) : EXCHANGE_MAX;
+    size_t exchange_max = n >= 3 && kolo__coll_shm_crowded(m, g)
+                              ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)
+                              : EXCHANGE_MAX;
     if (n >= 3 && n <= EXCHANGE_MEMBERS && total * es <= exchange_max)
         return reducescatter_exchange(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
     /* The ring accumulates the blocks it passes on in a full-size work buffer (so does a

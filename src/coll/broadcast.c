@@ -68,7 +68,6 @@
  * -> 2 -> 3 -> 0), root 2 0.95-0.96x, root 0 alike. */
 #include "coll.h"
 
-
 #define DIRECT_MAX (64u << 10)
 #define MAX_CHUNKS 4096
 #define SPREAD_MAX (1u << 20)
@@ -98,8 +97,7 @@ uint64_t kolo__coll_broadcast_split_runs(void) { return __atomic_load_n(&split_r
  * TCP), and the tree's edge from the root to position n/2 from SPLIT_MIN_TREE, which with the
  * ranks in two blocks is the edge that crosses to the other CPU: there one CPU's members made the
  * copies of n/2 of them, the root's CPU of n/2 - 1. Intel Xeon VM, 2 vCPUs, launches alternated
- * with the
- * build before, 3 rounds, medians, us per call: 2 ranks 32 KiB 2.1 against 2.4 (split from 64
+ * with the build before, 3 rounds, medians, us per call: 2 ranks 32 KiB 2.1 against 2.4 (split from 64
  * KiB: at 4-32 KiB the two more messages cost more, 16 KiB 1.8 against 0.9), 128 KiB 3.7 against
  * 5.2, 512 KiB 10.6 against 19.8, 2 MiB 62 against 153, 8 MiB 369 against 627, 32 MiB 1592
  * against 2433 (Open MPI 5.9, 18.0, 181, 777, 3284); 4 ranks bound in blocks, roots 0 and 1, 512
@@ -260,13 +258,12 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     if (n == 1) return KOLO_OK;
     char *p = buf;
     /* a host with more ranks than cores, every pair reading single-copy; bound in blocks */
-    unsigned f = n > 3 || (n == 2 && bytes >= SPLIT_MIN_2) ? kolo__coll_group_flags(m, g) : 0u;
-    bool crowded = n > 3 && (f & (KOLO_HOST_CROWDED | KOLO_HOST_SINGLE)) == (KOLO_HOST_CROWDED | KOLO_HOST_SINGLE);
+    bool crowded = n > 3 && kolo__coll_single_copy_group(m, g);
     bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
     bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
     if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
     if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree, tree && bytes >= SPLIT_MIN_TREE);
-    if (n == 2 && bytes >= SPLIT_MIN_2 && (f & KOLO_HOST_SINGLE)) return binomial(m, g, p, bytes, root, true, true);
+    if (n == 2 && bytes >= SPLIT_MIN_2 && kolo__coll_single_copy_group(m, g)) return binomial(m, g, p, bytes, root, true, true);
     bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);

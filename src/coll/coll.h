@@ -53,6 +53,22 @@ static inline unsigned kolo__coll_group_flags(const kolo__mesh *m, const kolo__g
     return m->host_flags[h];
 }
 
+/* Where a collective may read or write its members' buffers itself (the allgather's push, the
+ * direct reducescatter): every pair of g reads single-copy, and beyond 2 members only on a host
+ * with more ranks than cores (where it was measured: allgather.c, allreduce.c). */
+static inline bool kolo__coll_single_copy_group(const kolo__mesh *m, const kolo__group *g)
+{
+    unsigned f = kolo__coll_group_flags(m, g);
+    return (f & KOLO_HOST_SINGLE) && (g->size == 2 || (f & KOLO_HOST_CROWDED));
+}
+
+/* Every pair of g shares memory on a host with more ranks than cores: the exchanges' home. */
+static inline bool kolo__coll_shm_crowded(const kolo__mesh *m, const kolo__group *g)
+{
+    unsigned want = KOLO_HOST_SHM | KOLO_HOST_CROWDED;
+    return (kolo__coll_group_flags(m, g) & want) == want;
+}
+
 /* Whether small collectives on n members go by recursive doubling instead of a one-round
  * exchange: n a power of two, and some pair of the job runs over TCP on a host with more ranks
  * than cores, where each of the exchange's n-1 sends runs the receiver's TCP stack in the
