@@ -127,7 +127,7 @@ deps:
 # engine's tests.
 TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exit' '!kolorun_forwards' \
   '!kolorun_help' '!kolorun_horovodrun' '!kolorun_hostfile' '!kolorun_killed' '!kolorun_one_failure' \
-  '!kolorun_output' '!kolorun_remote' '!kolorun_removes' '!kolorun_second' '!kolorun_sigterm' \
+  '!kolorun_open' '!kolorun_output' '!kolorun_remote' '!kolorun_removes' '!kolorun_second' '!kolorun_sigterm' \
   '!kolorun_starts' '!kolorun_status' '!kolorun_stdin' '!kolorun_tag' '!kolorun_timeout' '!kolorun_usage' \
   '!kolorun_worker' '!kolorun_local' '!kolorun_elastic_kills' '!kolorun_elastic_stops' \
   '!kolorun_elastic_binds' '!kolorun_elastic_usage' '!reduce_' '!launch_' '!multihost_' \

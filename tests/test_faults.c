@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -333,6 +334,41 @@ KT_TEST(missing_ranks_named_after_start_timeout, 30)
 {
     kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=1.5"}};
     KT_EQ(kt_job(5, never_arrive, NULL, &o, NULL), 0);
+}
+
+/* A rank holds 2 connections to every other rank: with the soft open-file limit below that
+ * (the hard one above), kolo_init raises it and the job runs; with the hard limit below it,
+ * every rank fails at once, saying what it needs and how to raise it (src/common/fds.c). */
+static void few_files(int rank, void *arg)
+{
+    struct rlimit rl;
+    KT_ASSERT(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    rl.rlim_cur = 16;
+    if (arg) rl.rlim_max = 16;
+    KT_ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (arg) {
+        double t0 = now_s();
+        KT_STATUS(kolo_init(), KOLO_ERR_STARTUP);
+        char want[96];
+        snprintf(want, sizeof(want), "rank %d of a job of 12 ranks (2 connections to each other rank)", rank);
+        KT_CONTAINS(kolo_last_error(), want);
+        KT_CONTAINS(kolo_last_error(), "may open at most 16 (the hard limit, `ulimit -Hn`)");
+        KT_ASSERT(now_s() - t0 < 2); /* at once, not after KOLO_START_TIMEOUT */
+        return;
+    }
+    KT_OK(kolo_init());
+    KT_ASSERT(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    KT_ASSERTF(rl.rlim_cur >= 16 + 2 * 11, "soft limit %llu", (unsigned long long)rl.rlim_cur);
+    float x[3] = {1, (float)rank, 2};
+    KT_OK(kolo_allreduce(x, x, 3, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(x[0] == 12 && x[1] == 66 && x[2] == 24);
+}
+
+KT_TEST(open_file_limit_raised_or_named, 40)
+{
+    KT_EQ(kt_job(12, few_files, NULL, NULL, NULL), 0);
+    kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=10"}};
+    KT_EQ(kt_job(12, few_files, &o, &o, NULL), 0);
 }
 
 /* ---- injected failures ---- */

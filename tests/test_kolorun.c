@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -946,6 +947,46 @@ KT_TEST(kolorun_starts_a_kolo_job_that_initializes, 20)
         snprintf(w, sizeof(w), "[%d]<stdout>:rank %d of 3 initialized\n", r, r);
         KT_CONTAINS(p.obuf, w);
     }
+    assert_no_descendants(3);
+}
+
+/* kolorun holds pipes and a store connection per worker: where the soft open-file limit is
+ * short it raises it (the workers inherit that), and where the hard limit is, it says so before
+ * starting anything (src/common/fds.c). */
+static int low_files(void *arg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1;
+    rl.rlim_cur = 24;
+    if (arg) rl.rlim_max = 24;
+    return setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+KT_TEST(kolorun_open_file_limits, 30)
+{
+    subreaper();
+    const char *argv[] = {kolorun_path(), "-np", "12", kt_self(), "--worker", "kolorun_init", NULL};
+    kproc p;
+    kt_proc_opts o = {.child_setup = low_files};
+    kt_proc_start(&p, argv, &o);
+    int code = kt_proc_finish(&p, 25);
+    KT_ASSERTF(code == 0, "exit %d; stderr:\n%s", code, p.ebuf);
+    for (int r = 0; r < 12; r++) {
+        char w[64];
+        snprintf(w, sizeof(w), "[%d]<stdout>:rank %d of 12 initialized\n", r, r);
+        KT_CONTAINS(p.obuf, w);
+    }
+    kt_proc_free(&p);
+
+    o.arg = &o; /* the hard limit too */
+    kt_proc_start(&p, argv, &o);
+    code = kt_proc_finish(&p, 25);
+    KT_EQ(code, 1);
+    KT_CONTAINS(p.ebuf, "kolorun, for 12 workers");
+    KT_CONTAINS(p.ebuf, "may open at most 24 (the hard limit, `ulimit -Hn`)");
+    KT_ASSERTF(!strstr(p.obuf, "initialized") && !strstr(p.ebuf, "]<stderr>"), "workers started:\n%s%s", p.obuf,
+               p.ebuf);
+    kt_proc_free(&p);
     assert_no_descendants(3);
 }
 

@@ -74,6 +74,13 @@ void kolo__free(void *p);
 /* true when the Nth-send failure hook fires for this send */
 bool kolo__inject_send_failure(void);
 
+/* ---- File descriptors ------------------------------------------------------------
+ * Makes room for `need` more open files than this process holds now: raises the soft
+ * RLIMIT_NOFILE (by need) where it is short and the hard limit allows, else fails with
+ * KOLO_ERR_STARTUP naming `who` ("rank 3 of a job of 1200 ranks (...)") and how to raise the
+ * limit. Call it before opening them (fds.c). */
+int kolo__fd_room(size_t need, const char *who);
+
 /* ---- Clocks ---------------------------------------------------------------------- */
 static inline uint64_t kolo__now_ns(void)
 {

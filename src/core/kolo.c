@@ -426,7 +426,15 @@ static int init_once(void)
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 #endif
     if (W.info.size > 1) {
-        if (W.info.rdv_serve && W.info.rank == 0) {
+        /* a connection per channel to every other rank, and rank 0 serving the rendezvous one
+         * per rank while the job assembles (fds.c) */
+        bool serve = W.info.rdv_serve && W.info.rank == 0;
+        size_t others = (size_t)W.info.size - 1;
+        char who[160];
+        snprintf(who, sizeof(who), "rank %d of a job of %d ranks (%d connections to each other rank%s)", W.info.rank,
+                 W.info.size, KOLO_NCHANNELS, serve ? ", and one from each to the rendezvous store it serves" : "");
+        if ((st = kolo__fd_room(others * KOLO_NCHANNELS + (serve ? others + 1 : 0) + 2, who)) != KOLO_OK) goto fail;
+        if (serve) {
             /* a loopback rendezvous (one host) is served on loopback only */
             const char *bind_host = strncmp(W.info.rdv_host, "127.", 4) == 0 || strcmp(W.info.rdv_host, "localhost") == 0
                                         ? "127.0.0.1"

@@ -81,7 +81,7 @@ typedef struct kr_opts {
     enum kr_map map_by;
     bool report_bindings;
     bool verbose;
-    double t_launch;
+    double t_launch;          /* kr_now() when the first worker was started */
 
     /* elastic jobs (elastic.c): set by --min-np, --max-np or --host-discovery-script */
     bool elastic;
@@ -90,7 +90,7 @@ typedef struct kr_opts {
     int slots_per_host;       /* of a discovered host that names none (1) */
     double elastic_timeout;   /* seconds to wait for --min-np slots (600) */
     int reset_limit;          /* -1: none */
-    double cooldown_min, cooldown_max; /* 0: a failed host gets no workers again */          /* kr_now() when the first worker was started */
+    double cooldown_min, cooldown_max; /* 0: a failed host gets no workers again */
 } kr_opts;
 
 /* One line stream (a worker's stdout or stderr) on its way to our stdout/stderr and files. */

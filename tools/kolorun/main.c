@@ -214,6 +214,18 @@ int main(int argc, char **argv)
     if (code) goto out_free;
     if (o.report_bindings && !o.elastic) report_bindings(&o, ranks);
 
+    /* Room for what kolorun holds per worker (fds.c): the read ends of its stdout and stderr
+     * pipes, the status pipe while it starts, its connection to the rendezvous store, and with
+     * --output-filename two files; a stdin pipe and the job's own descriptors are in the spare. */
+    int most = o.elastic && o.max_np > o.np ? o.max_np : o.np;
+    char who[96];
+    snprintf(who, sizeof(who), "kolorun, for %d workers (%d per worker)", most, o.output_dir ? 6 : 4);
+    if (kolo__fd_room((size_t)most * (o.output_dir ? 6 : 4) + 8, who) != KOLO_OK) {
+        kr_say("error: %s", kolo_last_error());
+        code = KR_EXIT_LAUNCH;
+        goto out_free;
+    }
+
     /* Signals arrive through a signalfd in the poll loop. They are blocked before the store
      * server's thread exists, so that it inherits the mask and never takes one. */
     sigset_t mask;
