@@ -570,6 +570,11 @@ int kolo__engine_start(void)
     E.capacity = (int)(cap < 0 ? 0 : cap > 65536 ? 65536 : cap);
     E.fusion = kolo__setting_bytes(KOLO_SET_FUSION_THRESHOLD);
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
+    /* as many times LEAVE_GRACE_S as ranks crowd each core: their cycles take turns on it */
+    long cpus = kolo__host_cpus();
+    size_t sharers = W.peers ? kolo__core_sharers(W.peers, W.info.size, W.info.rank) : 1;
+    size_t crowd = cpus >= 1 ? (sharers + (size_t)cpus - 1) / (size_t)cpus : 1;
+    E.leave_grace_s = LEAVE_GRACE_S * (int)KOLO_MIN(KOLO_MAX(crowd, (size_t)1), (size_t)1000);
     E.doze = E.mesh && !kolo__setting_is_set(KOLO_SET_SPIN_US); /* see "Dozing" */
     if (E.doze) E.spin_ns = E.mesh->spin_ns;
     E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
@@ -660,10 +665,10 @@ void kolo__engine_stop(void)
      * thread's own use of the sockets); its wait then fails at once and it exits. */
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += LEAVE_GRACE_S;
+    dl.tv_sec += E.leave_grace_s;
     if (pthread_timedjoin_np(E.thread, NULL, &dl) != 0) {
         KOLO_WARN("engine: the other ranks did not answer within %d s; leaving without saying goodbye",
-                  LEAVE_GRACE_S);
+                  E.leave_grace_s);
         kolo__mesh *m = E.mesh;
         for (int p = 0; m && p < m->size; p++)
             if (m->conns[p] && m->conns[p]->fd >= 0) shutdown(m->conns[p]->fd, SHUT_RDWR);

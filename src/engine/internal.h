@@ -256,6 +256,7 @@ typedef struct kolo__engine {
     int capacity;           /* agreed at start (rank 0's) */
     double stall_check, stall_shutdown;
     int stall_disable;
+    int leave_grace_s; /* kolo__engine_stop's wait for the goodbye (LEAVE_GRACE_S, more on crowded cores) */
     int autotune;           /* KOLO_AUTOTUNE_* at start, agreed (rank 0's); not OFF: apply rank 0's values */
     int tune_state, tune_samples; /* KOLO_AUTOTUNE_*, configurations scored (rank 0's) */
     int world_busy;         /* last world step: some rank had work */

@@ -90,6 +90,7 @@ typedef struct build {
     kolo__mesh **meshes;
     kolo__peer_info *peers;
     int tcp_only, want_cma, populate; /* want_cma: 0 no, 1 yes, 2 auto (capable, decided later) */
+    uint64_t greet_ns; /* how long an accepted connection may take to say who it is */
     size_t ring, cma_threshold;
     hs *hss;
     size_t nhs, caphs;
@@ -637,7 +638,9 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
                 if (st != KOLO_OK) goto out;
             }
             if (h->role == 'A' && now > h->deadline) {
-                refuse(h, "it sent no valid greeting within 5 s");
+                char why[64];
+                snprintf(why, sizeof(why), "it sent no valid greeting within %g s", (double)b->greet_ns / 1e9);
+                refuse(h, why);
                 continue;
             }
             if (h->fd < 0) continue;
@@ -667,7 +670,7 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
                 h->peer = -1;
                 h->state = HS_WAIT_HELLO_C;
                 h->need = HELLO_C_LEN;
-                h->deadline = kolo__now_ns() + 5000000000ull;
+                h->deadline = kolo__now_ns() + b->greet_ns;
                 char ip[32];
                 inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
                 snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(sa.sin_port));
@@ -965,6 +968,13 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         bool oversubscribed = kolo__host_oversubscribed(local + 1);
         if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
+        /* A connector answers the greeting when its process next runs: 5 s, and as many times
+         * that as ranks crowd each of the cores (256 ranks on 2 cores took ~30 s to connect, and
+         * a connector given 5 s was refused midway, failing the job). A silent stranger costs
+         * only a descriptor until then. */
+        long cpus = kolo__host_cpus();
+        size_t crowd = cpus >= 1 ? (kolo__core_sharers(b.peers, wi->size, wi->rank) + (size_t)cpus - 1) / (size_t)cpus : 1;
+        b.greet_ns = 5000000000ull * KOLO_MAX(crowd, (size_t)1);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;
         b.pending_out = wi->rank * KOLO_NCHANNELS;
         st = run_handshakes(&b, lfd, deadline);
