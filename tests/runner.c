@@ -274,8 +274,8 @@ int kt_job(int n, void (*fn)(int rank, void *arg), void *arg, const kt_job_opts 
     pid_t store = -1;
     int port = 0;
     if (!(opts && opts->no_store)) store = kt_spawn_store(secret, &port);
-    pid_t pids[64];
-    if (n > 64) kt_fail(__FILE__, __LINE__, "too many ranks");
+    pid_t pids[128];
+    if (n > 128) kt_fail(__FILE__, __LINE__, "too many ranks");
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < n; r++) {

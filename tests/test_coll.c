@@ -3,6 +3,7 @@
  * default algorithms and with the ring forced on small buffers with tiny chunks. */
 #include "kt.h"
 
+#include "../src/coll/coll.h"
 #include "../src/core/mem.h"
 #include "../src/core/world.h"
 #include "../src/engine/ring_iov.h"
@@ -3808,3 +3809,70 @@ KT_TEST(hier_bad_value_refused, 30)
                  NULL),
           0);
 }
+
+/* More members than the collectives keep their bookkeeping for on the stack (KOLO_STACK_MEMBERS,
+ * coll.h): 72 ranks (no member count is refused; up to 2026-12-02, above 1024 was), through the
+ * ring allreduce, the ring allgather, the reducescatter and alltoall, on a process set of 66 of
+ * them and on the world. (On this 2-core machine the set's first allreduce took 7-13 s where it
+ * followed the world's alltoall, 0.3 s before it; later ones 0.1-0.3 s.) */
+static void many_ranks(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    KT_ASSERT(n > KOLO_STACK_MEMBERS);
+    int *members = malloc((size_t)n * sizeof(int)), id = -1;
+    for (int i = 0; i < n - 6; i++) members[i] = i + 3; /* ranks 3 .. n-4 */
+    KT_OK(kolo_process_set_add(members, n - 6, &id));
+    for (int on_set = 1; on_set >= 0; on_set--) {
+        int ps = on_set ? id : KOLO_WORLD, k = on_set ? n - 6 : n, me = on_set ? rank - 3 : rank;
+        if (me < 0 || me >= k) continue;
+        /* the ring allreduce: above the small ones */
+        size_t count = (size_t)1 << 17;
+        float *x = malloc(count * 4), *y = malloc(count * 4);
+        for (size_t i = 0; i < count; i++) x[i] = (float)(i % 31 + (size_t)me);
+        KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, ps));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(y[i] == (float)((size_t)k * (i % 31) + (size_t)(k * (k - 1) / 2)), "allreduce of %d [%zu]: %g", k, i,
+                       (double)y[i]);
+        free(x);
+        free(y);
+        /* allgather, a different count per member (me % 3 + 1 elements) */
+        size_t *counts = malloc((size_t)k * sizeof(size_t)), total = 0;
+        for (int i = 0; i < k; i++) total += counts[i] = (size_t)(i % 3 + 1);
+        int32_t mine[3] = {me * 10, me * 10 + 1, me * 10 + 2}, *all = malloc(total * 4);
+        KT_OK(kolo_allgather(mine, counts[me], all, counts, KOLO_INT32, ps));
+        size_t o = 0;
+        for (int i = 0; i < k; i++)
+            for (size_t j = 0; j < counts[i]; j++, o++)
+                KT_ASSERTF(all[o] == i * 10 + (int32_t)j, "allgather of %d: element %zu is %d", k, o, all[o]);
+        free(all);
+        /* reducescatter: one row more for the first members */
+        size_t rows = (size_t)k * 4 + 5, mine_rows = kolo_reducescatter_rows(rows, k, me), first = 0;
+        for (int i = 0; i < me; i++) first += kolo_reducescatter_rows(rows, k, i);
+        double *s = malloc(rows * 2 * 8), *r = malloc(mine_rows * 2 * 8 + 8);
+        for (size_t i = 0; i < rows * 2; i++) s[i] = (double)i + me;
+        KT_OK(kolo_reducescatter(s, r, rows, 2, KOLO_FLOAT64, KOLO_SUM, 1, 1, ps));
+        for (size_t i = 0; i < mine_rows * 2; i++) {
+            double want = (double)(first * 2 + i) * k + k * (k - 1) / 2.0;
+            KT_ASSERTF(r[i] == want, "reducescatter of %d: element %zu is %g, expected %g", k, i, r[i], want);
+        }
+        free(s);
+        free(r);
+        /* alltoall: two elements to each member */
+        for (int i = 0; i < k; i++) counts[i] = 2;
+        int64_t *snd = malloc((size_t)k * 2 * 8), *rcv = malloc((size_t)k * 2 * 8);
+        for (int i = 0; i < k; i++) snd[2 * i] = snd[2 * i + 1] = (int64_t)me * 1000 + i;
+        KT_OK(kolo_alltoall(snd, counts, rcv, counts, KOLO_INT64, ps));
+        for (int i = 0; i < k; i++)
+            KT_ASSERTF(rcv[2 * i] == (int64_t)i * 1000 + me && rcv[2 * i + 1] == rcv[2 * i], "alltoall of %d: from %d got %lld",
+                       k, i, (long long)rcv[2 * i]);
+        free(snd);
+        free(rcv);
+        free(counts);
+    }
+    free(members);
+    KT_OK(kolo_barrier(KOLO_WORLD));
+}
+
+KT_TEST(many_ranks_beyond_the_stack_bookkeeping, 120) { KT_EQ(kt_job(72, many_ranks, NULL, NULL, NULL), 0); }

@@ -960,6 +960,52 @@ KT_TEST(engine_stall_shutdown_fails_the_request, 30)
     KT_EQ(kt_job(2, stall_shutdown, NULL, &o, NULL), 0);
 }
 
+/* The stall error names ranks as ranges: 6 ranks, 2 and 3 never submit "lonely". */
+static void stall_ranges(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x = 1, y;
+    kolo_shape_t sh = shape1(1);
+    if (rank != 2 && rank != 3) {
+        kolo_request_t *a;
+        KT_OK(kolo_iallreduce("lonely", &x, &y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_TIMEOUT);
+        KT_CONTAINS(kolo_request_error(a), "'lonely' stalled: submitted by rank(s) 0-1, 4-5 but not by rank(s) 2-3");
+        kolo_request_release(a);
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+}
+
+KT_TEST(engine_stall_names_ranks_as_ranges, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3", "KOLO_STALL_SHUTDOWN_TIME=1", "KOLO_LOG_LEVEL=error"}};
+    KT_EQ(kt_job(6, stall_ranges, NULL, &o, NULL), 0);
+}
+
+/* Lists of ranks in messages (kolo__ranks_text): runs as ranges, repeats once, and what does not
+ * fit as " and N more", the count exact. */
+KT_TEST(rank_lists_in_messages, 10)
+{
+    char buf[64];
+    kolo__ranks_text t;
+    kolo__ranks_begin(&t, buf, sizeof(buf));
+    int some[] = {0, 1, 2, 3, 3, 7, 9, 10, 12};
+    for (size_t i = 0; i < KOLO_ARRAY_SIZE(some); i++) kolo__ranks_add(&t, some[i]);
+    KT_EQ(strcmp(kolo__ranks_end(&t), "0-3, 7, 9-10, 12"), 0);
+    kolo__ranks_begin(&t, buf, sizeof(buf));
+    KT_EQ(strcmp(kolo__ranks_end(&t), ""), 0);
+    kolo__ranks_begin(&t, buf, sizeof(buf));
+    for (int r = 0; r < 2000; r += 2) kolo__ranks_add(&t, r); /* 1000 ranks, none adjacent */
+    kolo__ranks_end(&t);
+    const char *more = strstr(buf, " and ");
+    KT_ASSERTF(more && strlen(buf) < sizeof(buf), "'%s'", buf);
+    int named = 1;
+    for (const char *c = buf; c < more; c++) named += *c == ',';
+    KT_EQ(named + atoi(more + 5), 1000);
+    KT_CONTAINS(more, " more");
+}
+
 /* ---- dead peers ---- */
 
 static void death_negotiation(int rank, void *arg)

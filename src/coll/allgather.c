@@ -175,12 +175,12 @@ static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, 
     return st;
 }
 
-int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
-                         const size_t *counts, size_t es)
+/* kolo__coll_allgather with offs[] (n members) to fill */
+static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                     size_t es, size_t *offs)
 {
     int n = g->size, r = g->rank;
-    size_t offs[1024], total = 0;
-    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+    size_t total = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = total;
         total += counts[i];
@@ -222,5 +222,15 @@ int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, 
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
     kolo__coll_out_done(m, &ot, "allgather", st);
+    return st;
+}
+
+int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                         const size_t *counts, size_t es)
+{
+    size_t own[KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, g->size, sizeof(size_t));
+    if (!offs) return KOLO_ERR_NO_MEMORY;
+    int st = allgather(m, g, send, recv, counts, es, offs);
+    kolo__coll_members_free(offs, own);
     return st;
 }

@@ -385,8 +385,8 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         return st;
     }
 
-    size_t offs[1024], cnts[1024];
-    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
+    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, n, 2 * sizeof(size_t)), *cnts = offs + n;
+    if (!offs) return KOLO_ERR_NO_MEMORY;
     kolo__coll_blocks(count, n, offs, cnts);
     const char *src = send;
     if (pre != 1.0) {
@@ -394,6 +394,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         src = recv;
     }
     int st = kolo__ring_allreduce(m, g, src, recv, offs, cnts, dtype, op, post);
+    kolo__coll_members_free(offs, own);
     kolo__direct_ring_done(m, &ticket, st);
     return st;
 }
@@ -580,13 +581,12 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     return KOLO_OK;
 }
 
-int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
-                             const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+/* kolo__coll_reducescatter with offs[] (n members) to fill */
+static int reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                         kolo_dtype_t dtype, kolo_op_t op, double pre, double post, size_t *offs)
 {
     int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype);
-    size_t offs[1024];
-    if (n > 1024) return kolo__err(KOLO_ERR_INVALID_ARG, "process sets above 1024 ranks are not supported yet");
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = total;
@@ -635,4 +635,14 @@ int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *se
     if (counts[r] && !out) kolo__copy(recv, work + offs[r] * es, counts[r] * es);
     kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);
     return KOLO_OK;
+}
+
+int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                             const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
+{
+    size_t own[KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, g->size, sizeof(size_t));
+    if (!offs) return KOLO_ERR_NO_MEMORY;
+    int st = reducescatter(m, g, send, recv, counts, dtype, op, pre, post, offs);
+    kolo__coll_members_free(offs, own);
+    return st;
 }

@@ -31,6 +31,23 @@ static inline size_t kolo__coll_block(size_t count, int n, int i, size_t *start)
     return base + ((size_t)i < extra);
 }
 
+/* Per-member bookkeeping (block offsets and lengths, transfers) lives on the stack up to
+ * KOLO_STACK_MEMBERS members and on the heap beyond: an allocation is nothing beside a collective
+ * among more ranks, and no member count is refused. kolo__coll_members gives `n` elements of
+ * `size` bytes, the stack array `own` where they fit; release with kolo__coll_members_free. */
+#define KOLO_STACK_MEMBERS 64
+static inline void *kolo__coll_members(void *own, int n, size_t size)
+{
+    if (n <= KOLO_STACK_MEMBERS) return own;
+    void *p = kolo__malloc((size_t)n * size);
+    if (!p) kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the bookkeeping of %d members", n);
+    return p;
+}
+static inline void kolo__coll_members_free(void *p, void *own)
+{
+    if (p != own) kolo__free(p);
+}
+
 /* All n blocks: lengths into cnt, starts into off (when not NULL). */
 static inline void kolo__coll_blocks(size_t count, int n, size_t *off, size_t *cnt)
 {

@@ -37,6 +37,17 @@ int kolo__err_sys(int err, const char *fmt, ...) KOLO_PRINTF(2, 3);
 /* Copy of the current thread's message (for handing to another thread). */
 const char *kolo__errmsg(void);
 void kolo__err_clear(void);
+/* Lists of ranks in messages: ranks added in increasing order come out as "0, 3-7, 9" (runs of
+ * consecutive ranks as ranges), and what does not fit in the buffer as " and N more", so a
+ * message about a job of thousands of ranks stays whole and says how many it names. */
+typedef struct kolo__ranks_text {
+    char *buf;
+    size_t cap, w;
+    int lo, hi, more; /* the run being added (lo -1: none) */
+} kolo__ranks_text;
+void kolo__ranks_begin(kolo__ranks_text *t, char *buf, size_t cap);
+void kolo__ranks_add(kolo__ranks_text *t, int rank);
+const char *kolo__ranks_end(kolo__ranks_text *t); /* the text (buf) */
 
 /* ---- Logging -----------------------------------------------------------------
  * One line per call on stderr: "[kolo <rank> <level>] message". Level from

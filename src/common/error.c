@@ -58,3 +58,43 @@ int kolo__err_sys(int err, const char *fmt, ...)
     snprintf(errbuf + n, sizeof(errbuf) - n, ": %s", strerror(err));
     return KOLO_ERR_SYSTEM;
 }
+
+void kolo__ranks_begin(kolo__ranks_text *t, char *buf, size_t cap)
+{
+    *t = (kolo__ranks_text){.buf = buf, .cap = cap, .lo = -1};
+    if (cap) buf[0] = '\0';
+}
+
+/* writes the run lo-hi, or counts it where it does not fit with room for " and N more" */
+static void ranks_flush(kolo__ranks_text *t)
+{
+    if (t->lo < 0) return;
+    int n = t->hi - t->lo + 1;
+    char run[32];
+    if (n == 1) snprintf(run, sizeof(run), "%s%d", t->w ? ", " : "", t->lo);
+    else snprintf(run, sizeof(run), "%s%d-%d", t->w ? ", " : "", t->lo, t->hi);
+    size_t len = strlen(run);
+    if (t->more || t->w + len + 24 > t->cap) t->more += n;
+    else {
+        memcpy(t->buf + t->w, run, len + 1);
+        t->w += len;
+    }
+    t->lo = -1;
+}
+
+void kolo__ranks_add(kolo__ranks_text *t, int rank)
+{
+    if (t->lo >= 0 && rank >= t->lo && rank <= t->hi + 1) { /* the run goes on (or repeats a rank) */
+        t->hi = KOLO_MAX(t->hi, rank);
+        return;
+    }
+    ranks_flush(t);
+    t->lo = t->hi = rank;
+}
+
+const char *kolo__ranks_end(kolo__ranks_text *t)
+{
+    ranks_flush(t);
+    if (t->more && t->w + 24 <= t->cap) snprintf(t->buf + t->w, t->cap - t->w, " and %d more", t->more);
+    return t->buf;
+}

@@ -191,6 +191,7 @@ typedef struct kolo__pset_state {
     size_t nentries;
     /* join */
     uint8_t *joined;
+    uint8_t *has, *miss; /* a cycle's scratch, a byte per member each (in joined's allocation) */
     int njoined, last_joined;
     /* the cycle's exchange */
     size_t fixed_len;

@@ -63,7 +63,7 @@ kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capac
     s->slots = kolo__calloc((size_t)(capacity ? capacity : 1), sizeof(kolo__slot));
     s->slot_req = kolo__calloc((size_t)(capacity ? capacity : 1), sizeof(kolo_request_t *));
     s->erased = kolo__calloc(4, wb);
-    s->joined = kolo__calloc(n, 1);
+    s->joined = kolo__calloc(n, 3);
     s->fix_mine = kolo__calloc(1, s->fixed_len);
     s->fix_all = kolo__calloc(n, s->fixed_len);
     s->counts = kolo__calloc(n, sizeof(size_t));
@@ -73,6 +73,8 @@ kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capac
     s->partial_prev = s->erased + (size_t)(s->words ? s->words : 1);
     s->and_bits = s->partial_prev + (size_t)(s->words ? s->words : 1);
     s->any_bits = s->and_bits + (size_t)(s->words ? s->words : 1);
+    s->has = s->joined + n;
+    s->miss = s->has + n;
     memcpy(s->g.ranks, g->ranks, n * sizeof(int));
     if (kolo__hmap_init(&s->lmap, 64) || kolo__hmap_init(&s->cmap, 64) || kolo__hmap_init(&s->emap, 64))
         goto nomem_free;
@@ -481,13 +483,14 @@ static void resp_error(kolo__resp *rp, int status, const char *msg)
     rp->err = kolo__strdup(msg); /* NULL: the status's name is shown */
 }
 
+/* The world ranks of the members whose mark is (non-zero) == want (kolo__ranks_add). */
 static const char *ranks_list(const kolo__pset_state *s, const uint8_t *mark, int want, char *buf, size_t cap)
 {
-    size_t w = 0;
-    buf[0] = '\0';
-    for (int r = 0; r < s->n && w + 16 < cap; r++)
-        if ((mark[r] != 0) == (want != 0)) w += (size_t)snprintf(buf + w, cap - w, "%s%d", w ? ", " : "", wrank(s, r));
-    return buf;
+    kolo__ranks_text t;
+    kolo__ranks_begin(&t, buf, cap);
+    for (int r = 0; r < s->n; r++)
+        if ((mark[r] != 0) == (want != 0)) kolo__ranks_add(&t, wrank(s, r));
+    return kolo__ranks_end(&t);
 }
 
 /* A joined member has no data for collectives other than allreduce and barrier. */
@@ -496,10 +499,8 @@ static bool join_blocks(int kind) { return kind == KOLO__ALLGATHER || kind == KO
 static void join_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
 {
     char who[256], msg[768];
-    size_t w = 0;
-    who[0] = '\0';
-    for (int r = 0; r < s->n && w + 16 < sizeof(who); r++)
-        if (s->joined[r] && !has[r]) w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d", w ? ", " : "", wrank(s, r));
+    for (int r = 0; r < s->n; r++) s->miss[r] = (uint8_t)(s->joined[r] && !has[r]);
+    ranks_list(s, s->miss, 1, who, sizeof(who));
     snprintf(msg, sizeof(msg),
              "%s '%s' cannot run while rank(s) %s of process set %d have joined (kolo_ijoin): joined ranks take part "
              "in allreduces (with zeros) and barriers only",
@@ -724,9 +725,8 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
 static void stall_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
 {
     char a[256], b[256], msg[1024];
-    uint8_t miss[1024];
-    int n = KOLO_MIN(s->n, 1024);
-    for (int r = 0; r < n; r++) miss[r] = (uint8_t)(!has[r] && !s->joined[r]);
+    uint8_t *miss = s->miss;
+    for (int r = 0; r < s->n; r++) miss[r] = (uint8_t)(!has[r] && !s->joined[r]);
     snprintf(msg, sizeof(msg),
              "%s '%s' stalled: submitted by rank(s) %s but not by rank(s) %s for more than %g s "
              "(KOLO_STALL_SHUTDOWN_TIME)",
@@ -757,7 +757,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
     s->nresp = 0;
     /* cached names: AND over the members that have not joined, OR over all */
     double now = kolo__now_s();
-    uint8_t has[1024];
+    uint8_t *has = s->has;
     for (int w = 0; w < s->words; w++) {
         uint64_t a = ~0ull, o = 0;
         for (int r = 0; r < n; r++) {
@@ -808,7 +808,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
             rp->slot = i;
             rp->per_rank = sl->per_rank;
             rp->req = s->slot_req[i];
-            for (int r = 0; r < n && r < 1024; r++) {
+            for (int r = 0; r < n; r++) {
                 const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
                                                                           sizeof(kolo__fixed_hdr));
                 has[r] = (uint8_t)((bits[w] >> (i % 64)) & 1);
@@ -823,7 +823,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
                 sl->partial_since = 0;
             } else if (s->njoined && join_blocks(sl->d.kind)) {
                 bool missing = false;
-                for (int r = 0; r < n && r < 1024; r++) missing |= s->joined[r] && !has[r];
+                for (int r = 0; r < n; r++) missing |= s->joined[r] && !has[r];
                 if (missing) join_error(s, rp, has);
             }
             if (rp->req && rp->status == KOLO_OK) atomic_fetch_add_explicit(&E.st.cache_hits, 1, memory_order_relaxed);

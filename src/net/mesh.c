@@ -601,16 +601,18 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
         if ((st = check_superseded(b)) != KOLO_OK) goto out;
         uint64_t now = kolo__now_ns();
         if (now > deadline) {
-            char missing[512] = "";
-            size_t w = 0;
-            for (int p = 0; p < wi->size && w < sizeof(missing) - 16; p++) {
+            char missing[512];
+            kolo__ranks_text t;
+            kolo__ranks_begin(&t, missing, sizeof(missing));
+            for (int p = 0; p < wi->size; p++) {
                 if (p == wi->rank) continue;
                 for (int ch = 0; ch < KOLO_NCHANNELS; ch++)
                     if (!b->ready[ch * wi->size + p]) {
-                        w += (size_t)snprintf(missing + w, sizeof(missing) - w, "%s%d", w ? ", " : "", p);
+                        kolo__ranks_add(&t, p);
                         break;
                     }
             }
+            kolo__ranks_end(&t);
             last_end = KOLO__MESH_DEADLINE;
             return kolo__err(KOLO_ERR_STARTUP,
                              "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%g s): "
@@ -752,8 +754,9 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
         }
         if (st == KOLO_ERR_TIMEOUT) {
             /* name every rank that is still missing */
-            char missing[512] = "";
-            size_t w = 0;
+            char missing[512];
+            kolo__ranks_text t;
+            kolo__ranks_begin(&t, missing, sizeof(missing));
             int count = 0;
             for (int q = r; q < wi->size; q++) {
                 if (q == wi->rank) continue;
@@ -765,14 +768,14 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
                     continue;
                 }
                 count++;
-                if (w < sizeof(missing) - 16) w += (size_t)snprintf(missing + w, sizeof(missing) - w, "%s%d", w ? ", " : "", q);
+                kolo__ranks_add(&t, q);
             }
             last_end = KOLO__MESH_DEADLINE;
             return kolo__err(KOLO_ERR_STARTUP,
                              "rank %d waited %g s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
                              "rendezvous %s:%d: missing rank(s) %s",
                              wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), count, wi->rdv_host, wi->rdv_port,
-                             missing);
+                             kolo__ranks_end(&t));
         }
         if (st != KOLO_OK) return st;
         char text[512];

@@ -470,11 +470,13 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
                 goto out;
             }
             if (now - last_progress > m->op_timeout_ns) {
-                char who[256] = "";
-                size_t w = 0;
-                for (int i = 0; i < n && w < sizeof(who) - 16; i++)
+                char who[256];
+                kolo__ranks_text t;
+                kolo__ranks_begin(&t, who, sizeof(who));
+                for (int i = 0; i < n; i++)
                     if (xs[i]->status == 1 && xs[i]->conn)
-                        w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d", w ? ", " : "", xs[i]->conn->peer);
+                        kolo__ranks_add(&t, xs[i]->conn->peer);
+                kolo__ranks_end(&t);
                 status = kolo__err(KOLO_ERR_TIMEOUT,
                                    "rank %d waited %.0f s for rank(s) %s without progress (KOLO_OP_TIMEOUT): "
                                    "the peer is alive but stopped answering (stopped, swapping, or stuck "
