@@ -3811,15 +3811,19 @@ KT_TEST(hier_bad_value_refused, 30)
 }
 
 /* More members than the collectives keep their bookkeeping for on the stack (KOLO_STACK_MEMBERS,
- * coll.h): 72 ranks (no member count is refused; up to 2026-12-02, above 1024 was), through the
- * ring allreduce, Bruck's allgather (allgather.c), the reducescatter and alltoall, on a process
- * set of 66 of them and on the world. */
+ * coll.h): 72 ranks (no member count is refused; up to 2026-12-02, above 1024 was), their rings
+ * shrunk to fit a rank's budget, through the ring allreduce, Bruck's allgather (allgather.c), the
+ * reducescatter and alltoall, on a process set of 66 of them and on the world. */
 static void many_ranks(int rank, void *arg)
 {
     (void)arg;
     KT_OK(kolo_init());
     int n = kolo_size();
     KT_ASSERT(n > KOLO_STACK_MEMBERS);
+    /* rings halved until a rank's fit in 128 MiB (mesh.c, RING_BUDGET): 71 peers, 2 channels,
+     * 2 rings each, 256 KiB */
+    size_t ring = kolo__shm_ring_bytes(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[(rank + 1) % n]);
+    KT_ASSERTF(ring == (size_t)256 << 10, "rings of %zu bytes", ring);
     int *members = malloc((size_t)n * sizeof(int)), id = -1;
     for (int i = 0; i < n - 6; i++) members[i] = i + 3; /* ranks 3 .. n-4 */
     KT_OK(kolo_process_set_add(members, n - 6, &id));

@@ -867,6 +867,9 @@ size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me)
 
 /* Each shared-memory ring's size (KOLO_SHM_RING_SIZE unset) on a host with more ranks than cores. */
 #define OVERSUBSCRIBED_RING ((size_t)1 << 20)
+/* What one rank's rings may take in all (KOLO_SHM_RING_SIZE unset), and the least they shrink to. */
+#define RING_BUDGET ((size_t)128 << 20)
+#define RING_MIN ((size_t)64 << 10)
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers_out,
                      const kolo__world_info *wi, kolo__store *store)
@@ -970,6 +973,14 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * ran alike (0.55-0.72 ms against 0.66-0.76). */
         bool oversubscribed = kolo__host_oversubscribed(local + 1);
         if (oversubscribed && !kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE)) b.ring = OVERSUBSCRIBED_RING;
+        /* Many ranks on a host: smaller rings, halved until this rank's (2 per pair and channel)
+         * fit in RING_BUDGET. A pair's rings fill in whole at their first use (shm.c, first_pass),
+         * and a one-round exchange (the engine's negotiation up to 64 ranks, every cycle) uses
+         * every pair: 64 ranks on 2 cores with 1 MiB rings took 8 of their 10 s of start-up
+         * filling the engine's, and held 4 GiB of shared memory for them. 17 ranks and fewer
+         * keep their size. */
+        if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
+            while (b.ring > RING_MIN && local * KOLO_NCHANNELS * 2 * b.ring > RING_BUDGET) b.ring >>= 1;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
         /* A connector answers the greeting when its process next runs: 5 s, and as many times
          * that as ranks crowd each of the cores (256 ranks on 2 cores took ~30 s to connect, and
