@@ -3864,8 +3864,8 @@ static void many_ranks(int rank, void *arg)
         free(r);
         free(counts);
     }
-    /* alltoall last, and on the set only: with 72 ranks on 2 cores one took 2-4 s here, and the
-     * first collective after one 5-13 s (later ones 0.1-0.3 s) */
+    /* alltoall on the set (its bookkeeping beyond 64 members): the first one fills the rings of
+     * every pair, so last */
     {
         int k = n - 6, me = rank - 3;
         if (me >= 0 && me < k) {
