@@ -656,10 +656,14 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
             st = kolo__err_sys(errno, "poll()");
             goto out;
         }
-        if (pfd[0].revents & POLLIN) {
+        /* every connection waiting, not one a pass: each pass walks the whole table, and with
+         * hundreds of ranks connecting at once the backlog overflowed (a dropped SYN is retried
+         * after 1 s, then 3) */
+        for (int more = pfd[0].revents & POLLIN; more;) {
             struct sockaddr_in sa;
             socklen_t sl = sizeof(sa);
             int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            more = fd >= 0;
             if (fd >= 0) {
                 hs *h = hs_new(b);
                 if (!h) {
@@ -994,7 +998,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     inet_pton(AF_INET, addr, &sa.sin_addr);
     socklen_t sl = sizeof(sa);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 128) != 0 ||
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, SOMAXCONN) != 0 ||
         getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
         st = kolo__err_sys(errno, "listening on %s:0", addr);
         close(lfd);
