@@ -571,10 +571,7 @@ int kolo__engine_start(void)
     E.fusion = kolo__setting_bytes(KOLO_SET_FUSION_THRESHOLD);
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
     /* as many times LEAVE_GRACE_S as ranks crowd each core: their cycles take turns on it */
-    long cpus = kolo__host_cpus();
-    size_t sharers = W.peers ? kolo__core_sharers(W.peers, W.info.size, W.info.rank) : 1;
-    size_t crowd = cpus >= 1 ? (sharers + (size_t)cpus - 1) / (size_t)cpus : 1;
-    E.leave_grace_s = LEAVE_GRACE_S * (int)KOLO_MIN(KOLO_MAX(crowd, (size_t)1), (size_t)1000);
+    E.leave_grace_s = LEAVE_GRACE_S * (int)KOLO_MIN(kolo__core_crowd(W.peers, W.info.size, W.info.rank), (size_t)1000);
     E.doze = E.mesh && !kolo__setting_is_set(KOLO_SET_SPIN_US); /* see "Dozing" */
     if (E.doze) E.spin_ns = E.mesh->spin_ns;
     E.stall_check = kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);

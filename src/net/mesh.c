@@ -918,6 +918,13 @@ size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me)
     return k;
 }
 
+size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me)
+{
+    long cpus = kolo__host_cpus();
+    size_t sharers = peers ? kolo__core_sharers(peers, n, me) : 1;
+    return cpus >= 1 && sharers > (size_t)cpus ? (sharers + (size_t)cpus - 1) / (size_t)cpus : 1;
+}
+
 /* Each shared-memory ring's size (KOLO_SHM_RING_SIZE unset) on a host with more ranks than cores. */
 #define OVERSUBSCRIBED_RING ((size_t)1 << 20)
 /* What one rank's rings may take in all (KOLO_SHM_RING_SIZE unset), and the least they shrink to. */
@@ -1039,9 +1046,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * that as ranks crowd each of the cores (256 ranks on 2 cores took ~30 s to connect, and
          * a connector given 5 s was refused midway, failing the job). A silent stranger costs
          * only a descriptor until then. */
-        long cpus = kolo__host_cpus();
-        size_t crowd = cpus >= 1 ? (kolo__core_sharers(b.peers, wi->size, wi->rank) + (size_t)cpus - 1) / (size_t)cpus : 1;
-        b.greet_ns = 5000000000ull * KOLO_MAX(crowd, (size_t)1);
+        b.greet_ns = 5000000000ull * kolo__core_crowd(b.peers, wi->size, wi->rank);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;
         b.pending_out = wi->rank * KOLO_NCHANNELS;
         st = run_handshakes(&b, lfd, deadline);

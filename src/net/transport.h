@@ -299,6 +299,10 @@ bool kolo__host_oversubscribed(size_t local_ranks);
  * the hierarchical collectives (TCP between them), but they share its cores: more of them than
  * cores, and waiting ranks yield at once (core/kolo.c). */
 size_t kolo__core_sharers(const kolo__peer_info *peers, int n, int me);
+/* How many of those take turns on each core, rounded up, at least 1: what the waits that
+ * depend on a peer's next turn are multiplied by (the greeting at start-up, mesh.c; the engine's
+ * goodbye, engine.c). */
+size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me);
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers,
                      const kolo__world_info *wi, struct kolo__store *store);
