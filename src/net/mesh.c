@@ -814,6 +814,12 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
             kolo__ranks_add(&t, q);
         }
         last_end = KOLO__MESH_DEADLINE;
+        if (count == 0) /* all published: the last to arrive died before joining the records */
+            return kolo__err(KOLO_ERR_STARTUP,
+                             "rank %d waited %g s (KOLO_START_TIMEOUT): every rank published its address at the "
+                             "rendezvous %s:%d, but the records were never joined (the last rank to arrive died "
+                             "during start-up?)",
+                             wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), wi->rdv_host, wi->rdv_port);
         return kolo__err(KOLO_ERR_STARTUP,
                          "rank %d waited %g s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
                          "rendezvous %s:%d: missing rank(s) %s",
