@@ -9,6 +9,13 @@ outside kolorun.
 Every test gets a deadline (KOLO_TEST_TIMEOUT seconds, default 90): a test that waits for a
 rank that already failed ends with an error instead of hanging the run.
 
+Outside kolorun, the JVMs the Spark suites start (local drivers, a standalone cluster's master,
+workers and executors, in namespaces too) inherit two settings, unless already set:
+SPARK_LOCAL_DIRS, a directory of this run's removed at its end (a JVM killed with its job, as the
+standalone cluster is, leaves its "spark-<uuid>" directory behind, in /tmp otherwise), and
+SPARK_SUBMIT_OPTS=-XX:TieredStopAtLevel=1 (the drivers compile with C1 only: a suite's short-lived
+JVMs then take a fifth less CPU, which the suites share with the C suites in `make test`).
+
 Under kolorun each rank's pytest keeps its temporary directories under a base of its own (named
 by the job and rank, removed at the end): the ranks' pytests would otherwise share
 /tmp/pytest-of-<user> and trip over each other's clean-up of old runs (a PytestWarning, an
@@ -48,12 +55,16 @@ def pytest_configure(config):
         config.option.basetemp = os.path.join(tempfile.gettempdir(), "kolo-pytest-%s-rank%s" % (
             job, os.environ["KOLO_RANK"]))
         config._kolo_basetemp = config.option.basetemp
+    if not UNDER_KOLORUN:
+        if "SPARK_LOCAL_DIRS" not in os.environ:
+            config._kolo_spark_dirs = os.environ["SPARK_LOCAL_DIRS"] = tempfile.mkdtemp(prefix="kolo-spark-local-")
+        os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 def pytest_unconfigure(config):
-    base = getattr(config, "_kolo_basetemp", None)
-    if base:
-        shutil.rmtree(base, ignore_errors=True)
+    for base in (getattr(config, "_kolo_basetemp", None), getattr(config, "_kolo_spark_dirs", None)):
+        if base:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
