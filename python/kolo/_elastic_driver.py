@@ -247,6 +247,7 @@ class Job:
         tmp = tempfile.mkdtemp(prefix="kolo-elastic-")
         hosts, status = os.path.join(tmp, "hosts"), os.path.join(tmp, "status.json")
         stop = threading.Event()
+        discoverer = None
         try:
             if on_service is not None:
                 on_service(service)
@@ -276,7 +277,8 @@ class Job:
                 env["KOLO_IFACE"] = self.nics if isinstance(self.nics, str) else ",".join(sorted(self.nics))
             for stale in ("KOLO_RANK", "KOLO_SIZE", "KOLO_RENDEZVOUS"):  # a driver under kolorun, say
                 env.pop(stale, None)
-            threading.Thread(target=discover, daemon=True).start()
+            discoverer = threading.Thread(target=discover, name="kolo elastic discovery", daemon=True)
+            discoverer.start()
             pipes = {"stdout": subprocess.PIPE if stdout is not None else None,
                      "stderr": subprocess.PIPE if stderr is not None else None}
             proc = subprocess.Popen(self.command(hosts, status, slots), env=env, **pipes)
@@ -300,6 +302,10 @@ class Job:
         finally:
             stop.set()
             service.close()
+            # a write of the hosts file under way would put it back into the directory being
+            # removed (which then stays, with it): let the discoverer finish first
+            if discoverer is not None:
+                discoverer.join(30)
             shutil.rmtree(tmp, ignore_errors=True)
         # the workers that finished did so in one round (a worker's end forms no more rounds); a
         # worker whose function shut kolo down said no rank or round: those come last, by worker id

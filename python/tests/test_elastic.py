@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -570,3 +572,41 @@ def test_an_elastic_job_grows_and_the_new_worker_gets_the_state(tmp_path):
         for seen in res["seen"]:
             assert set(seen) == set(range(40)) and 0 <= len(seen) - 40 < 3, seen
         assert res["seen"] == results[0]["seen"]
+
+
+@pytest.mark.standalone
+def test_elastic_driver_removes_its_directory_after_the_discoverer_stops(tmp_path, monkeypatch):
+    # kolo.ray's and kolo.spark's elastic driver writes the framework's hosts into a file of its
+    # directory every second. It removes the directory when kolorun ends, but a write under way
+    # then could put a file back while the directory was being removed, and the directory stayed
+    # (a kolo-elastic-* holding "hosts" in /tmp after a Ray suite). Here the discoverer is in the
+    # middle of a write (the framework slow to answer) when the job ends.
+    from kolo import _elastic_driver
+
+    class SlowBackend:
+        calls = 0
+
+        def nodes(self):
+            if threading.current_thread().name == "kolo elastic discovery":
+                SlowBackend.calls += 1
+                time.sleep(0.5)
+            return {"localhost": 1}
+
+    removed = []
+    real_rmtree = _elastic_driver.shutil.rmtree
+
+    def rmtree(path, ignore_errors=False):
+        alive = [t.name for t in threading.enumerate() if t.name == "kolo elastic discovery"]
+        removed.append((path, alive))
+        real_rmtree(path, ignore_errors=ignore_errors)
+    monkeypatch.setattr(_elastic_driver.shutil, "rmtree", rmtree)
+    job = _elastic_driver.Job(SlowBackend(), 1, 1, 10, 10)
+    kolorun = tmp_path / "kolorun"  # a kolorun that lasts until the discoverer is in the framework
+    kolorun.write_text("#!/bin/sh\nsleep 1.2\n")
+    kolorun.chmod(0o755)
+    job.kolorun = str(kolorun)
+    assert job.run(b"unused") == []
+    assert SlowBackend.calls >= 1
+    [(path, alive)] = removed
+    assert alive == [], "the directory was removed while the discoverer still wrote into it"
+    assert not os.path.exists(path)
