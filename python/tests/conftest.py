@@ -14,7 +14,9 @@ workers and executors, in namespaces too) inherit two settings, unless already s
 SPARK_LOCAL_DIRS, a directory of this run's removed at its end (a JVM killed with its job, as the
 standalone cluster is, leaves its "spark-<uuid>" directory behind, in /tmp otherwise), and
 SPARK_SUBMIT_OPTS=-XX:TieredStopAtLevel=1 (the drivers compile with C1 only: a suite's short-lived
-JVMs then take a fifth less CPU, which the suites share with the C suites in `make test`).
+JVMs then take a fifth less CPU, which the suites share with the C suites in `make test`). Ray's
+nodes likewise keep their sessions (logs, sockets) under RAY_TMPDIR, a directory of this run's,
+not in /tmp/ray, where they would stay, three sessions a run of the Ray suite.
 
 Under kolorun each rank's pytest keeps its temporary directories under a base of its own (named
 by the job and rank, removed at the end): the ranks' pytests would otherwise share
@@ -56,13 +58,16 @@ def pytest_configure(config):
             job, os.environ["KOLO_RANK"]))
         config._kolo_basetemp = config.option.basetemp
     if not UNDER_KOLORUN:
-        if "SPARK_LOCAL_DIRS" not in os.environ:
-            config._kolo_spark_dirs = os.environ["SPARK_LOCAL_DIRS"] = tempfile.mkdtemp(prefix="kolo-spark-local-")
+        config._kolo_scratch = []
+        for var, prefix in (("SPARK_LOCAL_DIRS", "kolo-spark-local-"), ("RAY_TMPDIR", "kolo-ray-")):
+            if var not in os.environ:
+                os.environ[var] = tempfile.mkdtemp(prefix=prefix)
+                config._kolo_scratch.append(os.environ[var])
         os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 def pytest_unconfigure(config):
-    for base in (getattr(config, "_kolo_basetemp", None), getattr(config, "_kolo_spark_dirs", None)):
+    for base in [getattr(config, "_kolo_basetemp", None)] + getattr(config, "_kolo_scratch", []):
         if base:
             shutil.rmtree(base, ignore_errors=True)
 
