@@ -23,7 +23,8 @@
 #      uses another interpreter; KOLO_TEST_TF=0 leaves these suites out (said in the summary),
 #      KOLO_TEST_TF=only runs nothing else (`make test-tensorflow`). A venv that cannot be made (no
 #      network) fails the run.
-# Exits non-zero when any suite fails. Extra arguments go to every pytest (e.g. -x, -k name).
+# Exits non-zero when any suite fails. Extra arguments go to every pytest (e.g. -x, -k name). The
+# suites outside kolorun print their 5 slowest tests (how near each comes to its deadline).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -121,7 +122,7 @@ venv_suite() {
     return 1
   fi
   # shellcheck disable=SC2086 # tests: one or more files
-  run "$label" wrap "$vpy" -m pytest -q -rfEx -p no:cacheprovider $tests "$@"
+  run "$label" wrap "$vpy" -m pytest -q -rfEx -p no:cacheprovider --durations=5 $tests "$@"
   VERSIONS="$VERSIONS; $vpy: $vv"
 }
 
@@ -129,7 +130,7 @@ TF=${KOLO_TEST_TF:-1}
 if [ "$TF" != only ]; then
   run "2 ranks" wrap "$KOLORUN" -np 2 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
   run "3 ranks" wrap "$KOLORUN" -np 3 "$PY" -m pytest -q -rfEx -p no:cacheprovider $MULTI "$@"
-  run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider python/tests/test_jobs.py python/tests/test_elastic.py "$@"
+  run "jobs" wrap "$PY" -m pytest -q -rfEx -p no:cacheprovider --durations=5 python/tests/test_jobs.py python/tests/test_elastic.py "$@"
   venv_suite spark "${KOLO_TEST_SPARK:-1}" "${KOLO_SPARK_PYTHON:-}" pyspark scripts/deps-spark.sh \
     "python/tests/test_spark.py python/tests/test_spark_estimator.py" "$@" &&
     VERSIONS="$VERSIONS, java $(java -version 2>&1 | head -n 1 | cut -d'"' -f2)"
@@ -161,7 +162,7 @@ print('python %s, tensorflow %s, keras %s, numpy %s' % (sys.version.split()[0], 
     for tfnp in ${KOLO_TEST_TF_NP:-3}; do
       run "tensorflow $tfnp ranks" wrap "$KOLORUN" -np "$tfnp" "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
     done
-    run "tensorflow jobs" wrap "$TFPY" -m pytest -q -rfEx -p no:cacheprovider $TFSUITE "$@"
+    run "tensorflow jobs" wrap "$TFPY" -m pytest -q -rfEx -p no:cacheprovider --durations=5 $TFSUITE "$@"
     VERSIONS="$VERSIONS; $TFPY: $TFVERSIONS"
   fi
 fi
