@@ -33,11 +33,13 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from benchcommon import free_port  # noqa: E402 (a port below the ephemeral range, for DDP)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = "examples/pytorch/pytorch_synthetic_benchmark.py"
@@ -123,14 +125,6 @@ def horovod_status(py):
 def horovodrun():
     return shutil.which("horovodrun") or next(
         (x for x in ("/usr/local/bin/horovodrun", "/usr/bin/horovodrun") if os.access(x, os.X_OK)), None)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def command(a, fw, n, port="<free port>"):

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* kolo-tests --worker launched <expected size> [linger]: init, check, allreduce, print one line;
@@ -154,31 +155,54 @@ KT_TEST(launch_under_mpich_across_hosts_finds_rank_0_through_pmi, 90)
     KT_CONTAINS(out, "worker rank 2 outlived rank 0");
 }
 
-/* A listening socket on a port whose neighbour (port + 1) is free too: kolo's rank 0 serves at
- * MASTER_PORT + 1 under torchrun (ephemeral ports often have busy neighbours; torchrun's usual
- * 29500/29501 do not). Returns the fd, or -1 and *port = 0 when none was found. */
+/* The lowest port of the kernel's ephemeral range (bind(0) and connect() take theirs from it). */
+static int ephemeral_low(void)
+{
+    int lo = 32768, hi;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+        fclose(f);
+    }
+    return lo;
+}
+
+static int bound_socket(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) return fd;
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+/* A port for a program that binds it later (torchrun's MASTER_PORT, a store's), with its
+ * neighbour (port + 1) free too: kolo's rank 0 serves at MASTER_PORT + 1 under torchrun. Taken
+ * below the ephemeral range: a port found with bind(0) and closed is back in that range, where
+ * any socket's bind(0) or connect() could take it before the program binds it (make test runs
+ * the Python suites beside these tests). keep: return the port's socket, listening (the caller
+ * holds the port), else close it and return 0. -1 and *port = 0 when none was found. */
 static int listen_port_pair(int *port, int keep)
 {
-    for (int tries = 0; tries < 50; tries++) {
-        int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET};
-        socklen_t sl = sizeof(sa);
-        sa.sin_addr.s_addr = htonl(INADDR_ANY);
-        KT_ASSERT(bind(a, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(a, 8) == 0);
-        getsockname(a, (struct sockaddr *)&sa, &sl);
-        int p = ntohs(sa.sin_port);
-        sa.sin_port = htons((uint16_t)(p + 1));
-        int ok = p < 65535 && bind(b, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-        close(b);
-        if (ok) {
+    int lo = ephemeral_low(), base = lo - 16384 > 1024 ? lo - 16384 : 1024;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)ts.tv_nsec;
+    for (int tries = 0; tries < 500 && lo - 2 > base; tries++) {
+        int p = base + (int)(rand_r(&seed) % (unsigned)(lo - 2 - base));
+        int a = bound_socket(p), b = a >= 0 ? bound_socket(p + 1) : -1;
+        if (b >= 0) close(b);
+        if (a >= 0 && b >= 0) {
             *port = p;
             if (!keep) {
                 close(a);
                 return 0;
             }
+            KT_ASSERT(listen(a, 8) == 0);
             return a;
         }
-        close(a);
+        if (a >= 0) close(a);
     }
     *port = 0;
     return -1;
@@ -207,17 +231,13 @@ KT_TEST(launch_under_torchrun, 90)
     KT_CONTAINS(out, "]:worker rank 1 of 2 local 1 of 2 ok");
 }
 
-/* Environments exactly as the launchers set them, ranks forked here. */
+/* Environments exactly as the launchers set them, ranks forked here; the store's port as
+ * listen_port_pair picks it. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t sl = sizeof(sa);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    close(fd);
-    return ntohs(sa.sin_port);
+    int p;
+    listen_port_pair(&p, 0);
+    return p;
 }
 
 typedef struct envjob {

@@ -23,7 +23,9 @@ allgather is out-of-place only, ...) prints "-" in its four columns.
 import argparse
 import ctypes
 import mmap
+import random
 import re
+import socket
 import time
 
 COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
@@ -321,3 +323,40 @@ def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier,
             if rank == 0:
                 footer(coll, wrong_rows, bws)
     return failed
+
+
+# ---- a free port for a program that binds it later ----
+# (torch's MASTER_PORT in torch_dist_bench.py and bench/train_compare.py, a rendezvous address in
+# the tests), taken below the kernel's ephemeral range. A port found with bind(0) and closed is
+# back in that range, where any socket's bind(0) or connect() can take it before the program
+# binds it ("Address already in use"): seen in `make test`, whose C lane's jobs open thousands of
+# connections beside the Python lane. Below the range only a program that names the port can.
+
+def ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_port(pair=False):
+    """A port nothing holds (and the next one too with pair), below the ephemeral range."""
+    low = ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(max(1024, low - 16384), low - 1)
+        if _bindable(port) and (not pair or _bindable(port + 1)):
+            return port
+    raise RuntimeError("no free port below the ephemeral range (%d)" % low)

@@ -15,7 +15,6 @@ dist.all_to_all_single (out-of-place only).
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -23,9 +22,7 @@ import benchcommon as bc
 
 
 def spawn(n, argv):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = bc.free_port()
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),

@@ -39,6 +39,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.append(os.path.join(ROOT, "bench", "peers"))  # benchcommon.free_port
 
 UNDER_KOLORUN = "KOLO_RANK" in os.environ and "KOLO_RENDEZVOUS" in os.environ
 TIMEOUT = int(os.environ.get("KOLO_TEST_TIMEOUT", "90"))

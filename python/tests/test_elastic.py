@@ -405,19 +405,17 @@ def test_torch_state_saves_syncs_and_resets_a_sampler(monkeypatch):
 # ---- standalone: a worker is lost, the others re-form the job ----
 
 LOST_WORKER = r"""
-import json, os, socket
+import json, os
 import torch
 import kolo.torch as hvd
 from kolo import elastic
 
 hvd.init()
 r0 = hvd.rank()
-# Where the survivors meet again: the launcher's part, played here. Old rank 1 serves the new
-# round's rendezvous and becomes its rank 0 (the oldest survivor); old rank 2 becomes rank 1.
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-port = int(hvd.broadcast(torch.tensor([sock.getsockname()[1]]), 1, name="port")[0])
-sock.close()
+# Where the survivors meet again: the launcher's part, played here (the test picked the port).
+# Old rank 1 serves the new round's rendezvous and becomes its rank 0 (the oldest survivor); old
+# rank 2 becomes rank 1.
+port = int(os.environ["SECOND_ROUND_PORT"])
 
 
 def next_round():
@@ -488,7 +486,8 @@ def run_job(tmp_path, script, kolorun_args, timeout=150):
 
 @pytest.mark.standalone
 def test_a_lost_worker_and_the_job_goes_on(tmp_path):
-    rc, out, found = run_job(tmp_path, LOST_WORKER, ["-np", "3"])
+    from benchcommon import free_port
+    rc, out, found = run_job(tmp_path, LOST_WORKER, ["-np", "3", "-x", "SECOND_ROUND_PORT=%d" % free_port()])
     results = {res["old_rank"]: res for res in found}
     assert rc == 0 and sorted(results) == [1, 2], out
     for old, res in results.items():

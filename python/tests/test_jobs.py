@@ -275,11 +275,8 @@ def test_synthetic_benchmark_runs(tmp_path, framework):
             pytest.skip(why)
         cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"] + bench + ["--framework", "horovod"]
     elif framework == "ddp":
-        import socket
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+        from benchcommon import free_port
+        port = free_port()
         cmd = [KOLORUN, "-np", "2", "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % port] + bench + ["--ddp"]
     else:
         cmd = [KOLORUN, "-np", "2"] + bench + ["--framework", framework]

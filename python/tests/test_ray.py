@@ -377,10 +377,8 @@ def test_relay_reads_kolorun_ssh_command_line_and_fails_as_ssh_does(tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
     assert p.returncode == 255 and "not by hand" in p.stderr, p.stderr
     # a service that is not there, then one that answers garbage: 255 and a reason, no hang
-    unused = socket.socket()
-    unused.bind(("127.0.0.1", 0))
-    port = unused.getsockname()[1]
-    unused.close()
+    from benchcommon import free_port
+    port = free_port()
     env = {"PATH": os.environ["PATH"], "KOLO_DRIVER_SERVICE": str(port), "KOLO_DRIVER_KEY": "k"}
     p = subprocess.run([sys.executable, relay, "h", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=30)
