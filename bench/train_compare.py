@@ -39,7 +39,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from benchcommon import free_port  # noqa: E402 (a port below the ephemeral range, for DDP)
+from benchcommon import free_port  # noqa: E402 (a port outside the ephemeral range, for DDP)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = "examples/pytorch/pytorch_synthetic_benchmark.py"

@@ -155,16 +155,22 @@ KT_TEST(launch_under_mpich_across_hosts_finds_rank_0_through_pmi, 90)
     KT_CONTAINS(out, "worker rank 2 outlived rank 0");
 }
 
-/* The lowest port of the kernel's ephemeral range (bind(0) and connect() take theirs from it). */
-static int ephemeral_low(void)
+/* [*first, return): up to 16384 ports just below the kernel's ephemeral range (bind(0) and
+ * connect() take theirs from it), or above it where the range starts too low to leave room. */
+static int port_window(int *first)
 {
-    int lo = 32768, hi;
+    int lo = 32768, hi = 60999;
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f) {
-        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
         fclose(f);
     }
-    return lo;
+    if (lo - 1024 >= 64) {
+        *first = lo - 16384 > 1024 ? lo - 16384 : 1024;
+        return lo;
+    }
+    *first = hi + 1;
+    return 65536;
 }
 
 static int bound_socket(int port)
@@ -179,18 +185,18 @@ static int bound_socket(int port)
 
 /* A port for a program that binds it later (torchrun's MASTER_PORT, a store's), with its
  * neighbour (port + 1) free too: kolo's rank 0 serves at MASTER_PORT + 1 under torchrun. Taken
- * below the ephemeral range: a port found with bind(0) and closed is back in that range, where
- * any socket's bind(0) or connect() could take it before the program binds it (make test runs
- * the Python suites beside these tests). keep: return the port's socket, listening (the caller
- * holds the port), else close it and return 0. -1 and *port = 0 when none was found. */
+ * outside the ephemeral range (port_window): a port found with bind(0) and closed is back in
+ * that range, where any socket's bind(0) or connect() could take it before the program binds it
+ * (make test runs the Python suites beside these tests). keep: return the port's socket, listening (the caller
+ * holds the port), else close it and return 0. Fails the test when none is found. */
 static int listen_port_pair(int *port, int keep)
 {
-    int lo = ephemeral_low(), base = lo - 16384 > 1024 ? lo - 16384 : 1024;
+    int first, end = port_window(&first);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)ts.tv_nsec;
-    for (int tries = 0; tries < 500 && lo - 2 > base; tries++) {
-        int p = base + (int)(rand_r(&seed) % (unsigned)(lo - 2 - base));
+    for (int tries = 0; tries < 500 && end - first >= 64; tries++) {
+        int p = first + (int)(rand_r(&seed) % (unsigned)(end - 1 - first));
         int a = bound_socket(p), b = a >= 0 ? bound_socket(p + 1) : -1;
         if (b >= 0) close(b);
         if (a >= 0 && b >= 0) {
@@ -204,7 +210,7 @@ static int listen_port_pair(int *port, int keep)
         }
         if (a >= 0) close(a);
     }
-    *port = 0;
+    KT_ASSERTF(0, "no free pair of ports outside the ephemeral range (tried %d-%d)", first, end - 1);
     return -1;
 }
 

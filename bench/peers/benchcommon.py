@@ -327,17 +327,24 @@ def run_sweeps(torch, args, rank, n, root, lib, dtypes, build, sum_all, barrier,
 
 # ---- a free port for a program that binds it later ----
 # (torch's MASTER_PORT in torch_dist_bench.py and bench/train_compare.py, a rendezvous address in
-# the tests), taken below the kernel's ephemeral range. A port found with bind(0) and closed is
-# back in that range, where any socket's bind(0) or connect() can take it before the program
-# binds it ("Address already in use"): seen in `make test`, whose C lane's jobs open thousands of
-# connections beside the Python lane. Below the range only a program that names the port can.
+# the tests), taken outside the kernel's ephemeral range (port_window). A port found with
+# bind(0) and closed is back in that range, where any socket's bind(0) or connect() can take it
+# before the program binds it ("Address already in use"): seen in `make test`, whose C lane's jobs
+# open thousands of connections beside the Python lane. Outside the range only a program that
+# names the port can.
 
-def ephemeral_low():
+def port_window():
+    """[first, end): up to 16384 ports just below the kernel's ephemeral range, or above it where
+    the range starts too low to leave room (ip_local_port_range set to begin near 1024)."""
+    low, high = 32768, 60999
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        pass
+    if low - 1024 >= 64:
+        return max(1024, low - 16384), low
+    return high + 1, 65536
 
 
 def _bindable(port):
@@ -352,11 +359,11 @@ def _bindable(port):
 
 
 def free_port(pair=False):
-    """A port nothing holds (and the next one too with pair), below the ephemeral range."""
-    low = ephemeral_low()
+    """A port nothing holds (and the next one too with pair), outside the ephemeral range."""
+    first, end = port_window()
     rng = random.SystemRandom()
-    for _ in range(500):
-        port = rng.randrange(max(1024, low - 16384), low - 1)
+    for _ in range(500 if end - first >= 64 else 0):
+        port = rng.randrange(first, end - 1)
         if _bindable(port) and (not pair or _bindable(port + 1)):
             return port
-    raise RuntimeError("no free port below the ephemeral range (%d)" % low)
+    raise RuntimeError("no free port outside the ephemeral range (tried %d-%d)" % (first, end - 1))
