@@ -3413,8 +3413,8 @@ static void hier_run(int rank, void *arg)
     /* recursive halving over a list of buffers (the engine's, ring_iov.c) gives the contiguous
      * algorithm's bits: non-integer floats averaged with a pre- and a postscale, 200 KB (below
      * the stages' threshold, so the contiguous call halves too) cut into 3 segments, one in place */
-    int order[KOLO_HIER_MAX];
-    if (kolo__coll_halving_order(m, kolo__pset_get(0), (size_t)50001, 4, order)) {
+    const int *order = kolo__coll_halving_order(kolo__pset_get(0), (size_t)50001, 4);
+    if (order) {
         enum { HC = 50001 };
         const size_t cut[3] = {7, 30000, HC - 30007};
         for (size_t i = 0; i < HC; i++) a[i] = (float)sin((double)(i + 1) * (rank + 1)) * 100.0f;
@@ -3801,6 +3801,249 @@ KT_TEST(settings_that_cut_messages_follow_rank_0, 60)
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++)
         KT_EQ(kt_job(3, differing_setting, (void *)&cases[c], NULL, NULL), 0);
 }
+
+/* The hosts' layout of a group (hier.c), made once with the group, for groups beyond the 1024
+ * members above which the algorithms across hosts used to decline (their per-call sort lived on
+ * the stack): 3000 members on 3 hosts numbered round robin. Checked against the definitions on
+ * several members: the members host by host, each host's in member order; the stages' groups (the
+ * members on this member's host; those of its local index, one a host, with their own layout);
+ * none for a member outside the group, an uneven spread, or one host (no order either). Then the
+ * schedule of recursive halving over the 3000 in that order: partners agree in every round (11
+ * rounds; 10 was the most the schedule held) and on the hand-overs, and the 2048 members left
+ * own disjoint parts that cover the buffer. No processes: the layout is arithmetic on the hosts. */
+static int by_keep(const void *a, const void *b)
+{
+    const kolo__halving_round *x = a, *y = b;
+    return (x->keep_lo > y->keep_lo) - (x->keep_lo < y->keep_lo);
+}
+
+KT_TEST(host_layout_of_thousands_of_members, 60)
+{
+    enum { N = 3000, HOSTS = 3, PER = N / HOSTS };
+    int *host_of = malloc(N * sizeof(int)), *ranks = malloc(N * sizeof(int));
+    KT_ASSERT(host_of && ranks);
+    for (int r = 0; r < N; r++) {
+        host_of[r] = r % HOSTS;
+        ranks[r] = r;
+    }
+    kolo__mesh fake;
+    memset(&fake, 0, sizeof(fake));
+    fake.hier = 2; /* KOLO_HIERARCHICAL_ALLREDUCE=1 */
+    const int mes[] = {0, 1, 1500, N - 1};
+    for (size_t k = 0; k < KOLO_ARRAY_SIZE(mes); k++) {
+        int me = mes[k], hosts = 0;
+        kolo__group g = {.size = N, .rank = me, .ranks = ranks};
+        KT_OK(kolo__group_hosts_make(&g, host_of));
+        const int *order = kolo__coll_host_order(&g, &hosts);
+        KT_ASSERT(order != NULL);
+        KT_EQ(hosts, HOSTS);
+        for (int p = 0; p < N; p++)
+            KT_ASSERTF(order[p] == p / PER + p % PER * HOSTS, "order[%d] = %d", p, order[p]);
+        const kolo__group *lg = NULL, *xg = NULL;
+        KT_ASSERT(kolo__coll_hier_groups(&fake, &g, (size_t)1 << 20, &lg, &xg));
+        KT_EQ(lg->size, PER);
+        KT_EQ(lg->rank, me / HOSTS);
+        for (int i = 0; i < PER; i++) KT_ASSERTF(lg->ranks[i] == me % HOSTS + i * HOSTS, "member %d here: %d", i, lg->ranks[i]);
+        KT_ASSERT(lg->hosts == NULL); /* one host */
+        KT_EQ(xg->size, HOSTS);
+        KT_EQ(xg->rank, me % HOSTS);
+        for (int i = 0; i < HOSTS; i++) KT_EQ(xg->ranks[i], me / HOSTS * HOSTS + i);
+        int xh = 0;
+        const int *xo = kolo__coll_host_order(xg, &xh);
+        KT_EQ(xh, HOSTS);
+        for (int i = 0; i < HOSTS; i++) KT_EQ(xo[i], i);
+        KT_ASSERT(!kolo__coll_hier_groups(&fake, xg, (size_t)1 << 20, &lg, &xg)); /* one member a host */
+        KT_ASSERT(kolo__coll_halving_order(&g, (size_t)1 << 20, 4) == order);
+        KT_ASSERT(kolo__coll_halving_order(&g, (size_t)1 << 10, 4) == NULL); /* below HALVING_MIN */
+        kolo__group_hosts_free(&g);
+        KT_ASSERT(g.hosts == NULL);
+    }
+    /* outside the group: the order, no stages */
+    kolo__group out = {.size = N, .rank = -1, .ranks = ranks};
+    int hosts = 0;
+    const kolo__group *lg = NULL, *xg = NULL;
+    KT_OK(kolo__group_hosts_make(&out, host_of));
+    KT_ASSERT(kolo__coll_host_order(&out, &hosts) != NULL && hosts == HOSTS);
+    KT_ASSERT(!kolo__coll_hier_groups(&fake, &out, (size_t)1 << 20, &lg, &xg));
+    kolo__group_hosts_free(&out);
+    /* uneven (1000, 1000, 999): the order, no stages */
+    kolo__group uneven = {.size = N - 1, .rank = 7, .ranks = ranks};
+    KT_OK(kolo__group_hosts_make(&uneven, host_of));
+    KT_ASSERT(kolo__coll_host_order(&uneven, &hosts) != NULL && hosts == HOSTS);
+    KT_ASSERT(!kolo__coll_hier_groups(&fake, &uneven, (size_t)1 << 20, &lg, &xg));
+    KT_ASSERT(kolo__coll_halving_order(&uneven, (size_t)1 << 20, 4) != NULL);
+    kolo__group_hosts_free(&uneven);
+    /* one host (every third rank): nothing */
+    int *one = malloc(PER * sizeof(int));
+    KT_ASSERT(one);
+    for (int i = 0; i < PER; i++) one[i] = i * HOSTS;
+    kolo__group single = {.size = PER, .rank = 3, .ranks = one};
+    KT_OK(kolo__group_hosts_make(&single, host_of));
+    KT_ASSERT(single.hosts == NULL && kolo__coll_host_order(&single, &hosts) == NULL && hosts == 0);
+    KT_ASSERT(kolo__coll_halving_order(&single, (size_t)1 << 20, 4) == NULL);
+    free(one);
+
+    /* the halving schedule over all 3000, member by member */
+    kolo__group g = {.size = N, .rank = 0, .ranks = ranks};
+    KT_OK(kolo__group_hosts_make(&g, host_of));
+    const int *order = kolo__coll_host_order(&g, &hosts);
+    size_t count = 1000003;
+    kolo__halving_plan *plan = malloc(N * sizeof(*plan));
+    kolo__halving_round *last = malloc(N * sizeof(*last));
+    KT_ASSERT(plan && last);
+    for (int q = 0; q < N; q++) {
+        g.rank = q;
+        kolo__coll_halving_plan(&g, order, count, &plan[q]);
+    }
+    int active = 0;
+    for (int q = 0; q < N; q++) {
+        const kolo__halving_plan *p = &plan[q];
+        if (p->handover >= 0) {
+            const kolo__halving_plan *o = &plan[p->handover];
+            KT_ASSERTF(o->handover == q && o->gives != p->gives, "member %d hands over to %d, which hands over to %d",
+                       q, p->handover, o->handover);
+        }
+        if (p->gives) {
+            KT_EQ(p->rounds, 0);
+            continue;
+        }
+        KT_EQ(p->rounds, 11);
+        for (int k = 0; k < p->rounds; k++) {
+            const kolo__halving_round *r = &p->r[k], *o = &plan[r->partner].r[k];
+            KT_ASSERTF(o->partner == q && o->low != r->low && o->keep_lo == r->send_lo && o->keep_hi == r->send_hi &&
+                           o->send_lo == r->keep_lo && o->send_hi == r->keep_hi,
+                       "round %d: member %d and its partner %d disagree", k, q, r->partner);
+        }
+        last[active++] = p->r[p->rounds - 1];
+    }
+    KT_EQ(active, 2048);
+    qsort(last, (size_t)active, sizeof(*last), by_keep);
+    size_t at = 0;
+    for (int i = 0; i < active; i++) {
+        KT_ASSERTF(last[i].keep_lo == at && last[i].keep_hi > at, "part %d: [%zu, %zu) after %zu", i, last[i].keep_lo,
+                   last[i].keep_hi, at);
+        at = last[i].keep_hi;
+    }
+    KT_EQ(at, count);
+    kolo__group_hosts_free(&g);
+    free(plan);
+    free(last);
+    free(host_of);
+    free(ranks);
+}
+
+/* 72 ranks posing as 2 hosts of 36, numbered round robin: more members than the stages keep
+ * their bookkeeping for on the stack (KOLO_STACK_MEMBERS), and the layout made once per group
+ * (the world's in the core, the engine's own copy). Each algorithm across hosts runs where it
+ * should (counted on every rank) with exact results: recursive halving at 64 KiB, the three stages
+ * at 1 MiB, the allgather and the reducescatter across the hosts first (mode 1), the engine's
+ * fused bucket over its list of buffers in three stages; on a process set of 69 (35 and 34
+ * members: uneven), 1 MiB goes by recursive halving. */
+static void many_on_two_hosts(int rank, void *arg)
+{
+    (void)arg;
+    char host[2] = {rank % 2 ? 'b' : 'a', 0};
+    kolo__mesh_test_host(host);
+    setenv("KOLO_HIERARCHICAL_ALLREDUCE", "1", 1);
+    setenv("KOLO_HIERARCHICAL_ALLGATHER", "1", 1);
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    KT_EQ(kolo_local_size(), n / 2);
+    KT_EQ(kolo_cross_size(), 2);
+    const float ranksum = (float)(n * (n - 1) / 2);
+    size_t maxc = (((size_t)1 << 20) + 12) / 4;
+    float *a = malloc(maxc * 4), *b = malloc(maxc * 4);
+    KT_ASSERT(a && b);
+    /* the world: 64 KiB by recursive halving, 1 MiB in three stages */
+    const size_t bytes[] = {(size_t)64 << 10, ((size_t)1 << 20) + 12};
+    for (size_t s = 0; s < KOLO_ARRAY_SIZE(bytes); s++) {
+        size_t count = bytes[s] / 4;
+        for (size_t i = 0; i < count; i++) a[i] = (float)(i % 1000 + (size_t)rank);
+        uint64_t hier = kolo__coll_hier_runs(), halved = kolo__coll_halving_runs();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(b[i] == (float)n * (float)(i % 1000) + ranksum, "sum of %zu floats [%zu]: %g", count, i,
+                       (double)b[i]);
+        KT_EQ(kolo__coll_hier_runs() - hier, s == 1 ? 1u : 0u);
+        KT_EQ(kolo__coll_halving_runs() - halved, s == 0 ? 1u : 0u);
+    }
+    /* allgather, 1024-1026 floats a rank */
+    size_t *counts = malloc((size_t)n * sizeof(size_t)), total = 0, off = 0;
+    KT_ASSERT(counts);
+    for (int q = 0; q < n; q++) {
+        counts[q] = 1024 + (size_t)(q % 3);
+        off += q < rank ? counts[q] : 0;
+        total += counts[q];
+    }
+    for (size_t j = 0; j < counts[rank]; j++) a[j] = (float)(rank * 10000) + (float)j;
+    uint64_t ag = kolo__coll_hier_ag_runs();
+    KT_OK(kolo_allgather(a, counts[rank], b, counts, KOLO_FLOAT32, KOLO_WORLD));
+    KT_EQ(kolo__coll_hier_ag_runs() - ag, 1u);
+    size_t o = 0;
+    for (int q = 0; q < n; q++)
+        for (size_t j = 0; j < counts[q]; j++, o++)
+            KT_ASSERTF(b[o] == (float)(q * 10000) + (float)j, "allgather: from %d [%zu]: %g", q, j, (double)b[o]);
+    /* reducescatter, one row more for the first ranks */
+    size_t rows = (size_t)n * 1024 + 5, mine = kolo_reducescatter_rows(rows, n, rank), first = 0;
+    for (int q = 0; q < rank; q++) first += kolo_reducescatter_rows(rows, n, q);
+    for (size_t i = 0; i < rows; i++) a[i] = (float)(i % 1000 + (size_t)rank);
+    uint64_t rs = kolo__coll_hier_rs_runs();
+    KT_OK(kolo_reducescatter(a, b, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__coll_hier_rs_runs() - rs, 1u);
+    for (size_t i = 0; i < mine; i++)
+        KT_ASSERTF(b[i] == (float)n * (float)((first + i) % 1000) + ranksum, "reducescatter [%zu]: %g", i, (double)b[i]);
+    free(counts);
+    /* the engine: two tensors of 640 KiB, fused over the list of buffers */
+    enum { T = 2 };
+    size_t tc = ((size_t)640 << 10) / 4;
+    float *tin = malloc(T * tc * 4), *tout = malloc(T * tc * 4);
+    KT_ASSERT(tin && tout);
+    const void *sb[T] = {tin, tin + tc};
+    void *rb[T] = {tout, tout + tc};
+    kolo_shape_t sh[T];
+    memset(sh, 0, sizeof(sh));
+    for (int t = 0; t < T; t++) {
+        sh[t].ndim = 1;
+        sh[t].dims[0] = (int64_t)tc;
+    }
+    for (size_t i = 0; i < T * tc; i++) tin[i] = (float)(i % 1000 + (size_t)rank);
+    uint64_t hier = kolo__coll_hier_runs();
+    kolo_request_t *rq[T];
+    KT_OK(kolo_igrouped_allreduce(T, NULL, sb, rb, KOLO_FLOAT32, sh, KOLO_SUM, 1.0, 1.0, NULL, rq));
+    for (int t = 0; t < T; t++) {
+        KT_ASSERTF(kolo_request_wait(rq[t], 120) == KOLO_OK, "tensor %d: %s", t, kolo_request_error(rq[t]));
+        kolo_request_release(rq[t]);
+    }
+    for (size_t i = 0; i < T * tc; i++)
+        KT_ASSERTF(tout[i] == (float)n * (float)(i % 1000) + ranksum, "engine [%zu]: %g", i, (double)tout[i]);
+    KT_EQ(kolo__coll_hier_runs() - hier, 1u);
+    free(tin);
+    free(tout);
+    /* a process set of 69: 35 on one host, 34 on the other */
+    int k = n - 3, *members = malloc((size_t)k * sizeof(int)), id = -1;
+    KT_ASSERT(members);
+    for (int i = 0; i < k; i++) members[i] = i;
+    KT_OK(kolo_process_set_add(members, k, &id));
+    if (rank < k) {
+        size_t count = bytes[1] / 4;
+        for (size_t i = 0; i < count; i++) a[i] = (float)(i % 1000 + (size_t)rank);
+        uint64_t h0 = kolo__coll_hier_runs(), halved = kolo__coll_halving_runs();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, id));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(b[i] == (float)k * (float)(i % 1000) + (float)(k * (k - 1) / 2), "set of %d [%zu]: %g", k, i,
+                       (double)b[i]);
+        KT_EQ(kolo__coll_hier_runs(), h0);
+        KT_EQ(kolo__coll_halving_runs() - halved, 1u);
+    }
+    KT_OK(kolo_process_set_remove(id));
+    free(members);
+    free(a);
+    free(b);
+    kolo__mesh_test_host(NULL);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(many_ranks_on_two_hosts, 180) { KT_EQ(kt_job(72, many_on_two_hosts, NULL, NULL, NULL), 0); }
 
 KT_TEST(hier_bad_value_refused, 30)
 {

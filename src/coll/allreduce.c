@@ -218,7 +218,7 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
     return KOLO_OK;
 }
 
-/* Allreduces of at least HALVING_MIN bytes on 4 or more members (at most KOLO_HIER_MAX) spread
+/* Allreduces of at least HALVING_MIN bytes on 4 or more members spread
  * over 2 or more hosts, where the hierarchical allreduce does not run (below its threshold, an
  * uneven spread, KOLO_HIERARCHICAL_ALLREDUCE=0), go by recursive halving and doubling instead of
  * the ring or recursive doubling (below). 4 ranks as 2 hosts of 2 (bench/hosts.sh: network
@@ -243,9 +243,11 @@ uint64_t kolo__coll_halving_runs(void) { return __atomic_load_n(&halving_runs, _
 
 void kolo__coll_halving_ran(void) { __atomic_fetch_add(&halving_runs, 1, __ATOMIC_RELAXED); }
 
-bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t count, size_t es, int *order)
+const int *kolo__coll_halving_order(const kolo__group *g, size_t count, size_t es)
 {
-    return g->size >= 4 && count * es >= HALVING_MIN && count >= (size_t)g->size && kolo__coll_host_order(m, g, order);
+    int hosts;
+    const int *order = kolo__coll_host_order(g, &hosts);
+    return g->size >= 4 && count * es >= HALVING_MIN && count >= (size_t)g->size ? order : NULL;
 }
 
 /* Recursive halving, then recursive doubling (Rabenseifner's allreduce), over the members in
@@ -355,9 +357,9 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* small: the one-round exchange (at most 8 members: it posts 2(n-1) messages at once) or
      * recursive doubling; large: the ring */
     /* spread over hosts: recursive halving unless in three stages (below) */
-    int order[KOLO_HIER_MAX];
+    const int *order;
     if (count * es <= kolo__coll_small_max() || count < (size_t)n) {
-        if (kolo__coll_halving_order(m, g, count, es, order))
+        if ((order = kolo__coll_halving_order(g, count, es)))
             return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
         if (n <= 3 || (n <= 8 && count * es < DOUBLING_MIN && !kolo__coll_doubling_world(m, n)))
             return allreduce_small(m, g, send, recv, count, dtype, op, pre, post, false);
@@ -367,7 +369,7 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
     /* spread over hosts: maybe in three stages (hier.c) */
     int h = kolo__coll_hier_allreduce(m, g, send, recv, count, dtype, op, pre, post);
     if (h != KOLO_HIER_DECLINED) return h;
-    if (kolo__coll_halving_order(m, g, count, es, order)) /* after the stages: one host order a call */
+    if ((order = kolo__coll_halving_order(g, count, es)))
         return allreduce_halving(m, g, order, send, recv, count, dtype, op, pre, post);
 
     /* every member on this host: maybe read the others' buffers directly */

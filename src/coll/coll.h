@@ -11,10 +11,14 @@
 
 #include "../net/transport.h"
 
+typedef struct kolo__hosts kolo__hosts;
 typedef struct kolo__group {
     int size;    /* members */
     int rank;    /* this process's index in ranks[], or -1 when not a member */
     int *ranks;  /* world ranks, strictly increasing */
+    /* how the members lie over the hosts, made once with the group (kolo__group_hosts_make); NULL
+     * where they are on one host */
+    const kolo__hosts *hosts;
 } kolo__group;
 
 /* World rank of group member i. */
@@ -135,13 +139,11 @@ uint64_t kolo__coll_hier_runs(void);
 uint64_t kolo__coll_hier_ag_runs(void);
 uint64_t kolo__coll_hier_rs_runs(void);
 void kolo__coll_hier_ran(void); /* counts one, for the engine's over a list (ring_iov.c) */
-/* Where an allreduce of `bytes` on g runs hierarchically, its groups: lg the members on this
- * member's host, xg those of its local index on every host (ranks arrays of KOLO_HIER_HALF); false
+/* Where an allreduce of `bytes` on g runs hierarchically, its groups: *lg the members on this
+ * member's host, *xg those of its local index on every host (both made with g's hosts); false
  * where it does not (as kolo__coll_hier_allreduce declines). */
-#define KOLO_HIER_MAX 1024
-#define KOLO_HIER_HALF (KOLO_HIER_MAX / 2)
-bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
-                            kolo__group *xg, int *xranks);
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, const kolo__group **lg,
+                            const kolo__group **xg);
 
 /* Adasum (adasum.c): ntensor tensors of counts[i] elements lie one after another in send and
  * recv (send may equal recv), each combined as its own vector; floating dtypes only.
@@ -199,14 +201,21 @@ void kolo__coll_allgather_test_refuse_write(int nth);
  * block itself (allreduce.c, "Direct"); and a test hook: the nth read from now fails (EFAULT). */
 uint64_t kolo__coll_reducescatter_direct_runs(void);
 void kolo__coll_reducescatter_test_fail_read(int nth);
-/* g's members host by host into order[] (hosts in the order of their numbers, a host's members
- * in member order; the same list on every member), and how many hosts they are on: 0 where that
- * is one, where the world is on one host, or above KOLO_HIER_MAX members (hier.c). */
-int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order);
-/* Whether an allreduce of count elements of es bytes on g goes by recursive halving across hosts
+/* How g lies over the hosts (hier.c): made once per group, where the group is made (the world
+ * and each process set in core/kolo.c, the engine's copies, the hierarchical stages' groups), from
+ * the host of every world rank (host_of, NULL where the world is on one host), and the same on
+ * every member. g->hosts stays NULL where the members are on one host; KOLO_ERR_NO_MEMORY where
+ * it cannot be made. kolo__group_hosts_free releases it (and leaves g->hosts NULL). */
+int kolo__group_hosts_make(kolo__group *g, const int *host_of);
+void kolo__group_hosts_free(kolo__group *g);
+/* g's members host by host (hosts in the order of their numbers, a host's members in member
+ * order; the same list on every member), and how many hosts they are on; NULL and 0 where that
+ * is one. */
+const int *kolo__coll_host_order(const kolo__group *g, int *hosts);
+/* Where an allreduce of count elements of es bytes on g goes by recursive halving across hosts
  * where the three stages do not run (allreduce.c: 4 or more members on 2 or more hosts, from
- * HALVING_MIN), and then the members host by host into order[]. */
-bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t count, size_t es, int *order);
+ * HALVING_MIN): the members host by host (kolo__coll_host_order); else NULL. */
+const int *kolo__coll_halving_order(const kolo__group *g, size_t count, size_t es);
 /* The schedule of recursive halving and doubling (allreduce.c) for this member of g over count
  * elements, the members in `order`: members beyond the largest power of two p2 first hand their
  * buffer to a neighbour in the order (`handover`, a member index, or -1; `gives`: this one hands
@@ -214,7 +223,7 @@ bool kolo__coll_halving_order(const kolo__mesh *m, const kolo__group *g, size_t 
  * `partner`: this member keeps and combines [keep_lo, keep_hi) (`low`: the lower half, its own
  * part first in each combination), sends [send_lo, send_hi). The doubling runs the rounds
  * backwards, sending the kept range and receiving the sent one. */
-#define KOLO_HALVING_ROUNDS 10 /* log2(KOLO_HIER_MAX) */
+#define KOLO_HALVING_ROUNDS 31 /* log2 of the most members a group can have (INT_MAX) */
 typedef struct kolo__halving_round {
     int partner;
     bool low;

@@ -61,9 +61,6 @@
 
 #include <stdlib.h>
 
-/* members above which the groups are not built on the stack */
-#define HIER_MAX KOLO_HIER_MAX
-
 static uint64_t hier_runs, hier_ag_runs, hier_rs_runs;
 
 uint64_t kolo__coll_hier_runs(void) { return __atomic_load_n(&hier_runs, __ATOMIC_RELAXED); }
@@ -97,103 +94,146 @@ void kolo__coll_hier_ran(void) { __atomic_fetch_add(&hier_runs, 1, __ATOMIC_RELA
 #define HIER_AG_AUTO_MIN ((size_t)1 << 20)
 #define HIER_AG_MIN ((size_t)256 << 10)
 
-/* How g lies over its hosts, when each of 2 or more hosts holds the same number L (2 or more) of
- * its members. Hosts in the order of their numbers, a host's members in member order (their
- * local index): kolo__coll_host_order. cross[i * H + k]: the k-th member, in member order, of
- * those of local index i (one per host; the hosts need not come in the same order for every i,
- * as launchers may number ranks round robin, and a group's ranks ascend). local[]: the members
- * on this member's host. */
-typedef struct hier_map {
-    int L, H, me_local; /* members per host, hosts, this member's local index */
-    int cross[HIER_MAX];
-    int local[HIER_MAX / 2];
-    int by_host[HIER_MAX]; /* [h * L + i]: the member of local index i on the h-th host */
-} hier_map;
+/* How a group lies over its hosts, made once with the group (kolo__group_hosts_make) so that the
+ * collectives across hosts only read it: the members host by host (hosts in the order of their
+ * numbers, a host's members in member order), and where each of 2 or more hosts holds the same
+ * number L (2 or more) of them, the groups the stages run on. cross[i * H + k]: the k-th member,
+ * in member order, of those of local index i (one per host; the hosts need not come in the same
+ * order for every i, as launchers may number ranks round robin, and a group's ranks ascend).
+ * local: the members on this member's host; across: those of its local index on every host (its
+ * own layout made with it: one member a host). The per-call sort of the members this replaced
+ * kept them on the stack, and the algorithms across hosts declined above 1024 members. */
+struct kolo__hosts {
+    int H, L;     /* hosts; members on each where even, else 0 */
+    int me_local, me_host; /* this member's local index and its host's place in order (even, a
+                            * member), else -1 */
+    int *order;   /* [n]: order[h * L + i] is the member of local index i on the h-th host */
+    int *cross;   /* [n], even only */
+    kolo__group local, across; /* this member's, even only (size 0 otherwise) */
+};
 
-static int host_cmp(const void *a, const void *b)
+void kolo__group_hosts_free(kolo__group *g)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    kolo__hosts *h = (kolo__hosts *)g->hosts;
+    if (h) kolo__group_hosts_free(&h->across);
+    kolo__free(h);
+    g->hosts = NULL;
 }
 
-int kolo__coll_host_order(const kolo__mesh *m, const kolo__group *g, int *order)
+int kolo__group_hosts_make(kolo__group *g, const int *host_of)
 {
-    int n = g->size, hosts = 0;
-    if (!m->host_of || n > HIER_MAX) return 0;
-    uint64_t key[HIER_MAX]; /* host, then member: sorted, members host by host */
-    for (int i = 0; i < n; i++) key[i] = (uint64_t)m->host_of[kolo__g2w(g, i)] << 32 | (uint32_t)i;
-    qsort(key, (size_t)n, sizeof(key[0]), host_cmp);
-    for (int i = 0; i < n; i++) {
-        order[i] = (int)(uint32_t)key[i];
-        hosts += i == 0 || key[i] >> 32 != key[i - 1] >> 32;
+    int n = g->size, top = 0, H = 0;
+    g->hosts = NULL;
+    if (!host_of || n < 2) return KOLO_OK;
+    for (int i = 0; i < n; i++) top = KOLO_MAX(top, host_of[kolo__g2w(g, i)] + 1);
+    /* counting sort by host, stable: members in member order within each host */
+    int *first = kolo__calloc((size_t)top + 1, sizeof(int));
+    if (!first) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the hosts of a group of %d members", n);
+    for (int i = 0; i < n; i++) first[host_of[kolo__g2w(g, i)] + 1]++;
+    int L = 0;
+    for (int h = 0; h < top; h++) {
+        int k = first[h + 1];
+        if (k == 0) continue;
+        L = H++ == 0 || k == L ? k : -1;
     }
-    return hosts < 2 ? 0 : hosts;
-}
-
-static bool hier_layout(const kolo__mesh *m, const kolo__group *g, hier_map *hm)
-{
-    int n = g->size, me = g->rank;
-    if (me < 0 || n < 4) return false;
-    int H = kolo__coll_host_order(m, g, hm->by_host), L = H ? n / H : 0;
-    if (H < 2 || L < 2 || L * H != n) return false;
-    /* even: each run of L in the host order is one host (H runs, H hosts) */
-    for (int h = 0; h < H; h++)
-        for (int i = 1; i < L; i++)
-            if (m->host_of[kolo__g2w(g, hm->by_host[h * L + i])] != m->host_of[kolo__g2w(g, hm->by_host[h * L])])
-                return false;
-    int pos[HIER_MAX], at[HIER_MAX / 2] = {0};
-    for (int p = 0; p < n; p++) pos[hm->by_host[p]] = p;
-    for (int i = 0; i < n; i++) hm->cross[pos[i] % L * H + at[pos[i] % L]++] = i; /* in member order */
-    memcpy(hm->local, hm->by_host + pos[me] / L * L, (size_t)L * sizeof(int));
-    hm->L = L;
-    hm->H = H;
-    hm->me_local = pos[me] % L;
-    return true;
-}
-
-/* The subgroup of g of the given members (indices in g, ascending), its world ranks in ranks[]. */
-static kolo__group subgroup(const kolo__group *g, const int *members, int count, int *ranks)
-{
-    kolo__group s = {.size = count, .rank = -1, .ranks = ranks};
-    for (int i = 0; i < count; i++) {
-        ranks[i] = kolo__g2w(g, members[i]);
-        if (members[i] == g->rank) s.rank = i;
+    if (H < 2) {
+        kolo__free(first);
+        return KOLO_OK;
     }
-    return s;
+    bool even = L >= 2;
+    size_t ints = (size_t)n + (even ? (size_t)n + (size_t)n / (size_t)H + (size_t)H : 0);
+    kolo__hosts *hs = kolo__calloc(1, sizeof(*hs) + ints * sizeof(int));
+    if (!hs) {
+        kolo__free(first);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the hosts of a group of %d members", n);
+    }
+    hs->order = (int *)(hs + 1);
+    for (int h = 0; h < top; h++) first[h + 1] += first[h];
+    for (int i = 0; i < n; i++) hs->order[first[host_of[kolo__g2w(g, i)]]++] = i;
+    kolo__free(first);
+    hs->H = H;
+    hs->me_local = hs->me_host = -1;
+    g->hosts = hs;
+    if (!even) return KOLO_OK;
+    hs->L = L;
+    hs->cross = hs->order + n;
+    hs->local.ranks = hs->cross + n;
+    hs->across.ranks = hs->local.ranks + L;
+    /* cross, in member order: member order[p] has local index p % L */
+    int *pos = kolo__calloc((size_t)n + (size_t)L, sizeof(int)), *at = pos ? pos + n : NULL;
+    if (!pos) {
+        kolo__group_hosts_free(g);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the hosts of a group of %d members", n);
+    }
+    for (int p = 0; p < n; p++) pos[hs->order[p]] = p;
+    for (int i = 0; i < n; i++) hs->cross[pos[i] % L * H + at[pos[i] % L]++] = i;
+    int me = g->rank;
+    if (me >= 0) {
+        hs->me_local = pos[me] % L;
+        hs->me_host = pos[me] / L;
+        const int *here = hs->order + hs->me_host * L, *mine = hs->cross + hs->me_local * H;
+        hs->local = (kolo__group){.size = L, .rank = hs->me_local, .ranks = hs->local.ranks};
+        for (int i = 0; i < L; i++) hs->local.ranks[i] = kolo__g2w(g, here[i]);
+        hs->across = (kolo__group){.size = H, .rank = -1, .ranks = hs->across.ranks};
+        for (int k = 0; k < H; k++) {
+            hs->across.ranks[k] = kolo__g2w(g, mine[k]);
+            if (mine[k] == me) hs->across.rank = k;
+        }
+    }
+    kolo__free(pos);
+    int st = me >= 0 ? kolo__group_hosts_make(&hs->across, host_of) : KOLO_OK; /* one member a host */
+    if (st != KOLO_OK) kolo__group_hosts_free(g);
+    return st;
 }
 
-bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, kolo__group *lg, int *lranks,
-                            kolo__group *xg, int *xranks)
+const int *kolo__coll_host_order(const kolo__group *g, int *hosts)
+{
+    *hosts = g->hosts ? g->hosts->H : 0;
+    return g->hosts ? g->hosts->order : NULL;
+}
+
+/* g's layout where the stages can run on it: 4 or more members, as many on each of 2 or more
+ * hosts, this process one of them; else NULL. */
+static const kolo__hosts *even_hosts(const kolo__group *g)
+{
+    const kolo__hosts *hs = g->hosts;
+    return g->size >= 4 && g->rank >= 0 && hs && hs->L >= 2 ? hs : NULL;
+}
+
+bool kolo__coll_hier_groups(const kolo__mesh *m, const kolo__group *g, size_t bytes, const kolo__group **lg,
+                            const kolo__group **xg)
 {
     if (m->hier == 0 || (m->hier == 1 && bytes < HIER_AUTO_MIN) || bytes < HIER_ON_MIN ||
         bytes <= kolo__coll_small_max())
         return false;
-    hier_map hm;
-    if (!hier_layout(m, g, &hm)) return false;
-    *lg = subgroup(g, hm.local, hm.L, lranks);
-    *xg = subgroup(g, hm.cross + hm.me_local * hm.H, hm.H, xranks);
+    const kolo__hosts *hs = even_hosts(g);
+    if (!hs) return false;
+    *lg = &hs->local;
+    *xg = &hs->across;
     return true;
 }
 
 int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, size_t count,
                               kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
-    kolo__group lg, xg;
-    int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
+    const kolo__group *lg, *xg;
     size_t es = kolo_dtype_size(dtype);
-    if (!kolo__coll_hier_groups(m, g, count * es, &lg, lr, &xg, xr)) return KOLO_HIER_DECLINED;
-    int L = lg.size;
-    size_t counts[HIER_MAX / 2], offs[HIER_MAX / 2];
+    if (!kolo__coll_hier_groups(m, g, count * es, &lg, &xg)) return KOLO_HIER_DECLINED;
+    int L = lg->size;
+    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, L, 2 * sizeof(size_t)), *counts = offs + L;
+    if (!offs) return KOLO_ERR_NO_MEMORY; /* every member decided to run it: fail, not decline */
     kolo__coll_blocks(count, L, offs, counts);
-    size_t off = offs[lg.rank];
+    size_t off = offs[lg->rank];
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
     char *block = (char *)recv + off * es;
-    size_t mine = counts[lg.rank];
-    int st = kolo__coll_reducescatter(m, &lg, send, block, counts, dtype, sum, pre, 1.0);
-    if (st == KOLO_OK && mine) st = kolo__coll_allreduce(m, &xg, block, block, mine, dtype, sum, 1.0, 1.0);
-    if (st != KOLO_OK) return st;
-    kolo__coll_finish_scale(block, mine, dtype, op, post, g->size);
-    st = kolo__coll_allgather(m, &lg, block, recv, counts, es);
+    size_t mine = counts[lg->rank];
+    int st = kolo__coll_reducescatter(m, lg, send, block, counts, dtype, sum, pre, 1.0);
+    if (st == KOLO_OK && mine) st = kolo__coll_allreduce(m, xg, block, block, mine, dtype, sum, 1.0, 1.0);
+    if (st == KOLO_OK) {
+        kolo__coll_finish_scale(block, mine, dtype, op, post, g->size);
+        st = kolo__coll_allgather(m, lg, block, recv, counts, es);
+    }
+    kolo__coll_members_free(offs, own);
     if (st == KOLO_OK) kolo__coll_hier_ran();
     return st;
 }
@@ -202,29 +242,32 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
                               size_t es)
 {
     int n = g->size, me = g->rank;
-    if (n < 4 || m->hier_ag == 0 || n > HIER_MAX) return KOLO_HIER_DECLINED;
-    size_t offs[HIER_MAX], o = 0;
-    for (int i = 0; i < n; i++) {
-        offs[i] = o;
-        o += counts[i];
-    }
-    hier_map hm;
-    if (o * es < (m->hier_ag == 1 ? HIER_AG_AUTO_MIN : HIER_AG_MIN) || !hier_layout(m, g, &hm))
-        return KOLO_HIER_DECLINED;
-    int L = hm.L, H = hm.H;
+    const kolo__hosts *hs = m->hier_ag ? even_hosts(g) : NULL;
+    if (!hs) return KOLO_HIER_DECLINED;
+    size_t o = 0;
+    for (int i = 0; i < n; i++) o += counts[i];
+    if (o * es < (m->hier_ag == 1 ? HIER_AG_AUTO_MIN : HIER_AG_MIN)) return KOLO_HIER_DECLINED;
+    int L = hs->L, H = hs->H;
     char *out = recv;
     /* phase 1 sends H - 1 and receives as many; phase 2 (L - 1) H each way */
     size_t nx = 2 * (size_t)(H - 1 > (L - 1) * H ? H - 1 : (L - 1) * H);
     kolo__xfer *xs = kolo__calloc(nx, sizeof(kolo__xfer));
     kolo__xfer **ptrs = kolo__calloc(nx, sizeof(kolo__xfer *));
-    if (!xs || !ptrs) {
+    size_t *offs = kolo__malloc((size_t)n * sizeof(size_t));
+    if (!xs || !ptrs || !offs) {
         kolo__free(xs);
         kolo__free(ptrs);
+        kolo__free(offs);
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a hierarchical allgather's %zu transfers", nx);
+    }
+    o = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = o;
+        o += counts[i];
     }
     /* phase 1, across the hosts: this member's block to the members of its local index on the
      * other hosts, theirs straight to their places in the output */
-    const int *xm = hm.cross + hm.me_local * H;
+    const int *xm = hs->cross + hs->me_local * H;
     int k = 0;
     for (int j = 0; j < H; j++) {
         if (xm[j] == me) continue;
@@ -234,15 +277,16 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
     kolo__coll_copy_own_moving(m, out + offs[me] * es, send, counts[me] * es, false);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
+    const int *local = hs->order + hs->me_host * L; /* the members here */
     /* phase 2, within the host: the H blocks of this member's local index (its own and those just
      * received) to every other member here, host by host in the same order on every member, and
      * theirs from them; each receiver keeps what it gets (`single`, as the flat exchange's) */
     k = 0;
     for (int p = 0; p < L && st == KOLO_OK; p++) {
-        int peer = hm.local[p];
+        int peer = local[p];
         if (peer == me) continue;
         for (int h = 0; h < H; h++) {
-            int mine = hm.by_host[h * L + hm.me_local], theirs = hm.by_host[h * L + p];
+            int mine = hs->order[h * L + hs->me_local], theirs = hs->order[h * L + p];
             const char *src = mine == me ? (const char *)send : out + offs[mine] * es;
             kolo__isend(m, kolo__g2w(g, peer), src, counts[mine] * es, &xs[k]);
             xs[k++].single = true;
@@ -253,6 +297,7 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
     if (st == KOLO_OK) st = kolo__wait(m, ptrs, k);
     kolo__free(xs);
     kolo__free(ptrs);
+    kolo__free(offs);
     if (st == KOLO_OK) __atomic_fetch_add(&hier_ag_runs, 1, __ATOMIC_RELAXED);
     return st;
 }
@@ -268,38 +313,47 @@ int kolo__coll_hier_reducescatter(kolo__mesh *m, const kolo__group *g, const voi
                                   const size_t *counts, kolo_dtype_t dtype, kolo_op_t op, double pre, double post)
 {
     int n = g->size, me = g->rank;
-    if (n < 4 || m->hier != 2 || n > HIER_MAX) return KOLO_HIER_DECLINED;
-    size_t es = kolo_dtype_size(dtype), offs[HIER_MAX], total = 0;
+    const kolo__hosts *hs = m->hier == 2 ? even_hosts(g) : NULL;
+    if (!hs) return KOLO_HIER_DECLINED;
+    size_t es = kolo_dtype_size(dtype), total = 0;
+    for (int i = 0; i < n; i++) total += counts[i];
+    if (total * es < HIER_AG_MIN) return KOLO_HIER_DECLINED;
+    int L = hs->L, H = hs->H;
+    const int *cross = hs->cross;
+    /* offs[n], then bundle i (L of them): the blocks of the members of local index i, in their
+     * cross order, packed one after another so that the host's reduce-scatter gives member i the
+     * host's sum of them; then xc (H): the blocks of this member's local index */
+    size_t own[3 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, n, 3 * sizeof(size_t));
+    if (!offs) return KOLO_ERR_NO_MEMORY; /* every member decided to run it: fail, not decline */
+    size_t *bundle = offs + n, *xc = bundle + L;
+    total = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = total;
         total += counts[i];
     }
-    hier_map hm;
-    if (total * es < HIER_AG_MIN || !hier_layout(m, g, &hm)) return KOLO_HIER_DECLINED;
-    int L = hm.L, H = hm.H, lr[HIER_MAX / 2], xr[HIER_MAX / 2];
-    kolo__group lg = subgroup(g, hm.local, L, lr), xg = subgroup(g, hm.cross + hm.me_local * H, H, xr);
-    /* bundle i: the blocks of the members of local index i, in their cross order, packed one
-     * after another so that the host's reduce-scatter gives member i the host's sum of them */
-    size_t bundle[HIER_MAX / 2], xc[HIER_MAX / 2];
     for (int i = 0; i < L; i++) {
         bundle[i] = 0;
-        for (int k = 0; k < H; k++) bundle[i] += counts[hm.cross[i * H + k]];
+        for (int k = 0; k < H; k++) bundle[i] += counts[cross[i * H + k]];
     }
-    for (int k = 0; k < H; k++) xc[k] = counts[hm.cross[hm.me_local * H + k]];
-    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_HIER, (total + bundle[hm.me_local]) * es);
-    if (!tmp) return KOLO_ERR_NO_MEMORY;
+    for (int k = 0; k < H; k++) xc[k] = counts[cross[hs->me_local * H + k]];
+    char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_HIER, (total + bundle[hs->me_local]) * es);
+    if (!tmp) {
+        kolo__coll_members_free(offs, own);
+        return KOLO_ERR_NO_MEMORY;
+    }
     char *p = tmp, *mine = tmp + total * es;
     for (int i = 0; i < L; i++)
         for (int k = 0; k < H; k++) {
-            int j = hm.cross[i * H + k];
+            int j = cross[i * H + k];
             kolo__copy(p, (const char *)send + offs[j] * es, counts[j] * es);
             p += counts[j] * es;
         }
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
     /* within the host (shared memory), then across the hosts: only the second crosses the
      * network, (h-1)/h of the buffer per host */
-    int st = kolo__coll_reducescatter(m, &lg, tmp, mine, bundle, dtype, sum, pre, 1.0);
-    if (st == KOLO_OK) st = kolo__coll_reducescatter(m, &xg, mine, recv, xc, dtype, sum, 1.0, 1.0);
+    int st = kolo__coll_reducescatter(m, &hs->local, tmp, mine, bundle, dtype, sum, pre, 1.0);
+    if (st == KOLO_OK) st = kolo__coll_reducescatter(m, &hs->across, mine, recv, xc, dtype, sum, 1.0, 1.0);
+    kolo__coll_members_free(offs, own);
     if (st != KOLO_OK) return st;
     kolo__coll_finish_scale(recv, counts[me], dtype, op, post, n);
     __atomic_fetch_add(&hier_rs_runs, 1, __ATOMIC_RELAXED);

@@ -42,6 +42,13 @@ const char *kolo_build_info(void)
 
 /* ---- init / shutdown ---- */
 
+static void free_group(kolo__group *g)
+{
+    kolo__group_hosts_free(g);
+    kolo__free(g->ranks);
+    kolo__free(g);
+}
+
 static int make_world_group(void)
 {
     kolo__group *g = kolo__calloc(1, sizeof(*g));
@@ -53,6 +60,10 @@ static int make_world_group(void)
     g->size = W.info.size;
     g->rank = W.info.rank;
     for (int i = 0; i < g->size; i++) g->ranks[i] = i;
+    if (kolo__group_hosts_make(g, W.host_of) != KOLO_OK) {
+        free_group(g);
+        return KOLO_ERR_NO_MEMORY;
+    }
     W.psets[0] = g;
     W.next_pset = 1;
     return KOLO_OK;
@@ -403,8 +414,7 @@ static void teardown(void)
     W.server = NULL;
     for (int i = 0; i < KOLO_MAX_PSETS; i++) {
         if (W.psets[i]) {
-            kolo__free(W.psets[i]->ranks);
-            kolo__free(W.psets[i]);
+            free_group(W.psets[i]);
             W.psets[i] = NULL;
         }
     }
@@ -611,6 +621,10 @@ int kolo_process_set_add(const int *ranks, int nranks, int *id)
         g->ranks[i] = ranks[i];
         if (ranks[i] == W.info.rank) g->rank = i;
     }
+    if (kolo__group_hosts_make(g, W.host_of) != KOLO_OK) {
+        free_group(g);
+        return KOLO_ERR_NO_MEMORY;
+    }
     pthread_mutex_lock(&W.pset_lock);
     /* ids are assigned in call order, identical on every rank because the calls are collective */
     int nid = -1;
@@ -627,8 +641,7 @@ int kolo_process_set_add(const int *ranks, int nranks, int *id)
     }
     pthread_mutex_unlock(&W.pset_lock);
     if (nid < 0) {
-        kolo__free(g->ranks);
-        kolo__free(g);
+        free_group(g);
         return kolo__err(KOLO_ERR_INVALID_ARG, "too many process sets (at most %d)", KOLO_MAX_PSETS - 1);
     }
     *id = nid;
@@ -652,8 +665,7 @@ int kolo_process_set_remove(int id)
     pthread_mutex_lock(&W.pset_lock);
     W.psets[id] = NULL;
     pthread_mutex_unlock(&W.pset_lock);
-    kolo__free(g->ranks);
-    kolo__free(g);
+    free_group(g);
     return KOLO_OK;
 }
 

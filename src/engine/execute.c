@@ -192,12 +192,12 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
     size_t total = 0, es = kolo_dtype_size(dt);
     for (size_t i = 0; i < k; i++) total += s->resp[idx[i]].count;
     /* across hosts maybe in three stages (coll/hier.c, ring_iov.c), or by recursive halving */
-    kolo__group lg, xg;
-    int lr[KOLO_HIER_HALF], xr[KOLO_HIER_HALF];
-    bool hier = kolo__coll_hier_groups(E.mesh, &s->g, total * es, &lg, lr, &xg, xr);
-    int order[KOLO_HIER_MAX]; /* or by recursive halving, as kolo__coll_allreduce would */
-    bool halve = !hier && kolo__coll_halving_order(E.mesh, &s->g, total, es, order);
-    size_t chunk2 = hier ? kolo__iov_hier_scratch(E.mesh, lg.size, xg.size, total, es)
+    const kolo__group *lg = NULL, *xg = NULL;
+    bool hier = kolo__coll_hier_groups(E.mesh, &s->g, total * es, &lg, &xg);
+    /* or by recursive halving, as kolo__coll_allreduce would */
+    const int *order = hier ? NULL : kolo__coll_halving_order(&s->g, total, es);
+    bool halve = order != NULL;
+    size_t chunk2 = hier ? kolo__iov_hier_scratch(E.mesh, lg->size, xg->size, total, es)
                          : kolo__iov_scratch(E.mesh, total, s->n, es);
     kolo__seg *segs = kolo__malloc((k + 1) * sizeof(kolo__seg));
     char *buf = segs ? fusion_buffer(packed + zeros) : NULL;
@@ -237,7 +237,7 @@ static int run_allreduce_iov(kolo__pset_state *s, const size_t *idx, size_t k, b
                               : kolo__direct_allreduce(E.mesh, &s->g, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.post,
                                                        &ticket);
     if (st == KOLO_DIRECT_DECLINED && hier) {
-        st = kolo__iov_hier_allreduce(E.mesh, &s->g, &lg, &xg, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,
+        st = kolo__iov_hier_allreduce(E.mesh, &s->g, lg, xg, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,
                                       r0->d.post, scratch, chunk2);
     } else if (st == KOLO_DIRECT_DECLINED && halve) {
         st = kolo__iov_halving_allreduce(E.mesh, &s->g, order, segs, nseg, dt, (kolo_op_t)r0->d.op, r0->d.pre,

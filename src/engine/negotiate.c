@@ -76,6 +76,7 @@ kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capac
     s->has = s->joined + n;
     s->miss = s->has + n;
     memcpy(s->g.ranks, g->ranks, n * sizeof(int));
+    if (kolo__group_hosts_make(&s->g, W.host_of) != KOLO_OK) goto nomem_free;
     if (kolo__hmap_init(&s->lmap, 64) || kolo__hmap_init(&s->cmap, 64) || kolo__hmap_init(&s->emap, 64))
         goto nomem_free;
     s->last_joined = -1;
@@ -123,6 +124,7 @@ void kolo__pset_free(kolo__pset_state *s)
     kolo__hmap_free(&s->lmap);
     kolo__hmap_free(&s->cmap);
     kolo__hmap_free(&s->emap);
+    kolo__group_hosts_free(&s->g);
     kolo__free(s->g.ranks);
     kolo__free(s->slots);
     kolo__free(s->slot_req);
