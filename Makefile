@@ -46,8 +46,9 @@ BENCH_SRC := bench/kolo-bench.c
 SO   := $(O)/lib/libkolo.so
 AR_  := $(O)/lib/libkolo.a
 BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun) $(O)/bin/kolo-timeline
-# built with the rest, not installed: what a timeline event costs (docs/timeline.md)
-DEV_BINS := $(O)/bin/timeline-bench
+# built with the rest, not installed: what a timeline event costs (docs/timeline.md), what waiting
+# for a straggler costs the waiting ranks (bench/README.md)
+DEV_BINS := $(O)/bin/timeline-bench $(O)/bin/wait-bench
 TESTBIN := $(O)/tests/kolo-tests
 
 .PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2
@@ -87,6 +88,10 @@ $(O)/bin/engine-bench: bench/engine-bench.c bench/local_job.h bench/perf_ctl.h $
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 
 $(O)/bin/timeline-bench: bench/timeline-bench.c $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+$(O)/bin/wait-bench: bench/wait-bench.c bench/local_job.h $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 

@@ -2231,7 +2231,7 @@ static void yields_while_waiting(int rank, void *arg)
             usleep(3000);
             memset(buf, 7 + round % 100, bytes);
         }
-        uint64_t a[4], b[4];
+        uint64_t a[5], b[5];
         kolo__wait_test_counts(a);
         KT_OK(kolo_broadcast(buf, bytes, KOLO_UINT8, 1, KOLO_WORLD));
         kolo__wait_test_counts(b);
@@ -2306,7 +2306,7 @@ static void dozes_until_rung(int rank, void *arg)
         int root = kind == 1 ? 0 : n - 1;
         memset(buf, rank == root ? 0x40 + round : 0, len);
         KT_OK(kolo_barrier(KOLO_WORLD));
-        uint64_t a[4], b[4];
+        uint64_t a[5], b[5];
         kolo__wait_test_counts(a);
         if (rank != 0) usleep(late);
         if (kind == 2) {
@@ -2333,7 +2333,7 @@ static void dozes_until_rung(int rank, void *arg)
     /* a dozing wait checks liveness every 10 ms, not every millisecond: a 40 ms wait for a late
      * root sleeps about 4 times, not 40 */
     KT_OK(kolo_barrier(KOLO_WORLD));
-    uint64_t a[4], b[4];
+    uint64_t a[5], b[5];
     kolo__wait_test_counts(a);
     if (rank != 0) usleep(40000);
     memset(buf, rank == n - 1 ? 0x77 : 0, 4096);

@@ -244,9 +244,9 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
-/* Test hook: the calling thread's idle passes [0], yields [1], sleeps on doorbells [2] and
- * those of them a doorbell ended [3] in kolo__wait so far. */
-void kolo__wait_test_counts(uint64_t out[4]);
+/* Test hook: the calling thread's idle passes [0], yields [1], sleeps on doorbells [2], those
+ * of them a doorbell ended [3] and liveness checks [4] in kolo__wait so far. */
+void kolo__wait_test_counts(uint64_t out[5]);
 /* Test hook: the calling thread's naps in waits on tcp and shared-memory conns at once that a
  * socket ended early (xfer.c, sleep_on_sockets). */
 uint64_t kolo__wait_test_socket_naps(void);

@@ -308,16 +308,17 @@ static void sleep_on_sockets(kolo__mesh *m, int ms)
     if (ppoll(pfd, (nfds_t)n, &ts, NULL) > 0) socket_naps++;
 }
 
-/* test hook: this thread's idle passes, yields, sleeps on doorbells and sleeps a doorbell
- * ended (not the time limit) in kolo__wait so far */
-static _Thread_local uint64_t idle_passes, yields, dozes, rung;
+/* test hook: this thread's idle passes, yields, sleeps on doorbells, sleeps a doorbell ended
+ * (not the time limit) and liveness checks in kolo__wait so far */
+static _Thread_local uint64_t idle_passes, yields, dozes, rung, checks;
 
-void kolo__wait_test_counts(uint64_t out[4])
+void kolo__wait_test_counts(uint64_t out[5])
 {
     out[0] = idle_passes;
     out[1] = yields;
     out[2] = dozes;
     out[3] = rung;
+    out[4] = checks;
 }
 
 /* ---- sleeping on doorbells (shm.c, "Sleeping") ---- */
@@ -464,6 +465,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (last_progress == 0) last_progress = now;
         if (now >= next_check) {
             next_check = now + check_ns;
+            checks++;
             status = check_liveness(m);
             if (status != KOLO_OK) {
                 status = after_loss(xs, n, status);
