@@ -2413,6 +2413,49 @@ KT_TEST(dozing_waiter_wakes_on_the_doorbell, 60)
     KT_EQ(kt_job(3, dozes_until_rung, NULL, NULL, NULL), 0);
 }
 
+/* A wait that makes no progress checks its peers' liveness less and less often (xfer.c,
+ * CHECK_MAX_NS): every millisecond for its first 8, then every eighth of the time waited so far,
+ * up to 100 ms. Rank 0 waits a second for rank 1's broadcast: at most 100 checks (about 50; a
+ * check every millisecond made 1,000, each one waking the sleeper), over shared memory and over
+ * TCP. Then rank 1 dies a second into rank 0's wait for it: rank 0 still names it, within 3 s of
+ * starting to wait (by then it checks every 125 ms). */
+static void checks_less_often(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    char buf[64] = {0};
+    KT_OK(kolo_broadcast(buf, sizeof(buf), KOLO_UINT8, 1, KOLO_WORLD)); /* the path is warm */
+    uint64_t a[5], b[5];
+    kolo__wait_test_counts(a);
+    if (rank == 1) {
+        usleep(1000000);
+        memset(buf, 9, sizeof(buf));
+    }
+    KT_OK(kolo_broadcast(buf, sizeof(buf), KOLO_UINT8, 1, KOLO_WORLD));
+    kolo__wait_test_counts(b);
+    KT_EQ(buf[63], 9);
+    if (rank == 0)
+        KT_ASSERTF(b[4] - a[4] <= 100 && b[4] > a[4], "a 1 s wait over %s checked liveness %llu times",
+                   kolo_peer_transport(1), (unsigned long long)(b[4] - a[4]));
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank == 1) {
+        usleep(1000000);
+        _exit(0);
+    }
+    double t0 = kt_now();
+    int st = kolo_broadcast(buf, sizeof(buf), KOLO_UINT8, 1, KOLO_WORLD);
+    KT_ASSERT(st != KOLO_OK);
+    KT_CONTAINS(kolo_last_error(), "rank 1");
+    KT_ASSERTF(kt_now() - t0 < 3.0, "the death was seen %.2f s into the wait", kt_now() - t0);
+}
+
+KT_TEST(long_wait_checks_liveness_less_often, 60)
+{
+    kt_job_opts tcp = {.env = {"KOLO_TRANSPORT=tcp"}};
+    KT_EQ(kt_job(2, checks_less_often, NULL, NULL, NULL), 0);
+    KT_EQ(kt_job(2, checks_less_often, NULL, &tcp, NULL), 0);
+}
+
 /* On a host with more ranks than cores the pairs keep ring copies, but alltoall's and
  * allgather's sends of 32 KiB and more go single-copy (shm.c, SINGLE_MIN); the ring
  * collectives' do not. Two ranks stand in for such a host: each pins its pair on the direct
