@@ -49,11 +49,13 @@ BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolor
 # built with the rest, not installed: what a timeline event costs (docs/timeline.md), what waiting
 # for a straggler costs the waiting ranks (bench/README.md)
 DEV_BINS := $(O)/bin/timeline-bench $(O)/bin/wait-bench
+# the examples in C, built as a user builds them (kolo.h only; tests/test_examples.c runs them)
+EXAMPLES := $(O)/examples/train_digits
 TESTBIN := $(O)/tests/kolo-tests
 
 .PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2
 
-all: lib $(BINS) $(DEV_BINS) $(TESTBIN)
+all: lib $(BINS) $(DEV_BINS) $(EXAMPLES) $(TESTBIN)
 lib: $(SO) $(AR_)
 
 $(O)/obj/boot/pmix_rdv.o: LIBCFLAGS += $(if $(PMIX_CFLAGS),$(PMIX_CFLAGS) -DKOLO_HAVE_PMIX)
@@ -92,6 +94,10 @@ $(O)/bin/timeline-bench: bench/timeline-bench.c $(AR_)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 
 $(O)/bin/wait-bench: bench/wait-bench.c bench/local_job.h $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
+
+$(O)/examples/%: examples/c/%.c include/kolo.h $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $< $(AR_) $(LDLIBS)
 
@@ -176,7 +182,13 @@ test-install: lib $(BINS)
 	  -Wl,-rpath,$(CURDIR)/$(O)/install-test/lib -o $(O)/install-test/hello_allreduce
 	$(O)/install-test/bin/kolorun -np 3 $(O)/install-test/hello_allreduce | sort > $(O)/install-test/out.txt
 	grep -c "mean rank 1.0, mean one 1.0" $(O)/install-test/out.txt | grep -qx 3
-	@echo "test-install: 1 passed, 0 failed"
+	$(CC) -O2 examples/c/train_digits.c \
+	  $$(PKG_CONFIG_PATH=$(O)/install-test/lib/pkgconfig pkg-config --cflags --libs kolo) -lm \
+	  -Wl,-rpath,$(CURDIR)/$(O)/install-test/lib -o $(O)/install-test/train_digits
+	$(O)/install-test/bin/kolorun -np 2 $(O)/install-test/train_digits --epochs 1 --train 2000 --test 500 \
+	  > $(O)/install-test/train.txt
+	grep -q "parameters identical on all 2 rank(s)" $(O)/install-test/train.txt
+	@echo "test-install: 2 passed, 0 failed"
 
 test-c: all
 	$(TESTBIN) $(T)
