@@ -267,8 +267,8 @@ static int parse(int argc, char **argv, options *o)
         }
         if (!v) return usage(stderr);
         double x = strtod(v, &end);
-        if (end == v || *end) {
-            fprintf(stderr, "train_digits: %s wants a number, not '%s'\n", a, v);
+        if (end == v || *end || !(fabs(x) < 1e9)) {
+            fprintf(stderr, "train_digits: %s wants a number (below 1e9), not '%s'\n", a, v);
             return 2;
         }
         i++;
