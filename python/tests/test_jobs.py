@@ -575,6 +575,28 @@ def test_engine_bench_times_blocks_under_one_timeline(tmp_path):
         assert p.returncode == 2, (bad, p.stdout)
 
 
+def test_wait_bench_measures_the_waiting_ranks():
+    # wait-bench: rank 0 late to a barrier (or, -e, to an engine allreduce); one line per round
+    # with the waiting ranks' CPU and their liveness checks (the barrier's own thread checks; the
+    # engine's waits are on its thread, so 0 there); bad arguments exit 2 naming what is wrong.
+    bench = os.path.join(ROOT, "build", "bin", "wait-bench")
+    line = r"round (\d): the 2 waiting ranks used ([0-9.]+) CPU s in 0.30 s: ([0-9.]+) % of a core each; (\d+) liveness"
+    for mode in ([], ["-e"]):
+        p = subprocess.run([bench, "-np", "3", "-s", "0.3", "-r", "2"] + mode, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout
+        rounds = re.findall(line, p.stdout)
+        assert [r[0] for r in rounds] == ["0", "1"], p.stdout
+        assert ("through the engine" in p.stdout) == bool(mode), p.stdout
+        for _, cpu, share, checks in rounds:
+            assert float(cpu) >= 0 and float(share) < 100, p.stdout
+            assert (int(checks) == 0) if mode else (0 < int(checks) <= 100), p.stdout
+    for bad, says in ((["-np", "1"], "needs 2 or more ranks"), (["-s", "0"], "-s must be above 0"),
+                      (["-x"], "usage: wait-bench")):
+        p = subprocess.run([bench] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        assert p.returncode == 2 and says in p.stdout, (bad, p.stdout)
+
+
 def _bench_module(name):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import importlib
