@@ -305,6 +305,19 @@ def test_step_latency_prints_what_the_harness_reads():
                      p.stdout), p.stdout
 
 
+def test_idle_cpu_prints_both_phases():
+    # bench/peers/idle_cpu.py (a process's CPU while the runtime idles, and while it waits for a
+    # straggler) under kolorun: it checks its allreduces and prints one line; kolo's own share stays
+    # far below a core in both phases (Horovod 0.28.1's: 7-9 % idle, 136-145 % waiting, by hand).
+    script = os.path.join(ROOT, "bench", "peers", "idle_cpu.py")
+    p = subprocess.run([KOLORUN, "-np", "2", PY, script, "kolo", "-s", "0.5"],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    m = re.search(r"idle_cpu kolo ranks 2 idle_pct ([\d.]+) waiting_pct ([\d.]+)", p.stdout)
+    assert m and float(m.group(1)) < 50 and float(m.group(2)) < 50, p.stdout
+
+
 def test_train_compare_adds_up_workers_alone():
     # The workers alone each print their own RESULT line; the driver sums them, and only when all
     # n are there (a worker that died must not pass for a slower machine).
