@@ -112,8 +112,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.secs <= 0 || o.rounds < 1 || o.np < 0) {
-        fprintf(stderr, "wait-bench: -s must be above 0, -r at least 1, -np at least 2\n");
+    if (!(o.secs > 0 && o.secs <= 3600) || o.rounds < 1 || o.np < 0) {
+        fprintf(stderr, "wait-bench: -s must be above 0 (and at most 3600), -r at least 1, -np at least 2\n");
         return 2;
     }
     if (o.np) return bench_local_job(o.np, 0, "wait-bench", run_rank, &o);

@@ -51,14 +51,14 @@ typedef struct options {
 typedef struct params {
     float *w1, *b1, *w2, *b2;
     size_t count;
+    int hidden;
 } params;
-
-static int hidden_units;
 
 static int params_alloc(params *p, int hidden)
 {
     size_t n1 = (size_t)hidden * IN, n2 = (size_t)OUT * (size_t)hidden;
     p->count = n1 + (size_t)hidden + n2 + OUT;
+    p->hidden = hidden;
     p->w1 = calloc(p->count, sizeof(float));
     if (!p->w1) return -1;
     p->b1 = p->w1 + n1;
@@ -126,7 +126,7 @@ static int make_sample(uint64_t seed, uint64_t i, float *img)
 /* Forward pass of one image: hidden activations into h, probabilities into prob; the loss. */
 static double forward(const params *p, const float *x, int label, float *h, float *prob)
 {
-    int H = hidden_units;
+    int H = p->hidden;
     for (int j = 0; j < H; j++) {
         const float *w = p->w1 + (size_t)j * IN;
         float a = p->b1[j];
@@ -193,7 +193,7 @@ static int finish(averaging *a)
 static int step_gradients(const params *p, params *g, const float *xs, const int *ys, int n, float *d1,
                           double *loss)
 {
-    int H = hidden_units;
+    int H = p->hidden;
     float prob[OUT];
     memset(g->w1, 0, g->count * sizeof(float));
     *loss = 0;
@@ -342,7 +342,6 @@ int main(int argc, char **argv)
         kolo_shutdown();
         return 2;
     }
-    hidden_units = o.hidden;
     int share = o.batch / n, H = o.hidden;
     params p, g, v;
     float *xs = malloc((size_t)share * IN * sizeof(float)), *work = malloc((size_t)share * (size_t)(H + OUT) * sizeof(float));

@@ -253,11 +253,10 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
     size_t nx = 2 * (size_t)(H - 1 > (L - 1) * H ? H - 1 : (L - 1) * H);
     kolo__xfer *xs = kolo__calloc(nx, sizeof(kolo__xfer));
     kolo__xfer **ptrs = kolo__calloc(nx, sizeof(kolo__xfer *));
-    size_t *offs = kolo__malloc((size_t)n * sizeof(size_t));
-    if (!xs || !ptrs || !offs) {
+    size_t own[KOLO_STACK_MEMBERS], *offs = xs && ptrs ? kolo__coll_members(own, n, sizeof(size_t)) : NULL;
+    if (!offs) {
         kolo__free(xs);
         kolo__free(ptrs);
-        kolo__free(offs);
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for a hierarchical allgather's %zu transfers", nx);
     }
     o = 0;
@@ -297,7 +296,7 @@ int kolo__coll_hier_allgather(kolo__mesh *m, const kolo__group *g, const void *s
     if (st == KOLO_OK) st = kolo__wait(m, ptrs, k);
     kolo__free(xs);
     kolo__free(ptrs);
-    kolo__free(offs);
+    kolo__coll_members_free(offs, own);
     if (st == KOLO_OK) __atomic_fetch_add(&hier_ag_runs, 1, __ATOMIC_RELAXED);
     return st;
 }
