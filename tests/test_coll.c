@@ -4110,6 +4110,14 @@ static void many_ranks(int rank, void *arg)
      * 2 rings each, 256 KiB */
     size_t ring = kolo__shm_ring_bytes(kolo__W.mesh[KOLO_CHANNEL_DIRECT]->conns[(rank + 1) % n]);
     KT_ASSERTF(ring == (size_t)256 << 10, "rings of %zu bytes", ring);
+    /* the start-up handled each handshake's sockets as their events came, and walked its table
+     * of 2(n - 1) handshakes only when a timer was due (a retry, an overdue greeting), not at
+     * every event: a walk per event made the start-up quadratic in the ranks (mesh.c) */
+    uint64_t mc[2];
+    kolo__mesh_test_counts(mc);
+    KT_ASSERTF(mc[1] >= (uint64_t)(2 * (n - 1)) && mc[0] * 8 <= mc[1],
+               "rank %d: %llu walks of the handshake table for %llu socket events", rank, (unsigned long long)mc[0],
+               (unsigned long long)mc[1]);
     int *members = malloc((size_t)n * sizeof(int)), id = -1;
     for (int i = 0; i < n - 6; i++) members[i] = i + 3; /* ranks 3 .. n-4 */
     KT_OK(kolo_process_set_add(members, n - 6, &id));

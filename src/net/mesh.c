@@ -22,7 +22,7 @@
  *      with KOLO_TRANSPORT=tcp neither offers nor accepts it: all of its pairs are TCP.
  *   4. Anything else that connects (a stranger, garbage, a wrong secret, a duplicate) is
  *      refused, logged with its address, and the start-up goes on. All sockets are
- *      non-blocking in one poll() loop, so a silent stranger cannot stall the others.
+ *      non-blocking in one epoll loop, so a silent stranger cannot stall the others.
  *      The listening socket is closed at the end: no port stays open after start-up.
  */
 #include "transport.h"
@@ -37,7 +37,7 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +75,7 @@ enum hs_state {
 
 typedef struct hs {
     int fd, state, role; /* role: 'A' or 'C' */
+    uint32_t gen;        /* told apart from an earlier handshake in the same slot, in epoll's events */
     int peer, channel;
     uint64_t deadline, retry_at;
     size_t need, have;
@@ -93,11 +94,14 @@ typedef struct build {
     uint64_t greet_ns; /* how long an accepted connection may take to say who it is */
     size_t ring, cma_threshold;
     hs *hss;
-    size_t nhs, caphs;
+    size_t nhs, caphs, nfree; /* nfree: slots of refused handshakes, for reuse */
     int pending_in, pending_out;
     unsigned char *ready; /* [channel * size + peer]: handshake complete */
     kolo__store *store;
     uint64_t next_abort_check;
+    int epfd;          /* every handshake's socket and the listener: one event per socket ready */
+    uint32_t gen;      /* the last hs.gen given */
+    uint64_t next_due; /* the earliest retry or greeting deadline in the table (0: none known) */
 } build;
 
 /* ---- elastic rounds ---- */
@@ -276,26 +280,53 @@ static int send_all(hs *h, const void *buf, size_t len)
     return -1;
 }
 
+/* A slot in the table, reused once its handshake was refused. Slots of finished handshakes are
+ * not: their connections are named in the table until the end. */
 static hs *hs_new(build *b)
 {
-    for (size_t i = 0; i < b->nhs; i++)
-        if (b->hss[i].state == HS_FREE) return memset(&b->hss[i], 0, sizeof(hs));
-    if (b->nhs == b->caphs) {
-        size_t nc = b->caphs ? b->caphs * 2 : 16;
-        hs *n = kolo__realloc(b->hss, nc * sizeof(hs));
-        if (!n) return NULL;
-        b->hss = n;
-        b->caphs = nc;
+    hs *h = NULL;
+    for (size_t i = b->nfree ? 0 : b->nhs; i < b->nhs; i++)
+        if (b->hss[i].state == HS_FREE) {
+            h = &b->hss[i];
+            b->nfree--;
+            break;
+        }
+    if (!h) {
+        if (b->nhs == b->caphs) {
+            size_t nc = b->caphs ? b->caphs * 2 : 16;
+            hs *n = kolo__realloc(b->hss, nc * sizeof(hs));
+            if (!n) return NULL;
+            b->hss = n;
+            b->caphs = nc;
+        }
+        h = &b->hss[b->nhs++];
     }
-    return memset(&b->hss[b->nhs++], 0, sizeof(hs));
+    memset(h, 0, sizeof(*h));
+    h->gen = ++b->gen;
+    return h;
 }
 
-static void refuse(hs *h, const char *why)
+static void due_at(build *b, uint64_t t)
+{
+    if (!b->next_due || t < b->next_due) b->next_due = t;
+}
+
+/* Watches h's socket for what its state waits for: writable while connecting, readable after. */
+static int hs_watch(build *b, hs *h, int op)
+{
+    struct epoll_event ev = {.events = h->state == HS_CONNECTING ? EPOLLOUT : EPOLLIN,
+                             .data.u64 = (uint64_t)h->gen << 32 | (uint64_t)(h - b->hss)};
+    if (epoll_ctl(b->epfd, op, h->fd, &ev) != 0) return kolo__err_sys(errno, "epoll_ctl() on a handshake's socket");
+    return KOLO_OK;
+}
+
+static void refuse(build *b, hs *h, const char *why)
 {
     KOLO_WARN("refused a connection from %s: %s", h->from, why);
-    close(h->fd);
+    close(h->fd); /* leaves the epoll set with it */
     h->fd = -1;
     h->state = HS_FREE;
+    b->nfree++;
 }
 
 static kolo__conn *conn_new(build *b, int channel, int peer, int fd)
@@ -331,11 +362,11 @@ static int on_hello_c(build *b, hs *h)
         char why[160];
         snprintf(why, sizeof(why), "a kolo of another wire version (%s; this one speaks %s): every rank of a job "
                  "must run the same kolo", version, HS_MAGIC);
-        refuse(h, why);
+        refuse(b, h, why);
         return KOLO_OK;
     }
     if (memcmp(h->in, HS_MAGIC, 8) != 0) {
-        refuse(h, "not a kolo peer (bad magic)");
+        refuse(b, h, "not a kolo peer (bad magic)");
         return KOLO_OK;
     }
     uint32_t rc = get32(h->in + 8), ch = get32(h->in + 12);
@@ -343,15 +374,15 @@ static int on_hello_c(build *b, hs *h)
     uint8_t want[KOLO_MAC_LEN];
     if (hs_mac(want, wi, "kolo-mesh-connect", h->nonce, rc, ch, (uint32_t)wi->rank) != KOLO_OK) return KOLO_ERR_INTERNAL;
     if (!kolo__mac_equal(want, mac)) {
-        refuse(h, "it does not hold this job's secret (or belongs to another job)");
+        refuse(b, h, "it does not hold this job's secret (or belongs to another job)");
         return KOLO_OK;
     }
     if ((int)rc <= wi->rank || (int)rc >= wi->size || ch >= KOLO_NCHANNELS) {
-        refuse(h, "it claims a rank or channel that cannot connect here");
+        refuse(b, h, "it claims a rank or channel that cannot connect here");
         return KOLO_OK;
     }
     if (b->meshes[ch]->conns[rc]) {
-        refuse(h, "duplicate connection for a rank already connected");
+        refuse(b, h, "duplicate connection for a rank already connected");
         return KOLO_OK;
     }
     h->peer = (int)rc;
@@ -413,6 +444,7 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
     KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
               kolo__peer_name(c->mesh, c->peer), c->tp->name, how);
     h->state = HS_DONE;
+    (void)epoll_ctl(b->epfd, EPOLL_CTL_DEL, h->fd, NULL); /* its events are the transport's now */
     h->fd = -1; /* owned by the conn now */
     b->ready[h->channel * b->wi->size + c->peer] = 1;
     return KOLO_OK;
@@ -555,7 +587,7 @@ static int on_readable(build *b, hs *h)
     if (k < 0 && (errno == EAGAIN || errno == EINTR)) return KOLO_OK;
     if (k <= 0) {
         if (h->role == 'A' && (h->state == HS_WAIT_HELLO_C)) {
-            refuse(h, "it hung up before identifying itself");
+            refuse(b, h, "it hung up before identifying itself");
             return KOLO_OK;
         }
         return kolo__err(KOLO_ERR_STARTUP, "rank %d (%s) hung up during the connection handshake", h->peer, h->from);
@@ -579,6 +611,103 @@ static int on_readable(build *b, hs *h)
 
 /* ---- the loop ---- */
 
+static int on_connected(build *b, hs *h)
+{
+    int err = 0;
+    socklen_t el = sizeof(err);
+    if (getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+    if (err) { /* refused or reset: the peer may not listen yet, or its backlog was full */
+        close(h->fd);
+        h->fd = -1;
+        h->retry_at = kolo__now_ns() + 20000000;
+        due_at(b, h->retry_at);
+        return KOLO_OK;
+    }
+    h->state = HS_WAIT_HELLO_A;
+    h->need = HELLO_A_LEN;
+    h->have = 0;
+    return hs_watch(b, h, EPOLL_CTL_MOD);
+}
+
+static int on_accept(build *b, int fd, const struct sockaddr_in *sa)
+{
+    hs *h = hs_new(b);
+    if (!h) {
+        close(fd);
+        return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the handshake table");
+    }
+    h->role = 'A';
+    h->fd = fd;
+    h->peer = -1;
+    h->state = HS_WAIT_HELLO_C;
+    h->need = HELLO_C_LEN;
+    h->deadline = kolo__now_ns() + b->greet_ns;
+    due_at(b, h->deadline + 1);
+    char ip[32];
+    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+    snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(sa->sin_port));
+    int st = hs_watch(b, h, EPOLL_CTL_ADD);
+    if (st != KOLO_OK) {
+        close(fd);
+        h->fd = -1;
+        h->state = HS_FREE;
+        b->nfree++;
+        return st;
+    }
+    unsigned char hello[HELLO_A_LEN];
+    memcpy(hello, HS_MAGIC, 8);
+    put32(hello + 8, (uint32_t)b->wi->rank);
+    if ((st = kolo__random_bytes(h->nonce, KOLO_NONCE_LEN)) != KOLO_OK) return st;
+    memcpy(hello + 12, h->nonce, KOLO_NONCE_LEN);
+    if (send_all(h, hello, sizeof(hello)) != 0) refuse(b, h, "it hung up at once");
+    return KOLO_OK;
+}
+
+/* The timers: connections to retry, greetings overdue. A walk of the whole table, so only when
+ * one is due (b->next_due, at most every TICK_NS), not at every event: with hundreds of ranks
+ * each rank has twice as many handshakes, and a walk (and a poll() of every socket, until
+ * 2026-12-02) per event made the start-up quadratic in the ranks. */
+#define TICK_NS 10000000ull
+
+/* the last build's table walks and socket events (kolo__mesh_test_counts) */
+static uint64_t test_walks, test_events;
+
+void kolo__mesh_test_counts(uint64_t out[2])
+{
+    out[0] = test_walks;
+    out[1] = test_events;
+}
+
+static int on_tick(build *b, uint64_t now)
+{
+    test_walks++;
+    b->next_due = 0;
+    for (size_t i = 0; i < b->nhs; i++) {
+        hs *h = &b->hss[i];
+        if (h->state == HS_DONE || h->state == HS_FREE) continue;
+        if (h->role == 'C' && h->fd < 0 && h->retry_at) {
+            if (now < h->retry_at) {
+                due_at(b, h->retry_at);
+                continue;
+            }
+            int st = start_connect(b, h);
+            if (st != KOLO_OK) return st;
+            if (h->fd < 0) due_at(b, h->retry_at); /* refused at once: again shortly */
+            else if ((st = hs_watch(b, h, EPOLL_CTL_ADD)) != KOLO_OK) return st;
+        }
+        if (h->role == 'A' && h->state == HS_WAIT_HELLO_C) {
+            if (now <= h->deadline) {
+                due_at(b, h->deadline + 1);
+                continue;
+            }
+            char why[64];
+            snprintf(why, sizeof(why), "it sent no valid greeting within %g s", (double)b->greet_ns / 1e9);
+            refuse(b, h, why);
+        }
+    }
+    return KOLO_OK;
+}
+
 static int run_handshakes(build *b, int lfd, uint64_t deadline)
 {
     const kolo__world_info *wi = b->wi;
@@ -594,9 +723,18 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
             h->retry_at = 1; /* connect at once */
         }
     }
-    struct pollfd *pfd = NULL;
-    size_t cap = 0;
+    b->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (b->epfd < 0) return kolo__err_sys(errno, "epoll_create1()");
+    struct epoll_event evs[64];
+    struct epoll_event lev = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
     int st = KOLO_OK;
+    if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, lfd, &lev) != 0) {
+        st = kolo__err_sys(errno, "epoll_ctl() on the listening socket");
+        goto out;
+    }
+    uint64_t next_tick = 0;
+    b->next_due = 1; /* the first connections, at once */
+    test_walks = test_events = 0;
     while (b->pending_in > 0 || b->pending_out > 0) {
         if ((st = check_superseded(b)) != KOLO_OK) goto out;
         uint64_t now = kolo__now_ns();
@@ -614,109 +752,52 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
             }
             kolo__ranks_end(&t);
             last_end = KOLO__MESH_DEADLINE;
-            return kolo__err(KOLO_ERR_STARTUP,
-                             "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%g s): "
-                             "a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
-                             wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
-        }
-        if (cap < b->nhs + 1) {
-            cap = b->nhs + 16;
-            struct pollfd *n = kolo__realloc(pfd, cap * sizeof(*pfd));
-            if (!n) {
-                kolo__free(pfd);
-                return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for poll()");
-            }
-            pfd = n;
-        }
-        nfds_t n = 0;
-        pfd[n].fd = lfd;
-        pfd[n].events = POLLIN;
-        n++;
-        for (size_t i = 0; i < b->nhs; i++) {
-            hs *h = &b->hss[i];
-            if (h->state == HS_DONE || h->state == HS_FREE) continue;
-            if (h->role == 'C' && h->fd < 0 && h->retry_at && now >= h->retry_at) {
-                st = start_connect(b, h);
-                if (st != KOLO_OK) goto out;
-            }
-            if (h->role == 'A' && now > h->deadline) {
-                char why[64];
-                snprintf(why, sizeof(why), "it sent no valid greeting within %g s", (double)b->greet_ns / 1e9);
-                refuse(h, why);
-                continue;
-            }
-            if (h->fd < 0) continue;
-            pfd[n].fd = h->fd;
-            pfd[n].events = h->state == HS_CONNECTING ? POLLOUT : POLLIN;
-            pfd[n].revents = 0;
-            n++;
-        }
-        int r = poll(pfd, n, 10);
-        if (r < 0 && errno != EINTR) {
-            st = kolo__err_sys(errno, "poll()");
+            st = kolo__err(KOLO_ERR_STARTUP,
+                           "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%g s): "
+                           "a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
+                           wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
             goto out;
         }
-        /* every connection waiting, not one a pass: each pass walks the whole table, and with
-         * hundreds of ranks connecting at once the backlog overflowed (a dropped SYN is retried
-         * after 1 s, then 3) */
-        for (int more = pfd[0].revents & POLLIN; more;) {
-            struct sockaddr_in sa;
-            socklen_t sl = sizeof(sa);
-            int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            more = fd >= 0;
-            if (fd >= 0) {
-                hs *h = hs_new(b);
-                if (!h) {
-                    close(fd);
-                    st = kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the handshake table");
-                    goto out;
-                }
-                h->role = 'A';
-                h->fd = fd;
-                h->peer = -1;
-                h->state = HS_WAIT_HELLO_C;
-                h->need = HELLO_C_LEN;
-                h->deadline = kolo__now_ns() + b->greet_ns;
-                char ip[32];
-                inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
-                snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(sa.sin_port));
-                unsigned char hello[HELLO_A_LEN];
-                memcpy(hello, HS_MAGIC, 8);
-                put32(hello + 8, (uint32_t)wi->rank);
-                st = kolo__random_bytes(h->nonce, KOLO_NONCE_LEN);
-                if (st != KOLO_OK) goto out;
-                memcpy(hello + 12, h->nonce, KOLO_NONCE_LEN);
-                if (send_all(h, hello, sizeof(hello)) != 0) refuse(h, "it hung up at once");
-            }
+        if (now >= next_tick && b->next_due && now >= b->next_due) {
+            if ((st = on_tick(b, now)) != KOLO_OK) goto out;
+            next_tick = now + TICK_NS;
         }
-        /* pfd entries after the listener map onto live handshakes in table order */
-        nfds_t k = 1;
-        for (size_t i = 0; i < b->nhs && k < n; i++) {
-            hs *h = &b->hss[i];
-            if (h->state == HS_DONE || h->state == HS_FREE || h->fd < 0 || pfd[k].fd != h->fd) continue;
-            short re = pfd[k++].revents;
-            if (!re) continue;
-            if (h->state == HS_CONNECTING) {
-                int err = 0;
-                socklen_t el = sizeof(err);
-                getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-                if (err) {
-                    close(h->fd);
-                    h->fd = -1;
-                    h->retry_at = kolo__now_ns() + 20000000;
-                    continue;
+        /* a wake-up at least every TICK_NS, for the deadline and a superseded round */
+        uint64_t wake = KOLO_MAX(next_tick, b->next_due ? b->next_due : now + TICK_NS);
+        wake = KOLO_MIN(wake, now + TICK_NS);
+        int r = epoll_wait(b->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), (int)((wake - KOLO_MIN(wake, now)) / 1000000) + 1);
+        if (r < 0 && errno != EINTR) {
+            st = kolo__err_sys(errno, "epoll_wait()");
+            goto out;
+        }
+        for (int e = 0; e < r; e++) {
+            uint64_t d = evs[e].data.u64;
+            test_events++;
+            if (d == UINT64_MAX) {
+                /* every connection waiting, not one an event: with hundreds of ranks connecting
+                 * at once the backlog overflowed (a dropped SYN is retried after 1 s, then 3) */
+                for (;;) {
+                    struct sockaddr_in sa;
+                    socklen_t sl = sizeof(sa);
+                    int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                    if (fd < 0) break;
+                    if ((st = on_accept(b, fd, &sa)) != KOLO_OK) goto out;
                 }
-                h->state = HS_WAIT_HELLO_A;
-                h->need = HELLO_A_LEN;
-                h->have = 0;
                 continue;
             }
-            st = on_readable(b, h);
+            size_t i = (size_t)(d & 0xffffffffu);
+            hs *h = i < b->nhs ? &b->hss[i] : NULL;
+            /* an event of an earlier handshake in this slot (refused in this batch) is stale */
+            if (!h || h->gen != (uint32_t)(d >> 32) || h->fd < 0 || h->state == HS_DONE || h->state == HS_FREE)
+                continue;
+            if (h->state == HS_CONNECTING) st = on_connected(b, h);
+            else st = on_readable(b, h);
             if (st != KOLO_OK) goto out;
         }
     }
 out:
-    kolo__free(pfd);
+    close(b->epfd);
+    b->epfd = -1;
     return st;
 }
 
@@ -942,6 +1023,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
 {
     build b;
     memset(&b, 0, sizeof(b));
+    b.epfd = -1;
     last_end = 0;
     b.wi = wi;
     b.meshes = meshes;
