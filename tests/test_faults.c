@@ -348,6 +348,36 @@ KT_TEST(missing_ranks_named_after_start_timeout, 30)
     KT_EQ(kt_job(5, never_arrive, NULL, &o, NULL), 0);
 }
 
+/* KOLO_START_TIMEOUT counts from the last progress, not from kolo_init's start: ranks that
+ * arrive one by one, each within it of the one before, start the job though the first waits
+ * three times as long; so does a start-up whose handshakes take longer than it in all (rank 0
+ * pausing after each), as long as each comes within it of the one before. */
+static void one_by_one(int rank, void *arg)
+{
+    if (arg) {
+        if (rank == 0) kolo__mesh_test_slow_handshakes(500); /* 4 handshakes: 2 s */
+    } else {
+        usleep((useconds_t)rank * 1500000); /* 0, 1.5, 3, 4.5 s */
+    }
+    double t0 = now_s();
+    KT_OK(kolo_init());
+    double took = now_s() - t0;
+    kolo__mesh_test_slow_handshakes(0);
+    if (rank == 0) KT_ASSERTF(took > 1.8, "rank 0's kolo_init took %.2f s: the start-up was not slow", took);
+    int x = rank + 1;
+    KT_OK(kolo_allreduce(&x, &x, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(x, arg ? 6 : 10);
+}
+
+KT_TEST(start_timeout_counts_from_the_last_progress, 40)
+{
+    kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=1.2"}};
+    static int slow = 1;
+    KT_EQ(kt_job(3, one_by_one, &slow, &o, NULL), 0);
+    kt_job_opts o2 = {.env = {"KOLO_START_TIMEOUT=3"}};
+    KT_EQ(kt_job(4, one_by_one, NULL, &o2, NULL), 0);
+}
+
 /* A rank holds 2 connections to every other rank: with the soft open-file limit below that
  * (the hard one above), kolo_init raises it and the job runs; with the hard limit below it,
  * every rank fails at once, saying what it needs and how to raise it (src/common/fds.c). */

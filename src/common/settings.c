@@ -12,7 +12,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_LOG_TIME] = {"KOLO_LOG_TIME", "", "0",
                            "1: kolo's log lines start with the wall-clock time (kolorun --log-with-timestamp)"},
     [KOLO_SET_START_TIMEOUT] = {"KOLO_START_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
-                                "seconds kolo_init() waits for every rank to arrive before naming the missing ones"},
+                                "seconds kolo_init() waits without progress (no rank arriving at the rendezvous, no "
+                                "connection made) before naming the ranks missing"},
     [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",
                              "seconds a collective waits for a silent (not dead) peer before failing"},
     [KOLO_SET_TRANSPORT] = {"KOLO_TRANSPORT", "", "auto",

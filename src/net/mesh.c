@@ -102,6 +102,8 @@ typedef struct build {
     int epfd;          /* every handshake's socket and the listener: one event per socket ready */
     uint32_t gen;      /* the last hs.gen given */
     uint64_t next_due; /* the earliest retry or greeting deadline in the table (0: none known) */
+    uint64_t quiet_ns; /* KOLO_START_TIMEOUT: how long the start-up may go without progress */
+    uint64_t progress; /* when a handshake last finished (or the rendezvous did) */
 } build;
 
 /* ---- elastic rounds ---- */
@@ -421,6 +423,9 @@ static bool cma_probe_peer(int pid, uint64_t addr, uint64_t expect)
     return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) && v == expect;
 }
 
+static unsigned test_slow_us;
+void kolo__mesh_test_slow_handshakes(unsigned ms) { test_slow_us = ms * 1000u; }
+
 static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
 {
     kolo__conn *c = h->conn;
@@ -444,6 +449,8 @@ static int finish_transport(build *b, hs *h, bool shm_ok, bool cma_ok)
     KOLO_INFO("channel %d: rank %d <-> rank %d on %s via %s%s", h->channel, b->wi->rank, c->peer,
               kolo__peer_name(c->mesh, c->peer), c->tp->name, how);
     h->state = HS_DONE;
+    if (test_slow_us) usleep(test_slow_us);
+    b->progress = kolo__now_ns();
     (void)epoll_ctl(b->epfd, EPOLL_CTL_DEL, h->fd, NULL); /* its events are the transport's now */
     h->fd = -1; /* owned by the conn now */
     b->ready[h->channel * b->wi->size + c->peer] = 1;
@@ -708,7 +715,11 @@ static int on_tick(build *b, uint64_t now)
     return KOLO_OK;
 }
 
-static int run_handshakes(build *b, int lfd, uint64_t deadline)
+/* The handshakes' deadline is KOLO_START_TIMEOUT after the last one finished (or after the
+ * rendezvous, for the first), not after kolo_init began: a large job on a crowded host, or one
+ * whose ranks arrived one by one over a long time, goes on as long as it moves, while a rank that
+ * does not answer is named that long after the others are done. */
+static int run_handshakes(build *b, int lfd)
 {
     const kolo__world_info *wi = b->wi;
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
@@ -734,11 +745,12 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
     }
     uint64_t next_tick = 0;
     b->next_due = 1; /* the first connections, at once */
+    b->progress = kolo__now_ns();
     test_walks = test_events = 0;
     while (b->pending_in > 0 || b->pending_out > 0) {
         if ((st = check_superseded(b)) != KOLO_OK) goto out;
         uint64_t now = kolo__now_ns();
-        if (now > deadline) {
+        if (now - b->progress > b->quiet_ns) {
             char missing[512];
             kolo__ranks_text t;
             kolo__ranks_begin(&t, missing, sizeof(missing));
@@ -753,8 +765,8 @@ static int run_handshakes(build *b, int lfd, uint64_t deadline)
             kolo__ranks_end(&t);
             last_end = KOLO__MESH_DEADLINE;
             st = kolo__err(KOLO_ERR_STARTUP,
-                           "rank %d could not connect to rank(s) %s within KOLO_START_TIMEOUT (%g s): "
-                           "a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
+                           "rank %d could not connect to rank(s) %s: no connection was made for KOLO_START_TIMEOUT "
+                           "(%g s): a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
                            wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
             goto out;
         }
@@ -833,7 +845,10 @@ static int join_records(kolo__store *store, const kolo__world_info *wi, int epoc
     return st;
 }
 
-static int publish_and_learn(build *b, kolo__store *store, const char *addr, int port, uint64_t deadline)
+/* Waits for every rank's record until KOLO_START_TIMEOUT after the last rank arrived (the count
+ * in the store is read while it waits, at most every second): ranks that start one by one, over ssh to
+ * many hosts or as a cluster manager grants them, may take longer than that in all. */
+static int publish_and_learn(build *b, kolo__store *store, const char *addr, int port)
 {
     const kolo__world_info *wi = b->wi;
     kolo__peer_info *me = &b->peers[wi->rank];
@@ -870,11 +885,24 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     if (arrived == wi->size && (st = join_records(store, wi, epoch, all_key)) != KOLO_OK) return st;
     void *v = NULL;
     size_t len = 0;
+    uint64_t deadline = kolo__now_ns() + b->quiet_ns;
     for (;;) {
         double left = (double)(deadline > kolo__now_ns() ? deadline - kolo__now_ns() : 0) * 1e-9;
-        st = kolo__store_get(store, all_key, &v, &len, wi->abort_key[0] ? KOLO_MIN(left, 0.25) : left);
-        if (st != KOLO_ERR_TIMEOUT || kolo__now_ns() >= deadline) break;
+        /* a count read each slice: a quarter of the timeout, 50 ms to 1 s (0.25 s in elastic rounds) */
+        double slice = KOLO_MAX(0.05, KOLO_MIN((double)b->quiet_ns * 0.25e-9, wi->abort_key[0] ? 0.25 : 1.0));
+        st = kolo__store_get(store, all_key, &v, &len, KOLO_MIN(left, slice));
+        if (st != KOLO_ERR_TIMEOUT) break;
         if ((st = check_superseded(b)) != KOLO_OK) return st;
+        int64_t count = 0;
+        if ((st = kolo__store_add(store, key, 0, &count)) != KOLO_OK) return st;
+        if (count > arrived) { /* more ranks came: the wait starts again */
+            arrived = count;
+            deadline = kolo__now_ns() + b->quiet_ns;
+        }
+        if (kolo__now_ns() >= deadline) {
+            st = KOLO_ERR_TIMEOUT;
+            break;
+        }
     }
     if (st == KOLO_ERR_TIMEOUT) {
         /* name every rank that is still missing */
@@ -902,8 +930,8 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
                              "during start-up?)",
                              wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), wi->rdv_host, wi->rdv_port);
         return kolo__err(KOLO_ERR_STARTUP,
-                         "rank %d waited %g s (KOLO_START_TIMEOUT) but %d rank(s) never arrived at the "
-                         "rendezvous %s:%d: missing rank(s) %s",
+                         "rank %d waited %g s (KOLO_START_TIMEOUT) after the last rank arrived, but %d rank(s) "
+                         "never arrived at the rendezvous %s:%d: missing rank(s) %s",
                          wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), count, wi->rdv_host, wi->rdv_port,
                          kolo__ranks_end(&t));
     }
@@ -1053,7 +1081,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     b.cma_threshold = b.want_cma == 2 ? 32 * 1024 : 128 * 1024;
     if (kolo__setting_bytes(KOLO_SET_RING_CHUNK) < b.cma_threshold) /* let tests push chunks through CMA */
         b.cma_threshold = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
+    b.quiet_ns = (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
 
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) meshes[ch] = NULL;
     b.peers = kolo__calloc((size_t)wi->size, sizeof(kolo__peer_info));
@@ -1099,7 +1127,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         close(lfd);
         goto err;
     }
-    st = publish_and_learn(&b, store, addr, ntohs(sa.sin_port), deadline);
+    st = publish_and_learn(&b, store, addr, ntohs(sa.sin_port));
     if (st == KOLO_OK) {
         /* Fault the rings in now rather than one page per message during the first passes
          * (two faults per 4 KiB, one on each side, made 4 KiB messages ~10x slower until a ring
@@ -1137,7 +1165,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         b.greet_ns = 5000000000ull * kolo__core_crowd(b.peers, wi->size, wi->rank);
         b.pending_in = (wi->size - 1 - wi->rank) * KOLO_NCHANNELS;
         b.pending_out = wi->rank * KOLO_NCHANNELS;
-        st = run_handshakes(&b, lfd, deadline);
+        st = run_handshakes(&b, lfd);
     }
     close(lfd);
     for (size_t i = 0; i < b.nhs; i++) {

@@ -325,6 +325,9 @@ void kolo__mesh_destroy(kolo__mesh *m);
 /* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
  * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
 void kolo__mesh_test_fail_shm_from(int peer);
+/* Test hook: the next builds here pause `ms` after each handshake they finish (0: off), to stand
+ * for a start-up slower in all than KOLO_START_TIMEOUT. */
+void kolo__mesh_test_slow_handshakes(unsigned ms);
 /* Test hook: the last build's walks of its handshake table [0] (for retries and overdue
  * greetings) and the socket events it handled [1]. */
 void kolo__mesh_test_counts(uint64_t out[2]);
