@@ -378,6 +378,30 @@ KT_TEST(start_timeout_counts_from_the_last_progress, 40)
     KT_EQ(kt_job(4, one_by_one, NULL, &o2, NULL), 0);
 }
 
+/* A rank that fails kolo_init after it has connected (here a setting it refuses, read when the
+ * ranks agree on them) aborts its connections with the reason: the others fail at once naming
+ * it, not with "it shut down while this rank still had messages to exchange with it". */
+static void refuses_a_setting(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 1) setenv("KOLO_HIERARCHICAL_ALLREDUCE", "maybe", 1);
+    double t0 = now_s();
+    int st = kolo_init();
+    if (rank == 1) {
+        KT_STATUS(st, KOLO_ERR_INVALID_ARG);
+        return;
+    }
+    KT_STATUS(st, KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "aborted the job because: KOLO_HIERARCHICAL_ALLREDUCE='maybe' is not one of");
+    KT_ASSERT(now_s() - t0 < 10); /* at once, not after a timeout */
+    KT_EQ(kolo_is_initialized(), 0);
+}
+
+KT_TEST(rank_failing_init_after_connecting_tells_the_others_why, 30)
+{
+    KT_EQ(kt_job(3, refuses_a_setting, NULL, NULL, NULL), 0);
+}
+
 /* A rank holds 2 connections to every other rank: with the soft open-file limit below that
  * (the hard one above), kolo_init raises it and the job runs; with the hard limit below it,
  * every rank fails at once, saying what it needs and how to raise it (src/common/fds.c). */

@@ -497,6 +497,9 @@ static int init_once(void)
     if (st != KOLO_OK) goto fail;
     return KOLO_OK;
 fail:
+    /* the ranks connected to this one fail at once with the reason (a setting refused here, no
+     * memory), not "it shut down while this rank still had messages to exchange with it" */
+    for (int c = 0; c < KOLO_NCHANNELS; c++) kolo__mesh_fail(W.mesh[c], st);
     teardown();
     return st;
 }

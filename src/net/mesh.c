@@ -1181,6 +1181,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     return KOLO_OK;
 err:
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        kolo__mesh_fail(meshes[ch], st); /* the peers connected already learn why */
         kolo__mesh_destroy(meshes[ch]);
         meshes[ch] = NULL;
     }

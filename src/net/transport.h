@@ -322,6 +322,10 @@ int kolo__route_address(const char *host, int port, char *addr, size_t cap);
  * KOLO_ERR_STARTUP naming the spec when none does. */
 int kolo__iface_address(const char *spec, char *addr, size_t cap);
 void kolo__mesh_destroy(kolo__mesh *m);
+/* This rank gives up on the job (status, with kolo__errmsg() as the reason): every connection
+ * of m aborts, so that each peer fails at once naming this rank and the reason, where a goodbye
+ * would have told it this rank left on purpose. Later calls on m fail. */
+void kolo__mesh_fail(kolo__mesh *m, int status);
 /* Test hook: the next builds here decline shared memory offered by `peer` as if its segment
  * could not be opened (-1: off), to stand for a pair whose shared memory fails alone. */
 void kolo__mesh_test_fail_shm_from(int peer);

@@ -115,6 +115,11 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     }
 }
 
+void kolo__mesh_fail(kolo__mesh *m, int status)
+{
+    if (m) mesh_mark_failed(m, status);
+}
+
 /* A dead peer fails this rank's connection to it on every channel alike, often on two threads
  * (a collective's and the engine's): the same message is logged once, not once per channel. */
 static bool first_telling(const char *msg)
