@@ -392,7 +392,10 @@ static void refuses_a_setting(int rank, void *arg)
         return;
     }
     KT_STATUS(st, KOLO_ERR_PEER_LOST);
-    KT_CONTAINS(kolo_last_error(), "aborted the job because: KOLO_HIERARCHICAL_ALLREDUCE='maybe' is not one of");
+    /* from rank 1, or passed on by the other rank that heard it first: rank 1 named either way */
+    const char *e = kolo_last_error();
+    KT_ASSERTF(strncmp(e, "rank 1 on ", 10) == 0, "rank %d was told: %s", rank, e);
+    KT_CONTAINS(e, "aborted the job because: KOLO_HIERARCHICAL_ALLREDUCE='maybe' is not one of");
     KT_ASSERT(now_s() - t0 < 10); /* at once, not after a timeout */
     KT_EQ(kolo_is_initialized(), 0);
 }
@@ -401,6 +404,48 @@ KT_TEST(rank_failing_init_after_connecting_tells_the_others_why, 30)
 {
     KT_EQ(kt_job(3, refuses_a_setting, NULL, NULL, NULL), 0);
 }
+
+/* What a rank is told when a peer aborts: the reason, from the rank where it began, however many
+ * ranks passed it on (rank 1 fails, rank 0 tells rank 2, which hears it from rank 0). */
+#define SAID(want) KT_ASSERTF(strcmp(kolo__errmsg(), want) == 0, "told: %s", kolo__errmsg())
+KT_TEST(abort_reasons_name_the_rank_they_began_at, 10)
+{
+    kolo__peer_info peers[3];
+    memset(peers, 0, sizeof(peers));
+    for (int i = 0; i < 3; i++) {
+        snprintf(peers[i].hostname, sizeof(peers[i].hostname), "node%d", i);
+        snprintf(peers[i].addr, sizeof(peers[i].addr), "10.0.0.%d", i);
+    }
+    kolo__mesh m;
+    memset(&m, 0, sizeof(m));
+    m.size = 3;
+    m.rank = 2;
+    m.peers = peers;
+    kolo__conn c;
+    memset(&c, 0, sizeof(c));
+    c.mesh = &m;
+    c.peer = 0;
+    KT_STATUS(kolo__err_aborted(&c, "KOLO_X='y' is not a number"), KOLO_ERR_PEER_LOST);
+    SAID("rank 0 on node0 (10.0.0.0) aborted the job because: KOLO_X='y' is not a number");
+    KT_STATUS(kolo__err_aborted(&c, "rank 1 on node1 (10.0.0.1) aborted the job because: KOLO_X='y' is not a number"),
+              KOLO_ERR_PEER_LOST);
+    SAID("rank 1 on node1 (10.0.0.1) aborted the job because: KOLO_X='y' is not a number "
+         "(passed on by rank 0 on node0 (10.0.0.0))");
+    /* through two ranks: still rank 1's */
+    KT_STATUS(kolo__err_aborted(&c, "rank 3 on node3 (10.0.0.3) aborted the job because: rank 1 on node1 (10.0.0.1) "
+                                    "aborted the job because: out of memory"),
+              KOLO_ERR_PEER_LOST);
+    SAID("rank 1 on node1 (10.0.0.1) aborted the job because: out of memory (passed on by rank 0 on node0 (10.0.0.0))");
+    /* a relayed reason of another form keeps the relaying rank's words */
+    KT_STATUS(kolo__err_aborted(&c, "lost rank 1 on node1 (10.0.0.1): its connection closed without a goodbye"),
+              KOLO_ERR_PEER_LOST);
+    SAID("rank 0 on node0 (10.0.0.0) aborted the job because: lost rank 1 on node1 (10.0.0.1): its "
+         "connection closed without a goodbye");
+    KT_STATUS(kolo__err_aborted(&c, ""), KOLO_ERR_PEER_LOST);
+    SAID("rank 0 on node0 (10.0.0.0) aborted the job because: (no reason given)");
+    kolo__err_clear();
+}
+#undef SAID
 
 /* A rank holds 2 connections to every other rank: with the soft open-file limit below that
  * (the hard one above), kolo_init raises it and the job runs; with the hard limit below it,

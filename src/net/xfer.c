@@ -201,10 +201,23 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x)
     post(m, peer, buf, len, x, KOLO_XFER_RECV);
 }
 
+/* A peer that failed because a third rank aborted passes that rank's message on ("rank 1 on h
+ * aborted the job because: ..."), maybe through more ranks: the error names the rank where it
+ * began, with its reason, and this peer as the one that relayed it; blaming this peer for rank
+ * 1's bad setting sent users to the wrong rank's logs. */
 int kolo__err_aborted(kolo__conn *c, const char *reason)
 {
-    const char *root = reason, *p;
-    while ((p = strstr(root, "aborted the job because: ")) != NULL) root = p + strlen("aborted the job because: ");
+    static const char tag[] = " aborted the job because: ";
+    const char *last = NULL, *start = reason, *p = reason, *q;
+    while ((q = strstr(p, tag)) != NULL) {
+        if (last) start = last + strlen(tag); /* the innermost clause begins after the one before */
+        last = q;
+        p = q + strlen(tag);
+    }
+    if (last && strncmp(start, "rank ", 5) == 0)
+        return kolo__err(KOLO_ERR_PEER_LOST, "%s (passed on by rank %d on %s)", start, c->peer,
+                         kolo__peer_name(c->mesh, c->peer));
+    const char *root = last ? last + strlen(tag) : reason;
     return kolo__err(KOLO_ERR_PEER_LOST, "rank %d on %s aborted the job because: %s", c->peer,
                      kolo__peer_name(c->mesh, c->peer), *root ? root : "(no reason given)");
 }
