@@ -37,10 +37,10 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <sys/epoll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -777,7 +777,8 @@ static int run_handshakes(build *b, int lfd)
         /* a wake-up at least every TICK_NS, for the deadline and a superseded round */
         uint64_t wake = KOLO_MAX(next_tick, b->next_due ? b->next_due : now + TICK_NS);
         wake = KOLO_MIN(wake, now + TICK_NS);
-        int r = epoll_wait(b->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), (int)((wake - KOLO_MIN(wake, now)) / 1000000) + 1);
+        int wait_ms = (int)((wake - KOLO_MIN(wake, now)) / 1000000) + 1;
+        int r = epoll_wait(b->epfd, evs, (int)(sizeof(evs) / sizeof(evs[0])), wait_ms);
         if (r < 0 && errno != EINTR) {
             st = kolo__err_sys(errno, "epoll_wait()");
             goto out;
