@@ -282,6 +282,29 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     return st;
 }
 
+static int allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                               const size_t *counts, size_t es, size_t *offs)
+{
+    int n = g->size;
+    if (g->rank < 0 || g->rank >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = total;
+        total += counts[i];
+    }
+    return allgather_bruck(m, g, send, recv, offs, counts, es);
+}
+
+int kolo__coll_allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                                   const size_t *counts, size_t es)
+{
+    size_t own[KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, g->size, sizeof(size_t));
+    if (!offs) return KOLO_ERR_NO_MEMORY;
+    int st = allgather_few_peers(m, g, send, recv, counts, es, offs);
+    kolo__coll_members_free(offs, own);
+    return st;
+}
+
 int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
                          const size_t *counts, size_t es)
 {

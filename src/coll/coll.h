@@ -110,6 +110,14 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
 int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
                          const size_t *counts, size_t es);
 
+/* The same by Bruck's algorithm at any size and member count: each member exchanges with
+ * ceil(log2 n) others, not all of them. For the ranks' agreement at init (core/kolo.c): a pair's
+ * shared-memory rings are filled in at their first use, and a one-round exchange at init used
+ * every pair of the direct channel, which most jobs (the engine's, on its own channel) never use
+ * again. */
+int kolo__coll_allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                                   const size_t *counts, size_t es);
+
 /* root (a member index) sends bytes to everyone. */
 int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root);
 

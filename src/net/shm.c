@@ -1556,6 +1556,12 @@ void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2])
     got[1] = s ? s->called[1] : 0;
 }
 
+size_t kolo__shm_tx_filled(const kolo__conn *c)
+{
+    if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;
+    return (size_t)((const shm_priv *)c->priv)->tx_ready;
+}
+
 size_t kolo__shm_ring_bytes(const kolo__conn *c)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return 0;

@@ -409,6 +409,9 @@ int kolo__shm_call_way(const kolo__conn *c, int slot, uint64_t call);
 /* How many large messages c received single-copy [1] and by ring [0] the way the sender's call
  * chose (not the transport's own choice). */
 void kolo__shm_call_received(const kolo__conn *c, uint64_t got[2]);
+/* The bytes of c's sending ring filled in (at start-up, or at its first use: first_pass); 0
+ * when c is not a shared-memory conn or has not sent. */
+size_t kolo__shm_tx_filled(const kolo__conn *c);
 /* The bytes of each of c's rings; 0 when c is not a shared-memory conn. */
 size_t kolo__shm_ring_bytes(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
