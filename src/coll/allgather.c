@@ -231,8 +231,9 @@ static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, 
 }
 
 /* kolo__coll_allgather with offs[] (n members) to fill */
+/* few_peers: Bruck's algorithm whatever the size (kolo__coll_allgather_few_peers) */
 static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
-                     size_t es, size_t *offs)
+                     size_t es, size_t *offs, bool few_peers)
 {
     int n = g->size, r = g->rank;
     size_t total = 0;
@@ -241,6 +242,7 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
         total += counts[i];
     }
     if (r < 0 || r >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
+    if (few_peers) return allgather_bruck(m, g, send, recv, offs, counts, es);
     char *out = recv, *mine = out + offs[r] * es;
     const char *own = send;
     /* spread over hosts: maybe across them first, then within each (hier.c) */
@@ -282,25 +284,12 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     return st;
 }
 
-static int allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
-                               const size_t *counts, size_t es, size_t *offs)
-{
-    int n = g->size;
-    if (g->rank < 0 || g->rank >= n) return kolo__err(KOLO_ERR_INTERNAL, "allgather on a group without this rank");
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        offs[i] = total;
-        total += counts[i];
-    }
-    return allgather_bruck(m, g, send, recv, offs, counts, es);
-}
-
-int kolo__coll_allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
-                                   const size_t *counts, size_t es)
+static int allgather_call(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                          size_t es, bool few_peers)
 {
     size_t own[KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, g->size, sizeof(size_t));
     if (!offs) return KOLO_ERR_NO_MEMORY;
-    int st = allgather_few_peers(m, g, send, recv, counts, es, offs);
+    int st = allgather(m, g, send, recv, counts, es, offs, few_peers);
     kolo__coll_members_free(offs, own);
     return st;
 }
@@ -308,9 +297,11 @@ int kolo__coll_allgather_few_peers(kolo__mesh *m, const kolo__group *g, const vo
 int kolo__coll_allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
                          const size_t *counts, size_t es)
 {
-    size_t own[KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, g->size, sizeof(size_t));
-    if (!offs) return KOLO_ERR_NO_MEMORY;
-    int st = allgather(m, g, send, recv, counts, es, offs);
-    kolo__coll_members_free(offs, own);
-    return st;
+    return allgather_call(m, g, send, recv, counts, es, false);
+}
+
+int kolo__coll_allgather_few_peers(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,
+                                   const size_t *counts, size_t es)
+{
+    return allgather_call(m, g, send, recv, counts, es, true);
 }
