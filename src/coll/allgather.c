@@ -230,8 +230,8 @@ static int allgather_push(kolo__mesh *m, const kolo__group *g, const char *own, 
     return st;
 }
 
-/* kolo__coll_allgather with offs[] (n members) to fill */
-/* few_peers: Bruck's algorithm whatever the size (kolo__coll_allgather_few_peers) */
+/* kolo__coll_allgather with offs[] (n members) to fill; few_peers: Bruck's algorithm whatever the
+ * size (kolo__coll_allgather_few_peers) */
 static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
                      size_t es, size_t *offs, bool few_peers)
 {

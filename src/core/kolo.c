@@ -362,7 +362,9 @@ static int agree_world(bool oversubscribed, bool bind_wish)
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the ranks' agreement at init");
     }
     for (int r = 0; r < n; r++) counts[r] = 1;
-    int st = kolo__coll_allgather_few_peers(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts, sizeof(agreement));
+    /* with ceil(log2 n) peers: every pair's direct rings would fill at once (coll.h) */
+    int st = kolo__coll_allgather_few_peers(W.mesh[KOLO_CHANNEL_DIRECT], W.psets[0], &mine, all, counts,
+                                            sizeof(agreement));
     if (st == KOLO_OK) follow_rank0(all, &mine);
     if (st == KOLO_OK && W.host_of) st = agree_hosts(all, n);
     if (st == KOLO_OK) {
