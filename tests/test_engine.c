@@ -706,6 +706,40 @@ static void eviction(int rank, void *arg)
     KT_EQ(st.requests, 4 * T);
 }
 
+/* Unnamed requests get names that never come again (allreduce.noname.<n>): they are not cached,
+ * so a metric averaged unnamed every step evicts nothing, while the named ones stay cached. */
+static void unnamed_not_cached(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo_shape_t sh = shape1(1);
+    for (int step = 0; step < 12; step++) {
+        int32_t g[2] = {rank, rank + 1}, loss = step, out[3];
+        kolo_request_t *r[3];
+        KT_OK(kolo_iallreduce("grad.a", &g[0], &out[0], KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r[0]));
+        KT_OK(kolo_iallreduce("grad.b", &g[1], &out[1], KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r[1]));
+        KT_OK(kolo_iallreduce(NULL, &loss, &out[2], KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r[2]));
+        for (int i = 0; i < 3; i++) wait_ok(r[i]);
+        KT_EQ(out[0], 1);
+        KT_EQ(out[1], 3);
+        KT_EQ(out[2], 2 * step);
+        if (step == 11) KT_ASSERT(strcmp(kolo_request_name(r[2]), "allreduce.noname.12") == 0);
+        for (int i = 0; i < 3; i++) kolo_request_release(r[i]);
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_ASSERTF(st.cache_evictions == 0, "%llu evictions with 2 named tensors and capacity 4",
+               (unsigned long long)st.cache_evictions);
+    KT_ASSERTF(st.cache_hits >= 2 * 10, "%llu cache hits for 2 named tensors over 12 steps",
+               (unsigned long long)st.cache_hits);
+}
+
+KT_TEST(engine_unnamed_requests_are_not_cached, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_CACHE_CAPACITY=4"}};
+    KT_EQ(kt_job(2, unnamed_not_cached, NULL, &o, NULL), 0);
+}
+
 KT_TEST(engine_cache_eviction_small_capacity, 30)
 {
     kt_job_opts o = {.env = {"KOLO_CACHE_CAPACITY=4", "KOLO_LOG_LEVEL=error"}};

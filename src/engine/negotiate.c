@@ -42,6 +42,21 @@ enum { REC_DESC = 1, REC_STALL = 2 };
 
 static bool cacheable(int kind) { return kind <= KOLO__REDUCESCATTER; }
 
+/* A name the engine gave an unnamed request ("allreduce.noname.17", request.c): never submitted
+ * again, as the count only grows, so its response is not cached. Cached, a job that averages a
+ * metric unnamed every step (or a model with SyncBatchNorm) filled the cache with names of the
+ * past, evicted one each step and was told to raise KOLO_CACHE_CAPACITY, which could not help.
+ * By name only, so every member decides alike. Names a framework gives parameters it found no
+ * name for ("allreduce.noname.<group>.<index>", reused every step) are cached. */
+static bool auto_named(const char *name)
+{
+    const char *p = strstr(name, ".noname.");
+    if (!p || !p[8]) return false;
+    for (p += 8; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return true;
+}
+
 static int wrank(const kolo__pset_state *s, int r) { return s->g.ranks[r]; }
 
 /* ---- set state ---- */
@@ -912,7 +927,8 @@ int kolo__negotiate_finish(kolo__pset_state *s)
         } else if (rp->slot >= 0) {
             if (rp->status == KOLO_OK) s->slots[rp->slot].lru = ++s->clock;
         } else if (rp->e) {
-            if (rp->status == KOLO_OK && s->cap && cacheable(rp->d.kind) && !st) st = cache_insert(s, rp);
+            if (rp->status == KOLO_OK && s->cap && cacheable(rp->d.kind) && !auto_named(rp->name) && !st)
+                st = cache_insert(s, rp);
             entry_remove(s, rp->e);
         }
         kolo__free(rp->err);
