@@ -181,6 +181,11 @@ def ccl_built():
     return False
 
 
+def sycl_built():
+    # Horovod after 0.28 (its current examples call it unless told --no-cuda)
+    return False
+
+
 def cuda_built():
     return False
 
@@ -371,7 +376,7 @@ def _at_exit():
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "init", "shutdown", "is_initialized",
            "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank", "is_homogeneous",
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
-           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "build_info", "ProcessSet",
+           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "build_info", "ProcessSet",
            "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
            "stop_timeline", "engine_stats", "engine_params", "HorovodInternalError", "peer_transport",
            "elastic_round"]

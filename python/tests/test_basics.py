@@ -29,8 +29,12 @@ def test_init_twice_is_harmless():
 
 def test_build_probes_are_truthful():
     for f in (kolo.mpi_built, kolo.mpi_enabled, kolo.gloo_built, kolo.gloo_enabled, kolo.nccl_built,
-              kolo.ccl_built, kolo.cuda_built, kolo.rocm_built, kolo.ddl_built):
+              kolo.ccl_built, kolo.cuda_built, kolo.rocm_built, kolo.ddl_built, kolo.sycl_built):
         assert f() is False
+    # in the framework modules too, as Horovod's examples call them there (sycl_built: after 0.28)
+    import importlib
+    kt = importlib.import_module("kolo.torch")
+    assert kt.sycl_built() is False and kt.ccl_built() is False
     with pytest.raises(ValueError):
         kolo.mpi_threads_supported()
     assert kolo.__version__ in kolo.build_info()

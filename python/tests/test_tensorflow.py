@@ -575,6 +575,13 @@ def test_learning_rate_warmup_and_schedule():
     assert np.allclose(got, [1 / (1 + b / 4) for b in range(4)])
 
 
+def test_warmup_says_it_ended_on_rank_0_only(capsys):
+    _, r = n_r()
+    lr_trace(hvdk.callbacks.LearningRateWarmupCallback(0.4, warmup_epochs=1, verbose=1), 1)
+    said = "finished gradual learning rate warmup" in capsys.readouterr().out
+    assert said == (r == 0)  # Horovod's: one line per job, not one per rank
+
+
 @pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras 3.15's save on NumPy 2
 def test_keras_value_helpers_and_load_model(tmp_path):
     n, r = n_r()

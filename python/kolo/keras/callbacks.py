@@ -162,7 +162,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Raises the learning rate gradually from initial_lr / size() to initial_lr over warmup_epochs
     (at every batch), as Horovod does: multiplier(e) = (e * (size - 1) / warmup_epochs + 1) / size,
     with e counted so that an epoch ends on a round value. initial_lr is the rate for the whole job
-    (usually the single-worker rate times size()). verbose > 0 prints when the warm-up ends."""
+    (usually the single-worker rate times size()). verbose > 0 prints on rank 0 when the warm-up ends."""
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
@@ -174,7 +174,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if self.verbose > 0 and epoch == self.end_epoch - 1:
+        if self.verbose > 0 and epoch == self.end_epoch - 1 and rank() == 0:  # once, as Horovod
             print("\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1,
                                                                               _get_lr(self.model.optimizer)))
 

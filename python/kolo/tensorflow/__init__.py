@@ -22,7 +22,7 @@ from kolo._lib import __version__  # noqa: F401
 from kolo.basics import (  # noqa: F401
     init, shutdown, is_initialized, size, rank, local_size, local_rank, cross_size, cross_rank,
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
-    ddl_built, ccl_built, cuda_built, rocm_built, build_info, Average, Sum, Adasum, Min, Max, Product,
+    ddl_built, ccl_built, cuda_built, rocm_built, sycl_built, build_info, Average, Sum, Adasum, Min, Max, Product,
     ProcessSet, global_process_set, add_process_set, remove_process_set, start_timeline, stop_timeline,
     engine_stats, engine_params, elastic_round)
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
@@ -34,10 +34,6 @@ from kolo.tensorflow.functions import broadcast_variables, broadcast_object, all
 from kolo.tensorflow.optimizer import (  # noqa: F401
     DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape)
 from kolo.tensorflow import elastic  # noqa: F401  (hvd.elastic.run, TensorFlowKerasState, TensorFlowState)
-
-
-def sycl_built():
-    return False
 
 
 def __getattr__(name):
