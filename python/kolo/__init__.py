@@ -23,6 +23,7 @@ from kolo.basics import __all__ as _basics_all
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloVersionMismatchError
 from kolo._ops import poll, synchronize
 from kolo import elastic  # noqa: F401  (kolo.elastic: State, ObjectState, run)
+from kolo.runner import run  # noqa: F401  (horovod.run: a function on N ranks, from Python)
 
 _NP_TO_KOLO = {
     np.dtype(np.uint8): _lib.UINT8, np.dtype(np.int8): _lib.INT8, np.dtype(np.uint16): _lib.UINT16,
@@ -248,5 +249,5 @@ __all__ = list(_basics_all) + [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier",
-    "shared_empty",
+    "shared_empty", "run",
     "HorovodInternalError", "HostsUpdatedInterrupt", "KoloVersionMismatchError"]

@@ -164,7 +164,7 @@ def find_kolorun():
     found = shutil.which("kolorun")
     if found:
         return found
-    raise RuntimeError("an elastic job needs kolorun on the driver's machine: not beside %s nor on PATH (set "
+    raise RuntimeError("kolo needs kolorun on this machine to start the ranks: not beside %s nor on PATH (set "
                        "KOLORUN to its path)" % _lib.path)
 
 

@@ -111,6 +111,68 @@ def test_barrier_on_a_process_set_then_on_the_world(tmp_path):
     assert out.count("DONE") == 2, out
 
 
+def run_driver(tmp_path, script, timeout=120):
+    """A plain Python process (not under kolorun) that starts its own job, as kolo.run does."""
+    path = tmp_path / "driver.py"
+    path.write_text(textwrap.dedent(script))
+    p = subprocess.run([PY, str(path)], env=dict(os.environ, PYTHONPATH=PYDIR), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout, text=True, cwd=str(tmp_path))
+    return p.returncode, p.stdout
+
+
+def test_kolo_run_returns_each_ranks_value(tmp_path):
+    rc, out = run_driver(tmp_path, """
+        import kolo, numpy as np
+        offset = 10                                   # a closure's value travels with the function
+        def train(x, scale=1):
+            import kolo as hvd
+            hvd.init()
+            s = hvd.allreduce(np.array([hvd.rank() + x + offset], np.float64), op=hvd.Sum)
+            return hvd.rank(), hvd.size(), float(s[0]) * scale
+        print("RESULT", kolo.run(train, args=(1,), kwargs={"scale": 2}, num_proc=3))
+    """)
+    # ranks 0, 1, 2: sum of (r + 11) = 36, times 2
+    assert rc == 0 and "RESULT [(0, 3, 72.0), (1, 3, 72.0), (2, 3, 72.0)]" in out, out
+
+
+def test_kolo_run_names_the_rank_that_failed(tmp_path):
+    rc, out = run_driver(tmp_path, """
+        import kolo, numpy as np
+        def train():
+            import kolo as hvd
+            hvd.init()
+            if hvd.rank() == 1:
+                raise ValueError("bad batch on rank 1")
+            hvd.allreduce(np.ones(1), op=hvd.Sum, name="never_matched")   # the others wait for rank 1
+            return "UNREACHABLE"
+        try:
+            kolo.run(train, num_proc=3)
+        except RuntimeError as e:
+            print("RAISED", e)
+    """, timeout=90)
+    assert rc == 0 and "UNREACHABLE" not in out, out
+    said = out[out.index("RAISED"):]
+    # rank 1 is the cause, not the ranks that failed because it left
+    assert said.startswith("RAISED kolo.run: rank 1 failed: ValueError: bad batch on rank 1"), said
+    assert "its traceback:" in said and "in train\nValueError: bad batch on rank 1" in said, said
+
+
+def test_kolo_run_refuses_what_it_does_not_do():
+    sys.path.insert(0, PYDIR)
+    import kolo
+    f = lambda: 0  # noqa: E731
+    for kw, why in ((dict(num_proc=0), "num_proc must be a positive integer"),
+                    (dict(use_mpi=True), "kolo does not run over MPI"),
+                    (dict(mpi_args="--bind-to none"), "mpirun, which kolo does not use"),
+                    (dict(min_num_proc=1), "elastic jobs start with kolorun"),
+                    (dict(host_discovery_script="./discover.sh"), "elastic jobs start with kolorun"),
+                    (dict(hosts="a:1", hostfile="h"), "give one of them")):
+        with pytest.raises(ValueError, match=why):
+            kolo.run(f, **kw)
+    with pytest.raises(TypeError, match="func must be callable"):
+        kolo.run(3)
+
+
 def test_missing_library_is_explained():
     env = dict(os.environ, PYTHONPATH=PYDIR, KOLO_LIBRARY="/nonexistent/libkolo.so")
     p = subprocess.run([PY, "-c", "import kolo"], env=env, stderr=subprocess.PIPE, text=True)
