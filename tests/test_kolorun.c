@@ -620,6 +620,18 @@ KT_TEST(kolorun_exit_codes, 20)
     KT_CONTAINS(p.ebuf, "rank 2 on host localhost also failed at the same time: it exited with code 4");
     KT_CONTAINS(p.ebuf, "rank 0: terminated by kolorun after rank 1 failed");
 
+    /* the same, but rank 1's error blames rank 2 in kolo's words: rank 2 is the cause */
+    snprintf(go, sizeof(go), "%s/go2", d);
+    snprintf(script, sizeof(script),
+             "[ $KOLO_RANK = 0 ] && { sleep 0.3; touch %s; sleep 30; }; while [ ! -e %s ]; do :; done; "
+             "[ $KOLO_RANK = 1 ] && { echo 'lost rank 2 on h (10.0.0.2): its connection closed' >&2; exit 3; }; "
+             "echo 'bad input' >&2; exit 4", go, go);
+    const char *blamed[] = {"-np", "3", "sh", "-c", script, NULL};
+    KT_EQ(run(&p, blamed, 10), 4);
+    KT_CONTAINS(p.ebuf, "rank 2 on host localhost exited with code 4");
+    KT_CONTAINS(p.ebuf, "the first failure of this job\nkolorun:   last 1 line of rank 2's stderr:\nkolorun:   | bad input");
+    KT_CONTAINS(p.ebuf, "rank 1 on host localhost also failed at the same time: it exited with code 3");
+
     const char *sig[] = {"-np", "2", "sh", "-c", "[ $KOLO_RANK = 1 ] && kill -KILL $$; sleep 30", NULL};
     KT_EQ(run(&p, sig, 10), 128 + SIGKILL);
     KT_CONTAINS(p.ebuf, "rank 1 on host localhost was killed by SIGKILL");

@@ -18,8 +18,11 @@
  * The root cause among the failures of the SETTLING window: a worker killed by a signal (a
  * crash, the OOM killer, a kill -9) before one that exited with an error code, because when one
  * kolo rank dies the others' collectives fail and they exit with errors of their own, often
- * before the death is reported (a remote one comes through ssh); then the lowest rank (Open
- * MPI's rule: the same bad input on every rank). A remote worker's death by signal N arrives as
+ * before the death is reported (a remote one comes through ssh); then one whose last stderr
+ * lines do not blame another rank (kolo's "lost rank 1", "rank 1 ... aborted the job because",
+ * "left the job": a rank that raised, and the others' errors saying so, end within the window);
+ * then the lowest rank (Open MPI's rule: the same bad input on every rank). A remote worker's
+ * death by signal N arrives as
  * the wrapper's exit code 128+N (sh cannot re-raise it across ssh).
  *
  * --timeout: a job still RUNNING that long after its launch is stopped like a failed one
@@ -361,12 +364,29 @@ static void write_status(sup *s, bool final, int code)
     kr_status_write(s->j, state, final ? code : -1, reason, kr_now() - s->t0);
 }
 
-/* The root cause among the failed ranks (see the top of the file). */
+/* Whether a worker's last stderr lines say it failed because of another rank: kolo's words for a
+ * lost, departed or aborting peer (xfer.c, the engine; kolo._tasks reads the same), in C or
+ * Python alike. */
+static bool blames_another(const kr_rank *r)
+{
+    static const char *const words[] = {"lost rank ", "left the job", "aborted the job", "(peer lost)", "was lost"};
+    for (int k = 0; r->tail && k < r->tail_count; k++) {
+        const char *line = r->tail[(r->tail_next - r->tail_count + k + KR_TAIL_LINES) % KR_TAIL_LINES];
+        for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++)
+            if (strstr(line, words[w])) return true;
+    }
+    return false;
+}
+
+/* The root cause among the failed ranks (see the top of the file): killed by a signal; else
+ * failed without blaming another rank; else the lowest. */
 static void pick_root(sup *s)
 {
-    for (int pass = 0; pass < 2 && s->root < 0; pass++)
-        for (int i = 0; i < s->n && s->root < 0; i++)
-            if (s->ranks[i].failed && (pass == 1 || death_signal(s->o, &s->ranks[i]))) s->root = i;
+    for (int pass = 0; pass < 3 && s->root < 0; pass++)
+        for (int i = 0; i < s->n && s->root < 0; i++) {
+            const kr_rank *r = &s->ranks[i];
+            if (r->failed && (pass == 2 || (pass == 1 && !blames_another(r)) || death_signal(s->o, r))) s->root = i;
+        }
 }
 
 static void settle_done(sup *s)
