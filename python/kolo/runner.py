@@ -193,9 +193,13 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     pickler = _pickler()
     payload = pickler.dumps((func, tuple(args), dict(kwargs)))
     remote = [h for h in _hosts_of(hosts, hostfile) if not _local(h)]
+    try:
+        here = _address_towards(remote[0]) if remote else "127.0.0.1"  # where the ranks reach this process
+    except OSError as e:
+        raise ValueError("kolo.run: no route from this machine to host %r: %s" % (remote[0], e)) from None
     token = secrets.token_hex(16)
     service = _Service(num_proc, payload, token, "0.0.0.0" if remote else "127.0.0.1")
-    driver = "%s:%d" % (_address_towards(remote[0]) if remote else "127.0.0.1", service.port)
+    driver = "%s:%d" % (here, service.port)
     cmd = [kolorun, "-np", str(num_proc)]
     if hosts:
         cmd += ["-H", hosts]
@@ -219,8 +223,8 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         cmd += ["-x", "PYTHONPATH"]
     cmd += ["--", executable or sys.executable, "-c", "from kolo.runner import _rank_main; _rank_main()"]
     env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kolo importable by local ranks
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kolo importable by local ranks
+    env["PYTHONPATH"] = pkg + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         code = subprocess.call(cmd, env=env)
     finally:

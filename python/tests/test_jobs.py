@@ -166,7 +166,8 @@ def test_kolo_run_refuses_what_it_does_not_do():
                     (dict(mpi_args="--bind-to none"), "mpirun, which kolo does not use"),
                     (dict(min_num_proc=1), "elastic jobs start with kolorun"),
                     (dict(host_discovery_script="./discover.sh"), "elastic jobs start with kolorun"),
-                    (dict(hosts="a:1", hostfile="h"), "give one of them")):
+                    (dict(hosts="a:1", hostfile="h"), "give one of them"),
+                    (dict(hosts="no-such-host.invalid:2"), "no route from this machine to host")):
         with pytest.raises(ValueError, match=why):
             kolo.run(f, **kw)
     with pytest.raises(TypeError, match="func must be callable"):
