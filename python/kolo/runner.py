@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import warnings
 
@@ -97,6 +98,7 @@ class _Service:
         self.sock.listen(min(max(n, 4), 1024))
         self.port = self.sock.getsockname()[1]
         self.closed = False
+        self.serving = []
         self.thread = threading.Thread(target=self._accept, name="kolo.run service", daemon=True)
         self.thread.start()
 
@@ -106,7 +108,13 @@ class _Service:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            self._start(conn)
+
+    def _start(self, conn):
+        t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+        with self.lock:
+            self.serving.append(t)
+        t.start()
 
     def _serve(self, conn):
         try:
@@ -131,12 +139,28 @@ class _Service:
         finally:
             conn.close()
 
-    def close(self):
+    def close(self, wait_s=10.0):
+        """After the job: the ranks have exited, but what they sent last may still wait in the
+        listener's backlog or in a connection not yet read. Takes it all (waiting at most wait_s
+        for connections that are no rank's), then stops."""
         self.closed = True
+        self.sock.setblocking(False)
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                break
+            conn.setblocking(True)
+            self._start(conn)
         try:
             self.sock.close()
         except OSError:
             pass
+        deadline = time.monotonic() + wait_s
+        with self.lock:
+            serving = list(self.serving)
+        for t in serving:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None, slots=None,
