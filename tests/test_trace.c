@@ -1313,28 +1313,42 @@ static int cmp_double(const void *a, const void *b)
 
 /* ns per begin+end pair with the writer running, measured in batches of 2 000 pairs (less
  * than half the ring, so nothing is dropped) with a pause after each for the writer to drain;
- * the median batch is reported. Also the cost of the same calls with the timeline off. */
-KT_TEST(trace_cost, 10)
+ * the median batch is reported. Also the cost of the same calls with the timeline off. A pair
+ * that finds the ring full is dropped, cheaper than one written, so a run that dropped any is
+ * measured again with longer pauses: on a loaded machine (the test lanes beside each other) the
+ * writer thread could wait longer than 12 ms for a core, and the test failed on it once. */
+KT_TEST(trace_cost, 20)
 {
     enum { BATCHES = 60, PAIRS_PER = SANITIZED ? 250 : 2000 };
     static const char *const names[] = {"DistributedOptimizer.Allreduce.layer3.2.conv1.weight",
                                         "DistributedOptimizer.Allreduce.layer4.0.bn2.running_var",
                                         "DistributedOptimizer.Allreduce.fc.bias"};
+    static const unsigned pause_us[] = {12000, 30000, 60000};
     const char *args = "\"dtype\":\"float32\",\"shape\":\"[256, 256, 3, 3]\"";
     const char *path = tpath("cost.json");
     double per[BATCHES];
-    KT_OK(kolo__trace_start(path, 0, 0));
-    for (int b = 0; b < BATCHES; b++) {
-        uint64_t t0 = kolo__now_ns();
-        for (int i = 0; i < PAIRS_PER; i++) {
-            const char *n = names[i % 3];
-            kolo__trace_begin(n, "MEMCPY_IN_FUSION_BUFFER", args);
-            kolo__trace_end(n, "MEMCPY_IN_FUSION_BUFFER");
+    bool dropped = true;
+    for (int attempt = 0; attempt < 3 && dropped; attempt++) {
+        KT_OK(kolo__trace_start(path, 0, 0));
+        for (int b = 0; b < BATCHES; b++) {
+            uint64_t t0 = kolo__now_ns();
+            for (int i = 0; i < PAIRS_PER; i++) {
+                const char *n = names[i % 3];
+                kolo__trace_begin(n, "MEMCPY_IN_FUSION_BUFFER", args);
+                kolo__trace_end(n, "MEMCPY_IN_FUSION_BUFFER");
+            }
+            per[b] = (double)(kolo__now_ns() - t0) / PAIRS_PER;
+            usleep(pause_us[attempt]);
         }
-        per[b] = (double)(kolo__now_ns() - t0) / PAIRS_PER;
-        usleep(12000);
+        KT_OK(kolo__trace_stop());
+        size_t len;
+        char *text = slurp(path, &len);
+        dropped = strstr(text, "DROPPED") != NULL;
+        free(text);
+        if (dropped)
+            printf("  events dropped with pauses of %u us (the writer waited for a core): again\n", pause_us[attempt]);
     }
-    KT_OK(kolo__trace_stop());
+    KT_ASSERTF(!dropped, "events were dropped while measuring, with pauses of up to 60 ms");
     uint64_t t0 = kolo__now_ns();
     for (int i = 0; i < 1000000; i++) {
         kolo__trace_begin(names[0], "QUEUE", args);
@@ -1347,10 +1361,6 @@ KT_TEST(trace_cost, 10)
            SANITIZED ? " [sanitizer build]" : "");
     printf("  begin+end pair, timeline off: %.1f ns\n", off);
 
-    size_t len;
-    char *text = slurp(path, &len);
-    KT_ASSERTF(!strstr(text, "DROPPED"), "events were dropped while measuring");
-    free(text);
     if (!SANITIZED) KT_ASSERTF(per[BATCHES / 2] < 1000, "a begin+end pair costs %.0f ns", per[BATCHES / 2]);
     tclean();
 }
