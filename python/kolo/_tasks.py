@@ -3,6 +3,8 @@ barrier tasks, kolo.ray's actors): where each rank goes, a free port for rank 0'
 which failures are only the consequence of another rank's."""
 
 import socket
+import threading
+import time
 
 
 def placement(hosts):
@@ -38,3 +40,66 @@ def reports_another_rank(message):
     rank named as a job's cause is one that failed on its own, not one that failed because of it."""
     return "HorovodInternalError" in message and any(
         w in message for w in ("lost rank", "left the job", "aborted the job", "peer lost", "was lost"))
+
+
+def check_call(who, fn, args, kwargs, num_proc):
+    """The arguments every launcher of a function on N ranks takes (kolo.run, kolo.spark.run):
+    TypeError or ValueError naming the launcher and the argument. num_proc None: the default."""
+    if not callable(fn):
+        raise TypeError("%s: fn must be callable, got %s" % (who, type(fn).__name__))
+    if not isinstance(args, (tuple, list)):
+        raise TypeError("%s: args must be a tuple or list, got %s" % (who, type(args).__name__))
+    if not isinstance(kwargs, dict):
+        raise TypeError("%s: kwargs must be a dict, got %s" % (who, type(kwargs).__name__))
+    if num_proc is not None and (not isinstance(num_proc, int) or isinstance(num_proc, bool) or num_proc < 1):
+        raise ValueError("%s: num_proc must be a positive integer, got %r" % (who, num_proc))
+
+
+class Server:
+    """A driver's port that the ranks connect to (kolo.run's, kolo.spark.run's): a thread accepts,
+    and a thread per connection runs self._serve(conn). Subclasses set self.lock before
+    _listen."""
+
+    def _listen(self, sock, name):
+        self.sock, self.port = sock, sock.getsockname()[1]
+        self.closed, self.serving = False, []
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self._spawn(conn)
+
+    def _spawn(self, conn):
+        t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+        with self.lock:
+            self.serving.append(t)
+        t.start()
+
+    def _stop(self, wait_s, take_queued=False):
+        """Stops accepting, then joins the serving threads, all within wait_s seconds in total:
+        their ranks have ended, so each is at or near its end; a stranger's idle connection may
+        hold one longer, and it is left, a daemon. take_queued: first serve the connections still
+        in the listener's backlog (a rank's last words may wait there when the job ends)."""
+        self.closed = True
+        if take_queued:
+            self.sock.setblocking(False)
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    break
+                conn.setblocking(True)
+                self._spawn(conn)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self.lock:
+            serving = list(self.serving)
+        deadline = time.monotonic() + wait_s
+        for t in serving:
+            t.join(max(0.0, deadline - time.monotonic()))

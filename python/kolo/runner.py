@@ -31,12 +31,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import traceback
 import warnings
 
 from kolo import _relay
-from kolo._tasks import reports_another_rank
+from kolo._tasks import Server, check_call, reports_another_rank
 
 _ENV_DRIVER = "KOLO_RUN_DRIVER"
 _ENV_TOKEN = "KOLO_RUN_TOKEN"
@@ -86,35 +85,17 @@ def _hosts_of(hosts, hostfile):
     return []
 
 
-class _Service:
+class _Service(Server):
     """The driver's port: hands each rank the function and takes its result."""
 
     def __init__(self, n, payload, token, bind):
         self.n, self.payload, self.token = n, payload, token
         self.results, self.failures, self.lock = {}, {}, threading.Lock()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind, 0))
-        self.sock.listen(min(max(n, 4), 1024))
-        self.port = self.sock.getsockname()[1]
-        self.closed = False
-        self.serving = []
-        self.thread = threading.Thread(target=self._accept, name="kolo.run service", daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self._start(conn)
-
-    def _start(self, conn):
-        t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-        with self.lock:
-            self.serving.append(t)
-        t.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, 0))
+        sock.listen(min(max(n, 4), 1024))
+        self._listen(sock, "kolo.run service")
 
     def _serve(self, conn):
         try:
@@ -141,26 +122,8 @@ class _Service:
 
     def close(self, wait_s=10.0):
         """After the job: the ranks have exited, but what they sent last may still wait in the
-        listener's backlog or in a connection not yet read. Takes it all (waiting at most wait_s
-        for connections that are no rank's), then stops."""
-        self.closed = True
-        self.sock.setblocking(False)
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                break
-            conn.setblocking(True)
-            self._start(conn)
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        deadline = time.monotonic() + wait_s
-        with self.lock:
-            serving = list(self.serving)
-        for t in serving:
-            t.join(max(0.0, deadline - time.monotonic()))
+        backlog or in a connection not yet read: taken before the service stops."""
+        self._stop(wait_s, take_queued=True)
 
 
 def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None, slots=None,
@@ -191,15 +154,10 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     if min_np is not None or max_np is not None:
         min_num_proc = min_np if min_np is not None else min_num_proc
         max_num_proc = max_np if max_np is not None else max_num_proc
-    if not callable(func):
-        raise TypeError("kolo.run: func must be callable, got %s" % type(func).__name__)
-    if not isinstance(args, (tuple, list)):
-        raise TypeError("kolo.run: args must be a tuple or list, got %s" % type(args).__name__)
     kwargs = {} if kwargs is None else kwargs
-    if not isinstance(kwargs, dict):
-        raise TypeError("kolo.run: kwargs must be a dict, got %s" % type(kwargs).__name__)
-    if not isinstance(num_proc, int) or isinstance(num_proc, bool) or num_proc < 1:
-        raise ValueError("kolo.run: num_proc must be a positive integer, got %r" % (num_proc,))
+    if num_proc is None:
+        raise ValueError("kolo.run: num_proc must be a positive integer, got None")
+    check_call("kolo.run", func, args, kwargs, num_proc)
     for name, v in (("min_num_proc", min_num_proc), ("max_num_proc", max_num_proc), ("slots", slots),
                     ("reset_limit", reset_limit), ("cooldown_range", cooldown_range),
                     ("host_discovery_script", host_discovery_script)):

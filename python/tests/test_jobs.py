@@ -170,7 +170,7 @@ def test_kolo_run_refuses_what_it_does_not_do():
                     (dict(hosts="no-such-host.invalid:2"), "no route from this machine to host")):
         with pytest.raises(ValueError, match=why):
             kolo.run(f, **kw)
-    with pytest.raises(TypeError, match="func must be callable"):
+    with pytest.raises(TypeError, match="fn must be callable"):
         kolo.run(3)
 
 

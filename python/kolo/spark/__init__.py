@@ -45,7 +45,7 @@ import time
 import uuid
 
 from kolo import _relay
-from kolo._tasks import free_port, placement, reports_another_rank
+from kolo._tasks import Server, check_call, free_port, placement, reports_another_rank
 
 __all__ = ["run", "run_elastic", "KoloSparkError"]
 
@@ -63,7 +63,7 @@ class KoloSparkError(RuntimeError):
 
 # ---- the driver ----
 
-class _Collector:
+class _Collector(Server):
     """The driver's end of the output channel: a listening socket, a thread per task."""
 
     def __init__(self, secret, out, err, timestamps, on_failure):
@@ -72,22 +72,7 @@ class _Collector:
         self.on_failure = on_failure
         self.failures = []  # (time received, rank, host, exit code, summary, tail)
         self.lock = threading.Lock()
-        self.sock = _relay.listen(128)
-        self.port = self.sock.getsockname()[1]
-        self.closed = False
-        self.readers = []
-        threading.Thread(target=self._accept, name="kolo.spark output", daemon=True).start()
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self.lock:
-                self.readers.append(t)
-            t.start()
+        self._listen(_relay.listen(128), "kolo.spark output")
 
     def _serve(self, conn):
         with conn:
@@ -131,16 +116,7 @@ class _Collector:
     def close(self, drain_s=10.0):
         """Stops accepting, then lets the connections still open deliver their last lines (a
         task closes its connection before it returns, so by now each is at or near its end)."""
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        deadline = time.monotonic() + drain_s
-        with self.lock:
-            readers = list(self.readers)
-        for t in readers:
-            t.join(max(0.0, deadline - time.monotonic()))
+        self._stop(drain_s)
 
 
 def _spark_reason(e):
@@ -175,14 +151,7 @@ def _driver_host(sc):
 
 
 def _check_args(fn, args, kwargs, num_proc, use_mpi, extra_mpi_args, env):
-    if not callable(fn):
-        raise TypeError("kolo.spark.run: fn must be callable, got %s" % type(fn).__name__)
-    if not isinstance(args, (tuple, list)):
-        raise TypeError("kolo.spark.run: args must be a tuple or list, got %s" % type(args).__name__)
-    if not isinstance(kwargs, dict):
-        raise TypeError("kolo.spark.run: kwargs must be a dict, got %s" % type(kwargs).__name__)
-    if num_proc is not None and (not isinstance(num_proc, int) or isinstance(num_proc, bool) or num_proc < 1):
-        raise ValueError("kolo.spark.run: num_proc must be a positive integer, got %r" % (num_proc,))
+    check_call("kolo.spark.run", fn, args, kwargs, num_proc)
     if use_mpi:
         raise ValueError("kolo.spark.run: use_mpi=True: kolo does not run over MPI; its own transports "
                          "(shared memory on a host, TCP between hosts) need nothing else. Leave use_mpi unset.")
