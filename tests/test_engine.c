@@ -4,6 +4,7 @@
 #include "kt.h"
 
 #include "../src/coll/coll.h"
+#include "../src/core/world.h"
 #include "../src/engine/engine.h"
 
 #include <dirent.h>
@@ -739,6 +740,34 @@ KT_TEST(engine_unnamed_requests_are_not_cached, 30)
     kt_job_opts o = {.env = {"KOLO_CACHE_CAPACITY=4"}};
     KT_EQ(kt_job(2, unnamed_not_cached, NULL, &o, NULL), 0);
 }
+
+/* Above 16 members the negotiation gathers by Bruck's algorithm, each member sending to
+ * ceil(log2 n) others, and so does the engine's start: a one-round exchange every cycle filled
+ * every pair's engine rings (2.4 GB of shared memory at 64 ranks on 2 cores, where rings are
+ * filled at first use) and cost each rank 2(n - 1) messages a cycle. 24 ranks: the steps' tiny
+ * allreduces (recursive doubling) and the negotiation touch 5-9 of the 23 peers here; all 23 before. */
+static void negotiation_few_peers(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo_shape_t sh = shape1(2);
+    for (int step = 0; step < 20; step++) {
+        float g[2] = {(float)rank, 1}, out[2];
+        kolo_request_t *r;
+        KT_OK(kolo_iallreduce(step % 2 ? "grad.w" : "grad.b", g, out, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        wait_ok(r);
+        KT_EQ(out[1], (float)kolo_size());
+        KT_EQ(out[0], (float)(kolo_size() * (kolo_size() - 1) / 2));
+        kolo_request_release(r);
+    }
+    int n = kolo_size(), filled = 0;
+    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_ENGINE];
+    for (int p = 0; p < n; p++) filled += kolo__shm_tx_filled(m->conns[p]) > 0;
+    if (m->world_oversubscribed) /* else every ring was filled at start-up (mesh.c) */
+        KT_ASSERTF(filled <= 12, "rank %d's engine filled %d of its %d rings", rank, filled, n - 1);
+}
+
+KT_TEST(engine_negotiation_fills_few_rings, 60) { KT_EQ(kt_job(24, negotiation_few_peers, NULL, NULL, NULL), 0); }
 
 KT_TEST(engine_cache_eviction_small_capacity, 30)
 {

@@ -514,7 +514,7 @@ static int agree_settings(void)
     size_t *counts = kolo__calloc((size_t)E.size, sizeof(size_t));
     int st = (all && counts) ? KOLO_OK : kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the engine's start");
     for (int r = 0; r < E.size && !st; r++) counts[r] = sizeof(mine);
-    if (!st) st = kolo__coll_allgather(E.mesh, W.psets[0], mine, all, counts, 1);
+    if (!st) st = kolo__coll_allgather_few_peers(E.mesh, W.psets[0], mine, all, counts, 1); /* negotiate.c, gather() */
     /* The collectives read some settings into function-local statics on first use; do that
      * here, before the engine thread and user threads can race on the first use. */
     int32_t one = 1, sum = 0;

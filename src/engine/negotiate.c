@@ -431,10 +431,29 @@ int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *p
     return KOLO_OK;
 }
 
+/* The cycle's allgathers. Up to NEGOTIATE_EXCHANGE_MAX members a one-round exchange (each member
+ * posts its blob to every other at once); above, Bruck's algorithm: ceil(log2 n) rounds of one
+ * send each. The exchange costs each member 2(n - 1) messages every cycle, and where ranks share
+ * memory it fills in every pair's engine rings on a host whose ranks outnumber its cores (rings
+ * are filled at first use there), which nothing else of a framework's job touches (its tensors go
+ * by recursive doubling or the ring). engine-bench on the 2-vCPU Xeon VM, exchange against Bruck
+ * (-n 1 -s 300, launches alternated, 3 each; 2 each at 64): 8 and 16 ranks tie within the noise
+ * (negotiation 130-253 us a cycle both ways at 8; 392-423 against 457-481 at 16, the tiny step
+ * 1.07-1.20 ms against 1.06-1.09); 32 ranks 748-922 against 787-884 us a cycle, the job's shared
+ * memory 1,289 MB against 537, its system time 8.8-11.8 s against 5.6-5.8; 64 ranks 9.5-9.7 ms
+ * against 2.3 ms a cycle, the tiny step 29 ms against 8.5, shared memory 2,395 MB against 668. */
+#define NEGOTIATE_EXCHANGE_MAX 16
+
+static int gather(kolo__pset_state *s, const void *mine, void *all)
+{
+    if (s->n > NEGOTIATE_EXCHANGE_MAX) return kolo__coll_allgather_few_peers(E.mesh, &s->g, mine, all, s->counts, 1);
+    return kolo__coll_allgather(E.mesh, &s->g, mine, all, s->counts, 1);
+}
+
 int kolo__negotiate_gather_fixed(kolo__pset_state *s)
 {
     for (int r = 0; r < s->n; r++) s->counts[r] = s->fixed_len;
-    return kolo__coll_allgather(E.mesh, &s->g, s->fix_mine, s->fix_all, s->counts, 1);
+    return gather(s, s->fix_mine, s->fix_all);
 }
 
 /* ---- deciding ---- */
@@ -904,7 +923,7 @@ int kolo__negotiate_decide(kolo__pset_state *s)
             s->var_all = p;
             s->var_all_cap = total + 4096;
         }
-        st = kolo__coll_allgather(E.mesh, &s->g, s->var_mine, s->var_all, s->counts, 1);
+        st = gather(s, s->var_mine, s->var_all);
         if (st) return st;
     }
     if (!kolo__trace_on()) return decide(s, NULL);
