@@ -438,6 +438,11 @@ KT_TEST(abort_reasons_name_the_rank_they_began_at, 10)
                                     "aborted the job because: out of memory"),
               KOLO_ERR_PEER_LOST);
     SAID("rank 1 on node1 (10.0.0.1) aborted the job because: out of memory (passed on by rank 0 on node0 (10.0.0.0))");
+    /* relayed before: only the last relay is named */
+    KT_STATUS(kolo__err_aborted(&c, "rank 1 on node1 (10.0.0.1) aborted the job because: out of memory (passed on by "
+                                    "rank 3 on node3 (10.0.0.3)) (passed on by rank 4 on node4 (10.0.0.4))"),
+              KOLO_ERR_PEER_LOST);
+    SAID("rank 1 on node1 (10.0.0.1) aborted the job because: out of memory (passed on by rank 0 on node0 (10.0.0.0))");
     /* a relayed reason of another form keeps the relaying rank's words */
     KT_STATUS(kolo__err_aborted(&c, "lost rank 1 on node1 (10.0.0.1): its connection closed without a goodbye"),
               KOLO_ERR_PEER_LOST);

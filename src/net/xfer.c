@@ -204,7 +204,9 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x)
 /* A peer that failed because a third rank aborted passes that rank's message on ("rank 1 on h
  * aborted the job because: ..."), maybe through more ranks: the error names the rank where it
  * began, with its reason, and this peer as the one that relayed it; blaming this peer for rank
- * 1's bad setting sent users to the wrong rank's logs. */
+ * 1's bad setting sent users to the wrong rank's logs. Only the last relay is named: each rank
+ * that passed it on added itself, and 20 ranks' errors read "(passed on by rank 4 on ...)
+ * (passed on by rank 1 on ...) (passed on by rank 0 on ...)". */
 int kolo__err_aborted(kolo__conn *c, const char *reason)
 {
     static const char tag[] = " aborted the job because: ";
@@ -214,9 +216,12 @@ int kolo__err_aborted(kolo__conn *c, const char *reason)
         last = q;
         p = q + strlen(tag);
     }
-    if (last && strncmp(start, "rank ", 5) == 0)
-        return kolo__err(KOLO_ERR_PEER_LOST, "%s (passed on by rank %d on %s)", start, c->peer,
+    if (last && strncmp(start, "rank ", 5) == 0) {
+        const char *relayed = strstr(start, " (passed on by rank ");
+        int len = relayed ? (int)(relayed - start) : (int)strlen(start);
+        return kolo__err(KOLO_ERR_PEER_LOST, "%.*s (passed on by rank %d on %s)", len, start, c->peer,
                          kolo__peer_name(c->mesh, c->peer));
+    }
     const char *root = last ? last + strlen(tag) : reason;
     return kolo__err(KOLO_ERR_PEER_LOST, "rank %d on %s aborted the job because: %s", c->peer,
                      kolo__peer_name(c->mesh, c->peer), *root ? root : "(no reason given)");
