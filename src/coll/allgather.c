@@ -72,10 +72,10 @@ static int allgather_doubling(kolo__mesh *m, const kolo__group *g, const void *s
  * so a range that wraps past the last member goes as two messages. It runs for small gathers on
  * more members than the exchange takes (EXCHANGE_MEMBERS_MAX), and wherever few peers are
  * wanted whatever the size (kolo__coll_allgather_few_peers: kolo_init's agreement, the engine's
- * start and its negotiation above 16 members). 72 ranks on the 2-vCPU Xeon VM (kolo-bench, 3 launches each way
- * alternated, ms per call): 864 B 1.3-2.5 against the ring's 34-65, 16 KiB 6.2-9.2 against
- * 42-61, 256 KiB 11-14 against 87-110, 1 MiB 28 against 52-68 (2 launches); 4 MiB 110-114
- * against 89-151 and 16 MiB 446-527 against 339-381, hence BRUCK_MAX. */
+ * start and its negotiation above 16 members). 72 ranks on the 2-vCPU Xeon VM (kolo-bench, 3
+ * launches each way alternated, ms per call): 864 B 1.3-2.5 against the ring's 34-65, 16 KiB
+ * 6.2-9.2 against 42-61, 256 KiB 11-14 against 87-110, 1 MiB 28 against 52-68 (2 launches);
+ * 4 MiB 110-114 against 89-151 and 16 MiB 446-527 against 339-381, hence BRUCK_MAX. */
 #define BRUCK_MAX ((size_t)1 << 20)
 #define EXCHANGE_MEMBERS_MAX 64
 

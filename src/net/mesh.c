@@ -1157,9 +1157,9 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         /* Many ranks on a host: smaller rings, halved until this rank's (2 per pair and channel)
          * fit in RING_BUDGET. A pair's rings fill in whole at their first use (shm.c, first_pass),
          * and a one-round exchange uses every pair (the engine's negotiation did every cycle up
-         * to 64 ranks until 2026-12-03, up to 16 since: negotiate.c, gather()): 64 ranks on 2 cores with 1 MiB rings took 8 of their 10 s of start-up
-         * filling the engine's, and held 4 GiB of shared memory for them. 17 ranks and fewer
-         * keep their size. */
+         * to 64 ranks until 2026-12-03, up to 16 since: negotiate.c, gather()): 64 ranks on 2
+         * cores with 1 MiB rings took 8 of their 10 s of start-up filling the engine's, and held
+         * 4 GiB of shared memory for them. 17 ranks and fewer keep their size. */
         if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
             while (b.ring > RING_MIN && local * KOLO_NCHANNELS * 2 * b.ring > RING_BUDGET) b.ring >>= 1;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
