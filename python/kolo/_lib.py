@@ -257,10 +257,13 @@ def error_for(status, message, what=None):
     if what and what not in text:
         text = "%s: %s" % (what, text)
     if status in (ERR_INVALID_ARG, ERR_NOT_INITIALIZED, ERR_NOT_MEMBER):
-        return ValueError(text)
-    if status == ERR_NO_MEMORY:
-        return MemoryError(text)
-    return HorovodInternalError(text)
+        e = ValueError(text)
+    elif status == ERR_NO_MEMORY:
+        e = MemoryError(text)
+    else:
+        e = HorovodInternalError(text)
+    e.status = status  # the ERR_* code, for the frameworks' own error classes (kolo.tensorflow)
+    return e
 
 
 def check(status, what=None):

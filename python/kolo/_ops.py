@@ -224,6 +224,7 @@ def synchronize(handle):
             if isinstance(e, ValueError):
                 # Horovod turns every failure seen in synchronize into HorovodInternalError.
                 e = _lib.HorovodInternalError(str(e))
+                e.status = st
             raise e
         done = True  # every wait returned: nothing is pending
         return op.finish(op.reqs)

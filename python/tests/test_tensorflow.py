@@ -438,6 +438,10 @@ def test_mismatched_shapes_name_the_tensor():
     with pytest.raises(hvd.HorovodInternalError) as e:
         hvd.allreduce(tf.ones([2 + r]), name="tf_mismatch_eager")
     assert "tf_mismatch_eager" in str(e.value) and re.search(r"rank \d", str(e.value)), str(e.value)
+    # eagerly also Horovod's class, with kolo's message
+    assert isinstance(e.value, tf.errors.FailedPreconditionError) and e.value.message == str(e.value)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="tf_mismatch_dtype"):
+        hvd.allgather(tf.ones([1], tf.float32 if r == 0 else tf.int32), name="tf_mismatch_dtype")
 
     @tf.function
     def f(x):
@@ -464,6 +468,57 @@ def test_refusals_are_clear():
         hvdk.DistributedOptimizer(hvdk.DistributedOptimizer(keras.optimizers.SGD()))
     with pytest.raises(NotImplementedError, match="BroadcastGlobalVariablesCallback"):
         hvdk.broadcast_global_variables(0)
+    with pytest.raises(RuntimeError, match="broadcast_variables"):
+        hvd.broadcast_global_variables(0)
+    # a bad call is a ValueError and, eagerly as inside tf.function, TensorFlow's InvalidArgumentError
+    if hvd.size() > 1:
+        for f in (hvd.alltoall, tf.function(hvd.alltoall)):
+            with pytest.raises(tf.errors.InvalidArgumentError, match="divisible"):
+                f(tf.ones([hvd.size() + 1]))
+    with pytest.raises(ValueError, match="splits"):
+        hvd.alltoall(tf.ones([2]), splits=[1] * (hvd.size() + 1))
+
+
+def test_tensorflow_1_graphs_are_refused():
+    # run by a session, independent collectives would start in a different order on each rank
+    with tf.Graph().as_default():
+        v = tf.Variable(1.0)
+        for build in (lambda: hvd.allreduce(tf.ones([2])), lambda: hvd.allgather(tf.ones([2])),
+                      lambda: hvd.broadcast_variables([v], 0), lambda: hvd.join()):
+            with pytest.raises(NotImplementedError, match="TensorFlow 1 graphs .* tf.function"):
+                build()
+        assert hvd.size_op().dtype == tf.int32  # the job's shape reads no peer: still there
+    # tf.function: the same graph, run in program order; tf.compat.v1.global_variables() is empty
+    @tf.function
+    def f():
+        hvd.broadcast_global_variables(0)
+        return hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+    assert f().numpy().tolist() == [hvd.size()] * 2
+
+
+def test_many_independent_collectives_in_a_function():
+    # tf.function runs them in program order on every rank: none waits for one its peer has not started
+    n, r = n_r()
+
+    @tf.function
+    def f():
+        xs = [tf.fill([3], float(r + i)) for i in range(12)]
+        return [hvd.allgather(x) for x in xs] + [hvd.allreduce(x, op=hvd.Sum) for x in xs]
+    outs = f()
+    for i in range(12):
+        assert np.array_equal(outs[i].numpy(), np.repeat(np.arange(n) + i, 3).astype(np.float32))
+        assert outs[12 + i].numpy().tolist() == [n * i + n * (n - 1) / 2] * 3
+
+
+def test_horovod_util_helpers():
+    from kolo.tensorflow.util import refs_to_vars, vars_to_refs
+    assert hvd._executing_eagerly() and not tf.function(lambda: tf.constant(hvd._executing_eagerly()))().numpy()
+    vs = [tf.Variable(1.0), [tf.Variable(2.0)]]
+    refs = vars_to_refs(vs)
+    assert hash(refs) is not None and refs_to_vars(refs)[1][0] is vs[1][0]
+    root = hvd.rank() == 0
+    fn = hvd.broadcast_object_fn(root_rank=0, name="util_obj")
+    assert fn({"from": hvd.rank()} if root else None) == {"from": 0}
 
 
 # ---- Keras ----
@@ -1010,6 +1065,18 @@ def test_keras_example_learns(tmp_path, how):
     assert float(epochs[1][1]) < float(epochs[0][1])  # the loss falls
     assert re.search(r"RESULT workers=2 val_acc=0\.([3-9]|\d\d)\d* identical_weights=True", p.stdout), p.stdout
     assert os.path.exists(ck)
+
+
+@pytest.mark.standalone
+def test_tensorflow_1_session_is_refused_not_hung():
+    # Horovod's TensorFlow 1 style: eager execution off, ops built into the default graph
+    code = ("import tensorflow as tf, kolo.tensorflow as hvd; hvd.init(); tf.compat.v1.disable_eager_execution()\n"
+            "try:\n    hvd.allgather(tf.ones([4]))\nexcept NotImplementedError as e:\n    print('REFUSED', e)\n")
+    env = dict(os.environ, PYTHONPATH=pythonpath(os.path.join(ROOT, "python")))
+    p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"REFUSED kolo.tensorflow.allgather: TensorFlow 1 graphs", p.stdout), p.stdout
 
 
 @pytest.mark.standalone

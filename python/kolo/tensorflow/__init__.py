@@ -30,10 +30,12 @@ from kolo.tensorflow.compression import Compression  # noqa: F401
 from kolo.tensorflow.mpi_ops import (  # noqa: F401
     allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, broadcast_, alltoall, reducescatter,
     grouped_reducescatter, join, barrier, size_op, local_size_op, rank_op, local_rank_op, process_set_included_op)
-from kolo.tensorflow.functions import broadcast_variables, broadcast_object, allgather_object  # noqa: F401
+from kolo.tensorflow.functions import (  # noqa: F401
+    broadcast_variables, broadcast_global_variables, broadcast_object, broadcast_object_fn, allgather_object)
 from kolo.tensorflow.optimizer import (  # noqa: F401
     DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape)
-from kolo.tensorflow import elastic  # noqa: F401  (hvd.elastic.run, TensorFlowKerasState, TensorFlowState)
+from kolo.tensorflow import elastic, util  # noqa: F401  (hvd.elastic.run, TensorFlowKerasState, TensorFlowState)
+from kolo.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod's scripts import it from here)
 
 
 def __getattr__(name):

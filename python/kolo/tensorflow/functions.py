@@ -1,5 +1,5 @@
 """Helpers that keep every rank's state identical (horovod/tensorflow/functions.py): broadcast_variables,
-broadcast_object, allgather_object."""
+broadcast_global_variables, broadcast_object, broadcast_object_fn, allgather_object."""
 
 import pickle
 
@@ -54,6 +54,17 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*assigns)
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's TensorFlow 1 helper: broadcasts tf.compat.v1.global_variables() from root_rank. Eagerly
+    it raises RuntimeError, as Horovod's does (TensorFlow 2 keeps no global collection of variables: name
+    them with broadcast_variables); inside tf.function it broadcasts that collection (usually empty)."""
+    if tf.executing_eagerly():
+        raise RuntimeError("kolo.tensorflow.broadcast_global_variables() does not run eagerly: TensorFlow 2 keeps "
+                           "no collection of global variables. Use kolo.tensorflow.broadcast_variables("
+                           "model.variables, root_rank) (and the optimizer's variables) instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Pickles obj on root_rank and returns a copy of it on every rank (eagerly; session is
     accepted for Horovod's signature)."""
@@ -66,6 +77,16 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
         payload = np.zeros(int(n[0]), np.uint8)
     data = kolo.broadcast(payload, root_rank, name + ".t", process_set)
     return obj if root else _pickler.loads(data.tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function obj -> root_rank's obj, for Horovod scripts that build the broadcast once and call it
+    later (session is accepted for Horovod's signature; kolo's broadcast runs eagerly)."""
+    name = name or "broadcast_object_fn"
+
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return broadcast_fn
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):

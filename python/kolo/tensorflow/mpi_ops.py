@@ -19,10 +19,14 @@ rank); inside tf.function it is named after its input's graph name, as Horovod d
 makes unique and which is the same on every rank and at every step (so the engine's response cache
 keeps it).
 
-Errors are kolo's: eagerly the exception itself (HorovodInternalError for a disagreement between
-ranks, naming the tensor and the ranks; ValueError for a bad call); inside tf.function TensorFlow
-turns it into a tf.errors.OpError (UnknownError, or InvalidArgumentError for ValueError) whose
-message carries kolo's.
+A graph built outside tf.function (TensorFlow 1 style, for a tf.compat.v1.Session) is refused: a
+session runs independent ops in any order, and a collective waits in the thread that runs it.
+
+Errors carry kolo's message. Eagerly each is kolo's exception and Horovod's tf.errors class at once
+(FailedPreconditionError + HorovodInternalError when ranks disagree, UnknownError +
+HorovodInternalError for a lost peer and the like, InvalidArgumentError + ValueError for a bad call);
+inside tf.function TensorFlow turns kolo's exception into a tf.errors.OpError (UnknownError, or
+InvalidArgumentError for ValueError) whose message carries kolo's.
 """
 
 import re
@@ -34,6 +38,7 @@ import kolo
 from kolo import _lib, _ops
 from kolo.basics import (Average, Sum, Adasum, Min, Max, Product, _elastic, c_op,  # noqa: F401
                          global_process_set, rank)
+from kolo.exceptions import HorovodInternalError
 from kolo.tensorflow.compression import Compression
 
 try:  # TensorFlow's own bfloat16 NumPy type (ml_dtypes in TF >= 2.12)
@@ -119,11 +124,73 @@ def _refuse_xla(what):
             "compile. Use jit_compile=False." % what)
 
 
+def _refuse_tf1(what):
+    """Refuses a graph built outside tf.function: TensorFlow 1 style, after
+    tf.compat.v1.disable_eager_execution() or under `with tf.Graph().as_default()`, run by a
+    tf.compat.v1.Session. Each collective waits for its peers in the thread that runs it, and a
+    session runs independent ops in any order on a few threads, so ranks that started different
+    collectives would wait for each other forever (tf.function's automatic control dependencies
+    are what order them)."""
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+        raise NotImplementedError(
+            "kolo.tensorflow.%s: TensorFlow 1 graphs (tf.compat.v1.disable_eager_execution(), or a tf.Graph "
+            "run by a tf.compat.v1.Session) are not supported: a session runs independent collectives in any "
+            "order, and ranks that started different ones would wait for each other forever. Call kolo's "
+            "collectives eagerly or inside tf.function, which runs them in program order." % what)
+
+
+class FailedPreconditionError(HorovodInternalError, tf.errors.FailedPreconditionError):
+    """Eagerly, ranks disagreed on a collective (shapes, dtypes, ops, names): Horovod's
+    tf.errors.FailedPreconditionError, and kolo's HorovodInternalError."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class UnknownError(HorovodInternalError, tf.errors.UnknownError):
+    """Eagerly, a collective failed otherwise (a lost or stalled peer, kolo shut down):
+    HorovodInternalError, and a tf.errors.OpError like the same failure inside tf.function."""
+
+    def __init__(self, message):
+        tf.errors.UnknownError.__init__(self, None, None, message)
+
+
+class InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
+    """Eagerly, a bad call refused before anything was sent: ValueError, and TensorFlow's
+    InvalidArgumentError as inside tf.function (and in Horovod)."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _as_op_error(e):
+    """kolo's exception e as the tf.errors.OpError Horovod raises for it eagerly, still an instance of
+    kolo's class; None when it has no such counterpart."""
+    if isinstance(e, tf.errors.OpError):
+        return None
+    if isinstance(e, HorovodInternalError):
+        cls = FailedPreconditionError if getattr(e, "status", None) == _lib.ERR_MISMATCH else UnknownError
+    elif type(e) is ValueError:
+        cls = InvalidArgumentError
+    else:
+        return None
+    new = cls(str(e))
+    new.status = getattr(e, "status", None)
+    return new
+
+
 def _execute(specs, tensors, out_dtypes, out_shapes, what):
     """Runs a batch over tensors; returns the list of output tensors (static shapes set)."""
     if tf.executing_eagerly():
-        outs = _run(specs, [_eager_array(t) for t in tensors])
+        try:
+            outs = _run(specs, [_eager_array(t) for t in tensors])
+        except (HorovodInternalError, ValueError) as e:
+            new = _as_op_error(e)
+            if new is None:
+                raise
+            raise new.with_traceback(e.__traceback__) from None
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    _refuse_tf1(what)
     _refuse_xla(what)
     outs = tf.numpy_function(lambda *a: _run(specs, a), list(tensors), list(out_dtypes), stateful=True,
                              name="Kolo" + what.title().replace("_", ""))
