@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SETTLE_S 0.05
+#define SETTLE_S 0.25   /* failures this close together are counted together (one bad input on every rank) */
 #define SETTLE_REMOTE_S 0.5   /* with remote hosts: their ends arrive through the wrapper, sshd and ssh */
 #define DRAIN_S 1.0
 #define REMOTE_EXTRA_S 2.0
