@@ -159,8 +159,7 @@ static int run_one(kt_test *t, double scale)
 int main(int argc, char **argv)
 {
     /* KT_TIMEOUT_SCALE stretches every timeout (sanitizer builds run slower). */
-    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
-    if (scale <= 0) scale = 1.0;
+    double scale = kt_timeout_scale();
     find_paths();
     if (argc > 2 && strcmp(argv[1], "--worker") == 0) {
         for (kt_worker *w = workers; w; w = w->next)
@@ -448,8 +447,16 @@ static void reap(kt_proc *p)
     }
 }
 
+double kt_timeout_scale(void)
+{
+    const char *v = getenv("KT_TIMEOUT_SCALE");
+    double scale = v ? atof(v) : 1.0;
+    return scale > 0 ? scale : 1.0;
+}
+
 void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout)
 {
+    timeout *= kt_timeout_scale();
     double end = now() + timeout;
     while (kt_count(p->obuf, needle) < count) {
         if (now() > end)
@@ -465,6 +472,7 @@ void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout)
 
 int kt_proc_finish(kt_proc *p, double timeout)
 {
+    timeout *= kt_timeout_scale();
     double end = now() + timeout;
     while (!p->done || p->out >= 0 || p->err >= 0) {
         if (now() > end) {

@@ -1825,7 +1825,7 @@ static kolo__mesh *choosing_mesh(int rank)
  * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */
 static uint64_t choice_delay_ns(void)
 {
-    double scale = getenv("KT_TIMEOUT_SCALE") ? atof(getenv("KT_TIMEOUT_SCALE")) : 1.0;
+    double scale = kt_timeout_scale();
     return (uint64_t)(30e6 * (scale > 1 ? scale : 1));
 }
 
@@ -2297,8 +2297,7 @@ static void dozes_until_rung(int rank, void *arg)
     unsigned char *buf = malloc(big), *all = malloc((size_t)n * 4096);
     KT_ASSERT(buf && all);
     int rung[3] = {0, 0, 0};
-    const char *scale_env = getenv("KT_TIMEOUT_SCALE");
-    double scale = scale_env && atof(scale_env) > 1 ? atof(scale_env) : 1;
+    double scale = kt_timeout_scale() > 1 ? kt_timeout_scale() : 1;
     useconds_t late = (useconds_t)(5000 + 10000 * (int)(scale - 1)); /* 10 ms: DOZE_CHECK_NS, xfer.c */
     for (int round = 0; round < 9; round++) {
         int kind = round % 3;
@@ -2363,8 +2362,7 @@ static void mixed_wait_woken_by_socket(int rank, void *arg)
         KT_CONTAINS(kolo_peer_transport(1), "shm");
         KT_CONTAINS(kolo_peer_transport(2), "tcp");
     }
-    const char *scale_env = getenv("KT_TIMEOUT_SCALE");
-    double scale = scale_env && atof(scale_env) > 1 ? atof(scale_env) : 1;
+    double scale = kt_timeout_scale() > 1 ? kt_timeout_scale() : 1;
     useconds_t late = (useconds_t)(20000 * scale);
     char one = 0, got = 0, done = 1;
     int woken = 0;
