@@ -1046,6 +1046,47 @@ KT_TEST(engine_stall_names_ranks_as_ranges, 30)
     KT_EQ(kt_job(6, stall_ranges, NULL, &o, NULL), 0);
 }
 
+/* A rank that submitted one unnamed request more than the others: the stall of its
+ * "allreduce.noname.2" says why engine-given names stop matching, in the error and the warning. */
+static void stall_unnamed(int rank, void *arg)
+{
+    const char *dir = arg;
+    char path[256];
+    snprintf(path, sizeof(path), "%s/stall.%d.log", dir, rank);
+    capture_stderr(path);
+    KT_OK(kolo_init());
+    float x = 1, y, z;
+    kolo_shape_t sh = shape1(1);
+    kolo_request_t *a;
+    KT_OK(kolo_iallreduce(NULL, &x, &y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    wait_ok(a);
+    kolo_request_release(a);
+    KT_ASSERT(y == 2);
+    if (rank == 1) { /* a branch rank 0 does not take */
+        KT_OK(kolo_iallreduce(NULL, &x, &z, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_STATUS(kolo_request_wait(a, WAIT_S), KOLO_ERR_TIMEOUT);
+        KT_CONTAINS(kolo_request_error(a), "'allreduce.noname.2' stalled: submitted by rank(s) 1 but not by rank(s) 0");
+        KT_CONTAINS(kolo_request_error(a), "; unnamed requests are numbered in the order each rank submits them");
+        kolo_request_release(a);
+    } else {
+        usleep(2500000);
+        fflush(stderr);
+        const char *log = slurp(path);
+        KT_CONTAINS(log, "0: [allreduce.noname.2]");
+        KT_CONTAINS(log, "\nNote: unnamed requests are numbered in the order each rank submits them");
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+}
+
+KT_TEST(engine_stall_of_an_unnamed_request_says_why, 30)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3", "KOLO_STALL_SHUTDOWN_TIME=1"}};
+    KT_EQ(kt_job(2, stall_unnamed, dir, &o, NULL), 0);
+    remove_dir(dir);
+}
+
 /* Lists of ranks in messages (kolo__ranks_text): runs as ranges, repeats once, and what does not
  * fit as " and N more", the count exact. */
 KT_TEST(rank_lists_in_messages, 10)

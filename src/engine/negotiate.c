@@ -59,6 +59,12 @@ static bool auto_named(const char *name)
 
 static int wrank(const kolo__pset_state *s, int r) { return s->g.ranks[r]; }
 
+/* Said under a stall of an auto-named request: why such names stop matching, and what shows it. */
+#define NONAME_HINT                                                                                    \
+    "unnamed requests are numbered in the order each rank submits them ('allreduce.noname.<n>'), so a " \
+    "rank that submitted one more or one fewer (an error caught on some ranks only, a branch not every " \
+    "rank takes) shifts every later number and none match again: name the tensors to see which"
+
 /* ---- set state ---- */
 
 kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capacity)
@@ -765,9 +771,10 @@ static void stall_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
     for (int r = 0; r < s->n; r++) miss[r] = (uint8_t)(!has[r] && !s->joined[r]);
     snprintf(msg, sizeof(msg),
              "%s '%s' stalled: submitted by rank(s) %s but not by rank(s) %s for more than %g s "
-             "(KOLO_STALL_SHUTDOWN_TIME)",
+             "(KOLO_STALL_SHUTDOWN_TIME)%s%s",
              kolo__kind_lower[rp->d.kind], rp->name, ranks_list(s, has, 1, a, sizeof(a)),
-             ranks_list(s, miss, 1, b, sizeof(b)), E.stall_shutdown);
+             ranks_list(s, miss, 1, b, sizeof(b)), E.stall_shutdown, auto_named(rp->name) ? "; " : "",
+             auto_named(rp->name) ? NONAME_HINT : "");
     resp_error(rp, KOLO_ERR_TIMEOUT, msg);
 }
 
@@ -1015,7 +1022,11 @@ void kolo__negotiate_stall_check(kolo__pset_state *s)
     }
     if (!warn || nl == 0) return;
     s->last_stall_warn = now;
-    char msg[1900], tag[48] = "";
+    static const char note[] = "\nNote: " NONAME_HINT ".";
+    bool noname = false;
+    for (int k = 0; k < nl && !noname; k++) noname = auto_named(list[k].name);
+    char msg[1900], tag[48] = ""; /* kolo__log prints at most 2 KiB */
+    const size_t room = noname ? sizeof(msg) - sizeof(note) : sizeof(msg); /* the note always fits */
     if (s->id) snprintf(tag, sizeof(tag), " (process set %d)", s->id);
     size_t w = (size_t)snprintf(
         msg, sizeof(msg),
@@ -1024,12 +1035,12 @@ void kolo__negotiate_stall_check(kolo__pset_state *s)
         "to submit different tensors or that only subset of ranks is submitting tensors, which will cause "
         "deadlock.%s\nMissing ranks:",
         E.stall_check, tag);
-    for (int r = 0; r < s->n && w + 64 < sizeof(msg); r++) {
+    for (int r = 0; r < s->n && w + 64 < room; r++) {
         if (s->joined[r]) continue;
         int shown = 0, more = 0;
         for (int k = 0; k < nl; k++) {
             if (has_it(s, &list[k], r)) continue;
-            if (shown == 6 || w + strlen(list[k].name) + 32 >= sizeof(msg)) {
+            if (shown == 6 || w + strlen(list[k].name) + 32 >= room) {
                 more = 1;
                 break;
             }
@@ -1039,6 +1050,7 @@ void kolo__negotiate_stall_check(kolo__pset_state *s)
         }
         if (shown) w += (size_t)snprintf(msg + w, sizeof(msg) - w, "%s]", more ? ", ..." : "");
     }
+    if (noname && w < room) snprintf(msg + w, sizeof(msg) - w, "%s", note);
     KOLO_WARN("%s", msg);
     atomic_fetch_add_explicit(&E.st.stall_warnings, 1, memory_order_relaxed);
 }
