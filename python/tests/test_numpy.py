@@ -455,3 +455,36 @@ def test_adasum_refuses_other_than_floating_point(dtype):
         kolo.reducescatter(np.ones((4, 2), np.float32), op=kolo.Adasum)
     # the job goes on
     assert kolo.allreduce(np.ones(1), op=kolo.Sum).tolist() == [kolo.size()]
+
+
+def test_output_pool_keeps_aligned_blocks_up_to_the_peak():
+    # kolo._pool: the frameworks' outputs (kolo.tensorflow) come from kept blocks
+    from kolo._pool import ALIGN, BufferPool
+    p = BufferPool()
+    a = p.empty((1000, 100), np.float32)  # 400 KB
+    assert a.shape == (1000, 100) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % ALIGN == 0
+    a[...] = 3
+    addr = a.ctypes.data
+    assert p.stats() == {"idle_bytes": 0, "out_bytes": 400000, "peak_bytes": 400000}
+    del a
+    assert p.stats() == {"idle_bytes": 400000, "out_bytes": 0, "peak_bytes": 400000}
+    b = p.empty((100000,), np.int32)  # the same bytes in another shape and dtype: the same block
+    assert b.ctypes.data == addr
+    v = b[10:20]  # a view that outlives the array keeps the block out
+    del b
+    assert p.stats()["out_bytes"] == 400000
+    del v
+    xs = [p.empty((100000,), ">f4") for _ in range(3)]  # three out at once: the peak is 1.2 MB
+    assert len({x.ctypes.data for x in xs}) == 3 and xs[0].dtype == np.dtype(">f4")
+    del xs
+    assert p.stats() == {"idle_bytes": 1200000, "out_bytes": 0, "peak_bytes": 1200000}
+    c = p.empty((200000,), np.float32)  # another size: a new block, freed when it comes back
+    del c
+    assert p.stats() == {"idle_bytes": 1200000, "out_bytes": 0, "peak_bytes": 1200000}
+    small = p.empty((3, 5), np.float64)  # small outputs are aligned but not kept
+    assert small.ctypes.data % ALIGN == 0 and small.shape == (3, 5) and p.stats()["out_bytes"] == 0
+    empty = p.empty((0, 4), np.int8)
+    assert empty.shape == (0, 4)
+    p.clear()
+    assert p.stats()["idle_bytes"] == 0

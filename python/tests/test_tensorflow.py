@@ -510,6 +510,41 @@ def test_many_independent_collectives_in_a_function():
         assert outs[12 + i].numpy().tolist() == [n * i + n * (n - 1) / 2] * 3
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_outputs_are_kept_blocks_taken_without_a_copy(mode):
+    # the output tensor's memory is a kolo._pool block (TensorFlow took it, did not copy it): the
+    # block is idle again once the tensor goes, and serves the next call
+    from kolo import _pool
+
+    def idle_blocks(nbytes):
+        return {b.ctypes.data for b in _pool.outputs._free.get(nbytes, [])}
+    n = hvd.size()
+    _pool.outputs.clear()  # idle blocks are kept up to the most bytes out at once: start with none
+    nbytes = 1 << 17  # 64 KiB and more: kept
+    for dtype in (tf.float32, tf.float16, tf.int64):  # (bfloat16 outputs are copied: ml_dtypes' type)
+        x = tf.ones([nbytes // dtype.size], dtype)
+
+        def f(x):
+            return hvd.allreduce(x, op=hvd.Sum)
+        f = f if mode == "eager" else tf.function(f)
+        out = f(x)
+        assert out.dtype == dtype and np.all(f64(out) == n)
+        addr = out._numpy().ctypes.data  # the tensor's own memory
+        assert addr not in idle_blocks(nbytes), dtype
+        del out
+        assert addr in idle_blocks(nbytes), dtype
+        out = f(x)
+        assert out._numpy().ctypes.data in idle_blocks(nbytes) | {addr}, dtype
+        del out
+    # an allgather's output (allocated by the engine, then copied into a block) goes the same way
+    _pool.outputs.clear()
+    out = call(mode, lambda x: hvd.allgather(x), tf.ones([1 << 14, 2]))
+    assert out.shape[0] == n << 14
+    addr = out._numpy().ctypes.data
+    del out
+    assert addr in idle_blocks(n << 17)
+
+
 def test_horovod_util_helpers():
     from kolo.tensorflow.util import refs_to_vars, vars_to_refs
     assert hvd._executing_eagerly() and not tf.function(lambda: tf.constant(hvd._executing_eagerly()))().numpy()

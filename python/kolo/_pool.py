@@ -1,0 +1,100 @@
+"""Output buffers that stay in memory from one step to the next.
+
+A collective's output is new memory every call. Fresh memory costs a page fault for every 4 KiB
+the first time it is written, and once the array is freed the allocator hands large blocks back
+to the kernel, so every step pays again: on a 2-core VM, writing 100 MB of fresh pages took
+78-91 ms against 15 ms for pages already in memory, three times what kolo's engine takes to
+allreduce the same bytes. A training step's outputs have the same sizes at every step.
+
+empty(shape, dtype) returns an array over a block kept here: when the last reference to the array
+goes (TensorFlow, given the array by tf.numpy_function, keeps it as the tensor's memory until the
+tensor goes), the block comes back and the next request of that size gets it, pages already in
+place. Idle blocks are kept up to the most bytes ever out at once (what the job has shown it
+needs), so the pool adds no memory beyond one step's outputs; what would exceed it is freed.
+Small outputs are not kept: the allocator's heap keeps them.
+
+Every output starts on a 64-byte boundary: TensorFlow takes the array tf.numpy_function returns as
+the tensor's memory only when it is aligned so, and copies it otherwise (NumPy promises 16 bytes).
+161 outputs of 640 KB: 3.8 ms a call aligned, 19.5 ms not.
+"""
+
+import threading
+
+import numpy as np
+
+POOLED_MIN = 64 << 10  # smaller outputs come from the allocator's heap, already cheap
+ALIGN = 64  # TensorFlow takes a NumPy output as a tensor's memory only at this alignment; else it copies
+
+
+def aligned_empty(nbytes):
+    """nbytes of uninitialized memory starting on an ALIGN-byte boundary (NumPy promises 16)."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
+class _Lease:
+    """Holds a block while an array made from it lives; gives it back when the array goes."""
+    __slots__ = ("__array_interface__", "_pool", "_block")
+
+    def __init__(self, pool, block):
+        self._pool, self._block = pool, block
+        self.__array_interface__ = block.__array_interface__
+
+    def __del__(self):
+        try:
+            self._pool._give_back(self._block)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class BufferPool:
+    def __init__(self):
+        self._lock = threading.RLock()  # a lease may come back (gc) while this thread holds it
+        self._free = {}  # nbytes -> [blocks]
+        self._idle = 0
+        self._out = 0
+        self._peak = 0
+
+    def empty(self, shape, dtype):
+        """An uninitialized C-contiguous array of shape and dtype, from a kept block when one of its
+        size is idle."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes < POOLED_MIN:
+            return aligned_empty(nbytes).view(dtype).reshape(shape)
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            block = blocks.pop() if blocks else None
+            if block is not None:
+                self._idle -= nbytes
+            self._out += nbytes
+            self._peak = max(self._peak, self._out)
+        if block is None:
+            block = aligned_empty(nbytes)
+        # the array's base is the lease (through the uint8 view), which holds the block
+        return np.asarray(_Lease(self, block)).view(dtype).reshape(shape)
+
+    def empty_like(self, a):
+        return self.empty(a.shape, a.dtype)
+
+    def _give_back(self, block):
+        nbytes = block.nbytes
+        with self._lock:
+            self._out -= nbytes
+            if self._idle + nbytes <= self._peak:
+                self._free.setdefault(nbytes, []).append(block)
+                self._idle += nbytes
+
+    def clear(self):
+        """Frees the idle blocks (kolo's shutdown: the next job may need other sizes)."""
+        with self._lock:
+            self._free.clear()
+            self._idle = 0
+
+    def stats(self):
+        with self._lock:
+            return {"idle_bytes": self._idle, "out_bytes": self._out, "peak_bytes": self._peak}
+
+
+outputs = BufferPool()
