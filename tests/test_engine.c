@@ -939,12 +939,17 @@ static void capture_stderr(const char *path)
     close(fd);
 }
 
+/* This rank's stderr into <dir>/stall.<rank>.log, whose path goes to path. */
+static void capture_rank_stderr(const char *dir, int rank, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/stall.%d.log", dir, rank);
+    capture_stderr(path);
+}
+
 static void stall(int rank, void *arg)
 {
-    const char *dir = arg;
     char path[256];
-    snprintf(path, sizeof(path), "%s/stall.%d.log", dir, rank);
-    capture_stderr(path);
+    capture_rank_stderr(arg, rank, path, sizeof(path));
     KT_OK(kolo_init());
     float x[2] = {1, 1}, y[2], z[2];
     kolo_shape_t sh = shape1(2);
@@ -1050,10 +1055,8 @@ KT_TEST(engine_stall_names_ranks_as_ranges, 30)
  * "allreduce.noname.2" says why engine-given names stop matching, in the error and the warning. */
 static void stall_unnamed(int rank, void *arg)
 {
-    const char *dir = arg;
     char path[256];
-    snprintf(path, sizeof(path), "%s/stall.%d.log", dir, rank);
-    capture_stderr(path);
+    capture_rank_stderr(arg, rank, path, sizeof(path));
     KT_OK(kolo_init());
     float x = 1, y, z;
     kolo_shape_t sh = shape1(1);
