@@ -479,9 +479,14 @@ def test_output_pool_keeps_aligned_blocks_up_to_the_peak():
     assert len({x.ctypes.data for x in xs}) == 3 and xs[0].dtype == np.dtype(">f4")
     del xs
     assert p.stats() == {"idle_bytes": 1200000, "out_bytes": 0, "peak_bytes": 1200000}
-    c = p.empty((200000,), np.float32)  # another size: a new block, freed when it comes back
-    del c
+    c = p.empty((200000,), np.float32)  # another size (800 KB): a new block
+    c_addr = c.ctypes.data
+    del c  # kept; the blocks idle longest go to stay within the peak
     assert p.stats() == {"idle_bytes": 1200000, "out_bytes": 0, "peak_bytes": 1200000}
+    assert [len(p._free[k]) for k in (400000, 800000)] == [1, 1]
+    c = p.empty((200000,), np.float32)
+    assert c.ctypes.data == c_addr
+    del c
     small = p.empty((3, 5), np.float64)  # small outputs are aligned but not kept
     assert small.ctypes.data % ALIGN == 0 and small.shape == (3, 5) and p.stats()["out_bytes"] == 0
     empty = p.empty((0, 4), np.int8)
