@@ -106,6 +106,59 @@ static void scratch_remove(void)
 
 /* Runs one test in a child that leads its own process group, so that on timeout the
  * whole group (the test and every rank it forked) is killed. */
+/* What the machine went through while a test ran, printed beside its failure to tell a stalled
+ * machine from a slow path: how long some task waited for a CPU, for IO and for memory (Linux's
+ * pressure stall information, /proc/pressure), and how long the hypervisor ran others on our CPUs
+ * (steal, /proc/stat). Waiting for a CPU is normal when tests fork more ranks than cores; IO,
+ * memory and steal are not. A missing file reads as -1. */
+typedef struct machine_sample {
+    double t;
+    long long psi_us[3]; /* cpu, io, memory: "some" total, microseconds */
+    long long steal;     /* clock ticks, every CPU together */
+} machine_sample;
+
+static long long psi_some_total(const char *what)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/pressure/%s", what);
+    FILE *f = fopen(path, "r");
+    long long total = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "total=");
+        if (strncmp(line, "some ", 5) == 0 && p) total = atoll(p + 6);
+    }
+    fclose(f);
+    return total;
+}
+
+static void machine_sample_take(machine_sample *m)
+{
+    static const char *const what[3] = {"cpu", "io", "memory"};
+    m->t = now();
+    for (int i = 0; i < 3; i++) m->psi_us[i] = psi_some_total(what[i]);
+    m->steal = -1;
+    FILE *f = fopen("/proc/stat", "r");
+    long long v[8];
+    if (f && fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                    &v[6], &v[7]) == 8)
+        m->steal = v[7];
+    if (f) fclose(f);
+}
+
+static void machine_report(const machine_sample *a, const char *name)
+{
+    machine_sample b;
+    machine_sample_take(&b);
+    double hz = (double)sysconf(_SC_CLK_TCK), secs[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 3; i++)
+        if (a->psi_us[i] >= 0 && b.psi_us[i] >= 0) secs[i] = (double)(b.psi_us[i] - a->psi_us[i]) / 1e6;
+    if (a->steal >= 0 && b.steal >= 0 && hz > 0) secs[3] = (double)(b.steal - a->steal) / hz;
+    printf("# the machine during %s (%.1f s): some task waited for a CPU %.1f s, for IO %.1f s, for memory "
+           "%.1f s; steal %.1f s (-1: not known)\n",
+           name, b.t - a->t, secs[0], secs[1], secs[2], secs[3]);
+}
+
 static int run_child(kt_test *t, double scale)
 {
     fflush(stdout);
@@ -122,6 +175,8 @@ static int run_child(kt_test *t, double scale)
         _exit(0);
     }
     setpgid(pid, pid);
+    machine_sample m0;
+    machine_sample_take(&m0);
     double t0 = now(), limit = t->timeout_s * scale;
     int st = 0;
     for (;;) {
@@ -131,6 +186,7 @@ static int run_child(kt_test *t, double scale)
             kill(-pid, SIGKILL);
             waitpid(pid, &st, 0);
             printf("not ok - %s (timed out after %.0f s)\n", t->name, limit);
+            machine_report(&m0, t->name);
             return 0;
         }
         usleep(2000);
@@ -145,6 +201,7 @@ static int run_child(kt_test *t, double scale)
         printf("not ok - %s (killed by signal %d: %s)\n", t->name, WTERMSIG(st), strsignal(WTERMSIG(st)));
     else
         printf("not ok - %s (exit %d)\n", t->name, WEXITSTATUS(st));
+    machine_report(&m0, t->name);
     return 0;
 }
 
