@@ -142,8 +142,8 @@ double kt_now(void);
 /* Occurrences of needle in hay. */
 int kt_count(const char *hay, const char *needle);
 void kt_proc_start(kt_proc *p, const char *const *argv, const kt_proc_opts *o);
-/* KT_TIMEOUT_SCALE (default 1): sanitizer builds run slower, so every timeout is stretched by it
- * (the tests' own, and those of kt_proc_wait_for and kt_proc_finish). */
+/* KT_TIMEOUT_SCALE (default 1, never less): sanitizer builds run slower, so every timeout is
+ * stretched by it (the tests' own, and those of kt_proc_wait_for and kt_proc_finish). */
 double kt_timeout_scale(void);
 /* Reads what is there, waiting up to timeout_ms. */
 void kt_proc_pump(kt_proc *p, int timeout_ms);

@@ -104,8 +104,6 @@ static void scratch_remove(void)
     scratch[0] = '\0';
 }
 
-/* Runs one test in a child that leads its own process group, so that on timeout the
- * whole group (the test and every rank it forked) is killed. */
 /* What the machine went through while a test ran, printed beside its failure to tell a stalled
  * machine from a slow path: how long some task waited for a CPU, for IO and for memory (Linux's
  * pressure stall information, /proc/pressure), and how long the hypervisor ran others on our CPUs
@@ -159,6 +157,8 @@ static void machine_report(const machine_sample *a, const char *name)
            name, b.t - a->t, secs[0], secs[1], secs[2], secs[3]);
 }
 
+/* Runs one test in a child that leads its own process group, so that on timeout the
+ * whole group (the test and every rank it forked) is killed. */
 static int run_child(kt_test *t, double scale)
 {
     fflush(stdout);
@@ -508,7 +508,7 @@ double kt_timeout_scale(void)
 {
     const char *v = getenv("KT_TIMEOUT_SCALE");
     double scale = v ? atof(v) : 1.0;
-    return scale > 0 ? scale : 1.0;
+    return scale > 1 ? scale : 1.0;
 }
 
 void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout)

@@ -1825,8 +1825,7 @@ static kolo__mesh *choosing_mesh(int rank)
  * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */
 static uint64_t choice_delay_ns(void)
 {
-    double scale = kt_timeout_scale();
-    return (uint64_t)(30e6 * (scale > 1 ? scale : 1));
+    return (uint64_t)(30e6 * kt_timeout_scale());
 }
 
 /* With KOLO_SHM_CMA=auto, member 0 keeps the way its timings favour: a hook makes one way 30 ms
@@ -2297,8 +2296,7 @@ static void dozes_until_rung(int rank, void *arg)
     unsigned char *buf = malloc(big), *all = malloc((size_t)n * 4096);
     KT_ASSERT(buf && all);
     int rung[3] = {0, 0, 0};
-    double scale = kt_timeout_scale() > 1 ? kt_timeout_scale() : 1;
-    useconds_t late = (useconds_t)(5000 + 10000 * (int)(scale - 1)); /* 10 ms: DOZE_CHECK_NS, xfer.c */
+    useconds_t late = (useconds_t)(5000 + 10000 * (int)(kt_timeout_scale() - 1)); /* 10 ms: DOZE_CHECK_NS, xfer.c */
     for (int round = 0; round < 9; round++) {
         int kind = round % 3;
         size_t len = kind == 1 ? big : 4096;
@@ -2362,8 +2360,7 @@ static void mixed_wait_woken_by_socket(int rank, void *arg)
         KT_CONTAINS(kolo_peer_transport(1), "shm");
         KT_CONTAINS(kolo_peer_transport(2), "tcp");
     }
-    double scale = kt_timeout_scale() > 1 ? kt_timeout_scale() : 1;
-    useconds_t late = (useconds_t)(20000 * scale);
+    useconds_t late = (useconds_t)(20000 * kt_timeout_scale());
     char one = 0, got = 0, done = 1;
     int woken = 0;
     kolo__xfer from1, x;

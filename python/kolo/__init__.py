@@ -68,9 +68,11 @@ class _NumpyAdapter:
     def copy_(dst, src):
         np.copyto(dst, src)
 
-    @staticmethod
-    def from_c(ptr, shape, like):
-        out = np.empty(shape, dtype=like.dtype)
+    empty = staticmethod(np.empty)  # where outputs are allocated (kolo.tensorflow: kolo._pool)
+
+    @classmethod
+    def from_c(cls, ptr, shape, like):
+        out = cls.empty(shape, like.dtype)
         if out.nbytes:
             ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
         return out

@@ -769,12 +769,12 @@ static void stall_error(kolo__pset_state *s, kolo__resp *rp, const uint8_t *has)
     char a[256], b[256], msg[1024];
     uint8_t *miss = s->miss;
     for (int r = 0; r < s->n; r++) miss[r] = (uint8_t)(!has[r] && !s->joined[r]);
+    bool noname = auto_named(rp->name);
     snprintf(msg, sizeof(msg),
              "%s '%s' stalled: submitted by rank(s) %s but not by rank(s) %s for more than %g s "
              "(KOLO_STALL_SHUTDOWN_TIME)%s%s",
              kolo__kind_lower[rp->d.kind], rp->name, ranks_list(s, has, 1, a, sizeof(a)),
-             ranks_list(s, miss, 1, b, sizeof(b)), E.stall_shutdown, auto_named(rp->name) ? "; " : "",
-             auto_named(rp->name) ? NONAME_HINT : "");
+             ranks_list(s, miss, 1, b, sizeof(b)), E.stall_shutdown, noname ? "; " : "", noname ? NONAME_HINT : "");
     resp_error(rp, KOLO_ERR_TIMEOUT, msg);
 }
 

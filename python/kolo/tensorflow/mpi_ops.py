@@ -29,7 +29,6 @@ inside tf.function TensorFlow turns kolo's exception into a tf.errors.OpError (U
 InvalidArgumentError for ValueError) whose message carries kolo's.
 """
 
-import ctypes
 import re
 
 import numpy as np
@@ -60,14 +59,9 @@ class _TFArrays(kolo._NumpyAdapter):
             return _lib.BFLOAT16
         return kolo._NumpyAdapter.kdtype(a)
 
-    @staticmethod
-    def from_c(ptr, shape, like):
-        # an output the engine allocated (allgather, alltoall, reducescatter), copied into a kept,
-        # aligned block, which TensorFlow then takes as the tensor's memory
-        out = _pool.outputs.empty(shape, like.dtype)
-        if out.nbytes:
-            ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
-        return out
+    # outputs, also those the engine allocated (allgather, alltoall, reducescatter, copied out by
+    # from_c), go into kept, aligned blocks, which TensorFlow then takes as the tensors' memory
+    empty = staticmethod(_pool.outputs.empty)
 
 
 _A = _TFArrays
@@ -173,42 +167,31 @@ def _refuse_tf1(what):
             "collectives eagerly or inside tf.function, which runs them in program order." % what)
 
 
-class FailedPreconditionError(HorovodInternalError, tf.errors.FailedPreconditionError):
-    """Eagerly, ranks disagreed on a collective (shapes, dtypes, ops, names): Horovod's
-    tf.errors.FailedPreconditionError, and kolo's HorovodInternalError."""
+# Eagerly, kolo's exceptions are also the tf.errors classes Horovod raises. TensorFlow's class comes
+# first in the bases, so that its __init__(node_def, op, message) builds them.
 
-    def __init__(self, message):
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
-
-
-class UnknownError(HorovodInternalError, tf.errors.UnknownError):
-    """Eagerly, a collective failed otherwise (a lost or stalled peer, kolo shut down):
-    HorovodInternalError, and a tf.errors.OpError like the same failure inside tf.function."""
-
-    def __init__(self, message):
-        tf.errors.UnknownError.__init__(self, None, None, message)
+class FailedPreconditionError(tf.errors.FailedPreconditionError, HorovodInternalError):
+    """Ranks disagreed on a collective (shapes, dtypes, ops, names)."""
 
 
-class InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
-    """Eagerly, a bad call refused before anything was sent: ValueError, and TensorFlow's
-    InvalidArgumentError as inside tf.function (and in Horovod)."""
+class UnknownError(tf.errors.UnknownError, HorovodInternalError):
+    """A collective failed otherwise (a lost or stalled peer, kolo shut down), as inside tf.function."""
 
-    def __init__(self, message):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """A bad call, refused before anything was sent (as inside tf.function)."""
 
 
 def _as_op_error(e):
     """kolo's exception e as the tf.errors.OpError Horovod raises for it eagerly, still an instance of
     kolo's class; None when it has no such counterpart."""
-    if isinstance(e, tf.errors.OpError):
-        return None
     if isinstance(e, HorovodInternalError):
         cls = FailedPreconditionError if getattr(e, "status", None) == _lib.ERR_MISMATCH else UnknownError
     elif type(e) is ValueError:
         cls = InvalidArgumentError
     else:
         return None
-    new = cls(str(e))
+    new = cls(None, None, str(e))
     new.status = getattr(e, "status", None)
     return new
 
