@@ -1042,8 +1042,14 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
 
 /* A first-probe check, on the made-up clock: ring copies `ring_ns` and single-copy `cma_ns` slower
  * per message, allgathers of 64 KiB each way, before call `change_at` the delay of `way` becomes
- * `now_ns`; of the last 6 of `calls` messages, at least 5 (close) or at most 1 (wide) come the
- * way `counted`. */
+ * `now_ns`; of the last 6 of `calls` messages, at least 4 (close) or at most 1 (wide) come the
+ * way `counted`. In the close case the check's probe takes 4 of them (one that warms the way up,
+ * 3 timed), the next still comes the old way (the change reaches the sender a message late, shm.c,
+ * adapt_begin) and the last the probed way: 5. Or 4, when the request that starts the probe is a
+ * message late too: in an exchange this side's figure for a message waits until its own send is
+ * out (adapt_done), and the peer may have sent its next message the old way by then (traced under
+ * TSan with the cores loaded, 1 run in 6: calls 17 and 22 single-copy, 18-21 by ring). Without the
+ * check none comes the probed way. */
 typedef struct first_probe_case {
     uint64_t ring_ns, cma_ns, now_ns;
     int change_at, way, calls, counted, wide;
@@ -1069,7 +1075,7 @@ static void first_probe_checked(int rank, void *arg)
     }
     kolo__shm_class_received(c, count * 4, after);
     uint64_t n = after[fc->counted] - before[fc->counted], total = after[0] + after[1] - before[0] - before[1];
-    KT_ASSERTF(total == 6 && (fc->wide ? n <= 1 : n >= 5), "rank %d: %s: of messages %d-%d %llu of %llu came %s", rank,
+    KT_ASSERTF(total == 6 && (fc->wide ? n <= 1 : n >= 4), "rank %d: %s: of messages %d-%d %llu of %llu came %s", rank,
                fc->wide ? "wide" : "close", fc->calls - 5, fc->calls, (unsigned long long)n, (unsigned long long)total,
                fc->counted ? "single-copy" : "by ring");
     free(x);
@@ -1083,7 +1089,7 @@ static void first_probe_checked(int rank, void *arg)
  * messages ran at 100-230 ps/B, later ones at 40-55, and single-copy's 80-90 won the probe).
  * Messages of 64 KiB; single-copy takes 3 ms longer throughout, ring copies longer for the first
  * 10 calls only. Close: 4 ms longer; the first probe (after 8 messages) picks single-copy, the
- * check 4 messages later finds the ring cheaper again, and of calls 17-22 at least 5 messages come
+ * check 4 messages later finds the ring cheaper again, and of calls 17-22 at least 4 messages come
  * by ring (without the check the next probe waits 0.1 s, some 20 messages single-copy, and none
  * does). Wide: 40 ms longer, as when ring copies crawl; the class keeps single-copy until the
  * usual probe, and of calls 17-22 at most one message comes by ring. The delays stay small, so
@@ -1108,7 +1114,7 @@ KT_TEST(shm_auto_checks_a_first_probe_that_changed_the_way, 60)
  * KiB; ring copies take 4 ms longer throughout; single-copy, cold, 4.5 ms longer (close) or 6 ms
  * (wide: 1.5x, as a broadcast's single-copy loses to the ring apart) for the first 12 calls, 1 ms
  * after. Close: the first probe (after 8 messages) keeps the ring, the check 4 messages later finds
- * single-copy cheaper, and of calls 21-26 at least 5 messages come single-copy (without the check
+ * single-copy cheaper, and of calls 21-26 at least 4 messages come single-copy (without the check
  * the next probe waits 0.1 s, some 25 messages by ring, and none does). Wide: no check, and at most
  * one does. On the made-up clock, as above. */
 KT_TEST(shm_auto_checks_a_close_first_probe_that_kept_the_ring, 60)

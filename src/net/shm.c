@@ -1581,6 +1581,7 @@ void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2])
     const shm_priv *s = c->priv;
     got[0] = pair_got(s, 0);
     got[1] = pair_got(s, 1);
+    if (s->deferred) got[s->deferred_way]++;
 }
 
 void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2])
@@ -1588,9 +1589,10 @@ void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[
     got[0] = got[1] = 0;
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
     const shm_priv *s = c->priv;
-    const way_choice *w = &s->cls[shm_class(s, bytes)];
-    got[0] = w->got[0];
-    got[1] = w->got[1];
+    int k = shm_class(s, bytes);
+    got[0] = s->cls[k].got[0];
+    got[1] = s->cls[k].got[1];
+    if (s->deferred && shm_class(s, s->deferred_bytes) == k) got[s->deferred_way]++;
 }
 
 void kolo__shm_test_switch(kolo__conn *c, uint64_t bytes)

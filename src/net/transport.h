@@ -415,7 +415,7 @@ size_t kolo__shm_tx_filled(const kolo__conn *c);
 /* The bytes of each of c's rings; 0 when c is not a shared-memory conn. */
 size_t kolo__shm_ring_bytes(const kolo__conn *c);
 /* How many large messages c received by ring (got[0]) and single-copy (got[1]) while picking
- * from timings. */
+ * from timings, counting one whose timing waits for this side's own send (shm.c, adapt_done). */
 void kolo__shm_large_received(const kolo__conn *c, uint64_t got[2]);
 /* The same for messages of the size class of `bytes` (the choice is kept per class, shm.c). */
 void kolo__shm_class_received(const kolo__conn *c, uint64_t bytes, uint64_t got[2]);
