@@ -12,7 +12,14 @@
  * both fresh nonces and each direction has its own label, so no answer can be replayed in
  * another connection or reflected back to its sender. There is no encryption: the secret keeps
  * strangers and other jobs out; it does not hide the keys from someone who can sniff the wire.
- * The server gives every connection 10 s to finish the handshake.
+ * The server gives every connection 10 s to greet, and a client that greeted 60 s from then to
+ * prove the secret. The greeting costs a client nothing; the proof is its first use of libcrypto,
+ * and a worker starting among many on one CPU (kolorun binds a crowded host's workers, several to
+ * a CPU) can be slow to get there: twice in CI, with another job running beside, the two ASan
+ * workers of 3 that kolorun had bound to one of 2 CPUs reached the store 6-10 s late and were cut
+ * off 10 s after connecting, in the middle of the handshake, while the third finished its own.
+ * 60 s outlasts the workers' own deadline (KOLO_START_TIMEOUT, 30 s), so theirs is the one that
+ * speaks, and it says how far the handshake got and when.
  *
  * Requests, one at a time per connection (the client waits for each response):
  *   u32 len | u8 op | u8 klen | key[klen] | body          len counts every byte after itself
@@ -73,10 +80,15 @@
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3 };
 enum { ST_OK = 0, ST_TIMEOUT = 1, ST_NOT_INTEGER = 2 };
 
-/* Seconds a new connection has to authenticate. Changed only by tests, before a server starts. */
-static double handshake_timeout_s = 10.0;
+/* Seconds a new connection has to greet, and one that greeted has to prove the secret (see the
+ * top of the file). Changed only by tests, before a server starts. */
+static double greeting_timeout_s = 10.0, proof_timeout_s = 60.0;
 
-void kolo__store_test_handshake_timeout(double seconds) { handshake_timeout_s = seconds > 0 ? seconds : 10.0; }
+void kolo__store_test_handshake_timeout(double greeting_s, double proof_s)
+{
+    greeting_timeout_s = greeting_s > 0 ? greeting_s : 10.0;
+    proof_timeout_s = proof_s > 0 ? proof_s : 60.0;
+}
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -393,6 +405,7 @@ static void on_unit(kolo__store_server *s, conn *c)
         c->out_len = sizeof(msg);
         c->out_off = 0;
         c->state = C_PROOF;
+        c->deadline_ns = kolo__now_ns() + (uint64_t)(proof_timeout_s * 1e9);
         return;
     }
     case C_PROOF: {
@@ -519,7 +532,7 @@ static int add_conn(kolo__store_server *s, int fd, const struct sockaddr *sa, so
     if (!c) goto nomem;
     c->fd = fd;
     c->state = C_HELLO;
-    c->deadline_ns = kolo__now_ns() + (uint64_t)(handshake_timeout_s * 1e9);
+    c->deadline_ns = kolo__now_ns() + (uint64_t)(greeting_timeout_s * 1e9);
     memcpy(c->peer, peer, sizeof(peer));
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -629,8 +642,13 @@ static void handle_events(kolo__store_server *s, pollset *ps, size_t polled)
         conn *c = s->conns[i];
         if (c->dead || c->deadline_ns == 0 || c->deadline_ns > now) continue;
         if (c->state == C_HELLO || c->state == C_PROOF) {
-            char why[96];
-            snprintf(why, sizeof(why), "no complete handshake within %g s", handshake_timeout_s);
+            char why[128];
+            if (c->state == C_HELLO)
+                snprintf(why, sizeof(why), "no complete greeting within %g s (%zu of %d bytes)", greeting_timeout_s,
+                         c->got, HELLO_LEN);
+            else
+                snprintf(why, sizeof(why), "greeted, but no proof of the secret within %g s (%zu of %d bytes)",
+                         proof_timeout_s, c->got, KOLO_MAC_LEN);
             drop_conn(c, why, true);
         } else if (c->state == C_WAIT) {
             c->state = C_READY;
@@ -1013,32 +1031,43 @@ static int client_handshake(kolo__store *c, const void *secret, size_t secret_le
 {
     uint8_t hello[HELLO_LEN], ch[CHALLENGE_LEN], mac[KOLO_MAC_LEN], want[KOLO_MAC_LEN], ack[ACK_LEN];
     memcpy(hello, MAGIC, MAGIC_LEN);
+    uint64_t t0 = kolo__now_ns();
     int s = kolo__random_bytes(hello + MAGIC_LEN, KOLO_NONCE_LEN);
     if (s) return s;
     int r = send_all(c->fd, hello, sizeof(hello), 0, deadline_ns);
     if (r == IO_OK) r = recv_all(c->fd, ch, sizeof(ch), deadline_ns);
     if (r == IO_TIMEOUT)
         return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s accepted the connection but did not answer the "
-                         "handshake (is it a kolo store?)", c->where);
+                         "handshake in %.1f s (is it a kolo store?)", c->where, (double)(kolo__now_ns() - t0) / 1e9);
     if (r == IO_EOF)
         return kolo__err(KOLO_ERR_PEER_LOST, "the store at %s closed the connection during the handshake", c->where);
     if (r == IO_ERR) return kolo__err_sys(errno, "store %s: handshake", c->where);
     if (memcmp(ch, MAGIC, MAGIC_LEN) != 0)
         return kolo__err(KOLO_ERR_PROTOCOL, "%s does not speak kolo's store protocol (wrong greeting)", c->where);
     const uint8_t *nc = hello + MAGIC_LEN, *ns = ch + MAGIC_LEN;
+    uint64_t t_ch = kolo__now_ns();
     if ((s = hs_mac(mac, secret, secret_len, LABEL_CLIENT, nc, ns)) ||
         (s = hs_mac(want, secret, secret_len, LABEL_SERVER, nc, ns)))
         return s;
     r = send_all(c->fd, mac, sizeof(mac), 0, deadline_ns);
+    /* when each step ended, for the errors below (a slow client is cut off: see the top) */
+    char when[96];
+    snprintf(when, sizeof(when), "its challenge came %.1f s after our greeting, our proof went %.1f s later",
+             (double)(t_ch - t0) / 1e9, (double)(kolo__now_ns() - t_ch) / 1e9);
     if (!kolo__mac_equal(want, ch + MAGIC_LEN + KOLO_NONCE_LEN))
         return kolo__err(KOLO_ERR_AUTH, "the store at %s could not prove the job secret (another job's store, or "
                          "a different KOLO_SECRET)", c->where);
     if (r == IO_EOF)
-        return kolo__err(KOLO_ERR_PEER_LOST, "the store at %s closed the connection during the handshake", c->where);
+        return kolo__err(KOLO_ERR_PEER_LOST, "the store at %s closed the connection during the handshake (%s)",
+                         c->where, when);
     if (r == IO_OK) r = recv_all(c->fd, ack, sizeof(ack), deadline_ns);
+    /* not a wrong secret: the store proved the same one */
     if (r == IO_EOF)
-        return kolo__err(KOLO_ERR_AUTH, "the store at %s refused our secret (a different KOLO_SECRET?)", c->where);
-    if (r == IO_TIMEOUT) return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s did not finish the handshake", c->where);
+        return kolo__err(KOLO_ERR_PEER_LOST, "the store at %s closed the connection instead of accepting our proof of "
+                         "the secret (%s): it gave up waiting for the proof, or stopped; its log says which",
+                         c->where, when);
+    if (r == IO_TIMEOUT)
+        return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s did not finish the handshake (%s)", c->where, when);
     if (r == IO_ERR) return kolo__err_sys(errno, "store %s: handshake", c->where);
     if (memcmp(ack, ACK, ACK_LEN) != 0)
         return kolo__err(KOLO_ERR_PROTOCOL, "the store at %s sent a malformed handshake answer", c->where);

@@ -21,9 +21,9 @@ int kolo__store_server_start(kolo__store_server **out, const char *host, int por
 int kolo__store_server_port(const kolo__store_server *s);
 /* Stops the thread, closes every connection, frees. NULL is a no-op. */
 void kolo__store_server_stop(kolo__store_server *s);
-/* Tests only: seconds a new connection has to finish the handshake (default 10).
- * Process-wide; call before starting a server. */
-void kolo__store_test_handshake_timeout(double seconds);
+/* Tests only: seconds a new connection has to greet (default 10), and one that greeted has to
+ * prove the secret (default 60; store.c says why). Process-wide; call before starting a server. */
+void kolo__store_test_handshake_timeout(double greeting_s, double proof_s);
 
 /* ---- Client ----
  * One connection, used by one thread at a time. Keys are <= 255 bytes of text, values
