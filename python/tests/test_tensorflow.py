@@ -470,6 +470,8 @@ def test_refusals_are_clear():
         hvdk.broadcast_global_variables(0)
     with pytest.raises(RuntimeError, match="broadcast_variables"):
         hvd.broadcast_global_variables(0)
+    with pytest.raises(NotImplementedError, match="TensorFlow 1 SessionRunHook.*broadcast_variables"):
+        hvd.BroadcastGlobalVariablesHook(0)
     # a bad call is a ValueError and, eagerly as inside tf.function, TensorFlow's InvalidArgumentError
     if hvd.size() > 1:
         for f in (hvd.alltoall, tf.function(hvd.alltoall)):

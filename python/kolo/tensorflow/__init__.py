@@ -31,7 +31,8 @@ from kolo.tensorflow.mpi_ops import (  # noqa: F401
     allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, broadcast_, alltoall, reducescatter,
     grouped_reducescatter, join, barrier, size_op, local_size_op, rank_op, local_rank_op, process_set_included_op)
 from kolo.tensorflow.functions import (  # noqa: F401
-    broadcast_variables, broadcast_global_variables, broadcast_object, broadcast_object_fn, allgather_object)
+    broadcast_variables, broadcast_global_variables, broadcast_object, broadcast_object_fn, allgather_object,
+    BroadcastGlobalVariablesHook)
 from kolo.tensorflow.optimizer import (  # noqa: F401
     DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape)
 from kolo.tensorflow import elastic, util  # noqa: F401  (hvd.elastic.run, TensorFlowKerasState, TensorFlowState)

@@ -65,6 +65,21 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
+class BroadcastGlobalVariablesHook:
+    """Horovod's TensorFlow 1 SessionRunHook (for tf.estimator and MonitoredTrainingSession), refused
+    with the reason when it is made: kolo's collectives do not run in TensorFlow 1 sessions (a session
+    runs independent collectives in any order; docs/tensorflow.md), and TensorFlow 2 removed
+    tf.estimator."""
+
+    def __init__(self, root_rank, device=""):
+        raise NotImplementedError(
+            "kolo.tensorflow.BroadcastGlobalVariablesHook is a TensorFlow 1 SessionRunHook, and kolo's "
+            "collectives do not run in TensorFlow 1 sessions. Broadcast the variables once they exist: "
+            "kolo.tensorflow.broadcast_variables(model.variables, root_rank=%r) after the first step (and the "
+            "optimizer's variables), or in Keras the callback "
+            "kolo.keras.callbacks.BroadcastGlobalVariablesCallback(%r)." % (root_rank, root_rank))
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Pickles obj on root_rank and returns a copy of it on every rank (eagerly; session is
     accepted for Horovod's signature)."""
