@@ -93,6 +93,65 @@ static void basic(int rank, void *arg)
 
 KT_TEST(engine_basic_allreduce, 20) { kt_job_both(2, basic, NULL); }
 
+/* An allgather of 1 MiB per rank, call `it`, into *r; its rows checked. */
+static const float *gather_rows(int rank, int it, float *in, size_t count, kolo_request_t **r)
+{
+    int n = kolo_size();
+    for (size_t i = 0; i < count; i++) in[i] = (float)(rank * 1000 + it + (int)(i % 97));
+    kolo_shape_t sh = shape1((int64_t)count);
+    KT_OK(kolo_iallgather("kept", in, KOLO_FLOAT32, &sh, NULL, r));
+    wait_ok(*r);
+    const void *data;
+    kolo_shape_t out;
+    KT_OK(kolo_request_output(*r, &data, &out));
+    KT_EQ(out.dims[0], (int64_t)count * n);
+    const float *v = data;
+    for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < count; i += 4099)
+            KT_ASSERTF(v[(size_t)q * count + i] == (float)(q * 1000 + it + (int)(i % 97)), "call %d, row %d, [%zu]: %g",
+                       it, q, i, (double)v[(size_t)q * count + i]);
+    return v;
+}
+
+/* true once the engine keeps `bytes` of idle output blocks (a released request's output comes back
+ * when the engine drops its own reference too, right after the request completes) */
+static bool kept_becomes(size_t bytes)
+{
+    for (int i = 0; i < 5000 && kolo__engine_test_kept_bytes() != bytes; i++) usleep(1000);
+    return kolo__engine_test_kept_bytes() == bytes;
+}
+
+/* Outputs the engine allocates, of 1 MiB and more, are kept from call to call (request.c): a
+ * released allgather output is the next one's of its size, one still held is not handed out
+ * again, and each keeps its own rows. */
+static void kept_outputs(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    size_t count = (size_t)1 << 18; /* 1 MiB of floats from each rank */
+    float *in = malloc(count * 4);
+    KT_ASSERT(in);
+    size_t bytes = count * 4 * (size_t)kolo_size();
+    kolo_request_t *r, *held;
+    const float *first = gather_rows(rank, 0, in, count, &r);
+    KT_EQ(kolo__engine_test_kept_bytes(), 0);
+    kolo_request_release(r);
+    KT_ASSERTF(kept_becomes(bytes), "kept %zu bytes, want %zu", kolo__engine_test_kept_bytes(), bytes);
+    KT_ASSERTF(gather_rows(rank, 1, in, count, &held) == first, "a released output's block was not reused");
+    KT_EQ(kolo__engine_test_kept_bytes(), 0);
+    KT_ASSERTF(gather_rows(rank, 2, in, count, &r) != first, "an output still held was handed out again");
+    kolo_request_release(r);
+    KT_ASSERTF(kept_becomes(bytes), "kept %zu bytes, want %zu", kolo__engine_test_kept_bytes(), bytes);
+    const float *v = first;
+    for (int q = 0; q < kolo_size(); q++) /* the held output still has its own call's rows */
+        KT_ASSERT(v[(size_t)q * count + 5] == (float)(q * 1000 + 1 + 5));
+    kolo_request_release(held);
+    free(in);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(engine_keeps_output_blocks, 30) { kt_job_both(2, kept_outputs, NULL); }
+
 /* Every rank submits the same names in its own order; the results are right everywhere. */
 static void order(int rank, void *arg)
 {

@@ -557,6 +557,7 @@ static void free_state(void)
         E.seen_ptr[id] = NULL;
     }
     kolo__execute_free();
+    kolo__out_clear(); /* the next job may ask for other sizes */
 }
 
 int kolo__engine_start(void)

@@ -93,6 +93,7 @@ struct kolo_request {
     int status;
     char *err;
     void *out;               /* allgather/alltoall/reducescatter output, owned by the request */
+    size_t out_bytes;        /* its size (kolo__out_alloc) */
     kolo_shape_t out_shape;
     int64_t *out_splits;     /* alltoall: rows received from each rank */
     int n_out_splits;
@@ -298,6 +299,10 @@ extern kolo__engine kolo__E;
  * callback, drops the engine's reference). msg may be NULL for success. */
 void kolo__req_complete(kolo_request_t *r, int status, const char *msg);
 void kolo__req_unref(kolo_request_t *r);
+/* Outputs the engine allocates for a request (allgather, alltoall, reducescatter), from blocks
+ * kept from call to call (request.c); kolo__out_clear frees the idle ones (kolo_shutdown). */
+void *kolo__out_alloc(size_t bytes);
+void kolo__out_clear(void);
 
 /* negotiate.c */
 kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capacity);
