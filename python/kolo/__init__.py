@@ -17,9 +17,10 @@ import weakref
 import numpy as np
 
 from kolo._lib import __version__, HAVE_ENGINE as _HAVE_ENGINE
-from kolo import _lib, _ops
+from kolo import _lib, _ops, _pool
 from kolo.basics import *  # noqa: F401,F403  (init, size, ops, process sets, ...)
 from kolo.basics import __all__ as _basics_all
+from kolo.basics import _shutdown_hooks
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloVersionMismatchError
 from kolo._ops import poll, synchronize
 from kolo import elastic  # noqa: F401  (kolo.elastic: State, ObjectState, run)
@@ -68,7 +69,10 @@ class _NumpyAdapter:
     def copy_(dst, src):
         np.copyto(dst, src)
 
-    empty = staticmethod(np.empty)  # where outputs are allocated (kolo.tensorflow: kolo._pool)
+    # outputs, also those the engine allocated (allgather, alltoall, reducescatter, copied out by
+    # from_c): large ones go into blocks kept from step to step, their pages already in memory
+    # (kolo._pool)
+    empty = staticmethod(_pool.empty_large)
 
     @classmethod
     def from_c(cls, ptr, shape, like):
@@ -79,6 +83,8 @@ class _NumpyAdapter:
 
 
 _A = _NumpyAdapter
+_out_like = _pool.empty_like_large
+_shutdown_hooks.append(_pool.outputs.clear)  # the next job may need other sizes
 
 
 def _writable(a):
@@ -89,7 +95,7 @@ def _writable(a):
 def allreduce_async(array, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,  # noqa: F405
                     process_set=global_process_set):  # noqa: F405
     _A.kdtype(array)
-    return _ops.allreduce_async(_A, array, np.empty_like(array, order="C"), name, op, prescale_factor,
+    return _ops.allreduce_async(_A, array, _out_like(array), name, op, prescale_factor,
                                 postscale_factor, process_set)
 
 
@@ -115,7 +121,7 @@ def allreduce_(array, name=None, op=Average, prescale_factor=1.0, postscale_fact
 def grouped_allreduce_async(arrays, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,  # noqa: F405
                             process_set=global_process_set):  # noqa: F405
     arrays = list(arrays)
-    return _ops.grouped_allreduce_async(_A, arrays, [np.empty_like(a, order="C") for a in arrays], name, op,
+    return _ops.grouped_allreduce_async(_A, arrays, [_out_like(a) for a in arrays], name, op,
                                         prescale_factor, postscale_factor, process_set)
 
 
@@ -158,7 +164,7 @@ def grouped_allgather(arrays, name=None, process_set=global_process_set):  # noq
 
 def broadcast_async(array, root_rank, name=None, process_set=global_process_set):  # noqa: F405
     _A.kdtype(array)
-    return _ops.broadcast_async(_A, array, np.empty_like(array, order="C"), root_rank, name, process_set)
+    return _ops.broadcast_async(_A, array, _out_like(array), root_rank, name, process_set)
 
 
 def broadcast(array, root_rank, name=None, process_set=global_process_set):  # noqa: F405

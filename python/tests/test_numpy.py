@@ -493,3 +493,23 @@ def test_output_pool_keeps_aligned_blocks_up_to_the_peak():
     assert empty.shape == (0, 4)
     p.clear()
     assert p.stats()["idle_bytes"] == 0
+
+
+def test_large_outputs_reuse_kept_blocks():
+    # outputs of 32 MiB and more come from blocks kept from call to call (kolo._pool: the allocator
+    # hands such blocks back to the kernel, and fresh pages fault at every call); smaller ones from NumPy
+    import kolo._pool as pool
+    x = np.arange(pool.MALLOC_KEEPS // 4, dtype=np.float32)
+    a = kolo.allreduce(x, name="pool.ar", op=kolo.Max)
+    addr = a.ctypes.data
+    assert addr % pool.ALIGN == 0 and np.array_equal(a, x) and not a.flags.owndata
+    del a
+    b = kolo.allreduce(x, name="pool.ar", op=kolo.Max)
+    assert b.ctypes.data == addr and np.array_equal(b, x)
+    c = kolo.broadcast(x + 1, 0, name="pool.bc")  # b is still out: another block
+    assert c.ctypes.data != addr and np.array_equal(c, x + 1) and np.array_equal(b, x)
+    del b, c
+    g = kolo.allgather(x[: x.size // 2], name="pool.ag")  # the engine's output, copied into a kept block
+    assert g.ctypes.data % pool.ALIGN == 0 and np.array_equal(g, np.tile(x[: x.size // 2], kolo.size()))
+    del g
+    assert kolo.allreduce(np.ones(1000), name="pool.small").flags.owndata  # NumPy's own

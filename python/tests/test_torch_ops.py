@@ -9,6 +9,8 @@ import kolo.torch as hvd  # noqa: E402
 
 import adasum_ref  # noqa: E402
 
+_SIZE = {torch.bfloat16: 2, torch.bool: 1, torch.float16: 2}
+
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64]
 if hasattr(torch, "uint16"):  # PyTorch >= 2.3
@@ -470,3 +472,33 @@ def test_adasum_of_integers_is_refused(dtype):
     with pytest.raises(ValueError, match="(?i)adasum"):
         hvd.reducescatter(torch.ones(4, 2), op=hvd.Adasum)
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()  # the job goes on
+
+
+def test_large_outputs_reuse_kept_blocks():
+    # out-of-place outputs of 32 MiB and more are tensors over blocks kept from call to call
+    # (kolo._pool): PyTorch's allocator hands such blocks back to the kernel, and the next call's
+    # fresh pages fault in again (2 ranks: a 64 MB allreduce 51-64 ms against 13-15)
+    from kolo import _pool
+    n, r = n_r()
+    x = torch.arange(_pool.MALLOC_KEEPS // 4, dtype=torch.float32)
+    a = hvd.allreduce(x, name="pool.ar", op=hvd.Max)
+    addr = a.data_ptr()
+    assert torch.equal(a, x)
+    del a
+    b = hvd.allreduce(x, name="pool.ar", op=hvd.Max)
+    assert b.data_ptr() == addr and torch.equal(b, x)
+    c = hvd.allreduce(x, name="pool.ar2", op=hvd.Max)  # b is still out: another block
+    assert c.data_ptr() != addr and torch.equal(b, c)
+    del b, c
+    for dt in (torch.bfloat16, torch.bool, torch.float16):  # types NumPy lacks or spells otherwise
+        y = torch.ones(_pool.MALLOC_KEEPS // _SIZE[dt], dtype=dt)
+        out = hvd.broadcast(y, 0, name="pool.bc.%s" % dt)
+        assert out.dtype == dt and out.shape == y.shape and torch.equal(out, y)
+        del out
+    rows = _pool.MALLOC_KEEPS // 16 // n + 1  # the gathered output is at least 32 MiB
+    g = hvd.allgather(torch.full((rows, 4), float(r)), name="pool.ag")  # the engine's output, copied
+    assert g.shape == (n * rows, 4) and all(g[i * rows, 0].item() == i for i in range(n))
+    g.add_(1)  # an output is the caller's to change
+    small = hvd.allreduce(torch.ones(1000), name="pool.small")
+    with torch.no_grad():
+        small.resize_(5000)  # a plain tensor below the size

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 import kolo
 from kolo import _lib, _ops, _pool
-from kolo.basics import (Average, Sum, Adasum, Min, Max, Product, _elastic, _shutdown_hooks, c_op,  # noqa: F401
+from kolo.basics import (Average, Sum, Adasum, Min, Max, Product, _elastic, c_op,  # noqa: F401
                          global_process_set, rank)
 from kolo.exceptions import HorovodInternalError
 from kolo.tensorflow.compression import Compression
@@ -59,8 +59,7 @@ class _TFArrays(kolo._NumpyAdapter):
             return _lib.BFLOAT16
         return kolo._NumpyAdapter.kdtype(a)
 
-    # outputs, also those the engine allocated (allgather, alltoall, reducescatter, copied out by
-    # from_c), go into kept, aligned blocks, which TensorFlow then takes as the tensors' memory
+    # every output into a kept, aligned block, which TensorFlow takes as the tensor's memory
     empty = staticmethod(_pool.outputs.empty)
 
 
@@ -69,7 +68,6 @@ _A = _TFArrays
 # tf.function, and eagerly through DLPack) instead of copying them, and kept from step to step so
 # their pages are not faulted in again (docs/tensorflow.md, "Outputs are not copied").
 _out_like = _pool.outputs.empty_like
-_shutdown_hooks.append(_pool.outputs.clear)
 
 try:
     _from_dlpack = tf.experimental.dlpack.from_dlpack
