@@ -134,6 +134,7 @@ static void kept_outputs(int rank, void *arg)
     size_t bytes = count * 4 * (size_t)kolo_size();
     kolo_request_t *r, *held;
     const float *first = gather_rows(rank, 0, in, count, &r);
+    KT_EQ((uintptr_t)first % 64, 0); /* the frameworks take it as tensors' memory */
     KT_EQ(kolo__engine_test_kept_bytes(), 0);
     kolo_request_release(r);
     KT_ASSERTF(kept_becomes(bytes), "kept %zu bytes, want %zu", kolo__engine_test_kept_bytes(), bytes);

@@ -509,7 +509,19 @@ def test_large_outputs_reuse_kept_blocks():
     c = kolo.broadcast(x + 1, 0, name="pool.bc")  # b is still out: another block
     assert c.ctypes.data != addr and np.array_equal(c, x + 1) and np.array_equal(b, x)
     del b, c
-    g = kolo.allgather(x[: x.size // 2], name="pool.ag")  # the engine's output, copied into a kept block
-    assert g.ctypes.data % pool.ALIGN == 0 and np.array_equal(g, np.tile(x[: x.size // 2], kolo.size()))
+    # an output the engine allocated (1 MiB and more) is returned as it is, over the engine's block,
+    # which serves the next output of its size once the array goes
+    g = kolo.allgather(x[: x.size // 2], name="pool.ag")
+    addr = g.ctypes.data
+    assert addr % pool.ALIGN == 0 and np.array_equal(g, np.tile(x[: x.size // 2], kolo.size()))
+    g[:3] = -1  # the caller's to change
+    v = g[5:9]
     del g
+    assert v.tolist() == x[5:9].tolist()  # a view keeps the block
+    del v
+    g = kolo.allgather(x[: x.size // 2] + 1, name="pool.ag")
+    assert g.ctypes.data == addr and np.array_equal(g, np.tile(x[: x.size // 2] + 1, kolo.size()))
+    del g
+    rs = kolo.reducescatter(np.ones((4 * kolo.size(), 1 << 16), np.float32), name="pool.rs", op=kolo.Sum)
+    assert rs.shape == (4, 1 << 16) and (rs == kolo.size()).all() and rs.ctypes.data % pool.ALIGN == 0
     assert kolo.allreduce(np.ones(1000), name="pool.small").flags.owndata  # NumPy's own

@@ -545,6 +545,15 @@ def test_outputs_are_kept_blocks_taken_without_a_copy(mode):
     addr = out._numpy().ctypes.data
     del out
     assert addr in idle_blocks(n << 17)
+    # from 1 MiB it is the engine's own block, taken as the tensor's memory: the same block serves
+    # the next call once the tensor goes
+    big = tf.fill([1 << 18, 2], float(hvd.rank()))
+    out = call(mode, lambda x: hvd.allgather(x), big)
+    addr = out._numpy().ctypes.data
+    assert addr % 64 == 0 and [f64(out)[i << 18, 0] for i in range(n)] == list(range(n))
+    del out
+    out = call(mode, lambda x: hvd.allgather(x), big)
+    assert out._numpy().ctypes.data == addr and f64(out)[-1, 1] == n - 1
 
 
 def test_horovod_util_helpers():

@@ -495,10 +495,18 @@ def test_large_outputs_reuse_kept_blocks():
         out = hvd.broadcast(y, 0, name="pool.bc.%s" % dt)
         assert out.dtype == dt and out.shape == y.shape and torch.equal(out, y)
         del out
-    rows = _pool.MALLOC_KEEPS // 16 // n + 1  # the gathered output is at least 32 MiB
-    g = hvd.allgather(torch.full((rows, 4), float(r)), name="pool.ag")  # the engine's output, copied
-    assert g.shape == (n * rows, 4) and all(g[i * rows, 0].item() == i for i in range(n))
+    # an output the engine allocated (1 MiB and more) is returned as it is, over the engine's block,
+    # which serves the next output of its size once the tensor goes
+    rows = (1 << 20) // 16 // n + 1
+    g = hvd.allgather(torch.full((rows, 4), float(r)), name="pool.ag")
+    addr = g.data_ptr()
+    assert g.shape == (n * rows, 4) and all(g[i * rows, 0].item() == i for i in range(n)) and addr % 64 == 0
     g.add_(1)  # an output is the caller's to change
+    del g
+    g = hvd.allgather(torch.full((rows, 4), float(r)), name="pool.ag")
+    assert g.data_ptr() == addr and all(g[i * rows, 0].item() == i for i in range(n))
+    h = hvd.alltoall(torch.full((n * (1 << 16),), float(r), dtype=torch.bfloat16), name="pool.a2a")
+    assert h.dtype == torch.bfloat16 and all(h[i << 16].item() == i for i in range(n))
     small = hvd.allreduce(torch.ones(1000), name="pool.small")
     with torch.no_grad():
         small.resize_(5000)  # a plain tensor below the size

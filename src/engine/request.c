@@ -73,7 +73,8 @@ const char *kolo__shape_str(const int64_t *dims, int ndim, char *buf, size_t cap
  * and more come back here when their request goes, and the next output of that size takes one.
  * Idle blocks are capped at the most output bytes ever out at once (what the job has shown it
  * needs: no memory beyond one step's outputs), and by count; over either, the block idle longest
- * is freed. */
+ * is freed. They start on a 64-byte boundary, so that kolo's Python packages can hand the block
+ * itself to the caller as the output's memory (TensorFlow takes no less). */
 #define KEPT_MIN ((size_t)1 << 20)
 #define KEPT_MAX 16
 
@@ -101,7 +102,7 @@ void *kolo__out_alloc(size_t bytes)
         out_peak = KOLO_MAX(out_peak, out_bytes);
         pthread_mutex_unlock(&kept_lock);
         if (p) return p;
-        if ((p = kolo__malloc(bytes))) return p;
+        if ((p = kolo__malloc_aligned(bytes))) return p; /* 64: frameworks take it as tensors' memory */
         pthread_mutex_lock(&kept_lock);
         out_bytes -= bytes; /* never out: out_free sees NULL */
         pthread_mutex_unlock(&kept_lock);

@@ -65,6 +65,11 @@ class _TorchAdapter:
             dst.copy_(src)
 
     @staticmethod
+    def over(raw, shape, like):
+        # raw: the bytes of an output the engine allocated, as uint8 (kolo._ops._output)
+        return torch.from_numpy(raw).view(like.dtype).reshape(shape)
+
+    @staticmethod
     def from_c(ptr, shape, like):
         out = _empty(shape, like.dtype)
         n = out.numel() * out.element_size()
