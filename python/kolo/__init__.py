@@ -69,9 +69,9 @@ class _NumpyAdapter:
     def copy_(dst, src):
         np.copyto(dst, src)
 
-    # outputs, also those the engine allocated (allgather, alltoall, reducescatter, copied out by
-    # from_c): large ones go into blocks kept from step to step, their pages already in memory
-    # (kolo._pool)
+    # where outputs are allocated (also the copies from_c makes of the engine's outputs under 1 MiB;
+    # larger ones are returned as they are, over()): from 32 MiB blocks kept from step to step, their
+    # pages already in memory (kolo._pool)
     empty = staticmethod(_pool.empty_large)
 
     @staticmethod

@@ -24,8 +24,8 @@ void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *loc
  * of a process set (from the third on, this rank's engine waits 4 ms between cycles: engine.c,
  * "Cycle timing"), and world cycles run since kolo_init. */
 int kolo__engine_test_quiet_cycles(void);
+uint64_t kolo__engine_test_cycles(void);
 /* Tests: the idle output blocks the engine keeps for its next outputs (request.c), in bytes. */
 size_t kolo__engine_test_kept_bytes(void);
-uint64_t kolo__engine_test_cycles(void);
 
 #endif

@@ -59,7 +59,8 @@ class _TFArrays(kolo._NumpyAdapter):
             return _lib.BFLOAT16
         return kolo._NumpyAdapter.kdtype(a)
 
-    # every output into a kept, aligned block, which TensorFlow takes as the tensor's memory
+    # every output allocated here into a kept, aligned block, which TensorFlow takes as the tensor's
+    # memory (the engine's own outputs from 1 MiB are such blocks already: kolo._ops._output)
     empty = staticmethod(_pool.outputs.empty)
 
 

@@ -90,9 +90,9 @@ def _empty(shape, dtype):
     """An output tensor; from _pool.MALLOC_KEEPS bytes, over a block of kolo._pool kept from step to
     step: fresh memory costs a page fault per 4 KiB at its first write, and PyTorch's allocator hands
     such blocks back to the kernel when a tensor goes, so every call paid again (2 ranks here, an
-    out-of-place allreduce of 64 MB 48-64 ms against 13-16 kept; an allgather of 64 MB from each
-    180-248 against 44-54). The block comes back when the tensor's memory is freed (torch.from_numpy
-    holds the array, the array its lease). Below, the allocator keeps freed blocks itself."""
+    out-of-place allreduce of 64 MB 48-64 ms against 13-16 kept). The block comes back when the
+    tensor's memory is freed (torch.from_numpy holds the array, the array its lease). Below, the
+    allocator keeps freed blocks itself."""
     if math.prod(shape) * _SIZE[dtype] < _pool.MALLOC_KEEPS:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(_pool.outputs.empty(tuple(shape), _NP_LIKE[dtype])).view(dtype)
