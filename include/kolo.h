@@ -294,9 +294,9 @@ KOLO_EXTERN int kolo_mem_free(void *p);
  * write recvbuf at any time; the caller must keep them alive and not touch recvbuf (nor
  * write sendbuf). Outputs whose size is known only after negotiation (allgather, alltoall,
  * reducescatter) are owned by the request until kolo_request_release; those of 1 MiB and more
- * start on a 64-byte boundary and, released, serve the engine's next output of their size, their
- * pages already in memory (idle ones are kept up to the most output bytes out at once;
- * kolo_shutdown frees them).
+ * start on a 64-byte boundary and, released, serve the engine's next output of their size or a
+ * little smaller, their pages already in memory (idle ones are kept up to the most output bytes
+ * out at once; kolo_shutdown frees them).
  *
  * Names: a non-NULL name is copied. NULL gets "<op>.noname.<n>" from a per-process counter
  * (so unnamed requests must be issued in the same order on every rank). Submitting a name

@@ -122,8 +122,8 @@ static bool kept_becomes(size_t bytes)
 }
 
 /* Outputs the engine allocates, of 1 MiB and more, are kept from call to call (request.c): a
- * released allgather output is the next one's of its size, one still held is not handed out
- * again, and each keeps its own rows. */
+ * released allgather output is the next one's of its size (or a little smaller), one still held
+ * is not handed out again, and each keeps its own rows. */
 static void kept_outputs(int rank, void *arg)
 {
     (void)arg;
@@ -141,6 +141,13 @@ static void kept_outputs(int rank, void *arg)
     KT_ASSERTF(gather_rows(rank, 1, in, count, &held) == first, "a released output's block was not reused");
     KT_EQ(kolo__engine_test_kept_bytes(), 0);
     KT_ASSERTF(gather_rows(rank, 2, in, count, &r) != first, "an output still held was handed out again");
+    kolo_request_release(r);
+    KT_ASSERTF(kept_becomes(bytes), "kept %zu bytes, want %zu", kolo__engine_test_kept_bytes(), bytes);
+    /* a smaller output takes that block too: 10 % less, rounded up to an eighth of its power of
+     * two, is a size the block exceeds by less than a quarter */
+    const float *less = gather_rows(rank, 3, in, count - count / 10, &r);
+    KT_EQ(kolo__engine_test_kept_bytes(), 0);
+    KT_ASSERT(less != first);
     kolo_request_release(r);
     KT_ASSERTF(kept_becomes(bytes), "kept %zu bytes, want %zu", kolo__engine_test_kept_bytes(), bytes);
     const float *v = first;

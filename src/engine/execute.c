@@ -325,8 +325,8 @@ static int run_allreduce(kolo__pset_state *s, const size_t *idx, size_t k, bool 
 
 static int alloc_out(kolo_request_t *r, size_t bytes)
 {
-    r->out = kolo__out_alloc(bytes);
     r->out_bytes = bytes;
+    r->out = kolo__out_alloc(&r->out_bytes);
     if (!r->out) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the %zu-byte output of '%s'", bytes, r->name);
     return KOLO_OK;
 }

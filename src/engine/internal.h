@@ -300,8 +300,9 @@ extern kolo__engine kolo__E;
 void kolo__req_complete(kolo_request_t *r, int status, const char *msg);
 void kolo__req_unref(kolo_request_t *r);
 /* Outputs the engine allocates for a request (allgather, alltoall, reducescatter), from blocks
- * kept from call to call (request.c); kolo__out_clear frees the idle ones (kolo_shutdown). */
-void *kolo__out_alloc(size_t bytes);
+ * kept from call to call (request.c): *bytes in, the block's size (as large or larger) out;
+ * kolo__out_clear frees the idle ones (kolo_shutdown). */
+void *kolo__out_alloc(size_t *bytes);
 void kolo__out_clear(void);
 
 /* negotiate.c */

@@ -69,7 +69,13 @@ const char *kolo__shape_str(const int64_t *dims, int ndim, char *buf, size_t cap
  * Python's copy of it kept (kolo._pool), 44-54 ms with this too, 18-26 ms with Python taking the
  * block itself as the output (no copy). A step asks for the same sizes every time: outputs of
  * 1 MiB and more come back here when their request goes, and the next output of that size takes
- * one. Idle blocks are capped at the most output bytes ever out at once (what the job has shown it
+ * one. Outputs whose size changes a little from step to step share blocks (an allgather of
+ * sparse gradients, whose rows vary with the batch, asks for a new size at nearly every step):
+ * sizes are rounded up to eighths of their power of two (at most 12.5 % more), and an output
+ * takes the smallest idle block of at least its size and at most a quarter more. Allgathers of
+ * 29-32 MB from each of 2 ranks, sizes drawn at random: 50-57 ms a call with exact sizes, 49-53
+ * with the rounding alone (a step's one idle block was of the other size half the time),
+ * 12.5-14 ms with both (launches alternating, 3 each). Idle blocks are capped at the most output bytes ever out at once (what the job has shown it
  * needs: no memory beyond one step's outputs), and by count; over either, the block idle longest
  * is freed. They start on a 64-byte boundary, so that kolo's Python packages can hand the block
  * itself to the caller as the output's memory (TensorFlow takes no less). */
@@ -84,18 +90,34 @@ static struct {
 static int nkept;
 static size_t kept_bytes, out_bytes, out_peak;
 
-void *kolo__out_alloc(size_t bytes)
+/* The size of the block for an output of `bytes` (KEPT_MIN or more): up to the next eighth of its
+ * power of two. */
+static size_t kept_size(size_t bytes)
 {
+    size_t p = (size_t)1 << (63 - __builtin_clzll((unsigned long long)bytes)), step = p / 8;
+    return (bytes + step - 1) / step * step;
+}
+
+void *kolo__out_alloc(size_t *bytes_io)
+{
+    size_t bytes = *bytes_io;
     if (bytes >= KEPT_MIN) {
+        bytes = kept_size(bytes);
         void *p = NULL;
         pthread_mutex_lock(&kept_lock);
-        for (int i = nkept - 1; i >= 0 && !p; i--) {
-            if (kept[i].bytes != bytes) continue;
-            p = kept[i].p;
-            memmove(&kept[i], &kept[i + 1], (size_t)(nkept - i - 1) * sizeof(kept[0]));
+        int best = -1; /* the smallest idle block that fits, up to a quarter larger */
+        for (int i = nkept - 1; i >= 0; i--)
+            if (kept[i].bytes >= bytes && kept[i].bytes <= bytes + bytes / 4 &&
+                (best < 0 || kept[i].bytes < kept[best].bytes))
+                best = i;
+        if (best >= 0) {
+            p = kept[best].p;
+            bytes = kept[best].bytes;
+            memmove(&kept[best], &kept[best + 1], (size_t)(nkept - best - 1) * sizeof(kept[0]));
             nkept--;
             kept_bytes -= bytes;
         }
+        *bytes_io = bytes;
         out_bytes += bytes;
         out_peak = KOLO_MAX(out_peak, out_bytes);
         pthread_mutex_unlock(&kept_lock);
