@@ -1444,6 +1444,23 @@ class Report:
         elif e.get("lat_why"):
             L.append("| (no target) a latency-bound step through the Python API | not measured: %s | — |" %
                      e["lat_why"])
+        large = e.get("large") or {}
+        if large.get("kolo"):
+            def med(lib, c):
+                return statistics.median(x[c] for x in large[lib])
+            k = ", ".join("%s %.1f ms" % (c, med("kolo", c)) for c in LARGE_CASES)
+            hv = ("; Horovod 0.28.1 (horovod.torch, Gloo) %s: kolo %s as fast" % (
+                ", ".join("%s %.1f ms" % (c, med("horovod", c)) for c in LARGE_CASES),
+                ", ".join("%.1f×" % (med("horovod", c) / med("kolo", c)) for c in LARGE_CASES))
+                if large.get("horovod") else "")
+            L.append("| (no target) collectives that return new large tensors through the Python API, the same "
+                     "code on both (`bench/peers/large_outputs.py`: out-of-place allreduce of 64 MB, allgather of "
+                     "64 MB from each rank, allgather of 29-32 MB drawn at random per call; 2 ranks, %d launches "
+                     "each alternating, medians of each launch's 15 calls, then over launches) | kolo %s%s%s | — |" % (
+                         len(large["kolo"]), k, hv, "; " + e["large_why"] if e.get("large_why") else ""))
+        elif e.get("large_why"):
+            L.append("| (no target) collectives that return new large tensors through the Python API | not "
+                     "measured: %s | — |" % e["large_why"])
         if e.get("pairs") or e.get("b_pairs"):
             per_step = ""
             if e.get("pairs"):
@@ -1923,20 +1940,24 @@ def engine_check(a, logdir, reps=9):
     for f in glob.glob(tl) + glob.glob(tl + ".*"):  # rank 0 writes tl, rank r tl.r
         os.remove(f)
     step_latency_check(out, logdir)
+    large_outputs_check(out, logdir)
     return out
 
 
 STEP_LATENCY = os.path.join(ROOT, "bench", "peers", "step_latency.py")
+LARGE_OUTPUTS = os.path.join(ROOT, "bench", "peers", "large_outputs.py")
+LARGE_CASES = ("allreduce", "allgather", "varying")
 
 
-def step_latency_check(out, logdir, reps=3):
-    """bench/peers/step_latency.py: a latency-bound step (161 one-element tensors submitted with
-    allreduce_async_, then synchronized) through kolo.torch under kolorun and through
-    horovod.torch under horovodrun, 2 ranks, launches alternating. Sets out["lat"] = {"kolo":
-    [median us per launch], "horovod": [...]} and out["lat_why"] for what could not run."""
-    lat = out["lat"] = {"kolo": [], "horovod": []}
+def python_pair(script, logname, parse, label, reps=3):
+    """bench/peers/<script>: the same Python code through kolo.torch under kolorun and through
+    horovod.torch under horovodrun, 2 ranks, launches alternating, `reps` of each, their output
+    into the file logname. parse(lib, text)
+    gives a launch's figure, or None when the launch failed. Returns ({"kolo": [figure per launch],
+    "horovod": [...]}, why: what could not run, or "")."""
+    got = {"kolo": [], "horovod": []}
     why = []
-    launches = [("kolo", Launch([KOLORUN, "-np", "2", PY, STEP_LATENCY, "kolo"],
+    launches = [("kolo", Launch([KOLORUN, "-np", "2", PY, script, "kolo"],
                                 {"PYTHONPATH": os.path.join(ROOT, "python")}))]
     ok, hvd_why = PyPeer("horovod").available()
     runner = shutil.which("horovodrun") or "/usr/local/bin/horovodrun"
@@ -1944,21 +1965,47 @@ def step_latency_check(out, logdir, reps=3):
         why.append("Horovod: %s (make bench-compare builds it)" % (hvd_why or "%s not found" % runner))
     else:
         launches.append(("horovod", Launch([runner, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface",
-                                            "lo", PY, STEP_LATENCY, "horovod"], {"GLOO_SOCKET_IFNAME": "lo"})))
-    with open(os.path.join(logdir, "step-latency.log"), "w") as log:
+                                            "lo", PY, script, "horovod"], {"GLOO_SOCKET_IFNAME": "lo"})))
+    with open(logname, "w") as log:
         for rep in range(reps):
             for lib, ln in launches:
                 text, rc, to, _ = run_launch(ln, 300, log)
                 log.write(text)
-                m = re.search(r"step_latency %s tensors \d+ steps \d+ median_us ([0-9.]+)" % lib, text)
-                if rc or to or not m:
+                fig = None if rc or to else parse(lib, text)
+                if fig is None:
                     why.append("%s failed (exit %s%s); see %s" % (lib, rc, ", timed out" if to else "",
                                                                  os.path.relpath(log.name, ROOT)))
                     continue
-                lat[lib].append(float(m.group(1)))
-                print("compare: step latency rep %d: %s %s us" % (rep + 1, lib, m.group(1)), flush=True)
+                got[lib].append(fig)
+                print("compare: %s rep %d: %s %s" % (label, rep + 1, lib, fig), flush=True)
+    return got, "; ".join(sorted(set(why)))
+
+
+def step_latency_check(out, logdir, reps=3):
+    """bench/peers/step_latency.py: a latency-bound step (161 one-element tensors submitted with
+    allreduce_async_, then synchronized). Sets out["lat"] = {"kolo": [median us per launch],
+    "horovod": [...]} and out["lat_why"] for what could not run."""
+    def parse(lib, text):
+        m = re.search(r"step_latency %s tensors \d+ steps \d+ median_us ([0-9.]+)" % lib, text)
+        return float(m.group(1)) if m else None
+    out["lat"], why = python_pair(STEP_LATENCY, os.path.join(logdir, "step-latency.log"), parse, "step latency",
+                                  reps)
     if why:
-        out["lat_why"] = "; ".join(sorted(set(why)))
+        out["lat_why"] = why
+
+
+def large_outputs_check(out, logdir, reps=3):
+    """bench/peers/large_outputs.py: collectives that return new large tensors (out-of-place
+    allreduce of 64 MB, allgather of 64 MB from each rank, allgather of 29-32 MB drawn at random
+    per call). Sets out["large"] = {"kolo": [{case: median ms} per launch], "horovod": [...]} and
+    out["large_why"] for what could not run."""
+    def parse(lib, text):
+        got = dict(re.findall(r"large_outputs %s (\w+) mb \d+ calls \d+ median_ms ([0-9.]+)" % lib, text))
+        return {c: float(got[c]) for c in LARGE_CASES} if all(c in got for c in LARGE_CASES) else None
+    out["large"], why = python_pair(LARGE_OUTPUTS, os.path.join(logdir, "large-outputs.log"), parse,
+                                    "large outputs", reps)
+    if why:
+        out["large_why"] = why
 
 
 def parse_paired(text):

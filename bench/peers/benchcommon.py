@@ -1,4 +1,6 @@
-"""Shared parts of the Python peers (torch_dist_bench.py, horovod_bench.py).
+"""Shared parts of the Python peers (torch_dist_bench.py, horovod_bench.py), and of the scripts
+that run the same code on kolo.torch and horovod.torch (step_latency.py, large_outputs.py:
+horovod_api).
 
 Same command line and the same nccl-tests rows as bench/peers/mpi_coll_bench.c and
 build/bin/kolo-bench:
@@ -27,6 +29,19 @@ import random
 import re
 import socket
 import time
+
+
+def horovod_api(library):
+    """kolo.torch or horovod.torch ("kolo" or "horovod": the same API), initialized, with torch on
+    one thread (one core per rank); returns (hvd, torch)."""
+    if library == "kolo":
+        import kolo.torch as hvd
+    else:
+        import horovod.torch as hvd
+    import torch
+    torch.set_num_threads(1)
+    hvd.init()
+    return hvd, torch
 
 COLLS = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"]
 ROOTED = {"broadcast"}

@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 
+from benchcommon import horovod_api
+
 
 def main(argv):
     ap = argparse.ArgumentParser(prog="step_latency.py")
@@ -30,14 +32,7 @@ def main(argv):
     ap.add_argument("-n", "--steps", type=int, default=300)
     ap.add_argument("-w", "--warmup", type=int, default=30)
     a = ap.parse_args(argv)
-    if a.library == "kolo":
-        import kolo.torch as hvd
-    else:
-        import horovod.torch as hvd
-    import torch
-
-    torch.set_num_threads(1)
-    hvd.init()
+    hvd, torch = horovod_api(a.library)
     rank, n = hvd.rank(), hvd.size()
     ts = [torch.full((1,), float(rank * 1000 + i)) for i in range(a.tensors)]
     sync = torch.zeros(1)
