@@ -93,7 +93,7 @@ static void basic(int rank, void *arg)
 
 KT_TEST(engine_basic_allreduce, 20) { kt_job_both(2, basic, NULL); }
 
-/* An allgather of 1 MiB per rank, call `it`, into *r; its rows checked. */
+/* An allgather of `count` floats from each rank, call `it`, into *r; its rows checked. */
 static const float *gather_rows(int rank, int it, float *in, size_t count, kolo_request_t **r)
 {
     int n = kolo_size();

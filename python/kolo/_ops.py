@@ -146,7 +146,7 @@ def _output(A, req, like, dt):
     memory (the adapter's over()), below that or without the engine a copy (from_c)."""
     ptr, shape = req.output()
     nbytes = _numel(shape) * _lib.DTYPE_SIZES[dt]
-    if isinstance(req, _EngineReq) and nbytes >= TAKEN_MIN and ptr % 64 == 0 and hasattr(A, "over"):
+    if isinstance(req, _EngineReq) and nbytes >= TAKEN_MIN and ptr % 64 == 0:
         return A.over(np.asarray(_COutput(req.take(), ptr, nbytes)), shape, like)
     return A.from_c(ptr, shape, like)
 
