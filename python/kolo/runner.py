@@ -49,6 +49,27 @@ def _pickler():
         return pickle
 
 
+def _payload(func, args, kwargs):
+    """(pickler, the bytes the ranks fetch). Without cloudpickle, pickle sends a function by name,
+    and the ranks (other processes) cannot import one defined in the driver's script or inside
+    another function: that is said here, not as the ranks' AttributeError."""
+    pickler = _pickler()
+    name = getattr(func, "__qualname__", repr(func))
+    if pickler is pickle:
+        where = ("as a lambda" if "<lambda>" in name else
+                 "inside another function" if "<locals>" in name else
+                 "in the script run as __main__" if getattr(func, "__module__", None) == "__main__" else None)
+        if where:
+            raise ValueError("kolo.run: %s cannot reach the ranks: without cloudpickle, Python's pickle sends a "
+                             "function by name, and the ranks cannot import one defined %s; install cloudpickle "
+                             "(pip install cloudpickle; Debian: python3-cloudpickle), which sends it by value as "
+                             "horovod.run does, or define it in a module the ranks import" % (name, where))
+    try:
+        return pickler, pickler.dumps((func, tuple(args), dict(kwargs)))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise ValueError("kolo.run: cannot pickle %s with its arguments for the ranks: %s" % (name, e)) from e
+
+
 def _refuse(what, why):
     raise ValueError("kolo.run: %s: %s" % (what, why))
 
@@ -172,13 +193,12 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         _refuse("hosts and hostfile", "give one of them")
 
     kolorun = _find_kolorun()
-    pickler = _pickler()
-    payload = pickler.dumps((func, tuple(args), dict(kwargs)))
     remote = [h for h in _hosts_of(hosts, hostfile) if not _local(h)]
     try:
         here = _address_towards(remote[0]) if remote else "127.0.0.1"  # where the ranks reach this process
     except OSError as e:
         raise ValueError("kolo.run: no route from this machine to host %r: %s" % (remote[0], e)) from None
+    pickler, payload = _payload(func, args, kwargs)
     token = secrets.token_hex(16)
     service = _Service(num_proc, payload, token, "0.0.0.0" if remote else "127.0.0.1")
     driver = "%s:%d" % (here, service.port)

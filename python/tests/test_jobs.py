@@ -154,7 +154,33 @@ def test_kolo_run_names_the_rank_that_failed(tmp_path):
     said = out[out.index("RAISED"):]
     # rank 1 is the cause, not the ranks that failed because it left
     assert said.startswith("RAISED kolo.run: rank 1 failed: ValueError: bad batch on rank 1"), said
-    assert "its traceback:" in said and "in train\nValueError: bad batch on rank 1" in said, said
+    # (the traceback shows train's source lines where the rank can read the driver's file)
+    assert "its traceback:" in said and re.search(r"in train\n(?: .*\n)*ValueError: bad batch on rank 1", said), said
+
+
+def test_kolo_run_without_cloudpickle_says_what_to_install(tmp_path):
+    # plain pickle sends functions by name: one defined in the driver's script cannot reach the ranks
+    rc, out = run_driver(tmp_path, """
+        import sys
+        sys.modules["cloudpickle"] = None             # as if it were not installed
+        import kolo
+        def train():
+            return 1
+        try:
+            kolo.run(train, num_proc=2)
+        except ValueError as e:
+            print("RAISED", e)
+        try:
+            kolo.run(lambda: 1, num_proc=2)
+        except ValueError as e:
+            print("RAISED", e)
+        print("RESULT", kolo.run(len, args=("abc",), num_proc=2))  # an importable function still goes
+    """)
+    assert rc == 0, out
+    assert ("RAISED kolo.run: train cannot reach the ranks: without cloudpickle, Python's pickle sends a function by "
+            "name, and the ranks cannot import one defined in the script run as __main__; install cloudpickle") in out
+    assert "RAISED kolo.run: <lambda> cannot reach the ranks" in out and "defined as a lambda" in out
+    assert "RESULT [3, 3]" in out
 
 
 def test_kolo_run_refuses_what_it_does_not_do():
