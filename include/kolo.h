@@ -296,7 +296,7 @@ KOLO_EXTERN int kolo_mem_free(void *p);
  * reducescatter) are owned by the request until kolo_request_release; those of 1 MiB and more
  * start on a 64-byte boundary and, released, serve the engine's next output of their size or a
  * little smaller, their pages already in memory (idle ones are kept up to the most output bytes
- * out at once; kolo_shutdown frees them).
+ * out at once in the last minute or two; kolo_shutdown frees them).
  *
  * Names: a non-NULL name is copied. NULL gets "<op>.noname.<n>" from a per-process counter
  * (so unnamed requests must be issued in the same order on every rank). Submitting a name

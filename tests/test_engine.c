@@ -160,6 +160,49 @@ static void kept_outputs(int rank, void *arg)
 
 KT_TEST(engine_keeps_output_blocks, 30) { kt_job_both(2, kept_outputs, NULL); }
 
+/* The idle blocks' cap remembers the most out at once for a window or two, not for the job: four
+ * outputs held at once at the start are freed once later steps hold one output of another size
+ * for two windows (here 0.2 s), and that one is still reused. */
+static void kept_outputs_trimmed(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    kolo__engine_test_keep_window(0.2);
+    size_t count = (size_t)1 << 18, n = (size_t)kolo_size();
+    float *in = malloc(count * 2 * 4);
+    KT_ASSERT(in);
+    kolo_request_t *r[4];
+    double t_big = kt_now(); /* the window that saw the four out began no earlier */
+    for (int i = 0; i < 4; i++) gather_rows(rank, i, in, count, &r[i]);
+    for (int i = 0; i < 4; i++) kolo_request_release(r[i]);
+    KT_ASSERTF(kept_becomes(4 * count * 4 * n), "kept %zu bytes, want four blocks", kolo__engine_test_kept_bytes());
+    size_t small = 2 * count * 4 * n; /* no big block fits it */
+    double t0 = kt_now();
+    int calls = 0;
+    while (kolo__engine_test_kept_bytes() != small && kt_now() - t0 < 20) {
+        gather_rows(rank, 10 + calls++, in, 2 * count, &r[0]);
+        kolo_request_release(r[0]);
+        usleep(20000);
+    }
+    KT_ASSERTF(kolo__engine_test_kept_bytes() == small, "after %d calls in %.1f s, %zu bytes idle, want %zu", calls,
+               kt_now() - t0, kolo__engine_test_kept_bytes(), small);
+    KT_ASSERTF(kt_now() - t_big >= 0.2, "the four went %.2f s after they were out: within a window",
+               kt_now() - t_big);
+    const float *a = gather_rows(rank, 100, in, 2 * count, &r[0]);
+    kolo_request_release(r[0]);
+    KT_ASSERT(kept_becomes(small));
+    KT_ASSERTF(gather_rows(rank, 101, in, 2 * count, &r[0]) == a, "the step's own block was not reused");
+    kolo_request_release(r[0]);
+    kolo__engine_test_keep_window(0);
+    free(in);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(engine_frees_output_blocks_the_job_stopped_needing, 60)
+{
+    KT_EQ(kt_job(2, kept_outputs_trimmed, NULL, NULL, NULL), 0);
+}
+
 /* Every rank submits the same names in its own order; the results are right everywhere. */
 static void order(int rank, void *arg)
 {

@@ -495,6 +495,32 @@ def test_output_pool_keeps_aligned_blocks_up_to_the_peak():
     assert p.stats()["idle_bytes"] == 0
 
 
+def test_output_pool_forgets_a_peak_after_two_windows():
+    # the cap on idle blocks is the most out at once in this window or the one before (60 s): three
+    # blocks out at once in the first steps go once two windows passed with one out at a time
+    from kolo._pool import BufferPool
+    now = [0.0]
+    p = BufferPool(window_s=10, clock=lambda: now[0])
+    xs = [p.empty((100000,), np.float32) for _ in range(3)]
+    del xs
+    assert p.stats()["idle_bytes"] == 1200000
+    for t in range(1, 30):  # a step every second, one 800 KB output each
+        now[0] = float(t)
+        c = p.empty((200000,), np.float32)
+        del c
+        idle = p.stats()["idle_bytes"]
+        # until t=20 this window or the one before saw the three out (1.2 MB): one of them stays
+        # beside the step's block; then only the step's block
+        assert idle == (1200000 if t < 20 else 800000), (t, idle)
+    addr = p.empty((200000,), np.float32).ctypes.data  # (freed at once: the next call gets it again)
+    assert p.empty((200000,), np.float32).ctypes.data == addr
+    now[0] = 100.0  # a pause of many windows with nothing out: the cap is what the next call holds
+    d = p.empty((100000,), np.float32)
+    assert p.stats() == {"idle_bytes": 0, "out_bytes": 400000, "peak_bytes": 400000}
+    del d
+    assert p.stats()["idle_bytes"] == 400000
+
+
 def test_large_outputs_reuse_kept_blocks():
     # outputs of 32 MiB and more come from blocks kept from call to call (kolo._pool: the allocator
     # hands such blocks back to the kernel, and fresh pages fault at every call); smaller ones from NumPy

@@ -27,5 +27,8 @@ int kolo__engine_test_quiet_cycles(void);
 uint64_t kolo__engine_test_cycles(void);
 /* Tests: the idle output blocks the engine keeps for its next outputs (request.c), in bytes. */
 size_t kolo__engine_test_kept_bytes(void);
+/* Tests: the window over which the cap on idle output blocks remembers a peak (request.c; 60 s,
+ * which s <= 0 restores). */
+void kolo__engine_test_keep_window(double s);
 
 #endif

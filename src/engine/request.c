@@ -75,12 +75,20 @@ const char *kolo__shape_str(const int64_t *dims, int ndim, char *buf, size_t cap
  * takes the smallest idle block of at least its size and at most a quarter more. Allgathers of
  * 29-32 MB from each of 2 ranks, sizes drawn at random: 50-57 ms a call with exact sizes, 49-53
  * with the rounding alone (a step's one idle block was of the other size half the time),
- * 12.5-14 ms with both (launches alternating, 3 each). Idle blocks are capped at the most output bytes ever out at once (what the job has shown it
+ * 12.5-14 ms with both (launches alternating, 3 each).
+ *
+ * Idle blocks are capped at the most output bytes out at once lately (what the job has shown it
  * needs: no memory beyond one step's outputs), and by count; over either, the block idle longest
- * is freed. They start on a 64-byte boundary, so that kolo's Python packages can hand the block
- * itself to the caller as the output's memory (TensorFlow takes no less). */
+ * is freed. "Lately" is this window of KEEP_WINDOW_NS and the one before: a job whose first steps
+ * gathered far more than its later ones (a dataset's index gathered once, an evaluation pass)
+ * gets those bytes back a window or two later, while a step that comes round within a window
+ * keeps its blocks. The cap falls only at a call (alloc or free); a job that stops calling keeps
+ * its idle blocks until the next call or kolo_shutdown. Blocks start on a 64-byte boundary, so
+ * that kolo's Python packages can hand the block itself to the caller as the output's memory
+ * (TensorFlow takes no less). */
 #define KEPT_MIN ((size_t)1 << 20)
 #define KEPT_MAX 16
+#define KEEP_WINDOW_NS (60 * 1000000000ull)
 
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -88,7 +96,33 @@ static struct {
     size_t bytes;
 } kept[KEPT_MAX + 1]; /* idle blocks, the longest idle first */
 static int nkept;
-static size_t kept_bytes, out_bytes, out_peak;
+static size_t kept_bytes, out_bytes;
+static size_t win_peak, prev_peak; /* the most out at once in this window and in the one before */
+static uint64_t win_start, win_ns = KEEP_WINDOW_NS;
+
+/* Starts a new window if this one is over (kept_lock held). A window that passed without a
+ * call had out_bytes out all along, so that is its peak. */
+static void roll(void)
+{
+    uint64_t now = kolo__now_ns();
+    if (now - win_start >= win_ns) {
+        prev_peak = now - win_start >= 2 * win_ns ? out_bytes : win_peak;
+        win_peak = out_bytes;
+        win_start = now;
+    }
+}
+
+/* Moves the longest-idle blocks to drop[] until the idle ones fit the cap (kept_lock held). */
+static int trim(size_t cap, void **drop)
+{
+    int ndrop = 0;
+    while (nkept > KEPT_MAX || kept_bytes > cap) {
+        drop[ndrop++] = kept[0].p;
+        kept_bytes -= kept[0].bytes;
+        memmove(&kept[0], &kept[1], (size_t)(--nkept) * sizeof(kept[0]));
+    }
+    return ndrop;
+}
 
 /* The size of the block for an output of `bytes` (KEPT_MIN or more): up to the next eighth of its
  * power of two. */
@@ -118,9 +152,13 @@ void *kolo__out_alloc(size_t *bytes_io)
             kept_bytes -= bytes;
         }
         *bytes_io = bytes;
+        roll();
         out_bytes += bytes;
-        out_peak = KOLO_MAX(out_peak, out_bytes);
+        win_peak = KOLO_MAX(win_peak, out_bytes);
+        void *drop[KEPT_MAX + 1];
+        int ndrop = trim(KOLO_MAX(win_peak, prev_peak), drop);
         pthread_mutex_unlock(&kept_lock);
+        for (int i = 0; i < ndrop; i++) kolo__free(drop[i]);
         if (p) return p;
         if ((p = kolo__malloc_aligned(bytes))) return p; /* 64: frameworks take it as tensors' memory */
         pthread_mutex_lock(&kept_lock);
@@ -138,20 +176,23 @@ static void out_free(void *p, size_t bytes)
         return;
     }
     void *drop[KEPT_MAX + 1];
-    int ndrop = 0;
     pthread_mutex_lock(&kept_lock);
+    roll(); /* before out_bytes drops: a window that starts here saw this block out */
     out_bytes -= bytes;
     kept[nkept].p = p;
     kept[nkept++].bytes = bytes;
     kept_bytes += bytes;
-    /* never this block: its bytes were out, so the peak covers them */
-    while (nkept > KEPT_MAX || kept_bytes > out_peak) {
-        drop[ndrop++] = kept[0].p;
-        kept_bytes -= kept[0].bytes;
-        memmove(&kept[0], &kept[1], (size_t)(--nkept) * sizeof(kept[0]));
-    }
+    /* never this block: its bytes were out in this window, so the cap covers them */
+    int ndrop = trim(KOLO_MAX(win_peak, prev_peak), drop);
     pthread_mutex_unlock(&kept_lock);
     for (int i = 0; i < ndrop; i++) kolo__free(drop[i]);
+}
+
+void kolo__engine_test_keep_window(double s)
+{
+    pthread_mutex_lock(&kept_lock);
+    win_ns = s > 0 ? (uint64_t)(s * 1e9) : KEEP_WINDOW_NS;
+    pthread_mutex_unlock(&kept_lock);
 }
 
 size_t kolo__engine_test_kept_bytes(void)
@@ -168,6 +209,9 @@ void kolo__out_clear(void)
     for (int i = 0; i < nkept; i++) kolo__free(kept[i].p);
     nkept = 0;
     kept_bytes = 0;
+    win_peak = out_bytes; /* (outputs may outlive the job) */
+    prev_peak = 0;
+    win_start = kolo__now_ns();
     pthread_mutex_unlock(&kept_lock);
 }
 
