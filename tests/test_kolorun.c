@@ -931,6 +931,55 @@ KT_TEST(kolorun_bind_auto_binds_a_crowded_host_in_blocks, 20)
     }
 }
 
+/* Where other processes are bound to one CPU each (another crowded job's workers), the larger
+ * block goes to the CPU with fewer of them: 8 sleepers bound to the first of two CPUs, then 3
+ * workers on the two put ranks 0 and 1 on the second. (Other jobs on the machine bind a few at
+ * most: 8 outweighs them.) */
+KT_TEST(kolorun_bind_auto_puts_larger_blocks_where_fewer_are_bound, 20)
+{
+    cpu_set_t all, two, first;
+    KT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+    if (CPU_COUNT(&all) < 2) {
+        fprintf(stderr, "# one CPU here: nothing to place\n");
+        return;
+    }
+    CPU_ZERO(&two);
+    CPU_ZERO(&first);
+    int cpu[2], k = 0;
+    for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &all)) CPU_SET(c, &two), cpu[k++] = c;
+    CPU_SET(cpu[0], &first);
+    KT_EQ(sched_setaffinity(0, sizeof(two), &two), 0);
+    pid_t sleepers[8];
+    for (int i = 0; i < 8; i++) {
+        sleepers[i] = fork();
+        KT_ASSERT(sleepers[i] >= 0);
+        if (sleepers[i] == 0) {
+            for (;;) pause();
+        }
+        KT_EQ(sched_setaffinity(sleepers[i], sizeof(first), &first), 0); /* before kolorun looks */
+    }
+    const char *args[] = {"-np", "3", "--report-bindings", "sh", "-c", "grep Cpus_allowed_list /proc/self/status", NULL};
+    kproc p;
+    int code = run(&p, args, 10);
+    for (int i = 0; i < 8; i++) {
+        kill(sleepers[i], SIGKILL);
+        waitpid(sleepers[i], NULL, 0);
+    }
+    KT_EQ(code, 0);
+    char got[3][64], want[2][16];
+    snprintf(want[0], sizeof(want[0]), "%d", cpu[0]);
+    snprintf(want[1], sizeof(want[1]), "%d", cpu[1]);
+    for (int r = 0; r < 3; r++) worker_cpus(&p, r, true, got[r]);
+    KT_ASSERTF(strcmp(got[0], want[1]) == 0 && strcmp(got[1], want[1]) == 0 && strcmp(got[2], want[0]) == 0,
+               "ranks 0-2 on cpus %s, %s, %s; want %s, %s, %s:\n%s", got[0], got[1], got[2], want[1], want[1], want[0],
+               p.ebuf);
+    char said[96];
+    snprintf(said, sizeof(said), "kolorun: other processes bound to one CPU here (cpu %d: ", cpu[0]);
+    KT_CONTAINS(p.ebuf, said);
+    KT_CONTAINS(p.ebuf, "the larger blocks of workers go to the CPUs with fewer");
+}
+
 /* ---- a real kolo job ---- */
 
 KT_WORKER(kolorun_init)

@@ -11,7 +11,8 @@
  * --bind-to auto (the default) leaves the workers unbound while a host has no more of them than
  * CPUs, and otherwise binds each to one CPU, in blocks of neighbouring local ranks (CPUs in
  * core order; 4 workers on 2 CPUs: 0 and 1 on the first, 2 and 3 on the second), whatever
- * --map-by says. Unbound, the kernel left three of four workers on one of two CPUs for a few
+ * --map-by says; where other processes are bound to single CPUs, the larger blocks go to the CPUs
+ * with fewer of them (place_blocks). Unbound, the kernel left three of four workers on one of two CPUs for a few
  * hundred milliseconds at a time, and the fourth alone on the other, so that the same calls
  * took twice as long; Open MPI's workers too. Blocks of neighbours ran rings and broadcasts'
  * chains up to 11 % faster than ranks dealt round the CPUs (docs/kolorun.md, "More workers
@@ -20,10 +21,12 @@
 
 #include "../../src/net/transport.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     int cpu_first;            /* lowest CPU number of the core */
@@ -31,17 +34,10 @@ typedef struct {
     cpu_set_t cpus;
 } core_t;
 
-/* Parses a /sys cpulist ("0-3,8,10-11") into set. */
-static bool read_cpulist(const char *path, cpu_set_t *set)
+/* Parses a cpulist ("0-3,8,10-11", as /sys and /proc/PID/status write them) into set. */
+static bool parse_cpulist(const char *p, cpu_set_t *set)
 {
-    FILE *f = fopen(path, "re");
-    if (!f) return false;
-    char buf[4096];
-    bool ok = fgets(buf, sizeof(buf), f) != NULL;
-    fclose(f);
     CPU_ZERO(set);
-    if (!ok) return false;
-    char *p = buf;
     while (*p && *p != '\n') {
         char *end;
         long a = strtol(p, &end, 10);
@@ -56,6 +52,105 @@ static bool read_cpulist(const char *path, cpu_set_t *set)
         if (*p == ',') p++;
     }
     return true;
+}
+
+static bool read_cpulist(const char *path, cpu_set_t *set)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return false;
+    char buf[4096];
+    bool ok = fgets(buf, sizeof(buf), f) != NULL;
+    fclose(f);
+    CPU_ZERO(set);
+    return ok && parse_cpulist(buf, set);
+}
+
+/* The processes bound to one CPU each, counted per CPU into pinned[] (other jobs' bound workers:
+ * another kolorun's on a crowded host, Open MPI's under --bind-to core, taskset -c N). Kernel
+ * threads (PF_KTHREAD), which every CPU has alike, and this kolorun's own children are not
+ * counted. Returns how many were counted. */
+static int count_pinned(int *pinned)
+{
+    memset(pinned, 0, CPU_SETSIZE * sizeof(int));
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int total = 0;
+    pid_t me = getpid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f) continue; /* gone, or not ours to read */
+        size_t got = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        const char *q = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+        int ppid = 0;
+        unsigned long flags = 0;
+        if (!q || sscanf(q + 1, " %*c %d %*d %*d %*d %*d %lu", &ppid, &flags) != 2) continue;
+        if ((flags & 0x00200000ul) || ppid == me) continue; /* PF_KTHREAD; our own workers */
+        snprintf(path, sizeof(path), "/proc/%s/status", e->d_name);
+        if (!(f = fopen(path, "re"))) continue;
+        cpu_set_t set;
+        bool have = false;
+        while (fgets(buf, sizeof(buf), f))
+            if (strncmp(buf, "Cpus_allowed_list:", 18) == 0) {
+                have = parse_cpulist(buf + 18 + strspn(buf + 18, " \t"), &set);
+                break;
+            }
+        fclose(f);
+        if (!have || CPU_COUNT(&set) != 1) continue;
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set)) pinned[c]++, total++;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Which CPU each block of a crowded host's ranks goes to: place[s] = an index into order[] for
+ * the block of slot s (slot = local rank x CPUs / local ranks). Where other processes are bound
+ * to single CPUs, the larger blocks go to the CPUs with fewer of them: two crowded jobs at once
+ * (3 workers each on 2 CPUs) stacked 4 workers on the first CPU and 2 on the second, each job
+ * putting its block of two there; now the second job's block of two goes to the second CPU.
+ * Otherwise (and for elastic jobs, whose workers are placed one at a time as they start, so
+ * every start must map slots to the same CPUs) slot s on order[s]. Tells the user the placement
+ * when it is not the plain one and --report-bindings is on. */
+static void place_blocks(const kr_opts *o, const int *order, int ncpus, int nlocal, int *place)
+{
+    for (int s = 0; s < ncpus; s++) place[s] = s;
+    if (o->elastic) return;
+    static int pinned[CPU_SETSIZE];
+    if (count_pinned(pinned) == 0) return;
+    bool even = true;
+    for (int s = 1; s < ncpus; s++) even &= pinned[order[s]] == pinned[order[0]];
+    if (even) return;
+    /* block sizes by slot; slots by size, larger first, and CPUs by what is bound there, fewer
+     * first (both stable: ties keep core order) */
+    int size[CPU_SETSIZE] = {0}, slots[CPU_SETSIZE], cpus[CPU_SETSIZE];
+    for (int lr = 0; lr < nlocal; lr++) size[(int)((long)lr * ncpus / nlocal)]++;
+    for (int s = 0; s < ncpus; s++) slots[s] = cpus[s] = s;
+    for (int i = 1; i < ncpus; i++)
+        for (int j = i; j > 0 && size[slots[j]] > size[slots[j - 1]]; j--) {
+            int t = slots[j];
+            slots[j] = slots[j - 1], slots[j - 1] = t;
+        }
+    for (int i = 1; i < ncpus; i++)
+        for (int j = i; j > 0 && pinned[order[cpus[j]]] < pinned[order[cpus[j - 1]]]; j--) {
+            int t = cpus[j];
+            cpus[j] = cpus[j - 1], cpus[j - 1] = t;
+        }
+    for (int i = 0; i < ncpus; i++) place[slots[i]] = cpus[i];
+    if (o->report_bindings) {
+        char list[512];
+        size_t w = 0;
+        list[0] = '\0';
+        for (int s = 0; s < ncpus && w < sizeof(list) - 32; s++)
+            w += (size_t)snprintf(list + w, sizeof(list) - w, "%scpu %d: %d", s ? ", " : "", order[s], pinned[order[s]]);
+        kr_say("other processes bound to one CPU here (%s): the larger blocks of workers go to the CPUs with fewer",
+               list);
+    }
 }
 
 static void format_cpus(const cpu_set_t *set, char *out, size_t cap)
@@ -151,6 +246,13 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
     for (int i = 0; i < n; i++) max_local = ranks[i].local_size > max_local ? ranks[i].local_size : max_local;
     if (o->bind_to == KR_BIND_CORE && max_local > ncores)
         kr_say("warning: %d workers on one host but only %d cores: some share a core", max_local, ncores);
+    static int place[CPU_SETSIZE];
+    bool any_crowded = false;
+    for (int i = 0; i < n; i++)
+        any_crowded |= o->hosts[ranks[i].host].local && ranks[i].local_size > nallowed;
+    if (o->bind_to == KR_BIND_AUTO && any_crowded) place_blocks(o, order, nallowed, max_local, place);
+    else
+        for (int s = 0; s < nallowed; s++) place[s] = s;
 
     for (int i = 0; i < n; i++) {
         kr_rank *r = &ranks[i];
@@ -167,7 +269,7 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
             pick = lr % ncores;
         }
         bool crowded = o->bind_to == KR_BIND_AUTO && r->local_size > nallowed && lr < r->local_size;
-        int slot = crowded ? (int)((long)lr * nallowed / r->local_size) : 0;
+        int slot = crowded ? place[(int)((long)lr * nallowed / r->local_size)] : 0;
         if (crowded)
             for (int k = 0; k < ncores; k++)
                 if (CPU_ISSET(order[slot], &cores[k].cpus)) pick = k;
