@@ -959,6 +959,7 @@ KT_TEST(kolorun_bind_auto_puts_larger_blocks_where_fewer_are_bound, 20)
         sleepers[i] = fork();
         KT_ASSERT(sleepers[i] >= 0);
         if (sleepers[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, even one that fails below */
             for (;;) pause();
         }
         KT_EQ(sched_setaffinity(sleepers[i], sizeof(first), &first), 0); /* before kolorun looks */
