@@ -1919,6 +1919,61 @@ KT_TEST(direct_choice_apart_in_place, 60)
     KT_EQ(kt_job(2, direct_start_ways, NULL, &o, NULL), 0);
 }
 
+/* With KOLO_SHM_CMA=auto, a size class's first calls run the way a class next to it settled on
+ * (direct.c, neighbour_verdict): with direct slowed by the hook, allreduces of 1 MiB out of place
+ * run until member 0's class has settled on the ring (its verdict); then, the hook off, the first
+ * three calls of 4 MiB out of place (two classes up) go by the ring, while 4 MiB in place (the
+ * other kind, which has no verdict) and 16 MiB out of place (four classes from the settled one)
+ * start direct, as every class did before. */
+static void direct_neighbour_start(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    size_t small = ((size_t)1 << 20) / 4, count = ((size_t)16 << 20) / 4;
+    float *a = malloc(count * 4), *b = malloc(count * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < count; i++) a[i] = (float)(rank + 1);
+    kolo__direct_test_delay(1, choice_delay_ns());
+    kolo__choice *c = &m->direct[0][2]; /* 1-2 MiB out of place: member 0's */
+    int settled = 0, calls = 0;
+    for (; !settled && calls < 200; calls++) {
+        KT_OK(kolo_allreduce(a, b, small, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        KT_ASSERTF(b[small - 1] == 3, "1 MiB, call %d: %g", calls, (double)b[small - 1]);
+        settled = rank == 0 && kolo__choice_verdict(c, kolo__now_ns()) == 0;
+        KT_OK(kolo_allreduce(&settled, &settled, 1, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+    }
+    kolo__direct_test_delay(1, 0);
+    KT_ASSERTF(settled, "1 MiB with direct slowed: not settled on the ring after %d calls", calls);
+    struct {
+        size_t count;
+        bool in_place;
+        bool direct; /* whether its first three calls go direct (else by the ring) */
+    } runs[] = {{small * 4, false, false}, {small * 4, true, true}, {count, false, true}};
+    for (size_t k = 0; k < KOLO_ARRAY_SIZE(runs); k++) {
+        size_t n = runs[k].count;
+        for (int call = 0; call < 3; call++) {
+            uint64_t before = kolo__direct_cma_runs();
+            if (runs[k].in_place)
+                for (size_t i = 0; i < n; i++) b[i] = (float)(rank + 1);
+            KT_OK(kolo_allreduce(runs[k].in_place ? b : a, b, n, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            KT_ASSERTF(b[0] == 3 && b[n - 1] == 3, "%zu MiB, call %d: %g", n >> 18, call, (double)b[n - 1]);
+            KT_ASSERTF((kolo__direct_cma_runs() != before) == runs[k].direct,
+                       "%zu MiB %s, call %d went %s", n >> 18, runs[k].in_place ? "in place" : "out of place",
+                       call, runs[k].direct ? "by the ring" : "direct");
+        }
+    }
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(direct_choice_starts_from_a_neighbour, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, direct_neighbour_start, NULL, &o, NULL), 0);
+}
+
 /* 2-member allreduces out of place below 256 KiB run the one-round exchange or the ring, as
  * member 0 chooses over shared memory (direct.c, "the exchange"): forced each way, the results
  * are exact and the exchange runs (counted) only where chosen, its message single-copy where the

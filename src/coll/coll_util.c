@@ -246,6 +246,12 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
     return other;
 }
 
+int kolo__choice_verdict(const kolo__choice *c, uint64_t now)
+{
+    if (!c->every || c->probing || c->recheck || !c->cost[0] || !c->cost[1]) return -1;
+    return now - c->at[c->want] <= PROBE_MAX_NS ? c->want : -1;
+}
+
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2])
 {

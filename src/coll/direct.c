@@ -211,7 +211,8 @@ static void test_delay(int plan) { kolo__sleep_ns(test_delay_ns[plan]); }
  * Member 0 of the group times each large allreduce it takes part in, from entry to return, and
  * chooses with kolo__choice_pick and kolo__choice_learn (coll_util.c, where the scheme is
  * described), per size class and separately in place and out of place (choice_for). Both start
- * direct, and the first probe of the ring comes after a few calls (as an unhinted choice's does).
+ * direct, or the way a neighbouring class settled on (neighbour_verdict, below), and the first
+ * probe of the other way comes after a few calls (as an unhinted choice's does).
  *
  * Why these, and why in place apart: on an Intel Xeon guest (2 ranks, each way pinned, 4-6
  * launches of 20-50 calls alternated), direct took 0.59-0.94x the ring's time out of place at
@@ -317,6 +318,32 @@ static bool all_near(kolo__mesh *m, const kolo__group *g)
     return true;
 }
 
+/* A class's first call starts the way the nearest class of the same kind (in place or not) at
+ * most NEIGHBOUR_CLASSES away (x4 in size) settled on, if one has timed both ways lately; else
+ * direct. Either way its first probe comes after the first few calls (FIRST_PROBE_CALLS,
+ * coll_util.c), so a neighbour that misleads costs no more than a start from scratch. A sweep
+ * upwards, or a job whose fused buffers come in a new size, then starts each size the way the
+ * sizes next to it run, where each class used to start direct: on a Zen 4 VM with both vCPUs on
+ * one CCD, where the ring beat direct by CMA at 64 MiB (164-274 ps/B against 215-333), the bench
+ * harness's band of 64 and 256 MiB (1 warm-up call, 3 timed) ran every call of 256 MiB direct;
+ * now 256 MiB takes 64 MiB's way, 1.47x the busbw out of place (docs/performance.md). Evidence
+ * from further off is weaker (a 1 MiB ring runs in cache, a 64 MiB one does not), hence the
+ * limit. */
+#define NEIGHBOUR_CLASSES 2
+
+static int neighbour_verdict(kolo__mesh *m, uint64_t bytes, bool ip, uint64_t now)
+{
+    int k = size_class(bytes);
+    for (int d = 1; d <= NEIGHBOUR_CLASSES; d++)
+        for (int side = -1; side <= 1; side += 2) {
+            int j = k + side * d;
+            if (j < 0 || j >= KOLO_DIRECT_CLASSES) continue;
+            int v = kolo__choice_verdict(&m->direct[ip][j], now);
+            if (v >= 0) return v;
+        }
+    return -1;
+}
+
 /* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses, a host with
  * more ranks than cores runs direct (below), and a pair pinned to ring copies (KOLO_SHM_CMA=0)
  * keeps the ring.
@@ -331,8 +358,12 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip
     if (test_force >= 0) return test_force;
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
     int mode = kolo__shm_cma_state(c1);
-    if (mode == 2)
-        return kolo__choice_pick(choice_for(m, bytes, ip), kolo__now_ns(), PLAN_DIRECT, false);
+    if (mode == 2) {
+        kolo__choice *c = choice_for(m, bytes, ip);
+        uint64_t now = kolo__now_ns();
+        int hint = c->every ? -1 : neighbour_verdict(m, bytes, ip, now);
+        return kolo__choice_pick(c, now, hint >= 0 ? hint : PLAN_DIRECT, false);
+    }
     return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
