@@ -1750,7 +1750,9 @@ def pair_note(used, both):
 def _met(ok, factor):
     if ok:
         return "yes"
-    return "**no**" + (" (%.0f %% short)" % (100 * (1 - factor)) if factor else "")
+    short = 100 * (1 - factor) if factor else 0
+    # one decimal below 10 %: a 0.995x ratio read "0 % short" beside its "no"
+    return "**no**" + ((" (%.1f %% short)" if short < 10 else " (%.0f %% short)") % short if factor else "")
 
 
 # ---------------------------------------------------------------- plots
