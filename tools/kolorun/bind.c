@@ -246,11 +246,14 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n)
     for (int i = 0; i < n; i++) max_local = ranks[i].local_size > max_local ? ranks[i].local_size : max_local;
     if (o->bind_to == KR_BIND_CORE && max_local > ncores)
         kr_say("warning: %d workers on one host but only %d cores: some share a core", max_local, ncores);
+    /* the workers of a crowded host here (more than the CPUs): their blocks' sizes, not those of
+     * a larger host elsewhere, decide where the blocks go */
     static int place[CPU_SETSIZE];
-    bool any_crowded = false;
+    int crowd = 0;
     for (int i = 0; i < n; i++)
-        any_crowded |= o->hosts[ranks[i].host].local && ranks[i].local_size > nallowed;
-    if (o->bind_to == KR_BIND_AUTO && any_crowded) place_blocks(o, order, nallowed, max_local, place);
+        if (o->hosts[ranks[i].host].local && ranks[i].local_size > nallowed && ranks[i].local_size > crowd)
+            crowd = ranks[i].local_size;
+    if (o->bind_to == KR_BIND_AUTO && crowd) place_blocks(o, order, nallowed, crowd, place);
     else
         for (int s = 0; s < nallowed; s++) place[s] = s;
 
