@@ -339,10 +339,12 @@ def main(argv):
     md.append("- Environment: " + settings)
     md.append("- Benchmark: `%s %s`, %d torch thread%s per worker in every framework"
               % (BENCH, " ".join(a.bench_args) or "(the script's defaults)", a.threads, "s" if a.threads > 1 else ""))
+    scaling = ("images/sec per worker with %d workers / images/sec per worker with %d" % (top, one) if top != one
+               else "none (one worker count)")
     md.append("- Method: %d repetition%s; in each, every framework once per worker count, the order of the "
               "frameworks rotated by one per repetition; medians over the repetitions. Scaling efficiency: "
-              "images/sec per worker with %d workers / images/sec per worker with %d. Driver: "
-              "`python3 bench/train_compare.py %s`" % (a.reps, "s" if a.reps > 1 else "", top, one, " ".join(argv)))
+              "%s. Driver: `python3 bench/train_compare.py %s`"
+              % (a.reps, "s" if a.reps > 1 else "", scaling, " ".join(argv)))
     md += ["", "## Medians", ""] + lines + [""]
     md += ["- " + r for r in ratios]
     md += ["", "## Commands", "", "Run from the repository root with `PYTHONPATH=python`; N is the number of workers.", "",
