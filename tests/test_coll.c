@@ -678,7 +678,7 @@ static void small_in_place_by_ring(int rank, void *arg)
         KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     }
     uint64_t out = kolo__shm_cma_sent(c) - before;
-    KT_ASSERTF(out >= 8, "rank %d: ring copies made slow, yet only %llu of 16 out-of-place allreduces went single-copy",
+    KT_ASSERTF(out >= 8, "rank %d: ring copies slowed, yet only %llu of 16 out-of-place allreduces went single-copy",
                rank, (unsigned long long)out);
     before = kolo__shm_cma_sent(c);
     for (int it = 0; it < 8; it++) {
