@@ -61,11 +61,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "allgathers from 1 MiB between 2 ranks, from 128 KiB on a host with more ranks than cores, "
                           "are pushed, each rank writing its block into the others, and reducescatters from 256 KiB "
                           "between 2 ranks, from 128 KiB on such a host, go direct, each rank reading its block of "
-                          "the others' inputs. Allreduces of 256 KiB and more among ranks of one host choose the same way between "
-                          "the ring and each rank reading and writing the others' buffers directly "
+                          "the others' inputs. Allreduces of 256 KiB and more among ranks of one host choose the "
+                          "same way between the ring and each rank reading and writing the others' buffers directly "
                           "(process_vm_readv/writev; starting direct or as the sizes next to it settled, in place "
                           "and out of place chosen apart; 1: always direct, 0: never; a host with more ranks than "
-                          "cores: always direct, and from above KOLO_SMALL_ALLREDUCE_MAX). 0 on either rank of a pair keeps the pair on ring copies"},
+                          "cores: always direct, and from above KOLO_SMALL_ALLREDUCE_MAX). 0 on either rank of a "
+                          "pair keeps the pair on ring copies"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores, and on a host of more than 17 ranks halved (down to 64K) until "
