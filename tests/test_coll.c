@@ -1134,6 +1134,59 @@ KT_TEST(shm_auto_checks_a_close_first_probe_that_kept_the_ring, 60)
     KT_EQ(kt_job(2, first_probe_checked, &wide, &o, NULL), 0);
 }
 
+/* A probe that kept the way in use with samples spread 10x or more is repeated after 0.1 s, not
+ * twice the interval (shm.c, NOISY_SPREAD). On the made-up clock: allgathers of 64 KiB each way,
+ * ring copies 2 ms slower a message, single-copy cheap. Noisy: of the first probe of single-copy
+ * the two samples after its warm-up message take 10 ms longer (ranks that waited for a CPU), the
+ * probe keeps the ring, the next comes some 50 calls later and picks single-copy: of calls 75-90
+ * at least 12 messages come single-copy. Slow: single-copy takes 10 ms longer for the first 20
+ * calls, every sample alike; the probe keeps the ring, the interval doubles (0.2 s, some 100 calls)
+ * and at most one of calls 75-90 does. In both the first probe keeps the ring: at most 5 of the
+ * first 40 messages come single-copy. */
+typedef struct noisy_case {
+    uint64_t stall_ns, cma_ns;
+    bool noisy;
+} noisy_case;
+
+static void noisy_probe_repeated(int rank, void *arg)
+{
+    const noisy_case *nc = arg;
+    kolo__shm_test_virtual(true);
+    kolo__shm_test_delay_sizes(0, 2000000, 0, UINT64_MAX);
+    kolo__shm_test_delay_sizes(1, nc->cma_ns, 0, UINT64_MAX);
+    kolo__shm_test_stall(1, 1, 2, nc->stall_ns);
+    KT_OK(kolo_init());
+    kolo__conn *c = choosing_pair(rank);
+    if (!c) return;
+    size_t count = (size_t)1 << 14; /* 64 KiB each way */
+    float *x = malloc(count * 4), *y = malloc(count * 8);
+    KT_ASSERT(x && y);
+    uint64_t early[2] = {0, 0}, before[2] = {0, 0}, after[2];
+    for (int it = 0; it < 90; it++) {
+        if (it == 20) kolo__shm_test_delay_sizes(1, 0, 0, UINT64_MAX);
+        if (it == 40) kolo__shm_class_received(c, count * 4, early);
+        if (it == 74) kolo__shm_class_received(c, count * 4, before);
+        allgather_step(rank, x, y, count, it);
+    }
+    kolo__shm_class_received(c, count * 4, after);
+    KT_ASSERTF(early[1] >= 1 && early[1] <= 5, "rank %d: %llu of the first 40 messages came single-copy", rank,
+               (unsigned long long)early[1]);
+    uint64_t n = after[1] - before[1];
+    KT_ASSERTF(nc->noisy ? n >= 12 : n <= 1, "rank %d: %s probe: of calls 75-90 %llu messages came single-copy", rank,
+               nc->noisy ? "noisy" : "slow", (unsigned long long)n);
+    free(x);
+    free(y);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(shm_auto_repeats_a_noisy_probe_soon, 60)
+{
+    static noisy_case noisy = {.stall_ns = 10000000, .noisy = true}, slow = {.cma_ns = 10000000};
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, noisy_probe_repeated, &noisy, &o, NULL), 0);
+    KT_EQ(kt_job(2, noisy_probe_repeated, &slow, &o, NULL), 0);
+}
+
 /* kolo_init refuses a setting's bad value (the job's env), with the message `arg` */
 static void bad_value_refused(int rank, void *arg)
 {

@@ -144,6 +144,18 @@ static inline uint64_t kolo__window_add(kolo__window *w, uint64_t x)
     return s[(w->n - 1) / 2];
 }
 
+/* The window holds two samples or more and its largest is at least `times` its smallest. */
+static inline bool kolo__window_spread(const kolo__window *w, uint64_t times)
+{
+    if (w->n < 2) return false;
+    uint64_t lo = w->v[0], hi = w->v[0];
+    for (int i = 1; i < w->n; i++) {
+        lo = w->v[i] < lo ? w->v[i] : lo;
+        hi = w->v[i] > hi ? w->v[i] : hi;
+    }
+    return hi >= times * lo;
+}
+
 /* ---- Settings --------------------------------------------------------------------
  * Every knob is one row of the table in settings.c: a KOLO_* name, Horovod
  * aliases, a default and a help line. Values are read from the environment at

@@ -268,6 +268,17 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A probe of the
  * slower way costs those few messages at the slower speed.
  *
+ * A probe that keeps the way in use with samples spread NOISY_SPREAD times or more (its largest
+ * against its smallest) says little, and the next comes after 0.1 s instead of twice the
+ * interval. Traced on the Zen 4 VM with two busy loops beside a test's two ranks (as when the
+ * suites share the cores, or ranks share theirs with a framework's compute threads), messages of
+ * 64 KiB, ring copies slowed by 2 ms each: two of a single-copy probe's three samples waited for a
+ * CPU, their median 87,833 ps/B against the ring's 45,725 where single-copy ran near 400, and the
+ * pair kept the slow way until a probe at a doubled interval (up to 2.56 s). A wait for a CPU
+ * costs a few ms whatever the message, so it spreads the samples of short messages, whose probe
+ * is a few messages in the hundreds that 0.1 s holds; a message long enough (some 10 ms) that a
+ * probe each 0.1 s would cost much spreads 10x only when a rank waits 90 ms.
+ *
  * All of this is kept per size class of the message (x2 from the threshold: 32-64 KiB,
  * 64-128 KiB, ..., 32 MiB and up), and the sender looks up each message's class in the
  * receiver's bit mask. Per byte a short message carries more fixed cost, and which way wins
@@ -375,6 +386,7 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
 #define SEED_CLOSE 2
 #define COLD_CLOSE_NUM 5 /* a first probe's single-copy figure within 5/4 of the ring's is checked */
 #define COLD_CLOSE_DEN 4
+#define NOISY_SPREAD 10 /* a probe whose samples spread this much or more is repeated soon */
 #define PROBE_BYTES (4ull << 20)
 #define WARM_BYTES (1ull << 20)
 #define LONG_BYTES (16ull << 20) /* a message this long is a probe on its own */
@@ -403,6 +415,30 @@ void kolo__shm_test_delay(int way, uint64_t ns) { kolo__shm_test_delay_sizes(way
 static bool test_virtual;
 
 void kolo__shm_test_virtual(bool on) { test_virtual = on; }
+
+/* test hook, on the made-up clock: of the next messages received `way`, after `skip` of them,
+ * `count` take `ns` longer each (a rank that waited for a CPU) */
+static uint64_t test_stall_ns;
+static int test_stall_way, test_stall_skip, test_stall_count;
+
+void kolo__shm_test_stall(int way, int skip, int count, uint64_t ns)
+{
+    test_stall_way = way != 0;
+    test_stall_skip = skip;
+    test_stall_count = count;
+    test_stall_ns = ns;
+}
+
+static uint64_t test_stall(int way)
+{
+    if (way != test_stall_way || test_stall_count <= 0) return 0;
+    if (test_stall_skip > 0) {
+        test_stall_skip--;
+        return 0;
+    }
+    test_stall_count--;
+    return test_stall_ns;
+}
 
 static bool delayed(int way, uint64_t len) { return len >= test_delay_lo[way] && len < test_delay_hi[way]; }
 
@@ -496,7 +532,8 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
     uint64_t now = kolo__now_ns();
     if (test_virtual) {
         start = s->vclock ? s->vclock : 1000000000; /* not 0: a cost_at of 0 means never */
-        now = s->vclock = start + bytes * VIRTUAL_PS / 1000 + (delayed(way, bytes) ? test_delay_ns[way] : 0);
+        now = s->vclock =
+            start + bytes * VIRTUAL_PS / 1000 + (delayed(way, bytes) ? test_delay_ns[way] : 0) + test_stall(way);
     }
     s->last_end = now;
     if (now <= start || !bytes) return;
@@ -554,6 +591,8 @@ static void adapt_learn(shm_priv *s, int way, uint64_t start, uint64_t bytes)
             if (first && want == 0 && w->cost_ps[1] * COLD_CLOSE_DEN < w->cost_ps[0] * COLD_CLOSE_NUM) {
                 w->confirm = true; /* single-copy timed cold lost by little: check it (above) */
                 w->since_probe = w->since_bytes = 0;
+            } else if (kolo__window_spread(&w->win[way], NOISY_SPREAD)) {
+                w->probe_every = PROBE_MIN_NS; /* a noisy probe says little: look again soon (above) */
             } else {
                 w->probe_every = KOLO_MIN(2 * w->probe_every, PROBE_MAX_NS);
             }

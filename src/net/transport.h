@@ -435,6 +435,9 @@ void kolo__shm_test_delay_sizes(int way, uint64_t ns, uint64_t lo, uint64_t hi);
 /* Test hook, before kolo_init: the way choice runs on a made-up clock, each large message
  * costing a fixed rate plus the delays above, and nothing sleeps (shm.c). */
 void kolo__shm_test_virtual(bool on);
+/* Test hook, on the made-up clock: of the next messages this process receives by `way`, after
+ * `skip` of them, `count` take `ns` longer each, as when a rank waits for a CPU (shm.c). */
+void kolo__shm_test_stall(int way, int skip, int count, uint64_t ns);
 /* Test hook: copies into the ring go -1 by the rule (shm.c, "far"), 0 always through the cache,
  * 1 always around it; a `ps` not 0 is every timed copy's cost per byte instead of the clock's. */
 void kolo__shm_test_far(int mode, uint64_t ps);
