@@ -4,8 +4,8 @@
  * The references are deliberately written another way than src/reduce: float16 values are
  * computed with ldexp and rounded by searching the float16 number line, bfloat16 rounding
  * compares distances in double. Every test that touches a kernel runs once per vector build
- * this CPU can run (generic, avx2+f16c, avx512, avx512+f16c, avx512+fp16), so the builds are checked against
- * the same expectations and therefore against each other. */
+ * this CPU can run (generic, avx2+f16c, avx512, avx512+f16c, avx512+f16c+bf16, avx512+fp16), so the
+ * builds are checked against the same expectations and therefore against each other. */
 #include "kt.h"
 
 #include "../src/reduce/reduce.h"
@@ -16,7 +16,7 @@
 #include <xmmintrin.h>
 #endif
 
-static const char *const isas[] = {"generic", "avx2+f16c", "avx512", "avx512+f16c", "avx512+fp16"};
+static const char *const isas[] = {"generic", "avx2+f16c", "avx512", "avx512+f16c", "avx512+f16c+bf16", "avx512+fp16"};
 
 /* Runs body once for every vector build this machine supports. */
 #define FOR_EACH_ISA(name)                                                                          \
@@ -290,24 +290,29 @@ KT_TEST(reduce_isa_selection, 5)
     }
     KT_ASSERT(runs >= 1);
     printf("  vector builds on this machine: %d, default %s\n", runs, best);
-    /* avx512+f16c is the default exactly on AMD family 25 (Zen 4) without AVX512-FP16, read here
-     * from /proc/cpuinfo rather than from CPUID as the library does */
+    /* avx512+f16c is the default exactly on AMD family 25 (Zen 4) without AVX512-FP16, with
+     * +bf16 where it has AVX512-BF16, read here from /proc/cpuinfo rather than from CPUID as the
+     * library does */
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
         char line[4096];
-        bool amd = false, fam25 = false, avx512 = false, fp16 = false;
+        bool amd = false, fam25 = false, avx512 = false, fp16 = false, bf16 = false;
         while (fgets(line, sizeof(line), f) && strncmp(line, "\n", 1) != 0) {
             if (strncmp(line, "vendor_id", 9) == 0) amd = strstr(line, "AuthenticAMD") != NULL;
             if (strncmp(line, "cpu family", 10) == 0) fam25 = strchr(line, ':') && atoi(strchr(line, ':') + 1) == 25;
             if (strncmp(line, "flags", 5) == 0) {
                 avx512 = strstr(line, " avx512bw") && strstr(line, " avx512dq") && strstr(line, " avx512vl");
                 fp16 = strstr(line, " avx512_fp16") != NULL;
+                bf16 = strstr(line, " avx512_bf16") != NULL;
             }
         }
         fclose(f);
         bool zen4 = amd && fam25 && avx512 && !fp16;
-        KT_ASSERTF(zen4 == (strcmp(best, "avx512+f16c") == 0), "default %s on a CPU that is%s Zen 4", best,
+        KT_ASSERTF(zen4 == (strncmp(best, "avx512+f16c", 11) == 0), "default %s on a CPU that is%s Zen 4", best,
                    zen4 ? "" : " not");
+        if (zen4)
+            KT_ASSERTF(bf16 == (strcmp(best, "avx512+f16c+bf16") == 0), "default %s on a Zen 4 %s AVX512-BF16", best,
+                       bf16 ? "with" : "without");
     }
 }
 

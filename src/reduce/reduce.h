@@ -50,8 +50,8 @@ void kolo__f32_to_f16_n(uint16_t *dst, const float *src, size_t n);
 void kolo__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void kolo__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 
-/* Which vector code the kernels picked at run time ("avx512+fp16", "avx512+f16c", "avx512",
- * "avx2+f16c", "generic"). */
+/* Which vector code the kernels picked at run time ("avx512+fp16", "avx512+f16c+bf16",
+ * "avx512+f16c", "avx512", "avx2+f16c", "generic"). */
 const char *kolo__reduce_isa(void);
 
 /* For tests and benchmarks: makes every later call use the named vector code (a name
