@@ -1045,6 +1045,16 @@ KT_TEST(shm_auto_seeded_class_probes_when_in_doubt, 60)
     KT_EQ(kt_job(2, cma_seeded_class_probes, &moved, &o, NULL), 0);
 }
 
+/* auto_pair on the made-up clock (kolo__shm_test_virtual): ring copies `ring_ns` and single-copy
+ * `cma_ns` slower per large message; allgathers of 64 KiB each way (x, y); NULL as auto_pair. */
+static kolo__conn *virtual_pair(int rank, uint64_t ring_ns, uint64_t cma_ns, size_t *count, float **x, float **y)
+{
+    kolo__shm_test_virtual(true);
+    kolo__shm_test_delay_sizes(1, cma_ns, 0, UINT64_MAX);
+    *count = (size_t)1 << 14;
+    return auto_pair(rank, 0, ring_ns, *count, x, y);
+}
+
 /* A first-probe check, on the made-up clock: ring copies `ring_ns` and single-copy `cma_ns` slower
  * per message, allgathers of 64 KiB each way, before call `change_at` the delay of `way` becomes
  * `now_ns`; of the last 6 of `calls` messages, at least 4 (close) or at most 1 (wide) come the
@@ -1063,15 +1073,10 @@ typedef struct first_probe_case {
 static void first_probe_checked(int rank, void *arg)
 {
     const first_probe_case *fc = arg;
-    kolo__shm_test_virtual(true);
-    kolo__shm_test_delay_sizes(0, fc->ring_ns, 0, UINT64_MAX);
-    kolo__shm_test_delay_sizes(1, fc->cma_ns, 0, UINT64_MAX);
-    KT_OK(kolo_init());
-    kolo__conn *c = choosing_pair(rank);
+    size_t count;
+    float *x, *y;
+    kolo__conn *c = virtual_pair(rank, fc->ring_ns, fc->cma_ns, &count, &x, &y);
     if (!c) return;
-    size_t count = (size_t)1 << 14; /* 64 KiB each way */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
     uint64_t before[2] = {0, 0}, after[2];
     for (int it = 0; it < fc->calls; it++) {
         if (it == fc->change_at) kolo__shm_test_delay_sizes(fc->way, fc->now_ns, 0, UINT64_MAX);
@@ -1083,9 +1088,7 @@ static void first_probe_checked(int rank, void *arg)
     KT_ASSERTF(total == 6 && (fc->wide ? n <= 1 : n >= 4), "rank %d: %s: of messages %d-%d %llu of %llu came %s", rank,
                fc->wide ? "wide" : "close", fc->calls - 5, fc->calls, (unsigned long long)n, (unsigned long long)total,
                fc->counted ? "single-copy" : "by ring");
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
+    auto_pair_done(x, y);
 }
 
 /* A class's first probe is checked by a second one a few messages later when it changed the
@@ -1151,16 +1154,11 @@ typedef struct noisy_case {
 static void noisy_probe_repeated(int rank, void *arg)
 {
     const noisy_case *nc = arg;
-    kolo__shm_test_virtual(true);
-    kolo__shm_test_delay_sizes(0, 2000000, 0, UINT64_MAX);
-    kolo__shm_test_delay_sizes(1, nc->cma_ns, 0, UINT64_MAX);
     kolo__shm_test_stall(1, 1, 2, nc->stall_ns);
-    KT_OK(kolo_init());
-    kolo__conn *c = choosing_pair(rank);
+    size_t count;
+    float *x, *y;
+    kolo__conn *c = virtual_pair(rank, 2000000, nc->cma_ns, &count, &x, &y);
     if (!c) return;
-    size_t count = (size_t)1 << 14; /* 64 KiB each way */
-    float *x = malloc(count * 4), *y = malloc(count * 8);
-    KT_ASSERT(x && y);
     uint64_t early[2] = {0, 0}, before[2] = {0, 0}, after[2];
     for (int it = 0; it < 90; it++) {
         if (it == 20) kolo__shm_test_delay_sizes(1, 0, 0, UINT64_MAX);
@@ -1174,9 +1172,7 @@ static void noisy_probe_repeated(int rank, void *arg)
     uint64_t n = after[1] - before[1];
     KT_ASSERTF(nc->noisy ? n >= 12 : n <= 1, "rank %d: %s probe: of calls 75-90 %llu messages came single-copy", rank,
                nc->noisy ? "noisy" : "slow", (unsigned long long)n);
-    free(x);
-    free(y);
-    KT_OK(kolo_shutdown());
+    auto_pair_done(x, y);
 }
 
 KT_TEST(shm_auto_repeats_a_noisy_probe_soon, 60)
