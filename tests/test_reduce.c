@@ -291,12 +291,12 @@ KT_TEST(reduce_isa_selection, 5)
     KT_ASSERT(runs >= 1);
     printf("  vector builds on this machine: %d, default %s\n", runs, best);
     /* avx512+f16c is the default exactly on AMD family 25 (Zen 4) without AVX512-FP16, with
-     * +bf16 where it has AVX512-BF16, read here from /proc/cpuinfo rather than from CPUID as the
-     * library does */
+     * +bf16 where it has AVX512-BF16, and a CPU with AVX2 and F16C never gets generic: read here
+     * from /proc/cpuinfo rather than from CPUID as the library does */
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
         char line[4096];
-        bool amd = false, fam25 = false, avx512 = false, fp16 = false, bf16 = false;
+        bool amd = false, fam25 = false, avx512 = false, fp16 = false, bf16 = false, avx2 = false;
         while (fgets(line, sizeof(line), f) && strncmp(line, "\n", 1) != 0) {
             if (strncmp(line, "vendor_id", 9) == 0) amd = strstr(line, "AuthenticAMD") != NULL;
             if (strncmp(line, "cpu family", 10) == 0) fam25 = strchr(line, ':') && atoi(strchr(line, ':') + 1) == 25;
@@ -304,12 +304,14 @@ KT_TEST(reduce_isa_selection, 5)
                 avx512 = strstr(line, " avx512bw") && strstr(line, " avx512dq") && strstr(line, " avx512vl");
                 fp16 = strstr(line, " avx512_fp16") != NULL;
                 bf16 = strstr(line, " avx512_bf16") != NULL;
+                avx2 = strstr(line, " avx2") && strstr(line, " f16c");
             }
         }
         fclose(f);
         bool zen4 = amd && fam25 && avx512 && !fp16;
         KT_ASSERTF(zen4 == (strncmp(best, "avx512+f16c", 11) == 0), "default %s on a CPU that is%s Zen 4", best,
                    zen4 ? "" : " not");
+        KT_ASSERTF(!avx2 || strcmp(best, "generic") != 0, "default generic on a CPU with AVX2 and F16C");
         if (zen4)
             KT_ASSERTF(bf16 == (strcmp(best, "avx512+f16c+bf16") == 0), "default %s on a Zen 4 %s AVX512-BF16", best,
                        bf16 ? "with" : "without");
