@@ -264,7 +264,7 @@ static void rx_read(shm_priv *s, uint64_t pos, void *dst, size_t n, bool stream)
  * after 8 messages or 32 MiB by ring (32 messages until the per-class choice below: a ring's
  * first passes run on cold lines, so an early probe can pick single-copy wrongly, which the
  * next probe, 0.1 s on, undoes; a sweep of 13 calls per size never reached 32); then at
- * intervals that double while the answer stays the same (0.1 s up to 2.56 s, and at least 8
+ * intervals that double while a clear answer stays the same (0.1 s up to 2.56 s, and at least 8
  * messages or 256 MiB apart) and shrink back to 0.1 s when a probe changes it. A probe of the
  * slower way costs those few messages at the slower speed.
  *
