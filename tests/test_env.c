@@ -626,17 +626,21 @@ KT_TEST(env_pmi_rank_0_address_across_hosts, 20)
     static const char *const bad0[] = {"PMI_RANK=0", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
                                        "KOLO_IFACE=nope0", NULL};
     static const pmi_step dash[] = {PMI_INIT, PMI_KVS, {"cmd=put kvsname=kvs_42_0 key=kolo.rdv.0 value=-", "cmd=put_result rc=0"},
-                                    {"cmd=barrier_in", "cmd=barrier_out"}};
-    o = pmi_run(bad0, dash, 4);
+                                    {"cmd=barrier_in", "cmd=barrier_out"}, {"cmd=barrier_in", "cmd=barrier_out"}};
+    o = pmi_run(bad0, dash, 5);
     KT_EQ(o.status, KOLO_ERR_INVALID_ARG);
+    /* the second barrier: no rank leaves (ending the job under mpirun) before every rank said why */
+    KT_EQ(o.served, 5);
     KT_CONTAINS(o.text, "pmi: 2 ranks on several hosts, and rank 0's address could not be exchanged through the "
                         "launcher's PMI (rank 0 found no IPv4 address to publish through PMI (KOLO_IFACE='nope0')): "
                         "set KOLO_RENDEZVOUS=host:port");
     KT_CONTAINS(o.text, "(e.g. mpirun -genv KOLO_RENDEZVOUS node1:29400 ...)");
     static const pmi_step got_dash[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
-                                        {"cmd=get ", "cmd=get_result rc=0 value=-"}};
-    o = pmi_run(r1, got_dash, 4);
+                                        {"cmd=get ", "cmd=get_result rc=0 value=-"},
+                                        {"cmd=barrier_in", "cmd=barrier_out"}};
+    o = pmi_run(r1, got_dash, 5);
     KT_CONTAINS(o.text, "(rank 0 published no address through PMI (see rank 0's error))");
+    KT_EQ(o.served, 5);
 
     /* on one host the connection is not touched: no goodbye owed */
     static const char *const local[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};

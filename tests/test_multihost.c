@@ -956,16 +956,21 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
     kt_proc_free(&p);
 
     /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why at
-     * once, rank 0 its own reason (before the fence: kolo_init's full error after it may be cut
-     * off when mpirun ends the job at the first rank's exit), the others that rank 0 published
-     * nothing */
+     * once, rank 0 its own reason, the others that rank 0 published nothing, each before a second
+     * fence (mpirun ends the job at the first rank's exit, so what a rank says after may be cut
+     * off); the advice comes at least from the first rank to leave */
     snprintf(setting, sizeof(setting), "KOLO_IFACE=nope0");
     proc_start(&p, c.ns[NS_L], argv);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
     KT_CONTAINS(p.ebuf, "rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'); the other "
                         "ranks learn of it now");
-    KT_CONTAINS(p.ebuf, "(rank 0 published no address through PMIx (see rank 0's error)): set KOLO_RENDEZVOUS=host:port");
+    for (int r = 1; r < 4; r++) {
+        char said[128];
+        snprintf(said, sizeof(said), ",%d]<stderr>:[kolo error] rank 0 published no address through PMIx (see rank 0's error)", r);
+        KT_CONTAINS(p.ebuf, said);
+    }
+    KT_CONTAINS(p.ebuf, "): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host");
     kt_proc_free(&p);
     cluster_down(&c);
 }
@@ -1006,6 +1011,23 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
     snprintf(want, sizeof(want), "pmi: rendezvous at %s:", ns_addr[NS_A]);
     KT_ASSERTF(kt_count(p.ebuf, want) == 4 && kt_count(p.ebuf, "rank 0's address through PMI\n") == 4,
                "not 4 times '%s... through PMI' in stderr:\n%s", want, p.ebuf);
+    kt_proc_free(&p);
+
+    /* rank 0 with nothing to publish: as under Open MPI's mpirun above, every rank says why
+     * before any leaves (Hydra too ends the job at the first rank's failure) */
+    const char *bad[] = {"/usr/bin/mpirun.mpich", "-launcher", "ssh", "-launcher-exec", agent, "-iface", "br0",
+                         "-hosts", hosts, "-np", "4", "-prepend-rank", "-genv", "KOLO_IFACE", "nope0", kt_self(),
+                         "--worker", "mh_job", NULL};
+    proc_start(&p, c.ns[NS_L], bad);
+    int rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "[0] [kolo error] rank 0 found no IPv4 address to publish through PMI (KOLO_IFACE='nope0')");
+    for (int r = 1; r < 4; r++) {
+        char said[128];
+        snprintf(said, sizeof(said), "[%d] [kolo error] rank 0 published no address through PMI (see rank 0's error)", r);
+        KT_CONTAINS(p.ebuf, said);
+    }
+    KT_CONTAINS(p.ebuf, "): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host");
     kt_proc_free(&p);
     cluster_down(&c);
 }

@@ -309,6 +309,7 @@ int kolo__pmi_rendezvous(int rank, const char *iface, int timeout_s, char *host,
 {
     pthread_mutex_lock(&P.mu);
     char req[LINE_MAX_], ans[LINE_MAX_ + 2], mine[300] = "", key[64];
+    bool published_nothing = false; /* rank 0 had no address: every rank knows after the barrier */
     int st = connect_once(timeout_s);
     if (st) goto out;
     snprintf(key, sizeof(key), "kolo.rdv.%d", P.exchanges++);
@@ -319,19 +320,35 @@ int kolo__pmi_rendezvous(int rank, const char *iface, int timeout_s, char *host,
         /* publish even an empty value: the others learn of the failure at once, not by timeout */
         snprintf(req, sizeof(req), "cmd=put kvsname=%s key=%s value=%s", P.kvs, key, *mine ? mine : "-");
         int ps = request(req, "put", "put_result", ans, sizeof(ans), timeout_s);
+        published_nothing = st != KOLO_OK && ps == KOLO_OK;
         if (st == KOLO_OK) st = ps;
     }
     int bs = request("cmd=barrier_in", "barrier_in", "barrier_out", ans, sizeof(ans), timeout_s);
     if (st == KOLO_OK) st = bs;
-    if (st) goto out;
+    if (bs) goto out;
+    if (st) goto said;
     snprintf(req, sizeof(req), "cmd=get kvsname=%s key=%s", P.kvs, key);
     if ((st = request(req, "get", "get_result", ans, sizeof(ans), timeout_s))) goto out;
-    if (!field(ans, "value", mine, sizeof(mine)))
+    if (!field(ans, "value", mine, sizeof(mine))) {
         st = kolo__err(KOLO_ERR_STARTUP, "PMI (%s): the answer '%.200s' to get has no value", P.where, ans);
-    else if (strcmp(mine, "-") == 0)
+    } else if (strcmp(mine, "-") == 0) {
         st = kolo__err(KOLO_ERR_STARTUP, "rank 0 published no address through PMI (see rank 0's error)");
-    else
+        published_nothing = true;
+        KOLO_ERROR("%s", kolo__errmsg());
+    } else {
         snprintf(host, cap, "%s", mine);
+    }
+said:
+    /* every rank has said why now; a second barrier keeps any from leaving before the rest have
+     * (pmix_rdv.c: the first rank to exit ends the job) */
+    if (published_nothing) {
+        int save = st;
+        char why[512];
+        snprintf(why, sizeof(why), "%s", kolo__errmsg());
+        (void)request("cmd=barrier_in", "barrier_in", "barrier_out", ans, sizeof(ans),
+                      timeout_s > 0 && timeout_s < 10 ? timeout_s : 10);
+        st = kolo__err(save, "%s", why);
+    }
 out:
     pthread_mutex_unlock(&P.mu);
     return st;

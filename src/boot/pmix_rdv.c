@@ -7,6 +7,9 @@
  * own connections, net/mesh.c), else the one rank 0 would use towards the launcher's own host
  * (Open MPI names it in OMPI_MCA_orte_hnp_uri: it is where the daemons reach each other, so the
  * other hosts reach rank 0 there too), else the first up interface's but lo and docker.
+ * Rank 0 with no address says why and puts an empty value: every rank learns of it at the fence,
+ * says so, and all meet at a second, short fence before any returns, since the launcher ends the
+ * job at the first rank's exit and a reason not yet written would be lost (pmi_rdv.c alike).
  *
  * libpmix is opened at run time (dlopen "libpmix.so.2"): libkolo needs nothing more to link, and
  * a host without PMIx gets kolo's error asking for KOLO_RENDEZVOUS, as before. Built only where
@@ -74,6 +77,7 @@ int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int 
         goto out;
     }
     char mine[300] = "";
+    bool published_nothing = false; /* rank 0 had no address: every rank knows after the fence */
     if (rank == 0) {
         /* towards the caller's host, else mpirun's: where the daemons reach each other, so the
          * other hosts reach rank 0 there too */
@@ -94,6 +98,7 @@ int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int 
         rc = put(PMIX_GLOBAL, KEY, &v);
         if (rc == PMIX_SUCCESS) rc = commit();
         if (rc != PMIX_SUCCESS && st == KOLO_OK) st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Put of %s: %s", KEY, errstr(rc));
+        published_nothing = rc == PMIX_SUCCESS && !*mine;
     }
     /* every rank: the fence, under the start time-out (a rank that never arrives is an error) */
     pmix_info_t info[2];
@@ -120,17 +125,27 @@ int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int 
         zero.rank = 0;
         pmix_value_t *got = NULL;
         rc = get(&zero, KEY, NULL, 0, &got);
-        if (rc != PMIX_SUCCESS || !got || got->type != PMIX_STRING || !got->data.string)
+        if (rc != PMIX_SUCCESS || !got || got->type != PMIX_STRING || !got->data.string) {
             st = kolo__err(KOLO_ERR_STARTUP, "PMIx_Get of rank 0's %s: %s", KEY,
                            rc != PMIX_SUCCESS ? errstr(rc) : "not a string");
-        else if (!*got->data.string)
+        } else if (!*got->data.string) {
             st = kolo__err(KOLO_ERR_STARTUP, "rank 0 published no address through PMIx (see rank 0's error)");
-        else
+            published_nothing = true;
+            KOLO_ERROR("%s", kolo__errmsg());
+        } else {
             snprintf(host, cap, "%s", got->data.string);
+        }
         /* the value is ours to release, as PMIX_VALUE_RELEASE does: its contents, then itself */
         void (*destruct)(pmix_value_t *) = (void (*)(pmix_value_t *))dlsym(lib, "PMIx_Value_destruct");
         if (got && destruct) destruct(got);
         free(got);
+    }
+    /* every rank has said why now; a second, short fence keeps any from leaving before the
+     * rest have: under mpirun the first rank to exit ends the job, and a reason not yet written
+     * is lost (seen in CI: rank 0's reason, none of the others') */
+    if (published_nothing) {
+        info[1].value.data.integer = timeout_s > 0 && timeout_s < 10 ? timeout_s : 10;
+        (void)fence(&all, 1, &info[1], 1);
     }
 out_fin:
     fin(NULL, 0);
