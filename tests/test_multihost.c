@@ -920,6 +920,27 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     cluster_down(&c);
 }
 
+/* A job of 4 ranks under an MPI launcher with KOLO_IFACE=nope0 ended with every rank's reason,
+ * each on its own line: rank 0's (said before the fence), ranks 1-3's that rank 0 published no
+ * address through `via` (said before the second fence, src/boot/pmix_rdv.c), and the advice from
+ * at least the first rank to leave. Open MPI's --tag-output starts rank r's lines "[job,r]<stderr>:"
+ * (matched from the comma), Hydra's -prepend-rank "[r] ". */
+static void assert_every_rank_said_why(const char *ebuf, bool openmpi, const char *via)
+{
+    char said[240];
+    snprintf(said, sizeof(said), "%s[kolo error] rank 0 found no IPv4 address to publish through %s "
+             "(KOLO_IFACE='nope0'); the other ranks learn of it now", openmpi ? ",0]<stderr>:" : "[0] ", via);
+    KT_CONTAINS(ebuf, said);
+    for (int r = 1; r < 4; r++) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), openmpi ? ",%d]<stderr>:" : "[%d] ", r);
+        snprintf(said, sizeof(said), "%s[kolo error] rank 0 published no address through %s (see rank 0's error)", tag,
+                 via);
+        KT_CONTAINS(ebuf, said);
+    }
+    KT_CONTAINS(ebuf, "): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host");
+}
+
 /* Open MPI's mpirun from the login node across both hosts, over the same ssh, without
  * KOLO_RENDEZVOUS: rank 0 publishes its address through the PMIx server mpirun's daemons run
  * (src/boot/pmix_rdv.c), the ranks find it, and the job is the one kolorun runs above: ranks of
@@ -955,22 +976,13 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
                p.ebuf);
     kt_proc_free(&p);
 
-    /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why at
-     * once, rank 0 its own reason, the others that rank 0 published nothing, each before a second
-     * fence (mpirun ends the job at the first rank's exit, so what a rank says after may be cut
-     * off); the advice comes at least from the first rank to leave */
+    /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why before
+     * any leaves, since mpirun ends the job at the first rank's exit */
     snprintf(setting, sizeof(setting), "KOLO_IFACE=nope0");
     proc_start(&p, c.ns[NS_L], argv);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
-    KT_CONTAINS(p.ebuf, "rank 0 found no IPv4 address to publish through PMIx (KOLO_IFACE='nope0'); the other "
-                        "ranks learn of it now");
-    for (int r = 1; r < 4; r++) {
-        char said[128];
-        snprintf(said, sizeof(said), ",%d]<stderr>:[kolo error] rank 0 published no address through PMIx (see rank 0's error)", r);
-        KT_CONTAINS(p.ebuf, said);
-    }
-    KT_CONTAINS(p.ebuf, "): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host");
+    assert_every_rank_said_why(p.ebuf, true, "PMIx");
     kt_proc_free(&p);
     cluster_down(&c);
 }
@@ -1021,13 +1033,7 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
     proc_start(&p, c.ns[NS_L], bad);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc != 0, "mpirun exited 0 with KOLO_IFACE=nope0; stderr:\n%s", p.ebuf);
-    KT_CONTAINS(p.ebuf, "[0] [kolo error] rank 0 found no IPv4 address to publish through PMI (KOLO_IFACE='nope0')");
-    for (int r = 1; r < 4; r++) {
-        char said[128];
-        snprintf(said, sizeof(said), "[%d] [kolo error] rank 0 published no address through PMI (see rank 0's error)", r);
-        KT_CONTAINS(p.ebuf, said);
-    }
-    KT_CONTAINS(p.ebuf, "): set KOLO_RENDEZVOUS=host:port to a free port on rank 0's host");
+    assert_every_rank_said_why(p.ebuf, false, "PMI");
     kt_proc_free(&p);
     cluster_down(&c);
 }
