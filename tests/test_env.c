@@ -641,6 +641,12 @@ KT_TEST(env_pmi_rank_0_address_across_hosts, 20)
     o = pmi_run(r1, got_dash, 5);
     KT_CONTAINS(o.text, "(rank 0 published no address through PMI (see rank 0's error))");
     KT_EQ(o.served, 5);
+    /* a second barrier that fails leaves the reason as it was */
+    static const pmi_step got_dash_hangup[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
+                                               {"cmd=get ", "cmd=get_result rc=0 value=-"},
+                                               {"cmd=barrier_in", "<hangup>"}};
+    o = pmi_run(r1, got_dash_hangup, 5);
+    KT_CONTAINS(o.text, "(rank 0 published no address through PMI (see rank 0's error))");
 
     /* on one host the connection is not touched: no goodbye owed */
     static const char *const local[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};

@@ -342,17 +342,17 @@ said:
     /* every rank has said why now; a second barrier keeps any from leaving before the rest have
      * (pmix_rdv.c: the first rank to exit ends the job) */
     if (published_nothing) {
-        int save = st;
-        char why[512];
+        char why[1024]; /* the reason, kept from a failing barrier's own */
         snprintf(why, sizeof(why), "%s", kolo__errmsg());
-        (void)request("cmd=barrier_in", "barrier_in", "barrier_out", ans, sizeof(ans),
-                      timeout_s > 0 && timeout_s < 10 ? timeout_s : 10);
-        st = kolo__err(save, "%s", why);
+        if (request("cmd=barrier_in", "barrier_in", "barrier_out", ans, sizeof(ans), kolo__rdv_parting_s(timeout_s)))
+            kolo__err(st, "%s", why);
     }
 out:
     pthread_mutex_unlock(&P.mu);
     return st;
 }
+
+int kolo__rdv_parting_s(int timeout_s) { return timeout_s > 0 && timeout_s < 10 ? timeout_s : 10; }
 
 /* A TCP port free on all interfaces now. */
 static int free_port(void)

@@ -23,8 +23,15 @@ int kolo__pmi_kvsname(char *out, size_t cap, int timeout_s);
  * rank 0's value into host. The process finalizes its PMI connection when it exits normally
  * (Hydra ends the whole job when a process that spoke PMI closes it without doing so), unless
  * MPI in the same process finalized it already. KOLO_ERR_STARTUP naming what went wrong
- * (what the server answered, a closed connection, the barrier's time limit). */
+ * (what the server answered, a closed connection, the barrier's time limit). When rank 0 has no
+ * address, every rank logs why and enters a second barrier (kolo__rdv_parting_s) before it
+ * returns: the launcher ends the job at the first rank's exit, which must not cut off another's
+ * reason. */
 int kolo__pmi_rendezvous(int rank, const char *iface, int timeout_s, char *host, size_t cap);
+
+/* Seconds the second meeting above (and pmix_rdv.c's) waits at most: the start time-out, up to
+ * 10 s, since it only keeps ranks from leaving before the others have said why. */
+int kolo__rdv_parting_s(int timeout_s);
 
 /* "<address>:<port>" for rank 0 to publish: the address of the interface the KOLO_IFACE spec
  * `iface` allows when not empty, else the one towards `towards` (a launcher's host) when given

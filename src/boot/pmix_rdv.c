@@ -144,7 +144,7 @@ int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int 
      * rest have: under mpirun the first rank to exit ends the job, and a reason not yet written
      * is lost (seen in CI: rank 0's reason, none of the others') */
     if (published_nothing) {
-        info[1].value.data.integer = timeout_s > 0 && timeout_s < 10 ? timeout_s : 10;
+        info[1].value.data.integer = kolo__rdv_parting_s(timeout_s);
         (void)fence(&all, 1, &info[1], 1);
     }
 out_fin:

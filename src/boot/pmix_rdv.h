@@ -10,7 +10,9 @@
  * towards `towards` when not NULL, else towards mpirun's host when Open MPI names it, else its
  * first interface's but lo and docker); every rank waits up to timeout_s for all, then copies
  * rank 0's text into host. KOLO_ERR_STARTUP with the reason when PMIx is absent (no
- * libpmix.so.2, or not under a PMIx launcher) or the exchange fails. */
+ * libpmix.so.2, or not under a PMIx launcher) or the exchange fails. When rank 0 has no address,
+ * every rank logs why and meets the others at a second fence before it returns (as
+ * kolo__pmi_rendezvous). */
 int kolo__pmix_rendezvous(int rank, const char *iface, const char *towards, int timeout_s, char *host, size_t cap);
 
 /* Whether libpmix.so.2 can be loaded here (false in a build without PMIx). */
