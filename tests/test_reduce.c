@@ -754,6 +754,71 @@ KT_TEST(reduce_scale_float, 10)
     }
 }
 
+/* kolo__reduce_scale gives what the two passes give, bit for bit (a NaN may keep either payload),
+ * for every floating type and build, at every tail, in place on either input and with
+ * flush-to-zero on; other ops and types take the two passes. The half types round the sum before
+ * the multiply, as a stored sum is rounded. */
+KT_TEST(reduce_scale_fused_matches_two_passes, 20)
+{
+    enum { N = 1003 };
+    static const kolo_dtype_t types[] = {KOLO_FLOAT16, KOLO_BFLOAT16, KOLO_FLOAT32, KOLO_FLOAT64};
+    static const double factors[] = {0.5, 1.0 / 3, -3.0, 1e-30, 1e30, 1.0};
+    static uint64_t a[N], b[N], want[N], got[N];
+    FOR_EACH_ISA(name) {
+        for (int ftz = 0; ftz < FTZ_MODES; ftz++) {
+            set_ftz_daz(ftz);
+            for (size_t ti = 0; ti < KOLO_ARRAY_SIZE(types); ti++) {
+                kolo_dtype_t t = types[ti];
+                size_t es = esize(t);
+                rng_state = 11 + (uint64_t)ti;
+                fill(t, a, N);
+                fill(t, b, N);
+                for (size_t k = 0; k < KOLO_ARRAY_SIZE(factors); k++) {
+                    for (int o = 0; o < 2; o++) {
+                        kolo_op_t op = o ? KOLO_AVERAGE : KOLO_SUM;
+                        for (int where = 0; where < 3; where++) { /* apart, onto a, onto b */
+                            size_t n = N - 3 * k - (size_t)where;
+                            kolo__reduce(want, a, b, n, t, op);
+                            kolo__scale(want, want, n, t, factors[k]);
+                            const void *x = a, *y = b;
+                            if (where) {
+                                memcpy(got, where == 1 ? a : b, n * es);
+                                if (where == 1) x = got;
+                                else y = got;
+                            }
+                            kolo__reduce_scale(got, x, y, n, t, op, factors[k]);
+                            for (size_t i = 0; i < n; i++) {
+                                bool same = memcmp((char *)got + i * es, (char *)want + i * es, es) == 0;
+                                KT_ASSERTF(same || (elem_is_nan(t, got, i) && elem_is_nan(t, want, i)),
+                                           "%s %s %s * %g (%s, ftz %d): element %zu differs", name,
+                                           kolo_dtype_name(t), kolo_op_name(op), factors[k],
+                                           where ? (where == 1 ? "onto a" : "onto b") : "apart", ftz, i);
+                            }
+                        }
+                    }
+                }
+            }
+            set_ftz_daz(0);
+        }
+        /* the sum rounds first: 1 + 2^-11 is a tie that float16 rounds to 1, so 3, where the
+         * unrounded sum times 3 would round up to 3.002; bfloat16's 1 + 2^-8 likewise */
+        uint16_t h[2] = {0x3c00, 0x1000}, r = 0;
+        kolo__reduce_scale(&r, &h[0], &h[1], 1, KOLO_FLOAT16, KOLO_SUM, 3.0);
+        KT_EQ(r, 0x4200);
+        uint16_t bf[2] = {0x3f80, 0x3b80};
+        kolo__reduce_scale(&r, &bf[0], &bf[1], 1, KOLO_BFLOAT16, KOLO_AVERAGE, 3.0);
+        KT_EQ(r, 0x4040);
+        /* other ops and types: the two passes */
+        float fa[3] = {1, -2, 5}, fb[3] = {4, -1, 3}, fr[3];
+        kolo__reduce_scale(fr, fa, fb, 3, KOLO_FLOAT32, KOLO_MAX, 0.5);
+        KT_ASSERT(fr[0] == 2 && fr[1] == -0.5f && fr[2] == 2.5f);
+        int32_t ia[2] = {7, -7}, ib[2] = {2, 2}, ir[2];
+        kolo__reduce_scale(ir, ia, ib, 2, KOLO_INT32, KOLO_SUM, 0.5);
+        KT_ASSERT(ir[0] == 4 && ir[1] == -2);
+    }
+    KT_ASSERT(kolo__reduce_set_isa(NULL));
+}
+
 /* Integer scale: (double)v * factor truncated toward zero, saturating at the type's range. */
 KT_TEST(reduce_scale_int_saturates, 5)
 {

@@ -24,6 +24,12 @@ void kolo__reduce(void *dst, const void *a, const void *b, size_t count, kolo_dt
  * type's range. BOOL: unchanged. factor == 1.0 must be a plain copy (or nothing in place). */
 void kolo__scale(void *dst, const void *src, size_t count, kolo_dtype_t dtype, double factor);
 
+/* dst[i] = (a[i] OP b[i]) * factor: the same bits as kolo__reduce into dst then kolo__scale of
+ * dst (the same aliasing rules), in one pass over the data for SUM and AVERAGE of float32 and
+ * float64 (the sum rounded to the type, then multiplied). */
+void kolo__reduce_scale(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                        double factor);
+
 /* In place: buf[i] = buf[i] / n for the integer dtypes, with C's truncation toward zero,
  * exactly (int64 does not go through double). For floating dtypes it multiplies by 1.0/n
  * (as kolo__scale). BOOL: unchanged. Used for integer AVERAGE. */
