@@ -85,12 +85,15 @@ void kolo__coll_follow_small(size_t max, bool set)
 }
 
 /* dst = src[0] OP src[1] OP ... OP src[n-1] (n >= 2), always in member order, so that members
- * combining the same buffers get the same bits. dst may be src[0] or src[1] (the reduction reads
- * each element before it writes it), not a later one, which the first step would overwrite. */
-static void combine_in_order(void *dst, const char *const *src, int n, size_t count, kolo_dtype_t dtype, kolo_op_t op)
+ * combining the same buffers get the same bits, and finished (post, AVERAGE's 1/n) with the last
+ * step. dst may be src[0] or src[1] (the reduction reads each element before it writes it), not a
+ * later one, which the first step would overwrite. */
+static void combine_in_order(void *dst, const char *const *src, int n, size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                             double post)
 {
-    kolo__reduce(dst, src[0], src[1], count, dtype, op);
-    for (int i = 2; i < n; i++) kolo__reduce(dst, dst, src[i], count, dtype, op);
+    if (n > 2) kolo__reduce(dst, src[0], src[1], count, dtype, op);
+    for (int i = 2; i < n - 1; i++) kolo__reduce(dst, dst, src[i], count, dtype, op);
+    kolo__coll_reduce_finish(dst, n > 2 ? dst : src[0], src[n - 1], count, dtype, op, post, n);
 }
 
 /* Each member sends its buffer to every other and combines all of them in member order. It sends
@@ -146,8 +149,7 @@ static int allreduce_small(kolo__mesh *m, const kolo__group *g, const void *send
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
     if (st != KOLO_OK) return st;
-    combine_in_order(recv, src, n, count, dtype, op); /* n >= 2: one member returned earlier */
-    kolo__coll_finish_scale(recv, count, dtype, op, post, n);
+    combine_in_order(recv, src, n, count, dtype, op, post); /* n >= 2: one member returned earlier */
     return KOLO_OK;
 }
 
@@ -317,12 +319,10 @@ static int allreduce_halving(kolo__mesh *m, const kolo__group *g, const int *ord
         kolo__isend(m, kolo__g2w(g, r->partner), out + r->send_lo * es, (r->send_hi - r->send_lo) * es, &xs[0]);
         kolo__irecv(m, kolo__g2w(g, r->partner), tmp, (kb - ka) * es, &xs[1]);
         if ((st = kolo__wait(m, ptrs, 2)) != KOLO_OK) break;
-        if (r->low) kolo__reduce(out + ka * es, out + ka * es, tmp, kb - ka, dtype, op);
-        else kolo__reduce(out + ka * es, tmp, out + ka * es, kb - ka, dtype, op);
-    }
-    if (hp.rounds && st == KOLO_OK) {
-        const kolo__halving_round *r = &hp.r[hp.rounds - 1];
-        kolo__coll_finish_scale(out + r->keep_lo * es, r->keep_hi - r->keep_lo, dtype, op, post, g->size);
+        char *keep = out + ka * es;
+        const char *x = r->low ? keep : tmp, *y = r->low ? tmp : keep;
+        if (k == hp.rounds - 1) kolo__coll_reduce_finish(keep, x, y, kb - ka, dtype, op, post, g->size); /* and finished */
+        else kolo__reduce(keep, x, y, kb - ka, dtype, op);
     }
     /* backwards: the part this member finished for the partner's */
     for (int k = hp.rounds - 1; k >= 0 && st == KOLO_OK; k--) {
@@ -453,8 +453,7 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
     if (st != KOLO_OK) return st;
     const char *slots[EXCHANGE_MEMBERS];
     for (int i = 0; i < n; i++) slots[i] = tmp + stride * (size_t)i;
-    combine_in_order(recv, slots, n, counts[r], dtype, op);
-    kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);
+    combine_in_order(recv, slots, n, counts[r], dtype, op, post);
     return KOLO_OK;
 }
 
@@ -568,8 +567,7 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
             kolo__scale(own, send + base + at, c / es, dtype, pre);
             slots[r] = own;
         }
-        combine_in_order(recv + at, slots, n, c / es, dtype, op);
-        kolo__coll_finish_scale(recv + at, c / es, dtype, op, post, n);
+        combine_in_order(recv + at, slots, n, c / es, dtype, op, post);
     }
     for (int i = 0; i < n; i++) ones[i] = 1;
     st = kolo__coll_allgather(m, g, &mine, sts, ones, sizeof(rs_status));
@@ -631,11 +629,10 @@ static int reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, 
     }
     kolo__pair_ticket pt; /* with 2 members, both directions go one way (coll_util.c, "pair") */
     kolo__pair_begin(m, g, KOLO_PAIR_RS, total * es, &pt);
-    int st = kolo__ring_reduce_scatter(m, g, src, work, out, offs, counts, dtype, op, 0);
+    int st = kolo__ring_reduce_scatter(m, g, src, work, out, offs, counts, dtype, op, 0, true, post);
     kolo__pair_end(m, &pt, st, "reducescatter");
     if (st != KOLO_OK) return st;
     if (counts[r] && !out) kolo__copy(recv, work + offs[r] * es, counts[r] * es);
-    kolo__coll_finish_scale(recv, counts[r], dtype, op, post, n);
     return KOLO_OK;
 }
 

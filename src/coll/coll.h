@@ -389,7 +389,11 @@ int kolo__coll_write_peer(kolo__mesh *m, int peer, uint64_t addr, const void *sr
                           const char *what);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
-/* out = a OP b over `bytes` (finished with kolo__coll_finish_scale when `finish`), and the same bytes
+/* dst = a OP b, finished: kolo__reduce then kolo__coll_finish_scale, the same bits, in one pass
+ * over the data where the kernels have one (kolo__reduce_scale). */
+void kolo__coll_reduce_finish(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                              double post, int n);
+/* out = a OP b over `bytes` (finished, kolo__coll_reduce_finish, when `finish`), and the same bytes
  * written to d around the cache, a piece at a time (kolo__out_piece): a ring's reduced chunk. out
  * may be b. The caller fences (kolo__stream_fence) before others read d. */
 void kolo__coll_reduce_out(char *d, char *out, const char *a, const char *b, size_t bytes, kolo_dtype_t dtype,
@@ -398,12 +402,13 @@ void kolo__coll_reduce_out(char *d, char *out, const char *a, const char *b, siz
 size_t kolo__coll_chunk(void);
 /* Ring reduce-scatter over blocks (off[b], cnt[b] in elements). Member `rank` ends with the fully
  * reduced block `final_block(rank)` = (rank + shift) mod n, stored at `out` or, when that is
- * NULL, at dst + off[that block]. The blocks passed on are accumulated in dst (a full-size
- * buffer; with 2 members there are none and dst is not touched when `out` is given). src holds
- * this member's contribution (may equal dst); `out` must not overlap the rest of src. */
+ * NULL, at dst + off[that block], finished (kolo__coll_finish_scale with post and n members) when
+ * `finish`. The blocks passed on are accumulated in dst (a full-size buffer; with 2 members there
+ * are none and dst is not touched when `out` is given). src holds this member's contribution (may
+ * equal dst); `out` must not overlap the rest of src. n >= 2. */
 int kolo__ring_reduce_scatter(kolo__mesh *m, const kolo__group *g, const char *src, char *dst, char *out,
-                              const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op,
-                              int shift);
+                              const size_t *off, const size_t *cnt, kolo_dtype_t dtype, kolo_op_t op, int shift,
+                              bool finish, double post);
 /* Ring allgather of blocks already placed: member i's block is at buf + off[i]*es (bytes of
  * cnt[i]*es); member `rank` owns block (rank + shift) mod n. `own`, when not NULL, holds a copy
  * of that block to send from instead (the caller's send buffer, clean in cache). */

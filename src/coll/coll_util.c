@@ -107,16 +107,34 @@ size_t kolo__stream_min_local(void)
     return KOLO_MAX(KOLO_STREAM_MIN_FLOOR, llc_bytes() / STREAM_LLC_DIV);
 }
 
+static bool floating(kolo_dtype_t dtype)
+{
+    return dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16 || dtype == KOLO_FLOAT32 || dtype == KOLO_FLOAT64;
+}
+
+/* what a floating result is multiplied by when finished */
+static double finish_factor(kolo_op_t op, double post, int n) { return post * (op == KOLO_AVERAGE ? 1.0 / n : 1.0); }
+
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n)
 {
-    bool integer = dtype != KOLO_FLOAT16 && dtype != KOLO_BFLOAT16 && dtype != KOLO_FLOAT32 && dtype != KOLO_FLOAT64;
-    if (integer) {
+    if (!floating(dtype)) {
         if (post != 1.0) kolo__scale(buf, buf, count, dtype, post);
         if (op == KOLO_AVERAGE && n > 1) kolo__divide(buf, count, dtype, n);
         return;
     }
-    double f = post * (op == KOLO_AVERAGE ? 1.0 / n : 1.0);
+    double f = finish_factor(op, post, n);
     if (f != 1.0) kolo__scale(buf, buf, count, dtype, f);
+}
+
+void kolo__coll_reduce_finish(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                              double post, int n)
+{
+    if (floating(dtype)) {
+        kolo__reduce_scale(dst, a, b, count, dtype, op, finish_factor(op, post, n));
+        return;
+    }
+    kolo__reduce(dst, a, b, count, dtype, op);
+    kolo__coll_finish_scale(dst, count, dtype, op, post, n);
 }
 
 /* out = a OP b (finished, when `finish`), and the same bytes written to d around the cache, a
@@ -132,8 +150,8 @@ void kolo__coll_reduce_out(char *d, char *out, const char *a, const char *b, siz
     size_t es = kolo_dtype_size(dtype), piece = kolo__out_piece(es, false);
     for (size_t o = 0; o < bytes; o += piece) {
         size_t len = KOLO_MIN(piece, bytes - o);
-        kolo__reduce(out + o, a + o, b + o, len / es, dtype, op);
-        if (finish) kolo__coll_finish_scale(out + o, len / es, dtype, op, post, n);
+        if (finish) kolo__coll_reduce_finish(out + o, a + o, b + o, len / es, dtype, op, post, n);
+        else kolo__reduce(out + o, a + o, b + o, len / es, dtype, op);
         kolo__stream_copy(d + o, out + o, len);
     }
 }

@@ -458,9 +458,13 @@ static void reduce_push(char *const *out, const char *const *in, int n, size_t c
     size_t es = kolo_dtype_size(dtype), per = kolo__out_piece(es, cached) / es;
     for (size_t i = 0; i < c; i += per) {
         size_t e = KOLO_MIN(per, c - i), o = i * es;
-        kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
-        for (int q = 2; q < n; q++) kolo__reduce(buf, buf, in[q] + o, e, dtype, op);
-        kolo__coll_finish_scale(buf, e, dtype, op, post, n);
+        if (n == 2) {
+            kolo__coll_reduce_finish(buf, in[0] + o, in[1] + o, e, dtype, op, post, n);
+        } else {
+            kolo__reduce(buf, in[0] + o, in[1] + o, e, dtype, op);
+            for (int q = 2; q < n - 1; q++) kolo__reduce(buf, buf, in[q] + o, e, dtype, op);
+            kolo__coll_reduce_finish(buf, buf, in[n - 1] + o, e, dtype, op, post, n);
+        }
         for (int q = 0; q < n; q++) put_out(out[q] + o, buf, e * es, cached);
     }
 }
@@ -601,7 +605,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
      * out, so the output's lines are written without being read (or stored through the cache) */
     char *tmp = kolo__coll_scratch(m, KOLO_SCRATCH_RING, 2 * STEP), *got = tmp ? tmp + STEP : NULL;
     if (!tmp) mine.err = ENOMEM;
-    int first = r == 0 ? 1 : 0, k;
+    int first = r == 0 ? 1 : 0, last = r == n - 1 ? n - 2 : n - 1, k;
     size_t at, c;
     kolo__walker w;
     kolo__walk_init(&w, segs, start, off[r], off[r] + cnt[r], STEP / es);
@@ -619,13 +623,12 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         }
         for (int i = first; i < n && !mine.err; i++) {
             if (i == r) continue;
-            const char *p = maps[i] ? PEER(i, k, 0) + b0 : got;
+            const char *p = maps[i] ? PEER(i, k, 0) + b0 : got, *x = i == first ? segs[k].src + b0 : tmp;
             if (!maps[i] && (mine.err = cma_read(all[i].pid, ADDR(i, k).src + b0, got, c * es)) != 0) mine.peer = i;
-            else if (i == first) kolo__reduce(tmp, segs[k].src + b0, p, c, dtype, op);
-            else kolo__reduce(tmp, tmp, p, c, dtype, op);
+            else if (i == last) kolo__coll_reduce_finish(tmp, x, p, c, dtype, op, post, n); /* and finished */
+            else kolo__reduce(tmp, x, p, c, dtype, op);
         }
         if (mine.err) break;
-        kolo__coll_finish_scale(tmp, c, dtype, op, post, n);
         put_out(segs[k].dst + b0, tmp, c * es, own_cached);
         for (int i = 0; i < n && !mine.err; i++) {
             if (i == r) continue;

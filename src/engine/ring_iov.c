@@ -5,9 +5,9 @@
  * It is split into n blocks exactly as kolo__coll_allreduce splits a buffer of that size (n
  * near-equal blocks in member order), and the ring runs as in src/coll/ring.c: n-1
  * reduce-scatter steps, in which member i sends block i-s-1 and combines block i-s-2 into its
- * own copy, then member i scales the block it owns, then n-1 allgather steps passing reduced
- * blocks along. Every element is combined along the same chain of members as in the contiguous
- * ring, so the results are the same bits.
+ * own copy (the last step, combining the block it owns, scales it too), then n-1 allgather steps
+ * passing reduced blocks along. Every element is combined along the same chain of members as in
+ * the contiguous ring, so the results are the same bits.
  *
  * Messages: a block travels as pieces (kolo__walker, coll.h), each inside one segment and at most
  * KOLO_RING_CHUNK bytes. Sender and receiver cut a block into the same pieces, because the
@@ -105,10 +105,18 @@ static int send_range(const iov_ctx *c, sender *snd, int to, size_t sa, size_t s
     return pump(snd);
 }
 
+/* The final scaling of a range: post, and AVERAGE's 1/n. */
+typedef struct finish {
+    double post;
+    int n;
+} finish;
+
 /* While snd's sends go, [ra, rb) arrives from `from` piece by piece into the two slots, each
  * combined as the next arrives into dst with this member's part of it (in src when own_src,
- * else already in dst): theirs OP mine when theirs_first, else mine OP theirs. */
-static int recv_reduce(const iov_ctx *c, sender *snd, int from, size_t ra, size_t rb, bool own_src, bool theirs_first)
+ * else already in dst): theirs OP mine when theirs_first, else mine OP theirs; finished as it is
+ * combined when `fin` is given (the range's last combination). */
+static int recv_reduce(const iov_ctx *c, sender *snd, int from, size_t ra, size_t rb, bool own_src, bool theirs_first,
+                       const finish *fin)
 {
     size_t es = c->es;
     kolo__walker rw;
@@ -129,7 +137,10 @@ static int recv_reduce(const iov_ctx *c, sender *snd, int from, size_t ra, size_
         const char *mine = (own_src ? gs->src : gs->dst) + roff[k] * es;
         const char *a = theirs_first ? slot : mine, *b = theirs_first ? mine : slot;
         if (c->stream) /* reduced in the slot, in cache, then written out around it */
-            kolo__coll_reduce_out(dst, slot, a, b, rlen[k] * es, c->dtype, c->op, false, 1.0, 1);
+            kolo__coll_reduce_out(dst, slot, a, b, rlen[k] * es, c->dtype, c->op, fin, fin ? fin->post : 1.0,
+                                  fin ? fin->n : 1);
+        else if (fin)
+            kolo__coll_reduce_finish(dst, a, b, rlen[k], c->dtype, c->op, fin->post, fin->n);
         else
             kolo__reduce(dst, a, b, rlen[k], c->dtype, c->op);
         done++;
@@ -178,17 +189,6 @@ static int recv_place(const iov_ctx *c, sender *snd, int from, size_t ra, size_t
     }
     if (!st) st = drain(snd);
     return st;
-}
-
-/* The final scaling (AVERAGE's 1/n, post) of [a, b) of the list, in dst. */
-static void finish_range(const iov_ctx *c, size_t a, size_t b, kolo_op_t op, double post, int n)
-{
-    kolo__walker w;
-    kolo__walk_init(&w, c->segs, c->start, a, b, (size_t)-1);
-    int seg;
-    size_t po, pl;
-    while (kolo__walk_next(&w, &seg, &po, &pl))
-        kolo__coll_finish_scale(c->segs[seg].dst + po * c->es, pl, c->dtype, op, post, n);
 }
 
 /* start[i]: the first element of segment i, start[nseg] the total (kolo__walker); segs[].src
@@ -243,16 +243,14 @@ static int iov_ring(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int ns
     int fuse = c.stream && kolo__ring_fusing() && phases == (RS | AG);
     /* reduce-scatter: step s sends block r-s-1 (the own contributions at step 0) and combines
      * block r-s-2, never touched before, with the own contribution to it */
+    const finish fin = {post, n}; /* for the block this member owns, with its last combination */
     for (int s = 0; s < n - 1 - fuse && (phases & RS) && !st; s++) {
         int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
         if (!(st = send_range(&c, &snd, right, off[sb], off[sb] + cnt[sb], s == 0)))
-            st = recv_reduce(&c, &snd, left, off[rb], off[rb] + cnt[rb], true, false);
+            st = recv_reduce(&c, &snd, left, off[rb], off[rb] + cnt[rb], true, false, s == n - 2 ? &fin : NULL);
     }
     if (st) goto out;
-    if (fuse)
-        st = kolo__ring_fused_step(m, g, segs, start, off, cnt, chunk, dtype, op, post, scratch);
-    else if (phases & RS) /* the block this member owns is complete: apply the final scaling to it */
-        finish_range(&c, off[r], off[r] + cnt[r], op, post, n);
+    if (fuse) st = kolo__ring_fused_step(m, g, segs, start, off, cnt, chunk, dtype, op, post, scratch);
     /* allgather: reduced blocks travel in place */
     for (int s = fuse; s < n - 1 && (phases & AG) && !st; s++) {
         int sb = mod(r - s, n), rb = mod(r - s - 1, n);
@@ -361,16 +359,17 @@ int kolo__iov_halving_allreduce(kolo__mesh *m, const kolo__group *g, const int *
     if (ho >= 0 && hp.gives) {
         if (!(st = send_range(&c, &snd, ho, 0, total, true))) st = drain(&snd);
     } else if (ho >= 0 && !(st = send_range(&c, &snd, ho, 0, 0, false))) {
-        st = recv_reduce(&c, &snd, ho, 0, total, true, true); /* lower member first */
+        st = recv_reduce(&c, &snd, ho, 0, total, true, true, NULL); /* lower member first */
     }
     bool own_src = ho < 0; /* this member's contributions are still where the caller put them */
+    const finish fin = {post, n}; /* the part this member keeps, with the last round */
     for (int k = 0; k < hp.rounds && !st; k++, own_src = false) {
         const kolo__halving_round *r = &hp.r[k];
         int partner = kolo__g2w(g, r->partner);
         if (!(st = send_range(&c, &snd, partner, r->send_lo, r->send_hi, own_src)))
-            st = recv_reduce(&c, &snd, partner, r->keep_lo, r->keep_hi, own_src, !r->low);
+            st = recv_reduce(&c, &snd, partner, r->keep_lo, r->keep_hi, own_src, !r->low,
+                             k == hp.rounds - 1 ? &fin : NULL);
     }
-    if (hp.rounds && !st) finish_range(&c, hp.r[hp.rounds - 1].keep_lo, hp.r[hp.rounds - 1].keep_hi, op, post, n);
     /* backwards: the part this member finished for the partner's */
     for (int k = hp.rounds - 1; k >= 0 && !st; k--) {
         const kolo__halving_round *r = &hp.r[k];
