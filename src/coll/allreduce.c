@@ -206,18 +206,18 @@ static int allreduce_doubling(kolo__mesh *m, const kolo__group *g, const void *s
         int partner = pv < extra ? 2 * pv + 1 : pv + extra;
         st = swap(m, g, partner, recv, tmp, bytes);
         if (st != KOLO_OK) break;
-        if (pv < v) kolo__reduce(recv, tmp, recv, count, dtype, op);
-        else kolo__reduce(recv, recv, tmp, count, dtype, op);
+        const char *x = pv < v ? tmp : recv, *y = pv < v ? recv : tmp;
+        if (mask * 2 >= p2) kolo__coll_reduce_finish(recv, x, y, count, dtype, op, post, n); /* the last round */
+        else kolo__reduce(recv, x, y, count, dtype, op);
     }
+    /* the members that handed over get the finished result */
     if (st == KOLO_OK && r < 2 * extra) {
         kolo__xfer x;
         if (r % 2 == 0) kolo__irecv(m, kolo__g2w(g, r + 1), recv, bytes, &x);
         else kolo__isend(m, kolo__g2w(g, r - 1), recv, bytes, &x);
         st = kolo__wait1(m, &x);
     }
-    if (st != KOLO_OK) return st;
-    kolo__coll_finish_scale(recv, count, dtype, op, post, n);
-    return KOLO_OK;
+    return st;
 }
 
 /* Allreduces of at least HALVING_MIN bytes on 4 or more members spread
