@@ -2232,6 +2232,80 @@ KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
     KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
 }
 
+/* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 8 MiB push or exchange as member 0's
+ * timings of whole calls favour (allgather.c, "Push"), both members the same way in every call:
+ * a hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
+ * of 30 calls (as pair_choice above); the two members' records of their calls' ways match call
+ * for call, and a call pushed exactly when its way was not the exchange. Then the exchange is the
+ * slow one, at another size (a fresh class, which starts from the first one's verdict). An
+ * allgather of 8 MiB always pushes (no call of the choice). */
+static void pair_allgather_choice(int rank, void *arg)
+{
+    (void)arg;
+    enum { CALLS = 30 };
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    if (!m->world_single) {
+        if (rank == 0) printf("  (skipped: the pair does not send single-copy here, so allgathers never push)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    uint64_t delay_ns = choice_delay_ns();
+    size_t most = (size_t)1 << 20; /* floats per rank: 4 MiB, 8 MiB in all */
+    float *x = malloc(most * 4), *z = malloc(2 * most * 4);
+    KT_ASSERT(x && z);
+    const int slows[2] = {KOLO_PAIR_PUSH, KOLO_PAIR_EXCHANGE};
+    for (int s = 0; s < 2; s++) {
+        int slow = slows[s], fast = 0, fast_way = slow == KOLO_PAIR_PUSH ? KOLO_PAIR_EXCHANGE : KOLO_PAIR_PUSH;
+        size_t count = (size_t)128 << 10 << s; /* floats per rank: 1 MiB in all, then 2 MiB */
+        kolo__pair_test_delay(slow, delay_ns);
+        int32_t ways[CALLS];
+        for (int call = 0; call < CALLS; call++) {
+            uint64_t before[3], after[3], pushes = kolo__coll_allgather_push_runs();
+            for (size_t i = 0; i < count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
+            kolo__pair_test_calls(before);
+            KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            kolo__pair_test_calls(after);
+            for (size_t i = 0; i < 2 * count; i++)
+                KT_ASSERTF(z[i] == (float)(((i % count) * 5 + (i / count) * 7 + (size_t)call) % 8191),
+                           "call %d [%zu]: %g", call, i, (double)z[i]);
+            ways[call] = -1;
+            for (int w = 0; w < 3; w++)
+                if (after[w] != before[w]) ways[call] = w;
+            KT_ASSERTF(ways[call] >= 0, "call %d was not counted as a call of the pair's choice", call);
+            KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(ways[call] != KOLO_PAIR_EXCHANGE));
+            if (call >= CALLS - 12) fast += ways[call] == fast_way;
+        }
+        kolo__pair_test_delay(slow, 0);
+        int32_t all[2][CALLS];
+        KT_OK(kolo_allgather(ways, CALLS, all, NULL, KOLO_INT32, KOLO_WORLD));
+        for (int call = 0; call < CALLS; call++)
+            KT_ASSERTF(all[0][call] == all[1][call], "call %d: member 0 went by way %d, member 1 by way %d", call,
+                       (int)all[0][call], (int)all[1][call]);
+        KT_ASSERTF(fast >= 7, "allgathers of %zu KiB, %s slowed by %.0f ms: %d of the last 12 calls the other way",
+                   count * 8 >> 10, slow == KOLO_PAIR_PUSH ? "the push" : "the exchange", (double)delay_ns * 1e-6,
+                   fast);
+    }
+    /* 8 MiB in all: a push, outside the choice */
+    uint64_t c0[3], c1[3], pushes = kolo__coll_allgather_push_runs();
+    for (size_t i = 0; i < most; i++) x[i] = (float)(i % 1000 + (size_t)rank);
+    kolo__pair_test_calls(c0);
+    KT_OK(kolo_allgather(x, most, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    kolo__pair_test_calls(c1);
+    KT_ASSERT(z[5] == 5.0f && z[most + 5] == 6.0f);
+    KT_ASSERT(memcmp(c0, c1, sizeof(c0)) == 0);
+    KT_EQ(kolo__coll_allgather_push_runs() - pushes, 1u);
+    free(x);
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_allgather_push_or_exchange_follows_timings, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_allgather_choice, NULL, &o, NULL), 0);
+}
+
 /* No launcher variables at all: a world of one, no sockets. */
 KT_TEST(world_of_one_without_environment, 10)
 {

@@ -143,8 +143,23 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * from the cache: the other order 1.02-1.07x at 1-4 MiB. "The pairs" are the world's where all
  * ranks share one host, else those of the one host the group lies on (kolo__coll_group_flags):
  * the steps within a host of the hierarchical allreduce (hier.c), a process set of one host's
- * ranks. */
+ * ranks.
+ *
+ * Push or exchange, 2 members: which wins depends on the machine. On a Zen 4 VM (AMD EPYC family
+ * 25, vCPUs sharing a cache) the exchange, whose single-copy reads write into lines of the
+ * reader's own output, beat the push that writes into lines the other core last held: launches
+ * shaped like the harness's (20 calls a size, 12 rounds alternated, medians, us) 2 / 4 / 8 MiB
+ * 104 / 224 / 620 by exchange against 112 / 251 / 748 by push, 16 MiB 1980 against 1831. So from
+ * PUSH_MIN_2 up to PUSH_CHOICE_MAX_2, where the pair picks its ways from timings
+ * (KOLO_SHM_CMA=auto), member 0 chooses push or exchange for both from its timings of whole calls,
+ * per size class (KOLO_PAIR_AG, coll_util.c "pair"); a class starts by push, or as the nearest
+ * smaller class decided. In the same launches the choice took 0.94x the push's time at 2 and 4
+ * MiB (8 and 10 of 12 rounds faster), Open MPI's time there 1.00-1.01x its. From 8 MiB the
+ * output's stores are chosen by timings of the same calls (kolo__coll_out_stream), and two
+ * choices timing one call would each read the other's probes as the machine, so the push stays,
+ * though the exchange won at 8 MiB here. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
+#define PUSH_CHOICE_MAX_2 KOLO_STREAM_OUT_MIN
 #define PUSH_MIN ((size_t)128 << 10)
 #define PUSH_MAX ((size_t)16 << 20)
 #define PUSH_CHUNK ((size_t)256 << 10)
@@ -261,8 +276,16 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     }
     kolo__out_ticket ot;
     bool stream = kolo__coll_out_stream(m, total * es, &ot); /* written around the cache */
-    if (push_here(m, g, total * es)) {
+    bool push = push_here(m, g, total * es);
+    kolo__pair_ticket pt = {.conn = NULL};
+    bool choose = push && n == 2 && total * es < PUSH_CHOICE_MAX_2;
+    if (choose) { /* push or exchange, as the pair's timings choose (above) */
+        kolo__pair_begin(m, g, KOLO_PAIR_AG, total * es, &pt);
+        push = pt.way != KOLO_PAIR_EXCHANGE;
+    }
+    if (push) {
         int st = allgather_push(m, g, own, out, offs, counts, es, stream);
+        if (choose) kolo__pair_end(m, &pt, st, "allgather");
         kolo__coll_out_done(m, &ot, "allgather", st);
         return st;
     }
@@ -281,6 +304,7 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     kolo__coll_copy_own_moving(m, mine, send, counts[r] * es, stream);
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
+    if (choose) kolo__pair_end(m, &pt, st, "allgather");
     kolo__coll_out_done(m, &ot, "allgather", st);
     return st;
 }

@@ -341,13 +341,18 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
 /* A reduce-scatter (KOLO_PAIR_RS) of a 2-member group of `bytes` in all: where the pair picks
  * its ways from timings (KOLO_SHM_CMA=auto) and bytes are at least KOLO_PAIR_MIN, the member of
  * lower rank chooses from its timings of whole calls how both send their chunks, and the call's
- * sends go that way (coll_util.c, "pair"). The call begins with kolo__pair_begin, before
+ * sends go that way (coll_util.c, "pair"); an allgather (KOLO_PAIR_AG), whether both push or
+ * exchange (below). The call begins with kolo__pair_begin, before
  * posting, and ends with kolo__pair_end, with its status; it runs no other collective between
  * them. */
 #define KOLO_PAIR_MIN ((size_t)256 << 10)
-enum { KOLO_PAIR_RS = 0 };
+enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1 };
+/* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
+ * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. Such a call
+ * leaves its messages' ways to the transport. */
+enum { KOLO_PAIR_PUSH = KOLO_WAY_RING, KOLO_PAIR_EXCHANGE = KOLO_WAY_SINGLE };
 typedef struct kolo__pair_ticket {
-    kolo__conn *conn; /* NULL: the call leaves the ways to the transport */
+    kolo__conn *conn; /* NULL: no choice (the transport picks the ways; an allgather pushes) */
     int peer, slot, way; /* slot: kind x class (coll_util.c) */
     bool lead;
     uint64_t call, start, bytes;

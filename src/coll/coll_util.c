@@ -358,7 +358,9 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * read and write each other's buffers by CMA where that times faster (direct.c). The same
  * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
  * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
- * probes' cost in short launches), so they keep the transport's.
+ * probes' cost in short launches), so they keep the transport's. The choice itself serves another
+ * pair of ways for 2-member allgathers of 1-8 MiB, push or exchange (KOLO_PAIR_AG, allgather.c,
+ * "Push or exchange"), whose messages the transport still sends its own way.
  *
  * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters of
  * 256 KiB and more read each other's inputs directly (allreduce.c, "Direct"), so this choice runs
@@ -366,7 +368,7 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * one the same day). Below, the transport's own choice took 0.91-1.0x this one's time (Intel Xeon
  * VM, 2 ranks, kolo-bench, 6 rounds of 1000 calls alternated: 64 / 128 KiB 4.3 / 6.0 us against
  * 4.5 / 6.6; 6 of 300: 4.3 / 5.5 against 5.0 / 5.5). */
-static const char *const WAYS_PAIR[2] = {"ring copies", "single-copy"};
+static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {{"ring copies", "single-copy"}, {"push", "exchange"}};
 static uint64_t test_pair_delay_ns[3];
 static _Atomic uint64_t pair_calls[3];
 
@@ -418,7 +420,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->lead = m->rank < peer;
     t->bytes = bytes;
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
-    m->call_way = (unsigned char)t->way;
+    if (kind == KOLO_PAIR_RS) m->call_way = (unsigned char)t->way;
     t->start = kolo__now_ns();
 }
 
@@ -439,9 +441,9 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
                    p->outliers[t->slot] < OUTLIER_RUN;
     p->outliers[t->slot] = outlier ? p->outliers[t->slot] + 1 : 0;
     if (st == KOLO_OK && t->way != KOLO_WAY_AUTO && !changed && !outlier && !(c->probing && way == c->want))
-        kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR);
+        kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR[t->slot / KOLO_PAIR_CLASSES]);
     /* the way of the call after next, which takes the slot of this one. A class starts as the
-     * nearest smaller class that has timed both ways decided (else by ring), and probes the other
+     * nearest smaller class that has timed both ways decided (else way 0: the ring, the push), and probes the other
      * way after its first calls all the same: as a hint it would wait 0.1 s, longer than a
      * benchmark's sweep spends at one size (traced: a 64 KiB class that had just moved to the
      * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time) */

@@ -136,7 +136,7 @@ typedef struct kolo__peer_info {
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 #define KOLO_EXCHANGE_CLASSES 2 /* 64-128 KiB, 128-256 KiB */
 #define KOLO_PAIR_CLASSES 12  /* 256-512 KiB, ..., 256-512 MiB, larger (a 2-member call's bytes) */
-#define KOLO_PAIR_KINDS 1     /* reduce-scatters (KOLO_PAIR_*, coll.h) */
+#define KOLO_PAIR_KINDS 2     /* reduce-scatters, allgathers (KOLO_PAIR_*, coll.h) */
 #define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
@@ -151,7 +151,7 @@ typedef struct kolo__choice {
 } kolo__choice;
 
 /* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
- * chunks (coll_util.c, "pair"): per kind of call and class of its bytes (a
+ * chunks, and whether its allgathers push (coll_util.c, "pair"): per kind of call and class of its bytes (a
  * slot), the calls so far (the same count on both members), and on the member of lower rank,
  * which chooses for both, its choice, the ways of its next two calls, of its last, and how many
  * outliers it left out in a row. */
