@@ -154,10 +154,12 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * (KOLO_SHM_CMA=auto), member 0 chooses push or exchange for both from its timings of whole calls,
  * per size class (KOLO_PAIR_AG, coll_util.c "pair"); a class starts by push, or as the nearest
  * smaller class decided. In the same launches the choice took 0.94x the push's time at 2 and 4
- * MiB (8 and 10 of 12 rounds faster), Open MPI's time there 1.00-1.01x its. From 8 MiB the
- * output's stores are chosen by timings of the same calls (kolo__coll_out_stream), and two
- * choices timing one call would each read the other's probes as the machine, so the push stays,
- * though the exchange won at 8 MiB here. */
+ * MiB (8 and 10 of 12 rounds faster), Open MPI's time there 1.00-1.01x its. Up to 16 MiB, tried:
+ * at 8 MiB the output's stores are chosen by timings of the same calls too (kolo__coll_out_stream),
+ * and traced, the two choices settled side by side (exchange with stores around the cache, 37-45
+ * ps/B, where the push ran 63), but in the harness's launches of 25 calls a size 8 MiB took 1.01x
+ * the push's time (6 of 12 rounds faster): its first pushes and probes ate the gain. So from 8 MiB
+ * the push stays. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
 #define PUSH_CHOICE_MAX_2 KOLO_STREAM_OUT_MIN
 #define PUSH_MIN ((size_t)128 << 10)
