@@ -2232,13 +2232,14 @@ KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
     KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
 }
 
-/* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 8 MiB push or exchange as member 0's
+/* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 16 MiB push or exchange as member 0's
  * timings of whole calls favour (allgather.c, "Push"), both members the same way in every call:
  * a hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
  * of 30 calls (as pair_choice above); the two members' records of their calls' ways match call
- * for call, and a call pushed exactly when its way was not the exchange. Then the exchange is the
- * slow one, at another size (a fresh class, which starts from the first one's verdict). An
- * allgather of 8 MiB always pushes (no call of the choice). */
+ * for call, and a call pushed exactly when its way was not the exchange. Then the push is the
+ * slow one, at another size (a fresh class, which starts from the first one's verdict, the push).
+ * Allgathers of 8 MiB, a class that probes late, take the nearest smaller class's verdict (the
+ * exchange) after their first two calls and keep it until their ninth timed call at least. */
 static void pair_allgather_choice(int rank, void *arg)
 {
     (void)arg;
@@ -2254,7 +2255,7 @@ static void pair_allgather_choice(int rank, void *arg)
     size_t most = (size_t)1 << 20; /* floats per rank: 4 MiB, 8 MiB in all */
     float *x = malloc(most * 4), *z = malloc(2 * most * 4);
     KT_ASSERT(x && z);
-    const int slows[2] = {KOLO_PAIR_PUSH, KOLO_PAIR_EXCHANGE};
+    const int slows[2] = {KOLO_PAIR_EXCHANGE, KOLO_PAIR_PUSH};
     for (int s = 0; s < 2; s++) {
         int slow = slows[s], fast = 0, fast_way = slow == KOLO_PAIR_PUSH ? KOLO_PAIR_EXCHANGE : KOLO_PAIR_PUSH;
         size_t count = (size_t)128 << 10 << s; /* floats per rank: 1 MiB in all, then 2 MiB */
@@ -2286,15 +2287,22 @@ static void pair_allgather_choice(int rank, void *arg)
                    count * 8 >> 10, slow == KOLO_PAIR_PUSH ? "the push" : "the exchange", (double)delay_ns * 1e-6,
                    fast);
     }
-    /* 8 MiB in all: a push, outside the choice */
-    uint64_t c0[3], c1[3], pushes = kolo__coll_allgather_push_runs();
-    for (size_t i = 0; i < most; i++) x[i] = (float)(i % 1000 + (size_t)rank);
-    kolo__pair_test_calls(c0);
-    KT_OK(kolo_allgather(x, most, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-    kolo__pair_test_calls(c1);
-    KT_ASSERT(z[5] == 5.0f && z[most + 5] == 6.0f);
-    KT_ASSERT(memcmp(c0, c1, sizeof(c0)) == 0);
-    KT_EQ(kolo__coll_allgather_push_runs() - pushes, 1u);
+    /* 8 MiB in all: the first two calls push (the class is new), then the 2 MiB class's verdict,
+     * with no probe of the push: it would come 4 timed calls after the first (call 8) in a class
+     * that does not wait, and after 8 and 0.1 s here (call 12 at the earliest) */
+    for (int call = 0; call < 12; call++) {
+        uint64_t c0[3], c1[3], pushes = kolo__coll_allgather_push_runs();
+        for (size_t i = 0; i < most; i++) x[i] = (float)((i + (size_t)call) % 1000 + (size_t)rank);
+        kolo__pair_test_calls(c0);
+        KT_OK(kolo_allgather(x, most, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+        kolo__pair_test_calls(c1);
+        KT_ASSERT(z[5] == (float)((5 + call) % 1000) && z[most + 5] == (float)((5 + call) % 1000 + 1));
+        int way = call < 2 ? KOLO_WAY_AUTO : KOLO_PAIR_EXCHANGE;
+        KT_ASSERTF(c1[way] == c0[way] + 1, "8 MiB, call %d: not a call by way %d (calls by way: %llu %llu %llu)",
+                   call, way, (unsigned long long)(c1[0] - c0[0]), (unsigned long long)(c1[1] - c0[1]),
+                   (unsigned long long)(c1[2] - c0[2]));
+        KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(way != KOLO_PAIR_EXCHANGE));
+    }
     free(x);
     free(z);
     KT_OK(kolo_shutdown());

@@ -158,10 +158,15 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * at 8 MiB the output's stores are chosen by timings of the same calls too (kolo__coll_out_stream),
  * and traced, the two choices settled side by side (exchange with stores around the cache, 37-45
  * ps/B, where the push ran 63), but in the harness's launches of 25 calls a size 8 MiB took 1.01x
- * the push's time (6 of 12 rounds faster): its first pushes and probes ate the gain. So from 8 MiB
- * the push stays. */
+ * the push's time (6 of 12 rounds faster): its first pushes and probes ate the gain. So the
+ * classes from PUSH_PATIENT_MIN_2 are patient (coll.h, kolo__pair_ticket): after their first two
+ * calls they take the nearest smaller class's verdict and probe first after 8 timed calls and
+ * 0.1 s. In the harness's band (2-8 MiB, 25 calls a size), 15 rounds rotating the order, 8 MiB
+ * took 603 us against the push's 670 (0.89x by the pairs, 13 of 15 faster), Open MPI 548. From
+ * 16 MiB the push stays. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
-#define PUSH_CHOICE_MAX_2 KOLO_STREAM_OUT_MIN
+#define PUSH_CHOICE_MAX_2 ((size_t)16 << 20)
+#define PUSH_PATIENT_MIN_2 KOLO_STREAM_OUT_MIN
 #define PUSH_MIN ((size_t)128 << 10)
 #define PUSH_MAX ((size_t)16 << 20)
 #define PUSH_CHUNK ((size_t)256 << 10)
@@ -283,6 +288,7 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     bool choose = push && n == 2 && total * es < PUSH_CHOICE_MAX_2;
     if (choose) { /* push or exchange, as the pair's timings choose (above) */
         kolo__pair_begin(m, g, KOLO_PAIR_AG, total * es, &pt);
+        pt.patient = total * es >= PUSH_PATIENT_MIN_2;
         push = pt.way != KOLO_PAIR_EXCHANGE;
     }
     if (push) {

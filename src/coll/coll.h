@@ -355,6 +355,8 @@ typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: no choice (the transport picks the ways; an allgather pushes) */
     int peer, slot, way; /* slot: kind x class (coll_util.c) */
     bool lead;
+    bool patient; /* set by the caller after kolo__pair_begin: a new class takes the nearest smaller
+                   * class's verdict (else way 0) and probes first after 0.1 s, not after 4 calls */
     uint64_t call, start, bytes;
 } kolo__pair_ticket;
 void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t);

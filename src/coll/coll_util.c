@@ -359,7 +359,7 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
  * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
  * probes' cost in short launches), so they keep the transport's. The choice itself serves another
- * pair of ways for 2-member allgathers of 1-8 MiB, push or exchange (KOLO_PAIR_AG, allgather.c,
+ * pair of ways for 2-member allgathers of 1-16 MiB, push or exchange (KOLO_PAIR_AG, allgather.c,
  * "Push or exchange"), whose messages the transport still sends its own way.
  *
  * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters of
@@ -404,6 +404,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
 {
     t->conn = NULL;
     t->way = KOLO_WAY_AUTO;
+    t->patient = false;
     if (g->size != 2 || bytes < KOLO_PAIR_MIN) return;
     int peer = kolo__g2w(g, !g->rank);
     kolo__conn *c = m->conns[peer];
@@ -446,16 +447,21 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * nearest smaller class that has timed both ways decided (else way 0: the ring, the push), and probes the other
      * way after its first calls all the same: as a hint it would wait 0.1 s, longer than a
      * benchmark's sweep spends at one size (traced: a 64 KiB class that had just moved to the
-     * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time) */
+     * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time).
+     * A patient class (its caller says so) takes that verdict, else way 0, as such a hint: its
+     * first probe waits (allgather.c, "Push or exchange": at 8 MiB a benchmark's 25 calls lost
+     * what the other way gained to the probes) */
+    int hint = -1;
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
         for (int j = t->slot - 1; j >= t->slot - t->slot % KOLO_PAIR_CLASSES; j--) /* this kind's */
             if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
-                c->want = p->choice[j].want;
+                hint = p->choice[j].want;
                 break;
             }
+        if (hint >= 0 && !t->patient) c->want = hint;
     }
-    int next = kolo__choice_pick(c, now, -1, false) + 1;
+    int next = kolo__choice_pick(c, now, t->patient ? KOLO_MAX(hint, 0) : -1, t->patient) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
     p->plan[t->slot][t->call & 1] = (unsigned char)next;
     kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
