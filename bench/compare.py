@@ -1065,7 +1065,9 @@ class Report:
                  "of the same repetition and band (seconds apart) make a pair, and a pair counts when the "
                  "shared-memory pings before and after both launches put both in one machine state "
                  "(see the machine's state at each launch); the ratio is the median over those pairs, "
-                 "or, at a size with none, the ratio of the medians over all launches. Each target "
+                 "or, at a size with none, the ratio of the two peers' medians over their launches in "
+                 "one state (near where both have some, else far), and where they share no state, of the "
+                 "medians over all launches. Each target "
                  "row also gives the count by the medians over all launches.")
         L.append("- busbw = algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather, "
                  "reducescatter and alltoall, 1 for broadcast; algbw = size / time (GB/s = 1e9 B/s).")
@@ -1146,9 +1148,9 @@ class Report:
         if ks:
             a, b = t(ks, "allreduce", "float32", M), t("ompi-shm", "allreduce", "float32", M)
             if a and b:
-                r, used, both = self.paired(ks, "ompi-shm", "allreduce", M)
+                r, used, both, state = self.paired_how(ks, "ompi-shm", "allreduce", M)
                 L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%s; medians %.2f vs "
-                         "%.2f GB/s) | %s |" % (r, pair_note(used, both), M / 1e3 / a, M / 1e3 / b,
+                         "%.2f GB/s) | %s |" % (r, pair_note(used, both, state), M / 1e3 / a, M / 1e3 / b,
                                                _met(r >= 1.3, r / 1.3)))
                 if r < 1.3:
                     self.gap("allreduce 64 MiB ≥ 1.3 × Open MPI shm", "peer", ks, "allreduce", M, "ompi-shm")
@@ -1189,9 +1191,9 @@ class Report:
                              "allreduce", M, mem="kolo")
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
             if a and b:
-                r, used, both = self.paired(ks, "ompi-shm", "allreduce", 8)
+                r, used, both, state = self.paired_how(ks, "ompi-shm", "allreduce", 8)
                 L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f× Open MPI's time (%s; medians %.2f us "
-                         "vs %.2f us) | %s |" % (1 / r, pair_note(used, both), a, b, _met(r >= 1 / 1.5, 1.5 * r)))
+                         "vs %.2f us) | %s |" % (1 / r, pair_note(used, both, state), a, b, _met(r >= 1 / 1.5, 1.5 * r)))
                 if r < 1 / 1.5:
                     self.gap("allreduce 8 B latency ≤ 1.5 × Open MPI shm", "peer", ks, "allreduce", 8, "ompi-shm")
             a16, a32 = t(ks, "allreduce", "float16", M), t(ks, "allreduce", "float32", M)
@@ -1223,12 +1225,12 @@ class Report:
                     ok = sum(1 for r, *_ in ps if r >= 1)
                     used, both = sum(x[2] for x in ps), sum(x[3] for x in ps)
                     bare = [x for x in ps if not x[2]]
+                    in_state = [x for x in bare if x[4]]
                     rs = self.speedups(kolo, ref, coll)
                     L.append("| %s ≥ Open MPI %s at ≥ 64 KiB | %d of %d sizes; worst %.2f× at %s (pairs of "
                              "launches in one state: %d of %d used%s); the medians over all launches: %d of %d%s "
                              "| %s |" % (coll, what, ok, len(ps), worst[0], fmt_size(worst[1]), used, both,
-                                         "; %d sizes without one, by all launches' medians" % len(bare)
-                                         if bare else "", sum(1 for r, _ in rs if r >= 1), len(rs),
+                                         bare_note(len(bare), len(in_state)) if bare else "", sum(1 for r, _ in rs if r >= 1), len(rs),
                                          self.by_state(kolo, ref, coll), _met(ok == len(ps), worst[0])))
                     if ok < len(ps):
                         self.gap("%s ≥ Open MPI %s at ≥ 64 KiB (worst size, %s)" % (coll, what, fmt_size(worst[1])),
@@ -1329,29 +1331,44 @@ class Report:
         """(peer time / kolo time, used, both): the median ratio over the repetitions whose two
         launches (kolo's and the peer's, seconds apart) both ran wholly in one machine state, the
         same for both; `used` such pairs of the `both` repetitions that measured both. With no
-        such pair, the ratio of the medians over all launches (used = 0). A pair split across
-        states compares two machines: this VM's far state slows every peer's shared-memory and
-        loopback figures about 2x, so a pair whose launches fell on either side of a switch reads
-        a 2x gap either way that neither library has. Out of place where both have it, else in
+        such pair, the ratio of the two peers' medians over their launches in one state, from
+        any repetitions (the near state where both have launches in it, else the far one; used
+        = 0), and with no state both met, of the medians over all launches (used = 0). A pair
+        split across states compares two machines: this VM's far state slows every peer's
+        shared-memory and loopback figures about 2x, so a pair whose launches fell on either side
+        of a switch reads a 2x gap either way that neither library has (run 2026-12-04_1340:
+        kolo's TCP allgathers of 64 and 256 MiB all ran far, Open MPI's near, and the medians
+        over all launches read 0.75x where by hand, alternating, kolo took 30 ms a call far
+        against Open MPI's 31 and 15 near against 25). Out of place where both have it, else in
         place; `places` ("ip",) compares the in-place calls."""
+        return self.paired_how(kolo, ref, coll, size, dtype, np, places)[:3]
+
+    def paired_how(self, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
+        """paired()'s (ratio, used, both) and how a ratio without pairs was made: the state
+        whose launches it compares, or None (all launches; or pairs were used)."""
         for place in places:
             pr, both = self.store.pairs(np, kolo, ref, coll, dtype, size, place)
             if pr:
-                return statistics.median(b / a for a, b, _ in pr), len(pr), both
+                return statistics.median(b / a for a, b, _ in pr), len(pr), both, None
+            for state in ("near", "far", "one"):
+                a = self.store.med(np, kolo, coll, dtype, size, place, state)
+                b = self.store.med(np, ref, coll, dtype, size, place, state)
+                if a and b:
+                    return b / a, 0, both, state
             a = self.store.med(np, kolo, coll, dtype, size, place)
             b = self.store.med(np, ref, coll, dtype, size, place)
             if a and b:
-                return b / a, 0, both
-        return None, 0, 0
+                return b / a, 0, both, None
+        return None, 0, 0, None
 
     def paired_speedups(self, kolo, ref, coll, places=("oop", "ip")):
-        """[(ratio, size, used, both)] as paired() for 2 ranks, float32, from 64 KiB."""
+        """[(ratio, size, used, both, state)] as paired_how() for 2 ranks, float32, from 64 KiB."""
         out = []
         for s in self.sizes:
             if s >= (64 << 10):
-                r, used, both = self.paired(kolo, ref, coll, s, places=places)
+                r, used, both, state = self.paired_how(kolo, ref, coll, s, places=places)
                 if r is not None:
-                    out.append((r, s, used, both))
+                    out.append((r, s, used, both, state))
         return out
 
     def speedups(self, kolo, ref, coll, state=None, np=2):
@@ -1740,10 +1757,23 @@ class Report:
         return L
 
 
-def pair_note(used, both):
-    """How a paired() ratio was made, for the targets' table."""
+def bare_note(bare, in_state):
+    """The targets' table: how the sizes without a pair of launches in one state were compared."""
+    if in_state == bare:
+        return "; %d sizes without one, by the medians of both peers' launches in one state" % bare
+    if not in_state:
+        return "; %d sizes without one, by all launches' medians" % bare
+    return ("; %d sizes without one, %d by the medians of both peers' launches in one state, %d by all "
+            "launches' medians" % (bare, in_state, bare - in_state))
+
+
+def pair_note(used, both, state=None):
+    """How a paired_how() ratio was made, for the targets' table."""
     if used:
         return "median of %d of %d pairs of launches in one machine state" % (used, both)
+    if state:
+        return ("ratio of the medians of both peers' launches in the %s state: no pair of launches in one "
+                "state" % state)
     return "ratio of the medians over all launches: no pair of launches in one state"
 
 
