@@ -1148,7 +1148,7 @@ class Report:
         if ks:
             a, b = t(ks, "allreduce", "float32", M), t("ompi-shm", "allreduce", "float32", M)
             if a and b:
-                r, used, both, state = self.paired_how(ks, "ompi-shm", "allreduce", M)
+                r, used, both, state = paired_how(self.store, ks, "ompi-shm", "allreduce", M)
                 L.append("| allreduce 64 MiB float32 busbw ≥ 1.3 × Open MPI shm | %.2f× (%s; medians %.2f vs "
                          "%.2f GB/s) | %s |" % (r, pair_note(used, both, state), M / 1e3 / a, M / 1e3 / b,
                                                _met(r >= 1.3, r / 1.3)))
@@ -1191,7 +1191,7 @@ class Report:
                              "allreduce", M, mem="kolo")
             a, b = t(ks, "allreduce", "float32", 8), t("ompi-shm", "allreduce", "float32", 8)
             if a and b:
-                r, used, both, state = self.paired_how(ks, "ompi-shm", "allreduce", 8)
+                r, used, both, state = paired_how(self.store, ks, "ompi-shm", "allreduce", 8)
                 L.append("| allreduce 8 B latency ≤ 1.5 × Open MPI shm | %.2f× Open MPI's time (%s; medians %.2f us "
                          "vs %.2f us) | %s |" % (1 / r, pair_note(used, both, state), a, b, _met(r >= 1 / 1.5, 1.5 * r)))
                 if r < 1 / 1.5:
@@ -1341,32 +1341,14 @@ class Report:
         over all launches read 0.75x where by hand, alternating, kolo took 30 ms a call far
         against Open MPI's 31 and 15 near against 25). Out of place where both have it, else in
         place; `places` ("ip",) compares the in-place calls."""
-        return self.paired_how(kolo, ref, coll, size, dtype, np, places)[:3]
-
-    def paired_how(self, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
-        """paired()'s (ratio, used, both) and how a ratio without pairs was made: the state
-        whose launches it compares, or None (all launches; or pairs were used)."""
-        for place in places:
-            pr, both = self.store.pairs(np, kolo, ref, coll, dtype, size, place)
-            if pr:
-                return statistics.median(b / a for a, b, _ in pr), len(pr), both, None
-            for state in ("near", "far", "one"):
-                a = self.store.med(np, kolo, coll, dtype, size, place, state)
-                b = self.store.med(np, ref, coll, dtype, size, place, state)
-                if a and b:
-                    return b / a, 0, both, state
-            a = self.store.med(np, kolo, coll, dtype, size, place)
-            b = self.store.med(np, ref, coll, dtype, size, place)
-            if a and b:
-                return b / a, 0, both, None
-        return None, 0, 0, None
+        return paired_how(self.store, kolo, ref, coll, size, dtype, np, places)[:3]
 
     def paired_speedups(self, kolo, ref, coll, places=("oop", "ip")):
         """[(ratio, size, used, both, state)] as paired_how() for 2 ranks, float32, from 64 KiB."""
         out = []
         for s in self.sizes:
             if s >= (64 << 10):
-                r, used, both, state = self.paired_how(kolo, ref, coll, s, places=places)
+                r, used, both, state = paired_how(self.store, kolo, ref, coll, s, places=places)
                 if r is not None:
                     out.append((r, s, used, both, state))
         return out
@@ -1755,6 +1737,25 @@ class Report:
                             L.append("(no peer measured this)")
                         L.append("")
         return L
+
+
+def paired_how(store, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
+    """Report.paired()'s (ratio, used, both) from a Store, and how a ratio without pairs was
+    made: the state whose launches it compares, or None (all launches; or pairs were used)."""
+    for place in places:
+        pr, both = store.pairs(np, kolo, ref, coll, dtype, size, place)
+        if pr:
+            return statistics.median(b / a for a, b, _ in pr), len(pr), both, None
+        for state in ("near", "far", "one"):
+            a = store.med(np, kolo, coll, dtype, size, place, state)
+            b = store.med(np, ref, coll, dtype, size, place, state)
+            if a and b:
+                return b / a, 0, both, state
+        a = store.med(np, kolo, coll, dtype, size, place)
+        b = store.med(np, ref, coll, dtype, size, place)
+        if a and b:
+            return b / a, 0, both, None
+    return None, 0, 0, None
 
 
 def bare_note(bare, in_state):

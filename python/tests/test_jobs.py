@@ -567,11 +567,23 @@ def test_compare_pairs_launches_in_one_machine_state():
     rep = types.SimpleNamespace(store=st, sizes=[1 << 20])
     r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
     assert (used, both) == (2, 4) and abs(r - (1.1 + 0.9) / 2) < 1e-9, r
-    # with no pair in one state, the ratio of the medians over all launches
+    # with no pair in one state, the medians of both peers' launches in one state from any
+    # repetitions (near: kolo's 100 and 100 against the peer's 90), not of all launches (150 and
+    # 100, which would set kolo's far and mixed launches against the peer's near one)
     add("mpich-tcp", 0, 110.0, 0.25, 0.25)
     add("mpich-tcp", 3, 90.0, 0.05, 0.05)
     r, used, both = compare.Report.paired(rep, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)
-    assert (used, both) == (0, 2) and abs(r - 100.0 / 150.0) < 1e-9, r
+    assert (used, both) == (0, 2) and abs(r - 90.0 / 100.0) < 1e-9, r
+    assert compare.paired_how(st, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)[3] == "near"
+    # the far state where only it is shared; all launches where no state is
+    add("gloo", 1, 400.0, 0.25, 0.25)
+    r, used, both, state = compare.paired_how(st, "kolo-tcp", "gloo", "broadcast", 1 << 20)
+    assert (r, used, both, state) == (2.0, 0, 1, "far"), (r, used, both, state)
+    add("hvd", 0, 600.0, 0.05, 0.25)
+    r, used, both, state = compare.paired_how(st, "kolo-tcp", "hvd", "broadcast", 1 << 20)
+    assert (r, used, both, state) == (4.0, 0, 1, None), (r, used, both, state)
+    assert "near state" in compare.pair_note(0, 2, "near") and "all launches" in compare.pair_note(0, 2)
+    assert "1 by the medians" in compare.bare_note(3, 1) and "all launches" in compare.bare_note(2, 0)
     # a machine that stayed in one state all run: every pair counts, the mixed one too
     st.split = None
     r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
