@@ -1327,22 +1327,6 @@ class Report:
         L.append("")
         return L
 
-    def paired(self, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
-        """(peer time / kolo time, used, both): the median ratio over the repetitions whose two
-        launches (kolo's and the peer's, seconds apart) both ran wholly in one machine state, the
-        same for both; `used` such pairs of the `both` repetitions that measured both. With no
-        such pair, the ratio of the two peers' medians over their launches in one state, from
-        any repetitions (the near state where both have launches in it, else the far one; used
-        = 0), and with no state both met, of the medians over all launches (used = 0). A pair
-        split across states compares two machines: this VM's far state slows every peer's
-        shared-memory and loopback figures about 2x, so a pair whose launches fell on either side
-        of a switch reads a 2x gap either way that neither library has (run 2026-12-04_1340:
-        kolo's TCP allgathers of 64 and 256 MiB all ran far, Open MPI's near, and the medians
-        over all launches read 0.75x where by hand, alternating, kolo took 30 ms a call far
-        against Open MPI's 31 and 15 near against 25). Out of place where both have it, else in
-        place; `places` ("ip",) compares the in-place calls."""
-        return paired_how(self.store, kolo, ref, coll, size, dtype, np, places)[:3]
-
     def paired_speedups(self, kolo, ref, coll, places=("oop", "ip")):
         """[(ratio, size, used, both, state)] as paired_how() for 2 ranks, float32, from 64 KiB."""
         out = []
@@ -1740,8 +1724,20 @@ class Report:
 
 
 def paired_how(store, kolo, ref, coll, size, dtype="float32", np=2, places=("oop", "ip")):
-    """Report.paired()'s (ratio, used, both) from a Store, and how a ratio without pairs was
-    made: the state whose launches it compares, or None (all launches; or pairs were used)."""
+    """(peer time / kolo time, used, both, state) from a Store: the median ratio over the
+    repetitions whose two launches (kolo's and the peer's, seconds apart) both ran wholly in one machine state, the
+    same for both; `used` such pairs of the `both` repetitions that measured both. With no
+    such pair, the ratio of the two peers' medians over their launches in one state, from
+    any repetitions (the near state where both have launches in it, else the far one; used
+    = 0), and with no state both met, of the medians over all launches (used = 0). A pair
+    split across states compares two machines: this VM's far state slows every peer's
+    shared-memory and loopback figures about 2x, so a pair whose launches fell on either side
+    of a switch reads a 2x gap either way that neither library has (run 2026-12-04_1340:
+    kolo's TCP allgathers of 64 and 256 MiB all ran far, Open MPI's near, and the medians
+    over all launches read 0.75x where by hand, alternating, kolo took 30 ms a call far
+    against Open MPI's 31 and 15 near against 25). Out of place where both have it, else in
+    place; `places` ("ip",) compares the in-place calls. `state`: the state whose
+    launches a ratio without pairs compares, or None (all launches; or pairs were used)."""
     for place in places:
         pr, both = store.pairs(np, kolo, ref, coll, dtype, size, place)
         if pr:

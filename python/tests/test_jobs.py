@@ -536,7 +536,6 @@ def test_compare_pairs_launches_in_one_machine_state():
     # The harness judges kolo against a peer by pairs of launches of one repetition that both ran
     # wholly in one machine state (ping before and after each launch on one side of the split).
     sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import types
     import compare
     st = compare.Store()
 
@@ -564,17 +563,15 @@ def test_compare_pairs_launches_in_one_machine_state():
     # the mixed launch counts in neither state's median
     assert st.med(2, "kolo-tcp", "broadcast", "float32", 1 << 20, "oop", "near") == 100.0
     assert st.count(2, "kolo-tcp", "broadcast", "float32", 1 << 20, "oop", "far") == 1
-    rep = types.SimpleNamespace(store=st, sizes=[1 << 20])
-    r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
+    r, used, both, _ = compare.paired_how(st, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
     assert (used, both) == (2, 4) and abs(r - (1.1 + 0.9) / 2) < 1e-9, r
     # with no pair in one state, the medians of both peers' launches in one state from any
     # repetitions (near: kolo's 100 and 100 against the peer's 90), not of all launches (150 and
     # 100, which would set kolo's far and mixed launches against the peer's near one)
     add("mpich-tcp", 0, 110.0, 0.25, 0.25)
     add("mpich-tcp", 3, 90.0, 0.05, 0.05)
-    r, used, both = compare.Report.paired(rep, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)
-    assert (used, both) == (0, 2) and abs(r - 90.0 / 100.0) < 1e-9, r
-    assert compare.paired_how(st, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)[3] == "near"
+    r, used, both, state = compare.paired_how(st, "kolo-tcp", "mpich-tcp", "broadcast", 1 << 20)
+    assert (used, both, state) == (0, 2, "near") and abs(r - 90.0 / 100.0) < 1e-9, r
     # the far state where only it is shared; all launches where no state is
     add("gloo", 1, 400.0, 0.25, 0.25)
     r, used, both, state = compare.paired_how(st, "kolo-tcp", "gloo", "broadcast", 1 << 20)
@@ -586,7 +583,7 @@ def test_compare_pairs_launches_in_one_machine_state():
     assert "1 by the medians" in compare.bare_note(3, 1) and "all launches" in compare.bare_note(2, 0)
     # a machine that stayed in one state all run: every pair counts, the mixed one too
     st.split = None
-    r, used, both = compare.Report.paired(rep, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
+    r, used, both, _ = compare.paired_how(st, "kolo-tcp", "ompi-tcp", "broadcast", 1 << 20)
     assert (used, both) == (4, 4), (used, both)
     assert "no pair" in compare.pair_note(0, 2) and "2 of 4" in compare.pair_note(2, 4)
 

@@ -459,9 +459,9 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
                 hint = p->choice[j].want;
                 break;
             }
-        if (hint >= 0 && !t->patient) c->want = hint;
+        if (hint < 0 && t->patient) hint = 0;
     }
-    int next = kolo__choice_pick(c, now, t->patient ? KOLO_MAX(hint, 0) : -1, t->patient) + 1;
+    int next = kolo__choice_pick(c, now, hint, t->patient) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
     p->plan[t->slot][t->call & 1] = (unsigned char)next;
     kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
