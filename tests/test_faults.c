@@ -118,21 +118,38 @@ KT_TEST(peer_loss_names_rank_and_host, 30)
  * puts the check first, as when the peer sends and dies between two passes: the CI once failed
  * an elastic test's allreduce that way, its dead peer's part already sent); the next exchange
  * fails, naming the peer. Over shared memory, then over TCP. */
+/* Joins the job; returns its mesh of plain exchanges once every rank has joined. */
+static kolo__mesh *joined_mesh(void)
+{
+    KT_OK(kolo_init());
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    return kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+}
+
+/* Sends 41 + rank to rank 0 and waits until it is sent; `die`: then is killed. */
+static void send_to_0(kolo__mesh *m, int rank, bool die)
+{
+    int v = 41 + rank;
+    kolo__xfer x;
+    kolo__isend(m, 0, &v, sizeof(v), &x);
+    KT_OK(kolo__wait1(m, &x));
+    if (die) raise(SIGKILL);
+}
+
+static void nap_300ms(void)
+{
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
 static void sent_then_died(int rank, void *arg)
 {
     (void)arg;
-    KT_OK(kolo_init());
-    kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
+    kolo__mesh *m = joined_mesh();
     int v = 41 + rank, got = 0;
-    KT_OK(kolo_barrier(KOLO_WORLD));
     kolo__xfer x;
-    if (rank == 1) {
-        kolo__isend(m, 0, &v, sizeof(v), &x);
-        KT_OK(kolo__wait1(m, &x));
-        raise(SIGKILL);
-    }
-    struct timespec ts = {0, 300 * 1000 * 1000};
-    nanosleep(&ts, NULL); /* rank 1 has sent and is gone */
+    if (rank == 1) send_to_0(m, rank, true);
+    nap_300ms(); /* rank 1 has sent and is gone */
     kolo__irecv(m, 1, &got, sizeof(got), &x);
     kolo__wait_test_liveness_first(true);
     int st = kolo__wait1(m, &x);
@@ -151,6 +168,85 @@ KT_TEST(peer_dead_after_sending_delivers, 30)
         kt_job(2, sent_then_died, NULL, &o, status);
         KT_ASSERTF(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0, "%s: rank 0 ended with 0x%x",
                    tcp ? "tcp" : "shm", status[0]);
+    }
+}
+
+/* The same after the others' wait found the peer gone: a rank's exchanges with the live ranks go
+ * on, and so do its exchanges with a rank that aborted the job after sending what it needed. Rank
+ * 2 sends and dies (the last rank to finish a collective, killed right after it returned); rank 1
+ * sends too, then needs rank 2, fails and aborts the job. Rank 0 found rank 2 gone in a wait that
+ * did not need it, and rank 1's abort in the wait for rank 1's bytes: both waits succeed, and the
+ * next exchange fails naming rank 2. Before, the first loss failed rank 0's mesh at once, so its
+ * later steps (and a collective's, on every rank it aborted) failed though no byte was missing. */
+static void finished_then_died(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = joined_mesh();
+    int v = 41 + rank, got = 0;
+    kolo__xfer x;
+    if (rank > 0) {
+        send_to_0(m, rank, rank == 2);
+        nap_300ms(); /* rank 2 is gone */
+        kolo__irecv(m, 2, &got, sizeof(got), &x);
+        KT_STATUS(kolo__wait1(m, &x), KOLO_ERR_PEER_LOST);
+        KT_CONTAINS(kolo_last_error(), "lost rank 2 on ");
+        return;
+    }
+    nap_300ms();
+    kolo__wait_test_liveness_first(true);
+    kolo__irecv(m, 2, &got, sizeof(got), &x);
+    KT_OK(kolo__wait1(m, &x));
+    KT_EQ(got, 43);
+    nap_300ms(); /* rank 1 has failed and aborted the job */
+    kolo__irecv(m, 1, &got, sizeof(got), &x);
+    KT_OK(kolo__wait1(m, &x));
+    KT_EQ(got, 42);
+    kolo__wait_test_liveness_first(false);
+    KT_STATUS(kolo_allreduce(&v, &got, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "lost rank 2 on ");
+    KT_STATUS(kolo_barrier(KOLO_WORLD), KOLO_ERR_PEER_LOST); /* and so does every later call */
+}
+
+/* ... but a wait for a live rank that says nothing (it is computing, or stuck outside kolo, and
+ * would learn of the loss only at its next call) still fails with the loss, not at KOLO_OP_TIMEOUT:
+ * rank 1 stays silent until rank 0's wait has failed. */
+static void silent_after_death(int rank, void *arg)
+{
+    shared *sh = arg;
+    kolo__mesh *m = joined_mesh();
+    int got = 0;
+    kolo__xfer x;
+    if (rank == 2) send_to_0(m, rank, true);
+    if (rank == 1) {
+        while (!sh->flag) usleep(1000);
+        return;
+    }
+    nap_300ms();
+    kolo__wait_test_liveness_first(true);
+    kolo__irecv(m, 2, &got, sizeof(got), &x);
+    KT_OK(kolo__wait1(m, &x));
+    kolo__wait_test_liveness_first(false);
+    kolo__irecv(m, 1, &got, sizeof(got), &x);
+    int st = kolo__wait1(m, &x);
+    sh->flag = 1;
+    KT_EQ(st, KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "lost rank 2 on ");
+}
+
+KT_TEST(peer_dead_after_finishing_fails_only_what_needs_it, 40)
+{
+    for (int tcp = 0; tcp < 2; tcp++) {
+        for (int silent = 0; silent < 2; silent++) {
+            shared *sh = make_shared();
+            kt_job_opts o = {.tcp_only = tcp, .env = {"KOLO_OP_TIMEOUT=60"}};
+            int status[3];
+            kt_job(3, silent ? silent_after_death : finished_then_died, sh, &o, status);
+            for (int r = 0; r < 2; r++)
+                KT_ASSERTF(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "%s%s: rank %d ended with 0x%x",
+                           tcp ? "tcp" : "shm", silent ? ", silent rank 1" : "", r, status[r]);
+            KT_ASSERT(WIFSIGNALED(status[2]) && WTERMSIG(status[2]) == SIGKILL);
+            munmap(sh, sizeof(*sh));
+        }
     }
 }
 

@@ -1204,6 +1204,7 @@ void kolo__mesh_destroy(kolo__mesh *m)
         if (c->tp && !c->error && !m->failed) c->tp->goodbye(c);
         if (c->tp) c->tp->close(c);
         if (c->fd >= 0) close(c->fd);
+        kolo__free(c->lost_msg);
         kolo__free(c);
     }
     kolo__free(m->conns);

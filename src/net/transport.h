@@ -112,6 +112,8 @@ struct kolo__conn {
     kolo__xfer **sendq_tail, **recvq_tail;
     int error;             /* 0, or the status that broke this connection */
     int gone;              /* the peer shut down cleanly (said goodbye) */
+    int lost;              /* 0, or the status of a loss that nothing pending needed (below) */
+    char *lost_msg;        /* its message, for the next exchange with the peer to fail with */
     int midframe;          /* tcp: a frame is partly sent (nothing else may follow it) */
     void *priv;            /* transport state */
 };
@@ -235,10 +237,13 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 /* Drives every connection of the mesh until all n xfers are complete. Busy-polls for
  * KOLO_SPIN_US, then yields the core between polls, then sleeps until a peer moves (so idle
  * waiters on an oversubscribed host let the others run); a mesh marked `doze` sleeps right
- * after its spin. Watches every peer's liveness: a peer that dies, even one not involved in
- * these xfers, fails the wait within a few milliseconds (10 or so while the mesh dozes) with
- * KOLO_ERR_PEER_LOST naming it, unless what it sent before it died completes the xfers (then
- * the wait succeeds and the next one fails). No progress for KOLO_OP_TIMEOUT seconds fails with
+ * after its spin. Watches every peer's liveness: a peer that dies (or aborts the job) while
+ * this rank still has bytes to exchange with it fails the wait within a few milliseconds (10 or
+ * so while the mesh dozes) with KOLO_ERR_PEER_LOST naming it, after taking in what it sent
+ * before it went. One with nothing pending had finished its part (it may have returned from the
+ * collective this rank is still in): the loss is kept, and fails the next xfer posted to that
+ * peer, or this wait once it has made no progress for half a second. No progress for
+ * KOLO_OP_TIMEOUT seconds fails with
  * KOLO_ERR_TIMEOUT naming the peers still owed bytes. Any failure also marks the mesh failed:
  * later calls fail at once with the same message. */
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);

@@ -175,6 +175,10 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
         x->status = kolo__err(m->failed, "%s", m->failmsg);
         return;
     }
+    if (c->lost) { /* the peer is gone (on_hangup): this is the exchange that needs it */
+        x->status = kolo__conn_fail(c, kolo__err(c->lost, "%s", c->lost_msg));
+        return;
+    }
     if (kind == KOLO_XFER_SEND) {
         if (kolo__inject_send_failure()) {
             x->status = kolo__err(KOLO_ERR_SYSTEM, "send to rank %d on %s failed: injected failure (test hook)",
@@ -233,17 +237,40 @@ static int lost(kolo__conn *c, const char *why)
     return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
 }
 
-/* A peer hung up. It is an error if it left without a goodbye (it died, or it failed and
- * aborted the job), or if we still need bytes from it or have bytes for it. */
+/* A peer that died or aborted the job with nothing of ours pending: it had sent all we asked of it
+ * and taken all we sent, so it may have returned from the collective we are still in (the last
+ * rank to finish a call, killed right after it). Failing at once failed that call on the others
+ * (and, through their abort, on ranks that never talked to it) though no byte was missing; in
+ * an elastic job the survivors then disagreed with the dead rank about whether the step ran. The
+ * loss is kept instead and fails the next exchange that needs this peer (post), or a wait that
+ * has sat idle for LOST_GRACE_NS (check_liveness), with the same message, and from there the job
+ * as before. */
+static int keep_loss(kolo__conn *c, int status)
+{
+    char *msg = kolo__strdup(kolo__errmsg());
+    if (!msg) return kolo__conn_fail(c, status); /* no room to keep it: fail now, as before */
+    c->lost = status;
+    c->lost_msg = msg;
+    KOLO_DEBUG("%s (nothing pending needed it: the next exchange with it fails)", msg);
+    return KOLO_OK;
+}
+
+/* A peer hung up. It is an error if we still need bytes from it or have bytes for it; if it left
+ * without a goodbye (it died, or it failed and aborted the job), the next exchange with it is one
+ * (keep_loss). */
 static int on_hangup(kolo__conn *c)
 {
     int st = c->tp->progress(c); /* drain what it sent before leaving */
     if (st != KOLO_OK || c->error) return c->error ? c->error : st;
+    if (c->lost) return KOLO_OK;
     if (!c->gone && !c->tp->left_cleanly(c)) {
         char why[KOLO_ABORT_REASON_MAX + 64];
-        if (c->tp->abort_reason(c, why, sizeof(why))) return kolo__conn_fail(c, kolo__err_aborted(c, why));
-        return lost(c, "its connection closed without a goodbye (the process died, or it hit an error and aborted "
-                       "the job)");
+        if (c->tp->abort_reason(c, why, sizeof(why))) st = kolo__err_aborted(c, why);
+        else
+            st = kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer),
+                           "its connection closed without a goodbye (the process died, or it hit an error and "
+                           "aborted the job)");
+        return c->sendq || c->recvq ? kolo__conn_fail(c, st) : keep_loss(c, st);
     }
     c->gone = 1;
     if (c->sendq || c->recvq)
@@ -252,8 +279,16 @@ static int on_hangup(kolo__conn *c)
     return KOLO_OK;
 }
 
-/* Polls every peer's socket for a hang-up without consuming data. */
-static int check_liveness(kolo__mesh *m)
+/* How long a wait may sit without progress while a peer's loss is kept (keep_loss) before it fails
+ * with that loss: a rank whose call went on with the live ranks is not held up, and one that
+ * waits on a rank that will never send (it is computing, or stuck outside kolo, and learns of
+ * the loss only at its next call) still fails soon, not at KOLO_OP_TIMEOUT. 16 ranks on 2 cores
+ * leave a live neighbour off its core for tens of milliseconds, not this long. */
+#define LOST_GRACE_NS 500000000ull
+
+/* Polls every peer's socket for a hang-up without consuming data; the wait calling it has made
+ * no progress for idle_ns. */
+static int check_liveness(kolo__mesh *m, uint64_t idle_ns)
 {
     struct pollfd pfd[64];
     int idx[64];
@@ -261,7 +296,7 @@ static int check_liveness(kolo__mesh *m)
         int n = 0;
         for (int p = base; p < m->size && p < base + 64; p++) {
             kolo__conn *c = m->conns[p];
-            if (!c || c->error || c->fd < 0) continue;
+            if (!c || c->error || c->lost || c->fd < 0) continue;
             if (c->gone && !c->sendq && !c->recvq) continue;
             pfd[n].fd = c->fd;
             pfd[n].events = POLLRDHUP;
@@ -277,6 +312,10 @@ static int check_liveness(kolo__mesh *m)
                 if (st != KOLO_OK) return st;
             }
         }
+    }
+    for (int p = 0; idle_ns >= LOST_GRACE_NS && p < m->size; p++) {
+        kolo__conn *c = m->conns[p];
+        if (c && c->lost && !c->error) return kolo__conn_fail(c, kolo__err(c->lost, "%s", c->lost_msg));
     }
     return KOLO_OK;
 }
@@ -450,7 +489,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
     dozing d; /* its arrays are written before they are read: no 2 KiB of zeroes per wait */
     d.n = 0;
     if (all_done(xs, n, &status)) goto out;
-    if (test_liveness_first && (status = check_liveness(m)) != KOLO_OK) {
+    if (test_liveness_first && (status = check_liveness(m, 0)) != KOLO_OK) {
         status = after_loss(xs, n, status);
         goto out;
     }
@@ -510,7 +549,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (now >= next_check) {
             next_check = now + next_check_after(check_ns, now - last_progress);
             checks++;
-            status = check_liveness(m);
+            status = check_liveness(m, now - last_progress);
             if (status != KOLO_OK) {
                 status = after_loss(xs, n, status);
                 goto out;
