@@ -1840,6 +1840,13 @@ static void direct_cma(int rank, void *arg)
     KT_STATUS(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_SYSTEM);
     KT_CONTAINS(kolo_last_error(), "rank 0 could not read the buffer of rank 1 with process_vm_readv (Bad address)");
     KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    /* the read fails because rank 1's process is gone (the hook says so; it is alive): rank 1's
+     * loss on every rank, as the transport would report it, not a failed system call */
+    if (rank == 0) kolo__direct_test_fail_read_with(1, ESRCH);
+    KT_STATUS(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "lost rank 1 on ");
+    KT_CONTAINS(kolo_last_error(), "the process is gone (allreduce of");
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
     for (size_t i = 0; i < count; i += 97) {
         float want = 0;
         for (int r = 0; r < n; r++) want += dv(i, r);

@@ -1294,7 +1294,7 @@ static void death_fused(int rank, void *arg)
         for (int t = 0; t < T; t++) {
             int st = kolo_request_wait(reqs[t], WAIT_S);
             if (st != KOLO_OK) {
-                KT_EQ(st, KOLO_ERR_PEER_LOST);
+                KT_ASSERTF(st == KOLO_ERR_PEER_LOST, "status %d: %s", st, kolo_request_error(reqs[t]));
                 KT_CONTAINS(kolo_request_error(reqs[t]), "rank 1");
                 lost++;
             }

@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -573,10 +574,13 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     st = kolo__coll_allgather(m, g, &mine, sts, ones, sizeof(rs_status));
     if (st != KOLO_OK) return st;
     for (int i = 0; i < n; i++)
-        if (sts[i].err)
-            return kolo__err(KOLO_ERR_SYSTEM, "reducescatter: rank %d could not read the buffer of rank %d: %s",
-                             kolo__g2w(g, i), sts[i].whom >= 0 ? kolo__g2w(g, sts[i].whom) : -1,
-                             strerror(sts[i].err));
+        if (sts[i].err) {
+            int whom = sts[i].whom >= 0 ? kolo__g2w(g, sts[i].whom) : -1;
+            char what[160];
+            snprintf(what, sizeof(what), "reducescatter: rank %d could not read the buffer of rank %d: %s",
+                     kolo__g2w(g, i), whom, strerror(sts[i].err));
+            return kolo__coll_cma_failed(m, whom, sts[i].err, what);
+        }
     __atomic_fetch_add(&rs_direct_runs, 1, __ATOMIC_RELAXED);
     return KOLO_OK;
 }

@@ -251,10 +251,11 @@ void kolo__coll_halving_ran(void); /* counts one, for the engine's over a list (
 uint64_t kolo__zc_cached_runs(void);
 uint64_t kolo__zc_push_runs(void);
 /* Test hooks: member 0 plans ring (0) or direct (1) instead of choosing (-1: choose); the nth CMA
- * read (or write) from now on fails (0 disarms); each call by the ring (0) or direct (1) takes ns
- * longer. */
+ * read (or write) from now on fails with EFAULT (0 disarms), or with `err` (as when the process
+ * is gone: ESRCH); each call by the ring (0) or direct (1) takes ns longer. */
 void kolo__direct_test_force(int plan);
 void kolo__direct_test_fail_read(int nth);
+void kolo__direct_test_fail_read_with(int nth, int err);
 void kolo__direct_test_fail_write(int nth);
 void kolo__direct_test_delay(int plan, uint64_t ns);
 /* Test hooks: member 0 plans the ring (0) or the one-round exchange (1) for a call that can take
@@ -394,6 +395,13 @@ void kolo__coll_copy_own_moving(kolo__mesh *m, void *dst, const void *src, size_
  * then sends the bytes as a message). */
 int kolo__coll_write_peer(kolo__mesh *m, int peer, uint64_t addr, const void *src, size_t n, int *refuse,
                           const char *what);
+/* A collective's single-copy read or write of world rank `peer`'s buffer failed with errno e, as
+ * every member agreed: sets the error and returns its status. A peer that is gone (ESRCH) or
+ * marked its side aborted (ECANCELED) is the peer's loss, KOLO_ERR_PEER_LOST naming it (with its
+ * reason, if it gave one), as the transport reports it, with `what` in brackets; anything else
+ * is KOLO_ERR_SYSTEM with `what` as its message (e.g. "allreduce of 4096 bytes: rank 0 could not
+ * read the buffer of rank 1 with process_vm_readv (Bad address)"). */
+int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what);
 /* Applies the post-reduction scaling of an allreduce: post, and 1/n for AVERAGE. */
 void kolo__coll_finish_scale(void *buf, size_t count, kolo_dtype_t dtype, kolo_op_t op, double post, int n);
 /* dst = a OP b, finished: kolo__reduce then kolo__coll_finish_scale, the same bits, in one pass

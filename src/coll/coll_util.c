@@ -208,6 +208,18 @@ int kolo__coll_write_peer(kolo__mesh *m, int peer, uint64_t addr, const void *sr
     return e;
 }
 
+int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what)
+{
+    if (peer >= 0 && peer < m->size && (e == ESRCH || e == ECANCELED)) {
+        kolo__conn *c = m->conns[peer]; /* NULL on the peer itself, which a test hook told it is gone */
+        char why[KOLO_ABORT_REASON_MAX + 64];
+        if (c && c->tp && c->tp->abort_reason(c, why, sizeof(why))) return kolo__err_aborted(c, why);
+        return kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone (%s)", peer,
+                         kolo__peer_name(m, peer), what);
+    }
+    return kolo__err(KOLO_ERR_SYSTEM, "%s", what);
+}
+
 /* ---- choosing between two ways from the calls' own timings ----
  *
  * The caller times each call it makes by the way kolo__choice_pick gave, from entry to return, in

@@ -132,6 +132,8 @@
 #include "../reduce/reduce.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #define ZC_MIN ((size_t)64 << 10)   /* mapped: from this size on, always (above) */
@@ -193,10 +195,16 @@ uint64_t kolo__zc_push_runs(void) { return __atomic_load_n(&zc_push_runs, __ATOM
 
 /* test hooks */
 static int test_force = -1, test_fail_read, test_fail_write, test_store = -1, test_exchange = -1;
+static int test_fail_errno = EFAULT;
 static uint64_t test_delay_ns[3], test_store_delay_ns[2]; /* per plan */
 
 void kolo__direct_test_force(int plan) { test_force = plan; }
-void kolo__direct_test_fail_read(int nth) { test_fail_read = nth; }
+void kolo__direct_test_fail_read(int nth) { kolo__direct_test_fail_read_with(nth, EFAULT); }
+void kolo__direct_test_fail_read_with(int nth, int err)
+{
+    test_fail_read = nth;
+    test_fail_errno = err;
+}
 void kolo__direct_test_fail_write(int nth) { test_fail_write = nth; }
 void kolo__direct_test_delay(int plan, uint64_t ns) { test_delay_ns[plan != 0] = ns; }
 void kolo__direct_test_force_store(int mode) { test_store = mode; }
@@ -370,7 +378,7 @@ static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip
 /* Reads n bytes at `addr` in process pid into buf; 0 or an errno. */
 static int cma_read(int pid, uint64_t addr, char *buf, size_t n)
 {
-    if (test_fail_read && --test_fail_read == 0) return EFAULT;
+    if (test_fail_read && --test_fail_read == 0) return test_fail_errno;
     size_t done = 0;
     return kolo__cma_read(pid, buf, addr, n, &done);
 }
@@ -655,12 +663,15 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
     if (bad.err == ENOMEM && bad.peer < 0)
         return kolo__err(KOLO_ERR_NO_MEMORY, "allreduce: rank %d had no memory for %zu bytes of scratch space",
                          kolo__g2w(g, who), 2 * STEP);
-    if (bad.err)
-        return kolo__err(KOLO_ERR_SYSTEM,
-                         "allreduce of %zu bytes: rank %d could not %s the buffer of rank %d with "
-                         "process_vm_%s (%s); the output buffers hold partial results",
-                         bytes, kolo__g2w(g, who), bad.wrote ? "write" : "read", kolo__g2w(g, bad.peer),
-                         bad.wrote ? "writev" : "readv", strerror(bad.err));
+    if (bad.err) {
+        char what[256];
+        snprintf(what, sizeof(what),
+                 "allreduce of %zu bytes: rank %d could not %s the buffer of rank %d with process_vm_%s (%s); "
+                 "the output buffers hold partial results",
+                 bytes, kolo__g2w(g, who), bad.wrote ? "write" : "read", kolo__g2w(g, bad.peer),
+                 bad.wrote ? "writev" : "readv", strerror(bad.err));
+        return kolo__coll_cma_failed(m, kolo__g2w(g, bad.peer), bad.err, what);
+    }
     if (mapped) {
         __atomic_fetch_add(&zc_runs, 1, __ATOMIC_RELAXED);
         if (cached) __atomic_fetch_add(&zc_cached_runs, 1, __ATOMIC_RELAXED);
