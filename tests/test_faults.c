@@ -33,7 +33,7 @@ static double now_s(void)
 typedef struct shared {
     volatile int pid[16];
     volatile double t_kill;
-    volatile int flag;
+    volatile int flag, flag2, late;
 } shared;
 
 static shared *make_shared(void)
@@ -174,30 +174,35 @@ KT_TEST(peer_dead_after_sending_delivers, 30)
 /* The same after the others' wait found the peer gone: a rank's exchanges with the live ranks go
  * on, and so do its exchanges with a rank that aborted the job after sending what it needed. Rank
  * 2 sends and dies (the last rank to finish a collective, killed right after it returned); rank 1
- * sends too, then needs rank 2, fails and aborts the job. Rank 0 found rank 2 gone in a wait that
- * did not need it, and rank 1's abort in the wait for rank 1's bytes: both waits succeed, and the
- * next exchange fails naming rank 2. Before, the first loss failed rank 0's mesh at once, so its
- * later steps (and a collective's, on every rank it aborted) failed though no byte was missing. */
+ * sends too, then needs rank 2, fails and aborts the job, either after rank 0's wait for rank 2
+ * (`late`) or before it, so that rank 0 learns of both losses before it asks for rank 1's bytes.
+ * Both waits succeed either way, and the next exchange fails naming rank 2. Before, the first loss
+ * failed rank 0's mesh at once, so its later steps (and a collective's, on every rank it aborted)
+ * failed though no byte was missing. */
 static void finished_then_died(int rank, void *arg)
 {
-    (void)arg;
+    shared *sh = arg;
     kolo__mesh *m = joined_mesh();
     int v = 41 + rank, got = 0;
     kolo__xfer x;
     if (rank > 0) {
         send_to_0(m, rank, rank == 2);
+        while (sh->late && !sh->flag2) usleep(1000);
         nap_300ms(); /* rank 2 is gone */
         kolo__irecv(m, 2, &got, sizeof(got), &x);
         KT_STATUS(kolo__wait1(m, &x), KOLO_ERR_PEER_LOST);
         KT_CONTAINS(kolo_last_error(), "lost rank 2 on ");
+        sh->flag = 1; /* and the job is aborted */
         return;
     }
     nap_300ms();
+    while (!sh->late && !sh->flag) usleep(1000);
     kolo__wait_test_liveness_first(true);
     kolo__irecv(m, 2, &got, sizeof(got), &x);
     KT_OK(kolo__wait1(m, &x));
     KT_EQ(got, 43);
-    nap_300ms(); /* rank 1 has failed and aborted the job */
+    sh->flag2 = 1;
+    while (!sh->flag) usleep(1000);
     kolo__irecv(m, 1, &got, sizeof(got), &x);
     KT_OK(kolo__wait1(m, &x));
     KT_EQ(got, 42);
@@ -233,17 +238,19 @@ static void silent_after_death(int rank, void *arg)
     KT_CONTAINS(kolo_last_error(), "lost rank 2 on ");
 }
 
-KT_TEST(peer_dead_after_finishing_fails_only_what_needs_it, 40)
+KT_TEST(peer_dead_after_finishing_fails_only_what_needs_it, 60)
 {
+    static const char *const what[] = {"rank 1 aborts first", "rank 1 aborts later", "rank 1 is silent"};
     for (int tcp = 0; tcp < 2; tcp++) {
-        for (int silent = 0; silent < 2; silent++) {
+        for (int c = 0; c < 3; c++) {
             shared *sh = make_shared();
+            sh->late = c == 1;
             kt_job_opts o = {.tcp_only = tcp, .env = {"KOLO_OP_TIMEOUT=60"}};
             int status[3];
-            kt_job(3, silent ? silent_after_death : finished_then_died, sh, &o, status);
+            kt_job(3, c == 2 ? silent_after_death : finished_then_died, sh, &o, status);
             for (int r = 0; r < 2; r++)
-                KT_ASSERTF(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "%s%s: rank %d ended with 0x%x",
-                           tcp ? "tcp" : "shm", silent ? ", silent rank 1" : "", r, status[r]);
+                KT_ASSERTF(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "%s, %s: rank %d ended with 0x%x",
+                           tcp ? "tcp" : "shm", what[c], r, status[r]);
             KT_ASSERT(WIFSIGNALED(status[2]) && WTERMSIG(status[2]) == SIGKILL);
             munmap(sh, sizeof(*sh));
         }

@@ -175,7 +175,7 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
         x->status = kolo__err(m->failed, "%s", m->failmsg);
         return;
     }
-    if (c->lost) { /* the peer is gone (on_hangup): this is the exchange that needs it */
+    if (c->lost && kind == KOLO_XFER_SEND) { /* the peer is gone (on_hangup): this exchange needs it */
         x->status = kolo__conn_fail(c, kolo__err(c->lost, "%s", c->lost_msg));
         return;
     }
@@ -192,6 +192,12 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
     } else {
         *c->recvq_tail = x;
         c->recvq_tail = &x->next;
+        /* a receive from a peer that is gone may be in what it sent before it went (it aborted
+         * right after sending it: its loss was kept before this receive was posted) */
+        if (c->lost) {
+            int st = c->tp->progress(c);
+            if (st == KOLO_OK && x->status == 1) kolo__conn_fail(c, kolo__err(c->lost, "%s", c->lost_msg));
+        }
     }
 }
 
@@ -242,9 +248,9 @@ static int lost(kolo__conn *c, const char *why)
  * rank to finish a call, killed right after it). Failing at once failed that call on the others
  * (and, through their abort, on ranks that never talked to it) though no byte was missing; in
  * an elastic job the survivors then disagreed with the dead rank about whether the step ran. The
- * loss is kept instead and fails the next exchange that needs this peer (post), or a wait that
- * has sat idle for LOST_GRACE_NS (check_liveness), with the same message, and from there the job
- * as before. */
+ * loss is kept instead and fails the next exchange that needs this peer (post: a send to it, or
+ * a receive that what it sent before it went does not complete), or a wait that has sat idle for
+ * LOST_GRACE_NS (check_liveness), with the same message, and from there the job as before. */
 static int keep_loss(kolo__conn *c, int status)
 {
     char *msg = kolo__strdup(kolo__errmsg());
