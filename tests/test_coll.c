@@ -576,10 +576,12 @@ static void auto_pair_done(float *x, float *y)
 }
 
 /* With auto, the sends of an allgather's exchange (marked `single`: the receiver keeps the bytes)
- * go single-copy as the call's choice from the pair's threshold (32 KiB), untimed (shm.c,
- * SINGLE_MIN). Allgathers of 16 KiB blocks must arrive as no called message, of 256 KiB blocks
- * as one called single-copy message each; of 2 MiB blocks as none, each rank writing its block
- * into the other (allgather.c, "push"). */
+ * go as the call chose from the pair's threshold (32 KiB), untimed by the transport: single-copy
+ * (shm.c, SINGLE_MIN) unless, on 2 members, the pair's choice of ring or single-copy (allgather.c,
+ * "Ring or single-copy") says otherwise. Allgathers of 16 KiB blocks must arrive as no called
+ * message, of 256 KiB blocks as one called message each, the first two (a new class's, left to
+ * the transport) single-copy; of 2 MiB blocks as none, each rank writing its block into the
+ * other (allgather.c, "push"). */
 static void single_marked_sends(int rank, void *arg)
 {
     (void)arg;
@@ -604,7 +606,7 @@ static void single_marked_sends(int rank, void *arg)
         kolo__shm_call_received(c, after);
         uint64_t single = after[1] - before[1], ring = after[0] - before[0];
         KT_EQ(kolo__coll_allgather_push_runs() - pushes, pass == 2 ? (uint64_t)calls : 0u);
-        KT_ASSERTF(single == (pass == 1 ? (uint64_t)calls : 0u) && ring == 0,
+        KT_ASSERTF(pass == 1 ? single + ring == (uint64_t)calls && single >= 2 : single + ring == 0,
                    "rank %d, allgathers of %zu-byte blocks: %llu called single-copy and %llu called ring messages came",
                    rank, count * 4, (unsigned long long)single, (unsigned long long)ring);
     }
@@ -2158,6 +2160,28 @@ static void pair_exchange_choice(int rank, void *arg)
 
 KT_TEST(pair_exchange_choice_follows_timings, 120) { KT_EQ(kt_job(2, pair_exchange_choice, NULL, NULL, NULL), 0); }
 
+/* The way a call of the pair's choice went (kolo__pair_test_calls before and after it). */
+static int32_t call_way(const uint64_t before[3], const uint64_t after[3], int call)
+{
+    int32_t way = -1;
+    for (int w = 0; w < 3; w++)
+        if (after[w] != before[w]) way = w;
+    KT_ASSERTF(way >= 0, "call %d was not counted as a call of the pair's choice", call);
+    return way;
+}
+
+/* Both members went the same way in every one of their `calls` calls. */
+static void ways_match(const int32_t *ways, int calls)
+{
+    int32_t *all = malloc(2 * (size_t)calls * sizeof(int32_t));
+    KT_ASSERT(all);
+    KT_OK(kolo_allgather(ways, (size_t)calls, all, NULL, KOLO_INT32, KOLO_WORLD));
+    for (int call = 0; call < calls; call++)
+        KT_ASSERTF(all[call] == all[calls + call], "call %d: member 0 went by way %d, member 1 by way %d", call,
+                   (int)all[call], (int)all[calls + call]);
+    free(all);
+}
+
 /* With KOLO_SHM_CMA=auto, the reduce-scatters of a 2-member group that take the ring from
  * KOLO_PAIR_MIN (256 KiB; recv overlapping send, as the direct reads decline) go the way member 0's timings
  * of whole calls favour,
@@ -2194,10 +2218,7 @@ static void pair_choice(int rank, void *arg)
             KT_OK(kolo_reducescatter(a, a + 1, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
             KT_ASSERTF(a[1] == 3 && a[half] == 3, "call %d: %g %g", call, (double)a[1], (double)a[half]);
             kolo__pair_test_calls(after);
-            ways[rank][call] = -1;
-            for (int w = 0; w < 3; w++)
-                if (after[w] != before[w]) ways[rank][call] = w;
-            KT_ASSERTF(ways[rank][call] >= 0, "call %d was not counted as a 2-member call", call);
+            ways[rank][call] = call_way(before, after, call);
         }
         kolo__pair_test_delay(slow, 0);
         kolo__shm_call_received(c, got1);
@@ -2214,11 +2235,7 @@ static void pair_choice(int rank, void *arg)
                    "received %llu messages by ring and %llu single-copy as chosen, where the calls chose %d and %d",
                    (unsigned long long)(got1[0] - got0[0]), (unsigned long long)(got1[1] - got0[1]),
                    mine[KOLO_WAY_RING], mine[KOLO_WAY_SINGLE]);
-        int32_t all[2][CALLS];
-        KT_OK(kolo_allgather(ways[rank], CALLS, all, NULL, KOLO_INT32, KOLO_WORLD));
-        for (int call = 0; call < CALLS; call++)
-            KT_ASSERTF(all[0][call] == all[1][call], "call %d: member 0 sent by way %d, member 1 by way %d", call,
-                       (int)all[0][call], (int)all[1][call]);
+        ways_match(ways[rank], CALLS);
         KT_ASSERTF(fast >= 7, "%s slowed by %.0f ms: %d of the last 12 calls the other way",
                    slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6, fast);
         /* below KOLO_PAIR_MIN the transport picks, call by call uncounted */
@@ -2237,6 +2254,83 @@ KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
+}
+
+/* With KOLO_SHM_CMA=auto, the exchanges of 2-member allgathers below the push's sizes and of
+ * 2-member alltoalls, from KOLO_PAIR_EX_MIN (64 KiB moved), send by ring copies or single-copy
+ * as member 0's timings of whole calls favour (allgather.c, "Ring or single-copy"), both members
+ * the same way in every call: as pair_choice above, a hook makes one way 30 ms slower per call,
+ * and the other must carry at least 7 of the last 12 of 30 calls; the members' records match call
+ * for call; each call's one message each way went as recorded (a class's first two calls, left
+ * to the transport, single-copy). First allgathers of 256 KiB with the ring slow, then alltoalls
+ * of 1 MiB with single-copy slow (a fresh class, which starts from the first one's verdict);
+ * an alltoall of 32 KiB is left to the transport, uncounted. */
+static void pair_exchange_ways(int rank, void *arg)
+{
+    (void)arg;
+    enum { CALLS = 30 };
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    kolo__conn *c = m->conns[!rank];
+    uint64_t delay_ns = choice_delay_ns();
+    for (int slow = KOLO_WAY_RING; slow <= KOLO_WAY_SINGLE; slow++) {
+        bool a2a = slow == KOLO_WAY_SINGLE;
+        size_t count = a2a ? (size_t)128 << 10 : (size_t)32 << 10; /* floats per member and block */
+        float *x = malloc(2 * count * 4), *z = malloc(2 * count * 4);
+        KT_ASSERT(x && z);
+        size_t counts[2] = {count, count};
+        kolo__pair_test_delay(slow, delay_ns);
+        int32_t ways[CALLS];
+        uint64_t got0[2], got1[2];
+        kolo__shm_call_received(c, got0);
+        for (int call = 0; call < CALLS; call++) {
+            uint64_t before[3], after[3];
+            for (size_t i = 0; i < 2 * count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
+            kolo__pair_test_calls(before);
+            if (a2a) KT_OK(kolo_alltoall(x, counts, z, counts, KOLO_FLOAT32, KOLO_WORLD));
+            else KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            kolo__pair_test_calls(after);
+            for (size_t i = 0; i < 2 * count; i++) { /* block q of z is member q's (its block `rank`) */
+                size_t q = i / count, at = a2a ? (size_t)rank * count + i % count : i % count;
+                KT_ASSERTF(z[i] == (float)((at * 5 + q * 7 + (size_t)call) % 8191), "call %d [%zu]: %g", call, i,
+                           (double)z[i]);
+            }
+            ways[call] = call_way(before, after, call);
+        }
+        kolo__pair_test_delay(slow, 0);
+        kolo__shm_call_received(c, got1);
+        int mine[3] = {0, 0, 0}, fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
+        for (int call = 0; call < CALLS; call++) {
+            mine[ways[call]]++;
+            if (call >= CALLS - 12) fast += ways[call] == other;
+        }
+        KT_ASSERTF(got1[0] - got0[0] == (uint64_t)mine[KOLO_WAY_RING] &&
+                       got1[1] - got0[1] == (uint64_t)(mine[KOLO_WAY_SINGLE] + mine[KOLO_WAY_AUTO]),
+                   "received %llu messages by ring and %llu single-copy as chosen, where the calls chose %d, %d "
+                   "and left %d to the transport",
+                   (unsigned long long)(got1[0] - got0[0]), (unsigned long long)(got1[1] - got0[1]),
+                   mine[KOLO_WAY_RING], mine[KOLO_WAY_SINGLE], mine[KOLO_WAY_AUTO]);
+        ways_match(ways, CALLS);
+        KT_ASSERTF(fast >= 7, "%s of %zu KiB, %s slowed by %.0f ms: %d of the last 12 calls the other way",
+                   a2a ? "alltoalls" : "allgathers", count * 8 >> 10,
+                   slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6, fast);
+        /* below KOLO_PAIR_EX_MIN the transport picks, uncounted */
+        uint64_t small0[3], small1[3];
+        size_t few[2] = {(size_t)4 << 10, (size_t)4 << 10};
+        kolo__pair_test_calls(small0);
+        KT_OK(kolo_alltoall(x, few, z, few, KOLO_FLOAT32, KOLO_WORLD));
+        kolo__pair_test_calls(small1);
+        KT_ASSERT(memcmp(small0, small1, sizeof(small0)) == 0);
+        free(x);
+        free(z);
+    }
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_ways_follow_call_timings, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_exchange_ways, NULL, &o, NULL), 0);
 }
 
 /* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 16 MiB push or exchange as member 0's
@@ -2277,19 +2371,12 @@ static void pair_allgather_choice(int rank, void *arg)
             for (size_t i = 0; i < 2 * count; i++)
                 KT_ASSERTF(z[i] == (float)(((i % count) * 5 + (i / count) * 7 + (size_t)call) % 8191),
                            "call %d [%zu]: %g", call, i, (double)z[i]);
-            ways[call] = -1;
-            for (int w = 0; w < 3; w++)
-                if (after[w] != before[w]) ways[call] = w;
-            KT_ASSERTF(ways[call] >= 0, "call %d was not counted as a call of the pair's choice", call);
+            ways[call] = call_way(before, after, call);
             KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(ways[call] != KOLO_PAIR_EXCHANGE));
             if (call >= CALLS - 12) fast += ways[call] == fast_way;
         }
         kolo__pair_test_delay(slow, 0);
-        int32_t all[2][CALLS];
-        KT_OK(kolo_allgather(ways, CALLS, all, NULL, KOLO_INT32, KOLO_WORLD));
-        for (int call = 0; call < CALLS; call++)
-            KT_ASSERTF(all[0][call] == all[1][call], "call %d: member 0 went by way %d, member 1 by way %d", call,
-                       (int)all[0][call], (int)all[1][call]);
+        ways_match(ways, CALLS);
         KT_ASSERTF(fast >= 7, "allgathers of %zu KiB, %s slowed by %.0f ms: %d of the last 12 calls the other way",
                    count * 8 >> 10, slow == KOLO_PAIR_PUSH ? "the push" : "the exchange", (double)delay_ns * 1e-6,
                    fast);

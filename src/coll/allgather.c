@@ -163,7 +163,23 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * calls they take the nearest smaller class's verdict and probe first after 8 timed calls and
  * 0.1 s. In the harness's band (2-8 MiB, 25 calls a size), 15 rounds rotating the order, 8 MiB
  * took 603 us against the push's 670 (0.89x by the pairs, 13 of 15 faster), Open MPI 548. From
- * 16 MiB the push stays. */
+ * 16 MiB the push stays.
+ *
+ * Ring or single-copy, 2 members (KOLO_PAIR_EX): below the push's sizes an exchange's two
+ * messages went single-copy as their call's choice (shm.c, SINGLE_MIN: on an Intel Xeon VM with
+ * its vCPUs apart, 0.77-0.79x the time of the transport's choice at 256-512 KiB), but on the Zen 4
+ * VM ring copies ran 1.4-2x faster with the vCPUs together and no slower apart (their copies
+ * there go around the cache: shm.c). So from KOLO_PAIR_EX_MIN (64 KiB of output) below PUSH_MIN_2 both members send
+ * the way member 0 chooses from its timings of whole calls, as a reduce-scatter's steps do
+ * (coll_util.c, "pair"), on hosts that are not crowded (there the sends stay single-copy); 2-member
+ * alltoalls the same, by the bytes both move (alltoall.c). The harness's band (50 calls a size),
+ * 10 rounds rotating the build before, this one and Open MPI, vCPUs together, us per call:
+ * allgather 64 KiB-512 KiB 4.3 / 6.0 / 11.3 / 22.7 against 6.0 / 8.9 / 18.1 / 37.4 (Open MPI 6.7
+ * / 10.0 / 20.7 / 45.7), 1 MiB (the push's) alike; alltoall 64 KiB-1 MiB 3.8 / 6.3 / 10.9 / 22.8 /
+ * 43.7 against 5.0 / 9.0 / 20.9 / 41.8 / 57.4 (Open MPI 6.1 / 9.2 / 21.1 / 41.4 / 60.8), 2-16
+ * MiB (20 calls a size, 6 rounds) 0.75-0.87x the time; with the vCPUs apart (4 rounds) allgather
+ * 64-512 KiB 0.73-0.82x. Ring copies would win at 1-4 MiB too (pinned, vCPUs together: 1 MiB 49
+ * against the push or exchange's 57-67), where this choice does not run yet. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
 #define PUSH_CHOICE_MAX_2 ((size_t)16 << 20)
 #define PUSH_PATIENT_MIN_2 KOLO_STREAM_OUT_MIN
@@ -297,6 +313,8 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
         kolo__coll_out_done(m, &ot, "allgather", st);
         return st;
     }
+    kolo__pair_ticket ex = {.conn = NULL};
+    if (n == 2 && !choose && !kolo__coll_shm_crowded(m, g)) kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
     kolo__xfer xs[128];
     kolo__xfer *ptrs[128];
     int k = 0;
@@ -313,6 +331,7 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
     int st = kolo__wait(m, ptrs, k);
     if (choose) kolo__pair_end(m, &pt, st, "allgather");
+    if (ex.conn) kolo__pair_end(m, &ex, st, "allgather");
     kolo__coll_out_done(m, &ot, "allgather", st);
     return st;
 }

@@ -3,7 +3,9 @@
  * members the bookkeeping lives on the stack: two allocations and frees per call were a third of
  * a small alltoall's time on 2 ranks (0.34 against allgather's 0.23 us for 8 bytes). Every send
  * is marked `single`: its bytes are read once and kept, so on a host with more ranks than cores,
- * where ring copies are otherwise kept, large ones go single-copy (one copy instead of two). */
+ * where ring copies are otherwise kept, large ones go single-copy (one copy instead of two). On 2
+ * members elsewhere, from KOLO_PAIR_EX_MIN, both send the way member 0's timings of whole calls
+ * choose, ring copies or single-copy (allgather.c, "Ring or single-copy"). */
 #include "coll.h"
 
 /* kolo__coll_alltoall with its bookkeeping (n members) to fill */
@@ -24,6 +26,11 @@ static int alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const
     }
     kolo__out_ticket ot;
     bool stream = kolo__coll_out_stream(m, ro * es, &ot); /* every block written around the cache */
+    /* 2 members: ring copies or single-copy, by the bytes both move (alike on both: their own
+     * blocks may differ) as an allgather's output of the same size (allgather.c) */
+    kolo__pair_ticket ex = {.conn = NULL};
+    if (n == 2 && !kolo__coll_shm_crowded(m, g))
+        kolo__pair_begin(m, g, KOLO_PAIR_EX, (sendcounts[!r] + recvcounts[!r]) * es, &ex);
     /* post in a rotated order so that not every rank starts with rank 0 */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;
@@ -43,6 +50,7 @@ static int alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const
     else
         kolo__coll_copy_own_moving(m, d + roff[r] * es, s + soff[r] * es, sendcounts[r] * es, stream);
     int st2 = kolo__wait(m, ptrs, k);
+    if (ex.conn) kolo__pair_end(m, &ex, st != KOLO_OK ? st : st2, "alltoall");
     kolo__coll_out_done(m, &ot, "alltoall", st != KOLO_OK ? st : st2);
     return st != KOLO_OK ? st : st2;
 }

@@ -347,7 +347,11 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
  * posting, and ends with kolo__pair_end, with its status; it runs no other collective between
  * them. */
 #define KOLO_PAIR_MIN ((size_t)256 << 10)
-enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1 };
+/* An exchange (KOLO_PAIR_EX) of a 2-member allgather below the push's sizes, or of a 2-member
+ * alltoall, of `bytes` of output: from KOLO_PAIR_EX_MIN, whether both send by ring copies or
+ * single-copy, chosen the same way (allgather.c, "Ring or single-copy"). */
+#define KOLO_PAIR_EX_MIN ((size_t)64 << 10)
+enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2 };
 /* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
  * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. Such a call
  * leaves its messages' ways to the transport. */

@@ -369,10 +369,13 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * 1.06-1.29x, ending with about half its messages each way), and from 256 KiB such allreduces now
  * read and write each other's buffers by CMA where that times faster (direct.c). The same
  * choice for 2-member allgathers and alltoalls, whose exchanges the transport's nudge (shm.c)
- * already keeps in step, gained nothing there (allgather 0.94-1.03x, alltoall 1.01-1.09x, the
- * probes' cost in short launches), so they keep the transport's. The choice itself serves another
- * pair of ways for 2-member allgathers of 1-16 MiB, push or exchange (KOLO_PAIR_AG, allgather.c,
- * "Push or exchange"), whose messages the transport still sends its own way.
+ * already kept in step, gained nothing there at first (allgather 0.94-1.03x, alltoall
+ * 1.01-1.09x, the probes' cost in short launches), so they kept the transport's; since their
+ * sends went single-copy as the call's choice (shm.c, SINGLE_MIN), it runs for them again
+ * (KOLO_PAIR_EX, from 64 KiB: allgather.c, "Ring or single-copy"), where ring copies won 1.4-2x
+ * on the Zen 4 VM. The choice itself serves another pair of ways for 2-member allgathers of 1-16
+ * MiB, push or exchange (KOLO_PAIR_AG, allgather.c, "Push or exchange"), whose messages the
+ * transport still sends its own way.
  *
  * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters of
  * 256 KiB and more read each other's inputs directly (allreduce.c, "Direct"), so this choice runs
@@ -380,7 +383,8 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * one the same day). Below, the transport's own choice took 0.91-1.0x this one's time (Intel Xeon
  * VM, 2 ranks, kolo-bench, 6 rounds of 1000 calls alternated: 64 / 128 KiB 4.3 / 6.0 us against
  * 4.5 / 6.6; 6 of 300: 4.3 / 5.5 against 5.0 / 5.5). */
-static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {{"ring copies", "single-copy"}, {"push", "exchange"}};
+static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {
+    {"ring copies", "single-copy"}, {"push", "exchange"}, {"ring copies", "single-copy"}};
 static uint64_t test_pair_delay_ns[3];
 static _Atomic uint64_t pair_calls[3];
 
@@ -405,10 +409,12 @@ void kolo__pair_test_calls(uint64_t got[3])
  * moved a 64 KiB class to the ring for good). */
 #define SWITCH_AFTER_CALLS 3
 
-static int pair_class(uint64_t bytes)
+static uint64_t pair_min(int kind) { return kind == KOLO_PAIR_EX ? KOLO_PAIR_EX_MIN : KOLO_PAIR_MIN; }
+
+static int pair_class(int kind, uint64_t bytes)
 {
     int k = 0;
-    for (uint64_t b = bytes / KOLO_PAIR_MIN; b >= 2 && k < KOLO_PAIR_CLASSES - 1; b /= 2) k++;
+    for (uint64_t b = bytes / pair_min(kind); b >= 2 && k < KOLO_PAIR_CLASSES - 1; b /= 2) k++;
     return k;
 }
 
@@ -417,7 +423,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->conn = NULL;
     t->way = KOLO_WAY_AUTO;
     t->patient = false;
-    if (g->size != 2 || bytes < KOLO_PAIR_MIN) return;
+    if (g->size != 2 || bytes < pair_min(kind)) return;
     int peer = kolo__g2w(g, !g->rank);
     kolo__conn *c = m->conns[peer];
     if (!c || kolo__shm_cma_state(c) != 2) return;
@@ -425,7 +431,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
         return; /* the transport picks, as it would anyway */
     if (!m->pair_ways[peer] && !(m->pair_ways[peer] = kolo__calloc(1, sizeof(kolo__pair_ways)))) return;
     kolo__pair_ways *p = m->pair_ways[peer];
-    int k = kind * KOLO_PAIR_CLASSES + pair_class(bytes);
+    int k = kind * KOLO_PAIR_CLASSES + pair_class(kind, bytes);
     t->conn = c;
     t->peer = peer;
     t->slot = k;
@@ -433,7 +439,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->lead = m->rank < peer;
     t->bytes = bytes;
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
-    if (kind == KOLO_PAIR_RS) m->call_way = (unsigned char)t->way;
+    if (kind != KOLO_PAIR_AG) m->call_way = (unsigned char)t->way;
     t->start = kolo__now_ns();
 }
 

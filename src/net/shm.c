@@ -921,7 +921,9 @@ static void tx_payload(shm_priv *s, uint64_t pos, const void *src, size_t n, uin
  * 3.7-4.2 / 5.5-5.6); 4 ranks alltoall 128 / 256 KiB 21 / 42 against 27 / 65 (6 rounds).
  *
  * With auto, such sends from the pair's threshold (32 KiB) go single-copy, as their call's choice
- * (SHM_FLAG_CALL: the receiver does not time them). The receiver's timing of a message sees its
+ * (SHM_FLAG_CALL: the receiver does not time them), unless the call chose otherwise: a 2-member
+ * exchange's call picks ring copies or single-copy from whole calls' timings (allgather.c, "Ring
+ * or single-copy"). The receiver's timing of a message sees its
  * own copy, not the sender's copy into the ring, and in an exchange both sides do both: per
  * message the ring looked close to single-copy, and short launches often settled on it. Intel
  * Xeon guest, vCPUs apart, 2 ranks, 5 rounds of 20-call launches: allgather and alltoall 256-512
