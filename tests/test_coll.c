@@ -2599,7 +2599,7 @@ static void dozes_until_rung(int rank, void *arg)
         int root = kind == 1 ? 0 : n - 1;
         memset(buf, rank == root ? 0x40 + round : 0, len);
         KT_OK(kolo_barrier(KOLO_WORLD));
-        uint64_t a[5], b[5];
+        uint64_t a[5], b[5], t0 = kolo__now_ns();
         kolo__wait_test_counts(a);
         if (rank != 0) usleep(late);
         if (kind == 2) {
@@ -2612,8 +2612,11 @@ static void dozes_until_rung(int rank, void *arg)
             KT_EQ(buf[len - 1], 0x40 + round);
         }
         kolo__wait_test_counts(b);
+        /* a rank 0 kept off its core past the others' lateness (the CI's other lane on the same
+         * two cores) found their bytes in and had nothing to sleep for */
+        bool waited = kolo__now_ns() - t0 >= (uint64_t)late * 1000 / 2;
         if (rank == 0) {
-            KT_ASSERTF(b[2] > a[2], "round %d: no sleep in a %u us wait", round, (unsigned)late);
+            KT_ASSERTF(b[2] > a[2] || !waited, "round %d: no sleep in a %u us wait", round, (unsigned)late);
             rung[kind] += b[3] > a[3];
             KT_EQ(b[1] - a[1], 0);
             KT_ASSERTF(b[0] - a[0] < 100000, "round %d: %llu idle passes in a %u us wait", round,
