@@ -237,10 +237,10 @@ int kolo__err_aborted(kolo__conn *c, const char *reason)
                      kolo__peer_name(c->mesh, c->peer), *root ? root : "(no reason given)");
 }
 
+/* Sets "lost rank R on H: why" as the error; returns KOLO_ERR_PEER_LOST. */
 static int lost(kolo__conn *c, const char *why)
 {
-    kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer), why);
-    return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
+    return kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer), why);
 }
 
 /* A peer that died or aborted the job with nothing of ours pending: it had sent all we asked of it
@@ -271,17 +271,16 @@ static int on_hangup(kolo__conn *c)
     if (c->lost) return KOLO_OK;
     if (!c->gone && !c->tp->left_cleanly(c)) {
         char why[KOLO_ABORT_REASON_MAX + 64];
-        if (c->tp->abort_reason(c, why, sizeof(why))) st = kolo__err_aborted(c, why);
-        else
-            st = kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s", c->peer, kolo__peer_name(c->mesh, c->peer),
-                           "its connection closed without a goodbye (the process died, or it hit an error and "
+        st = c->tp->abort_reason(c, why, sizeof(why))
+                 ? kolo__err_aborted(c, why)
+                 : lost(c, "its connection closed without a goodbye (the process died, or it hit an error and "
                            "aborted the job)");
         return c->sendq || c->recvq ? kolo__conn_fail(c, st) : keep_loss(c, st);
     }
     c->gone = 1;
     if (c->sendq || c->recvq)
-        return lost(c, "it shut down while this rank still had messages to exchange with it: the ranks did not "
-                       "call the same collectives");
+        return kolo__conn_fail(c, lost(c, "it shut down while this rank still had messages to exchange with it: "
+                                          "the ranks did not call the same collectives"));
     return KOLO_OK;
 }
 
