@@ -580,8 +580,8 @@ static void auto_pair_done(float *x, float *y)
  * (shm.c, SINGLE_MIN) unless, on 2 members, the pair's choice of ring or single-copy (allgather.c,
  * "Ring or single-copy") says otherwise. Allgathers of 16 KiB blocks must arrive as no called
  * message, of 256 KiB blocks as one called message each, the first two (a new class's, left to
- * the transport) single-copy; of 2 MiB blocks as none, each rank writing its block into the
- * other (allgather.c, "push"). */
+ * the transport) single-copy; of 2 MiB blocks as none in a new class's first two calls (left to
+ * the rule), each rank writing its block into the other (allgather.c, "push"). */
 static void single_marked_sends(int rank, void *arg)
 {
     (void)arg;
@@ -594,7 +594,7 @@ static void single_marked_sends(int rank, void *arg)
     const size_t counts[] = {(size_t)1 << 12, (size_t)1 << 16, big}; /* 16 KiB, 256 KiB, 2 MiB */
     for (int pass = 0; pass < 3; pass++) {
         size_t count = counts[pass];
-        int calls = 3;
+        int calls = pass == 2 ? 2 : 3;
         uint64_t before[2], after[2], pushes = kolo__coll_allgather_push_runs();
         kolo__shm_call_received(c, before);
         for (int it = 0; it < calls; it++) {
@@ -2208,19 +2208,19 @@ static void pair_choice(int rank, void *arg)
         float *a = malloc(2 * half * 4);
         KT_ASSERT(a);
         for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
-        kolo__pair_test_delay(slow, delay_ns);
+        kolo__pair_test_delay(KOLO_PAIR_RS, slow, delay_ns);
         int32_t ways[2][CALLS];
         uint64_t got0[2], got1[2], before[3], after[3];
         kolo__shm_call_received(c, got0);
         for (int call = 0; call < CALLS; call++) {
-            kolo__pair_test_calls(before);
+            kolo__pair_test_calls(KOLO_PAIR_RS, before);
             for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
             KT_OK(kolo_reducescatter(a, a + 1, 2, half, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
             KT_ASSERTF(a[1] == 3 && a[half] == 3, "call %d: %g %g", call, (double)a[1], (double)a[half]);
-            kolo__pair_test_calls(after);
+            kolo__pair_test_calls(KOLO_PAIR_RS, after);
             ways[rank][call] = call_way(before, after, call);
         }
-        kolo__pair_test_delay(slow, 0);
+        kolo__pair_test_delay(KOLO_PAIR_RS, slow, 0);
         kolo__shm_call_received(c, got1);
         int mine[3] = {0, 0, 0}, fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
         for (int call = 0; call < CALLS; call++) {
@@ -2240,10 +2240,10 @@ static void pair_choice(int rank, void *arg)
                    slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6, fast);
         /* below KOLO_PAIR_MIN the transport picks, call by call uncounted */
         uint64_t small0[3], small1[3];
-        kolo__pair_test_calls(small0);
+        kolo__pair_test_calls(KOLO_PAIR_RS, small0);
         for (size_t i = 0; i < 2 * half; i++) a[i] = (float)(rank + 1);
         KT_OK(kolo_reducescatter(a, a + 1, 2, ((size_t)16 << 10), KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-        kolo__pair_test_calls(small1);
+        kolo__pair_test_calls(KOLO_PAIR_RS, small1);
         KT_ASSERT(a[1] == 3 && memcmp(small0, small1, sizeof(small0)) == 0);
         free(a);
     }
@@ -2279,17 +2279,17 @@ static void pair_exchange_ways(int rank, void *arg)
         float *x = malloc(2 * count * 4), *z = malloc(2 * count * 4);
         KT_ASSERT(x && z);
         size_t counts[2] = {count, count};
-        kolo__pair_test_delay(slow, delay_ns);
+        kolo__pair_test_delay(KOLO_PAIR_EX, slow, delay_ns);
         int32_t ways[CALLS];
         uint64_t got0[2], got1[2];
         kolo__shm_call_received(c, got0);
         for (int call = 0; call < CALLS; call++) {
             uint64_t before[3], after[3];
             for (size_t i = 0; i < 2 * count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
-            kolo__pair_test_calls(before);
+            kolo__pair_test_calls(KOLO_PAIR_EX, before);
             if (a2a) KT_OK(kolo_alltoall(x, counts, z, counts, KOLO_FLOAT32, KOLO_WORLD));
             else KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            kolo__pair_test_calls(after);
+            kolo__pair_test_calls(KOLO_PAIR_EX, after);
             for (size_t i = 0; i < 2 * count; i++) { /* block q of z is member q's (its block `rank`) */
                 size_t q = i / count, at = a2a ? (size_t)rank * count + i % count : i % count;
                 KT_ASSERTF(z[i] == (float)((at * 5 + q * 7 + (size_t)call) % 8191), "call %d [%zu]: %g", call, i,
@@ -2297,7 +2297,7 @@ static void pair_exchange_ways(int rank, void *arg)
             }
             ways[call] = call_way(before, after, call);
         }
-        kolo__pair_test_delay(slow, 0);
+        kolo__pair_test_delay(KOLO_PAIR_EX, slow, 0);
         kolo__shm_call_received(c, got1);
         int mine[3] = {0, 0, 0}, fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
         for (int call = 0; call < CALLS; call++) {
@@ -2317,9 +2317,9 @@ static void pair_exchange_ways(int rank, void *arg)
         /* below KOLO_PAIR_EX_MIN the transport picks, uncounted */
         uint64_t small0[3], small1[3];
         size_t few[2] = {(size_t)4 << 10, (size_t)4 << 10};
-        kolo__pair_test_calls(small0);
+        kolo__pair_test_calls(KOLO_PAIR_EX, small0);
         KT_OK(kolo_alltoall(x, few, z, few, KOLO_FLOAT32, KOLO_WORLD));
-        kolo__pair_test_calls(small1);
+        kolo__pair_test_calls(KOLO_PAIR_EX, small1);
         KT_ASSERT(memcmp(small0, small1, sizeof(small0)) == 0);
         free(x);
         free(z);
@@ -2333,18 +2333,48 @@ KT_TEST(pair_exchange_ways_follow_call_timings, 120)
     KT_EQ(kt_job(2, pair_exchange_ways, NULL, &o, NULL), 0);
 }
 
-/* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 16 MiB push or exchange as member 0's
- * timings of whole calls favour (allgather.c, "Push"), both members the same way in every call:
- * a hook makes calls by one way 30 ms slower, and the other must carry at least 7 of the last 12
- * of 30 calls (as pair_choice above); the two members' records of their calls' ways match call
- * for call, and a call pushed exactly when its way was not the exchange. Then the push is the
- * slow one, at another size (a fresh class, which starts from the first one's verdict, the push).
- * Allgathers of 8 MiB, a class that probes late, take the nearest smaller class's verdict (the
- * exchange) after their first two calls and keep it until their ninth timed call at least. */
+/* One 2-member allgather of `count` floats a member, checked, and the ways its choices took: ex,
+ * ring copies or single-copy (KOLO_PAIR_EX); ag, push or exchange within single-copy
+ * (KOLO_PAIR_AG), -1 where that choice did not run, which must be exactly where ex was the ring;
+ * and the call pushed exactly where ag was not the exchange. */
+static void allgather_ways(const float *x, float *z, size_t count, int call, int32_t *ex, int32_t *ag)
+{
+    uint64_t e0[3], e1[3], a0[3], a1[3], pushes = kolo__coll_allgather_push_runs();
+    kolo__pair_test_calls(KOLO_PAIR_EX, e0);
+    kolo__pair_test_calls(KOLO_PAIR_AG, a0);
+    KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    kolo__pair_test_calls(KOLO_PAIR_EX, e1);
+    kolo__pair_test_calls(KOLO_PAIR_AG, a1);
+    for (size_t i = 0; i < 2 * count; i++)
+        KT_ASSERTF(z[i] == (float)(((i % count) * 5 + (i / count) * 7 + (size_t)call) % 8191), "call %d [%zu]: %g",
+                   call, i, (double)z[i]);
+    *ex = call_way(e0, e1, call);
+    *ag = memcmp(a0, a1, sizeof(a0)) ? call_way(a0, a1, call) : -1;
+    KT_ASSERTF((*ag < 0) == (*ex == KOLO_WAY_RING), "call %d by %s %s the push-or-exchange choice", call,
+               *ex == KOLO_WAY_RING ? "ring copies" : "single-copy", *ag < 0 ? "skipped" : "ran");
+    KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(*ag >= 0 && *ag != KOLO_PAIR_EXCHANGE));
+}
+
+static void fill_for_call(float *x, size_t count, int rank, int call)
+{
+    for (size_t i = 0; i < count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
+}
+
+/* With KOLO_SHM_CMA=auto, 2-member allgathers of 1 to 16 MiB send by ring copies or single-copy,
+ * and single-copy ones push or exchange, as member 0's timings of whole calls favour (allgather.c,
+ * "Push" and "Ring or single-copy"), both members the same ways in every call (their records
+ * match call for call), and the push-or-exchange choice runs in exactly the single-copy calls.
+ * With ring copies 90 ms slower a call: a hook makes calls by the exchange 30 ms slower, and the
+ * push must carry at least 7 of the last 12 push-or-exchange calls of 40 (as pair_choice above);
+ * then, at another size (fresh classes, which start from the first ones' verdicts), the push is
+ * the slow one. Allgathers of 8 MiB, whose classes probe late, take the nearest smaller classes'
+ * verdicts (single-copy, the exchange) after their first two calls and keep them until their
+ * ninth timed call at least. Last, with single-copy slow, 4 MiB allgathers go by ring copies in at least 7 of their
+ * last 12 calls. */
 static void pair_allgather_choice(int rank, void *arg)
 {
     (void)arg;
-    enum { CALLS = 30 };
+    enum { CALLS = 40 };
     kolo__mesh *m = choosing_mesh(rank);
     if (!m) return;
     if (!m->world_single) {
@@ -2356,53 +2386,64 @@ static void pair_allgather_choice(int rank, void *arg)
     size_t most = (size_t)1 << 20; /* floats per rank: 4 MiB, 8 MiB in all */
     float *x = malloc(most * 4), *z = malloc(2 * most * 4);
     KT_ASSERT(x && z);
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 3 * delay_ns);
     const int slows[2] = {KOLO_PAIR_EXCHANGE, KOLO_PAIR_PUSH};
     for (int s = 0; s < 2; s++) {
-        int slow = slows[s], fast = 0, fast_way = slow == KOLO_PAIR_PUSH ? KOLO_PAIR_EXCHANGE : KOLO_PAIR_PUSH;
+        int slow = slows[s], fast_way = slow == KOLO_PAIR_PUSH ? KOLO_PAIR_EXCHANGE : KOLO_PAIR_PUSH;
         size_t count = (size_t)128 << 10 << s; /* floats per rank: 1 MiB in all, then 2 MiB */
-        kolo__pair_test_delay(slow, delay_ns);
-        int32_t ways[CALLS];
+        kolo__pair_test_delay(KOLO_PAIR_AG, slow, delay_ns);
+        int32_t exs[CALLS], ags[CALLS];
         for (int call = 0; call < CALLS; call++) {
-            uint64_t before[3], after[3], pushes = kolo__coll_allgather_push_runs();
-            for (size_t i = 0; i < count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
-            kolo__pair_test_calls(before);
-            KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            kolo__pair_test_calls(after);
-            for (size_t i = 0; i < 2 * count; i++)
-                KT_ASSERTF(z[i] == (float)(((i % count) * 5 + (i / count) * 7 + (size_t)call) % 8191),
-                           "call %d [%zu]: %g", call, i, (double)z[i]);
-            ways[call] = call_way(before, after, call);
-            KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(ways[call] != KOLO_PAIR_EXCHANGE));
-            if (call >= CALLS - 12) fast += ways[call] == fast_way;
+            fill_for_call(x, count, rank, call);
+            allgather_ways(x, z, count, call, &exs[call], &ags[call]);
         }
-        kolo__pair_test_delay(slow, 0);
-        ways_match(ways, CALLS);
-        KT_ASSERTF(fast >= 7, "allgathers of %zu KiB, %s slowed by %.0f ms: %d of the last 12 calls the other way",
+        kolo__pair_test_delay(KOLO_PAIR_AG, slow, 0);
+        ways_match(exs, CALLS);
+        ways_match(ags, CALLS);
+        int seen = 0, fast = 0;
+        for (int call = CALLS - 1; call >= 0 && seen < 12; call--)
+            if (ags[call] >= 0) {
+                seen++;
+                fast += ags[call] == fast_way;
+            }
+        KT_ASSERTF(seen == 12 && fast >= 7,
+                   "allgathers of %zu KiB, %s slowed by %.0f ms: %d of the last %d push-or-exchange calls the other way",
                    count * 8 >> 10, slow == KOLO_PAIR_PUSH ? "the push" : "the exchange", (double)delay_ns * 1e-6,
-                   fast);
+                   fast, seen);
     }
-    /* 8 MiB in all: the first two calls push (the class is new), then the 2 MiB class's verdict,
-     * with no probe of the push: it would come 4 timed calls after the first (call 8) in a class
-     * that does not wait, and after 8 and 0.1 s here (call 12 at the earliest) */
+    /* 8 MiB in all: the first two calls push (both classes are new), then the 2 MiB classes'
+     * verdicts (single-copy, the exchange), with no probe of ring copies nor of the push: it would
+     * come 4 timed calls after the first (call 8) in a class that does not wait, and after 8 and
+     * 0.1 s here (12 at the earliest) */
     for (int call = 0; call < 12; call++) {
-        uint64_t c0[3], c1[3], pushes = kolo__coll_allgather_push_runs();
-        for (size_t i = 0; i < most; i++) x[i] = (float)((i + (size_t)call) % 1000 + (size_t)rank);
-        kolo__pair_test_calls(c0);
-        KT_OK(kolo_allgather(x, most, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-        kolo__pair_test_calls(c1);
-        KT_ASSERT(z[5] == (float)((5 + call) % 1000) && z[most + 5] == (float)((5 + call) % 1000 + 1));
+        int32_t ex, ag;
+        fill_for_call(x, most, rank, call);
+        allgather_ways(x, z, most, call, &ex, &ag);
+        KT_ASSERTF(ex != KOLO_WAY_RING, "8 MiB, call %d: a probe of ring copies before the class's ninth timed call",
+                   call);
         int way = call < 2 ? KOLO_WAY_AUTO : KOLO_PAIR_EXCHANGE;
-        KT_ASSERTF(c1[way] == c0[way] + 1, "8 MiB, call %d: not a call by way %d (calls by way: %llu %llu %llu)",
-                   call, way, (unsigned long long)(c1[0] - c0[0]), (unsigned long long)(c1[1] - c0[1]),
-                   (unsigned long long)(c1[2] - c0[2]));
-        KT_EQ(kolo__coll_allgather_push_runs() - pushes, (uint64_t)(way != KOLO_PAIR_EXCHANGE));
+        KT_ASSERTF(ag == way, "8 MiB, call %d: pushed or exchanged by way %d, not %d", call, ag, way);
     }
+    /* 4 MiB in all, single-copy slow: ring copies */
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_SINGLE, delay_ns);
+    int32_t exs[CALLS], ags[CALLS];
+    int ring = 0;
+    for (int call = 0; call < CALLS; call++) {
+        fill_for_call(x, most / 2, rank, call);
+        allgather_ways(x, z, most / 2, call, &exs[call], &ags[call]);
+        if (call >= CALLS - 12) ring += exs[call] == KOLO_WAY_RING;
+    }
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_SINGLE, 0);
+    ways_match(exs, CALLS);
+    KT_ASSERTF(ring >= 7, "allgathers of 4 MiB, single-copy slowed by %.0f ms: %d of the last 12 calls by ring copies",
+               (double)delay_ns * 1e-6, ring);
     free(x);
     free(z);
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(pair_allgather_push_or_exchange_follows_timings, 120)
+KT_TEST(pair_allgather_ways_follow_timings, 180)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, pair_allgather_choice, NULL, &o, NULL), 0);
@@ -3480,7 +3521,11 @@ static void allgather_push_mismatch4(int rank, void *arg)
 
 KT_TEST(allgather_push_on_two_ranks, 60)
 {
-    kt_job_both(2, allgather_push2, NULL);
+    /* single-copy pinned over shared memory: every call from 1 MiB pushes (where the pair chooses,
+     * calls may go by ring copies: pair_allgather_ways_follow_timings) */
+    kt_job_opts shm = {.env = {"KOLO_SHM_CMA=1"}}, tcp = {.tcp_only = 1};
+    KT_EQ(kt_job(2, allgather_push2, NULL, &shm, NULL), 0);
+    KT_EQ(kt_job(2, allgather_push2, NULL, &tcp, NULL), 0);
     KT_EQ(kt_job(4, allgather_push_mismatch4, NULL, NULL, NULL), 0);
 }
 

@@ -163,14 +163,14 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * calls they take the nearest smaller class's verdict and probe first after 8 timed calls and
  * 0.1 s. In the harness's band (2-8 MiB, 25 calls a size), 15 rounds rotating the order, 8 MiB
  * took 603 us against the push's 670 (0.89x by the pairs, 13 of 15 faster), Open MPI 548. From
- * 16 MiB the push stays.
+ * 16 MiB the push stays. This choice runs only in calls the one below makes single-copy (nested
+ * in it; a call right after a change of that way is not timed).
  *
  * Ring or single-copy, 2 members (KOLO_PAIR_EX): below the push's sizes an exchange's two
  * messages went single-copy as their call's choice (shm.c, SINGLE_MIN: on an Intel Xeon VM with
  * its vCPUs apart, 0.77-0.79x the time of the transport's choice at 256-512 KiB), but on the Zen 4
  * VM ring copies ran 1.4-2x faster with the vCPUs together and no slower apart (their copies
- * there go around the cache: shm.c). So from KOLO_PAIR_EX_MIN (64 KiB of output) below PUSH_MIN_2 both members send
- * the way member 0 chooses from its timings of whole calls, as a reduce-scatter's steps do
+ * there go around the cache: shm.c). So from KOLO_PAIR_EX_MIN (64 KiB of output) both members send the way member 0 chooses from its timings of whole calls, as a reduce-scatter's steps do
  * (coll_util.c, "pair"), on hosts that are not crowded (there the sends stay single-copy); 2-member
  * alltoalls the same, by the bytes both move (alltoall.c). The harness's band (50 calls a size),
  * 10 rounds rotating the build before, this one and Open MPI, vCPUs together, us per call:
@@ -178,8 +178,19 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * / 10.0 / 20.7 / 45.7), 1 MiB (the push's) alike; alltoall 64 KiB-1 MiB 3.8 / 6.3 / 10.9 / 22.8 /
  * 43.7 against 5.0 / 9.0 / 20.9 / 41.8 / 57.4 (Open MPI 6.1 / 9.2 / 21.1 / 41.4 / 60.8), 2-16
  * MiB (20 calls a size, 6 rounds) 0.75-0.87x the time; with the vCPUs apart (4 rounds) allgather
- * 64-512 KiB 0.73-0.82x. Ring copies would win at 1-4 MiB too (pinned, vCPUs together: 1 MiB 49
- * against the push or exchange's 57-67), where this choice does not run yet. */
+ * 64-512 KiB 0.73-0.82x. From 1 MiB the same choice runs between ring copies and single-copy,
+ * which is the push or the exchange above: pinned, ring copies beat both at every size from 1 to
+ * 64 MiB on the Zen 4 VM (20 calls a size, 6 rounds, vCPUs together, us: 1 / 2 / 4 / 8 / 16 MiB
+ * 38 / 74 / 158 / 531 / 1334 against the choice's 55 / 105 / 217 / 653 / 1663, Open MPI 60 / 106
+ * / 217 / 550 / 1995; 32 / 64 MiB 3381 / 6841 against the push's 3850 / 8722). Those classes are
+ * patient (KOLO_PAIR_EX_PATIENT_MIN): after their first two calls they take the nearest smaller
+ * class's verdict and probe first after 8 timed calls and 0.1 s; probing after 4 calls, traced at
+ * 8 MiB, a probe's five calls of single-copy and changing back cost 650-1100 us each against ring
+ * copies' 470-550, and a benchmark's 20 calls a size ran 612 against ring copies pinned at 522.
+ * The harness's band (2-16 MiB, 20 calls a size, 200 ms at 2 MiB first), 8 rounds rotating the
+ * build before, this one and Open MPI, vCPUs apart, us: 2 / 4 / 8 / 16 MiB 101 / 213 / 519 /
+ * 1073 against 134 / 276 / 582 / 1361 (0.78 / 0.79 / 0.91 / 0.79x by the pairs, 7-8 of 8 rounds
+ * faster), Open MPI 116 / 225 / 559 / 1901. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
 #define PUSH_CHOICE_MAX_2 ((size_t)16 << 20)
 #define PUSH_PATIENT_MIN_2 KOLO_STREAM_OUT_MIN
@@ -299,38 +310,42 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     }
     kolo__out_ticket ot;
     bool stream = kolo__coll_out_stream(m, total * es, &ot); /* written around the cache */
-    bool push = push_here(m, g, total * es);
-    kolo__pair_ticket pt = {.conn = NULL};
-    bool choose = push && n == 2 && total * es < PUSH_CHOICE_MAX_2;
-    if (choose) { /* push or exchange, as the pair's timings choose (above) */
+    /* 2 members: ring copies or single-copy, and single-copy from PUSH_MIN_2 to PUSH_CHOICE_MAX_2
+     * push or exchange, as the pair's timings choose (above) */
+    kolo__pair_ticket ex = {.conn = NULL}, pt = {.conn = NULL};
+    if (n == 2 && !kolo__coll_shm_crowded(m, g)) {
+        kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
+        ex.patient = total * es >= KOLO_PAIR_EX_PATIENT_MIN;
+    }
+    bool push = ex.way != KOLO_WAY_RING && push_here(m, g, total * es);
+    if (push && n == 2 && total * es < PUSH_CHOICE_MAX_2) {
         kolo__pair_begin(m, g, KOLO_PAIR_AG, total * es, &pt);
         pt.patient = total * es >= PUSH_PATIENT_MIN_2;
+        pt.untimed = ex.changed;
         push = pt.way != KOLO_PAIR_EXCHANGE;
     }
+    int st;
     if (push) {
-        int st = allgather_push(m, g, own, out, offs, counts, es, stream);
-        if (choose) kolo__pair_end(m, &pt, st, "allgather");
-        kolo__coll_out_done(m, &ot, "allgather", st);
-        return st;
+        m->call_way = KOLO_WAY_AUTO; /* its few messages go as the transport picks */
+        st = allgather_push(m, g, own, out, offs, counts, es, stream);
+    } else {
+        kolo__xfer xs[128];
+        kolo__xfer *ptrs[128];
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (i == r) continue;
+            kolo__isend(m, kolo__g2w(g, i), own, counts[r] * es, &xs[k]);
+            xs[k++].single = true; /* each receiver keeps its copy and forwards none */
+            kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k]);
+            xs[k++].stream = stream;
+        }
+        /* send may lie inside out only as the own block (in place), so this copy touches no block
+         * that is in flight */
+        kolo__coll_copy_own_moving(m, mine, send, counts[r] * es, stream);
+        for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
+        st = kolo__wait(m, ptrs, k);
     }
-    kolo__pair_ticket ex = {.conn = NULL};
-    if (n == 2 && !choose && !kolo__coll_shm_crowded(m, g)) kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
-    kolo__xfer xs[128];
-    kolo__xfer *ptrs[128];
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        if (i == r) continue;
-        kolo__isend(m, kolo__g2w(g, i), own, counts[r] * es, &xs[k]);
-        xs[k++].single = true; /* each receiver keeps its copy and forwards none */
-        kolo__irecv(m, kolo__g2w(g, i), out + offs[i] * es, counts[i] * es, &xs[k]);
-        xs[k++].stream = stream;
-    }
-    /* send may lie inside out only as the own block (in place), so this copy touches no block
-     * that is in flight */
-    kolo__coll_copy_own_moving(m, mine, send, counts[r] * es, stream);
-    for (int i = 0; i < k; i++) ptrs[i] = &xs[i];
-    int st = kolo__wait(m, ptrs, k);
-    if (choose) kolo__pair_end(m, &pt, st, "allgather");
+    if (pt.conn) kolo__pair_end(m, &pt, st, "allgather");
     if (ex.conn) kolo__pair_end(m, &ex, st, "allgather");
     kolo__coll_out_done(m, &ot, "allgather", st);
     return st;

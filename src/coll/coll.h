@@ -347,10 +347,14 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
  * posting, and ends with kolo__pair_end, with its status; it runs no other collective between
  * them. */
 #define KOLO_PAIR_MIN ((size_t)256 << 10)
-/* An exchange (KOLO_PAIR_EX) of a 2-member allgather below the push's sizes, or of a 2-member
- * alltoall, of `bytes` of output: from KOLO_PAIR_EX_MIN, whether both send by ring copies or
- * single-copy, chosen the same way (allgather.c, "Ring or single-copy"). */
+/* A 2-member allgather or alltoall (KOLO_PAIR_EX) of `bytes` of output: from KOLO_PAIR_EX_MIN,
+ * whether both send by ring copies or single-copy, chosen the same way (allgather.c, "Ring or
+ * single-copy"); a single-copy allgather of 1-16 MiB then pushes or exchanges as its own
+ * KOLO_PAIR_AG choice says, nested in this one. */
 #define KOLO_PAIR_EX_MIN ((size_t)64 << 10)
+/* From this many bytes such a choice is patient (kolo__pair_ticket): a benchmark's 25 calls a size
+ * lost what ring copies gained to a probe of single-copy (allgather.c, "Ring or single-copy"). */
+#define KOLO_PAIR_EX_PATIENT_MIN ((size_t)1 << 20)
 enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2 };
 /* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
  * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. Such a call
@@ -362,14 +366,18 @@ typedef struct kolo__pair_ticket {
     bool lead;
     bool patient; /* set by the caller after kolo__pair_begin: a new class takes the nearest smaller
                    * class's verdict (else way 0) and probes first after 0.1 s, not after 4 calls */
+    bool changed; /* (the lead's) this call goes another way than the class's call before */
+    bool untimed; /* set by the caller after kolo__pair_begin: not timed (a choice this one is
+                   * nested in changed its way with this call: the first such call runs slow) */
     uint64_t call, start, bytes;
 } kolo__pair_ticket;
 void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t);
 void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const char *what);
-/* Test hooks: each such call by ring (KOLO_WAY_RING) or single-copy takes ns longer; the ways of
- * this process's calls so far, by KOLO_WAY_* (got[0]: left to the transport). */
-void kolo__pair_test_delay(int way, uint64_t ns);
-void kolo__pair_test_calls(uint64_t got[3]);
+/* Test hooks: each such call of a kind (KOLO_PAIR_*) by ring (KOLO_WAY_RING) or single-copy
+ * takes ns longer; the ways of this process's calls of a kind so far, by KOLO_WAY_* (got[0]: left
+ * to the transport). */
+void kolo__pair_test_delay(int kind, int way, uint64_t ns);
+void kolo__pair_test_calls(int kind, uint64_t got[3]);
 
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory
  * (message set). Area KOLO_SCRATCH_RING holds the ring's receive slots; KOLO_SCRATCH_WORK is for

@@ -374,8 +374,9 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * sends went single-copy as the call's choice (shm.c, SINGLE_MIN), it runs for them again
  * (KOLO_PAIR_EX, from 64 KiB: allgather.c, "Ring or single-copy"), where ring copies won 1.4-2x
  * on the Zen 4 VM. The choice itself serves another pair of ways for 2-member allgathers of 1-16
- * MiB, push or exchange (KOLO_PAIR_AG, allgather.c, "Push or exchange"), whose messages the
- * transport still sends its own way.
+ * MiB, push or exchange (KOLO_PAIR_AG, allgather.c, "Push or exchange"), nested in the first: it
+ * runs in the calls that go single-copy, and the caller leaves a call untimed (t->untimed) when
+ * the outer way changed with it (the first such call runs slow, as above).
  *
  * From 256 KiB (KOLO_PAIR_MIN) since 2026-12-02, when it was 64 KiB: 2 members' reduce-scatters of
  * 256 KiB and more read each other's inputs directly (allreduce.c, "Direct"), so this choice runs
@@ -385,16 +386,17 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * 4.5 / 6.6; 6 of 300: 4.3 / 5.5 against 5.0 / 5.5). */
 static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {
     {"ring copies", "single-copy"}, {"push", "exchange"}, {"ring copies", "single-copy"}};
-static uint64_t test_pair_delay_ns[3];
-static _Atomic uint64_t pair_calls[3];
+static uint64_t test_pair_delay_ns[KOLO_PAIR_KINDS][3];
+static _Atomic uint64_t pair_calls[KOLO_PAIR_KINDS][3];
 
-void kolo__pair_test_delay(int way, uint64_t ns)
+void kolo__pair_test_delay(int kind, int way, uint64_t ns)
 {
-    if (way == KOLO_WAY_RING || way == KOLO_WAY_SINGLE) test_pair_delay_ns[way] = ns;
+    if (kind >= 0 && kind < KOLO_PAIR_KINDS && (way == KOLO_WAY_RING || way == KOLO_WAY_SINGLE))
+        test_pair_delay_ns[kind][way] = ns;
 }
-void kolo__pair_test_calls(uint64_t got[3])
+void kolo__pair_test_calls(int kind, uint64_t got[3])
 {
-    for (int i = 0; i < 3; i++) got[i] = atomic_load_explicit(&pair_calls[i], memory_order_relaxed);
+    for (int i = 0; i < 3; i++) got[i] = atomic_load_explicit(&pair_calls[kind][i], memory_order_relaxed);
 }
 
 /* A call that took more than OUTLIER_X times its way's figure is left out, up to OUTLIER_RUN in a
@@ -422,7 +424,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
 {
     t->conn = NULL;
     t->way = KOLO_WAY_AUTO;
-    t->patient = false;
+    t->patient = t->changed = t->untimed = false;
     if (g->size != 2 || bytes < pair_min(kind)) return;
     int peer = kolo__g2w(g, !g->rank);
     kolo__conn *c = m->conns[peer];
@@ -439,6 +441,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->lead = m->rank < peer;
     t->bytes = bytes;
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
+    t->changed = t->lead && t->way != p->last[k];
     if (kind != KOLO_PAIR_AG) m->call_way = (unsigned char)t->way;
     t->start = kolo__now_ns();
 }
@@ -447,20 +450,21 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
 {
     m->call_way = KOLO_WAY_AUTO;
     if (!t->conn) return;
-    atomic_fetch_add_explicit(&pair_calls[t->way], 1, memory_order_relaxed);
-    if (st == KOLO_OK) kolo__sleep_ns(test_pair_delay_ns[t->way]);
+    int kind = t->slot / KOLO_PAIR_CLASSES;
+    atomic_fetch_add_explicit(&pair_calls[kind][t->way], 1, memory_order_relaxed);
+    if (st == KOLO_OK) kolo__sleep_ns(test_pair_delay_ns[kind][t->way]);
     if (!t->lead) return;
     kolo__pair_ways *p = m->pair_ways[t->peer];
     kolo__choice *c = &p->choice[t->slot];
     int way = t->way - 1; /* the choice's way: 0 ring, 1 single-copy */
-    bool changed = t->way != p->last[t->slot];
     p->last[t->slot] = (unsigned char)t->way;
     uint64_t now = kolo__now_ns(), ps = (now - t->start) * 1000 / KOLO_MAX(t->bytes, 1);
     bool outlier = way >= 0 && !c->probing && !c->recheck && c->cost[way] && ps > OUTLIER_X * c->cost[way] &&
                    p->outliers[t->slot] < OUTLIER_RUN;
     p->outliers[t->slot] = outlier ? p->outliers[t->slot] + 1 : 0;
-    if (st == KOLO_OK && t->way != KOLO_WAY_AUTO && !changed && !outlier && !(c->probing && way == c->want))
-        kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR[t->slot / KOLO_PAIR_CLASSES]);
+    if (st == KOLO_OK && t->way != KOLO_WAY_AUTO && !t->changed && !t->untimed && !outlier &&
+        !(c->probing && way == c->want))
+        kolo__choice_learn(c, way, t->start, t->bytes, what, WAYS_PAIR[kind]);
     /* the way of the call after next, which takes the slot of this one. A class starts as the
      * nearest smaller class that has timed both ways decided (else way 0: the ring, the push), and probes the other
      * way after its first calls all the same: as a hint it would wait 0.1 s, longer than a
