@@ -357,8 +357,10 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
 #define KOLO_PAIR_EX_PATIENT_MIN ((size_t)1 << 20)
 enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2 };
 /* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
- * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. Such a call
- * leaves its messages' ways to the transport. */
+ * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. It sets no way
+ * for its messages: an exchange's go as the KOLO_PAIR_EX choice it runs inside says (single-copy,
+ * or the transport's pick in that choice's first calls of a class), a push's few as the transport
+ * picks. */
 enum { KOLO_PAIR_PUSH = KOLO_WAY_RING, KOLO_PAIR_EXCHANGE = KOLO_WAY_SINGLE };
 typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: no choice (the transport picks the ways; an allgather pushes) */
