@@ -2256,9 +2256,9 @@ KT_TEST(pair_choice_follows_call_timings_on_both_members, 120)
     KT_EQ(kt_job(2, pair_choice, NULL, &o, NULL), 0);
 }
 
-/* With KOLO_SHM_CMA=auto, the exchanges of 2-member allgathers below the push's sizes and of
- * 2-member alltoalls, from KOLO_PAIR_EX_MIN (64 KiB moved), send by ring copies or single-copy
- * as member 0's timings of whole calls favour (allgather.c, "Ring or single-copy"), both members
+/* With KOLO_SHM_CMA=auto, 2-member allgathers (here below the push's sizes: from them,
+ * pair_allgather_choice) and alltoalls, from KOLO_PAIR_EX_MIN (64 KiB moved), send by ring
+ * copies or single-copy as member 0's timings of whole calls favour (allgather.c, "Ring or single-copy"), both members
  * the same way in every call: as pair_choice above, a hook makes one way 30 ms slower per call,
  * and the other must carry at least 7 of the last 12 of 30 calls; the members' records match call
  * for call; each call's one message each way went as recorded (a class's first two calls, left

@@ -159,8 +159,8 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * and traced, the two choices settled side by side (exchange with stores around the cache, 37-45
  * ps/B, where the push ran 63), but in the harness's launches of 25 calls a size 8 MiB took 1.01x
  * the push's time (6 of 12 rounds faster): its first pushes and probes ate the gain. So the
- * classes from PUSH_PATIENT_MIN_2 are patient (coll.h, kolo__pair_ticket): after their first two
- * calls they take the nearest smaller class's verdict and probe first after 8 timed calls and
+ * classes from KOLO_PAIR_AG_PATIENT_MIN are patient (coll.h, kolo__pair_ticket): after their
+ * first two calls they take the nearest smaller class's verdict and probe first after 8 timed calls and
  * 0.1 s. In the harness's band (2-8 MiB, 25 calls a size), 15 rounds rotating the order, 8 MiB
  * took 603 us against the push's 670 (0.89x by the pairs, 13 of 15 faster), Open MPI 548. From
  * 16 MiB the push stays. This choice runs only in calls the one below makes single-copy (nested
@@ -170,7 +170,8 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * messages went single-copy as their call's choice (shm.c, SINGLE_MIN: on an Intel Xeon VM with
  * its vCPUs apart, 0.77-0.79x the time of the transport's choice at 256-512 KiB), but on the Zen 4
  * VM ring copies ran 1.4-2x faster with the vCPUs together and no slower apart (their copies
- * there go around the cache: shm.c). So from KOLO_PAIR_EX_MIN (64 KiB of output) both members send the way member 0 chooses from its timings of whole calls, as a reduce-scatter's steps do
+ * there go around the cache: shm.c). So from KOLO_PAIR_EX_MIN (64 KiB of output) both members
+ * send the way member 0 chooses from its timings of whole calls, as a reduce-scatter's steps do
  * (coll_util.c, "pair"), on hosts that are not crowded (there the sends stay single-copy); 2-member
  * alltoalls the same, by the bytes both move (alltoall.c). The harness's band (50 calls a size),
  * 10 rounds rotating the build before, this one and Open MPI, vCPUs together, us per call:
@@ -193,7 +194,6 @@ static int allgather_bruck(kolo__mesh *m, const kolo__group *g, const void *send
  * faster), Open MPI 116 / 225 / 559 / 1901. */
 #define PUSH_MIN_2 ((size_t)1 << 20)
 #define PUSH_CHOICE_MAX_2 ((size_t)16 << 20)
-#define PUSH_PATIENT_MIN_2 KOLO_STREAM_OUT_MIN
 #define PUSH_MIN ((size_t)128 << 10)
 #define PUSH_MAX ((size_t)16 << 20)
 #define PUSH_CHUNK ((size_t)256 << 10)
@@ -313,14 +313,10 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     /* 2 members: ring copies or single-copy, and single-copy from PUSH_MIN_2 to PUSH_CHOICE_MAX_2
      * push or exchange, as the pair's timings choose (above) */
     kolo__pair_ticket ex = {.conn = NULL}, pt = {.conn = NULL};
-    if (n == 2 && !kolo__coll_shm_crowded(m, g)) {
-        kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
-        ex.patient = total * es >= KOLO_PAIR_EX_PATIENT_MIN;
-    }
+    if (n == 2 && !kolo__coll_shm_crowded(m, g)) kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
     bool push = ex.way != KOLO_WAY_RING && push_here(m, g, total * es);
     if (push && n == 2 && total * es < PUSH_CHOICE_MAX_2) {
         kolo__pair_begin(m, g, KOLO_PAIR_AG, total * es, &pt);
-        pt.patient = total * es >= PUSH_PATIENT_MIN_2;
         pt.untimed = ex.changed;
         push = pt.way != KOLO_PAIR_EXCHANGE;
     }

@@ -33,10 +33,8 @@ static int alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const
     /* 2 members: ring copies or single-copy, by the bytes both move (alike on both: their own
      * blocks may differ) as an allgather's output of the same size (allgather.c) */
     kolo__pair_ticket ex = {.conn = NULL};
-    if (n == 2 && !kolo__coll_shm_crowded(m, g)) {
+    if (n == 2 && !kolo__coll_shm_crowded(m, g))
         kolo__pair_begin(m, g, KOLO_PAIR_EX, (sendcounts[!r] + recvcounts[!r]) * es, &ex);
-        ex.patient = (sendcounts[!r] + recvcounts[!r]) * es >= KOLO_PAIR_EX_PATIENT_MIN;
-    }
     /* post in a rotated order so that not every rank starts with rank 0 */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;

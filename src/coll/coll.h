@@ -353,8 +353,10 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
  * KOLO_PAIR_AG choice says, nested in this one. */
 #define KOLO_PAIR_EX_MIN ((size_t)64 << 10)
 /* From this many bytes such a choice is patient (kolo__pair_ticket): a benchmark's 25 calls a size
- * lost what ring copies gained to a probe of single-copy (allgather.c, "Ring or single-copy"). */
+ * lost what ring copies gained to a probe of single-copy (allgather.c, "Ring or single-copy"); a
+ * push-or-exchange choice from KOLO_PAIR_AG_PATIENT_MIN (allgather.c, "Push or exchange"). */
 #define KOLO_PAIR_EX_PATIENT_MIN ((size_t)1 << 20)
+#define KOLO_PAIR_AG_PATIENT_MIN KOLO_STREAM_OUT_MIN
 enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2 };
 /* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
  * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. It sets no way
@@ -366,8 +368,9 @@ typedef struct kolo__pair_ticket {
     kolo__conn *conn; /* NULL: no choice (the transport picks the ways; an allgather pushes) */
     int peer, slot, way; /* slot: kind x class (coll_util.c) */
     bool lead;
-    bool patient; /* set by the caller after kolo__pair_begin: a new class takes the nearest smaller
-                   * class's verdict (else way 0) and probes first after 0.1 s, not after 4 calls */
+    bool patient; /* a class of its kind's patient sizes (KOLO_PAIR_*_PATIENT_MIN): a new class takes
+                   * the nearest smaller class's verdict (else way 0) and probes first after 0.1 s,
+                   * not after 4 calls */
     bool changed; /* (the lead's) this call goes another way than the class's call before */
     bool untimed; /* set by the caller after kolo__pair_begin: not timed (a choice this one is
                    * nested in changed its way with this call: the first such call runs slow) */

@@ -413,6 +413,11 @@ void kolo__pair_test_calls(int kind, uint64_t got[3])
 
 static uint64_t pair_min(int kind) { return kind == KOLO_PAIR_EX ? KOLO_PAIR_EX_MIN : KOLO_PAIR_MIN; }
 
+static uint64_t pair_patient_min(int kind)
+{
+    return kind == KOLO_PAIR_EX ? KOLO_PAIR_EX_PATIENT_MIN : kind == KOLO_PAIR_AG ? KOLO_PAIR_AG_PATIENT_MIN : UINT64_MAX;
+}
+
 static int pair_class(int kind, uint64_t bytes)
 {
     int k = 0;
@@ -440,6 +445,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->call = p->seq[k]++;
     t->lead = m->rank < peer;
     t->bytes = bytes;
+    t->patient = bytes >= pair_patient_min(kind); /* all of a class or none: the minima start classes */
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
     t->changed = t->lead && t->way != p->last[k];
     if (kind != KOLO_PAIR_AG) m->call_way = (unsigned char)t->way;
@@ -470,8 +476,8 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * way after its first calls all the same: as a hint it would wait 0.1 s, longer than a
      * benchmark's sweep spends at one size (traced: a 64 KiB class that had just moved to the
      * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time).
-     * A patient class (its caller says so) takes that verdict, else way 0, as such a hint: its
-     * first probe waits (allgather.c, "Push or exchange": at 8 MiB a benchmark's 25 calls lost
+     * A patient class (of its kind's sizes from pair_patient_min) takes that verdict, else way 0,
+     * as such a hint: its first probe waits (allgather.c, "Push or exchange": at 8 MiB a benchmark's 25 calls lost
      * what the other way gained to the probes) */
     int hint = -1;
     if (!c->every) {
