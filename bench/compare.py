@@ -951,6 +951,7 @@ class Report:
         L += self.md_method()
         L += self.md_headline()
         L += self.md_targets()
+        L += self.md_rechecks()
         L += self.md_states()
         L += self.md_bound()
         L += self.md_profiles()
@@ -1069,6 +1070,9 @@ class Report:
                  "one state (near where both have some, else far), and where they share no state, of the "
                  "medians over all launches. Each target "
                  "row also gives the count by the medians over all launches.")
+        if a.recheck > 0:
+            L.append("- Sizes whose verdict against Open MPI the sweep left uncertain get more pairs of launches after "
+                     "it, %g min in all at most (see Rechecked target sizes)." % a.recheck)
         L.append("- busbw = algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather, "
                  "reducescatter and alltoall, 1 for broadcast; algbw = size / time (GB/s = 1e9 B/s).")
         L.append("- Cells: time (us) below 64 KiB, busbw (GB/s) from 64 KiB on. **kolo ×** = "
@@ -1266,6 +1270,34 @@ class Report:
                          _met(len(o["rows"]) == len(OVERSUB_SIZES) and wrong == 0
                               and not o["fails"], None)))
         L += self.md_engine_targets()
+        L.append("")
+        return L
+
+    def md_rechecks(self):
+        """What the recheck (recheck_targets) added, size by size: the sweep's pairs against all."""
+        rc = getattr(self, "rechecks", None)
+        if rc is None:
+            return []
+        L = ["## Rechecked target sizes", ""]
+        if not rc:
+            return L + ["No size of a target against Open MPI needed a recheck, or it was off (`--recheck 0`).", ""]
+        L.append("After the sweep, each size of a target against Open MPI whose verdict was uncertain (fewer than 2 "
+                 "pairs of launches in one machine state, or a paired ratio within %d %% of its bar, above or below) "
+                 "got up to %d more pairs of launches of that size alone, kolo's first in every other pair; least "
+                 "certain first, %g min in all at most. They count in the targets above like the sweep's pairs "
+                 "(and in the side-by-side medians of those sizes). **kolo ×** = Open MPI time / kolo time; for "
+                 "8 B the bar is 1 / 1.5." % (100 * RECHECK_BAND, RECHECK_ROUNDS, self.args.recheck))
+        L.append("")
+        L.append("| transport | collective | size | bar | the sweep's | with the recheck | pairs added |")
+        L.append("|---|---|---:|---:|---|---|---:|")
+
+        def how(r, used, both):
+            return "%.2f× (%s)" % (r, "%d of %d pairs in one state" % (used, both) if used
+                                   else "no pair in one state")
+        for tr, coll, size, bar, before, rounds in rc:
+            r, used, both, _ = paired_how(self.store, "kolo-" + tr, "ompi-" + tr, coll, size)
+            L.append("| %s | %s | %s | %.2f× | %s | %s | %d |" % (
+                tr, coll, fmt_size(size), bar, how(*before), how(r, used, both) if r else "—", rounds))
         L.append("")
         return L
 
@@ -1774,6 +1806,84 @@ def pair_note(used, both, state=None):
     return "ratio of the medians over all launches: no pair of launches in one state"
 
 
+# ---------------------------------------------------------------- rechecking uncertain verdicts
+
+RECHECK_ROUNDS = 4  # per size: two rounds with kolo's launch first, two with the peer's
+RECHECK_BAND = 0.15  # a paired ratio within 15 % of its target's bar, either side, is rechecked
+RECHECK_REP0 = 1000  # the rechecks' repetition numbers start here (the sweep's are 0, 1, ...)
+
+
+def recheck_items(store, sizes, colls, keys):
+    """The sizes of the targets against Open MPI (2 ranks, float32) whose verdict the sweep left
+    uncertain, least certain first: [(transport, coll, size, bar, (ratio, used, both))]. Uncertain:
+    fewer than 2 pairs of launches in one machine state, or a paired ratio within RECHECK_BAND of
+    the bar on either side (so a size that barely met its bar is rechecked as much as one that
+    barely missed it). `keys`: the peers that ran."""
+    out = []
+    for tr in ("shm", "tcp"):
+        kolo, ref = "kolo-" + tr, "ompi-" + tr
+        if kolo not in keys or ref not in keys:
+            continue
+        cands = []
+        if tr == "shm" and "allreduce" in colls:
+            cands += [("allreduce", 64 << 20, 1.3), ("allreduce", 8, 1 / 1.5)]
+        for coll in ("broadcast", "allgather", "reducescatter", "alltoall"):
+            if coll in colls:
+                cands += [(coll, s, 1.0) for s in sizes if s >= (64 << 10)]
+        for coll, size, bar in cands:
+            r, used, both, _ = paired_how(store, kolo, ref, coll, size)
+            if r is None:
+                continue
+            off = abs(r / bar - 1)
+            if used < 2 or off < RECHECK_BAND:
+                out.append((used >= 2, off, tr, coll, size, bar, (r, used, both)))
+    out.sort(key=lambda x: x[:2])
+    return [x[2:] for x in out]
+
+
+def recheck_targets(a, running, run, logdir, minutes):
+    """Runs RECHECK_ROUNDS more pairs of launches (kolo and Open MPI, one size, the sweep's
+    iterations for it) for each uncertain size (recheck_items), alternating which goes first,
+    until `minutes` have passed; their rows join the store under repetitions of their own, so the
+    targets' pairs count them like the sweep's. Returns [(transport, coll, size, bar, before,
+    rounds)], before = (ratio, used, both) from the sweep alone."""
+    store = run.store
+    store.split = state_split([x for e in run.pings for x in e if x is not None])
+    peers = {p.key: p for p in running}
+    items = recheck_items(store, sweep_sizes(a.band_list), a.coll_list, set(peers)) if 2 in a.np_list else []
+    if not items or minutes <= 0 or "float32" not in a.dtype_list:
+        return []
+    print("compare: rechecking %d uncertain target sizes against Open MPI (up to %.0f min)" % (len(items), minutes),
+          flush=True)
+    sub = argparse.Namespace(**vars(a))
+    sub.dtype_list = ["float32"]
+    t_end = time.monotonic() + minutes * 60
+    done = []
+    for i, (tr, coll, size, bar, before) in enumerate(items):
+        if time.monotonic() >= t_end:
+            break
+        band = next((b for b in a.band_list if b.lo <= size <= b.hi), None)
+        if band is None:
+            continue
+        sub.coll_list = [coll]
+        one = [Band(size, size, band.iters, band.warmup, 2)]
+        kolo, ref = peers["kolo-" + tr], peers["ompi-" + tr]
+        rounds = 0
+        for k in range(RECHECK_ROUNDS):
+            rep = RECHECK_REP0 + RECHECK_ROUNDS * i + k
+            for p in ((kolo, ref) if k % 2 == 0 else (ref, kolo)):
+                for _ in run_round(p, 2, rep, one, 0, sub, logdir, run):
+                    pass
+            rounds += 1
+            if time.monotonic() >= t_end:
+                break
+        done.append((tr, coll, size, bar, before, rounds))
+        r, used, both, _ = paired_how(store, kolo.key, ref.key, coll, size)
+        print("compare: recheck %s %s %s: %.2fx (%d of %d pairs) -> %.2fx (%d of %d)" % (
+            tr, coll, fmt_size(size), before[0], before[1], before[2], r, used, both), flush=True)
+    return done
+
+
 def _met(ok, factor):
     if ok:
         return "yes"
@@ -2239,6 +2349,10 @@ def parse_args(argv):
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-profiles", action="store_true",
                    help="do not profile the unmet targets with perf after the sweep")
+    p.add_argument("--recheck", type=float, default=None, metavar="MIN",
+                   help="minutes, after the sweep, for more pairs of launches (kolo and Open MPI, alternating "
+                        "which goes first) at the target sizes whose verdict the sweep left uncertain (fewer than 2 "
+                        "pairs in one machine state, or within 15 %% of the bar either way); default 8, quick 0")
     p.add_argument("--mem", choices=["malloc", "thp"], default="malloc",
                    help="every peer's buffers: malloc'd (default), or thp: in transparent huge pages (2 MiB), "
                         "as NumPy gives arrays from 4 MiB and PyTorch >= 2.2 CPU tensors with THP_MEM_ALLOC_ENABLE=1; "
@@ -2265,6 +2379,7 @@ def parse_args(argv):
                                 float(f[4]) if len(f) == 5 else a.factor))
     a.timeout = a.timeout or (300 if q else 600)
     a.budget = a.budget if a.budget is not None else (5.0 if q else 90.0)
+    a.recheck = a.recheck if a.recheck is not None else (0.0 if q else 8.0)
     a.oversub_iters, a.oversub_warmup = 3, 1
     ov = a.oversub or ("none" if q else "8,16")
     a.oversub_list = [] if ov == "none" else [int(x) for x in ov.split(",")]
@@ -2329,6 +2444,7 @@ def main(argv):
     run.notes = notes
     reps_done = 0
     rep_times = []
+    rechecks = None
     try:
         for rep in range(a.reps):
             elapsed = time.monotonic() - t_start
@@ -2351,6 +2467,7 @@ def main(argv):
             limits_again()
             rep_times.append(time.monotonic() - t_rep - first_only)
             reps_done += 1
+        rechecks = recheck_targets(a, running, run, logdir, a.recheck)
         if MEM == "thp":  # kolo's own checks run on their own buffers: the default run's
             oversub, engine, memc = [], {}, {}
             notes.append("buffers in huge pages (--mem thp): the oversubscribed, engine and paired (--vs) checks "
@@ -2392,6 +2509,7 @@ def main(argv):
     rep.waited = run.waited
     rep.pings = run.pings
     rep.huge, rep.thp_mode = run.huge, run.thp_mode
+    rep.rechecks = rechecks
     rep.md_targets()  # finds the unmet targets (rep.gaps) for the profiles
     try:
         rep.profiles = profile_gaps(rep, logdir) if not a.no_profiles else None

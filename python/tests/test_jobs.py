@@ -588,6 +588,94 @@ def test_compare_pairs_launches_in_one_machine_state():
     assert "no pair" in compare.pair_note(0, 2) and "2 of 4" in compare.pair_note(2, 4)
 
 
+def test_compare_rechecks_the_uncertain_target_sizes(tmp_path, monkeypatch):
+    # After the sweep the harness gives more pairs of launches to the target sizes whose verdict
+    # against Open MPI is uncertain: fewer than 2 pairs in one machine state, or a paired ratio
+    # within 15 % of the bar on either side; least certain first; kolo's launch first in every
+    # other pair; the new pairs count in the targets.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import compare
+    st = compare.Store()
+    M = 1 << 20
+
+    def add(peer, coll, size, rep, us, ping=(0.05, 0.05)):
+        st.add(2, peer, {"coll": coll, "dtype": "float32", "size": size, "count": size // 4,
+                         "place": {"oop": (us, 0)}}, ping, rep)
+    for rep in range(3):
+        add("kolo-shm", "broadcast", M, rep, 100.0)         # 1.5x in 3 pairs: certain
+        add("ompi-shm", "broadcast", M, rep, 150.0)
+        add("kolo-shm", "broadcast", 4 * M, rep, 100.0)     # 1.05x in 3 pairs: near the bar
+        add("ompi-shm", "broadcast", 4 * M, rep, 105.0)
+        add("kolo-shm", "alltoall", M, rep, 100.0)          # 0.8x in 3 pairs: a clear miss
+        add("ompi-shm", "alltoall", M, rep, 80.0)
+        add("kolo-shm", "allreduce", 64 * M, rep, 100.0)    # 1.2x against a bar of 1.3
+        add("ompi-shm", "allreduce", 64 * M, rep, 120.0)
+        add("kolo-shm", "allreduce", 8, rep, 1.0)            # 0.9x against 1 / 1.5: met
+        add("ompi-shm", "allreduce", 8, rep, 0.9)
+        add("kolo-tcp", "broadcast", M, rep, 100.0)          # TCP: 2x, but no Open MPI TCP below
+        add("ompi-tcp", "broadcast", M, rep, 200.0)
+    add("kolo-shm", "broadcast", 16 * M, 0, 100.0)           # one pair only (0.5x)
+    add("ompi-shm", "broadcast", 16 * M, 0, 50.0)
+    add("kolo-shm", "allgather", M, 0, 100.0, (0.25, 0.25))  # kolo far, Open MPI near: no pair
+    add("ompi-shm", "allgather", M, 0, 100.0)
+    st.split = compare.state_split([0.05] * 12 + [0.25])
+    sizes = [8, 64 << 10, M, 4 * M, 16 * M, 64 * M]
+    items = compare.recheck_items(st, sizes, compare.COLLS, {"kolo-shm", "ompi-shm", "kolo-tcp"})
+    got = [(tr, coll, size) for tr, coll, size, *_ in items]
+    assert got == [("shm", "allgather", M), ("shm", "broadcast", 16 * M), ("shm", "broadcast", 4 * M),
+                   ("shm", "allreduce", 64 * M)], got
+    assert items[1][3:] == (1.0, (0.5, 1, 1)) and items[3][3] == 1.3, items
+    assert compare.recheck_items(st, sizes, ["alltoall"], {"kolo-shm", "ompi-shm"}) == []
+
+    # the runner, with two made-up peers whose launches print an nccl-tests row and note their turn
+    turns = tmp_path / "turns"
+
+    class Fake(compare.Peer):
+        def __init__(self, key, us):
+            self.key, self.transport, self.family = key, "shm", key.split("-")[0]
+            self.label = self.short = key
+            self.us = us
+
+        def launches(self, np, colls, dtypes, bands, check):
+            out = []
+            for c in colls:
+                for b in bands:
+                    row = "%12d %12d  float32  sum  -1 %8.2f 1.0 1.0 0 %8.2f 1.0 1.0 0" % (b.lo, b.lo // 4, self.us,
+                                                                                            self.us)
+                    code = "open(%r, 'a').write(%r); print(%r)" % (str(turns), "%s %s %d\n" % (self.key, c, b.lo), row)
+                    out.append(compare.Launch([sys.executable, "-c", code], coll=c))
+            return out
+    monkeypatch.setattr(compare, "state_ping", lambda: 0.05)
+    a = compare.parse_args(["--nranks", "2", "--colls", "broadcast,allreduce", "--dtypes", "float32",
+                            "--bands", "4M:4M:5:1,64M:64M:3:1"])
+    run = compare.Run()
+    run.store = st
+    run.pings = [(0.05, 0.05)] * 12 + [(0.25, 0.25)]
+    done = compare.recheck_targets(a, [Fake("kolo-shm", 100.0), Fake("ompi-shm", 125.0)], run, str(tmp_path), 5)
+    assert [(tr, coll, size, rounds) for tr, coll, size, _, _, rounds in done] == [
+        ("shm", "broadcast", 4 * M, 4), ("shm", "allreduce", 64 * M, 4)], done
+    k, o = "kolo-shm broadcast %d" % (4 * M), "ompi-shm broadcast %d" % (4 * M)
+    lines = turns.read_text().split("\n")
+    assert lines[:8] == [k, o, o, k, k, o, o, k], lines
+    # 3 pairs of the sweep at 1.05x and 4 of the recheck at 1.25x: the median of the 7
+    r, used, both, _ = compare.paired_how(st, "kolo-shm", "ompi-shm", "broadcast", 4 * M)
+    assert (used, both) == (7, 7) and abs(r - 1.25) < 1e-9, (r, used, both)
+    rep = types_report(compare, a, st, done)
+    text = "\n".join(rep.md_rechecks())
+    assert "| shm | broadcast | 4 MiB | 1.00× | 1.05× (3 of 3 pairs in one state) | 1.25× (7 of 7 pairs in one state) | 4 |" \
+        in text, text
+    assert "| shm | allreduce | 64 MiB | 1.30× | 1.20× (3 of 3 pairs in one state) | 1.25× (7 of 7 pairs" in text, text
+    # nothing uncertain, or no time: no rechecks
+    assert compare.recheck_targets(a, [Fake("kolo-shm", 100.0)], run, str(tmp_path), 5) == []
+
+
+def types_report(compare, a, store, rechecks):
+    """A Report with just what md_rechecks reads."""
+    import types
+    rep = types.SimpleNamespace(args=a, store=store, rechecks=rechecks)
+    return types.SimpleNamespace(md_rechecks=lambda: compare.Report.md_rechecks(rep))
+
+
 def test_compare_counts_the_sizes_at_other_rank_counts():
     # At rank counts other than 2 (the targets'), a row without a target counts the sizes from 64 KiB
     # at which kolo is at least as fast as Open MPI, per collective, naming the sizes behind.
