@@ -1989,7 +1989,8 @@ KT_TEST(direct_choice_apart_in_place, 60)
 
 /* With KOLO_SHM_CMA=auto, a size class's first calls run the way a class next to it settled on
  * (direct.c, neighbour_verdict): with direct slowed by the hook, allreduces of 1 MiB out of place
- * run until member 0's class has settled on the ring (its verdict); then, the hook off, the first
+ * run until member 0's class has settled on the ring (its verdict), and on until it probes direct
+ * again (a probing class keeps its verdict); then, the hook off, the first
  * three calls of 4 MiB out of place (two classes up) go by the ring, while 4 MiB in place (the
  * other kind, which has no verdict) and 16 MiB out of place (four classes from the settled one)
  * start direct, as every class did before. */
@@ -2011,8 +2012,18 @@ static void direct_neighbour_start(int rank, void *arg)
         settled = rank == 0 && kolo__choice_verdict(c, kolo__now_ns()) == 0;
         KT_OK(kolo_allreduce(&settled, &settled, 1, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
     }
-    kolo__direct_test_delay(1, 0);
     KT_ASSERTF(settled, "1 MiB with direct slowed: not settled on the ring after %d calls", calls);
+    /* then until its next probe starts (0.1 s or more later): a class that probes keeps its verdict */
+    int st[2] = {0, 0}; /* member 0's: probing, out of time */
+    uint64_t until = kolo__now_ns() + (uint64_t)(10e9 * kt_timeout_scale());
+    for (calls = 0; !st[0] && !st[1]; calls++) {
+        KT_OK(kolo_allreduce(a, b, small, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        st[0] = rank == 0 && c->probing;
+        st[1] = rank == 0 && kolo__now_ns() > until;
+        KT_OK(kolo_allreduce(st, st, 2, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+    }
+    kolo__direct_test_delay(1, 0);
+    KT_ASSERTF(st[0], "1 MiB settled on the ring: no probe of direct in %d calls", calls);
     struct {
         size_t count;
         bool in_place;

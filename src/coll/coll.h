@@ -276,9 +276,9 @@ void kolo__direct_test_delay_store(int mode, uint64_t ns);
  * probe or probes as early as an unhinted one. Then kolo__choice_learn with the call's way, its
  * start (kolo__now_ns), its bytes, and for the trace log what it was and the ways' names. */
 int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
-/* The way c settled on, if it has timed both ways, is between probes and ran its way within the
- * last few seconds (the longest interval between probes); else -1. For a class's first call to
- * start from a neighbouring class's verdict. */
+/* The way c settled on, if it has timed both ways and ran its way within the last few seconds
+ * (the longest interval between probes), also while it probes the other; else -1. For a class's
+ * first call to start from a neighbouring class's verdict. */
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
