@@ -901,8 +901,9 @@ class Report:
                 row.append("" if e["wrong"] is None else e["wrong"])
                 kolo = self.kolo.get(p.transport)
                 if kolo and p.family != "kolo":
-                    a, b, place = matched(self.store, np, kolo, peer, coll, dt, size)
-                    row += ["%.3f" % (b / a), place] if a else ["", ""]
+                    _, _, place = matched(self.store, np, kolo, peer, coll, dt, size)
+                    r, _, _, _ = paired_how(self.store, kolo, peer, coll, size, dt, np)
+                    row += ["%.3f" % r, place] if r else ["", ""]
                 else:
                     row += ["", ""]
                 if p.family == "kolo" and p.transport == "shm":
@@ -1700,6 +1701,12 @@ class Report:
 
     def md_tables(self):
         L = ["## Side by side", ""]
+        L.append("Each peer's column is its median over all launches, whatever machine state each met; **kolo ×** "
+                 "compares kolo with that peer as the targets do: by pairs of launches (seconds apart) that both ran "
+                 "in one state, else by both peers' medians over their launches in one state, else over all "
+                 "launches. Where the two columns' launches fell in different states, the ratio is not their "
+                 "quotient.")
+        L.append("")
         a = self.args
         for coll in a.coll_list:
             for dt in a.dtype_list:
@@ -1738,8 +1745,8 @@ class Report:
                                 have |= t is not None
                                 r.append(cell(t, coll, np, s, pl))
                                 if kolo:
-                                    ka, pb, _ = matched(self.store, np, kolo, p.key, coll, dt, s)
-                                    r.append(ratio_cell(pb / ka if ka else None))
+                                    rr, _, _, _ = paired_how(self.store, kolo, p.key, coll, s, dt, np)
+                                    r.append(ratio_cell(rr))
                             if show_bound:
                                 tb = bound_time_us(coll, np, s, self.lim)
                                 t, _ = primary(self.store, np, kolo, coll, dt, s)

@@ -669,6 +669,33 @@ def test_compare_rechecks_the_uncertain_target_sizes(tmp_path, monkeypatch):
     assert compare.recheck_targets(a, [Fake("kolo-shm", 100.0)], run, str(tmp_path), 5) == []
 
 
+def test_compare_tables_pair_launches_in_one_state():
+    # The side-by-side tables show each peer's median over all launches, and kolo x as the targets
+    # judge: pairs of launches in one machine state. Here kolo's median (200 us, two far launches)
+    # against Open MPI's (100, two near) reads 0.5x, while the pairs in one state read 1.5x (far)
+    # and 1.11x (near).
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import types
+    import compare
+    st = compare.Store()
+    M = 1 << 20
+    for peer, rep, us, ping in (("kolo-tcp", 0, 200.0, 0.25), ("ompi-tcp", 0, 100.0, 0.05),
+                                ("kolo-tcp", 1, 200.0, 0.25), ("ompi-tcp", 1, 300.0, 0.25),
+                                ("kolo-tcp", 2, 90.0, 0.05), ("ompi-tcp", 2, 100.0, 0.05),
+                                ("ompi-tcp", 3, 100.0, 0.05)):
+        st.add(2, peer, {"coll": "broadcast", "dtype": "float32", "size": M, "count": M // 4,
+                         "place": {"oop": (us, 0)}}, (ping, ping), rep)
+    st.split = compare.state_split([0.05] * 12 + [0.25])
+    peers = [types.SimpleNamespace(key=k, transport="tcp", family=k.split("-")[0], short=k) for k in ("kolo-tcp", "ompi-tcp")]
+    rep = types.SimpleNamespace(args=types.SimpleNamespace(coll_list=["broadcast"], dtype_list=["float32"], np_list=[2]),
+                                peers=peers, status={"kolo-tcp": (True, ""), "ompi-tcp": (True, "")},
+                                kolo={"tcp": "kolo-tcp"}, sizes=[M], store=st, lim={})
+    text = "\n".join(compare.Report.md_tables(rep))
+    bw = lambda us: "%.2f GB/s" % (M / 1e3 / us)
+    row = "| 1 MiB | %s | %s | **1.31×** |" % (bw(200.0), bw(100.0))
+    assert row in text, text
+
+
 def types_report(compare, a, store, rechecks):
     """A Report with just what md_rechecks reads."""
     import types
