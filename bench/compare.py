@@ -1284,10 +1284,12 @@ class Report:
             return L + ["No size of a target against Open MPI needed a recheck, or it was off (`--recheck 0`).", ""]
         L.append("After the sweep, each size of a target against Open MPI whose verdict was uncertain (fewer than 2 "
                  "pairs of launches in one machine state, or a paired ratio within %d %% of its bar, above or below) "
-                 "got up to %d more pairs of launches of that size alone, kolo's first in every other pair; least "
-                 "certain first, %g min in all at most. They count in the targets above like the sweep's pairs "
+                 "got %d more pairs of launches of that size alone, kolo's first in every other pair, least certain "
+                 "first, and %d more at a time while the pairs so far still left it uncertain (%d times at most); %g "
+                 "min in all at most. They count in the targets above like the sweep's pairs "
                  "(and in the side-by-side medians of those sizes). **kolo ×** = Open MPI time / kolo time; for "
-                 "8 B the bar is 1 / 1.5." % (100 * RECHECK_BAND, RECHECK_ROUNDS, self.args.recheck))
+                 "8 B the bar is 1 / 1.5." % (100 * RECHECK_BAND, RECHECK_ROUNDS, RECHECK_ROUNDS,
+                                                               RECHECK_PASSES, self.args.recheck))
         L.append("")
         L.append("| transport | collective | size | bar | the sweep's | with the recheck | pairs added |")
         L.append("|---|---|---:|---:|---|---|---:|")
@@ -1818,6 +1820,7 @@ def pair_note(used, both, state=None):
 RECHECK_ROUNDS = 4  # per size: two rounds with kolo's launch first, two with the peer's
 RECHECK_BAND = 0.15  # a paired ratio within 15 % of its target's bar, either side, is rechecked
 RECHECK_REP0 = 1000  # the rechecks' repetition numbers start here (the sweep's are 0, 1, ...)
+RECHECK_PASSES = 3  # a size still uncertain after its pairs gets more, while time is left
 
 
 def recheck_items(store, sizes, colls, keys):
@@ -1850,45 +1853,55 @@ def recheck_items(store, sizes, colls, keys):
 
 def recheck_targets(a, running, run, logdir, minutes):
     """Runs RECHECK_ROUNDS more pairs of launches (kolo and Open MPI, one size, the sweep's
-    iterations for it) for each uncertain size (recheck_items), alternating which goes first,
-    until `minutes` have passed; their rows join the store under repetitions of their own, so the
-    targets' pairs count them like the sweep's. Returns [(transport, coll, size, bar, before,
-    rounds)], before = (ratio, used, both) from the sweep alone."""
+    iterations for it) for each uncertain size (recheck_items), alternating which goes first;
+    then, while time is left, again for the sizes the pairs so far still leave uncertain (at most
+    RECHECK_PASSES times), until `minutes` have passed. Their rows join the store under
+    repetitions of their own, so the targets' pairs count them like the sweep's. Returns
+    [(transport, coll, size, bar, before, rounds)] in the order first rechecked, before = (ratio,
+    used, both) from the sweep alone, rounds = the pairs added."""
     store = run.store
     store.split = state_split([x for e in run.pings for x in e if x is not None])
     peers = {p.key: p for p in running}
-    items = recheck_items(store, sweep_sizes(a.band_list), a.coll_list, set(peers)) if 2 in a.np_list else []
+    sizes = sweep_sizes(a.band_list)
+    items = recheck_items(store, sizes, a.coll_list, set(peers)) if 2 in a.np_list else []
     if not items or minutes <= 0 or "float32" not in a.dtype_list:
         return []
-    print("compare: rechecking %d uncertain target sizes against Open MPI (up to %.0f min)" % (len(items), minutes),
+    print("compare: rechecking %d uncertain target sizes against Open MPI (up to %g min)" % (len(items), minutes),
           flush=True)
     sub = argparse.Namespace(**vars(a))
     sub.dtype_list = ["float32"]
     t_end = time.monotonic() + minutes * 60
-    done = []
-    for i, (tr, coll, size, bar, before) in enumerate(items):
-        if time.monotonic() >= t_end:
-            break
-        band = next((b for b in a.band_list if b.lo <= size <= b.hi), None)
-        if band is None:
-            continue
-        sub.coll_list = [coll]
-        one = [Band(size, size, band.iters, band.warmup, 2)]
-        kolo, ref = peers["kolo-" + tr], peers["ompi-" + tr]
-        rounds = 0
-        for k in range(RECHECK_ROUNDS):
-            rep = RECHECK_REP0 + RECHECK_ROUNDS * i + k
-            for p in ((kolo, ref) if k % 2 == 0 else (ref, kolo)):
-                for _ in run_round(p, 2, rep, one, 0, sub, logdir, run):
-                    pass
-            rounds += 1
+    done = {}  # (transport, coll, size) -> [bar, before, rounds]
+    rep = RECHECK_REP0
+    for _pass in range(RECHECK_PASSES):
+        for tr, coll, size, bar, now in items:
             if time.monotonic() >= t_end:
                 break
-        done.append((tr, coll, size, bar, before, rounds))
-        r, used, both, _ = paired_how(store, kolo.key, ref.key, coll, size)
-        print("compare: recheck %s %s %s: %.2fx (%d of %d pairs) -> %.2fx (%d of %d)" % (
-            tr, coll, fmt_size(size), before[0], before[1], before[2], r, used, both), flush=True)
-    return done
+            band = next((b for b in a.band_list if b.lo <= size <= b.hi), None)
+            if band is None:
+                continue
+            sub.coll_list = [coll]
+            one = [Band(size, size, band.iters, band.warmup, 2)]
+            kolo, ref = peers["kolo-" + tr], peers["ompi-" + tr]
+            e = done.setdefault((tr, coll, size), [bar, now, 0])
+            for k in range(RECHECK_ROUNDS):
+                for p in ((kolo, ref) if k % 2 == 0 else (ref, kolo)):
+                    for _ in run_round(p, 2, rep, one, 0, sub, logdir, run):
+                        pass
+                rep += 1
+                e[2] += 1
+                if time.monotonic() >= t_end:
+                    break
+            r, used, both, _ = paired_how(store, kolo.key, ref.key, coll, size)
+            print("compare: recheck %s %s %s: %.2fx (%d of %d pairs) -> %.2fx (%d of %d)" % (
+                tr, coll, fmt_size(size), now[0], now[1], now[2], r, used, both), flush=True)
+        if time.monotonic() >= t_end:
+            break
+        # the sizes still uncertain with every pair so far (only rechecked ones can have changed)
+        items = [x for x in recheck_items(store, sizes, a.coll_list, set(peers)) if tuple(x[:3]) in done]
+        if not items:
+            break
+    return [(tr, coll, size, bar, before, rounds) for (tr, coll, size), (bar, before, rounds) in done.items()]
 
 
 def _met(ok, factor):

@@ -652,8 +652,10 @@ def test_compare_rechecks_the_uncertain_target_sizes(tmp_path, monkeypatch):
     run.store = st
     run.pings = [(0.05, 0.05)] * 12 + [(0.25, 0.25)]
     done = compare.recheck_targets(a, [Fake("kolo-shm", 100.0), Fake("ompi-shm", 125.0)], run, str(tmp_path), 5)
+    # broadcast 4 MiB reads 1.25x after its 4 pairs, clear of its bar; allreduce 64 MiB reads 1.25x
+    # against 1.3, still uncertain, and gets 4 more pairs twice more (RECHECK_PASSES)
     assert [(tr, coll, size, rounds) for tr, coll, size, _, _, rounds in done] == [
-        ("shm", "broadcast", 4 * M, 4), ("shm", "allreduce", 64 * M, 4)], done
+        ("shm", "broadcast", 4 * M, 4), ("shm", "allreduce", 64 * M, 12)], done
     k, o = "kolo-shm broadcast %d" % (4 * M), "ompi-shm broadcast %d" % (4 * M)
     lines = turns.read_text().split("\n")
     assert lines[:8] == [k, o, o, k, k, o, o, k], lines
@@ -664,7 +666,8 @@ def test_compare_rechecks_the_uncertain_target_sizes(tmp_path, monkeypatch):
     text = "\n".join(rep.md_rechecks())
     assert "| shm | broadcast | 4 MiB | 1.00× | 1.05× (3 of 3 pairs in one state) | 1.25× (7 of 7 pairs in one state) | 4 |" \
         in text, text
-    assert "| shm | allreduce | 64 MiB | 1.30× | 1.20× (3 of 3 pairs in one state) | 1.25× (7 of 7 pairs" in text, text
+    assert "| shm | allreduce | 64 MiB | 1.30× | 1.20× (3 of 3 pairs in one state) | 1.25× (15 of 15 pairs in one " \
+        "state) | 12 |" in text, text
     # nothing uncertain, or no time: no rechecks
     assert compare.recheck_targets(a, [Fake("kolo-shm", 100.0)], run, str(tmp_path), 5) == []
 
