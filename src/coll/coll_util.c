@@ -403,7 +403,8 @@ void kolo__pair_test_delay(int kind, int way, uint64_t ns)
 }
 void kolo__pair_test_calls(int kind, uint64_t got[3])
 {
-    for (int i = 0; i < 3; i++) got[i] = atomic_load_explicit(&pair_calls[kind][i], memory_order_relaxed);
+    for (int i = 0; i < 3; i++)
+        got[i] = kind >= 0 && kind < KOLO_PAIR_KINDS ? atomic_load_explicit(&pair_calls[kind][i], memory_order_relaxed) : 0;
 }
 
 /* A call that took more than OUTLIER_X times its way's figure is left out, up to OUTLIER_RUN in a
