@@ -756,8 +756,10 @@ static void quiet_straggler(int rank, void *arg)
         double ms = (kt_now() - t0) * 1e3;
         KT_ASSERT(y[3] == 8);
         kolo_request_release(r);
+        /* + 2: rank 0 kept off its core past the straggler's nap waits for nothing, in one or two
+         * cycles (seen in CI: 0 ms, 1 cycle) */
         if (rank == 0 && round == 1)
-            KT_ASSERTF((double)cycles < ms / 2, "blocked %.0f ms on a straggler: %llu world cycles", ms,
+            KT_ASSERTF((double)cycles < ms / 2 + 2, "blocked %.0f ms on a straggler: %llu world cycles", ms,
                        (unsigned long long)cycles);
     }
 }
