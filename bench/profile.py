@@ -293,6 +293,11 @@ def diagnose(k, p, transport, peer_label="the peer", wall_k=None, wall_p=None, b
                          "core while the other waits. Fusing each reduction with the copy that "
                          "brings its data in, so every byte crosses memory once, would close it."
                          % (100 * ideal / work))
+            if nranks == 2:
+                close.append("Where a 2-rank call runs the ring, that fusion would cut the copying, not "
+                             "the time: a build that skipped the receiver's copy out of the shared ring "
+                             "altogether (results wrong, timing only) ran 16-256 MiB no faster by hand "
+                             "(docs/performance.md, \"Copies the 2-rank ring does not wait for\").")
         for _, c in over[:2]:
             close.append(remedy(c, transport))
     return shows, [c for c in close if c]

@@ -864,6 +864,9 @@ def test_profile_sorts_symbols_and_says_what_differs():
     assert "did not reproduce" in shows[0] and not close, shows
     shows, close = prof.diagnose(s, None, "shm", wall_k=5.0, bound_ms=1.0)
     assert "machine's rate" in " ".join(close) and "waiting" in " ".join(shows), (shows, close)
+    assert "no faster" in " ".join(close), close  # what was measured of that remedy at 2 ranks
+    shows, close = prof.diagnose(s, None, "shm", wall_k=5.0, bound_ms=1.0, nranks=4)
+    assert "machine's rate" in " ".join(close) and "no faster" not in " ".join(close), close
 
 
 def test_profiles_compare_out_of_place_as_the_sweep_does():
