@@ -311,9 +311,11 @@ static int allgather(kolo__mesh *m, const kolo__group *g, const void *send, void
     kolo__out_ticket ot;
     bool stream = kolo__coll_out_stream(m, total * es, &ot); /* written around the cache */
     /* 2 members: ring copies or single-copy, and single-copy from PUSH_MIN_2 to PUSH_CHOICE_MAX_2
-     * push or exchange, as the pair's timings choose (above) */
+     * push or exchange, as the pair's timings choose (above); a crowded host's world: ring copies
+     * (the exchange) or single-copy (the push, or the exchange's sends single-copy) as member 0's
+     * timings choose (coll_util.c, "Crowded") */
     kolo__pair_ticket ex = {.conn = NULL}, pt = {.conn = NULL};
-    if (n == 2 && !kolo__coll_shm_crowded(m, g)) kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
+    if (n != 2 || !kolo__coll_shm_crowded(m, g)) kolo__pair_begin(m, g, KOLO_PAIR_EX, total * es, &ex);
     bool push = ex.way != KOLO_WAY_RING && push_here(m, g, total * es);
     if (push && n == 2 && total * es < PUSH_CHOICE_MAX_2) {
         kolo__pair_begin(m, g, KOLO_PAIR_AG, total * es, &pt);

@@ -350,7 +350,9 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
 /* A 2-member allgather or alltoall (KOLO_PAIR_EX) of `bytes` of output: from KOLO_PAIR_EX_MIN,
  * whether both send by ring copies or single-copy, chosen the same way (allgather.c, "Ring or
  * single-copy"); a single-copy allgather of 1-16 MiB then pushes or exchanges as its own
- * KOLO_PAIR_AG choice says, nested in this one. */
+ * KOLO_PAIR_AG choice says, nested in this one. So does a world's allgather of 3 or more members
+ * on a host with more ranks than cores, member 0 choosing for all (coll_util.c, "Crowded"):
+ * single-copy is the push there. */
 #define KOLO_PAIR_EX_MIN ((size_t)64 << 10)
 /* From this many bytes such a choice is patient (kolo__pair_ticket): a benchmark's 25 calls a size
  * lost what ring copies gained to a probe of single-copy (allgather.c, "Ring or single-copy"); a
@@ -374,6 +376,7 @@ typedef struct kolo__pair_ticket {
     bool changed; /* (the lead's) this call goes another way than the class's call before */
     bool untimed; /* set by the caller after kolo__pair_begin: not timed (a choice this one is
                    * nested in changed its way with this call: the first such call runs slow) */
+    bool crowd;   /* a world of 3 or more on a crowded host, whose member 0 leads (coll_util.c) */
     uint64_t call, start, bytes;
 } kolo__pair_ticket;
 void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t);

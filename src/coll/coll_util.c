@@ -391,6 +391,24 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * one the same day). Below, the transport's own choice took 0.91-1.0x this one's time (Intel Xeon
  * VM, 2 ranks, kolo-bench, 6 rounds of 1000 calls alternated: 64 / 128 KiB 4.3 / 6.0 us against
  * 4.5 / 6.6; 6 of 300: 4.3 / 5.5 against 5.0 / 5.5). */
+/* Crowded: on a host with more ranks than cores the pairs keep ring copies without timing their
+ * messages (a rank that shares a core times the scheduler), and the sends a collective marks
+ * `single` went single-copy by rule, the allgather pushed by CMA writes: rules measured on the
+ * Intel Xeon VM, where single-copy won. On the Zen 4 VM, whose kernel copies between processes
+ * at a quarter of memcpy's rate (docs/performance.md, "Ring copies beat single-copy at 4 ranks"),
+ * ring copies took 0.63-0.72x the time of 4-rank allgathers at every size from 128 KiB to 256
+ * MiB, but at 8 ranks 1.14-1.31x at 1-4 MiB. So a world of 3 or more members there chooses for
+ * its allgathers (KOLO_PAIR_EX) as a pair does: member 0 leads, times whole calls (every member's
+ * call waits for the others, so the lead's time is the call's) and publishes the way of call n +
+ * 2 on its connection to every other member, which each reads on its connection to member 0,
+ * after receiving member 0's block of the call before, as above. All members must agree: the
+ * way decides between the push and the exchange, whose messages differ. The world only, where
+ * every member makes every call, so the calls are counted alike. 4 ranks on the Zen 4 VM, the
+ * harness's bands, 3 rounds rotating with the build before and ring copies pinned
+ * (KOLO_SHM_CMA=0): 128 KiB-1 MiB 0.56-0.60x the build before's time, 2-16 MiB 0.71-0.84x, 64 /
+ * 256 MiB 0.79 / 0.86x (pinned 0.79 / 0.73x); 8 ranks (2 rounds) 128-512 KiB 0.68-0.96x, 1-16
+ * MiB 0.98-1.01x (pinned ring copies 1.15-1.25x), 64 / 256 MiB 1.13 / 1.07x: a class of 3-4 calls
+ * starts with ring copies and has no time to probe. */
 static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {
     {"ring copies", "single-copy"}, {"push", "exchange"}, {"ring copies", "single-copy"}};
 static uint64_t test_pair_delay_ns[KOLO_PAIR_KINDS][3];
@@ -433,15 +451,39 @@ static int pair_class(int kind, uint64_t bytes)
     return k;
 }
 
+/* Whether a world of 3 or more members on a host with more ranks than cores chooses its exchanges'
+ * way from the lead's timings (above, "crowded"): every pair shares memory, and this member's
+ * pairs with the lead (the lead's with everyone) can send single-copy. */
+static bool crowded_choice_here(const kolo__mesh *m, const kolo__group *g)
+{
+    if (g->size < 3 || g->size != m->size || !kolo__coll_shm_crowded(m, g)) return false;
+    for (int i = 0; i < g->size; i++) {
+        int w = kolo__g2w(g, i);
+        if (w != m->rank && (g->rank == 0 || i == 0) && !kolo__shm_sends_single(m->conns[w])) return false;
+    }
+    return true;
+}
+
 void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t)
 {
     t->conn = NULL;
     t->way = KOLO_WAY_AUTO;
-    t->patient = t->changed = t->untimed = false;
-    if (g->size != 2 || bytes < pair_min(kind)) return;
-    int peer = kolo__g2w(g, !g->rank);
-    kolo__conn *c = m->conns[peer];
-    if (!c || kolo__shm_cma_state(c) != 2) return;
+    t->patient = t->changed = t->untimed = t->crowd = false;
+    if (bytes < pair_min(kind)) return;
+    int peer; /* whose slot of pair_ways holds this member's counts: the other member, the lead, or the
+               * lead's own */
+    kolo__conn *c;
+    if (g->size == 2) {
+        peer = kolo__g2w(g, !g->rank);
+        c = m->conns[peer];
+        if (!c || kolo__shm_cma_state(c) != 2) return;
+    } else if (kind == KOLO_PAIR_EX && crowded_choice_here(m, g)) {
+        t->crowd = true;
+        peer = kolo__g2w(g, 0);
+        c = m->conns[g->rank == 0 ? kolo__g2w(g, 1) : peer];
+    } else {
+        return;
+    }
     if (!m->pair_ways && !(m->pair_ways = kolo__calloc((size_t)m->size, sizeof(*m->pair_ways))))
         return; /* the transport picks, as it would anyway */
     if (!m->pair_ways[peer] && !(m->pair_ways[peer] = kolo__calloc(1, sizeof(kolo__pair_ways)))) return;
@@ -451,7 +493,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->peer = peer;
     t->slot = k;
     t->call = p->seq[k]++;
-    t->lead = m->rank < peer;
+    t->lead = t->crowd ? g->rank == 0 : m->rank < peer;
     t->bytes = bytes;
     t->patient = bytes >= pair_patient_min(kind); /* all of a class or none: the minima start classes */
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
@@ -500,7 +542,12 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
     int next = kolo__choice_pick(c, now, hint, t->patient) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
     p->plan[t->slot][t->call & 1] = (unsigned char)next;
-    kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
+    if (!t->crowd) {
+        kolo__shm_publish_call_way(t->conn, t->slot, t->call + 2, next, was);
+        return;
+    }
+    for (int i = 0; i < m->size; i++) /* the world's members, the lead's followers */
+        if (i != m->rank) kolo__shm_publish_call_way(m->conns[i], t->slot, t->call + 2, next, was);
 }
 
 /* ---- allgather and alltoall: their output written through the cache or around it ----

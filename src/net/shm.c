@@ -999,7 +999,8 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                                  : s->adapt ? ((atomic_load_explicit(&ctl->want_cma, memory_order_relaxed) >>
                                                 shm_class(s, x->len)) & 1u) != 0
                                             : s->cma != 0);
-            cma = cma || (x->single && (s->single_ok || s->cma) && x->len >= SINGLE_MIN);
+            /* (a call that chose ring copies sends its `single` ones so too) */
+            cma = cma || (x->single && x->way != KOLO_WAY_RING && (s->single_ok || s->cma) && x->len >= SINGLE_MIN);
             bool whole = cma || x->len <= INLINE_MAX;
             /* a streamed payload starts on the line after the header's */
             uint64_t body = whole ? KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : x->len) : LINE - MARK_LEN;
