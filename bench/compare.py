@@ -1382,13 +1382,13 @@ class Report:
                     out.append((r, s, used, both, state))
         return out
 
-    def speedups(self, kolo, ref, coll, state=None, np=2):
-        """[(peer time / kolo time, size)] for np ranks, float32, from 64 KiB, at the sizes both
+    def speedups(self, kolo, ref, coll, state=None):
+        """[(peer time / kolo time, size)] for 2 ranks, float32, from 64 KiB, at the sizes both
         measured (with state: both measured in launches in that machine state)."""
         rs = []
         for s in self.sizes:
             if s >= (64 << 10):
-                a, b, _ = matched(self.store, np, kolo, ref, coll, "float32", s, state)
+                a, b, _ = matched(self.store, 2, kolo, ref, coll, "float32", s, state)
                 if a and b:
                     rs.append((b / a, s))
         return rs

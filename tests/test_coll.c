@@ -2181,15 +2181,17 @@ static int32_t call_way(const uint64_t before[3], const uint64_t after[3], int c
     return way;
 }
 
-/* Both members went the same way in every one of their `calls` calls. */
+/* Every member of the world went the way member 0 went in every one of their `calls` calls. */
 static void ways_match(const int32_t *ways, int calls)
 {
-    int32_t *all = malloc(2 * (size_t)calls * sizeof(int32_t));
+    int n = kolo_size();
+    int32_t *all = malloc((size_t)n * (size_t)calls * sizeof(int32_t));
     KT_ASSERT(all);
     KT_OK(kolo_allgather(ways, (size_t)calls, all, NULL, KOLO_INT32, KOLO_WORLD));
-    for (int call = 0; call < calls; call++)
-        KT_ASSERTF(all[call] == all[calls + call], "call %d: member 0 went by way %d, member 1 by way %d", call,
-                   (int)all[call], (int)all[calls + call]);
+    for (int i = 1; i < n; i++)
+        for (int call = 0; call < calls; call++)
+            KT_ASSERTF(all[(size_t)i * calls + call] == all[call], "call %d: member 0 went by way %d, member %d by way %d",
+                       call, (int)all[call], i, (int)all[(size_t)i * calls + call]);
     free(all);
 }
 
@@ -2395,17 +2397,10 @@ static void crowded_exchange_ways(int rank, void *arg)
         kolo__pair_test_delay(KOLO_PAIR_EX, slow, 0);
         int fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
         for (int call = CALLS - 12; call < CALLS; call++) fast += ways[call] == other;
-        int32_t *all = malloc(N * CALLS * sizeof(int32_t));
-        KT_ASSERT(all);
-        KT_OK(kolo_allgather(ways, CALLS, all, NULL, KOLO_INT32, KOLO_WORLD));
-        for (int i = 1; i < N; i++)
-            for (int call = 0; call < CALLS; call++)
-                KT_ASSERTF(all[i * CALLS + call] == all[call], "call %d: member 0 went by way %d, member %d by way %d",
-                           call, (int)all[call], i, (int)all[i * CALLS + call]);
+        ways_match(ways, CALLS);
         KT_ASSERTF(fast >= 7, "allgathers of %zu KiB a member, %s slowed by %.0f ms: %d of the last 12 calls the other way",
                    count * 4 >> 10, slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6,
                    fast);
-        free(all);
         free(x);
         free(z);
     }

@@ -63,7 +63,7 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "(process_vm_writev), and single-copy allgathers from 1 MiB between 2 ranks (with auto up "
                           "to 16 MiB, where the calls' timings choose that over exchanging), from 128 KiB on a host "
                           "with more ranks than cores, are pushed, each rank writing its block into the others (with "
-                          "auto, on such a host the world's allgathers from 64 KiB go by ring copies or single-copy "
+                          "auto, on such a host the allgathers of a world of 3 or more ranks from 64 KiB go by ring copies or single-copy "
                           "as rank 0's timings of whole calls choose), and "
                           "reducescatters from 256 KiB "
                           "between 2 ranks, from 128 KiB on such a host, go direct, each rank reading its block of "
