@@ -488,20 +488,35 @@ KT_TEST(kolorun_elastic_grows_with_discovered_slots, 90)
     kt_proc_free(&p);
 }
 
+/* worker W's "done:" line in out says it ended at size 2 in round 2 or a later one, at step 60 */
+static void finished_at_size_2(const char *out, int w)
+{
+    char head[64];
+    snprintf(head, sizeof(head), "done: worker %d rank %d size 2 round ", w, w);
+    const char *d = strstr(out, head);
+    KT_ASSERTF(d, "no '%s' in\n%s", head, out);
+    int round = 0, step = 0;
+    KT_EQ(sscanf(d + strlen(head), "%d step %d", &round, &step), 2);
+    KT_ASSERTF(round >= 2 && step == 60, "worker %d finished in round %d at step %d", w, round, step);
+}
+
 /* A worker that stops answering (SIGSTOP) without dying: the others time out on it and ask for a
- * new round; kolorun kills the silent one and forms the round without it. */
+ * new round; kolorun kills the silent one and forms the round without it. The timeout is 2 s,
+ * not 1: CI once ran this beside the Python suites and a survivor, kept off the CPU a second in
+ * round 2, was timed out on too. Such a stall makes a further round with the same two workers
+ * (every worker asks), which is right, so the survivors may finish in round 2 or later. */
 KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
 {
     kt_proc p;
-    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "-x", "KOLO_OP_TIMEOUT=1", kt_self(),
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", "-x", "KOLO_OP_TIMEOUT=2", kt_self(),
                                                      "--worker", "elastic_train", "60", "stop=2:12", NULL},
                            50);
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) on host localhost stopped answering: 2 workers gave up on it and "
                         "asked for a new round 5 s ago; killing it, the job goes on without it");
     KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
-    KT_CONTAINS(p.obuf, "done: worker 0 rank 0 size 2 round 2 step 60");
-    KT_CONTAINS(p.obuf, "done: worker 1 rank 1 size 2 round 2 step 60");
+    finished_at_size_2(p.obuf, 0);
+    finished_at_size_2(p.obuf, 1);
     kt_proc_free(&p);
 }
 
