@@ -2349,15 +2349,17 @@ KT_TEST(pair_exchange_ways_follow_call_timings, 120)
 /* On a host with more ranks than cores (4 ranks here), a world's allgathers from KOLO_PAIR_EX_MIN
  * go by ring copies or single-copy (the push, or the exchange's `single` sends) as member 0's
  * timings of whole calls favour, every member the way member 0 publishes (coll_util.c,
- * "crowded"): a hook makes one way 30 ms slower per call, and the other must carry at least 7 of
- * the last 12 of 30 calls; the four records match call for call; a call by ring copies sent no
- * single-copy descriptor and pushed nothing. First 256 KiB a member with single-copy slow, then
- * 1 MiB (a fresh class) with ring copies slow. Skips where the host is not crowded or a pair
- * cannot send single-copy. */
+ * "crowded"), and so do its alltoalls (KOLO_PAIR_A2A, alltoall.c): a hook makes one way 30 ms
+ * slower per call, and the other must carry at least 7 of the last 12 of 30 calls; the four
+ * records match call for call; a call by ring copies sent no single-copy descriptor and pushed
+ * nothing. First 256 KiB a member with single-copy slow, then 1 MiB (a fresh class) with ring
+ * copies slow. arg: the collective, "allgather" or "alltoall". Skips where the host is not
+ * crowded or a pair cannot send single-copy. */
 static void crowded_exchange_ways(int rank, void *arg)
 {
-    (void)arg;
     enum { CALLS = 30, N = 4 };
+    bool a2a = strcmp(arg, "alltoall") == 0;
+    int kind = a2a ? KOLO_PAIR_A2A : KOLO_PAIR_EX;
     KT_OK(kolo_init());
     kolo__mesh *m = kolo__W.mesh[KOLO_CHANNEL_DIRECT];
     bool here = m->world_shm && m->world_oversubscribed;
@@ -2369,38 +2371,43 @@ static void crowded_exchange_ways(int rank, void *arg)
     }
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = KOLO_WAY_SINGLE; slow >= KOLO_WAY_RING; slow--) {
-        size_t count = slow == KOLO_WAY_SINGLE ? (size_t)64 << 10 : (size_t)256 << 10; /* floats a member */
-        float *x = malloc(count * 4), *z = malloc(N * count * 4);
+        /* floats a member sends each member (alltoall) or all (allgather) */
+        size_t count = slow == KOLO_WAY_SINGLE ? (size_t)64 << 10 : (size_t)256 << 10, in = a2a ? N * count : count;
+        float *x = malloc(in * 4), *z = malloc(N * count * 4);
         KT_ASSERT(x && z);
-        kolo__pair_test_delay(KOLO_PAIR_EX, slow, delay_ns);
+        kolo__pair_test_delay(kind, slow, delay_ns);
         int32_t ways[CALLS];
         for (int call = 0; call < CALLS; call++) {
             uint64_t before[3], after[3], sent0 = 0, sent1 = 0, push0 = kolo__coll_allgather_push_runs();
-            for (size_t i = 0; i < count; i++) x[i] = (float)((i * 5 + (size_t)rank * 7 + (size_t)call) % 8191);
+            /* element `at` of the block for member j (alltoall; j = 0 for an allgather) */
+            for (size_t i = 0; i < in; i++)
+                x[i] = (float)(((i % count) * 5 + (size_t)rank * 7 + (i / count) * 3 + (size_t)call) % 8191);
             for (int i = 0; i < N; i++) sent0 += i == rank ? 0 : kolo__shm_cma_sent(m->conns[i]);
-            kolo__pair_test_calls(KOLO_PAIR_EX, before);
-            KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            kolo__pair_test_calls(KOLO_PAIR_EX, after);
+            kolo__pair_test_calls(kind, before);
+            size_t counts[N] = {count, count, count, count};
+            if (a2a) KT_OK(kolo_alltoall(x, counts, z, counts, KOLO_FLOAT32, KOLO_WORLD));
+            else KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            kolo__pair_test_calls(kind, after);
             for (int i = 0; i < N; i++) sent1 += i == rank ? 0 : kolo__shm_cma_sent(m->conns[i]);
             for (size_t i = 0; i < N * count; i++) {
-                size_t q = i / count, at = i % count;
-                KT_ASSERTF(z[i] == (float)((at * 5 + q * 7 + (size_t)call) % 8191), "call %d [%zu]: %g", call, i,
-                           (double)z[i]);
+                size_t q = i / count, at = i % count, block = a2a ? (size_t)rank : 0;
+                KT_ASSERTF(z[i] == (float)((at * 5 + q * 7 + block * 3 + (size_t)call) % 8191), "%s call %d [%zu]: %g",
+                           (const char *)arg, call, i, (double)z[i]);
             }
             ways[call] = call_way(before, after, call);
             if (ways[call] == KOLO_WAY_RING)
                 KT_ASSERTF(sent1 == sent0 && kolo__coll_allgather_push_runs() == push0,
-                           "call %d by ring copies sent %llu single-copy descriptors, pushed %llu times", call,
-                           (unsigned long long)(sent1 - sent0),
+                           "%s call %d by ring copies sent %llu single-copy descriptors, pushed %llu times",
+                           (const char *)arg, call, (unsigned long long)(sent1 - sent0),
                            (unsigned long long)(kolo__coll_allgather_push_runs() - push0));
         }
-        kolo__pair_test_delay(KOLO_PAIR_EX, slow, 0);
+        kolo__pair_test_delay(kind, slow, 0);
         int fast = 0, other = slow == KOLO_WAY_RING ? KOLO_WAY_SINGLE : KOLO_WAY_RING;
         for (int call = CALLS - 12; call < CALLS; call++) fast += ways[call] == other;
         ways_match(ways, CALLS);
-        KT_ASSERTF(fast >= 7, "allgathers of %zu KiB a member, %s slowed by %.0f ms: %d of the last 12 calls the other way",
-                   count * 4 >> 10, slow == KOLO_WAY_RING ? "ring copies" : "single-copy", (double)delay_ns * 1e-6,
-                   fast);
+        KT_ASSERTF(fast >= 7, "%ss of %zu KiB a member, %s slowed by %.0f ms: %d of the last 12 calls the other way",
+                   (const char *)arg, in * 4 >> 10, slow == KOLO_WAY_RING ? "ring copies" : "single-copy",
+                   (double)delay_ns * 1e-6, fast);
         free(x);
         free(z);
     }
@@ -2409,8 +2416,16 @@ static void crowded_exchange_ways(int rank, void *arg)
 
 KT_TEST(crowded_exchange_ways_follow_call_timings, 180)
 {
+    static char coll[] = "allgather";
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(4, crowded_exchange_ways, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(4, crowded_exchange_ways, coll, &o, NULL), 0);
+}
+
+KT_TEST(crowded_alltoall_ways_follow_call_timings, 180)
+{
+    static char coll[] = "alltoall";
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(4, crowded_exchange_ways, coll, &o, NULL), 0);
 }
 
 /* One 2-member allgather of `count` floats a member, checked, and the ways its choices took: ex,

@@ -9,7 +9,21 @@
  * KOLO_PAIR_EX_PATIENT_MIN as there: the harness's band (2-16 MiB, 20 calls a size), 6 rounds
  * rotating the build before (which probed after 4 calls), this one and Open MPI, vCPUs together:
  * 2 / 4 / 8 / 16 MiB 0.92 / 0.93 / 1.04 / 0.85x its time by the pairs (73 / 178 / 652 / 1353 us,
- * Open MPI 106 / 219 / 717 / 1963). */
+ * Open MPI 106 / 219 / 717 / 1963).
+ *
+ * Crowded: a world of 3 or more members on a host with more ranks than cores chooses between ring
+ * copies and single-copy for its alltoalls as for its allgathers (coll_util.c, "Crowded"), member
+ * 0 leading, in slots of their own (KOLO_PAIR_A2A): each member counts its calls per class of its
+ * own bytes (sent and received), which differ between the members of an uneven alltoall, so
+ * their counts drift apart and a member may send a call another way than member 0 chose. That
+ * is harmless (each message says its way; the lead's timings get muddier), but sharing the
+ * allgathers' slots would not be: their members must agree. Where the pairs' single-copy sends
+ * ran at a quarter of memcpy's rate (the Zen 4 VM, docs/performance.md, "Ring copies beat
+ * single-copy at 4 ranks"), 4 ranks, the harness's bands, 3 rounds rotating the build before,
+ * this one and ring copies pinned: 128 KiB-1 MiB 0.50-0.73x the build before's time, 2-16 MiB
+ * 0.57-0.93x, 64 / 256 MiB 0.58-0.78x (pinned ring copies 0.8-0.9x this one's at 16-64 MiB);
+ * 8 ranks, where single-copy holds its own (4 launches each, 2 near): 64 MiB 0.75x, but 128
+ * KiB-16 MiB 0.95-1.19x, mostly about 1.1x: the probes' cost in a launch of 20-50 calls a size. */
 #include "coll.h"
 
 /* kolo__coll_alltoall with its bookkeeping (n members) to fill */
@@ -35,6 +49,8 @@ static int alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const
     kolo__pair_ticket ex = {.conn = NULL};
     if (n == 2 && !kolo__coll_shm_crowded(m, g))
         kolo__pair_begin(m, g, KOLO_PAIR_EX, (sendcounts[!r] + recvcounts[!r]) * es, &ex);
+    else if (n > 2) /* a crowded host's world (it returns at once elsewhere) */
+        kolo__pair_begin(m, g, KOLO_PAIR_A2A, (so + ro) * es, &ex);
     /* post in a rotated order so that not every rank starts with rank 0 */
     for (int step = 1; step < n; step++) {
         int to = (r + step) % n, from = (r - step + n) % n;

@@ -359,7 +359,10 @@ void kolo__coll_test_out_calls(uint64_t got[2]);
  * push-or-exchange choice from KOLO_PAIR_AG_PATIENT_MIN (allgather.c, "Push or exchange"). */
 #define KOLO_PAIR_EX_PATIENT_MIN ((size_t)1 << 20)
 #define KOLO_PAIR_AG_PATIENT_MIN KOLO_STREAM_OUT_MIN
-enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2 };
+/* A world's alltoall of 3 or more members on a host with more ranks than cores (KOLO_PAIR_A2A):
+ * ring copies or single-copy as member 0's timings choose, as for the allgathers there, in slots
+ * of its own (alltoall.c, "Crowded"). Its bytes, and so its classes, are the member's own. */
+enum { KOLO_PAIR_RS = 0, KOLO_PAIR_AG = 1, KOLO_PAIR_EX = 2, KOLO_PAIR_A2A = 3 };
 /* The ways of a KOLO_PAIR_AG call (allgather.c, "Push"): t->way KOLO_PAIR_PUSH (the choice's way
  * 0; a class's first two calls, KOLO_WAY_AUTO, push too) or KOLO_PAIR_EXCHANGE. It sets no way
  * for its messages: an exchange's go as the KOLO_PAIR_EX choice it runs inside says (single-copy,

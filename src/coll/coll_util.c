@@ -410,7 +410,7 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
  * MiB 0.98-1.01x (pinned ring copies 1.15-1.25x), 64 / 256 MiB 1.13 / 1.07x: a class of 3-4 calls
  * starts with ring copies and has no time to probe. */
 static const char *const WAYS_PAIR[KOLO_PAIR_KINDS][2] = {
-    {"ring copies", "single-copy"}, {"push", "exchange"}, {"ring copies", "single-copy"}};
+    {"ring copies", "single-copy"}, {"push", "exchange"}, {"ring copies", "single-copy"}, {"ring copies", "single-copy"}};
 static uint64_t test_pair_delay_ns[KOLO_PAIR_KINDS][3];
 static _Atomic uint64_t pair_calls[KOLO_PAIR_KINDS][3];
 
@@ -437,11 +437,14 @@ void kolo__pair_test_calls(int kind, uint64_t got[3])
  * moved a 64 KiB class to the ring for good). */
 #define SWITCH_AFTER_CALLS 3
 
-static uint64_t pair_min(int kind) { return kind == KOLO_PAIR_EX ? KOLO_PAIR_EX_MIN : KOLO_PAIR_MIN; }
+static bool pair_exchanges(int kind) { return kind == KOLO_PAIR_EX || kind == KOLO_PAIR_A2A; }
+
+static uint64_t pair_min(int kind) { return pair_exchanges(kind) ? KOLO_PAIR_EX_MIN : KOLO_PAIR_MIN; }
 
 static uint64_t pair_patient_min(int kind)
 {
-    return kind == KOLO_PAIR_EX ? KOLO_PAIR_EX_PATIENT_MIN : kind == KOLO_PAIR_AG ? KOLO_PAIR_AG_PATIENT_MIN : UINT64_MAX;
+    if (pair_exchanges(kind)) return KOLO_PAIR_EX_PATIENT_MIN;
+    return kind == KOLO_PAIR_AG ? KOLO_PAIR_AG_PATIENT_MIN : UINT64_MAX;
 }
 
 static int pair_class(int kind, uint64_t bytes)
@@ -477,7 +480,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
         peer = kolo__g2w(g, !g->rank);
         c = m->conns[peer];
         if (!c || kolo__shm_cma_state(c) != 2) return;
-    } else if (kind == KOLO_PAIR_EX && crowded_choice_here(m, g)) {
+    } else if (pair_exchanges(kind) && crowded_choice_here(m, g)) {
         t->crowd = true;
         peer = kolo__g2w(g, 0);
         c = m->conns[g->rank == 0 ? kolo__g2w(g, 1) : peer];

@@ -42,7 +42,7 @@
  * straggler's engine twice per exchange.) Both sides fence between their store and their load
  * of the other's word (asleep, then the counters; the counters, then asleep), so one of them
  * sees the other: a sleeper never misses a move made after it set `asleep`. The layout of the
- * control blocks, and the meaning of `asleep`, are the wire's (mesh.c, KOLOMSH4).
+ * control blocks, and the meaning of `asleep`, are the wire's (mesh.c, KOLOMSH5).
  */
 #include "transport.h"
 

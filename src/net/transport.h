@@ -138,7 +138,7 @@ typedef struct kolo__peer_info {
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 #define KOLO_EXCHANGE_CLASSES 2 /* 64-128 KiB, 128-256 KiB */
 #define KOLO_PAIR_CLASSES 12  /* 256-512 KiB, ..., 256-512 MiB, larger (a 2-member call's bytes; exchanges from 64 KiB) */
-#define KOLO_PAIR_KINDS 3     /* reduce-scatters, allgathers, exchanges (KOLO_PAIR_*, coll.h) */
+#define KOLO_PAIR_KINDS 4     /* reduce-scatters, allgathers, exchanges, crowded alltoalls (KOLO_PAIR_*, coll.h) */
 #define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
 typedef struct kolo__choice {
     kolo__window win[2];     /* per way (e.g. 0 ring, 1 direct): the last samples in ps/B, */
