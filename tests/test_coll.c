@@ -2353,8 +2353,9 @@ KT_TEST(pair_exchange_ways_follow_call_timings, 120)
  * slower per call, and the other must carry at least 7 of the last 12 of 30 calls; the four
  * records match call for call; a call by ring copies sent no single-copy descriptor and pushed
  * nothing. First 256 KiB a member with single-copy slow, then 1 MiB (a fresh class) with ring
- * copies slow. arg: the collective, "allgather" or "alltoall". Skips where the host is not
- * crowded or a pair cannot send single-copy. */
+ * copies slow; for alltoall last 20 uneven calls, whose members' size classes differ, checked. arg:
+ * the collective, "allgather" or "alltoall". Skips where the host is not crowded or a pair cannot
+ * send single-copy. */
 static void crowded_exchange_ways(int rank, void *arg)
 {
     enum { CALLS = 30, N = 4 };
@@ -2408,6 +2409,28 @@ static void crowded_exchange_ways(int rank, void *arg)
         KT_ASSERTF(fast >= 7, "%ss of %zu KiB a member, %s slowed by %.0f ms: %d of the last 12 calls the other way",
                    (const char *)arg, in * 4 >> 10, slow == KOLO_WAY_RING ? "ring copies" : "single-copy",
                    (double)delay_ns * 1e-6, fast);
+        free(x);
+        free(z);
+    }
+    if (a2a) { /* uneven: member i sends 64 Ki x (i + 1) floats to each, so the members' classes
+                * differ and their counts of calls drift apart; every call must still be right */
+        size_t base = (size_t)64 << 10, sc[N], rc[N], rtotal = 0;
+        for (int j = 0; j < N; j++) {
+            sc[j] = base * (size_t)(rank + 1);
+            rc[j] = base * (size_t)(j + 1);
+            rtotal += rc[j];
+        }
+        float *x = malloc(N * sc[0] * 4), *z = malloc(rtotal * 4);
+        KT_ASSERT(x && z);
+        for (int call = 0; call < 20; call++) {
+            for (size_t i = 0; i < N * sc[0]; i++)
+                x[i] = (float)(((i % sc[0]) * 5 + (size_t)rank * 7 + (i / sc[0]) * 3 + (size_t)call) % 8191);
+            KT_OK(kolo_alltoall(x, sc, z, rc, KOLO_FLOAT32, KOLO_WORLD));
+            for (size_t q = 0, off = 0; q < N; off += rc[q], q++)
+                for (size_t at = 0; at < rc[q]; at++)
+                    KT_ASSERTF(z[off + at] == (float)((at * 5 + q * 7 + (size_t)rank * 3 + (size_t)call) % 8191),
+                               "uneven alltoall call %d, from member %zu [%zu]: %g", call, q, at, (double)z[off + at]);
+        }
         free(x);
         free(z);
     }
