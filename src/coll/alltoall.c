@@ -49,7 +49,7 @@ static int alltoall(kolo__mesh *m, const kolo__group *g, const void *send, const
     kolo__pair_ticket ex = {.conn = NULL};
     if (n == 2 && !kolo__coll_shm_crowded(m, g))
         kolo__pair_begin(m, g, KOLO_PAIR_EX, (sendcounts[!r] + recvcounts[!r]) * es, &ex);
-    else if (n > 2) /* a crowded host's world (it returns at once elsewhere) */
+    else if (n > 2) /* a crowded host's world; elsewhere it takes no ticket */
         kolo__pair_begin(m, g, KOLO_PAIR_A2A, (so + ro) * es, &ex);
     /* post in a rotated order so that not every rank starts with rank 0 */
     for (int step = 1; step < n; step++) {
