@@ -125,7 +125,7 @@ deps:
 # TSan looks for races between the threads of a process; these tests' processes have no second
 # thread TSan would not see elsewhere: kolorun is single-threaded (its tests' workers run the
 # kolo_init and engine paths the other tests run; kolorun_elastic_* kept for the rounds, but for
-# those that mostly wait out kolorun's timers: a worker given up on, one that never joins), the
+# those that mostly wait out kolorun's timers: a worker given up on, a busy one, one that never joins), the
 # reduce kernels are, and launch_*/multihost_* start the same workers under other launchers.
 # mapped_store_choice's second half times calls slowed by a hook (30 s under TSan, its largest);
 # the mapped allreduce it times runs under TSan in engine_fused_mapped_arena.
@@ -142,7 +142,7 @@ TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exi
   '!kolorun_help' '!kolorun_horovodrun' '!kolorun_hostfile' '!kolorun_killed' '!kolorun_one_failure' \
   '!kolorun_open' '!kolorun_output' '!kolorun_remote' '!kolorun_removes' '!kolorun_second' '!kolorun_sigterm' \
   '!kolorun_starts' '!kolorun_status' '!kolorun_stdin' '!kolorun_tag' '!kolorun_timeout' '!kolorun_usage' \
-  '!kolorun_worker' '!kolorun_local' '!kolorun_elastic_kills' '!kolorun_elastic_stops' \
+  '!kolorun_worker' '!kolorun_local' '!kolorun_elastic_kills' '!kolorun_elastic_waits' '!kolorun_elastic_stops' \
   '!kolorun_elastic_binds' '!kolorun_elastic_usage' '!reduce_' '!launch_' '!multihost_' \
   '!mapped_store_choice' '!ring_fused_matches_unfused' '!ring_streams_np3' '!shm_ring_sizes' '!shm_cma_modes' \
   '!zero_copy_allreduce' '!adasum_matches_the_tree' '!big_buffers' '!conformance_shm_np7' '!conformance_shm_np8' \

@@ -316,7 +316,7 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
  * synced from rank 0 at each (re)start; a failing collective rolls back to the last commit, a
  * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
  * worker with that id kills itself on reaching that step), "stop=ID:STEP" (stops itself there),
- * "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
+ * "busy=ID:STEP:MS" (in round 1, spins that many milliseconds there, outside kolo), "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
  * before exiting). Rank 0 prints "round G size S from
  * step N" at each start and "step N" at each commit; every worker prints "done: worker W rank R
  * size S round G step N" at the end. Also run on several hosts by test_multihost.c. */
@@ -324,7 +324,9 @@ KT_WORKER(elastic_train)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 20;
     int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1, hold_ms = 0;
+    int busy_id = -1, busy_step = -1, busy_ms = 0;
     for (int a = 2; a < argc; a++) {
+        sscanf(argv[a], "busy=%d:%d:%d", &busy_id, &busy_step, &busy_ms);
         sscanf(argv[a], "hold=%d", &hold_ms);
         sscanf(argv[a], "die=%d:%d", &die_id, &die_step);
         sscanf(argv[a], "stop=%d:%d", &stop_id, &stop_step);
@@ -347,6 +349,11 @@ KT_WORKER(elastic_train)
         while (step < steps) {
             if (me == die_id && step >= die_step) raise(SIGKILL);
             if (me == stop_id && step >= stop_step) raise(SIGSTOP);
+            if (me == busy_id && step == busy_step && kolo_elastic_round() == 1) {
+                double until = kt_now() + busy_ms / 1000.0;
+                while (kt_now() < until) {
+                }
+            }
             int one[4] = {1, 1, 1, 1}, sum[4] = {0};
             /* in round 1 only, the ranks disagree on a count: a mismatch on every rank */
             size_t count = step == mismatch_step && kolo_elastic_round() == 1 ? 1 + (size_t)kolo_rank() : 1;
@@ -513,11 +520,38 @@ KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
                                                      "--worker", "elastic_train", "60", "stop=2:12", NULL},
                            50);
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    /* "... 5 s ago, and it used no CPU time in the last 5 s; killing it ...": the seconds are
+     * measured, 6 on a slow tick */
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) on host localhost stopped answering: 2 workers gave up on it and "
-                        "asked for a new round 5 s ago; killing it, the job goes on without it");
+                        "asked for a new round ");
+    KT_CONTAINS(p.ebuf, " s ago, and it used no CPU time in the last ");
+    KT_CONTAINS(p.ebuf, " s; killing it, the job goes on without it");
     KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
     finished_at_size_2(p.obuf, 0);
     finished_at_size_2(p.obuf, 1);
+    kt_proc_free(&p);
+}
+
+/* A worker busy outside kolo (a long step) when the others give up on it is not stuck: it uses
+ * CPU time, so kolorun waits for it (KOLO_OP_TIMEOUT, at least 30 s) instead of killing it, and
+ * its next collective fails at once (its peers left) and asks too: the new round keeps all three
+ * (--min-np 3: a kill would end the job). */
+KT_TEST(kolorun_elastic_waits_for_a_busy_worker, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=1", kt_self(),
+                                                     "--worker", "elastic_train", "40", "busy=2:12:9000", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
+    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it (KOLO_OP_TIMEOUT, at least 30 s)");
+    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
+    for (int w = 0; w < 3; w++) {
+        char want[96];
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 40", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
     kt_proc_free(&p);
 }
 

@@ -43,6 +43,7 @@
 #define STRAGGLER_GRACE_S 2.0    /* a finishing job's workers have this long to say they joined */
 #define ASKED_PERIOD_S 0.5       /* how often the workers' requests for a new round are read */
 #define STUCK_GRACE_S 5.0        /* some ask, others do not: after this long those others are stuck */
+#define BUSY_GRACE_MIN_S 30.0    /* ... unless they use CPU time: then they get KOLO_OP_TIMEOUT, at least this */
 
 typedef struct kr_elastic {
     kolo__store *store;
@@ -64,6 +65,8 @@ typedef struct kr_elastic {
     bool script_failing;      /* the discovery script's last run failed (said once) */
     double next_asked;        /* when to read the workers' requests again */
     double asked_since;       /* since when some (not all) workers ask for a new round; 0 none */
+    double cpu_since;         /* when the silent workers' CPU time was last read */
+    double busy_grace;        /* how long a silent worker that uses CPU time is waited for */
 } kr_elastic;
 
 static bool blocked(const kr_host *h, double now) { return h->blocked_until > now; }
@@ -471,6 +474,12 @@ int kr_elastic_setup(kr_job *j, int sigfd)
         }
     }
     el->next_discovery = kr_now() + DISCOVERY_PERIOD_S;
+    const char *ot = kr_worker_setting(o, "KOLO_OP_TIMEOUT");
+    char *end = NULL;
+    double op_timeout = ot ? strtod(ot, &end) : 0;
+    el->busy_grace = ot && end != ot && !*end && op_timeout > BUSY_GRACE_MIN_S ? op_timeout
+                     : ot                                                       ? BUSY_GRACE_MIN_S
+                                                                                : 300.0; /* the workers' default */
     int st = form_round(j, o->np, "");
     el->last_usable = usable_slots(j, kr_now());
     if (st != 0) return KR_EXIT_LAUNCH;
@@ -483,9 +492,15 @@ int kr_elastic_setup(kr_job *j, int sigfd)
 
 /* Workers ask for a new round when a collective failed on them. All of them asking (an error
  * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
- * asking while the others keep quiet for STUCK_GRACE_S means the others stopped answering
- * (stopped, or stuck outside kolo; a dead one would have been reaped by then): they are killed
- * and the round goes on without them. */
+ * asking while the others keep quiet means the others stopped answering (stopped, or stuck
+ * outside kolo; a dead one would have been reaped by then), or are busy outside kolo (a long
+ * step, an evaluation) and will learn of the failure at their next collective, which then fails
+ * at once (the peers have left it) and asks too. kolorun tells the two apart by CPU time, for
+ * workers on this host: one that used none in the last STUCK_GRACE_S is killed and the round goes
+ * on without it; one that did is waited for as long as a worker waits for a silent peer
+ * (KOLO_OP_TIMEOUT as the workers get it, at least BUSY_GRACE_MIN_S: a short one set for a test
+ * should not turn a host's load into a kill). A remote worker's CPU time is not read: silent for
+ * STUCK_GRACE_S, it is killed. */
 static void check_asked(kr_job *j, double now)
 {
     kr_elastic *el = j->el;
@@ -508,19 +523,50 @@ static void check_asked(kr_job *j, double now)
         el->asked_since = 0;
         return;
     }
-    if (el->asked_since == 0) el->asked_since = now;
-    if (now - el->asked_since < STUCK_GRACE_S) return;
-    el->asked_since = 0;
+    if (el->asked_since == 0) {
+        el->asked_since = el->cpu_since = now;
+        for (int i = 0; i < j->n; i++) {
+            kr_rank *r = &j->ranks[i];
+            r->said_busy = false;
+            r->cpu_seen = member(r) && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
+        }
+        return;
+    }
+    if (now - el->cpu_since < STUCK_GRACE_S) return;
+    double silent = now - el->asked_since, window = now - el->cpu_since;
+    el->cpu_since = now;
+    bool killed = false;
     for (int i = 0; i < j->n; i++) {
         kr_rank *r = &j->ranks[i];
         if (!member(r) || r->asking) continue;
+        bool local = j->o->hosts[r->host].local;
+        long long cpu = local ? kr_group_cpu_ticks(r->pid) : -1;
+        bool busy = cpu >= 0 && r->cpu_seen >= 0 && cpu > r->cpu_seen;
+        r->cpu_seen = cpu;
+        if (busy && silent < el->busy_grace) {
+            if (!r->said_busy)
+                kr_say("worker %d (rank %d) has not asked for the new round %.0f s after %d worker%s gave up on it, "
+                       "but it is running (it used CPU time): waiting up to %g s for it (KOLO_OP_TIMEOUT, at least %g s)",
+                       r->id, r->rank, silent, asking, asking == 1 ? "" : "s", el->busy_grace, BUSY_GRACE_MIN_S);
+            r->said_busy = true;
+            continue;
+        }
+        char why[128];
+        if (busy)
+            snprintf(why, sizeof(why), ", and it kept running %.0f s without asking", silent);
+        else if (local)
+            snprintf(why, sizeof(why), ", and it used no CPU time in the last %.0f s", window);
+        else
+            why[0] = '\0';
         kr_say("worker %d (rank %d) on host %s stopped answering: %d worker%s gave up on it and asked for a new round "
-               "%g s ago; killing it, the job goes on without it", r->id, r->rank, j->o->hosts[r->host].name, asking,
-               asking == 1 ? "" : "s", STUCK_GRACE_S);
+               "%.0f s ago%s; killing it, the job goes on without it", r->id, r->rank, j->o->hosts[r->host].name,
+               asking, asking == 1 ? "" : "s", silent, why);
         r->removed = true; /* its end is not news any more */
         stop_worker(j, r, SIGKILL);
         lose(j, i, now);
+        killed = true;
     }
+    if (killed) el->asked_since = 0;
 }
 
 /* Workers still running that did not start the finishing round (or never said so) are waiting

@@ -129,6 +129,8 @@ typedef struct kr_rank {
     bool removed;             /* its host left: its end is not a failure */
     bool lost;                /* failed, and the job went on without it */
     bool asking;              /* asks for a new round (elastic.c, check_asked) */
+    bool said_busy;           /* check_asked said it waits for this silent but busy worker */
+    long long cpu_seen;       /* check_asked: its CPU ticks when last read; -1 unknown */
     int slot;                 /* its slot on a local host, the local rank --bind-to binds by */
 
     cpu_set_t cpus;           /* binding (bind.c); valid when bound */
@@ -220,6 +222,9 @@ const char *kr_hostname(void);
 char **kr_env_build(const kr_opts *o, const kr_rank *r, int size, const char *rdv, const char *secret,
                     const char *job_id);
 void kr_env_free(char **env);
+/* The value of setting `name` that kr_env_build gives a local worker (-x, then the settings
+ * from options, then kolorun's environment); NULL when unset. */
+const char *kr_worker_setting(const kr_opts *o, const char *name);
 /* Looks for the executable `cmd` in PATH (taken from env) the way execvp would. Writes the
  * path in out. Returns 0, or KR_EXIT_NOTFOUND / KR_EXIT_NOEXEC with errno-like reason. */
 int kr_find_exec(const char *cmd, char *const *env, char *out, size_t cap);
@@ -277,6 +282,14 @@ bool kr_write_all(int fd, const void *buf, size_t n);
 /* ---- stacks.c ---- */
 /* --get-stack-traces: Python and native stacks of every running local worker (stderr). */
 void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit);
+
+/* ---- proc.c ---- */
+/* The live processes of a local worker's process group pgid, its leader first (listed even when
+ * gone), up to cap. */
+int kr_group_members(pid_t pgid, pid_t *out, int cap);
+/* The CPU time (user + system, with that of reaped children) the live processes of group pgid
+ * have used, in clock ticks; -1 when none is alive. */
+long long kr_group_cpu_ticks(pid_t pgid);
 
 /* ---- status.c ---- */
 /* --status-file: writes the job's state (running, stopping, done), exit_code (-1: none yet)

@@ -14,7 +14,6 @@
  * the remote one). At most 64 local workers. */
 #include "kolorun.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,36 +25,6 @@
 #define GDB_S 20.0            /* one process's gdb; a remote host gets 3 times this */
 #define STACKS_BUDGET_S 120.0 /* all of it, before the job is stopped */
 #define GROUP_MAX 16
-
-/* The processes whose process group is pgid (the worker's group), the leader first. */
-static int group_members(pid_t pgid, pid_t *out, int cap)
-{
-    int n = 0;
-    out[n++] = pgid;
-    DIR *d = opendir("/proc");
-    if (!d) return n;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < cap) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0 || pid == pgid) continue;
-        char path[64], buf[512];
-        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[len] = '\0';
-        const char *q = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
-        int ppid = 0, pgrp = 0;
-        char state;
-        if (q && sscanf(q + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z' &&
-            state != 'X')
-            out[n++] = (pid_t)pid; /* a zombie has no stack to show */
-    }
-    closedir(d);
-    return n;
-}
 
 /* Whether the process has a handler for sig (SigCgt in /proc/PID/status). */
 static bool catches(pid_t pid, int sig)
@@ -177,7 +146,7 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         const kr_rank *r = &ranks[i];
         if (!r->running || r->pid <= 0 || !o->hosts[r->host].local) continue;
         idx[nw] = i;
-        count[nw] = group_members(r->pid, members + nw * GROUP_MAX, GROUP_MAX);
+        count[nw] = kr_group_members(r->pid, members + nw * GROUP_MAX, GROUP_MAX);
         for (int k = 0; k < count[nw]; k++) {
             pid_t p = members[nw * GROUP_MAX + k];
             if (catches(p, SIGUSR2) && kill(p, SIGUSR2) == 0) sent++;

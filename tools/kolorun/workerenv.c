@@ -151,6 +151,21 @@ char **kr_env_build(const kr_opts *o, const kr_rank *r, int size, const char *rd
     return s.v;
 }
 
+const char *kr_worker_setting(const kr_opts *o, const char *name)
+{
+    size_t nl = strlen(name);
+    for (int i = o->nxenv - 1; i >= 0; i--) { /* kr_env_build's order, the last word first */
+        const char *x = o->xenv[i];
+        if (strncmp(x, name, nl) == 0 && x[nl] == '=') return x + nl + 1;
+        if (strcmp(x, name) == 0 && getenv(name)) return getenv(name);
+    }
+    for (int i = o->nsetenv - 1; i >= 0; i--) {
+        const char *x = o->setenv[i];
+        if (strncmp(x, name, nl) == 0 && x[nl] == '=') return x + nl + 1;
+    }
+    return getenv(name);
+}
+
 void kr_env_free(char **env)
 {
     if (!env) return;

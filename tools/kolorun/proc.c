@@ -1,0 +1,79 @@
+/* proc.c - what /proc says about a local worker's process group (the worker and whatever it
+ * started, e.g. a shell's python): its processes, whose stacks --get-stack-traces shows
+ * (stacks.c), and the CPU time they used, by which the elastic driver tells a worker that is
+ * busy from one that is stuck (elastic.c). */
+#include "kolorun.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads /proc/PID/stat: state, process group and CPU ticks (user + system, its own and that of
+ * the children it reaped). False when the process is gone or the line does not parse. */
+static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const char *q = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    unsigned long long ut = 0, st = 0;
+    long long cut = 0, cst = 0;
+    int ppid = 0;
+    /* fields 3-17: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt
+     * utime stime cutime cstime */
+    if (!q || sscanf(q + 1, " %c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", state, &ppid, pgrp, &ut,
+                     &st, &cut, &cst) != 7)
+        return false;
+    *ticks = (long long)(ut + st) + cut + cst;
+    return true;
+}
+
+/* Walks pgid's live processes: the leader (always, first) and the others into out (up to cap),
+ * their summed CPU ticks into *ticks. Returns how many live processes the group has. */
+static int scan_group(pid_t pgid, pid_t *out, int cap, int *stored, long long *ticks)
+{
+    int n = 0, k = 0;
+    long long sum = 0, t;
+    char state;
+    int pgrp;
+    if (cap > 0) out[k++] = pgid;
+    if (read_stat(pgid, &state, &pgrp, &t) && state != 'Z' && state != 'X') {
+        n++;
+        sum += t;
+    }
+    DIR *d = opendir("/proc");
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char *end;
+            long pid = strtol(e->d_name, &end, 10);
+            if (*end || pid <= 0 || pid == pgid) continue;
+            if (!read_stat(pid, &state, &pgrp, &t) || pgrp != pgid || state == 'Z' || state == 'X') continue;
+            if (k < cap) out[k++] = (pid_t)pid; /* a zombie has no stack to show, nor time to use */
+            n++;
+            sum += t;
+        }
+        closedir(d);
+    }
+    if (stored) *stored = k;
+    if (ticks) *ticks = sum;
+    return n;
+}
+
+int kr_group_members(pid_t pgid, pid_t *out, int cap)
+{
+    int k = 0;
+    scan_group(pgid, out, cap, &k, NULL);
+    return k;
+}
+
+long long kr_group_cpu_ticks(pid_t pgid)
+{
+    long long ticks = 0;
+    return scan_group(pgid, NULL, 0, NULL, &ticks) > 0 ? ticks : -1;
+}
