@@ -119,8 +119,8 @@
  * after a change of way, is not timed: traced, the first call of a launch took 28705 ps/B where
  * the next took 463 and the third 286, and a probe's first CMA call 818 where the next took 212.
  *
- * On a host with more ranks than cores, where the pairs keep ring copies and malloc'd buffers
- * always go direct (plan_for), they do so from ZC_MIN, not CMA_MIN: the ring's 2(n-1) steps are
+ * On a host with more ranks than cores, where the pairs keep ring copies, malloc'd buffers go
+ * direct from ZC_MIN, not CMA_MIN, and choose from CMA_MIN (plan_for): the ring's 2(n-1) steps are
  * as many hand-offs between ranks that share a core, direct's two exchanges are two. Intel Xeon
  * VM, 2 vCPUs, ranks bound in blocks, 3 rounds, us per call, 128 KiB: 4 ranks 45 against 65 by
  * the ring, 8 ranks 120 against 211, 16 ranks (2 rounds) 429 against 780; 64 and 256 KiB and
@@ -352,27 +352,44 @@ static int neighbour_verdict(kolo__mesh *m, uint64_t bytes, bool ip, uint64_t no
     return -1;
 }
 
-/* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses, a host with
- * more ranks than cores runs direct (below), and a pair pinned to ring copies (KOLO_SHM_CMA=0)
- * keeps the ring.
+/* Whether member 0 chooses between the ring and direct by CMA from the calls' timings: where its
+ * pair with member 1 picks its ways from timings (KOLO_SHM_CMA=auto), and on a host with more
+ * ranks than cores, where the pairs keep ring copies without timing (below). */
+static bool choosing(kolo__mesh *m, const kolo__group *g)
+{
+    kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
+    return kolo__shm_cma_state(c1) == 2 || kolo__shm_pinned_oversubscribed(c1);
+}
+
+/* How member 0 runs this call by CMA: KOLO_SHM_CMA=1 pins direct, auto chooses from CMA_MIN, and
+ * a pair pinned to ring copies (KOLO_SHM_CMA=0) keeps the ring.
  *
- * With more ranks than cores the pairs stop timing their messages (core/kolo.c: a rank that
- * shares a core times the scheduler), and so does this choice: reading and writing the others'
- * buffers by CMA needs none of them to run while it copies, where every step of the ring waits
- * for its peer to be scheduled. Intel Xeon VM, 2 vCPUs, 4 ranks, launches alternated (5 pairs),
- * direct against the ring: 128 KiB 0.57x the time, 512 KiB 0.65x, 2 MiB 0.73x, 8 MiB 0.93x. */
+ * On a host with more ranks than cores the pairs stop timing their messages (core/kolo.c: a rank
+ * that shares a core times the scheduler), but member 0's timings of whole calls hold (every
+ * member's call waits for the others: the crowded allgathers choose by them, coll_util.c,
+ * "Crowded"). There direct needs none of the others to run while it copies, where every step of
+ * the ring waits for its peer to be scheduled: Intel Xeon VM, 2 vCPUs, 4 ranks, launches
+ * alternated (5 pairs), direct against the ring: 128 KiB 0.57x the time, 512 KiB 0.65x, 2 MiB
+ * 0.73x, 8 MiB 0.93x. But on the Zen 4 VM, whose kernel copies between processes at a quarter of
+ * memcpy's rate, the ring by ring copies took 0.70-0.87x direct's time at 4 ranks from 128 KiB to
+ * 256 MiB (docs/performance.md, "Ring copies beat single-copy at 4 ranks"). So such a host runs
+ * direct below CMA_MIN (from ZC_MIN, where the ring's hand-offs cost most) and chooses from it,
+ * starting direct. Zen 4 VM, kolo-bench in the harness's bands, 3 rounds rotating with the build
+ * before (always direct) and ring copies pinned: 4 ranks 1-16 MiB 0.64-0.89x the time, 256-512
+ * KiB 0.73-1.01x, 64 / 256 MiB 0.93-1.03x (launches of 3 calls end before the first probe; ring
+ * copies pinned took 0.71-0.82x there); 8 ranks (2 rounds) 1-64 MiB 0.66-0.97x, 256-512 KiB
+ * 1.0-1.14x, as 128 KiB, which runs direct in both builds, spread (1.17x). */
 static int plan_for(kolo__mesh *m, const kolo__group *g, uint64_t bytes, bool ip)
 {
     if (test_force >= 0) return test_force;
     kolo__conn *c1 = m->conns[kolo__g2w(g, 1)];
-    int mode = kolo__shm_cma_state(c1);
-    if (mode == 2) {
+    if (bytes >= CMA_MIN && choosing(m, g)) {
         kolo__choice *c = choice_for(m, bytes, ip);
         uint64_t now = kolo__now_ns();
         int hint = c->every ? -1 : neighbour_verdict(m, bytes, ip, now);
         return kolo__choice_pick(c, now, hint >= 0 ? hint : PLAN_DIRECT, false);
     }
-    return mode == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
+    return kolo__shm_cma_state(c1) == 1 || kolo__shm_pinned_oversubscribed(c1) ? PLAN_DIRECT : PLAN_RING;
 }
 
 /* Reads n bytes at `addr` in process pid into buf; 0 or an errno. */
@@ -545,8 +562,7 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
          * kolo__direct_ring_done does */
         bool exch = exchange_range(t, n, bytes, ip);
         t->learn = r == 0 && (exch ? test_exchange < 0
-                                 : bytes >= CMA_MIN && test_force < 0 &&
-                                       kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2);
+                                 : bytes >= CMA_MIN && test_force < 0 && choosing(m, g));
         t->plan = all[0].plan;
         t->exchange = n == 2 && all[0].plan == PLAN_EXCHANGE;
         if (t->learn) { /* not the first call of a class, nor the first after a change of way */

@@ -71,7 +71,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                           "same way between the ring and each rank reading and writing the others' buffers directly "
                           "(process_vm_readv/writev; starting direct or as the sizes next to it settled, in place "
                           "and out of place chosen apart; 1: always direct, 0: never; a host with more ranks than "
-                          "cores: always direct, and from above KOLO_SMALL_ALLREDUCE_MAX). 0 on either rank of a "
+                          "cores chooses too, as rank 0's timings of whole calls say, and goes direct from above "
+                          "KOLO_SMALL_ALLREDUCE_MAX to 256 KiB). 0 on either rank of a "
                           "pair keeps the pair on ring copies"},
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
