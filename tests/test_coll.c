@@ -3749,6 +3749,58 @@ KT_TEST(reducescatter_direct_reads_each_block, 90)
     KT_EQ(kt_job(4, rs_direct, NULL, NULL, NULL), 0);
 }
 
+/* With KOLO_SHM_CMA=auto, member 0 chooses between direct and the ring for reducescatters that
+ * could go direct (allreduce.c, "Direct or the ring"): a hook makes one way 30 ms slower per call,
+ * and the other must carry at least 8 of the last 12 of 24 calls of 4 MiB in all; then the other
+ * way is the slow one, from a fresh choice. Every call's result is checked, and both members ran
+ * every call the same way (member 0's plan travels in its descriptor). */
+static void rs_choice(int rank, void *arg)
+{
+    (void)arg;
+    enum { CALLS = 24 };
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    size_t rows = ((size_t)4 << 20) / 4, mine = kolo_reducescatter_rows(rows, 2, rank);
+    size_t first = rank ? kolo_reducescatter_rows(rows, 2, 0) : 0;
+    float *a = malloc(rows * 4), *b = malloc(mine * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < rows; i++) a[i] = rsd_in(i, rank);
+    uint64_t delay_ns = choice_delay_ns();
+    for (int slow = 0; slow < 2; slow++) {
+        memset(m->rs_direct, 0, sizeof(m->rs_direct));
+        memset(m->rs_direct_last, 0, sizeof(m->rs_direct_last));
+        kolo__coll_reducescatter_test_delay(slow, delay_ns);
+        int32_t ways[CALLS], hi[CALLS], lo[CALLS];
+        int direct = 0;
+        for (int call = 0; call < CALLS; call++) {
+            uint64_t before = kolo__coll_reducescatter_direct_runs();
+            memset(b, 0, mine * 4);
+            KT_OK(kolo_reducescatter(a, b, rows, 1, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
+            for (size_t i = 0; i < mine; i++)
+                KT_ASSERTF(b[i] == rsd_in(first + i, 0) + rsd_in(first + i, 1), "call %d [%zu]: %g", call, i,
+                           (double)b[i]);
+            ways[call] = hi[call] = lo[call] = kolo__coll_reducescatter_direct_runs() != before;
+            if (call >= CALLS - 12) direct += ways[call];
+        }
+        kolo__coll_reducescatter_test_delay(slow, 0);
+        KT_OK(kolo_allreduce(hi, hi, CALLS, KOLO_INT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+        KT_OK(kolo_allreduce(lo, lo, CALLS, KOLO_INT32, KOLO_MIN, 1, 1, KOLO_WORLD));
+        for (int call = 0; call < CALLS; call++)
+            KT_ASSERTF(hi[call] == lo[call], "call %d ran direct on one member and by the ring on the other", call);
+        KT_ASSERTF(slow == 0 ? direct >= 8 : direct <= 4, "%s slowed by %.0f ms: %d of the last 12 calls direct",
+                   slow ? "direct" : "the ring", (double)delay_ns * 1e-6, direct);
+    }
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(reducescatter_choice_follows_timings, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, rs_choice, NULL, &o, NULL), 0);
+}
+
 KT_TEST(broadcast_tree_when_bound_in_blocks, 60)
 {
     static int blocks = BOUND_BLOCKS, dealt = BOUND_DEALT, none = 0;

@@ -487,6 +487,59 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
 #define RS_DIRECT_CHUNK ((size_t)256 << 10)
 #define RS_DIRECT_SCRATCH ((size_t)1 << 20) /* the chunks of the n - 1 others, at most */
 
+/* Direct or the ring, chosen. Direct reads every input byte once, but by the kernel's copy, which
+ * on the Zen 4 VM runs at a quarter of memcpy's rate between processes (docs/performance.md,
+ * "Ring copies beat single-copy at 4 ranks"): there 2 ranks by the ring with ring copies
+ * (KOLO_SHM_CMA=0) took 0.58-0.75x direct's time from 256 KiB to 256 MiB (the harness's bands,
+ * in both machine states), 4 ranks on the 2 vCPUs 0.69-0.87x; on the Intel VM direct won (above).
+ * So where member 0's pair with member 1 picks its ways from timings (KOLO_SHM_CMA=auto), member 0
+ * times whole calls either way, per class of their bytes in all (x2 from RS_DIRECT_MIN), starting
+ * direct, and its plan travels in its descriptor, which every member reads; the first call of a
+ * class and the first after a change of way are not timed (direct.c, "choosing"). The ring's own
+ * choices (a pair's chunks by ring copies or single-copy, coll_util.c, "pair") run inside the
+ * ring's calls. 2 ranks, the harness's bands, 3 rounds rotating with the build before and ring
+ * copies pinned, near state, time against the build before: 256 KiB-1 MiB 0.72-0.87x out of place
+ * (in place 0.70-0.77x), 2 / 4 MiB 0.83 / 0.86x (0.68 / 0.65x), 8-16 MiB 0.89-1.03x (0.88x), 64
+ * MiB 0.75x (0.56x), 256 MiB 0.62x (1.04x: launches of 3 calls). A host with more ranks than cores
+ * keeps direct: there the choice ran 4 ranks' 4-16 MiB at 1.1-1.3x direct's time (4 rounds of the
+ * harness's 20-call launches; member 0 timed the ring at 235 ps/B against direct's 330 after its
+ * probes, but direct's calls in the build before took no longer than the ring's pinned). */
+enum { RS_RING = 0, RS_DIRECT = 1 };
+static const char *const WAYS_RS[2] = {"the ring", "direct by CMA"};
+static uint64_t rs_test_delay_ns[2];
+void kolo__coll_reducescatter_test_delay(int way, uint64_t ns)
+{
+    if (way == RS_RING || way == RS_DIRECT) rs_test_delay_ns[way] = ns;
+}
+
+/* A call that could go direct, after the descriptors: how it runs (member 0's plan), and member
+ * 0's start when it times the call (else 0). bytes 0: the call could not go direct. */
+typedef struct rs_ticket {
+    uint64_t start, bytes;
+    int plan;
+} rs_ticket;
+
+static int rs_class(uint64_t bytes)
+{
+    int k = 0;
+    for (uint64_t b = bytes / RS_DIRECT_MIN; b >= 2 && k < KOLO_DIRECT_CLASSES - 1; b /= 2) k++;
+    return k;
+}
+
+static bool rs_choosing(const kolo__mesh *m, const kolo__group *g)
+{
+    return kolo__shm_cma_state(m->conns[kolo__g2w(g, 1)]) == 2;
+}
+
+/* After a call that could go direct: the test hook's delay, and member 0 learns the call's time. */
+static void rs_done(kolo__mesh *m, const rs_ticket *t, int st)
+{
+    if (!t->bytes) return;
+    kolo__sleep_ns(rs_test_delay_ns[t->plan]);
+    if (t->start && st == KOLO_OK)
+        kolo__choice_learn(&m->rs_direct[rs_class(t->bytes)], t->plan, t->start, t->bytes, "reducescatter", WAYS_RS);
+}
+
 static uint64_t rs_direct_runs;
 static int rs_test_fail_read;
 uint64_t kolo__coll_reducescatter_direct_runs(void) { return __atomic_load_n(&rs_direct_runs, __ATOMIC_RELAXED); }
@@ -504,7 +557,9 @@ typedef struct rs_desc {
     uint64_t total;  /* its bytes in all */
     uint64_t layout; /* its counts, hashed */
     int32_t pid;
-    int32_t ok; /* 1: it can take part */
+    int32_t ok;   /* 1: it can take part */
+    int32_t plan; /* member 0's: RS_DIRECT, or RS_RING (all take the ring) */
+    int32_t pad;
 } rs_desc;
 
 typedef struct rs_status {
@@ -512,18 +567,23 @@ typedef struct rs_status {
     int32_t whom; /* the member it could not read */
 } rs_status;
 
-/* KOLO_OK, an error, or KOLO_DIRECT_DECLINED when some member cannot take part. */
+/* KOLO_OK, an error, or KOLO_DIRECT_DECLINED when some member cannot take part or member 0 chose
+ * the ring (t says which, for rs_done after the ring). */
 static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char *send, char *recv,
                                 const size_t *offs, const size_t *counts, size_t total, kolo_dtype_t dtype,
-                                kolo_op_t op, double pre, double post)
+                                kolo_op_t op, double pre, double post, rs_ticket *t)
 {
     int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype), bytes = counts[r] * es, ones[EXCHANGE_MEMBERS];
+    uint64_t start = kolo__now_ns();
+    bool choose = r == 0 && rs_choosing(m, g);
     rs_desc all[EXCHANGE_MEMBERS], me = {.addr = (uint64_t)(uintptr_t)send,
                                          .total = total * es,
                                          .layout = kolo__fnv1a(counts, (size_t)n * sizeof(size_t)),
                                          .pid = (int32_t)getpid(),
-                                         .ok = kolo__coll_apart(recv, bytes, send, total * es)};
+                                         .ok = kolo__coll_apart(recv, bytes, send, total * es),
+                                         .plan = RS_DIRECT};
+    if (choose) me.plan = kolo__choice_pick(&m->rs_direct[rs_class(total * es)], start, RS_DIRECT, false);
     for (int i = 0; i < n; i++) ones[i] = 1;
     int st = kolo__coll_allgather(m, g, &me, all, ones, sizeof(rs_desc));
     bool ok = true;
@@ -539,6 +599,14 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     }
     if (st != KOLO_OK) return st;
     if (!ok) return KOLO_DIRECT_DECLINED;
+    t->bytes = total * es;
+    t->plan = all[0].plan == RS_RING ? RS_RING : RS_DIRECT;
+    if (choose) { /* not the first call of a class, nor the first after a change of way */
+        unsigned char *last = &m->rs_direct_last[rs_class(total * es)];
+        if (*last == t->plan + 1) t->start = start;
+        *last = (unsigned char)(t->plan + 1);
+    }
+    if (t->plan == RS_RING) return KOLO_DIRECT_DECLINED;
     /* a prescale scales each chunk as it arrives, this member's own into a slot of its own */
     size_t slots_n = (size_t)(n - 1) + (pre != 1.0);
     size_t chunk = KOLO_MIN(RS_DIRECT_CHUNK, RS_DIRECT_SCRATCH / slots_n) & ~(size_t)63;
@@ -582,28 +650,17 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
             return kolo__coll_cma_failed(m, whom, sts[i].err, what);
         }
     __atomic_fetch_add(&rs_direct_runs, 1, __ATOMIC_RELAXED);
+    rs_done(m, t, KOLO_OK);
     return KOLO_OK;
 }
 
-/* kolo__coll_reducescatter with offs[] (n members) to fill */
-static int reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
-                         kolo_dtype_t dtype, kolo_op_t op, double pre, double post, size_t *offs)
+/* The exchange or the ring (reducescatter, after direct declined). */
+static int reducescatter_moving(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *offs,
+                                const size_t *counts, size_t total, kolo_dtype_t dtype, kolo_op_t op, double pre,
+                                double post)
 {
     int n = g->size, r = g->rank;
     size_t es = kolo_dtype_size(dtype);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        offs[i] = total;
-        total += counts[i];
-    }
-    if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
-    /* spread over hosts: maybe within each host first, then across (hier.c) */
-    int h = kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
-    if (h != KOLO_HIER_DECLINED) return h;
-    if (rs_direct_here(m, g, total * es)) {
-        int st = reducescatter_direct(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
-        if (st != KOLO_DIRECT_DECLINED) return st;
-    }
     /* the choice depends on the member count and the total only, the same on every member */
     size_t exchange_max = n >= 3 && kolo__coll_shm_crowded(m, g)
                               ? KOLO_MIN((size_t)n * EXCHANGE_SHM_BLOCK, EXCHANGE_SHM_MAX)
@@ -638,6 +695,31 @@ static int reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, 
     if (st != KOLO_OK) return st;
     if (counts[r] && !out) kolo__copy(recv, work + offs[r] * es, counts[r] * es);
     return KOLO_OK;
+}
+
+/* kolo__coll_reducescatter with offs[] (n members) to fill */
+static int reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv, const size_t *counts,
+                         kolo_dtype_t dtype, kolo_op_t op, double pre, double post, size_t *offs)
+{
+    int n = g->size;
+    size_t es = kolo_dtype_size(dtype);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = total;
+        total += counts[i];
+    }
+    if (n == 1) return kolo__coll_allreduce(m, g, send, recv, counts[0], dtype, op, pre, post);
+    /* spread over hosts: maybe within each host first, then across (hier.c) */
+    int h = kolo__coll_hier_reducescatter(m, g, send, recv, counts, dtype, op, pre, post);
+    if (h != KOLO_HIER_DECLINED) return h;
+    rs_ticket t = {0, 0, RS_RING};
+    if (rs_direct_here(m, g, total * es)) {
+        int st = reducescatter_direct(m, g, send, recv, offs, counts, total, dtype, op, pre, post, &t);
+        if (st != KOLO_DIRECT_DECLINED) return st;
+    }
+    int st = reducescatter_moving(m, g, send, recv, offs, counts, total, dtype, op, pre, post);
+    rs_done(m, &t, st);
+    return st;
 }
 
 int kolo__coll_reducescatter(kolo__mesh *m, const kolo__group *g, const void *send, void *recv,

@@ -209,6 +209,9 @@ void kolo__coll_allgather_test_refuse_write(int nth);
  * block itself (allreduce.c, "Direct"); and a test hook: the nth read from now fails (EFAULT). */
 uint64_t kolo__coll_reducescatter_direct_runs(void);
 void kolo__coll_reducescatter_test_fail_read(int nth);
+/* Test hook: each reducescatter that could go direct and ran by the ring or the exchange (way 0)
+ * or direct (1) takes ns longer, on every member. */
+void kolo__coll_reducescatter_test_delay(int way, uint64_t ns);
 /* How g lies over the hosts (hier.c): made once per group, where the group is made (the world
  * and each process set in core/kolo.c, the engine's copies, the hierarchical stages' groups), from
  * the host of every world rank (host_of, NULL where the world is on one host), and the same on

@@ -186,6 +186,10 @@ struct kolo__mesh {
     unsigned char direct_last[2][KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
+    /* reduce-scatters that could read the others' inputs directly: the ring (or the exchange) or
+     * direct, per size class of their bytes in all (coll/allreduce.c, "Direct") */
+    kolo__choice rs_direct[KOLO_DIRECT_CLASSES];
+    unsigned char rs_direct_last[KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* 2-member allreduces out of place below 256 KiB: ring or one-round exchange, per size class */
     kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
     unsigned char exchange_last[KOLO_EXCHANGE_CLASSES]; /* the way of each class's last call, + 1 */
