@@ -510,9 +510,10 @@ static void finished_at_size_2(const char *out, int w)
 /* A worker that stops answering (SIGSTOP) without dying: the others time out on it and ask for a
  * new round; kolorun kills the silent one and forms the round without it. The timeout is 2 s,
  * not 1: CI once ran this beside the Python suites and a survivor was timed out on in round 2
- * (most likely kept off the CPU: stalls by hand did not reproduce the job's end). A stall makes a
- * further round with the same two workers (every worker asks), which is right, so the survivors
- * may finish in round 2 or later. */
+ * (most likely kept off the CPU: stalls by hand did not reproduce the job's end; since then
+ * kolorun also spares a silent worker that uses CPU time, kolorun_elastic_waits_for_a_busy_worker).
+ * A stall makes a further round with the same two workers (every worker asks), which is right, so
+ * the survivors may finish in round 2 or later. */
 KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
 {
     kt_proc p;

@@ -503,7 +503,10 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
  * MiB 0.75x (0.56x), 256 MiB 0.62x (1.04x: launches of 3 calls). A host with more ranks than cores
  * keeps direct: there the choice ran 4 ranks' 4-16 MiB at 1.1-1.3x direct's time (4 rounds of the
  * harness's 20-call launches; member 0 timed the ring at 235 ps/B against direct's 330 after its
- * probes, but direct's calls in the build before took no longer than the ring's pinned). */
+ * probes, but direct's calls in the build before took no longer than the ring's pinned). A likely
+ * reading, not verified: member 0's clock stops at its own last ring step, with no closing
+ * exchange, while the members that share its core still run theirs; direct ends with a status
+ * exchange that waits for all. A choice there needs a clock that ends with the last member. */
 enum { RS_RING = 0, RS_DIRECT = 1 };
 static const char *const WAYS_RS[2] = {"the ring", "direct by CMA"};
 static uint64_t rs_test_delay_ns[2];
