@@ -424,6 +424,17 @@ static bool read_signal(int sigfd, int *sig)
     return false;
 }
 
+/* KOLO_OP_TIMEOUT as the workers read it: their value (-x, options, environment), or the
+ * settings table's default where it is unset or does not parse (a worker warns and uses that). */
+static double workers_op_timeout(const kr_opts *o)
+{
+    size_t n;
+    const char *v = kr_worker_setting(o, "KOLO_OP_TIMEOUT"), *def = kolo__setting_table(&n)[KOLO_SET_OP_TIMEOUT].def;
+    char *end;
+    double t = v ? strtod(v, &end) : 0;
+    return v && end != v && !*end ? t : strtod(def, NULL);
+}
+
 int kr_elastic_setup(kr_job *j, int sigfd)
 {
     kr_opts *o = j->o;
@@ -474,12 +485,7 @@ int kr_elastic_setup(kr_job *j, int sigfd)
         }
     }
     el->next_discovery = kr_now() + DISCOVERY_PERIOD_S;
-    const char *ot = kr_worker_setting(o, "KOLO_OP_TIMEOUT");
-    char *end = NULL;
-    double op_timeout = ot ? strtod(ot, &end) : 0;
-    el->busy_grace = ot && end != ot && !*end && op_timeout > BUSY_GRACE_MIN_S ? op_timeout
-                     : ot                                                       ? BUSY_GRACE_MIN_S
-                                                                                : 300.0; /* the workers' default */
+    el->busy_grace = KOLO_MAX(workers_op_timeout(o), BUSY_GRACE_MIN_S);
     int st = form_round(j, o->np, "");
     el->last_usable = usable_slots(j, kr_now());
     if (st != 0) return KR_EXIT_LAUNCH;
