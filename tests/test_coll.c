@@ -1935,7 +1935,6 @@ static void direct_choice(int rank, void *arg)
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = 0; slow < 2; slow++) {
         memset(m->direct, 0, sizeof(m->direct));
-        memset(m->direct_last, 0, sizeof(m->direct_last));
         kolo__direct_test_delay(slow, delay_ns);
         int direct = 0;
         for (int call = 0; call < 24; call++) {
@@ -2177,7 +2176,6 @@ static void pair_exchange_choice(int rank, void *arg)
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = 0; slow < 2; slow++) {
         memset(m->exchange, 0, sizeof(m->exchange));
-        memset(m->exchange_last, 0, sizeof(m->exchange_last));
         kolo__direct_test_delay_exchange(slow, delay_ns);
         int exchanged = 0;
         for (int call = 0; call < 24; call++) {
@@ -3768,7 +3766,6 @@ static void rs_choice(int rank, void *arg)
     uint64_t delay_ns = choice_delay_ns();
     for (int slow = 0; slow < 2; slow++) {
         memset(m->rs_direct, 0, sizeof(m->rs_direct));
-        memset(m->rs_direct_last, 0, sizeof(m->rs_direct_last));
         kolo__coll_reducescatter_test_delay(slow, delay_ns);
         int32_t ways[CALLS], hi[CALLS], lo[CALLS];
         int direct = 0;

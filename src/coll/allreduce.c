@@ -604,11 +604,8 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     if (!ok) return KOLO_DIRECT_DECLINED;
     t->bytes = total * es;
     t->plan = all[0].plan == RS_RING ? RS_RING : RS_DIRECT;
-    if (choose) { /* not the first call of a class, nor the first after a change of way */
-        unsigned char *last = &m->rs_direct_last[rs_class(total * es)];
-        if (*last == t->plan + 1) t->start = start;
-        *last = (unsigned char)(t->plan + 1);
-    }
+    /* not the first call of a class, nor the first after a change of way */
+    if (choose && kolo__choice_repeat(&m->rs_direct[rs_class(total * es)], t->plan)) t->start = start;
     if (t->plan == RS_RING) return KOLO_DIRECT_DECLINED;
     /* a prescale scales each chunk as it arrives, this member's own into a slot of its own */
     size_t slots_n = (size_t)(n - 1) + (pre != 1.0);

@@ -285,6 +285,11 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
+/* Notes that a call of c's class runs by `way` (-1: neither, as the transport picks), and says
+ * whether the class's last call ran by the same way: only such a call is timed, not a class's
+ * first, nor the first after a change of way, which pays for caches and pages the other way left
+ * cold (coll_util.c, "pair", has the traces). */
+bool kolo__choice_repeat(kolo__choice *c, int way);
 
 /* KOLO_SMALL_ALLREDUCE_MAX: allreduces of at most this many bytes take the small algorithms
  * (allreduce.c; adasum.c likewise). */

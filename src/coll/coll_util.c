@@ -283,6 +283,13 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
  * direct by CMA in 220-270), 64 MiB out of place settled on the ring, probed direct in its last
  * call, and 256 MiB then ran direct: 70.0 ms a call against 44.7 in a launch where the probe had
  * not come. */
+bool kolo__choice_repeat(kolo__choice *c, int way)
+{
+    bool same = c->last == way + 1;
+    c->last = (unsigned char)(way + 1);
+    return same;
+}
+
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now)
 {
     if (!c->every || !c->cost[0] || !c->cost[1]) return -1;
@@ -503,7 +510,7 @@ void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t by
     t->bytes = bytes;
     t->patient = bytes >= pair_patient_min(kind); /* all of a class or none: the minima start classes */
     t->way = t->lead ? p->plan[k][t->call & 1] : kolo__shm_call_way(c, k, t->call);
-    t->changed = t->lead && t->way != p->last[k];
+    t->changed = t->lead && !kolo__choice_repeat(&p->choice[k], t->way - 1);
     if (kind != KOLO_PAIR_AG) m->call_way = (unsigned char)t->way;
     t->start = kolo__now_ns();
 }
@@ -519,7 +526,6 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
     kolo__pair_ways *p = m->pair_ways[t->peer];
     kolo__choice *c = &p->choice[t->slot];
     int way = t->way - 1; /* the choice's way: 0 ring, 1 single-copy */
-    p->last[t->slot] = (unsigned char)t->way;
     uint64_t now = kolo__now_ns(), ps = (now - t->start) * 1000 / KOLO_MAX(t->bytes, 1);
     bool outlier = way >= 0 && !c->probing && !c->recheck && c->cost[way] && ps > OUTLIER_X * c->cost[way] &&
                    p->outliers[t->slot] < OUTLIER_RUN;

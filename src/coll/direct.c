@@ -565,11 +565,9 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                                  : bytes >= CMA_MIN && test_force < 0 && choosing(m, g));
         t->plan = all[0].plan;
         t->exchange = n == 2 && all[0].plan == PLAN_EXCHANGE;
-        if (t->learn) { /* not the first call of a class, nor the first after a change of way */
-            unsigned char *last = exch ? &m->exchange_last[exchange_class(bytes)] : &m->direct_last[ip][size_class(bytes)];
-            t->learn = *last == t->plan + 1;
-            *last = (unsigned char)(t->plan + 1);
-        }
+        if (t->learn) /* not the first call of a class, nor the first after a change of way */
+            t->learn = exch ? kolo__choice_repeat(&m->exchange[exchange_class(bytes)], t->exchange)
+                            : kolo__choice_repeat(choice_for(m, bytes, ip), t->plan);
         if (all[0].plan != PLAN_DIRECT) st = KOLO_DIRECT_DECLINED;
     }
     if (st != KOLO_OK) {

@@ -150,18 +150,18 @@ typedef struct kolo__choice {
     /* outside a probe, the way in use is left after this many calls in a row (0 counts as 1)
      * found it dearer than the other's last figure; dearer counts them */
     unsigned switch_after, dearer;
+    unsigned char last;      /* the way of the class's last call, + 1 (kolo__choice_repeat) */
 } kolo__choice;
 
 /* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
  * chunks, and whether its allgathers push (coll_util.c, "pair"): per kind of call and class of its bytes (a
  * slot), the calls so far (the same count on both members), and on the member of lower rank,
- * which chooses for both, its choice, the ways of its next two calls, of its last, and how many
- * outliers it left out in a row. */
+ * which chooses for both, its choice (with the way of its last call), the ways of its next two
+ * calls, and how many outliers it left out in a row. */
 typedef struct kolo__pair_ways {
     uint64_t seq[KOLO_PAIR_SLOTS];
     kolo__choice choice[KOLO_PAIR_SLOTS];
     unsigned char plan[KOLO_PAIR_SLOTS][2]; /* KOLO_WAY_*, by call number mod 2 */
-    unsigned char last[KOLO_PAIR_SLOTS];
     unsigned char outliers[KOLO_PAIR_SLOTS];
 } kolo__pair_ways;
 
@@ -183,16 +183,13 @@ struct kolo__mesh {
     bool zc_unmappable;
     /* allreduces out of place [0] and in place [1]: ring or direct by CMA, per size class */
     kolo__choice direct[2][KOLO_DIRECT_CLASSES];
-    unsigned char direct_last[2][KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* and, for mapped allreduces out of place [0] and in place [1], how the results are stored */
     kolo__choice direct_store[2][KOLO_STORE_CLASSES];
     /* reduce-scatters that could read the others' inputs directly: the ring (or the exchange) or
      * direct, per size class of their bytes in all (coll/allreduce.c, "Direct") */
     kolo__choice rs_direct[KOLO_DIRECT_CLASSES];
-    unsigned char rs_direct_last[KOLO_DIRECT_CLASSES]; /* the way of each class's last call, + 1 */
     /* 2-member allreduces out of place below 256 KiB: ring or one-round exchange, per size class */
     kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
-    unsigned char exchange_last[KOLO_EXCHANGE_CLASSES]; /* the way of each class's last call, + 1 */
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
     /* per peer, each allocated at its first call that chooses (4 KiB or so: not for every peer
