@@ -3569,6 +3569,56 @@ static void broadcast_split2(int rank, void *arg)
 
 KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NULL); }
 
+/* With KOLO_SHM_CMA=auto, the root of a 2-rank broadcast keeps the way its timings favour, the
+ * split or both halves by ring copies (broadcast.c, "Split or ring copies"): a hook makes one way
+ * slower per call on the root, and the other must carry at least 8 of the last 12 of 24 calls
+ * (the slow way runs only in the first calls and in probes); then the other way is the slow one,
+ * from a fresh choice. Every call's data are checked whole on the receiver, which runs either
+ * way without being told; the receiver roots none, so counts none. Then a few from rank 1. */
+static void broadcast_choice(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    size_t count = ((size_t)1 << 20) / 4;
+    float *z = malloc(count * 4);
+    KT_ASSERT(z);
+    uint64_t delay_ns = choice_delay_ns();
+    for (int slow = 0; slow < 2; slow++) {
+        memset(m->bcast, 0, sizeof(m->bcast));
+        if (rank == 0) kolo__coll_broadcast_test_delay(slow, delay_ns);
+        int copies = 0;
+        for (int call = 0; call < 24; call++) {
+            for (size_t i = 0; i < count; i++) z[i] = rank == 0 ? (float)((i + (size_t)call) % 8191) : -1.0f;
+            uint64_t before = kolo__coll_broadcast_copies_runs();
+            KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, 0, KOLO_WORLD));
+            for (size_t i = 0; i < count; i++)
+                KT_ASSERTF(z[i] == (float)((i + (size_t)call) % 8191), "call %d [%zu]: %g", call, i, (double)z[i]);
+            if (call >= 12) copies += kolo__coll_broadcast_copies_runs() != before;
+        }
+        kolo__coll_broadcast_test_delay(slow, 0);
+        if (rank == 1) KT_EQ(copies, 0);
+        else
+            KT_ASSERTF(slow == 0 ? copies >= 8 : copies <= 4, "%s slowed by %.0f ms: %d of the last 12 calls by ring copies",
+                       slow ? "ring copies" : "the split", (double)delay_ns * 1e-6, copies);
+    }
+    for (int call = 0; call < 6; call++) {
+        for (size_t i = 0; i < count; i++) z[i] = rank == 1 ? (float)((i * 3 + (size_t)call) % 4093) : -1.0f;
+        KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, 1, KOLO_WORLD));
+        for (size_t i = 0; i < count; i++)
+            KT_ASSERTF(z[i] == (float)((i * 3 + (size_t)call) % 4093), "from rank 1, call %d [%zu]: %g", call, i,
+                       (double)z[i]);
+    }
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(broadcast_choice_follows_timings, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, broadcast_choice, NULL, &o, NULL), 0);
+}
+
 /* 2 ranks: allgathers of 1 MiB and more where the pair reads single-copy push (allgather.c):
  * each rank writes its block into the other's output itself. Totals below, at and above the
  * start, blocks not a multiple of a page or of a chunk, different counts per rank (one empty),

@@ -6,7 +6,8 @@
  * otherwise up to 1 MiB (512 KiB on 4 members) the root sends to everyone directly again
  * (spread, below). Chunks are received in place, no copies. On 2 members, and on the tree's edge
  * that crosses between CPUs, the sender writes half of the buffer into the receiver while the
- * receiver reads the other half ("split", below).
+ * receiver reads the other half ("split", below); on 2 members the root may send both halves by
+ * ring copies instead, as its timings choose ("Split or ring copies").
  *
  * The tree, not the root sending to all: a send's cost lands on the sender (over loopback TCP the
  * kernel runs the receiving side in the sender's system call too), and in a loop of broadcasts the
@@ -77,6 +78,7 @@
 #define TREE_MAX ((size_t)16 << 20)
 #define SPLIT_MIN_2 ((size_t)64 << 10)  /* split (below), 2 members */
 #define SPLIT_MIN_TREE ((size_t)1 << 20) /* split, the tree's edge to position n/2 */
+#define CHOICE_MAX_2 (SPLIT_MIN_2 << KOLO_BCAST_CLASSES) /* 2 MiB: split or ring copies below (below) */
 
 static uint64_t spread_runs, tree_runs, split_runs;
 
@@ -136,25 +138,28 @@ typedef struct split_send {
     kolo__xfer xw;
 } split_send;
 
-/* The sender's side, first part: the first half goes out as a message read once and kept. */
-static void split_post(kolo__mesh *m, split_send *sp, int to, char *p, size_t bytes, kolo__xfer *half)
+/* The sender's side, first part: the first half goes out as a message, read once and kept
+ * (`single`) where the sender writes the second half. */
+static void split_post(kolo__mesh *m, split_send *sp, int to, char *p, size_t bytes, kolo__xfer *half, bool single)
 {
     sp->to = to;
     kolo__irecv(m, to, sp->where, sizeof(sp->where), &sp->xw);
     kolo__isend(m, to, p, split_at(bytes), half);
-    half->single = true;
+    half->single = single;
 }
 
-/* Second part, once the other sends are posted: writes the second half and posts what it did
- * (and the half itself, if it could not write) into xs[*k...], at most 2. */
-static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo__xfer *xs, kolo__xfer **ptrs, int *k)
+/* Second part, once the other sends are posted: writes the second half (if `write`) and posts
+ * what it did (and the half itself, if it did not write) into xs[*k...], at most 2. */
+static int split_push(kolo__mesh *m, split_send *sp, char *p, size_t bytes, kolo__xfer *xs, kolo__xfer **ptrs, int *k,
+                      bool write)
 {
     int st = kolo__wait1(m, &sp->xw);
     if (st != KOLO_OK) return st;
     size_t h = split_at(bytes);
     bool same = sp->where[1] == bytes;
-    int e = same ? kolo__coll_write_peer(m, sp->to, sp->where[0], p + h, bytes - h, &test_refuse_write, "broadcast")
-                 : 0;
+    int e = !same ? 0
+            : write ? kolo__coll_write_peer(m, sp->to, sp->where[0], p + h, bytes - h, &test_refuse_write, "broadcast")
+                    : ECANCELED; /* the receiver sees "not written" and takes the half as a message */
     sp->done[0] = (uint64_t)e;
     sp->done[1] = bytes;
     kolo__isend(m, sp->to, sp->done, sizeof(sp->done), &xs[*k]);
@@ -214,7 +219,7 @@ static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, 
         if (to >= n) continue;
         int tw = member_at(g, to, root, x);
         if (split && v == 0 && to == n / 2) {
-            split_post(m, &sp, tw, p, bytes, &xs[k]);
+            split_post(m, &sp, tw, p, bytes, &xs[k], true);
             splitting = true;
         } else {
             kolo__isend(m, tw, p, bytes, &xs[k]);
@@ -223,10 +228,74 @@ static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, 
         ptrs[k] = &xs[k];
         k++;
     }
-    int sst = splitting ? split_push(m, &sp, p, bytes, xs, ptrs, &k) : KOLO_OK;
+    int sst = splitting ? split_push(m, &sp, p, bytes, xs, ptrs, &k, true) : KOLO_OK;
     if (st != KOLO_OK || k == 0) return st;
     st = kolo__wait(m, ptrs, k); /* (a split whose descriptor never came still waits its sends out) */
     return st != KOLO_OK ? st : sst;
+}
+
+/* Split or ring copies: on 2 members whose pair chooses its ways from timings (KOLO_SHM_CMA=auto),
+ * the root times its broadcasts below CHOICE_MAX_2 per class of their bytes (x2 from
+ * SPLIT_MIN_2) and sends each the way its timings favour (kolo__choice_pick and
+ * kolo__choice_learn, coll_util.c): split, or both halves as messages by ring copies, which the
+ * receiver takes as it takes a split whose write the kernel refused (split_recv), so it needs
+ * no word of the way and nothing new goes on the wire. The root's clock ends when its last bytes
+ * are in the shared ring, up to a ring's worth before the receiver's; in a loop of broadcasts the
+ * next call waits for that room, so a class's calls in a row still time the pair's pace. A class
+ * starts as the nearest smaller one that timed both ways settled (else the split).
+ *
+ * Zen 4 VM, kolo-bench in the harness's bands, 4 rounds rotating with the build before (which
+ * always split) and ring copies pinned (KOLO_SHM_CMA=0), medians of two such sets: ring copies
+ * pinned ran 64 KiB-1 MiB at 0.51-1.16x the split's time, 2-16 MiB at 0.92-1.61x, 64-256 MiB at
+ * 1.21-1.58x, single rounds 0.45-3.43x (the VM's two states; the transport's own choice of how
+ * to write the ring probes too). Choosing at every size, 64 KiB-1 MiB ran 0.64-0.90x the time,
+ * but the probes of the slower way cost 2-16 MiB 1.04-1.31x and 64 MiB 1.61x (a band of 3 calls
+ * a size), hence CHOICE_MAX_2; with it, 64 KiB-1 MiB 0.52-0.85x (4 more rounds; Open MPI 1.22-1.85x
+ * the build before's time there). */
+static const char *const WAYS_BC[2] = {"split", "ring copies"};
+enum { BC_SPLIT = 0, BC_COPIES = 1 };
+static uint64_t copies_runs, test_delay_ns[2];
+
+uint64_t kolo__coll_broadcast_copies_runs(void) { return __atomic_load_n(&copies_runs, __ATOMIC_RELAXED); }
+void kolo__coll_broadcast_test_delay(int way, uint64_t ns)
+{
+    if (way == BC_SPLIT || way == BC_COPIES) test_delay_ns[way] = ns;
+}
+
+static int bcast_class(size_t bytes)
+{
+    int k = 0;
+    while (k < KOLO_BCAST_CLASSES - 1 && bytes >= (SPLIT_MIN_2 << (k + 1))) k++;
+    return k;
+}
+
+/* The root of a 2-member broadcast from SPLIT_MIN_2 that reads single-copy, sending to `to`. */
+static int pair_root(kolo__mesh *m, char *p, size_t bytes, int to)
+{
+    uint64_t start = kolo__now_ns();
+    kolo__choice *c = NULL;
+    int way = BC_SPLIT;
+    if (bytes < CHOICE_MAX_2 && kolo__shm_cma_state(m->conns[to]) == 2) {
+        int k = bcast_class(bytes), hint = -1;
+        c = &m->bcast[k];
+        for (int j = k - 1; j >= 0 && !c->every && hint < 0; j--) hint = kolo__choice_verdict(&m->bcast[j], start);
+        way = kolo__choice_pick(c, start, hint, false);
+    }
+    if (way == BC_COPIES) m->call_way = KOLO_WAY_RING;
+    split_send sp;
+    kolo__xfer xs[3];
+    kolo__xfer *ptrs[3] = {&xs[0]};
+    int k = 1;
+    split_post(m, &sp, to, p, bytes, &xs[0], way == BC_SPLIT);
+    int sst = split_push(m, &sp, p, bytes, xs, ptrs, &k, way == BC_SPLIT);
+    int st = kolo__wait(m, ptrs, k);
+    m->call_way = KOLO_WAY_AUTO;
+    if (st == KOLO_OK) st = sst;
+    if (st != KOLO_OK) return st;
+    if (way == BC_COPIES) __atomic_fetch_add(&copies_runs, 1, __ATOMIC_RELAXED);
+    kolo__sleep_ns(test_delay_ns[way]);
+    if (c && kolo__choice_repeat(c, way)) kolo__choice_learn(c, way, start, bytes, "broadcast", WAYS_BC);
+    return KOLO_OK;
 }
 
 /* The root sends to every other member itself; `single` marks its sends as read once and kept
@@ -263,7 +332,8 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
     if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
     if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree, tree && bytes >= SPLIT_MIN_TREE);
-    if (n == 2 && bytes >= SPLIT_MIN_2 && kolo__coll_single_copy_group(m, g)) return binomial(m, g, p, bytes, root, true, true);
+    if (n == 2 && bytes >= SPLIT_MIN_2 && kolo__coll_single_copy_group(m, g))
+        return r == root ? pair_root(m, p, bytes, kolo__g2w(g, !r)) : split_recv(m, kolo__g2w(g, root), p, bytes);
     bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
     if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
     if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);

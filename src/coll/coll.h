@@ -201,6 +201,11 @@ uint64_t kolo__coll_broadcast_tree_runs(void);
 uint64_t kolo__coll_broadcast_split_runs(void);
 /* Test hook: the nth split write from now (1: the next) is refused, as CMA refuses it (EPERM). */
 void kolo__coll_broadcast_test_refuse_write(int nth);
+/* How many 2-member broadcasts this process rooted by ring copies, choosing them over the split
+ * (broadcast.c, "Split or ring copies"); and a test hook: each such call by the split (0) or ring
+ * copies (1) takes ns longer on the root. */
+uint64_t kolo__coll_broadcast_copies_runs(void);
+void kolo__coll_broadcast_test_delay(int way, uint64_t ns);
 /* How many allgathers this process ran by writing its block into every other member itself,
  * every write done (allgather.c, "push"); and a test hook: the nth write from now is refused. */
 uint64_t kolo__coll_allgather_push_runs(void);

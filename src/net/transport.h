@@ -132,11 +132,13 @@ typedef struct kolo__peer_info {
  * timings (kolo__choice_pick and kolo__choice_learn, coll/coll_util.c): how allreduces of this
  * mesh choose between the ring and reading the others' buffers by CMA, how mapped ones store
  * their results, whether 2-member ones run the one-round exchange (coll/direct.c), how
- * allgathers and alltoalls write their output (coll_util.c). */
+ * allgathers and alltoalls write their output (coll_util.c), how a 2-member broadcast's root
+ * sends (coll/broadcast.c). */
 #define KOLO_DIRECT_CLASSES 10 /* 256-512 KiB, 512 KiB-1 MiB, 1-2, ..., 64-128 MiB, larger */
 #define KOLO_STORE_CLASSES 6  /* 64-256 KiB, 256 KiB-1 MiB, 1-4, 4-16, 16-64, larger */
 #define KOLO_OUT_CLASSES 3    /* 8-16 MiB, 16-32, 32-64 */
 #define KOLO_EXCHANGE_CLASSES 2 /* 64-128 KiB, 128-256 KiB */
+#define KOLO_BCAST_CLASSES 5    /* 64-128 KiB, 128-256 KiB, ..., 1-2 MiB */
 #define KOLO_PAIR_CLASSES 12  /* 256-512 KiB, ..., 256-512 MiB, larger (a 2-member call's bytes; exchanges from 64 KiB) */
 #define KOLO_PAIR_KINDS 4     /* reduce-scatters, allgathers, exchanges, crowded alltoalls (KOLO_PAIR_*, coll.h) */
 #define KOLO_PAIR_SLOTS (KOLO_PAIR_KINDS * KOLO_PAIR_CLASSES)
@@ -190,6 +192,8 @@ struct kolo__mesh {
     kolo__choice rs_direct[KOLO_DIRECT_CLASSES];
     /* 2-member allreduces out of place below 256 KiB: ring or one-round exchange, per size class */
     kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
+    /* 2-member broadcasts rooted here: split or ring copies, per size class (coll/broadcast.c) */
+    kolo__choice bcast[KOLO_BCAST_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
     /* per peer, each allocated at its first call that chooses (4 KiB or so: not for every peer
