@@ -244,14 +244,14 @@ static int binomial(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, 
  * next call waits for that room, so a class's calls in a row still time the pair's pace. A class
  * starts as the nearest smaller one that timed both ways settled (else the split).
  *
- * Zen 4 VM, kolo-bench in the harness's bands, 4 rounds rotating with the build before (which
- * always split) and ring copies pinned (KOLO_SHM_CMA=0), medians of two such sets: ring copies
- * pinned ran 64 KiB-1 MiB at 0.51-1.16x the split's time, 2-16 MiB at 0.92-1.61x, 64-256 MiB at
- * 1.21-1.58x, single rounds 0.45-3.43x (the VM's two states; the transport's own choice of how
- * to write the ring probes too). Choosing at every size, 64 KiB-1 MiB ran 0.64-0.90x the time,
- * but the probes of the slower way cost 2-16 MiB 1.04-1.31x and 64 MiB 1.61x (a band of 3 calls
- * a size), hence CHOICE_MAX_2; with it, 64 KiB-1 MiB 0.52-0.85x (4 more rounds; Open MPI 1.22-1.85x
- * the build before's time there). */
+ * Zen 3 VM (AMD EPYC family 25 model 1, 2 vCPUs), kolo-bench in the harness's bands, 4 rounds
+ * rotating with the build before (which always split) and ring copies pinned (KOLO_SHM_CMA=0),
+ * medians of two such sets: ring copies pinned ran 64 KiB-1 MiB at 0.51-1.16x the split's time,
+ * 2-16 MiB at 0.92-1.61x, 64-256 MiB at 1.21-1.58x, single rounds 0.45-3.43x (the VM's two
+ * states; the transport's own choice of how to write the ring probes too). Choosing at every
+ * size, 64 KiB-1 MiB ran 0.64-0.90x the time, but the probes of the slower way cost 2-16 MiB
+ * 1.04-1.31x and 64 MiB 1.61x (a band of 3 calls a size), hence CHOICE_MAX_2; with it, 64 KiB-1
+ * MiB 0.52-0.85x (4 more rounds; Open MPI 1.22-1.85x the build before's time there). */
 static const char *const WAYS_BC[2] = {"split", "ring copies"};
 enum { BC_SPLIT = 0, BC_COPIES = 1 };
 static uint64_t copies_runs, test_delay_ns[2];
