@@ -1197,3 +1197,72 @@ KT_TEST(multihost_elastic_grows_onto_b_and_survives_a_death_there, 90)
     kt_proc_free(&p);
     cluster_down(&c);
 }
+
+/* A worker on b that stops answering (SIGSTOP) while the others, on a, time out on it: kolorun
+ * reads on b that it used no CPU time, kills it, and the job goes on without it (--min-np 2). */
+KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "2", "-x", "KOLO_OP_TIMEOUT=2", "-p",
+                          port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20", "--grace-seconds", "2",
+                          kt_self(), "--worker", "elastic_train", "60", "stop=2:12", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    int rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    char want[256];
+    snprintf(want, sizeof(want), "kolorun: worker 2 (rank 2) on host %s stopped answering: 2 workers gave up on it",
+             ns_addr[NS_B]);
+    KT_CONTAINS(p.ebuf, want);
+    KT_CONTAINS(p.ebuf, " s ago, and it used no CPU time in the last ");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
+    for (int w = 0; w < 2; w++) {
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 2 round ", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    assert_no_leftovers(&c, true, 0.5);
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
+/* A worker on b busy outside kolo (it spins 9 s) when the others, on a, time out on it: kolorun
+ * reads its CPU time on b (one ssh, tools/kolorun/proc.c) and waits for it, and its next
+ * collective fails at once and asks too, so the new round keeps all three (--min-np 3: killing
+ * it would end the job with 137, as kolorun did before it read remote workers' CPU time). */
+KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=1", "-p",
+                          port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20", kt_self(), "--worker",
+                          "elastic_train", "40", "busy=2:12:9000", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    int rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
+    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
+    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
+    for (int w = 0; w < 3; w++) {
+        char want[96];
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 40", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    assert_no_leftovers(&c, true, 0.5);
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}

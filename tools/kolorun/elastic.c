@@ -496,17 +496,50 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     return 0;
 }
 
+/* The CPU ticks of the workers check_asked reads (every member, or only those not asking) into
+ * cpu[], by index in j->ranks: a local worker's from /proc here, a remote one's by one ssh per
+ * host (kr_remote_cpu_ticks); -1 where unknown or not read. */
+static void read_cpu(kr_job *j, bool silent_only, long long *cpu)
+{
+    int n = j->n, *idx = malloc((size_t)n * sizeof(int));
+    pid_t *pg = malloc((size_t)n * sizeof(pid_t));
+    long long *t = malloc((size_t)n * sizeof(long long));
+    for (int i = 0; i < n; i++) {
+        kr_rank *r = &j->ranks[i];
+        bool wanted = member(r) && !(silent_only && r->asking);
+        cpu[i] = wanted && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
+    }
+    for (int h = 0; h < j->o->nhosts && idx && pg && t; h++) {
+        if (j->o->hosts[h].local) continue;
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            kr_rank *r = &j->ranks[i];
+            if (r->host != h || !member(r) || (silent_only && r->asking) || r->remote_pid <= 0) continue;
+            pg[k] = (pid_t)r->remote_pid;
+            idx[k++] = i;
+        }
+        if (k == 0) continue;
+        kr_remote_cpu_ticks(j->o, h, pg, k, t);
+        for (int m = 0; m < k; m++) cpu[idx[m]] = t[m];
+    }
+    free(idx);
+    free(pg);
+    free(t);
+}
+
 /* Workers ask for a new round when a collective failed on them. All of them asking (an error
  * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
  * asking while the others keep quiet means the others stopped answering (stopped, or stuck
  * outside kolo; a dead one would have been reaped by then), or are busy outside kolo (a long
  * step, an evaluation) and will learn of the failure at their next collective, which then fails
- * at once (the peers have left it) and asks too. kolorun tells the two apart by CPU time, for
- * workers on this host: one that used none in the last STUCK_GRACE_S is killed and the round goes
- * on without it; one that did is waited for as long as a worker waits for a silent peer
+ * at once (the peers have left it) and asks too. kolorun tells the two apart by CPU time: one
+ * that used none in the last STUCK_GRACE_S is killed and the round goes on without it; one that
+ * did is waited for as long as a worker waits for a silent peer
  * (KOLO_OP_TIMEOUT as the workers get it, at least BUSY_GRACE_MIN_S: a short one set for a test
- * should not turn a host's load into a kill). A remote worker's CPU time is not read: silent for
- * STUCK_GRACE_S, it is killed. */
+ * should not turn a host's load into a kill). A remote worker's is read on its host, by one ssh
+ * per host at each reading (read_cpu: it holds kolorun's loop up to REMOTE_CPU_S a host, only
+ * while some workers wait for others); a host that does not answer leaves it unknown, and such
+ * a worker silent for STUCK_GRACE_S is killed, as before kolorun read any. */
 static void check_asked(kr_job *j, double now)
 {
     kr_elastic *el = j->el;
@@ -529,16 +562,23 @@ static void check_asked(kr_job *j, double now)
         el->asked_since = 0;
         return;
     }
+    long long *cpus = calloc((size_t)j->n, sizeof(long long)); /* none: read as unknown */
     if (el->asked_since == 0) {
         el->asked_since = el->cpu_since = now;
+        if (cpus) read_cpu(j, false, cpus);
         for (int i = 0; i < j->n; i++) {
-            kr_rank *r = &j->ranks[i];
-            r->said_busy = false;
-            r->cpu_seen = member(r) && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
+            j->ranks[i].said_busy = false;
+            j->ranks[i].cpu_seen = cpus ? cpus[i] : -1;
         }
+        free(cpus);
         return;
     }
-    if (now - el->cpu_since < STUCK_GRACE_S) return;
+    if (now - el->cpu_since < STUCK_GRACE_S) {
+        free(cpus);
+        return;
+    }
+    if (cpus) read_cpu(j, true, cpus);
+    now = kr_now(); /* after the remote hosts answered */
     double silent = now - el->asked_since, window = now - el->cpu_since;
     el->cpu_since = now;
     bool killed = false;
@@ -546,8 +586,8 @@ static void check_asked(kr_job *j, double now)
         kr_rank *r = &j->ranks[i];
         if (!member(r) || r->asking) continue;
         bool local = j->o->hosts[r->host].local;
-        long long cpu = local ? kr_group_cpu_ticks(r->pid) : -1;
-        bool busy = cpu >= 0 && r->cpu_seen >= 0 && cpu > r->cpu_seen;
+        long long cpu = cpus ? cpus[i] : -1;
+        bool busy = cpu >= 0 && r->cpu_seen >= 0 && cpu > r->cpu_seen, known = cpu >= 0 && r->cpu_seen >= 0;
         r->cpu_seen = cpu;
         if (busy && silent < el->busy_grace) {
             if (!r->said_busy)
@@ -560,10 +600,10 @@ static void check_asked(kr_job *j, double now)
         char why[128];
         if (busy)
             snprintf(why, sizeof(why), ", and it kept running %.0f s without asking", silent);
-        else if (local)
+        else if (local || known)
             snprintf(why, sizeof(why), ", and it used no CPU time in the last %.0f s", window);
         else
-            why[0] = '\0';
+            snprintf(why, sizeof(why), ", and its host did not tell its CPU time");
         kr_say("worker %d (rank %d) on host %s stopped answering: %d worker%s gave up on it and asked for a new round "
                "%.0f s ago%s; killing it, the job goes on without it", r->id, r->rank, j->o->hosts[r->host].name,
                asking, asking == 1 ? "" : "s", silent, why);
@@ -572,6 +612,7 @@ static void check_asked(kr_job *j, double now)
         lose(j, i, now);
         killed = true;
     }
+    free(cpus);
     if (killed) el->asked_since = 0;
 }
 

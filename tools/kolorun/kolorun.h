@@ -290,6 +290,11 @@ int kr_group_members(pid_t pgid, pid_t *out, int cap);
 /* The CPU time (user + system, with that of reaped children) the live processes of group pgid
  * have used, in clock ticks; -1 when none is alive. */
 long long kr_group_cpu_ticks(pid_t pgid);
+/* The same for n process groups of remote workers on host, by one ssh there (at most REMOTE_CPU_S
+ * seconds; it blocks kolorun's loop that long at worst): into ticks[i], -1 where the group has
+ * no live process or its host did not answer. */
+#define REMOTE_CPU_S 5.0
+void kr_remote_cpu_ticks(const kr_opts *o, int host, const pid_t *pgids, int n, long long *ticks);
 
 /* ---- status.c ---- */
 /* --status-file: writes the job's state (running, stopping, done), exit_code (-1: none yet)

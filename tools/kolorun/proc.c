@@ -1,7 +1,7 @@
-/* proc.c - what /proc says about a local worker's process group (the worker and whatever it
- * started, e.g. a shell's python): its processes, whose stacks --get-stack-traces shows
- * (stacks.c), and the CPU time they used, by which the elastic driver tells a worker that is
- * busy from one that is stuck (elastic.c). */
+/* proc.c - what /proc says about a worker's process group (the worker and whatever it started,
+ * e.g. a shell's python): its processes, whose stacks --get-stack-traces shows (stacks.c), and
+ * the CPU time they used, by which the elastic driver tells a worker that is busy from one that
+ * is stuck (elastic.c); a remote worker's from its host's /proc, over ssh. */
 #include "kolorun.h"
 
 #include <dirent.h>
@@ -76,4 +76,46 @@ long long kr_group_cpu_ticks(pid_t pgid)
 {
     long long ticks = 0;
     return scan_group(pgid, NULL, 0, NULL, &ticks) > 0 ? ticks : -1;
+}
+
+/* The remote side of kr_remote_cpu_ticks: for each process group named, the summed CPU ticks of
+ * its live processes (fields 14-17 of /proc/PID/stat, counted after the name, which may hold
+ * spaces and parentheses), as "@@cpu PGID TICKS", or "@@cpu PGID -1" when none is alive. cat
+ * goes on past processes that end while it reads. */
+static const char remote_cpu_script[] =
+    "cat /proc/[0-9]*/stat 2>/dev/null | awk -v want=\"$*\" '\n"
+    "BEGIN { n = split(want, w, \" \"); for (i = 1; i <= n; i++) { t[w[i]] = 0; seen[w[i]] = 0 } }\n"
+    "{ sub(/^.*\\) /, \"\"); if (($3 in t) && $1 != \"Z\" && $1 != \"X\") { t[$3] += $12 + $13 + $14 + $15; seen[$3] = 1 } }\n"
+    "END { for (g in t) print \"@@cpu\", g, (seen[g] ? t[g] : -1) }'\n";
+
+void kr_remote_cpu_ticks(const kr_opts *o, int host, const pid_t *pgids, int n, long long *ticks)
+{
+    for (int i = 0; i < n; i++) ticks[i] = -1;
+    size_t ocap = 64 + (size_t)n * 48; /* a line per group */
+    char *cmd = NULL, *out = malloc(ocap), *q = kr_shell_quote(remote_cpu_script);
+    if (q) cmd = malloc(strlen(q) + 64 + (size_t)n * 12);
+    if (!out || !cmd) {
+        free(cmd);
+        free(out);
+        free(q);
+        return;
+    }
+    size_t len = (size_t)sprintf(cmd, "sh -c %s kolorun-cpu", q);
+    for (int i = 0; i < n; i++) len += (size_t)sprintf(cmd + len, " %d", (int)pgids[i]);
+    free(q);
+    char **argv = kr_ssh_argv(o, host, cmd);
+    free(cmd);
+    int st = 0;
+    bool timed_out = false;
+    ssize_t got = argv ? kr_run_capture((const char *const *)argv, false, REMOTE_CPU_S, out, ocap, &st, &timed_out) : -1;
+    kr_argv_free(argv);
+    if (got >= 0 && !timed_out)
+        for (char *save = NULL, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+            long pg;
+            long long t;
+            if (sscanf(l, "@@cpu %ld %lld", &pg, &t) != 2) continue;
+            for (int i = 0; i < n; i++)
+                if (pgids[i] == (pid_t)pg) ticks[i] = t;
+        }
+    free(out);
 }
