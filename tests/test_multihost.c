@@ -1198,24 +1198,43 @@ KT_TEST(multihost_elastic_grows_onto_b_and_survives_a_death_there, 90)
     cluster_down(&c);
 }
 
+/* kolorun on a with 3 of test_elastic.c's training workers, 0 and 1 on a, 2 on b, with
+ * --min-np min_np, KOLO_OP_TIMEOUT=op_timeout and the worker's arguments steps and what; into
+ * p, finished. False (and nothing run) where the cluster cannot come up. */
+static bool elastic_on_a_and_b(cluster *c, proc *p, const char *min_np, const char *op_timeout, const char *steps,
+                               const char *what)
+{
+    if (!cluster_up(c)) {
+        cluster_down(c);
+        return false;
+    }
+    char hosts[64], port_opt[] = MH_PORT, timeout[32];
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
+    snprintf(timeout, sizeof(timeout), "KOLO_OP_TIMEOUT=%s", op_timeout);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", min_np, "-x", timeout, "-p", port_opt,
+                          "-i", c->key, "--ssh", c->ssh, "--start-timeout", "20", "--grace-seconds", "2", kt_self(),
+                          "--worker", "elastic_train", steps, what, NULL};
+    proc_start(p, c->ns[NS_A], argv);
+    int rc = kt_proc_finish(p, 70);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p->obuf, p->ebuf);
+    return true;
+}
+
+static void elastic_on_a_and_b_done(cluster *c, proc *p)
+{
+    assert_no_leftovers(c, true, 0.5);
+    assert_no_leftovers(c, false, 5);
+    kt_proc_free(p);
+    cluster_down(c);
+}
+
 /* A worker on b that stops answering (SIGSTOP) while the others, on a, time out on it: kolorun
  * reads on b that it used no CPU time, kills it, and the job goes on without it (--min-np 2). */
 KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
 {
     cluster c;
-    if (!cluster_up(&c)) {
-        cluster_down(&c);
-        return;
-    }
-    char hosts[64], port_opt[] = MH_PORT;
-    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
-    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "2", "-x", "KOLO_OP_TIMEOUT=2", "-p",
-                          port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20", "--grace-seconds", "2",
-                          kt_self(), "--worker", "elastic_train", "60", "stop=2:12", NULL};
     proc p;
-    proc_start(&p, c.ns[NS_A], argv);
-    int rc = kt_proc_finish(&p, 70);
-    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    if (!elastic_on_a_and_b(&c, &p, "2", "2", "60", "stop=2:12")) return;
     char want[256];
     snprintf(want, sizeof(want), "kolorun: worker 2 (rank 2) on host %s stopped answering: 2 workers gave up on it",
              ns_addr[NS_B]);
@@ -1226,32 +1245,19 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
         snprintf(want, sizeof(want), "done: worker %d rank %d size 2 round ", w, w);
         KT_CONTAINS(p.obuf, want);
     }
-    assert_no_leftovers(&c, true, 0.5);
-    assert_no_leftovers(&c, false, 5);
-    kt_proc_free(&p);
-    cluster_down(&c);
+    elastic_on_a_and_b_done(&c, &p);
 }
 
 /* A worker on b busy outside kolo (it spins 9 s) when the others, on a, time out on it: kolorun
  * reads its CPU time on b (one ssh, tools/kolorun/proc.c) and waits for it, and its next
  * collective fails at once and asks too, so the new round keeps all three (--min-np 3: killing
- * it would end the job with 137, as kolorun did before it read remote workers' CPU time). */
+ * it would end the job, as kolorun did before it read remote workers' CPU time). The checks are
+ * test_elastic.c's for a local busy worker. */
 KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
 {
     cluster c;
-    if (!cluster_up(&c)) {
-        cluster_down(&c);
-        return;
-    }
-    char hosts[64], port_opt[] = MH_PORT;
-    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
-    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=1", "-p",
-                          port_opt, "-i", c.key, "--ssh", c.ssh, "--start-timeout", "20", kt_self(), "--worker",
-                          "elastic_train", "40", "busy=2:12:9000", NULL};
     proc p;
-    proc_start(&p, c.ns[NS_A], argv);
-    int rc = kt_proc_finish(&p, 70);
-    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    if (!elastic_on_a_and_b(&c, &p, "3", "1", "40", "busy=2:12:9000")) return;
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
     KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
     KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
@@ -1261,8 +1267,5 @@ KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
         snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 40", w, w);
         KT_CONTAINS(p.obuf, want);
     }
-    assert_no_leftovers(&c, true, 0.5);
-    assert_no_leftovers(&c, false, 5);
-    kt_proc_free(&p);
-    cluster_down(&c);
+    elastic_on_a_and_b_done(&c, &p);
 }
