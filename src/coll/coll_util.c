@@ -276,13 +276,6 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
     return other;
 }
 
-/* During a later probe (and the recheck after it) the way in use still stands: only the probe's
- * end may change it. Until 2026-12 a probing class gave no verdict, so a class that probed in its
- * last calls left the next size to start direct: kolo-bench in the harness's band (64 MiB, then
- * 256 MiB, 4 calls each; Zen 4 VM, vCPUs together, where the ring runs 64 MiB in 120-165 ps/B and
- * direct by CMA in 220-270), 64 MiB out of place settled on the ring, probed direct in its last
- * call, and 256 MiB then ran direct: 70.0 ms a call against 44.7 in a launch where the probe had
- * not come. */
 bool kolo__choice_repeat(kolo__choice *c, int way)
 {
     bool same = c->last == way + 1;
@@ -290,6 +283,13 @@ bool kolo__choice_repeat(kolo__choice *c, int way)
     return same;
 }
 
+/* During a later probe (and the recheck after it) the way in use still stands: only the probe's
+ * end may change it. Until 2026-12 a probing class gave no verdict, so a class that probed in its
+ * last calls left the next size to start direct: kolo-bench in the harness's band (64 MiB, then
+ * 256 MiB, 4 calls each; Zen 4 VM, vCPUs together, where the ring runs 64 MiB in 120-165 ps/B and
+ * direct by CMA in 220-270), 64 MiB out of place settled on the ring, probed direct in its last
+ * call, and 256 MiB then ran direct: 70.0 ms a call against 44.7 in a launch where the probe had
+ * not come. */
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now)
 {
     if (!c->every || !c->cost[0] || !c->cost[1]) return -1;

@@ -587,7 +587,7 @@ static void check_asked(kr_job *j, double now)
         if (!member(r) || r->asking) continue;
         bool local = j->o->hosts[r->host].local;
         long long cpu = cpus ? cpus[i] : -1;
-        bool busy = cpu >= 0 && r->cpu_seen >= 0 && cpu > r->cpu_seen, known = cpu >= 0 && r->cpu_seen >= 0;
+        bool known = cpu >= 0 && r->cpu_seen >= 0, busy = known && cpu > r->cpu_seen;
         r->cpu_seen = cpu;
         if (busy && silent < el->busy_grace) {
             if (!r->said_busy)

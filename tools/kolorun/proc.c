@@ -78,14 +78,16 @@ long long kr_group_cpu_ticks(pid_t pgid)
     return scan_group(pgid, NULL, 0, NULL, &ticks) > 0 ? ticks : -1;
 }
 
-/* The remote side of kr_remote_cpu_ticks: for each process group named, the summed CPU ticks of
- * its live processes (fields 14-17 of /proc/PID/stat, counted after the name, which may hold
- * spaces and parentheses), as "@@cpu PGID TICKS", or "@@cpu PGID -1" when none is alive. cat
- * goes on past processes that end while it reads. */
+/* The remote side of kr_remote_cpu_ticks: for each command named (the wrapper's pid, its process
+ * group's where setsid made it one: spawn.c), the summed CPU ticks of its group's live processes,
+ * or of the command alone where it leads no group (fields 14-17 of /proc/PID/stat, counted after
+ * the name, which may hold spaces and parentheses), as "@@cpu PID TICKS", or "@@cpu PID -1" when
+ * none is alive. cat goes on past processes that end while it reads. */
 static const char remote_cpu_script[] =
     "cat /proc/[0-9]*/stat 2>/dev/null | awk -v want=\"$*\" '\n"
     "BEGIN { n = split(want, w, \" \"); for (i = 1; i <= n; i++) { t[w[i]] = 0; seen[w[i]] = 0 } }\n"
-    "{ sub(/^.*\\) /, \"\"); if (($3 in t) && $1 != \"Z\" && $1 != \"X\") { t[$3] += $12 + $13 + $14 + $15; seen[$3] = 1 } }\n"
+    "{ p = $1; sub(/^.*\\) /, \"\"); g = ($3 in t) ? $3 : (p in t) ? p : \"\";\n"
+    "  if (g != \"\" && $1 != \"Z\" && $1 != \"X\") { t[g] += $12 + $13 + $14 + $15; seen[g] = 1 } }\n"
     "END { for (g in t) print \"@@cpu\", g, (seen[g] ? t[g] : -1) }'\n";
 
 void kr_remote_cpu_ticks(const kr_opts *o, int host, const pid_t *pgids, int n, long long *ticks)
