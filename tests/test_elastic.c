@@ -317,15 +317,17 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
  * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
  * worker with that id kills itself on reaching that step), "stop=ID:STEP" (stops itself there),
  * "busy=ID:STEP:MS" (in round 1, spins that many milliseconds there, outside kolo), "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
- * before exiting). Rank 0 prints "round G size S from
+ * before exiting), "linger=ID:MS" (after a failed collective, sleeps that long before it shuts
+ * kolo down). Rank 0 prints "round G size S from
  * step N" at each start and "step N" at each commit; every worker prints "done: worker W rank R
  * size S round G step N" at the end. Also run on several hosts by test_multihost.c. */
 KT_WORKER(elastic_train)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 20;
     int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1, hold_ms = 0;
-    int busy_id = -1, busy_step = -1, busy_ms = 0;
+    int busy_id = -1, busy_step = -1, busy_ms = 0, linger_id = -1, linger_ms = 0;
     for (int a = 2; a < argc; a++) {
+        sscanf(argv[a], "linger=%d:%d", &linger_id, &linger_ms);
         sscanf(argv[a], "busy=%d:%d:%d", &busy_id, &busy_step, &busy_ms);
         sscanf(argv[a], "hold=%d", &hold_ms);
         sscanf(argv[a], "die=%d:%d", &die_id, &die_step);
@@ -383,6 +385,10 @@ KT_WORKER(elastic_train)
         return 0;
     lost:
         step = committed; /* restore */
+        if (me == linger_id) {
+            struct timespec linger = {linger_ms / 1000, (linger_ms % 1000) * 1000000L};
+            nanosleep(&linger, NULL);
+        }
     reset:
         kolo_shutdown();
     }
@@ -526,7 +532,10 @@ KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) on host localhost stopped answering: 2 workers gave up on it and "
                         "asked for a new round ");
     KT_CONTAINS(p.ebuf, " s ago, and it used no CPU time in the last ");
-    KT_CONTAINS(p.ebuf, " s; killing it, the job goes on without it");
+    /* where its threads sat: it stopped itself (SIGSTOP), so all of them (main and engine, and
+     * whatever a sanitizer runs) */
+    KT_CONTAINS(p.ebuf, " s (its threads: ");
+    KT_CONTAINS(p.ebuf, " stopped); killing it, the job goes on without it");
     KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
     finished_at_size_2(p.obuf, 0);
     finished_at_size_2(p.obuf, 1);
@@ -568,6 +577,29 @@ KT_TEST(kolorun_elastic_resets_when_every_worker_asks, 60)
     KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
     KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (0 new, 0 removed)");
     KT_CONTAINS(p.obuf, "round 2 size 3 from step 10");
+    for (int w = 0; w < 3; w++) {
+        char want[96];
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 30", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    kt_proc_free(&p);
+}
+
+/* A worker asks for the next round from the collective that failed, not once its program has
+ * shut kolo down: a shutdown may take seconds (the engine's goodbye to ranks that do not answer),
+ * and kolorun takes a worker that neither asks nor uses CPU time for 5 s for stuck. Here worker 2
+ * sleeps 7 s between its failed collective (a mismatch on every rank) and kolo_shutdown; asking
+ * only from kolo_init, it was killed and the job (--min-np 3) ended. */
+KT_TEST(kolorun_elastic_worker_asks_when_its_collective_fails, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "3", kt_self(), "--worker", "elastic_train",
+                                                     "30", "mismatch=12", "linger=2:7000", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (0 new, 0 removed)");
     for (int w = 0; w < 3; w++) {
         char want[96];
         snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 30", w, w);

@@ -14,13 +14,30 @@
  * ends, which workers were still waiting for a round that will never start; and
  * <base>/elastic/waiting/<id> = g when it waits for round g, which asks kolorun for one: when
  * every worker asks (a collective failed on all of them) kolorun forms it with the same workers,
- * and when some ask and others do not for a while, those others stopped answering. */
+ * and when some ask and others do not for a while, those others stopped answering. A worker asks
+ * as soon as a collective of its round fails (kolo__elastic_ask), not only once the program has
+ * shut kolo down and waits in kolo_init: the shutdown may take seconds (the engine's goodbye to
+ * ranks that do not answer), and kolorun, seeing a worker neither ask nor use CPU time for
+ * STUCK_GRACE_S (tools/kolorun/elastic.c), takes it for stuck and kills it.
+ *
+ * The connection to kolorun's store is one request stream; the engine's thread asks too, so every
+ * use of it holds estore_lock. */
 #include "world.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #define W kolo__W
+
+static pthread_mutex_t estore_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int eset(const char *key, const char *val, size_t len)
+{
+    pthread_mutex_lock(&estore_lock);
+    int st = kolo__store_set(W.estore, key, val, len);
+    pthread_mutex_unlock(&estore_lock);
+    return st;
+}
 
 static int fail_store(int st, const char *what)
 {
@@ -31,7 +48,9 @@ static int get_text(const char *key, char *out, size_t cap, double timeout_s)
 {
     void *v = NULL;
     size_t len = 0;
+    pthread_mutex_lock(&estore_lock);
     int st = kolo__store_get(W.estore, key, &v, &len, timeout_s);
+    pthread_mutex_unlock(&estore_lock);
     if (st != KOLO_OK) return st;
     snprintf(out, cap, "%.*s", (int)KOLO_MIN(len, cap - 1), (const char *)v);
     kolo__free(v);
@@ -79,7 +98,8 @@ int kolo__elastic_join(void)
     char key[200], text[128];
     snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
     int tl = snprintf(text, sizeof(text), "%d", want);
-    if ((st = kolo__store_set(W.estore, key, text, (size_t)tl)) != KOLO_OK) return fail_store(st, "ask kolorun for a new round");
+    if ((st = eset(key, text, (size_t)tl)) != KOLO_OK) return fail_store(st, "ask kolorun for a new round");
+    W.elastic_asked = want;
     snprintf(key, sizeof(key), "%s/elastic/%d/w/%d", W.info.job_id, want, W.elastic_id);
     st = get_text(key, text, sizeof(text), wait_s);
     if (st == KOLO_ERR_TIMEOUT)
@@ -114,7 +134,7 @@ void kolo__elastic_started(void)
     char key[160], val[16];
     snprintf(key, sizeof(key), "%s/elastic/joined/%d", W.info.job_id, W.elastic_id);
     int n = snprintf(val, sizeof(val), "%d", W.elastic_round);
-    if (kolo__store_set(W.estore, key, val, (size_t)n) != KOLO_OK)
+    if (eset(key, val, (size_t)n) != KOLO_OK)
         KOLO_WARN("worker %d could not tell kolorun it started round %d: %s", W.elastic_id, W.elastic_round, kolo__errmsg());
 }
 
@@ -132,10 +152,33 @@ bool kolo__elastic_retry(int st)
     return st == KOLO_ERR_STARTUP || st == KOLO_ERR_PEER_LOST || st == KOLO_ERR_TIMEOUT || st == KOLO_ERR_SHUT_DOWN;
 }
 
+void kolo__elastic_ask(void)
+{
+    if (!W.elastic || !W.estore || W.elastic_round <= 0) return;
+    int want = W.elastic_round + 1;
+    char key[160], val[16];
+    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
+    int n = snprintf(val, sizeof(val), "%d", want);
+    char failure[1024]; /* the caller's error, which the program reads after the failed call */
+    snprintf(failure, sizeof(failure), "%s", kolo__errmsg());
+    pthread_mutex_lock(&estore_lock);
+    /* once per round: the collective's thread and the engine's may both see the failure */
+    int st = W.elastic_asked == want ? KOLO_OK : kolo__store_set(W.estore, key, val, (size_t)n);
+    if (st == KOLO_OK) W.elastic_asked = want;
+    pthread_mutex_unlock(&estore_lock);
+    if (st == KOLO_OK) KOLO_DEBUG("worker %d asked kolorun for round %d: a collective of round %d failed", W.elastic_id,
+                                  want, want - 1);
+    else /* kolo_init asks again (kolo__elastic_join), and says so if it cannot */
+        KOLO_DEBUG("worker %d could not ask kolorun for round %d yet: %s", W.elastic_id, want, kolo__errmsg());
+    kolo__err(KOLO_OK, "%s", failure);
+}
+
 void kolo__elastic_close(void)
 {
+    pthread_mutex_lock(&estore_lock);
     kolo__store_close(W.estore);
     W.estore = NULL;
+    pthread_mutex_unlock(&estore_lock);
 }
 
 int kolo_elastic_enabled(void)
@@ -178,6 +221,7 @@ int kolo_elastic_check(int *update)
     if (W.info.size > 1) {
         int bst = kolo__coll_broadcast(W.mesh[0], W.psets[0], &v, sizeof(v), 0);
         if (bst != KOLO_OK) st = bst;
+        if (bst != KOLO_OK && W.mesh[0]->failed) kolo__elastic_ask();
     }
     pthread_mutex_unlock(&W.direct_lock);
     if (st == KOLO_OK && v < 0) st = kolo__err(KOLO_ERR_STARTUP, "rank 0 could not ask kolorun for newer rounds of the elastic job");

@@ -31,6 +31,7 @@ typedef struct kolo__world {
     int elastic;       /* this init joined an elastic round */
     int elastic_id;    /* KOLO_ELASTIC_ID */
     int elastic_round; /* the round joined last, 0 none */
+    int elastic_asked; /* the round this worker last asked kolorun for */
     kolo__store *estore; /* connection to kolorun's store while elastic */
 } kolo__world;
 
@@ -47,5 +48,8 @@ int kolo__elastic_join(void);
 void kolo__elastic_started(void);
 bool kolo__elastic_retry(int status);
 void kolo__elastic_close(void);
+/* A collective of this worker's round failed (its connections did): asks kolorun for the next
+ * round now, once a round, from any thread; nothing outside an elastic round. */
+void kolo__elastic_ask(void);
 
 #endif

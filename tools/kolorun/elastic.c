@@ -597,11 +597,15 @@ static void check_asked(kr_job *j, double now)
             r->said_busy = true;
             continue;
         }
-        char why[128];
+        char why[320];
         if (busy)
             snprintf(why, sizeof(why), ", and it kept running %.0f s without asking", silent);
-        else if (local || known)
-            snprintf(why, sizeof(why), ", and it used no CPU time in the last %.0f s", window);
+        else if (local || known) {
+            char waits[200] = "";
+            if (local) kr_group_waits(r->pid, waits, sizeof(waits));
+            snprintf(why, sizeof(why), ", and it used no CPU time in the last %.0f s%s%s%s", window,
+                     waits[0] ? " (its threads: " : "", waits, waits[0] ? ")" : "");
+        }
         else
             snprintf(why, sizeof(why), ", and its host did not tell its CPU time");
         kr_say("worker %d (rank %d) on host %s stopped answering: %d worker%s gave up on it and asked for a new round "

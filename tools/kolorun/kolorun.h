@@ -290,6 +290,10 @@ int kr_group_members(pid_t pgid, pid_t *out, int cap);
 /* The CPU time (user + system, with that of reaped children) the live processes of group pgid
  * have used, in clock ticks; -1 when none is alive. */
 long long kr_group_cpu_ticks(pid_t pgid);
+/* Where the threads of group pgid's live processes wait, as the kernel says (their state and
+ * wait channel, /proc/PID/task/TID/{stat,wchan}), counted: "3 in futex_wait_queue, 1 in
+ * do_sys_poll, 1 running". Says where a worker taken for stuck sat; "" when none is alive. */
+void kr_group_waits(pid_t pgid, char *out, size_t cap);
 /* The same for n process groups of remote workers on host, by one ssh there (at most REMOTE_CPU_S
  * seconds; it blocks kolorun's loop that long at worst): into ticks[i], -1 where the group has
  * no live process or its host did not answer. */

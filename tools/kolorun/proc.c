@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define GROUP_WAITS_MAX 16 /* processes of a group kr_group_waits looks at */
+
 /* Reads /proc/PID/stat: state, process group and CPU ticks (user + system, its own and that of
  * the children it reaped). False when the process is gone or the line does not parse. */
 static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
@@ -76,6 +78,64 @@ long long kr_group_cpu_ticks(pid_t pgid)
 {
     long long ticks = 0;
     return scan_group(pgid, NULL, 0, NULL, &ticks) > 0 ? ticks : -1;
+}
+
+/* One thread's "in WCHAN" (sleeping in the kernel function named), or its state spelt out. */
+static void thread_wait(long pid, const char *tid, char *out, size_t cap)
+{
+    char path[320], wchan[64] = "", stat[512] = "";
+    snprintf(path, sizeof(path), "/proc/%ld/task/%s/wchan", pid, tid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(wchan, 1, sizeof(wchan) - 1, f);
+        wchan[n] = '\0';
+        fclose(f);
+    }
+    snprintf(path, sizeof(path), "/proc/%ld/task/%s/stat", pid, tid);
+    if ((f = fopen(path, "r"))) {
+        size_t n = fread(stat, 1, sizeof(stat) - 1, f);
+        stat[n] = '\0';
+        fclose(f);
+    }
+    const char *q = strrchr(stat, ')');
+    char state = q && q[1] == ' ' ? q[2] : '?';
+    if (state == 'R') snprintf(out, cap, "running");
+    else if (state == 'T' || state == 't') snprintf(out, cap, "stopped");
+    else if (wchan[0] && strcmp(wchan, "0") != 0) snprintf(out, cap, "in %s", wchan);
+    else snprintf(out, cap, "%s", state == 'D' ? "waiting uninterruptibly" : "sleeping");
+}
+
+void kr_group_waits(pid_t pgid, char *out, size_t cap)
+{
+    enum { KINDS = 8 };
+    char kind[KINDS][80];
+    int count[KINDS] = {0}, kinds = 0, other = 0;
+    pid_t procs[GROUP_WAITS_MAX];
+    int np = 0;
+    scan_group(pgid, procs, GROUP_WAITS_MAX, &np, NULL);
+    for (int i = 0; i < np; i++) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)procs[i]);
+        DIR *d = opendir(path);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+            char w[80];
+            thread_wait(procs[i], e->d_name, w, sizeof(w));
+            int k = 0;
+            while (k < kinds && strcmp(kind[k], w) != 0) k++;
+            if (k == kinds && kinds < KINDS) snprintf(kind[kinds++], sizeof(kind[0]), "%s", w);
+            if (k < kinds) count[k]++;
+            else other++;
+        }
+        closedir(d);
+    }
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < kinds && len < cap; k++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%d %s", k ? ", " : "", count[k], kind[k]);
+    if (other && len < cap) snprintf(out + len, cap - len, ", %d elsewhere", other);
 }
 
 /* The remote side of kr_remote_cpu_ticks: for each command named (the wrapper's pid, its process
