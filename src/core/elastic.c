@@ -154,7 +154,7 @@ bool kolo__elastic_retry(int st)
 
 void kolo__elastic_ask(void)
 {
-    if (!W.elastic || !W.estore || W.elastic_round <= 0) return;
+    if (!W.elastic || W.elastic_round <= 0) return;
     int want = W.elastic_round + 1;
     char key[160], val[16];
     snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
@@ -163,12 +163,13 @@ void kolo__elastic_ask(void)
     snprintf(failure, sizeof(failure), "%s", kolo__errmsg());
     pthread_mutex_lock(&estore_lock);
     /* once per round: the collective's thread and the engine's may both see the failure */
-    int st = W.elastic_asked == want ? KOLO_OK : kolo__store_set(W.estore, key, val, (size_t)n);
-    if (st == KOLO_OK) W.elastic_asked = want;
+    bool asking = W.estore && W.elastic_asked != want;
+    int st = asking ? kolo__store_set(W.estore, key, val, (size_t)n) : KOLO_OK;
+    if (asking && st == KOLO_OK) W.elastic_asked = want;
     pthread_mutex_unlock(&estore_lock);
-    if (st == KOLO_OK) KOLO_DEBUG("worker %d asked kolorun for round %d: a collective of round %d failed", W.elastic_id,
-                                  want, want - 1);
-    else /* kolo_init asks again (kolo__elastic_join), and says so if it cannot */
+    if (asking && st == KOLO_OK)
+        KOLO_DEBUG("worker %d asked kolorun for round %d: a collective of round %d failed", W.elastic_id, want, want - 1);
+    else if (asking) /* kolo_init asks again (kolo__elastic_join), and says so if it cannot */
         KOLO_DEBUG("worker %d could not ask kolorun for round %d yet: %s", W.elastic_id, want, kolo__errmsg());
     kolo__err(KOLO_OK, "%s", failure);
 }
