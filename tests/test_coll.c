@@ -3619,6 +3619,55 @@ KT_TEST(broadcast_choice_follows_timings, 120)
     KT_EQ(kt_job(2, broadcast_choice, NULL, &o, NULL), 0);
 }
 
+/* On a crowded host (4 ranks, every pair reading single-copy) the members of the world agree
+ * whether a class of broadcasts goes the rule's way (the spread, or the tree) or down the chain
+ * (broadcast.c, "Agreed"): a hook slows one way by 90 ms a call on every member, and the calls
+ * after the first probe (8 calls: 4 each way) and its verdict must all go the other way, 16 of
+ * them before the next probe; then the other way is the slow one, from a fresh choice. The root
+ * changes from call to call (every member keeps the same schedule whoever roots), and every
+ * call's data are checked whole on every member; all members count the same chain calls. */
+static void broadcast_crowd_choice(int rank, void *arg)
+{
+    (void)arg;
+    at_most_two_cpus();
+    kolo__mesh *m = crowded_mesh(rank);
+    if (!m) return;
+    if (!m->world_single) {
+        if (rank == 0) printf("  (skipped: not every pair reads single-copy)\n");
+        KT_OK(kolo_shutdown());
+        return;
+    }
+    size_t count = ((size_t)256 << 10) / 4;
+    float *z = malloc(count * 4);
+    KT_ASSERT(z);
+    uint64_t delay_ns = 3 * choice_delay_ns();
+    for (int slow = 0; slow < 2; slow++) {
+        memset(m->bcast_crowd, 0, sizeof(m->bcast_crowd));
+        kolo__coll_broadcast_test_crowd_delay(slow, delay_ns);
+        int chains = 0;
+        for (int call = 0; call < 24; call++) {
+            int root = call % 4;
+            for (size_t i = 0; i < count; i++) z[i] = rank == root ? (float)((i + (size_t)call) % 8191) : -1.0f;
+            uint64_t before = kolo__coll_broadcast_crowd_chain_runs();
+            KT_OK(kolo_broadcast(z, count, KOLO_FLOAT32, root, KOLO_WORLD));
+            for (size_t i = 0; i < count; i++)
+                KT_ASSERTF(z[i] == (float)((i + (size_t)call) % 8191), "call %d from %d [%zu]: %g", call, root, i,
+                           (double)z[i]);
+            bool chained = kolo__coll_broadcast_crowd_chain_runs() != before;
+            KT_ASSERTF(call >= 8 || chained == (call >= 4), "call %d of the probe %s the chain", call,
+                       chained ? "took" : "did not take");
+            chains += call >= 8 && chained;
+        }
+        kolo__coll_broadcast_test_crowd_delay(slow, 0);
+        KT_ASSERTF(chains == (slow == 0 ? 16 : 0), "%s slowed by %.0f ms: %d of the 16 calls after the probe down the chain",
+                   slow ? "the chain" : "the spread", (double)delay_ns * 1e-6, chains);
+    }
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(broadcast_crowd_choice_follows_timings, 120) { KT_EQ(kt_job(4, broadcast_crowd_choice, NULL, NULL, NULL), 0); }
+
 /* 2 ranks: allgathers of 1 MiB and more where the pair reads single-copy push (allgather.c):
  * each rank writes its block into the other's output itself. Totals below, at and above the
  * start, blocks not a multiple of a page or of a chunk, different counts per rank (one empty),

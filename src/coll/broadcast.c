@@ -321,24 +321,12 @@ static int from_root(kolo__mesh *m, const kolo__group *g, void *p, size_t bytes,
     return kolo__wait(m, ptrs, k);
 }
 
-int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root)
+/* The chain: positions bound in blocks are rank XOR root as in the tree, so that the chain
+ * crosses between CPUs once per block whichever the root; received in place, chunk by chunk,
+ * each chunk passed on as it arrives. */
+static int chain(kolo__mesh *m, const kolo__group *g, char *p, size_t bytes, int root)
 {
     int n = g->size, r = g->rank;
-    if (n == 1) return KOLO_OK;
-    char *p = buf;
-    /* a host with more ranks than cores, every pair reading single-copy; bound in blocks */
-    bool crowded = n > 3 && kolo__coll_single_copy_group(m, g);
-    bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
-    bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
-    if (tree) __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
-    if (n > 3 && (bytes <= DIRECT_MAX || tree)) return binomial(m, g, p, bytes, root, tree, tree && bytes >= SPLIT_MIN_TREE);
-    if (n == 2 && bytes >= SPLIT_MIN_2 && kolo__coll_single_copy_group(m, g))
-        return r == root ? pair_root(m, p, bytes, kolo__g2w(g, !r)) : split_recv(m, kolo__g2w(g, root), p, bytes);
-    bool spread = crowded && n <= SPREAD_MEMBERS && bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
-    if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
-    if (n <= 3 || spread) return from_root(m, g, p, bytes, root, spread);
-    /* position in the chain: bound in blocks, rank XOR root as in the tree, so that the chain
-     * crosses between CPUs once per block whichever the root */
     bool x = m->world_blocks && (n & (n - 1)) == 0;
     int v = position(r, root, n, x);
     int prev = member_at(g, (v - 1 + n) % n, root, x), next = member_at(g, (v + 1) % n, root, x);
@@ -369,4 +357,126 @@ int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t 
     kolo__free(rx);
     kolo__free(ptrs);
     return st;
+}
+
+/* Agreed: on a crowded host (above) the spread and the tree read the root's (or a parent's)
+ * buffer single-copy, by the kernel's process_vm_readv; the chain passes chunks on, here by ring
+ * copies. The rules above for the spread and the tree were measured on an Intel Xeon VM. On a Zen
+ * 3 VM (AMD EPYC family 25 model 1, 2 vCPUs), kolo-bench bound in blocks, 50 and 20 calls a size,
+ * 2-3 launches each, us per call, the spread or tree against the chain (by the pairs' own ways):
+ * 4 ranks 128 KiB 37-46 against 27-31, 512 KiB 111-119 against 74-114, 1 MiB 275-338 against
+ * 144-240, 4 MiB 1001-1052 against 564-955; 8 ranks 128 KiB 88-106 against 34-36, 1 MiB 418-501
+ * against 280-287. So the members of the world choose between the two from their timings, per
+ * class of the broadcast's bytes (x2 from DIRECT_MAX to TREE_MAX), and must agree, as they talk
+ * along different edges in each. The schedule is the same on every member (each sees the same
+ * calls of each class, whoever roots them): CROWD_RUN calls the rule's way, then CROWD_RUN down
+ * the chain; each member times each run from the end of its first call to the end of its last
+ * (its pace, the time between its calls included); one allreduce of integers sums the members'
+ * runs, so every member reads the same sums, and the cheaper way is kept for CROWD_KEEP_FIRST
+ * calls of the class, twice as many after each verdict up to 256, then probed again (a verdict
+ * taken among a launch's first calls, or in another pattern of calls, does not last). In the
+ * probe and after, the chain goes by ring copies: by the pairs' own choice its first calls
+ * probe ring copies against CMA inside the run. What chose wrong: alternate calls (a call after
+ * one the other way starts skewed: the chain's root is done first, the spread's last; the tree
+ * at 1 MiB in 3 of 4 launches where the chain took 0.5-0.7x its time), each member's fastest
+ * call (one that comes late to a spread finds its data ready: the spread at 256 KiB every
+ * time), means of single calls (a launch's first calls take up to 5x longer). The world only:
+ * its calls on a mesh come in one order on every member; a process set's interleave with others'
+ * (docs/performance.md, "Changes, one at a time", has the figures as landed). */
+#define CROWD_RUN 4
+#define CROWD_PROBE (2 * CROWD_RUN)
+#define CROWD_KEEP_FIRST 16u    /* calls a class keeps its first verdict, twice as many after each, */
+#define CROWD_KEEP_DOUBLINGS 4u /* up to 256 */
+enum { CR_RULE = 0, CR_CHAIN = 1 };
+static const char *const WAYS_CR[2] = {"spread or tree", "chain"};
+static uint64_t crowd_chain_runs, crowd_delay_ns[2];
+
+uint64_t kolo__coll_broadcast_crowd_chain_runs(void) { return __atomic_load_n(&crowd_chain_runs, __ATOMIC_RELAXED); }
+void kolo__coll_broadcast_test_crowd_delay(int way, uint64_t ns)
+{
+    if (way == CR_RULE || way == CR_CHAIN) crowd_delay_ns[way] = ns;
+}
+
+static int crowd_class(size_t bytes)
+{
+    int k = 0;
+    while (k < KOLO_BCAST_CROWD_CLASSES - 1 && bytes > ((size_t)DIRECT_MAX << (k + 1))) k++;
+    return k;
+}
+
+/* The probe runs CROWD_RUN calls the rule's way, then as many by the chain; between probes, the
+ * verdict. */
+static int crowd_way(const kolo__bcast_crowd *c)
+{
+    return c->calls < CROWD_PROBE ? c->calls >= CROWD_RUN : c->way - 1;
+}
+
+/* After a call of class c that ran `way`: the probe's runs' times, and at the probe's end the
+ * verdict, agreed by one allreduce. */
+static int crowd_learn(kolo__mesh *m, const kolo__group *g, kolo__bcast_crowd *c, int way, size_t bytes)
+{
+    uint32_t i = c->calls++;
+    if (i >= CROWD_PROBE) {
+        if (c->calls >= CROWD_PROBE + (CROWD_KEEP_FIRST << KOLO_MIN(c->verdicts, CROWD_KEEP_DOUBLINGS)))
+            c->calls = 0; /* probe again */
+        return KOLO_OK;
+    }
+    uint64_t now = kolo__now_ns();
+    if (i % CROWD_RUN == 0) { /* a run's pace: from the end of its first call to the end of its last */
+        c->mark = now;
+    } else if (i % CROWD_RUN == CROWD_RUN - 1) {
+        c->t[way] = now - c->mark;
+        c->n[way] = 1;
+    }
+    if (i != CROWD_PROBE - 1) return KOLO_OK;
+    int64_t mine[4] = {(int64_t)c->t[0], (int64_t)c->t[1], (int64_t)c->n[0], (int64_t)c->n[1]}, sum[4];
+    c->t[0] = c->t[1] = c->n[0] = c->n[1] = 0;
+    int st = kolo__coll_allreduce(m, g, mine, sum, 4, KOLO_INT64, KOLO_SUM, 1.0, 1.0);
+    if (st != KOLO_OK) return st;
+    /* every member timed each way as often (the counts), and the chain's calls took less in all */
+    int v = sum[2] == (int64_t)g->size && sum[3] == sum[2] && sum[1] < sum[0];
+    if (c->way != v + 1 && m->rank == 0)
+        KOLO_TRACE("broadcast of %zu bytes on a crowded host: %s (%.1f us against %.1f a call, the members' runs "
+                   "each way summed)", bytes, WAYS_CR[v], (double)sum[v] * 1e-3 / (CROWD_RUN - 1),
+                   (double)sum[1 - v] * 1e-3 / (CROWD_RUN - 1));
+    c->way = (uint8_t)(v + 1);
+    if (c->verdicts < 255) c->verdicts++;
+    c->calls = CROWD_PROBE;
+    return KOLO_OK;
+}
+
+int kolo__coll_broadcast(kolo__mesh *m, const kolo__group *g, void *buf, size_t bytes, int root)
+{
+    int n = g->size;
+    if (n == 1) return KOLO_OK;
+    char *p = buf;
+    /* a host with more ranks than cores, every pair reading single-copy; bound in blocks */
+    bool crowded = n > 3 && kolo__coll_single_copy_group(m, g);
+    bool blocks = crowded && m->world_blocks && (n & (n - 1)) == 0;
+    bool tree = blocks && bytes > (n == 4 ? SPREAD_MAX_BLOCKS_4 : DIRECT_MAX) && bytes <= TREE_MAX;
+    bool spread = crowded && !tree && bytes > DIRECT_MAX && n <= SPREAD_MEMBERS &&
+                  bytes <= (n == 4 ? SPREAD_MAX_4 : SPREAD_MAX);
+    if (n == 2 && bytes >= SPLIT_MIN_2 && kolo__coll_single_copy_group(m, g))
+        return g->rank == root ? pair_root(m, p, bytes, kolo__g2w(g, !g->rank))
+                               : split_recv(m, kolo__g2w(g, root), p, bytes);
+    if (n > 3 && bytes <= DIRECT_MAX) return binomial(m, g, p, bytes, root, false, false);
+    kolo__bcast_crowd *c = (tree || spread) && g->size == m->size ? &m->bcast_crowd[crowd_class(bytes)] : NULL;
+    int way = c ? crowd_way(c) : CR_RULE, st;
+    if (way == CR_CHAIN) {
+        __atomic_fetch_add(&crowd_chain_runs, 1, __ATOMIC_RELAXED);
+        m->call_way = KOLO_WAY_RING;
+        st = chain(m, g, p, bytes, root);
+        m->call_way = KOLO_WAY_AUTO;
+    } else if (tree) {
+        __atomic_fetch_add(&tree_runs, 1, __ATOMIC_RELAXED);
+        st = binomial(m, g, p, bytes, root, true, bytes >= SPLIT_MIN_TREE);
+    } else if (n <= 3 || spread) {
+        if (spread) __atomic_fetch_add(&spread_runs, 1, __ATOMIC_RELAXED);
+        st = from_root(m, g, p, bytes, root, spread);
+    } else {
+        st = chain(m, g, p, bytes, root);
+    }
+    if (st != KOLO_OK || !c) return st;
+    kolo__sleep_ns(crowd_delay_ns[way]);
+    return crowd_learn(m, g, c, way, bytes);
 }

@@ -206,6 +206,11 @@ void kolo__coll_broadcast_test_refuse_write(int nth);
  * copies (1) takes ns longer on the root. */
 uint64_t kolo__coll_broadcast_copies_runs(void);
 void kolo__coll_broadcast_test_delay(int way, uint64_t ns);
+/* Calls of the world's broadcasts on a crowded host that took the chain by the members' agreed
+ * choice (broadcast.c, "Agreed"), and the test hook that slows one way there (0 the spread or
+ * tree, 1 the chain) by ns after each call, inside its timing. */
+uint64_t kolo__coll_broadcast_crowd_chain_runs(void);
+void kolo__coll_broadcast_test_crowd_delay(int way, uint64_t ns);
 /* How many allgathers this process ran by writing its block into every other member itself,
  * every write done (allgather.c, "push"); and a test hook: the nth write from now is refused. */
 uint64_t kolo__coll_allgather_push_runs(void);

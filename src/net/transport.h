@@ -167,6 +167,20 @@ typedef struct kolo__pair_ways {
     unsigned char outliers[KOLO_PAIR_SLOTS];
 } kolo__pair_ways;
 
+
+/* A crowded host's agreed choice for the world's broadcasts of one size class (coll/broadcast.c,
+ * "Agreed"): every member keeps the same calls and verdict; its own timings only until they are
+ * summed over the members. */
+#define KOLO_BCAST_CROWD_CLASSES 8
+typedef struct kolo__bcast_crowd {
+    uint32_t calls; /* of this class since its last verdict, or since the start */
+    uint8_t way;    /* the verdict plus one; 0 before the first */
+    uint8_t verdicts; /* how many (up to 255) */
+    uint64_t mark;  /* when the probe's run this way began (the end of its first call) */
+    uint64_t t[2];  /* this member's run each way in the probe: nanoseconds, */
+    uint64_t n[2];  /* and whether it ran */
+} kolo__bcast_crowd;
+
 struct kolo__mesh {
     int rank, size, channel;
     kolo__conn **conns;             /* [size]; conns[rank] is NULL */
@@ -194,6 +208,9 @@ struct kolo__mesh {
     kolo__choice exchange[KOLO_EXCHANGE_CLASSES];
     /* 2-member broadcasts rooted here: split or ring copies, per size class (coll/broadcast.c) */
     kolo__choice bcast[KOLO_BCAST_CLASSES];
+    /* the world's broadcasts on a crowded host: the spread or tree, or the chain, per size class,
+     * as the members agree from their timings (coll/broadcast.c, "Agreed") */
+    kolo__bcast_crowd bcast_crowd[KOLO_BCAST_CROWD_CLASSES];
     /* whether this rank's allgathers and alltoalls write their output around the cache */
     kolo__choice stream_out[KOLO_OUT_CLASSES];
     /* per peer, each allocated at its first call that chooses (4 KiB or so: not for every peer
