@@ -4,7 +4,8 @@
  * time, except on a host with more ranks than cores: there, where the ranks are bound in blocks,
  * buffers up to 16 MiB go down the binomial tree too, read single-copy ("tree", below), and
  * otherwise up to 1 MiB (512 KiB on 4 members) the root sends to everyone directly again
- * (spread, below). Chunks are received in place, no copies. On 2 members, and on the tree's edge
+ * (spread, below); the world's broadcasts there take the chain instead where its members' timings
+ * agree it is cheaper ("Agreed", below). Chunks are received in place, no copies. On 2 members, and on the tree's edge
  * that crosses between CPUs, the sender writes half of the buffer into the receiver while the
  * receiver reads the other half ("split", below); on 2 members the root may send both halves by
  * ring copies instead, as its timings choose ("Split or ring copies").
@@ -425,15 +426,14 @@ static int crowd_learn(kolo__mesh *m, const kolo__group *g, kolo__bcast_crowd *c
     if (i % CROWD_RUN == 0) { /* a run's pace: from the end of its first call to the end of its last */
         c->mark = now;
     } else if (i % CROWD_RUN == CROWD_RUN - 1) {
-        c->t[way] = now - c->mark;
-        c->n[way] = 1;
+        c->t[way] = KOLO_MAX(now - c->mark, 1); /* (0: not run) */
     }
     if (i != CROWD_PROBE - 1) return KOLO_OK;
-    int64_t mine[4] = {(int64_t)c->t[0], (int64_t)c->t[1], (int64_t)c->n[0], (int64_t)c->n[1]}, sum[4];
-    c->t[0] = c->t[1] = c->n[0] = c->n[1] = 0;
+    int64_t mine[4] = {(int64_t)c->t[0], (int64_t)c->t[1], c->t[0] > 0, c->t[1] > 0}, sum[4];
+    c->t[0] = c->t[1] = 0;
     int st = kolo__coll_allreduce(m, g, mine, sum, 4, KOLO_INT64, KOLO_SUM, 1.0, 1.0);
     if (st != KOLO_OK) return st;
-    /* every member timed each way as often (the counts), and the chain's calls took less in all */
+    /* every member ran each way (the counts), and the chain's runs took less in all */
     int v = sum[2] == (int64_t)g->size && sum[3] == sum[2] && sum[1] < sum[0];
     if (c->way != v + 1 && m->rank == 0)
         KOLO_TRACE("broadcast of %zu bytes on a crowded host: %s (%.1f us against %.1f a call, the members' runs "

@@ -39,6 +39,21 @@ static int eset(const char *key, const char *val, size_t len)
     return st;
 }
 
+/* Sets <base>/elastic/waiting/<id> = want, which asks kolorun for round want; with `again` false
+ * not when this worker asked for that round already (*sent says whether it did now). */
+static int ask_for(int want, bool again, bool *sent)
+{
+    char key[160], val[16];
+    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
+    int n = snprintf(val, sizeof(val), "%d", want);
+    pthread_mutex_lock(&estore_lock);
+    *sent = W.estore && (again || W.elastic_asked != want);
+    int st = *sent ? kolo__store_set(W.estore, key, val, (size_t)n) : KOLO_OK;
+    if (*sent && st == KOLO_OK) W.elastic_asked = want;
+    pthread_mutex_unlock(&estore_lock);
+    return st;
+}
+
 static int fail_store(int st, const char *what)
 {
     return kolo__err(st, "worker %d of the elastic job could not %s: %s", W.elastic_id, what, kolo__errmsg());
@@ -96,10 +111,8 @@ int kolo__elastic_join(void)
     /* wait for kolorun to place this worker in round `want`, then take the newest round */
     double wait_s = kolo__setting_double(KOLO_SET_ELASTIC_TIMEOUT);
     char key[200], text[128];
-    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
-    int tl = snprintf(text, sizeof(text), "%d", want);
-    if ((st = eset(key, text, (size_t)tl)) != KOLO_OK) return fail_store(st, "ask kolorun for a new round");
-    W.elastic_asked = want;
+    bool sent;
+    if ((st = ask_for(want, true, &sent)) != KOLO_OK) return fail_store(st, "ask kolorun for a new round");
     snprintf(key, sizeof(key), "%s/elastic/%d/w/%d", W.info.job_id, want, W.elastic_id);
     st = get_text(key, text, sizeof(text), wait_s);
     if (st == KOLO_ERR_TIMEOUT)
@@ -152,24 +165,18 @@ bool kolo__elastic_retry(int st)
     return st == KOLO_ERR_STARTUP || st == KOLO_ERR_PEER_LOST || st == KOLO_ERR_TIMEOUT || st == KOLO_ERR_SHUT_DOWN;
 }
 
-void kolo__elastic_ask(void)
+void kolo__elastic_ask(const kolo__mesh *m)
 {
-    if (!W.elastic || W.elastic_round <= 0) return;
+    if (!W.elastic || W.elastic_round <= 0 || !m || !m->failed) return;
     int want = W.elastic_round + 1;
-    char key[160], val[16];
-    snprintf(key, sizeof(key), "%s/elastic/waiting/%d", W.info.job_id, W.elastic_id);
-    int n = snprintf(val, sizeof(val), "%d", want);
     char failure[1024]; /* the caller's error, which the program reads after the failed call */
     snprintf(failure, sizeof(failure), "%s", kolo__errmsg());
-    pthread_mutex_lock(&estore_lock);
     /* once per round: the collective's thread and the engine's may both see the failure */
-    bool asking = W.estore && W.elastic_asked != want;
-    int st = asking ? kolo__store_set(W.estore, key, val, (size_t)n) : KOLO_OK;
-    if (asking && st == KOLO_OK) W.elastic_asked = want;
-    pthread_mutex_unlock(&estore_lock);
-    if (asking && st == KOLO_OK)
+    bool sent;
+    int st = ask_for(want, false, &sent);
+    if (sent && st == KOLO_OK)
         KOLO_DEBUG("worker %d asked kolorun for round %d: a collective of round %d failed", W.elastic_id, want, want - 1);
-    else if (asking) /* kolo_init asks again (kolo__elastic_join), and says so if it cannot */
+    else if (sent) /* kolo_init asks again (kolo__elastic_join), and says so if it cannot */
         KOLO_DEBUG("worker %d could not ask kolorun for round %d yet: %s", W.elastic_id, want, kolo__errmsg());
     kolo__err(KOLO_OK, "%s", failure);
 }
@@ -222,7 +229,7 @@ int kolo_elastic_check(int *update)
     if (W.info.size > 1) {
         int bst = kolo__coll_broadcast(W.mesh[0], W.psets[0], &v, sizeof(v), 0);
         if (bst != KOLO_OK) st = bst;
-        if (bst != KOLO_OK && W.mesh[0]->failed) kolo__elastic_ask();
+        if (bst != KOLO_OK) kolo__elastic_ask(W.mesh[0]);
     }
     pthread_mutex_unlock(&W.direct_lock);
     if (st == KOLO_OK && v < 0) st = kolo__err(KOLO_ERR_STARTUP, "rank 0 could not ask kolorun for newer rounds of the elastic job");

@@ -739,8 +739,7 @@ static int enter(const char *fn, int pset, kolo__group **g)
 
 static int leave(int st)
 {
-    /* a failed connection fails the round: an elastic worker asks for the next one at once */
-    if (st != KOLO_OK && W.mesh[0] && W.mesh[0]->failed) kolo__elastic_ask();
+    if (st != KOLO_OK) kolo__elastic_ask(W.mesh[0]); /* a failed round: ask for the next one at once */
     pthread_mutex_unlock(&W.direct_lock);
     return st;
 }

@@ -48,8 +48,9 @@ int kolo__elastic_join(void);
 void kolo__elastic_started(void);
 bool kolo__elastic_retry(int status);
 void kolo__elastic_close(void);
-/* A collective of this worker's round failed (its connections did): asks kolorun for the next
- * round now, once a round, from any thread; nothing outside an elastic round. */
-void kolo__elastic_ask(void);
+/* A collective on m failed: where that failed m's connections (the round is over for this
+ * worker), asks kolorun for the next round now, once a round; nothing outside an elastic round.
+ * From the thread that owns m (a collective's, or the engine's with its own mesh). */
+void kolo__elastic_ask(const kolo__mesh *m);
 
 #endif

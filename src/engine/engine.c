@@ -485,7 +485,7 @@ static void *engine_main(void *arg)
             if (st != KOLO_ERR_PEER_LOST && st != KOLO_ERR_TIMEOUT) KOLO_ERROR("engine: %s", msg);
             kolo__err(st, "%s", msg);
             kolo__engine_fail_mesh(st);
-            kolo__elastic_ask(); /* the round failed: ask kolorun for the next one now */
+            kolo__elastic_ask(E.mesh); /* the round failed: ask kolorun for the next one now */
             go_down(st, msg);
         }
     }

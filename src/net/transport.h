@@ -167,7 +167,6 @@ typedef struct kolo__pair_ways {
     unsigned char outliers[KOLO_PAIR_SLOTS];
 } kolo__pair_ways;
 
-
 /* A crowded host's agreed choice for the world's broadcasts of one size class (coll/broadcast.c,
  * "Agreed"): every member keeps the same calls and verdict; its own timings only until they are
  * summed over the members. */
@@ -177,8 +176,7 @@ typedef struct kolo__bcast_crowd {
     uint8_t way;    /* the verdict plus one; 0 before the first */
     uint8_t verdicts; /* how many (up to 255) */
     uint64_t mark;  /* when the probe's run this way began (the end of its first call) */
-    uint64_t t[2];  /* this member's run each way in the probe: nanoseconds, */
-    uint64_t n[2];  /* and whether it ran */
+    uint64_t t[2];  /* this member's run each way in the probe, nanoseconds; 0 not run */
 } kolo__bcast_crowd;
 
 struct kolo__mesh {

@@ -13,10 +13,9 @@
 
 /* Reads /proc/PID/stat: state, process group and CPU ticks (user + system, its own and that of
  * the children it reaped). False when the process is gone or the line does not parse. */
-static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
+static bool read_stat_at(const char *path, char *state, int *pgrp, long long *ticks)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    char buf[1024];
     FILE *f = fopen(path, "r");
     if (!f) return false;
     size_t len = fread(buf, 1, sizeof(buf) - 1, f);
@@ -33,6 +32,13 @@ static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
         return false;
     *ticks = (long long)(ut + st) + cut + cst;
     return true;
+}
+
+static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    return read_stat_at(path, state, pgrp, ticks);
 }
 
 /* Walks pgid's live processes: the leader (always, first) and the others into out (up to cap),
@@ -83,7 +89,7 @@ long long kr_group_cpu_ticks(pid_t pgid)
 /* One thread's "in WCHAN" (sleeping in the kernel function named), or its state spelt out. */
 static void thread_wait(long pid, const char *tid, char *out, size_t cap)
 {
-    char path[320], wchan[64] = "", stat[512] = "";
+    char path[320], wchan[64] = "", state = '?';
     snprintf(path, sizeof(path), "/proc/%ld/task/%s/wchan", pid, tid);
     FILE *f = fopen(path, "r");
     if (f) {
@@ -92,13 +98,9 @@ static void thread_wait(long pid, const char *tid, char *out, size_t cap)
         fclose(f);
     }
     snprintf(path, sizeof(path), "/proc/%ld/task/%s/stat", pid, tid);
-    if ((f = fopen(path, "r"))) {
-        size_t n = fread(stat, 1, sizeof(stat) - 1, f);
-        stat[n] = '\0';
-        fclose(f);
-    }
-    const char *q = strrchr(stat, ')');
-    char state = q && q[1] == ' ' ? q[2] : '?';
+    int pgrp;
+    long long ticks;
+    if (!read_stat_at(path, &state, &pgrp, &ticks)) state = '?';
     if (state == 'R') snprintf(out, cap, "running");
     else if (state == 'T' || state == 't') snprintf(out, cap, "stopped");
     else if (wchan[0] && strcmp(wchan, "0") != 0) snprintf(out, cap, "in %s", wchan);
