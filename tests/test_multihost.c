@@ -1248,6 +1248,58 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
     elastic_on_a_and_b_done(&c, &p);
 }
 
+/* kolorun reads the CPU time of the workers on every remote host at once: kolorun on l, worker 0
+ * on b (listed first) busy outside kolo for 10 s, workers 1 and 2 on a timing out on it (as in
+ * the test below). An --ssh wrapper holds each host's first reading until the other host's has
+ * begun (up to 8 s, past kolorun's 5 s for a reading). Read one host after the other, b's first
+ * reading is cut off at 5 s, worker 0's CPU time stays unknown, and kolorun kills it as silent
+ * with "its host did not tell its CPU time": the job ends (--min-np 3). */
+KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char wrap[128], ssh[1024], hosts[64], port_opt[] = MH_PORT;
+    snprintf(wrap, sizeof(wrap), "%s/ssh-wrap", c.dir);
+    FILE *f = fopen(wrap, "w");
+    KT_ASSERT(f);
+    fprintf(f,
+            "#!/bin/sh\n"
+            "case \"$*\" in *kolorun-cpu*)\n"
+            "  for h in %1$s %2$s; do case \" $* \" in *\" $h \"*) me=$h;; esac; done\n"
+            "  if mkdir %3$s/cpu-$me 2>/dev/null; then\n"
+            "    i=0\n"
+            "    while [ $i -lt 80 ] && [ $(ls -d %3$s/cpu-* | wc -l) -lt 2 ]; do sleep 0.1; i=$((i + 1)); done\n"
+            "  fi;;\n"
+            "esac\n"
+            "exec \"$@\"\n",
+            ns_addr[NS_A], ns_addr[NS_B], c.dir);
+    KT_EQ(fclose(f), 0);
+    KT_EQ(chmod(wrap, 0755), 0);
+    snprintf(ssh, sizeof(ssh), "%s %s", wrap, c.ssh);
+    snprintf(hosts, sizeof(hosts), "%s:1,%s:2", ns_addr[NS_B], ns_addr[NS_A]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=2", "-p",
+                          port_opt, "-i", c.key, "--ssh", ssh, "--start-timeout", "20", "--grace-seconds", "2",
+                          kt_self(), "--worker", "elastic_train", "40", "busy=0:12:10000", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_L], argv);
+    int rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    char want[96];
+    snprintf(want, sizeof(want), "%s/cpu-%s", c.dir, ns_addr[NS_B]);
+    KT_ASSERTF(access(want, F_OK) == 0, "b's CPU time was never read; stderr:\n%s", p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: worker 0 (rank 0) has not asked for the new round ");
+    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
+    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    for (int w = 0; w < 3; w++) {
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round ", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    elastic_on_a_and_b_done(&c, &p);
+}
+
 /* A worker on b busy outside kolo (it spins 10 s) when the others, on a, time out on it: kolorun
  * reads its CPU time on b (one ssh, tools/kolorun/proc.c) and waits for it, and its next
  * collective fails at once and asks too, so the new round keeps all three (--min-np 3: killing

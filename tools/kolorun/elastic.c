@@ -497,34 +497,37 @@ int kr_elastic_setup(kr_job *j, int sigfd)
 }
 
 /* The CPU ticks of the workers check_asked reads (every member, or only those not asking) into
- * cpu[], by index in j->ranks: a local worker's from /proc here, a remote one's by one ssh per
- * host (kr_remote_cpu_ticks); -1 where unknown or not read. */
+ * cpu[], by index in j->ranks: a local worker's from /proc here, remote ones' by one ssh to each
+ * of their hosts, all at once (kr_remote_cpu_ticks); -1 where unknown or not read. */
 static void read_cpu(kr_job *j, bool silent_only, long long *cpu)
 {
-    int n = j->n, *idx = malloc((size_t)n * sizeof(int));
+    int n = j->n, nh = j->o->nhosts, *idx = malloc((size_t)n * sizeof(int));
     pid_t *pg = malloc((size_t)n * sizeof(pid_t));
     long long *t = malloc((size_t)n * sizeof(long long));
+    kr_cpu_ask *asks = malloc((size_t)nh * sizeof(kr_cpu_ask));
+    int na = 0, k = 0;
     for (int i = 0; i < n; i++) {
         kr_rank *r = &j->ranks[i];
         bool wanted = member(r) && !(silent_only && r->asking);
         cpu[i] = wanted && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
     }
-    for (int h = 0; h < j->o->nhosts && idx && pg && t; h++) {
+    for (int h = 0; h < nh && idx && pg && t && asks; h++) { /* a host's workers side by side in pg */
         if (j->o->hosts[h].local) continue;
-        int k = 0;
+        int first = k;
         for (int i = 0; i < n; i++) {
             kr_rank *r = &j->ranks[i];
             if (r->host != h || !member(r) || (silent_only && r->asking) || r->remote_pid <= 0) continue;
             pg[k] = (pid_t)r->remote_pid;
             idx[k++] = i;
         }
-        if (k == 0) continue;
-        kr_remote_cpu_ticks(j->o, h, pg, k, t);
-        for (int m = 0; m < k; m++) cpu[idx[m]] = t[m];
+        if (k > first) asks[na++] = (kr_cpu_ask){.host = h, .pgids = pg + first, .n = k - first, .ticks = t + first};
     }
+    if (na) kr_remote_cpu_ticks(j->o, asks, na);
+    for (int m = 0; m < k; m++) cpu[idx[m]] = t[m];
     free(idx);
     free(pg);
     free(t);
+    free(asks);
 }
 
 /* Workers ask for a new round when a collective failed on them. All of them asking (an error
@@ -537,9 +540,10 @@ static void read_cpu(kr_job *j, bool silent_only, long long *cpu)
  * did is waited for as long as a worker waits for a silent peer
  * (KOLO_OP_TIMEOUT as the workers get it, at least BUSY_GRACE_MIN_S: a short one set for a test
  * should not turn a host's load into a kill). A remote worker's is read on its host, by one ssh
- * per host at each reading (read_cpu: it holds kolorun's loop up to REMOTE_CPU_S a host, only
- * while some workers wait for others); a host that does not answer leaves it unknown, and such
- * a worker silent for STUCK_GRACE_S is killed, as before kolorun read any. */
+ * per host at each reading, to all hosts at once (read_cpu: it holds kolorun's loop up to
+ * REMOTE_CPU_S in all, only while some workers wait for others); a host that does not answer
+ * leaves it unknown, and such a worker silent for STUCK_GRACE_S is killed, as before kolorun
+ * read any. */
 static void check_asked(kr_job *j, double now)
 {
     kr_elastic *el = j->el;

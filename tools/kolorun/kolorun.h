@@ -254,6 +254,18 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
  * started at all. */
 ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
                        int *status, bool *timed_out);
+/* The same for n commands at once, all within one timeout_s: each's bytes read into its len
+ * (-1: not started), its wait status and whether it was killed at the deadline. */
+typedef struct kr_capture {
+    const char *const *argv;
+    bool with_stderr;
+    char *out;
+    size_t cap;
+    ssize_t len;
+    int status;
+    bool timed_out;
+} kr_capture;
+void kr_run_captures(kr_capture *cs, int n, double timeout_s);
 
 /* ssh's argv (the options kolorun's workers get) running remote_cmd on host; NULL out of memory. */
 char **kr_ssh_argv(const kr_opts *o, int host, const char *remote_cmd);
@@ -294,11 +306,18 @@ long long kr_group_cpu_ticks(pid_t pgid);
  * wait channel, /proc/PID/task/TID/{stat,wchan}), counted: "3 in futex_wait_queue, 1 in
  * do_sys_poll, 1 running". Says where a worker taken for stuck sat; "" when none is alive. */
 void kr_group_waits(pid_t pgid, char *out, size_t cap);
-/* The same for n process groups of remote workers on host, by one ssh there (at most REMOTE_CPU_S
- * seconds; it blocks kolorun's loop that long at worst): into ticks[i], -1 where the group has
- * no live process or its host did not answer. */
+/* The same for the process groups of remote workers, by one ssh to each host named, all hosts at
+ * once (at most REMOTE_CPU_S seconds in all; it blocks kolorun's loop that long at worst): for
+ * each ask, into ticks[i] for pgids[i], -1 where the group has no live process or its host did
+ * not answer. */
 #define REMOTE_CPU_S 5.0
-void kr_remote_cpu_ticks(const kr_opts *o, int host, const pid_t *pgids, int n, long long *ticks);
+typedef struct kr_cpu_ask {
+    int host;
+    const pid_t *pgids;
+    int n;
+    long long *ticks;
+} kr_cpu_ask;
+void kr_remote_cpu_ticks(const kr_opts *o, const kr_cpu_ask *asks, int nasks);
 
 /* ---- status.c ---- */
 /* --status-file: writes the job's state (running, stopping, done), exit_code (-1: none yet)

@@ -152,34 +152,54 @@ static const char remote_cpu_script[] =
     "  if (g != \"\" && $1 != \"Z\" && $1 != \"X\") { t[g] += $12 + $13 + $14 + $15; seen[g] = 1 } }\n"
     "END { for (g in t) print \"@@cpu\", g, (seen[g] ? t[g] : -1) }'\n";
 
-void kr_remote_cpu_ticks(const kr_opts *o, int host, const pid_t *pgids, int n, long long *ticks)
+/* ssh's argv for one ask: the script with the ask's groups as its arguments. */
+static char **cpu_argv(const kr_opts *o, const kr_cpu_ask *a)
 {
-    for (int i = 0; i < n; i++) ticks[i] = -1;
-    size_t ocap = 64 + (size_t)n * 48; /* a line per group */
-    char *cmd = NULL, *out = malloc(ocap), *q = kr_shell_quote(remote_cpu_script);
-    if (q) cmd = malloc(strlen(q) + 64 + (size_t)n * 12);
-    if (!out || !cmd) {
-        free(cmd);
-        free(out);
+    char *q = kr_shell_quote(remote_cpu_script), *cmd = q ? malloc(strlen(q) + 64 + (size_t)a->n * 12) : NULL;
+    if (!cmd) {
         free(q);
-        return;
+        return NULL;
     }
     size_t len = (size_t)sprintf(cmd, "sh -c %s kolorun-cpu", q);
-    for (int i = 0; i < n; i++) len += (size_t)sprintf(cmd + len, " %d", (int)pgids[i]);
+    for (int i = 0; i < a->n; i++) len += (size_t)sprintf(cmd + len, " %d", (int)a->pgids[i]);
     free(q);
-    char **argv = kr_ssh_argv(o, host, cmd);
+    char **argv = kr_ssh_argv(o, a->host, cmd);
     free(cmd);
-    int st = 0;
-    bool timed_out = false;
-    ssize_t got = argv ? kr_run_capture((const char *const *)argv, false, REMOTE_CPU_S, out, ocap, &st, &timed_out) : -1;
-    kr_argv_free(argv);
-    if (got >= 0 && !timed_out)
-        for (char *save = NULL, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
-            long pg;
-            long long t;
-            if (sscanf(l, "@@cpu %ld %lld", &pg, &t) != 2) continue;
-            for (int i = 0; i < n; i++)
-                if (pgids[i] == (pid_t)pg) ticks[i] = t;
+    return argv;
+}
+
+void kr_remote_cpu_ticks(const kr_opts *o, const kr_cpu_ask *asks, int nasks)
+{
+    kr_capture *cs = calloc((size_t)nasks, sizeof(kr_capture));
+    char ***argvs = calloc((size_t)nasks, sizeof(char **));
+    int k = 0; /* the asks whose ssh can run, in cs[0..k) */
+    for (int a = 0; a < nasks; a++) {
+        for (int i = 0; i < asks[a].n; i++) asks[a].ticks[i] = -1;
+        if (!cs || !argvs) continue;
+        size_t cap = 64 + (size_t)asks[a].n * 48; /* a line per group */
+        char *out = malloc(cap);
+        argvs[a] = out ? cpu_argv(o, &asks[a]) : NULL;
+        if (!argvs[a]) {
+            free(out);
+            continue;
         }
-    free(out);
+        cs[k++] = (kr_capture){.argv = (const char *const *)argvs[a], .out = out, .cap = cap};
+    }
+    if (k) kr_run_captures(cs, k, REMOTE_CPU_S);
+    for (int a = 0, c = 0; a < nasks && cs && argvs; a++) {
+        if (!argvs[a]) continue;
+        kr_capture *cap = &cs[c++];
+        if (cap->len >= 0 && !cap->timed_out)
+            for (char *save = NULL, *l = strtok_r(cap->out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+                long pg;
+                long long t;
+                if (sscanf(l, "@@cpu %ld %lld", &pg, &t) != 2) continue;
+                for (int i = 0; i < asks[a].n; i++)
+                    if (asks[a].pgids[i] == (pid_t)pg) asks[a].ticks[i] = t;
+            }
+        free(cap->out);
+        kr_argv_free(argvs[a]);
+    }
+    free(cs);
+    free(argvs);
 }

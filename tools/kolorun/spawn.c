@@ -396,13 +396,14 @@ err_close:
 
 /* ---- helpers kolorun runs itself (a discovery script, gdb) ---- */
 
-ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
-                       int *status, bool *timed_out)
+/* Starts c's command with its output into a pipe; c->len -1 where it could not be. */
+static pid_t capture_start(kr_capture *c, int *fd)
 {
-    *timed_out = false;
-    *status = 0;
+    c->len = -1;
+    c->status = 0;
+    c->timed_out = false;
     int p[2];
-    if (cap == 0 || pipe2(p, O_CLOEXEC) != 0) return -1;
+    if (c->cap == 0 || pipe2(p, O_CLOEXEC) != 0) return -1;
     pid_t pid = fork();
     if (pid < 0) {
         close(p[0]);
@@ -417,35 +418,75 @@ ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout
         sigprocmask(SIG_SETMASK, &none, NULL);
         setpgid(0, 0); /* a group of its own: a Ctrl-C meant for the job does not reach it, a timeout kills all of it */
         dup2(p[1], 1);
-        if (with_stderr) dup2(p[1], 2);
+        if (c->with_stderr) dup2(p[1], 2);
         int dn = open("/dev/null", O_RDONLY);
         if (dn >= 0) dup2(dn, 0);
-        execvp(argv[0], (char *const *)argv);
+        execvp(c->argv[0], (char *const *)c->argv);
         _exit(127);
     }
     close(p[1]);
-    size_t len = 0;
+    *fd = p[0];
+    c->len = 0;
+    return pid;
+}
+
+void kr_run_captures(kr_capture *cs, int n, double timeout_s)
+{
+    pid_t *pid = malloc((size_t)n * sizeof(pid_t));
+    struct pollfd *pf = malloc((size_t)n * sizeof(struct pollfd));
+    if (!pid || !pf) {
+        for (int i = 0; i < n; i++) cs[i].len = -1;
+        free(pid);
+        free(pf);
+        return;
+    }
+    int open_fds = 0;
+    for (int i = 0; i < n; i++) {
+        pf[i] = (struct pollfd){.fd = -1, .events = POLLIN};
+        pid[i] = capture_start(&cs[i], &pf[i].fd);
+        open_fds += pf[i].fd >= 0;
+    }
     double deadline = kr_now() + timeout_s;
-    for (;;) {
+    while (open_fds > 0) {
         double left = deadline - kr_now();
-        if (left <= 0) {
-            *timed_out = true;
-            kill(-pid, SIGKILL);
-            kill(pid, SIGKILL);
-            break;
+        if (left <= 0) break;
+        if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue; /* EINTR, or the time is up: above */
+        for (int i = 0; i < n; i++) {
+            if (pf[i].fd < 0 || !pf[i].revents) continue;
+            kr_capture *c = &cs[i];
+            ssize_t k = read(pf[i].fd, c->out + c->len, c->cap - 1 - (size_t)c->len);
+            if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (k > 0) c->len += k;
+            /* the end, or full: the rest is not read (the helper may get SIGPIPE) */
+            if (k <= 0 || (size_t)c->len == c->cap - 1) {
+                close(pf[i].fd);
+                pf[i].fd = -1;
+                open_fds--;
+            }
         }
-        struct pollfd pf = {.fd = p[0], .events = POLLIN};
-        int r = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (r <= 0) continue; /* EINTR, or the time is up: the top of the loop decides */
-        ssize_t k = read(p[0], out + len, cap - 1 - len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        len += (size_t)k;
-        if (len == cap - 1) break; /* full: the rest is not read (the helper may get SIGPIPE) */
     }
-    close(p[0]);
-    out[len] = '\0';
-    while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+    for (int i = 0; i < n; i++) {
+        if (pid[i] < 0) continue;
+        if (pf[i].fd >= 0) { /* still talking at the deadline */
+            cs[i].timed_out = true;
+            kill(-pid[i], SIGKILL);
+            kill(pid[i], SIGKILL);
+            close(pf[i].fd);
+        }
+        cs[i].out[cs[i].len] = '\0';
+        while (waitpid(pid[i], &cs[i].status, 0) < 0 && errno == EINTR) {
+        }
     }
-    return (ssize_t)len;
+    free(pid);
+    free(pf);
+}
+
+ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
+                       int *status, bool *timed_out)
+{
+    kr_capture c = {.argv = argv, .with_stderr = with_stderr, .out = out, .cap = cap};
+    kr_run_captures(&c, 1, timeout_s);
+    *status = c.status;
+    *timed_out = c.timed_out;
+    return c.len;
 }
