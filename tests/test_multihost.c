@@ -1248,12 +1248,15 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
     elastic_on_a_and_b_done(&c, &p);
 }
 
-/* kolorun reads the CPU time of the workers on every remote host at once: kolorun on l, worker 0
- * on b (listed first) busy outside kolo for 10 s, workers 1 and 2 on a timing out on it (as in
- * the test below). An --ssh wrapper holds each host's first reading until the other host's has
- * begun (up to 8 s, past kolorun's 5 s for a reading). Read one host after the other, b's first
- * reading is cut off at 5 s, worker 0's CPU time stays unknown, and kolorun kills it as silent
- * with "its host did not tell its CPU time": the job ends (--min-np 3). */
+/* kolorun reads the CPU time of the workers on every remote host at once, and goes on meanwhile:
+ * kolorun on l, worker 2 on b busy outside kolo for 15 s, printing a line every 0.25 s, workers 0
+ * and 1 on a timing out on it (as in the test below; not worker 0 busy: its engine thread, rank
+ * 0's, passes the failure on and asks for it). An --ssh wrapper holds
+ * each host's first reading until the other host's has begun and the test has seen two more of
+ * the busy worker's lines come through kolorun after that (or 8 s, past kolorun's 5 s for a
+ * reading). Read one host after the other, or with kolorun's loop waiting for the reading, b's
+ * first reading is cut off at 5 s, worker 2's CPU time stays unknown, and kolorun kills it as
+ * silent ("its host did not tell its CPU time"): the job ends (--min-np 3). */
 KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
 {
     cluster c;
@@ -1271,7 +1274,9 @@ KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
             "  for h in %1$s %2$s; do case \" $* \" in *\" $h \"*) me=$h;; esac; done\n"
             "  if mkdir %3$s/cpu-$me 2>/dev/null; then\n"
             "    i=0\n"
-            "    while [ $i -lt 80 ] && [ $(ls -d %3$s/cpu-* | wc -l) -lt 2 ]; do sleep 0.1; i=$((i + 1)); done\n"
+            "    until [ $i -ge 80 ] || { [ $(ls -d %3$s/cpu-* | wc -l) -ge 2 ] && [ -e %3$s/go ]; }; do\n"
+            "      sleep 0.1; i=$((i + 1))\n"
+            "    done\n"
             "  fi;;\n"
             "esac\n"
             "exec \"$@\"\n",
@@ -1279,20 +1284,31 @@ KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
     KT_EQ(fclose(f), 0);
     KT_EQ(chmod(wrap, 0755), 0);
     snprintf(ssh, sizeof(ssh), "%s %s", wrap, c.ssh);
-    snprintf(hosts, sizeof(hosts), "%s:1,%s:2", ns_addr[NS_B], ns_addr[NS_A]);
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:1", ns_addr[NS_A], ns_addr[NS_B]);
     const char *argv[] = {kolorun_path(), "-H", hosts, "-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=2", "-p",
                           port_opt, "-i", c.key, "--ssh", ssh, "--start-timeout", "20", "--grace-seconds", "2",
-                          kt_self(), "--worker", "elastic_train", "40", "busy=0:12:10000", NULL};
+                          kt_self(), "--worker", "elastic_train", "40", "busy=2:12:15000", NULL};
     proc p;
     proc_start(&p, c.ns[NS_L], argv);
+    char held[2][96], go[96];
+    for (int h = 0; h < 2; h++) snprintf(held[h], sizeof(held[h]), "%s/cpu-%s", c.dir, ns_addr[h ? NS_A : NS_B]);
+    snprintf(go, sizeof(go), "%s/go", c.dir);
+    double until = kt_now() + 40 * kt_timeout_scale();
+    while (access(held[0], F_OK) != 0 || access(held[1], F_OK) != 0) { /* both hosts' first readings began */
+        KT_ASSERTF(kt_now() < until && !p.done, "kolorun began no reading on %s; stdout:\n%s\nstderr:\n%s",
+                   access(held[0], F_OK) ? "b" : "a", p.obuf, p.ebuf);
+        kt_proc_pump(&p, 50);
+    }
+    kt_proc_wait_for(&p, "worker 2 spinning", kt_count(p.obuf, "worker 2 spinning") + 2, 20);
+    f = fopen(go, "w");
+    KT_ASSERT(f);
+    KT_EQ(fclose(f), 0);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
-    char want[96];
-    snprintf(want, sizeof(want), "%s/cpu-%s", c.dir, ns_addr[NS_B]);
-    KT_ASSERTF(access(want, F_OK) == 0, "b's CPU time was never read; stderr:\n%s", p.ebuf);
-    KT_CONTAINS(p.ebuf, "kolorun: worker 0 (rank 0) has not asked for the new round ");
+    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
     KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
     KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    char want[96];
     for (int w = 0; w < 3; w++) {
         snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round ", w, w);
         KT_CONTAINS(p.obuf, want);

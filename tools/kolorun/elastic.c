@@ -43,6 +43,7 @@
 #define STRAGGLER_GRACE_S 2.0    /* a finishing job's workers have this long to say they joined */
 #define ASKED_PERIOD_S 0.5       /* how often the workers' requests for a new round are read */
 #define STUCK_GRACE_S 5.0        /* some ask, others do not: after this long those others are stuck */
+#define READ_POLL_S 0.05         /* how often kolorun looks for a CPU reading's answers from remote hosts */
 #define BUSY_GRACE_MIN_S 30.0    /* ... unless they use CPU time: then they get KOLO_OP_TIMEOUT, at least this */
 
 typedef struct kr_elastic {
@@ -67,6 +68,15 @@ typedef struct kr_elastic {
     double asked_since;       /* since when some (not all) workers ask for a new round; 0 none */
     double cpu_since;         /* when the silent workers' CPU time was last read */
     double busy_grace;        /* how long a silent worker that uses CPU time is waited for */
+    struct cpu_reading {      /* the workers' CPU time being read (read_begin), or none */
+        bool on, decides;     /* whether it decides (else the first reading of a wait) */
+        int n;                /* j->n when it began: cpu[] has as many */
+        long long *cpu, *t;   /* by index in j->ranks; the remote ones', side by side */
+        int *idx, k;          /* t[m] is worker idx[m]'s, m < k */
+        pid_t *pg;
+        kr_cpu_ask *asks;
+        kr_cpu_read *remote;  /* NULL: nothing remote to wait for */
+    } rd;
 } kr_elastic;
 
 static bool blocked(const kr_host *h, double now) { return h->blocked_until > now; }
@@ -496,103 +506,44 @@ int kr_elastic_setup(kr_job *j, int sigfd)
     return 0;
 }
 
-/* The CPU ticks of the workers check_asked reads (every member, or only those not asking) into
- * cpu[], by index in j->ranks: a local worker's from /proc here, remote ones' by one ssh to each
- * of their hosts, all at once (kr_remote_cpu_ticks); -1 where unknown or not read. */
-static void read_cpu(kr_job *j, bool silent_only, long long *cpu)
+static void read_free(struct cpu_reading *rd)
 {
-    int n = j->n, nh = j->o->nhosts, *idx = malloc((size_t)n * sizeof(int));
-    pid_t *pg = malloc((size_t)n * sizeof(pid_t));
-    long long *t = malloc((size_t)n * sizeof(long long));
-    kr_cpu_ask *asks = malloc((size_t)nh * sizeof(kr_cpu_ask));
-    int na = 0, k = 0;
-    for (int i = 0; i < n; i++) {
-        kr_rank *r = &j->ranks[i];
-        bool wanted = member(r) && !(silent_only && r->asking);
-        cpu[i] = wanted && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
-    }
-    for (int h = 0; h < nh && idx && pg && t && asks; h++) { /* a host's workers side by side in pg */
-        if (j->o->hosts[h].local) continue;
-        int first = k;
-        for (int i = 0; i < n; i++) {
-            kr_rank *r = &j->ranks[i];
-            if (r->host != h || !member(r) || (silent_only && r->asking) || r->remote_pid <= 0) continue;
-            pg[k] = (pid_t)r->remote_pid;
-            idx[k++] = i;
-        }
-        if (k > first) asks[na++] = (kr_cpu_ask){.host = h, .pgids = pg + first, .n = k - first, .ticks = t + first};
-    }
-    if (na) kr_remote_cpu_ticks(j->o, asks, na);
-    for (int m = 0; m < k; m++) cpu[idx[m]] = t[m];
-    free(idx);
-    free(pg);
-    free(t);
-    free(asks);
+    kr_remote_cpu_end(rd->remote);
+    free(rd->cpu);
+    free(rd->t);
+    free(rd->idx);
+    free(rd->pg);
+    free(rd->asks);
+    *rd = (struct cpu_reading){0};
 }
 
-/* Workers ask for a new round when a collective failed on them. All of them asking (an error
- * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
- * asking while the others keep quiet means the others stopped answering (stopped, or stuck
- * outside kolo; a dead one would have been reaped by then), or are busy outside kolo (a long
- * step, an evaluation) and will learn of the failure at their next collective, which then fails
- * at once (the peers have left it) and asks too. kolorun tells the two apart by CPU time: one
- * that used none in the last STUCK_GRACE_S is killed and the round goes on without it; one that
- * did is waited for as long as a worker waits for a silent peer
- * (KOLO_OP_TIMEOUT as the workers get it, at least BUSY_GRACE_MIN_S: a short one set for a test
- * should not turn a host's load into a kill). A remote worker's is read on its host, by one ssh
- * per host at each reading, to all hosts at once (read_cpu: it holds kolorun's loop up to
- * REMOTE_CPU_S in all, only while some workers wait for others); a host that does not answer
- * leaves it unknown, and such a worker silent for STUCK_GRACE_S is killed, as before kolorun
- * read any. */
-static void check_asked(kr_job *j, double now)
+/* The first reading of a wait: what the next, STUCK_GRACE_S after its answers, is compared with. */
+static void read_baseline(kr_job *j, const long long *cpu, int n)
+{
+    j->el->cpu_since = kr_now();
+    for (int i = 0; i < j->n; i++) {
+        j->ranks[i].said_busy = false;
+        j->ranks[i].cpu_seen = i < n ? cpu[i] : -1;
+    }
+}
+
+/* A reading STUCK_GRACE_S or more after the one before: which silent workers to kill. */
+static void read_decide(kr_job *j, const long long *cpu, int n)
 {
     kr_elastic *el = j->el;
-    int want = el->round + 1, members = 0, asking = 0;
-    for (int i = 0; i < j->n; i++) {
-        kr_rank *r = &j->ranks[i];
-        if (!member(r)) continue;
-        members++;
-        r->asking = worker_value(j, "waiting", r, 0) == want;
-        asking += r->asking;
-    }
-    if (asking == 0) {
-        el->asked_since = 0;
-        return;
-    }
-    if (asking == members) {
-        kr_say("every worker asked for a new round (a collective failed on all of them): forming it");
-        el->reform = true;
-        el->reform_at = now;
-        el->asked_since = 0;
-        return;
-    }
-    long long *cpus = calloc((size_t)j->n, sizeof(long long)); /* none: read as unknown */
-    if (el->asked_since == 0) {
-        el->asked_since = el->cpu_since = now;
-        if (cpus) read_cpu(j, false, cpus);
-        for (int i = 0; i < j->n; i++) {
-            j->ranks[i].said_busy = false;
-            j->ranks[i].cpu_seen = cpus ? cpus[i] : -1;
-        }
-        free(cpus);
-        return;
-    }
-    if (now - el->cpu_since < STUCK_GRACE_S) {
-        free(cpus);
-        return;
-    }
-    if (cpus) read_cpu(j, true, cpus);
-    now = kr_now(); /* after the remote hosts answered */
+    double now = kr_now(); /* after the remote hosts answered */
     double silent = now - el->asked_since, window = now - el->cpu_since;
     el->cpu_since = now;
+    int asking = 0;
+    for (int i = 0; i < j->n; i++) asking += member(&j->ranks[i]) && j->ranks[i].asking;
     bool killed = false;
     for (int i = 0; i < j->n; i++) {
         kr_rank *r = &j->ranks[i];
         if (!member(r) || r->asking) continue;
         bool local = j->o->hosts[r->host].local;
-        long long cpu = cpus ? cpus[i] : -1;
-        bool known = cpu >= 0 && r->cpu_seen >= 0, busy = known && cpu > r->cpu_seen;
-        r->cpu_seen = cpu;
+        long long c = i < n ? cpu[i] : -1;
+        bool known = c >= 0 && r->cpu_seen >= 0, busy = known && c > r->cpu_seen;
+        r->cpu_seen = c;
         if (busy && silent < el->busy_grace) {
             if (!r->said_busy)
                 kr_say("worker %d (rank %d) has not asked for the new round %.0f s after %d worker%s gave up on it, "
@@ -620,8 +571,108 @@ static void check_asked(kr_job *j, double now)
         lose(j, i, now);
         killed = true;
     }
-    free(cpus);
     if (killed) el->asked_since = 0;
+}
+
+/* The reading in flight has its answers (or its time is up): the remote ones into cpu[], and
+ * what it was for. */
+static void read_done(kr_job *j)
+{
+    struct cpu_reading *rd = &j->el->rd;
+    kr_remote_cpu_end(rd->remote);
+    rd->remote = NULL;
+    for (int m = 0; m < rd->k; m++) rd->cpu[rd->idx[m]] = rd->t[m];
+    if (rd->decides) read_decide(j, rd->cpu, rd->n);
+    else read_baseline(j, rd->cpu, rd->n);
+    read_free(rd);
+}
+
+/* Begins reading the CPU ticks of the workers check_asked reads (every member, or only those not
+ * asking): a local worker's from /proc here, at once; remote ones' by one ssh to each of their
+ * hosts, all at once, while kolorun's loop goes on (kr_remote_cpu_start; kr_elastic_tick polls
+ * it, read_done ends it); -1 where unknown or not read. */
+static void read_begin(kr_job *j, bool silent_only, bool decides)
+{
+    struct cpu_reading *rd = &j->el->rd;
+    int n = j->n, nh = j->o->nhosts;
+    *rd = (struct cpu_reading){.on = true, .decides = decides, .n = n};
+    rd->cpu = malloc((size_t)n * sizeof(long long));
+    rd->t = malloc((size_t)n * sizeof(long long));
+    rd->idx = malloc((size_t)n * sizeof(int));
+    rd->pg = malloc((size_t)n * sizeof(pid_t));
+    rd->asks = malloc((size_t)nh * sizeof(kr_cpu_ask));
+    if (!rd->cpu || !rd->t || !rd->idx || !rd->pg || !rd->asks) { /* read as unknown */
+        long long none[1] = {-1};
+        read_free(rd);
+        if (decides) read_decide(j, none, 0);
+        else read_baseline(j, none, 0);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        kr_rank *r = &j->ranks[i];
+        bool wanted = member(r) && !(silent_only && r->asking);
+        rd->cpu[i] = wanted && j->o->hosts[r->host].local ? kr_group_cpu_ticks(r->pid) : -1;
+    }
+    int na = 0;
+    for (int h = 0; h < nh; h++) { /* a host's workers side by side in pg */
+        if (j->o->hosts[h].local) continue;
+        int first = rd->k;
+        for (int i = 0; i < n; i++) {
+            kr_rank *r = &j->ranks[i];
+            if (r->host != h || !member(r) || (silent_only && r->asking) || r->remote_pid <= 0) continue;
+            rd->pg[rd->k] = (pid_t)r->remote_pid;
+            rd->idx[rd->k++] = i;
+        }
+        if (rd->k > first)
+            rd->asks[na++] = (kr_cpu_ask){.host = h, .pgids = rd->pg + first, .n = rd->k - first, .ticks = rd->t + first};
+    }
+    for (int m = 0; m < rd->k; m++) rd->t[m] = -1;
+    if (na) rd->remote = kr_remote_cpu_start(j->o, rd->asks, na);
+    if (!rd->remote) read_done(j);
+}
+
+/* Workers ask for a new round when a collective failed on them. All of them asking (an error
+ * every rank saw, such as a mismatch) gets one with the same workers: Horovod's reset. Some
+ * asking while the others keep quiet means the others stopped answering (stopped, or stuck
+ * outside kolo; a dead one would have been reaped by then), or are busy outside kolo (a long
+ * step, an evaluation) and will learn of the failure at their next collective, which then fails
+ * at once (the peers have left it) and asks too. kolorun tells the two apart by CPU time: one
+ * that used none in the last STUCK_GRACE_S is killed and the round goes on without it; one that
+ * did is waited for as long as a worker waits for a silent peer
+ * (KOLO_OP_TIMEOUT as the workers get it, at least BUSY_GRACE_MIN_S: a short one set for a test
+ * should not turn a host's load into a kill). A remote worker's is read on its host, by one ssh
+ * per host at each reading, to all hosts at once and while kolorun's loop goes on (output,
+ * signals, deaths; read_begin), for at most REMOTE_CPU_S; a host that does not answer leaves it
+ * unknown, and such a worker silent for STUCK_GRACE_S is killed, as before kolorun read any. */
+static void check_asked(kr_job *j, double now)
+{
+    kr_elastic *el = j->el;
+    int want = el->round + 1, members = 0, asking = 0;
+    for (int i = 0; i < j->n; i++) {
+        kr_rank *r = &j->ranks[i];
+        if (!member(r)) continue;
+        members++;
+        r->asking = worker_value(j, "waiting", r, 0) == want;
+        asking += r->asking;
+    }
+    if (asking == 0 || asking == members) {
+        read_free(&el->rd); /* a reading in flight is moot */
+        el->asked_since = 0;
+    }
+    if (asking == 0) return;
+    if (asking == members) {
+        kr_say("every worker asked for a new round (a collective failed on all of them): forming it");
+        el->reform = true;
+        el->reform_at = now;
+        return;
+    }
+    if (el->rd.on) return; /* its answers decide */
+    if (el->asked_since == 0) {
+        el->asked_since = now;
+        read_begin(j, false, false);
+    } else if (now - el->cpu_since >= STUCK_GRACE_S) {
+        read_begin(j, true, true);
+    }
 }
 
 /* Workers still running that did not start the finishing round (or never said so) are waiting
@@ -676,6 +727,8 @@ int kr_elastic_tick(kr_job *j, double now)
 {
     kr_elastic *el = j->el;
     kr_opts *o = j->o;
+    if (el->rd.on && (el->finishing || el->reform)) read_free(&el->rd); /* moot */
+    if (el->rd.on && el->rd.remote && kr_remote_cpu_poll(el->rd.remote, 0)) read_done(j);
     if (el->finishing) {
         if (el->straggler_check > 0 && now >= el->straggler_check) {
             el->straggler_check = 0;
@@ -749,6 +802,7 @@ double kr_elastic_wake(const kr_job *j)
     if (el->finishing) return el->straggler_check > 0 ? el->straggler_check : w;
     if (j->o->discovery && el->next_discovery < w) w = el->next_discovery;
     if (!el->reform && el->next_asked < w) w = el->next_asked;
+    if (el->rd.on && kr_now() + READ_POLL_S < w) w = kr_now() + READ_POLL_S; /* its answers */
     if (el->reform && el->reform_at < w) w = el->reform_at;
     /* a cooldown that ends */
     for (int h = 0; h < j->o->nhosts; h++) {
@@ -762,6 +816,7 @@ void kr_elastic_finish(kr_job *j, bool print)
 {
     kr_elastic *el = j->el;
     if (!el) return;
+    read_free(&el->rd);
     if (print && el->lost)
         kr_say("elastic job: %d round%s, %d worker%s lost on the way", el->round, el->round == 1 ? "" : "s", el->lost,
                el->lost == 1 ? "" : "s");
@@ -771,3 +826,8 @@ void kr_elastic_finish(kr_job *j, bool print)
 }
 
 int kr_elastic_round(const kr_job *j) { return j->el ? j->el->round : 0; }
+
+void kr_elastic_reaped(kr_job *j, pid_t pid)
+{
+    if (j->el) kr_remote_cpu_reaped(j->el->rd.remote, pid);
+}

@@ -174,6 +174,8 @@ int kr_elastic_tick(kr_job *j, double now);
 double kr_elastic_wake(const kr_job *j);
 /* The current round, 0 outside elastic jobs. */
 int kr_elastic_round(const kr_job *j);
+/* A child the loop reaped that is no worker: the CPU reading's ssh, maybe (not to be killed now). */
+void kr_elastic_reaped(kr_job *j, pid_t pid);
 /* The end: the lines about rounds and lost workers; closes the store connection. */
 void kr_elastic_finish(kr_job *j, bool print);
 
@@ -254,18 +256,20 @@ int kr_spawn(const kr_opts *o, kr_rank *r, char **env, const char *exec_path, bo
  * started at all. */
 ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
                        int *status, bool *timed_out);
-/* The same for n commands at once, all within one timeout_s: each's bytes read into its len
- * (-1: not started), its wait status and whether it was killed at the deadline. */
+/* The same in steps, for a caller that goes on meanwhile: kr_capture_start runs c->argv as above,
+ * its output into a pipe whose read end (non-blocking) it returns in *fd, and returns its pid
+ * (-1, and c->len -1, when it could not be started); kr_capture_read reads what the pipe holds
+ * into c->out (NUL-terminated) and returns false at its end, or when c->out is full. The caller
+ * closes fd and reaps the pid. */
 typedef struct kr_capture {
     const char *const *argv;
     bool with_stderr;
     char *out;
     size_t cap;
     ssize_t len;
-    int status;
-    bool timed_out;
 } kr_capture;
-void kr_run_captures(kr_capture *cs, int n, double timeout_s);
+pid_t kr_capture_start(kr_capture *c, int *fd);
+bool kr_capture_read(kr_capture *c, int fd);
 
 /* ssh's argv (the options kolorun's workers get) running remote_cmd on host; NULL out of memory. */
 char **kr_ssh_argv(const kr_opts *o, int host, const char *remote_cmd);
@@ -307,9 +311,12 @@ long long kr_group_cpu_ticks(pid_t pgid);
  * do_sys_poll, 1 running". Says where a worker taken for stuck sat; "" when none is alive. */
 void kr_group_waits(pid_t pgid, char *out, size_t cap);
 /* The same for the process groups of remote workers, by one ssh to each host named, all hosts at
- * once (at most REMOTE_CPU_S seconds in all; it blocks kolorun's loop that long at worst): for
- * each ask, into ticks[i] for pgids[i], -1 where the group has no live process or its host did
- * not answer. */
+ * once, while kolorun's loop goes on: kr_remote_cpu_start sets every ask's ticks to -1 and starts
+ * the ssh commands (NULL out of memory); kr_remote_cpu_poll reads what they said, waiting up to
+ * timeout_ms, and returns true when all have ended or REMOTE_CPU_S has passed; kr_remote_cpu_end (at that point, or to give up early) stops what
+ * still runs and fills ticks[i] for pgids[i] from the hosts that answered in whole, -1 where the
+ * group has no live process or its host did not answer. The caller's loop reaps children: it
+ * passes on the pids it does not know (kr_remote_cpu_reaped), so that none is killed after. */
 #define REMOTE_CPU_S 5.0
 typedef struct kr_cpu_ask {
     int host;
@@ -317,7 +324,11 @@ typedef struct kr_cpu_ask {
     int n;
     long long *ticks;
 } kr_cpu_ask;
-void kr_remote_cpu_ticks(const kr_opts *o, const kr_cpu_ask *asks, int nasks);
+typedef struct kr_cpu_read kr_cpu_read;
+kr_cpu_read *kr_remote_cpu_start(const kr_opts *o, const kr_cpu_ask *asks, int nasks);
+bool kr_remote_cpu_poll(kr_cpu_read *r, int timeout_ms);
+void kr_remote_cpu_reaped(kr_cpu_read *r, pid_t pid);
+void kr_remote_cpu_end(kr_cpu_read *r);
 
 /* ---- status.c ---- */
 /* --status-file: writes the job's state (running, stopping, done), exit_code (-1: none yet)

@@ -5,9 +5,14 @@
 #include "kolorun.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define GROUP_WAITS_MAX 16 /* processes of a group kr_group_waits looks at */
 
@@ -168,38 +173,115 @@ static char **cpu_argv(const kr_opts *o, const kr_cpu_ask *a)
     return argv;
 }
 
-void kr_remote_cpu_ticks(const kr_opts *o, const kr_cpu_ask *asks, int nasks)
+/* One ssh per ask, running side by side. */
+struct kr_cpu_read {
+    int n;
+    kr_cpu_ask *asks;
+    struct cpu_ssh {
+        kr_capture c;
+        char **argv;
+        pid_t pid; /* -1: not started, or reaped by the caller's loop */
+        int fd;    /* -1: its output ended */
+    } *ssh;
+    struct pollfd *pf;
+    double deadline;
+};
+
+kr_cpu_read *kr_remote_cpu_start(const kr_opts *o, const kr_cpu_ask *asks, int nasks)
 {
-    kr_capture *cs = calloc((size_t)nasks, sizeof(kr_capture));
-    char ***argvs = calloc((size_t)nasks, sizeof(char **));
-    int k = 0; /* the asks whose ssh can run, in cs[0..k) */
-    for (int a = 0; a < nasks; a++) {
-        for (int i = 0; i < asks[a].n; i++) asks[a].ticks[i] = -1;
-        if (!cs || !argvs) continue;
-        size_t cap = 64 + (size_t)asks[a].n * 48; /* a line per group */
-        char *out = malloc(cap);
-        argvs[a] = out ? cpu_argv(o, &asks[a]) : NULL;
-        if (!argvs[a]) {
-            free(out);
-            continue;
-        }
-        cs[k++] = (kr_capture){.argv = (const char *const *)argvs[a], .out = out, .cap = cap};
+    kr_cpu_read *r = calloc(1, sizeof(*r));
+    if (r) {
+        r->asks = malloc((size_t)nasks * sizeof(kr_cpu_ask));
+        r->ssh = calloc((size_t)nasks, sizeof(struct cpu_ssh));
+        r->pf = malloc((size_t)nasks * sizeof(struct pollfd));
     }
-    if (k) kr_run_captures(cs, k, REMOTE_CPU_S);
-    for (int a = 0, c = 0; a < nasks && cs && argvs; a++) {
-        if (!argvs[a]) continue;
-        kr_capture *cap = &cs[c++];
-        if (cap->len >= 0 && !cap->timed_out)
-            for (char *save = NULL, *l = strtok_r(cap->out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+    if (!r || !r->asks || !r->ssh || !r->pf) {
+        if (r) {
+            free(r->asks);
+            free(r->ssh);
+            free(r->pf);
+            free(r);
+        }
+        return NULL;
+    }
+    r->n = nasks;
+    r->deadline = kr_now() + REMOTE_CPU_S;
+    for (int a = 0; a < nasks; a++) {
+        struct cpu_ssh *h = &r->ssh[a];
+        r->asks[a] = asks[a];
+        for (int i = 0; i < asks[a].n; i++) asks[a].ticks[i] = -1;
+        h->pid = -1;
+        h->fd = -1;
+        h->c.len = -1;
+        size_t cap = 64 + (size_t)asks[a].n * 48; /* a line per group */
+        h->c.out = malloc(cap);
+        h->argv = h->c.out ? cpu_argv(o, &asks[a]) : NULL;
+        if (!h->argv) continue;
+        h->c.argv = (const char *const *)h->argv;
+        h->c.cap = cap;
+        h->pid = kr_capture_start(&h->c, &h->fd);
+    }
+    return r;
+}
+
+bool kr_remote_cpu_poll(kr_cpu_read *r, int timeout_ms)
+{
+    int np = 0;
+    for (int a = 0; a < r->n; a++)
+        if (r->ssh[a].fd >= 0) r->pf[np++] = (struct pollfd){.fd = r->ssh[a].fd, .events = POLLIN};
+    if (np == 0) return true;
+    double left = r->deadline - kr_now();
+    if (left <= 0) return true;
+    if (timeout_ms > left * 1000) timeout_ms = (int)(left * 1000) + 1;
+    if (poll(r->pf, (nfds_t)np, timeout_ms) < 0) return false; /* EINTR: again */
+    bool open_left = false;
+    for (int a = 0; a < r->n; a++) {
+        struct cpu_ssh *h = &r->ssh[a];
+        if (h->fd < 0) continue;
+        if (!kr_capture_read(&h->c, h->fd)) {
+            close(h->fd);
+            h->fd = -1;
+        } else {
+            open_left = true;
+        }
+    }
+    return !open_left || kr_now() >= r->deadline;
+}
+
+void kr_remote_cpu_reaped(kr_cpu_read *r, pid_t pid)
+{
+    for (int a = 0; r && a < r->n; a++)
+        if (r->ssh[a].pid == pid) r->ssh[a].pid = -1;
+}
+
+void kr_remote_cpu_end(kr_cpu_read *r)
+{
+    if (!r) return;
+    for (int a = 0; a < r->n; a++) {
+        struct cpu_ssh *h = &r->ssh[a];
+        const kr_cpu_ask *ask = &r->asks[a];
+        bool whole = h->fd < 0 && h->c.len >= 0; /* its output to the end */
+        if (h->fd >= 0) close(h->fd);
+        if (h->pid > 0) { /* done talking, or past the deadline: its group goes */
+            kill(-h->pid, SIGKILL);
+            kill(h->pid, SIGKILL);
+            int st;
+            while (waitpid(h->pid, &st, 0) < 0 && errno == EINTR) {
+            }
+        }
+        if (whole)
+            for (char *save = NULL, *l = strtok_r(h->c.out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
                 long pg;
                 long long t;
                 if (sscanf(l, "@@cpu %ld %lld", &pg, &t) != 2) continue;
-                for (int i = 0; i < asks[a].n; i++)
-                    if (asks[a].pgids[i] == (pid_t)pg) asks[a].ticks[i] = t;
+                for (int i = 0; i < ask->n; i++)
+                    if (ask->pgids[i] == (pid_t)pg) ask->ticks[i] = t;
             }
-        free(cap->out);
-        kr_argv_free(argvs[a]);
+        free(h->c.out);
+        kr_argv_free(h->argv);
     }
-    free(cs);
-    free(argvs);
+    free(r->asks);
+    free(r->ssh);
+    free(r->pf);
+    free(r);
 }

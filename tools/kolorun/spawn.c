@@ -396,12 +396,10 @@ err_close:
 
 /* ---- helpers kolorun runs itself (a discovery script, gdb) ---- */
 
-/* Starts c's command with its output into a pipe; c->len -1 where it could not be. */
-static pid_t capture_start(kr_capture *c, int *fd)
+pid_t kr_capture_start(kr_capture *c, int *fd)
 {
     c->len = -1;
-    c->status = 0;
-    c->timed_out = false;
+    *fd = -1;
     int p[2];
     if (c->cap == 0 || pipe2(p, O_CLOEXEC) != 0) return -1;
     pid_t pid = fork();
@@ -425,68 +423,48 @@ static pid_t capture_start(kr_capture *c, int *fd)
         _exit(127);
     }
     close(p[1]);
+    set_nonblock(p[0]);
     *fd = p[0];
     c->len = 0;
+    c->out[0] = '\0';
     return pid;
 }
 
-void kr_run_captures(kr_capture *cs, int n, double timeout_s)
+bool kr_capture_read(kr_capture *c, int fd)
 {
-    pid_t *pid = malloc((size_t)n * sizeof(pid_t));
-    struct pollfd *pf = malloc((size_t)n * sizeof(struct pollfd));
-    if (!pid || !pf) {
-        for (int i = 0; i < n; i++) cs[i].len = -1;
-        free(pid);
-        free(pf);
-        return;
+    for (;;) {
+        ssize_t k = read(fd, c->out + c->len, c->cap - 1 - (size_t)c->len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN) return true;
+        if (k > 0) c->len += k;
+        c->out[c->len] = '\0';
+        if (k <= 0 || (size_t)c->len == c->cap - 1) return false; /* the end, or full: the rest is not read */
     }
-    int open_fds = 0;
-    for (int i = 0; i < n; i++) {
-        pf[i] = (struct pollfd){.fd = -1, .events = POLLIN};
-        pid[i] = capture_start(&cs[i], &pf[i].fd);
-        open_fds += pf[i].fd >= 0;
-    }
-    double deadline = kr_now() + timeout_s;
-    while (open_fds > 0) {
-        double left = deadline - kr_now();
-        if (left <= 0) break;
-        if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue; /* EINTR, or the time is up: above */
-        for (int i = 0; i < n; i++) {
-            if (pf[i].fd < 0 || !pf[i].revents) continue;
-            kr_capture *c = &cs[i];
-            ssize_t k = read(pf[i].fd, c->out + c->len, c->cap - 1 - (size_t)c->len);
-            if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-            if (k > 0) c->len += k;
-            /* the end, or full: the rest is not read (the helper may get SIGPIPE) */
-            if (k <= 0 || (size_t)c->len == c->cap - 1) {
-                close(pf[i].fd);
-                pf[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (pid[i] < 0) continue;
-        if (pf[i].fd >= 0) { /* still talking at the deadline */
-            cs[i].timed_out = true;
-            kill(-pid[i], SIGKILL);
-            kill(pid[i], SIGKILL);
-            close(pf[i].fd);
-        }
-        cs[i].out[cs[i].len] = '\0';
-        while (waitpid(pid[i], &cs[i].status, 0) < 0 && errno == EINTR) {
-        }
-    }
-    free(pid);
-    free(pf);
 }
 
 ssize_t kr_run_capture(const char *const *argv, bool with_stderr, double timeout_s, char *out, size_t cap,
                        int *status, bool *timed_out)
 {
     kr_capture c = {.argv = argv, .with_stderr = with_stderr, .out = out, .cap = cap};
-    kr_run_captures(&c, 1, timeout_s);
-    *status = c.status;
-    *timed_out = c.timed_out;
+    int fd;
+    pid_t pid = kr_capture_start(&c, &fd);
+    *status = 0;
+    *timed_out = false;
+    if (pid < 0) return -1;
+    double deadline = kr_now() + timeout_s;
+    for (bool more = true; more;) {
+        double left = deadline - kr_now();
+        if (left <= 0) {
+            *timed_out = true;
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            break;
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, (int)(left * 1000) + 1) > 0) more = kr_capture_read(&c, fd);
+    }
+    close(fd);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+    }
     return c.len;
 }

@@ -153,7 +153,10 @@ static void reap(sup *s)
         for (int i = 0; i < s->n && !r; i++)
             if (s->ranks[i].pid == pid && s->ranks[i].running) r = &s->ranks[i];
         if (!r || s->o->hosts[r->host].local) release_shm(s, pid, r);
-        if (!r) continue; /* the guard, or an orphan of a worker (kolorun is their subreaper) */
+        if (!r) { /* the guard, a CPU reading's ssh, or an orphan of a worker (kolorun is their subreaper) */
+            if (s->j->el) kr_elastic_reaped(s->j, pid);
+            continue;
+        }
         r->running = false;
         r->wstatus = st;
         r->end_time = kr_now() - s->t0;
