@@ -1249,9 +1249,9 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
 }
 
 /* kolorun reads the CPU time of the workers on every remote host at once, and goes on meanwhile:
- * kolorun on l, worker 2 on b busy outside kolo for 15 s, printing a line every 0.25 s, workers 0
- * and 1 on a timing out on it (as in the test below; not worker 0 busy: its engine thread, rank
- * 0's, passes the failure on and asks for it). An --ssh wrapper holds
+ * kolorun on l, worker 2 on b busy outside kolo for 15 s (the readings below take their time: it
+ * must still be busy at the second, 5 s after the first answered), printing a line every 0.25 s,
+ * workers 0 and 1 on a timing out on it (as in the test below). An --ssh wrapper holds
  * each host's first reading until the other host's has begun and the test has seen two more of
  * the busy worker's lines come through kolorun after that (or 8 s, past kolorun's 5 s for a
  * reading). Read one host after the other, or with kolorun's loop waiting for the reading, b's
@@ -1316,7 +1316,7 @@ KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
     elastic_on_a_and_b_done(&c, &p);
 }
 
-/* A worker on b busy outside kolo (it spins 10 s) when the others, on a, time out on it: kolorun
+/* A worker on b busy outside kolo (it spins 12 s) when the others, on a, time out on it: kolorun
  * reads its CPU time on b (one ssh, tools/kolorun/proc.c) and waits for it, and its next
  * collective fails at once and asks too, so the new round keeps all three (--min-np 3: killing
  * it would end the job, as kolorun did before it read remote workers' CPU time). The checks are
@@ -1325,7 +1325,7 @@ KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
 {
     cluster c;
     proc p;
-    if (!elastic_on_a_and_b(&c, &p, "3", "2", "40", "busy=2:12:10000")) return;
+    if (!elastic_on_a_and_b(&c, &p, "3", "2", "40", "busy=2:12:12000")) return;
     KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
     KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
     KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
