@@ -1200,9 +1200,9 @@ KT_TEST(multihost_elastic_grows_onto_b_and_survives_a_death_there, 90)
 
 /* kolorun on a with 3 of test_elastic.c's training workers, 0 and 1 on a, 2 on b, with
  * --min-np min_np, KOLO_OP_TIMEOUT=op_timeout and the worker's arguments steps and what; into
- * p, finished. False (and nothing run) where the cluster cannot come up. */
-static bool elastic_on_a_and_b(cluster *c, proc *p, const char *min_np, const char *op_timeout, const char *steps,
-                               const char *what)
+ * p, started. False (and nothing run) where the cluster cannot come up. */
+static bool elastic_on_a_and_b_start(cluster *c, proc *p, const char *min_np, const char *op_timeout,
+                                     const char *steps, const char *what)
 {
     if (!cluster_up(c)) {
         cluster_down(c);
@@ -1215,6 +1215,14 @@ static bool elastic_on_a_and_b(cluster *c, proc *p, const char *min_np, const ch
                           "-i", c->key, "--ssh", c->ssh, "--start-timeout", "20", "--grace-seconds", "2", kt_self(),
                           "--worker", "elastic_train", steps, what, NULL};
     proc_start(p, c->ns[NS_A], argv);
+    return true;
+}
+
+/* The same, finished: kolorun must exit 0. */
+static bool elastic_on_a_and_b(cluster *c, proc *p, const char *min_np, const char *op_timeout, const char *steps,
+                               const char *what)
+{
+    if (!elastic_on_a_and_b_start(c, p, min_np, op_timeout, steps, what)) return false;
     int rc = kt_proc_finish(p, 70);
     KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p->obuf, p->ebuf);
     return true;
@@ -1228,6 +1236,22 @@ static void elastic_on_a_and_b_done(cluster *c, proc *p)
     cluster_down(c);
 }
 
+/* kolorun killed worker 2, on b, as silent, saying why (`why` follows "... asked for a new round N"),
+ * and workers 0 and 1 finished in the round after, without it. */
+static void went_on_without_worker_2(const proc *p, const char *why)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "kolorun: worker 2 (rank 2) on host %s stopped answering: 2 workers gave up on it",
+             ns_addr[NS_B]);
+    KT_CONTAINS(p->ebuf, want);
+    KT_CONTAINS(p->ebuf, why);
+    KT_CONTAINS(p->ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
+    for (int w = 0; w < 2; w++) {
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 2 round ", w, w);
+        KT_CONTAINS(p->obuf, want);
+    }
+}
+
 /* A worker on b that stops answering (SIGSTOP) while the others, on a, time out on it: kolorun
  * reads on b that it used no CPU time, kills it, and the job goes on without it (--min-np 2). */
 KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
@@ -1235,16 +1259,25 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
     cluster c;
     proc p;
     if (!elastic_on_a_and_b(&c, &p, "2", "2", "60", "stop=2:12")) return;
-    char want[256];
-    snprintf(want, sizeof(want), "kolorun: worker 2 (rank 2) on host %s stopped answering: 2 workers gave up on it",
-             ns_addr[NS_B]);
-    KT_CONTAINS(p.ebuf, want);
-    KT_CONTAINS(p.ebuf, " s ago, and it used no CPU time in the last ");
-    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
-    for (int w = 0; w < 2; w++) {
-        snprintf(want, sizeof(want), "done: worker %d rank %d size 2 round ", w, w);
-        KT_CONTAINS(p.obuf, want);
-    }
+    went_on_without_worker_2(&p, " s ago, and it used no CPU time in the last ");
+    elastic_on_a_and_b_done(&c, &p);
+}
+
+/* A worker on b that stops answering while b itself stops answering new ssh connections (its
+ * listening sshd stopped; the job's sessions go on): kolorun's readings of its CPU time get no
+ * answer, and after two (5 s each, 5 s apart) it kills it as silent, "its host did not tell its
+ * CPU time", and the job goes on without it (--min-np 2). */
+KT_TEST(multihost_elastic_kills_a_worker_whose_host_does_not_answer, 90)
+{
+    cluster c;
+    proc p;
+    if (!elastic_on_a_and_b_start(&c, &p, "2", "2", "60", "stop=2:12")) return;
+    kt_proc_wait_for(&p, "step 10\n", 1, 30); /* worker 2 stops at step 12; the others ask 2 s later */
+    KT_EQ(kill(c.sshd[NS_B], SIGSTOP), 0);
+    int rc = kt_proc_finish(&p, 70);
+    kill(c.sshd[NS_B], SIGCONT);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    went_on_without_worker_2(&p, " s ago, and its host did not tell its CPU time; killing it, the job goes on without it");
     elastic_on_a_and_b_done(&c, &p);
 }
 
