@@ -228,8 +228,10 @@ int kolo_elastic_check(int *update)
     if (st != KOLO_OK) v = -1;
     if (W.info.size > 1) {
         int bst = kolo__coll_broadcast(W.mesh[0], W.psets[0], &v, sizeof(v), 0);
-        if (bst != KOLO_OK) st = bst;
-        if (bst != KOLO_OK) kolo__elastic_ask(W.mesh[0]);
+        if (bst != KOLO_OK) {
+            st = bst;
+            kolo__elastic_ask(W.mesh[0]);
+        }
     }
     pthread_mutex_unlock(&W.direct_lock);
     if (st == KOLO_OK && v < 0) st = kolo__err(KOLO_ERR_STARTUP, "rank 0 could not ask kolorun for newer rounds of the elastic job");

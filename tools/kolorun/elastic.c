@@ -728,7 +728,7 @@ int kr_elastic_tick(kr_job *j, double now)
     kr_elastic *el = j->el;
     kr_opts *o = j->o;
     if (el->rd.on && (el->finishing || el->reform)) read_free(&el->rd); /* moot */
-    if (el->rd.on && el->rd.remote && kr_remote_cpu_poll(el->rd.remote, 0)) read_done(j);
+    if (el->rd.on && el->rd.remote && kr_remote_cpu_poll(el->rd.remote)) read_done(j);
     if (el->finishing) {
         if (el->straggler_check > 0 && now >= el->straggler_check) {
             el->straggler_check = 0;

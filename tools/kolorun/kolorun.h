@@ -312,8 +312,8 @@ long long kr_group_cpu_ticks(pid_t pgid);
 void kr_group_waits(pid_t pgid, char *out, size_t cap);
 /* The same for the process groups of remote workers, by one ssh to each host named, all hosts at
  * once, while kolorun's loop goes on: kr_remote_cpu_start sets every ask's ticks to -1 and starts
- * the ssh commands (NULL out of memory); kr_remote_cpu_poll reads what they said, waiting up to
- * timeout_ms, and returns true when all have ended or REMOTE_CPU_S has passed; kr_remote_cpu_end (at that point, or to give up early) stops what
+ * the ssh commands (NULL out of memory); kr_remote_cpu_poll reads what they said so far, without
+ * waiting, and returns true when all have ended or REMOTE_CPU_S has passed; kr_remote_cpu_end (at that point, or to give up early) stops what
  * still runs and fills ticks[i] for pgids[i] from the hosts that answered in whole, -1 where the
  * group has no live process or its host did not answer. The caller's loop reaps children: it
  * passes on the pids it does not know (kr_remote_cpu_reaped), so that none is killed after. */
@@ -326,7 +326,7 @@ typedef struct kr_cpu_ask {
 } kr_cpu_ask;
 typedef struct kr_cpu_read kr_cpu_read;
 kr_cpu_read *kr_remote_cpu_start(const kr_opts *o, const kr_cpu_ask *asks, int nasks);
-bool kr_remote_cpu_poll(kr_cpu_read *r, int timeout_ms);
+bool kr_remote_cpu_poll(kr_cpu_read *r);
 void kr_remote_cpu_reaped(kr_cpu_read *r, pid_t pid);
 void kr_remote_cpu_end(kr_cpu_read *r);
 

@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,7 +144,7 @@ void kr_group_waits(pid_t pgid, char *out, size_t cap)
     if (other && len < cap) snprintf(out + len, cap - len, ", %d elsewhere", other);
 }
 
-/* The remote side of kr_remote_cpu_ticks: for each command named (the wrapper's pid, its process
+/* The remote side of kr_remote_cpu_start: for each command named (the wrapper's pid, its process
  * group's where setsid made it one: spawn.c), the summed CPU ticks of its group's live processes,
  * or of the command alone where it leads no group (fields 14-17 of /proc/PID/stat, counted after
  * the name, which may hold spaces and parentheses), as "@@cpu PID TICKS", or "@@cpu PID -1" when
@@ -183,7 +182,6 @@ struct kr_cpu_read {
         pid_t pid; /* -1: not started, or reaped by the caller's loop */
         int fd;    /* -1: its output ended */
     } *ssh;
-    struct pollfd *pf;
     double deadline;
 };
 
@@ -193,13 +191,11 @@ kr_cpu_read *kr_remote_cpu_start(const kr_opts *o, const kr_cpu_ask *asks, int n
     if (r) {
         r->asks = malloc((size_t)nasks * sizeof(kr_cpu_ask));
         r->ssh = calloc((size_t)nasks, sizeof(struct cpu_ssh));
-        r->pf = malloc((size_t)nasks * sizeof(struct pollfd));
     }
-    if (!r || !r->asks || !r->ssh || !r->pf) {
+    if (!r || !r->asks || !r->ssh) {
         if (r) {
             free(r->asks);
             free(r->ssh);
-            free(r->pf);
             free(r);
         }
         return NULL;
@@ -224,25 +220,17 @@ kr_cpu_read *kr_remote_cpu_start(const kr_opts *o, const kr_cpu_ask *asks, int n
     return r;
 }
 
-bool kr_remote_cpu_poll(kr_cpu_read *r, int timeout_ms)
+bool kr_remote_cpu_poll(kr_cpu_read *r)
 {
-    int np = 0;
-    for (int a = 0; a < r->n; a++)
-        if (r->ssh[a].fd >= 0) r->pf[np++] = (struct pollfd){.fd = r->ssh[a].fd, .events = POLLIN};
-    if (np == 0) return true;
-    double left = r->deadline - kr_now();
-    if (left <= 0) return true;
-    if (timeout_ms > left * 1000) timeout_ms = (int)(left * 1000) + 1;
-    if (poll(r->pf, (nfds_t)np, timeout_ms) < 0) return false; /* EINTR: again */
     bool open_left = false;
     for (int a = 0; a < r->n; a++) {
         struct cpu_ssh *h = &r->ssh[a];
         if (h->fd < 0) continue;
-        if (!kr_capture_read(&h->c, h->fd)) {
+        if (kr_capture_read(&h->c, h->fd)) { /* more to come (the pipe does not block) */
+            open_left = true;
+        } else {
             close(h->fd);
             h->fd = -1;
-        } else {
-            open_left = true;
         }
     }
     return !open_left || kr_now() >= r->deadline;
@@ -282,6 +270,5 @@ void kr_remote_cpu_end(kr_cpu_read *r)
     }
     free(r->asks);
     free(r->ssh);
-    free(r->pf);
     free(r);
 }
