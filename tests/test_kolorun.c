@@ -10,6 +10,7 @@
 #include "../src/common/common.h"
 #include "../src/net/transport.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -282,6 +283,18 @@ KT_TEST(kolorun_command_not_found_127_not_executable_126, 10)
     KT_CONTAINS(p.ebuf, "not an executable");
 }
 
+/* s with every run of white space (newlines and the indents of folded lines too) one space */
+static char *squeezed(const char *s)
+{
+    char *out = malloc(strlen(s) + 1), *o = out;
+    KT_ASSERT(out);
+    for (; *s; s++)
+        if (!isspace((unsigned char)*s)) *o++ = *s;
+        else if (o > out && o[-1] != ' ') *o++ = ' ';
+    *o = 0;
+    return out;
+}
+
 KT_TEST(kolorun_help_env_check_build_version, 10)
 {
     kproc p;
@@ -289,11 +302,21 @@ KT_TEST(kolorun_help_env_check_build_version, 10)
     KT_EQ(run(&p, a1, 5), 0);
     size_t n;
     const kolo__setting_info *t = kolo__setting_table(&n);
+    char *all = squeezed(p.obuf);
     for (size_t i = 0; i < n; i++) {
         KT_CONTAINS(p.obuf, t[i].name);
-        KT_CONTAINS(p.obuf, t[i].help);
+        char *help = squeezed(t[i].help); /* every word of it, folded to the terminal's width */
+        KT_CONTAINS(all, help);
+        free(help);
         if (t[i].aliases[0]) KT_CONTAINS(p.obuf, t[i].aliases);
     }
+    free(all);
+    for (const char *l = p.obuf; *l;) { /* no line wider than the fold (96) */
+        size_t len = strcspn(l, "\n");
+        KT_ASSERTF(len <= 96, "a line of %zu characters: %.*s", len, (int)len, l);
+        l += len + (l[len] == '\n');
+    }
+    KT_CONTAINS(p.obuf, "    auto: from 32 KiB the receiver of each pair times both ways");
     KT_CONTAINS(p.obuf, "default: 64M");
     const char *a2[] = {"--check-build", NULL};
     KT_EQ(run(&p, a2, 5), 0);

@@ -116,6 +116,40 @@ int kr_usage_error(const char *fmt, ...)
     return KR_EXIT_USAGE;
 }
 
+/* Prints a setting's help indented by 4 and folded at HELP_WIDTH columns: each of its lines (a
+ * '\n' in the table starts one) a paragraph of its own, folded under its first word when that
+ * is a value ("auto:") or a dash, so that the values and the cases of a long setting stand out. */
+#define HELP_WIDTH 96
+
+static void print_help_text(const char *s)
+{
+    while (*s) {
+        size_t len = strcspn(s, "\n");
+        size_t hang = 0; /* where the folded lines of this paragraph start, after the indent */
+        size_t first = strcspn(s, " \n");
+        if (first < len && first <= 8 && (s[first - 1] == ':' || (first == 1 && s[0] == '-'))) hang = first + 1;
+        size_t col = 0, at = 0;
+        printf("    ");
+        while (at < len) {
+            size_t w = strcspn(s + at, " \n");
+            if (at + w > len) w = len - at;
+            if (col && 4 + col + 1 + w > HELP_WIDTH) {
+                printf("\n    %*s", (int)hang, "");
+                col = hang;
+            } else if (col) {
+                putchar(' ');
+                col++;
+            }
+            fwrite(s + at, 1, w, stdout);
+            col += w;
+            at += w;
+            while (at < len && s[at] == ' ') at++;
+        }
+        putchar('\n');
+        s += len + (s[len] == '\n');
+    }
+}
+
 static int print_help_env(void)
 {
     size_t n;
@@ -126,7 +160,7 @@ static int print_help_env(void)
         printf("%s\n", t[i].name);
         if (t[i].aliases[0]) printf("    aliases: %s\n", t[i].aliases);
         printf("    default: %s\n", t[i].def[0] ? t[i].def : "(unset)");
-        printf("    %s\n", t[i].help);
+        print_help_text(t[i].help);
     }
     return 0;
 }
