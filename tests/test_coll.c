@@ -4837,3 +4837,183 @@ static void init_fills_few_rings(int rank, void *arg)
 }
 
 KT_TEST(init_agreement_fills_few_rings, 60) { KT_EQ(kt_job(24, init_fills_few_rings, NULL, NULL, NULL), 0); }
+
+/* ---- every timing choice flipping at once, in a random mix of collectives ----
+ *
+ * Each choice above is tested alone, one collective of one size in a loop. A job mixes them: this
+ * runs a seeded random sequence (the same on every rank) of allreduces in place and out of place,
+ * allgathers, broadcasts from random roots, alltoalls and reducescatters, at sizes inside the
+ * choices' ranges (the 2-rank exchange, direct by CMA, pair ways, push or exchange, the split,
+ * the crowded host's agreed broadcasts and its exchanges), with values that depend on rank,
+ * step and element, and checks every element of every result on every rank. Every 12 steps the
+ * hooks slow a way of each choice by a few milliseconds, or none, anew, so that the classes
+ * change their ways while the others' calls come in between: the members that must agree on a
+ * call's way (pair and crowded choices, the split, the allreduce's plan) are checked by their
+ * results. At the end the counters say that both ways of the choices ran. The crowded job (4
+ * ranks on this machine's cores) binds its ranks in blocks, as kolorun does there, so that its
+ * broadcasts take the tree as well as the spread and the chain. */
+enum { MIX_STEPS = 960, MIX_PHASE = 12 };
+
+static uint64_t mix_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* the value of element i of rank r's contribution at step s: small integers, exact in sums */
+static float mix_val(int r, int s, size_t i) { return (float)((int)((i * 7 + (size_t)s * 13 + (size_t)r * 101) % 1021) - 510); }
+
+static void mix_delays(uint64_t *seed, bool crowded)
+{
+    uint64_t d = (uint64_t)(4e6 * kt_timeout_scale());
+    int slow[8];
+    for (int k = 0; k < 8; k++) slow[k] = (int)(mix_rand(seed) % 3) - 1; /* -1 none, else the slowed way */
+    for (int w = 0; w < 2; w++) {
+        kolo__direct_test_delay(w, slow[0] == w ? d : 0);
+        kolo__direct_test_delay_exchange(w, slow[1] == w ? d : 0);
+        kolo__coll_reducescatter_test_delay(w, slow[2] == w ? d : 0);
+        if (crowded)
+            kolo__coll_broadcast_test_crowd_delay(w, slow[3] == w ? d : 0);
+        else
+            kolo__coll_broadcast_test_delay(w, slow[3] == w ? d : 0);
+        for (int kind = 0; kind < KOLO_PAIR_KINDS; kind++) /* ways KOLO_WAY_RING, KOLO_WAY_SINGLE */
+            kolo__pair_test_delay(kind, KOLO_WAY_RING + w, slow[4 + kind] == w ? d : 0);
+    }
+}
+
+static void mix_choices(int rank, void *arg)
+{
+    bool crowded = arg != NULL;
+    kolo__mesh *m = crowded ? crowded_mesh(rank) : choosing_mesh(rank);
+    if (!m) return;
+    int n = kolo_size();
+    const size_t most = ((size_t)2 << 20) / 4; /* floats in the largest buffer of a rank, and of n blocks */
+    float *a = malloc(most * 4 * (size_t)n), *b = malloc(most * 4 * (size_t)n);
+    KT_ASSERT(a && b);
+    uint64_t seed = 0x6b6f6c6f6d6978ull, pair0[KOLO_PAIR_KINDS][3], pair1[KOLO_PAIR_KINDS][3];
+    for (int kind = 0; kind < KOLO_PAIR_KINDS; kind++) kolo__pair_test_calls(kind, pair0[kind]);
+    int64_t runs[8] = {0}; /* of this process: by the calls' counters, differences over the run */
+    uint64_t c0[8] = {kolo__direct_cma_runs(), kolo__coll_pair_exchange_runs(), kolo__coll_reducescatter_direct_runs(),
+                      kolo__coll_broadcast_split_runs(), kolo__coll_broadcast_copies_runs(),
+                      kolo__coll_broadcast_crowd_chain_runs(), kolo__coll_allgather_push_runs(),
+                      kolo__coll_broadcast_tree_runs()};
+    for (int step = 0; step < MIX_STEPS; step++) {
+        if (step % MIX_PHASE == 0) mix_delays(&seed, crowded);
+        int what = (int)(mix_rand(&seed) % 7), big = (int)(mix_rand(&seed) % 2), root = (int)(mix_rand(&seed) % (uint64_t)n);
+        size_t c, i;
+        switch (what) {
+        case 0: /* allreduce out of place: the 2-rank exchange, or the ring or direct */
+        case 1: /* and in place */
+            c = (big ? ((size_t)2 << 20) : what == 0 ? ((size_t)96 << 10) : ((size_t)512 << 10)) / 4;
+            for (i = 0; i < c; i++) a[i] = mix_val(rank, step, i);
+            if (what == 1) memcpy(b, a, c * 4);
+            KT_OK(kolo_allreduce(what == 1 ? b : a, b, c, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            for (i = 0; i < c; i++) {
+                float want = 0;
+                for (int r = 0; r < n; r++) want += mix_val(r, step, i);
+                KT_ASSERTF(b[i] == want, "step %d: allreduce%s of %zu floats: [%zu] %g, not %g", step,
+                           what == 1 ? " in place" : "", c, i, (double)b[i], (double)want);
+            }
+            break;
+        case 2: /* allgather: the pair's or the crowd's exchange, push or exchange */
+            c = (big ? ((size_t)640 << 10) : ((size_t)48 << 10)) / 4;
+            for (i = 0; i < c; i++) a[i] = mix_val(rank, step, i);
+            KT_OK(kolo_allgather(a, c, b, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < n; r++)
+                for (i = 0; i < c; i++)
+                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r, step, i), "step %d: allgather of %zu floats: rank %d's [%zu] %g",
+                               step, c, r, i, (double)b[(size_t)r * c + i]);
+            break;
+        case 3: /* broadcast: the split or ring copies, the crowd's agreed way */
+            c = (big ? ((size_t)384 << 10) : ((size_t)96 << 10)) / 4;
+            for (i = 0; i < c; i++) a[i] = rank == root ? mix_val(root, step, i) : -1;
+            KT_OK(kolo_broadcast(a, c, KOLO_FLOAT32, root, KOLO_WORLD));
+            for (i = 0; i < c; i++)
+                KT_ASSERTF(a[i] == mix_val(root, step, i), "step %d: broadcast of %zu floats from %d: [%zu] %g", step, c,
+                           root, i, (double)a[i]);
+            break;
+        case 4: { /* alltoall: the pair's or the crowd's exchange */
+            c = (big ? ((size_t)1 << 20) : ((size_t)128 << 10)) / 4 / (size_t)n;
+            for (int r = 0; r < n; r++)
+                for (i = 0; i < c; i++) a[(size_t)r * c + i] = mix_val(rank * 8 + r, step, i);
+            size_t counts[8];
+            for (int r = 0; r < n; r++) counts[r] = c;
+            KT_OK(kolo_alltoall(a, counts, b, counts, KOLO_FLOAT32, KOLO_WORLD));
+            for (int r = 0; r < n; r++)
+                for (i = 0; i < c; i++)
+                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r * 8 + rank, step, i), "step %d: alltoall of %zu floats a "
+                               "block: from rank %d [%zu] %g", step, c, r, i, (double)b[(size_t)r * c + i]);
+            break;
+        }
+        case 5: /* reducescatter: direct or the ring */
+        case 6: { /* and recv inside send, where 2 ranks' pair choice sends the ring's chunks */
+            c = (big ? ((size_t)2 << 20) : ((size_t)512 << 10)) / 4 / (size_t)n;
+            size_t total = c * (size_t)n;
+            for (i = 0; i < total; i++) a[i] = mix_val(rank, step, i);
+            float *out = what == 6 ? a + 1 : b;
+            KT_OK(kolo_reducescatter(a, out, (size_t)n, c, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            for (i = 0; i < c; i++) {
+                float want = 0;
+                for (int r = 0; r < n; r++) want += mix_val(r, step, (size_t)rank * c + i);
+                KT_ASSERTF(out[i] == want, "step %d: reducescatter%s of %zu floats a rank: [%zu] %g, not %g", step,
+                           what == 6 ? " inside its input" : "", c, i, (double)out[i], (double)want);
+            }
+            break;
+        }
+        }
+    }
+    mix_delays(&(uint64_t){0}, crowded); /* a seed of 0 stays 0: every slot -1, no way slowed */
+    uint64_t c1[8] = {kolo__direct_cma_runs(), kolo__coll_pair_exchange_runs(), kolo__coll_reducescatter_direct_runs(),
+                      kolo__coll_broadcast_split_runs(), kolo__coll_broadcast_copies_runs(),
+                      kolo__coll_broadcast_crowd_chain_runs(), kolo__coll_allgather_push_runs(),
+                      kolo__coll_broadcast_tree_runs()};
+    for (int k = 0; k < 8; k++) runs[k] = (int64_t)(c1[k] - c0[k]);
+    int64_t ways[KOLO_PAIR_KINDS][2];
+    for (int kind = 0; kind < KOLO_PAIR_KINDS; kind++) {
+        kolo__pair_test_calls(kind, pair1[kind]);
+        for (int w = 0; w < 2; w++) ways[kind][w] = (int64_t)(pair1[kind][1 + w] - pair0[kind][1 + w]);
+    }
+    KT_OK(kolo_allreduce(runs, runs, 8, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_OK(kolo_allreduce(ways, ways, 2 * KOLO_PAIR_KINDS, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD));
+    if (rank == 0)
+        printf("  direct %lld, exchange %lld, reducescatter direct %lld, split %lld, copies %lld, chain %lld, push %lld, "
+               "tree %lld; pair ways: rs %lld/%lld ag %lld/%lld ex %lld/%lld a2a %lld/%lld\n",
+               (long long)runs[0], (long long)runs[1], (long long)runs[2], (long long)runs[3], (long long)runs[4],
+               (long long)runs[5], (long long)runs[6], (long long)runs[7], (long long)ways[0][0], (long long)ways[0][1],
+               (long long)ways[1][0], (long long)ways[1][1], (long long)ways[2][0], (long long)ways[2][1],
+               (long long)ways[3][0], (long long)ways[3][1]);
+    KT_ASSERTF(runs[0] > 0, "no allreduce went direct");
+    if (crowded) {
+        KT_ASSERTF(runs[5] > 0 && runs[7] > 0, "the crowd's broadcasts kept one way: %lld by the chain, %lld by the tree",
+                   (long long)runs[5], (long long)runs[7]);
+        for (int kind = KOLO_PAIR_EX; kind <= KOLO_PAIR_A2A; kind++)
+            KT_ASSERTF(ways[kind][0] > 0 && ways[kind][1] > 0, "the crowd's choice %d kept one way: %lld / %lld", kind,
+                       (long long)ways[kind][0], (long long)ways[kind][1]);
+    } else {
+        KT_ASSERTF(runs[1] > 0 && runs[2] > 0 && runs[3] > 0 && runs[4] > 0,
+                   "a choice kept one way: exchange %lld, reducescatter direct %lld, split %lld, copies %lld",
+                   (long long)runs[1], (long long)runs[2], (long long)runs[3], (long long)runs[4]);
+        const int kinds[] = {KOLO_PAIR_RS, KOLO_PAIR_EX}; /* push or exchange: too few calls of it here */
+        for (int k = 0; k < 2; k++)
+            KT_ASSERTF(ways[kinds[k]][0] > 0 && ways[kinds[k]][1] > 0, "pair choice %d kept one way: %lld / %lld",
+                       kinds[k], (long long)ways[kinds[k]][0], (long long)ways[kinds[k]][1]);
+    }
+    free(a);
+    free(b);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(choices_flip_in_a_random_mix_of_collectives, 120)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, mix_choices, NULL, &o, NULL), 0);
+}
+
+KT_TEST(choices_flip_in_a_random_mix_on_a_crowded_host, 180)
+{
+    static char crowded[] = "crowded";
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto", "KOLO_BIND=auto"}}; /* in blocks, as kolorun binds: the tree too */
+    KT_EQ(kt_job(4, mix_choices, crowded, &o, NULL), 0);
+}
