@@ -126,8 +126,9 @@ static void print_help_text(const char *s)
     while (*s) {
         size_t len = strcspn(s, "\n");
         size_t hang = 0; /* where the folded lines of this paragraph start, after the indent */
-        size_t first = strcspn(s, " \n");
-        if (first < len && first <= 8 && (s[first - 1] == ':' || (first == 1 && s[0] == '-'))) hang = first + 1;
+        size_t first = strcspn(s, " \n"); /* the first word's length */
+        bool value = first > 0 && first <= 8 && s[first - 1] == ':', dash = first == 1 && s[0] == '-';
+        if (first < len && (value || dash)) hang = first + 1;
         size_t col = 0, at = 0;
         printf("    ");
         while (at < len) {
