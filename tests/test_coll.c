@@ -4863,13 +4863,17 @@ static uint64_t mix_rand(uint64_t *s)
 }
 
 /* the value of element i of rank r's contribution at step s: small integers, exact in sums */
-static float mix_val(int r, int s, size_t i) { return (float)((int)((i * 7 + (size_t)s * 13 + (size_t)r * 101) % 1021) - 510); }
+static float mix_val(int r, int s, size_t i)
+{
+    return (float)((int)((i * 7 + (size_t)s * 13 + (size_t)r * 101) % 1021) - 510);
+}
 
+/* Slows one way of each choice, or none, drawn from seed; a NULL seed slows none. */
 static void mix_delays(uint64_t *seed, bool crowded)
 {
     uint64_t d = (uint64_t)(4e6 * kt_timeout_scale());
     int slow[8];
-    for (int k = 0; k < 8; k++) slow[k] = (int)(mix_rand(seed) % 3) - 1; /* -1 none, else the slowed way */
+    for (int k = 0; k < 8; k++) slow[k] = seed ? (int)(mix_rand(seed) % 3) - 1 : -1; /* -1 none, else the way */
     for (int w = 0; w < 2; w++) {
         kolo__direct_test_delay(w, slow[0] == w ? d : 0);
         kolo__direct_test_delay_exchange(w, slow[1] == w ? d : 0);
@@ -4883,6 +4887,17 @@ static void mix_delays(uint64_t *seed, bool crowded)
     }
 }
 
+/* The counters of the ways the mix's choices took, in this process so far. */
+enum { MIX_COUNTERS = 8 };
+static void mix_counts(int64_t out[MIX_COUNTERS])
+{
+    uint64_t c[MIX_COUNTERS] = {kolo__direct_cma_runs(), kolo__coll_pair_exchange_runs(),
+                                kolo__coll_reducescatter_direct_runs(), kolo__coll_broadcast_split_runs(),
+                                kolo__coll_broadcast_copies_runs(), kolo__coll_broadcast_crowd_chain_runs(),
+                                kolo__coll_allgather_push_runs(), kolo__coll_broadcast_tree_runs()};
+    for (int k = 0; k < MIX_COUNTERS; k++) out[k] = (int64_t)c[k];
+}
+
 static void mix_choices(int rank, void *arg)
 {
     bool crowded = arg != NULL;
@@ -4894,14 +4909,12 @@ static void mix_choices(int rank, void *arg)
     KT_ASSERT(a && b);
     uint64_t seed = 0x6b6f6c6f6d6978ull, pair0[KOLO_PAIR_KINDS][3], pair1[KOLO_PAIR_KINDS][3];
     for (int kind = 0; kind < KOLO_PAIR_KINDS; kind++) kolo__pair_test_calls(kind, pair0[kind]);
-    int64_t runs[8] = {0}; /* of this process: by the calls' counters, differences over the run */
-    uint64_t c0[8] = {kolo__direct_cma_runs(), kolo__coll_pair_exchange_runs(), kolo__coll_reducescatter_direct_runs(),
-                      kolo__coll_broadcast_split_runs(), kolo__coll_broadcast_copies_runs(),
-                      kolo__coll_broadcast_crowd_chain_runs(), kolo__coll_allgather_push_runs(),
-                      kolo__coll_broadcast_tree_runs()};
+    int64_t runs[MIX_COUNTERS], before[MIX_COUNTERS]; /* of this process, then of all: the run's calls */
+    mix_counts(before);
     for (int step = 0; step < MIX_STEPS; step++) {
         if (step % MIX_PHASE == 0) mix_delays(&seed, crowded);
-        int what = (int)(mix_rand(&seed) % 7), big = (int)(mix_rand(&seed) % 2), root = (int)(mix_rand(&seed) % (uint64_t)n);
+        int what = (int)(mix_rand(&seed) % 7), big = (int)(mix_rand(&seed) % 2);
+        int root = (int)(mix_rand(&seed) % (uint64_t)n);
         size_t c, i;
         switch (what) {
         case 0: /* allreduce out of place: the 2-rank exchange, or the ring or direct */
@@ -4923,8 +4936,9 @@ static void mix_choices(int rank, void *arg)
             KT_OK(kolo_allgather(a, c, b, NULL, KOLO_FLOAT32, KOLO_WORLD));
             for (int r = 0; r < n; r++)
                 for (i = 0; i < c; i++)
-                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r, step, i), "step %d: allgather of %zu floats: rank %d's [%zu] %g",
-                               step, c, r, i, (double)b[(size_t)r * c + i]);
+                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r, step, i),
+                               "step %d: allgather of %zu floats: rank %d's [%zu] %g", step, c, r, i,
+                               (double)b[(size_t)r * c + i]);
             break;
         case 3: /* broadcast: the split or ring copies, the crowd's agreed way */
             c = (big ? ((size_t)384 << 10) : ((size_t)96 << 10)) / 4;
@@ -4943,8 +4957,9 @@ static void mix_choices(int rank, void *arg)
             KT_OK(kolo_alltoall(a, counts, b, counts, KOLO_FLOAT32, KOLO_WORLD));
             for (int r = 0; r < n; r++)
                 for (i = 0; i < c; i++)
-                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r * 8 + rank, step, i), "step %d: alltoall of %zu floats a "
-                               "block: from rank %d [%zu] %g", step, c, r, i, (double)b[(size_t)r * c + i]);
+                    KT_ASSERTF(b[(size_t)r * c + i] == mix_val(r * 8 + rank, step, i),
+                               "step %d: alltoall of %zu floats a block: from rank %d [%zu] %g", step, c, r, i,
+                               (double)b[(size_t)r * c + i]);
             break;
         }
         case 5: /* reducescatter: direct or the ring */
@@ -4964,26 +4979,23 @@ static void mix_choices(int rank, void *arg)
         }
         }
     }
-    mix_delays(&(uint64_t){0}, crowded); /* a seed of 0 stays 0: every slot -1, no way slowed */
-    uint64_t c1[8] = {kolo__direct_cma_runs(), kolo__coll_pair_exchange_runs(), kolo__coll_reducescatter_direct_runs(),
-                      kolo__coll_broadcast_split_runs(), kolo__coll_broadcast_copies_runs(),
-                      kolo__coll_broadcast_crowd_chain_runs(), kolo__coll_allgather_push_runs(),
-                      kolo__coll_broadcast_tree_runs()};
-    for (int k = 0; k < 8; k++) runs[k] = (int64_t)(c1[k] - c0[k]);
+    mix_delays(NULL, crowded);
+    mix_counts(runs);
+    for (int k = 0; k < MIX_COUNTERS; k++) runs[k] -= before[k];
     int64_t ways[KOLO_PAIR_KINDS][2];
     for (int kind = 0; kind < KOLO_PAIR_KINDS; kind++) {
         kolo__pair_test_calls(kind, pair1[kind]);
         for (int w = 0; w < 2; w++) ways[kind][w] = (int64_t)(pair1[kind][1 + w] - pair0[kind][1 + w]);
     }
-    KT_OK(kolo_allreduce(runs, runs, 8, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_OK(kolo_allreduce(runs, runs, MIX_COUNTERS, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD));
     KT_OK(kolo_allreduce(ways, ways, 2 * KOLO_PAIR_KINDS, KOLO_INT64, KOLO_SUM, 1, 1, KOLO_WORLD));
     if (rank == 0)
-        printf("  direct %lld, exchange %lld, reducescatter direct %lld, split %lld, copies %lld, chain %lld, push %lld, "
-               "tree %lld; pair ways: rs %lld/%lld ag %lld/%lld ex %lld/%lld a2a %lld/%lld\n",
+        printf("  direct %lld, exchange %lld, reducescatter direct %lld, split %lld, copies %lld, chain %lld, "
+               "push %lld, tree %lld; pair ways: rs %lld/%lld ag %lld/%lld ex %lld/%lld a2a %lld/%lld\n",
                (long long)runs[0], (long long)runs[1], (long long)runs[2], (long long)runs[3], (long long)runs[4],
-               (long long)runs[5], (long long)runs[6], (long long)runs[7], (long long)ways[0][0], (long long)ways[0][1],
-               (long long)ways[1][0], (long long)ways[1][1], (long long)ways[2][0], (long long)ways[2][1],
-               (long long)ways[3][0], (long long)ways[3][1]);
+               (long long)runs[5], (long long)runs[6], (long long)runs[7], (long long)ways[0][0],
+               (long long)ways[0][1], (long long)ways[1][0], (long long)ways[1][1], (long long)ways[2][0],
+               (long long)ways[2][1], (long long)ways[3][0], (long long)ways[3][1]);
     KT_ASSERTF(runs[0] > 0, "no allreduce went direct");
     if (crowded) {
         /* the tree where the ranks could bind in blocks (not where a launcher bound them already) */

@@ -129,20 +129,21 @@ static void print_help_text(const char *s)
         size_t first = strcspn(s, " \n"); /* the first word's length */
         bool value = first > 0 && first <= 8 && s[first - 1] == ':', dash = first == 1 && s[0] == '-';
         if (first < len && (value || dash)) hang = first + 1;
-        size_t col = 0, at = 0;
+        size_t col = 0, at = 0; /* col: the output line's width after the indent */
+        bool words = false;     /* whether the output line holds a word yet (a longer word stays whole) */
         printf("    ");
         while (at < len) {
-            size_t w = strcspn(s + at, " \n");
-            if (at + w > len) w = len - at;
-            if (col && 4 + col + 1 + w > HELP_WIDTH) {
+            size_t w = strcspn(s + at, " \n"); /* (stops at the paragraph's end, '\n' or NUL) */
+            if (words && 4 + col + 1 + w > HELP_WIDTH) {
                 printf("\n    %*s", (int)hang, "");
                 col = hang;
-            } else if (col) {
+            } else if (words) {
                 putchar(' ');
                 col++;
             }
             fwrite(s + at, 1, w, stdout);
             col += w;
+            words = w > 0;
             at += w;
             while (at < len && s[at] == ' ') at++;
         }
