@@ -6,12 +6,14 @@
 #include "../src/coll/coll.h"
 #include "../src/core/world.h"
 #include "../src/engine/engine.h"
+#include "../src/reduce/reduce.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -1845,4 +1847,492 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
         if (system("command -v python3 >/dev/null 2>&1") == 0) KT_EQ(system(cmd), 0);
     }
     remove_dir(dir);
+}
+
+/* ---- a random mix: every request kind, dtype and op, in each rank's own order ----
+ *
+ * The tests above each pin one feature. A training job mixes them: in one cycle the engine may
+ * see allreduces of several dtypes and ops (fusable or not; scalars too), grouped ones,
+ * allgathers with rows that differ per rank, broadcasts from any root, alltoalls, reducescatters,
+ * barriers, some on a process set under the names the world uses at the same time, names reused
+ * with new shapes (the cache must forget them) or with the same (it must hit), tensors in
+ * kolo_mem_alloc memory on some ranks and malloc'd on others, callbacks, while the program runs
+ * direct collectives of its own. The plan of every step comes from one seed, the same on every
+ * rank; each rank submits the step's requests in its own order, spread over cycles by its own
+ * pauses, then (in one step of four, every rank) runs a direct allreduce, then waits for the
+ * requests in another order of its own (polling those with a callback first) and checks every
+ * element of every output against what it computes from the plan. Values are small integers, so
+ * every result is exact in every dtype but AVERAGE's division (within half precision's rounding).
+ * KT_MIX_SEED=<number> runs another plan (30 of them passed when this was written); a mutation
+ * that fuses allreduces of different postscales, or one that takes an allgather from the cache
+ * after this rank's rows changed, fails the first test. */
+
+enum { MIX_AR, MIX_GROUP, MIX_AG, MIX_BC, MIX_A2A, MIX_RS, MIX_BARRIER, MIX_KINDS };
+enum { MIX_MAX_REQS = 12, MIX_MAX_GROUP = 3, MIX_NAMES = 40, MIX_STEPS = 400 };
+_Static_assert(MIX_MAX_REQS * MIX_MAX_GROUP < MIX_NAMES && MIX_NAMES <= 64,
+               "a step must find a free name of each kind");
+
+typedef struct mix_req {
+    int kind, pset; /* pset: 0 the world, 1 the set of ranks 0 and n - 1 */
+    kolo_dtype_t dt;
+    kolo_op_t op;
+    double pre, post;
+    int64_t rows, width; /* per tensor of a group alike */
+    int ndim;            /* of an allreduce's shape: 2 (rows x width), 0 (a scalar) or 3 (rows x 1 x width) */
+    int callback;        /* the request has a callback (counted) and is polled before its wait */
+    int ntensors;
+    int root;     /* a member of the set */
+    int in_place;
+    uint64_t shape_salt, value_salt;
+    char name[MIX_MAX_GROUP][32];
+} mix_req;
+
+typedef struct mix_cfg {
+    const char *env[8];
+    int tcp;
+    int expect_fusion; /* the job must have fused some collectives and hit the cache */
+    int autotune;      /* ... and the autotuner must have scored samples */
+} mix_cfg;
+
+static uint64_t mix_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static uint64_t mix_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
+    x ^= (c + 0x165667B19E3779F9ull) * 0xD6E8FEB86659FD93ull ^ (d + 1) * 0xFF51AFD7ED558CCDull;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 29);
+}
+
+static int mix_is_float(kolo_dtype_t dt)
+{
+    return dt == KOLO_FLOAT16 || dt == KOLO_BFLOAT16 || dt == KOLO_FLOAT32 || dt == KOLO_FLOAT64;
+}
+
+/* Element i of tensor t as world rank r (or, for alltoalls, what r sends rank t) puts it in. */
+static double mix_value(const mix_req *q, int t, int r, int64_t i)
+{
+    uint64_t h = mix_hash(q->value_salt, (uint64_t)t, (uint64_t)r, (uint64_t)i);
+    if (q->dt == KOLO_BOOL) return (double)(h % 3 == 0);
+    if (q->kind != MIX_AG && q->kind != MIX_BC && q->kind != MIX_A2A && q->op == KOLO_PRODUCT)
+        return (double)(1 + h % 2);
+    if (q->dt == KOLO_UINT8 || q->dt == KOLO_UINT16) return (double)(h % 11);
+    return (double)(h % 21) - 10;
+}
+
+static void mix_put(void *buf, kolo_dtype_t dt, int64_t i, double v)
+{
+    switch (dt) {
+    case KOLO_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case KOLO_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case KOLO_UINT16: ((uint16_t *)buf)[i] = (uint16_t)v; break;
+    case KOLO_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case KOLO_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case KOLO_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case KOLO_FLOAT16: ((uint16_t *)buf)[i] = kolo__f32_to_f16((float)v); break;
+    case KOLO_BFLOAT16: ((uint16_t *)buf)[i] = kolo__f32_to_bf16((float)v); break;
+    case KOLO_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case KOLO_FLOAT64: ((double *)buf)[i] = v; break;
+    case KOLO_BOOL: ((uint8_t *)buf)[i] = (uint8_t)(v != 0); break;
+    default: KT_ASSERT(0);
+    }
+}
+
+static double mix_get(const void *buf, kolo_dtype_t dt, int64_t i)
+{
+    switch (dt) {
+    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
+    case KOLO_INT8: return ((const int8_t *)buf)[i];
+    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
+    case KOLO_INT16: return ((const int16_t *)buf)[i];
+    case KOLO_INT32: return ((const int32_t *)buf)[i];
+    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
+    case KOLO_FLOAT16: return kolo__f16_to_f32(((const uint16_t *)buf)[i]);
+    case KOLO_BFLOAT16: return kolo__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case KOLO_FLOAT32: return ((const float *)buf)[i];
+    case KOLO_FLOAT64: return ((const double *)buf)[i];
+    case KOLO_BOOL: return ((const uint8_t *)buf)[i];
+    default: KT_ASSERT(0);
+    }
+    return 0;
+}
+
+/* The reduction of element i of tensor t over the members (world ranks). */
+static double mix_reduced(const mix_req *q, const int *members, int n, int t, int64_t i)
+{
+    double acc = 0;
+    int64_t iacc = 0;
+    for (int m = 0; m < n; m++) {
+        double v = mix_value(q, t, members[m], i);
+        if (q->dt == KOLO_BOOL) {
+            bool and = q->op == KOLO_MIN || q->op == KOLO_PRODUCT;
+            acc = m == 0 ? v : and ? (acc != 0 && v != 0) : (acc != 0 || v != 0);
+        } else if (q->op == KOLO_SUM || q->op == KOLO_AVERAGE) {
+            acc += q->pre * v;
+            iacc += (int64_t)v;
+        } else if (q->op == KOLO_MIN) {
+            acc = m == 0 || v < acc ? v : acc;
+        } else if (q->op == KOLO_MAX) {
+            acc = m == 0 || v > acc ? v : acc;
+        } else {
+            acc = m == 0 ? v : acc * v;
+        }
+    }
+    if (q->dt != KOLO_BOOL && q->op == KOLO_AVERAGE)
+        return mix_is_float(q->dt) ? q->post * acc / n : (double)(iacc / n); /* integers truncate toward zero */
+    return q->dt != KOLO_BOOL && q->op == KOLO_SUM ? q->post * acc : acc;
+}
+
+static void mix_check(const mix_req *q, const char *what, int64_t i, double got, double want)
+{
+    double tol = 0;
+    if (q->op == KOLO_AVERAGE && mix_is_float(q->dt)) {
+        double rel = q->dt == KOLO_FLOAT64 ? 1e-12 : q->dt == KOLO_FLOAT32 ? 1e-6 : q->dt == KOLO_FLOAT16 ? 2e-3 : 1e-2;
+        tol = rel * (fabs(want) + 1);
+    }
+    if (!(fabs(got - want) <= tol))
+        kt_fail(__FILE__, __LINE__, "%s '%s' (%s, op %d, %lld x %lld): element %lld is %g, want %g", what, q->name[0],
+                kolo_dtype_name(q->dt), (int)q->op, (long long)q->rows, (long long)q->width, (long long)i, got, want);
+}
+
+/* A new request for the plan (the same on every rank: seed s). */
+static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, uint64_t *used)
+{
+    static const kolo_dtype_t dts[] = {KOLO_UINT8, KOLO_INT8,     KOLO_UINT16,  KOLO_INT16,   KOLO_INT32, KOLO_INT64,
+                                       KOLO_FLOAT16, KOLO_BFLOAT16, KOLO_FLOAT32, KOLO_FLOAT64, KOLO_BOOL};
+    static const int kinds[] = {MIX_AR, MIX_AR, MIX_AR, MIX_AR, MIX_GROUP, MIX_AG,  MIX_AG,
+                                MIX_BC, MIX_BC, MIX_A2A, MIX_RS, MIX_RS,    MIX_BARRIER};
+    static const char *const kname[MIX_KINDS] = {"ar", "grp", "ag", "bc", "a2a", "rs", "barrier"};
+    memset(q, 0, sizeof(*q));
+    q->kind = kinds[mix_next(s) % (sizeof(kinds) / sizeof(kinds[0]))];
+    q->dt = dts[mix_next(s) % (sizeof(dts) / sizeof(dts[0]))];
+    q->pset = have_set && mix_next(s) % 4 == 0;
+    q->op = KOLO_SUM;
+    q->pre = q->post = 1;
+    if (q->kind == MIX_AR || q->kind == MIX_GROUP || q->kind == MIX_RS) {
+        static const kolo_op_t ops[] = {KOLO_SUM, KOLO_SUM, KOLO_AVERAGE, KOLO_MIN, KOLO_MAX, KOLO_PRODUCT};
+        q->op = ops[mix_next(s) % 6];
+        if (q->dt == KOLO_BOOL && q->op == KOLO_AVERAGE) q->op = KOLO_MAX;
+        if (mix_is_float(q->dt) && (q->op == KOLO_SUM || q->op == KOLO_AVERAGE)) {
+            static const double pre[] = {1, 0.5, 2}, post[] = {1, 0.25, 4};
+            q->pre = pre[mix_next(s) % 3];
+            q->post = post[mix_next(s) % 3];
+        }
+    }
+    q->width = 1 + (int64_t)(mix_next(s) % 4);
+    uint64_t size = mix_next(s) % 100;
+    int64_t count = size < 60 ? (int64_t)(mix_next(s) % 64) : size < 90 ? 64 + (int64_t)(mix_next(s) % 4096)
+                    : size < 98 ? 4096 + (int64_t)(mix_next(s) % 65536)
+                                : 131072 + (int64_t)(mix_next(s) % 786432);
+    if (q->kind != MIX_AR && count > 70000) count = 70000; /* the large ones: allreduces */
+    q->rows = count / q->width;
+    q->ntensors = q->kind == MIX_GROUP ? 2 + (int)(mix_next(s) % 2) : 1;
+    q->ndim = 2;
+    if (q->kind == MIX_AR && mix_next(s) % 8 == 0) { /* a scalar, or the same elements in 3 dimensions */
+        q->ndim = q->rows % 2 ? 0 : 3;
+        if (q->ndim == 0) q->rows = q->width = 1;
+    }
+    q->root = (int)(mix_next(s) % (uint64_t)(q->pset ? 2 : n));
+    q->in_place = (q->kind == MIX_AR || q->kind == MIX_GROUP) && mix_next(s) % 3 == 0;
+    q->shape_salt = mix_next(s);
+    q->callback = mix_next(s) % 4 == 0;
+    for (int t = 0; t < q->ntensors; t++) { /* names unique among the step's requests on a set */
+        unsigned k; /* a step has at most MIX_MAX_REQS * MIX_MAX_GROUP < MIX_NAMES of a kind */
+        uint64_t *u = &used[q->pset * MIX_KINDS + q->kind];
+        do k = (unsigned)(mix_next(s) % MIX_NAMES);
+        while (*u & 1ull << k);
+        *u |= 1ull << k;
+        snprintf(q->name[t], sizeof(q->name[t]), "mix.%s.%u", kname[q->kind], k); /* on the set too */
+    }
+}
+
+/* Rows world rank r holds of an allgather / sends the set's member d of an alltoall. */
+static int64_t mix_ag_rows(const mix_req *q, int r) { return (int64_t)((q->shape_salt + (uint64_t)r) % 4); }
+static int64_t mix_a2a_rows(const mix_req *q, int r, int d)
+{
+    return (int64_t)((q->shape_salt + 3 * (uint64_t)r + (uint64_t)d) % 3);
+}
+
+static _Atomic int mix_callbacks;
+static void mix_done(kolo_request_t *r, void *user)
+{
+    (void)r;
+    (void)user;
+    atomic_fetch_add(&mix_callbacks, 1);
+}
+
+typedef struct mix_live {
+    kolo_request_t *req[MIX_MAX_GROUP];
+    void *send[MIX_MAX_GROUP], *recv[MIX_MAX_GROUP];
+    bool arena[MIX_MAX_GROUP];
+} mix_live;
+
+static void *mix_buf(size_t bytes, char *arena, size_t arena_cap, size_t *arena_used, bool in_arena, bool *got)
+{
+    size_t at = (*arena_used + 63) & ~(size_t)63;
+    *got = in_arena && arena && at + bytes <= arena_cap;
+    if (*got) {
+        *arena_used = at + bytes;
+        return arena + at;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    KT_ASSERT(p);
+    return p;
+}
+
+static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *members, int n, int set_id, char *arena,
+                       size_t arena_cap, size_t *arena_used, bool in_arena)
+{
+    size_t es = kolo_dtype_size(q->dt);
+    kolo_submit_opts_t o = {.process_set = q->pset ? set_id : KOLO_WORLD};
+    kolo_shape_t sh = shape2(q->rows, q->width);
+    if (q->ndim != 2) {
+        sh.ndim = q->ndim;
+        sh.dims[1] = 1;
+        sh.dims[2] = q->width;
+    }
+    int64_t count = q->rows * q->width;
+    o.callback = q->callback ? mix_done : NULL;
+    memset(l, 0, sizeof(*l));
+    if (q->kind == MIX_AR || q->kind == MIX_GROUP) {
+        const char *names[MIX_MAX_GROUP];
+        const void *sb[MIX_MAX_GROUP];
+        void *rb[MIX_MAX_GROUP];
+        kolo_shape_t shs[MIX_MAX_GROUP];
+        for (int t = 0; t < q->ntensors; t++) {
+            bool a;
+            l->send[t] = mix_buf((size_t)count * es, arena, arena_cap, arena_used, in_arena, &a);
+            l->arena[t] = a;
+            for (int64_t i = 0; i < count; i++) mix_put(l->send[t], q->dt, i, mix_value(q, t, rank, i));
+            if (q->in_place) {
+                l->recv[t] = l->send[t];
+            } else {
+                l->recv[t] = mix_buf((size_t)count * es, arena, arena_cap, arena_used, in_arena, &a);
+                memset(l->recv[t], 0xA5, (size_t)count * es);
+            }
+            names[t] = q->name[t];
+            sb[t] = l->send[t];
+            rb[t] = l->recv[t];
+            shs[t] = sh;
+        }
+        if (q->kind == MIX_AR)
+            KT_OK(kolo_iallreduce(q->name[0], sb[0], rb[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]));
+        else
+            KT_OK(kolo_igrouped_allreduce(q->ntensors, names, sb, rb, q->dt, shs, q->op, q->pre, q->post, &o, l->req));
+        return;
+    }
+    if (q->kind == MIX_AG) {
+        int64_t rows = mix_ag_rows(q, rank);
+        l->send[0] = malloc((size_t)(rows * q->width) * es + 1);
+        KT_ASSERT(l->send[0]);
+        for (int64_t i = 0; i < rows * q->width; i++) mix_put(l->send[0], q->dt, i, mix_value(q, 0, rank, i));
+        kolo_shape_t ash = shape2(rows, q->width);
+        KT_OK(kolo_iallgather(q->name[0], l->send[0], q->dt, &ash, &o, &l->req[0]));
+        return;
+    }
+    if (q->kind == MIX_BC) {
+        l->send[0] = malloc((size_t)count * es + 1);
+        KT_ASSERT(l->send[0]);
+        for (int64_t i = 0; i < count; i++)
+            mix_put(l->send[0], q->dt, i, rank == members[q->root] ? mix_value(q, 0, rank, i) : 7);
+        KT_OK(kolo_ibroadcast(q->name[0], l->send[0], q->dt, &sh, q->root, &o, &l->req[0]));
+        return;
+    }
+    if (q->kind == MIX_A2A) {
+        int64_t splits[16], total = 0;
+        for (int d = 0; d < n; d++) total += splits[d] = mix_a2a_rows(q, rank, d);
+        l->send[0] = malloc((size_t)(total * q->width) * es + 1);
+        KT_ASSERT(l->send[0]);
+        int64_t at = 0;
+        for (int d = 0; d < n; d++)
+            for (int64_t i = 0; i < splits[d] * q->width; i++)
+                mix_put(l->send[0], q->dt, at++, mix_value(q, d, rank, i));
+        kolo_shape_t ash = shape2(total, q->width);
+        KT_OK(kolo_ialltoall(q->name[0], l->send[0], q->dt, &ash, splits, &o, &l->req[0]));
+        return;
+    }
+    if (q->kind == MIX_BARRIER) {
+        KT_OK(kolo_ibarrier(&o, &l->req[0]));
+        return;
+    }
+    l->send[0] = malloc((size_t)count * es + 1);
+    KT_ASSERT(l->send[0]);
+    for (int64_t i = 0; i < count; i++) mix_put(l->send[0], q->dt, i, mix_value(q, 0, rank, i));
+    KT_OK(kolo_ireducescatter(q->name[0], l->send[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]));
+}
+
+static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *members, int n)
+{
+    int me = -1;
+    for (int m = 0; m < n; m++)
+        if (members[m] == rank) me = m;
+    KT_ASSERT(me >= 0);
+    int64_t count = q->rows * q->width;
+    const void *data;
+    kolo_shape_t out;
+    for (int t = 0; t < q->ntensors; t++) {
+        for (int done = 0, i = 0; q->callback && !done && i < 100; i++) {
+            KT_OK(kolo_request_test(l->req[t], &done));
+            if (!done) usleep(50);
+        }
+        wait_ok(l->req[t]);
+    }
+    if (q->kind == MIX_AR || q->kind == MIX_GROUP) {
+        for (int t = 0; t < q->ntensors; t++)
+            for (int64_t i = 0; i < count; i++)
+                mix_check(q, "allreduce", i, mix_get(l->recv[t], q->dt, i), mix_reduced(q, members, n, t, i));
+    } else if (q->kind == MIX_AG) {
+        KT_OK(kolo_request_output(l->req[0], &data, &out));
+        int64_t at = 0;
+        for (int m = 0; m < n; m++)
+            for (int64_t i = 0; i < mix_ag_rows(q, members[m]) * q->width; i++, at++)
+                mix_check(q, "allgather", at, mix_get(data, q->dt, at), mix_value(q, 0, members[m], i));
+        KT_EQ(out.dims[0] * q->width, at);
+    } else if (q->kind == MIX_BC) {
+        for (int64_t i = 0; i < count; i++)
+            mix_check(q, "broadcast", i, mix_get(l->send[0], q->dt, i), mix_value(q, 0, members[q->root], i));
+    } else if (q->kind == MIX_A2A) {
+        KT_OK(kolo_request_output(l->req[0], &data, &out));
+        int64_t got[16], at = 0;
+        KT_OK(kolo_request_splits(l->req[0], got, 16));
+        for (int m = 0; m < n; m++) {
+            KT_EQ(got[m], mix_a2a_rows(q, members[m], me));
+            for (int64_t i = 0; i < got[m] * q->width; i++, at++)
+                mix_check(q, "alltoall", at, mix_get(data, q->dt, at), mix_value(q, me, members[m], i));
+        }
+        KT_EQ(out.dims[0] * q->width, at);
+    } else if (q->kind == MIX_RS) {
+        KT_OK(kolo_request_output(l->req[0], &data, &out));
+        size_t first = 0, mine = kolo_reducescatter_rows((size_t)q->rows, n, me);
+        for (int m = 0; m < me; m++) first += kolo_reducescatter_rows((size_t)q->rows, n, m);
+        KT_EQ(out.dims[0], (int64_t)mine);
+        for (int64_t i = 0; i < (int64_t)mine * q->width; i++)
+            mix_check(q, "reducescatter", i, mix_get(data, q->dt, i),
+                      mix_reduced(q, members, n, 0, (int64_t)first * q->width + i));
+    }
+    for (int t = 0; t < q->ntensors; t++) {
+        kolo_request_release(l->req[t]);
+        if (!l->arena[t]) {
+            if (l->recv[t] != l->send[t]) free(l->recv[t]);
+            free(l->send[t]);
+        }
+    }
+}
+
+static void mix_job(int rank, void *arg)
+{
+    const mix_cfg *cfg = arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    int world[16], set[2] = {0, n - 1}, set_id = -1;
+    for (int r = 0; r < n; r++) world[r] = r;
+    bool have_set = n >= 3;
+    if (have_set) KT_OK(kolo_process_set_add(set, 2, &set_id));
+    size_t arena_cap = (size_t)24 << 20;
+    char *arena = kolo_mem_alloc(arena_cap);
+    KT_ASSERTF(arena, "kolo_mem_alloc: %s", kolo_last_error());
+    const char *seed = getenv("KT_MIX_SEED");
+    uint64_t plan_seed = seed ? strtoull(seed, NULL, 0) | 1 : 0x6B6F6C6F6D6978ull; /* xorshift: never 0 */
+    uint64_t mine = 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1);
+    mix_req reqs[MIX_MAX_REQS];
+    mix_live live[MIX_MAX_REQS];
+    int nreq = 0, order[MIX_MAX_REQS], with_callback = 0;
+    atomic_store(&mix_callbacks, 0);
+    for (int step = 0; step < MIX_STEPS; step++) {
+        /* half the steps repeat the last one's requests (the cache's hits) with new values */
+        if (step == 0 || mix_next(&plan_seed) % 2) {
+            uint64_t used[2 * MIX_KINDS] = {0};
+            nreq = 1 + (int)(mix_next(&plan_seed) % MIX_MAX_REQS);
+            for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, n, have_set, used);
+        }
+        for (int j = 0; j < nreq; j++) reqs[j].value_salt = mix_next(&plan_seed);
+        bool in_arena = mix_next(&mine) % 2;
+        size_t arena_used = 0;
+        permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
+        for (int k = 0; k < nreq; k++) {
+            const mix_req *q = &reqs[order[k]];
+            if (q->pset && rank != set[0] && rank != set[1]) continue;
+            mix_submit(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n, set_id, arena, arena_cap,
+                       &arena_used, in_arena);
+            if (mix_next(&mine) % 4 == 0) usleep((useconds_t)(mix_next(&mine) % 1500)); /* into another cycle */
+        }
+        if (mix_next(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
+            size_t count = (size_t)(mix_next(&plan_seed) % 300000);
+            int32_t *x = malloc(count * sizeof(int32_t) + 4);
+            KT_ASSERT(x);
+            for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 1000) + rank;
+            KT_OK(kolo_allreduce(x, x, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+            for (size_t i = 0; i < count; i++)
+                if (x[i] != n * (int32_t)(i % 1000) + n * (n - 1) / 2)
+                    kt_fail(__FILE__, __LINE__, "direct allreduce beside the engine: element %zu is %d", i, x[i]);
+            free(x);
+        }
+        permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
+        for (int k = 0; k < nreq; k++) {
+            const mix_req *q = &reqs[order[k]];
+            if (q->pset && rank != set[0] && rank != set[1]) continue;
+            mix_finish(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n);
+            with_callback += q->callback ? q->ntensors : 0;
+        }
+    }
+    kolo_engine_stats_t st;
+    KT_OK(kolo_engine_stats(&st));
+    KT_EQ(atomic_load(&mix_callbacks), with_callback);
+    KT_OK(kolo_barrier(KOLO_WORLD)); /* a rank outside the set must not leave while the set's requests run */
+    if (cfg->expect_fusion)
+        KT_ASSERTF(st.fused_collectives > 0 && st.cache_hits > 0, "fused %llu, cache hits %llu",
+                   (unsigned long long)st.fused_collectives, (unsigned long long)st.cache_hits);
+    if (cfg->autotune) {
+        kolo_engine_params_t p;
+        KT_OK(kolo_engine_params(&p));
+        KT_ASSERTF(p.samples >= 2, "the autotuner scored %d samples", p.samples);
+    }
+    KT_OK(kolo_mem_free(arena));
+}
+
+static int mix_run(int n, const mix_cfg *cfg)
+{
+    kt_job_opts o;
+    memset(&o, 0, sizeof(o));
+    for (int i = 0; i < 8 && cfg->env[i]; i++) o.env[i] = cfg->env[i];
+    o.tcp_only = cfg->tcp;
+    return kt_job(n, mix_job, (void *)cfg, &o, NULL);
+}
+
+KT_TEST(engine_random_mix_in_each_ranks_order, 120)
+{
+    static const mix_cfg shm = {.expect_fusion = 1}, tcp = {.tcp = 1, .expect_fusion = 1};
+    KT_EQ(mix_run(3, &shm), 0);
+    KT_EQ(mix_run(2, &tcp), 0);
+}
+
+/* The same with a fusion threshold of 2 KiB, a cache of 3 names (evicting all the time) and
+ * cycles of 0.2 ms: other fusions, other negotiations. */
+KT_TEST(engine_random_mix_small_fusion_and_cache, 120)
+{
+    static const mix_cfg cfg = {.env = {"KOLO_FUSION_THRESHOLD=2048", "KOLO_CACHE_CAPACITY=3", "KOLO_CYCLE_TIME=0.2"}};
+    KT_EQ(mix_run(3, &cfg), 0);
+}
+
+/* 4 ranks on this host's cores (more ranks than cores on a small one) while the autotuner moves the
+ * fusion threshold and the cycle time under the requests, and every rank writes a timeline. */
+KT_TEST(engine_random_mix_autotuned_with_a_timeline, 120)
+{
+    char tl[512];
+    snprintf(tl, sizeof(tl), "KOLO_TIMELINE=%s/mix.json", kt_scratch());
+    mix_cfg cfg = {.env = {"KOLO_AUTOTUNE=1", "KOLO_AUTOTUNE_WARMUP_SAMPLES=1", "KOLO_AUTOTUNE_STEPS_PER_SAMPLE=2", tl},
+                   .expect_fusion = 1,
+                   .autotune = 1};
+    KT_EQ(mix_run(4, &cfg), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/mix.json.3", kt_scratch());
+    struct stat sb;
+    KT_ASSERTF(stat(path, &sb) == 0 && sb.st_size > 1000, "%s: no timeline", path);
 }
