@@ -1863,6 +1863,9 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
  * requests in another order of its own (polling those with a callback first) and checks every
  * element of every output against what it computes from the plan. Values are small integers, so
  * every result is exact in every dtype but AVERAGE's division (within half precision's rounding).
+ * The tests below run it over shared memory and TCP, with a tiny fusion threshold and cache, under
+ * the autotuner, on ranks posing as two hosts, and with each rank's steps ending at a count of its
+ * own in kolo_ijoin.
  * KT_MIX_SEED=<number> runs another plan (30 of them passed when this was written); a mutation
  * that fuses allreduces of different postscales, or one that takes an allgather from the cache
  * after this rank's rows changed, fails the first test. */
@@ -1884,12 +1887,15 @@ typedef struct mix_req {
     int root;     /* a member of the set */
     int in_place;
     uint64_t shape_salt, value_salt;
+    uint32_t joined; /* world ranks that have joined (kolo_ijoin) before this step: they add zeros */
     char name[MIX_MAX_GROUP][32];
 } mix_req;
 
 typedef struct mix_cfg {
     const char *env[8];
     int tcp;
+    int join;          /* each rank stops after steps of its own and joins */
+    const char *hosts; /* each rank's host, posed (one letter per rank), or NULL */
     int expect_fusion; /* the job must have fused some collectives and hit the cache */
     int autotune;      /* ... and the autotuner must have scored samples */
 } mix_cfg;
@@ -1970,7 +1976,7 @@ static double mix_reduced(const mix_req *q, const int *members, int n, int t, in
     double acc = 0;
     int64_t iacc = 0;
     for (int m = 0; m < n; m++) {
-        double v = mix_value(q, t, members[m], i);
+        double v = q->joined >> members[m] & 1 ? 0 : mix_value(q, t, members[m], i);
         if (q->dt == KOLO_BOOL) {
             bool and = q->op == KOLO_MIN || q->op == KOLO_PRODUCT;
             acc = m == 0 ? v : and ? (acc != 0 && v != 0) : (acc != 0 || v != 0);
@@ -2003,7 +2009,7 @@ static void mix_check(const mix_req *q, const char *what, int64_t i, double got,
 }
 
 /* A new request for the plan (the same on every rank: seed s). */
-static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, uint64_t *used)
+static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, bool joined, uint64_t *used)
 {
     static const kolo_dtype_t dts[] = {KOLO_UINT8, KOLO_INT8,     KOLO_UINT16,  KOLO_INT16,   KOLO_INT32, KOLO_INT64,
                                        KOLO_FLOAT16, KOLO_BFLOAT16, KOLO_FLOAT32, KOLO_FLOAT64, KOLO_BOOL};
@@ -2012,8 +2018,9 @@ static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, uint64_t
     static const char *const kname[MIX_KINDS] = {"ar", "grp", "ag", "bc", "a2a", "rs", "barrier"};
     memset(q, 0, sizeof(*q));
     q->kind = kinds[mix_next(s) % (sizeof(kinds) / sizeof(kinds[0]))];
+    if (joined && q->kind != MIX_GROUP && q->kind != MIX_BARRIER) q->kind = MIX_AR; /* the others fail then */
     q->dt = dts[mix_next(s) % (sizeof(dts) / sizeof(dts[0]))];
-    q->pset = have_set && mix_next(s) % 4 == 0;
+    q->pset = have_set && !joined && mix_next(s) % 4 == 0;
     q->op = KOLO_SUM;
     q->pre = q->post = 1;
     if (q->kind == MIX_AR || q->kind == MIX_GROUP || q->kind == MIX_RS) {
@@ -2229,6 +2236,8 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
 static void mix_job(int rank, void *arg)
 {
     const mix_cfg *cfg = arg;
+    char host[2] = {cfg->hosts ? cfg->hosts[rank] : 0, 0};
+    if (cfg->hosts) kolo__mesh_test_host(host);
     KT_OK(kolo_init());
     int n = kolo_size();
     int world[16], set[2] = {0, n - 1}, set_id = -1;
@@ -2243,16 +2252,26 @@ static void mix_job(int rank, void *arg)
     uint64_t mine = 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1);
     mix_req reqs[MIX_MAX_REQS];
     mix_live live[MIX_MAX_REQS];
-    int nreq = 0, order[MIX_MAX_REQS], with_callback = 0;
+    int nreq = 0, order[MIX_MAX_REQS], with_callback = 0, steps[16], shift = (int)(plan_seed % (uint64_t)n);
+    for (int r = 0; r < n; r++) /* with join, every rank stops after a count of steps of its own */
+        steps[r] = cfg->join ? MIX_STEPS - 40 * ((r + shift) % n) : MIX_STEPS;
+    bool plan_joined = false;
     atomic_store(&mix_callbacks, 0);
-    for (int step = 0; step < MIX_STEPS; step++) {
-        /* half the steps repeat the last one's requests (the cache's hits) with new values */
-        if (step == 0 || mix_next(&plan_seed) % 2) {
+    for (int step = 0; step < steps[rank]; step++) {
+        uint32_t joined = 0;
+        for (int r = 0; r < n; r++) joined |= (uint32_t)(steps[r] <= step) << r;
+        /* half the steps repeat the last one's requests (the cache's hits) with new values; once a
+         * rank has joined, only allreduces and barriers on the world */
+        if (step == 0 || mix_next(&plan_seed) % 2 || (joined && !plan_joined)) {
             uint64_t used[2 * MIX_KINDS] = {0};
             nreq = 1 + (int)(mix_next(&plan_seed) % MIX_MAX_REQS);
-            for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, n, have_set, used);
+            for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, n, have_set, joined, used);
+            plan_joined = joined;
         }
-        for (int j = 0; j < nreq; j++) reqs[j].value_salt = mix_next(&plan_seed);
+        for (int j = 0; j < nreq; j++) {
+            reqs[j].value_salt = mix_next(&plan_seed);
+            reqs[j].joined = joined;
+        }
         bool in_arena = mix_next(&mine) % 2;
         size_t arena_used = 0;
         permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
@@ -2263,7 +2282,7 @@ static void mix_job(int rank, void *arg)
                        &arena_used, in_arena);
             if (mix_next(&mine) % 4 == 0) usleep((useconds_t)(mix_next(&mine) % 1500)); /* into another cycle */
         }
-        if (mix_next(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
+        if (!joined && mix_next(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
             size_t count = (size_t)(mix_next(&plan_seed) % 300000);
             int32_t *x = malloc(count * sizeof(int32_t) + 4);
             KT_ASSERT(x);
@@ -2282,6 +2301,13 @@ static void mix_job(int rank, void *arg)
             with_callback += q->callback ? q->ntensors : 0;
         }
     }
+    if (cfg->join) {
+        kolo_request_t *j;
+        KT_OK(kolo_ijoin(NULL, &j));
+        wait_ok(j);
+        KT_EQ(kolo_request_join_last_rank(j), (n - shift) % n); /* the rank of the most steps */
+        kolo_request_release(j);
+    }
     kolo_engine_stats_t st;
     KT_OK(kolo_engine_stats(&st));
     KT_EQ(atomic_load(&mix_callbacks), with_callback);
@@ -2289,6 +2315,8 @@ static void mix_job(int rank, void *arg)
     if (cfg->expect_fusion)
         KT_ASSERTF(st.fused_collectives > 0 && st.cache_hits > 0, "fused %llu, cache hits %llu",
                    (unsigned long long)st.fused_collectives, (unsigned long long)st.cache_hits);
+    if (cfg->hosts) /* the engine's allreduces of 256 KiB and more went in stages, within and across hosts */
+        KT_ASSERTF(kolo__coll_hier_runs() > 0, "no hierarchical allreduce on rank %d", rank);
     if (cfg->autotune) {
         kolo_engine_params_t p;
         KT_OK(kolo_engine_params(&p));
@@ -2335,4 +2363,25 @@ KT_TEST(engine_random_mix_autotuned_with_a_timeline, 120)
     snprintf(path, sizeof(path), "%s/mix.json.3", kt_scratch());
     struct stat sb;
     KT_ASSERTF(stat(path, &sb) == 0 && sb.st_size > 1000, "%s: no timeline", path);
+}
+
+/* 4 ranks posing as 2 hosts, interleaved (ranks 0 and 2 on one, 1 and 3 on the other), with the
+ * hierarchical allreduce and allgather on: shared memory within each, TCP between them, and the
+ * process set {0, 3} across both. */
+KT_TEST(engine_random_mix_across_posed_hosts, 120)
+{
+    static const mix_cfg cfg = {.env = {"KOLO_HIERARCHICAL_ALLREDUCE=1", "KOLO_HIERARCHICAL_ALLGATHER=1"},
+                                .hosts = "abab",
+                                .expect_fusion = 1};
+    KT_EQ(mix_run(4, &cfg), 0);
+}
+
+/* Uneven data, as Horovod's join serves it: each rank stops after a count of steps of its own (400,
+ * 360, 320, rotated by the seed) and joins; from the first join on, the others' steps hold only
+ * allreduces (grouped too) and barriers on the world, to which the joined ranks add zeros, so
+ * that MIN, MAX and PRODUCT see a 0 and AVERAGE still divides by 3. */
+KT_TEST(engine_random_mix_with_uneven_steps_and_join, 120)
+{
+    static const mix_cfg cfg = {.join = 1, .expect_fusion = 1};
+    KT_EQ(mix_run(3, &cfg), 0);
 }
