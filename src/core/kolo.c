@@ -527,12 +527,33 @@ int kolo_init(void)
     return KOLO_OK;
 }
 
+/* A rank that leaves after its job failed on one channel (a peer lost, a garbled stream) says why
+ * on the others too, as an abort with the first failure's message, instead of a goodbye or a
+ * bare close. Before, a peer still inside a collective on the other channel blamed this rank:
+ * rank 1 killed, rank 2's engine failed on it and its program left, and rank 0's direct allreduce
+ * with rank 2 failed with "lost rank 2: receiving from it failed (connection closed)", naming a
+ * rank that had only been told; now it reads "rank 2 ... aborted the job because: lost rank 1 ...".
+ * Found by the engine's random mix with a rank killed (tests/test_engine.c). The engine has
+ * stopped: no thread uses the meshes. */
+static void pass_on_failure(void)
+{
+    const kolo__mesh *first = NULL;
+    for (int c = 0; c < KOLO_NCHANNELS && !first; c++)
+        if (W.mesh[c] && W.mesh[c]->failed) first = W.mesh[c];
+    if (!first) return;
+    char msg[sizeof(first->failmsg)];
+    snprintf(msg, sizeof(msg), "%s", first->failmsg);
+    for (int c = 0; c < KOLO_NCHANNELS; c++)
+        if (W.mesh[c] && !W.mesh[c]->failed) kolo__mesh_fail(W.mesh[c], kolo__err(first->failed, "%s", msg));
+}
+
 int kolo_shutdown(void)
 {
     if (!W.initialized) return KOLO_OK;
     kolo__engine_stop(); /* before the meshes go: it says goodbye on its own */
     pthread_mutex_lock(&W.direct_lock);
     pthread_mutex_lock(&W.pset_lock);
+    pass_on_failure();
     teardown();
     kolo__elastic_close();
     W.initialized = 0;
