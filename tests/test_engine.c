@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WAIT_S 25.0
@@ -1895,6 +1896,8 @@ typedef struct mix_cfg {
     const char *env[8];
     int tcp;
     int join;          /* each rank stops after steps of its own and joins */
+    int kill;          /* a rank kills itself (SIGKILL) at a step: the others must be told, naming it */
+    uint64_t seed;     /* the plan's, or 0: KT_MIX_SEED or the default */
     const char *hosts; /* each rank's host, posed (one letter per rank), or NULL */
     int expect_fusion; /* the job must have fused some collectives and hit the cache */
     int autotune;      /* ... and the autotuner must have scored samples */
@@ -2075,7 +2078,26 @@ static void mix_done(kolo_request_t *r, void *user)
     atomic_fetch_add(&mix_callbacks, 1);
 }
 
+/* A rank that kills itself in the mix (-1: none), and the failures this rank saw since. */
+static int mix_victim = -1, mix_failures;
+static int mix_victim_of(uint64_t plan_seed, int n) { return (int)(mix_hash(plan_seed, 0x6B696C6C, 1, 0) % (uint64_t)n); }
+
+/* st of a submission or a request: KOLO_OK, or (after the victim died) an error that names it. */
+static bool mix_status(const mix_req *q, int st, const char *err)
+{
+    if (st == KOLO_OK) return true;
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d", mix_victim);
+    if (mix_victim < 0 || st == KOLO_ERR_TIMEOUT || !strstr(err, want))
+        kt_fail(__FILE__, __LINE__, "'%s': %d (%s): %s", q ? q->name[0] : "direct allreduce", st, kolo_strerror(st),
+                err);
+    mix_failures++;
+    return false;
+}
+
 typedef struct mix_live {
+    int st;        /* the submission's */
+    char err[512]; /* and its error */
     kolo_request_t *req[MIX_MAX_GROUP];
     void *send[MIX_MAX_GROUP], *recv[MIX_MAX_GROUP];
     bool arena[MIX_MAX_GROUP];
@@ -2130,9 +2152,9 @@ static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *membe
             shs[t] = sh;
         }
         if (q->kind == MIX_AR)
-            KT_OK(kolo_iallreduce(q->name[0], sb[0], rb[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]));
+            l->st = kolo_iallreduce(q->name[0], sb[0], rb[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]);
         else
-            KT_OK(kolo_igrouped_allreduce(q->ntensors, names, sb, rb, q->dt, shs, q->op, q->pre, q->post, &o, l->req));
+            l->st = kolo_igrouped_allreduce(q->ntensors, names, sb, rb, q->dt, shs, q->op, q->pre, q->post, &o, l->req);
         return;
     }
     if (q->kind == MIX_AG) {
@@ -2141,7 +2163,7 @@ static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *membe
         KT_ASSERT(l->send[0]);
         for (int64_t i = 0; i < rows * q->width; i++) mix_put(l->send[0], q->dt, i, mix_value(q, 0, rank, i));
         kolo_shape_t ash = shape2(rows, q->width);
-        KT_OK(kolo_iallgather(q->name[0], l->send[0], q->dt, &ash, &o, &l->req[0]));
+        l->st = kolo_iallgather(q->name[0], l->send[0], q->dt, &ash, &o, &l->req[0]);
         return;
     }
     if (q->kind == MIX_BC) {
@@ -2149,7 +2171,7 @@ static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *membe
         KT_ASSERT(l->send[0]);
         for (int64_t i = 0; i < count; i++)
             mix_put(l->send[0], q->dt, i, rank == members[q->root] ? mix_value(q, 0, rank, i) : 7);
-        KT_OK(kolo_ibroadcast(q->name[0], l->send[0], q->dt, &sh, q->root, &o, &l->req[0]));
+        l->st = kolo_ibroadcast(q->name[0], l->send[0], q->dt, &sh, q->root, &o, &l->req[0]);
         return;
     }
     if (q->kind == MIX_A2A) {
@@ -2162,17 +2184,17 @@ static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *membe
             for (int64_t i = 0; i < splits[d] * q->width; i++)
                 mix_put(l->send[0], q->dt, at++, mix_value(q, d, rank, i));
         kolo_shape_t ash = shape2(total, q->width);
-        KT_OK(kolo_ialltoall(q->name[0], l->send[0], q->dt, &ash, splits, &o, &l->req[0]));
+        l->st = kolo_ialltoall(q->name[0], l->send[0], q->dt, &ash, splits, &o, &l->req[0]);
         return;
     }
     if (q->kind == MIX_BARRIER) {
-        KT_OK(kolo_ibarrier(&o, &l->req[0]));
+        l->st = kolo_ibarrier(&o, &l->req[0]);
         return;
     }
     l->send[0] = malloc((size_t)count * es + 1);
     KT_ASSERT(l->send[0]);
     for (int64_t i = 0; i < count; i++) mix_put(l->send[0], q->dt, i, mix_value(q, 0, rank, i));
-    KT_OK(kolo_ireducescatter(q->name[0], l->send[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]));
+    l->st = kolo_ireducescatter(q->name[0], l->send[0], q->dt, &sh, q->op, q->pre, q->post, &o, &l->req[0]);
 }
 
 static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *members, int n)
@@ -2184,14 +2206,17 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
     int64_t count = q->rows * q->width;
     const void *data;
     kolo_shape_t out;
-    for (int t = 0; t < q->ntensors; t++) {
+    bool ok = mix_status(q, l->st, l->err);
+    for (int t = 0; t < q->ntensors && l->st == KOLO_OK; t++) {
         for (int done = 0, i = 0; q->callback && !done && i < 100; i++) {
             KT_OK(kolo_request_test(l->req[t], &done));
             if (!done) usleep(50);
         }
-        wait_ok(l->req[t]);
+        int st = kolo_request_wait(l->req[t], WAIT_S); /* a dead rank's peers hear of it: never a timeout */
+        ok = mix_status(q, st, kolo_request_error(l->req[t])) && ok;
     }
-    if (q->kind == MIX_AR || q->kind == MIX_GROUP) {
+    if (!ok) {
+    } else if (q->kind == MIX_AR || q->kind == MIX_GROUP) {
         for (int t = 0; t < q->ntensors; t++)
             for (int64_t i = 0; i < count; i++)
                 mix_check(q, "allreduce", i, mix_get(l->recv[t], q->dt, i), mix_reduced(q, members, n, t, i));
@@ -2225,7 +2250,7 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
                       mix_reduced(q, members, n, 0, (int64_t)first * q->width + i));
     }
     for (int t = 0; t < q->ntensors; t++) {
-        kolo_request_release(l->req[t]);
+        if (l->st == KOLO_OK) kolo_request_release(l->req[t]);
         if (!l->arena[t]) {
             if (l->recv[t] != l->send[t]) free(l->recv[t]);
             free(l->send[t]);
@@ -2248,7 +2273,13 @@ static void mix_job(int rank, void *arg)
     char *arena = kolo_mem_alloc(arena_cap);
     KT_ASSERTF(arena, "kolo_mem_alloc: %s", kolo_last_error());
     const char *seed = getenv("KT_MIX_SEED");
-    uint64_t plan_seed = seed ? strtoull(seed, NULL, 0) | 1 : 0x6B6F6C6F6D6978ull; /* xorshift: never 0 */
+    uint64_t plan_seed = cfg->seed ? cfg->seed : seed ? strtoull(seed, NULL, 0) | 1 : 0x6B6F6C6F6D6978ull; /* never 0 */
+    /* where the victim dies: the step, and the request before whose submission (or, in the second
+     * half, whose wait) it does */
+    uint64_t fate = mix_hash(plan_seed, 0x6B696C6C, 0, 0);
+    int kill_step = cfg->kill ? 3 + (int)(fate % 120) : -1, kill_at = (int)((fate >> 16) % (2 * MIX_MAX_REQS));
+    mix_victim = cfg->kill ? mix_victim_of(plan_seed, n) : -1;
+    mix_failures = 0;
     uint64_t mine = 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1);
     mix_req reqs[MIX_MAX_REQS];
     mix_live live[MIX_MAX_REQS];
@@ -2277,9 +2308,13 @@ static void mix_job(int rank, void *arg)
         permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
         for (int k = 0; k < nreq; k++) {
             const mix_req *q = &reqs[order[k]];
+            if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at < MIX_MAX_REQS)
+                kill(getpid(), SIGKILL);
             if (q->pset && rank != set[0] && rank != set[1]) continue;
             mix_submit(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n, set_id, arena, arena_cap,
                        &arena_used, in_arena);
+            if (live[order[k]].st != KOLO_OK)
+                snprintf(live[order[k]].err, sizeof(live[order[k]].err), "%s", kolo_last_error());
             if (mix_next(&mine) % 4 == 0) usleep((useconds_t)(mix_next(&mine) % 1500)); /* into another cycle */
         }
         if (!joined && mix_next(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
@@ -2287,8 +2322,9 @@ static void mix_job(int rank, void *arg)
             int32_t *x = malloc(count * sizeof(int32_t) + 4);
             KT_ASSERT(x);
             for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 1000) + rank;
-            KT_OK(kolo_allreduce(x, x, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
-            for (size_t i = 0; i < count; i++)
+            bool ok = mix_status(NULL, kolo_allreduce(x, x, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD),
+                                 kolo_last_error());
+            for (size_t i = 0; i < count && ok; i++)
                 if (x[i] != n * (int32_t)(i % 1000) + n * (n - 1) / 2)
                     kt_fail(__FILE__, __LINE__, "direct allreduce beside the engine: element %zu is %d", i, x[i]);
             free(x);
@@ -2296,10 +2332,18 @@ static void mix_job(int rank, void *arg)
         permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
         for (int k = 0; k < nreq; k++) {
             const mix_req *q = &reqs[order[k]];
+            if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at >= MIX_MAX_REQS)
+                kill(getpid(), SIGKILL);
             if (q->pset && rank != set[0] && rank != set[1]) continue;
             mix_finish(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n);
             with_callback += q->callback ? q->ntensors : 0;
         }
+        if (mix_failures) break; /* the victim has died: this step's requests all ended */
+    }
+    if (cfg->kill) { /* each survivor was told, and its every request ended */
+        KT_ASSERTF(mix_failures > 0, "rank %d never heard of rank %d's death at step %d", rank, mix_victim, kill_step);
+        KT_OK(kolo_mem_free(arena));
+        return;
     }
     if (cfg->join) {
         kolo_request_t *j;
@@ -2384,4 +2428,23 @@ KT_TEST(engine_random_mix_with_uneven_steps_and_join, 120)
 {
     static const mix_cfg cfg = {.join = 1, .expect_fusion = 1};
     KT_EQ(mix_run(3, &cfg), 0);
+}
+
+/* A rank dies (SIGKILL) at a step of the mix, before one of its submissions or one of its waits:
+ * every request of the others ends (none times out) with an error that names it, and every
+ * survivor leaves the job; 3 ranks over shared memory and over TCP, 6 plans each. */
+KT_TEST(engine_random_mix_a_rank_dies, 180)
+{
+    const char *base = getenv("KT_MIX_SEED");
+    uint64_t seed0 = base ? strtoull(base, NULL, 0) | 1 : 0x6B6F6C6F00000001ull;
+    for (int i = 0; i < 12; i++) {
+        mix_cfg cfg = {.kill = 1, .tcp = i % 2, .seed = seed0 + 2 * (uint64_t)(i / 2)};
+        int status[3];
+        kt_job_opts o;
+        memset(&o, 0, sizeof(o));
+        o.tcp_only = cfg.tcp;
+        KT_EQ(kt_job(3, mix_job, &cfg, &o, status), 1);
+        int v = mix_victim_of(cfg.seed, 3);
+        KT_ASSERTF(WIFSIGNALED(status[v]) && WTERMSIG(status[v]) == SIGKILL, "rank %d: status %#x", v, status[v]);
+    }
 }
