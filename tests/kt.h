@@ -157,5 +157,9 @@ void kt_proc_free(kt_proc *p);
 
 /* Deterministic pseudo-random fill for test data. */
 void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed);
+/* Element i of buf as a double, and v stored as element i (v must be exact in the dtype; for
+ * float16, 0 or normal): decoded and encoded by the runner itself, not by kolo's conversions. */
+double kt_get(const void *buf, size_t i, kolo_dtype_t d);
+void kt_put(void *buf, size_t i, kolo_dtype_t d, double v);
 
 #endif

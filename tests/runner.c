@@ -10,8 +10,11 @@
 #include <poll.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -370,50 +373,88 @@ void kt_job_both(int n, void (*fn)(int rank, void *arg), void *arg)
     if (bad) kt_fail(__FILE__, __LINE__, "%d of %d ranks failed (tcp)", bad, n);
 }
 
+/* Decoded and encoded here, not by kolo's conversions, which the tests check. */
+static float half_to_float(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf(1.0f + (float)m / 1024.0f, e - 15);
+    return (h & 0x8000) ? -v : v;
+}
+
+static uint16_t float_to_half(float f) /* f: 0, or normal in float16 and exact there */
+{
+    if (f == 0) return 0;
+    int sign = f < 0, e = 0;
+    float a = sign ? -f : f;
+    while (a >= 2.0f) {
+        a /= 2;
+        e++;
+    }
+    while (a < 1.0f) {
+        a *= 2;
+        e--;
+    }
+    return (uint16_t)((sign << 15) | ((e + 15) << 10) | (int)((a - 1.0f) * 1024));
+}
+
+double kt_get(const void *buf, size_t i, kolo_dtype_t d)
+{
+    switch (d) {
+    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
+    case KOLO_INT8: return ((const int8_t *)buf)[i];
+    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
+    case KOLO_INT16: return ((const int16_t *)buf)[i];
+    case KOLO_INT32: return ((const int32_t *)buf)[i];
+    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
+    case KOLO_FLOAT16: return half_to_float(((const uint16_t *)buf)[i]);
+    case KOLO_BFLOAT16: {
+        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case KOLO_FLOAT32: return ((const float *)buf)[i];
+    case KOLO_FLOAT64: return ((const double *)buf)[i];
+    case KOLO_BOOL: return ((const uint8_t *)buf)[i] != 0;
+    default: return NAN;
+    }
+}
+
+void kt_put(void *buf, size_t i, kolo_dtype_t d, double v)
+{
+    switch (d) {
+    case KOLO_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case KOLO_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case KOLO_UINT16: ((uint16_t *)buf)[i] = (uint16_t)v; break;
+    case KOLO_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case KOLO_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case KOLO_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case KOLO_FLOAT16: ((uint16_t *)buf)[i] = float_to_half((float)v); break;
+    case KOLO_BFLOAT16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+        break;
+    }
+    case KOLO_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case KOLO_FLOAT64: ((double *)buf)[i] = v; break;
+    case KOLO_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+    default: break;
+    }
+}
+
 void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed)
 {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    unsigned char *b = buf;
-    size_t es = kolo_dtype_size(dtype);
+    bool floating = dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16 || dtype == KOLO_FLOAT32 || dtype == KOLO_FLOAT64;
+    bool unsig = dtype == KOLO_UINT8 || dtype == KOLO_UINT16;
     for (size_t i = 0; i < count; i++) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         int v = (int)(x % 17) - 8; /* small values: sums stay exact in every dtype */
-        unsigned char *p = b + i * es;
-        switch (dtype) {
-        case KOLO_UINT8: *p = (unsigned char)(v + 8); break;
-        case KOLO_INT8: *(int8_t *)p = (int8_t)v; break;
-        case KOLO_UINT16: *(uint16_t *)p = (uint16_t)(v + 8); break;
-        case KOLO_INT16: *(int16_t *)p = (int16_t)v; break;
-        case KOLO_INT32: *(int32_t *)p = v; break;
-        case KOLO_INT64: *(int64_t *)p = v; break;
-        case KOLO_FLOAT32: *(float *)p = (float)v * 0.5f; break;
-        case KOLO_FLOAT64: *(double *)p = v * 0.5; break;
-        case KOLO_BOOL: *p = (unsigned char)(v > 0); break;
-        case KOLO_FLOAT16: { /* exact small halves: v*0.5 */
-            float f = (float)v * 0.5f;
-            uint16_t h = 0;
-            if (f != 0) {
-                int sign = f < 0;
-                float a = sign ? -f : f;
-                int e = 0;
-                while (a >= 2.0f) { a /= 2; e++; }
-                while (a < 1.0f) { a *= 2; e--; }
-                h = (uint16_t)((sign << 15) | ((e + 15) << 10) | (int)((a - 1.0f) * 1024));
-            }
-            *(uint16_t *)p = h;
-            break;
-        }
-        case KOLO_BFLOAT16: {
-            float f = (float)v * 0.5f;
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            *(uint16_t *)p = (uint16_t)(u >> 16);
-            break;
-        }
-        default: break;
-        }
+        kt_put(buf, i, dtype, dtype == KOLO_BOOL ? v > 0 : floating ? v * 0.5 : unsig ? v + 8 : v);
     }
 }
 

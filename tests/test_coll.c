@@ -20,36 +20,6 @@ static const kolo_dtype_t all_dtypes[] = {KOLO_UINT8,   KOLO_INT8,     KOLO_UINT
                                           KOLO_INT32,   KOLO_INT64,    KOLO_FLOAT16, KOLO_BFLOAT16,
                                           KOLO_FLOAT32, KOLO_FLOAT64,  KOLO_BOOL};
 
-static float half_to_float(uint16_t h)
-{
-    int e = (h >> 10) & 31, m = h & 1023;
-    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf(1.0f + (float)m / 1024.0f, e - 15);
-    return (h & 0x8000) ? -v : v;
-}
-
-static double getv(const void *buf, size_t i, kolo_dtype_t d)
-{
-    switch (d) {
-    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
-    case KOLO_INT8: return ((const int8_t *)buf)[i];
-    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
-    case KOLO_INT16: return ((const int16_t *)buf)[i];
-    case KOLO_INT32: return ((const int32_t *)buf)[i];
-    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
-    case KOLO_FLOAT16: return half_to_float(((const uint16_t *)buf)[i]);
-    case KOLO_BFLOAT16: {
-        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    case KOLO_FLOAT32: return ((const float *)buf)[i];
-    case KOLO_FLOAT64: return ((const double *)buf)[i];
-    case KOLO_BOOL: return ((const uint8_t *)buf)[i] != 0;
-    default: return NAN;
-    }
-}
-
 static int is_float(kolo_dtype_t d)
 {
     return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
@@ -77,7 +47,7 @@ static void reference(double *ref, int n, unsigned seed, size_t count, kolo_dtyp
     for (int r = 0; r < n; r++) {
         kt_fill(buf, count, d, seed + (unsigned)r);
         for (size_t i = 0; i < count; i++) {
-            double v = getv(buf, i, d), acc = ref[i];
+            double v = kt_get(buf, i, d), acc = ref[i];
             if (d == KOLO_BOOL) v = v != 0;
             else if (is_float(d)) v = v * pre;
             else v = trunc(v * pre);
@@ -133,7 +103,7 @@ static void check_allreduce(int rank, int n, kolo_dtype_t d, kolo_op_t op, size_
     double *ref = calloc(count + 1, sizeof(double));
     reference(ref, n, seed, count, d, op, pre, post);
     for (size_t i = 0; i < count; i++) {
-        double want = ref[i], got = getv(recv, i, d);
+        double want = ref[i], got = kt_get(recv, i, d);
         KT_ASSERTF(near(got, want, d, op), "allreduce %s %s count %zu%s pre %g post %g: element %zu is %g, expected %g",
                    kolo_dtype_name(d), kolo_op_name(op), count, inplace ? " in place" : "", pre, post, i, got, want);
     }
