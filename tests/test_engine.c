@@ -2335,20 +2335,20 @@ static void mix_job(int rank, void *arg)
     KT_OK(kolo_mem_free(arena));
 }
 
-static int mix_run(int n, const mix_cfg *cfg)
+static int mix_run(int n, const mix_cfg *cfg, int *status)
 {
     kt_job_opts o;
     memset(&o, 0, sizeof(o));
     for (int i = 0; i < 8 && cfg->env[i]; i++) o.env[i] = cfg->env[i];
     o.tcp_only = cfg->tcp;
-    return kt_job(n, mix_job, (void *)cfg, &o, NULL);
+    return kt_job(n, mix_job, (void *)cfg, &o, status);
 }
 
 KT_TEST(engine_random_mix_in_each_ranks_order, 120)
 {
     static const mix_cfg shm = {.expect_fusion = 1}, tcp = {.tcp = 1, .expect_fusion = 1};
-    KT_EQ(mix_run(3, &shm), 0);
-    KT_EQ(mix_run(2, &tcp), 0);
+    KT_EQ(mix_run(3, &shm, NULL), 0);
+    KT_EQ(mix_run(2, &tcp, NULL), 0);
 }
 
 /* The same with a fusion threshold of 2 KiB, a cache of 3 names (evicting all the time) and
@@ -2356,7 +2356,7 @@ KT_TEST(engine_random_mix_in_each_ranks_order, 120)
 KT_TEST(engine_random_mix_small_fusion_and_cache, 120)
 {
     static const mix_cfg cfg = {.env = {"KOLO_FUSION_THRESHOLD=2048", "KOLO_CACHE_CAPACITY=3", "KOLO_CYCLE_TIME=0.2"}};
-    KT_EQ(mix_run(3, &cfg), 0);
+    KT_EQ(mix_run(3, &cfg, NULL), 0);
 }
 
 /* 4 ranks on this host's cores (more ranks than cores on a small one) while the autotuner moves the
@@ -2368,7 +2368,7 @@ KT_TEST(engine_random_mix_autotuned_with_a_timeline, 120)
     mix_cfg cfg = {.env = {"KOLO_AUTOTUNE=1", "KOLO_AUTOTUNE_WARMUP_SAMPLES=1", "KOLO_AUTOTUNE_STEPS_PER_SAMPLE=2", tl},
                    .expect_fusion = 1,
                    .autotune = 1};
-    KT_EQ(mix_run(4, &cfg), 0);
+    KT_EQ(mix_run(4, &cfg, NULL), 0);
     char path[600];
     snprintf(path, sizeof(path), "%s/mix.json.3", kt_scratch());
     struct stat sb;
@@ -2383,7 +2383,7 @@ KT_TEST(engine_random_mix_across_posed_hosts, 120)
     static const mix_cfg cfg = {.env = {"KOLO_HIERARCHICAL_ALLREDUCE=1", "KOLO_HIERARCHICAL_ALLGATHER=1"},
                                 .hosts = "abab",
                                 .expect_fusion = 1};
-    KT_EQ(mix_run(4, &cfg), 0);
+    KT_EQ(mix_run(4, &cfg, NULL), 0);
 }
 
 /* Uneven data, as Horovod's join serves it: each rank stops after a count of steps of its own (250,
@@ -2393,24 +2393,29 @@ KT_TEST(engine_random_mix_across_posed_hosts, 120)
 KT_TEST(engine_random_mix_with_uneven_steps_and_join, 120)
 {
     static const mix_cfg cfg = {.join = 1, .expect_fusion = 1};
-    KT_EQ(mix_run(3, &cfg), 0);
+    KT_EQ(mix_run(3, &cfg, NULL), 0);
 }
 
 /* A rank dies (SIGKILL) at a step of the mix, before one of its submissions or one of its waits:
  * every request of the others ends (none times out) with an error that names it, and every
- * survivor leaves the job; 3 ranks over shared memory and over TCP, 6 plans each. */
+ * survivor leaves the job; 3 ranks over shared memory and over TCP, 4 plans each, and 4 ranks
+ * posing as 2 hosts (shared memory within, TCP across, the hierarchical stages on), 2 plans. */
 KT_TEST(engine_random_mix_a_rank_dies, 180)
 {
     const char *base = getenv("KT_MIX_SEED");
     uint64_t seed0 = base ? strtoull(base, NULL, 0) | 1 : 0x6B6F6C6F00000001ull;
-    for (int i = 0; i < 12; i++) {
-        mix_cfg cfg = {.kill = 1, .tcp = i % 2, .seed = seed0 + 2 * (uint64_t)(i / 2)};
-        int status[3];
-        kt_job_opts o;
-        memset(&o, 0, sizeof(o));
-        o.tcp_only = cfg.tcp;
-        KT_EQ(kt_job(3, mix_job, &cfg, &o, status), 1);
-        int v = mix_victim_of(cfg.seed, 3);
+    for (int i = 0; i < 10; i++) { /* the last 2: 4 ranks posing as 2 hosts, as above */
+        bool hosts = i >= 8;
+        int n = hosts ? 4 : 3;
+        mix_cfg cfg = {.kill = 1, .tcp = !hosts && i % 2, .seed = seed0 + 2 * (uint64_t)(i / 2)};
+        if (hosts) {
+            cfg.hosts = "abab";
+            cfg.env[0] = "KOLO_HIERARCHICAL_ALLREDUCE=1";
+            cfg.env[1] = "KOLO_HIERARCHICAL_ALLGATHER=1";
+        }
+        int status[4];
+        KT_EQ(mix_run(n, &cfg, status), 1);
+        int v = mix_victim_of(cfg.seed, n);
         KT_ASSERTF(WIFSIGNALED(status[v]) && WTERMSIG(status[v]) == SIGKILL, "rank %d: status %#x", v, status[v]);
     }
 }
