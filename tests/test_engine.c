@@ -2048,14 +2048,13 @@ static int mix_victim_of(uint64_t plan_seed, int n)
 }
 
 /* st of a submission or a request: KOLO_OK, or (after the victim died) an error that names it. */
-static bool mix_status(const mix_req *q, int st, const char *err)
+static bool mix_status(const char *what, int st, const char *err)
 {
     if (st == KOLO_OK) return true;
     char want[32];
     snprintf(want, sizeof(want), "rank %d", mix_victim);
     if (mix_victim < 0 || st == KOLO_ERR_TIMEOUT || !strstr(err, want))
-        kt_fail(__FILE__, __LINE__, "'%s': %d (%s): %s", q ? q->name[0] : "direct allreduce", st, kolo_strerror(st),
-                err);
+        kt_fail(__FILE__, __LINE__, "%s: %d (%s): %s", what, st, kolo_strerror(st), err);
     mix_failures++;
     return false;
 }
@@ -2171,14 +2170,14 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
     int64_t count = q->rows * q->width;
     const void *data;
     kolo_shape_t out;
-    bool ok = mix_status(q, l->st, l->err);
+    bool ok = mix_status(q->name[0], l->st, l->err);
     for (int t = 0; t < q->ntensors && l->st == KOLO_OK; t++) {
         for (int done = 0, i = 0; q->callback && !done && i < 100; i++) {
             KT_OK(kolo_request_test(l->req[t], &done));
             if (!done) usleep(50);
         }
         int st = kolo_request_wait(l->req[t], WAIT_S); /* a dead rank's peers hear of it: never a timeout */
-        ok = mix_status(q, st, kolo_request_error(l->req[t])) && ok;
+        ok = mix_status(q->name[0], st, kolo_request_error(l->req[t])) && ok;
     }
     if (!ok) {
         /* ended by the victim's death (mix_status): no output to check */
@@ -2288,8 +2287,8 @@ static void mix_job(int rank, void *arg)
             int32_t *x = malloc(count * sizeof(int32_t) + 4);
             KT_ASSERT(x);
             for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 1000) + rank;
-            bool ok = mix_status(NULL, kolo_allreduce(x, x, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD),
-                                 kolo_last_error());
+            int st = kolo_allreduce(x, x, count, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+            bool ok = mix_status("a direct allreduce", st, kolo_last_error());
             for (size_t i = 0; i < count && ok; i++)
                 if (x[i] != n * (int32_t)(i % 1000) + n * (n - 1) / 2)
                     kt_fail(__FILE__, __LINE__, "direct allreduce beside the engine: element %zu is %d", i, x[i]);
@@ -2308,6 +2307,20 @@ static void mix_job(int rank, void *arg)
     }
     if (cfg->kill) { /* each survivor was told, and its every request ended */
         KT_ASSERTF(mix_failures > 0, "rank %d never heard of rank %d's death at step %d", rank, mix_victim, kill_step);
+        /* and what it submits from now on fails (at once, or at its wait) naming the victim too */
+        int32_t x = 1, y;
+        kolo_shape_t one = shape1(1);
+        kolo_request_t *r;
+        int failures = mix_failures, st = kolo_iallreduce("after.the.death", &x, &y, KOLO_INT32, &one, KOLO_SUM, 1, 1,
+                                                          NULL, &r);
+        if (st == KOLO_OK) {
+            st = kolo_request_wait(r, WAIT_S);
+            mix_status("after.the.death", st, kolo_request_error(r));
+            kolo_request_release(r);
+        } else {
+            mix_status("after.the.death", st, kolo_last_error());
+        }
+        KT_EQ(mix_failures, failures + 1);
         KT_OK(kolo_mem_free(arena));
         return;
     }
