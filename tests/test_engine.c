@@ -2230,6 +2230,7 @@ static void mix_job(int rank, void *arg)
     if (cfg->hosts) kolo__mesh_test_host(host);
     KT_OK(kolo_init());
     int n = kolo_size();
+    KT_ASSERT(n <= 16); /* world[], steps[] and the alltoall's splits */
     int world[16], set[2] = {0, n - 1}, set_id = -1;
     for (int r = 0; r < n; r++) world[r] = r;
     bool have_set = n >= 3;
