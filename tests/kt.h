@@ -5,6 +5,8 @@
 
 #include "kolo.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +156,20 @@ void kt_proc_wait_for(kt_proc *p, const char *needle, int count, double timeout)
  * timeout kills it (its group with own_group) and fails the test. Closes p->in. */
 int kt_proc_finish(kt_proc *p, double timeout);
 void kt_proc_free(kt_proc *p);
+
+/* xorshift64: the tests' seeded sequences (s never 0) */
+static inline uint64_t kt_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static inline bool kt_is_float(kolo_dtype_t d)
+{
+    return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
+}
 
 /* Deterministic pseudo-random fill for test data. */
 void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed);

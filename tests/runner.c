@@ -447,13 +447,10 @@ void kt_put(void *buf, size_t i, kolo_dtype_t d, double v)
 void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed)
 {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    bool floating = dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16 || dtype == KOLO_FLOAT32 || dtype == KOLO_FLOAT64;
+    bool floating = kt_is_float(dtype);
     bool unsig = dtype == KOLO_UINT8 || dtype == KOLO_UINT16;
     for (size_t i = 0; i < count; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        int v = (int)(x % 17) - 8; /* small values: sums stay exact in every dtype */
+        int v = (int)(kt_rand(&x) % 17) - 8; /* small values: sums stay exact in every dtype */
         kt_put(buf, i, dtype, dtype == KOLO_BOOL ? v > 0 : floating ? v * 0.5 : unsig ? v + 8 : v);
     }
 }

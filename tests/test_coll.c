@@ -20,11 +20,6 @@ static const kolo_dtype_t all_dtypes[] = {KOLO_UINT8,   KOLO_INT8,     KOLO_UINT
                                           KOLO_INT32,   KOLO_INT64,    KOLO_FLOAT16, KOLO_BFLOAT16,
                                           KOLO_FLOAT32, KOLO_FLOAT64,  KOLO_BOOL};
 
-static int is_float(kolo_dtype_t d)
-{
-    return d == KOLO_FLOAT16 || d == KOLO_BFLOAT16 || d == KOLO_FLOAT32 || d == KOLO_FLOAT64;
-}
-
 /* wraps a double into the integer type's range, as C arithmetic in that type does */
 static double wrap(double v, kolo_dtype_t d)
 {
@@ -49,7 +44,7 @@ static void reference(double *ref, int n, unsigned seed, size_t count, kolo_dtyp
         for (size_t i = 0; i < count; i++) {
             double v = kt_get(buf, i, d), acc = ref[i];
             if (d == KOLO_BOOL) v = v != 0;
-            else if (is_float(d)) v = v * pre;
+            else if (kt_is_float(d)) v = v * pre;
             else v = trunc(v * pre);
             if (r == 0) acc = v;
             else if (d == KOLO_BOOL) acc = (op == KOLO_SUM || op == KOLO_MAX) ? (acc || v) : (acc && v);
@@ -67,7 +62,7 @@ static void reference(double *ref, int n, unsigned seed, size_t count, kolo_dtyp
     for (size_t i = 0; i < count; i++) {
         double acc = ref[i];
         if (d == KOLO_BOOL) continue;
-        if (is_float(d)) {
+        if (kt_is_float(d)) {
             ref[i] = acc * post / (op == KOLO_AVERAGE ? n : 1);
             continue;
         }
@@ -79,7 +74,7 @@ static void reference(double *ref, int n, unsigned seed, size_t count, kolo_dtyp
 
 static int near(double got, double want, kolo_dtype_t d, kolo_op_t op)
 {
-    if (!is_float(d) || op != KOLO_AVERAGE) {
+    if (!kt_is_float(d) || op != KOLO_AVERAGE) {
         if (d == KOLO_FLOAT16 || d == KOLO_BFLOAT16) return fabs(got - want) <= 1e-2 * fmax(1, fabs(want));
         return got == want;
     }
@@ -4824,14 +4819,6 @@ KT_TEST(init_agreement_fills_few_rings, 60) { KT_EQ(kt_job(24, init_fills_few_ri
  * broadcasts take the tree as well as the spread and the chain. */
 enum { MIX_STEPS = 960, MIX_PHASE = 12 };
 
-static uint64_t mix_rand(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 /* the value of element i of rank r's contribution at step s: small integers, exact in sums */
 static float mix_val(int r, int s, size_t i)
 {
@@ -4843,7 +4830,7 @@ static void mix_delays(uint64_t *seed, bool crowded)
 {
     uint64_t d = (uint64_t)(4e6 * kt_timeout_scale());
     int slow[8];
-    for (int k = 0; k < 8; k++) slow[k] = seed ? (int)(mix_rand(seed) % 3) - 1 : -1; /* -1 none, else the way */
+    for (int k = 0; k < 8; k++) slow[k] = seed ? (int)(kt_rand(seed) % 3) - 1 : -1; /* -1 none, else the way */
     for (int w = 0; w < 2; w++) {
         kolo__direct_test_delay(w, slow[0] == w ? d : 0);
         kolo__direct_test_delay_exchange(w, slow[1] == w ? d : 0);
@@ -4883,8 +4870,8 @@ static void mix_choices(int rank, void *arg)
     mix_counts(before);
     for (int step = 0; step < MIX_STEPS; step++) {
         if (step % MIX_PHASE == 0) mix_delays(&seed, crowded);
-        int what = (int)(mix_rand(&seed) % 7), big = (int)(mix_rand(&seed) % 2);
-        int root = (int)(mix_rand(&seed) % (uint64_t)n);
+        int what = (int)(kt_rand(&seed) % 7), big = (int)(kt_rand(&seed) % 2);
+        int root = (int)(kt_rand(&seed) % (uint64_t)n);
         size_t c, i;
         switch (what) {
         case 0: /* allreduce out of place: the 2-rank exchange, or the ring or direct */

@@ -1902,14 +1902,6 @@ typedef struct mix_cfg {
     int autotune;      /* ... and the autotuner must have scored samples */
 } mix_cfg;
 
-static uint64_t mix_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 static uint64_t mix_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
 {
     uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
@@ -1917,11 +1909,6 @@ static uint64_t mix_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
     x ^= x >> 31;
     x *= 0x94D049BB133111EBull;
     return x ^ (x >> 29);
-}
-
-static int mix_is_float(kolo_dtype_t dt)
-{
-    return dt == KOLO_FLOAT16 || dt == KOLO_BFLOAT16 || dt == KOLO_FLOAT32 || dt == KOLO_FLOAT64;
 }
 
 /* Element i of tensor t as world rank r (or, for alltoalls, what r sends rank t) puts it in. */
@@ -1957,14 +1944,14 @@ static double mix_reduced(const mix_req *q, const int *members, int n, int t, in
         }
     }
     if (q->dt != KOLO_BOOL && q->op == KOLO_AVERAGE)
-        return mix_is_float(q->dt) ? q->post * acc / n : (double)(iacc / n); /* integers truncate toward zero */
+        return kt_is_float(q->dt) ? q->post * acc / n : (double)(iacc / n); /* integers truncate toward zero */
     return q->dt != KOLO_BOOL && q->op == KOLO_SUM ? q->post * acc : acc;
 }
 
 static void mix_check(const mix_req *q, const char *what, int64_t i, double got, double want)
 {
     double tol = 0;
-    if (q->op == KOLO_AVERAGE && mix_is_float(q->dt)) {
+    if (q->op == KOLO_AVERAGE && kt_is_float(q->dt)) {
         double rel = q->dt == KOLO_FLOAT64 ? 1e-12 : q->dt == KOLO_FLOAT32 ? 1e-6 : q->dt == KOLO_FLOAT16 ? 2e-3 : 1e-2;
         tol = rel * (fabs(want) + 1);
     }
@@ -1982,43 +1969,43 @@ static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, bool joi
                                 MIX_BC, MIX_BC, MIX_A2A, MIX_RS, MIX_RS,    MIX_BARRIER};
     static const char *const kname[MIX_KINDS] = {"ar", "grp", "ag", "bc", "a2a", "rs", "barrier"};
     memset(q, 0, sizeof(*q));
-    q->kind = kinds[mix_next(s) % (sizeof(kinds) / sizeof(kinds[0]))];
+    q->kind = kinds[kt_rand(s) % (sizeof(kinds) / sizeof(kinds[0]))];
     if (joined && q->kind != MIX_GROUP && q->kind != MIX_BARRIER) q->kind = MIX_AR; /* the others fail then */
-    q->dt = dts[mix_next(s) % (sizeof(dts) / sizeof(dts[0]))];
-    q->pset = have_set && !joined && mix_next(s) % 4 == 0;
+    q->dt = dts[kt_rand(s) % (sizeof(dts) / sizeof(dts[0]))];
+    q->pset = have_set && !joined && kt_rand(s) % 4 == 0;
     q->op = KOLO_SUM;
     q->pre = q->post = 1;
     if (q->kind == MIX_AR || q->kind == MIX_GROUP || q->kind == MIX_RS) {
         static const kolo_op_t ops[] = {KOLO_SUM, KOLO_SUM, KOLO_AVERAGE, KOLO_MIN, KOLO_MAX, KOLO_PRODUCT};
-        q->op = ops[mix_next(s) % 6];
+        q->op = ops[kt_rand(s) % 6];
         if (q->dt == KOLO_BOOL && q->op == KOLO_AVERAGE) q->op = KOLO_MAX;
-        if (mix_is_float(q->dt) && (q->op == KOLO_SUM || q->op == KOLO_AVERAGE)) {
+        if (kt_is_float(q->dt) && (q->op == KOLO_SUM || q->op == KOLO_AVERAGE)) {
             static const double pre[] = {1, 0.5, 2}, post[] = {1, 0.25, 4};
-            q->pre = pre[mix_next(s) % 3];
-            q->post = post[mix_next(s) % 3];
+            q->pre = pre[kt_rand(s) % 3];
+            q->post = post[kt_rand(s) % 3];
         }
     }
-    q->width = 1 + (int64_t)(mix_next(s) % 4);
-    uint64_t size = mix_next(s) % 100;
-    int64_t count = size < 60 ? (int64_t)(mix_next(s) % 64) : size < 90 ? 64 + (int64_t)(mix_next(s) % 4096)
-                    : size < 98 ? 4096 + (int64_t)(mix_next(s) % 65536)
-                                : 131072 + (int64_t)(mix_next(s) % 786432);
+    q->width = 1 + (int64_t)(kt_rand(s) % 4);
+    uint64_t size = kt_rand(s) % 100;
+    int64_t count = size < 60 ? (int64_t)(kt_rand(s) % 64) : size < 90 ? 64 + (int64_t)(kt_rand(s) % 4096)
+                    : size < 98 ? 4096 + (int64_t)(kt_rand(s) % 65536)
+                                : 131072 + (int64_t)(kt_rand(s) % 786432);
     if (q->kind != MIX_AR && count > 70000) count = 70000; /* the large ones: allreduces */
     q->rows = count / q->width;
-    q->ntensors = q->kind == MIX_GROUP ? 2 + (int)(mix_next(s) % 2) : 1;
+    q->ntensors = q->kind == MIX_GROUP ? 2 + (int)(kt_rand(s) % 2) : 1;
     q->ndim = 2;
-    if (q->kind == MIX_AR && mix_next(s) % 8 == 0) { /* a scalar, or the same elements in 3 dimensions */
+    if (q->kind == MIX_AR && kt_rand(s) % 8 == 0) { /* a scalar, or the same elements in 3 dimensions */
         q->ndim = q->rows % 2 ? 0 : 3;
         if (q->ndim == 0) q->rows = q->width = 1;
     }
-    q->root = (int)(mix_next(s) % (uint64_t)(q->pset ? 2 : n));
-    q->in_place = (q->kind == MIX_AR || q->kind == MIX_GROUP) && mix_next(s) % 3 == 0;
-    q->shape_salt = mix_next(s);
-    q->callback = mix_next(s) % 4 == 0;
+    q->root = (int)(kt_rand(s) % (uint64_t)(q->pset ? 2 : n));
+    q->in_place = (q->kind == MIX_AR || q->kind == MIX_GROUP) && kt_rand(s) % 3 == 0;
+    q->shape_salt = kt_rand(s);
+    q->callback = kt_rand(s) % 4 == 0;
     for (int t = 0; t < q->ntensors; t++) { /* names unique among the step's requests on a set */
         unsigned k; /* a step has at most MIX_MAX_REQS * MIX_MAX_GROUP < MIX_NAMES of a kind */
         uint64_t *u = &used[q->pset * MIX_KINDS + q->kind];
-        do k = (unsigned)(mix_next(s) % MIX_NAMES);
+        do k = (unsigned)(kt_rand(s) % MIX_NAMES);
         while (*u & 1ull << k);
         *u |= 1ull << k;
         snprintf(q->name[t], sizeof(q->name[t]), "mix.%s.%u", kname[q->kind], k); /* on the set too */
@@ -2259,19 +2246,19 @@ static void mix_job(int rank, void *arg)
         for (int r = 0; r < n; r++) joined |= (uint32_t)(steps[r] <= step) << r;
         /* half the steps repeat the last one's requests (the cache's hits) with new values; once a
          * rank has joined, only allreduces and barriers on the world */
-        if (step == 0 || mix_next(&plan_seed) % 2 || (joined && !plan_joined)) {
+        if (step == 0 || kt_rand(&plan_seed) % 2 || (joined && !plan_joined)) {
             uint64_t used[2 * MIX_KINDS] = {0};
-            nreq = 1 + (int)(mix_next(&plan_seed) % MIX_MAX_REQS);
+            nreq = 1 + (int)(kt_rand(&plan_seed) % MIX_MAX_REQS);
             for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, n, have_set, joined, used);
             plan_joined = joined;
         }
         for (int j = 0; j < nreq; j++) {
-            reqs[j].value_salt = mix_next(&plan_seed);
+            reqs[j].value_salt = kt_rand(&plan_seed);
             reqs[j].joined = joined;
         }
-        bool in_arena = mix_next(&mine) % 2;
+        bool in_arena = kt_rand(&mine) % 2;
         size_t arena_used = 0;
-        permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
+        permute(order, nreq, (unsigned)(kt_rand(&mine) & 0xFFFF));
         for (int k = 0; k < nreq; k++) {
             const mix_req *q = &reqs[order[k]];
             if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at < MIX_MAX_REQS)
@@ -2281,10 +2268,10 @@ static void mix_job(int rank, void *arg)
                        &arena_used, in_arena);
             if (live[order[k]].st != KOLO_OK)
                 snprintf(live[order[k]].err, sizeof(live[order[k]].err), "%s", kolo_last_error());
-            if (mix_next(&mine) % 4 == 0) usleep((useconds_t)(mix_next(&mine) % 1500)); /* into another cycle */
+            if (kt_rand(&mine) % 4 == 0) usleep((useconds_t)(kt_rand(&mine) % 1500)); /* into another cycle */
         }
-        if (!joined && mix_next(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
-            size_t count = (size_t)(mix_next(&plan_seed) % 300000);
+        if (!joined && kt_rand(&plan_seed) % 4 == 0) { /* a direct allreduce while the engine works */
+            size_t count = (size_t)(kt_rand(&plan_seed) % 300000);
             int32_t *x = malloc(count * sizeof(int32_t) + 4);
             KT_ASSERT(x);
             for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 1000) + rank;
@@ -2295,7 +2282,7 @@ static void mix_job(int rank, void *arg)
                     kt_fail(__FILE__, __LINE__, "direct allreduce beside the engine: element %zu is %d", i, x[i]);
             free(x);
         }
-        permute(order, nreq, (unsigned)(mix_next(&mine) & 0xFFFF));
+        permute(order, nreq, (unsigned)(kt_rand(&mine) & 0xFFFF));
         for (int k = 0; k < nreq; k++) {
             const mix_req *q = &reqs[order[k]];
             if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at >= MIX_MAX_REQS)
