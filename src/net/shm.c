@@ -1313,8 +1313,9 @@ static bool shm_left_cleanly(kolo__conn *c)
     return s && atomic_load_explicit(&s->rx_ctl->closed, memory_order_acquire) == SHM_CLOSED;
 }
 
-static void shm_abort(kolo__conn *c, const char *reason)
+static void shm_abort(kolo__conn *c, const char *reason, uint64_t until_ns)
 {
+    (void)until_ns; /* the reason is in shared memory at once */
     shm_priv *s = c->priv;
     if (!s) return;
     snprintf(s->tx_ctl->reason, sizeof(s->tx_ctl->reason), "%s", reason);

@@ -14,7 +14,10 @@
 #include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
+#include <poll.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -33,15 +36,29 @@
 #define TCP_IO_MAX (4u << 20)
 
 static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap);
+static int progress_recv(kolo__conn *c);
 
-static int io_error(kolo__conn *c, const char *what, int err)
+static int io_error(kolo__conn *c, bool sending, int err)
 {
     kolo__mesh *m = c->mesh;
+    const char *what = sending ? "sending to it" : "receiving from it";
+    bool hangup = err == 0 || err == ECONNRESET || err == EPIPE;
+    /* A send that finds the peer gone reads what the peer sent before it went first. A peer that
+     * gave up finished the frame it was sending and put its ABORT after it (tcp_abort); this
+     * side may be in the middle of receiving that frame, where the reason cannot be found
+     * (tcp_abort_reason starts at a frame's start), and a receive the frame completes has its
+     * bytes. The reading fails the conn itself if it meets the ABORT or the end. */
+    while (hangup && sending && c->recvq && !c->error) {
+        const kolo__xfer *x = c->recvq;
+        size_t got = x->hdr_done + x->pad_done + x->done + x->tail_done;
+        progress_recv(c);
+        if (c->recvq == x && x->hdr_done + x->pad_done + x->done + x->tail_done == got) break;
+    }
+    if (c->error) return c->error;
     char why[KOLO_ABORT_REASON_MAX + 1];
     /* a peer that gave up sent its reason before closing: a send can meet the closed socket
      * before anything reads that frame */
-    if ((err == 0 || err == ECONNRESET || err == EPIPE) && tcp_abort_reason(c, why, sizeof(why)))
-        return kolo__conn_fail(c, kolo__err_aborted(c, why));
+    if (hangup && tcp_abort_reason(c, why, sizeof(why))) return kolo__conn_fail(c, kolo__err_aborted(c, why));
     if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
         kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
                   c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
@@ -94,8 +111,12 @@ static const unsigned char filler[4096];
  * filler at the same time (a shared sink was a data race, however harmless its bytes) */
 static _Thread_local unsigned char filler_sink[4096];
 static _Atomic uint64_t filler_sent;    /* bytes, for tests */
+static _Atomic size_t test_step;        /* kolo__tcp_test_step: payload bytes per call, one call per pass */
 
 uint64_t kolo__tcp_filler_sent(void) { return atomic_load(&filler_sent); }
+void kolo__tcp_test_step(size_t bytes) { atomic_store(&test_step, bytes); }
+
+static bool one_call_per_pass(void) { return atomic_load_explicit(&test_step, memory_order_relaxed) != 0; }
 
 /* The filler a send of x puts before and after its payload (each 0 to 4095 bytes). */
 static void send_pad(kolo__xfer *x)
@@ -125,7 +146,8 @@ static int remaining(kolo__xfer *x, struct iovec iov[4], size_t *want)
         iov[n].iov_len = x->pad - x->pad_done;
         *want += iov[n++].iov_len;
     }
-    size_t part = KOLO_MIN(x->len - x->done, (size_t)TCP_IO_MAX);
+    size_t most = atomic_load_explicit(&test_step, memory_order_relaxed);
+    size_t part = KOLO_MIN(x->len - x->done, most ? most : (size_t)TCP_IO_MAX);
     if (part) {
         iov[n].iov_base = x->buf + x->done;
         iov[n].iov_len = part;
@@ -163,6 +185,20 @@ static bool finished(const kolo__xfer *x)
     return x->hdr_done == KOLO_HDR_LEN && x->pad_done == x->pad && x->done == x->len && x->tail_done == x->tail;
 }
 
+/* One sendmsg() of what is left of x's frame: the bytes sent, or -1 with errno. */
+static ssize_t send_more(kolo__conn *c, kolo__xfer *x, size_t *want)
+{
+    struct iovec iov[4];
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)remaining(x, iov, want)};
+    ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k <= 0) return k;
+    unsigned filled = x->pad_done + x->tail_done;
+    advance(x, (size_t)k);
+    if (x->pad_done + x->tail_done != filled) atomic_fetch_add(&filler_sent, x->pad_done + x->tail_done - filled);
+    c->midframe = !finished(x);
+    return k;
+}
+
 static int progress_send(kolo__conn *c)
 {
     while (c->sendq) {
@@ -171,21 +207,16 @@ static int progress_send(kolo__conn *c)
             send_pad(x);
             if (x->pad || x->tail) kolo__hdr_pack(x->hdr, x->pad << TCP_PAD_SHIFT | x->tail, x->len);
         }
-        struct iovec iov[4];
         size_t want;
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)remaining(x, iov, &want)};
-        ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t k = send_more(c, x, &want);
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
-            return io_error(c, "sending to it", errno);
+            return io_error(c, true, errno);
         }
-        unsigned filled = x->pad_done + x->tail_done;
-        advance(x, (size_t)k);
-        if (x->pad_done + x->tail_done != filled) atomic_fetch_add(&filler_sent, x->pad_done + x->tail_done - filled);
-        c->midframe = !finished(x);
         if (finished(x)) kolo__xfer_complete(&c->sendq, &c->sendq_tail, 0);
         else if ((size_t)k < want) return KOLO_OK; /* socket buffer full */
+        if (one_call_per_pass()) return KOLO_OK;
     }
     return KOLO_OK;
 }
@@ -218,9 +249,9 @@ static int progress_recv(kolo__conn *c)
         if (k < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return KOLO_OK;
             if (errno == EINTR) continue;
-            return io_error(c, "receiving from it", errno);
+            return io_error(c, false, errno);
         }
-        if (k == 0) return io_error(c, "receiving from it", 0);
+        if (k == 0) return io_error(c, false, 0);
         if (advance(x, (size_t)k)) {
             uint32_t flags;
             int st = kolo__hdr_check(c, x, &flags);
@@ -237,6 +268,7 @@ static int progress_recv(kolo__conn *c)
         }
         if (finished(x)) kolo__xfer_complete(&c->recvq, &c->recvq_tail, 0);
         else if ((size_t)k < want) return KOLO_OK; /* drained the socket */
+        if (one_call_per_pass()) return KOLO_OK;
     }
     return KOLO_OK;
 }
@@ -282,17 +314,56 @@ static bool tcp_left_cleanly(kolo__conn *c)
     return pos > (size_t)n;
 }
 
-/* A TCP peer only ever holds copies of our bytes; tell it why we leave, if our stream is at a
- * frame boundary (a half-sent frame cannot be followed by another). */
-static void tcp_abort(kolo__conn *c, const char *reason)
+/* Waits until c's socket may take more bytes or until_ns; false once until_ns has passed. */
+static bool room_by(kolo__conn *c, uint64_t until_ns)
 {
-    if (c->midframe) return;
+    uint64_t now = kolo__now_ns();
+    if (now >= until_ns) return false;
+    struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+    poll(&p, 1, (int)((until_ns - now + 999999) / 1000000));
+    return true;
+}
+
+/* A TCP peer only ever holds copies of our bytes; tell it why we leave, in an ABORT frame after
+ * what we sent. A frame half sent is finished first, from the buffer it is sent from (still
+ * the caller's: it is queued): its receiver reads it whole and then the reason. Cut off, it
+ * read a stream that ended mid-frame, and named this rank as lost whatever the cause was: rank
+ * 2 killed, rank 0 heard first and aborted while sending rank 1 part of a 5 MiB ring chunk,
+ * and rank 1 reported "lost rank 0" in 1 run of 20 (tests/test_faults.c). The bytes go out as
+ * fast as the peer reads, until until_ns; a peer that does not read keeps what fits in the
+ * socket's buffers, and then we leave as before. */
+static void tcp_abort(kolo__conn *c, const char *reason, uint64_t until_ns)
+{
+    if (c->fd < 0) return;
+    kolo__xfer *x = c->sendq;
+    if (c->midframe && (!x || x->hdr_done == 0)) return; /* its xfer was failed: the bytes are gone */
+    while (c->midframe) {
+        size_t want;
+        ssize_t k = send_more(c, x, &want);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return; /* the peer is gone */
+        if (k <= 0 && !room_by(c, until_ns)) return;
+    }
     unsigned char frame[KOLO_HDR_LEN + KOLO_ABORT_REASON_MAX];
-    size_t n = KOLO_MIN(strlen(reason), (size_t)KOLO_ABORT_REASON_MAX);
-    kolo__hdr_pack(frame, KOLO_HDR_ABORT, n);
-    memcpy(frame + KOLO_HDR_LEN, reason, n);
-    ssize_t k = send(c->fd, frame, KOLO_HDR_LEN + n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)k;
+    size_t n = KOLO_HDR_LEN + KOLO_MIN(strlen(reason), (size_t)KOLO_ABORT_REASON_MAX), sent = 0;
+    kolo__hdr_pack(frame, KOLO_HDR_ABORT, n - KOLO_HDR_LEN);
+    memcpy(frame + KOLO_HDR_LEN, reason, n - KOLO_HDR_LEN);
+    while (sent < n) {
+        ssize_t k = send(c->fd, frame + sent, n - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) sent += (size_t)k;
+        else if (k < 0 && errno == EINTR) continue;
+        else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return;
+        else if (!room_by(c, until_ns)) return;
+    }
+    c->midframe = 0;
+    /* ... and stay until the peer has it all (SIOCOUTQ: bytes it has not acknowledged): our
+     * close resets the connection when bytes the peer sent lie unread here, as they do when
+     * a job fails, and a reset throws away what the kernel has not sent yet, the reason too. */
+    int q;
+    while (ioctl(c->fd, SIOCOUTQ, &q) == 0 && q > 0 && kolo__now_ns() < until_ns) {
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+    }
 }
 
 /* The unread bytes after the last complete frame: an ABORT frame and its reason. */

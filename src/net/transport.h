@@ -90,8 +90,9 @@ typedef struct kolo__transport {
     bool (*left_cleanly)(kolo__conn *c);
     /* This rank gives up on the job because of `reason`: after this returns, the peer must not
      * trust any data it still reads from our memory (our buffers go back to the user), and it
-     * can learn the reason (best effort). */
-    void (*abort)(kolo__conn *c, const char *reason);
+     * can learn the reason (best effort: the transport may spend until `until_ns`, on
+     * kolo__now_ns's clock, getting it to a peer that reads). */
+    void (*abort)(kolo__conn *c, const char *reason, uint64_t until_ns);
     /* After the peer hung up without a goodbye: the reason it gave when it aborted, if any. */
     bool (*abort_reason)(kolo__conn *c, char *buf, size_t cap);
     /* Sleeping until the peer moves (kolo__wait): marks this side asleep on the connection and
@@ -452,6 +453,10 @@ void kolo__shm_test_switch(kolo__conn *c, uint64_t bytes);
 void kolo__shm_garble(kolo__conn *c, bool whole_frame);
 /* test hook: filler bytes this process has sent around TCP payloads (tcp.c, "filler") */
 uint64_t kolo__tcp_filler_sent(void);
+/* Test hook: with `bytes` > 0, each progress pass over a TCP conn makes one system call each
+ * way, moving at most `bytes` of payload, so that tests can leave a frame half sent and half
+ * received; 0 restores the normal passes. */
+void kolo__tcp_test_step(size_t bytes);
 /* Test hook, before kolo_init: each large message by ring copies (way 0) or single-copy (1) takes
  * `ns` longer, so that tests can make either way the slow one. */
 void kolo__shm_test_delay(int way, uint64_t ns);

@@ -101,16 +101,23 @@ void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status)
     x->status = status;
 }
 
+/* How long a rank that gives up may spend getting its reason to the peers that still read: over
+ * TCP it may first have to send the rest of a frame it was in the middle of (tcp.c, tcp_abort). A
+ * peer that reads takes a few MiB in milliseconds, even over a 1 Gb/s link 16 MiB in 140; one
+ * that does not read (it computes, or is stuck) costs this much once. */
+#define ABORT_TELL_NS 250000000ull
+
 static void mesh_mark_failed(kolo__mesh *m, int status)
 {
     if (m->failed) return;
     m->failed = status;
     snprintf(m->failmsg, sizeof(m->failmsg), "%s", kolo__errmsg());
     /* abort: every peer sees us hang up without a goodbye and fails as well */
+    uint64_t until = kolo__now_ns() + ABORT_TELL_NS;
     for (int p = 0; p < m->size; p++) {
         kolo__conn *c = m->conns[p];
         if (!c) continue;
-        if (c->tp) c->tp->abort(c, m->failmsg);
+        if (c->tp) c->tp->abort(c, m->failmsg, until);
         if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
     }
 }
