@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <limits.h>
 #include <linux/sockios.h>
 #include <poll.h>
 #include <stdio.h>
@@ -314,13 +315,21 @@ static bool tcp_left_cleanly(kolo__conn *c)
     return pos > (size_t)n;
 }
 
-/* Waits until c's socket may take more bytes or until_ns; false once until_ns has passed. */
-static bool room_by(kolo__conn *c, uint64_t until_ns)
+/* How long tcp_abort waits on a peer that takes none of its bytes: one that reads takes some
+ * within microseconds here, within a round trip over a network; one that does not (it computes,
+ * it is stuck, or it stopped reading when it failed itself and its receive buffer is full) would
+ * hold every rank that gives up for the whole of ABORT_TELL_NS (xfer.c): in the engine's random
+ * mix with a rank killed, 10 kills took 1.5-2 s longer so. */
+#define ABORT_STALL_NS 50000000ull
+
+/* Waits until c's socket may take more bytes, until_ns or stall_ns, whichever comes first; false
+ * once that has passed. */
+static bool room_by(kolo__conn *c, uint64_t until_ns, uint64_t stall_ns)
 {
-    uint64_t now = kolo__now_ns();
-    if (now >= until_ns) return false;
+    uint64_t by = KOLO_MIN(until_ns, stall_ns), now = kolo__now_ns();
+    if (now >= by) return false;
     struct pollfd p = {.fd = c->fd, .events = POLLOUT};
-    poll(&p, 1, (int)((until_ns - now + 999999) / 1000000));
+    poll(&p, 1, (int)((by - now + 999999) / 1000000));
     return true;
 }
 
@@ -330,19 +339,21 @@ static bool room_by(kolo__conn *c, uint64_t until_ns)
  * read a stream that ended mid-frame, and named this rank as lost whatever the cause was: rank
  * 2 killed, rank 0 heard first and aborted while sending rank 1 part of a 5 MiB ring chunk,
  * and rank 1 reported "lost rank 0" in 1 run of 20 (tests/test_faults.c). The bytes go out as
- * fast as the peer reads, until until_ns; a peer that does not read keeps what fits in the
- * socket's buffers, and then we leave as before. */
+ * fast as the peer reads, until until_ns, or until it has taken none for ABORT_STALL_NS; a peer
+ * that does not read keeps what fits in the socket's buffers, and then we leave as before. */
 static void tcp_abort(kolo__conn *c, const char *reason, uint64_t until_ns)
 {
     if (c->fd < 0) return;
     kolo__xfer *x = c->sendq;
     if (c->midframe && (!x || x->hdr_done == 0)) return; /* its xfer was failed: the bytes are gone */
+    uint64_t stall = kolo__now_ns() + ABORT_STALL_NS;
     while (c->midframe) {
         size_t want;
         ssize_t k = send_more(c, x, &want);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return; /* the peer is gone */
-        if (k <= 0 && !room_by(c, until_ns)) return;
+        if (k > 0) stall = kolo__now_ns() + ABORT_STALL_NS;
+        else if (k < 0 && errno == EINTR) continue;
+        else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return; /* the peer is gone */
+        else if (!room_by(c, until_ns, stall)) return;
     }
     unsigned char frame[KOLO_HDR_LEN + KOLO_ABORT_REASON_MAX];
     size_t n = KOLO_HDR_LEN + KOLO_MIN(strlen(reason), (size_t)KOLO_ABORT_REASON_MAX), sent = 0;
@@ -353,14 +364,18 @@ static void tcp_abort(kolo__conn *c, const char *reason, uint64_t until_ns)
         if (k > 0) sent += (size_t)k;
         else if (k < 0 && errno == EINTR) continue;
         else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return;
-        else if (!room_by(c, until_ns)) return;
+        else if (!room_by(c, until_ns, stall)) return;
     }
     c->midframe = 0;
     /* ... and stay until the peer has it all (SIOCOUTQ: bytes it has not acknowledged): our
      * close resets the connection when bytes the peer sent lie unread here, as they do when
      * a job fails, and a reset throws away what the kernel has not sent yet, the reason too. */
-    int q;
-    while (ioctl(c->fd, SIOCOUTQ, &q) == 0 && q > 0 && kolo__now_ns() < until_ns) {
+    int q, last = INT_MAX;
+    while (ioctl(c->fd, SIOCOUTQ, &q) == 0 && q > 0) {
+        uint64_t now = kolo__now_ns();
+        if (q < last) stall = now + ABORT_STALL_NS;
+        last = q;
+        if (now >= KOLO_MIN(until_ns, stall)) return;
         struct timespec nap = {0, 100000};
         nanosleep(&nap, NULL);
     }
