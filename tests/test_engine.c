@@ -1898,6 +1898,7 @@ typedef struct mix_cfg {
     int kill;          /* a rank kills itself (SIGKILL) at a step: the others must be told, naming it */
     uint64_t seed;     /* the plan's, or 0: KT_MIX_SEED or the default */
     const char *hosts; /* each rank's host, posed (one letter per rank), or NULL */
+    int real_hosts;    /* the ranks run on hosts of their own (network namespaces): stages must run */
     int expect_fusion; /* the job must have fused some collectives and hit the cache */
     int autotune;      /* ... and the autotuner must have scored samples */
 } mix_cfg;
@@ -2210,12 +2211,14 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
     }
 }
 
+/* rank: as kt_job numbers it, or -1 in a job someone else started (the engine_mix worker) */
 static void mix_job(int rank, void *arg)
 {
     const mix_cfg *cfg = arg;
     char host[2] = {cfg->hosts ? cfg->hosts[rank] : 0, 0};
     if (cfg->hosts) kolo__mesh_test_host(host);
     KT_OK(kolo_init());
+    if (rank < 0) rank = kolo_rank();
     int n = kolo_size();
     KT_ASSERT(n <= 16); /* world[], steps[] and the alltoall's splits */
     int world[16], set[2] = {0, n - 1}, set_id = -1;
@@ -2226,7 +2229,7 @@ static void mix_job(int rank, void *arg)
     char *arena = kolo_mem_alloc(arena_cap);
     KT_ASSERTF(arena, "kolo_mem_alloc: %s", kolo_last_error());
     const char *seed = getenv("KT_MIX_SEED");
-    uint64_t plan_seed = cfg->seed ? cfg->seed : seed ? strtoull(seed, NULL, 0) | 1 : 0x6B6F6C6F6D6978ull; /* never 0 */
+    uint64_t plan_seed = cfg->seed ? cfg->seed | 1 : seed ? strtoull(seed, NULL, 0) | 1 : 0x6B6F6C6F6D6978ull; /* never 0 */
     /* where the victim dies: the step, and the request before whose submission (or, in the second
      * half, whose wait) it does */
     uint64_t fate = mix_hash(plan_seed, 0x6B696C6C, 0, 0);
@@ -2326,7 +2329,7 @@ static void mix_job(int rank, void *arg)
     if (cfg->expect_fusion)
         KT_ASSERTF(st.fused_collectives > 0 && st.cache_hits > 0, "fused %llu, cache hits %llu",
                    (unsigned long long)st.fused_collectives, (unsigned long long)st.cache_hits);
-    if (cfg->hosts) /* the engine's allreduces of 256 KiB and more went in stages, within and across hosts */
+    if (cfg->hosts || cfg->real_hosts) /* the engine's allreduces of 256 KiB and more went in stages */
         KT_ASSERTF(kolo__coll_hier_runs() > 0, "no hierarchical allreduce on rank %d", rank);
     if (cfg->autotune) {
         kolo_engine_params_t p;
@@ -2395,6 +2398,23 @@ KT_TEST(engine_random_mix_with_uneven_steps_and_join, 120)
 {
     static const mix_cfg cfg = {.join = 1, .expect_fusion = 1};
     KT_EQ(mix_run(3, &cfg, NULL), 0);
+}
+
+/* kolo-tests --worker engine_mix [join] [seed]: the mix as one rank of a job another program
+ * started (kolorun over ssh into network namespaces, tests/test_multihost.c), on hosts of its
+ * own, the hierarchical stages on; "join" ends with uneven steps and kolo_ijoin as above. Prints
+ * one line; a wrong element fails the worker (exit 1) with what was wrong. */
+KT_WORKER(engine_mix)
+{
+    mix_cfg cfg = {.real_hosts = 1, .expect_fusion = 1};
+    cfg.join = argc > 1 && strcmp(argv[1], "join") == 0;
+    if (argc > 2) cfg.seed = strtoull(argv[2], NULL, 0);
+    mix_job(-1, &cfg);
+    printf("engine mix: rank %d of %d (local %d of %d, cross %d of %d), every element right\n", kolo_rank(),
+           kolo_size(), kolo_local_rank(), kolo_local_size(), kolo_cross_rank(), kolo_cross_size());
+    fflush(stdout);
+    KT_OK(kolo_shutdown());
+    return 0;
 }
 
 /* A rank dies (SIGKILL) at a step of the mix, before one of its submissions or one of its waits:

@@ -669,6 +669,48 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
     cluster_down(&c);
 }
 
+/* The engine's random mix (tests/test_engine.c, engine_mix) as a job kolorun starts over ssh, 2
+ * ranks on each host: every kind of request in each rank's own order, checked element by element,
+ * with shared memory within a host, TCP between real network namespaces, and the hierarchical
+ * stages on (they must have run); then the same ending in uneven steps and kolo_ijoin. The mix's
+ * own tests pose the hosts inside one namespace. KT_MIX_SEED picks another plan. */
+KT_TEST(multihost_engine_random_mix, 120)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT, seed[32];
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
+    static const char *const ways[] = {"plain", "join"};
+    for (int w = 0; w < 2; w++) {
+        const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                              "--start-timeout", "20", "-x", "KOLO_HIERARCHICAL_ALLREDUCE=1", "-x",
+                              "KOLO_HIERARCHICAL_ALLGATHER=1", kt_self(), "--worker", "engine_mix", ways[w], seed,
+                              NULL};
+        proc p;
+        proc_start(&p, c.ns[NS_L], argv);
+        int rc = kt_proc_finish(&p, 90);
+        size_t el = strlen(p.ebuf);
+        KT_ASSERTF(rc == 0, "%s: kolorun exited %d; stdout:\n%s\nstderr (its end):\n%s", ways[w], rc, p.obuf,
+                   p.ebuf + (el > 4000 ? el - 4000 : 0));
+        printf("  the engine's mix (%s), 4 ranks on 2 hosts over ssh: %.2f s\n", ways[w], p.t_end - p.t0);
+        for (int r = 0; r < 4; r++) {
+            char want[256];
+            snprintf(want, sizeof(want),
+                     "[%d]<stdout>:engine mix: rank %d of 4 (local %d of 2, cross %d of 2), every element right\n", r,
+                     r, r % 2, r / 2);
+            KT_ASSERTF(strstr(p.obuf, want), "%s: no line '%.*s'; stdout:\n%s", ways[w], (int)strlen(want) - 1, want,
+                       p.obuf);
+        }
+        kt_proc_free(&p);
+        assert_no_leftovers(&c, true, 5);
+    }
+    cluster_down(&c);
+}
+
 /* Runs a launcher's command line (argv) on the login node, starting the mh_job worker as 4 ranks,
  * 2 on each host: it must exit 0, and each rank must run on its host with shared memory to its
  * neighbour, TCP to the other host, and exact results. */
