@@ -452,6 +452,25 @@ KT_TEST(kolorun_elastic_goes_on_without_a_dead_worker, 60)
     kt_proc_free(&p);
 }
 
+/* The engine's random mix through a death and into the next round (tests/test_engine.c,
+ * engine_mix_elastic): round 1's survivors are told, naming the dead rank, and round 2 runs a
+ * whole new plan on the 2 left, every element right. KT_MIX_SEED picks other plans. */
+KT_TEST(kolorun_elastic_engine_mix_goes_on_after_a_death, 90)
+{
+    kt_proc p;
+    const char *seed = getenv("KT_MIX_SEED");
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "2", kt_self(), "--worker",
+                                                     "engine_mix_elastic", seed ? seed : NULL, NULL},
+                           80);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    KT_CONTAINS(p.ebuf, "was killed by SIGKILL");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker ");
+    KT_EQ(kt_count(p.obuf, ", round 2: "), 2);
+    KT_EQ(kt_count(p.obuf, "every element right"), 2);
+    KT_ASSERTF(strstr(p.ebuf, "FAIL") == NULL, "%s", p.ebuf);
+    kt_proc_free(&p);
+}
+
 KT_TEST(kolorun_elastic_ends_below_min_np, 60)
 {
     kt_proc p;

@@ -2217,7 +2217,7 @@ static void mix_job(int rank, void *arg)
     const mix_cfg *cfg = arg;
     char host[2] = {cfg->hosts ? cfg->hosts[rank] : 0, 0};
     if (cfg->hosts) kolo__mesh_test_host(host);
-    KT_OK(kolo_init());
+    if (!kolo_is_initialized()) KT_OK(kolo_init()); /* an elastic worker joined its round itself */
     if (rank < 0) rank = kolo_rank();
     int n = kolo_size();
     KT_ASSERT(n <= 16); /* world[], steps[] and the alltoall's splits */
@@ -2414,6 +2414,32 @@ KT_WORKER(engine_mix)
            kolo_size(), kolo_local_rank(), kolo_local_size(), kolo_cross_rank(), kolo_cross_size());
     fflush(stdout);
     KT_OK(kolo_shutdown());
+    return 0;
+}
+
+/* kolo-tests --worker engine_mix_elastic [seed]: the mix in an elastic job kolorun drives (3
+ * workers, at least 2): in round 1 one rank kills itself at a step of the plan, as in
+ * engine_random_mix_a_rank_dies below, and every survivor's every request must end naming it;
+ * the survivors then leave the round and join the next, where a new plan runs whole on the
+ * smaller world, every element checked. What is tested is the engine's state across rounds: the
+ * names, the cache, the process sets and the tensors a death left in flight must not reach the
+ * next round. Each survivor prints "engine mix: worker W, round G: R of N, every element
+ * right". */
+KT_WORKER(engine_mix_elastic)
+{
+    const char *idv = getenv("KOLO_ELASTIC_ID");
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) | 1 : 0x6B6F6C6F00000101ull;
+    for (int round = 0; round < 2; round++) {
+        int st = kolo_init();
+        KT_ASSERTF(st == KOLO_OK, "worker %s, round %d: %s", idv ? idv : "?", round + 1, kolo_last_error());
+        mix_cfg cfg = {.kill = round == 0, .seed = seed + 2 * (uint64_t)round, .expect_fusion = round > 0};
+        mix_job(-1, &cfg);
+        if (round > 0)
+            printf("engine mix: worker %s, round %d: %d of %d, every element right\n", idv ? idv : "?",
+                   kolo_elastic_round(), kolo_rank(), kolo_size());
+        fflush(stdout);
+        KT_OK(kolo_shutdown());
+    }
     return 0;
 }
 
