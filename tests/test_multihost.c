@@ -711,6 +711,39 @@ KT_TEST(multihost_engine_random_mix, 120)
     cluster_down(&c);
 }
 
+/* ... and through an elastic round (engine_mix_elastic): 4 workers on the 2 hosts, one killed at a
+ * step of round 1's plan (every survivor's every request must end naming it, over TCP between
+ * the hosts too), and round 2's new plan whole on the 3 left. */
+KT_TEST(multihost_elastic_engine_mix_goes_on_after_a_death, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *seed = getenv("KT_MIX_SEED");
+    const char *argv[] = {kolorun_path(), "-np", "4", "--min-np", "3", "-H", hosts, "-p", port_opt, "-i", c.key,
+                          "--ssh", c.ssh, "--start-timeout", "20", kt_self(), "--worker", "engine_mix_elastic",
+                          seed ? seed : NULL, NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_L], argv);
+    int rc = kt_proc_finish(&p, 80);
+    size_t el = strlen(p.ebuf);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr (its end):\n%s", rc, p.obuf,
+               p.ebuf + (el > 4000 ? el - 4000 : 0));
+    printf("  the engine's mix through a death, 4 then 3 ranks on 2 hosts over ssh: %.2f s\n", p.t_end - p.t0);
+    KT_CONTAINS(p.ebuf, "was killed by SIGKILL");
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (after losing worker ");
+    KT_EQ(kt_count(p.obuf, ", round 2: "), 3);
+    KT_EQ(kt_count(p.obuf, "every element right"), 3);
+    KT_ASSERTF(strstr(p.ebuf, "FAIL") == NULL, "%s", p.ebuf);
+    kt_proc_free(&p);
+    assert_no_leftovers(&c, true, 5);
+    cluster_down(&c);
+}
+
 /* Runs a launcher's command line (argv) on the login node, starting the mh_job worker as 4 ranks,
  * 2 on each host: it must exit 0, and each rank must run on its host with shared memory to its
  * neighbour, TCP to the other host, and exact results. */
