@@ -1854,7 +1854,8 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
  * The tests above each pin one feature. A training job mixes them: in one cycle the engine may
  * see allreduces of several dtypes and ops (fusable or not; scalars too), grouped ones,
  * allgathers with rows that differ per rank, broadcasts from any root, alltoalls, reducescatters,
- * barriers, some on a process set under the names the world uses at the same time, names reused
+ * barriers, some on two process sets that overlap the world and each other (rank n - 1 is in all
+ * three) under the names the world uses at the same time, names reused
  * with new shapes (the cache must forget them) or with the same (it must hit), tensors in
  * kolo_mem_alloc memory on some ranks and malloc'd on others, callbacks, while the program runs
  * direct collectives of its own. The plan of every step comes from one seed, the same on every
@@ -1876,7 +1877,7 @@ _Static_assert(MIX_MAX_REQS * MIX_MAX_GROUP < MIX_NAMES && MIX_NAMES <= 64,
                "a step must find a free name of each kind");
 
 typedef struct mix_req {
-    int kind, pset; /* pset: 0 the world, 1 the set of ranks 0 and n - 1 */
+    int kind, pset; /* pset: 0 the world, 1 the set of ranks 0 and n - 1, 2 that of ranks 1 to n - 1 */
     kolo_dtype_t dt;
     kolo_op_t op;
     double pre, post;
@@ -1962,7 +1963,7 @@ static void mix_check(const mix_req *q, const char *what, int64_t i, double got,
 }
 
 /* A new request for the plan (the same on every rank: seed s). */
-static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, bool joined, uint64_t *used)
+static void mix_plan_one(mix_req *q, uint64_t *s, const int *set_n, bool joined, uint64_t *used)
 {
     static const kolo_dtype_t dts[] = {KOLO_UINT8, KOLO_INT8,     KOLO_UINT16,  KOLO_INT16,   KOLO_INT32, KOLO_INT64,
                                        KOLO_FLOAT16, KOLO_BFLOAT16, KOLO_FLOAT32, KOLO_FLOAT64, KOLO_BOOL};
@@ -1973,7 +1974,7 @@ static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, bool joi
     q->kind = kinds[kt_rand(s) % (sizeof(kinds) / sizeof(kinds[0]))];
     if (joined && q->kind != MIX_GROUP && q->kind != MIX_BARRIER) q->kind = MIX_AR; /* the others fail then */
     q->dt = dts[kt_rand(s) % (sizeof(dts) / sizeof(dts[0]))];
-    q->pset = have_set && !joined && kt_rand(s) % 4 == 0;
+    q->pset = set_n[1] && !joined && kt_rand(s) % 4 == 0 ? 1 + (int)(kt_rand(s) % 2) : 0;
     q->op = KOLO_SUM;
     q->pre = q->post = 1;
     if (q->kind == MIX_AR || q->kind == MIX_GROUP || q->kind == MIX_RS) {
@@ -1999,7 +2000,7 @@ static void mix_plan_one(mix_req *q, uint64_t *s, int n, bool have_set, bool joi
         q->ndim = q->rows % 2 ? 0 : 3;
         if (q->ndim == 0) q->rows = q->width = 1;
     }
-    q->root = (int)(kt_rand(s) % (uint64_t)(q->pset ? 2 : n));
+    q->root = (int)(kt_rand(s) % (uint64_t)set_n[q->pset]); /* a member's index in the set */
     q->in_place = (q->kind == MIX_AR || q->kind == MIX_GROUP) && kt_rand(s) % 3 == 0;
     q->shape_salt = kt_rand(s);
     q->callback = kt_rand(s) % 4 == 0;
@@ -2072,7 +2073,7 @@ static void mix_submit(const mix_req *q, mix_live *l, int rank, const int *membe
                        size_t arena_cap, size_t *arena_used, bool in_arena)
 {
     size_t es = kolo_dtype_size(q->dt);
-    kolo_submit_opts_t o = {.process_set = q->pset ? set_id : KOLO_WORLD};
+    kolo_submit_opts_t o = {.process_set = set_id};
     kolo_shape_t sh = shape2(q->rows, q->width);
     if (q->ndim != 2) {
         sh.ndim = q->ndim;
@@ -2211,6 +2212,13 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
     }
 }
 
+static bool mix_member(const int *members, int n, int rank)
+{
+    for (int m = 0; m < n; m++)
+        if (members[m] == rank) return true;
+    return false;
+}
+
 /* rank: as kt_job numbers it, or -1 in a job someone else started (the engine_mix worker) */
 static void mix_job(int rank, void *arg)
 {
@@ -2220,11 +2228,20 @@ static void mix_job(int rank, void *arg)
     if (!kolo_is_initialized()) KT_OK(kolo_init()); /* an elastic worker joined its round itself */
     if (rank < 0) rank = kolo_rank();
     int n = kolo_size();
-    KT_ASSERT(n <= 16); /* world[], steps[] and the alltoall's splits */
-    int world[16], set[2] = {0, n - 1}, set_id = -1;
-    for (int r = 0; r < n; r++) world[r] = r;
-    bool have_set = n >= 3;
-    if (have_set) KT_OK(kolo_process_set_add(set, 2, &set_id));
+    KT_ASSERT(n <= 16); /* sets[], steps[] and the alltoall's splits */
+    /* the world, and from 3 ranks on two process sets that overlap it and each other (in rank n -
+     * 1): {0, n - 1} and {1, ..., n - 1}. A member of several runs their collectives in whatever
+     * order the engine agrees with each set's other members. */
+    int sets[3][16], set_n[3] = {n, 0, 0}, set_ids[3] = {KOLO_WORLD, -1, -1};
+    for (int r = 0; r < n; r++) sets[0][r] = r;
+    if (n >= 3) {
+        sets[1][0] = 0;
+        sets[1][1] = n - 1;
+        set_n[1] = 2;
+        for (int r = 1; r < n; r++) sets[2][r - 1] = r;
+        set_n[2] = n - 1;
+        for (int k = 1; k < 3; k++) KT_OK(kolo_process_set_add(sets[k], set_n[k], &set_ids[k]));
+    }
     size_t arena_cap = (size_t)24 << 20;
     char *arena = kolo_mem_alloc(arena_cap);
     KT_ASSERTF(arena, "kolo_mem_alloc: %s", kolo_last_error());
@@ -2250,9 +2267,9 @@ static void mix_job(int rank, void *arg)
         /* half the steps repeat the last one's requests (the cache's hits) with new values; once a
          * rank has joined, only allreduces and barriers on the world */
         if (step == 0 || kt_rand(&plan_seed) % 2 || (joined && !plan_joined)) {
-            uint64_t used[2 * MIX_KINDS] = {0};
+            uint64_t used[3 * MIX_KINDS] = {0};
             nreq = 1 + (int)(kt_rand(&plan_seed) % MIX_MAX_REQS);
-            for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, n, have_set, joined, used);
+            for (int j = 0; j < nreq; j++) mix_plan_one(&reqs[j], &plan_seed, set_n, joined, used);
             plan_joined = joined;
         }
         for (int j = 0; j < nreq; j++) {
@@ -2266,8 +2283,8 @@ static void mix_job(int rank, void *arg)
             const mix_req *q = &reqs[order[k]];
             if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at < MIX_MAX_REQS)
                 kill(getpid(), SIGKILL);
-            if (q->pset && rank != set[0] && rank != set[1]) continue;
-            mix_submit(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n, set_id, arena, arena_cap,
+            if (!mix_member(sets[q->pset], set_n[q->pset], rank)) continue;
+            mix_submit(q, &live[order[k]], rank, sets[q->pset], set_n[q->pset], set_ids[q->pset], arena, arena_cap,
                        &arena_used, in_arena);
             if (live[order[k]].st != KOLO_OK)
                 snprintf(live[order[k]].err, sizeof(live[order[k]].err), "%s", kolo_last_error());
@@ -2290,8 +2307,8 @@ static void mix_job(int rank, void *arg)
             const mix_req *q = &reqs[order[k]];
             if (step == kill_step && rank == mix_victim && k == kill_at % nreq && kill_at >= MIX_MAX_REQS)
                 kill(getpid(), SIGKILL);
-            if (q->pset && rank != set[0] && rank != set[1]) continue;
-            mix_finish(q, &live[order[k]], rank, q->pset ? set : world, q->pset ? 2 : n);
+            if (!mix_member(sets[q->pset], set_n[q->pset], rank)) continue;
+            mix_finish(q, &live[order[k]], rank, sets[q->pset], set_n[q->pset]);
             with_callback += q->callback ? q->ntensors : 0;
         }
         if (mix_failures) break; /* the victim has died: this step's requests all ended */
