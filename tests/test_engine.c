@@ -1902,6 +1902,7 @@ typedef struct mix_cfg {
     int real_hosts;    /* the ranks run on hosts of their own (network namespaces): stages must run */
     int expect_fusion; /* the job must have fused some collectives and hit the cache */
     int autotune;      /* ... and the autotuner must have scored samples */
+    int steps;         /* of the plan, or 0: MIX_STEPS */
 } mix_cfg;
 
 static uint64_t mix_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
@@ -1918,9 +1919,12 @@ static double mix_value(const mix_req *q, int t, int r, int64_t i)
 {
     uint64_t h = mix_hash(q->value_salt, (uint64_t)t, (uint64_t)r, (uint64_t)i);
     if (q->dt == KOLO_BOOL) return (double)(h % 3 == 0);
+    /* results must fit every dtype for up to 16 ranks: a product at most 2^6 (int8 holds 127), a
+     * sum of int8s at most 16 x 7 */
     if (q->kind != MIX_AG && q->kind != MIX_BC && q->kind != MIX_A2A && q->op == KOLO_PRODUCT)
-        return (double)(1 + h % 2);
+        return (double)(r < 6 ? 1 + h % 2 : 1);
     if (q->dt == KOLO_UINT8 || q->dt == KOLO_UINT16) return (double)(h % 11);
+    if (q->dt == KOLO_INT8) return (double)(h % 15) - 7;
     return (double)(h % 21) - 10;
 }
 
@@ -2258,7 +2262,7 @@ static void mix_job(int rank, void *arg)
     mix_live live[MIX_MAX_REQS];
     int nreq = 0, order[MIX_MAX_REQS], with_callback = 0, steps[16], shift = (int)(plan_seed % (uint64_t)n);
     for (int r = 0; r < n; r++) /* with join, every rank stops after a count of steps of its own */
-        steps[r] = cfg->join ? MIX_STEPS - 40 * ((r + shift) % n) : MIX_STEPS;
+        steps[r] = cfg->steps ? cfg->steps : cfg->join ? MIX_STEPS - 40 * ((r + shift) % n) : MIX_STEPS;
     bool plan_joined = false;
     atomic_store(&mix_callbacks, 0);
     for (int step = 0; step < steps[rank]; step++) {
@@ -2405,6 +2409,15 @@ KT_TEST(engine_random_mix_across_posed_hosts, 120)
                                 .hosts = "abab",
                                 .expect_fusion = 1};
     KT_EQ(mix_run(4, &cfg, NULL), 0);
+}
+
+/* 8 ranks on this host's cores (4 to a core on this 2-core machine), a shorter plan: the crowded
+ * host's rules (ranks that yield at once, ring copies kept, the spread and tree broadcasts,
+ * smaller rings), and sums and products of 8 (the values keep every result in its dtype). */
+KT_TEST(engine_random_mix_crowded, 180)
+{
+    static const mix_cfg cfg = {.expect_fusion = 1, .steps = 100};
+    KT_EQ(mix_run(8, &cfg, NULL), 0);
 }
 
 /* Uneven data, as Horovod's join serves it: each rank stops after a count of steps of its own (250,
