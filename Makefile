@@ -141,8 +141,8 @@ deps:
 # hier_allreduce_allgather_across_hosts). Of the engine's random mixes, those that pair its thread
 # with the program's the most (over TCP and shared memory, direct allreduces in between; a tiny
 # fusion threshold and cache; a rank killed) run under TSan (12, 8 and 9 s; the first found a
-# race); the autotuned, posed-hosts, join and crowded settings (10, 11, 6 and, at 8 ranks, more)
-# change the engine's decisions, not its threads, and run plain and under ASan. The elastic mix
+# race); the autotuned, posed-hosts, join, crowded and other-paths settings (10, 11, 6 and, at 8
+# ranks, more) change the engine's decisions, not its threads, and run plain and under ASan. The elastic mix
 # (11 s) runs: the engine's threads stop and start again between its rounds.
 TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exit' '!kolorun_forwards' \
   '!kolorun_help' '!kolorun_horovodrun' '!kolorun_hostfile' '!kolorun_killed' '!kolorun_one_failure' \
@@ -153,7 +153,7 @@ TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exi
   '!mapped_store_choice' '!ring_fused_matches_unfused' '!ring_streams_np3' '!shm_ring_sizes' '!shm_cma_modes' \
   '!zero_copy_allreduce' '!adasum_matches_the_tree' '!big_buffers' '!conformance_shm_np7' '!conformance_shm_np8' \
   '!many_ranks_' '!choices_flip_in_a_random_mix' '!engine_random_mix_autotuned' '!engine_random_mix_across' \
-  '!engine_random_mix_with' '!engine_random_mix_crowded'
+  '!engine_random_mix_with' '!engine_random_mix_crowded' '!engine_random_mix_other'
 
 # Under ASan+UBSan every test but the multi-host ones: their time goes to starting sshd, Slurm's
 # daemons and mpirun in namespaces (45 s of the 205 the suite took under ASan), and the code of

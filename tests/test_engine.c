@@ -2384,6 +2384,17 @@ KT_TEST(engine_random_mix_small_fusion_and_cache, 120)
     KT_EQ(mix_run(3, &cfg, NULL), 0);
 }
 
+/* The paths the defaults leave aside: no fusion, no cache, ring copies only (no single-copy by
+ * CMA), no latency-optimal allreduce, 4 KiB ring chunks through 64 KiB shared rings, and
+ * results written around the cache from 64 KiB on. */
+KT_TEST(engine_random_mix_other_paths, 120)
+{
+    static const mix_cfg cfg = {.env = {"KOLO_FUSION_THRESHOLD=0", "KOLO_CACHE_CAPACITY=0", "KOLO_SHM_CMA=0",
+                                        "KOLO_SMALL_ALLREDUCE_MAX=0", "KOLO_RING_CHUNK=4K", "KOLO_SHM_RING_SIZE=64K",
+                                        "KOLO_STREAM_MIN=64K"}};
+    KT_EQ(mix_run(3, &cfg, NULL), 0);
+}
+
 /* 4 ranks on this host's cores (more ranks than cores on a small one) while the autotuner moves the
  * fusion threshold and the cycle time under the requests, and every rank writes a timeline. */
 KT_TEST(engine_random_mix_autotuned_with_a_timeline, 120)
