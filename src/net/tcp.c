@@ -37,6 +37,7 @@
 #define TCP_IO_MAX (4u << 20)
 
 static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap);
+static bool drop_to_reason(kolo__conn *c, char *buf, size_t cap);
 static int progress_recv(kolo__conn *c);
 
 static int io_error(kolo__conn *c, bool sending, int err)
@@ -59,7 +60,8 @@ static int io_error(kolo__conn *c, bool sending, int err)
     char why[KOLO_ABORT_REASON_MAX + 1];
     /* a peer that gave up sent its reason before closing: a send can meet the closed socket
      * before anything reads that frame */
-    if (hangup && tcp_abort_reason(c, why, sizeof(why))) return kolo__conn_fail(c, kolo__err_aborted(c, why));
+    if (hangup && (tcp_abort_reason(c, why, sizeof(why)) || drop_to_reason(c, why, sizeof(why))))
+        return kolo__conn_fail(c, kolo__err_aborted(c, why));
     if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
         kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
                   c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
@@ -405,6 +407,32 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
         pos += KOLO_HDR_LEN + fill + (size_t)len;
     }
     return false;
+}
+
+/* The same in a connection that fails now (io_error): the frames in front of the ABORT are read
+ * and dropped, however long (a peek sees 64 KiB; a peer that gave up finished its last frame, as
+ * a ring's 128 KiB-4 MiB chunk, before the reason: tcp_abort). Only what has arrived is read. */
+static bool drop_to_reason(kolo__conn *c, char *buf, size_t cap)
+{
+    static _Thread_local unsigned char sink[1 << 16];
+    for (;;) {
+        unsigned char hdr[KOLO_HDR_LEN];
+        uint32_t magic, flags;
+        uint64_t len;
+        if (recv(c->fd, hdr, sizeof(hdr), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(hdr)) return false;
+        memcpy(&magic, hdr, 4);
+        memcpy(&flags, hdr + 4, 4);
+        memcpy(&len, hdr + 8, 8);
+        if (magic != KOLO_MSG_MAGIC) return false;
+        if (flags & KOLO_HDR_ABORT) return tcp_abort_reason(c, buf, cap);
+        uint64_t left = KOLO_HDR_LEN + len;
+        if (len >= TCP_PAD_MIN) left += ((flags >> TCP_PAD_SHIFT) & TCP_PAD_MASK) + (flags & TCP_PAD_MASK);
+        while (left) {
+            ssize_t k = recv(c->fd, sink, (size_t)KOLO_MIN(left, (uint64_t)sizeof(sink)), MSG_DONTWAIT);
+            if (k <= 0) return false;
+            left -= (uint64_t)k;
+        }
+    }
 }
 
 const kolo__transport kolo__tcp_transport = {"tcp",     tcp_progress,     tcp_close, tcp_goodbye, tcp_left_cleanly,
