@@ -312,6 +312,35 @@ static void gives_up_mid_send(int rank, void *arg)
     free(buf);
 }
 
+/* Rank 0's part below: a message rank 1 never reads, so that rank 1's close resets the connection. */
+static void send_unread(kolo__mesh *m)
+{
+    int v = 5;
+    kolo__xfer y;
+    kolo__isend(m, 1, &v, sizeof(v), &y);
+    KT_OK(kolo__wait1(m, &y));
+}
+
+/* Rank 1's: it gives up with a reason of its own and says so; then its process ends. */
+static void give_up(kolo__mesh *m, shared *sh)
+{
+    kolo__mesh_fail(m, kolo__err(KOLO_ERR_INVALID_ARG, OWN_REASON));
+    sh->late = 1;
+}
+
+/* Rank 0's, once rank 1 has given up and left: a send to it (waited on beside `also`, if any) meets
+ * the reset connection and fails with rank 1's reason. */
+static void next_send_tells_the_reason(kolo__mesh *m, shared *sh, kolo__xfer *also)
+{
+    while (!sh->late) sched_yield();
+    nap_300ms(); /* rank 1 is gone */
+    int v = 5;
+    kolo__xfer y, *xs[2] = {&y, also};
+    kolo__isend(m, 1, &v, sizeof(v), &y);
+    KT_STATUS(kolo__wait(m, xs, also ? 2 : 1), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
+}
+
 /* Rank 0 is in the middle of receiving a frame from rank 1 when rank 1 gives up and leaves: its
  * abort finishes the frame and the reason follows, but rank 0's next pass meets the reset
  * connection in a send first (rank 1 left a message of rank 0's unread, so its close reset the
@@ -326,8 +355,7 @@ static void leaves_mid_receive(int rank, void *arg)
     size_t n = 96 << 10;
     unsigned char *buf = calloc(n, 1);
     KT_ASSERT(buf != NULL);
-    kolo__xfer x, y;
-    int v = 5;
+    kolo__xfer x;
     kolo__tcp_test_step(16 << 10);
     if (rank == 1) {
         fill_frame(buf, n);
@@ -336,24 +364,17 @@ static void leaves_mid_receive(int rank, void *arg)
         KT_ASSERT(m->conns[0]->midframe);
         sh->flag = 1;
         while (!sh->flag2) sched_yield(); /* rank 0 is mid-frame too */
-        kolo__mesh_fail(m, kolo__err(KOLO_ERR_INVALID_ARG, OWN_REASON));
-        sh->late = 1;
+        give_up(m, sh);
         free(buf);
-        return; /* and the process ends, closing the connection */
+        return;
     }
-    kolo__isend(m, 1, &v, sizeof(v), &y); /* never read */
-    KT_OK(kolo__wait1(m, &y));
+    send_unread(m);
     while (!sh->flag) sched_yield();
     kolo__irecv(m, 1, buf, n, &x);
     for (int i = 0; i < 100 && x.done == 0; i++) kolo__poke(m);
     sh->flag2 = 1;
     KT_ASSERTF(x.status == 1 && x.done > 0 && x.done < n, "received %zu of %zu bytes", x.done, n);
-    while (!sh->late) sched_yield();
-    nap_300ms(); /* rank 1 is gone */
-    kolo__isend(m, 1, &v, sizeof(v), &y);
-    kolo__xfer *both[2] = {&y, &x};
-    KT_STATUS(kolo__wait(m, both, 2), KOLO_ERR_PEER_LOST);
-    KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
+    next_send_tells_the_reason(m, sh, &x);
     KT_EQ(x.status, 0);
     check_frame(buf, n);
     kolo__tcp_test_step(0);
@@ -371,26 +392,19 @@ static void leaves_behind_a_frame(int rank, void *arg)
     size_t n = 96 << 10;
     unsigned char *buf = calloc(n, 1);
     KT_ASSERT(buf != NULL);
-    kolo__xfer x, y;
-    int v = 5;
     if (rank == 1) {
+        kolo__xfer x;
         fill_frame(buf, n);
         kolo__isend(m, 0, buf, n, &x);
         KT_OK(kolo__wait1(m, &x)); /* in the sockets' buffers */
         while (!sh->flag) sched_yield();
-        kolo__mesh_fail(m, kolo__err(KOLO_ERR_INVALID_ARG, OWN_REASON));
-        sh->late = 1;
+        give_up(m, sh);
         free(buf);
-        return; /* and the process ends, closing the connection */
+        return;
     }
-    kolo__isend(m, 1, &v, sizeof(v), &y); /* never read */
-    KT_OK(kolo__wait1(m, &y));
+    send_unread(m);
     sh->flag = 1;
-    while (!sh->late) sched_yield();
-    nap_300ms(); /* rank 1 is gone */
-    kolo__isend(m, 1, &v, sizeof(v), &y);
-    KT_STATUS(kolo__wait1(m, &y), KOLO_ERR_PEER_LOST);
-    KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
+    next_send_tells_the_reason(m, sh, NULL);
     free(buf);
 }
 

@@ -669,6 +669,17 @@ KT_TEST(multihost_job_over_ssh_shm_inside_tcp_between, 60)
     cluster_down(&c);
 }
 
+/* Runs argv on the login node, which must exit 0 within `timeout` s; else fails, showing its stdout
+ * and the end of its stderr. */
+static void run_ok(cluster *c, proc *p, const char *const *argv, double timeout, const char *what)
+{
+    proc_start(p, c->ns[NS_L], argv);
+    int rc = kt_proc_finish(p, timeout);
+    size_t el = strlen(p->ebuf);
+    KT_ASSERTF(rc == 0, "%s: %s exited %d; stdout:\n%s\nstderr (its end):\n%s", what, argv[0], rc, p->obuf,
+               p->ebuf + (el > 4000 ? el - 4000 : 0));
+}
+
 /* The engine's random mix (tests/test_engine.c, engine_mix) as a job kolorun starts over ssh, 2
  * ranks on each host: every kind of request in each rank's own order, checked element by element,
  * with shared memory within a host, TCP between real network namespaces, and the hierarchical
@@ -691,11 +702,7 @@ KT_TEST(multihost_engine_random_mix, 120)
                               "KOLO_HIERARCHICAL_ALLGATHER=1", kt_self(), "--worker", "engine_mix", ways[w], seed,
                               NULL};
         proc p;
-        proc_start(&p, c.ns[NS_L], argv);
-        int rc = kt_proc_finish(&p, 90);
-        size_t el = strlen(p.ebuf);
-        KT_ASSERTF(rc == 0, "%s: kolorun exited %d; stdout:\n%s\nstderr (its end):\n%s", ways[w], rc, p.obuf,
-                   p.ebuf + (el > 4000 ? el - 4000 : 0));
+        run_ok(&c, &p, argv, 90, ways[w]);
         printf("  the engine's mix (%s), 4 ranks on 2 hosts over ssh: %.2f s\n", ways[w], p.t_end - p.t0);
         for (int r = 0; r < 4; r++) {
             char want[256];
@@ -728,11 +735,7 @@ KT_TEST(multihost_elastic_engine_mix_goes_on_after_a_death, 90)
                           "--ssh", c.ssh, "--start-timeout", "20", kt_self(), "--worker", "engine_mix_elastic",
                           seed ? seed : NULL, NULL};
     proc p;
-    proc_start(&p, c.ns[NS_L], argv);
-    int rc = kt_proc_finish(&p, 80);
-    size_t el = strlen(p.ebuf);
-    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr (its end):\n%s", rc, p.obuf,
-               p.ebuf + (el > 4000 ? el - 4000 : 0));
+    run_ok(&c, &p, argv, 80, "elastic");
     printf("  the engine's mix through a death, 4 then 3 ranks on 2 hosts over ssh: %.2f s\n", p.t_end - p.t0);
     KT_CONTAINS(p.ebuf, "was killed by SIGKILL");
     KT_CONTAINS(p.ebuf, "kolorun: round 2: 3 workers (after losing worker ");
@@ -749,11 +752,7 @@ KT_TEST(multihost_elastic_engine_mix_goes_on_after_a_death, 90)
  * neighbour, TCP to the other host, and exact results. */
 static void run_mh_job(cluster *c, proc *p, const char *const *argv)
 {
-    proc_start(p, c->ns[NS_L], argv);
-    int rc = kt_proc_finish(p, 70);
-    size_t el = strlen(p->ebuf);
-    KT_ASSERTF(rc == 0, "%s exited %d; stdout:\n%s\nstderr (its end):\n%s", argv[0], rc, p->obuf,
-               p->ebuf + (el > 3000 ? el - 3000 : 0));
+    run_ok(c, p, argv, 70, argv[0]);
     printf("  4 ranks on 2 hosts under %s: %.2f s\n", argv[0], p->t_end - p->t0);
     static const char *const tps[4] = {"0=self 1=shm 2=tcp 3=tcp", "0=shm 1=self 2=tcp 3=tcp",
                                        "0=tcp 1=tcp 2=self 3=shm", "0=tcp 1=tcp 2=shm 3=self"};
