@@ -177,5 +177,10 @@ void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed);
  * float16, 0 or normal): decoded and encoded by the runner itself, not by kolo's conversions. */
 double kt_get(const void *buf, size_t i, kolo_dtype_t d);
 void kt_put(void *buf, size_t i, kolo_dtype_t d, double v);
+/* KOLO_ADASUM's documented tree over n vectors x[r] (each start[nt] long, overwritten), computed
+ * here in double, tensor by tensor (tensor t: start[t] .. start[t + 1]): members 2i and 2i+1
+ * first for i < n - p2 (p2 the largest power of two <= n), then neighbours pairwise, level by
+ * level. The result is in x[0]. n < 128. */
+void kt_adasum_tree(double **x, int n, const size_t *start, size_t nt);
 
 #endif

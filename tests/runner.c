@@ -420,6 +420,44 @@ double kt_get(const void *buf, size_t i, kolo_dtype_t d)
     }
 }
 
+/* a = a (+) b, tensor by tensor */
+static void adasum_combine(double *a, const double *b, const size_t *start, size_t nt)
+{
+    for (size_t t = 0; t < nt; t++) {
+        double ab = 0, aa = 0, bb = 0;
+        for (size_t i = start[t]; i < start[t + 1]; i++) {
+            ab += a[i] * b[i];
+            aa += a[i] * a[i];
+            bb += b[i] * b[i];
+        }
+        double ca = aa > 0 ? 1 - ab / (2 * aa) : 1, cb = bb > 0 ? 1 - ab / (2 * bb) : 1;
+        for (size_t i = start[t]; i < start[t + 1]; i++) a[i] = ca * a[i] + cb * b[i];
+    }
+}
+
+void kt_adasum_tree(double **x, int n, const size_t *start, size_t nt)
+{
+    int p2 = 1;
+    while (p2 * 2 <= n) p2 *= 2;
+    int extra = n - p2;
+    double *y[64];
+    KT_ASSERT(p2 <= 64);
+    for (int v = 0; v < p2; v++) {
+        if (v < extra) {
+            adasum_combine(x[2 * v], x[2 * v + 1], start, nt);
+            y[v] = x[2 * v];
+        } else {
+            y[v] = x[v + extra];
+        }
+    }
+    for (int w = p2; w > 1; w /= 2)
+        for (int k = 0; k < w / 2; k++) {
+            adasum_combine(y[2 * k], y[2 * k + 1], start, nt);
+            y[k] = y[2 * k];
+        }
+    if (y[0] != x[0]) memcpy(x[0], y[0], start[nt] * sizeof(double));
+}
+
 void kt_put(void *buf, size_t i, kolo_dtype_t d, double v)
 {
     switch (d) {

@@ -11,67 +11,6 @@
 
 #define WAIT_S 60.0
 
-static double getf(const void *buf, size_t i, kolo_dtype_t d)
-{
-    uint16_t h;
-    switch (d) {
-    case KOLO_FLOAT32: return ((const float *)buf)[i];
-    case KOLO_FLOAT64: return ((const double *)buf)[i];
-    case KOLO_BFLOAT16: {
-        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    case KOLO_FLOAT16: {
-        h = ((const uint16_t *)buf)[i];
-        int e = (h >> 10) & 31, m = h & 1023;
-        double v = e == 0 ? ldexp(m, -24) : e == 31 ? INFINITY : ldexp(1.0 + m / 1024.0, e - 15);
-        return (h & 0x8000) ? -v : v;
-    }
-    default: return NAN;
-    }
-}
-
-/* a = a (+) b, tensor by tensor (tensor t: start[t] .. start[t + 1]) */
-static void ref_combine(double *a, const double *b, const size_t *start, size_t nt)
-{
-    for (size_t t = 0; t < nt; t++) {
-        double ab = 0, aa = 0, bb = 0;
-        for (size_t i = start[t]; i < start[t + 1]; i++) {
-            ab += a[i] * b[i];
-            aa += a[i] * a[i];
-            bb += b[i] * b[i];
-        }
-        double ca = aa > 0 ? 1 - ab / (2 * aa) : 1, cb = bb > 0 ? 1 - ab / (2 * bb) : 1;
-        for (size_t i = start[t]; i < start[t + 1]; i++) a[i] = ca * a[i] + cb * b[i];
-    }
-}
-
-/* The documented tree over n vectors x[r] (each `total` long, overwritten): members 2i and 2i+1
- * first for i < n - p2, then neighbours pairwise, level by level. Result in x[0]. */
-static void ref_tree(double **x, int n, const size_t *start, size_t nt)
-{
-    int p2 = 1;
-    while (p2 * 2 <= n) p2 *= 2;
-    int extra = n - p2;
-    double *y[64];
-    for (int v = 0; v < p2; v++) {
-        if (v < extra) {
-            ref_combine(x[2 * v], x[2 * v + 1], start, nt);
-            y[v] = x[2 * v];
-        } else {
-            y[v] = x[v + extra];
-        }
-    }
-    for (int w = p2; w > 1; w /= 2)
-        for (int k = 0; k < w / 2; k++) {
-            ref_combine(y[2 * k], y[2 * k + 1], start, nt);
-            y[k] = y[2 * k];
-        }
-    if (y[0] != x[0]) memcpy(x[0], y[0], start[nt] * sizeof(double));
-}
-
 static double tolerance(kolo_dtype_t d)
 {
     return d == KOLO_FLOAT64 ? 1e-12 : d == KOLO_FLOAT32 ? 1e-5 : d == KOLO_FLOAT16 ? 4e-3 : 2e-2;
@@ -88,14 +27,14 @@ static void check_against_tree(const void *got, int n, unsigned seed, const size
     for (int r = 0; r < n; r++) {
         x[r] = malloc(total * sizeof(double) + 8);
         kt_fill(in, total, d, seed + (unsigned)r);
-        for (size_t i = 0; i < total; i++) x[r][i] = getf(in, i, d) * pre;
+        for (size_t i = 0; i < total; i++) x[r][i] = kt_get(in, i, d) * pre;
     }
-    ref_tree(x, n, start, nt);
+    kt_adasum_tree(x, n, start, nt);
     for (size_t t = 0; t < nt; t++) {
         double scale = 0;
         for (size_t i = start[t]; i < start[t + 1]; i++) scale = fmax(scale, fabs(x[0][i] * post));
         for (size_t i = start[t]; i < start[t + 1]; i++) {
-            double want = x[0][i] * post, g = getf(got, i, d);
+            double want = x[0][i] * post, g = kt_get(got, i, d);
             KT_ASSERTF(fabs(g - want) <= tolerance(d) * fmax(scale, 1e-30), "%s: %s on %d ranks, tensor %zu element %zu is %.9g, expected %.9g",
                        what, kolo_dtype_name(d), n, t, i - start[t], g, want);
         }
@@ -266,8 +205,8 @@ static void engine_cases(int rank, void *arg)
         whole[r] = malloc(start[NT] * sizeof(double));
         memcpy(whole[r], x[r], start[NT] * sizeof(double));
     }
-    ref_tree(x, n, start, NT);
-    ref_tree(whole, n, one, 1);
+    kt_adasum_tree(x, n, start, NT);
+    kt_adasum_tree(whole, n, one, 1);
     double worst = 0, apart = 0;
     for (size_t i = 0; i < start[NT]; i++) {
         worst = fmax(worst, fabs(out[i] - x[0][i]) / fmax(1, fabs(x[0][i])));

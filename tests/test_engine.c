@@ -1852,11 +1852,11 @@ KT_TEST(engine_timeline_holds_every_tensor, 30)
 /* ---- a random mix: every request kind, dtype and op, in each rank's own order ----
  *
  * The tests above each pin one feature. A training job mixes them: in one cycle the engine may
- * see allreduces of several dtypes and ops (fusable or not; scalars too), grouped ones,
+ * see allreduces of several dtypes and ops (Adasum too; fusable or not; scalars too), grouped ones,
  * allgathers with rows that differ per rank, broadcasts from any root, alltoalls, reducescatters,
  * barriers, some on two process sets that overlap the world and each other (rank n - 1 is in all
- * three) under the names the world uses at the same time, names reused
- * with new shapes (the cache must forget them) or with the same (it must hit), tensors in
+ * three) under the names the world uses at the same time, names reused with new shapes (the
+ * cache must forget them) or with the same (it must hit), tensors in
  * kolo_mem_alloc memory on some ranks and malloc'd on others, callbacks, while the program runs
  * direct collectives of its own. The plan of every step comes from one seed, the same on every
  * rank; each rank submits the step's requests in its own order, spread over cycles by its own
@@ -1954,6 +1954,30 @@ static double mix_reduced(const mix_req *q, const int *members, int n, int t, in
     return q->dt != KOLO_BOOL && q->op == KOLO_SUM ? q->post * acc : acc;
 }
 
+/* Tensor t of an Adasum allreduce against kt_adasum_tree over the members' inputs (a joined rank's
+ * a zero vector), within the dtype's rounding relative to the tensor's largest value. */
+static void mix_check_adasum(const mix_req *q, int t, const int *members, int n, const void *got)
+{
+    size_t count = (size_t)(q->rows * q->width), start[2] = {0, count};
+    double *x[16], scale = 0;
+    for (int m = 0; m < n; m++) {
+        x[m] = malloc(count * sizeof(double) + 8);
+        KT_ASSERT(x[m]);
+        for (size_t i = 0; i < count; i++)
+            x[m][i] = q->joined >> members[m] & 1 ? 0 : q->pre * mix_value(q, t, members[m], (int64_t)i);
+    }
+    kt_adasum_tree(x, n, start, 1);
+    for (size_t i = 0; i < count; i++) scale = fmax(scale, fabs(x[0][i] * q->post));
+    double rel = q->dt == KOLO_FLOAT64 ? 1e-12 : q->dt == KOLO_FLOAT32 ? 1e-5 : q->dt == KOLO_FLOAT16 ? 4e-3 : 2e-2;
+    for (size_t i = 0; i < count; i++) {
+        double g = kt_get(got, i, q->dt), want = x[0][i] * q->post;
+        if (!(fabs(g - want) <= rel * fmax(scale, 1e-30)))
+            kt_fail(__FILE__, __LINE__, "adasum allreduce '%s' tensor %d (%s, %lld x %lld): element %zu is %g, want %g",
+                    q->name[0], t, kolo_dtype_name(q->dt), (long long)q->rows, (long long)q->width, i, g, want);
+    }
+    for (int m = 0; m < n; m++) free(x[m]);
+}
+
 static void mix_check(const mix_req *q, const char *what, int64_t i, double got, double want)
 {
     double tol = 0;
@@ -1985,7 +2009,9 @@ static void mix_plan_one(mix_req *q, uint64_t *s, const int *set_n, bool joined,
         static const kolo_op_t ops[] = {KOLO_SUM, KOLO_SUM, KOLO_AVERAGE, KOLO_MIN, KOLO_MAX, KOLO_PRODUCT};
         q->op = ops[kt_rand(s) % 6];
         if (q->dt == KOLO_BOOL && q->op == KOLO_AVERAGE) q->op = KOLO_MAX;
-        if (kt_is_float(q->dt) && (q->op == KOLO_SUM || q->op == KOLO_AVERAGE)) {
+        /* Adasum: allreduces of floating types only; each tensor its own vector, fused or not */
+        if (q->kind != MIX_RS && kt_is_float(q->dt) && q->op == KOLO_SUM && kt_rand(s) % 2 == 0) q->op = KOLO_ADASUM;
+        if (kt_is_float(q->dt) && (q->op == KOLO_SUM || q->op == KOLO_AVERAGE || q->op == KOLO_ADASUM)) {
             static const double pre[] = {1, 0.5, 2}, post[] = {1, 0.25, 4};
             q->pre = pre[kt_rand(s) % 3];
             q->post = post[kt_rand(s) % 3];
@@ -2174,6 +2200,8 @@ static void mix_finish(const mix_req *q, mix_live *l, int rank, const int *membe
     }
     if (!ok) {
         /* ended by the victim's death (mix_status): no output to check */
+    } else if ((q->kind == MIX_AR || q->kind == MIX_GROUP) && q->op == KOLO_ADASUM) {
+        for (int t = 0; t < q->ntensors; t++) mix_check_adasum(q, t, members, n, l->recv[t]);
     } else if (q->kind == MIX_AR || q->kind == MIX_GROUP) {
         for (int t = 0; t < q->ntensors; t++)
             for (int64_t i = 0; i < count; i++)
