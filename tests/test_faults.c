@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -333,7 +334,11 @@ static void give_up(kolo__mesh *m, shared *sh)
 static void next_send_tells_the_reason(kolo__mesh *m, shared *sh, kolo__xfer *also)
 {
     while (!sh->late) sched_yield();
-    nap_300ms(); /* rank 1 is gone */
+    /* until rank 1's process has ended and its close has reset the connection (POLLHUP): a nap
+     * could end first on a loaded machine, and the send would then go through */
+    struct pollfd p = {.fd = m->conns[1]->fd, .events = 0};
+    for (int i = 0; i < 2000 && !(p.revents & POLLHUP); i++) poll(&p, 1, 10);
+    KT_ASSERTF(p.revents & POLLHUP, "rank 1's connection was not reset within 20 s (revents %#x)", p.revents);
     int v = 5;
     kolo__xfer y, *xs[2] = {&y, also};
     kolo__isend(m, 1, &v, sizeof(v), &y);
