@@ -1391,12 +1391,20 @@ static void psets(int rank, void *arg)
     if (rank == 1) {
         KT_STATUS(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r), KOLO_ERR_NOT_MEMBER);
     } else {
+        kolo_engine_stats_t before, after;
+        KT_OK(kolo_engine_stats(&before));
         for (int step = 0; step < 3; step++) {
             KT_OK(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_AVERAGE, 1, 1, &o, &r));
             wait_ok(r);
             KT_ASSERTF(y[0] == 2 && y[2] == 4, "set average: %g %g", y[0], y[2]);
             kolo_request_release(r);
         }
+        /* cycles that ran only the set's requests did work (they counted as idle before): the
+         * first two at least, whose counts precede the third's cycle (the third's may follow
+         * its waiter's return) */
+        KT_OK(kolo_engine_stats(&after));
+        KT_ASSERTF(after.cycles - before.cycles >= 2, "%llu cycles did work for 3 set allreduces",
+                   (unsigned long long)(after.cycles - before.cycles));
         /* the same name on the world at the same time is another request */
         kolo_request_t *w;
         KT_OK(kolo_iallreduce("ps", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r));

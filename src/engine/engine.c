@@ -299,11 +299,14 @@ static int count_pending(int *in_sets)
 
 /* ---- the cycle ---- */
 
-static int set_step(kolo__pset_state *s)
+/* *worked: the set had responses to run (read before kolo__negotiate_finish clears them; read
+ * after it, a cycle that ran only a set's requests counted as idle in kolo_engine_stats) */
+static int set_step(kolo__pset_state *s, int *worked)
 {
     int st = kolo__negotiate_build(s, 0, NULL);
     if (!st) st = kolo__negotiate_gather_fixed(s);
     if (!st) st = kolo__negotiate_decide(s);
+    if (!st) *worked |= s->nresp > 0;
     if (!st) st = kolo__execute(s);
     if (!st) st = kolo__negotiate_finish(s);
     if (!st) kolo__negotiate_stall_check(s);
@@ -380,8 +383,7 @@ static int cycle(kolo_request_t *q)
     for (int id = 1; id < KOLO_MAX_PSETS; id++) {
         kolo__pset_state *s = E.sets[id];
         if (!s) continue;
-        if ((st = set_step(s))) return st;
-        worked |= s->nresp > 0;
+        if ((st = set_step(s, &worked))) return st;
     }
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
