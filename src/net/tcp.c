@@ -62,14 +62,13 @@ static int io_error(kolo__conn *c, bool sending, int err)
      * before anything reads that frame */
     if (hangup && (tcp_abort_reason(c, why, sizeof(why)) || drop_to_reason(c, why, sizeof(why))))
         return kolo__conn_fail(c, kolo__err_aborted(c, why));
-    if (err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN)
-        kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
-                  c->peer, kolo__peer_name(m, c->peer), what, err ? strerror(err) : "connection closed");
-    else
-        kolo__err_sys(err, "rank %d on %s: %s failed", c->peer, kolo__peer_name(m, c->peer), what);
-    return kolo__conn_fail(c, err == 0 || err == ECONNRESET || err == EPIPE || err == ENOTCONN
-                                  ? KOLO_ERR_PEER_LOST
-                                  : KOLO_ERR_SYSTEM);
+    if (!hangup && err != ENOTCONN)
+        return kolo__conn_fail(c, kolo__err_sys(err, "rank %d on %s: %s failed", c->peer, kolo__peer_name(m, c->peer),
+                                                what));
+    return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
+                                        "lost rank %d on %s: %s failed (%s): the process died or aborted the job",
+                                        c->peer, kolo__peer_name(m, c->peer), what,
+                                        err ? strerror(err) : "connection closed"));
 }
 
 /* ---- filler: where the payload lands in the kernel's socket buffers ----
@@ -294,6 +293,23 @@ static void tcp_goodbye(kolo__conn *c)
     (void)k; /* best effort: a peer that misses it only reports us as lost */
 }
 
+/* A frame's header at p, read from the stream rather than into an xfer: false if it is not kolo's. */
+static bool frame_hdr(const unsigned char *p, uint32_t *flags, uint64_t *len)
+{
+    uint32_t magic;
+    memcpy(&magic, p, 4);
+    memcpy(flags, p + 4, 4);
+    memcpy(len, p + 8, 8);
+    return magic == KOLO_MSG_MAGIC;
+}
+
+/* The whole frame's bytes on the wire: header, filler ("filler" above) and payload. */
+static uint64_t frame_bytes(uint32_t flags, uint64_t len)
+{
+    uint64_t fill = len >= TCP_PAD_MIN ? ((flags >> TCP_PAD_SHIFT) & TCP_PAD_MASK) + (flags & TCP_PAD_MASK) : 0;
+    return KOLO_HDR_LEN + fill + len;
+}
+
 /* The unread bytes must be whole frames ending with a goodbye. More than we can peek is taken
  * as clean: a later receive that needs more than the peer sent still fails at EOF. */
 static bool tcp_left_cleanly(kolo__conn *c)
@@ -303,16 +319,13 @@ static bool tcp_left_cleanly(kolo__conn *c)
     if (n <= 0) return false;
     size_t pos = 0;
     while (pos + KOLO_HDR_LEN <= (size_t)n) {
-        uint32_t magic, flags;
+        uint32_t flags;
         uint64_t len;
-        memcpy(&magic, buf + pos, 4);
-        memcpy(&flags, buf + pos + 4, 4);
-        memcpy(&len, buf + pos + 8, 8);
-        if (magic != KOLO_MSG_MAGIC) return false;
+        if (!frame_hdr(buf + pos, &flags, &len)) return false;
         if (flags & KOLO_HDR_ABORT) return false;
         if (flags & KOLO_HDR_GOODBYE) return pos + KOLO_HDR_LEN == (size_t)n;
         if (len > (size_t)n) return true;
-        pos += KOLO_HDR_LEN + (size_t)len;
+        pos += (size_t)frame_bytes(flags, len);
     }
     return pos > (size_t)n;
 }
@@ -390,21 +403,16 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap)
     ssize_t n = recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
     size_t pos = 0;
     while (n > 0 && pos + KOLO_HDR_LEN <= (size_t)n) {
-        uint32_t magic, flags;
+        uint32_t flags;
         uint64_t len;
-        memcpy(&magic, peek + pos, 4);
-        memcpy(&flags, peek + pos + 4, 4);
-        memcpy(&len, peek + pos + 8, 8);
-        if (magic != KOLO_MSG_MAGIC || len > (size_t)n) return false;
+        if (!frame_hdr(peek + pos, &flags, &len) || len > (size_t)n) return false;
         if (flags & KOLO_HDR_ABORT) {
             size_t m = KOLO_MIN((size_t)len, KOLO_MIN(cap - 1, (size_t)n - pos - KOLO_HDR_LEN));
             memcpy(buf, peek + pos + KOLO_HDR_LEN, m);
             buf[m] = '\0';
             return true;
         }
-        /* the frame's filler, if it has any ("filler" above) */
-        size_t fill = len >= TCP_PAD_MIN ? ((flags >> TCP_PAD_SHIFT) & TCP_PAD_MASK) + (flags & TCP_PAD_MASK) : 0;
-        pos += KOLO_HDR_LEN + fill + (size_t)len;
+        pos += (size_t)frame_bytes(flags, len);
     }
     return false;
 }
@@ -417,17 +425,12 @@ static bool drop_to_reason(kolo__conn *c, char *buf, size_t cap)
     static _Thread_local unsigned char sink[1 << 16];
     for (;;) {
         unsigned char hdr[KOLO_HDR_LEN];
-        uint32_t magic, flags;
+        uint32_t flags;
         uint64_t len;
         if (recv(c->fd, hdr, sizeof(hdr), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(hdr)) return false;
-        memcpy(&magic, hdr, 4);
-        memcpy(&flags, hdr + 4, 4);
-        memcpy(&len, hdr + 8, 8);
-        if (magic != KOLO_MSG_MAGIC) return false;
+        if (!frame_hdr(hdr, &flags, &len)) return false;
         if (flags & KOLO_HDR_ABORT) return tcp_abort_reason(c, buf, cap);
-        uint64_t left = KOLO_HDR_LEN + len;
-        if (len >= TCP_PAD_MIN) left += ((flags >> TCP_PAD_SHIFT) & TCP_PAD_MASK) + (flags & TCP_PAD_MASK);
-        while (left) {
+        for (uint64_t left = frame_bytes(flags, len); left;) {
             ssize_t k = recv(c->fd, sink, (size_t)KOLO_MIN(left, (uint64_t)sizeof(sink)), MSG_DONTWAIT);
             if (k <= 0) return false;
             left -= (uint64_t)k;
