@@ -182,5 +182,8 @@ void kt_put(void *buf, size_t i, kolo_dtype_t d, double v);
  * first for i < n - p2 (p2 the largest power of two <= n), then neighbours pairwise, level by
  * level. The result is in x[0]. n < 128. */
 void kt_adasum_tree(double **x, int n, const size_t *start, size_t nt);
+/* How near an Adasum result of dtype d must come to that tree, relative to the tensor's largest
+ * value (the kernels combine in float or double; halves round once more). */
+double kt_adasum_tolerance(kolo_dtype_t d);
 
 #endif

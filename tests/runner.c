@@ -435,6 +435,11 @@ static void adasum_combine(double *a, const double *b, const size_t *start, size
     }
 }
 
+double kt_adasum_tolerance(kolo_dtype_t d)
+{
+    return d == KOLO_FLOAT64 ? 1e-12 : d == KOLO_FLOAT32 ? 1e-5 : d == KOLO_FLOAT16 ? 4e-3 : 2e-2;
+}
+
 void kt_adasum_tree(double **x, int n, const size_t *start, size_t nt)
 {
     int p2 = 1;

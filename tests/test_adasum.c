@@ -11,11 +11,6 @@
 
 #define WAIT_S 60.0
 
-static double tolerance(kolo_dtype_t d)
-{
-    return d == KOLO_FLOAT64 ? 1e-12 : d == KOLO_FLOAT32 ? 1e-5 : d == KOLO_FLOAT16 ? 4e-3 : 2e-2;
-}
-
 /* Checks got (dtype d, `total` elements) against the reference of the members' inputs made by
  * kt_fill(seed + member) over the given tensors, relative to each tensor's largest value. */
 static void check_against_tree(const void *got, int n, unsigned seed, const size_t *start, size_t nt, kolo_dtype_t d,
@@ -35,7 +30,7 @@ static void check_against_tree(const void *got, int n, unsigned seed, const size
         for (size_t i = start[t]; i < start[t + 1]; i++) scale = fmax(scale, fabs(x[0][i] * post));
         for (size_t i = start[t]; i < start[t + 1]; i++) {
             double want = x[0][i] * post, g = kt_get(got, i, d);
-            KT_ASSERTF(fabs(g - want) <= tolerance(d) * fmax(scale, 1e-30), "%s: %s on %d ranks, tensor %zu element %zu is %.9g, expected %.9g",
+            KT_ASSERTF(fabs(g - want) <= kt_adasum_tolerance(d) * fmax(scale, 1e-30), "%s: %s on %d ranks, tensor %zu element %zu is %.9g, expected %.9g",
                        what, kolo_dtype_name(d), n, t, i - start[t], g, want);
         }
     }

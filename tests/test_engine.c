@@ -1976,7 +1976,7 @@ static void mix_check_adasum(const mix_req *q, int t, const int *members, int n,
     }
     kt_adasum_tree(x, n, start, 1);
     for (size_t i = 0; i < count; i++) scale = fmax(scale, fabs(x[0][i] * q->post));
-    double rel = q->dt == KOLO_FLOAT64 ? 1e-12 : q->dt == KOLO_FLOAT32 ? 1e-5 : q->dt == KOLO_FLOAT16 ? 4e-3 : 2e-2;
+    double rel = kt_adasum_tolerance(q->dt);
     for (size_t i = 0; i < count; i++) {
         double g = kt_get(got, i, q->dt), want = x[0][i] * q->post;
         if (!(fabs(g - want) <= rel * fmax(scale, 1e-30)))

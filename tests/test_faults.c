@@ -276,44 +276,8 @@ static void check_frame(const unsigned char *buf, size_t n)
 
 #define OWN_REASON "rank 1's own reason (a test)"
 
-/* Rank 1 gives up (a reason of its own) while most of an 8 MiB frame to rank 0 is still to be
- * sent: the sockets' buffers cannot hold it until rank 0 reads. Rank 0 then reads the whole
- * frame, every byte right, and its next receive fails with rank 1's reason. Before (tcp.c,
- * tcp_abort), rank 1 left the frame cut off and rank 0 reported "lost rank 1 ...: receiving from
- * it failed (connection closed)". */
-static void gives_up_mid_send(int rank, void *arg)
-{
-    shared *sh = arg;
-    kolo__mesh *m = joined_mesh();
-    unsigned char *buf = malloc(FRAME_BYTES);
-    KT_ASSERT(buf != NULL);
-    kolo__xfer x;
-    if (rank == 1) {
-        fill_frame(buf, FRAME_BYTES);
-        kolo__isend(m, 0, buf, FRAME_BYTES, &x);
-        for (int i = 0; i < 100 && !m->conns[0]->midframe; i++) kolo__poke(m);
-        KT_ASSERT(m->conns[0]->midframe);
-        sh->flag = 1;
-        kolo__mesh_fail(m, kolo__err(KOLO_ERR_INVALID_ARG, OWN_REASON));
-        while (!sh->flag2) usleep(1000); /* the buffer is ours until rank 0 has read the frame */
-        free(buf);
-        return;
-    }
-    while (!sh->flag) sched_yield();
-    kolo__irecv(m, 1, buf, FRAME_BYTES, &x);
-    int st = kolo__wait1(m, &x);
-    sh->flag2 = 1;
-    KT_OK(st);
-    check_frame(buf, FRAME_BYTES);
-    int v;
-    kolo__irecv(m, 1, &v, sizeof(v), &x);
-    KT_STATUS(kolo__wait1(m, &x), KOLO_ERR_PEER_LOST);
-    KT_CONTAINS(kolo_last_error(), "rank 1 on ");
-    KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
-    free(buf);
-}
-
-/* Rank 0's part below: a message rank 1 never reads, so that rank 1's close resets the connection. */
+/* Rank 0's part in the cases below: a message rank 1 never reads, so that rank 1's close resets
+ * the connection. */
 static void send_unread(kolo__mesh *m)
 {
     int v = 5;
@@ -322,7 +286,8 @@ static void send_unread(kolo__mesh *m)
     KT_OK(kolo__wait1(m, &y));
 }
 
-/* Rank 1's: it gives up with a reason of its own and says so; then its process ends. */
+/* Rank 1's: it gives up with a reason of its own and says so (its process then ends, but in the
+ * first case, where it holds its buffer until rank 0 has read the frame). */
 static void give_up(kolo__mesh *m, shared *sh)
 {
     kolo__mesh_fail(m, kolo__err(KOLO_ERR_INVALID_ARG, OWN_REASON));
@@ -344,6 +309,43 @@ static void next_send_tells_the_reason(kolo__mesh *m, shared *sh, kolo__xfer *al
     kolo__isend(m, 1, &v, sizeof(v), &y);
     KT_STATUS(kolo__wait(m, xs, also ? 2 : 1), KOLO_ERR_PEER_LOST);
     KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
+}
+
+/* Rank 1 gives up (a reason of its own) while most of an 8 MiB frame to rank 0 is still to be
+ * sent: the sockets' buffers cannot hold it until rank 0 reads. Rank 0 then reads the whole
+ * frame, every byte right, and its next receive fails with rank 1's reason. Before (tcp.c,
+ * tcp_abort), rank 1 left the frame cut off and rank 0 reported "lost rank 1 ...: receiving from
+ * it failed (connection closed)". */
+static void gives_up_mid_send(int rank, void *arg)
+{
+    shared *sh = arg;
+    kolo__mesh *m = joined_mesh();
+    unsigned char *buf = malloc(FRAME_BYTES);
+    KT_ASSERT(buf != NULL);
+    kolo__xfer x;
+    if (rank == 1) {
+        fill_frame(buf, FRAME_BYTES);
+        kolo__isend(m, 0, buf, FRAME_BYTES, &x);
+        for (int i = 0; i < 100 && !m->conns[0]->midframe; i++) kolo__poke(m);
+        KT_ASSERT(m->conns[0]->midframe);
+        sh->flag = 1;
+        give_up(m, sh);
+        while (!sh->flag2) usleep(1000); /* the buffer is ours until rank 0 has read the frame */
+        free(buf);
+        return;
+    }
+    while (!sh->flag) sched_yield();
+    kolo__irecv(m, 1, buf, FRAME_BYTES, &x);
+    int st = kolo__wait1(m, &x);
+    sh->flag2 = 1;
+    KT_OK(st);
+    check_frame(buf, FRAME_BYTES);
+    int v;
+    kolo__irecv(m, 1, &v, sizeof(v), &x);
+    KT_STATUS(kolo__wait1(m, &x), KOLO_ERR_PEER_LOST);
+    KT_CONTAINS(kolo_last_error(), "rank 1 on ");
+    KT_CONTAINS(kolo_last_error(), "aborted the job because: " OWN_REASON);
+    free(buf);
 }
 
 /* Rank 0 is in the middle of receiving a frame from rank 1 when rank 1 gives up and leaves: its
