@@ -771,7 +771,9 @@ KT_TEST(engine_straggler_quiet_backoff, 30) { kt_job_both(2, quiet_straggler, NU
 /* The back-off is for ranks the world waits for: rank 1, in no process set and holding nothing,
  * keeps the cycle time while rank 0 waits 300 ms in a set of its own with rank 2 for rank 2 (the
  * set's cycles begin with a world exchange: rank 2's submission must not wait out rank 1's
- * back-off). Rank 1 reads its count from 50 ms on, once rank 0's request is pending. */
+ * back-off). Rank 1 reads its count from 50 ms on, once rank 0's request is pending. Rank 2, the
+ * set's straggler, backs off like the world's (when any rank held a set's requests, every rank
+ * kept the cycle time). */
 static void quiet_beside_a_set(int rank, void *arg)
 {
     (void)arg;
@@ -788,7 +790,11 @@ static void quiet_beside_a_set(int rank, void *arg)
         }
         KT_ASSERTF(most <= 2, "%d quiet cycles in a row while a process set waited for a member", most);
     } else {
-        if (rank == 2) usleep(300000);
+        if (rank == 2) {
+            usleep(300000);
+            int q = kolo__engine_test_quiet_cycles();
+            KT_ASSERTF(q >= 3, "after 300 ms in which a set waited for this rank, %d quiet cycles in a row", q);
+        }
         kolo_submit_opts_t o = {.process_set = id};
         kolo_shape_t one = shape1(1);
         float x = (float)rank, y = 0;
@@ -802,6 +808,54 @@ static void quiet_beside_a_set(int rank, void *arg)
 }
 
 KT_TEST(engine_no_backoff_beside_a_waiting_set, 30) { KT_EQ(kt_job(3, quiet_beside_a_set, NULL, NULL, NULL), 0); }
+
+/* A process set's requests do not wait out the period of a rank outside the set: every cycle
+ * opens with a world exchange, and a rank whose engine learns there that a member's thread waits
+ * on a set it is not in starts its next cycle at once (engine.c, "Cycle timing"). Rank 0 is in
+ * no set and holds nothing; ranks 1 and 2 run steps of three allreduces on the set {1, 2}, each
+ * step waited for. Every step needs a world exchange of rank 0's; when rank 0 started each of
+ * them when its period ran out (4 ms here), the steps took 4 ms each. A cycle time of 100 ms keeps
+ * the members' own engines from cycling but for their waiting threads. */
+static void set_beside_an_idle_rank(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_CYCLE_TIME", "100", 1);
+    KT_OK(kolo_init());
+    int members[2] = {1, 2}, id;
+    KT_OK(kolo_process_set_add(members, 2, &id));
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    enum { T = 3, STEPS = 40 };
+    uint64_t timed = kolo__engine_test_timed_cycles();
+    if (rank > 0) {
+        kolo_submit_opts_t o = {.process_set = id};
+        kolo_shape_t sh = shape1(4);
+        float in[T][4], out[T][4];
+        kolo_request_t *reqs[T];
+        for (int step = 0; step < STEPS; step++) {
+            for (int t = 0; t < T; t++) {
+                char name[32];
+                snprintf(name, sizeof(name), "g%d", t);
+                for (int i = 0; i < 4; i++) in[t][i] = (float)(rank + t + step + i);
+                KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &reqs[t]));
+            }
+            for (int t = 0; t < T; t++) {
+                wait_ok(reqs[t]);
+                KT_ASSERTF(out[t][3] == (float)(3 + 2 * (t + step + 3)), "step %d tensor %d: %g", step, t, out[t][3]);
+                kolo_request_release(reqs[t]);
+            }
+        }
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    timed = kolo__engine_test_timed_cycles() - timed;
+    /* a few: the first step, and the cycles around the barriers */
+    if (rank == 0)
+        KT_ASSERTF(timed < STEPS / 4, "%llu of this rank's cycles waited out its period while a set it is not in "
+                   "ran %d steps, each waited for", (unsigned long long)timed, STEPS);
+    KT_OK(kolo_process_set_remove(id));
+    unsetenv("KOLO_CYCLE_TIME");
+}
+
+KT_TEST(engine_set_does_not_wait_for_a_rank_outside, 40) { kt_job_both(3, set_beside_an_idle_rank, NULL); }
 
 static void eviction(int rank, void *arg)
 {

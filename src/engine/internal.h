@@ -211,9 +211,8 @@ typedef struct kolo__pset_state {
 } kolo__pset_state;
 
 /* fixed part of a member's blob: header, presence bitmap (world only), cache bits */
-/* World only: BUSY, this rank holds requests; SETS, some of them in process sets other than the
- * world (engine.c, "Cycle timing") */
-enum { KOLO__F_JOINED = 1, KOLO__F_LEAVING = 2, KOLO__F_BUSY = 4, KOLO__F_SETS = 8 };
+/* World only: BUSY, this rank holds requests (engine.c, "Cycle timing") */
+enum { KOLO__F_JOINED = 1, KOLO__F_LEAVING = 2, KOLO__F_BUSY = 4 };
 typedef struct kolo__fixed_hdr {
     uint32_t flags;
     uint32_t varlen;
@@ -222,6 +221,10 @@ typedef struct kolo__fixed_hdr {
     uint32_t tune_cycle_us;
     uint32_t tune_state; /* kolo__tune_word() */
     uint64_t present[KOLO_MAX_PSETS / 64];
+    /* world: the process sets (not the world) in which this rank holds requests, and those of
+     * them while a thread of it waits (engine.c, "Cycle timing") */
+    uint64_t holds[KOLO_MAX_PSETS / 64];
+    uint64_t waits[KOLO_MAX_PSETS / 64];
 } kolo__fixed_hdr;
 
 /* ---- the engine (one per process) ---- */
@@ -263,8 +266,9 @@ typedef struct kolo__engine {
     int tune_state, tune_samples; /* KOLO_AUTOTUNE_*, configurations scored (rank 0's) */
     int world_busy;         /* last world step: some rank had work */
     _Atomic int quiet_cycles; /* cycles in a row in which this rank could hold back its period
-                               * (it held nothing, no set held anything: engine.c, "Cycle timing") */
-    _Atomic uint64_t world_cycles; /* for the tests */
+                               * (it held nothing, nor did any rank in a set that leaves it out:
+                               * engine.c, "Cycle timing") */
+    _Atomic uint64_t world_cycles, timed_cycles; /* for the tests */
     int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
     kolo__pset_state *sets[KOLO_MAX_PSETS];
@@ -272,6 +276,9 @@ typedef struct kolo__engine {
     const kolo__group *seen_ptr[KOLO_MAX_PSETS];
     kolo__group seen[KOLO_MAX_PSETS];
     uint64_t present[KOLO_MAX_PSETS / 64];
+    uint64_t holds[KOLO_MAX_PSETS / 64], waits[KOLO_MAX_PSETS / 64]; /* this cycle's, for kolo__fixed_hdr */
+    bool hurry;   /* last world step: a thread waits on a set's requests, and this rank is not in it */
+    int cycle_blocked; /* `blocked` when this cycle started */
     kolo_request_t *waiting[KOLO_MAX_PSETS]; /* submitted on a set not active yet */
     /* execution scratch */
     void *fbuf;

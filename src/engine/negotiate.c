@@ -429,6 +429,8 @@ int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *p
     h.varlen = (uint32_t)s->var_len;
     if (present) {
         memcpy(h.present, present, sizeof(h.present));
+        memcpy(h.holds, E.holds, sizeof(h.holds));
+        memcpy(h.waits, E.waits, sizeof(h.waits));
         h.tune_fusion = E.fusion;
         h.tune_cycle_us = (uint32_t)(E.cycle_s * 1e6 + 0.5);
         h.tune_state = kolo__tune_word();
