@@ -28,6 +28,13 @@
  *   3. the world's responses run, then each active set this rank belongs to runs its own
  *      negotiation and responses, in increasing id order, among its members only.
  *
+ * Idle sets. A set none of whose members holds requests (the world headers' "holds" bitmaps)
+ * has nothing to negotiate, and skips its step: every member reads the same bitmaps, and the
+ * set's table of described names, which must be empty too, is the same on every member. With
+ * two sets defined and unused, every world cycle ran two more exchanges: 3 ranks, steps of 8
+ * allreduces of 256 floats on the world, 140-148 us a step against 81-117 now and 75-118 with no
+ * set defined (Zen 3 VM). Horovod negotiates every set every cycle.
+ *
  * Cycle timing. The cycle repeats every KOLO_CYCLE_TIME while this rank holds requests. A
  * rank that holds none backs off unless some rank holds requests of a process set that leaves
  * it out (below): after each cycle that ran none of its requests, the period doubles,
@@ -338,6 +345,7 @@ static bool outside_any(const uint64_t *sets)
  * after it, a cycle that ran only a set's requests counted as idle in kolo_engine_stats) */
 static int set_step(kolo__pset_state *s, int *worked)
 {
+    atomic_fetch_add_explicit(&E.set_steps, 1, memory_order_relaxed);
     int st = kolo__negotiate_build(s, 0, NULL);
     if (!st) st = kolo__negotiate_gather_fixed(s);
     if (!st) st = kolo__negotiate_decide(s);
@@ -422,7 +430,9 @@ static int cycle(kolo_request_t *q)
     if ((st = update_sets(agreed))) return st;
     for (int id = 1; id < KOLO_MAX_PSETS; id++) {
         kolo__pset_state *s = E.sets[id];
-        if (!s) continue;
+        /* a set none of whose members holds requests has nothing to negotiate (every member
+         * reads the same `held` and keeps the same table): see "Idle sets" */
+        if (!s || (!((held[id / 64] >> (id % 64)) & 1) && !s->ehead)) continue;
         if ((st = set_step(s, &worked))) return st;
     }
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
@@ -635,6 +645,7 @@ int kolo__engine_start(void)
     atomic_store_explicit(&E.quiet_cycles, 0, memory_order_relaxed);
     atomic_store_explicit(&E.world_cycles, 0, memory_order_relaxed);
     atomic_store_explicit(&E.timed_cycles, 0, memory_order_relaxed);
+    atomic_store_explicit(&E.set_steps, 0, memory_order_relaxed);
     E.used = 0;
     E.local_pending = 0;
     memset(E.noname, 0, sizeof(E.noname));
@@ -781,3 +792,4 @@ uint64_t kolo__engine_test_timed_cycles(void)
 {
     return atomic_load_explicit(&E.timed_cycles, memory_order_relaxed);
 }
+uint64_t kolo__engine_test_set_steps(void) { return atomic_load_explicit(&E.set_steps, memory_order_relaxed); }

@@ -27,6 +27,8 @@ void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *loc
 int kolo__engine_test_quiet_cycles(void);
 uint64_t kolo__engine_test_cycles(void);
 uint64_t kolo__engine_test_timed_cycles(void);
+/* Tests: the negotiations this rank's process sets other than the world have run since kolo_init */
+uint64_t kolo__engine_test_set_steps(void);
 /* Tests: the idle output blocks the engine keeps for its next outputs (request.c), in bytes. */
 size_t kolo__engine_test_kept_bytes(void);
 /* Tests: the window over which the cap on idle output blocks remembers a peak (request.c; 60 s,

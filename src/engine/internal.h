@@ -268,7 +268,7 @@ typedef struct kolo__engine {
     _Atomic int quiet_cycles; /* cycles in a row in which this rank could hold back its period
                                * (it held nothing, nor did any rank in a set that leaves it out:
                                * engine.c, "Cycle timing") */
-    _Atomic uint64_t world_cycles, timed_cycles; /* for the tests */
+    _Atomic uint64_t world_cycles, timed_cycles, set_steps; /* for the tests */
     int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
     kolo__pset_state *sets[KOLO_MAX_PSETS];
