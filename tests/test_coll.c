@@ -798,7 +798,9 @@ KT_TEST(shm_auto_keeps_its_way_through_a_burst, 60)
  * again within calls 9-16). Below 8 MiB nothing is chosen: an alltoall of 4 MiB always goes
  * through the cache, and no delay reaches it. 60 ms, not 20: under TSan an 8 MiB allgather takes 10-13 ms, but the first
  * call of a way up to 40, and with 20 ms a probe of two such calls lost to the delayed way about
- * one launch in six. */
+ * one launch in six. Times KT_TIMEOUT_SCALE: under ASan beside the Python suites (1.4 s of the
+ * test's 2 spent waiting for a CPU), the 16 MiB alltoall's probe of the other way once lost to
+ * the 60 ms delay in CI. */
 static void out_follows_time(int rank, void *arg)
 {
     (void)arg;
@@ -806,11 +808,12 @@ static void out_follows_time(int rank, void *arg)
     size_t per = (size_t)1 << 20, half = per / 2; /* floats */
     float *x = malloc(per * 16), *y = malloc(per * 16);
     KT_ASSERT(x && y);
+    uint64_t delay = (uint64_t)(60e6 * kt_timeout_scale());
     /* 0: allgather of 4 MiB each (8 MiB out); 1: alltoall of 16 MiB; 2: alltoall of 4 MiB */
     for (int c = 0; c < 3; c++) {
         int slow = c == 0; /* the delayed way: around the cache (1) or through it (0) */
         size_t counts[2] = {c == 1 ? 2 * per : half, c == 1 ? 2 * per : half};
-        kolo__coll_test_delay_out(slow, 60000000);
+        kolo__coll_test_delay_out(slow, delay);
         uint64_t before[2] = {0, 0}, after[2];
         for (int it = 0; it < 16; it++) {
             if (it == 8) kolo__coll_test_out_calls(before);
