@@ -24,6 +24,7 @@ import kolo.tensorflow as hvd  # noqa: E402
 from conftest import ROOT, UNDER_KOLORUN  # noqa: E402
 
 import adasum_ref  # noqa: E402
+import mix_ref  # noqa: E402
 
 keras = tf.keras
 DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
@@ -268,6 +269,94 @@ def test_objects_travel():
     obj = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=n - 1, name="tf_obj")
     assert obj == {"from": n - 1, "list": [n - 1] * 3}
     assert hvd.allgather_object(("rank", r), name="tf_objs") == [("rank", k) for k in range(n)]
+
+
+# ---- everything at once ----
+
+MIX_DTYPES = {d.name: d for d in DTYPES}
+MIX_KINDS = [k for k in mix_ref.KINDS if not k.endswith("_")]  # no in-place operations here
+
+
+def _mix_run(q, r, name, ps):
+    """Runs request q on rank r, eagerly or while a tf.function traces; returns its outputs: a list
+    of tensors, or for an alltoall (output, received splits)."""
+    dtype = MIX_DTYPES[q["dtype"]]
+    ins = [tf.cast(tf.constant(a.astype(np.float64)), dtype) for a in mix_ref.inputs(q, r)]
+    kw = {"name": name, "process_set": ps}
+    red = {"op": q["op"], "prescale_factor": q["pre"], "postscale_factor": q["post"]}
+    if q["kind"] == "ar":
+        return [hvd.allreduce(ins[0], **red, **kw)]
+    if q["kind"] == "grp":
+        return hvd.grouped_allreduce(ins, **red, **kw)
+    if q["kind"] == "ag":
+        return [hvd.allgather(ins[0], **kw)]
+    if q["kind"] == "bc":
+        x = ins[0] if r == q["root"] else tf.cast(tf.fill([q["rows"], q["width"]], 99.0), dtype)
+        return [hvd.broadcast(x, q["root"], **kw)]
+    if q["kind"] == "a2a":
+        out, splits = hvd.alltoall(ins[0], splits=mix_ref.a2a_splits(q, r), **kw)
+        return [out], splits
+    return [hvd.reducescatter(ins[0], op=q["op"], **kw)]
+
+
+def _mix_check(q, r, got, what):
+    want = mix_ref.expect(q, r)
+    if q["kind"] == "a2a":
+        (got, splits), (want, want_splits) = got, want
+        assert np.asarray(splits).tolist() == want_splits, "%s: splits %s, want %s" % (what, splits, want_splits)
+    assert len(got) == len(want), what
+    for o, wnt in zip(got, want):
+        assert o.dtype == MIX_DTYPES[q["dtype"]], "%s: dtype %s, want %s" % (what, o.dtype, q["dtype"])
+        mix_ref.check(q, f64(o), wnt, what)
+    return got, want
+
+
+def test_random_mix_of_ops_in_each_ranks_order():
+    """The collectives at once, as python/tests/test_torch_ops.py's mix runs them (mix_ref.py: every
+    dtype and op, Adasum, scale factors, grouped allreduces, rows per rank, alltoall splits, a
+    process set beside the world under the same names, names reused with other kinds and shapes
+    every step). kolo.tensorflow's eager ops block, so each rank runs a step's operations in threads
+    of its own, started in its own order with its own pauses; a quarter of the steps run them in
+    one tf.function instead (in program order, the same on every rank). Every element is checked,
+    and some outputs are kept and checked again after every step (their memory is kolo._pool's)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    n, r = n_r()
+    seed, plan, ps_members = mix_ref.start(n)
+    ps = hvd.add_process_set(ps_members) if ps_members else None
+    kept = []
+
+    def run(q, j, pause):
+        time.sleep(pause)
+        return _mix_run(q, r, "mix.%d" % j, ps if q["members"] is ps_members else hvd.global_process_set)
+    try:
+        for step in range(60):
+            mine = mix_ref.rank_rng(seed, r, step)
+            reqs = [mix_ref.plan_one(plan, n, ps_members, list(MIX_DTYPES), MIX_KINDS)
+                    for _ in range(plan.randint(1, 8))]
+            here = [j for j in range(len(reqs)) if r in reqs[j]["members"]]
+            if plan.random() < 0.25:
+                outs = dict(zip(here, tf.function(lambda: [run(reqs[j], j, 0) for j in here])()))
+            else:
+                mine.shuffle(here)
+                with ThreadPoolExecutor(max_workers=max(1, len(here))) as pool:
+                    futs = {j: pool.submit(run, reqs[j], j, mine.choice([0, 0, 0.001, 0.003])) for j in here}
+                    mine.shuffle(here)
+                    outs = {j: futs[j].result() for j in here}
+            for j in here:
+                q = reqs[j]
+                got, want = _mix_check(q, r, outs[j], "step %d, %s 'mix.%d'" % (step, q["kind"], j))
+                if q["keep"]:
+                    kept.extend((q, o, w, "step %d, 'mix.%d' (kept)" % (step, j)) for o, w in zip(got, want))
+            for q, o, w, what in kept:  # nothing reused an output that is still alive
+                assert o.dtype == MIX_DTYPES[q["dtype"]], what
+                mix_ref.check(q, f64(o), w, what)
+            mine.shuffle(kept)
+            del kept[12:]
+    finally:
+        if ps is not None:
+            hvd.barrier()
+            hvd.remove_process_set(ps)
 
 
 # ---- gradients ----

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import kolo.torch as hvd  # noqa: E402
 
 import adasum_ref  # noqa: E402
+import mix_ref  # noqa: E402
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64]
@@ -515,96 +516,15 @@ def test_large_outputs_reuse_kept_blocks():
 
 # ---- everything at once ----
 
-MIX_KINDS = ["ar", "ar", "ar_", "grp", "ag", "bc", "bc_", "a2a", "rs"]
-MIX_OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
-
-
-def _mix_values(q, t, r, count):
-    """The count values world rank r puts in tensor t of request q (for an alltoall, t is the
-    destination): small integers, so that every result fits every dtype for up to 16 ranks (a
-    product at most 2^6, an int8 sum at most 16 x 7) and is exact but for Average's division."""
-    i = np.arange(count, dtype=np.int64)
-    h = (q["salt"] % 1000003 * 2654435761 + (t * 31 + r) * 40503 + i * 2246822519) % 1000003
-    if q["op"] == hvd.Product and q["kind"] in ("ar", "ar_", "grp", "rs"):
-        return np.where(r < 6, 1 + h % 2, 1)
-    if q["dtype"] in (torch.uint8, getattr(torch, "uint16", None)):
-        return h % 11
-    if q["dtype"] == torch.int8:
-        return h % 15 - 7
-    return h % 21 - 10
-
-
-def _mix_plan_one(rng, n, ps_members):
-    q = {"kind": rng.choice(MIX_KINDS), "dtype": rng.choice(DTYPES), "op": rng.choice(MIX_OPS),
-         "pre": 1.0, "post": 1.0, "salt": rng.randrange(1 << 30), "width": rng.randint(1, 4),
-         "members": list(range(n)), "noncontig": rng.random() < 0.25,
-         "ntensors": rng.randint(2, 3), "keep": rng.random() < 0.2}
-    if ps_members and rng.random() < 0.25:
-        q["members"] = ps_members
-    if q["kind"] in ("ag", "bc", "bc_", "a2a"):
-        q["op"] = hvd.Sum
-    if q["dtype"].is_floating_point and q["op"] == hvd.Sum and q["kind"] in ("ar", "ar_", "grp") and rng.random() < 0.5:
-        q["op"] = hvd.Adasum  # each tensor its own vector, fused or not
-    if q["dtype"].is_floating_point and q["op"] in (hvd.Sum, hvd.Average, hvd.Adasum) and q["kind"] != "rs":
-        q["pre"], q["post"] = rng.choice([1.0, 0.5, 2.0]), rng.choice([1.0, 0.25, 4.0])
-    size = rng.randrange(100)
-    count = rng.randrange(64) if size < 70 else rng.randrange(64, 4096) if size < 95 else rng.randrange(65536, 300000)
-    if q["kind"] != "ar":
-        count = min(count, 70000)
-    q["rows"] = count // q["width"]
-    q["root"] = rng.choice(q["members"])
-    return q
+MIX_DTYPES = {str(d).replace("torch.", ""): d for d in DTYPES}
 
 
 def _mix_tensor(q, t, r, rows):
-    arr = _mix_values(q, t, r, rows * q["width"]).reshape(rows, q["width"])
+    arr = mix_ref.values(q, t, r, rows * q["width"]).reshape(rows, q["width"])
+    dtype = MIX_DTYPES[q["dtype"]]
     if q["noncontig"] and rows >= 2 and q["width"] >= 2:
-        return torch.tensor(arr.T).to(q["dtype"]).t()  # a transposed view: not contiguous
-    return torch.tensor(arr).to(q["dtype"])
-
-
-def _mix_reduce(q, t, rows):
-    vals = [_mix_values(q, t, m, rows * q["width"]).astype(np.float64) for m in q["members"]]
-    op, m = q["op"], len(q["members"])
-    if op == hvd.Adasum:
-        acc = adasum_ref.adasum(vals, q["pre"], q["post"])
-    elif op in (hvd.Sum, hvd.Average):
-        acc = sum(v * q["pre"] for v in vals)
-        if op == hvd.Average:
-            acc = acc / m if q["dtype"].is_floating_point else np.trunc(sum(vals) / m)
-        acc = acc * q["post"]
-    elif op == hvd.Min:
-        acc = np.minimum.reduce(vals)
-    elif op == hvd.Max:
-        acc = np.maximum.reduce(vals)
-    else:
-        acc = np.multiply.reduce(vals)
-    return acc.reshape(rows, q["width"])
-
-
-def _a2a_rows(q, src, dst):
-    return (q["salt"] + 3 * src + dst) % 3
-
-
-def _mix_expect(q, r):
-    """What world rank r must get from request q: a list of arrays (grouped), or for an alltoall
-    (output, received splits)."""
-    mem, w = q["members"], q["width"]
-    if q["kind"] in ("ar", "ar_"):
-        return [_mix_reduce(q, 0, q["rows"])]
-    if q["kind"] == "grp":
-        return [_mix_reduce(q, t, q["rows"]) for t in range(q["ntensors"])]
-    if q["kind"] == "ag":
-        return [np.concatenate([_mix_values(q, 0, m, (q["rows"] + m % 2) * w).reshape(-1, w) for m in mem])]
-    if q["kind"] in ("bc", "bc_"):
-        return [_mix_values(q, 0, q["root"], q["rows"] * w).reshape(-1, w)]
-    if q["kind"] == "a2a":
-        blocks = [_mix_values(q, r, s, _a2a_rows(q, s, r) * w).reshape(-1, w) for s in mem]
-        return [np.concatenate(blocks)], [_a2a_rows(q, s, r) for s in mem]
-    full = _mix_reduce(q, 0, q["rows"])  # rs
-    idx, m = mem.index(r), len(mem)
-    first = sum(q["rows"] // m + (k < q["rows"] % m) for k in range(idx))
-    return [full[first:first + q["rows"] // m + (idx < q["rows"] % m)]]
+        return torch.tensor(arr.T).to(dtype).t()  # a transposed view: not contiguous
+    return torch.tensor(arr).to(dtype)
 
 
 def _mix_submit(q, r, name, ps):
@@ -627,31 +547,21 @@ def _mix_submit(q, r, name, ps):
     if q["kind"] == "ag":
         return hvd.allgather_async(_mix_tensor(q, 0, r, q["rows"] + r % 2), name=name, **kw), None
     if q["kind"] in ("bc", "bc_"):
-        x = _mix_tensor(q, 0, r, q["rows"]) if r == q["root"] else torch.full((q["rows"], w), 99).to(q["dtype"])
+        dtype = MIX_DTYPES[q["dtype"]]
+        x = _mix_tensor(q, 0, r, q["rows"]) if r == q["root"] else torch.full((q["rows"], w), 99).to(dtype)
         if q["kind"] == "bc_":
             return hvd.broadcast_async_(x, q["root"], name=name, **kw), [x]
         return hvd.broadcast_async(x, q["root"], name=name, **kw), None
     if q["kind"] == "a2a":
-        splits = [_a2a_rows(q, r, d) for d in q["members"]]
-        x = torch.cat([_mix_tensor(q, d, r, _a2a_rows(q, r, d)).reshape(-1, w) for d in q["members"]])
+        splits = mix_ref.a2a_splits(q, r)
+        x = torch.cat([_mix_tensor(q, d, r, mix_ref.a2a_rows(q, r, d)).reshape(-1, w) for d in q["members"]])
         return hvd.alltoall_async(x, splits=splits, name=name, **kw), None
     return hvd.reducescatter_async(_mix_tensor(q, 0, r, q["rows"]), name=name, op=q["op"], **kw), None
 
 
 def _mix_check(q, got, want, what):
-    g = got.double().numpy()
-    assert got.dtype == q["dtype"], "%s: dtype %s, want %s" % (what, got.dtype, q["dtype"])
-    assert g.shape == want.shape, "%s: shape %s, want %s" % (what, g.shape, want.shape)
-    tol = 0.0
-    if q["op"] == hvd.Average and q["dtype"].is_floating_point and q["kind"] in ("ar", "ar_", "grp", "rs"):
-        tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-6}.get(q["dtype"], 1e-12)
-    bound = tol * (np.abs(want) + 1)
-    if q["op"] == hvd.Adasum:  # relative to the tensor's largest value (adasum_ref.py)
-        t = adasum_ref.tolerance(q["dtype"], want)
-        bound = t["atol"] + t["rtol"] * np.abs(want)
-    bad = np.abs(g - want) > bound
-    assert not bad.any(), "%s (%s, op %s): %d wrong elements, the first at %s: %s, want %s" % (
-        what, q["dtype"], q["op"], int(bad.sum()), np.argwhere(bad)[0], g[bad][0], want[bad][0])
+    assert got.dtype == MIX_DTYPES[q["dtype"]], "%s: dtype %s, want %s" % (what, got.dtype, q["dtype"])
+    mix_ref.check(q, got.double().numpy(), want, what)
 
 
 def test_random_mix_of_async_ops_in_each_ranks_order():
@@ -663,17 +573,14 @@ def test_random_mix_of_async_ops_in_each_ranks_order():
     once (the binding must hold them), polls some, and waits in another order; every element is
     checked, and some outputs are kept for later steps and checked again after every step (an
     output's memory must not serve another while the tensor lives: kolo._pool)."""
-    import random
     n, r = n_r()
-    seed = int(os.environ.get("KT_MIX_SEED", "0x6b6f6c6f"), 0)
-    plan = random.Random(seed)
-    ps_members = [0, n - 1] if n > 2 else None
+    seed, plan, ps_members = mix_ref.start(n)
     ps = hvd.add_process_set(ps_members) if ps_members else None
     kept = []
     try:
         for step in range(120):
-            mine = random.Random(seed * 7919 + r * 104729 + step)
-            reqs = [_mix_plan_one(plan, n, ps_members) for _ in range(plan.randint(1, 8))]
+            mine = mix_ref.rank_rng(seed, r, step)
+            reqs = [mix_ref.plan_one(plan, n, ps_members, list(MIX_DTYPES)) for _ in range(plan.randint(1, 8))]
             order = list(range(len(reqs)))
             mine.shuffle(order)
             live = {}
@@ -691,7 +598,7 @@ def test_random_mix_of_async_ops_in_each_ranks_order():
                 if mine.random() < 0.3:
                     hvd.poll(h)
                 out = hvd.synchronize(h)
-                want = _mix_expect(q, r)
+                want = mix_ref.expect(q, r)
                 what = "step %d, %s '%s'" % (step, q["kind"], "mix.%d" % j)
                 if q["kind"] == "a2a":
                     (out, splits), (want, want_splits) = out, want
