@@ -680,6 +680,23 @@ static void run_ok(cluster *c, proc *p, const char *const *argv, double timeout,
                p->ebuf + (el > 4000 ? el - 4000 : 0));
 }
 
+/* Every rank's line of the engine's mix (tests/test_engine.c, engine_mix) at 2 ranks on each of
+ * the 2 hosts, after the launcher's tag */
+enum { TAG_NONE, TAG_KOLORUN, TAG_MPIRUN };
+static void assert_engine_mix_ran(const proc *p, int tag, const char *what)
+{
+    for (int r = 0; r < 4; r++) {
+        char want[256];
+        int k = tag == TAG_KOLORUN  ? snprintf(want, sizeof(want), "[%d]<stdout>:", r)
+                : tag == TAG_MPIRUN ? snprintf(want, sizeof(want), "[1,%d]<stdout>:", r)
+                                    : 0;
+        snprintf(want + k, sizeof(want) - (size_t)k,
+                 "engine mix: rank %d of 4 (local %d of 2, cross %d of 2), every element right\n", r, r % 2, r / 2);
+        KT_ASSERTF(strstr(p->obuf, want), "%s: no line '%.*s'; stdout:\n%s", what, (int)strlen(want) - 1, want,
+                   p->obuf);
+    }
+}
+
 /* The engine's random mix (tests/test_engine.c, engine_mix) as a job kolorun starts over ssh, 2
  * ranks on each host: every kind of request in each rank's own order, checked element by element,
  * with shared memory within a host, TCP between real network namespaces, and the hierarchical
@@ -704,14 +721,7 @@ KT_TEST(multihost_engine_random_mix, 120)
         proc p;
         run_ok(&c, &p, argv, 90, ways[w]);
         printf("  the engine's mix (%s), 4 ranks on 2 hosts over ssh: %.2f s\n", ways[w], p.t_end - p.t0);
-        for (int r = 0; r < 4; r++) {
-            char want[256];
-            snprintf(want, sizeof(want),
-                     "[%d]<stdout>:engine mix: rank %d of 4 (local %d of 2, cross %d of 2), every element right\n", r,
-                     r, r % 2, r / 2);
-            KT_ASSERTF(strstr(p.obuf, want), "%s: no line '%.*s'; stdout:\n%s", ways[w], (int)strlen(want) - 1, want,
-                       p.obuf);
-        }
+        assert_engine_mix_ran(&p, TAG_KOLORUN, ways[w]);
         kt_proc_free(&p);
         assert_no_leftovers(&c, true, 5);
     }
@@ -905,6 +915,16 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     proc p;
     run_mh_job(&c, &p, srun);
     kt_proc_free(&p);
+    /* the engine's mix as Slurm's steps (KT_MIX_SEED picks another plan; the stages across hosts
+     * must run) */
+    char seed[32];
+    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
+    const char *mix[] = {"/usr/bin/srun", "--export=ALL,KOLO_HIERARCHICAL_ALLREDUCE=1,KOLO_HIERARCHICAL_ALLGATHER=1",
+                         "-N", "2", "-n", "4", kt_self(), "--worker", "engine_mix", "plain", seed, NULL};
+    run_ok(&c, &p, mix, 70, "the engine's mix under srun");
+    printf("  the engine's mix, 4 ranks on 2 hosts under srun: %.2f s\n", p.t_end - p.t0);
+    assert_engine_mix_ran(&p, TAG_NONE, "srun");
+    kt_proc_free(&p);
     /* the same with Slurm's PMI-2 and PMIx servers, which give the ranks their own variables */
     const char *pmi2[] = {"/usr/bin/srun", "--mpi=pmi2", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, pmi2);
@@ -1048,6 +1068,20 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
     snprintf(want, sizeof(want), "openmpi: rendezvous at %s:", ns_addr[NS_A]);
     KT_ASSERTF(strstr(p.ebuf, want) && strstr(p.ebuf, "rank 0's address through PMIx"), "no '%s' in stderr:\n%s", want,
                p.ebuf);
+    kt_proc_free(&p);
+
+    /* the engine's mix under mpirun (KT_MIX_SEED picks another plan; the stages across hosts must
+     * run) */
+    char seed[32];
+    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
+    const char *mix[] = {"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "-np", "4", "-H", hosts,
+                         "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+                         "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self", "--tag-output",
+                         "-x", "KOLO_HIERARCHICAL_ALLREDUCE=1", "-x", "KOLO_HIERARCHICAL_ALLGATHER=1", "-x", lsan,
+                         kt_self(), "--worker", "engine_mix", "plain", seed, NULL};
+    run_ok(&c, &p, mix, 70, "the engine's mix under mpirun");
+    printf("  the engine's mix, 4 ranks on 2 hosts under Open MPI's mpirun: %.2f s\n", p.t_end - p.t0);
+    assert_engine_mix_ran(&p, TAG_MPIRUN, "mpirun");
     kt_proc_free(&p);
 
     /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why before
