@@ -1,7 +1,7 @@
 /* engine-bench.c - what the engine costs: a ResNet-50 step of 161 gradients through the engine
  * against one direct allreduce of the same bytes, and the negotiation cost of a cycle.
  *
- *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH [-T 1]] [-m 1] [-a 1]
+ *   engine-bench [-np 2] [-n 15] [-w 3] [-s 200] [-v 1] [-t PATH [-T 1]] [-m 1] [-a 1] [-p 1]
  *
  * Forks -np local ranks (default 2) with its own rendezvous store, unless a launcher started
  * it. Per rank it holds ResNet-50's 161 parameter tensors (25,557,032 float32, torchvision's
@@ -27,6 +27,12 @@
  * It prints the medians (each step's time its slowest rank's), their ratio, and, from -s steps of 161 one-element tensors (everything
  * cached, latency-bound), the average time of a world negotiation that exchanged no
  * descriptions (build, allgather of the fixed blobs, decide) and the time per tiny step.
+ * With -p 1 (3 ranks or more) it times short steps (8 tensors of 256 floats, submitted, then
+ * waited for in the order submitted: too few to hide what the engine does between steps) on the
+ * world, then adds two process sets, {0, n-1} and {1, ..., n-1}, and times them on the world
+ * beside the two sets, unused (what idle sets cost every cycle), and on {1, ..., n-1} while rank
+ * 0, in no set, waits at a barrier (what a set pays for a rank outside it; src/engine/engine.c,
+ * "Cycle timing" and "Idle sets").
  *
  * Built by make (build/bin/engine-bench).
  */
@@ -53,6 +59,7 @@ typedef struct opts {
     const char *timeline; /* -t: pair every engine step with one that writes the timeline */
     int block;            /* -T: engine steps per timeline (and per block without one) */
     kolo_op_t op;         /* AVERAGE, or ADASUM with -a 1 */
+    int psets;            /* -p 1: tiny steps beside idle process sets, and on one without rank 0 */
 } opts;
 
 /* Removes this rank's timeline file before a timeline starts on it again: a file truncated to
@@ -129,6 +136,58 @@ static void resnet50(void)
     add("fc.bias", 1000);
 }
 
+/* STEPS latency-bound steps on process set PSET: K tensors of W floats (named as the last K of
+ * ResNet-50's), submitted in backward order, then waited for: in the order submitted with
+ * IN_ORDER (as an optimizer's synchronize does), else the other way round; returns the seconds
+ * they took, or -1 */
+static double tiny_steps(int steps, int pset, int k, int w, bool in_order, kolo_request_t **reqs)
+{
+    float *tiny = calloc((size_t)nt * (size_t)w, sizeof(float));
+    kolo_submit_opts_t so = {.process_set = pset};
+    int rc = !tiny;
+    double t0 = now_s();
+    for (int step = 0; step < steps && !rc; step++) {
+        for (int t = nt - 1; t >= nt - k; t--) {
+            kolo_shape_t sh = {1, {w}};
+            float *x = tiny + (size_t)t * (size_t)w;
+            x[0] = 1;
+            if (kolo_iallreduce(names[t], x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &so, &reqs[t]) != KOLO_OK) rc = 1;
+        }
+        for (int i = 0; i < k; i++) {
+            int t = in_order ? nt - 1 - i : nt - k + i;
+            if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
+            kolo_request_release(reqs[t]);
+        }
+    }
+    double took = now_s() - t0;
+    free(tiny);
+    return rc ? -1 : took;
+}
+
+/* -p 1: short steps on the world, then beside two idle sets, then on {1, ..., n-1} with rank 0
+ * outside; the seconds per step in each (the slowest rank's), or -1 */
+#define SHORT_STEP 8
+#define SHORT_W 256
+static int set_steps(int steps, kolo_request_t **reqs, double out[3])
+{
+    int n = kolo_size(), rank = kolo_rank(), a[2] = {0, n - 1}, b[64], ida, idb;
+    for (int i = 1; i < n; i++) b[i - 1] = i;
+    kolo_barrier(KOLO_WORLD);
+    double world = tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs), idle = -1, on_set = 0;
+    if (kolo_process_set_add(a, 2, &ida) != KOLO_OK || kolo_process_set_add(b, n - 1, &idb) != KOLO_OK) return 1;
+    kolo_barrier(KOLO_WORLD);
+    idle = tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs);
+    kolo_barrier(KOLO_WORLD);
+    if (rank > 0) on_set = tiny_steps(steps, idb, SHORT_STEP, SHORT_W, true, reqs);
+    kolo_barrier(KOLO_WORLD);
+    double t[3] = {world, idle, on_set};
+    for (int i = 0; i < 3; i++) t[i] = t[i] < 0 ? 1e30 : t[i] / steps;
+    if (kolo_allreduce(t, out, 3, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD) != KOLO_OK) return 1;
+    int rc = out[0] >= 1e30 || out[1] >= 1e30 || out[2] >= 1e30;
+    if (kolo_process_set_remove(ida) != KOLO_OK || kolo_process_set_remove(idb) != KOLO_OK) rc = 1;
+    return rc;
+}
+
 static int run(const opts *o)
 {
     if (kolo_init() != KOLO_OK) {
@@ -136,6 +195,11 @@ static int run(const opts *o)
         return 1;
     }
     int rank = kolo_rank(), n = kolo_size();
+    if (o->psets && n < 3) {
+        fprintf(stderr, "engine-bench: -p 1 needs 3 ranks or more (a set without rank 0, and rank 0)\n");
+        kolo_shutdown();
+        return 2;
+    }
     resnet50();
     size_t total = 0, off[MAXT];
     for (int t = 0; t < nt; t++) {
@@ -204,23 +268,12 @@ static int run(const opts *o)
     kolo__engine_negotiation_cost(&c0, &ns0, &l0);
     kolo_engine_stats_t s0, s1;
     kolo_engine_stats(&s0);
-    float tiny[MAXT];
-    double ts0 = now_s();
-    for (int step = 0; step < o->small_steps && !rc; step++) {
-        for (int t = nt - 1; t >= 0; t--) {
-            kolo_shape_t sh = {1, {1}};
-            tiny[t] = 1;
-            if (kolo_iallreduce(names[t], &tiny[t], &tiny[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &reqs[t]) != KOLO_OK)
-                rc = 1;
-        }
-        for (int t = 0; t < nt; t++) {
-            if (kolo_request_wait(reqs[t], -1) != KOLO_OK) rc = 1;
-            kolo_request_release(reqs[t]);
-        }
-    }
-    double ts1 = now_s();
+    double tiny = rc ? -1 : tiny_steps(o->small_steps, KOLO_WORLD, nt, 1, false, reqs);
+    rc |= tiny < 0;
     kolo__engine_negotiation_cost(&c1, &ns1, &l1);
     kolo_engine_stats(&s1);
+    double per_set[3] = {0, 0, 0};
+    if (!rc && o->psets && set_steps(o->small_steps, reqs, per_set)) rc = 1;
     if (rank == 0 && o->verbose)
         for (int it = 0; it < o->iters; it++) printf("step %2d: engine %8.2f ms  direct %8.2f ms\n", it, te[it] * 1e3, td[it] * 1e3);
     if (rank == 0) {
@@ -249,8 +302,13 @@ static int run(const opts *o)
                (double)(ns1 - ns0) / nc * 1e-3, (double)(l1 - l0) / nc * 1e-3, (unsigned long long)(c1 - c0));
         printf("tiny step (161 x 1 float, cached)     %8.1f us per step; %.1f collectives and %.1f cache hits per "
                "step\n",
-               (ts1 - ts0) / o->small_steps * 1e6, (double)(s1.collectives - s0.collectives) / o->small_steps,
+               tiny / o->small_steps * 1e6, (double)(s1.collectives - s0.collectives) / o->small_steps,
                (double)(s1.cache_hits - s0.cache_hits) / o->small_steps);
+        if (o->psets) {
+            printf("short step (%d x %d floats), world     %8.1f us per step\n", SHORT_STEP, SHORT_W, per_set[0] * 1e6);
+            printf("short step beside 2 idle process sets %8.1f us per step\n", per_set[1] * 1e6);
+            printf("short step on set {1..%d}, rank 0 idle %7.1f us per step\n", n - 1, per_set[2] * 1e6);
+        }
     }
     if (o->shared) {
         kolo_mem_free(grads);
@@ -283,14 +341,19 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-m")) o.shared = v;
         else if (!strcmp(argv[i], "-T")) o.block = v;
         else if (!strcmp(argv[i], "-a")) o.op = v ? KOLO_ADASUM : KOLO_AVERAGE;
+        else if (!strcmp(argv[i], "-p")) o.psets = v;
         else {
             fprintf(stderr, "usage: engine-bench [-np N] [-n iters] [-w warmup] [-s small_steps] [-v 1] "
-                            "[-t PATH [-T K]] [-m 1] [-a 1]\n");
+                            "[-t PATH [-T K]] [-m 1] [-a 1] [-p 1]\n");
             return 2;
         }
     }
     if (o.np < 1 || o.np > 64 || o.iters < 1 || o.warmup < 0 || o.small_steps < 1 || o.block < 1 || o.block > 1000)
         return 2;
+    if (o.psets && !getenv("KOLO_RANK") && o.np < 3) {
+        fprintf(stderr, "engine-bench: -p 1 needs 3 ranks or more (a set without rank 0, and rank 0)\n");
+        return 2;
+    }
     if (getenv("KOLO_RANK") || o.np == 1) return run(&o);
     /* not bound: each rank has a background engine thread beside its main thread */
     return bench_local_job(o.np, 0, "engine-bench", run_rank, &o);

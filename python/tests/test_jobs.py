@@ -814,6 +814,22 @@ def test_engine_bench_times_blocks_under_one_timeline(tmp_path):
         assert p.returncode == 2, (bad, p.stdout)
 
 
+def test_engine_bench_times_steps_beside_and_on_process_sets():
+    # engine-bench -p 1: short steps on the world, beside two idle process sets, and on the set
+    # without rank 0 (3 ranks or more; fewer exit 2 saying so)
+    bench = os.path.join(ROOT, "build", "bin", "engine-bench")
+    p = subprocess.run([bench, "-np", "3", "-n", "1", "-w", "0", "-s", "20", "-p", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    for line in (r"short step \(8 x 256 floats\), world", r"short step beside 2 idle process sets",
+                 r"short step on set \{1\.\.2\}, rank 0 idle"):
+        m = re.search(line + r"\s+([0-9.]+) us per step", p.stdout)
+        assert m and float(m.group(1)) > 0, (line, p.stdout)
+    p = subprocess.run([bench, "-np", "2", "-p", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=30)
+    assert p.returncode == 2 and "needs 3 ranks" in p.stdout, p.stdout
+
+
 def test_wait_bench_measures_the_waiting_ranks():
     # wait-bench: rank 0 late to a barrier (or, -e, to an engine allreduce); one line per round
     # with the waiting ranks' CPU and their liveness checks (the barrier's own thread checks; the

@@ -31,9 +31,13 @@
  * Idle sets. A set none of whose members holds requests (the world headers' "holds" bitmaps)
  * has nothing to negotiate, and skips its step: every member reads the same bitmaps, and the
  * set's table of described names, which must be empty too, is the same on every member. With
- * two sets defined and unused, every world cycle ran two more exchanges: 3 ranks, steps of 8
- * allreduces of 256 floats on the world, 140-148 us a step against 81-117 now and 75-118 with no
- * set defined (Zen 3 VM). Horovod negotiates every set every cycle.
+ * two sets defined and unused, every world cycle ran two more exchanges, which a program that
+ * waits for a step's requests in the order it submitted them and submits the next at once meets
+ * on its path: engine-bench -p 1's short steps (8 allreduces of 256 floats) beside the two sets
+ * took 150-174 us at 3 ranks and 264-363 at 4, where the same steps with no set took 76-122 and
+ * 116-176; now 88-100 and 118-160 (3 launches each, Zen 3 VM). (Waited in the other order, or
+ * behind 161 submissions, the exchanges ran while the program submitted, and cost nothing
+ * measurable.) Horovod negotiates every set every cycle.
  *
  * Cycle timing. The cycle repeats every KOLO_CYCLE_TIME while this rank holds requests. A
  * rank that holds none backs off unless some rank holds requests of a process set that leaves
@@ -60,11 +64,11 @@
  * Each rank's world header carries the sets it holds requests in and the sets of those a thread
  * of it waits on, for this. Not its members: the set's requests cannot run before its straggler
  * submits, and a straggler cycling back to back would only take the core from its own compute.
- * Measured on the 2-vCPU Zen 3 VM (3 ranks; steps of 8 allreduces of 256 floats on {1, 2},
- * submitted, then waited for, rank 0 idle): 1080 us a step when every rank kept the cycle time
- * for any set's requests (it followed KOLO_CYCLE_TIME: a rank outside cycled at the period),
- * 104-106 us now, where the same steps on the world take 131-187; 4 ranks, {1, 2, 3}: 1097-1115
- * against 152-207 (world 273-305). A member 2 s late to such a set's request used 0.125 s of
+ * Measured on the 2-vCPU Zen 3 VM with engine-bench -p 1 (short steps of 8 allreduces of 256
+ * floats on {1, ..., n-1}, submitted, then waited for, rank 0 idle; 3 launches each): 1084-1099
+ * us a step at 3 ranks and 1094-1101 at 4 when every rank kept the cycle time for any set's
+ * requests (it followed KOLO_CYCLE_TIME: a rank outside cycled at the period); now 92-115 and
+ * 180-212, where the same steps on the world take 76-122 and 116-176. A member 2 s late to such a set's request used 0.125 s of
  * CPU then, its waiting peer 0.064 and the idle rank 0.083; now 0.042-0.051, 0.033-0.037 and
  * 0.020-0.024. A world of one sleeps until there is work.
  *
