@@ -731,6 +731,60 @@ static void flush(int rank, void *arg)
 
 KT_TEST(engine_waiter_does_not_wait_for_the_cycle, 40) { KT_EQ(kt_job(2, flush, NULL, NULL, NULL), 0); }
 
+/* The requests of one fused collective are published together: a thread that waits for the
+ * first it submitted finds the others done when it returns (an optimizer's synchronize then
+ * blocks once a step; published one by one, each with its own wake-up, the waiter woke at the
+ * first while the rest were still being published). The second request's callback takes 50 ms,
+ * so published one by one the second was still running when the first's waiter returned. A long
+ * cycle time keeps the engine from cycling before the thread waits: the 8 requests meet in one
+ * cycle and fuse into one collective, which the test checks. */
+static void slow_callback(kolo_request_t *req, void *user)
+{
+    (void)req;
+    if (user) usleep(50000);
+}
+
+static void fused_together(int rank, void *arg)
+{
+    (void)arg;
+    setenv("KOLO_CYCLE_TIME", "200", 1);
+    KT_OK(kolo_init());
+    enum { T = 8 };
+    float in[T][4], out[T][4];
+    kolo_request_t *reqs[T];
+    for (int round = 0; round < 3; round++) {
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        kolo_engine_stats_t before, after;
+        KT_OK(kolo_engine_stats(&before));
+        for (int t = 0; t < T; t++) {
+            char name[32];
+            snprintf(name, sizeof(name), "together%d", t);
+            for (int i = 0; i < 4; i++) in[t][i] = (float)(rank + t);
+            kolo_shape_t sh = shape1(4);
+            kolo_submit_opts_t o = {.callback = slow_callback, .user = t == 1 ? &o : NULL};
+            KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &reqs[t]));
+        }
+        wait_ok(reqs[0]);
+        for (int t = 1; t < T; t++) {
+            int done = 0;
+            KT_OK(kolo_request_test(reqs[t], &done));
+            KT_ASSERTF(done, "round %d: request %d of the collective not done when request 0's wait returned", round,
+                       t);
+        }
+        for (int t = 0; t < T; t++) {
+            wait_ok(reqs[t]);
+            KT_ASSERT(out[t][2] == (float)(1 + 2 * t));
+            kolo_request_release(reqs[t]);
+        }
+        KT_OK(kolo_engine_stats(&after));
+        KT_ASSERTF(after.collectives - before.collectives == 1, "round %d: %llu collectives for 8 requests", round,
+                   (unsigned long long)(after.collectives - before.collectives));
+    }
+    unsetenv("KOLO_CYCLE_TIME");
+}
+
+KT_TEST(engine_fused_requests_complete_together, 30) { KT_EQ(kt_job(2, fused_together, NULL, NULL, NULL), 0); }
+
 /* A rank that holds nothing while the world waits for it (a straggler: rank 1 sleeps 400 ms
  * while rank 0 waits for a request of both) backs its engine's cycles off to 4 ms; rank 0's
  * engine, which starts a cycle as soon as one ends while its thread waits, then waits in each

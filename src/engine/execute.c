@@ -119,9 +119,11 @@ void kolo__execute_free(void)
     kolo__free(E.cnt_a);
     kolo__free(E.cnt_b);
     kolo__free(E.bidx);
+    kolo__free(E.done_reqs);
     E.zbuf = NULL;
     E.cnt_a = E.cnt_b = NULL;
     E.bidx = NULL;
+    E.done_reqs = NULL;
     E.zbuf_cap = E.bidx_cap = 0;
     E.cnt_cap = 0;
 }
@@ -542,9 +544,16 @@ int kolo__execute(kolo__pset_state *s)
     bool tracing = kolo__trace_on();
     if (s->nresp > E.bidx_cap) {
         size_t *p = kolo__malloc(s->nresp * sizeof(size_t));
-        if (!p) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for fusion bookkeeping");
+        kolo_request_t **d = kolo__malloc(s->nresp * sizeof(*d));
+        if (!p || !d) {
+            kolo__free(p);
+            kolo__free(d);
+            return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for fusion bookkeeping");
+        }
         kolo__free(E.bidx);
+        kolo__free(E.done_reqs);
         E.bidx = p;
+        E.done_reqs = d;
         E.bidx_cap = s->nresp;
     }
     if (tracing) {
@@ -602,15 +611,17 @@ int kolo__execute(kolo__pset_state *s)
             }
             kolo__trace_seq_close(&ends);
         }
+        size_t nd = 0;
         for (size_t b = 0; b < k; b++) {
             kolo__resp *q = &s->resp[E.bidx[b]];
             q->done = 1;
             if (st != KOLO_OK) continue;
             if (q->d.kind == KOLO__JOIN && q->req) q->req->last_joined = s->last_joined;
             if (E.tune_state == KOLO_AUTOTUNE_TUNING && E.rank == 0 && q->req) kolo__tune_observe(s->id, q);
-            if (q->req) kolo__pset_complete(s, q->req, KOLO_OK, NULL);
+            if (q->req) E.done_reqs[nd++] = q->req;
         }
         if (st != KOLO_OK) return st; /* a job error: the caller fails everything that is left */
+        kolo__pset_complete_ok(s, E.done_reqs, nd); /* one wake-up for the collective's waiters */
     }
     return KOLO_OK;
 }

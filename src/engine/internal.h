@@ -290,6 +290,7 @@ typedef struct kolo__engine {
     int cnt_cap;
     size_t *bidx;
     size_t bidx_cap;
+    kolo_request_t **done_reqs; /* [bidx_cap]: a collective's requests, completed together */
     int local_pending;      /* requests this rank holds in any set (or waiting for one) */
 
     kolo__stats_atomic st;
@@ -305,6 +306,9 @@ extern kolo__engine kolo__E;
 /* request.c: completion (removes the name from the in-flight table, publishes, runs the
  * callback, drops the engine's reference). msg may be NULL for success. */
 void kolo__req_complete(kolo_request_t *r, int status, const char *msg);
+/* The n requests one collective completed, all successful: their waiters see them done at once
+ * (one wake-up). Takes over the array's contents. */
+void kolo__req_complete_ok(kolo_request_t **rs, size_t n);
 void kolo__req_unref(kolo_request_t *r);
 /* Outputs the engine allocates for a request (allgather, alltoall, reducescatter), from blocks
  * kept from call to call (request.c): *bytes in, the block's size (as large or larger) out;
@@ -328,6 +332,8 @@ int kolo__negotiate_decide(kolo__pset_state *s);
 int kolo__negotiate_finish(kolo__pset_state *s);
 /* Completes this rank's request r of the set (removing it from the set's lists). */
 void kolo__pset_complete(kolo__pset_state *s, kolo_request_t *r, int status, const char *msg);
+/* The same for the n successful requests of one collective, published together */
+void kolo__pset_complete_ok(kolo__pset_state *s, kolo_request_t **rs, size_t n);
 /* Stall inspector (every rank logs; the coordinator decides stall errors). */
 void kolo__negotiate_stall_check(kolo__pset_state *s);
 static inline const kolo__fixed_hdr *kolo__fixed_of(const kolo__pset_state *s, int r)

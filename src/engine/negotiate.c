@@ -221,6 +221,12 @@ void kolo__pset_complete(kolo__pset_state *s, kolo_request_t *r, int status, con
     kolo__req_complete(r, status, msg);
 }
 
+void kolo__pset_complete_ok(kolo__pset_state *s, kolo_request_t **rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) local_remove(s, rs[i]);
+    kolo__req_complete_ok(rs, n);
+}
+
 /* ---- the response cache ---- */
 
 static int cache_find(const kolo__pset_state *s, const char *name)

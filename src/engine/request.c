@@ -25,7 +25,7 @@ const char *kolo__op_upper(int kind, int op)
 }
 
 /* Waiters of every request share one condition variable: completions are published in batches
- * per collective and waiters re-check their own request. */
+ * per collective (kolo__req_complete_ok) and waiters re-check their own request. */
 static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv;
 static pthread_once_t done_once = PTHREAD_ONCE_INIT;
@@ -258,6 +258,38 @@ static void publish(kolo_request_t *const *rs, int n)
     if (wake) pthread_cond_broadcast(&done_cv); /* a wake-up costs ~35 us here: only when awaited */
     pthread_mutex_unlock(&done_lock);
     for (int i = 0; i < n; i++) kolo__req_unref(rs[i]);
+}
+
+/* A fused collective's requests were published one by one, each with its own wake-up: a thread
+ * that waits for them in the order it submitted them (an optimizer's synchronize) woke at the
+ * first, while the engine thread went on publishing the others on the same cores, and often
+ * blocked again at the next. Steps of 8 allreduces of 256 floats, submitted, then waited for in
+ * that order, took 59-76 us at 2 ranks (median 70; 19-35 waited for the other way round); 29-72
+ * now (median 44; 6 launches each, Zen 3 VM). */
+void kolo__req_complete_ok(kolo_request_t **rs, size_t n)
+{
+    pthread_mutex_lock(&kolo__E.lock);
+    for (size_t i = 0; i < n; i++) {
+        rs[i]->status = KOLO_OK;
+        if (rs[i]->dup.key) kolo__hmap_del(&kolo__E.inflight, &rs[i]->dup);
+        rs[i]->dup.key = NULL;
+    }
+    pthread_mutex_unlock(&kolo__E.lock);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        kolo_request_t *r = rs[i];
+        kolo__rgroup *g = r->group;
+        if (!g) {
+            rs[k++] = r;
+            continue;
+        }
+        r->stashed = 1; /* a group completes together (kolo__req_complete) */
+        if (--g->remaining > 0) continue;
+        for (int j = 0; j < g->n; j++) g->members[j]->group = NULL;
+        publish(g->members, g->n);
+        kolo__free(g);
+    }
+    if (k) publish(rs, (int)k);
 }
 
 void kolo__req_complete(kolo_request_t *r, int status, const char *msg)
