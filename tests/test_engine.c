@@ -738,10 +738,11 @@ KT_TEST(engine_waiter_does_not_wait_for_the_cycle, 40) { KT_EQ(kt_job(2, flush, 
  * so published one by one the second was still running when the first's waiter returned. A long
  * cycle time keeps the engine from cycling before the thread waits: the 8 requests meet in one
  * cycle and fuse into one collective, which the test checks. */
+static int slow_one; /* the callback's user data for the request whose callback takes 50 ms */
 static void slow_callback(kolo_request_t *req, void *user)
 {
     (void)req;
-    if (user) usleep(50000);
+    if (user == &slow_one) usleep(50000);
 }
 
 static void fused_together(int rank, void *arg)
@@ -761,7 +762,7 @@ static void fused_together(int rank, void *arg)
             snprintf(name, sizeof(name), "together%d", t);
             for (int i = 0; i < 4; i++) in[t][i] = (float)(rank + t);
             kolo_shape_t sh = shape1(4);
-            kolo_submit_opts_t o = {.callback = slow_callback, .user = t == 1 ? &o : NULL};
+            kolo_submit_opts_t o = {.callback = slow_callback, .user = t == 1 ? &slow_one : NULL};
             KT_OK(kolo_iallreduce(name, in[t], out[t], KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &reqs[t]));
         }
         wait_ok(reqs[0]);
@@ -1552,9 +1553,9 @@ static void psets(int rank, void *arg)
 KT_TEST(engine_process_sets_added_used_removed, 30) { KT_EQ(kt_job(3, psets, NULL, NULL, NULL), 0); }
 
 /* A process set that none of its members holds requests in runs no negotiation: with two sets
- * defined and unused, every world cycle ran two more exchanges (3 ranks, steps of 8 allreduces
- * on the world: 140-148 us a step against 75-118 with no set). Then the set's own requests, and
- * only its members, negotiate; a member that comes late still finds its peer negotiating. */
+ * defined and unused, every world cycle ran two more exchanges (engine-bench -p 1, engine.c,
+ * "Idle sets"). Then the set's own requests, and only its members, negotiate; a member that
+ * comes late still finds its peer negotiating. */
 static void idle_sets(int rank, void *arg)
 {
     (void)arg;
@@ -1587,8 +1588,10 @@ static void idle_sets(int rank, void *arg)
     }
     KT_OK(kolo_barrier(KOLO_WORLD));
     uint64_t used = kolo__engine_test_set_steps() - s0;
-    if (rank == 1) KT_ASSERTF(used == 0, "%llu set negotiations on the rank outside the set used", (unsigned long long)used);
-    else KT_ASSERTF(used >= 1, "%llu set negotiations for a request of the set", (unsigned long long)used);
+    if (rank == 1)
+        KT_ASSERTF(used == 0, "%llu set negotiations on the rank outside the set used", (unsigned long long)used);
+    else
+        KT_ASSERTF(used >= 1, "%llu set negotiations for a request of the set", (unsigned long long)used);
     KT_OK(kolo_process_set_remove(ida));
     KT_OK(kolo_process_set_remove(idb));
 }

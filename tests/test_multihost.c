@@ -697,6 +697,20 @@ static void assert_engine_mix_ran(const proc *p, int tag, const char *what)
     }
 }
 
+/* KT_MIX_SEED, or "0" (the mix's default plan) */
+static const char *mix_seed(void) { return getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0"; }
+
+/* Runs the launcher command argv of the engine's mix (4 ranks on the 2 hosts), which must exit 0,
+ * and finds every rank's line after the launcher's tag. */
+static void run_engine_mix(cluster *c, const char *const *argv, int tag, const char *what)
+{
+    proc p;
+    run_ok(c, &p, argv, 90, what);
+    printf("  the engine's mix (%s), 4 ranks on 2 hosts: %.2f s\n", what, p.t_end - p.t0);
+    assert_engine_mix_ran(&p, tag, what);
+    kt_proc_free(&p);
+}
+
 /* The engine's random mix (tests/test_engine.c, engine_mix) as a job kolorun starts over ssh, 2
  * ranks on each host: every kind of request in each rank's own order, checked element by element,
  * with shared memory within a host, TCP between real network namespaces, and the hierarchical
@@ -709,20 +723,15 @@ KT_TEST(multihost_engine_random_mix, 120)
         cluster_down(&c);
         return;
     }
-    char hosts[64], port_opt[] = MH_PORT, seed[32];
+    char hosts[64], port_opt[] = MH_PORT;
     snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
-    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
     static const char *const ways[] = {"plain", "join"};
     for (int w = 0; w < 2; w++) {
         const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
                               "--start-timeout", "20", "-x", "KOLO_HIERARCHICAL_ALLREDUCE=1", "-x",
-                              "KOLO_HIERARCHICAL_ALLGATHER=1", kt_self(), "--worker", "engine_mix", ways[w], seed,
-                              NULL};
-        proc p;
-        run_ok(&c, &p, argv, 90, ways[w]);
-        printf("  the engine's mix (%s), 4 ranks on 2 hosts over ssh: %.2f s\n", ways[w], p.t_end - p.t0);
-        assert_engine_mix_ran(&p, TAG_KOLORUN, ways[w]);
-        kt_proc_free(&p);
+                              "KOLO_HIERARCHICAL_ALLGATHER=1", kt_self(), "--worker", "engine_mix", ways[w],
+                              mix_seed(), NULL};
+        run_engine_mix(&c, argv, TAG_KOLORUN, ways[w]);
         assert_no_leftovers(&c, true, 5);
     }
     cluster_down(&c);
@@ -917,14 +926,9 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     kt_proc_free(&p);
     /* the engine's mix as Slurm's steps (KT_MIX_SEED picks another plan; the stages across hosts
      * must run) */
-    char seed[32];
-    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
     const char *mix[] = {"/usr/bin/srun", "--export=ALL,KOLO_HIERARCHICAL_ALLREDUCE=1,KOLO_HIERARCHICAL_ALLGATHER=1",
-                         "-N", "2", "-n", "4", kt_self(), "--worker", "engine_mix", "plain", seed, NULL};
-    run_ok(&c, &p, mix, 70, "the engine's mix under srun");
-    printf("  the engine's mix, 4 ranks on 2 hosts under srun: %.2f s\n", p.t_end - p.t0);
-    assert_engine_mix_ran(&p, TAG_NONE, "srun");
-    kt_proc_free(&p);
+                         "-N", "2", "-n", "4", kt_self(), "--worker", "engine_mix", "plain", mix_seed(), NULL};
+    run_engine_mix(&c, mix, TAG_NONE, "srun");
     /* the same with Slurm's PMI-2 and PMIx servers, which give the ranks their own variables */
     const char *pmi2[] = {"/usr/bin/srun", "--mpi=pmi2", "-N", "2", "-n", "4", kt_self(), "--worker", "mh_job", NULL};
     run_mh_job(&c, &p, pmi2);
@@ -1072,17 +1076,12 @@ KT_TEST(multihost_mpirun_finds_rank_0_through_pmix, 90)
 
     /* the engine's mix under mpirun (KT_MIX_SEED picks another plan; the stages across hosts must
      * run) */
-    char seed[32];
-    snprintf(seed, sizeof(seed), "%s", getenv("KT_MIX_SEED") ? getenv("KT_MIX_SEED") : "0");
     const char *mix[] = {"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "-np", "4", "-H", hosts,
                          "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
                          "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self", "--tag-output",
                          "-x", "KOLO_HIERARCHICAL_ALLREDUCE=1", "-x", "KOLO_HIERARCHICAL_ALLGATHER=1", "-x", lsan,
-                         kt_self(), "--worker", "engine_mix", "plain", seed, NULL};
-    run_ok(&c, &p, mix, 70, "the engine's mix under mpirun");
-    printf("  the engine's mix, 4 ranks on 2 hosts under Open MPI's mpirun: %.2f s\n", p.t_end - p.t0);
-    assert_engine_mix_ran(&p, TAG_MPIRUN, "mpirun");
-    kt_proc_free(&p);
+                         kt_self(), "--worker", "engine_mix", "plain", mix_seed(), NULL};
+    run_engine_mix(&c, mix, TAG_MPIRUN, "Open MPI's mpirun");
 
     /* rank 0 with nothing to publish (KOLO_IFACE names no interface): every rank says why before
      * any leaves, since mpirun ends the job at the first rank's exit */

@@ -68,9 +68,9 @@
  * floats on {1, ..., n-1}, submitted, then waited for, rank 0 idle; 3 launches each): 1084-1099
  * us a step at 3 ranks and 1094-1101 at 4 when every rank kept the cycle time for any set's
  * requests (it followed KOLO_CYCLE_TIME: a rank outside cycled at the period); now 92-115 and
- * 180-212, where the same steps on the world take 76-122 and 116-176. A member 2 s late to such a set's request used 0.125 s of
- * CPU then, its waiting peer 0.064 and the idle rank 0.083; now 0.042-0.051, 0.033-0.037 and
- * 0.020-0.024. A world of one sleeps until there is work.
+ * 180-212, where the same steps on the world take 76-122 and 116-176. A member 2 s late to such
+ * a set's request used 0.125 s of CPU then, its waiting peer 0.064 and the idle rank 0.083; now
+ * 0.042-0.051, 0.033-0.037 and 0.020-0.024. A world of one sleeps until there is work.
  *
  * Waiters. The cycle time lets requests submitted close together meet in one cycle and fuse. A
  * thread blocked on a request (kolo_request_wait) submits nothing more before it returns, so
@@ -306,32 +306,28 @@ static int update_sets(const uint64_t *agreed)
     return KOLO_OK;
 }
 
-/* Requests this rank holds */
-static int count_pending(void)
-{
-    int n = 0;
-    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
-        const kolo__pset_state *s = E.sets[id];
-        n += (s ? (int)s->nlocal + (s->join_req != NULL) : 0) + (E.waiting[id] != NULL);
-    }
-    return n;
-}
-
 /* ---- the cycle ---- */
 
-/* E.holds: the process sets (not the world) in which this rank holds requests; E.waits: the
- * same while a thread of it waits (see "Cycle timing") */
-static void note_sets(void)
+/* Returns the requests this rank holds. With NOTE, also fills E.holds, the process sets (not the
+ * world) it holds requests in, and E.waits, the same while a thread of it waits (see "Cycle
+ * timing"). */
+static int count_pending(bool note)
 {
-    memset(E.holds, 0, sizeof(E.holds));
-    memset(E.waits, 0, sizeof(E.waits));
-    for (int id = 1; id < KOLO_MAX_PSETS; id++) {
+    int n = 0;
+    if (note) {
+        memset(E.holds, 0, sizeof(E.holds));
+        memset(E.waits, 0, sizeof(E.waits));
+    }
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
         const kolo__pset_state *s = E.sets[id];
-        if ((s && (s->nlocal || s->join_req)) || E.waiting[id]) {
+        int k = (s ? (int)s->nlocal + (s->join_req != NULL) : 0) + (E.waiting[id] != NULL);
+        n += k;
+        if (note && k && id > 0) {
             E.holds[id / 64] |= 1ull << (id % 64);
             if (E.cycle_blocked) E.waits[id / 64] |= 1ull << (id % 64);
         }
     }
+    return n;
 }
 
 /* Some set of SETS (a bitmap) leaves this rank out, or is not active here yet */
@@ -369,10 +365,9 @@ static int cycle(kolo_request_t *q)
         route(r);
     }
     snapshot();
-    note_sets();
     kolo__pset_state *s0 = E.sets[0];
     uint64_t t0 = kolo__now_ns();
-    int st = kolo__negotiate_build(s0, count_pending() ? KOLO__F_BUSY : 0, E.present);
+    int st = kolo__negotiate_build(s0, count_pending(true) ? KOLO__F_BUSY : 0, E.present);
     uint64_t t1 = kolo__now_ns();
     if (!st) {
         /* a dozing mesh's world exchange waits for the others' next cycle, mostly: it spins no
@@ -441,7 +436,7 @@ static int cycle(kolo_request_t *q)
     }
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
-    E.local_pending = count_pending();
+    E.local_pending = count_pending(false);
     int quiet = needed || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
     atomic_store_explicit(&E.quiet_cycles, quiet, memory_order_relaxed); /* the tests read it */
     E.used |= busy;

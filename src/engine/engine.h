@@ -21,9 +21,9 @@ void kolo__engine_stop(void);
 void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *local_ns);
 
 /* For the tests: world cycles in a row in which this rank held no requests and no rank held any
- * of a process set that leaves it out (from the third on, this rank's engine waits 4 ms between cycles: engine.c,
- * "Cycle timing"), world cycles run since kolo_init, and those of them begun because the
- * period ran out (rather than for a waiting thread, here or on a rank of a set). */
+ * of a process set that leaves it out (from the third on, this rank's engine waits 4 ms between
+ * cycles: engine.c, "Cycle timing"), world cycles run since kolo_init, and those of them begun
+ * because the period ran out (rather than for a waiting thread, here or on a rank of a set). */
 int kolo__engine_test_quiet_cycles(void);
 uint64_t kolo__engine_test_cycles(void);
 uint64_t kolo__engine_test_timed_cycles(void);

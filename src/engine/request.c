@@ -260,17 +260,12 @@ static void publish(kolo_request_t *const *rs, int n)
     for (int i = 0; i < n; i++) kolo__req_unref(rs[i]);
 }
 
-/* A fused collective's requests were published one by one, each with its own wake-up: a thread
- * that waits for them in the order it submitted them (an optimizer's synchronize) woke at the
- * first, while the engine thread went on publishing the others on the same cores, and often
- * blocked again at the next. Steps of 8 allreduces of 256 floats, submitted, then waited for in
- * that order, took 59-76 us at 2 ranks (median 70; 19-35 waited for the other way round); 29-72
- * now (median 44; 6 launches each, Zen 3 VM). */
-void kolo__req_complete_ok(kolo_request_t **rs, size_t n)
+/* Completes the n requests in RS (this array is reordered): their names leave the in-flight
+ * table, and those not in a group still waiting for its other members are published at once. */
+static void complete(kolo_request_t **rs, size_t n)
 {
     pthread_mutex_lock(&kolo__E.lock);
     for (size_t i = 0; i < n; i++) {
-        rs[i]->status = KOLO_OK;
         if (rs[i]->dup.key) kolo__hmap_del(&kolo__E.inflight, &rs[i]->dup);
         rs[i]->dup.key = NULL;
     }
@@ -283,13 +278,26 @@ void kolo__req_complete_ok(kolo_request_t **rs, size_t n)
             rs[k++] = r;
             continue;
         }
-        r->stashed = 1; /* a group completes together (kolo__req_complete) */
+        /* a group completes together: members wait here until the last one is done */
+        r->stashed = 1;
         if (--g->remaining > 0) continue;
         for (int j = 0; j < g->n; j++) g->members[j]->group = NULL;
         publish(g->members, g->n);
         kolo__free(g);
     }
     if (k) publish(rs, (int)k);
+}
+
+/* A fused collective's requests were published one by one, each with its own wake-up: a thread
+ * that waits for them in the order it submitted them (an optimizer's synchronize) woke at the
+ * first, while the engine thread went on publishing the others on the same cores, and often
+ * blocked again at the next. Steps of 8 allreduces of 256 floats, submitted, then waited for in
+ * that order, took 59-76 us at 2 ranks (median 70; 19-35 waited for the other way round); 29-72
+ * now (median 44; 6 launches each, Zen 3 VM). */
+void kolo__req_complete_ok(kolo_request_t **rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) rs[i]->status = KOLO_OK;
+    complete(rs, n);
 }
 
 void kolo__req_complete(kolo_request_t *r, int status, const char *msg)
@@ -299,21 +307,7 @@ void kolo__req_complete(kolo_request_t *r, int status, const char *msg)
         kolo__free(r->err);
         r->err = kolo__strdup(msg && *msg ? msg : kolo_strerror(status)); /* NULL: kolo_strerror is shown */
     }
-    pthread_mutex_lock(&kolo__E.lock);
-    if (r->dup.key) kolo__hmap_del(&kolo__E.inflight, &r->dup);
-    r->dup.key = NULL;
-    pthread_mutex_unlock(&kolo__E.lock);
-    kolo__rgroup *g = r->group;
-    if (g) {
-        /* a group completes together: members wait here until the last one is done */
-        r->stashed = 1;
-        if (--g->remaining > 0) return;
-        for (int i = 0; i < g->n; i++) g->members[i]->group = NULL;
-        publish(g->members, g->n);
-        kolo__free(g);
-        return;
-    }
-    publish(&r, 1);
+    complete(&r, 1);
 }
 
 /* ---- handles ---- */
