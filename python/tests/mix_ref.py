@@ -9,6 +9,8 @@ in-place operations leaves "ar_" and "bc_" out of its kinds."""
 
 import os
 import random
+import re
+import subprocess
 
 import numpy as np
 
@@ -25,6 +27,37 @@ def start(n):
     same on every rank; the set, {0, n - 1}, is there from 3 ranks."""
     seed = int(os.environ.get("KT_MIX_SEED", "0x6b6f6c6f"), 0)
     return seed, random.Random(seed), ([0, n - 1] if n > 2 else None)
+
+
+def fate(seed, n, steps):
+    """Where a kill mix's victim dies, the same on every rank: (victim, step, point); the victim
+    leaves without a word (os._exit, as a crash would) before its point of the step: a submission,
+    or from its count of submissions on, a wait (python/tests/test_jobs.py,
+    test_tensorflow.py)."""
+    f = random.Random(seed ^ 0x6b696c6c)
+    return f.randrange(n), f.randrange(2, steps), f.randrange(16)
+
+
+def kill_point(point, count):
+    """Of count submissions then count waits, the one a fate's point falls on: (waits, index)"""
+    k = point % (2 * count)
+    return k >= count, k % count
+
+
+def run_kill_job(kolorun, python, test_file, np_, seed, steps, env):
+    """Runs test_file's test_random_mix_a_rank_dies in a job of np_ ranks (it dies with its
+    victim, so not in the suites' own jobs) and checks that every survivor passed it and said
+    which rank died."""
+    victim = fate(seed, np_, steps)[0]
+    e = dict(env, KT_MIX_KILL="1", KT_MIX_SEED=str(seed))
+    p = subprocess.run([kolorun, "-np", str(np_), python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-k",
+                        "random_mix_a_rank_dies", test_file], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=150, text=True)
+    assert p.returncode == 0, p.stdout[-4000:]
+    said = r"SURVIVOR (\d+): \d+ operations ended by the death of rank %d, first: .*rank %d\b" % (victim, victim)
+    survivors = sorted(int(r) for r in re.findall(said, p.stdout))
+    assert survivors == [r for r in range(np_) if r != victim], p.stdout[-4000:]
+    assert len(re.findall(r"\b1 passed", p.stdout)) == np_ - 1, p.stdout[-4000:]
 
 
 def rank_rng(seed, r, step):

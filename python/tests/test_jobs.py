@@ -73,6 +73,16 @@ def test_a_lost_peer_is_an_error_on_the_survivor(tmp_path):
     assert "LATER:" in out
 
 
+@pytest.mark.parametrize("np_,seed,transport", [(3, 3, "shm"), (4, 11, "tcp")])
+def test_a_rank_that_dies_in_the_mix_is_named_by_every_survivor(np_, seed, transport):
+    """kolo.torch's random mix (test_torch_ops.py) where one rank dies without a word at a point
+    of a step: each survivor's pending operations all end, with the right values or naming the
+    dead rank, and its pytest passes (the test there checks every operation)."""
+    import mix_ref
+    mix_ref.run_kill_job(KOLORUN, PY, os.path.join(ROOT, "python", "tests", "test_torch_ops.py"), np_, seed, 120,
+                         dict(os.environ, PYTHONPATH=PYDIR, KOLO_TRANSPORT=transport))
+
+
 def test_a_stall_becomes_an_error_with_stall_shutdown(tmp_path):
     rc, out, dt = run_job(tmp_path, 2, """
         import os, time, torch, kolo.torch as hvd

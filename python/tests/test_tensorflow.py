@@ -319,31 +319,79 @@ def test_random_mix_of_ops_in_each_ranks_order():
     of its own, started in its own order with its own pauses; a quarter of the steps run them in
     one tf.function instead (in program order, the same on every rank). Every element is checked,
     and some outputs are kept and checked again after every step (their memory is kolo._pool's)."""
+    assert _mix(60) == []
+
+
+@pytest.mark.skipif(not os.environ.get("KT_MIX_KILL"), reason="a rank dies: test_a_rank_that_dies_in_the_mix_... "
+                    "runs it in a job of its own")
+def test_random_mix_a_rank_dies():
+    """The mix above, where one rank leaves without a word at a point of a step (mix_ref.fate): in
+    one of its threads before an operation, or while it waits for one, or before a tf.function's
+    call. Every survivor hears of it; each of its operations, eager or in the graph, either
+    completes with the right values or raises an error naming the rank that died, and so does what
+    it runs after."""
+    n, r = n_r()
+    victim = mix_ref.fate(mix_ref.start(n)[0], n, 60)[0]
+    heard = _mix(60, kill=True)
+    assert heard, "rank %d never heard of rank %d's death" % (r, victim)
+    with pytest.raises(hvd.HorovodInternalError, match="rank %d\\b" % victim):
+        hvd.allreduce(tf.ones([1]), name="after.the.death")
+    print("SURVIVOR %d: %d operations ended by the death of rank %d, first: %s" % (r, len(heard), victim, heard[0]))
+
+
+def _mix(steps, kill=False):
+    """Runs the mix for steps; with kill, one rank dies (mix_ref.fate) and the others return the
+    errors their operations ended with, each checked to name it (an empty list without kill)."""
     import time
     from concurrent.futures import ThreadPoolExecutor
     n, r = n_r()
     seed, plan, ps_members = mix_ref.start(n)
+    victim, kill_step, point = mix_ref.fate(seed, n, steps) if kill else (-1, -1, 0)
     ps = hvd.add_process_set(ps_members) if ps_members else None
-    kept = []
+    kept, heard = [], []
 
-    def run(q, j, pause):
+    def lost(e, what):
+        if victim < 0 or not re.search(r"rank %d\b" % victim, str(e)):
+            raise AssertionError("%s: %s" % (what, e)) from e
+        heard.append("%s: %s" % (what, str(e).splitlines()[0]))
+
+    def run(q, j, pause, dies=False):
         time.sleep(pause)
+        if dies:
+            os._exit(0)  # no shutdown, no goodbye: as a crash (the rank's other threads may be in theirs)
         return _mix_run(q, r, "mix.%d" % j, ps if q["members"] is ps_members else hvd.global_process_set)
     try:
-        for step in range(60):
+        for step in range(steps):
             mine = mix_ref.rank_rng(seed, r, step)
             reqs = [mix_ref.plan_one(plan, n, ps_members, list(MIX_DTYPES), MIX_KINDS)
                     for _ in range(plan.randint(1, 8))]
             here = [j for j in range(len(reqs)) if r in reqs[j]["members"]]
+            dies = step == kill_step and r == victim
+            if dies and not here:
+                os._exit(0)
+            waits, at = mix_ref.kill_point(point, len(here)) if dies else (None, -1)
+            outs = {}
             if plan.random() < 0.25:
-                outs = dict(zip(here, tf.function(lambda: [run(reqs[j], j, 0) for j in here])()))
+                if dies:
+                    os._exit(0)
+                try:
+                    outs = dict(zip(here, tf.function(lambda: [run(reqs[j], j, 0) for j in here])()))
+                except (hvd.HorovodInternalError, tf.errors.OpError) as e:
+                    lost(e, "step %d, a tf.function of %d operations" % (step, len(here)))
             else:
                 mine.shuffle(here)
                 with ThreadPoolExecutor(max_workers=max(1, len(here))) as pool:
-                    futs = {j: pool.submit(run, reqs[j], j, mine.choice([0, 0, 0.001, 0.003])) for j in here}
+                    futs = {j: pool.submit(run, reqs[j], j, mine.choice([0, 0, 0.001, 0.003]),
+                                           waits is False and k == at) for k, j in enumerate(here)}
                     mine.shuffle(here)
-                    outs = {j: futs[j].result() for j in here}
-            for j in here:
+                    for k, j in enumerate(here):
+                        if waits and k == at:
+                            os._exit(0)
+                        try:
+                            outs[j] = futs[j].result()
+                        except (hvd.HorovodInternalError, tf.errors.OpError) as e:
+                            lost(e, "step %d, %s 'mix.%d'" % (step, reqs[j]["kind"], j))
+            for j in outs:
                 q = reqs[j]
                 got, want = _mix_check(q, r, outs[j], "step %d, %s 'mix.%d'" % (step, q["kind"], j))
                 if q["keep"]:
@@ -353,10 +401,13 @@ def test_random_mix_of_ops_in_each_ranks_order():
                 mix_ref.check(q, f64(o), w, what)
             mine.shuffle(kept)
             del kept[12:]
+            if heard:  # the victim died: this step's operations have all ended
+                break
     finally:
-        if ps is not None:
+        if ps is not None and victim < 0:  # (after a death, the engine has stopped)
             hvd.barrier()
             hvd.remove_process_set(ps)
+    return heard
 
 
 # ---- gradients ----
@@ -1201,6 +1252,17 @@ def test_keras_example_learns(tmp_path, how):
     assert float(epochs[1][1]) < float(epochs[0][1])  # the loss falls
     assert re.search(r"RESULT workers=2 val_acc=0\.([3-9]|\d\d)\d* identical_weights=True", p.stdout), p.stdout
     assert os.path.exists(ck)
+
+
+@pytest.mark.standalone
+@pytest.mark.parametrize("seed", [14, 1], ids=["before-a-function", "waiting-for-a-thread"])
+def test_a_rank_that_dies_in_the_mix_is_named_by_every_survivor(seed):
+    """test_random_mix_a_rank_dies in a job of 3 ranks of its own: one of them dies in a step
+    (seed 14: before its tf.function's call, while the others run theirs; seed 1: while it waits
+    for one of its threads' operations), and the two others pass it."""
+    kolorun = os.path.join(ROOT, "build", "bin", "kolorun")
+    mix_ref.run_kill_job(kolorun, sys.executable, os.path.join(ROOT, "python", "tests", "test_tensorflow.py"), 3, seed,
+                         60, dict(os.environ, PYTHONPATH=pythonpath(os.path.join(ROOT, "python"))))
 
 
 @pytest.mark.standalone
