@@ -1132,6 +1132,14 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
                "not 4 times '%s... through PMI' in stderr:\n%s", want, p.ebuf);
     kt_proc_free(&p);
 
+    /* the engine's mix under Hydra (KT_MIX_SEED picks another plan; the stages across hosts must
+     * run) */
+    const char *mix[] = {"/usr/bin/mpirun.mpich", "-launcher", "ssh", "-launcher-exec", agent, "-iface", "br0",
+                         "-hosts", hosts, "-np", "4", "-genv", "KOLO_HIERARCHICAL_ALLREDUCE", "1", "-genv",
+                         "KOLO_HIERARCHICAL_ALLGATHER", "1", kt_self(), "--worker", "engine_mix", "plain", mix_seed(),
+                         NULL};
+    run_engine_mix(&c, mix, TAG_NONE, "MPICH's mpirun");
+
     /* rank 0 with nothing to publish: as under Open MPI's mpirun above, every rank says why
      * before any leaves (Hydra too ends the job at the first rank's failure) */
     const char *bad[] = {"/usr/bin/mpirun.mpich", "-launcher", "ssh", "-launcher-exec", agent, "-iface", "br0",
