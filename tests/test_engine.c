@@ -1932,6 +1932,53 @@ static void bad_args(int rank, void *arg)
 
 KT_TEST(engine_invalid_submissions, 20) { KT_EQ(kt_job(2, bad_args, NULL, NULL, NULL), 0); }
 
+/* A description no submission could have made (negotiate.c, desc_problem) reaches every member
+ * from rank 1, garbled by a test hook one way per case: each member's request fails naming rank
+ * 1, the set and, where the bytes parse, the tensor and what is wrong, instead of a collective
+ * sized by them (an allgather's output, an alltoall's blocks). */
+typedef struct garble_case {
+    int how;
+    char kind; /* 'r' allreduce, 'g' allgather, 'b' broadcast, 'a' alltoall */
+    const char *says;
+} garble_case;
+
+static void garbled_description(int rank, void *arg)
+{
+    const garble_case *c = arg;
+    KT_OK(kolo_init());
+    int32_t x[12] = {0}, y[12];
+    kolo_shape_t sh = {2, {3, 4}};
+    int64_t splits[3] = {1, 1, 1};
+    kolo_request_t *r;
+    if (rank == 1) kolo__engine_test_garble(c->how);
+    if (c->kind == 'b') KT_OK(kolo_ibroadcast("garbled", x, KOLO_INT32, &sh, 0, NULL, &r));
+    else if (c->kind == 'a') KT_OK(kolo_ialltoall("garbled", x, KOLO_INT32, &sh, splits, NULL, &r));
+    else if (c->kind == 'g') KT_OK(kolo_iallgather("garbled", x, KOLO_INT32, &sh, NULL, &r));
+    else KT_OK(kolo_iallreduce("garbled", x, y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    KT_ASSERTF(kolo_request_wait(r, 20) == KOLO_ERR_PROTOCOL, "case %d: %s", c->how, kolo_request_error(r));
+    KT_CONTAINS(kolo_request_error(r), "rank 1 sent a malformed negotiation message for process set 0");
+    if (c->says) KT_CONTAINS(kolo_request_error(r), c->says);
+    kolo_request_release(r);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(engine_garbled_descriptions_name_the_sender, 60)
+{
+    static const garble_case cases[] = {
+        {KOLO__GARBLE_NEGATIVE_DIM, 'g', "'garbled': shape [-3, 4], a negative dimension"},
+        {KOLO__GARBLE_HUGE, 'g', "'garbled': shape [70368744177664, 4], more than 2^48 bytes"},
+        {KOLO__GARBLE_ROOT, 'b', "'garbled': root 8 of 3 ranks"},
+        {KOLO__GARBLE_NEGATIVE_SPLIT, 'a', "'garbled': splits[0] is -1 (of 3 rows)"},
+        {KOLO__GARBLE_SPLITS_OVER, 'a', "'garbled': splits[2] is 5 (of 3 rows)"},
+        {KOLO__GARBLE_OP, 'r', "'garbled': allreduce by adasum of int32"},
+        {KOLO__GARBLE_RECORD, 'r', NULL},
+        {KOLO__GARBLE_NAME_LENGTH, 'r', NULL},
+    };
+    KT_EQ((int)(sizeof(cases) / sizeof(cases[0])), KOLO__GARBLE_COUNT - 1);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        KT_EQ(kt_job(3, garbled_description, (void *)&cases[i], NULL, NULL), 0);
+}
+
 /* ---- the timeline ---- */
 
 static void timeline(int rank, void *arg)

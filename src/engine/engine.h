@@ -35,4 +35,20 @@ size_t kolo__engine_test_kept_bytes(void);
  * which s <= 0 restores). */
 void kolo__engine_test_keep_window(double s);
 
+/* Tests: this rank's next description in a negotiation is written garbled, one of these ways
+ * (negotiate.c); the members must all fail, naming this rank. */
+enum {
+    KOLO__GARBLE_NEGATIVE_DIM = 1,
+    KOLO__GARBLE_HUGE,           /* a first dimension of 2^46 */
+    KOLO__GARBLE_ROOT,           /* a broadcast's root past the last rank */
+    KOLO__GARBLE_NEGATIVE_SPLIT, /* an alltoall's */
+    KOLO__GARBLE_SPLITS_OVER,    /* an alltoall's splits adding up to more rows than it has */
+    KOLO__GARBLE_OP,             /* Adasum (of an integer tensor, or in a reduce-scatter) */
+    KOLO__GARBLE_RECORD,         /* a record of no known type */
+    KOLO__GARBLE_NAME_LENGTH,    /* a name longer than the message */
+    KOLO__GARBLE_COUNT
+};
+#define KOLO__GARBLE_SPLITS_MAX 64
+void kolo__engine_test_garble(int how);
+
 #endif

@@ -31,6 +31,7 @@
  * the others through its next blob, so that every member applies them in the same cycle. */
 #include "internal.h"
 
+#include "../reduce/reduce.h"
 #include "../trace/trace.h"
 
 #include <stdio.h>
@@ -343,15 +344,45 @@ static void put(kolo__pset_state *s, const void *p, size_t n)
     s->var_len += n;
 }
 
+static _Atomic int garble_next; /* tests: see kolo__engine_test_garble */
+
+void kolo__engine_test_garble(int how) { atomic_store(&garble_next, how); }
+
+/* The tests' garbled descriptions (kolo__engine_test_garble): what this rank writes in place of
+ * d's record, bytes a submission's checks (request.c) would never let through. */
+static void garble(int how, kolo__desc *d, uint8_t hdr[5], int64_t *splits, int n)
+{
+    switch (how) {
+    case KOLO__GARBLE_NEGATIVE_DIM: d->dims[0] = -3; break;
+    case KOLO__GARBLE_HUGE: d->dims[0] = (int64_t)1 << 46; break;
+    case KOLO__GARBLE_ROOT: d->root = n + 5; break;
+    case KOLO__GARBLE_NEGATIVE_SPLIT: splits[0] = -1; break;
+    case KOLO__GARBLE_SPLITS_OVER: splits[n - 1] += d->dims[0] + 1; break;
+    case KOLO__GARBLE_OP: hdr[3] = KOLO_ADASUM; break;
+    case KOLO__GARBLE_RECORD: hdr[0] = 9; break;
+    default: break;
+    }
+}
+
 static int put_desc(kolo__pset_state *s, const kolo_request_t *r)
 {
     const kolo__desc *d = &r->d;
+    int how = atomic_load_explicit(&garble_next, memory_order_relaxed) ? atomic_exchange(&garble_next, 0) : 0;
+    if (s->n > KOLO__GARBLE_SPLITS_MAX) how = 0;
+    kolo__desc g;
+    int64_t gsplits[KOLO__GARBLE_SPLITS_MAX];
+    if (how) {
+        g = *d;
+        d = &g;
+        if (r->splits) memcpy(gsplits, r->splits, (size_t)KOLO_MIN(s->n, KOLO__GARBLE_SPLITS_MAX) * 8);
+    }
     size_t devlen = strlen(d->device), namelen = strlen(r->name) + 1;
     size_t len = 1 + 4 + 4 + 16 + (size_t)d->ndim * 8 + 1 + devlen + 2 + namelen +
                  (d->kind == KOLO__ALLTOALL ? (size_t)s->n * 8 : 0);
     int st = var_reserve(s, len);
     if (st) return st;
     uint8_t hdr[5] = {REC_DESC, d->kind, d->dtype, d->op, d->ndim};
+    if (how) garble(how, &g, hdr, gsplits, s->n);
     put(s, hdr, 5);
     put(s, &d->root, 4);
     put(s, &d->pre, 8);
@@ -360,10 +391,10 @@ static int put_desc(kolo__pset_state *s, const kolo_request_t *r)
     uint8_t dl = (uint8_t)devlen;
     put(s, &dl, 1);
     put(s, d->device, devlen);
-    uint16_t nl = (uint16_t)namelen;
+    uint16_t nl = (uint16_t)(how == KOLO__GARBLE_NAME_LENGTH ? 60000 : namelen);
     put(s, &nl, 2);
     put(s, r->name, namelen);
-    if (d->kind == KOLO__ALLTOALL) put(s, r->splits, (size_t)s->n * 8);
+    if (d->kind == KOLO__ALLTOALL) put(s, how ? gsplits : r->splits, (size_t)s->n * 8);
     return KOLO_OK;
 }
 
@@ -679,6 +710,58 @@ static void tick(const kolo__pset_state *s, kolo__trace_seq *q, const char *name
     kolo__trace_seq_mark(q, name, wrank(s, r));
 }
 
+/* A member's description has passed its submission's checks (request.c); one that could not
+ * have was garbled on its way or comes from a build that writes other bytes, and the sizes the
+ * collective would take from it would be wrong (an allgather's output, an alltoall's blocks).
+ * Returns what is wrong with d (its splits at SPLITS, unaligned), or NULL. */
+static const char *desc_problem(const kolo__pset_state *s, const kolo__desc *d, const unsigned char *splits,
+                                char *buf, size_t cap)
+{
+    size_t count = 1, limit = ((size_t)1 << 48) / kolo_dtype_size((kolo_dtype_t)d->dtype);
+    for (int i = 0; i < d->ndim; i++) {
+        int64_t v = d->dims[i];
+        if (v < 0 || (v && count > limit / (size_t)v)) {
+            char sh[200];
+            snprintf(buf, cap, "shape %s%s", kolo__shape_str(d->dims, d->ndim, sh, sizeof(sh)),
+                     v < 0 ? ", a negative dimension" : ", more than 2^48 bytes");
+            return buf;
+        }
+        count *= (size_t)v;
+    }
+    bool reduces = d->kind == KOLO__ALLREDUCE || d->kind == KOLO__REDUCESCATTER;
+    if (reduces && (!kolo__op_valid((kolo_dtype_t)d->dtype, (kolo_op_t)d->op) ||
+                    (d->op == KOLO_ADASUM && d->kind != KOLO__ALLREDUCE))) {
+        snprintf(buf, cap, "%s by %s of %s", kolo__kind_lower[d->kind], kolo_op_name((kolo_op_t)d->op),
+                 kolo_dtype_name((kolo_dtype_t)d->dtype));
+        return buf;
+    }
+    if (reduces && (!(d->pre - d->pre == 0) || !(d->post - d->post == 0))) {
+        snprintf(buf, cap, "scale factors %g and %g", d->pre, d->post);
+        return buf;
+    }
+    if (d->ndim == 0 && d->kind != KOLO__ALLREDUCE && d->kind != KOLO__BROADCAST && d->kind < KOLO__JOIN) {
+        snprintf(buf, cap, "%s of a scalar", kolo__kind_lower[d->kind]);
+        return buf;
+    }
+    if (d->kind == KOLO__BROADCAST && (d->root < 0 || d->root >= s->n)) {
+        snprintf(buf, cap, "root %d of %d ranks", d->root, s->n);
+        return buf;
+    }
+    if (d->kind == KOLO__ALLTOALL) {
+        int64_t sum = 0;
+        for (int i = 0; i < s->n; i++) {
+            int64_t v;
+            memcpy(&v, splits + (size_t)i * 8, 8);
+            if (v < 0 || v > d->dims[0] - sum) {
+                snprintf(buf, cap, "splits[%d] is %lld (of %lld rows)", i, (long long)v, (long long)d->dims[0]);
+                return buf;
+            }
+            sum += v;
+        }
+    }
+    return NULL;
+}
+
 static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t len, kolo__trace_seq *q)
 {
     reader rd = {p, p + len, 0};
@@ -716,6 +799,12 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
                 for (int i = 0; i < s->n; i++) get(&rd, skip, 8);
             }
             if (rd.bad) break;
+            char buf[160];
+            const char *why = desc_problem(s, &d, splits, buf, sizeof(buf));
+            if (why)
+                return kolo__err(KOLO_ERR_PROTOCOL,
+                                 "rank %d sent a malformed negotiation message for process set %d: '%s': %s",
+                                 wrank(s, r), s->id, name, why);
             int slot = cache_find(s, name);
             if (slot >= 0 && q && s->slots[slot].negotiating) { /* in order with this cycle's events */
                 kolo__trace_seq_end(q, name, negotiate_phase(s->slots[slot].d.kind, s->slots[slot].d.op));
