@@ -170,17 +170,10 @@ test: deps
 	$(MAKE) -j$$(nproc 2>/dev/null || echo 2) all
 	MAKE="$(MAKE)" sh scripts/test.sh
 
-# The C suites: plain, under ASan+UBSan and under TSan, then the install test.
+# The C suites: plain, under ASan+UBSan and under TSan (built beside the plain suite, run beside
+# each other: scripts/test-c.sh says why), then the install test.
 test-c-all: all
-	$(MAKE) test-c
-	$(MAKE) O=build/asan SAN=asan OPT=-O1 all
-	KT_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-suppressions.txt \
-	  build/asan/tests/kolo-tests $(ASAN_TESTS)
-	$(MAKE) O=build/tsan SAN=tsan OPT=-O1 all
-	KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  build/tsan/tests/kolo-tests $(TSAN_TESTS)
-	$(MAKE) test-install
+	ASAN_TESTS="$(ASAN_TESTS)" TSAN_TESTS="$(TSAN_TESTS)" MAKE="$(MAKE)" sh scripts/test-c.sh
 
 # make install into a scratch prefix, build an example against it with pkg-config, run it with
 # the installed kolorun: what a C user does first.

@@ -1,8 +1,8 @@
 #!/bin/sh
 # test.sh - `make test` after `make all`: the C suites and the Python suites in two lanes at once.
 #
-#   C lane (foreground):  make test-c-all: the C suite, the ASan+UBSan build and suite, the TSan
-#                         build and suite, the install test (printed as they run);
+#   C lane (foreground):  make test-c-all (scripts/test-c.sh): the C suite, the ASan+UBSan and
+#                         TSan builds and suites, the install test (printed as they run);
 #   Python lane:          scripts/test-python.sh, its output into $O/test-python.log (`tail -f`
 #                         it to watch), printed here whole when the C lane is done, then the rest
 #                         as it comes.
