@@ -32,7 +32,8 @@
  * world, then adds two process sets, {0, n-1} and {1, ..., n-1}, and times them on the world
  * beside the two sets, unused (what idle sets cost every cycle), and on {1, ..., n-1} while rank
  * 0, in no set, waits at a barrier (what a set pays for a rank outside it; src/engine/engine.c,
- * "Cycle timing" and "Idle sets").
+ * "Cycle timing" and "Idle sets"), and on a set of every rank (the same ranks as the world's
+ * steps: what a set's own exchange after the world's costs).
  *
  * Built by make (build/bin/engine-bench).
  */
@@ -165,26 +166,33 @@ static double tiny_steps(int steps, int pset, int k, int w, bool in_order, kolo_
 }
 
 /* -p 1: short steps on the world, then beside two idle sets, then on {1, ..., n-1} with rank 0
- * outside; the seconds per step in each (the slowest rank's), or -1 */
+ * outside, then (the two sets removed) on a set of every rank; the seconds per step in each (the
+ * slowest rank's), or -1 */
 #define SHORT_STEP 8
 #define SHORT_W 256
-static int set_steps(int steps, kolo_request_t **reqs, double out[3])
+#define SET_STEPS 4
+static int set_steps(int steps, kolo_request_t **reqs, double out[SET_STEPS])
 {
-    int n = kolo_size(), rank = kolo_rank(), a[2] = {0, n - 1}, b[64], ida, idb;
+    int n = kolo_size(), rank = kolo_rank(), a[2] = {0, n - 1}, b[64], all[64], ida, idb, idw;
+    for (int i = 0; i < n; i++) all[i] = i;
     for (int i = 1; i < n; i++) b[i - 1] = i;
     kolo_barrier(KOLO_WORLD);
-    double world = tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs), idle = -1, on_set = 0;
+    double t[SET_STEPS] = {tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs), -1, 0, -1};
     if (kolo_process_set_add(a, 2, &ida) != KOLO_OK || kolo_process_set_add(b, n - 1, &idb) != KOLO_OK) return 1;
     kolo_barrier(KOLO_WORLD);
-    idle = tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs);
+    t[1] = tiny_steps(steps, KOLO_WORLD, SHORT_STEP, SHORT_W, true, reqs);
     kolo_barrier(KOLO_WORLD);
-    if (rank > 0) on_set = tiny_steps(steps, idb, SHORT_STEP, SHORT_W, true, reqs);
+    if (rank > 0) t[2] = tiny_steps(steps, idb, SHORT_STEP, SHORT_W, true, reqs);
     kolo_barrier(KOLO_WORLD);
-    double t[3] = {world, idle, on_set};
-    for (int i = 0; i < 3; i++) t[i] = t[i] < 0 ? 1e30 : t[i] / steps;
-    if (kolo_allreduce(t, out, 3, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD) != KOLO_OK) return 1;
-    int rc = out[0] >= 1e30 || out[1] >= 1e30 || out[2] >= 1e30;
-    if (kolo_process_set_remove(ida) != KOLO_OK || kolo_process_set_remove(idb) != KOLO_OK) rc = 1;
+    int rc = kolo_process_set_remove(ida) != KOLO_OK || kolo_process_set_remove(idb) != KOLO_OK;
+    if (rc || kolo_process_set_add(all, n, &idw) != KOLO_OK) return 1;
+    kolo_barrier(KOLO_WORLD);
+    t[3] = tiny_steps(steps, idw, SHORT_STEP, SHORT_W, true, reqs);
+    kolo_barrier(KOLO_WORLD);
+    for (int i = 0; i < SET_STEPS; i++) t[i] = t[i] < 0 ? 1e30 : t[i] / steps;
+    if (kolo_allreduce(t, out, SET_STEPS, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD) != KOLO_OK) return 1;
+    for (int i = 0; i < SET_STEPS; i++) rc |= out[i] >= 1e30;
+    if (kolo_process_set_remove(idw) != KOLO_OK) rc = 1;
     return rc;
 }
 
@@ -272,7 +280,7 @@ static int run(const opts *o)
     rc |= tiny < 0;
     kolo__engine_negotiation_cost(&c1, &ns1, &l1);
     kolo_engine_stats(&s1);
-    double per_set[3] = {0, 0, 0};
+    double per_set[SET_STEPS] = {0};
     if (!rc && o->psets && set_steps(o->small_steps, reqs, per_set)) rc = 1;
     if (rank == 0 && o->verbose)
         for (int it = 0; it < o->iters; it++) printf("step %2d: engine %8.2f ms  direct %8.2f ms\n", it, te[it] * 1e3, td[it] * 1e3);
@@ -308,6 +316,7 @@ static int run(const opts *o)
             printf("short step (%d x %d floats), world     %8.1f us per step\n", SHORT_STEP, SHORT_W, per_set[0] * 1e6);
             printf("short step beside 2 idle process sets %8.1f us per step\n", per_set[1] * 1e6);
             printf("short step on set {1..%d}, rank 0 idle %7.1f us per step\n", n - 1, per_set[2] * 1e6);
+            printf("short step on a set of every rank     %8.1f us per step\n", per_set[3] * 1e6);
         }
     }
     if (o->shared) {

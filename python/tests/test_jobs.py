@@ -825,14 +825,14 @@ def test_engine_bench_times_blocks_under_one_timeline(tmp_path):
 
 
 def test_engine_bench_times_steps_beside_and_on_process_sets():
-    # engine-bench -p 1: short steps on the world, beside two idle process sets, and on the set
-    # without rank 0 (3 ranks or more; fewer exit 2 saying so)
+    # engine-bench -p 1: short steps on the world, beside two idle process sets, on the set
+    # without rank 0 and on a set of every rank (3 ranks or more; fewer exit 2 saying so)
     bench = os.path.join(ROOT, "build", "bin", "engine-bench")
     p = subprocess.run([bench, "-np", "3", "-n", "1", "-w", "0", "-s", "20", "-p", "1"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode == 0, p.stdout
     for line in (r"short step \(8 x 256 floats\), world", r"short step beside 2 idle process sets",
-                 r"short step on set \{1\.\.2\}, rank 0 idle"):
+                 r"short step on set \{1\.\.2\}, rank 0 idle", r"short step on a set of every rank"):
         m = re.search(line + r"\s+([0-9.]+) us per step", p.stdout)
         assert m and float(m.group(1)) > 0, (line, p.stdout)
     p = subprocess.run([bench, "-np", "2", "-p", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
