@@ -44,6 +44,27 @@ def kill_point(point, count):
     return k >= count, k % count
 
 
+class Fate:
+    """A mix's fate(), or no death without kill; and on a survivor the errors its operations
+    ended with, each of which must name the victim."""
+
+    def __init__(self, seed, n, steps, kill):
+        self.victim, self.step, self.point = fate(seed, n, steps) if kill else (-1, -1, 0)
+        self.heard = []
+
+    def lost(self, e, what):
+        """Operation what raised e: the death's error, or the test fails"""
+        if self.victim < 0 or not re.search(r"rank %d\b" % self.victim, str(e)):
+            raise AssertionError("%s: %s" % (what, e)) from e
+        self.heard.append("%s: %s" % (what, str(e).splitlines()[0]))
+
+    def survived(self, r):
+        """The line run_kill_job looks for, once rank r has heard of the death"""
+        assert self.heard, "rank %d never heard of rank %d's death" % (r, self.victim)
+        return "SURVIVOR %d: %d operations ended by the death of rank %d, first: %s" % (
+            r, len(self.heard), self.victim, self.heard[0])
+
+
 def run_kill_job(kolorun, python, test_file, np_, seed, steps, env):
     """Runs test_file's test_random_mix_a_rank_dies in a job of np_ ranks (it dies with its
     victim, so not in the suites' own jobs) and checks that every survivor passed it and said

@@ -319,7 +319,7 @@ def test_random_mix_of_ops_in_each_ranks_order():
     of its own, started in its own order with its own pauses; a quarter of the steps run them in
     one tf.function instead (in program order, the same on every rank). Every element is checked,
     and some outputs are kept and checked again after every step (their memory is kolo._pool's)."""
-    assert _mix(60) == []
+    assert _mix(60).heard == []
 
 
 @pytest.mark.skipif(not os.environ.get("KT_MIX_KILL"), reason="a rank dies: test_a_rank_that_dies_in_the_mix_... "
@@ -330,30 +330,23 @@ def test_random_mix_a_rank_dies():
     call. Every survivor hears of it; each of its operations, eager or in the graph, either
     completes with the right values or raises an error naming the rank that died, and so does what
     it runs after."""
-    n, r = n_r()
-    victim = mix_ref.fate(mix_ref.start(n)[0], n, 60)[0]
-    heard = _mix(60, kill=True)
-    assert heard, "rank %d never heard of rank %d's death" % (r, victim)
-    with pytest.raises(hvd.HorovodInternalError, match="rank %d\\b" % victim):
+    fate = _mix(60, kill=True)
+    said = fate.survived(hvd.rank())
+    with pytest.raises(hvd.HorovodInternalError, match="rank %d\\b" % fate.victim):
         hvd.allreduce(tf.ones([1]), name="after.the.death")
-    print("SURVIVOR %d: %d operations ended by the death of rank %d, first: %s" % (r, len(heard), victim, heard[0]))
+    print(said)
 
 
 def _mix(steps, kill=False):
-    """Runs the mix for steps; with kill, one rank dies (mix_ref.fate) and the others return the
-    errors their operations ended with, each checked to name it (an empty list without kill)."""
+    """Runs the mix for steps; with kill, one rank dies (mix_ref.fate). Returns the mix_ref.Fate,
+    with the errors this rank's operations ended with, each checked to name the victim."""
     import time
     from concurrent.futures import ThreadPoolExecutor
     n, r = n_r()
     seed, plan, ps_members = mix_ref.start(n)
-    victim, kill_step, point = mix_ref.fate(seed, n, steps) if kill else (-1, -1, 0)
+    fate = mix_ref.Fate(seed, n, steps, kill)
     ps = hvd.add_process_set(ps_members) if ps_members else None
-    kept, heard = [], []
-
-    def lost(e, what):
-        if victim < 0 or not re.search(r"rank %d\b" % victim, str(e)):
-            raise AssertionError("%s: %s" % (what, e)) from e
-        heard.append("%s: %s" % (what, str(e).splitlines()[0]))
+    kept = []
 
     def run(q, j, pause, dies=False):
         time.sleep(pause)
@@ -366,10 +359,10 @@ def _mix(steps, kill=False):
             reqs = [mix_ref.plan_one(plan, n, ps_members, list(MIX_DTYPES), MIX_KINDS)
                     for _ in range(plan.randint(1, 8))]
             here = [j for j in range(len(reqs)) if r in reqs[j]["members"]]
-            dies = step == kill_step and r == victim
+            dies = step == fate.step and r == fate.victim
             if dies and not here:
                 os._exit(0)
-            waits, at = mix_ref.kill_point(point, len(here)) if dies else (None, -1)
+            waits, at = mix_ref.kill_point(fate.point, len(here)) if dies else (None, -1)
             outs = {}
             if plan.random() < 0.25:
                 if dies:
@@ -377,7 +370,7 @@ def _mix(steps, kill=False):
                 try:
                     outs = dict(zip(here, tf.function(lambda: [run(reqs[j], j, 0) for j in here])()))
                 except (hvd.HorovodInternalError, tf.errors.OpError) as e:
-                    lost(e, "step %d, a tf.function of %d operations" % (step, len(here)))
+                    fate.lost(e, "step %d, a tf.function of %d operations" % (step, len(here)))
             else:
                 mine.shuffle(here)
                 with ThreadPoolExecutor(max_workers=max(1, len(here))) as pool:
@@ -390,7 +383,7 @@ def _mix(steps, kill=False):
                         try:
                             outs[j] = futs[j].result()
                         except (hvd.HorovodInternalError, tf.errors.OpError) as e:
-                            lost(e, "step %d, %s 'mix.%d'" % (step, reqs[j]["kind"], j))
+                            fate.lost(e, "step %d, %s 'mix.%d'" % (step, reqs[j]["kind"], j))
             for j in outs:
                 q = reqs[j]
                 got, want = _mix_check(q, r, outs[j], "step %d, %s 'mix.%d'" % (step, q["kind"], j))
@@ -401,13 +394,13 @@ def _mix(steps, kill=False):
                 mix_ref.check(q, f64(o), w, what)
             mine.shuffle(kept)
             del kept[12:]
-            if heard:  # the victim died: this step's operations have all ended
+            if fate.heard:  # the victim died: this step's operations have all ended
                 break
     finally:
-        if ps is not None and victim < 0:  # (after a death, the engine has stopped)
+        if ps is not None and fate.victim < 0:  # (after a death, the engine has stopped)
             hvd.barrier()
             hvd.remove_process_set(ps)
-    return heard
+    return fate
 
 
 # ---- gradients ----

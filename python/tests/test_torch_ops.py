@@ -3,7 +3,6 @@ non-contiguous tensors, compression, autograd, process sets, join, errors; and a
 in a random mix."""
 
 import os
-import re
 
 import numpy as np
 import pytest
@@ -574,7 +573,7 @@ def test_random_mix_of_async_ops_in_each_ranks_order():
     once (the binding must hold them), polls some, and waits in another order; every element is
     checked, and some outputs are kept for later steps and checked again after every step (an
     output's memory must not serve another while the tensor lives: kolo._pool)."""
-    assert _mix(120) == []
+    assert _mix(120).heard == []
 
 
 @pytest.mark.skipif(not os.environ.get("KT_MIX_KILL"), reason="a rank dies: test_jobs.py runs it in a job of its own")
@@ -583,31 +582,24 @@ def test_random_mix_a_rank_dies():
     every survivor hears of it, each of its operations either completes with the right values or
     raises HorovodInternalError naming the rank that died (never a timeout, never another rank),
     and so does what it submits after."""
-    n, r = n_r()
-    victim = mix_ref.fate(mix_ref.start(n)[0], n, 120)[0]
-    heard = _mix(120, kill=True)
-    assert heard, "rank %d never heard of rank %d's death" % (r, victim)
-    with pytest.raises(hvd.HorovodInternalError, match="rank %d\\b" % victim):
+    fate = _mix(120, kill=True)
+    said = fate.survived(hvd.rank())
+    with pytest.raises(hvd.HorovodInternalError, match="rank %d\\b" % fate.victim):
         hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="after.the.death"))
-    print("SURVIVOR %d: %d operations ended by the death of rank %d, first: %s" % (r, len(heard), victim, heard[0]))
+    print(said)
 
 
 def _mix(steps, kill=False):
-    """Runs the mix for steps; with kill, one rank dies (mix_ref.fate) and the others return the
-    errors their operations ended with, each checked to name it (an empty list without kill)."""
+    """Runs the mix for steps; with kill, one rank dies (mix_ref.fate). Returns the mix_ref.Fate,
+    with the errors this rank's operations ended with, each checked to name the victim."""
     n, r = n_r()
     seed, plan, ps_members = mix_ref.start(n)
-    victim, kill_step, point = mix_ref.fate(seed, n, steps) if kill else (-1, -1, 0)
+    fate = mix_ref.Fate(seed, n, steps, kill)
     ps = hvd.add_process_set(ps_members) if ps_members else None
-    kept, heard = [], []
-
-    def lost(e, what):
-        if victim < 0 or not re.search(r"rank %d\b" % victim, str(e)):
-            raise AssertionError("%s: %s" % (what, e)) from e
-        heard.append("%s: %s" % (what, e))
+    kept = []
 
     def die_at(waits, k):
-        if step == kill_step and r == victim and mix_ref.kill_point(point, len(order)) == (waits, k):
+        if step == fate.step and r == fate.victim and mix_ref.kill_point(fate.point, len(order)) == (waits, k):
             os._exit(0)  # no shutdown, no goodbye: as a crash
     try:
         for step in range(steps):
@@ -625,7 +617,7 @@ def _mix(steps, kill=False):
                 try:
                     live[j] = _mix_submit(q, r, "mix.%d" % j, qps)
                 except hvd.HorovodInternalError as e:
-                    lost(e, "step %d, submitting %s 'mix.%d'" % (step, q["kind"], j))
+                    fate.lost(e, "step %d, submitting %s 'mix.%d'" % (step, q["kind"], j))
             mine.shuffle(order)
             for k, j in enumerate(order):
                 die_at(True, k)
@@ -638,7 +630,7 @@ def _mix(steps, kill=False):
                 try:
                     out = hvd.synchronize(h)
                 except hvd.HorovodInternalError as e:
-                    lost(e, what)
+                    fate.lost(e, what)
                     continue
                 want = mix_ref.expect(q, r)
                 if q["kind"] == "a2a":
@@ -657,10 +649,10 @@ def _mix(steps, kill=False):
                 _mix_check(q, o, wnt, what)
             mine.shuffle(kept)
             del kept[12:]
-            if heard:  # the victim died: this step's operations have all ended
+            if fate.heard:  # the victim died: this step's operations have all ended
                 break
     finally:
-        if ps is not None and victim < 0:  # (after a death, the engine has stopped)
+        if ps is not None and fate.victim < 0:  # (after a death, the engine has stopped)
             hvd.barrier()
             hvd.remove_process_set(ps)
-    return heard
+    return fate
