@@ -26,54 +26,39 @@ MAKE=${MAKE:-make}
 O=${O:-build}
 BUILDLOG=$O/test-sanitizer-builds.log
 TSANLOG=$O/test-tsan.log
-RC=$(mktemp -d "${TMPDIR:-/tmp}/kolo-test-c.XXXXXX")
-bg=""
-stop() {
-  [ -z "$bg" ] || kill -TERM -"$bg" "$bg" 2>/dev/null
-  rm -rf "$RC"
-}
-trap 'stop; exit 130' INT TERM
-trap 'rm -rf "$RC"' EXIT
+. scripts/lanes.sh
 
-# 1. the sanitizer builds, in a process group of their own that an interrupted run ends whole
-: >"$BUILDLOG"
-setsid -w sh -c 'nice -n 10 $1 -j2 O=build/asan SAN=asan OPT=-O1 all && nice -n 10 $1 -j2 O=build/tsan SAN=tsan OPT=-O1 all
-                 echo $? >"$2"' builds "$MAKE" "$RC/builds" >>"$BUILDLOG" 2>&1 &
-bg=$!
+# 1. the sanitizer builds
+lane_start builds "$BUILDLOG" sh -c 'nice -n 10 $0 -j2 O=build/asan SAN=asan OPT=-O1 all &&
+                                     nice -n 10 $0 -j2 O=build/tsan SAN=tsan OPT=-O1 all' "$MAKE"
 
 # 2. the plain suite
 $MAKE test-c
-echo $? >"$RC/plain"
+keep plain $?
 
-wait "$bg"
-bg=""
-if [ "$(cat "$RC/builds" 2>/dev/null || echo 1)" != 0 ]; then
+lane_wait
+if [ "$(kept builds)" != 0 ]; then
   cat "$BUILDLOG"
-  echo "== test-c: the sanitizer builds failed (above); plain suite exit $(cat "$RC/plain")"
+  echo "== test-c: the sanitizer builds failed (above); plain suite exit $(kept plain)"
   exit 1
 fi
 echo "== the ASan and TSan builds are done ($BUILDLOG)"
 
 # 3. the two sanitizer suites at once
-: >"$TSANLOG"
 eval "set -- ${TSAN_TESTS:-}"
-setsid -w sh -c 'KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build/tsan/tests/kolo-tests "$@"
-                 echo $? >"$0"' "$RC/tsan" "$@" >>"$TSANLOG" 2>&1 &
-bg=$!
+lane_start tsan "$TSANLOG" env KT_TIMEOUT_SCALE=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  build/tsan/tests/kolo-tests "$@"
 echo "== the TSan suite runs beside the ASan suite: its output goes to $TSANLOG, printed below when the ASan suite is done"
 eval "set -- ${ASAN_TESTS:-}"
 KT_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$(pwd)/tests/lsan-suppressions.txt build/asan/tests/kolo-tests "$@"
-echo $? >"$RC/asan"
-echo "== the ASan suite is done (exit $(cat "$RC/asan")); the TSan suite's output:"
-tail -n +1 -f --pid="$bg" "$TSANLOG"
-wait "$bg"
-bg=""
+keep asan $?
+echo "== the ASan suite is done (exit $(kept asan)); the TSan suite's output:"
+lane_show "$TSANLOG"
 
 # 4. the install test
 $MAKE test-install
-echo $? >"$RC/install"
+keep install $?
 
-r() { cat "$RC/$1" 2>/dev/null || echo 1; }
-echo "== test-c: plain exit $(r plain), ASan exit $(r asan), TSan exit $(r tsan), install exit $(r install)"
-[ "$(r plain)" = 0 ] && [ "$(r asan)" = 0 ] && [ "$(r tsan)" = 0 ] && [ "$(r install)" = 0 ]
+echo "== test-c: plain exit $(kept plain), ASan exit $(kept asan), TSan exit $(kept tsan), install exit $(kept install)"
+[ "$(kept plain)" = 0 ] && [ "$(kept asan)" = 0 ] && [ "$(kept tsan)" = 0 ] && [ "$(kept install)" = 0 ]

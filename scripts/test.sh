@@ -21,36 +21,23 @@ MAKE=${MAKE:-make}
 O=${O:-build}
 mkdir -p "$O"
 PYLOG=$O/test-python.log
-RC=$(mktemp -d "${TMPDIR:-/tmp}/kolo-test.XXXXXX")
-py=""
-stop() {
-  [ -z "$py" ] || kill -TERM -"$py" "$py" 2>/dev/null
-  rm -rf "$RC"
-}
-trap 'stop; exit 130' INT TERM
-trap 'rm -rf "$RC"' EXIT
+. scripts/lanes.sh
 
 start=$(date +%s)
 if [ "${KOLO_TEST_LANES:-2}" = 1 ]; then
   $MAKE test-c-all
-  echo $? >"$RC/c"
+  keep c $?
   sh scripts/test-python.sh
-  echo $? >"$RC/python"
+  keep python $?
 else
-  # the Python lane, in a process group of its own (its pid) that an interrupted run ends whole
-  : >"$PYLOG"
-  setsid -w sh -c 'sh scripts/test-python.sh >>"$1" 2>&1; echo $? >"$2"' lane "$PYLOG" "$RC/python" &
-  py=$!
+  lane_start python "$PYLOG" sh scripts/test-python.sh
   echo "== the Python suites run beside the C suites: their output goes to $PYLOG, printed below when the C suites are done"
   $MAKE test-c-all
-  echo $? >"$RC/c"
-  echo "== C suites done after $(( $(date +%s) - start ))s (exit $(cat "$RC/c")); the Python suites' output:"
-  # what the Python lane has written so far, then the rest as it comes, until it ends
-  tail -n +1 -f --pid="$py" "$PYLOG"
-  wait "$py"
-  py=""
+  keep c $?
+  echo "== C suites done after $(( $(date +%s) - start ))s (exit $(kept c)); the Python suites' output:"
+  lane_show "$PYLOG"
 fi
-c=$(cat "$RC/c" 2>/dev/null || echo 1)
-p=$(cat "$RC/python" 2>/dev/null || echo 1)
+c=$(kept c)
+p=$(kept python)
 echo "== make test: C suites exit $c, Python suites exit $p, ${KOLO_TEST_LANES:-2} lane(s), $(( $(date +%s) - start ))s"
 [ "$c" = 0 ] && [ "$p" = 0 ]
