@@ -4,7 +4,8 @@ must get back, computed with NumPy in float64. A request is a dict; its "dtype" 
 name ("bfloat16" too), which each test maps to its framework's type.
 
 Kinds: "ar" allreduce, "ar_" in place, "grp" grouped allreduce, "ag" allgather (rows per rank),
-"bc" broadcast, "bc_" in place, "a2a" alltoall with splits, "rs" reducescatter. A binding without
+"gag" grouped allgather, "bc" broadcast, "bc_" in place, "a2a" alltoall with splits, "rs"
+reducescatter, "grs" grouped reducescatter. A binding without
 in-place operations leaves "ar_" and "bc_" out of its kinds."""
 
 import os
@@ -17,9 +18,10 @@ import numpy as np
 import adasum_ref
 from kolo.basics import Adasum, Average, Max, Min, Product, Sum
 
-KINDS = ["ar", "ar", "ar_", "grp", "ag", "bc", "bc_", "a2a", "rs"]
+KINDS = ["ar", "ar", "ar_", "grp", "ag", "gag", "bc", "bc_", "a2a", "rs", "grs"]
 OPS = [Sum, Average, Min, Max, Product]
-REDUCING = ("ar", "ar_", "grp", "rs")
+REDUCING = ("ar", "ar_", "grp", "rs", "grs")
+GROUPED = ("grp", "gag", "grs")
 
 
 def start(n):
@@ -98,11 +100,11 @@ def plan_one(rng, n, ps_members, dtypes, kinds=KINDS):
          "ntensors": rng.randint(2, 3), "keep": rng.random() < 0.2}
     if ps_members and rng.random() < 0.25:
         q["members"] = ps_members
-    if q["kind"] in ("ag", "bc", "bc_", "a2a"):
+    if q["kind"] in ("ag", "gag", "bc", "bc_", "a2a"):
         q["op"] = Sum
     if is_float(q["dtype"]) and q["op"] == Sum and q["kind"] in ("ar", "ar_", "grp") and rng.random() < 0.5:
         q["op"] = Adasum  # each tensor its own vector, fused or not
-    if is_float(q["dtype"]) and q["op"] in (Sum, Average, Adasum) and q["kind"] != "rs":
+    if is_float(q["dtype"]) and q["op"] in (Sum, Average, Adasum) and q["kind"] not in ("rs", "grs"):
         q["pre"], q["post"] = rng.choice([1.0, 0.5, 2.0]), rng.choice([1.0, 0.25, 4.0])
     size = rng.randrange(100)
     count = rng.randrange(64) if size < 70 else rng.randrange(64, 4096) if size < 95 else rng.randrange(65536, 300000)
@@ -153,17 +155,25 @@ def a2a_rows(q, src, dst):
     return (q["salt"] + 3 * src + dst) % 3
 
 
+def tensors(q):
+    """How many tensors request q has"""
+    return q["ntensors"] if q["kind"] in GROUPED else 1
+
+
+def ag_rows(q, t, m):
+    """The rows member m gives tensor t of allgather q"""
+    return q["rows"] + (m + t) % 2
+
+
 def inputs(q, r):
     """Rank r's input arrays for q (rows, width), as int64 or float64 values: one per tensor; an
     alltoall's one is its blocks for each member in turn, with a2a_splits(q, r)."""
     w = q["width"]
-    if q["kind"] == "grp":
-        return [values(q, t, r, q["rows"] * w).reshape(-1, w) for t in range(q["ntensors"])]
-    if q["kind"] == "ag":
-        return [values(q, 0, r, (q["rows"] + r % 2) * w).reshape(-1, w)]
+    if q["kind"] in ("ag", "gag"):
+        return [values(q, t, r, ag_rows(q, t, r) * w).reshape(-1, w) for t in range(tensors(q))]
     if q["kind"] == "a2a":
         return [np.concatenate([values(q, d, r, a2a_rows(q, r, d) * w).reshape(-1, w) for d in q["members"]])]
-    return [values(q, 0, r, q["rows"] * w).reshape(-1, w)]
+    return [values(q, t, r, q["rows"] * w).reshape(-1, w) for t in range(tensors(q))]
 
 
 def a2a_splits(q, r):
@@ -174,21 +184,19 @@ def expect(q, r):
     """What world rank r must get from request q: a list of arrays (grouped), or for an alltoall
     (output, received splits)."""
     mem, w = q["members"], q["width"]
-    if q["kind"] in ("ar", "ar_"):
-        return [reduced(q, 0, q["rows"])]
-    if q["kind"] == "grp":
-        return [reduced(q, t, q["rows"]) for t in range(q["ntensors"])]
-    if q["kind"] == "ag":
-        return [np.concatenate([values(q, 0, m, (q["rows"] + m % 2) * w).reshape(-1, w) for m in mem])]
+    if q["kind"] in ("ar", "ar_", "grp"):
+        return [reduced(q, t, q["rows"]) for t in range(tensors(q))]
+    if q["kind"] in ("ag", "gag"):
+        return [np.concatenate([values(q, t, m, ag_rows(q, t, m) * w).reshape(-1, w) for m in mem])
+                for t in range(tensors(q))]
     if q["kind"] in ("bc", "bc_"):
         return [values(q, 0, q["root"], q["rows"] * w).reshape(-1, w)]
     if q["kind"] == "a2a":
         blocks = [values(q, r, s, a2a_rows(q, s, r) * w).reshape(-1, w) for s in mem]
         return [np.concatenate(blocks)], [a2a_rows(q, s, r) for s in mem]
-    full = reduced(q, 0, q["rows"])  # rs
-    idx, m = mem.index(r), len(mem)
-    first = sum(q["rows"] // m + (k < q["rows"] % m) for k in range(idx))
-    return [full[first:first + q["rows"] // m + (idx < q["rows"] % m)]]
+    idx, m = mem.index(r), len(mem)  # rs, grs
+    first, mine = sum(q["rows"] // m + (k < q["rows"] % m) for k in range(idx)), q["rows"] // m + (idx < q["rows"] % m)
+    return [reduced(q, t, q["rows"])[first:first + mine] for t in range(tensors(q))]
 
 
 def check(q, got, want, what):

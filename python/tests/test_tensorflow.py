@@ -290,6 +290,10 @@ def _mix_run(q, r, name, ps):
         return hvd.grouped_allreduce(ins, **red, **kw)
     if q["kind"] == "ag":
         return [hvd.allgather(ins[0], **kw)]
+    if q["kind"] == "gag":
+        return hvd.grouped_allgather(ins, **kw)
+    if q["kind"] == "grs":
+        return hvd.grouped_reducescatter(ins, op=q["op"], **kw)
     if q["kind"] == "bc":
         x = ins[0] if r == q["root"] else tf.cast(tf.fill([q["rows"], q["width"]], 99.0), dtype)
         return [hvd.broadcast(x, q["root"], **kw)]
@@ -313,9 +317,9 @@ def _mix_check(q, r, got, what):
 
 def test_random_mix_of_ops_in_each_ranks_order():
     """The collectives at once, as python/tests/test_torch_ops.py's mix runs them (mix_ref.py: every
-    dtype and op, Adasum, scale factors, grouped allreduces, rows per rank, alltoall splits, a
-    process set beside the world under the same names, names reused with other kinds and shapes
-    every step). kolo.tensorflow's eager ops block, so each rank runs a step's operations in threads
+    dtype and op, Adasum, scale factors, grouped allreduces, allgathers and reducescatters, rows
+    per rank, alltoall splits, a process set beside the world under the same names, names reused
+    with other kinds and shapes every step). kolo.tensorflow's eager ops block, so each rank runs a step's operations in threads
     of its own, started in its own order with its own pauses; a quarter of the steps run them in
     one tf.function instead (in program order, the same on every rank). Every element is checked,
     and some outputs are kept and checked again after every step (their memory is kolo._pool's)."""
@@ -1248,11 +1252,12 @@ def test_keras_example_learns(tmp_path, how):
 
 
 @pytest.mark.standalone
-@pytest.mark.parametrize("seed", [14, 1], ids=["before-a-function", "waiting-for-a-thread"])
+@pytest.mark.parametrize("seed", [31, 44], ids=["before-a-function", "in-a-thread"])
 def test_a_rank_that_dies_in_the_mix_is_named_by_every_survivor(seed):
     """test_random_mix_a_rank_dies in a job of 3 ranks of its own: one of them dies in a step
-    (seed 14: before its tf.function's call, while the others run theirs; seed 1: while it waits
-    for one of its threads' operations), and the two others pass it."""
+    (seed 31: before its tf.function's call, while the others run theirs; seed 44: in one of its
+    threads, before its operation, while other threads of it are in theirs), and the two others
+    pass it."""
     kolorun = os.path.join(ROOT, "build", "bin", "kolorun")
     mix_ref.run_kill_job(kolorun, sys.executable, os.path.join(ROOT, "python", "tests", "test_tensorflow.py"), 3, seed,
                          60, dict(os.environ, PYTHONPATH=pythonpath(os.path.join(ROOT, "python"))))

@@ -545,7 +545,13 @@ def _mix_submit(q, r, name, ps):
         return hvd.grouped_allreduce_async(xs, name=name, op=q["op"], prescale_factor=q["pre"],
                                            postscale_factor=q["post"], **kw), None
     if q["kind"] == "ag":
-        return hvd.allgather_async(_mix_tensor(q, 0, r, q["rows"] + r % 2), name=name, **kw), None
+        return hvd.allgather_async(_mix_tensor(q, 0, r, mix_ref.ag_rows(q, 0, r)), name=name, **kw), None
+    if q["kind"] == "gag":
+        xs = [_mix_tensor(q, t, r, mix_ref.ag_rows(q, t, r)) for t in range(q["ntensors"])]
+        return hvd.grouped_allgather_async(xs, name=name, **kw), None
+    if q["kind"] == "grs":
+        xs = [_mix_tensor(q, t, r, q["rows"]) for t in range(q["ntensors"])]
+        return hvd.grouped_reducescatter_async(xs, name=name, op=q["op"], **kw), None
     if q["kind"] in ("bc", "bc_"):
         dtype = MIX_DTYPES[q["dtype"]]
         x = _mix_tensor(q, 0, r, q["rows"]) if r == q["root"] else torch.full((q["rows"], w), 99).to(dtype)
@@ -566,8 +572,8 @@ def _mix_check(q, got, want, what):
 
 def test_random_mix_of_async_ops_in_each_ranks_order():
     """Every async operation at once, as a training step issues them: allreduces in and out of
-    place and grouped (Adasum too), allgathers with rows per rank, broadcasts in and out of place, alltoalls
-    with splits, reducescatters; every dtype and op, scale factors, non-contiguous inputs, a
+    place and grouped (Adasum too), allgathers with rows per rank, alone and grouped, broadcasts in
+    and out of place, alltoalls with splits, reducescatters alone and grouped; every dtype and op, scale factors, non-contiguous inputs, a
     quarter on a process set beside the world under the same names, names reused with new kinds
     and shapes every step. Each rank submits in its own order, dropping its out-of-place inputs at
     once (the binding must hold them), polls some, and waits in another order; every element is
