@@ -9,7 +9,6 @@ other two re-form the job with new ranks (the launcher's part played by the test
 a real elastic kolorun job grows from 2 workers to 3 in the middle of an epoch and the new worker gets
 the state."""
 
-import ctypes
 import json
 import math
 import os
