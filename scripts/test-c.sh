@@ -16,7 +16,10 @@
 # what it needs, scaled by KT_TIMEOUT_SCALE under the sanitizers), and share nothing: every test
 # makes its own scratch directory, every job picks its ports with port 0 and names its shared
 # memory by job id. The multihost tests, which set up network namespaces, run in the plain
-# suite only (ASAN_TESTS, TSAN_TESTS in the Makefile leave them out).
+# suite only (ASAN_TESTS, TSAN_TESTS in the Makefile leave them out). So overlapped, the C lane
+# took 760 and 798 s instead of 1040, and `make test` 12 m 57 s and 13 m 35 s (2 runs), the two
+# lanes ending together; no test came near its deadline (at most 30 % of it, plain; 8 % under
+# the sanitizers).
 #
 # ASAN_TESTS and TSAN_TESTS (from the Makefile): the suites' test selections, as shell words.
 # Exits non-zero when any part failed; the last line says which.
