@@ -1965,12 +1965,14 @@ static void garbled_description(int rank, void *arg)
 KT_TEST(engine_garbled_descriptions_name_the_sender, 60)
 {
     static const garble_case cases[] = {
-        {KOLO__GARBLE_NEGATIVE_DIM, 'g', "'garbled': shape [-3, 4], a negative dimension"},
-        {KOLO__GARBLE_HUGE, 'g', "'garbled': shape [70368744177664, 4], more than 2^48 bytes"},
-        {KOLO__GARBLE_ROOT, 'b', "'garbled': root 8 of 3 ranks"},
-        {KOLO__GARBLE_NEGATIVE_SPLIT, 'a', "'garbled': splits[0] is -1 (of 3 rows)"},
-        {KOLO__GARBLE_SPLITS_OVER, 'a', "'garbled': splits[2] is 5 (of 3 rows)"},
-        {KOLO__GARBLE_OP, 'r', "'garbled': allreduce by adasum of int32"},
+        {KOLO__GARBLE_NEGATIVE_DIM, 'g', "'garbled': dimension 0 is negative (-3)"},
+        {KOLO__GARBLE_HUGE, 'g',
+         "'garbled': the tensor is too large (shape [70368744177664, 4]: more than 2^48 bytes)"},
+        {KOLO__GARBLE_ROOT, 'b', "'garbled': root 8 is not a rank of process set 0 (size 3)"},
+        {KOLO__GARBLE_NEGATIVE_SPLIT, 'a', "'garbled': splits[0] is negative (-1)"},
+        {KOLO__GARBLE_SPLITS_OVER, 'a',
+         "'garbled': the splits add up to more than the first dimension 3 (2 rows, then 5)"},
+        {KOLO__GARBLE_OP, 'r', "'garbled': op adasum is not defined for dtype int32"},
         {KOLO__GARBLE_RECORD, 'r', NULL},
         {KOLO__GARBLE_NAME_LENGTH, 'r', NULL},
     };

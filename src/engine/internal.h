@@ -310,6 +310,10 @@ void kolo__req_complete(kolo_request_t *r, int status, const char *msg);
  * (one wake-up). Takes over the array's contents. */
 void kolo__req_complete_ok(kolo_request_t **rs, size_t n);
 void kolo__req_unref(kolo_request_t *r);
+/* What is wrong with description d of a set of n ranks (id pset) and its alltoall splits (n
+ * int64 as bytes, or NULL), written into buf, or NULL: checked at submission and on every
+ * member's description in a negotiation (request.c). */
+const char *kolo__desc_problem(const kolo__desc *d, const void *splits, int n, int pset, char *buf, size_t cap);
 /* Outputs the engine allocates for a request (allgather, alltoall, reducescatter), from blocks
  * kept from call to call (request.c): *bytes in, the block's size (as large or larger) out;
  * kolo__out_clear frees the idle ones (kolo_shutdown). */

@@ -31,7 +31,6 @@
  * the others through its next blob, so that every member applies them in the same cycle. */
 #include "internal.h"
 
-#include "../reduce/reduce.h"
 #include "../trace/trace.h"
 
 #include <stdio.h>
@@ -710,58 +709,6 @@ static void tick(const kolo__pset_state *s, kolo__trace_seq *q, const char *name
     kolo__trace_seq_mark(q, name, wrank(s, r));
 }
 
-/* A member's description has passed its submission's checks (request.c); one that could not
- * have was garbled on its way or comes from a build that writes other bytes, and the sizes the
- * collective would take from it would be wrong (an allgather's output, an alltoall's blocks).
- * Returns what is wrong with d (its splits at SPLITS, unaligned), or NULL. */
-static const char *desc_problem(const kolo__pset_state *s, const kolo__desc *d, const unsigned char *splits,
-                                char *buf, size_t cap)
-{
-    size_t count = 1, limit = ((size_t)1 << 48) / kolo_dtype_size((kolo_dtype_t)d->dtype);
-    for (int i = 0; i < d->ndim; i++) {
-        int64_t v = d->dims[i];
-        if (v < 0 || (v && count > limit / (size_t)v)) {
-            char sh[200];
-            snprintf(buf, cap, "shape %s%s", kolo__shape_str(d->dims, d->ndim, sh, sizeof(sh)),
-                     v < 0 ? ", a negative dimension" : ", more than 2^48 bytes");
-            return buf;
-        }
-        count *= (size_t)v;
-    }
-    bool reduces = d->kind == KOLO__ALLREDUCE || d->kind == KOLO__REDUCESCATTER;
-    if (reduces && (!kolo__op_valid((kolo_dtype_t)d->dtype, (kolo_op_t)d->op) ||
-                    (d->op == KOLO_ADASUM && d->kind != KOLO__ALLREDUCE))) {
-        snprintf(buf, cap, "%s by %s of %s", kolo__kind_lower[d->kind], kolo_op_name((kolo_op_t)d->op),
-                 kolo_dtype_name((kolo_dtype_t)d->dtype));
-        return buf;
-    }
-    if (reduces && (!(d->pre - d->pre == 0) || !(d->post - d->post == 0))) {
-        snprintf(buf, cap, "scale factors %g and %g", d->pre, d->post);
-        return buf;
-    }
-    if (d->ndim == 0 && d->kind != KOLO__ALLREDUCE && d->kind != KOLO__BROADCAST && d->kind < KOLO__JOIN) {
-        snprintf(buf, cap, "%s of a scalar", kolo__kind_lower[d->kind]);
-        return buf;
-    }
-    if (d->kind == KOLO__BROADCAST && (d->root < 0 || d->root >= s->n)) {
-        snprintf(buf, cap, "root %d of %d ranks", d->root, s->n);
-        return buf;
-    }
-    if (d->kind == KOLO__ALLTOALL) {
-        int64_t sum = 0;
-        for (int i = 0; i < s->n; i++) {
-            int64_t v;
-            memcpy(&v, splits + (size_t)i * 8, 8);
-            if (v < 0 || v > d->dims[0] - sum) {
-                snprintf(buf, cap, "splits[%d] is %lld (of %lld rows)", i, (long long)v, (long long)d->dims[0]);
-                return buf;
-            }
-            sum += v;
-        }
-    }
-    return NULL;
-}
-
 static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t len, kolo__trace_seq *q)
 {
     reader rd = {p, p + len, 0};
@@ -799,8 +746,8 @@ static int parse_var(kolo__pset_state *s, int r, const unsigned char *p, size_t 
                 for (int i = 0; i < s->n; i++) get(&rd, skip, 8);
             }
             if (rd.bad) break;
-            char buf[160];
-            const char *why = desc_problem(s, &d, splits, buf, sizeof(buf));
+            char buf[256]; /* a description no submission could have made: garbled on its way */
+            const char *why = kolo__desc_problem(&d, splits, s->n, s->id, buf, sizeof(buf));
             if (why)
                 return kolo__err(KOLO_ERR_PROTOCOL,
                                  "rank %d sent a malformed negotiation message for process set %d: '%s': %s",

@@ -475,6 +475,72 @@ static int check_running(const char *fn)
     return KOLO_OK;
 }
 
+/* What a description must be, checked at submission and again by every member of a set for every
+ * other member's (negotiate.c): there, a description that fails was garbled on its way, and the
+ * sizes a collective takes from it (an allgather's output, an alltoall's blocks) would be wrong.
+ * SPLITS: an alltoall's n splits as bytes (unaligned in a message), or NULL for its default ones;
+ * PSET: the set's id, for the message. Writes what is wrong into buf and returns it, or NULL. */
+const char *kolo__desc_problem(const kolo__desc *d, const void *splits, int n, int pset, char *buf, size_t cap)
+{
+    int k = d->kind;
+    if (k == KOLO__JOIN || k == KOLO__BARRIER) return NULL;
+    bool reduces = k == KOLO__ALLREDUCE || k == KOLO__REDUCESCATTER;
+    if (reduces && !kolo__op_valid((kolo_dtype_t)d->dtype, (kolo_op_t)d->op)) {
+        snprintf(buf, cap, "op %s is not defined for dtype %s", kolo_op_name((kolo_op_t)d->op),
+                 kolo_dtype_name((kolo_dtype_t)d->dtype));
+        return buf;
+    }
+    if (reduces && d->op == KOLO_ADASUM && k != KOLO__ALLREDUCE) {
+        snprintf(buf, cap, "op adasum is defined for allreduce only");
+        return buf;
+    }
+    if (reduces && (!(d->pre - d->pre == 0) || !(d->post - d->post == 0))) {
+        snprintf(buf, cap, "scale factors must be finite (prescale %g, postscale %g)", d->pre, d->post);
+        return buf;
+    }
+    size_t count = 1, limit = ((size_t)1 << 48) / kolo_dtype_size((kolo_dtype_t)d->dtype);
+    for (int i = 0; i < d->ndim; i++) {
+        int64_t v = d->dims[i];
+        if (v < 0) {
+            snprintf(buf, cap, "dimension %d is negative (%lld)", i, (long long)v);
+            return buf;
+        }
+        if (v && count > limit / (size_t)v) {
+            char sh[200];
+            snprintf(buf, cap, "the tensor is too large (shape %s: more than 2^48 bytes)",
+                     kolo__shape_str(d->dims, d->ndim, sh, sizeof(sh)));
+            return buf;
+        }
+        count *= (size_t)v;
+    }
+    if (k != KOLO__ALLREDUCE && k != KOLO__BROADCAST && d->ndim == 0) {
+        snprintf(buf, cap, "a %s needs a tensor of at least one dimension", kolo__kind_lower[k]);
+        return buf;
+    }
+    if (k == KOLO__BROADCAST && (d->root < 0 || d->root >= n)) {
+        snprintf(buf, cap, "root %d is not a rank of process set %d (size %d)", d->root, pset, n);
+        return buf;
+    }
+    if (k == KOLO__ALLTOALL && splits) {
+        int64_t sum = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, (const unsigned char *)splits + (size_t)i * 8, 8);
+            if (v < 0) {
+                snprintf(buf, cap, "splits[%d] is negative (%lld)", i, (long long)v);
+                return buf;
+            }
+            if (v > d->dims[0] - sum) { /* (not sum + v > dims[0]: that may overflow) */
+                snprintf(buf, cap, "the splits add up to more than the first dimension %lld (%lld rows, then %lld)",
+                         (long long)d->dims[0], (long long)sum, (long long)v);
+                return buf;
+            }
+            sum += v;
+        }
+    }
+    return NULL;
+}
+
 /* Validates one submission and makes its request (name still NULL when unnamed). */
 static int build(const sub *s, kolo_request_t **out)
 {
@@ -494,21 +560,12 @@ static int build(const sub *s, kolo_request_t **out)
     d.kind = (uint8_t)k;
     d.pre = d.post = 1.0;
     snprintf(d.device, sizeof(d.device), "%s", device);
-    size_t count = 0;
     if (data) {
         if ((unsigned)s->dtype >= KOLO_DTYPE_COUNT)
             return kolo__err(KOLO_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)s->dtype);
         if (reduces) {
             if ((unsigned)s->op >= KOLO_OP_COUNT)
                 return kolo__err(KOLO_ERR_INVALID_ARG, "%s: unknown reduction op %d", fn, (int)s->op);
-            if (!kolo__op_valid(s->dtype, s->op))
-                return kolo__err(KOLO_ERR_INVALID_ARG, "%s: op %s is not defined for dtype %s", fn, kolo_op_name(s->op),
-                                 kolo_dtype_name(s->dtype));
-            if (s->op == KOLO_ADASUM && k != KOLO__ALLREDUCE)
-                return kolo__err(KOLO_ERR_INVALID_ARG, "%s: op adasum is defined for allreduce only", fn);
-            if (!(s->pre - s->pre == 0) || !(s->post - s->post == 0))
-                return kolo__err(KOLO_ERR_INVALID_ARG, "%s: scale factors must be finite (prescale %g, postscale %g)",
-                                 fn, s->pre, s->post);
             d.op = (uint8_t)s->op;
             d.pre = s->pre;
             d.post = s->post;
@@ -518,33 +575,24 @@ static int build(const sub *s, kolo_request_t **out)
             return kolo__err(KOLO_ERR_INVALID_ARG, "%s: ndim %d is not in [0, %d]", fn, s->shape->ndim, KOLO_MAX_DIMS);
         d.dtype = (uint8_t)s->dtype;
         d.ndim = (uint8_t)s->shape->ndim;
-        count = 1;
-        size_t limit = ((size_t)1 << 48) / kolo_dtype_size(s->dtype);
-        for (int i = 0; i < d.ndim; i++) {
-            int64_t v = s->shape->dims[i];
-            if (v < 0) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: dimension %d is negative (%lld)", fn, i, (long long)v);
-            d.dims[i] = v;
-            if (v && count > limit / (size_t)v)
-                return kolo__err(KOLO_ERR_INVALID_ARG, "%s: the tensor is too large", fn);
-            count *= (size_t)v;
-        }
-        if (k != KOLO__ALLREDUCE && k != KOLO__BROADCAST && d.ndim == 0)
-            return kolo__err(KOLO_ERR_INVALID_ARG, "%s: a %s needs a tensor of at least one dimension", fn,
-                             kolo__kind_lower[k]);
-        if (count && !s->send && k != KOLO__BROADCAST)
-            return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
-        if (count && !s->recv && (k == KOLO__ALLREDUCE || k == KOLO__BROADCAST))
-            return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, k == KOLO__BROADCAST ? "buf" : "recvbuf");
+        memcpy(d.dims, s->shape->dims, (size_t)d.ndim * sizeof(d.dims[0]));
     }
     int n = 0;
     int st = set_info(fn, pset, &n);
     if (st) return st;
-    if (k == KOLO__BROADCAST) {
-        if (s->root < 0 || s->root >= n)
-            return kolo__err(KOLO_ERR_INVALID_ARG, "%s: root %d is not a rank of process set %d (size %d)", fn, s->root,
-                             pset, n);
-        d.root = s->root;
-    }
+    d.root = k == KOLO__BROADCAST ? s->root : 0;
+    char why[256];
+    /* what every member checks of every other's description too (negotiate.c) */
+    if (kolo__desc_problem(&d, s->splits, n, pset, why, sizeof(why)))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s", fn, why);
+    size_t count = data ? kolo__desc_count(&d) : 0;
+    if (count && !s->send && k != KOLO__BROADCAST) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
+    if (count && !s->recv && (k == KOLO__ALLREDUCE || k == KOLO__BROADCAST))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, k == KOLO__BROADCAST ? "buf" : "recvbuf");
+    if (k == KOLO__ALLTOALL && !s->splits && d.dims[0] % n)
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "%s: splits not given, but the first dimension (%lld) is not a multiple of the set's size %d",
+                         fn, (long long)d.dims[0], n);
     kolo_request_t *r = kolo__calloc(1, sizeof(*r));
     if (!r) return kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory for a request", fn);
     if (k == KOLO__ALLTOALL) {
@@ -554,24 +602,7 @@ static int build(const sub *s, kolo_request_t **out)
             return kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory for splits", fn);
         }
         r->nsplits = n;
-        int64_t sum = 0;
-        for (int i = 0; i < n; i++) {
-            int64_t v = s->splits ? s->splits[i] : d.dims[0] / n;
-            if (v < 0) st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: splits[%d] is negative (%lld)", fn, i, (long long)v);
-            r->splits[i] = v;
-            sum += v;
-        }
-        if (!st && !s->splits && d.dims[0] % n)
-            st = kolo__err(KOLO_ERR_INVALID_ARG,
-                           "%s: splits not given, but the first dimension (%lld) is not a multiple of the set's size %d",
-                           fn, (long long)d.dims[0], n);
-        if (!st && sum > d.dims[0])
-            st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: the splits add up to %lld rows, more than the first dimension %lld",
-                           fn, (long long)sum, (long long)d.dims[0]);
-        if (st) {
-            req_free(r);
-            return st;
-        }
+        for (int i = 0; i < n; i++) r->splits[i] = s->splits ? s->splits[i] : d.dims[0] / n;
     }
     if (s->name && !(r->name = kolo__strdup(s->name))) {
         req_free(r);
