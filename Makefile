@@ -162,7 +162,7 @@ TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exi
   '!zero_copy_allreduce' '!adasum_matches_the_tree' '!big_buffers' '!conformance_shm_np7' '!conformance_shm_np8' \
   '!many_ranks_' '!choices_flip_in_a_random_mix' '!engine_random_mix_autotuned' '!engine_random_mix_across' \
   '!engine_random_mix_with' '!engine_random_mix_crowded' '!engine_random_mix_other' '!engine_random_mix_a_rank' \
-  '!kolorun_elastic_engine_mix' '!shm_auto_follows' '!shm_auto_keeps' '!shm_auto_chooses' '!out_stores_follow' \
+  '!kolorun_elastic_engine_mix' '!shm_auto_follows' '!shm_auto_chooses' '!out_stores_follow' \
   '!shm_far_follows' '!direct_choice_' '!follows_timings' '!follow_timings' '!follow_call_timings' \
   '!follows_call_timings'
 
