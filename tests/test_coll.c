@@ -1656,6 +1656,21 @@ KT_TEST(zero_copy_allreduce, 120)
     KT_EQ(kt_job(3, zero_copy, NULL, NULL, NULL), 0);
 }
 
+/* What the choice tests add to each call of the way they slow down: 30 ms, stretched with
+ * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */
+static uint64_t choice_delay_ns(void)
+{
+    return (uint64_t)(30e6 * kt_timeout_scale());
+}
+
+/* At least `floor_ns`, and three times the slowest call any rank timed (call_s, this rank's
+ * slowest of a few), so that the slowed way stays the slow one on a machine busy besides. */
+static uint64_t delay_over_calls(double call_s, uint64_t floor_ns)
+{
+    KT_OK(kolo_allreduce(&call_s, &call_s, 1, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD));
+    return (uint64_t)fmax((double)floor_ns, 3 * call_s * 1e9);
+}
+
 /* Mapped, in place and out of place, the results are stored through the cache or around it, as
  * member 0 chooses: both ways exact (each forced, uneven blocks, a postscaled average too), and the choice
  * follows the timings: a hook makes one way slower per call, by 30 ms or three times the slowest
@@ -1704,8 +1719,7 @@ static void store_choice(int rank, void *arg)
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD));
         call_s = fmax(call_s, kt_now() - t0);
     }
-    KT_OK(kolo_allreduce(&call_s, &call_s, 1, KOLO_FLOAT64, KOLO_MAX, 1, 1, KOLO_WORLD));
-    uint64_t delay_ns = (uint64_t)fmax(30e6, 3 * call_s * 1e9);
+    uint64_t delay_ns = delay_over_calls(call_s, 30000000);
     for (int ip = 0; ip < 2; ip++) {
         for (int slow = 0; slow < 2; slow++) {
             memset(m->direct_store, 0, sizeof(m->direct_store));
@@ -1885,19 +1899,14 @@ static kolo__mesh *crowded_mesh(int rank)
     return NULL;
 }
 
-/* What the choice tests add to each call of the way they slow down: 30 ms, stretched with
- * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */
-static uint64_t choice_delay_ns(void)
-{
-    return (uint64_t)(30e6 * kt_timeout_scale());
-}
-
 /* With KOLO_SHM_CMA=auto, member 0 keeps the way its timings favour: a hook makes one way 30 ms
  * slower per call, and the other must carry at least 8 of the last 12 calls (the slow way runs
  * only in the first calls and in probes of 2 calls). Then the other way is the slow one, from a fresh
  * choice. Skips (saying so) where the pair cannot read by CMA. The delay grows with
- * KT_TIMEOUT_SCALE: under TSan a 4 MiB call takes ~30 ms itself, and a loaded machine once let
- * the slowed way win 10 of 12 there. */
+ * KT_TIMEOUT_SCALE (under TSan a 4 MiB call takes ~30 ms itself, and a loaded machine once let
+ * the slowed way win 10 of 12 there) and with the calls' own time: at 4 ranks with three busy
+ * loops besides (some task waited for a CPU 1.2 s of the test's 1.5), direct slowed by 30 ms
+ * still won 9 of 12 calls. */
 static void direct_choice(int rank, void *arg)
 {
     kolo__mesh *m = arg ? crowded_mesh(rank) : choosing_mesh(rank);
@@ -1906,7 +1915,13 @@ static void direct_choice(int rank, void *arg)
     float *a = malloc(count * 4), *b = malloc(count * 4);
     KT_ASSERT(a && b);
     for (size_t i = 0; i < count; i++) a[i] = 1;
-    uint64_t delay_ns = choice_delay_ns();
+    double call_s = 0; /* the slowest of a few calls; the choice starts afresh below */
+    for (int call = 0; call < 4; call++) {
+        double t0 = kt_now();
+        KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+        call_s = fmax(call_s, kt_now() - t0);
+    }
+    uint64_t delay_ns = delay_over_calls(call_s, choice_delay_ns());
     for (int slow = 0; slow < 2; slow++) {
         memset(m->direct, 0, sizeof(m->direct));
         kolo__direct_test_delay(slow, delay_ns);
