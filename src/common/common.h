@@ -85,6 +85,24 @@ void kolo__free(void *p);
 /* true when the Nth-send failure hook fires for this send */
 bool kolo__inject_send_failure(void);
 
+/* ---- JSON (json.c) ----------------------------------------------------------------
+ * kolo__json_str writes bytes s[0..n) through put as one JSON string: it escapes what JSON
+ * requires and writes U+FFFD for bytes that are not well-formed UTF-8 (the rules Python's
+ * decoder applies; kolo__utf8_len gives a sequence's length at p, or 0). A kolo__sbuf grows as
+ * text is appended (zeroed to start); when memory runs out it stops growing and sets oom. */
+typedef void (*kolo__put_fn)(void *ctx, const char *s, size_t n);
+size_t kolo__utf8_len(const unsigned char *p, size_t n);
+void kolo__json_str(kolo__put_fn put, void *ctx, const char *s, size_t n);
+typedef struct kolo__sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} kolo__sbuf;
+void kolo__sb_put(void *ctx, const char *s, size_t n); /* a kolo__put_fn; ctx is the kolo__sbuf */
+void kolo__sb_printf(kolo__sbuf *b, const char *fmt, ...) KOLO_PRINTF(2, 3);
+void kolo__sb_jstr(kolo__sbuf *b, const char *s);
+void kolo__sb_free(kolo__sbuf *b);
+
 /* ---- File descriptors ------------------------------------------------------------
  * Makes room for `need` more open files than this process holds now: raises the soft
  * RLIMIT_NOFILE (by need) where it is short and the hard limit allows, else fails with

@@ -465,67 +465,14 @@ size_t kolo__trace_format_ts(char out[32], uint64_t ns)
     return n;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (the rules Python's decoder applies: no
- * overlong forms, no surrogates, nothing above U+10FFFF), or 0. */
-static size_t utf8_len(const unsigned char *p, size_t n)
+static void put_cb(void *ctx, const char *s, size_t n)
 {
-    unsigned c = p[0];
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return 0;
-    if (n < len || p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-    return len;
+    (void)ctx;
+    put(s, n);
 }
 
-/* A JSON string of the bytes s[0..n): escapes what JSON requires, and writes U+FFFD for
- * bytes that are not UTF-8 (a name cut inside a character, or just not text). */
-static void put_jstr(const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *p = (const unsigned char *)s;
-    PUTS("\"");
-    for (size_t i = 0; i < n;) {
-        size_t j = i; /* a run of printable ASCII that needs no escape goes out in one copy */
-        while (j < n && p[j] >= 0x20 && p[j] < 0x80 && p[j] != '"' && p[j] != '\\') j++;
-        if (j > i) {
-            put(s + i, j - i);
-            i = j;
-            continue;
-        }
-        unsigned c = p[i];
-        if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            put(e, 2);
-            i++;
-        } else if (c < 0x20) {
-            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            if (c == '\n') PUTS("\\n");
-            else if (c == '\t') PUTS("\\t");
-            else if (c == '\r') PUTS("\\r");
-            else put(e, 6);
-            i++;
-        } else {
-            size_t k = utf8_len(p + i, n - i);
-            if (k) put(s + i, k);
-            else PUTS("\\ufffd");
-            i += k ? k : 1;
-        }
-    }
-    PUTS("\"");
-}
+/* A JSON string of the bytes s[0..n) (kolo__json_str). */
+static void put_jstr(const char *s, size_t n) { kolo__json_str(put_cb, NULL, s, n); }
 
 /* ---- A validator for the args the engine hands us ----
  * args is the body of a JSON object. A malformed one would make the whole file unreadable,
@@ -599,7 +546,7 @@ static bool jv_string(jv *v)
             }
             continue;
         }
-        size_t k = utf8_len(v->p, (size_t)(v->e - v->p));
+        size_t k = kolo__utf8_len(v->p, (size_t)(v->e - v->p));
         if (!k) return false;
         v->p += k;
     }
