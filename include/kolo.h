@@ -433,6 +433,30 @@ typedef struct kolo_engine_params {
 } kolo_engine_params_t;
 KOLO_EXTERN int kolo_engine_params(kolo_engine_params_t *out);
 
+/* This rank's status as one JSON object: what it is doing and whom it waits for, for health
+ * checks and for finding the rank a stuck job waits on. Callable from any thread while kolo is
+ * initialized, also while other threads of the program are blocked in kolo (that is when it
+ * is most useful); it waits half a second at most, for the engine thread. Writes at most cap
+ * bytes, NUL-terminated, into buf and returns the length of the whole object (like snprintf:
+ * call again with a larger buffer if it is >= cap), or a negative status. The members:
+ *   rank, size, local_rank, host, pid, time (Unix seconds);
+ *   failed: the first job error this rank has seen (a lost peer, a timeout), or null;
+ *   direct: the direct collective a thread runs now, or null: {call ("kolo_allreduce", ...),
+ *     process_set, seconds, waiting_for};
+ *   engine: null when the engine does not run, else {down (why it stopped, or null), cycle_ms,
+ *     fusion_threshold, process_sets, activity, waiting_for}. process_sets: for each set this
+ *     rank holds, {id, ranks (world ranks), pending: the tensors some members have submitted
+ *     and others not yet, each {name, kind, seconds since some member submitted it,
+ *     submitted_by, missing (world ranks)}, more (pending tensors not listed past 64),
+ *     held_here (this rank's requests in the set), joined}; null if the engine thread did not
+ *     answer in time (it is inside a cycle: see activity). activity: {doing ("waiting for the
+ *     next cycle", "negotiating", "running"), process_set, seconds, and while running: tensor,
+ *     fused_with (other requests in the same collective), answered};
+ *   waiting_for (direct and engine): null, or, for a wait that has gone a liveness check (1-10
+ *     ms) without progress, {ranks (the first 8), ranks_in_all, seconds_without_progress}.
+ * With KOLO_STATUS_SIGNAL=USR1 (or USR2) set, every rank writes it to stderr on that signal. */
+KOLO_EXTERN int kolo_status_json(char *buf, size_t cap);
+
 /* ---- Testing hooks ------------------------------------------------------------
  * For tests that prove failure paths: make the Nth allocation (counting from
  * 1 at this call) or the Nth transport send made BY THE CALLING THREAD fail

@@ -1326,6 +1326,214 @@ KT_TEST(engine_stall_of_an_unnamed_request_says_why, 30)
     remove_dir(dir);
 }
 
+/* ---- status (kolo_status_json) ---- */
+
+#define STATUS_CAP 65536
+
+/* This rank's status, into a buffer of STATUS_CAP (static: one at a time). */
+static const char *status_now(void)
+{
+    static char s[STATUS_CAP];
+    int n = kolo_status_json(s, sizeof(s));
+    KT_ASSERTF(n > 0 && n < STATUS_CAP, "kolo_status_json -> %d: %s", n, kolo_last_error());
+    KT_EQ(strlen(s), (size_t)n);
+    return s;
+}
+
+/* Whether status s lists `name` as pending with `tail` after its "seconds" */
+static bool status_lists(const char *s, const char *name, const char *tail)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "{\"name\":\"%s\",\"kind\":\"allreduce\",\"seconds\":", name);
+    const char *p = strstr(s, key), *end = p ? strchr(p, '}') : NULL, *t = p ? strstr(p, tail) : NULL;
+    return t && t < end;
+}
+
+/* Rank 0's status once it lists both names with `tail` (10 s at most): the engine thread routes a
+ * request at its next cycle, so another rank's report of a name may come first. */
+static const char *status_until(const char *a, const char *b, const char *tail)
+{
+    const char *s = status_now();
+    for (int i = 0; i < 200 && !(status_lists(s, a, tail) && status_lists(s, b, tail)); i++) {
+        usleep(50000);
+        s = status_now();
+    }
+    KT_ASSERTF(status_lists(s, a, tail) && status_lists(s, b, tail), "no %s and %s with %s in the status: %s", a, b,
+               tail, s);
+    return s;
+}
+
+/* Two tensors ranks 0 and 1 have submitted and rank 2 not: one negotiated before ("warm", seen
+ * through the response cache's bits) and one new ("late.one", a description). Rank 0's status
+ * lists both under the world, each missing rank 2, with nothing in a direct collective; once
+ * rank 2 submits them, nothing is pending. A buffer too short gets the start of the object, and
+ * the length of all of it. */
+static void status_pending(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[2] = {1, 1}, y[2], w[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a = NULL, *b = NULL;
+    KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    wait_ok(b);
+    kolo_request_release(b);
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank != 2) {
+        KT_OK(kolo_iallreduce("late.one", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    }
+    if (rank == 0) {
+        const char *s = status_until("late.one", "warm", "\"submitted_by\":[0,1],\"missing\":[2]}");
+        KT_CONTAINS(s, "{\"rank\":0,\"size\":3,");
+        KT_CONTAINS(s, "\"failed\":null,\"direct\":null,\"engine\":{\"down\":null,");
+        KT_CONTAINS(s, "\"process_sets\":[{\"id\":0,\"ranks\":[0,1,2],\"pending\":[");
+        KT_CONTAINS(s, "\"held_here\":2");
+        char small[16];
+        int n = kolo_status_json(small, sizeof(small));
+        KT_ASSERT(n > (int)sizeof(small));
+        KT_EQ(strcmp(small, "{\"rank\":0,\"size"), 0);
+        KT_EQ(kolo_status_json(NULL, 0) > 0, 1);
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank == 2) {
+        KT_OK(kolo_iallreduce("late.one", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        KT_OK(kolo_iallreduce("warm", x, w, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &b));
+    }
+    wait_ok(a);
+    wait_ok(b);
+    KT_ASSERT(y[0] == 3 && w[1] == 3);
+    kolo_request_release(a);
+    kolo_request_release(b);
+    if (rank == 0) {
+        const char *s = status_now();
+        KT_CONTAINS(s, "\"pending\":[],\"more\":0,\"held_here\":0");
+        KT_ASSERTF(!strstr(s, "late.one"), "a tensor done is still listed: %s", s);
+    }
+    KT_OK(kolo_shutdown());
+    KT_STATUS(kolo_status_json(NULL, 0), KOLO_ERR_NOT_INITIALIZED);
+}
+
+KT_TEST(status_lists_the_tensors_a_rank_has_not_submitted, 30)
+{
+    KT_EQ(kt_job(3, status_pending, NULL, NULL, NULL), 0);
+}
+
+/* While rank 0's thread waits in a direct allreduce for rank 1 (which comes 1.5 s late), another
+ * thread of rank 0 reads its status: the call, and rank 1 as the rank it waits for. */
+static void *status_reader(void *arg)
+{
+    usleep(600000);
+    snprintf(arg, STATUS_CAP, "%s", status_now());
+    return NULL;
+}
+
+static void status_direct(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[1000], y[1000];
+    for (int i = 0; i < 1000; i++) x[i] = 1;
+    static char s[STATUS_CAP];
+    pthread_t t;
+    if (rank == 0) KT_EQ(pthread_create(&t, NULL, status_reader, s), 0);
+    if (rank == 1) usleep(1500000);
+    KT_OK(kolo_allreduce(x, y, 1000, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(y[999] == 2);
+    if (rank == 0) {
+        KT_EQ(pthread_join(t, NULL), 0);
+        KT_CONTAINS(s, "\"direct\":{\"call\":\"kolo_allreduce\",\"process_set\":0,");
+        KT_CONTAINS(s, "\"waiting_for\":{\"ranks\":[1],\"ranks_in_all\":1,\"seconds_without_progress\":");
+        KT_CONTAINS(status_now(), "\"direct\":null");
+    }
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(status_names_the_rank_a_direct_collective_waits_for, 30)
+{
+    KT_EQ(kt_job(2, status_direct, NULL, NULL, NULL), 0);
+}
+
+/* Rank 1 stopped (SIGSTOP): rank 0's engine thread waits for it in the world's exchange and
+ * cannot answer; the status says so (the sets' tables null) and names rank 1. */
+static void status_engine_stuck(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int32_t pid = (int32_t)getpid(), pids[2];
+    KT_OK(kolo_allgather(&pid, 1, pids, NULL, KOLO_INT32, KOLO_WORLD));
+    float x[2] = {1, 1}, y[2];
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a;
+    if (rank == 0) {
+        KT_EQ(kill(pids[1], SIGSTOP), 0);
+        KT_OK(kolo_iallreduce("after.stop", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        usleep(300000);
+        const char *s = status_now();
+        KT_EQ(kill(pids[1], SIGCONT), 0);
+        KT_CONTAINS(s, "\"process_sets\":null,\"activity\":{\"doing\":\"negotiating\",\"process_set\":0,");
+        KT_CONTAINS(s, "\"answered\":false},\"waiting_for\":{\"ranks\":[1],");
+    } else {
+        KT_OK(kolo_iallreduce("after.stop", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    }
+    wait_ok(a);
+    KT_ASSERT(y[1] == 2);
+    kolo_request_release(a);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(status_names_the_rank_the_engine_waits_for, 30)
+{
+    KT_EQ(kt_job(2, status_engine_stuck, NULL, NULL, NULL), 0);
+}
+
+/* KOLO_STATUS_SIGNAL=USR1: the signal has each rank write its status to stderr as one line, and
+ * kolo_shutdown gives the signal back its old disposition. */
+static void status_signal(int rank, void *arg)
+{
+    char path[256];
+    capture_rank_stderr(arg, rank, path, sizeof(path));
+    KT_OK(kolo_init());
+    KT_EQ(raise(SIGUSR1), 0);
+    char want[64];
+    snprintf(want, sizeof(want), "[kolo %d status] {\"rank\":%d,", rank, rank);
+    const char *log = slurp(path);
+    for (int i = 0; i < 100 && !strstr(log, "}\n"); i++) {
+        usleep(50000);
+        log = slurp(path);
+    }
+    KT_CONTAINS(log, want);
+    KT_CONTAINS(log, "\"engine\":{");
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_shutdown());
+    struct sigaction sa;
+    KT_EQ(sigaction(SIGUSR1, NULL, &sa), 0);
+    KT_ASSERT(sa.sa_handler == SIG_DFL);
+}
+
+KT_TEST(status_signal_writes_every_ranks_status, 30)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {"KOLO_STATUS_SIGNAL=USR1"}};
+    KT_EQ(kt_job(2, status_signal, dir, &o, NULL), 0);
+    remove_dir(dir);
+}
+
+static void status_bad_signal(int rank, void *arg)
+{
+    (void)rank;
+    (void)arg;
+    KT_STATUS(kolo_init(), KOLO_ERR_INVALID_ARG);
+    KT_CONTAINS(kolo_last_error(), "KOLO_STATUS_SIGNAL='TERM' is not one of USR1, USR2");
+}
+
+KT_TEST(status_signal_other_than_usr1_or_usr2_refused, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_STATUS_SIGNAL=TERM"}};
+    KT_EQ(kt_job(2, status_bad_signal, NULL, &o, NULL), 0);
+}
+
 /* Lists of ranks in messages (kolo__ranks_text): runs as ranges, repeats once, and what does not
  * fit as " and N more", the count exact. */
 KT_TEST(rank_lists_in_messages, 10)

@@ -1081,7 +1081,8 @@ KT_TEST(kolorun_open_file_limits, 30)
 
 /* ---- --timeout and --get-stack-traces ---- */
 
-/* A hang: rank 0 waits in an allreduce that rank 1, asleep, never joins. */
+/* A hang: rank 0 waits in an allreduce that rank 1, asleep, never joins. Both print their kolo
+ * status when kolorun asks (--get-stack-traces). */
 KT_WORKER(kolorun_hang)
 {
     (void)argc;
@@ -1115,6 +1116,15 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 waits");
     KT_CONTAINS(p.ebuf, "kolorun: the job ran past --timeout 2 s with 2 ranks still running");
     KT_CONTAINS(p.ebuf, "stacks of the 2 ranks still running");
+    /* kolo's status of each (KOLO_STATUS_SIGNAL=USR1): rank 0 in the allreduce, waiting for rank 1 */
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status of the 2 local processes that use kolo, on their stderr:");
+    const char *st0 = strstr(p.ebuf, "[0]<stderr>:[kolo 0 status] {\"rank\":0,");
+    KT_ASSERTF(st0, "no status of rank 0:\n%s", p.ebuf);
+    KT_CONTAINS(st0, "\"direct\":{\"call\":\"kolo_allreduce\",\"process_set\":0,");
+    KT_CONTAINS(st0, "\"waiting_for\":{\"ranks\":[1],");
+    const char *st1 = strstr(p.ebuf, "[1]<stderr>:[kolo 1 status] {\"rank\":1,");
+    KT_ASSERTF(st1, "no status of rank 1:\n%s", p.ebuf);
+    KT_CONTAINS(st1, "\"direct\":null");
     if (have_gdb()) {
         /* where each waits, from gdb: rank 0 inside the allreduce, rank 1 asleep */
         const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");

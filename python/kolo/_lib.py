@@ -225,6 +225,7 @@ kolo_timeline_start = _proto("kolo_timeline_start", c_int, c_char_p, c_int, opti
 kolo_timeline_stop = _proto("kolo_timeline_stop", c_int, optional=True)
 kolo_engine_stats = _proto("kolo_engine_stats", c_int, P(EngineStats), optional=True)
 kolo_engine_params = _proto("kolo_engine_params", c_int, P(EngineParams), optional=True)
+kolo_status_json = _proto("kolo_status_json", c_int, c_char_p, ctypes.c_size_t, optional=True)
 
 # ---- elastic jobs (optional: a library without them runs every job as a fixed one) ----
 ELASTIC_NONE, ELASTIC_ADDED, ELASTIC_REMOVED = 0, 1, 2

@@ -3,6 +3,7 @@ process sets, the timeline and build information (Horovod's horovod.common.basic
 
 import atexit
 import ctypes
+import json
 import threading
 
 from kolo import _lib
@@ -363,6 +364,27 @@ def engine_params():
             "autotune": {0: "off", 1: "tuning", 2: "done"}.get(p.autotune, str(p.autotune)), "samples": p.samples}
 
 
+def status():
+    """This rank's status as a dict (kolo_status_json, kolo.h, documents every member): the
+    direct collective it is in, the tensors of each process set that some ranks have submitted
+    and others not yet (with the missing ranks), what the engine thread does, and the ranks each
+    waits for when nothing has moved for a moment. Callable from any thread, also while another
+    thread waits in kolo: for health checks, and for finding the rank a stuck job waits on. It
+    waits half a second at most. kolo's addition."""
+    _require_init()
+    if _lib.kolo_status_json is None:
+        return {}
+    cap = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        n = _lib.kolo_status_json(buf, cap)
+        if n < 0:
+            _lib.check(n, "status")
+        if n < cap:
+            return json.loads(buf.value.decode("utf-8"))
+        cap = n + 4096  # it grew between the calls: room for a little more
+
+
 @atexit.register
 def _at_exit():
     # Leave the job cleanly (peers see a goodbye, not a lost connection).
@@ -378,5 +400,5 @@ __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "init", "shutdow
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "build_info", "ProcessSet",
            "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
-           "stop_timeline", "engine_stats", "engine_params", "HorovodInternalError", "peer_transport",
-           "elastic_round"]
+           "stop_timeline", "engine_stats", "engine_params", "status", "HorovodInternalError",
+           "peer_transport", "elastic_round"]

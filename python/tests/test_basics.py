@@ -167,6 +167,52 @@ def test_engine_params_report_the_settings():
     assert kolo.broadcast(mine, root_rank=0, name="params.fusion")[0] == p["fusion_threshold"]
 
 
+def test_status_names_the_rank_a_tensor_waits_for():
+    """kolo.status() from another thread while this one waits in an allreduce the last rank
+    joins only once every other rank's thread has seen it listed: the tensor, the ranks that
+    submitted it, the one missing. Valid JSON throughout (a tensor name that is not text)."""
+    import threading
+    import time
+    n, r = kolo.size(), kolo.rank()
+    st = kolo.status()
+    assert (st["rank"], st["size"], st["pid"]) == (r, n, os.getpid())
+    assert st["failed"] is None and st["direct"] is None
+    assert st["engine"]["process_sets"][0]["ranks"] == list(range(n))
+    name = "status.probe.\u00e9\n"
+    flag = "/tmp/kolo-status-test-%s" % os.environ.get("KOLO_JOB_ID", "job")
+    seen = []
+
+    def look():  # until this rank's status lists the tensor as submitted by all but the last rank
+        for _ in range(400):
+            sets = kolo.status()["engine"]["process_sets"]
+            mine = [p for p in sets[0]["pending"] if p["name"] == "allreduce." + name]  # Horovod's prefix
+            if mine and mine[0]["submitted_by"] == list(range(n - 1)):
+                seen.append(mine[0])
+                break
+            time.sleep(0.05)
+        open("%s.%d" % (flag, r), "w").close()
+
+    if r != n - 1:
+        t = threading.Thread(target=look)
+        t.start()
+    else:
+        for _ in range(600):  # 30 s at most, then it goes on: the others' check fails
+            if all(os.path.exists("%s.%d" % (flag, k)) for k in range(n - 1)):
+                break
+            time.sleep(0.05)
+    kolo.allreduce(np.ones(4, np.float32), name=name)
+    if r != n - 1:
+        t.join()
+        assert seen, "the status never listed the tensor"
+        assert seen[0]["kind"] == "allreduce" and seen[0]["missing"] == [n - 1] and seen[0]["seconds"] >= 0
+    done = kolo.status()["engine"]["process_sets"][0]["pending"]  # the others may be in the barrier
+    assert "allreduce." + name not in [p["name"] for p in done]
+    kolo.barrier()
+    if r == n - 1:
+        for k in range(n - 1):
+            os.unlink("%s.%d" % (flag, k))
+
+
 def test_engine_stats_count_requests():
     before = kolo.engine_stats()
     kolo.allreduce(np.ones(4, np.float32), name="stats")

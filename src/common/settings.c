@@ -159,6 +159,11 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                    "with the missing ranks"},
     [KOLO_SET_STALL_SHUTDOWN_TIME] = {"KOLO_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
                                       "seconds after which a stall becomes an error on every rank; 0 never"},
+    [KOLO_SET_STATUS_SIGNAL] = {"KOLO_STATUS_SIGNAL", "", "",
+                                "USR1 or USR2: on that signal each rank writes its status (kolo_status_json: the "
+                                "collective it is in, the ranks it waits for, the tensors some ranks have "
+                                "submitted and others not) to stderr as one line; kolorun passes both signals to "
+                                "its local workers. Unset: kolo leaves both signals alone"},
     [KOLO_SET_ELASTIC_TIMEOUT] = {"KOLO_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "600",
                                   "elastic jobs: seconds a worker waits for kolorun to form the next round, and "
                                   "(kolorun --elastic-timeout) kolorun waits for --min-np slots"},

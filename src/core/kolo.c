@@ -497,6 +497,11 @@ static int init_once(void)
     }
     st = kolo__engine_start();
     if (st != KOLO_OK) goto fail;
+    st = kolo__status_start();
+    if (st != KOLO_OK) {
+        kolo__engine_stop();
+        goto fail;
+    }
     return KOLO_OK;
 fail:
     /* the ranks connected to this one fail at once with the reason (a setting refused here, no
@@ -550,6 +555,8 @@ static void pass_on_failure(void)
 int kolo_shutdown(void)
 {
     if (!W.initialized) return KOLO_OK;
+    kolo__status_stop();
+    kolo__status_lock_out(true);
     kolo__engine_stop(); /* before the meshes go: it says goodbye on its own */
     pthread_mutex_lock(&W.direct_lock);
     pthread_mutex_lock(&W.pset_lock);
@@ -559,6 +566,7 @@ int kolo_shutdown(void)
     W.initialized = 0;
     pthread_mutex_unlock(&W.pset_lock);
     pthread_mutex_unlock(&W.direct_lock);
+    kolo__status_lock_out(false);
     return KOLO_OK;
 }
 
@@ -755,11 +763,15 @@ static int enter(const char *fn, int pset, kolo__group **g)
         pthread_mutex_unlock(&W.direct_lock);
         return kolo__err(KOLO_ERR_NOT_MEMBER, "%s: rank %d is not a member of process set %d", fn, W.info.rank, pset);
     }
+    atomic_store_explicit(&W.direct_fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&W.direct_pset, pset, memory_order_relaxed);
+    atomic_store_explicit(&W.direct_since, kolo__now_ns(), memory_order_release);
     return KOLO_OK;
 }
 
 static int leave(int st)
 {
+    atomic_store_explicit(&W.direct_since, 0, memory_order_relaxed);
     if (st != KOLO_OK) kolo__elastic_ask(W.mesh[0]); /* a failed round: ask for the next one at once */
     pthread_mutex_unlock(&W.direct_lock);
     return st;

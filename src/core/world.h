@@ -7,6 +7,7 @@
 #include "../coll/coll.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define KOLO_MAX_PSETS 256
 
@@ -23,6 +24,11 @@ typedef struct kolo__world {
     /* Serializes direct collectives of user threads on channel 0. Lock order: direct_lock,
      * then pset_lock. */
     pthread_mutex_t direct_lock;
+    /* The direct collective running now (its function's name, a static string; its process
+     * set; since when, 0 none), for kolo_status_json on other threads. */
+    _Atomic(const char *) direct_fn;
+    _Atomic int direct_pset;
+    _Atomic uint64_t direct_since;
     /* Guards the process-set table (the engine thread reads it). */
     pthread_mutex_t pset_lock;
     kolo__group *psets[KOLO_MAX_PSETS]; /* [0] is the world; NULL: free id */
@@ -52,5 +58,13 @@ void kolo__elastic_close(void);
  * worker), asks kolorun for the next round now, once a round; nothing outside an elastic round.
  * From the thread that owns m (a collective's, or the engine's with its own mesh). */
 void kolo__elastic_ask(const kolo__mesh *m);
+
+/* status.c: KOLO_STATUS_SIGNAL's handler and thread, started at the end of kolo_init (an
+ * unknown signal name fails it) and stopped first in kolo_shutdown; lock_out(true) waits for
+ * kolo_status_json's readers and keeps new ones out until lock_out(false) (kolo_shutdown's
+ * teardown). */
+int kolo__status_start(void);
+void kolo__status_stop(void);
+void kolo__status_lock_out(bool on);
 
 #endif

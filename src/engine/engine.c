@@ -128,7 +128,7 @@
 #define DOZE_SPIN_NS 10000ull       /* the spin before a doze (see "Dozing") */
 #define BLOCKED_YIELD_NS 5000000ull /* a thread blocked this long: cycles doze too (see "Dozing") */
 
-kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER};
+kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER, .act_lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- going down ---- */
 
@@ -341,11 +341,105 @@ static bool outside_any(const uint64_t *sets)
     return false;
 }
 
+/* ---- Status ----
+ * kolo_status_json asks the engine thread for the sets' pending tables (they are its alone):
+ * the asking thread counts a request up under `lock` and wakes the thread, which writes the
+ * tables between cycles (in its wait for the next one, below) and answers on status_cv. A
+ * thread stuck in a cycle (an exchange with a rank that does not come, a long collective)
+ * cannot answer; what it does is published as it goes (act_*): a few relaxed stores a cycle,
+ * and a lock per collective run for its name. */
+static pthread_cond_t status_cv = PTHREAD_COND_INITIALIZER; /* outlives the engine: CLOCK_REALTIME */
+
+static void act(int phase, int set)
+{
+    atomic_store_explicit(&E.act_set, set, memory_order_relaxed);
+    atomic_store_explicit(&E.act_since, kolo__now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&E.act_phase, phase, memory_order_relaxed);
+}
+
+void kolo__engine_act_run(int set, const char *name, size_t more)
+{
+    pthread_mutex_lock(&E.act_lock);
+    snprintf(E.act_name, sizeof(E.act_name), "%s", name);
+    E.act_more = more;
+    pthread_mutex_unlock(&E.act_lock);
+    act(KOLO__ACT_RUN, set);
+}
+
+/* With `lock` held, on the engine thread. */
+static void serve_status(void)
+{
+    kolo__sbuf b = {0};
+    kolo__sb_put(&b, "[", 1);
+    for (int id = 0; id < KOLO_MAX_PSETS; id++) {
+        const kolo__pset_state *s = E.sets[id];
+        if (!s) continue;
+        kolo__sb_printf(&b, "%s{\"id\":%d,\"ranks\":[", b.len > 1 ? "," : "", id);
+        for (int r = 0; r < s->n; r++) kolo__sb_printf(&b, "%s%d", r ? "," : "", s->g.ranks[r]);
+        kolo__sb_put(&b, "],", 2);
+        kolo__negotiate_status(s, &b);
+        kolo__sb_put(&b, "}", 1);
+    }
+    kolo__sb_put(&b, "]", 1);
+    kolo__free(E.status_text);
+    E.status_text = b.oom ? NULL : b.p;
+    if (b.oom) kolo__sb_free(&b);
+    E.status_served = E.status_asked;
+    pthread_cond_broadcast(&status_cv);
+}
+
+static const char *const act_names[] = {"waiting for the next cycle", "negotiating", "running"};
+
+void kolo__engine_status(kolo__sbuf *b)
+{
+    pthread_mutex_lock(&E.lock);
+    if (!E.running) {
+        pthread_mutex_unlock(&E.lock);
+        kolo__sb_printf(b, "null");
+        return;
+    }
+    uint64_t want = ++E.status_asked;
+    pthread_cond_signal(&E.wake);
+    /* a cycle's worth and more: the engine answers between cycles */
+    double wait_s = KOLO_MAX(0.5, 4 * E.cycle_s);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t end = (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec + (uint64_t)(wait_s * 1e9);
+    dl.tv_sec = (time_t)(end / 1000000000ull);
+    dl.tv_nsec = (long)(end % 1000000000ull);
+    while (E.status_served < want && E.running)
+        if (pthread_cond_timedwait(&status_cv, &E.lock, &dl) == ETIMEDOUT) break;
+    bool answered = E.status_served >= want && E.status_text;
+    kolo__sb_printf(b, "{\"down\":");
+    if (E.down) kolo__sb_jstr(b, E.down_msg);
+    else kolo__sb_printf(b, "null");
+    kolo__sb_printf(b, ",\"cycle_ms\":%.3f,\"fusion_threshold\":%zu,\"process_sets\":%s", E.cycle_s * 1e3,
+                    E.fusion, answered ? E.status_text : "null");
+    pthread_mutex_unlock(&E.lock);
+    int phase = atomic_load_explicit(&E.act_phase, memory_order_relaxed);
+    uint64_t since = atomic_load_explicit(&E.act_since, memory_order_relaxed), now = kolo__now_ns();
+    kolo__sb_printf(b, ",\"activity\":{\"doing\":\"%s\",\"process_set\":%d,\"seconds\":%.3f",
+                    act_names[phase >= 0 && phase <= KOLO__ACT_RUN ? phase : 0],
+                    atomic_load_explicit(&E.act_set, memory_order_relaxed),
+                    since && now > since ? (double)(now - since) * 1e-9 : 0.0);
+    if (phase == KOLO__ACT_RUN) {
+        pthread_mutex_lock(&E.act_lock);
+        kolo__sb_printf(b, ",\"tensor\":");
+        kolo__sb_jstr(b, E.act_name);
+        kolo__sb_printf(b, ",\"fused_with\":%zu", E.act_more);
+        pthread_mutex_unlock(&E.act_lock);
+    }
+    kolo__sb_printf(b, ",\"answered\":%s}", answered ? "true" : "false");
+    if (E.mesh) kolo__status_mesh(b, E.mesh);
+    kolo__sb_put(b, "}", 1);
+}
+
 /* *worked: the set had responses to run (read before kolo__negotiate_finish clears them; read
  * after it, a cycle that ran only a set's requests counted as idle in kolo_engine_stats) */
 static int set_step(kolo__pset_state *s, int *worked)
 {
     atomic_fetch_add_explicit(&E.set_steps, 1, memory_order_relaxed);
+    act(KOLO__ACT_EXCHANGE, s->id);
     int st = kolo__negotiate_build(s, 0, NULL);
     if (!st) st = kolo__negotiate_gather_fixed(s);
     if (!st) st = kolo__negotiate_decide(s);
@@ -366,6 +460,7 @@ static int cycle(kolo_request_t *q)
     }
     snapshot();
     kolo__pset_state *s0 = E.sets[0];
+    act(KOLO__ACT_EXCHANGE, 0);
     uint64_t t0 = kolo__now_ns();
     int st = kolo__negotiate_build(s0, count_pending(true) ? KOLO__F_BUSY : 0, E.present);
     uint64_t t1 = kolo__now_ns();
@@ -434,6 +529,7 @@ static int cycle(kolo_request_t *q)
         if (!s || (!((held[id / 64] >> (id % 64)) & 1) && !s->ehead)) continue;
         if ((st = set_step(s, &worked))) return st;
     }
+    act(KOLO__ACT_IDLE, 0);
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
     E.local_pending = count_pending(false);
@@ -487,6 +583,7 @@ static void *engine_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&E.lock);
         for (;;) {
+            if (E.status_asked != E.status_served) serve_status();
             if (E.stop) break;
             bool work = E.qhead != NULL;
             if (E.down && !work) {
@@ -741,6 +838,10 @@ void kolo__engine_stop(void)
     E.running = 0;
     E.stop = 0;
     E.down = 0;
+    kolo__free(E.status_text);
+    E.status_text = NULL;
+    E.status_served = E.status_asked;
+    pthread_cond_broadcast(&status_cv);
     pthread_mutex_unlock(&E.lock);
     pthread_cond_destroy(&E.wake);
     E.mesh = NULL;

@@ -3,6 +3,12 @@
 #ifndef KOLO_ENGINE_H
 #define KOLO_ENGINE_H
 
+#include "../common/common.h"
+
+#include <stdint.h>
+
+struct kolo__mesh;
+
 /* Starts the engine thread over kolo__W.mesh[KOLO_CHANNEL_ENGINE]; called at the end of
  * kolo_init, once the meshes and the world group exist. Reads the engine's settings, starts the
  * timeline when KOLO_TIMELINE is set. Returns KOLO_OK, or an error with its message set (then
@@ -14,10 +20,15 @@ int kolo__engine_start(void);
  * kolo_shutdown, before the meshes are torn down. No-op when the engine is not running. */
 void kolo__engine_stop(void);
 
+/* The engine's part of kolo_status_json, appended to b: a JSON object (the sets' pending
+ * tables from the engine thread, waited for half a second at most; what that thread does), or
+ * null when no engine runs. kolo__status_mesh (core/status.c) appends a mesh's "waiting_for". */
+void kolo__engine_status(kolo__sbuf *b);
+void kolo__status_mesh(kolo__sbuf *b, const struct kolo__mesh *m);
+
 /* For the benchmark: world-step negotiations that exchanged no descriptions, the total
  * nanoseconds they took (build, exchange, decide), and the part spent in this rank's own work
  * (build and decide, without the exchange, which includes waiting for the other ranks). */
-#include <stdint.h>
 void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *local_ns);
 
 /* For the tests: world cycles in a row in which this rank held no requests and no rank held any

@@ -590,6 +590,7 @@ int kolo__execute(kolo__pset_state *s)
                 E.bidx[k++] = j;
                 total += b;
             }
+        kolo__engine_act_run(s->id, rp->name, k - 1);
         int st;
         if (rp->d.kind == KOLO__ALLREDUCE) {
             st = run_allreduce(s, E.bidx, k, tracing);

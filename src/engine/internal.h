@@ -294,12 +294,29 @@ typedef struct kolo__engine {
     int local_pending;      /* requests this rank holds in any set (or waiting for one) */
 
     kolo__stats_atomic st;
+    /* kolo_status_json (engine.c, "Status"): requests for the sets' pending tables, asked by
+     * user threads and served by the engine thread between cycles (under `lock`, status_cv),
+     * and what the engine thread is doing, for when it cannot answer: act_phase (KOLO__ACT_*),
+     * act_set, act_since (atomics), and under act_lock the collective it runs, act_name, fused
+     * with act_more others */
+    uint64_t status_asked, status_served;
+    char *status_text;
+    _Atomic int act_phase, act_set;
+    _Atomic uint64_t act_since;
+    pthread_mutex_t act_lock;
+    char act_name[128];
+    size_t act_more;
     /* kolo_engine_params: the values in use, for user threads */
     _Atomic uint64_t pub_fusion, pub_cycle_ns;
     _Atomic uint32_t pub_state;
 } kolo__engine;
 
 extern kolo__engine kolo__E;
+
+enum { KOLO__ACT_IDLE = 0, KOLO__ACT_EXCHANGE, KOLO__ACT_RUN };
+/* engine.c: the engine thread runs the collective of set `set` named `name`, fused with `more`
+ * other requests (kolo_status_json) */
+void kolo__engine_act_run(int set, const char *name, size_t more);
 
 /* Below: called on the engine thread only. */
 
@@ -321,6 +338,9 @@ void *kolo__out_alloc(size_t *bytes);
 void kolo__out_clear(void);
 
 /* negotiate.c */
+/* The set's names some members have submitted and others not yet, as a JSON object's members
+ * ("pending": [...], ...) appended to b, from the engine thread (kolo_status_json). */
+void kolo__negotiate_status(const kolo__pset_state *s, kolo__sbuf *b);
 kolo__pset_state *kolo__pset_new(int id, const kolo__group *g, int me, int capacity);
 void kolo__pset_free(kolo__pset_state *s);
 void kolo__pset_add_local(kolo__pset_state *s, kolo_request_t *r);

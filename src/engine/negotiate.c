@@ -1098,3 +1098,67 @@ void kolo__negotiate_stall_check(kolo__pset_state *s)
     KOLO_WARN("%s", msg);
     atomic_fetch_add_explicit(&E.st.stall_warnings, 1, memory_order_relaxed);
 }
+
+/* ---- status (kolo_status_json) ----
+ * The names of the set's message table and its cached names that some members have set the bit
+ * of (in the last exchange), each with how long ago some member first submitted it, the members
+ * (as world ranks) that have and those that have not; the first STATUS_NAMES of them ("more"
+ * counts the rest), as the stall inspector finds them. */
+enum { STATUS_NAMES = 64 };
+
+static void status_ranks(const kolo__pset_state *s, const stalled *t, bool has, kolo__sbuf *b)
+{
+    kolo__sb_put(b, "[", 1);
+    bool first = true;
+    for (int r = 0; r < s->n; r++) {
+        if (has_it(s, t, r) != has || (!has && s->joined[r])) continue;
+        kolo__sb_printf(b, "%s%d", first ? "" : ",", wrank(s, r));
+        first = false;
+    }
+    kolo__sb_put(b, "]", 1);
+}
+
+static void status_name(const kolo__pset_state *s, const stalled *t, int kind, double age, size_t *k,
+                        kolo__sbuf *b)
+{
+    if ((*k)++ >= STATUS_NAMES) return;
+    kolo__sb_printf(b, "%s{\"name\":", *k > 1 ? "," : "");
+    kolo__sb_jstr(b, t->name);
+    kolo__sb_printf(b, ",\"kind\":\"%s\",\"seconds\":%.3f,\"submitted_by\":",
+                    kind >= 0 && kind < KOLO__KIND_COUNT ? kolo__kind_lower[kind] : "unknown", age);
+    status_ranks(s, t, true, b);
+    kolo__sb_printf(b, ",\"missing\":");
+    status_ranks(s, t, false, b);
+    kolo__sb_put(b, "}", 1);
+}
+
+void kolo__negotiate_status(const kolo__pset_state *s, kolo__sbuf *b)
+{
+    double now = kolo__now_s();
+    size_t k = 0;
+    kolo__sb_printf(b, "\"pending\":[");
+    for (const kolo__entry *e = s->ehead; e; e = e->next) {
+        stalled t = {e->name, e->rep, -1};
+        status_name(s, &t, e->kind, now - e->first_seen, &k, b);
+    }
+    for (int w = 0; w < s->words && s->fix_all; w++) {
+        uint64_t p = s->partial_prev[w];
+        while (p) {
+            int i = w * 64 + __builtin_ctzll(p);
+            p &= p - 1;
+            const kolo__slot *sl = &s->slots[i];
+            if (!sl->valid || sl->partial_since == 0) continue;
+            stalled t = {sl->name, NULL, i};
+            status_name(s, &t, sl->d.kind, now - sl->partial_since, &k, b);
+        }
+    }
+    kolo__sb_printf(b, "],\"more\":%zu,\"held_here\":%zu,\"joined\":[", k > STATUS_NAMES ? k - STATUS_NAMES : 0,
+                    s->nlocal);
+    bool first = true;
+    for (int r = 0; r < s->n; r++)
+        if (s->joined[r]) {
+            kolo__sb_printf(b, "%s%d", first ? "" : ",", wrank(s, r));
+            first = false;
+        }
+    kolo__sb_put(b, "]", 1);
+}

@@ -26,6 +26,7 @@
 #include "../common/common.h"
 
 #include <sched.h>
+#include <stdatomic.h>
 
 #define KOLO_NCHANNELS 2
 #define KOLO_CHANNEL_DIRECT 0
@@ -43,6 +44,7 @@
 typedef struct kolo__conn kolo__conn;
 typedef struct kolo__xfer kolo__xfer;
 typedef struct kolo__mesh kolo__mesh;
+#define KOLO__STUCK_MAX 8
 
 enum { KOLO_XFER_SEND = 1, KOLO_XFER_RECV = 2 };
 /* how a large message goes over a pair that picks from timings (shm.c, KOLO_SHM_CMA=auto) */
@@ -237,6 +239,12 @@ struct kolo__mesh {
      * (a step of the hierarchical collectives, a process set) chooses as a world on one host
      * would (coll.h, kolo__coll_group_flags). Agreed at init as those. */
     const uint8_t *host_flags;
+    /* What a wait on this mesh waits for, for kolo_status_json on other threads (xfer.c): since
+     * when nothing has moved (kolo__now_ns; 0 while no wait has gone a liveness check without
+     * progress), and the first KOLO__STUCK_MAX ranks it waits on of stuck_n. */
+    _Atomic uint64_t stuck_since;
+    _Atomic int stuck_n;
+    _Atomic int stuck_peer[KOLO__STUCK_MAX];
 };
 
 /* Bits of kolo__mesh.host_flags. */
@@ -270,6 +278,10 @@ void kolo__irecv(kolo__mesh *m, int peer, void *buf, size_t len, kolo__xfer *x);
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n);
 /* kolo__wait for one xfer */
 int kolo__wait1(kolo__mesh *m, kolo__xfer *x);
+/* What a wait on m has been waiting for, read from any thread (kolo_status_json): the time
+ * nothing has moved since (kolo__now_ns) and the ranks it waits on (up to cap of them, in
+ * peers; *n all of them), or 0 when no wait on m has gone a liveness check without progress. */
+uint64_t kolo__mesh_stuck(const kolo__mesh *m, int *peers, int cap, int *n);
 /* Test hook: the calling thread's idle passes [0], yields [1], sleeps on doorbells [2], those
  * of them a doorbell ended [3] and liveness checks [4] in kolo__wait so far. */
 void kolo__wait_test_counts(uint64_t out[5]);

@@ -495,11 +495,41 @@ static int after_loss(kolo__xfer *const *xs, int n, int status)
     return all_done(xs, n, &mine) ? mine : status;
 }
 
+/* For kolo_status_json (kolo__mesh_stuck): at each liveness check of a wait, since when it has
+ * made no progress and whom it waits on. Relaxed stores, a few per millisecond at most: a reader
+ * on another thread may see the peers of one check with the time of the next. */
+static void publish_stuck(kolo__mesh *m, kolo__xfer *const *xs, int n, uint64_t since)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (xs[i]->status != 1 || !xs[i]->conn) continue;
+        int peer = xs[i]->conn->peer, seen = 0;
+        for (int j = 0; j < k && j < KOLO__STUCK_MAX && !seen; j++)
+            seen = atomic_load_explicit(&m->stuck_peer[j], memory_order_relaxed) == peer;
+        if (seen) continue;
+        if (k < KOLO__STUCK_MAX) atomic_store_explicit(&m->stuck_peer[k], peer, memory_order_relaxed);
+        k++;
+    }
+    atomic_store_explicit(&m->stuck_n, k, memory_order_relaxed);
+    atomic_store_explicit(&m->stuck_since, since, memory_order_relaxed);
+}
+
+uint64_t kolo__mesh_stuck(const kolo__mesh *m, int *peers, int cap, int *n)
+{
+    uint64_t since = atomic_load_explicit(&m->stuck_since, memory_order_relaxed);
+    int k = atomic_load_explicit(&m->stuck_n, memory_order_relaxed);
+    *n = since ? k : 0;
+    for (int i = 0; i < *n && i < cap && i < KOLO__STUCK_MAX; i++)
+        peers[i] = atomic_load_explicit(&m->stuck_peer[i], memory_order_relaxed);
+    return since;
+}
+
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
 {
     int status = KOLO_OK;
     dozing d; /* its arrays are written before they are read: no 2 KiB of zeroes per wait */
     d.n = 0;
+    bool stuck = false; /* published for kolo_status_json */
     if (all_done(xs, n, &status)) goto out;
     if (test_liveness_first && (status = check_liveness(m, 0)) != KOLO_OK) {
         status = after_loss(xs, n, status);
@@ -561,6 +591,8 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (now >= next_check) {
             next_check = now + next_check_after(check_ns, now - last_progress);
             checks++;
+            publish_stuck(m, xs, n, last_progress);
+            stuck = true;
             status = check_liveness(m, now - last_progress);
             if (status != KOLO_OK) {
                 status = after_loss(xs, n, status);
@@ -596,6 +628,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
     }
 out:
     doze_end(&d);
+    if (stuck) atomic_store_explicit(&m->stuck_since, 0, memory_order_relaxed);
     /* Once this rank's mesh has failed, a later failure in the same wait follows from the first
      * (a peer that learned of it and left): the wait reports the first, which names the rank
      * where it began. Rank 0 killed in the engine's random mix (tests/test_engine.c), rank 2

@@ -58,6 +58,7 @@ static const char usage_text[] =
     "                                exit codes, output idle times), rewritten at each change\n"
     "  --get-stack-traces            at --timeout, first print every worker's stacks\n"
     "                                (gdb's native ones; Python's, for workers that import kolo)\n"
+    "                                and each local rank's kolo status (KOLO_STATUS_SIGNAL=USR1)\n"
     "CPU binding of local workers\n"
     "  --bind-to auto|none|core|socket|numa  (default auto: none, but where a host has more\n"
     "                                workers than CPUs, neighbouring ranks in blocks on one CPU each)\n"
@@ -622,6 +623,8 @@ static int apply(kr_opts *o, opt_id id, const char *opt, const char *v)
     case O_LOG_NO_TS: return add_setting(o, "KOLO_LOG_TIME", "0");
     case O_STACKS:
         o->stack_traces = true;
+        /* every rank prints its kolo status on SIGUSR1 (kolo_status_json), unless the user chose */
+        if (!getenv("KOLO_STATUS_SIGNAL") && add_setting(o, "KOLO_STATUS_SIGNAL", "USR1") != -1) return KR_EXIT_LAUNCH;
         return add_setting(o, "KOLO_STACK_TRACES", "1"); /* Python workers print their stacks on SIGUSR2 */
     case O_HELP: fputs(usage_text, stdout); return 0;
     case O_VERSION: printf("kolorun (kolo) %s\n", KOLO_VERSION_STRING); return 0;

@@ -10,6 +10,11 @@
  *     like its other lines.
  *   - Native stacks of every thread, from gdb (`thread apply all bt`), when gdb is installed;
  *     printed as "[rank]<stack PID>:" lines on kolorun's stderr. At most GDB_S per process.
+ *   - kolo's status of each local process that uses kolo (kolo_status_json: the collective it is
+ *     in, the ranks it waits for, the tensors some ranks submitted and others not): the option
+ *     exports KOLO_STATUS_SIGNAL=USR1 (unless the user set it), and such a process writes it as
+ *     one "[kolo R status] {...}" line on its stderr when sent SIGUSR1, sent, as SIGUSR2, only to
+ *     processes that catch it. First, as gdb stops the processes it reads.
  * A remote worker's host is asked the same over a second ssh (remote_stacks, below; the PID is
  * the remote one). At most 64 local workers. */
 #include "kolorun.h"
@@ -141,7 +146,7 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
 {
     pid_t members[GROUP_MAX * 64];
     int count[64] = {0};
-    int nw = 0, idx[64], sent = 0;
+    int nw = 0, idx[64], sent = 0, statuses = 0;
     for (int i = 0; i < n && nw < 64; i++) {
         const kr_rank *r = &ranks[i];
         if (!r->running || r->pid <= 0 || !o->hosts[r->host].local) continue;
@@ -149,10 +154,23 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         count[nw] = kr_group_members(r->pid, members + nw * GROUP_MAX, GROUP_MAX);
         for (int k = 0; k < count[nw]; k++) {
             pid_t p = members[nw * GROUP_MAX + k];
-            if (catches(p, SIGUSR2) && kill(p, SIGUSR2) == 0) sent++;
+            if (catches(p, SIGUSR1) && kill(p, SIGUSR1) == 0) statuses++;
         }
         nw++;
     }
+    /* kolo's status first (KOLO_STATUS_SIGNAL=USR1, which the option exports): the collective
+     * each rank is in and the ranks it waits for, on its stderr. A rank answers within half a
+     * second (its engine thread's share); gdb, below, stops the process it reads. */
+    if (statuses) {
+        kr_say("kolo status of the %d local process%s that use%s kolo, on %s stderr:", statuses,
+               statuses == 1 ? "" : "es", statuses == 1 ? "s" : "", statuses == 1 ? "its" : "their");
+        usleep(800000);
+    }
+    for (int w = 0; w < nw; w++)
+        for (int k = 0; k < count[w]; k++) {
+            pid_t p = members[w * GROUP_MAX + k];
+            if (catches(p, SIGUSR2) && kill(p, SIGUSR2) == 0) sent++;
+        }
     int nremote = 0;
     for (int i = 0; i < n; i++)
         nremote += ranks[i].running && !o->hosts[ranks[i].host].local && ranks[i].remote_pid > 0;

@@ -24,7 +24,7 @@ from kolo.basics import (  # noqa: F401
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
     ddl_built, ccl_built, cuda_built, rocm_built, sycl_built, build_info, Average, Sum, Adasum, Min, Max, Product,
     ProcessSet, global_process_set, add_process_set, remove_process_set, start_timeline, stop_timeline,
-    engine_stats, engine_params, elastic_round)
+    engine_stats, engine_params, status, elastic_round)
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from kolo.tensorflow.compression import Compression  # noqa: F401
 from kolo.tensorflow.mpi_ops import (  # noqa: F401
