@@ -494,8 +494,12 @@ def test_standalone_cluster_executors_on_two_hosts(standalone, tmp_path):
     script.write_text(STANDALONE_DRIVER)
     n = c["slots"]
     env = dict(c["env"], PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), c["env"]["PYTHONPATH"]]))
-    p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
+    try:
+        p = subprocess.run(c["driver"] + [sys.executable, str(script), c["url"], c["driver_host"], str(n)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
+    except subprocess.TimeoutExpired as e:  # slow or stuck: its output says which of its jobs it was in
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        pytest.fail("the driver ran past 420 s; the end of its output:\n" + out[-5000:])
     assert p.returncode == 0, p.stdout[-5000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULTS ")]
     assert line, p.stdout[-5000:]
