@@ -1103,6 +1103,40 @@ KT_WORKER(kolorun_hang)
 
 static bool have_gdb(void) { return system("command -v gdb >/dev/null 2>&1") == 0; }
 
+/* A hang in the engine: ranks 0 and 1 wait for "grad.7", which rank 2, asleep, never submits. */
+KT_WORKER(kolorun_hang_engine)
+{
+    (void)argc;
+    (void)argv;
+    if (kolo_init() != 0) {
+        fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
+        return 1;
+    }
+    if (kolo_rank() == 2) {
+        for (;;) sleep(100);
+    }
+    float x[4] = {1, 2, 3, 4}, y[4];
+    kolo_shape_t sh = {.ndim = 1, .dims = {4}};
+    kolo_request_t *r;
+    if (kolo_iallreduce("grad.7", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r) != 0) return 1;
+    kolo_request_wait(r, 100);
+    return 0;
+}
+
+KT_TEST(kolorun_timeout_names_the_rank_the_job_waits_for, 90)
+{
+    subreaper();
+    const char *args[] = {"-np", "3", "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
+                          kt_self(), "--worker", "kolorun_hang_engine", NULL};
+    kproc p;
+    int code = run(&p, args, 80);
+    KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 2 (to submit \"grad.7\")\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 1 waits for rank 2 (to submit \"grad.7\")\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: the job waits for rank 2: it waits for no rank in kolo");
+    assert_no_descendants(5);
+}
+
 KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
 {
     subreaper();
@@ -1125,6 +1159,9 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     const char *st1 = strstr(p.ebuf, "[1]<stderr>:[kolo 1 status] {\"rank\":1,");
     KT_ASSERTF(st1, "no status of rank 1:\n%s", p.ebuf);
     KT_CONTAINS(st1, "\"direct\":null");
+    /* and kolorun's reading of them: who waits for whom, and the rank the job waits on */
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: the job waits for rank 1: it waits for no rank in kolo");
     if (have_gdb()) {
         /* where each waits, from gdb: rank 0 inside the allreduce, rank 1 asleep */
         const char *s0 = strstr(p.ebuf, "[0]<stack "), *s1 = strstr(p.ebuf, "[1]<stack ");

@@ -122,6 +122,8 @@ typedef struct kr_rank {
     char (*tail)[KR_TAIL_COLS]; /* ring of the last KR_TAIL_LINES stderr lines */
     int tail_next, tail_count;
     double last_output;       /* kr_now() of its last output (or its start) */
+    bool want_status;         /* kr_dump_stacks: keep its next kolo status line in `status` */
+    char *status;             /* that line's JSON (malloc'd), or NULL */
 
     /* elastic jobs: the index in the job's array is the worker id */
     int id;                   /* worker id: its index in the job's array */
@@ -297,7 +299,7 @@ bool kr_write_all(int fd, const void *buf, size_t n);
 
 /* ---- stacks.c ---- */
 /* --get-stack-traces: Python and native stacks of every running local worker (stderr). */
-void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit);
+void kr_dump_stacks(const kr_opts *o, kr_rank *ranks, int n, const char *unit);
 
 /* ---- proc.c ---- */
 /* The live processes of a local worker's process group pgid, its leader first (listed even when

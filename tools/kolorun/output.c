@@ -287,6 +287,22 @@ static void remember(kr_rank *r, const char *line, size_t len)
     if (r->tail_count < KR_TAIL_LINES) r->tail_count++;
 }
 
+/* A line "[kolo R status] {...}" (kolo's KOLO_STATUS_SIGNAL) of rank R, the rank's own: its JSON
+ * for kr_dump_stacks's summary. */
+static void keep_status(kr_rank *r, const char *line, size_t len)
+{
+    char head[48];
+    int hl = snprintf(head, sizeof(head), "[kolo %d status] {", r->rank);
+    if (hl <= 0 || len < (size_t)hl || memcmp(line, head, (size_t)hl) != 0) return;
+    char *copy = malloc(len - (size_t)hl + 2);
+    if (!copy) return;
+    memcpy(copy, line + hl - 1, len - (size_t)hl + 1);
+    copy[len - (size_t)hl + 1] = '\0';
+    free(r->status);
+    r->status = copy;
+    r->want_status = false;
+}
+
 static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, size_t len)
 {
     if (!s->is_err && !s->marker_seen && r->host >= 0 && !o->hosts[r->host].local) {
@@ -309,6 +325,7 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
         }
     }
     if (s->is_err) remember(r, line, len);
+    if (s->is_err && r->want_status) keep_status(r, line, len);
     int fd = s->is_err ? 2 : 1;
     if (broken[fd] || !kr_rank_shown(o, r->rank)) return;
 

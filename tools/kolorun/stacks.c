@@ -20,6 +20,7 @@
 #include "kolorun.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,7 +143,127 @@ static int remote_stacks(const kr_opts *o, const kr_rank *r, const char *tag)
     return REMOTE_OK;
 }
 
-void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *unit)
+/* ---- who waits for whom, from the ranks' kolo status lines ----
+ * Each status (kolo_status_json, one line of JSON kolo wrote itself) says whom the rank waits
+ * for: the ranks its direct collective's wait and its engine's wait wait on, and the members
+ * missing from the tensors it has submitted. A rank that others wait for and that waits for no
+ * rank itself is what the job waits on. The few members read are found by their keys: the
+ * format is kolo's own (kolo.h). */
+#define WAIT_KEY "\"waiting_for\":{\"ranks\":"
+
+/* The integers of the JSON list at p ("[1,2]"), at most cap of them; their count. */
+static int int_list(const char *p, int *out, int cap)
+{
+    int k = 0;
+    if (!p || *p != '[') return 0;
+    for (p++; *p && *p != ']' && k < cap;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        out[k++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return k;
+}
+
+static const char *after(const char *p, const char *end, const char *key)
+{
+    const char *k = p ? strstr(p, key) : NULL;
+    return k && (!end || k < end) ? k + strlen(key) : NULL;
+}
+
+typedef struct waits {
+    bool have;         /* the rank gave its status */
+    int n, on[16];     /* the ranks it waits for (the first 16) */
+    char why[160];     /* the first reason: the call or the tensor */
+} waits;
+
+static void add_wait(waits *w, int rank, const char *why)
+{
+    for (int i = 0; i < w->n; i++)
+        if (w->on[i] == rank) return;
+    if (w->n < 16) w->on[w->n++] = rank;
+    if (!w->why[0]) snprintf(w->why, sizeof(w->why), "%s", why);
+}
+
+static void read_waits(const char *st, int size, waits *all)
+{
+    const char *r = after(st, NULL, "{\"rank\":");
+    int me = r ? atoi(r) : -1;
+    if (me < 0 || me >= size) return;
+    waits *w = &all[me];
+    w->have = true;
+    int list[64], k;
+    const char *eng = strstr(st, "\"engine\":{"), *call = after(st, eng, "\"direct\":{\"call\":\"");
+    if (call) {
+        char why[96];
+        snprintf(why, sizeof(why), "in %.*s", (int)strcspn(call, "\""), call);
+        k = int_list(after(call, eng, WAIT_KEY), list, 64);
+        for (int i = 0; i < k; i++) add_wait(w, list[i], why);
+    }
+    if (!eng) return;
+    k = int_list(after(eng, NULL, WAIT_KEY), list, 64);
+    for (int i = 0; i < k; i++) add_wait(w, list[i], "in the engine's exchange");
+    for (const char *e = strstr(eng, "{\"name\":\""); e; e = strstr(e + 1, "{\"name\":\"")) {
+        const char *end = strstr(e, "]}"), *name = e + 9;
+        int by[64], nb = int_list(after(e, end, "\"submitted_by\":"), by, 64), mine = 0;
+        for (int i = 0; i < nb; i++) mine |= by[i] == me;
+        k = mine ? int_list(after(e, end ? end + 1 : NULL, "\"missing\":"), list, 64) : 0;
+        char why[160];
+        snprintf(why, sizeof(why), "to submit \"%.*s\"", (int)(strcspn(name, "\"") < 100 ? strcspn(name, "\"") : 100), name);
+        for (int i = 0; i < k; i++) add_wait(w, list[i], why);
+    }
+}
+
+/* One line per waiting rank, then the ranks the job waits on. */
+static void say_waits(kr_rank *ranks, int n)
+{
+    int size = 0;
+    for (int i = 0; i < n; i++) {
+        const char *sz = after(ranks[i].status, NULL, "\"size\":");
+        if (sz && atoi(sz) > size) size = atoi(sz);
+    }
+    if (size <= 0 || size > 65536) return;
+    waits *all = calloc((size_t)size, sizeof(*all));
+    bool *waited = calloc((size_t)size, 1);
+    if (!all || !waited) {
+        free(all);
+        free(waited);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (ranks[i].status) read_waits(ranks[i].status, size, all);
+    int said = 0;
+    for (int r = 0; r < size; r++) {
+        waits *w = &all[r];
+        if (!w->n) continue;
+        char on[128];
+        size_t l = 0;
+        for (int i = 0; i < w->n && l < sizeof(on) - 16; i++) {
+            l += (size_t)snprintf(on + l, sizeof(on) - l, "%s%d", i ? ", " : "", w->on[i]);
+            if (w->on[i] >= 0 && w->on[i] < size) waited[w->on[i]] = true;
+        }
+        if (said++ < 16) kr_say("kolo status: rank %d waits for rank%s %s (%s)", r, w->n > 1 ? "s" : "", on, w->why);
+    }
+    if (said > 16) kr_say("kolo status: %d more ranks wait", said - 16);
+    int culprits = 0;
+    for (int r = 0; r < size; r++) {
+        if (!waited[r] || all[r].n) continue;
+        culprits++;
+        if (all[r].have)
+            kr_say("kolo status: the job waits for rank %d: it waits for no rank in kolo (see where it is below)", r);
+        else
+            kr_say("kolo status: the job waits for rank %d, which gave no status (not in kolo_init's job yet, on "
+                   "another host, or its process does not answer)", r);
+    }
+    if (said && !culprits)
+        kr_say("kolo status: every waiting rank waits for another that waits too: the ranks called different "
+               "collectives, or the same in different orders");
+    free(all);
+    free(waited);
+}
+
+void kr_dump_stacks(const kr_opts *o, kr_rank *ranks, int n, const char *unit)
 {
     pid_t members[GROUP_MAX * 64];
     int count[64] = {0};
@@ -154,17 +275,42 @@ void kr_dump_stacks(const kr_opts *o, const kr_rank *ranks, int n, const char *u
         count[nw] = kr_group_members(r->pid, members + nw * GROUP_MAX, GROUP_MAX);
         for (int k = 0; k < count[nw]; k++) {
             pid_t p = members[nw * GROUP_MAX + k];
-            if (catches(p, SIGUSR1) && kill(p, SIGUSR1) == 0) statuses++;
+            if (catches(p, SIGUSR1) && kill(p, SIGUSR1) == 0) {
+                statuses++;
+                ranks[i].want_status = true;
+            }
         }
         nw++;
     }
     /* kolo's status first (KOLO_STATUS_SIGNAL=USR1, which the option exports): the collective
-     * each rank is in and the ranks it waits for, on its stderr. A rank answers within half a
-     * second (its engine thread's share); gdb, below, stops the process it reads. */
+     * each rank is in and the ranks it waits for, on its stderr, read here as it comes (a rank
+     * answers within half a second, its engine thread's share), then who waits for whom. Before
+     * gdb, which stops the process it reads. */
     if (statuses) {
         kr_say("kolo status of the %d local process%s that use%s kolo, on %s stderr:", statuses,
                statuses == 1 ? "" : "es", statuses == 1 ? "s" : "", statuses == 1 ? "its" : "their");
-        usleep(800000);
+        for (double end = kr_now() + 2.0; kr_now() < end;) {
+            struct pollfd pfd[64];
+            kr_rank *who[64];
+            int np = 0;
+            for (int w = 0; w < nw; w++) {
+                kr_rank *r = &ranks[idx[w]];
+                if (r->want_status && r->err.fd >= 0) {
+                    pfd[np] = (struct pollfd){.fd = r->err.fd, .events = POLLIN};
+                    who[np++] = r;
+                }
+            }
+            if (!np) break;
+            if (poll(pfd, (nfds_t)np, 50) < 0 && errno != EINTR) break;
+            for (int i = 0; i < np; i++)
+                if (pfd[i].revents) kr_output_read(o, who[i], &who[i]->err);
+        }
+        say_waits(ranks, n);
+        for (int i = 0; i < n; i++) {
+            ranks[i].want_status = false;
+            free(ranks[i].status);
+            ranks[i].status = NULL;
+        }
     }
     for (int w = 0; w < nw; w++)
         for (int k = 0; k < count[w]; k++) {
