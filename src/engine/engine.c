@@ -400,8 +400,11 @@ void kolo__engine_status(kolo__sbuf *b)
     }
     uint64_t want = ++E.status_asked;
     pthread_cond_signal(&E.wake);
-    /* a cycle's worth and more: the engine answers between cycles */
-    double wait_s = KOLO_MAX(0.5, 4 * E.cycle_s);
+    /* a cycle's worth and more: the engine answers between cycles (the values in use are the
+     * published ones: the autotuner changes E's on the engine thread) */
+    double cycle_ms = (double)atomic_load_explicit(&E.pub_cycle_ns, memory_order_relaxed) * 1e-6;
+    size_t fusion = (size_t)atomic_load_explicit(&E.pub_fusion, memory_order_relaxed);
+    double wait_s = KOLO_MAX(0.5, 4e-3 * cycle_ms);
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     uint64_t end = (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec + (uint64_t)(wait_s * 1e9);
@@ -413,8 +416,8 @@ void kolo__engine_status(kolo__sbuf *b)
     kolo__sb_printf(b, "{\"down\":");
     if (E.down) kolo__sb_jstr(b, E.down_msg);
     else kolo__sb_printf(b, "null");
-    kolo__sb_printf(b, ",\"cycle_ms\":%.3f,\"fusion_threshold\":%zu,\"process_sets\":%s", E.cycle_s * 1e3,
-                    E.fusion, answered ? E.status_text : "null");
+    kolo__sb_printf(b, ",\"cycle_ms\":%.3f,\"fusion_threshold\":%zu,\"process_sets\":%s", cycle_ms, fusion,
+                    answered ? E.status_text : "null");
     pthread_mutex_unlock(&E.lock);
     int phase = atomic_load_explicit(&E.act_phase, memory_order_relaxed);
     uint64_t since = atomic_load_explicit(&E.act_since, memory_order_relaxed), now = kolo__now_ns();
