@@ -1487,6 +1487,23 @@ KT_TEST(status_names_the_rank_the_engine_waits_for, 30)
     KT_EQ(kt_job(2, status_engine_stuck, NULL, NULL, NULL), 0);
 }
 
+/* After rank 1 died, rank 0's status carries the job error that names it. */
+static void status_after_loss(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    if (rank == 1) _exit(0);
+    float x = 1;
+    while (kolo_allreduce(&x, &x, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD) == KOLO_OK) usleep(10000);
+    const char *s = status_now();
+    KT_CONTAINS(s, "\"failed\":\"lost rank 1");
+    KT_CONTAINS(s, "\"direct\":null");
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(status_carries_the_job_error, 30) { KT_EQ(kt_job(2, status_after_loss, NULL, NULL, NULL), 0); }
+
 /* KOLO_STATUS_SIGNAL=USR1: the signal has each rank write its status to stderr as one line, and
  * kolo_shutdown gives the signal back its old disposition. */
 static void status_signal(int rank, void *arg)

@@ -67,7 +67,7 @@ static void build(kolo__sbuf *b)
     kolo__sb_printf(b, ",\"pid\":%d,\"time\":%.3f,\"failed\":", (int)getpid(), (double)kolo__wall_us() * 1e-6);
     const kolo__mesh *failed = NULL;
     for (int c = 0; c < KOLO_NCHANNELS && !failed; c++)
-        if (W.mesh[c] && W.mesh[c]->failed) failed = W.mesh[c];
+        if (W.mesh[c] && atomic_load_explicit(&W.mesh[c]->failmsg_set, memory_order_acquire)) failed = W.mesh[c];
     if (failed) kolo__sb_jstr(b, failed->failmsg);
     else kolo__sb_printf(b, "null");
     kolo__sb_printf(b, ",\"direct\":");

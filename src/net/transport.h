@@ -192,6 +192,7 @@ struct kolo__mesh {
     bool doze;
     int failed;                     /* first job error seen on this mesh, or 0 */
     char failmsg[512];
+    _Atomic bool failmsg_set;       /* failmsg written, for readers on other threads (kolo_status_json) */
     /* scratch memory of the collectives running on this mesh (one thread at a time) */
     void *scratch[3];
     size_t scratch_cap[3];

@@ -112,6 +112,7 @@ static void mesh_mark_failed(kolo__mesh *m, int status)
     if (m->failed) return;
     m->failed = status;
     snprintf(m->failmsg, sizeof(m->failmsg), "%s", kolo__errmsg());
+    atomic_store_explicit(&m->failmsg_set, true, memory_order_release);
     /* abort: every peer sees us hang up without a goodbye and fails as well */
     uint64_t until = kolo__now_ns() + ABORT_TELL_NS;
     for (int p = 0; p < m->size; p++) {
