@@ -1151,7 +1151,7 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     KT_CONTAINS(p.ebuf, "kolorun: the job ran past --timeout 2 s with 2 ranks still running");
     KT_CONTAINS(p.ebuf, "stacks of the 2 ranks still running");
     /* kolo's status of each (KOLO_STATUS_SIGNAL=USR1): rank 0 in the allreduce, waiting for rank 1 */
-    KT_CONTAINS(p.ebuf, "kolorun: kolo status of the 2 local processes that use kolo, on their stderr:");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status of the 2 processes that use kolo, on their stderr:");
     const char *st0 = strstr(p.ebuf, "[0]<stderr>:[kolo 0 status] {\"rank\":0,");
     KT_ASSERTF(st0, "no status of rank 0:\n%s", p.ebuf);
     KT_CONTAINS(st0, "\"direct\":{\"call\":\"kolo_allreduce\",\"process_set\":0,");

@@ -1230,8 +1230,9 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
 }
 
 /* --timeout --get-stack-traces across hosts: rank 1 on b, asleep, never joins rank 0's allreduce
- * on a; at the timeout kolorun prints both ranks' stacks, b's over a second ssh, then stops the
- * job (the worker is test_kolorun.c's). */
+ * on a; at the timeout kolorun has both print their kolo status (b's asked over a short ssh),
+ * names rank 1 as the one the job waits for, prints both ranks' stacks, b's over a second ssh,
+ * then stops the job (the worker is test_kolorun.c's). */
 KT_TEST(multihost_timeout_prints_remote_stacks, 60)
 {
     cluster c;
@@ -1259,6 +1260,10 @@ KT_TEST(multihost_timeout_prints_remote_stacks, 60)
     KT_ASSERTF(s0 && s1, "no stacks of both ranks:\n%s", p.ebuf);
     KT_ASSERTF(strstr(s0, "kolo_allreduce"), "rank 0's stack (local) does not show kolo_allreduce:\n%s", p.ebuf);
     KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack (on b) does not show its sleep:\n%s", s1);
+    /* both ranks' kolo status (b's signalled over a short ssh) and kolorun's reading of them */
+    KT_CONTAINS(p.ebuf, "[1]<stderr>:[kolo 1 status] {\"rank\":1,");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: the job waits for rank 1: it waits for no rank in kolo");
     KT_CONTAINS(p.ebuf, "kolorun: exit code 124\n");
     assert_no_leftovers(&c, true, 0.5);
     assert_no_leftovers(&c, false, 5);

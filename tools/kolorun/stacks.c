@@ -91,6 +91,34 @@ static bool gdb_stacks(pid_t pid, const char *tag)
  * processes of the command's process group (its pid came with the wrapper's start marker).
  * The script prints "@@stack PID" before each process's frames. */
 enum { REMOTE_OK, REMOTE_NO_GDB, REMOTE_NO_ANSWER };
+
+/* A remote worker's kolo status: SIGUSR1 to the processes of its group that catch it (bit 9 of
+ * SigCgt), by a short ssh to its host; the status comes on the worker's own stderr stream.
+ * Whether some process was sent it. */
+static const char status_script[] =
+    "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
+    "for p in $c $more; do\n"
+    "  m=$(awk '/^SigCgt:/ { print substr($2, length($2) - 3) }' /proc/$p/status 2>/dev/null)\n"
+    "  [ -n \"$m\" ] && [ $(( (0x$m >> 9) & 1 )) = 1 ] && kill -USR1 $p 2>/dev/null && echo @@sent\n"
+    "done\n";
+
+static bool remote_status(const kr_opts *o, const kr_rank *r)
+{
+    char *q = kr_shell_quote(status_script);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "sh -c %s kolorun-status %d", q ? q : "", r->remote_pid);
+    free(q);
+    char **argv = kr_ssh_argv(o, r->host, cmd);
+    char out[4096];
+    int st = 0;
+    bool timed_out = false;
+    ssize_t got = argv ? kr_run_capture((const char *const *)argv, false, 10.0, out, sizeof(out) - 1, &st, &timed_out)
+                       : -1;
+    kr_argv_free(argv);
+    if (got < 0) return false;
+    out[got] = '\0';
+    return strstr(out, "@@sent") != NULL;
+}
 static const char remote_script[] =
     "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
     "for p in $c $more; do\n"
@@ -282,19 +310,27 @@ void kr_dump_stacks(const kr_opts *o, kr_rank *ranks, int n, const char *unit)
         }
         nw++;
     }
+    for (int i = 0; i < n; i++) { /* remote workers: a short ssh each, the status on their stream */
+        kr_rank *r = &ranks[i];
+        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || r->err.fd < 0) continue;
+        if (remote_status(o, r)) {
+            statuses++;
+            r->want_status = true;
+        }
+    }
     /* kolo's status first (KOLO_STATUS_SIGNAL=USR1, which the option exports): the collective
      * each rank is in and the ranks it waits for, on its stderr, read here as it comes (a rank
-     * answers within half a second, its engine thread's share), then who waits for whom. Before
-     * gdb, which stops the process it reads. */
+     * answers within half a second, its engine thread's share, on a crowded machine later: 5 s
+     * at most), then who waits for whom. Before gdb, which stops the process it reads. */
     if (statuses) {
-        kr_say("kolo status of the %d local process%s that use%s kolo, on %s stderr:", statuses,
-               statuses == 1 ? "" : "es", statuses == 1 ? "s" : "", statuses == 1 ? "its" : "their");
-        for (double end = kr_now() + 2.0; kr_now() < end;) {
-            struct pollfd pfd[64];
-            kr_rank *who[64];
+        kr_say("kolo status of the %d process%s that use%s kolo, on %s stderr:", statuses, statuses == 1 ? "" : "es",
+               statuses == 1 ? "s" : "", statuses == 1 ? "its" : "their");
+        for (double end = kr_now() + 5.0; kr_now() < end;) {
+            struct pollfd pfd[256];
+            kr_rank *who[256];
             int np = 0;
-            for (int w = 0; w < nw; w++) {
-                kr_rank *r = &ranks[idx[w]];
+            for (int i = 0; i < n && np < 256; i++) {
+                kr_rank *r = &ranks[i];
                 if (r->want_status && r->err.fd >= 0) {
                     pfd[np] = (struct pollfd){.fd = r->err.fd, .events = POLLIN};
                     who[np++] = r;
