@@ -497,18 +497,16 @@ static int after_loss(kolo__xfer *const *xs, int n, int status)
 }
 
 /* For kolo_status_json (kolo__mesh_stuck): at each liveness check of a wait, since when it has
- * made no progress and whom it waits on. Relaxed stores, a few per millisecond at most: a reader
- * on another thread may see the peers of one check with the time of the next. */
-static void publish_stuck(kolo__mesh *m, kolo__xfer *const *xs, int n, uint64_t since)
+ * made no progress and whom it waits on: the peers with transfers queued (only this thread
+ * posts on the mesh), each once. Relaxed stores at the checks only: a reader on another thread
+ * may see the peers of one check with the time of the next. */
+static void publish_stuck(kolo__mesh *m, uint64_t since)
 {
     int k = 0;
-    for (int i = 0; i < n; i++) {
-        if (xs[i]->status != 1 || !xs[i]->conn) continue;
-        int peer = xs[i]->conn->peer, seen = 0;
-        for (int j = 0; j < k && j < KOLO__STUCK_MAX && !seen; j++)
-            seen = atomic_load_explicit(&m->stuck_peer[j], memory_order_relaxed) == peer;
-        if (seen) continue;
-        if (k < KOLO__STUCK_MAX) atomic_store_explicit(&m->stuck_peer[k], peer, memory_order_relaxed);
+    for (int p = 0; p < m->size; p++) {
+        const kolo__conn *c = m->conns[p];
+        if (!c || (!c->sendq && !c->recvq)) continue;
+        if (k < KOLO__STUCK_MAX) atomic_store_explicit(&m->stuck_peer[k], p, memory_order_relaxed);
         k++;
     }
     atomic_store_explicit(&m->stuck_n, k, memory_order_relaxed);
@@ -592,7 +590,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (now >= next_check) {
             next_check = now + next_check_after(check_ns, now - last_progress);
             checks++;
-            publish_stuck(m, xs, n, last_progress);
+            publish_stuck(m, last_progress);
             stuck = true;
             status = check_liveness(m, now - last_progress);
             if (status != KOLO_OK) {

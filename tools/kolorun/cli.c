@@ -58,7 +58,7 @@ static const char usage_text[] =
     "                                exit codes, output idle times), rewritten at each change\n"
     "  --get-stack-traces            at --timeout, first print every worker's stacks\n"
     "                                (gdb's native ones; Python's, for workers that import kolo)\n"
-    "                                and each local rank's kolo status (KOLO_STATUS_SIGNAL=USR1)\n"
+    "                                and each rank's kolo status (KOLO_STATUS_SIGNAL=USR1)\n"
     "CPU binding of local workers\n"
     "  --bind-to auto|none|core|socket|numa  (default auto: none, but where a host has more\n"
     "                                workers than CPUs, neighbouring ranks in blocks on one CPU each)\n"

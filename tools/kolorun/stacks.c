@@ -10,11 +10,12 @@
  *     like its other lines.
  *   - Native stacks of every thread, from gdb (`thread apply all bt`), when gdb is installed;
  *     printed as "[rank]<stack PID>:" lines on kolorun's stderr. At most GDB_S per process.
- *   - kolo's status of each local process that uses kolo (kolo_status_json: the collective it is
- *     in, the ranks it waits for, the tensors some ranks submitted and others not): the option
+ *   - kolo's status of each process that uses kolo (kolo_status_json: the collective it is in,
+ *     the ranks it waits for, the tensors some ranks submitted and others not): the option
  *     exports KOLO_STATUS_SIGNAL=USR1 (unless the user set it), and such a process writes it as
  *     one "[kolo R status] {...}" line on its stderr when sent SIGUSR1, sent, as SIGUSR2, only to
- *     processes that catch it. First, as gdb stops the processes it reads.
+ *     processes that catch it (a remote one's by a short ssh). First, as gdb stops the processes
+ *     it reads; then kolorun says which rank the job waits on (say_waits).
  * A remote worker's host is asked the same over a second ssh (remote_stacks, below; the PID is
  * the remote one). At most 64 local workers. */
 #include "kolorun.h"
@@ -92,17 +93,22 @@ static bool gdb_stacks(pid_t pid, const char *tag)
  * The script prints "@@stack PID" before each process's frames. */
 enum { REMOTE_OK, REMOTE_NO_GDB, REMOTE_NO_ANSWER };
 
-/* A remote worker's kolo status: SIGUSR1 to the processes of its group that catch it (bit 9 of
- * SigCgt), by a short ssh to its host; the status comes on the worker's own stderr stream.
- * Whether some process was sent it. */
-static const char status_script[] =
-    "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
-    "for p in $c $more; do\n"
-    "  m=$(awk '/^SigCgt:/ { print substr($2, length($2) - 3) }' /proc/$p/status 2>/dev/null)\n"
-    "  [ -n \"$m\" ] && [ $(( (0x$m >> 9) & 1 )) = 1 ] && kill -USR1 $p 2>/dev/null && echo @@sent\n"
-    "done\n";
+/* What both remote scripts start with: the processes of the command's process group ($c, its
+ * pid, and $more), and for process $p the low bits of its caught signals (SigCgt; signal N is
+ * bit N-1), in $m. */
+#define GROUP_PIDS "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
+#define CAUGHT "m=$(awk '/^SigCgt:/ { print substr($2, length($2) - 3) }' /proc/$p/status 2>/dev/null)\n"
 
-static bool remote_status(const kr_opts *o, const kr_rank *r)
+/* A remote worker's kolo status: SIGUSR1 to the processes of its group that catch it, by a short
+ * ssh to its host; the status comes on the worker's own stderr stream. 1 when some process was
+ * sent it, 0 when none catches it, -1 when the host did not answer (its other workers are not
+ * asked). */
+static const char status_script[] = GROUP_PIDS "for p in $c $more; do\n  " CAUGHT
+                                    "  [ -n \"$m\" ] && [ $(( (0x$m >> 9) & 1 )) = 1 ] && kill -USR1 $p 2>/dev/null && "
+                                    "echo @@sent\n"
+                                    "done\n";
+
+static int remote_status(const kr_opts *o, const kr_rank *r)
 {
     char *q = kr_shell_quote(status_script);
     char cmd[4096];
@@ -115,14 +121,13 @@ static bool remote_status(const kr_opts *o, const kr_rank *r)
     ssize_t got = argv ? kr_run_capture((const char *const *)argv, false, 10.0, out, sizeof(out) - 1, &st, &timed_out)
                        : -1;
     kr_argv_free(argv);
-    if (got < 0) return false;
+    if (got < 0) return 0;
     out[got] = '\0';
-    return strstr(out, "@@sent") != NULL;
+    return strstr(out, "@@sent") ? 1 : timed_out ? -1 : 0;
 }
 static const char remote_script[] =
-    "c=$1; more=$(ps -e -o pid= -o pgid= 2>/dev/null | awk -v g=\"$c\" '$2 == g && $1 != g { print $1 }')\n"
-    "for p in $c $more; do\n"
-    "  m=$(awk '/^SigCgt:/ { print substr($2, length($2) - 3) }' /proc/$p/status 2>/dev/null)\n"
+    GROUP_PIDS
+    "for p in $c $more; do\n  " CAUGHT
     "  [ -n \"$m\" ] && [ $(( (0x$m >> 11) & 1 )) = 1 ] && kill -USR2 $p 2>/dev/null\n"
     "done\n"
     "command -v gdb >/dev/null 2>&1 || { echo @@nogdb; exit 0; }\n"
@@ -310,14 +315,20 @@ void kr_dump_stacks(const kr_opts *o, kr_rank *ranks, int n, const char *unit)
         }
         nw++;
     }
+    char *mute = calloc((size_t)o->nhosts, 1); /* hosts that did not answer */
     for (int i = 0; i < n; i++) { /* remote workers: a short ssh each, the status on their stream */
         kr_rank *r = &ranks[i];
-        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || r->err.fd < 0) continue;
-        if (remote_status(o, r)) {
+        if (!r->running || o->hosts[r->host].local || r->remote_pid <= 0 || r->err.fd < 0 || (mute && mute[r->host]))
+            continue;
+        int v = remote_status(o, r);
+        if (v > 0) {
             statuses++;
             r->want_status = true;
+        } else if (v < 0 && mute) {
+            mute[r->host] = 1;
         }
     }
+    free(mute);
     /* kolo's status first (KOLO_STATUS_SIGNAL=USR1, which the option exports): the collective
      * each rank is in and the ranks it waits for, on its stderr, read here as it comes (a rank
      * answers within half a second, its engine thread's share, on a crowded machine later: 5 s
