@@ -502,8 +502,9 @@ static int cycle(kolo_request_t *q)
         }
     }
     /* see "Cycle timing": a set's requests wait for this rank's world exchanges */
-    bool needed = outside_any(held);
-    E.hurry = needed && outside_any(waited);
+    E.needed = outside_any(held);
+    E.hurry = E.needed && outside_any(waited);
+    if (E.needed) atomic_fetch_add_explicit(&E.needed_cycles, 1, memory_order_relaxed);
     if (leaving >= 0) {
         char msg[256];
         snprintf(msg, sizeof(msg),
@@ -536,7 +537,7 @@ static int cycle(kolo_request_t *q)
     if (worked) atomic_fetch_add_explicit(&E.st.cycles, 1, memory_order_relaxed);
     if (E.autotune) kolo__tune_after_cycle();
     E.local_pending = count_pending(false);
-    int quiet = needed || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
+    int quiet = E.needed || worked || E.local_pending ? 0 : E.quiet_cycles + 1;
     atomic_store_explicit(&E.quiet_cycles, quiet, memory_order_relaxed); /* the tests read it */
     E.used |= busy;
     return KOLO_OK;
@@ -603,7 +604,7 @@ static void *engine_main(void *arg)
             if (E.hurry) break; /* another rank's thread waits on a set this rank is not in */
             uint64_t now = kolo__now_ns(), dl = E.t_last + period_ns(work || E.local_pending);
             if (now >= dl) {
-                atomic_fetch_add_explicit(&E.timed_cycles, 1, memory_order_relaxed);
+                if (E.needed) atomic_fetch_add_explicit(&E.needed_timed, 1, memory_order_relaxed);
                 break;
             }
             struct timespec ts = {(time_t)(dl / 1000000000ull), (long)(dl % 1000000000ull)};
@@ -740,10 +741,11 @@ int kolo__engine_start(void)
                      ? KOLO_AUTOTUNE_DONE
                      : KOLO_AUTOTUNE_TUNING;
     E.world_busy = 0;
-    E.hurry = false;
+    E.hurry = E.needed = false;
     atomic_store_explicit(&E.quiet_cycles, 0, memory_order_relaxed);
     atomic_store_explicit(&E.world_cycles, 0, memory_order_relaxed);
-    atomic_store_explicit(&E.timed_cycles, 0, memory_order_relaxed);
+    atomic_store_explicit(&E.needed_cycles, 0, memory_order_relaxed);
+    atomic_store_explicit(&E.needed_timed, 0, memory_order_relaxed);
     atomic_store_explicit(&E.set_steps, 0, memory_order_relaxed);
     E.used = 0;
     E.local_pending = 0;
@@ -891,8 +893,9 @@ void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *loc
 
 int kolo__engine_test_quiet_cycles(void) { return atomic_load_explicit(&E.quiet_cycles, memory_order_relaxed); }
 uint64_t kolo__engine_test_cycles(void) { return atomic_load_explicit(&E.world_cycles, memory_order_relaxed); }
-uint64_t kolo__engine_test_timed_cycles(void)
+void kolo__engine_test_needed_cycles(uint64_t *needed, uint64_t *timed)
 {
-    return atomic_load_explicit(&E.timed_cycles, memory_order_relaxed);
+    *needed = atomic_load_explicit(&E.needed_cycles, memory_order_relaxed);
+    *timed = atomic_load_explicit(&E.needed_timed, memory_order_relaxed);
 }
 uint64_t kolo__engine_test_set_steps(void) { return atomic_load_explicit(&E.set_steps, memory_order_relaxed); }

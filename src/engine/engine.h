@@ -33,11 +33,13 @@ void kolo__engine_negotiation_cost(uint64_t *cycles, uint64_t *ns, uint64_t *loc
 
 /* For the tests: world cycles in a row in which this rank held no requests and no rank held any
  * of a process set that leaves it out (from the third on, this rank's engine waits 4 ms between
- * cycles: engine.c, "Cycle timing"), world cycles run since kolo_init, and those of them begun
- * because the period ran out (rather than for a waiting thread, here or on a rank of a set). */
+ * cycles: engine.c, "Cycle timing"), and world cycles run since kolo_init. */
 int kolo__engine_test_quiet_cycles(void);
 uint64_t kolo__engine_test_cycles(void);
-uint64_t kolo__engine_test_timed_cycles(void);
+/* For the tests: since kolo_init, the world exchanges that showed a process set leaving this
+ * rank out holding requests (*NEEDED), and the cycles after such an exchange begun because the
+ * period ran out (*TIMED), rather than at once for a thread waiting on the set's requests. */
+void kolo__engine_test_needed_cycles(uint64_t *needed, uint64_t *timed);
 /* Tests: the negotiations this rank's process sets other than the world have run since kolo_init */
 uint64_t kolo__engine_test_set_steps(void);
 /* Tests: the idle output blocks the engine keeps for its next outputs (request.c), in bytes. */

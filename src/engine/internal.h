@@ -268,7 +268,9 @@ typedef struct kolo__engine {
     _Atomic int quiet_cycles; /* cycles in a row in which this rank could hold back its period
                                * (it held nothing, nor did any rank in a set that leaves it out:
                                * engine.c, "Cycle timing") */
-    _Atomic uint64_t world_cycles, timed_cycles, set_steps; /* for the tests */
+    /* for the tests: world exchanges; those that showed a set leaving this rank out holding
+     * requests ("needed"), and the cycles after such a one that waited out the period */
+    _Atomic uint64_t world_cycles, needed_cycles, needed_timed, set_steps;
     int used;               /* some rank has had requests since start */
     uint64_t t_last;        /* start of the last cycle (ns) */
     kolo__pset_state *sets[KOLO_MAX_PSETS];
@@ -278,6 +280,7 @@ typedef struct kolo__engine {
     uint64_t present[KOLO_MAX_PSETS / 64];
     uint64_t holds[KOLO_MAX_PSETS / 64], waits[KOLO_MAX_PSETS / 64]; /* this cycle's, for kolo__fixed_hdr */
     bool hurry;   /* last world step: a thread waits on a set's requests, and this rank is not in it */
+    bool needed;  /* last world step: a set that leaves this rank out holds requests */
     int cycle_blocked; /* `blocked` when this cycle started */
     kolo_request_t *waiting[KOLO_MAX_PSETS]; /* submitted on a set not active yet */
     /* execution scratch */
