@@ -1499,6 +1499,61 @@ KT_TEST(status_names_the_rank_the_engine_waits_for, 30)
     KT_EQ(kt_job(2, status_engine_stuck, NULL, NULL, NULL), 0);
 }
 
+/* A wait that makes no progress for KOLO_STALL_CHECK_TIME warns once, naming what waits and
+ * the ranks it waits for: a direct allreduce rank 1 joins late, then an engine exchange with
+ * rank 1 stopped (SIGSTOP). A straggler outside kolo is not such a wait for the engine (its
+ * engine still exchanges): rank 0's engine stays quiet while rank 1 sleeps. */
+static void stall_of_a_wait(int rank, void *arg)
+{
+    char path[256];
+    capture_rank_stderr(arg, rank, path, sizeof(path));
+    KT_OK(kolo_init());
+    int32_t pid = (int32_t)getpid(), pids[2];
+    KT_OK(kolo_allgather(&pid, 1, pids, NULL, KOLO_INT32, KOLO_WORLD));
+    float x[1000], y[1000];
+    for (int i = 0; i < 1000; i++) x[i] = 1;
+    if (rank == 1) usleep(1200000); /* 4x KOLO_STALL_CHECK_TIME */
+    KT_OK(kolo_allreduce(x, y, 1000, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_ASSERT(y[999] == 2);
+    kolo_shape_t sh = shape1(2);
+    kolo_request_t *a;
+    if (rank == 0) {
+        fflush(stderr);
+        const char *log = slurp(path);
+        KT_CONTAINS(log, "kolo_allreduce on process set 0 has waited 0.3");
+        KT_CONTAINS(log, "s for rank(s) 1 without progress");
+        KT_ASSERTF(!strstr(log, "the engine has waited"), "the engine warned of a straggler outside kolo: %s", log);
+        KT_EQ(kill(pids[1], SIGSTOP), 0);
+        KT_OK(kolo_iallreduce("after.stop", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+        usleep(1200000);
+        KT_EQ(kill(pids[1], SIGCONT), 0);
+    } else {
+        KT_OK(kolo_iallreduce("after.stop", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &a));
+    }
+    wait_ok(a);
+    KT_ASSERT(y[1] == 2);
+    kolo_request_release(a);
+    if (rank == 0) {
+        fflush(stderr);
+        const char *log = slurp(path);
+        KT_CONTAINS(log, "the engine has waited 0.3");
+        KT_CONTAINS(log, "s for rank(s) 1 without progress, negotiating on process set 0");
+        /* once per wait: one of each */
+        const char *e = strstr(log, "the engine has waited");
+        KT_ASSERTF(!strstr(e + 1, "the engine has waited"), "warned twice: %s", log);
+    }
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(stall_warning_names_the_rank_a_wait_waits_for, 30)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3"}};
+    KT_EQ(kt_job(2, stall_of_a_wait, dir, &o, NULL), 0);
+    remove_dir(dir);
+}
+
 /* After rank 1 died, rank 0's status carries the job error that names it. */
 static void status_after_loss(int rank, void *arg)
 {

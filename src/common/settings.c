@@ -153,10 +153,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_TIMELINE_MARK_CYCLES] = {"KOLO_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
                                        "1: mark every engine cycle in the timeline"},
     [KOLO_SET_STALL_CHECK_DISABLE] = {"KOLO_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "0",
-                                      "1: never warn about tensors some ranks have not submitted"},
+                                      "1: never warn about tensors some ranks have not submitted, nor about "
+                                      "collectives waiting on ranks"},
     [KOLO_SET_STALL_CHECK_TIME] = {"KOLO_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS", "60",
                                    "seconds before a tensor submitted by some ranks only is reported, "
-                                   "with the missing ranks"},
+                                   "with the missing ranks, and before a collective (or the engine's "
+                                   "exchange) that has made no progress names the ranks it waits for"},
     [KOLO_SET_STALL_SHUTDOWN_TIME] = {"KOLO_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
                                       "seconds after which a stall becomes an error on every rank; 0 never"},
     [KOLO_SET_STATUS_SIGNAL] = {"KOLO_STATUS_SIGNAL", "", "",

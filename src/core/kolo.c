@@ -422,6 +422,20 @@ static void teardown(void)
     }
 }
 
+/* A direct collective's wait has made no progress for KOLO_STALL_CHECK_TIME (xfer.c): the
+ * engine's stall warning names the tensors and the ranks that did not submit them; this names
+ * the call and the ranks it waits for, so that a job of direct collectives that hangs says
+ * whom it hangs on in its log, under any launcher, before KOLO_OP_TIMEOUT ends it. */
+static void direct_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *ranks)
+{
+    const char *fn = atomic_load_explicit(&W.direct_fn, memory_order_relaxed);
+    KOLO_WARN("%s on process set %d has waited %.3g s for rank(s) %s without progress: they have not reached it, "
+              "or are stopped or stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this "
+              "warning comes)",
+              fn ? fn : "a collective", atomic_load_explicit(&W.direct_pset, memory_order_relaxed),
+              (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
+}
+
 /* One attempt at joining: the job the environment describes, or in an elastic job the newest
  * round kolorun formed. */
 static int init_once(void)
@@ -471,6 +485,7 @@ static int init_once(void)
         st = kolo__mesh_build(W.mesh, &W.peers, &W.info, store);
         if (store != W.estore) kolo__store_close(store);
         if (st != KOLO_OK) goto fail;
+        W.mesh[KOLO_CHANNEL_DIRECT]->on_stall = direct_stalled;
     }
     st = compute_topology();
     if (st != KOLO_OK) goto fail;

@@ -390,6 +390,26 @@ static void serve_status(void)
 
 static const char *const act_names[] = {"waiting for the next cycle", "negotiating", "running"};
 
+/* A wait of the engine thread's has made no progress for KOLO_STALL_CHECK_TIME (xfer.c). Every
+ * rank's engine joins every cycle's exchange, a straggler's too (every 4 ms at most: "Cycle
+ * timing"), so such a wait is not a rank late with its tensors, which the stall inspector
+ * reports, but a rank whose engine stopped: the process stopped (SIGSTOP, a debugger), swapping,
+ * or its engine thread stuck in a request's callback. On the engine thread. */
+static void engine_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *ranks)
+{
+    int phase = atomic_load_explicit(&E.act_phase, memory_order_relaxed);
+    int set = atomic_load_explicit(&E.act_set, memory_order_relaxed);
+    char what[192];
+    if (phase == KOLO__ACT_RUN)
+        snprintf(what, sizeof(what), "running '%s'%s on process set %d", E.act_name, E.act_more ? " (fused)" : "",
+                 set);
+    else snprintf(what, sizeof(what), "negotiating on process set %d", set);
+    KOLO_WARN("the engine has waited %.3g s for rank(s) %s without progress, %s: every rank's engine joins each "
+              "cycle, so theirs has stopped (the process stopped or swapping, or a request's callback stuck); it "
+              "fails after KOLO_OP_TIMEOUT, %.3g s",
+              (double)waited_ns * 1e-9, ranks, what, (double)m->op_timeout_ns * 1e-9);
+}
+
 void kolo__engine_status(kolo__sbuf *b)
 {
     pthread_mutex_lock(&E.lock);
@@ -721,6 +741,7 @@ static void free_state(void)
 int kolo__engine_start(void)
 {
     E.mesh = W.mesh[KOLO_CHANNEL_ENGINE];
+    if (E.mesh) E.mesh->on_stall = engine_stalled;
     E.rank = W.info.rank;
     E.size = W.info.size;
     double ms = kolo__setting_double(KOLO_SET_CYCLE_TIME);

@@ -1111,6 +1111,8 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         m->channel = ch;
         m->peers = b.peers;
         m->op_timeout_ns = (uint64_t)(kolo__setting_double(KOLO_SET_OP_TIMEOUT) * 1e9);
+        if (kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) <= 0)
+            m->stall_ns = (uint64_t)(kolo__setting_double(KOLO_SET_STALL_CHECK_TIME) * 1e9);
         m->spin_ns = (uint64_t)kolo__setting_long(KOLO_SET_SPIN_US) * 1000u;
         meshes[ch] = m;
     }

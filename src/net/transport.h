@@ -187,6 +187,11 @@ struct kolo__mesh {
     kolo__conn **conns;             /* [size]; conns[rank] is NULL */
     const kolo__peer_info *peers;   /* shared by all channels; owned by the world */
     uint64_t op_timeout_ns;
+    /* a wait without progress this long (KOLO_STALL_CHECK_TIME; 0 never) calls on_stall once,
+     * with how long it has waited and the ranks it waits on ("1, 3-5"), if the channel's owner
+     * set it: the warning of a wait that names no tensor (core/kolo.c, engine/engine.c) */
+    uint64_t stall_ns;
+    void (*on_stall)(const kolo__mesh *m, uint64_t waited_ns, const char *ranks);
     uint64_t spin_ns;
     /* waits on this mesh sleep after their spin, without yielding first (the engine's: xfer.c) */
     bool doze;

@@ -523,12 +523,28 @@ uint64_t kolo__mesh_stuck(const kolo__mesh *m, int *peers, int cap, int *n)
     return since;
 }
 
+/* The peers of the unfinished ones of xs, in increasing order, as "1, 3-5" (for a message: a
+ * pass over the peers per xfer) */
+static void owed_ranks(const kolo__mesh *m, kolo__xfer *const *xs, int n, char *who, size_t cap)
+{
+    kolo__ranks_text t;
+    kolo__ranks_begin(&t, who, cap);
+    for (int p = 0; p < m->size; p++)
+        for (int i = 0; i < n; i++)
+            if (xs[i]->status == 1 && xs[i]->conn && xs[i]->conn->peer == p) {
+                kolo__ranks_add(&t, p);
+                break;
+            }
+    kolo__ranks_end(&t);
+}
+
 int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
 {
     int status = KOLO_OK;
     dozing d; /* its arrays are written before they are read: no 2 KiB of zeroes per wait */
     d.n = 0;
     bool stuck = false; /* published for kolo_status_json */
+    bool warned = false; /* m->on_stall called since the last progress */
     if (all_done(xs, n, &status)) goto out;
     if (test_liveness_first && (status = check_liveness(m, 0)) != KOLO_OK) {
         status = after_loss(xs, n, status);
@@ -569,6 +585,7 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
         if (all_done(xs, n, &status)) goto out;
         if (moved) {
             last_progress = 0; /* re-read the clock lazily */
+            warned = false;
             doze_end(&d);
             continue;
         }
@@ -597,14 +614,15 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
                 status = after_loss(xs, n, status);
                 goto out;
             }
+            if (!warned && m->on_stall && m->stall_ns && now - last_progress >= m->stall_ns) {
+                char who[256];
+                owed_ranks(m, xs, n, who, sizeof(who));
+                m->on_stall(m, now - last_progress, who);
+                warned = true;
+            }
             if (now - last_progress > m->op_timeout_ns) {
                 char who[256];
-                kolo__ranks_text t;
-                kolo__ranks_begin(&t, who, sizeof(who));
-                for (int i = 0; i < n; i++)
-                    if (xs[i]->status == 1 && xs[i]->conn)
-                        kolo__ranks_add(&t, xs[i]->conn->peer);
-                kolo__ranks_end(&t);
+                owed_ranks(m, xs, n, who, sizeof(who));
                 status = kolo__err(KOLO_ERR_TIMEOUT,
                                    "rank %d waited %.0f s for rank(s) %s without progress (KOLO_OP_TIMEOUT): "
                                    "the peer is alive but stopped answering (stopped, swapping, or stuck "
