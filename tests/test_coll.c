@@ -3558,6 +3558,69 @@ static void broadcast_split2(int rank, void *arg)
 
 KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NULL); }
 
+/* Ranks that call different direct collectives, where every message's length agrees: each
+ * message carries its sender's call (net/xfer.c, "Call tags"), and every rank fails naming both
+ * calls (the one that read the other's message with a mismatch, the other told by its abort).
+ * Before the tags each of these went through: a 4-float allreduce against a broadcast returned
+ * success on the broadcasting rank, the others on both ranks with wrong results. Two broadcasts
+ * that each name itself the root send and receive nothing; their messages meet the next call,
+ * which fails naming them. One case per job (a mismatch fails the ranks' connections). */
+enum { C_SUM, C_BCAST0, C_INT, C_MAX, C_BCAST_ME, C_BARRIER, C_RS };
+
+static const struct {
+    int call[2];        /* what rank 0 and rank 1 call */
+    const char *say[2]; /* both in every rank's error */
+} mixed[] = {
+    {{C_SUM, C_BCAST0}, {"kolo_allreduce (float32, sum)", "kolo_broadcast (float32, root 0)"}},
+    {{C_SUM, C_INT}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (int32, sum)"}},
+    {{C_SUM, C_MAX}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (float32, max)"}},
+    {{C_BARRIER, C_SUM}, {"called kolo_barrier", "kolo_allreduce (float32, sum)"}},
+    {{C_RS, C_SUM}, {"kolo_reducescatter (float32, sum)", "kolo_allreduce (float32, sum)"}},
+    {{C_BCAST_ME, C_BCAST_ME}, {"kolo_broadcast (float32, root ", "where rank"}},
+};
+
+static int mixed_call_one(int call, int rank)
+{
+    float a[4] = {1, 2, 3, 4}, b[4] = {0};
+    int32_t ia[4] = {1, 2, 3, 4}, ib[4] = {0};
+    switch (call) {
+    case C_SUM: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    case C_BCAST0: return kolo_broadcast(a, 4, KOLO_FLOAT32, 0, KOLO_WORLD);
+    case C_INT: return kolo_allreduce(ia, ib, 4, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    case C_MAX: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD);
+    case C_BCAST_ME: return kolo_broadcast(a, 4, KOLO_FLOAT32, rank, KOLO_WORLD);
+    case C_BARRIER: return kolo_barrier(KOLO_WORLD);
+    default: return kolo_reducescatter(a, b, 2, 2, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    }
+}
+
+static void mixed_calls(int rank, void *arg)
+{
+    int k = (int)(intptr_t)arg;
+    KT_OK(kolo_init());
+    KT_OK(kolo_barrier(KOLO_WORLD)); /* one call both make alike first */
+    int st = mixed_call_one(mixed[k].call[rank], rank);
+    if (mixed[k].call[0] == C_BCAST_ME) {
+        KT_OK(st);
+        st = mixed_call_one(C_SUM, rank);
+        KT_CONTAINS(kolo_last_error(), "kolo_allreduce (float32, sum)");
+    }
+    KT_ASSERTF(st == KOLO_ERR_MISMATCH || st == KOLO_ERR_PEER_LOST, "case %d rank %d: %d (%s)", k, rank, st,
+               kolo_last_error());
+    for (int i = 0; i < 2; i++) KT_CONTAINS(kolo_last_error(), mixed[k].say[i]);
+    KT_CONTAINS(kolo_last_error(), "the ranks called different collectives, or the same in different orders");
+    kolo_shutdown();
+}
+
+KT_TEST(direct_mixed_calls_name_both, 60)
+{
+    for (int k = 0; k < (int)(sizeof(mixed) / sizeof(mixed[0])); k++) {
+        KT_EQ(kt_job(2, mixed_calls, (void *)(intptr_t)k, NULL, NULL), 0);
+        kt_job_opts o = {.env = {"KOLO_TRANSPORT=tcp"}};
+        KT_EQ(kt_job(2, mixed_calls, (void *)(intptr_t)k, &o, NULL), 0);
+    }
+}
+
 /* With KOLO_SHM_CMA=auto, the root of a 2-rank broadcast keeps the way its timings favour, the
  * split or both halves by ring copies (broadcast.c, "Split or ring copies"): a hook makes one way
  * slower per call on the root (90 ms, as for the reduce-scatter's choice below, for a loaded CI), and the other must carry at least 8 of the last 12 of 24 calls

@@ -537,7 +537,7 @@ static void strangers(int rank, void *arg)
         unsigned char hello_a[44], msg[80];
         KT_ASSERT(read(forged, hello_a, sizeof(hello_a)) == (ssize_t)sizeof(hello_a));
         memset(msg, 0x5a, sizeof(msg));
-        memcpy(msg, "KOLOMSH5", 8);
+        memcpy(msg, "KOLOMSH6", 8);
         uint32_t r2 = 2, ch = 0;
         memcpy(msg + 8, &r2, 4);
         memcpy(msg + 12, &ch, 4);
@@ -580,8 +580,8 @@ static void strangers(int rank, void *arg)
         KT_CONTAINS(text, "refused a connection from 127.0.0.1");
         KT_CONTAINS(text, "not a kolo peer");
         KT_CONTAINS(text, "does not hold this job's secret");
-        KT_CONTAINS(text, "another wire version (KOLOMSH1; this one speaks KOLOMSH5)");
-        KT_CONTAINS(text, "another wire version (KOLOMSH\\x01; this one speaks KOLOMSH5)");
+        KT_CONTAINS(text, "another wire version (KOLOMSH1; this one speaks KOLOMSH6)");
+        KT_CONTAINS(text, "another wire version (KOLOMSH\\x01; this one speaks KOLOMSH6)");
     }
 }
 

@@ -784,9 +784,17 @@ static int enter(const char *fn, int pset, kolo__group **g)
     return KOLO_OK;
 }
 
+/* What the direct collective now running sends with its messages and checks the peers' against
+ * (net/xfer.c, "Call tags"); a world of one has no mesh */
+static void call_tag(uint16_t tag)
+{
+    if (W.mesh[KOLO_CHANNEL_DIRECT]) W.mesh[KOLO_CHANNEL_DIRECT]->call_tag = tag;
+}
+
 static int leave(int st)
 {
     atomic_store_explicit(&W.direct_since, 0, memory_order_relaxed);
+    call_tag(0);
     if (st != KOLO_OK) kolo__elastic_ask(W.mesh[0]); /* a failed round: ask for the next one at once */
     pthread_mutex_unlock(&W.direct_lock);
     return st;
@@ -829,6 +837,7 @@ int kolo_allreduce(const void *sendbuf, void *recvbuf, size_t count, kolo_dtype_
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn, sendbuf ? "recvbuf" : "sendbuf", count);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_ALLREDUCE, dtype, op, -1));
     return leave(kolo__coll_allreduce(W.mesh[0], g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
 }
 
@@ -841,6 +850,7 @@ int kolo_allgather(const void *sendbuf, size_t sendcount, void *recvbuf, const s
     if (st) return st;
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_ALLGATHER, dtype, -1, -1));
     size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
     if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
     size_t total = 0;
@@ -869,6 +879,7 @@ int kolo_broadcast(void *buf, size_t count, kolo_dtype_t dtype, int root, int ps
     if (count && !buf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: buf is NULL with count %zu", fn, count);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_BROADCAST, dtype, -1, root));
     if (root < 0 || root >= g->size)
         return leave(kolo__err(KOLO_ERR_INVALID_ARG, "%s: root %d is not a rank of process set %d (size %d)", fn, root,
                                pset, g->size));
@@ -885,6 +896,7 @@ int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf, 
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, sendcounts ? "recvcounts" : "sendcounts");
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_ALLTOALL, dtype, -1, -1));
     size_t stot = 0, rtot = 0;
     for (int i = 0; i < g->size && !st; i++) {
         if ((st = check_count(fn, "sendcounts[i]", sendcounts[i], dtype))) break;
@@ -924,6 +936,7 @@ int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t r
     if (rows != 0 && row_count != 0 && !sendbuf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_REDUCESCATTER, dtype, op, -1));
     size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
     if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
     for (int i = 0; i < g->size; i++) counts[i] = kolo_reducescatter_rows(rows, g->size, i) * row_count;
@@ -940,5 +953,6 @@ int kolo_barrier(int pset)
     kolo__group *g;
     int st = enter("kolo_barrier", pset, &g);
     if (st) return st;
+    call_tag(kolo__call_tag(KOLO_CALL_BARRIER, -1, -1, -1));
     return leave(kolo__coll_barrier(W.mesh[0], g));
 }

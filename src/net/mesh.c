@@ -8,8 +8,8 @@
  *      other rank's entry, waiting until KOLO_START_TIMEOUT, then name the missing ranks.
  *   3. For each channel and each pair, the higher rank connects to the lower one. Handshake
  *      (all fixed-size binary messages; HMAC-SHA256 with the job secret, distinct labels):
- *        A (acceptor) -> C: "KOLOMSH5", rank_a, nonce_a
- *        C -> A: "KOLOMSH5", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
+ *        A (acceptor) -> C: "KOLOMSH6", rank_a, nonce_a
+ *        C -> A: "KOLOMSH6", rank_c, channel, nonce_c, mac(connect: job, nonce_a, rank_c, channel, rank_a)
  *        A -> C: mac(accept: job, nonce_c, rank_a, channel, rank_c), transport offer
  *                (tcp, or shm with a segment name), A's pid and a probe address for CMA
  *        C -> A: shm opened and token matched?, CMA read of A's probe worked (and KOLO_SHM_CMA
@@ -49,8 +49,10 @@
  * (tcp.c), KOLOMSH3 since shared-memory control blocks carry a doorbell, KOLOMSH4 since a
  * sleeper says there what it waits for (shm.c, "Sleeping"), KOLOMSH5 since they hold the ways
  * of a fourth kind of call (KOLO_PAIR_KINDS: a crowded host's alltoalls), which moved the
- * doorbell. A peer of another version would misread our frames, so it is refused by name. */
-#define HS_MAGIC "KOLOMSH5"
+ * doorbell, KOLOMSH6 since a frame's length carries its sender's call tag in its top 16 bits
+ * (xfer.c, "Call tags"). A peer of another version would misread our frames, so it is refused
+ * by name. */
+#define HS_MAGIC "KOLOMSH6"
 #define HS_FAMILY_LEN 7 /* "KOLOMSH": a kolo peer, of some wire version */
 #define HELLO_A_LEN (8 + 4 + KOLO_NONCE_LEN)
 #define HELLO_C_LEN (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)

@@ -42,7 +42,7 @@
  * straggler's engine twice per exchange.) Both sides fence between their store and their load
  * of the other's word (asleep, then the counters; the counters, then asleep), so one of them
  * sees the other: a sleeper never misses a move made after it set `asleep`. The layout of the
- * control blocks, and the meaning of `asleep`, are the wire's (mesh.c, KOLOMSH5).
+ * control blocks, and the meaning of `asleep`, are the wire's (mesh.c, KOLOMSH6).
  */
 #include "transport.h"
 
@@ -1015,14 +1015,15 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             if (cma) {
                 unsigned char msg[KOLO_HDR_LEN + CMA_DESC_LEN];
                 uint64_t addr = (uint64_t)(uintptr_t)x->buf, len = x->len;
-                kolo__hdr_pack(msg, SHM_FLAG_CMA | (called ? SHM_FLAG_CALL : 0), x->len);
+                memcpy(msg, x->hdr, KOLO_HDR_LEN); /* the length with the call's tag */
+                kolo__hdr_set_flags(msg, SHM_FLAG_CMA | (called ? SHM_FLAG_CALL : 0));
                 memcpy(msg + KOLO_HDR_LEN, &addr, 8);
                 memcpy(msg + KOLO_HDR_LEN + 8, &len, 8);
                 memcpy(msg + KOLO_HDR_LEN + 16, &stamp, STAMP_LEN);
                 tx_write(s, at + MARK_LEN, msg, sizeof(msg));
                 x->cma_seq = ++s->cma_sent;
             } else {
-                if (called) kolo__hdr_pack(x->hdr, SHM_FLAG_CALL, x->len);
+                if (called) kolo__hdr_set_flags(x->hdr, SHM_FLAG_CALL);
                 tx_write(s, at + MARK_LEN, x->hdr, KOLO_HDR_LEN);
                 if (whole && x->len) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, x->buf, x->len);
                 else if (!whole) tx_write(s, at + MARK_LEN + KOLO_HDR_LEN, &stamp, STAMP_LEN);

@@ -207,7 +207,7 @@ static int progress_send(kolo__conn *c)
         kolo__xfer *x = c->sendq;
         if (x->hdr_done == 0) {
             send_pad(x);
-            if (x->pad || x->tail) kolo__hdr_pack(x->hdr, x->pad << TCP_PAD_SHIFT | x->tail, x->len);
+            if (x->pad || x->tail) kolo__hdr_set_flags(x->hdr, x->pad << TCP_PAD_SHIFT | x->tail);
         }
         size_t want;
         ssize_t k = send_more(c, x, &want);

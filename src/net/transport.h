@@ -40,6 +40,12 @@
 /* header flag of the last frame a rank sends when it gives up on the job; payload: the reason */
 #define KOLO_HDR_ABORT 0x40000000u
 #define KOLO_ABORT_REASON_MAX 384
+/* The length field's top 16 bits carry the sender's call tag (payloads are below 2^48 bytes:
+ * every entry point refuses more): the direct collective it was in, its dtype, op and root,
+ * so that ranks that called different collectives are told what each called (xfer.c). */
+#define KOLO_HDR_LEN_BITS 48
+enum { KOLO_CALL_NONE = 0, KOLO_CALL_ALLREDUCE, KOLO_CALL_ALLGATHER, KOLO_CALL_BROADCAST, KOLO_CALL_ALLTOALL,
+       KOLO_CALL_REDUCESCATTER, KOLO_CALL_BARRIER };
 
 typedef struct kolo__conn kolo__conn;
 typedef struct kolo__xfer kolo__xfer;
@@ -225,6 +231,10 @@ struct kolo__mesh {
      * (KOLO_WAY_*), which post() gives each send it queues */
     kolo__pair_ways **pair_ways;
     unsigned char call_way;
+    /* the direct collective running on this mesh (kolo__call_tag), set by the thread that runs it
+     * (core/kolo.c): what its sends carry and its receives are checked against; 0 outside one
+     * (kolo_init's agreement, the engine's mesh), where nothing is checked */
+    uint16_t call_tag;
     /* Agreed by every rank at init (core/kolo.c), so alike on every member of any group, for
      * algorithm choices that must match: every pair of the world runs over shared memory on this
      * channel; some host has more ranks than cores; every pair of the world shares memory on this
@@ -304,6 +314,10 @@ void kolo__poke(kolo__mesh *m);
 
 /* Helpers for transports: frame header and queue bookkeeping. */
 void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t len);
+/* Rewrites only the flags of a packed header (its length and call tag stay). */
+void kolo__hdr_set_flags(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags);
+/* A direct collective's call tag: KIND (KOLO_CALL_*), dtype, op (or -1) and root (or -1, kept mod 64) */
+uint16_t kolo__call_tag(int kind, int dtype, int op, int root);
 /* Validates a received header against the xfer's expected length; returns status (with a
  * message naming the peer). *flags receives the header's flags. */
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);

@@ -65,6 +65,41 @@ const char *kolo__peer_name(const kolo__mesh *m, int peer)
     return buf;
 }
 
+void kolo__hdr_set_flags(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags) { memcpy(hdr + 4, &flags, 4); }
+
+/* ---- Call tags ----
+ * A stream between two ranks matches each send with the receive posted in the same place: when
+ * the ranks called different collectives, one's message lands in the other's receive, and only
+ * a length that differs showed it. Where the lengths agreed the call went on with the wrong
+ * bytes: a 4-float allreduce against a broadcast returned success on the broadcasting rank,
+ * a float32 against an int32 allreduce (or sum against max, or two roots of one broadcast)
+ * succeeded on both with garbage. Every message of a direct collective now carries 16 bits of
+ * what its sender called, in its header's length field (unused above 2^48): kind (3 bits),
+ * dtype + 1 (4), op + 1 (3), root mod 64 (6); a receive checks them against its own call's and
+ * names both calls. Nothing on the fast path but a shift and a compare per message. */
+_Static_assert(KOLO_DTYPE_COUNT < 16 && KOLO_OP_COUNT < 8, "the call tag's fields");
+
+uint16_t kolo__call_tag(int kind, int dtype, int op, int root)
+{
+    return (uint16_t)((unsigned)kind << 13 | (unsigned)(dtype + 1) << 9 | (unsigned)(op + 1) << 6 |
+                      (root < 0 ? 0u : (unsigned)root & 63u));
+}
+
+static void tag_text(uint16_t tag, int size, char *buf, size_t cap)
+{
+    static const char *const kinds[] = {"?",           "kolo_allreduce",     "kolo_allgather", "kolo_broadcast",
+                                        "kolo_alltoall", "kolo_reducescatter", "kolo_barrier",   "?"};
+    int kind = tag >> 13, dtype = (tag >> 9 & 15) - 1, op = (tag >> 6 & 7) - 1, root = tag & 63;
+    int n = snprintf(buf, cap, "%s", kinds[kind]);
+    if (kind == KOLO_CALL_BARRIER || n < 0 || (size_t)n >= cap) return;
+    n += snprintf(buf + n, cap - (size_t)n, " (%s",
+                  dtype >= 0 && dtype < KOLO_DTYPE_COUNT ? kolo_dtype_name((kolo_dtype_t)dtype) : "?");
+    if ((size_t)n < cap && op >= 0) n += snprintf(buf + n, cap - (size_t)n, ", %s", kolo_op_name((kolo_op_t)op));
+    if ((size_t)n < cap && kind == KOLO_CALL_BROADCAST)
+        n += snprintf(buf + n, cap - (size_t)n, size <= 64 ? ", root %d" : ", a root of %d mod 64", root);
+    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
 {
     uint32_t magic;
@@ -72,6 +107,8 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
     memcpy(&magic, x->hdr, 4);
     memcpy(flags, x->hdr + 4, 4);
     memcpy(&len, x->hdr + 8, 8);
+    uint16_t theirs = (uint16_t)(len >> KOLO_HDR_LEN_BITS), mine = c->mesh->call_tag;
+    len &= ((uint64_t)1 << KOLO_HDR_LEN_BITS) - 1;
     if (magic == KOLO_MSG_MAGIC && (*flags & KOLO_HDR_ABORT))
         return kolo__err(KOLO_ERR_PEER_LOST, "rank %d on %s aborted the job", c->peer, kolo__peer_name(c->mesh, c->peer));
     if (magic == KOLO_MSG_MAGIC && (*flags & KOLO_HDR_GOODBYE))
@@ -83,6 +120,15 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
         return kolo__err(KOLO_ERR_PROTOCOL,
                          "garbled message from rank %d on %s: bad magic 0x%08x (expected 0x%08x)", c->peer,
                          kolo__peer_name(c->mesh, c->peer), magic, KOLO_MSG_MAGIC);
+    if (theirs && mine && theirs != mine) {
+        char a[96], b[96];
+        tag_text(theirs, c->mesh->size, a, sizeof(a));
+        tag_text(mine, c->mesh->size, b, sizeof(b));
+        return kolo__err(KOLO_ERR_MISMATCH,
+                         "rank %d on %s called %s where rank %d called %s: the ranks called different collectives, "
+                         "or the same in different orders",
+                         c->peer, kolo__peer_name(c->mesh, c->peer), a, c->mesh->rank, b);
+    }
     if (len != x->len)
         return kolo__err(KOLO_ERR_MISMATCH,
                          "rank %d on %s sent %llu bytes where rank %d expected %zu: the ranks called "
@@ -194,7 +240,7 @@ static void post(kolo__mesh *m, int peer, char *buf, size_t len, kolo__xfer *x, 
             kolo__conn_fail(c, x->status);
             return;
         }
-        kolo__hdr_pack(x->hdr, 0, len);
+        kolo__hdr_pack(x->hdr, 0, len | (uint64_t)m->call_tag << KOLO_HDR_LEN_BITS);
         *c->sendq_tail = x;
         c->sendq_tail = &x->next;
     } else {
