@@ -3562,21 +3562,26 @@ KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NUL
  * message carries its sender's call (net/xfer.c, "Call tags"), and every rank fails naming both
  * calls (the one that read the other's message with a mismatch, the other told by its abort).
  * Before the tags each of these went through: a 4-float allreduce against a broadcast returned
- * success on the broadcasting rank, the others on both ranks with wrong results. Two broadcasts
+ * success on the broadcasting rank, the others on both ranks with wrong results (with other
+ * scale factors, results that differ between the ranks). Two broadcasts
  * that each name itself the root send and receive nothing; their messages meet the next call,
  * which fails naming them. One case per job (a mismatch fails the ranks' connections). */
-enum { C_SUM, C_BCAST0, C_INT, C_MAX, C_BCAST_ME, C_BARRIER, C_RS };
+enum { C_SUM, C_BCAST0, C_INT, C_MAX, C_BCAST_ME, C_BARRIER, C_RS, C_PRE, C_POST };
+#define DIFFERENT "the ranks called different collectives, or the same in different orders"
+#define SCALES "the ranks passed different prescale or postscale factors"
 
 static const struct {
     int call[2];        /* what rank 0 and rank 1 call */
-    const char *say[2]; /* both in every rank's error */
+    const char *say[3]; /* all in every rank's error */
 } mixed[] = {
-    {{C_SUM, C_BCAST0}, {"kolo_allreduce (float32, sum)", "kolo_broadcast (float32, root 0)"}},
-    {{C_SUM, C_INT}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (int32, sum)"}},
-    {{C_SUM, C_MAX}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (float32, max)"}},
-    {{C_BARRIER, C_SUM}, {"called kolo_barrier", "kolo_allreduce (float32, sum)"}},
-    {{C_RS, C_SUM}, {"kolo_reducescatter (float32, sum)", "kolo_allreduce (float32, sum)"}},
-    {{C_BCAST_ME, C_BCAST_ME}, {"kolo_broadcast (float32, root ", "where rank"}},
+    {{C_SUM, C_BCAST0}, {"kolo_allreduce (float32, sum)", "kolo_broadcast (float32, root 0)", DIFFERENT}},
+    {{C_SUM, C_INT}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (int32, sum)", DIFFERENT}},
+    {{C_SUM, C_MAX}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (float32, max)", DIFFERENT}},
+    {{C_BARRIER, C_SUM}, {"called kolo_barrier", "kolo_allreduce (float32, sum)", DIFFERENT}},
+    {{C_RS, C_SUM}, {"kolo_reducescatter (float32, sum)", "kolo_allreduce (float32, sum)", DIFFERENT}},
+    {{C_BCAST_ME, C_BCAST_ME}, {"kolo_broadcast (float32, root ", "where rank", DIFFERENT}},
+    {{C_SUM, C_POST}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (float32, sum, scaled)", SCALES}},
+    {{C_PRE, C_POST}, {"kolo_allreduce (float32, sum, scaled) where", "", SCALES}},
 };
 
 static int mixed_call_one(int call, int rank)
@@ -3590,6 +3595,8 @@ static int mixed_call_one(int call, int rank)
     case C_MAX: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD);
     case C_BCAST_ME: return kolo_broadcast(a, 4, KOLO_FLOAT32, rank, KOLO_WORLD);
     case C_BARRIER: return kolo_barrier(KOLO_WORLD);
+    case C_PRE: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 0.5, 1, KOLO_WORLD);
+    case C_POST: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 1, 0.5, KOLO_WORLD);
     default: return kolo_reducescatter(a, b, 2, 2, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
     }
 }
@@ -3607,8 +3614,7 @@ static void mixed_calls(int rank, void *arg)
     }
     KT_ASSERTF(st == KOLO_ERR_MISMATCH || st == KOLO_ERR_PEER_LOST, "case %d rank %d: %d (%s)", k, rank, st,
                kolo_last_error());
-    for (int i = 0; i < 2; i++) KT_CONTAINS(kolo_last_error(), mixed[k].say[i]);
-    KT_CONTAINS(kolo_last_error(), "the ranks called different collectives, or the same in different orders");
+    for (int i = 0; i < 3; i++) KT_CONTAINS(kolo_last_error(), mixed[k].say[i]);
     kolo_shutdown();
 }
 

@@ -837,7 +837,7 @@ int kolo_allreduce(const void *sendbuf, void *recvbuf, size_t count, kolo_dtype_
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn, sendbuf ? "recvbuf" : "sendbuf", count);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_ALLREDUCE, dtype, op, -1));
+    call_tag(kolo__call_tag(KOLO_CALL_ALLREDUCE, dtype, op, kolo__call_scales(prescale, postscale)));
     return leave(kolo__coll_allreduce(W.mesh[0], g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
 }
 
@@ -936,7 +936,7 @@ int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t r
     if (rows != 0 && row_count != 0 && !sendbuf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_REDUCESCATTER, dtype, op, -1));
+    call_tag(kolo__call_tag(KOLO_CALL_REDUCESCATTER, dtype, op, kolo__call_scales(prescale, postscale)));
     size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
     if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
     for (int i = 0; i < g->size; i++) counts[i] = kolo_reducescatter_rows(rows, g->size, i) * row_count;

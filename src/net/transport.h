@@ -316,8 +316,11 @@ void kolo__poke(kolo__mesh *m);
 void kolo__hdr_pack(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags, uint64_t len);
 /* Rewrites only the flags of a packed header (its length and call tag stay). */
 void kolo__hdr_set_flags(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags);
-/* A direct collective's call tag: KIND (KOLO_CALL_*), dtype, op (or -1) and root (or -1, kept mod 64) */
+/* A direct collective's call tag: KIND (KOLO_CALL_*), dtype, op (or -1) and root (or -1, kept mod
+ * 64; a reduction's: kolo__call_scales) */
 uint16_t kolo__call_tag(int kind, int dtype, int op, int root);
+/* A reduction's scale factors in 6 bits: 0 for 1 and 1, else 1-63 */
+int kolo__call_scales(double prescale, double postscale);
 /* Validates a received header against the xfer's expected length; returns status (with a
  * message naming the peer). *flags receives the header's flags. */
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);

@@ -73,10 +73,13 @@ void kolo__hdr_set_flags(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags) { memc
  * a length that differs showed it. Where the lengths agreed the call went on with the wrong
  * bytes: a 4-float allreduce against a broadcast returned success on the broadcasting rank,
  * a float32 against an int32 allreduce (or sum against max, or two roots of one broadcast)
- * succeeded on both with garbage. Every message of a direct collective now carries 16 bits of
- * what its sender called, in its header's length field (unused above 2^48): kind (3 bits),
- * dtype + 1 (4), op + 1 (3), root mod 64 (6); a receive checks them against its own call's and
- * names both calls. Nothing on the fast path but a shift and a compare per message. */
+ * succeeded on both with garbage; ranks whose allreduce postscale factors differed returned
+ * different sums, and their models drifted apart without a word. Every message of a direct
+ * collective now carries 16 bits of what its sender called, in its header's length field
+ * (unused above 2^48): kind (3 bits), dtype + 1 (4), op + 1 (3), and 6 bits that are a
+ * broadcast's root mod 64, or a reduction's scale factors (0 for 1 and 1, else 1-63 from a hash
+ * of both: two different pairs look alike once in 63); a receive checks them against its own
+ * call's and names both calls. Nothing on the fast path but a shift and a compare per message. */
 _Static_assert(KOLO_DTYPE_COUNT < 16 && KOLO_OP_COUNT < 8, "the call tag's fields");
 
 uint16_t kolo__call_tag(int kind, int dtype, int op, int root)
@@ -84,6 +87,19 @@ uint16_t kolo__call_tag(int kind, int dtype, int op, int root)
     return (uint16_t)((unsigned)kind << 13 | (unsigned)(dtype + 1) << 9 | (unsigned)(op + 1) << 6 |
                       (root < 0 ? 0u : (unsigned)root & 63u));
 }
+
+int kolo__call_scales(double prescale, double postscale)
+{
+    if (prescale == 1.0 && postscale == 1.0) return 0;
+    uint64_t a, b;
+    memcpy(&a, &prescale, 8);
+    memcpy(&b, &postscale, 8);
+    uint64_t h = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xc2b2ae3d27d4eb4full;
+    h ^= h >> 31;
+    return 1 + (int)(h % 63);
+}
+
+static bool reduces(int kind) { return kind == KOLO_CALL_ALLREDUCE || kind == KOLO_CALL_REDUCESCATTER; }
 
 static void tag_text(uint16_t tag, int size, char *buf, size_t cap)
 {
@@ -97,6 +113,7 @@ static void tag_text(uint16_t tag, int size, char *buf, size_t cap)
     if ((size_t)n < cap && op >= 0) n += snprintf(buf + n, cap - (size_t)n, ", %s", kolo_op_name((kolo_op_t)op));
     if ((size_t)n < cap && kind == KOLO_CALL_BROADCAST)
         n += snprintf(buf + n, cap - (size_t)n, size <= 64 ? ", root %d" : ", a root of %d mod 64", root);
+    if ((size_t)n < cap && reduces(kind) && root) n += snprintf(buf + n, cap - (size_t)n, ", scaled");
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
 }
 
@@ -124,10 +141,11 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
         char a[96], b[96];
         tag_text(theirs, c->mesh->size, a, sizeof(a));
         tag_text(mine, c->mesh->size, b, sizeof(b));
-        return kolo__err(KOLO_ERR_MISMATCH,
-                         "rank %d on %s called %s where rank %d called %s: the ranks called different collectives, "
-                         "or the same in different orders",
-                         c->peer, kolo__peer_name(c->mesh, c->peer), a, c->mesh->rank, b);
+        bool scales = (theirs ^ mine) < 64 && reduces(mine >> 13); /* all but the scale factors agree */
+        return kolo__err(KOLO_ERR_MISMATCH, "rank %d on %s called %s where rank %d called %s: %s", c->peer,
+                         kolo__peer_name(c->mesh, c->peer), a, c->mesh->rank, b,
+                         scales ? "the ranks passed different prescale or postscale factors"
+                                : "the ranks called different collectives, or the same in different orders");
     }
     if (len != x->len)
         return kolo__err(KOLO_ERR_MISMATCH,
