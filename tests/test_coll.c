@@ -3566,7 +3566,7 @@ KT_TEST(broadcast_split_on_two_ranks, 60) { kt_job_both(2, broadcast_split2, NUL
  * scale factors, results that differ between the ranks). Two broadcasts
  * that each name itself the root send and receive nothing; their messages meet the next call,
  * which fails naming them. One case per job (a mismatch fails the ranks' connections). */
-enum { C_SUM, C_BCAST0, C_INT, C_MAX, C_BCAST_ME, C_BARRIER, C_RS, C_PRE, C_POST };
+enum { C_SUM, C_BCAST0, C_INT, C_MAX, C_BCAST_ME, C_BARRIER, C_RS, C_PRE, C_POST, C_SUM5 };
 #define DIFFERENT "the ranks called different collectives, or the same in different orders"
 #define SCALES "the ranks passed different prescale or postscale factors"
 
@@ -3582,11 +3582,13 @@ static const struct {
     {{C_BCAST_ME, C_BCAST_ME}, {"kolo_broadcast (float32, root ", "where rank", DIFFERENT}},
     {{C_SUM, C_POST}, {"kolo_allreduce (float32, sum)", "kolo_allreduce (float32, sum, scaled)", SCALES}},
     {{C_PRE, C_POST}, {"kolo_allreduce (float32, sum, scaled) where", "", SCALES}},
+    /* the same call with another count: the lengths differ, and the message names the call */
+    {{C_SUM, C_SUM5}, {"both in kolo_allreduce (float32, sum)", "different counts or process sets", ""}},
 };
 
 static int mixed_call_one(int call, int rank)
 {
-    float a[4] = {1, 2, 3, 4}, b[4] = {0};
+    float a[5] = {1, 2, 3, 4, 5}, b[5] = {0};
     int32_t ia[4] = {1, 2, 3, 4}, ib[4] = {0};
     switch (call) {
     case C_SUM: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
@@ -3597,6 +3599,7 @@ static int mixed_call_one(int call, int rank)
     case C_BARRIER: return kolo_barrier(KOLO_WORLD);
     case C_PRE: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 0.5, 1, KOLO_WORLD);
     case C_POST: return kolo_allreduce(a, b, 4, KOLO_FLOAT32, KOLO_SUM, 1, 0.5, KOLO_WORLD);
+    case C_SUM5: return kolo_allreduce(a, b, 5, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
     default: return kolo_reducescatter(a, b, 2, 2, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
     }
 }

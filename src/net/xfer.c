@@ -147,6 +147,15 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
                          scales ? "the ranks passed different prescale or postscale factors"
                                 : "the ranks called different collectives, or the same in different orders");
     }
+    if (len != x->len && theirs && theirs == mine) { /* the same call: its counts differ */
+        char a[96];
+        tag_text(mine, c->mesh->size, a, sizeof(a));
+        return kolo__err(KOLO_ERR_MISMATCH,
+                         "rank %d on %s sent %llu bytes where rank %d expected %zu, both in %s: the ranks passed "
+                         "different counts or process sets",
+                         c->peer, kolo__peer_name(c->mesh, c->peer), (unsigned long long)len, c->mesh->rank, x->len,
+                         a);
+    }
     if (len != x->len)
         return kolo__err(KOLO_ERR_MISMATCH,
                          "rank %d on %s sent %llu bytes where rank %d expected %zu: the ranks called "
