@@ -1194,6 +1194,17 @@ static void capture_rank_stderr(const char *dir, int rank, char *path, size_t ca
     capture_stderr(path);
 }
 
+/* A job of 2 ranks with ENV (up to two settings) whose argument is a fresh directory for their
+ * logs (capture_rank_stderr), removed after. */
+static void job_with_logs(void (*fn)(int rank, void *arg), const char *env0, const char *env1)
+{
+    char dir[] = "/tmp/kolo-engine-XXXXXX";
+    KT_ASSERT(mkdtemp(dir));
+    kt_job_opts o = {.env = {env0, env1}};
+    KT_EQ(kt_job(2, fn, dir, &o, NULL), 0);
+    remove_dir(dir);
+}
+
 static void stall(int rank, void *arg)
 {
     char path[256];
@@ -1223,11 +1234,7 @@ static void stall(int rank, void *arg)
 
 KT_TEST(engine_stall_warning_names_missing_ranks, 30)
 {
-    char dir[] = "/tmp/kolo-engine-XXXXXX";
-    KT_ASSERT(mkdtemp(dir));
-    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.5"}};
-    KT_EQ(kt_job(2, stall, dir, &o, NULL), 0);
-    remove_dir(dir);
+    job_with_logs(stall, "KOLO_STALL_CHECK_TIME=0.5", NULL);
 }
 
 static void stall_shutdown(int rank, void *arg)
@@ -1331,11 +1338,7 @@ static void stall_unnamed(int rank, void *arg)
 
 KT_TEST(engine_stall_of_an_unnamed_request_says_why, 30)
 {
-    char dir[] = "/tmp/kolo-engine-XXXXXX";
-    KT_ASSERT(mkdtemp(dir));
-    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3", "KOLO_STALL_SHUTDOWN_TIME=1"}};
-    KT_EQ(kt_job(2, stall_unnamed, dir, &o, NULL), 0);
-    remove_dir(dir);
+    job_with_logs(stall_unnamed, "KOLO_STALL_CHECK_TIME=0.3", "KOLO_STALL_SHUTDOWN_TIME=1");
 }
 
 /* ---- status (kolo_status_json) ---- */
@@ -1547,11 +1550,7 @@ static void stall_of_a_wait(int rank, void *arg)
 
 KT_TEST(stall_warning_names_the_rank_a_wait_waits_for, 30)
 {
-    char dir[] = "/tmp/kolo-engine-XXXXXX";
-    KT_ASSERT(mkdtemp(dir));
-    kt_job_opts o = {.env = {"KOLO_STALL_CHECK_TIME=0.3"}};
-    KT_EQ(kt_job(2, stall_of_a_wait, dir, &o, NULL), 0);
-    remove_dir(dir);
+    job_with_logs(stall_of_a_wait, "KOLO_STALL_CHECK_TIME=0.3", NULL);
 }
 
 /* After rank 1 died, rank 0's status carries the job error that names it. */
@@ -1597,11 +1596,7 @@ static void status_signal(int rank, void *arg)
 
 KT_TEST(status_signal_writes_every_ranks_status, 30)
 {
-    char dir[] = "/tmp/kolo-engine-XXXXXX";
-    KT_ASSERT(mkdtemp(dir));
-    kt_job_opts o = {.env = {"KOLO_STATUS_SIGNAL=USR1"}};
-    KT_EQ(kt_job(2, status_signal, dir, &o, NULL), 0);
-    remove_dir(dir);
+    job_with_logs(status_signal, "KOLO_STATUS_SIGNAL=USR1", NULL);
 }
 
 static void status_bad_signal(int rank, void *arg)
