@@ -428,12 +428,19 @@ static void teardown(void)
  * whom it hangs on in its log, under any launcher, before KOLO_OP_TIMEOUT ends it. */
 static void direct_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *ranks)
 {
-    const char *fn = atomic_load_explicit(&W.direct_fn, memory_order_relaxed);
-    KOLO_WARN("%s on process set %d has waited %.3g s for rank(s) %s without progress: they have not reached it, "
-              "or are stopped or stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this "
-              "warning comes)",
-              fn ? fn : "a collective", atomic_load_explicit(&W.direct_pset, memory_order_relaxed),
-              (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
+    /* outside a direct collective (kolo_init's agreement, kolo_elastic_check, a process set's
+     * change) W.direct_fn still names the last one */
+    const char *fn = atomic_load_explicit(&W.direct_since, memory_order_relaxed)
+                         ? atomic_load_explicit(&W.direct_fn, memory_order_relaxed)
+                         : NULL;
+    char what[96];
+    if (fn)
+        snprintf(what, sizeof(what), "%s on process set %d", fn,
+                 atomic_load_explicit(&W.direct_pset, memory_order_relaxed));
+    else snprintf(what, sizeof(what), "an exchange of kolo's own (kolo_init, an elastic check, a process set)");
+    KOLO_WARN("%s has waited %.3g s for rank(s) %s without progress: they have not reached it, or are stopped or "
+              "stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this warning comes)",
+              what, (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
 }
 
 /* One attempt at joining: the job the environment describes, or in an elastic job the newest
