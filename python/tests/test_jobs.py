@@ -277,6 +277,27 @@ def test_direct_collectives_fallback(tmp_path):
     assert rc == 0 and out.count("OK") == 2, out
 
 
+def test_direct_collectives_that_differ_name_both_calls(tmp_path):
+    # Without the engine nothing negotiates: the messages carry their call (src/net/xfer.c,
+    # "Call tags"). Rank 1's broadcast of rank 0's allreduce message used to succeed.
+    rc, out, dt = run_job(tmp_path, 2, """
+        import numpy as np, kolo
+        kolo.init()
+        x = np.ones(4, dtype=np.float32)
+        try:
+            if kolo.rank() == 0:
+                kolo.allreduce(x, op=kolo.Sum)
+            else:
+                kolo.broadcast(x, root_rank=0)
+            print("NO ERROR")
+        except Exception as e:
+            print("CAUGHT", type(e).__name__, e)
+    """, env={"KOLO_PYTHON_DIRECT": "1"}, timeout=60)
+    assert "NO ERROR" not in out, out
+    assert out.count("CAUGHT") == 2, out
+    assert out.count("kolo_allreduce (float32, sum)") >= 2 and out.count("kolo_broadcast (float32, root 0)") >= 2, out
+
+
 @pytest.mark.parametrize("np_,env", [(4, {}), (3, {"KOLO_PYTHON_DIRECT": "1"})], ids=["4-engine", "3-direct"])
 def test_adasum_suites_at_more_ranks(np_, env):
     """The multi-rank suites' Adasum tests (make test runs them at 2 and 3 ranks through the engine)
