@@ -45,7 +45,8 @@ BENCH_SRC := bench/kolo-bench.c
 
 SO   := $(O)/lib/libkolo.so
 AR_  := $(O)/lib/libkolo.a
-BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun) $(O)/bin/kolo-timeline
+BINS := $(O)/bin/kolo-bench $(O)/bin/engine-bench $(if $(RUN_SRC),$(O)/bin/kolorun) $(O)/bin/kolo-timeline \
+        $(O)/bin/kolo-hang
 # built with the rest, not installed: what a timeline event costs (docs/timeline.md), what waiting
 # for a straggler costs the waiting ranks (bench/README.md)
 DEV_BINS := $(O)/bin/timeline-bench $(O)/bin/wait-bench
@@ -103,6 +104,11 @@ $(O)/examples/%: examples/c/%.c include/kolo.h $(AR_)
 
 # the timeline's reader: a Python 3 script (standard library only), copied as it is
 $(O)/bin/kolo-timeline: tools/timeline/kolo-timeline
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+# the reader of a stuck job's logs (which rank it waits on): the same
+$(O)/bin/kolo-hang: tools/hang/kolo-hang
 	@mkdir -p $(dir $@)
 	cp $< $@
 

@@ -1032,3 +1032,65 @@ def test_timeline_tool_names_the_rank_the_others_waited_for(tmp_path):
     p = subprocess.run([KOLO_TIMELINE_TOOL, str(horovods)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=60)
     assert p.returncode == 1 and "line 2 is not one event: a Horovod timeline?" in p.stdout, p.stdout
+
+
+KOLO_HANG_TOOL = os.path.join(ROOT, "build", "bin", "kolo-hang")
+
+
+def kolo_hang(log, *args):
+    p = subprocess.run([PY, KOLO_HANG_TOOL] + list(args) + ["-"], input=log, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=30)
+    return p.returncode, p.stdout
+
+
+@pytest.mark.parametrize("how", ["direct", "engine", "status"])
+def test_kolo_hang_names_the_rank_a_job_waits_on(tmp_path, how):
+    # Rank 2 comes 2 s late to an allreduce, which ranks 0 and 1 wait in: what their logs say
+    # (the direct path's stall warning, the engine's stall inspector, or the status lines a
+    # monitoring thread prints) names rank 2 to kolo-hang, which reads no kolorun state.
+    rc, out, dt = run_job(tmp_path, 3, """
+        import json, os, threading, time, numpy as np, kolo
+        kolo.init()
+        if os.environ.get("HOW") == "status" and kolo.rank() < 2:
+            def report():
+                time.sleep(0.8)
+                print("[kolo %d status] %s" % (kolo.rank(), json.dumps(kolo.status())), flush=True)
+            threading.Thread(target=report).start()
+        if kolo.rank() == 2:
+            time.sleep(2)
+        kolo.allreduce(np.ones(1000, dtype=np.float32), name="grad.7")
+        print("DONE")
+    """, env={"HOW": how, "KOLO_STALL_CHECK_TIME": "0.5" if how != "status" else "600",
+              "KOLO_PYTHON_DIRECT": "1" if how != "engine" else "0"}, timeout=60)
+    assert rc == 0 and out.count("DONE") == 3, out
+    code, said = kolo_hang(out)
+    assert code == 0, said + out
+    assert said.splitlines()[-1].startswith("the job waits for rank 2"), said + out
+    why = 'to submit "allreduce.grad.7"' if how == "engine" else "in kolo_allreduce"
+    for r in (0, 1):
+        assert "rank %d waits for rank 2 (%s" % (r, why) in said, said + out
+
+
+def test_kolo_hang_reads_any_launchers_lines():
+    # srun -l's prefix, a rank list with ranges, an engine's stopped peer, a newer report that
+    # replaces an older one, and ranks that all wait on one another
+    log = "\n".join([
+        "0: [kolo 0 warning] kolo_barrier on process set 0 has waited 61 s for rank(s) 5 without progress: ...",
+        "0: [kolo 0 warning] kolo_allreduce on process set 0 has waited 60 s for rank(s) 1, 3-4 without progress: ...",
+        "2: [kolo 2 warning] the engine has waited 60 s for rank(s) 4 without progress, negotiating on ...",
+        "3: [kolo 3 status] " + json.dumps({"rank": 3, "direct": None, "engine": {"waiting_for": None}}),
+        "garbage [kolo 7 status] {not json",
+    ]) + "\n"
+    code, said = kolo_hang(log)
+    assert code == 0, said
+    assert "rank 0 waits for ranks 1, 3, 4 (in kolo_allreduce on process set 0)" in said, said
+    assert "rank 2 waits for rank 4 (in the engine's exchange)" in said, said
+    assert "the job waits for rank 1, which said nothing" in said, said
+    assert "the job waits for rank 3: it waits for no rank in kolo" in said, said
+    assert "the job waits for rank 4, which said nothing" in said and "rank 5" not in said, said
+    code, said = kolo_hang("[1]<stderr>:[kolo 0 warning] kolo_allreduce on process set 0 has waited 60 s for rank(s) 1 "
+                           "without progress\n[0]<stderr>:[kolo 1 warning] kolo_allreduce on process set 0 has waited "
+                           "60 s for rank(s) 0 without progress\n")
+    assert code == 1 and "every waiting rank waits for another" in said, said
+    code, said = kolo_hang("nothing here\n", "--json")
+    assert code == 1 and json.loads(said) == {"waits": {}, "culprits": []}, said
