@@ -1080,11 +1080,14 @@ def test_kolo_hang_reads_any_launchers_lines():
         "2: [kolo 2 warning] the engine has waited 60 s for rank(s) 4 without progress, negotiating on ...",
         "3: [kolo 3 status] " + json.dumps({"rank": 3, "direct": None, "engine": {"waiting_for": None}}),
         "garbage [kolo 7 status] {not json",
+        "[kolo 6 error] rank 6 waited 300 s for rank(s) 4 without progress (KOLO_OP_TIMEOUT): the peer is alive ...",
+        "[kolo 8 error] rank 6 on h aborted the job because: rank 6 waited 300 s for rank(s) 4 without progress ...",
     ]) + "\n"
     code, said = kolo_hang(log)
     assert code == 0, said
     assert "rank 0 waits for ranks 1, 3, 4 (in kolo_allreduce on process set 0)" in said, said
     assert "rank 2 waits for rank 4 (in the engine's exchange)" in said, said
+    assert "rank 6 waits for rank 4 (until KOLO_OP_TIMEOUT failed its collective)" in said and "rank 8" not in said, said
     assert "the job waits for rank 1, which said nothing" in said, said
     assert "the job waits for rank 3: it waits for no rank in kolo" in said, said
     assert "the job waits for rank 4, which said nothing" in said and "rank 5" not in said, said
