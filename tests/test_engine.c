@@ -2236,15 +2236,26 @@ static void garbled_description(int rank, void *arg)
     int32_t x[12] = {0}, y[12];
     kolo_shape_t sh = {2, {3, 4}};
     int64_t splits[3] = {1, 1, 1};
-    kolo_request_t *r;
+    kolo_request_t *r = NULL;
     if (rank == 1) kolo__engine_test_garble(c->how);
-    if (c->kind == 'b') KT_OK(kolo_ibroadcast("garbled", x, KOLO_INT32, &sh, 0, NULL, &r));
-    else if (c->kind == 'a') KT_OK(kolo_ialltoall("garbled", x, KOLO_INT32, &sh, splits, NULL, &r));
-    else if (c->kind == 'g') KT_OK(kolo_iallgather("garbled", x, KOLO_INT32, &sh, NULL, &r));
-    else KT_OK(kolo_iallreduce("garbled", x, y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
-    KT_ASSERTF(kolo_request_wait(r, 20) == KOLO_ERR_PROTOCOL, "case %d: %s", c->how, kolo_request_error(r));
-    KT_CONTAINS(kolo_request_error(r), "rank 1 sent a malformed negotiation message for process set 0");
-    if (c->says) KT_CONTAINS(kolo_request_error(r), c->says);
+    int st;
+    if (c->kind == 'b') st = kolo_ibroadcast("garbled", x, KOLO_INT32, &sh, 0, NULL, &r);
+    else if (c->kind == 'a') st = kolo_ialltoall("garbled", x, KOLO_INT32, &sh, splits, NULL, &r);
+    else if (c->kind == 'g') st = kolo_iallgather("garbled", x, KOLO_INT32, &sh, NULL, &r);
+    else st = kolo_iallreduce("garbled", x, y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r);
+    const char *err;
+    if (st == KOLO_OK) {
+        KT_ASSERTF(kolo_request_wait(r, 20) == KOLO_ERR_PROTOCOL, "case %d: %s", c->how, kolo_request_error(r));
+        err = kolo_request_error(r);
+    } else {
+        /* rank 1's engine sent its description before this rank submitted, and this rank's
+         * engine stopped on it first (1 case in 8 of a TSan run in CI): the submission fails,
+         * saying the same */
+        KT_EQ(st, KOLO_ERR_SHUT_DOWN);
+        err = kolo_last_error();
+    }
+    KT_CONTAINS(err, "rank 1 sent a malformed negotiation message for process set 0");
+    if (c->says) KT_CONTAINS(err, c->says);
     kolo_request_release(r);
     KT_OK(kolo_shutdown());
 }
