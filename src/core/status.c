@@ -108,6 +108,7 @@ static int sig_no;                  /* the signal, 0 while off */
 static pid_t owner;                 /* the process that started the thread (not a forked child) */
 static _Atomic int wake_fd = -1;    /* the pipe's write end, for the handler */
 static int read_fd = -1;
+static _Atomic bool stopping;       /* kolo_shutdown: the thread's next wake-up ends it */
 static pthread_t thread;
 static struct sigaction old_action;
 
@@ -143,11 +144,9 @@ static void *status_main(void *arg)
     for (;;) {
         ssize_t r = read(read_fd, c, sizeof(c)); /* several signals at once: one status */
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break; /* the write end closed: kolo_shutdown */
+        if (r <= 0 || atomic_load(&stopping)) break;
         kolo__sbuf b = {0};
-        char tag[48];
-        snprintf(tag, sizeof(tag), "[kolo %d status] ", W.info.rank);
-        kolo__sb_printf(&b, "%s", tag);
+        kolo__sb_printf(&b, "[kolo %d status] ", W.info.rank);
         pthread_rwlock_rdlock(&life);
         if (W.initialized) build(&b);
         pthread_rwlock_unlock(&life);
@@ -184,6 +183,7 @@ int kolo__status_start(void)
         return kolo__err_sys(err, "KOLO_STATUS_SIGNAL: could not start the status thread");
     }
     owner = getpid();
+    atomic_store(&stopping, false);
     atomic_store(&wake_fd, fds[1]);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -200,9 +200,15 @@ void kolo__status_stop(void)
     if (!sig_no) return;
     sigaction(sig_no, &old_action, NULL);
     sig_no = 0;
+    /* the write end stays open until the thread is gone: a handler already running on another
+     * thread may still write into it (closed, its number could be another file's by then) */
     int fd = atomic_exchange(&wake_fd, -1);
-    close(fd); /* the thread reads the end of the pipe */
+    atomic_store(&stopping, true);
+    char c = 0;
+    while (write(fd, &c, 1) < 0 && errno == EINTR) {
+    }
     pthread_join(thread, NULL);
+    close(fd);
     close(read_fd);
     read_fd = -1;
 }
