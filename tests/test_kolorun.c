@@ -1081,41 +1081,23 @@ KT_TEST(kolorun_open_file_limits, 30)
 
 /* ---- --timeout and --get-stack-traces ---- */
 
-/* A hang: rank 0 waits in an allreduce that rank 1, asleep, never joins. Both print their kolo
- * status when kolorun asks (--get-stack-traces). */
+/* A hang: the last rank sleeps and never joins. Without an argument rank 0 waits in a direct
+ * allreduce (2 ranks); with "engine" the other ranks wait for "grad.7", which the last never
+ * submits. Every rank prints its kolo status when kolorun asks (--get-stack-traces). */
 KT_WORKER(kolorun_hang)
 {
-    (void)argc;
-    (void)argv;
+    bool engine = argc > 1 && !strcmp(argv[1], "engine");
     if (kolo_init() != 0) {
         fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
         return 1;
     }
     printf("rank %d waits\n", kolo_rank());
     fflush(stdout);
-    if (kolo_rank() == 1) {
-        for (;;) sleep(100);
-    }
-    float x = 1;
-    kolo_allreduce(&x, &x, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD);
-    return 0;
-}
-
-static bool have_gdb(void) { return system("command -v gdb >/dev/null 2>&1") == 0; }
-
-/* A hang in the engine: ranks 0 and 1 wait for "grad.7", which rank 2, asleep, never submits. */
-KT_WORKER(kolorun_hang_engine)
-{
-    (void)argc;
-    (void)argv;
-    if (kolo_init() != 0) {
-        fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
-        return 1;
-    }
-    if (kolo_rank() == 2) {
+    if (kolo_rank() == kolo_size() - 1) {
         for (;;) sleep(100);
     }
     float x[4] = {1, 2, 3, 4}, y[4];
+    if (!engine) return kolo_allreduce(x, y, 1, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD) != 0;
     kolo_shape_t sh = {.ndim = 1, .dims = {4}};
     kolo_request_t *r;
     if (kolo_iallreduce("grad.7", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r) != 0) return 1;
@@ -1123,11 +1105,13 @@ KT_WORKER(kolorun_hang_engine)
     return 0;
 }
 
+static bool have_gdb(void) { return system("command -v gdb >/dev/null 2>&1") == 0; }
+
 KT_TEST(kolorun_timeout_names_the_rank_the_job_waits_for, 90)
 {
     subreaper();
     const char *args[] = {"-np", "3", "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
-                          kt_self(), "--worker", "kolorun_hang_engine", NULL};
+                          kt_self(), "--worker", "kolorun_hang", "engine", NULL};
     kproc p;
     int code = run(&p, args, 80);
     KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
