@@ -1100,6 +1100,11 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for %d peers", wi->size);
     }
     int st = KOLO_OK;
+    /* a wait without progress this long warns (xfer.c); 0, negative or not finite: never */
+    double stall_s = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0
+                         ? 0
+                         : kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
+    uint64_t stall_ns = stall_s > 0 && stall_s < 1e9 ? (uint64_t)(stall_s * 1e9) : 0;
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
         kolo__mesh *m = kolo__calloc(1, sizeof(*m));
         if (m) m->conns = kolo__calloc((size_t)wi->size, sizeof(kolo__conn *));
@@ -1113,8 +1118,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         m->channel = ch;
         m->peers = b.peers;
         m->op_timeout_ns = (uint64_t)(kolo__setting_double(KOLO_SET_OP_TIMEOUT) * 1e9);
-        if (kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) <= 0)
-            m->stall_ns = (uint64_t)(kolo__setting_double(KOLO_SET_STALL_CHECK_TIME) * 1e9);
+        m->stall_ns = stall_ns;
         m->spin_ns = (uint64_t)kolo__setting_long(KOLO_SET_SPIN_US) * 1000u;
         meshes[ch] = m;
     }
