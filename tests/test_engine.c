@@ -1434,6 +1434,18 @@ KT_TEST(status_lists_the_tensors_a_rank_has_not_submitted, 30)
     KT_EQ(kt_job(3, status_pending, NULL, NULL, NULL), 0);
 }
 
+/* This rank's log (at path) warned exactly once of a wait, WHAT (the start, up to the seconds
+ * a liveness check happened to see) then, further on, REST; the log. */
+static const char *warned_once(const char *path, const char *what, const char *rest)
+{
+    fflush(stderr);
+    const char *log = slurp(path), *w = strstr(log, what);
+    KT_ASSERTF(w, "no warning '%s' in: %s", what, log);
+    KT_CONTAINS(w, rest);
+    KT_ASSERTF(!strstr(w + 1, what), "warned twice: %s", log);
+    return log;
+}
+
 /* While rank 0's thread waits in a direct allreduce for rank 1 (which comes 1.5 s late), another
  * thread of rank 0 reads its status: the call, and rank 1 as the rank it waits for. The wait
  * also warns once past KOLO_STALL_CHECK_TIME (0.5 s here) in rank 0's log, naming the call and
@@ -1463,12 +1475,9 @@ static void status_direct(int rank, void *arg)
         KT_CONTAINS(s, "\"direct\":{\"call\":\"kolo_allreduce\",\"process_set\":0,");
         KT_CONTAINS(s, "\"waiting_for\":{\"ranks\":[1],\"ranks_in_all\":1,\"seconds_without_progress\":");
         KT_CONTAINS(status_now(), "\"direct\":null");
-        fflush(stderr);
-        const char *log = slurp(path);
-        KT_CONTAINS(log, "kolo_allreduce on process set 0 has waited "); /* when a check comes */
-        KT_CONTAINS(log, "s for rank(s) 1 without progress");
-        const char *w = strstr(log, "has waited");
-        KT_ASSERTF(!strstr(w + 1, "has waited"), "warned twice, or the engine warned of rank 1: %s", log);
+        const char *log = warned_once(path, "kolo_allreduce on process set 0 has waited ",
+                                      "s for rank(s) 1 without progress");
+        KT_ASSERTF(!strstr(log, "the engine has waited"), "the engine warned of rank 1, asleep outside kolo: %s", log);
     }
     KT_OK(kolo_shutdown());
 }
@@ -1506,14 +1515,7 @@ static void status_engine_stuck(int rank, void *arg)
     wait_ok(a);
     KT_ASSERT(y[1] == 2);
     kolo_request_release(a);
-    if (rank == 0) {
-        fflush(stderr);
-        const char *log = slurp(path);
-        KT_CONTAINS(log, "the engine has waited ");
-        KT_CONTAINS(log, "s for rank(s) 1 without progress, negotiating on process set 0");
-        const char *e = strstr(log, "the engine has waited");
-        KT_ASSERTF(!strstr(e + 1, "the engine has waited"), "warned twice: %s", log);
-    }
+    if (rank == 0) warned_once(path, "the engine has waited ", "s for rank(s) 1 without progress, negotiating on process set 0");
     KT_OK(kolo_shutdown());
 }
 
