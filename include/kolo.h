@@ -442,7 +442,9 @@ KOLO_EXTERN int kolo_engine_params(kolo_engine_params_t *out);
  *   rank, size, local_rank, host, pid, time (Unix seconds);
  *   failed: the first job error this rank has seen (a lost peer, a timeout), or null;
  *   direct: the direct collective a thread runs now, or null: {call ("kolo_allreduce", ...),
- *     process_set, seconds, waiting_for};
+ *     process_set, seconds, and once it has passed its argument checks number (which of this
+ *     rank's direct collectives on the set it is, from 1: the same call has the same number on
+ *     every member), count (elements), what ("kolo_broadcast (float32, root 1)"); waiting_for};
  *   engine: null when the engine does not run, else {down (why it stopped, or null), cycle_ms,
  *     fusion_threshold, process_sets, activity, waiting_for}. process_sets: for each set this
  *     rank holds, {id, ranks (world ranks), pending: the tensors some members have submitted

@@ -1473,9 +1473,11 @@ static void status_direct(int rank, void *arg)
     if (rank == 0) {
         KT_EQ(pthread_join(t, NULL), 0);
         KT_CONTAINS(s, "\"direct\":{\"call\":\"kolo_allreduce\",\"process_set\":0,");
-        KT_CONTAINS(s, "\"waiting_for\":{\"ranks\":[1],\"ranks_in_all\":1,\"seconds_without_progress\":");
+        KT_CONTAINS(s, "\"number\":1,\"count\":1000,\"what\":\"kolo_allreduce (float32, sum)\",\"waiting_for\":"
+                       "{\"ranks\":[1],\"ranks_in_all\":1,\"seconds_without_progress\":");
         KT_CONTAINS(status_now(), "\"direct\":null");
-        const char *log = warned_once(path, "kolo_allreduce on process set 0 has waited ",
+        const char *log = warned_once(path, "kolo_allreduce (float32, sum) of 1000 elements, call 1 on process set 0, "
+                                            "has waited ",
                                       "s for rank(s) 1 without progress");
         KT_ASSERTF(!strstr(log, "the engine has waited"), "the engine warned of rank 1, asleep outside kolo: %s", log);
     }
@@ -1485,6 +1487,41 @@ static void status_direct(int rank, void *arg)
 KT_TEST(status_names_the_rank_a_direct_collective_waits_for, 30)
 {
     job_with_logs(status_direct, "KOLO_STALL_CHECK_TIME=0.5", NULL);
+}
+
+/* Ranks that name different roots of one broadcast each wait to receive from the other, and no
+ * message crosses for the call tags to catch (net/xfer.c). Each rank's status and stall warning
+ * say which call it is in, by its number on the set and its arguments, for kolorun's timeout dump
+ * and kolo-hang to set side by side; KOLO_OP_TIMEOUT (2 s here) then ends it, naming the call
+ * (on the rank that heard the other's abort first, as the reason passed on). */
+static void status_crossed_roots(int rank, void *arg)
+{
+    char path[256], want[192];
+    capture_rank_stderr(arg, rank, path, sizeof(path));
+    KT_OK(kolo_init());
+    float x[4] = {1, 1, 1, 1}, y[4];
+    KT_OK(kolo_allreduce(x, y, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    static char s[STATUS_CAP];
+    pthread_t t;
+    KT_EQ(pthread_create(&t, NULL, status_reader, s), 0);
+    int st = kolo_broadcast(x, 4, KOLO_FLOAT32, 1 - rank, KOLO_WORLD);
+    KT_ASSERTF(st == KOLO_ERR_TIMEOUT || st == KOLO_ERR_PEER_LOST, "rank %d: %s", rank, kolo_strerror(st));
+    KT_CONTAINS(kolo_last_error(), "(KOLO_OP_TIMEOUT) in kolo_broadcast (float32, root ");
+    KT_CONTAINS(kolo_last_error(), "or waiting itself, in a call that sends this rank nothing");
+    KT_EQ(pthread_join(t, NULL), 0);
+    snprintf(want, sizeof(want),
+             "\"number\":2,\"count\":4,\"what\":\"kolo_broadcast (float32, root %d)\",\"waiting_for\":{\"ranks\":[%d],",
+             1 - rank, 1 - rank);
+    KT_CONTAINS(s, want);
+    snprintf(want, sizeof(want), "kolo_broadcast (float32, root %d) of 4 elements, call 2 on process set 0, has waited ",
+             1 - rank);
+    warned_once(path, want, "s for rank(s) ");
+    kolo_shutdown();
+}
+
+KT_TEST(status_numbers_the_direct_call_a_rank_waits_in, 30)
+{
+    job_with_logs(status_crossed_roots, "KOLO_STALL_CHECK_TIME=0.5", "KOLO_OP_TIMEOUT=2");
 }
 
 /* Rank 1 stopped (SIGSTOP): rank 0's engine thread waits for it in the world's exchange and

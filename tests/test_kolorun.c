@@ -1083,16 +1083,21 @@ KT_TEST(kolorun_open_file_limits, 30)
 
 /* A hang: the last rank sleeps and never joins. Without an argument rank 0 waits in a direct
  * allreduce (2 ranks); with "engine" the other ranks wait for "grad.7", which the last never
- * submits. Every rank prints its kolo status when kolorun asks (--get-stack-traces). */
+ * submits; with "roots" no rank sleeps: each names another root of one broadcast and waits to
+ * receive. Every rank prints its kolo status when kolorun asks (--get-stack-traces). */
 KT_WORKER(kolorun_hang)
 {
-    bool engine = argc > 1 && !strcmp(argv[1], "engine");
+    bool engine = argc > 1 && !strcmp(argv[1], "engine"), roots = argc > 1 && !strcmp(argv[1], "roots");
     if (kolo_init() != 0) {
         fprintf(stderr, "kolo_init: %s\n", kolo_last_error());
         return 1;
     }
     printf("rank %d waits\n", kolo_rank());
     fflush(stdout);
+    if (roots) {
+        int x = 1;
+        return kolo_broadcast(&x, 1, KOLO_INT32, (kolo_rank() + 1) % kolo_size(), KOLO_WORLD) != 0;
+    }
     if (kolo_rank() == kolo_size() - 1) {
         for (;;) sleep(100);
     }
@@ -1107,13 +1112,20 @@ KT_WORKER(kolorun_hang)
 
 static bool have_gdb(void) { return system("command -v gdb >/dev/null 2>&1") == 0; }
 
+/* kolorun_hang's job of NP ranks in MODE (NULL: the direct allreduce), stopped at --timeout 2 s
+ * after the dump; kolorun's exit code */
+static int run_hang(kproc *p, const char *np, const char *mode)
+{
+    const char *args[] = {"-np", np, "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
+                          kt_self(), "--worker", "kolorun_hang", mode, NULL};
+    return run(p, args, 80);
+}
+
 KT_TEST(kolorun_timeout_names_the_rank_the_job_waits_for, 90)
 {
     subreaper();
-    const char *args[] = {"-np", "3", "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
-                          kt_self(), "--worker", "kolorun_hang", "engine", NULL};
     kproc p;
-    int code = run(&p, args, 80);
+    int code = run_hang(&p, "3", "engine");
     KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 2 (to submit \"grad.7\")\n");
     KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 1 waits for rank 2 (to submit \"grad.7\")\n");
@@ -1121,14 +1133,30 @@ KT_TEST(kolorun_timeout_names_the_rank_the_job_waits_for, 90)
     assert_no_descendants(5);
 }
 
+/* Ranks that wait for each other in a broadcast whose root they disagree on: no rank waits for
+ * none, and kolorun says what the two calls differ in, from the calls' numbers and arguments. */
+KT_TEST(kolorun_timeout_names_what_ranks_that_wait_on_each_other_differ_in, 90)
+{
+    subreaper();
+    kproc p;
+    int code = run_hang(&p, "2", "roots");
+    KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_broadcast (int32, root 1), call 1 on "
+                        "process set 0)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 1 waits for rank 0 (in kolo_broadcast (int32, root 0), call 1 on "
+                        "process set 0)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 called kolo_broadcast (int32, root 1) where rank 1 called "
+                        "kolo_broadcast (int32, root 0), both call 1 on process set 0: the ranks passed different "
+                        "roots\n");
+    assert_no_descendants(5);
+}
+
 KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
 {
     subreaper();
-    const char *args[] = {"-np", "2", "--timeout", "2", "--get-stack-traces", "--grace-seconds", "1",
-                          kt_self(), "--worker", "kolorun_hang", NULL};
     kproc p;
     double t0 = now_s();
-    int code = run(&p, args, 80);
+    int code = run_hang(&p, "2", NULL);
     KT_ASSERTF(code == 124, "exit %d; stderr:\n%s", code, p.ebuf);
     KT_CONTAINS(p.obuf, "[0]<stdout>:rank 0 waits");
     KT_CONTAINS(p.obuf, "[1]<stdout>:rank 1 waits");
@@ -1144,7 +1172,8 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     KT_ASSERTF(st1, "no status of rank 1:\n%s", p.ebuf);
     KT_CONTAINS(st1, "\"direct\":null");
     /* and kolorun's reading of them: who waits for whom, and the rank the job waits on */
-    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce (float32, sum), call 1 on "
+                        "process set 0)\n");
     KT_CONTAINS(p.ebuf, "kolorun: kolo status: the job waits for rank 1: it waits for no rank in kolo");
     if (have_gdb()) {
         /* where each waits, from gdb: rank 0 inside the allreduce, rank 1 asleep */

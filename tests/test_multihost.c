@@ -1262,7 +1262,8 @@ KT_TEST(multihost_timeout_prints_remote_stacks, 60)
     KT_ASSERTF(strstr(s1, "sleep"), "rank 1's stack (on b) does not show its sleep:\n%s", s1);
     /* both ranks' kolo status (b's signalled over a short ssh) and kolorun's reading of them */
     KT_CONTAINS(p.ebuf, "[1]<stderr>:[kolo 1 status] {\"rank\":1,");
-    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce)\n");
+    KT_CONTAINS(p.ebuf, "kolorun: kolo status: rank 0 waits for rank 1 (in kolo_allreduce (float32, sum), call 1 on "
+                        "process set 0)\n");
     KT_CONTAINS(p.ebuf, "kolorun: kolo status: the job waits for rank 1: it waits for no rank in kolo");
     KT_CONTAINS(p.ebuf, "kolorun: exit code 124\n");
     assert_no_leftovers(&c, true, 0.5);

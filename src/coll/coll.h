@@ -19,6 +19,9 @@ typedef struct kolo__group {
     /* how the members lie over the hosts, made once with the group (kolo__group_hosts_make); NULL
      * where they are on one host */
     const kolo__hosts *hosts;
+    /* the direct collectives this rank started on the group (core/kolo.c, under its direct lock):
+     * the stall warning and the status number each call, so that ranks can be compared */
+    uint64_t direct_calls;
 } kolo__group;
 
 /* World rank of group member i. */

@@ -428,16 +428,17 @@ static void teardown(void)
  * whom it hangs on in its log, under any launcher, before KOLO_OP_TIMEOUT ends it. */
 static void direct_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *ranks)
 {
-    /* outside a direct collective (kolo_init's agreement, kolo_elastic_check, a process set's
-     * change) W.direct_fn still names the last one */
-    const char *fn = atomic_load_explicit(&W.direct_since, memory_order_relaxed)
-                         ? atomic_load_explicit(&W.direct_fn, memory_order_relaxed)
-                         : NULL;
-    char what[96];
-    if (fn)
-        snprintf(what, sizeof(what), "%s on process set %d", fn,
-                 atomic_load_explicit(&W.direct_pset, memory_order_relaxed));
-    else snprintf(what, sizeof(what), "an exchange of kolo's own (kolo_init, an elastic check, a process set)");
+    int pset;
+    uint64_t number;
+    size_t count;
+    char call[96], what[192];
+    const char *fn = kolo__direct_call(&pset, &number, call, sizeof(call), &count);
+    /* outside a direct collective: kolo_init's agreement, kolo_elastic_check, a process set's change */
+    if (!fn) snprintf(what, sizeof(what), "an exchange of kolo's own (kolo_init, an elastic check, a process set)");
+    else if (!number) snprintf(what, sizeof(what), "%s on process set %d", fn, pset);
+    else
+        snprintf(what, sizeof(what), "%s of %zu element%s, call %llu on process set %d,", call, count,
+                 count == 1 ? "" : "s", (unsigned long long)number, pset);
     KOLO_WARN("%s has waited %.3g s for rank(s) %s without progress: they have not reached it, or are stopped or "
               "stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this warning comes)",
               what, (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
@@ -791,20 +792,52 @@ static int enter(const char *fn, int pset, kolo__group **g)
     return KOLO_OK;
 }
 
-/* What the direct collective now running sends with its messages and checks the peers' against
- * (net/xfer.c, "Call tags"); a world of one has no mesh */
-static void call_tag(uint16_t tag)
+/* The call has passed its checks and starts: what it sends with its messages and checks the
+ * peers' against (net/xfer.c, "Call tags"; a world of one has no mesh), and, for the stall
+ * warning and the status, its number on the set and what it is. */
+static void begin(kolo__group *g, uint16_t tag, int root, size_t count)
 {
     if (W.mesh[KOLO_CHANNEL_DIRECT]) W.mesh[KOLO_CHANNEL_DIRECT]->call_tag = tag;
+    atomic_thread_fence(memory_order_release); /* leave's 0 before these, for kolo__direct_call */
+    atomic_store_explicit(&W.direct_tag, tag, memory_order_relaxed);
+    atomic_store_explicit(&W.direct_root, root, memory_order_relaxed);
+    atomic_store_explicit(&W.direct_count, count, memory_order_relaxed);
+    atomic_store_explicit(&W.direct_number, ++g->direct_calls, memory_order_release);
 }
 
 static int leave(int st)
 {
     atomic_store_explicit(&W.direct_since, 0, memory_order_relaxed);
-    call_tag(0);
+    atomic_store_explicit(&W.direct_number, 0, memory_order_relaxed);
+    if (W.mesh[KOLO_CHANNEL_DIRECT]) W.mesh[KOLO_CHANNEL_DIRECT]->call_tag = 0;
     if (st != KOLO_OK) kolo__elastic_ask(W.mesh[0]); /* a failed round: ask for the next one at once */
     pthread_mutex_unlock(&W.direct_lock);
     return st;
+}
+
+/* Read on another thread while the call runs, or ends: the number read again after the rest
+ * tells a call that ended (or was followed by the next) in between, which then reads as none. */
+const char *kolo__direct_call(int *pset, uint64_t *number, char *what, size_t cap, size_t *count)
+{
+    *number = 0;
+    *count = 0;
+    if (cap) what[0] = '\0';
+    const char *fn = atomic_load_explicit(&W.direct_since, memory_order_acquire)
+                         ? atomic_load_explicit(&W.direct_fn, memory_order_relaxed)
+                         : NULL;
+    *pset = atomic_load_explicit(&W.direct_pset, memory_order_relaxed);
+    if (!fn) return NULL;
+    uint64_t n = atomic_load_explicit(&W.direct_number, memory_order_acquire);
+    if (!n) return fn;
+    unsigned tag = atomic_load_explicit(&W.direct_tag, memory_order_relaxed);
+    int root = atomic_load_explicit(&W.direct_root, memory_order_relaxed);
+    size_t c = atomic_load_explicit(&W.direct_count, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&W.direct_number, memory_order_relaxed) != n) return fn;
+    kolo__call_text((uint16_t)tag, root, W.info.size, what, cap);
+    *number = n;
+    *count = c;
+    return fn;
 }
 
 static int check_dtype_op(const char *fn, kolo_dtype_t dtype, int op)
@@ -844,7 +877,7 @@ int kolo_allreduce(const void *sendbuf, void *recvbuf, size_t count, kolo_dtype_
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn, sendbuf ? "recvbuf" : "sendbuf", count);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_ALLREDUCE, dtype, op, kolo__call_scales(prescale, postscale)));
+    begin(g, kolo__call_tag(KOLO_CALL_ALLREDUCE, dtype, op, kolo__call_scales(prescale, postscale)), -1, count);
     return leave(kolo__coll_allreduce(W.mesh[0], g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
 }
 
@@ -857,7 +890,6 @@ int kolo_allgather(const void *sendbuf, size_t sendcount, void *recvbuf, const s
     if (st) return st;
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_ALLGATHER, dtype, -1, -1));
     size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
     if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
     size_t total = 0;
@@ -872,7 +904,10 @@ int kolo_allgather(const void *sendbuf, size_t sendcount, void *recvbuf, const s
         st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, !recvbuf ? "recvbuf" : "sendbuf");
     else if (total > ((size_t)1 << 48) / kolo_dtype_size(dtype))
         st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: recvcounts add up to %zu elements: too large", fn, total);
-    if (!st) st = kolo__coll_allgather(W.mesh[0], g, sendbuf, recvbuf, counts, kolo_dtype_size(dtype));
+    if (!st) {
+        begin(g, kolo__call_tag(KOLO_CALL_ALLGATHER, dtype, -1, -1), -1, sendcount);
+        st = kolo__coll_allgather(W.mesh[0], g, sendbuf, recvbuf, counts, kolo_dtype_size(dtype));
+    }
     kolo__free(counts);
     return leave(st);
 }
@@ -886,10 +921,10 @@ int kolo_broadcast(void *buf, size_t count, kolo_dtype_t dtype, int root, int ps
     if (count && !buf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: buf is NULL with count %zu", fn, count);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_BROADCAST, dtype, -1, root));
     if (root < 0 || root >= g->size)
         return leave(kolo__err(KOLO_ERR_INVALID_ARG, "%s: root %d is not a rank of process set %d (size %d)", fn, root,
                                pset, g->size));
+    begin(g, kolo__call_tag(KOLO_CALL_BROADCAST, dtype, -1, root), root, count);
     return leave(kolo__coll_broadcast(W.mesh[0], g, buf, count * kolo_dtype_size(dtype), root));
 }
 
@@ -903,7 +938,6 @@ int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf, 
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: %s is NULL", fn, sendcounts ? "recvcounts" : "sendcounts");
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_ALLTOALL, dtype, -1, -1));
     size_t stot = 0, rtot = 0;
     for (int i = 0; i < g->size && !st; i++) {
         if ((st = check_count(fn, "sendcounts[i]", sendcounts[i], dtype))) break;
@@ -918,6 +952,7 @@ int kolo_alltoall(const void *sendbuf, const size_t *sendcounts, void *recvbuf, 
                        sendcounts[g->rank], recvcounts[g->rank]);
     if (!st && sendbuf && recvbuf && sendbuf == recvbuf && stot)
         st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: cannot run in place (sendbuf == recvbuf)", fn);
+    if (!st) begin(g, kolo__call_tag(KOLO_CALL_ALLTOALL, dtype, -1, -1), -1, stot);
     if (!st) st = kolo__coll_alltoall(W.mesh[0], g, sendbuf, sendcounts, recvbuf, recvcounts, kolo_dtype_size(dtype));
     return leave(st);
 }
@@ -943,13 +978,15 @@ int kolo_reducescatter(const void *sendbuf, void *recvbuf, size_t rows, size_t r
     if (rows != 0 && row_count != 0 && !sendbuf) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: sendbuf is NULL", fn);
     kolo__group *g;
     if ((st = enter(fn, pset, &g))) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_REDUCESCATTER, dtype, op, kolo__call_scales(prescale, postscale)));
     size_t *counts = kolo__malloc((size_t)g->size * sizeof(size_t));
     if (!counts) return leave(kolo__err(KOLO_ERR_NO_MEMORY, "%s: no memory", fn));
     for (int i = 0; i < g->size; i++) counts[i] = kolo_reducescatter_rows(rows, g->size, i) * row_count;
     if (counts[g->rank] && !recvbuf) st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: recvbuf is NULL", fn);
     else if (sendbuf && sendbuf == recvbuf && counts[g->rank])
         st = kolo__err(KOLO_ERR_INVALID_ARG, "%s: cannot run in place (sendbuf == recvbuf)", fn);
+    if (!st)
+        begin(g, kolo__call_tag(KOLO_CALL_REDUCESCATTER, dtype, op, kolo__call_scales(prescale, postscale)), -1,
+              rows * row_count);
     if (!st) st = kolo__coll_reducescatter(W.mesh[0], g, sendbuf, recvbuf, counts, dtype, op, prescale, postscale);
     kolo__free(counts);
     return leave(st);
@@ -960,6 +997,6 @@ int kolo_barrier(int pset)
     kolo__group *g;
     int st = enter("kolo_barrier", pset, &g);
     if (st) return st;
-    call_tag(kolo__call_tag(KOLO_CALL_BARRIER, -1, -1, -1));
+    begin(g, kolo__call_tag(KOLO_CALL_BARRIER, -1, -1, -1), -1, 0);
     return leave(kolo__coll_barrier(W.mesh[0], g));
 }

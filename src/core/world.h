@@ -29,6 +29,13 @@ typedef struct kolo__world {
     _Atomic(const char *) direct_fn;
     _Atomic int direct_pset;
     _Atomic uint64_t direct_since;
+    /* ... and once past its checks (kolo.c, begin): its number among this rank's direct
+     * collectives on that set, counted from 1 (0 until then), its call tag, a broadcast's root
+     * and its element count, for the stall warning and the status (kolo__direct_call) */
+    _Atomic uint64_t direct_number;
+    _Atomic unsigned direct_tag;
+    _Atomic int direct_root;
+    _Atomic size_t direct_count;
     /* Guards the process-set table (the engine thread reads it). */
     pthread_mutex_t pset_lock;
     kolo__group *psets[KOLO_MAX_PSETS]; /* [0] is the world; NULL: free id */
@@ -58,6 +65,11 @@ void kolo__elastic_close(void);
  * worker), asks kolorun for the next round now, once a round; nothing outside an elastic round.
  * From the thread that owns m (a collective's, or the engine's with its own mesh). */
 void kolo__elastic_ask(const kolo__mesh *m);
+
+/* kolo.c: the direct collective a user thread runs now, for another thread: its function's name
+ * (NULL outside one), and, once it has passed its checks, its number on its process set (0 before)
+ * and its call as text ("kolo_broadcast (float32, root 1)") in what; its process set in *pset. */
+const char *kolo__direct_call(int *pset, uint64_t *number, char *what, size_t cap, size_t *count);
 
 /* status.c: KOLO_STATUS_SIGNAL's handler and thread, started at the end of kolo_init (an
  * unknown signal name fails it) and stopped first in kolo_shutdown; lock_out(true) waits for

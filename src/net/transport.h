@@ -321,6 +321,9 @@ void kolo__hdr_set_flags(unsigned char hdr[KOLO_HDR_LEN], uint32_t flags);
 uint16_t kolo__call_tag(int kind, int dtype, int op, int root);
 /* A reduction's scale factors in 6 bits: 0 for 1 and 1, else 1-63 */
 int kolo__call_scales(double prescale, double postscale);
+/* A call tag as text, "kolo_broadcast (float32, root 3)": a broadcast's root is ROOT where the
+ * caller knows it, else the tag's (mod 64 where the mesh has more ranks: SIZE) */
+void kolo__call_text(uint16_t tag, int root, int size, char *buf, size_t cap);
 /* Validates a received header against the xfer's expected length; returns status (with a
  * message naming the peer). *flags receives the header's flags. */
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);

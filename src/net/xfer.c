@@ -101,19 +101,20 @@ int kolo__call_scales(double prescale, double postscale)
 
 static bool reduces(int kind) { return kind == KOLO_CALL_ALLREDUCE || kind == KOLO_CALL_REDUCESCATTER; }
 
-static void tag_text(uint16_t tag, int size, char *buf, size_t cap)
+void kolo__call_text(uint16_t tag, int root, int size, char *buf, size_t cap)
 {
     static const char *const kinds[] = {"?",           "kolo_allreduce",     "kolo_allgather", "kolo_broadcast",
                                         "kolo_alltoall", "kolo_reducescatter", "kolo_barrier",   "?"};
-    int kind = tag >> 13, dtype = (tag >> 9 & 15) - 1, op = (tag >> 6 & 7) - 1, root = tag & 63;
+    int kind = tag >> 13, dtype = (tag >> 9 & 15) - 1, op = (tag >> 6 & 7) - 1;
     int n = snprintf(buf, cap, "%s", kinds[kind]);
     if (kind == KOLO_CALL_BARRIER || n < 0 || (size_t)n >= cap) return;
     n += snprintf(buf + n, cap - (size_t)n, " (%s",
                   dtype >= 0 && dtype < KOLO_DTYPE_COUNT ? kolo_dtype_name((kolo_dtype_t)dtype) : "?");
     if ((size_t)n < cap && op >= 0) n += snprintf(buf + n, cap - (size_t)n, ", %s", kolo_op_name((kolo_op_t)op));
     if ((size_t)n < cap && kind == KOLO_CALL_BROADCAST)
-        n += snprintf(buf + n, cap - (size_t)n, size <= 64 ? ", root %d" : ", a root of %d mod 64", root);
-    if ((size_t)n < cap && reduces(kind) && root) n += snprintf(buf + n, cap - (size_t)n, ", scaled");
+        n += snprintf(buf + n, cap - (size_t)n, root >= 0 || size <= 64 ? ", root %d" : ", a root of %d mod 64",
+                      root >= 0 ? root : tag & 63);
+    if ((size_t)n < cap && reduces(kind) && (tag & 63)) n += snprintf(buf + n, cap - (size_t)n, ", scaled");
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
 }
 
@@ -139,8 +140,8 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
                          kolo__peer_name(c->mesh, c->peer), magic, KOLO_MSG_MAGIC);
     if (theirs && mine && theirs != mine) {
         char a[96], b[96];
-        tag_text(theirs, c->mesh->size, a, sizeof(a));
-        tag_text(mine, c->mesh->size, b, sizeof(b));
+        kolo__call_text(theirs, -1, c->mesh->size, a, sizeof(a));
+        kolo__call_text(mine, -1, c->mesh->size, b, sizeof(b));
         bool scales = (theirs ^ mine) < 64 && reduces(mine >> 13); /* all but the scale factors agree */
         return kolo__err(KOLO_ERR_MISMATCH, "rank %d on %s called %s where rank %d called %s: %s", c->peer,
                          kolo__peer_name(c->mesh, c->peer), a, c->mesh->rank, b,
@@ -149,7 +150,7 @@ int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
     }
     if (len != x->len && theirs && theirs == mine) { /* the same call: its counts differ */
         char a[96];
-        tag_text(mine, c->mesh->size, a, sizeof(a));
+        kolo__call_text(mine, -1, c->mesh->size, a, sizeof(a));
         return kolo__err(KOLO_ERR_MISMATCH,
                          "rank %d on %s sent %llu bytes where rank %d expected %zu, both in %s: the ranks passed "
                          "different counts or process sets",
@@ -694,13 +695,19 @@ int kolo__wait(kolo__mesh *m, kolo__xfer *const *xs, int n)
                 warned = true;
             }
             if (now - last_progress > m->op_timeout_ns) {
-                char who[256];
+                char who[256], call[112] = "";
                 owed_ranks(m, xs, n, who, sizeof(who));
+                if (m->call_tag) { /* in a direct collective */
+                    memcpy(call, " in ", 5);
+                    kolo__call_text(m->call_tag, -1, m->size, call + 4, sizeof(call) - 4);
+                }
                 status = kolo__err(KOLO_ERR_TIMEOUT,
-                                   "rank %d waited %.0f s for rank(s) %s without progress (KOLO_OP_TIMEOUT): "
-                                   "the peer is alive but stopped answering (stopped, swapping, or stuck "
-                                   "outside kolo)",
-                                   m->rank, (double)m->op_timeout_ns * 1e-9, who);
+                                   "rank %d waited %.0f s for rank(s) %s without progress (KOLO_OP_TIMEOUT)%s: "
+                                   "the peer is alive but sent nothing (stopped, swapping, or stuck outside kolo%s)",
+                                   m->rank, (double)m->op_timeout_ns * 1e-9, who, call,
+                                   call[0] ? "; or waiting itself, in a call that sends this rank nothing: another "
+                                             "root, another process set"
+                                           : "");
                 KOLO_ERROR("%s", kolo__errmsg());
                 mesh_mark_failed(m, status);
                 goto out;

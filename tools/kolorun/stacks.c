@@ -209,6 +209,10 @@ typedef struct waits {
     bool have;         /* the rank gave its status */
     int n, on[16];     /* the ranks it waits for (the first 16) */
     char why[160];     /* the first reason: the call or the tensor */
+    /* its direct collective, past its checks: its process set, its number there, what it is */
+    int pset;
+    long long number;  /* 0: none */
+    char what[96];
 } waits;
 
 static void add_wait(waits *w, int rank, const char *why)
@@ -229,8 +233,16 @@ static void read_waits(const char *st, int size, waits *all)
     int list[64], k;
     const char *eng = strstr(st, "\"engine\":{"), *call = after(st, eng, "\"direct\":{\"call\":\"");
     if (call) {
-        char why[96];
+        char why[160];
         snprintf(why, sizeof(why), "in %.*s", (int)strcspn(call, "\""), call);
+        const char *num = after(call, eng, "\"number\":"), *what = after(call, eng, "\"what\":\""),
+                   *ps = after(call, eng, "\"process_set\":");
+        if (num && what && ps) {
+            w->pset = atoi(ps);
+            w->number = atoll(num);
+            snprintf(w->what, sizeof(w->what), "%.*s", (int)strcspn(what, "\""), what);
+            snprintf(why, sizeof(why), "in %s, call %lld on process set %d", w->what, w->number, w->pset);
+        }
         k = int_list(after(call, eng, WAIT_KEY), list, 64);
         for (int i = 0; i < k; i++) add_wait(w, list[i], why);
     }
@@ -246,6 +258,41 @@ static void read_waits(const char *st, int size, waits *all)
         snprintf(why, sizeof(why), "to submit \"%.*s\"", (int)(strcspn(name, "\"") < 100 ? strcspn(name, "\"") : 100), name);
         for (int i = 0; i < k; i++) add_wait(w, list[i], why);
     }
+}
+
+/* Every waiting rank waits for another that waits too (a cycle): what the first pair of ranks in
+ * direct collectives, one waiting for the other, differ in. A cycle the call tags do not catch
+ * (no message crosses): broadcasts whose ranks name different roots, each waiting to receive;
+ * calls on different process sets; a rank that made a call the other did not. */
+static bool cycle_why(const waits *all, int size, char *out, size_t cap)
+{
+    for (int a = 0; a < size; a++) {
+        const waits *x = &all[a];
+        for (int i = 0; x->number && i < x->n; i++) {
+            int b = x->on[i];
+            const waits *y = b >= 0 && b < size ? &all[b] : NULL;
+            if (!y || !y->number) continue;
+            if (x->pset != y->pset)
+                snprintf(out, cap,
+                         "rank %d waits in %s on process set %d for rank %d, which is in %s on process set %d: the "
+                         "ranks called collectives on different process sets, or in different orders",
+                         a, x->what, x->pset, b, y->what, y->pset);
+            else if (x->number != y->number)
+                snprintf(out, cap,
+                         "rank %d is in its call %lld on process set %d (%s) and rank %d in its call %lld (%s): one "
+                         "rank made direct collectives the other did not",
+                         a, x->number, x->pset, x->what, b, y->number, y->what);
+            else if (strcmp(x->what, y->what) != 0)
+                snprintf(out, cap, "rank %d called %s where rank %d called %s, both call %lld on process set %d: %s",
+                         a, x->what, b, y->what, x->number, x->pset,
+                         !strncmp(x->what, "kolo_broadcast", 14) && !strncmp(y->what, "kolo_broadcast", 14)
+                             ? "the ranks passed different roots"
+                             : "the ranks called different collectives");
+            else continue;
+            return true;
+        }
+    }
+    return false;
 }
 
 /* One line per waiting rank, then the ranks the job waits on. */
@@ -289,9 +336,13 @@ static void say_waits(kr_rank *ranks, int n)
             kr_say("kolo status: the job waits for rank %d, which gave no status (not in kolo_init's job yet, on "
                    "another host, or its process does not answer)", r);
     }
-    if (said && !culprits)
-        kr_say("kolo status: every waiting rank waits for another that waits too: the ranks called different "
-               "collectives, or the same in different orders");
+    if (said && !culprits) {
+        char why[400];
+        if (cycle_why(all, size, why, sizeof(why))) kr_say("kolo status: %s", why);
+        else
+            kr_say("kolo status: every waiting rank waits for another that waits too: the ranks called different "
+                   "collectives, or the same in different orders");
+    }
     free(all);
     free(waited);
 }
