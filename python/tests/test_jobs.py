@@ -1071,6 +1071,43 @@ def test_kolo_hang_names_the_rank_a_job_waits_on(tmp_path, how):
         assert "rank %d waits for rank 2 (%s" % (r, why) in said, said + out
 
 
+@pytest.mark.parametrize("how", ["roots", "sets"])
+def test_kolo_hang_names_what_ranks_that_wait_on_each_other_differ_in(tmp_path, how):
+    # Ranks that wait on each other where no message crosses for the call tags to catch: a
+    # broadcast whose two ranks each name the other the root, and three ranks on three process
+    # sets of two, each waiting for the next. Each waits past KOLO_STALL_CHECK_TIME (its warning
+    # numbers the call on its set), KOLO_OP_TIMEOUT then ends the job; kolo-hang sets the waiting
+    # ranks' calls side by side.
+    rc, out, dt = run_job(tmp_path, 2 if how == "roots" else 3, """
+        import os, numpy as np, kolo
+        kolo.init()
+        x = np.ones(4, dtype=np.float32)
+        kolo.allreduce(x, name="warmup")
+        if os.environ["HOW"] == "roots":
+            kolo.broadcast(x, root_rank=1 - kolo.rank())
+        else:
+            sets = [kolo.add_process_set([0, 1]), kolo.add_process_set([1, 2]), kolo.add_process_set([0, 2])]
+            kolo.allreduce(x, process_set=sets[kolo.rank()])
+        print("UNREACHABLE")
+    """, env={"HOW": how, "KOLO_STALL_CHECK_TIME": "0.5", "KOLO_OP_TIMEOUT": "3", "KOLO_PYTHON_DIRECT": "1"},
+        timeout=60)
+    assert rc != 0 and "UNREACHABLE" not in out, out
+    code, said = kolo_hang(out)
+    assert code == 0, said + out
+    if how == "roots":
+        # from its warning, or from its KOLO_OP_TIMEOUT error where it timed out first
+        assert re.search(r"^rank 0 waits for rank 1 \((in|until KOLO_OP_TIMEOUT failed its) kolo_broadcast \(float32, "
+                         r"root 1\)", said, re.M), said
+        assert said.splitlines()[-1] == ("rank 0 called kolo_broadcast (float32, root 1) where rank 1 called "
+                                         "kolo_broadcast (float32, root 0), both call 2 on process set 0: the ranks "
+                                         "passed different roots"), said + out
+    else:
+        assert said.splitlines()[-1] == (
+            "rank 0 waits in kolo_allreduce (float32, average) on process set 1 for rank 1, which is in kolo_allreduce "
+            "(float32, average) on process set 2: the ranks called collectives on different process sets, or in "
+            "different orders"), said + out
+
+
 def test_kolo_hang_reads_any_launchers_lines():
     # srun -l's prefix, a rank list with ranges, an engine's stopped peer, a newer report that
     # replaces an older one, and ranks that all wait on one another
@@ -1080,14 +1117,16 @@ def test_kolo_hang_reads_any_launchers_lines():
         "2: [kolo 2 warning] the engine has waited 60 s for rank(s) 4 without progress, negotiating on ...",
         "3: [kolo 3 status] " + json.dumps({"rank": 3, "direct": None, "engine": {"waiting_for": None}}),
         "garbage [kolo 7 status] {not json",
-        "[kolo 6 error] rank 6 waited 300 s for rank(s) 4 without progress (KOLO_OP_TIMEOUT): the peer is alive ...",
+        "[kolo 6 error] rank 6 waited 300 s for rank(s) 4 without progress (KOLO_OP_TIMEOUT) in kolo_allreduce "
+        "(float32, sum): the peer is alive ...",
         "[kolo 8 error] rank 6 on h aborted the job because: rank 6 waited 300 s for rank(s) 4 without progress ...",
     ]) + "\n"
     code, said = kolo_hang(log)
     assert code == 0, said
     assert "rank 0 waits for ranks 1, 3, 4 (in kolo_allreduce on process set 0)" in said, said
     assert "rank 2 waits for rank 4 (in the engine's exchange)" in said, said
-    assert "rank 6 waits for rank 4 (until KOLO_OP_TIMEOUT failed its collective)" in said and "rank 8" not in said, said
+    assert "rank 6 waits for rank 4 (until KOLO_OP_TIMEOUT failed its kolo_allreduce (float32, sum))" in said, said
+    assert "rank 8" not in said, said
     assert "the job waits for rank 1, which said nothing" in said, said
     assert "the job waits for rank 3: it waits for no rank in kolo" in said, said
     assert "the job waits for rank 4, which said nothing" in said and "rank 5" not in said, said
@@ -1095,5 +1134,15 @@ def test_kolo_hang_reads_any_launchers_lines():
                            "without progress\n[0]<stderr>:[kolo 1 warning] kolo_allreduce on process set 0 has waited "
                            "60 s for rank(s) 0 without progress\n")
     assert code == 1 and "every waiting rank waits for another" in said, said
+    # numbered calls: one rank a call ahead of the other, from a warning and a status line
+    code, said = kolo_hang("[kolo 0 warning] kolo_allreduce (float32, sum) of 4 elements, call 7 on process set 0, "
+                           "has waited 60 s for rank(s) 1 without progress\n[kolo 1 status] " + json.dumps(
+                               {"rank": 1, "direct": {"call": "kolo_barrier", "process_set": 0, "number": 8,
+                                                      "count": 0, "what": "kolo_barrier",
+                                                      "waiting_for": {"ranks": [0]}}}) + "\n", "--json")
+    assert code == 0, said
+    assert json.loads(said)["cause"] == ("rank 0 is in its call 7 on process set 0 (kolo_allreduce (float32, sum)) "
+                                         "and rank 1 in its call 8 (kolo_barrier): one rank made direct collectives "
+                                         "the other did not"), said
     code, said = kolo_hang("nothing here\n", "--json")
-    assert code == 1 and json.loads(said) == {"waits": {}, "culprits": []}, said
+    assert code == 1 and json.loads(said) == {"waits": {}, "culprits": [], "cause": None}, said
