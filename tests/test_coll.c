@@ -1942,6 +1942,37 @@ static void direct_choice(int rank, void *arg)
     KT_OK(kolo_shutdown());
 }
 
+/* The probe schedule of a timing choice (coll_util.c), on a clock of its own: a class that starts
+ * by way 0 and waits for its first probe (a pair's patient class), calls every 150 us, way 1
+ * cheaper. The first probe switches it to way 1: its first answer, not a change, so the next
+ * probe of way 0 waits twice the first interval (0.2 s), where it came after 0.1 s before
+ * (FIRST_ANSWER). Then way 1 gets dearer: that change brings the next probe of way 1 back within
+ * the shortest interval. */
+KT_TEST(choice_first_answer_is_not_a_change, 10)
+{
+    kolo__choice c = {0};
+    const uint64_t start = 1000000000ull, step = 150000;
+    uint64_t cost[2] = {200, 120}, now = start, switched = 0, back = 0, probe_after_switch = 0, probe_after_back = 0;
+    for (int i = 0; i < 40000 && !probe_after_back; i++) {
+        int way = kolo__choice_pick(&c, now, 0, true);
+        if (switched && !back && way == 0 && !probe_after_switch) probe_after_switch = now;
+        if (back && way == 1 && !probe_after_back) probe_after_back = now;
+        now += step;
+        kolo__choice_take(&c, way, cost[way], now);
+        if (!switched && c.want == 1) switched = now;
+        if (switched && now - switched > 1000000000ull && cost[1] == 120) cost[1] = 300; /* way 1 gets dearer */
+        if (cost[1] == 300 && !back && c.want == 0) back = now;
+    }
+    KT_ASSERTF(switched >= start + 100000000ull && switched < start + 110000000ull,
+               "the first probe switched at %.3f s", (double)(switched - start) * 1e-9);
+    KT_ASSERTF(probe_after_switch >= switched + 199000000ull,
+               "way 0 probed again %.3f s after the first answer (want at least 0.2)",
+               (double)(probe_after_switch - switched) * 1e-9);
+    KT_ASSERTF(back && probe_after_back && probe_after_back - back < 110000000ull,
+               "after way 1 got dearer: back to way 0 at %.3f s, way 1 probed %.3f s later (want at most 0.11)",
+               (double)(back - start) * 1e-9, (double)(probe_after_back - back) * 1e-9);
+}
+
 KT_TEST(direct_choice_follows_timings, 120)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};

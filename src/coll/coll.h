@@ -298,6 +298,8 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
+/* kolo__choice_learn's part after the timing: a call by `way` cost ps per byte, ending at now. */
+void kolo__choice_take(kolo__choice *c, int way, uint64_t ps, uint64_t now);
 /* Notes that a call of c's class runs by `way` (-1: neither, as the transport picks), and says
  * whether the class's last call ran by the same way: only such a call is timed, not a class's
  * first, nor the first after a change of way, which pays for caches and pages the other way left

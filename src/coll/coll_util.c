@@ -231,7 +231,8 @@ int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what)
  * ones too, and keeps the cheaper, switching only for a 10 % gain; hinted with `wait`, the first
  * probe waits as the later ones do. Later probes come at least PROBE_GAP_CALLS calls and an
  * interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when a
- * probe or the way in use getting dearer than the other's figure changes it. The same scheme as
+ * probe (not the first: FIRST_ANSWER) or the way in use getting dearer than the other's figure
+ * changes it. The same scheme as
  * the shared-memory transport's per-message choice (shm.c), one level up, except for the second
  * half of a probe: the machine warms up over its first busy tens of milliseconds (this VM's copies
  * run 1.5-2.5x faster then), so the way in use, timed in a launch's first calls, looked dearer
@@ -240,6 +241,16 @@ int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what)
  * with the ring pinned; member 0's log had the ring at 371-454 ps/B in the first calls, CMA at
  * 330-346 in the probe, the ring at 296-323 in later probes. */
 #define FIRST_PROBE_CALLS 4
+/* FIRST_ANSWER: a probe that changes the way starts the intervals over at 0.1 s, as the machine
+ * may be changing state; the class's first probe is no such change, only its first measurement of
+ * the way it did not start by, so the interval doubles after it as after a probe that kept the
+ * way. Before 2026-12-06 it started over there too, so the first probe's switch brought a second
+ * probe 0.1 s later: on an Intel Xeon VM (2 vCPUs), where a 2-rank allgather's or alltoall's ring
+ * copies ran 1.25-1.6x single-copy's time, 2 MiB (the first size of the harness's band: 200 ms of
+ * calls at 2 MiB, then 20 timed) probed ring copies again in its timed calls, five calls at 190-270
+ * us among 115: 5 interleaved rounds, us per call, allgather 145-152 (median 147) against 115-129
+ * (118) after, alltoall 175-185 (182) against 158-164 (160); Open MPI 141-149 and 160-168. 4-16
+ * MiB alike. */
 #define PROBE_CALLS 2
 #define PROBE_GAP_CALLS 8
 #define PROBE_MIN_NS (100ull * 1000 * 1000)
@@ -302,6 +313,15 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
     uint64_t now = kolo__now_ns();
     if (now <= start || !bytes) return;
     uint64_t ps = KOLO_MAX((now - start) * 1000 / bytes, 1);
+    kolo__choice_take(c, way, ps, now);
+    int next = c->probing ? !c->want : c->want;
+    KOLO_TRACE("%s of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", what, (unsigned long long)bytes,
+               ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
+               (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
+}
+
+void kolo__choice_take(kolo__choice *c, int way, uint64_t ps, uint64_t now)
+{
     if (c->probing && way != c->want) {
         win_add(c, way, ps);
         c->at[way] = now;
@@ -318,12 +338,11 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
             if (--c->recheck == 0) {
                 c->calls = 0;
                 c->hinted = false;
-                if (cheaper(c, !way, way)) {
-                    c->want = !way;
-                    c->every = PROBE_MIN_NS;
-                } else {
-                    c->every = KOLO_MIN(2 * c->every, PROBE_MAX_NS);
-                }
+                bool change = cheaper(c, !way, way);
+                if (change) c->want = !way;
+                /* a change of answer probes again soon; the first answer is not one (FIRST_ANSWER) */
+                c->every = change && c->decided ? PROBE_MIN_NS : KOLO_MIN(2 * c->every, PROBE_MAX_NS);
+                c->decided = true;
             }
         } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
             if (++c->dearer >= KOLO_MAX(c->switch_after, 1u)) {
@@ -336,10 +355,6 @@ void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes
             c->dearer = 0;
         }
     }
-    int next = c->probing ? !c->want : c->want;
-    KOLO_TRACE("%s of %llu B by %s: %llu ps/B; %s %llu, %s %llu ps/B; next %s%s", what, (unsigned long long)bytes,
-               ways[way], (unsigned long long)ps, ways[0], (unsigned long long)c->cost[0], ways[1],
-               (unsigned long long)c->cost[1], ways[next], c->probing ? " (probe)" : "");
 }
 
 /* ---- the ring steps of a 2-member group: both directions one way, chosen per call ----
