@@ -571,7 +571,20 @@ KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
  * its next collective fails at once (its peers left) and asks too: the new round keeps all three
  * (--min-np 3: a kill would end the job). The others give up after 2 s, kolorun reads the busy
  * one's CPU time 5 s later, 3 s before its 10 s step ends. A host busy enough to keep a worker
- * off its core 2 s makes more rounds, of the same three, so the workers may finish after round 2. */
+ * off its core 2 s makes more rounds, of the same three, so the workers may finish after round 2.
+ * The busy worker's engine thread still runs: mostly it hears the others' goodbye and goes down
+ * without asking, but when the abort reaches it first its failed cycle asks for the new round
+ * itself (engine.c), and kolorun then has no silent worker to wait for (CI's ASan lane, once in
+ * 2026-12-06's runs). Either way the worker is not killed and all three go on. */
+void kt_spared_busy_worker(const char *ebuf)
+{
+    KT_ASSERTF(!strstr(ebuf, "killing it"), "%s", ebuf);
+    if (strstr(ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round "))
+        KT_CONTAINS(ebuf, "but it is running (it used CPU time): waiting up to 30 s for it (KOLO_OP_TIMEOUT, at least 30 s)");
+    else
+        printf("  (worker 2's engine asked for the new round itself: kolorun had no busy worker to wait for)\n");
+}
+
 KT_TEST(kolorun_elastic_waits_for_a_busy_worker, 60)
 {
     kt_proc p;
@@ -579,9 +592,7 @@ KT_TEST(kolorun_elastic_waits_for_a_busy_worker, 60)
                                                      "--worker", "elastic_train", "40", "busy=2:12:10000", NULL},
                            50);
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
-    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
-    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it (KOLO_OP_TIMEOUT, at least 30 s)");
-    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    kt_spared_busy_worker(p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
     for (int w = 0; w < 3; w++) finished_after_round_1(p.obuf, w, 3, 40);
     kt_proc_free(&p);

@@ -1459,9 +1459,7 @@ KT_TEST(multihost_elastic_reads_remote_hosts_at_once, 90)
     KT_EQ(fclose(f), 0);
     int rc = kt_proc_finish(&p, 70);
     KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
-    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
-    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
-    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    kt_spared_busy_worker(p.ebuf); /* test_elastic.c */
     char want[96];
     for (int w = 0; w < 3; w++) {
         snprintf(want, sizeof(want), "done: worker %d rank %d size 3 round ", w, w);
@@ -1480,9 +1478,7 @@ KT_TEST(multihost_elastic_waits_for_a_busy_worker_on_b, 90)
     cluster c;
     proc p;
     if (!elastic_on_a_and_b(&c, &p, "3", "2", "40", "busy=2:12:12000")) return;
-    KT_CONTAINS(p.ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round ");
-    KT_CONTAINS(p.ebuf, "but it is running (it used CPU time): waiting up to 30 s for it");
-    KT_ASSERTF(!strstr(p.ebuf, "killing it"), "%s", p.ebuf);
+    kt_spared_busy_worker(p.ebuf); /* test_elastic.c */
     KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
     for (int w = 0; w < 3; w++) {
         char want[96];
