@@ -162,6 +162,7 @@ typedef struct kolo__choice {
     /* outside a probe, the way in use is left after this many calls in a row (0 counts as 1)
      * found it dearer than the other's last figure; dearer counts them */
     unsigned switch_after, dearer;
+    unsigned first_after;    /* calls before the first probe (0: FIRST_PROBE_CALLS, coll_util.c) */
     unsigned char last;      /* the way of the class's last call, + 1 (kolo__choice_repeat) */
 } kolo__choice;
 
