@@ -2391,6 +2391,64 @@ KT_TEST(pair_exchange_ways_follow_call_timings, 120)
     KT_EQ(kt_job(2, pair_exchange_ways, NULL, &o, NULL), 0);
 }
 
+/* A class whose nearest smaller class found one way at least CLEAR_X times cheaper starts by that
+ * way and waits for its first probe as a patient class does (coll_util.c, kolo__pair_end): with
+ * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy (their last 4 of 24
+ * calls); then allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but
+ * the first two (left to the transport). Without the rule the new class ran its ninth to twelfth
+ * calls by ring copies (a probe). The count holds only if the 12 calls take less than the 0.1 s a
+ * patient class waits: slower (a sanitizer build on a loaded machine), only the results are
+ * checked. */
+static void pair_clear_hint(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    size_t most = (size_t)16 << 10; /* floats per member */
+    float *x = malloc(most * 4), *z = malloc(2 * most * 4);
+    KT_ASSERT(x && z);
+    for (int phase = 0; phase < 2; phase++) {
+        size_t count = phase == 0 ? most / 2 : most;
+        int calls = phase == 0 ? 24 : 12, ring = 0, single = 0;
+        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, phase == 0 ? choice_delay_ns() : 0);
+        double t0 = kt_now();
+        for (int call = 0; call < calls; call++) {
+            uint64_t before[3], after[3];
+            for (size_t i = 0; i < count; i++) x[i] = (float)((i * 3 + (size_t)rank * 11 + (size_t)call) % 4093);
+            kolo__pair_test_calls(KOLO_PAIR_EX, before);
+            KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+            kolo__pair_test_calls(KOLO_PAIR_EX, after);
+            for (size_t i = 0; i < 2 * count; i++)
+                KT_ASSERTF(z[i] == (float)((i % count * 3 + i / count * 11 + (size_t)call) % 4093),
+                           "phase %d call %d [%zu]: %g", phase, call, i, (double)z[i]);
+            int way = call_way(before, after, call);
+            if (phase == 1 || call >= calls - 4) {
+                ring += way == KOLO_WAY_RING;
+                single += way == KOLO_WAY_SINGLE;
+            }
+        }
+        double took = kt_now() - t0;
+        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
+        if (phase == 0)
+            KT_ASSERTF(single == 4, "allgathers of 64 KiB, ring copies slowed: %d of the last 4 single-copy", single);
+        else if (took < 0.09)
+            KT_ASSERTF(ring == 0 && single == 10,
+                       "allgathers of 128 KiB after a clear verdict at 64 KiB: %d by ring copies, %d single-copy "
+                       "(want 0 and 10)", ring, single);
+        else if (rank == 0)
+            printf("  (12 calls took %.3f s: the patient wait was not checked)\n", took);
+    }
+    free(x);
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_clear_verdict_makes_the_next_class_patient, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_clear_hint, NULL, &o, NULL), 0);
+}
+
 /* On a host with more ranks than cores (4 ranks here), a world's allgathers from KOLO_PAIR_EX_MIN
  * go by ring copies or single-copy (the push, or the exchange's `single` sends) as member 0's
  * timings of whole calls favour, every member the way member 0 publishes (coll_util.c,

@@ -228,18 +228,18 @@ int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what)
  * are dropped. It starts with way 0, or with a hinted way. Unhinted (or hinted without `wait`),
  * after FIRST_PROBE_CALLS calls (or the class's first_after) it runs PROBE_CALLS by the other way
  * (a probe, whose samples replace that way's old ones), then PROBE_CALLS by the way in use, whose
- * samples replace its old ones too, and keeps the cheaper, switching only for a 10 % gain;
- * hinted with `wait`, the first probe waits as the later ones do. Later probes come at least PROBE_GAP_CALLS calls and an
- * interval apart that doubles while the answer stays (0.1 s up to 2.56 s) and shrinks back when a
- * probe (not the first: FIRST_ANSWER) or the way in use getting dearer than the other's figure
- * changes it. The same scheme as
- * the shared-memory transport's per-message choice (shm.c), one level up, except for the second
- * half of a probe: the machine warms up over its first busy tens of milliseconds (this VM's copies
- * run 1.5-2.5x faster then), so the way in use, timed in a launch's first calls, looked dearer
- * than a probe timed later, and kept losing to it. Measured before that half (2 ranks, 3 launches
- * each): engine-bench's ResNet-50 step from malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3
- * with the ring pinned; member 0's log had the ring at 371-454 ps/B in the first calls, CMA at
- * 330-346 in the probe, the ring at 296-323 in later probes. */
+ * samples replace its old ones too, and keeps the cheaper, switching only for a 10 % gain; hinted
+ * with `wait`, the first probe waits as the later ones do. Later probes come at least
+ * PROBE_GAP_CALLS calls and an interval apart that doubles while the answer stays (0.1 s up to 2.56
+ * s) and shrinks back when a probe (not the first: FIRST_ANSWER) or the way in use getting dearer
+ * than the other's figure changes it. The same scheme as the shared-memory transport's per-message
+ * choice (shm.c), one level up, except for the second half of a probe: the machine warms up over
+ * its first busy tens of milliseconds (this VM's copies run 1.5-2.5x faster then), so the way in
+ * use, timed in a launch's first calls, looked dearer than a probe timed later, and kept losing to
+ * it. Measured before that half (2 ranks, 3 launches each): engine-bench's ResNet-50 step from
+ * malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3 with the ring pinned; member 0's log had the
+ * ring at 371-454 ps/B in the first calls, CMA at 330-346 in the probe, the ring at 296-323 in
+ * later probes. */
 #define FIRST_PROBE_CALLS 4
 /* FIRST_ANSWER: a probe that changes the way starts the intervals over at 0.1 s, as the machine
  * may be changing state; the class's first probe is no such change, only its first measurement of
@@ -461,6 +461,8 @@ void kolo__pair_test_calls(int kind, uint64_t got[3])
  * other's last figure (in the same launch, three single-copy calls of 109-122 ps/B among 50-66
  * moved a 64 KiB class to the ring for good). */
 #define SWITCH_AFTER_CALLS 3
+/* A smaller class's verdict this clear makes a new class patient (kolo__pair_end, "clear") */
+#define CLEAR_X 2
 
 static bool pair_exchanges(int kind) { return kind == KOLO_PAIR_EX || kind == KOLO_PAIR_A2A; }
 
@@ -555,18 +557,31 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * ring, by noise, seeded 128-512 KiB, which ran their whole launch by ring at twice the time).
      * A patient class (of its kind's sizes from pair_patient_min) takes that verdict, else way 0,
      * as such a hint: its first probe waits (allgather.c, "Push or exchange": at 8 MiB a benchmark's 25 calls lost
-     * what the other way gained to the probes) */
+     * what the other way gained to the probes). So does any class whose smaller class's verdict is
+     * clear, the other way at least CLEAR_X times its cost (noise moved that 64 KiB class at 1.1x):
+     * on the Intel Xeon VM (2 vCPUs) ring copies ran 3-5x single-copy's time at 64 KiB-1 MiB
+     * (allgather 98-107 against 20-35 ps/B, alltoall 90-233 against 27-43), and each class's probe of
+     * them cost its fourth to eighth calls (128 KiB: five calls of 9-13 us among 5); a kolo-bench
+     * sweep of 64 KiB-1 MiB, 20 calls a size after 5, 5 launches each alternating, us per call:
+     * allgather 128 / 256 / 512 KiB 6.6-7.1 / 11.3-12.0 / 21.4-24.5 -> 4.9-5.2 / 7.8-8.7 /
+     * 14.7-15.8, alltoall 6.2-6.8 / 11.3-13.6 / 22.2-23.4 -> 4.6-6.1 / 7.7-10.0 / 14.2-15.4 (Open
+     * MPI 5 / 8 / 15); the harness's 50 calls after 10, 256 / 512 KiB 0.91-0.99x -> 1.05-1.10x Open
+     * MPI's speed; 2-16 MiB and 4 ranks within the noise. A clear verdict that does not hold at the
+     * larger size costs that class 0.1 s the slower way before its first probe. */
     int hint = -1;
+    bool clear = false;
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
         for (int j = t->slot - 1; j >= t->slot - t->slot % KOLO_PAIR_CLASSES; j--) /* this kind's */
             if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
-                hint = p->choice[j].want;
+                const kolo__choice *s = &p->choice[j];
+                hint = s->want;
+                clear = s->cost[!hint] >= CLEAR_X * s->cost[hint];
                 break;
             }
         if (hint < 0 && t->patient) hint = 0;
     }
-    int next = kolo__choice_pick(c, now, hint, t->patient) + 1;
+    int next = kolo__choice_pick(c, now, hint, t->patient || clear) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
     p->plan[t->slot][t->call & 1] = (unsigned char)next;
     if (!t->crowd) {
