@@ -558,7 +558,8 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * A patient class (of its kind's sizes from pair_patient_min) takes that verdict, else way 0,
      * as such a hint: its first probe waits (allgather.c, "Push or exchange": at 8 MiB a benchmark's 25 calls lost
      * what the other way gained to the probes). So does any class whose smaller class's verdict is
-     * clear, the other way at least CLEAR_X times its cost (noise moved that 64 KiB class at 1.1x):
+     * clear, the other way at least CLEAR_X times its cost (the moves by noise traced above, at
+     * SWITCH_AFTER_CALLS and OUTLIER_X, were within 1.3x):
      * on the Intel Xeon VM (2 vCPUs) ring copies ran 3-5x single-copy's time at 64 KiB-1 MiB
      * (allgather 98-107 against 20-35 ps/B, alltoall 90-233 against 27-43), and each class's probe of
      * them cost its fourth to eighth calls (128 KiB: five calls of 9-13 us among 5); a kolo-bench
