@@ -428,17 +428,15 @@ static void teardown(void)
  * whom it hangs on in its log, under any launcher, before KOLO_OP_TIMEOUT ends it. */
 static void direct_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *ranks)
 {
-    int pset;
-    uint64_t number;
-    size_t count;
-    char call[96], what[192];
-    const char *fn = kolo__direct_call(&pset, &number, call, sizeof(call), &count);
+    kolo__direct_now d;
+    char what[192];
     /* outside a direct collective: kolo_init's agreement, kolo_elastic_check, a process set's change */
-    if (!fn) snprintf(what, sizeof(what), "an exchange of kolo's own (kolo_init, an elastic check, a process set)");
-    else if (!number) snprintf(what, sizeof(what), "%s on process set %d", fn, pset);
+    if (!kolo__direct_call(&d))
+        snprintf(what, sizeof(what), "an exchange of kolo's own (kolo_init, an elastic check, a process set)");
+    else if (!d.number) snprintf(what, sizeof(what), "%s on process set %d", d.fn, d.pset);
     else
-        snprintf(what, sizeof(what), "%s of %zu element%s, call %llu on process set %d,", call, count,
-                 count == 1 ? "" : "s", (unsigned long long)number, pset);
+        snprintf(what, sizeof(what), "%s of %zu element%s, call %llu on process set %d,", d.what, d.count,
+                 d.count == 1 ? "" : "s", (unsigned long long)d.number, d.pset);
     KOLO_WARN("%s has waited %.3g s for rank(s) %s without progress: they have not reached it, or are stopped or "
               "stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this warning comes)",
               what, (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
@@ -817,27 +815,23 @@ static int leave(int st)
 
 /* Read on another thread while the call runs, or ends: the number read again after the rest
  * tells a call that ended (or was followed by the next) in between, which then reads as none. */
-const char *kolo__direct_call(int *pset, uint64_t *number, char *what, size_t cap, size_t *count)
+const char *kolo__direct_call(kolo__direct_now *d)
 {
-    *number = 0;
-    *count = 0;
-    if (cap) what[0] = '\0';
-    const char *fn = atomic_load_explicit(&W.direct_since, memory_order_acquire)
-                         ? atomic_load_explicit(&W.direct_fn, memory_order_relaxed)
-                         : NULL;
-    *pset = atomic_load_explicit(&W.direct_pset, memory_order_relaxed);
-    if (!fn) return NULL;
+    memset(d, 0, sizeof(*d));
+    d->since = atomic_load_explicit(&W.direct_since, memory_order_acquire);
+    d->pset = atomic_load_explicit(&W.direct_pset, memory_order_relaxed);
+    if (!d->since || !(d->fn = atomic_load_explicit(&W.direct_fn, memory_order_relaxed))) return d->fn = NULL;
     uint64_t n = atomic_load_explicit(&W.direct_number, memory_order_acquire);
-    if (!n) return fn;
+    if (!n) return d->fn;
     unsigned tag = atomic_load_explicit(&W.direct_tag, memory_order_relaxed);
     int root = atomic_load_explicit(&W.direct_root, memory_order_relaxed);
     size_t c = atomic_load_explicit(&W.direct_count, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&W.direct_number, memory_order_relaxed) != n) return fn;
-    kolo__call_text((uint16_t)tag, root, W.info.size, what, cap);
-    *number = n;
-    *count = c;
-    return fn;
+    if (atomic_load_explicit(&W.direct_number, memory_order_relaxed) != n) return d->fn;
+    kolo__call_text((uint16_t)tag, root, W.info.size, d->what, sizeof(d->what));
+    d->number = n;
+    d->count = c;
+    return d->fn;
 }
 
 static int check_dtype_op(const char *fn, kolo_dtype_t dtype, int op)

@@ -44,22 +44,19 @@ void kolo__status_mesh(kolo__sbuf *b, const kolo__mesh *m)
 
 static void direct_status(kolo__sbuf *b)
 {
-    uint64_t since = atomic_load_explicit(&W.direct_since, memory_order_acquire), now = kolo__now_ns(), number;
-    int pset;
-    size_t count;
-    char what[96];
-    const char *fn = kolo__direct_call(&pset, &number, what, sizeof(what), &count);
-    if (!since || !fn) {
+    kolo__direct_now d;
+    if (!kolo__direct_call(&d)) {
         kolo__sb_printf(b, "null");
         return;
     }
-    kolo__sb_printf(b, "{\"call\":\"%s\",\"process_set\":%d,\"seconds\":%.3f", fn, pset,
-                    now > since ? (double)(now - since) * 1e-9 : 0.0);
+    uint64_t now = kolo__now_ns();
+    kolo__sb_printf(b, "{\"call\":\"%s\",\"process_set\":%d,\"seconds\":%.3f", d.fn, d.pset,
+                    now > d.since ? (double)(now - d.since) * 1e-9 : 0.0);
     /* past its checks: which of this rank's calls on the set it is, and what it was called with,
      * to set beside another rank's when each waits for the other */
-    if (number) {
-        kolo__sb_printf(b, ",\"number\":%llu,\"count\":%zu,\"what\":", (unsigned long long)number, count);
-        kolo__sb_jstr(b, what);
+    if (d.number) {
+        kolo__sb_printf(b, ",\"number\":%llu,\"count\":%zu,\"what\":", (unsigned long long)d.number, d.count);
+        kolo__sb_jstr(b, d.what);
     }
     kolo__status_mesh(b, W.mesh[KOLO_CHANNEL_DIRECT]);
     kolo__sb_put(b, "}", 1);

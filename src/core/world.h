@@ -66,10 +66,18 @@ void kolo__elastic_close(void);
  * From the thread that owns m (a collective's, or the engine's with its own mesh). */
 void kolo__elastic_ask(const kolo__mesh *m);
 
-/* kolo.c: the direct collective a user thread runs now, for another thread: its function's name
- * (NULL outside one), and, once it has passed its checks, its number on its process set (0 before)
- * and its call as text ("kolo_broadcast (float32, root 1)") in what; its process set in *pset. */
-const char *kolo__direct_call(int *pset, uint64_t *number, char *what, size_t cap, size_t *count);
+/* kolo.c: the direct collective a user thread runs now, as another thread reads it: its
+ * function's name (NULL outside one), process set and start; once it has passed its checks, its
+ * number on its process set (0 before), element count and call as text ("kolo_broadcast (float32,
+ * root 1)"). kolo__direct_call fills it and returns fn. */
+typedef struct kolo__direct_now {
+    const char *fn;
+    int pset;
+    uint64_t since, number;
+    size_t count;
+    char what[96];
+} kolo__direct_now;
+const char *kolo__direct_call(kolo__direct_now *d);
 
 /* status.c: KOLO_STATUS_SIGNAL's handler and thread, started at the end of kolo_init (an
  * unknown signal name fails it) and stopped first in kolo_shutdown; lock_out(true) waits for
