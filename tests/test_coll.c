@@ -2391,6 +2391,21 @@ KT_TEST(pair_exchange_ways_follow_call_timings, 120)
     KT_EQ(kt_job(2, pair_exchange_ways, NULL, &o, NULL), 0);
 }
 
+/* One 2-member allgather of `count` floats a member, its result checked: the way of the pair's
+ * choice it went (KOLO_WAY_*). */
+static int pair_allgather_way(int rank, float *x, float *z, size_t count, int phase, int call)
+{
+    uint64_t before[3], after[3];
+    for (size_t i = 0; i < count; i++) x[i] = (float)((i * 3 + (size_t)rank * 11 + (size_t)call) % 4093);
+    kolo__pair_test_calls(KOLO_PAIR_EX, before);
+    KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    kolo__pair_test_calls(KOLO_PAIR_EX, after);
+    for (size_t i = 0; i < 2 * count; i++)
+        KT_ASSERTF(z[i] == (float)((i % count * 3 + i / count * 11 + (size_t)call) % 4093), "phase %d call %d [%zu]: %g",
+                   phase, call, i, (double)z[i]);
+    return call_way(before, after, call);
+}
+
 /* A class whose nearest smaller class found one way at least CLEAR_X times cheaper starts by that
  * way and waits for its first probe as a patient class does (coll_util.c, kolo__pair_end): with
  * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy (their last 4 of 24
@@ -2413,15 +2428,7 @@ static void pair_clear_hint(int rank, void *arg)
         kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, phase == 0 ? choice_delay_ns() : 0);
         double t0 = kt_now();
         for (int call = 0; call < calls; call++) {
-            uint64_t before[3], after[3];
-            for (size_t i = 0; i < count; i++) x[i] = (float)((i * 3 + (size_t)rank * 11 + (size_t)call) % 4093);
-            kolo__pair_test_calls(KOLO_PAIR_EX, before);
-            KT_OK(kolo_allgather(x, count, z, NULL, KOLO_FLOAT32, KOLO_WORLD));
-            kolo__pair_test_calls(KOLO_PAIR_EX, after);
-            for (size_t i = 0; i < 2 * count; i++)
-                KT_ASSERTF(z[i] == (float)((i % count * 3 + i / count * 11 + (size_t)call) % 4093),
-                           "phase %d call %d [%zu]: %g", phase, call, i, (double)z[i]);
-            int way = call_way(before, after, call);
+            int way = pair_allgather_way(rank, x, z, count, phase, call);
             if (phase == 1 || call >= calls - 4) {
                 ring += way == KOLO_WAY_RING;
                 single += way == KOLO_WAY_SINGLE;
@@ -2447,6 +2454,55 @@ KT_TEST(pair_exchange_clear_verdict_makes_the_next_class_patient, 60)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
     KT_EQ(kt_job(2, pair_clear_hint, NULL, &o, NULL), 0);
+}
+
+/* A class that started before any smaller class decided takes a smaller class's later clear
+ * verdict (coll_util.c, LATE_HINT): two allgathers of 1 MiB of output (a patient class, started by
+ * ring copies with nothing to go by), then, ring copies 30 ms slower, 24 of 64 KiB (settling on
+ * single-copy by far), then 12 more of 1 MiB, nothing slowed: their first two go as planned before
+ * (ring copies), the other ten single-copy. Without the rule the 1 MiB class kept ring copies until
+ * its first probe. As in pair_clear_hint, the count is checked only if the 12 calls take less than
+ * the 0.1 s the moved class waits before probing; every call's result is checked. */
+static void pair_late_hint(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    size_t most = (size_t)128 << 10; /* floats per member: 1 MiB of output */
+    float *x = malloc(most * 4), *z = malloc(2 * most * 4);
+    KT_ASSERT(x && z);
+    for (int phase = 0; phase < 3; phase++) {
+        size_t count = phase == 1 ? (size_t)8 << 10 : most;
+        int calls = phase == 0 ? 2 : phase == 1 ? 24 : 12, ring = 0, single = 0;
+        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, phase == 1 ? choice_delay_ns() : 0);
+        double t0 = kt_now();
+        for (int call = 0; call < calls; call++) {
+            int way = pair_allgather_way(rank, x, z, count, phase, call);
+            if ((phase == 1 && call >= calls - 4) || (phase == 2 && call >= 2)) {
+                ring += way == KOLO_WAY_RING;
+                single += way == KOLO_WAY_SINGLE;
+            }
+        }
+        double took = kt_now() - t0;
+        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
+        if (phase == 1)
+            KT_ASSERTF(single == 4, "allgathers of 64 KiB, ring copies slowed: %d of the last 4 single-copy", single);
+        else if (phase == 2 && took < 0.09)
+            KT_ASSERTF(ring == 0 && single == 10,
+                       "allgathers of 1 MiB after a clear verdict at 64 KiB: %d of calls 2-11 by ring copies, %d "
+                       "single-copy (want 0 and 10)", ring, single);
+        else if (phase == 2 && rank == 0)
+            printf("  (12 calls took %.3f s: the moved class's wait was not checked)\n", took);
+    }
+    free(x);
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_late_clear_verdict_moves_a_waiting_class, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_late_hint, NULL, &o, NULL), 0);
 }
 
 /* On a host with more ranks than cores (4 ranks here), a world's allgathers from KOLO_PAIR_EX_MIN

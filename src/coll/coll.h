@@ -296,6 +296,12 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
  * (the longest interval between probes), also while it probes the other; else -1. For a class's
  * first call to start from a neighbouring class's verdict. */
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now);
+/* A hint that comes after a class's first call (a neighbouring class decided later): a class that
+ * started from a waiting hint, or patiently by way 0, and has not yet timed the other way moves to
+ * `way` and waits its first probe from now; whether the hint holds here, the calls that follow
+ * tell (the way in use dearer than the old way's figure moves it back, as any such way). Returns
+ * whether it moved. */
+bool kolo__choice_late_hint(kolo__choice *c, uint64_t now, int way);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
 /* kolo__choice_learn's part after the timing: a call by `way` cost ps per byte, ending at now. */

@@ -287,6 +287,22 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
     return other;
 }
 
+bool kolo__choice_late_hint(kolo__choice *c, uint64_t now, int way)
+{
+    if (!c->every || !c->hinted || c->decided || c->probing || c->recheck || c->cost[!c->want] || way == c->want)
+        return false;
+    c->want = way; /* as if the class started now with this hint: the old way's figure, from the class's
+                    * first calls (a launch's warm-up, other buffers), is no measure to go back by */
+    c->at[!way] = now;
+    c->calls = 0;
+    c->dearer = 0;
+    for (int w = 0; w < 2; w++) {
+        win_clear(c, w);
+        c->cost[w] = 0;
+    }
+    return true;
+}
+
 bool kolo__choice_repeat(kolo__choice *c, int way)
 {
     bool same = c->last == way + 1;
@@ -494,6 +510,21 @@ static bool crowded_choice_here(const kolo__mesh *m, const kolo__group *g)
     return true;
 }
 
+/* The verdict of the nearest smaller class of the same kind that has timed both ways, or -1; *clear:
+ * whether the other way cost it at least CLEAR_X times as much. */
+static int pair_hint(const kolo__pair_ways *p, int slot, bool *clear)
+{
+    for (int j = slot - 1; j >= slot - slot % KOLO_PAIR_CLASSES; j--) {
+        const kolo__choice *s = &p->choice[j];
+        if (s->cost[0] && s->cost[1]) {
+            *clear = s->cost[!s->want] >= CLEAR_X * s->cost[s->want];
+            return s->want;
+        }
+    }
+    *clear = false;
+    return -1;
+}
+
 void kolo__pair_begin(kolo__mesh *m, const kolo__group *g, int kind, uint64_t bytes, kolo__pair_ticket *t)
 {
     t->conn = NULL;
@@ -568,19 +599,27 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
      * 14.7-15.8, alltoall 6.2-6.8 / 11.3-13.6 / 22.2-23.4 -> 4.6-6.1 / 7.7-10.0 / 14.2-15.4 (Open
      * MPI 5 / 8 / 15); the harness's 50 calls after 10, 256 / 512 KiB 0.91-0.99x -> 1.05-1.10x Open
      * MPI's speed; 2-16 MiB and 4 ranks within the noise. A clear verdict that does not hold at the
-     * larger size costs that class 0.1 s the slower way before its first probe. */
-    int hint = -1;
+     * larger size costs that class 0.1 s the slower way before its first probe.
+     * LATE_HINT: a class first called before any smaller class decided (kolo-bench, like
+     * nccl-tests, warms up at 1 MiB before its sweep; a program's first collective of a size)
+     * starts patient by way 0 and kept it until its first probe, 0.1 s on; a smaller class's clear
+     * verdict that comes before that probe now moves it, as if it started then with that hint
+     * (kolo__choice_late_hint). Intel Xeon VM, 2 ranks, kolo-bench 64 KiB-1 MiB, 20 calls after 5,
+     * 4 launches each alternating with the build before and Open MPI, median us at 1 MiB: alltoall
+     * 104 -> 42, allgather 70 -> 44 (Open MPI 42, 42), the class having run ring copies at 3x
+     * single-copy's time throughout; with 200 ms of calls at the first size (the harness's shape),
+     * where the probe came in the size's first timed calls, 56 -> 41 and 62 -> 42 (Open MPI 46, 45). */
     bool clear = false;
+    int hint = -1;
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
-        for (int j = t->slot - 1; j >= t->slot - t->slot % KOLO_PAIR_CLASSES; j--) /* this kind's */
-            if (p->choice[j].cost[0] && p->choice[j].cost[1]) {
-                const kolo__choice *s = &p->choice[j];
-                hint = s->want;
-                clear = s->cost[!hint] >= CLEAR_X * s->cost[hint];
-                break;
-            }
+        hint = pair_hint(p, t->slot, &clear);
         if (hint < 0 && t->patient) hint = 0;
+    } else if (c->hinted && !c->decided) { /* LATE_HINT */
+        int late = pair_hint(p, t->slot, &clear);
+        if (late >= 0 && clear && kolo__choice_late_hint(c, now, late))
+            KOLO_TRACE("%s of %llu B: moved to %s, a smaller class's clear verdict", what,
+                       (unsigned long long)t->bytes, WAYS_PAIR[kind][late]);
     }
     int next = kolo__choice_pick(c, now, hint, t->patient || clear) + 1;
     int was = p->plan[t->slot][(t->call + 1) & 1];
