@@ -170,7 +170,7 @@ TSAN_TESTS ?= '!kolorun_bind' '!kolorun_command' '!kolorun_config' '!kolorun_exi
   '!engine_random_mix_with' '!engine_random_mix_crowded' '!engine_random_mix_other' '!engine_random_mix_a_rank' \
   '!kolorun_elastic_engine_mix' '!shm_auto_follows' '!shm_auto_chooses' '!out_stores_follow' \
   '!shm_far_follows' '!direct_choice_' '!follows_timings' '!follow_timings' '!follow_call_timings' \
-  '!follows_call_timings'
+  '!follows_call_timings' '!judges_a_way'
 
 # Under ASan+UBSan every test but the multi-host ones: their time goes to starting sshd, Slurm's
 # daemons and mpirun in namespaces (45 s of the 205 the suite took under ASan), and the code of

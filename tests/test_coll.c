@@ -2505,6 +2505,43 @@ KT_TEST(pair_exchange_late_clear_verdict_moves_a_waiting_class, 60)
     KT_EQ(kt_job(2, pair_late_hint, NULL, &o, NULL), 0);
 }
 
+/* A way that warms up over its first calls after a change is judged by its calls after that
+ * (coll_util.c, SETTLE_MIN): allgathers of 4 MiB of output, ring copies slowed by d, single-copy's
+ * second call in a row by 3 d and its third by 1.25 d (the lead's), its later ones not at all. A
+ * probe that timed the second and third calls read single-copy at 1.25 d against d and kept ring
+ * copies, probe after probe; timing the third and fourth it finds single-copy far cheaper. At least
+ * 18 of the last 30 of 60 calls must go single-copy (measured 25; with the old rule 6: its
+ * probes). */
+static void pair_settle(int rank, void *arg)
+{
+    (void)arg;
+    kolo__mesh *m = choosing_mesh(rank);
+    if (!m) return;
+    enum { CALLS = 60 };
+    size_t count = (size_t)512 << 10; /* floats per member: 4 MiB of output */
+    float *x = malloc(count * 4), *z = malloc(2 * count * 4);
+    KT_ASSERT(x && z);
+    uint64_t d = choice_delay_ns();
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, d);
+    kolo__pair_test_settle_delay(KOLO_PAIR_EX, KOLO_WAY_SINGLE, 3 * d, d + d / 4);
+    int single = 0;
+    for (int call = 0; call < CALLS; call++)
+        single += pair_allgather_way(rank, x, z, count, 0, call) == KOLO_WAY_SINGLE && call >= CALLS - 30;
+    kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
+    kolo__pair_test_settle_delay(KOLO_PAIR_EX, KOLO_WAY_SINGLE, 0, 0);
+    KT_ASSERTF(single >= 18, "allgathers of 4 MiB, single-copy slow only in its second and third calls after a change: "
+                             "%d of the last 30 single-copy (want at least 18)", single);
+    free(x);
+    free(z);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(pair_exchange_judges_a_way_after_it_settles, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_settle, NULL, &o, NULL), 0);
+}
+
 /* On a host with more ranks than cores (4 ranks here), a world's allgathers from KOLO_PAIR_EX_MIN
  * go by ring copies or single-copy (the push, or the exchange's `single` sends) as member 0's
  * timings of whole calls favour, every member the way member 0 publishes (coll_util.c,

@@ -311,6 +311,8 @@ void kolo__choice_take(kolo__choice *c, int way, uint64_t ps, uint64_t now);
  * first, nor the first after a change of way, which pays for caches and pages the other way left
  * cold (coll_util.c, "pair", has the traces). */
 bool kolo__choice_repeat(kolo__choice *c, int way);
+/* The same, as the number of calls in a row by `way` this one makes (1: the first after a change). */
+unsigned kolo__choice_run(kolo__choice *c, int way);
 
 /* KOLO_SMALL_ALLREDUCE_MAX: allreduces of at most this many bytes take the small algorithms
  * (allreduce.c; adasum.c likewise). */
@@ -417,6 +419,9 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
  * takes ns longer; the ways of this process's calls of a kind so far, by KOLO_WAY_* (got[0]: left
  * to the transport). */
 void kolo__pair_test_delay(int kind, int way, uint64_t ns);
+/* ... and the lead's second and third calls in a row by `way` take these ns longer besides (a way
+ * that warms up over its first calls after a change, coll_util.c, SETTLE_MIN). */
+void kolo__pair_test_settle_delay(int kind, int way, uint64_t second_ns, uint64_t third_ns);
 void kolo__pair_test_calls(int kind, uint64_t got[3]);
 
 /* Scratch memory owned by the mesh, at least n bytes, 64-byte aligned; NULL on no memory

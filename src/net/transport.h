@@ -164,6 +164,7 @@ typedef struct kolo__choice {
     unsigned switch_after, dearer;
     unsigned first_after;    /* calls before the first probe (0: FIRST_PROBE_CALLS, coll_util.c) */
     unsigned char last;      /* the way of the class's last call, + 1 (kolo__choice_repeat) */
+    unsigned char run;       /* calls in a row by that way, this one included (saturates) */
 } kolo__choice;
 
 /* How the reduce-scatters of a 2-member group over a pair that picks from timings send their
