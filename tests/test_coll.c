@@ -1974,6 +1974,31 @@ KT_TEST(choice_first_answer_is_not_a_change, 10)
                (double)(back - start) * 1e-9, (double)(probe_after_back - back) * 1e-9);
 }
 
+/* A 2-member choice from SETTLE_MIN (coll_util.c, DEARER_PROBES), on a clock of its own, calls
+ * every 1.5 ms: way 0 costs 100, way 1 110, and way 0 settles. Then three calls of way 0 cost 300
+ * (its window's median with them) and it is dearer than way 1's figure: the class probes both ways
+ * afresh and keeps way 0, running way 1 only in that probe. Moving to way 1 at once, as other
+ * choices do, left it there until the next probe (way 0's figure frozen at 300), 0.1 s of calls. */
+KT_TEST(choice_dearer_way_brings_a_probe, 10)
+{
+    kolo__choice c = {.switch_after = 3, .dearer_probes = true};
+    const uint64_t step = 1500000;
+    uint64_t now = 1000000000ull, cost[2] = {100, 110};
+    int settled = -1, after = 0;
+    for (int i = 0; i < 400; i++) {
+        int way = kolo__choice_pick(&c, now, -1, false);
+        now += step;
+        uint64_t ps = cost[way];
+        if (settled >= 0 && i >= settled && i < settled + 3 && way == 0) ps = 300; /* the transient */
+        kolo__choice_take(&c, way, ps, now);
+        if (settled < 0 && c.decided && !c.probing && !c.recheck && i > 20) settled = i + 1;
+        if (settled >= 0 && i >= settled && i < settled + 50) after += way == 1; /* 75 ms: before any probe due */
+    }
+    KT_ASSERTF(settled >= 0 && c.want == 0, "settled after %d calls, way in use %d (want 0)", settled, c.want);
+    KT_ASSERTF(after <= 2, "way 1 ran %d of the 50 calls after way 0's three slow ones (want at most the probe's 2)",
+               after);
+}
+
 KT_TEST(direct_choice_follows_timings, 120)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};

@@ -232,14 +232,15 @@ int kolo__coll_cma_failed(kolo__mesh *m, int peer, int e, const char *what)
  * with `wait`, the first probe waits as the later ones do. Later probes come at least
  * PROBE_GAP_CALLS calls and an interval apart that doubles while the answer stays (0.1 s up to 2.56
  * s) and shrinks back when a probe (not the first: FIRST_ANSWER) or the way in use getting dearer
- * than the other's figure changes it. The same scheme as the shared-memory transport's per-message
- * choice (shm.c), one level up, except for the second half of a probe: the machine warms up over
- * its first busy tens of milliseconds (this VM's copies run 1.5-2.5x faster then), so the way in
- * use, timed in a launch's first calls, looked dearer than a probe timed later, and kept losing to
- * it. Measured before that half (2 ranks, 3 launches each): engine-bench's ResNet-50 step from
- * malloc'd gradients 31.8-32.2 ms choosing, 28.7-29.3 with the ring pinned; member 0's log had the
- * ring at 371-454 ps/B in the first calls, CMA at 330-346 in the probe, the ring at 296-323 in
- * later probes. */
+ * than the other's figure changes it (from SETTLE_MIN a 2-member class probes then:
+ * DEARER_PROBES). The same scheme as the shared-memory transport's per-message choice (shm.c), one
+ * level up, except for the second half of a probe: the machine warms up over its first busy tens
+ * of milliseconds (this VM's copies run 1.5-2.5x faster then), so the way in use, timed in a
+ * launch's first calls, looked dearer than a probe timed later, and kept losing to it. Measured
+ * before that half (2 ranks, 3 launches each): engine-bench's ResNet-50 step from malloc'd
+ * gradients 31.8-32.2 ms choosing, 28.7-29.3 with the ring pinned; member 0's log had the ring at
+ * 371-454 ps/B in the first calls, CMA at 330-346 in the probe, the ring at 296-323 in later
+ * probes. */
 #define FIRST_PROBE_CALLS 4
 /* FIRST_ANSWER: a probe that changes the way starts the intervals over at 0.1 s, as the machine
  * may be changing state; the class's first probe is no such change, only its first measurement of
@@ -279,9 +280,11 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait)
     if (c->probing) return !c->want;
     if (c->recheck) return c->want;
     int other = !c->want;
-    bool due = c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
-                                           : c->calls >= (c->first_after ? c->first_after : FIRST_PROBE_CALLS);
+    bool due = c->due ||
+               (c->cost[other] || c->hinted ? c->calls >= PROBE_GAP_CALLS && now - c->at[other] >= c->every
+                                            : c->calls >= (c->first_after ? c->first_after : FIRST_PROBE_CALLS));
     if (!due) return c->want;
+    c->due = false;
     c->probing = PROBE_CALLS;
     win_clear(c, other);
     return other;
@@ -296,6 +299,7 @@ bool kolo__choice_late_hint(kolo__choice *c, uint64_t now, int way)
     c->at[!way] = now;
     c->calls = 0;
     c->dearer = 0;
+    c->due = false;
     for (int w = 0; w < 2; w++) {
         win_clear(c, w);
         c->cost[w] = 0;
@@ -364,9 +368,15 @@ void kolo__choice_take(kolo__choice *c, int way, uint64_t ps, uint64_t now)
             }
         } else if (now - c->at[!way] <= PROBE_MAX_NS && cheaper(c, !way, way)) {
             if (++c->dearer >= KOLO_MAX(c->switch_after, 1u)) {
-                c->want = !way; /* the way in use got dearer than the other's last figure */
-                c->every = PROBE_MIN_NS;
-                c->calls = 0;
+                /* the way in use got dearer than the other's last figure: move to the other way, or
+                 * (dearer_probes) time both afresh (kolo__pair_end, DEARER_PROBES) */
+                if (c->dearer_probes) {
+                    c->due = true;
+                } else {
+                    c->want = !way;
+                    c->every = PROBE_MIN_NS;
+                    c->calls = 0;
+                }
                 c->dearer = 0;
             }
         } else {
@@ -500,6 +510,18 @@ void kolo__pair_test_calls(int kind, uint64_t got[3])
  * the harness's 2-16 MiB band (3 rounds) and 4 ranks (2 rounds) within the noise. From 4 MiB: a
  * probe there costs one more call of the other way, against calls of 0.3 ms and more. */
 #define SETTLE_MIN ((uint64_t)4 << 20)
+/* DEARER_PROBES: from SETTLE_MIN, a way in use found dearer than the other's last figure (for
+ * SWITCH_AFTER_CALLS calls) brings a probe, both ways timed afresh, where other choices move to the
+ * other way at once. Traced (the same VM, 16 MiB alone): three slow single-copy calls in a row (183,
+ * 177, 157 ps/B among 85-108) lifted its window's median to 157 and moved the class to ring copies,
+ * which then never looked dearer than that frozen figure: ring copies at 115-134 for about 60 calls,
+ * until the next probe (a launch at 2139 us a call). 8 launches of 16 MiB alone each, alternating
+ * with the build before (SETTLE_MIN only) and Open MPI: 1502-1930 us (median 1520, 3 launches above
+ * 1740) -> 1500-1564 (1514), Open MPI 1516-1628 (1544); 8 MiB alone (6) 747-873 (782) -> 751-778
+ * (765), Open MPI 757; the 2-16 MiB band (3 rounds) alltoall 8 / 16 MiB 780 / 1558 -> 754 / 1504
+ * (Open MPI 765 / 1523), allgather and 4 ranks within the noise. Below SETTLE_MIN, tried on every
+ * choice: allgather 1 MiB 41.6 -> 45.1 us in 3 of 3 launches, a probe costing more there than the
+ * moves it replaced; so only these classes. */
 /* A smaller class's verdict this clear makes a new class patient (kolo__pair_end, "clear") */
 #define CLEAR_X 2
 
@@ -637,6 +659,7 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
     int hint = -1;
     if (!c->every) {
         c->switch_after = SWITCH_AFTER_CALLS;
+        c->dearer_probes = t->bytes >= SETTLE_MIN; /* DEARER_PROBES */
         hint = pair_hint(p, t->slot, &clear);
         if (hint < 0 && t->patient) hint = 0;
     } else if (c->hinted && !c->decided) { /* LATE_HINT */

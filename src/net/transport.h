@@ -158,6 +158,8 @@ typedef struct kolo__choice {
     int recheck;             /* calls of the way in use still to run after a probe, before its verdict */
     bool hinted;             /* started from a hint that waits for the first probe (wait) */
     bool decided;            /* a probe has given a verdict (the first is not a change of answer) */
+    bool due;                /* probe at the next pick (dearer_probes) */
+    bool dearer_probes;      /* a way in use found dearer brings a probe, not a move (coll_util.c) */
     uint64_t every, calls;   /* the interval between probes; calls since the last */
     /* outside a probe, the way in use is left after this many calls in a row (0 counts as 1)
      * found it dearer than the other's last figure; dearer counts them */
