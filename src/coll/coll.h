@@ -298,9 +298,8 @@ int kolo__choice_pick(kolo__choice *c, uint64_t now, int hint, bool wait);
 int kolo__choice_verdict(const kolo__choice *c, uint64_t now);
 /* A hint that comes after a class's first call (a neighbouring class decided later): a class that
  * started from a waiting hint, or patiently by way 0, and has not yet timed the other way moves to
- * `way` and waits its first probe from now; whether the hint holds here, the calls that follow
- * tell (the way in use dearer than the old way's figure moves it back, as any such way). Returns
- * whether it moved. */
+ * `way` as if it started now with that hint: both ways' figures dropped, its first probe 0.1 s on
+ * telling whether the hint holds here. Returns whether it moved. */
 bool kolo__choice_late_hint(kolo__choice *c, uint64_t now, int way);
 void kolo__choice_learn(kolo__choice *c, int way, uint64_t start, uint64_t bytes, const char *what,
                         const char *const ways[2]);
