@@ -2436,68 +2436,24 @@ static int pair_allgather_way(int rank, float *x, float *z, size_t count, int ph
  * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy (their last 4 of 24
  * calls); then allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but
  * the first two (left to the transport). Without the rule the new class ran its ninth to twelfth
- * calls by ring copies (a probe). The count holds only if the 12 calls take less than the 0.1 s a
- * patient class waits: slower (a sanitizer build on a loaded machine), only the results are
- * checked. */
+ * calls by ring copies (a probe).
+ * With arg "late", a class that started before any smaller class decided takes that class's later
+ * clear verdict (LATE_HINT): first two allgathers of 1 MiB of output (a patient class, started by
+ * ring copies with nothing to go by), then the 24 of 64 KiB, then 12 more of 1 MiB: their first two
+ * go as planned before (ring copies), the other ten single-copy. Without the rule the 1 MiB class
+ * kept ring copies until its first probe (8 of the 10).
+ * The count holds only if the 12 calls take less than the 0.1 s a patient (or moved) class waits:
+ * slower (a sanitizer build on a loaded machine), only the results are checked. */
 static void pair_clear_hint(int rank, void *arg)
 {
-    (void)arg;
+    bool late = arg && strcmp(arg, "late") == 0;
     kolo__mesh *m = choosing_mesh(rank);
     if (!m) return;
-    size_t most = (size_t)16 << 10; /* floats per member */
-    float *x = malloc(most * 4), *z = malloc(2 * most * 4);
+    size_t small = (size_t)8 << 10, big = late ? (size_t)128 << 10 : (size_t)16 << 10; /* floats per member */
+    float *x = malloc(big * 4), *z = malloc(2 * big * 4);
     KT_ASSERT(x && z);
-    for (int phase = 0; phase < 2; phase++) {
-        size_t count = phase == 0 ? most / 2 : most;
-        int calls = phase == 0 ? 24 : 12, ring = 0, single = 0;
-        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, phase == 0 ? choice_delay_ns() : 0);
-        double t0 = kt_now();
-        for (int call = 0; call < calls; call++) {
-            int way = pair_allgather_way(rank, x, z, count, phase, call);
-            if (phase == 1 || call >= calls - 4) {
-                ring += way == KOLO_WAY_RING;
-                single += way == KOLO_WAY_SINGLE;
-            }
-        }
-        double took = kt_now() - t0;
-        kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
-        if (phase == 0)
-            KT_ASSERTF(single == 4, "allgathers of 64 KiB, ring copies slowed: %d of the last 4 single-copy", single);
-        else if (took < 0.09)
-            KT_ASSERTF(ring == 0 && single == 10,
-                       "allgathers of 128 KiB after a clear verdict at 64 KiB: %d by ring copies, %d single-copy "
-                       "(want 0 and 10)", ring, single);
-        else if (rank == 0)
-            printf("  (12 calls took %.3f s: the patient wait was not checked)\n", took);
-    }
-    free(x);
-    free(z);
-    KT_OK(kolo_shutdown());
-}
-
-KT_TEST(pair_exchange_clear_verdict_makes_the_next_class_patient, 60)
-{
-    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(2, pair_clear_hint, NULL, &o, NULL), 0);
-}
-
-/* A class that started before any smaller class decided takes a smaller class's later clear
- * verdict (coll_util.c, LATE_HINT): two allgathers of 1 MiB of output (a patient class, started by
- * ring copies with nothing to go by), then, ring copies 30 ms slower, 24 of 64 KiB (settling on
- * single-copy by far), then 12 more of 1 MiB, nothing slowed: their first two go as planned before
- * (ring copies), the other ten single-copy. Without the rule the 1 MiB class kept ring copies until
- * its first probe. As in pair_clear_hint, the count is checked only if the 12 calls take less than
- * the 0.1 s the moved class waits before probing; every call's result is checked. */
-static void pair_late_hint(int rank, void *arg)
-{
-    (void)arg;
-    kolo__mesh *m = choosing_mesh(rank);
-    if (!m) return;
-    size_t most = (size_t)128 << 10; /* floats per member: 1 MiB of output */
-    float *x = malloc(most * 4), *z = malloc(2 * most * 4);
-    KT_ASSERT(x && z);
-    for (int phase = 0; phase < 3; phase++) {
-        size_t count = phase == 1 ? (size_t)8 << 10 : most;
+    for (int phase = late ? 0 : 1; phase < 3; phase++) {
+        size_t count = phase == 1 ? small : big;
         int calls = phase == 0 ? 2 : phase == 1 ? 24 : 12, ring = 0, single = 0;
         kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, phase == 1 ? choice_delay_ns() : 0);
         double t0 = kt_now();
@@ -2514,20 +2470,28 @@ static void pair_late_hint(int rank, void *arg)
             KT_ASSERTF(single == 4, "allgathers of 64 KiB, ring copies slowed: %d of the last 4 single-copy", single);
         else if (phase == 2 && took < 0.09)
             KT_ASSERTF(ring == 0 && single == 10,
-                       "allgathers of 1 MiB after a clear verdict at 64 KiB: %d of calls 2-11 by ring copies, %d "
-                       "single-copy (want 0 and 10)", ring, single);
+                       "allgathers of %zu KiB after a clear verdict at 64 KiB%s: %d of calls 2-11 by ring copies, %d "
+                       "single-copy (want 0 and 10)", big * 8 >> 10, late ? " (the class started before it)" : "",
+                       ring, single);
         else if (phase == 2 && rank == 0)
-            printf("  (12 calls took %.3f s: the moved class's wait was not checked)\n", took);
+            printf("  (12 calls took %.3f s: the patient wait was not checked)\n", took);
     }
     free(x);
     free(z);
     KT_OK(kolo_shutdown());
 }
 
-KT_TEST(pair_exchange_late_clear_verdict_moves_a_waiting_class, 60)
+KT_TEST(pair_exchange_clear_verdict_makes_the_next_class_patient, 60)
 {
     kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
-    KT_EQ(kt_job(2, pair_late_hint, NULL, &o, NULL), 0);
+    KT_EQ(kt_job(2, pair_clear_hint, NULL, &o, NULL), 0);
+}
+
+KT_TEST(pair_exchange_late_clear_verdict_moves_a_waiting_class, 60)
+{
+    static char late[] = "late";
+    kt_job_opts o = {.env = {"KOLO_SHM_CMA=auto"}};
+    KT_EQ(kt_job(2, pair_clear_hint, late, &o, NULL), 0);
 }
 
 /* A way that warms up over its first calls after a change is judged by its calls after that

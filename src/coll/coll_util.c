@@ -663,8 +663,9 @@ void kolo__pair_end(kolo__mesh *m, const kolo__pair_ticket *t, int st, const cha
         hint = pair_hint(p, t->slot, &clear);
         if (hint < 0 && t->patient) hint = 0;
     } else if (c->hinted && !c->decided) { /* LATE_HINT */
-        int late = pair_hint(p, t->slot, &clear);
-        if (late >= 0 && clear && kolo__choice_late_hint(c, now, late))
+        bool late_clear;
+        int late = pair_hint(p, t->slot, &late_clear);
+        if (late >= 0 && late_clear && kolo__choice_late_hint(c, now, late))
             KOLO_TRACE("%s of %llu B: moved to %s, a smaller class's clear verdict", what,
                        (unsigned long long)t->bytes, WAYS_PAIR[kind][late]);
     }
