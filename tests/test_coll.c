@@ -1907,7 +1907,11 @@ static kolo__mesh *crowded_mesh(int rank)
  * KT_TIMEOUT_SCALE (under TSan a 4 MiB call takes ~30 ms itself, and a loaded machine once let
  * the slowed way win 10 of 12 there) and with the calls' own time: at 4 ranks with three busy
  * loops besides (some task waited for a CPU 1.2 s of the test's 1.5), direct slowed by 30 ms
- * still won 9 of 12 calls. */
+ * still won 9 of 12 calls. Its floor is 90 ms (3 x choice_delay_ns): in a clean-clone CI run of
+ * 2026-12-06, the sanitizer builds compiling beside the plain suite (a task waited for a CPU 0.8 s
+ * of the test's 0.8), the ring slowed by 30 ms won 9 of the last 12 calls at 2 ranks, and beside two
+ * busy loops direct slowed by 30 ms won 9 of 12 once in 8 runs: the starved calls of the fast
+ * way themselves took tens of ms. */
 static void direct_choice(int rank, void *arg)
 {
     kolo__mesh *m = arg ? crowded_mesh(rank) : choosing_mesh(rank);
@@ -1922,7 +1926,7 @@ static void direct_choice(int rank, void *arg)
         KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
         call_s = fmax(call_s, kt_now() - t0);
     }
-    uint64_t delay_ns = delay_over_calls(call_s, choice_delay_ns());
+    uint64_t delay_ns = delay_over_calls(call_s, 3 * choice_delay_ns());
     for (int slow = 0; slow < 2; slow++) {
         memset(m->direct, 0, sizeof(m->direct));
         kolo__direct_test_delay(slow, delay_ns);
