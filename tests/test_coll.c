@@ -2437,8 +2437,9 @@ static int pair_allgather_way(int rank, float *x, float *z, size_t count, int ph
 
 /* A class whose nearest smaller class found one way at least CLEAR_X times cheaper starts by that
  * way and waits for its first probe as a patient class does (coll_util.c, kolo__pair_end): with
- * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy (their last 4 of 24
- * calls); then allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but
+ * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy by their 14th call
+ * (calls 13-23 checked: a class with nothing to start from probes after one timed call,
+ * PAIR_FIRST_PROBE_CALLS; after four, calls 13-15 went by ring copies, the recheck); then allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but
  * the first two (left to the transport). Without the rule the new class ran its ninth to twelfth
  * calls by ring copies (a probe).
  * With arg "late", a class that started before any smaller class decided takes that class's later
@@ -2463,7 +2464,7 @@ static void pair_clear_hint(int rank, void *arg)
         double t0 = kt_now();
         for (int call = 0; call < calls; call++) {
             int way = pair_allgather_way(rank, x, z, count, phase, call);
-            if ((phase == 1 && call >= calls - 4) || (phase == 2 && call >= 2)) {
+            if ((phase == 1 && call >= 13) || (phase == 2 && call >= 2)) {
                 ring += way == KOLO_WAY_RING;
                 single += way == KOLO_WAY_SINGLE;
             }
@@ -2471,7 +2472,9 @@ static void pair_clear_hint(int rank, void *arg)
         double took = kt_now() - t0;
         kolo__pair_test_delay(KOLO_PAIR_EX, KOLO_WAY_RING, 0);
         if (phase == 1)
-            KT_ASSERTF(single == 4, "allgathers of 64 KiB, ring copies slowed: %d of the last 4 single-copy", single);
+            KT_ASSERTF(single == calls - 13,
+                       "allgathers of 64 KiB, ring copies slowed: %d of calls 13-%d single-copy (want all %d)", single,
+                       calls - 1, calls - 13);
         else if (phase == 2 && took < 0.09)
             KT_ASSERTF(ring == 0 && single == 10,
                        "allgathers of %zu KiB after a clear verdict at 64 KiB%s: %d of calls 2-11 by ring copies, %d "
