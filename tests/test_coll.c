@@ -2438,9 +2438,10 @@ static int pair_allgather_way(int rank, float *x, float *z, size_t count, int ph
 /* A class whose nearest smaller class found one way at least CLEAR_X times cheaper starts by that
  * way and waits for its first probe as a patient class does (coll_util.c, kolo__pair_end): with
  * ring copies 30 ms slower, allgathers of 64 KiB (out) settle on single-copy by their 14th call
- * (calls 13-23 checked: a class with nothing to start from probes after one timed call,
- * PAIR_FIRST_PROBE_CALLS; after four, calls 13-15 went by ring copies, the recheck); then allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but
- * the first two (left to the transport). Without the rule the new class ran its ninth to twelfth
+ * (calls 13-23, counted from 0, checked: a class with nothing to start from probes after one timed
+ * call, PAIR_FIRST_PROBE_CALLS; after four, calls 13-15 went by ring copies, the recheck); then
+ * allgathers of 128 KiB, nothing slowed, go single-copy in all 12 of their calls but the first two
+ * (left to the transport). Without the rule the new class ran its ninth to twelfth
  * calls by ring copies (a probe).
  * With arg "late", a class that started before any smaller class decided takes that class's later
  * clear verdict (LATE_HINT): first two allgathers of 1 MiB of output (a patient class, started by
