@@ -141,6 +141,9 @@ typedef struct kt_proc_opts {
 } kt_proc_opts;
 
 double kt_now(void);
+/* The calling thread's CPU time, ns: what a check of a cost or of polling reads where the wall
+ * clock would also count the time the thread was kept off its core (the test lanes share two). */
+uint64_t kt_thread_cpu_ns(void);
 /* Occurrences of needle in hay. */
 int kt_count(const char *hay, const char *needle);
 void kt_proc_start(kt_proc *p, const char *const *argv, const kt_proc_opts *o);

@@ -502,6 +502,13 @@ void kt_fill(void *buf, size_t count, kolo_dtype_t dtype, unsigned seed)
 
 double kt_now(void) { return now(); }
 
+uint64_t kt_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int kt_count(const char *hay, const char *needle)
 {
     int c = 0;

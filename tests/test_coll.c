@@ -13,7 +13,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
-#include <time.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -2926,13 +2925,6 @@ KT_TEST(waiting_rank_yields_when_it_must, 60)
  * halfway between two checks. Stretched 4x to 20 ms, they came as rank 0 woke at its second check,
  * and in two runs under TSan only 1 and 0 of 3 allgathers ended by a bell. Then one wait of 40
  * ms, whose sleeps end by the liveness checks' clock. */
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void dozes_until_rung(int rank, void *arg)
 {
     (void)arg;
@@ -2959,7 +2951,7 @@ static void dozes_until_rung(int rank, void *arg)
         int root = kind == 1 ? 0 : n - 1;
         memset(buf, rank == root ? 0x40 + round : 0, len);
         KT_OK(kolo_barrier(KOLO_WORLD));
-        uint64_t a[5], b[5], t0 = kolo__now_ns(), cpu0 = thread_cpu_ns();
+        uint64_t a[5], b[5], t0 = kolo__now_ns(), cpu0 = kt_thread_cpu_ns();
         kolo__wait_test_counts(a);
         if (rank != 0) usleep(late);
         if (kind == 2) {
@@ -2978,7 +2970,7 @@ static void dozes_until_rung(int rank, void *arg)
          * the machine's tasks had waited 5.1 s for a CPU in 6.5. A wait that did not sleep but
          * polled through the lateness spends it on its core, so one that spent under a quarter of
          * it there was kept off */
-        uint64_t wall = kolo__now_ns() - t0, cpu = thread_cpu_ns() - cpu0;
+        uint64_t wall = kolo__now_ns() - t0, cpu = kt_thread_cpu_ns() - cpu0;
         bool waited = wall >= (uint64_t)late * 1000 / 2 && cpu >= (uint64_t)late * 1000 / 4;
         if (rank == 0) {
             KT_ASSERTF(b[2] > a[2] || !waited, "round %d: no sleep in a %u us wait (%llu us, %llu on the core)",

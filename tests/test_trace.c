@@ -1316,7 +1316,13 @@ static int cmp_double(const void *a, const void *b)
  * the median batch is reported. Also the cost of the same calls with the timeline off. A pair
  * that finds the ring full is dropped, cheaper than one written, so a run that dropped any is
  * measured again with longer pauses: on a loaded machine (the test lanes beside each other) the
- * writer thread could wait longer than 12 ms for a core, and the test failed on it once. */
+ * writer thread could wait longer than 12 ms for a core, and the test failed on it once. The
+ * check reads the best tenth of the batches, not the median: the median failed (1261 ns against
+ * 1000) with the C suites beside one busy loop, its batches kept off their core. Quiet, on the
+ * Intel Xeon VM (2 vCPUs), the median batch runs 300 or 730 ns a pair from launch to launch, the
+ * best tenth 240-520; beside two busy loops the median reached 460-890 ns and the best tenth
+ * 300-480. The check is there to catch a pair that costs microseconds (a system call, a wait for
+ * the writer); how fast the timeline is belongs in its benchmark (engine-bench's timeline row). */
 KT_TEST(trace_cost, 20)
 {
     enum { BATCHES = 60, PAIRS_PER = SANITIZED ? 250 : 2000 };
@@ -1356,11 +1362,13 @@ KT_TEST(trace_cost, 20)
     }
     double off = (double)(kolo__now_ns() - t0) / 1e6;
     qsort(per, BATCHES, sizeof(double), cmp_double);
-    printf("  begin+end pair, writer running: median %.0f ns, min %.0f, p90 %.0f, max %.0f (%d batches of %d)%s\n",
-           per[BATCHES / 2], per[0], per[BATCHES * 9 / 10], per[BATCHES - 1], BATCHES, PAIRS_PER,
+    printf("  begin+end pair, writer running: median %.0f ns, min %.0f, p10 %.0f, p90 %.0f, max %.0f (%d batches of %d)%s\n",
+           per[BATCHES / 2], per[0], per[BATCHES / 10], per[BATCHES * 9 / 10], per[BATCHES - 1], BATCHES, PAIRS_PER,
            SANITIZED ? " [sanitizer build]" : "");
     printf("  begin+end pair, timeline off: %.1f ns\n", off);
 
-    if (!SANITIZED) KT_ASSERTF(per[BATCHES / 2] < 1000, "a begin+end pair costs %.0f ns", per[BATCHES / 2]);
+    if (!SANITIZED)
+        KT_ASSERTF(per[BATCHES / 10] < 1000, "a begin+end pair costs %.0f ns in the best tenth of the batches",
+                   per[BATCHES / 10]);
     tclean();
 }
