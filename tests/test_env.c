@@ -22,7 +22,7 @@ extern char **environ;
 static void clear_env(void)
 {
     static const char *const prefixes[] = {"KOLO_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL",
-                                           "SLURM_", "TORCHELASTIC_", "MV2_"};
+                                           "SLURM_", "TORCHELASTIC_", "MV2_", "PET_"};
     static const char *const exact[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                         "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
     char names[512][128];
@@ -203,6 +203,7 @@ KT_TEST(env_precedence, 10)
         "PMI_RANK=3", "PMI_SIZE=5", "MPI_LOCALNRANKS=5",
         "PMIX_RANK=4", "PMIX_SIZE=6",
         "SLURM_PROCID=5", "SLURM_NTASKS=7", "SLURM_STEP_NODELIST=n1", "SLURM_JOB_ID=9", "SLURM_STEP_ID=0",
+        "PET_NNODES=8", "PET_NODE_RANK=6", "PET_MASTER_ADDR=m", "PET_MASTER_PORT=29500",
         "KOLO_RENDEZVOUS=head:1", NULL};
     set_vars(all);
     static const struct {
@@ -217,6 +218,7 @@ KT_TEST(env_precedence, 10)
         {"pmi", 5, {"PMI_RANK", "PMI_SIZE"}},
         {"pmix", 6, {"PMIX_RANK"}},
         {"slurm", 7, {"SLURM_PROCID"}},
+        {"pet", 8, {"PET_NNODES"}},
         {"none", 1, {NULL}},
     };
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(order); i++) {
@@ -322,6 +324,79 @@ KT_TEST(env_torchrun, 10)
     /* RANK alone is somebody else's variable */
     clear_env();
     setenv("RANK", "3", 1);
+    w = detect_ok();
+    STR_EQ(w.source, "none");
+}
+
+/* A Kubeflow TrainJob's pod, its program started without torchrun: torchrun's arguments as
+ * PET_* variables and nothing else. One rank per pod, rank 0 serving beside PET_MASTER_PORT. */
+KT_TEST(env_pet_trainjob_pods, 10)
+{
+    clear_env();
+    static const char *const v[] = {"PET_NNODES=3", "PET_NODE_RANK=2", "PET_NPROC_PER_NODE=1",
+                                    "PET_MASTER_ADDR=job-node-0-0.job", "PET_MASTER_PORT=29500", NULL};
+    set_vars(v);
+    kolo__world_info w = detect_ok();
+    STR_EQ(w.source, "pet");
+    KT_EQ(w.rank, 2);
+    KT_EQ(w.size, 3);
+    KT_EQ(w.local_rank, 0);
+    KT_EQ(w.local_size, 1);
+    KT_EQ(w.cross_rank, 2);
+    KT_EQ(w.cross_size, 3);
+    STR_EQ(w.rdv_host, "job-node-0-0.job");
+    KT_EQ(w.rdv_port, 29501);
+    KT_EQ(w.rdv_serve, 1);
+    KT_CONTAINS(w.job_id, "job-node-0-0.job:29500");
+    /* every pod computes the same job and secret */
+    setenv("PET_NODE_RANK", "0", 1);
+    kolo__world_info w0 = detect_ok();
+    STR_EQ(w0.job_id, w.job_id);
+    KT_ASSERT(w0.secret_len == w.secret_len && memcmp(w0.secret, w.secret, w.secret_len) == 0);
+    /* torchrun's N:N is a fixed count; processes per pod other than 1 leave one rank per pod (a
+     * warning on rank 0): torchrun, which would start them, is not here */
+    setenv("PET_NNODES", "3:3", 1);
+    setenv("PET_NPROC_PER_NODE", "auto", 1);
+    w = detect_ok();
+    KT_EQ(w.size, 3);
+    KT_EQ(w.local_size, 1);
+    setenv("PET_NPROC_PER_NODE", "4", 1);
+    w = detect_ok();
+    KT_EQ(w.size, 3);
+    /* under torchrun, torchrun's variables win */
+    setenv("RANK", "5", 1);
+    setenv("WORLD_SIZE", "12", 1);
+    setenv("MASTER_ADDR", "job-node-0-0.job", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    w = detect_ok();
+    STR_EQ(w.source, "torchrun");
+    KT_EQ(w.size, 12);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    /* malformed or incomplete: an error naming the variable */
+    setenv("PET_NNODES", "1:4", 1);
+    expect_invalid("PET_NNODES=1:4 is an elastic range");
+    setenv("PET_NNODES", "4:1", 1);
+    expect_invalid("PET_NNODES='4:1'");
+    setenv("PET_NNODES", "two", 1);
+    expect_invalid("PET_NNODES='two'");
+    setenv("PET_NNODES", "3", 1);
+    setenv("PET_NODE_RANK", "3", 1);
+    expect_invalid("PET_NODE_RANK=3 is not below PET_NNODES=3");
+    setenv("PET_NODE_RANK", "1", 1);
+    setenv("PET_MASTER_PORT", "http", 1);
+    expect_invalid("PET_MASTER_PORT='http'");
+    unsetenv("PET_MASTER_PORT");
+    expect_invalid("PET_MASTER_PORT is not");
+    setenv("KOLO_RENDEZVOUS", "10.0.0.5:7000", 1);
+    w = detect_ok();
+    STR_EQ(w.rdv_host, "10.0.0.5");
+    KT_EQ(w.rdv_port, 7000);
+    unsetenv("KOLO_RENDEZVOUS");
+    /* one of the pair alone is somebody else's variable */
+    unsetenv("PET_NNODES");
     w = detect_ok();
     STR_EQ(w.source, "none");
 }

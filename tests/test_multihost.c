@@ -1153,6 +1153,50 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
     cluster_down(&c);
 }
 
+/* A Kubeflow TrainJob's pods, their program started without torchrun: each host stands for a pod
+ * (a network namespace of its own) with nothing but the PET_* variables Trainer v2 sets. Rank 1's
+ * pod starts first, before rank 0 serves (pods come up in any order): it waits for the store at
+ * PET_MASTER_PORT+1. One rank per pod, TCP between them, results exact; a pod whose
+ * PET_NPROC_PER_NODE asks for more processes than torchrun is there to start is one rank, and
+ * rank 0 says so. */
+KT_TEST(multihost_trainjob_pods_without_torchrun, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    for (int round = 0; round < 2; round++) {
+        proc pod[2];
+        char addr[64], node_rank[2][32], nproc[40];
+        snprintf(addr, sizeof(addr), "PET_MASTER_ADDR=%s", ns_addr[NS_A]);
+        snprintf(nproc, sizeof(nproc), "PET_NPROC_PER_NODE=%s", round ? "auto" : "1");
+        for (int r = 1; r >= 0; r--) {
+            snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
+            const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], nproc, addr, "PET_MASTER_PORT=29500",
+                                  kt_self(), "--worker", "mh_job", NULL};
+            proc_start(&pod[r], c.ns[r ? NS_B : NS_A], argv);
+            if (r) usleep(300000);
+        }
+        for (int r = 0; r < 2; r++) {
+            int rc = kt_proc_finish(&pod[r], 40);
+            KT_ASSERTF(rc == 0, "round %d: pod %d exited %d; stdout:\n%s\nstderr:\n%s", round, r, rc, pod[r].obuf,
+                       pod[r].ebuf);
+            char want[256];
+            snprintf(want, sizeof(want),
+                     "mh rank %d/2 local 0/1 cross %d/2 netns %llu transports %s hierarchical 0: results exact\n", r, r,
+                     c.ino[r ? NS_B : NS_A], r ? "0=tcp 1=self" : "0=self 1=tcp");
+            KT_ASSERTF(strstr(pod[r].obuf, want), "round %d: no line '%.*s' from pod %d; stdout:\n%s\nstderr:\n%s",
+                       round, (int)strlen(want) - 1, want, r, pod[r].obuf, pod[r].ebuf);
+        }
+        bool warned = strstr(pod[0].ebuf, "PET_NPROC_PER_NODE=auto, but this process was not started by torchrun") != NULL;
+        KT_ASSERTF(warned == (round == 1), "round %d: rank 0's stderr:\n%s", round, pod[0].ebuf);
+        KT_ASSERTF(!strstr(pod[1].ebuf, "PET_NPROC_PER_NODE"), "round %d: rank 1's stderr:\n%s", round, pod[1].ebuf);
+        for (int r = 0; r < 2; r++) kt_proc_free(&pod[r]);
+    }
+    cluster_down(&c);
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

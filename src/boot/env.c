@@ -46,7 +46,16 @@
  *               first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST), at
  *               a port derived from SLURM_JOB_ID and SLURM_STEP_ID. With block and cyclic
  *               distributions rank 0 runs there.
- *  8. none      rank 0 of 1; no store.
+ *  8. pet       PET_NNODES and PET_NODE_RANK (both; one alone is ignored with a warning):
+ *               torchrun's arguments as variables, all a Kubeflow TrainJob (Trainer v2) gives
+ *               its pods; torchrun reads them when it starts a pod's processes. Without torchrun
+ *               (which sets RANK and WORLD_SIZE, so 3 wins) the program is its pod's one
+ *               process: rank PET_NODE_RANK of PET_NNODES, one rank per pod (local 0 of 1, cross
+ *               = rank), whatever PET_NPROC_PER_NODE says (rank 0 warns when it is not 1). Rank
+ *               0 serves at PET_MASTER_ADDR:PET_MASTER_PORT+1, as under torchrun (the pod's
+ *               program may start torch.distributed's store on PET_MASTER_PORT itself). An
+ *               elastic range (PET_NNODES=1:4) needs torchrun and is an error.
+ *  9. none      rank 0 of 1; no store.
  *
  * KOLO_RENDEZVOUS=host:port overrides the address of every convention (and makes rank 0 serve
  * it unless kolorun started us). A world of one needs no store: unless KOLO_RENDEZVOUS is set,
@@ -62,7 +71,7 @@
  * HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT; torchrun run id, restart count, MASTER_ADDR:PORT; Open MPI
  * OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE; PMI PMI_KVSNAME or PMI_JOBID, else (across hosts
  * and under -pmi-port) the PMI connection's key-value space; PMIx PMIX_NAMESPACE;
- * Slurm SLURM_JOB_ID.SLURM_STEP_ID. Without any: the KOLO_RENDEZVOUS text, else (one host
+ * Slurm SLURM_JOB_ID.SLURM_STEP_ID; pet PET_MASTER_ADDR:PORT. Without any: the KOLO_RENDEZVOUS text, else (one host
  * only) the parent pid and uid - every rank of one mpirun on one host has the same parent.
  * Ids longer than job_id holds or with characters outside [A-Za-z0-9._:@-] become a cleaned
  * prefix plus a 64-bit hash of the whole text, so they stay safe in shared-memory names.
@@ -465,22 +474,57 @@ static int from_horovod(kolo__world_info *w, ctx *c)
     return KOLO_OK;
 }
 
+/* torchrun's MASTER_PORT, or a TrainJob's PET_MASTER_PORT (prefix "PET_"): *port, -1 when unset. */
+static int master_port(const char *prefix, int *port)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "%sMASTER_PORT", prefix);
+    const char *v = var(name);
+    *port = -1;
+    if (v && (!parse_uint(v, port) || *port < 1 || *port > 65535))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %s='%s' is not a port (1-65535)", name, v);
+    return KOLO_OK;
+}
+
+/* Rank 0 serves beside the port torchrun's agent holds with its own TCPStore (or would, in a
+ * TrainJob's pod: the program may start torch.distributed's store there itself): at
+ * <prefix>MASTER_ADDR, <prefix>MASTER_PORT + 1. `what` names the variables that made the world. */
+static int serve_beside_master(kolo__world_info *w, const ctx *c, const char *prefix, const char *ma, int mport,
+                               const char *what)
+{
+    if (c->have_rdv) {
+        use_override(w, c, 1);
+        return KOLO_OK;
+    }
+    if (w->size == 1) return KOLO_OK;
+    if (!ma || mport < 0)
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "%s=%d are set but %sMASTER_%s is not; set %sMASTER_ADDR and %sMASTER_PORT (or "
+                         "KOLO_RENDEZVOUS=host:port)", what, w->size, prefix, ma ? "PORT" : "ADDR", prefix, prefix);
+    if (strlen(ma) >= sizeof(w->rdv_host))
+        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable %sMASTER_ADDR is too long (%zu bytes)", prefix,
+                         strlen(ma));
+    snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", ma);
+    w->rdv_port = mport < 65535 ? mport + 1 : mport - 1;
+    w->rdv_serve = 1;
+    return KOLO_OK;
+}
+
 static int from_torchrun(kolo__world_info *w, ctx *c)
 {
     static const names n = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                             "GROUP_WORLD_SIZE"};
     int s = read_ints(&n, "torchrun sets RANK and WORLD_SIZE", w);
     if (s) return s;
-    const char *ma = var("MASTER_ADDR"), *mp = var("MASTER_PORT");
-    int mport = -1;
-    if (mp && (!parse_uint(mp, &mport) || mport < 1 || mport > 65535))
-        return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable MASTER_PORT='%s' is not a port (1-65535)", mp);
+    const char *ma = var("MASTER_ADDR");
+    int mport;
+    if ((s = master_port("", &mport))) return s;
     const char *run = var("TORCHELASTIC_RUN_ID"), *restart = var("TORCHELASTIC_RESTART_COUNT");
     int rc = 0;
     if (restart && !parse_uint(restart, &rc))
         return kolo__err(KOLO_ERR_INVALID_ARG,
                          "environment variable TORCHELASTIC_RESTART_COUNT='%s' is not a non-negative integer", restart);
-    if (ma && mp)
+    if (ma && mport > 0)
         snprintf(c->jid, sizeof(c->jid), "torch-%s-r%d-%s:%d", run ? run : "none", rc, ma, mport);
     else {
         char fb[512];
@@ -488,21 +532,7 @@ static int from_torchrun(kolo__world_info *w, ctx *c)
         snprintf(c->jid, sizeof(c->jid), "%s-%s-r%d", fb, run ? run : "none", rc);
     }
     apply_job_id(w, c);
-    if (c->have_rdv) {
-        use_override(w, c, 1);
-    } else if (w->size > 1) {
-        if (!ma || !mp)
-            return kolo__err(KOLO_ERR_INVALID_ARG,
-                             "torchrun: RANK and WORLD_SIZE=%d are set but %s is not; set MASTER_ADDR and "
-                             "MASTER_PORT (or KOLO_RENDEZVOUS=host:port)", w->size, ma ? "MASTER_PORT" : "MASTER_ADDR");
-        if (strlen(ma) >= sizeof(w->rdv_host))
-            return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable MASTER_ADDR is too long (%zu bytes)", strlen(ma));
-        /* torchrun's agent owns MASTER_PORT with its own TCPStore: use the next port. */
-        snprintf(w->rdv_host, sizeof(w->rdv_host), "%s", ma);
-        w->rdv_port = mport < 65535 ? mport + 1 : mport - 1;
-        w->rdv_serve = 1;
-    }
-    return KOLO_OK;
+    return serve_beside_master(w, c, "", ma, mport, "torchrun: RANK and WORLD_SIZE");
 }
 
 /* "slurm-<job>.<step>" into out; false (out untouched) when SLURM_JOB_ID is not set. */
@@ -738,6 +768,49 @@ static int from_slurm(kolo__world_info *w, ctx *c)
     return KOLO_OK;
 }
 
+/* Kubeflow's TrainJob without torchrun (see the top of the file). Pods do not share /dev/shm or
+ * a network namespace, so each is a host of one rank: TCP between all of them. */
+static int from_pet(kolo__world_info *w, ctx *c)
+{
+    const char *nn = var("PET_NNODES"), *colon = strchr(nn, ':');
+    int lo = -1, hi = -1, s;
+    if (colon) {
+        /* torchrun's MIN:MAX; a fixed count may be written N:N */
+        char first[32];
+        size_t len = (size_t)(colon - nn);
+        snprintf(first, sizeof(first), "%.*s", (int)KOLO_MIN(len, sizeof(first) - 1), nn);
+        if (!parse_uint(first, &lo) || !parse_uint(colon + 1, &hi) || lo < 1 || hi < lo)
+            return kolo__err(KOLO_ERR_INVALID_ARG, "environment variable PET_NNODES='%s' is neither a node count nor "
+                             "MIN:MAX", nn);
+        if (lo != hi)
+            return kolo__err(KOLO_ERR_INVALID_ARG,
+                             "PET_NNODES=%s is an elastic range of nodes, which only torchrun can form: start the "
+                             "program with torchrun (it reads PET_*), or give a fixed count", nn);
+        w->size = lo;
+    } else if ((s = opt_int("PET_NNODES", &w->size))) {
+        return s;
+    }
+    if ((s = opt_int("PET_NODE_RANK", &w->rank)) || (s = check_pair("PET_NODE_RANK", w->rank, "PET_NNODES", w->size)))
+        return s;
+    w->local_rank = 0;
+    w->local_size = 1;
+    w->cross_rank = w->rank;
+    w->cross_size = w->size;
+    const char *np = var("PET_NPROC_PER_NODE");
+    int per = 1;
+    if (np && (!parse_uint(np, &per) || per != 1) && w->rank == 0 && w->size > 1)
+        KOLO_WARN("pet: PET_NPROC_PER_NODE=%s, but this process was not started by torchrun, which would start that "
+                  "many in each pod: the job is one rank per pod, %d in all (start the program with torchrun for "
+                  "more)", np, w->size);
+    const char *ma = var("PET_MASTER_ADDR");
+    int mport;
+    if ((s = master_port("PET_", &mport))) return s;
+    if (ma && mport > 0) snprintf(c->jid, sizeof(c->jid), "pet-%s:%d", ma, mport);
+    else fallback_jid(c, "pet", c->jid, sizeof(c->jid));
+    apply_job_id(w, c);
+    return serve_beside_master(w, c, "PET_", ma, mport, "pet: PET_NODE_RANK and PET_NNODES");
+}
+
 static int from_nothing(kolo__world_info *w, ctx *c)
 {
     w->rank = 0;
@@ -820,10 +893,17 @@ int kolo__env_detect(kolo__world_info *out)
     } else if (var("SLURM_PROCID")) {
         src = "slurm";
         s = from_slurm(&w, &c);
+    } else if (var("PET_NNODES") && var("PET_NODE_RANK")) {
+        src = "pet";
+        s = from_pet(&w, &c);
     } else {
         if (var("RANK") || var("WORLD_SIZE"))
             KOLO_WARN("%s is set but %s is not: not a torchrun environment; running as a world of one",
                       var("RANK") ? "RANK" : "WORLD_SIZE", var("RANK") ? "WORLD_SIZE" : "RANK");
+        if (var("PET_NNODES") || var("PET_NODE_RANK"))
+            KOLO_WARN("%s is set but %s is not: not a TrainJob's environment; running as a world of one",
+                      var("PET_NNODES") ? "PET_NNODES" : "PET_NODE_RANK",
+                      var("PET_NNODES") ? "PET_NODE_RANK" : "PET_NNODES");
         src = "none";
         s = from_nothing(&w, &c);
     }

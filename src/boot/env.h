@@ -43,6 +43,7 @@ typedef struct kolo__world_info {
  *   PMI_RANK/PMI_SIZE (+ MPI_LOCALRANKID/MPI_LOCALNRANKS), PMIX_RANK;
  *   SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NODEID + first host of SLURM_STEP_NODELIST
  *   (or SLURM_JOB_NODELIST), expanded;
+ *   PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT (a Kubeflow TrainJob's pods, no torchrun);
  *   nothing: rank 0 of 1.
  * KOLO_RENDEZVOUS=host:port overrides the address of any convention.
  * Returns KOLO_ERR_INVALID_ARG with a message naming the variable when a value is malformed

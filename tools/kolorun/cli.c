@@ -188,6 +188,8 @@ static int print_check_build(void)
            "    [X] mpirun       (Open MPI OMPI_COMM_WORLD_*, MPICH/Hydra PMI_*, PMIx)\n"
            "                     across hosts: %s\n"
            "    [X] srun         (SLURM_PROCID, SLURM_NTASKS, first host of the node list)\n"
+           "    [X] Kubernetes   (MPIJob: mpirun; PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR/PORT;\n"
+           "                     TrainJob without torchrun: PET_NNODES, PET_NODE_RANK, one rank per pod)\n"
            "    [X] Spark        (kolo.spark.run: a barrier stage, one rank per task)\n"
            "    [X] Ray          (kolo.ray.RayExecutor: one rank per actor, a placement group)\n"
            "    [X] by hand      (KOLO_RANK, KOLO_SIZE, KOLO_RENDEZVOUS, KOLO_RENDEZVOUS_SERVER=rank0)\n\n",
