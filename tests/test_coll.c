@@ -3617,6 +3617,19 @@ static void world_agreement(int rank, void *arg)
                 KT_ASSERTF(z[offs[p] + i] == (float)(p * 1000 + (int)i), "allgatherv %s, from %d [%zu]: %g",
                            ip ? "in place" : "out of place", p, i, (double)z[offs[p] + i]);
     }
+    /* a 1 MiB allreduce, out of place and in place: direct (the members' buffers read and written
+     * by CMA) only where every pair shares memory and may read so, by the flag agreed at init, so
+     * that all members go the same way (under FAIL_2_3, ranks 0 and 1 went direct by their own
+     * pairs while 2 and 3 took the ring, and the call failed as a mismatch) */
+    for (int c = 0; c < KOLO_NCHANNELS; c++) KT_ASSERT(all_shm || !kolo__W.mesh[c]->world_cma);
+    for (int ip = 0; ip < 2; ip++) {
+        for (size_t i = 0; i < rows; i++) x[i] = (float)((int)(i % 1000) * (rank + 1));
+        float *res = ip ? x : z;
+        KT_OK(kolo_allreduce(x, res, rows, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0, KOLO_WORLD));
+        for (size_t i = 0; i < rows; i++)
+            KT_ASSERTF(res[i] == (float)((int)(i % 1000) * 10), "allreduce 1 MiB %s [%zu]: %g",
+                       ip ? "in place" : "out of place", i, (double)res[i]);
+    }
     free(z);
     free(x);
     free(y);

@@ -69,7 +69,7 @@ static inline void kolo__coll_blocks(size_t count, int n, size_t *off, size_t *c
 static inline unsigned kolo__coll_group_flags(const kolo__mesh *m, const kolo__group *g)
 {
     unsigned f = (m->world_shm ? KOLO_HOST_SHM : 0u) | (m->world_single ? KOLO_HOST_SINGLE : 0u) |
-                 (m->world_oversubscribed ? KOLO_HOST_CROWDED : 0u);
+                 (m->world_cma ? KOLO_HOST_CMA : 0u) | (m->world_oversubscribed ? KOLO_HOST_CROWDED : 0u);
     if (!m->host_of || !m->host_flags || (f & KOLO_HOST_SINGLE)) return f;
     int h = m->host_of[kolo__g2w(g, 0)];
     for (int i = 1; i < g->size; i++)

@@ -306,12 +306,13 @@ static int agree_hosts(const agreement *all, int n)
     if (!f) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the flags of %d hosts at init", hosts);
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
         uint8_t *fc = f + (size_t)c * (size_t)hosts;
-        memset(fc, KOLO_HOST_SHM | KOLO_HOST_SINGLE, (size_t)hosts);
+        memset(fc, KOLO_HOST_SHM | KOLO_HOST_SINGLE | KOLO_HOST_CMA, (size_t)hosts);
         for (int r = 0; r < n; r++) {
             uint8_t *h = &fc[W.host_of[r]];
             if (all[r].flags & 1u) *h |= KOLO_HOST_CROWDED;
-            if (!(all[r].flags & (32u << c))) *h &= (uint8_t)~(KOLO_HOST_SHM | KOLO_HOST_SINGLE);
+            if (!(all[r].flags & (32u << c))) *h &= (uint8_t)~(KOLO_HOST_SHM | KOLO_HOST_SINGLE | KOLO_HOST_CMA);
             if (!(all[r].flags & (128u << c))) *h &= (uint8_t)~KOLO_HOST_SINGLE;
+            if (!(all[r].flags & (2048u << c))) *h &= (uint8_t)~KOLO_HOST_CMA;
         }
     }
     W.host_flags = f;
@@ -338,21 +339,26 @@ static int agree_world(bool oversubscribed, bool bind_wish)
         mine.hier[k] = hier[k];
     }
     for (int c = 0; c < KOLO_NCHANNELS; c++) {
-        bool shm = true, single = true, host_shm = true, host_single = true;
+        bool shm = true, single = true, cma = true, host_shm = true, host_single = true, host_cma = true;
         for (int r = 0; r < n; r++) {
             if (r == me) continue;
-            bool s = W.mesh[c]->conns[r]->tp == &kolo__shm_transport, one = kolo__shm_sends_single(W.mesh[c]->conns[r]);
+            const kolo__conn *cr = W.mesh[c]->conns[r];
+            bool s = cr->tp == &kolo__shm_transport, one = kolo__shm_sends_single(cr), reads = kolo__shm_cma_state(cr) >= 0;
             shm &= s;
             single &= one;
+            cma &= reads;
             if (W.host_of && W.host_of[r] == W.host_of[me]) {
                 host_shm &= s;
                 host_single &= one;
+                host_cma &= reads;
             }
         }
         if (shm) mine.flags |= (uint16_t)(2u << c);
         if (shm && single) mine.flags |= (uint16_t)(8u << c);
         if (host_shm) mine.flags |= (uint16_t)(32u << c);
         if (host_shm && host_single) mine.flags |= (uint16_t)(128u << c);
+        if (shm && cma) mine.flags |= (uint16_t)(512u << c);
+        if (host_shm && host_cma) mine.flags |= (uint16_t)(2048u << c);
     }
     agreement *all = kolo__calloc((size_t)n, sizeof(agreement));
     size_t *counts = kolo__calloc((size_t)n, sizeof(size_t));
@@ -383,6 +389,7 @@ static int agree_world(bool oversubscribed, bool bind_wish)
             W.mesh[c]->world_blocks = blocks;
             W.mesh[c]->world_shm = (and_all & (2u << c)) != 0;
             W.mesh[c]->world_single = (and_all & (8u << c)) != 0;
+            W.mesh[c]->world_cma = (and_all & (512u << c)) != 0;
             W.mesh[c]->world_oversubscribed = (or_all & 1u) != 0;
             W.mesh[c]->stream_min = KOLO_MAX((size_t)stream_min, 1); /* 0 means not agreed */
             W.mesh[c]->host_of = W.host_of;

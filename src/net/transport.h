@@ -249,6 +249,10 @@ struct kolo__mesh {
      * and the ranks of each CPU neighbours in rank order (as kolorun and the benchmarks bind a
      * crowded host), so that an aligned block of ranks shares CPUs (coll/broadcast.c, "tree"). */
     bool world_shm, world_oversubscribed, world_single, world_blocks;
+    /* every pair of the world shares memory and may read the other's buffers (CMA): where the
+     * allreduce may go direct (coll/direct.c); agreed, as a pair over TCP or without CMA on one
+     * member's side must keep every member off it */
+    bool world_cma;
     size_t stream_min;
     /* each world rank's host (owned by the world; NULL when all ranks are on one host) and the modes of the
      * hierarchical allreduce and allgather, agreed: 0 off, 1 auto, 2 on (coll/hier.c) */
@@ -272,6 +276,7 @@ struct kolo__mesh {
 #define KOLO_HOST_SHM 1u     /* every pair of the host's ranks runs over shared memory */
 #define KOLO_HOST_SINGLE 2u  /* and sends the messages marked `single` single-copy */
 #define KOLO_HOST_CROWDED 4u /* the host has more ranks than cores */
+#define KOLO_HOST_CMA 8u     /* every pair of the host's ranks shares memory and may read by CMA */
 
 /* The transports (tcp.c, shm.c). */
 extern const kolo__transport kolo__tcp_transport;
