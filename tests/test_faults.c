@@ -14,8 +14,10 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -888,6 +890,121 @@ KT_TEST(stale_shm_segments_of_dead_creators_are_removed, 30)
     shm_unlink(other_form);
     KT_ASSERTF(gone, "%s is still in /dev/shm", old_dead);
     KT_ASSERT(kept);
+}
+
+/* ---- a small /dev/shm ----
+ * A Docker container or a Kubernetes pod has 64 MiB of /dev/shm unless given more. 8 ranks' rings
+ * did not fit there, and the ranks died of SIGBUS at their first writes into them, their peers
+ * told only that they hung up. Each test below runs its ranks in a mount namespace of its own
+ * with a small tmpfs at /dev/shm (the machine's stays as it is): the rings shrink to fit, or
+ * where even the least do not, pairs go by TCP, saying why; the job runs and its results are
+ * exact either way. Each rank's stderr goes to a file of its own, read by the test. */
+static char shm_test_dir[64];
+
+static void small_shm_rank(int rank, void *arg)
+{
+    (void)arg;
+    char path[128];
+    snprintf(path, sizeof(path), "%s/rank%d.err", shm_test_dir, rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    KT_ASSERT(fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    KT_OK(kolo_init());
+    int n = kolo_size(), shm = 0, tcp = 0;
+    for (int p = 0; p < n; p++) {
+        const char *t = p == rank ? "self" : kolo_peer_transport(p);
+        shm += t && strcmp(t, "shm") == 0;
+        tcp += t && strcmp(t, "tcp") == 0;
+    }
+    /* sizes that go through the rings in pieces and wrap them many times */
+    size_t count = (size_t)1 << 18;
+    float *x = malloc(count * sizeof(float)), *y = malloc(count * sizeof(float) * (size_t)n);
+    KT_ASSERT(x && y);
+    for (size_t i = 0; i < count; i++) x[i] = (float)((rank + 1) * (int)(i % 251));
+    KT_OK(kolo_allreduce(x, y, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += y[i] != (float)(n * (n + 1) / 2 * (int)(i % 251));
+    KT_OK(kolo_allgather(x, count, y, NULL, KOLO_FLOAT32, KOLO_WORLD));
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i += 97) bad += y[(size_t)r * count + i] != (float)((r + 1) * (int)(i % 251));
+    for (size_t i = 0; i < count; i++) x[i] = rank == n - 1 ? (float)(i % 1021) : -1.0f;
+    KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, n - 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) bad += x[i] != (float)(i % 1021);
+    fprintf(stderr, "small shm: rank %d: %d peers by shared memory, %d by TCP, %zu wrong\n", rank, shm, tcp, bad);
+    fflush(stderr);
+    free(x);
+    free(y);
+    kolo_shutdown();
+    KT_EQ(bad, 0);
+}
+
+/* Mounts a tmpfs of `size` at /dev/shm in a mount namespace of the test's own (the ranks it forks
+ * inherit it); false (after saying why) where this process may not. */
+static bool private_dev_shm(const char *size)
+{
+    char opts[32];
+    snprintf(opts, sizeof(opts), "size=%s,mode=1777", size);
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("kt-shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
+        printf("  skip: no mount namespace with a /dev/shm of its own here (%s)\n", strerror(errno));
+        return false;
+    }
+    snprintf(shm_test_dir, sizeof(shm_test_dir), "/tmp/kt-shm-XXXXXX");
+    KT_ASSERT(mkdtemp(shm_test_dir) != NULL);
+    return true;
+}
+
+/* Rank r's stderr, into buf. */
+static void rank_err(int r, char *buf, size_t cap)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/rank%d.err", shm_test_dir, r);
+    FILE *f = fopen(path, "re");
+    size_t k = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[k] = '\0';
+    if (f) fclose(f);
+    unlink(path);
+}
+
+/* 64 MiB, as a container has: 8 ranks' rings shrink to 256 KiB (28 pairs, 2 channels, 2 rings
+ * each: 28 MiB, at most half of it) and every pair keeps shared memory. */
+KT_TEST(small_dev_shm_shrinks_the_rings, 60)
+{
+    if (!private_dev_shm("64m")) return;
+    int status[8];
+    int failed = kt_job(8, small_shm_rank, NULL, NULL, status);
+    char err[8][8192];
+    for (int r = 0; r < 8; r++) rank_err(r, err[r], sizeof(err[r]));
+    rmdir(shm_test_dir);
+    for (int r = 0; r < 8; r++)
+        KT_ASSERTF(failed == 0 && strstr(err[r], "by shared memory, 0 by TCP, 0 wrong"),
+                   "rank %d (of %d failed ranks): its stderr:\n%s", r, failed, err[r]);
+    KT_CONTAINS(err[0], "/dev/shm holds 64 MiB: shared-memory rings of 256 KiB instead of");
+    for (int r = 1; r < 8; r++) KT_ASSERTF(!strstr(err[r], "/dev/shm holds"), "rank %d:\n%s", r, err[r]);
+}
+
+/* 1 MiB: not even the least rings of 4 ranks' 6 pairs fit, so they are reserved at creation; the
+ * pairs whose rings found no room go by TCP, the first such on each rank warning with what
+ * /dev/shm holds and how to give it more. No rank dies, the results are exact. */
+KT_TEST(full_dev_shm_sends_pairs_by_tcp, 60)
+{
+    if (!private_dev_shm("1m")) return;
+    int status[4];
+    int failed = kt_job(4, small_shm_rank, NULL, NULL, status);
+    char err[4][8192];
+    for (int r = 0; r < 4; r++) rank_err(r, err[r], sizeof(err[r]));
+    rmdir(shm_test_dir);
+    int tcp_pairs = 0, told = 0;
+    for (int r = 0; r < 4; r++) {
+        KT_ASSERTF(failed == 0 && strstr(err[r], "0 wrong"), "rank %d (of %d failed ranks): its stderr:\n%s", r, failed,
+                   err[r]);
+        const char *by = strstr(err[r], " by shared memory, ");
+        tcp_pairs += by ? atoi(by + strlen(" by shared memory, ")) : 0;
+        told += strstr(err[r], "using TCP: /dev/shm has no room for the ") != NULL;
+    }
+    KT_ASSERTF(tcp_pairs > 0 && told > 0, "no pair went by TCP, or none said why:\n%s\n%s\n%s\n%s", err[0], err[1],
+               err[2], err[3]);
+    KT_CONTAINS(err[0], "docker run --shm-size");
 }
 
 /* ---- arguments ---- */

@@ -85,7 +85,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
     [KOLO_SET_SHM_RING_SIZE] = {"KOLO_SHM_RING_SIZE", "", "2M",
                                 "bytes of each shared-memory ring (one per direction per peer); unset, 1M on a host with "
                                 "more ranks than cores, and on a host of more than 17 ranks halved (down to 64K) until "
-                                "a rank's rings fit in 128M"},
+                                "a rank's rings fit in 128M, and the host's in half of /dev/shm (64M in a container "
+                                "unless made larger); a pair whose rings find no room there goes by TCP"},
     [KOLO_SET_SMALL_ALLREDUCE_MAX] = {"KOLO_SMALL_ALLREDUCE_MAX", "", "64K",
                                       "allreduces up to this many bytes use the latency-optimal algorithm (Adasum "
                                       "too, on at most 8 ranks), larger ones the ring (or, from 64K, when every "

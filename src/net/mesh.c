@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -94,6 +95,8 @@ typedef struct build {
     kolo__mesh **meshes;
     kolo__peer_info *peers;
     int tcp_only, want_cma, populate; /* want_cma: 0 no, 1 yes, 2 auto (capable, decided later) */
+    int reserve;                      /* segments' pages allocated in /dev/shm at creation */
+    int shm_failed;                   /* pairs that could not have shared memory: the first warns */
     uint64_t greet_ns; /* how long an accepted connection may take to say who it is */
     size_t ring, cma_threshold;
     hs *hss;
@@ -403,8 +406,12 @@ static int on_hello_c(build *b, hs *h)
     if (hs_mac(ack, wi, "kolo-mesh-accept", nonce_c, (uint32_t)wi->rank, ch, rc) != KOLO_OK) return KOLO_ERR_INTERNAL;
     uint32_t offer = 0;
     if (!b->tcp_only && strcmp(b->peers[rc].hostkey, b->peers[wi->rank].hostkey) == 0) {
-        if (kolo__shm_create(c, h->shm_name, sizeof(h->shm_name), b->ring, b->populate) == KOLO_OK) offer = 1;
-        else KOLO_WARN("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
+        if (kolo__shm_create(c, h->shm_name, sizeof(h->shm_name), b->ring, b->populate, b->reserve) == KOLO_OK)
+            offer = 1;
+        else if (b->shm_failed++ == 0)
+            KOLO_WARN("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
+        else
+            KOLO_INFO("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
     }
     put32(ack + KOLO_MAC_LEN, offer);
     memcpy(ack + KOLO_MAC_LEN + 4, h->shm_name, SHM_NAME_LEN);
@@ -1054,6 +1061,42 @@ size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me)
 #define RING_BUDGET ((size_t)128 << 20)
 #define RING_MIN ((size_t)64 << 10)
 
+/* /dev/shm may be small: 64 MiB in a Docker container or a Kubernetes pod unless made larger,
+ * where 8 ranks' 2 MiB rings (28 pairs, 2 channels, 2 rings each: 224 MiB) did not fit and the
+ * ranks died of SIGBUS at their first writes. The rings of this host's pairs shrink (unless
+ * KOLO_SHM_RING_SIZE is set) until they take at most half of it, the rest left to the program
+ * (PyTorch's DataLoader workers hand batches over through it); 8 ranks in 64 MiB get 256 KiB rings.
+ * Every rank of the host computes the same size from the same figures; a pair's opener takes its
+ * creator's size anyway (shm.c). Segments are reserved at creation where their pages are faulted
+ * in at start-up anyway (populate), and wherever the rings would not fit even at their least: a
+ * full /dev/shm then fails a pair's creation, and that pair goes by TCP, saying why (on_hello_c).
+ * Rings mapped in at their first use and known to fit stay unreserved: 64 ranks on one host hold
+ * 4 GiB of rings, most of them for pairs that never talk. */
+static void fit_dev_shm(build *b, size_t local)
+{
+    struct statvfs sv;
+    if (b->tcp_only || local == 0 || statvfs("/dev/shm", &sv) != 0 || sv.f_blocks == 0) {
+        b->reserve = b->populate;
+        return;
+    }
+    size_t size = (size_t)sv.f_blocks * sv.f_frsize, room = size / 2, pairs = (local + 1) * local / 2;
+    size_t want = b->ring;
+    if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
+        while (b->ring > RING_MIN && pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring) > room) b->ring >>= 1;
+    size_t need = pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring);
+    b->reserve = b->populate || need > room;
+    if (b->ring == want) return;
+    /* said once a host: by its lowest rank */
+    bool lowest = true;
+    for (int r = 0; r < b->wi->rank; r++)
+        if (strcmp(b->peers[r].hostkey, b->peers[b->wi->rank].hostkey) == 0) lowest = false;
+    if (lowest)
+        KOLO_WARN("/dev/shm holds %zu MiB: shared-memory rings of %zu KiB instead of %zu KiB, so that the %zu ranks of "
+                  "this host take at most half of it; a larger /dev/shm (docker run --shm-size=1g; in Kubernetes an "
+                  "emptyDir volume of medium Memory at /dev/shm) gives faster collectives",
+                  size >> 20, b->ring >> 10, want >> 10, local + 1);
+}
+
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers_out,
                      const kolo__world_info *wi, kolo__store *store)
 {
@@ -1172,6 +1215,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
             while (b.ring > RING_MIN && local * KOLO_NCHANNELS * 2 * b.ring > RING_BUDGET) b.ring >>= 1;
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
+        fit_dev_shm(&b, local);
         /* A connector answers the greeting when its process next runs: 5 s, and as many times
          * that as ranks crowd each of the cores (256 ranks on 2 cores took ~30 s to connect, and
          * a connector given 5 s was refused midway, failing the job). A silent stranger costs

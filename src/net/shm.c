@@ -59,6 +59,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -1354,7 +1355,19 @@ static int map_segment(kolo__conn *c, int fd, size_t ring, int creator, int popu
      * wrap both 0.6). Before Linux 5.14 (no MADV_POPULATE_WRITE) every page of our own ring gets
      * one write of the zero it already holds (nobody else writes that ring, and we have not yet)
      * and the peer's ring one read. */
-    if (populate && madvise(s->base, s->maplen, MADV_POPULATE_WRITE) != 0) populate = 2;
+    if (populate && madvise(s->base, s->maplen, MADV_POPULATE_WRITE) != 0) {
+        /* EINVAL: a kernel without MADV_POPULATE_WRITE, so the pages are touched below. Anything
+         * else (EFAULT: a page would raise SIGBUS, /dev/shm being full) would kill this process
+         * there: the pair goes by TCP instead (mesh.c) */
+        int e = errno;
+        if (e != EINVAL) {
+            munmap(s->base, s->maplen);
+            kolo__free(s);
+            return kolo__err_sys(e, "faulting in %zu bytes of shared memory for rank %d (is /dev/shm full?)",
+                                 seg_len(ring), c->peer);
+        }
+        populate = 2;
+    }
     char *p = s->base;
     ring_ctl *c0 = (ring_ctl *)p, *c1 = (ring_ctl *)(p + sizeof(ring_ctl) + ring);
     char *d0 = p + sizeof(ring_ctl), *d1 = (char *)c1 + sizeof(ring_ctl);
@@ -1440,7 +1453,32 @@ int kolo__shm_remove_of(pid_t pid, long long *bytes)
     return n;
 }
 
-int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate)
+size_t kolo__shm_segment_bytes(size_t ring) { return seg_len(ring_pow2(ring)); }
+
+static void fmt_bytes(char *out, size_t cap, unsigned long long b)
+{
+    if (b >= (1ull << 20)) snprintf(out, cap, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else snprintf(out, cap, "%llu KiB", b >> 10);
+}
+
+/* The error of a segment /dev/shm has no room for, with what it holds and how to give it more. */
+static int no_room(int e, const char *name, size_t len, int peer)
+{
+    struct statvfs sv;
+    char need[32], avail[32] = "?", size[32] = "?";
+    fmt_bytes(need, sizeof(need), len);
+    if (statvfs("/dev/shm", &sv) == 0) {
+        fmt_bytes(avail, sizeof(avail), (unsigned long long)sv.f_bavail * sv.f_frsize);
+        fmt_bytes(size, sizeof(size), (unsigned long long)sv.f_blocks * sv.f_frsize);
+    }
+    if (e != ENOSPC) return kolo__err_sys(e, "reserving %s of shared memory %s for rank %d", need, name, peer);
+    return kolo__err(KOLO_ERR_NO_MEMORY,
+                     "/dev/shm has no room for the %s of rings with rank %d (%s free of %s): give it more (docker run "
+                     "--shm-size=1g; in Kubernetes an emptyDir volume of medium Memory at /dev/shm), or set "
+                     "KOLO_SHM_RING_SIZE lower", need, peer, avail, size);
+}
+
+int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int populate, int reserve)
 {
     if (!atomic_flag_test_and_set(&swept)) {
         long long b = 0;
@@ -1458,6 +1496,16 @@ int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring, int pop
         close(fd);
         shm_unlink(name);
         return kolo__err_sys(e, "sizing shared memory %s to %zu bytes (is /dev/shm full?)", name, seg_len(ring));
+    }
+    /* ftruncate leaves a tmpfs file's pages to its first writes, which raise SIGBUS where
+     * /dev/shm has run out of room (64 MiB in a Docker container or a Kubernetes pod unless made
+     * larger: 8 ranks with 2 MiB rings died at start-up there, their peers told only that they
+     * hung up). Reserved now, a full /dev/shm is an error this pair survives by TCP (mesh.c). */
+    int e = reserve ? posix_fallocate(fd, 0, (off_t)seg_len(ring)) : 0;
+    if (e != 0) {
+        close(fd);
+        shm_unlink(name);
+        return no_room(e, name, seg_len(ring), c->peer);
     }
     int st = map_segment(c, fd, ring, 1, populate);
     close(fd);

@@ -431,8 +431,12 @@ void kolo__tcp_test_remote(bool on);
 const char *kolo__tcp_congestion(const kolo__conn *c);
 /* Lower rank creates the segment; returns the name to send to the peer. `populate` maps it with
  * its pages faulted in and dirty (MADV_POPULATE_WRITE), so the first messages pay neither a page
- * fault nor a first write to a clean page each. */
-int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate);
+ * fault nor a first write to a clean page each. `reserve` allocates its pages in /dev/shm now
+ * (posix_fallocate), so that a full /dev/shm fails here, naming it, instead of raising SIGBUS
+ * at a first write. */
+int kolo__shm_create(kolo__conn *c, char *name, size_t cap, size_t ring_size, int populate, int reserve);
+/* What a pair's segment of rings of ring_size bytes takes in /dev/shm. */
+size_t kolo__shm_segment_bytes(size_t ring_size);
 /* Maps the peer's segment at the size its creator gave it. */
 int kolo__shm_open(kolo__conn *c, const char *name, int populate);
 /* Once both sides have mapped it, the creator unlinks the name (nothing is left in /dev/shm
