@@ -1091,10 +1091,12 @@ static void fit_dev_shm(build *b, size_t local)
     for (int r = 0; r < b->wi->rank; r++)
         if (strcmp(b->peers[r].hostkey, b->peers[b->wi->rank].hostkey) == 0) lowest = false;
     if (lowest)
-        KOLO_WARN("/dev/shm holds %zu MiB: shared-memory rings of %zu KiB instead of %zu KiB, so that the %zu ranks of "
-                  "this host take at most half of it; a larger /dev/shm (docker run --shm-size=1g; in Kubernetes an "
-                  "emptyDir volume of medium Memory at /dev/shm) gives faster collectives",
-                  size >> 20, b->ring >> 10, want >> 10, local + 1);
+        KOLO_WARN("/dev/shm holds %zu KiB: shared-memory rings of %zu KiB instead of %zu KiB, %s; a larger /dev/shm "
+                  "(docker run --shm-size=1g; in Kubernetes an emptyDir volume of medium Memory at /dev/shm) gives "
+                  "faster collectives",
+                  size >> 10, b->ring >> 10, want >> 10,
+                  need <= room ? "so that this host's ranks take at most half of it"
+                               : "the least, and still more than half of it: pairs whose rings find no room go by TCP");
 }
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers_out,
