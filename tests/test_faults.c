@@ -1007,6 +1007,32 @@ KT_TEST(full_dev_shm_sends_pairs_by_tcp, 60)
     KT_CONTAINS(err[0], "the least, and still more than half of it: pairs whose rings find no room go by TCP");
 }
 
+/* 64 MiB of which another program holds 60: 8 ranks' rings, sized for half of 64 MiB, do not fit
+ * in what is free, so they are reserved at creation even where they would be mapped in at their
+ * first use (a host with more ranks than cores), and the pairs without room go by TCP. Unreserved,
+ * such rings raised SIGBUS in the first collective that wrote into them. */
+KT_TEST(dev_shm_filled_by_another_program, 60)
+{
+    if (!private_dev_shm("64m")) return;
+    int fd = open("/dev/shm/kt-filler", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    KT_ASSERT(fd >= 0 && posix_fallocate(fd, 0, (off_t)60 << 20) == 0);
+    close(fd);
+    int status[8];
+    int failed = kt_job(8, small_shm_rank, NULL, NULL, status);
+    unlink("/dev/shm/kt-filler");
+    char err[8][8192];
+    for (int r = 0; r < 8; r++) rank_err(r, err[r], sizeof(err[r]));
+    rmdir(shm_test_dir);
+    int tcp_pairs = 0;
+    for (int r = 0; r < 8; r++) {
+        KT_ASSERTF(failed == 0 && strstr(err[r], "0 wrong"), "rank %d (of %d failed ranks): its stderr:\n%s", r, failed,
+                   err[r]);
+        const char *by = strstr(err[r], " by shared memory, ");
+        tcp_pairs += by ? atoi(by + strlen(" by shared memory, ")) : 0;
+    }
+    KT_ASSERTF(tcp_pairs > 0, "every pair found room in 4 MiB:\n%s", err[0]);
+}
+
 /* ---- arguments ---- */
 
 static void bad_args(int rank, void *arg)

@@ -1068,8 +1068,9 @@ size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me)
  * (PyTorch's DataLoader workers hand batches over through it); 8 ranks in 64 MiB get 256 KiB rings.
  * Every rank of the host computes the same size from the same figures; a pair's opener takes its
  * creator's size anyway (shm.c). Segments are reserved at creation where their pages are faulted
- * in at start-up anyway (populate), and wherever the rings would not fit even at their least: a
- * full /dev/shm then fails a pair's creation, and that pair goes by TCP, saying why (on_hello_c).
+ * in at start-up anyway (populate), and wherever the rings would not fit even at their least or
+ * in what is free at the moment: a full /dev/shm then fails a pair's creation, and that pair goes
+ * by TCP, saying why (on_hello_c).
  * Rings mapped in at their first use and known to fit stay unreserved: 64 ranks on one host hold
  * 4 GiB of rings, most of them for pairs that never talk. */
 static void fit_dev_shm(build *b, size_t local)
@@ -1084,7 +1085,8 @@ static void fit_dev_shm(build *b, size_t local)
     if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
         while (b->ring > RING_MIN && pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring) > room) b->ring >>= 1;
     size_t need = pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring);
-    b->reserve = b->populate || need > room;
+    /* and where what is free now would not hold them (another job's segments, a program's) */
+    b->reserve = b->populate || need > room || need > (size_t)sv.f_bavail * sv.f_frsize;
     if (b->ring == want) return;
     /* said once a host: by its lowest rank */
     bool lowest = true;
