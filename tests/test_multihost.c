@@ -1197,6 +1197,47 @@ KT_TEST(multihost_trainjob_pods_without_torchrun, 60)
     cluster_down(&c);
 }
 
+/* The same pods on a network of IPv6 alone (an IPv6-only Kubernetes cluster): the hosts' IPv4
+ * addresses removed, fd77::1 and fd77::2 in their place, PET_MASTER_ADDR an IPv6 address. Each
+ * rank finds no IPv4 route to rank 0, listens on its IPv6 address and publishes it; the ranks
+ * connect over IPv6, results exact. */
+KT_TEST(multihost_ipv6_only_pods, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    static const char *const v6[2] = {"fd77::1", "fd77::2"};
+    for (int r = 0; r < 2; r++)
+        must(&c, sh(&c, "ip -n %1$s addr flush dev eth0 && ip -n %1$s addr add %2$s/64 dev eth0 nodad", c.ns[r ? NS_B : NS_A],
+                    v6[r]),
+             "IPv6 alone on a host");
+    proc pod[2];
+    char node_rank[2][32];
+    for (int r = 1; r >= 0; r--) {
+        snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
+        const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], "PET_NPROC_PER_NODE=1",
+                              "PET_MASTER_ADDR=fd77::1", "PET_MASTER_PORT=29500", "KOLO_LOG_LEVEL=info",
+                              kt_self(), "--worker", "mh_job", NULL};
+        proc_start(&pod[r], c.ns[r ? NS_B : NS_A], argv);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = kt_proc_finish(&pod[r], 40);
+        KT_ASSERTF(rc == 0, "pod %d exited %d; stdout:\n%s\nstderr:\n%s", r, rc, pod[r].obuf, pod[r].ebuf);
+        char want[256];
+        snprintf(want, sizeof(want), "mh rank %d/2 local 0/1 cross %d/2 netns %llu transports %s hierarchical 0: results exact\n",
+                 r, r, c.ino[r ? NS_B : NS_A], r ? "0=tcp 1=self" : "0=self 1=tcp");
+        KT_ASSERTF(strstr(pod[r].obuf, want), "no line '%.*s' from pod %d; stdout:\n%s\nstderr:\n%s",
+                   (int)strlen(want) - 1, want, r, pod[r].obuf, pod[r].ebuf);
+        /* each names the other by its IPv6 address */
+        snprintf(want, sizeof(want), "(%s) via tcp", v6[!r]);
+        KT_ASSERTF(strstr(pod[r].ebuf, want), "pod %d: no '%s' in stderr:\n%s", r, want, pod[r].ebuf);
+        kt_proc_free(&pod[r]);
+    }
+    cluster_down(&c);
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

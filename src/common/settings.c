@@ -21,7 +21,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                             "rank is in; set on all ranks, TCP everywhere)"},
     [KOLO_SET_IFACE] = {"KOLO_IFACE", "HOROVOD_GLOO_IFACE NCCL_SOCKET_IFNAME", "",
                         "network interfaces for TCP: 'eth0,eth1' to use, '^lo,docker' to avoid, '=eth0' exact; "
-                        "default: the one that reaches the rendezvous host"},
+                        "default: the one that reaches the rendezvous host. Its IPv4 address, else a global IPv6 "
+                        "one (a rendezvous host reached over IPv6 alone makes the job IPv6)"},
     [KOLO_SET_TCP_CONGESTION] = {"KOLO_TCP_CONGESTION", "", "auto",
                                  "TCP congestion control of kolo's connections, set before each connection is made "
                                  "(set later, it would keep the pacing BBR turns on)\n"

@@ -160,15 +160,16 @@ static bool iface_allowed(const char *name, const char *spec)
     return exclude ? !match : match;
 }
 
-int kolo__route_address(const char *host, int port, char *addr, size_t cap)
+/* The address of `family` (AF_INET, AF_INET6) this host sends from towards host. */
+static int route_family(const char *host, int port, int family, char *addr, size_t cap)
 {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    struct addrinfo hints = {.ai_family = family, .ai_socktype = SOCK_DGRAM}, *res = NULL;
     char ps[16];
     snprintf(ps, sizeof(ps), "%d", port > 0 ? port : 9);
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g != 0) return kolo__err(KOLO_ERR_STARTUP, "cannot resolve the host '%s': %s", host, gai_strerror(g));
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa;
+    int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage sa;
     socklen_t sl = sizeof(sa);
     int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
              getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
@@ -176,34 +177,81 @@ int kolo__route_address(const char *host, int port, char *addr, size_t cap)
     if (fd >= 0) close(fd);
     freeaddrinfo(res);
     if (!ok) return kolo__err_sys(e, "no route to %s", host);
-    inet_ntop(AF_INET, &sa.sin_addr, addr, (socklen_t)cap);
+    const void *in = family == AF_INET ? (const void *)&((struct sockaddr_in *)&sa)->sin_addr
+                                       : (const void *)&((struct sockaddr_in6 *)&sa)->sin6_addr;
+    if (!inet_ntop(family, in, addr, (socklen_t)cap)) return kolo__err_sys(errno, "the address towards %s", host);
     return KOLO_OK;
+}
+
+int kolo__route_address(const char *host, int port, char *addr, size_t cap)
+{
+    return route_family(host, port, AF_INET, addr, cap);
+}
+
+/* The first address of `family` on an interface that is up and that spec allows; for IPv6 a
+ * global one (a link-local address needs its interface named beside it, which peers cannot). */
+static bool iface_family(const char *spec, int family, char *addr, size_t cap)
+{
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return false;
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != family || !(i->ifa_flags & IFF_UP)) continue;
+        if (!iface_allowed(i->ifa_name, spec)) continue;
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        if (family == AF_INET6 && (IN6_IS_ADDR_LINKLOCAL(a6) || (!*spec && IN6_IS_ADDR_LOOPBACK(a6)))) continue;
+        const void *in = family == AF_INET ? (const void *)&((const struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                           : (const void *)a6;
+        found = inet_ntop(family, in, addr, (socklen_t)cap) != NULL;
+    }
+    freeifaddrs(ifs);
+    return found;
 }
 
 int kolo__iface_address(const char *spec, char *addr, size_t cap)
 {
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0) return kolo__err_sys(errno, "listing network interfaces");
-    int found = 0;
-    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
-        if (!iface_allowed(i->ifa_name, spec)) continue;
-        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, (socklen_t)cap);
-        found = 1;
-    }
-    freeifaddrs(ifs);
-    if (!found) return kolo__err(KOLO_ERR_STARTUP, "no IPv4 interface matches KOLO_IFACE='%s'", spec);
+    if (!iface_family(spec, AF_INET, addr, cap))
+        return kolo__err(KOLO_ERR_STARTUP, "no IPv4 interface matches KOLO_IFACE='%s'", spec);
     return KOLO_OK;
 }
 
+/* The address this rank listens on for the others: IPv4 where it has one (the interface
+ * KOLO_IFACE names, else the one that routes to the rendezvous host), else IPv6, for a cluster
+ * with IPv6 alone (Kubernetes can be one). Every rank reaches the others the way it reaches the
+ * rendezvous host, so they all publish the same family. */
 static int pick_address(const kolo__world_info *wi, char *addr, size_t cap)
 {
     const char *spec = kolo__setting_str(KOLO_SET_IFACE);
-    if (*spec) return kolo__iface_address(spec, addr, cap);
-    /* the address that routes to the rendezvous host */
-    if (kolo__route_address(wi->rdv_host, wi->rdv_port, addr, cap) != KOLO_OK)
-        return kolo__err(KOLO_ERR_STARTUP, "rendezvous host %s:%d: %s", wi->rdv_host, wi->rdv_port, kolo__errmsg());
-    return KOLO_OK;
+    if (*spec) {
+        if (iface_family(spec, AF_INET, addr, cap) || iface_family(spec, AF_INET6, addr, cap)) return KOLO_OK;
+        return kolo__err(KOLO_ERR_STARTUP, "no interface that is up matches KOLO_IFACE='%s' with an IPv4 address or a "
+                         "global IPv6 one", spec);
+    }
+    if (route_family(wi->rdv_host, wi->rdv_port, AF_INET, addr, cap) == KOLO_OK) return KOLO_OK;
+    char v4[256];
+    snprintf(v4, sizeof(v4), "%s", kolo__errmsg());
+    if (route_family(wi->rdv_host, wi->rdv_port, AF_INET6, addr, cap) == KOLO_OK) return KOLO_OK;
+    return kolo__err(KOLO_ERR_STARTUP, "rendezvous host %s:%d: %s; over IPv6: %s", wi->rdv_host, wi->rdv_port, v4,
+                     kolo__errmsg());
+}
+
+/* addr (numeric, IPv4 or IPv6) and port as a socket address; 0 when addr is neither. */
+static socklen_t sockaddr_of(const char *addr, int port, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, addr, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        return sizeof(*a4);
+    }
+    if (inet_pton(AF_INET6, addr, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        return sizeof(*a6);
+    }
+    return 0;
 }
 
 /* test hook: a name appended to this process's host key, so that ranks of one machine look like
@@ -573,20 +621,21 @@ static int on_ack(build *b, hs *h)
 static bool on_this_machine(const build *b, int peer)
 {
     const kolo__peer_info *p = &b->peers[peer], *me = &b->peers[b->wi->rank];
-    return same_kernel(p, me) || strcmp(p->addr, me->addr) == 0 || strncmp(p->addr, "127.", 4) == 0;
+    return same_kernel(p, me) || strcmp(p->addr, me->addr) == 0 || strncmp(p->addr, "127.", 4) == 0 ||
+           strcmp(p->addr, "::1") == 0;
 }
 
 static int start_connect(build *b, hs *h)
 {
     const kolo__peer_info *p = &b->peers[h->peer];
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
-    if (inet_pton(AF_INET, p->addr, &sa.sin_addr) != 1)
-        return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
-    h->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_storage sa;
+    socklen_t sl = sockaddr_of(p->addr, p->port, &sa);
+    if (!sl) return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
+    h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0) return kolo__err_sys(errno, "socket()");
     kolo__tcp_congestion_early(h->fd, on_this_machine(b, h->peer));
-    snprintf(h->from, sizeof(h->from), "%s:%d", p->addr, p->port);
-    if (connect(h->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
+    snprintf(h->from, sizeof(h->from), sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", p->addr, p->port);
+    if (connect(h->fd, (struct sockaddr *)&sa, sl) != 0 && errno != EINPROGRESS) {
         int e = errno;
         close(h->fd);
         h->fd = -1;
@@ -648,7 +697,7 @@ static int on_connected(build *b, hs *h)
     return hs_watch(b, h, EPOLL_CTL_MOD);
 }
 
-static int on_accept(build *b, int fd, const struct sockaddr_in *sa)
+static int on_accept(build *b, int fd, const struct sockaddr_storage *sa)
 {
     hs *h = hs_new(b);
     if (!h) {
@@ -662,9 +711,16 @@ static int on_accept(build *b, int fd, const struct sockaddr_in *sa)
     h->need = HELLO_C_LEN;
     h->deadline = kolo__now_ns() + b->greet_ns;
     due_at(b, h->deadline + 1);
-    char ip[32];
-    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
-    snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(sa->sin_port));
+    char ip[INET6_ADDRSTRLEN] = "?";
+    const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
+    const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
+    if (sa->ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof(ip));
+        snprintf(h->from, sizeof(h->from), "[%s]:%d", ip, ntohs(a6->sin6_port));
+    } else {
+        inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof(ip));
+        snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(a4->sin_port));
+    }
     int st = hs_watch(b, h, EPOLL_CTL_ADD);
     if (st != KOLO_OK) {
         close(fd);
@@ -804,7 +860,7 @@ static int run_handshakes(build *b, int lfd)
                 /* every connection waiting, not one an event: with hundreds of ranks connecting
                  * at once the backlog overflowed (a dropped SYN is retried after 1 s, then 3) */
                 for (;;) {
-                    struct sockaddr_in sa;
+                    struct sockaddr_storage sa;
                     socklen_t sl = sizeof(sa);
                     int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
                     if (fd < 0) break;
@@ -1176,23 +1232,24 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     char addr[64];
     st = pick_address(wi, addr, sizeof(addr));
     if (st != KOLO_OK) goto err;
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_storage sa;
+    socklen_t sl = sockaddr_of(addr, 0, &sa);
+    int lfd = sl ? socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0) : -1;
     if (lfd < 0) {
-        st = kolo__err_sys(errno, "socket()");
+        st = sl ? kolo__err_sys(errno, "socket()") : kolo__err(KOLO_ERR_INTERNAL, "'%s' is not an address", addr);
         goto err;
     }
     /* what this machine's peers' connections should run from their start (tcp.c) */
     kolo__tcp_congestion_early(lfd, true);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
-    inet_pton(AF_INET, addr, &sa.sin_addr);
-    socklen_t sl = sizeof(sa);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, SOMAXCONN) != 0 ||
+    if (bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, SOMAXCONN) != 0 ||
         getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
         st = kolo__err_sys(errno, "listening on %s:0", addr);
         close(lfd);
         goto err;
     }
-    st = publish_and_learn(&b, store, addr, ntohs(sa.sin_port));
+    int lport = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                               : ((struct sockaddr_in *)&sa)->sin_port);
+    st = publish_and_learn(&b, store, addr, lport);
     if (st == KOLO_OK) {
         /* Fault the rings in now rather than one page per message during the first passes
          * (two faults per 4 KiB, one on each side, made 4 KiB messages ~10x slower until a ring
