@@ -315,13 +315,12 @@ static bool in_place(const kolo__seg *segs, int nseg)
 
 /* ---- the algorithm ---- */
 
-/* Every other member is on this host, over shared memory, and passed the CMA probe (the same
- * permission lets us open its memfds). The transport of a pair is the same on both sides, so
- * every member comes to the same answer. */
-/* Every pair of g shares memory and may read by CMA: by the flags the ranks agreed at init, so
- * that every member decides alike. Each member's own pairs are not enough: where one pair of 4
- * ranks went by TCP (a /dev/shm without room for its rings), the members of that pair took the
- * ring and the others the descriptors' exchange, and every 1 MiB allreduce failed as a mismatch. */
+/* Every pair of g shares memory and passed the CMA probe (the same permission lets a member open
+ * the others' memfds), by the flags the ranks agreed at init, so that every member decides alike.
+ * Each member's own pairs are not enough, though a pair's transport is the same on both sides:
+ * where one pair of 4 ranks went by TCP (a /dev/shm without room for its rings), the members of
+ * that pair took the ring and the others the descriptors' exchange, and every 1 MiB allreduce
+ * failed as a mismatch. */
 static bool all_near(kolo__mesh *m, const kolo__group *g)
 {
     return g->size <= MAX_MEMBERS && (kolo__coll_group_flags(m, g) & KOLO_HOST_CMA);
