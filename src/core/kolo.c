@@ -343,7 +343,8 @@ static int agree_world(bool oversubscribed, bool bind_wish)
         for (int r = 0; r < n; r++) {
             if (r == me) continue;
             const kolo__conn *cr = W.mesh[c]->conns[r];
-            bool s = cr->tp == &kolo__shm_transport, one = kolo__shm_sends_single(cr), reads = kolo__shm_cma_state(cr) >= 0;
+            bool s = cr->tp == &kolo__shm_transport, one = kolo__shm_sends_single(cr);
+            bool reads = kolo__shm_cma_state(cr) >= 0;
             shm &= s;
             single &= one;
             cma &= reads;

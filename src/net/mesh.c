@@ -1117,7 +1117,8 @@ size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me)
 #define RING_BUDGET ((size_t)128 << 20)
 #define RING_MIN ((size_t)64 << 10)
 
-/* /dev/shm may be small: 64 MiB in a Docker container or a Kubernetes pod unless made larger,
+/* Shrinks b->ring to /dev/shm; true where the rings still may not fit there (they must be reserved).
+ * /dev/shm may be small: 64 MiB in a Docker container or a Kubernetes pod unless made larger,
  * where 8 ranks' 2 MiB rings (28 pairs, 2 channels, 2 rings each: 224 MiB) did not fit and the
  * ranks died of SIGBUS at their first writes. The rings of this host's pairs shrink (unless
  * KOLO_SHM_RING_SIZE is set) until they take at most half of it, the rest left to the program
@@ -1133,32 +1134,31 @@ size_t kolo__core_crowd(const kolo__peer_info *peers, int n, int me)
  * by TCP, saying why (on_hello_c).
  * Rings mapped in at their first use and known to fit stay unreserved: 64 ranks on one host hold
  * 4 GiB of rings, most of them for pairs that never talk. */
-static void fit_dev_shm(build *b, size_t local)
+static bool fit_dev_shm(build *b, size_t local)
 {
     struct statvfs sv;
-    if (b->tcp_only || local == 0 || statvfs("/dev/shm", &sv) != 0 || sv.f_blocks == 0) {
-        b->reserve = b->populate;
-        return;
-    }
+    if (b->tcp_only || local == 0 || statvfs("/dev/shm", &sv) != 0 || sv.f_blocks == 0) return false;
     size_t size = (size_t)sv.f_blocks * sv.f_frsize, room = size / 2, pairs = (local + 1) * local / 2;
     size_t want = b->ring;
     if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
         while (b->ring > RING_MIN && pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring) > room) b->ring >>= 1;
     size_t need = pairs * KOLO_NCHANNELS * kolo__shm_segment_bytes(b->ring);
-    /* and where what is free now would not hold them (another job's segments, a program's) */
-    b->reserve = b->populate || need > room || need > (size_t)sv.f_bavail * sv.f_frsize;
-    if (b->ring == want) return;
-    /* said once a host: by its lowest rank */
-    bool lowest = true;
-    for (int r = 0; r < b->wi->rank; r++)
-        if (strcmp(b->peers[r].hostkey, b->peers[b->wi->rank].hostkey) == 0) lowest = false;
-    if (lowest)
-        KOLO_WARN("/dev/shm holds %zu KiB: shared-memory rings of %zu KiB instead of %zu KiB, %s; a larger /dev/shm "
-                  "(docker run --shm-size=1g; in Kubernetes an emptyDir volume of medium Memory at /dev/shm) lets "
-                  "them keep their size",
-                  size >> 10, b->ring >> 10, want >> 10,
-                  need <= room ? "so that this host's ranks take at most half of it"
-                               : "the least, and still more than half of it: pairs whose rings find no room go by TCP");
+    if (b->ring != want) {
+        /* said once a host: by its lowest rank */
+        bool lowest = true;
+        for (int r = 0; r < b->wi->rank; r++)
+            if (strcmp(b->peers[r].hostkey, b->peers[b->wi->rank].hostkey) == 0) lowest = false;
+        if (lowest)
+            KOLO_WARN("/dev/shm holds %zu KiB: shared-memory rings of %zu KiB instead of %zu KiB, %s; a larger "
+                      "/dev/shm (docker run --shm-size=1g; in Kubernetes an emptyDir volume of medium Memory at "
+                      "/dev/shm) lets them keep their size",
+                      size >> 10, b->ring >> 10, want >> 10,
+                      need <= room ? "so that this host's ranks take at most half of it"
+                                   : "the least, and still more than half of it: pairs whose rings find no room go by "
+                                     "TCP");
+    }
+    /* too big for half of it, or for what is free now (another job's segments, a program's) */
+    return need > room || need > (size_t)sv.f_bavail * sv.f_frsize;
 }
 
 int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers_out,
@@ -1279,8 +1279,9 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
          * 4 GiB of shared memory for them. 17 ranks and fewer keep their size. */
         if (!kolo__setting_is_set(KOLO_SET_SHM_RING_SIZE))
             while (b.ring > RING_MIN && local * KOLO_NCHANNELS * 2 * b.ring > RING_BUDGET) b.ring >>= 1;
+        bool tight = fit_dev_shm(&b, local);
         b.populate = !oversubscribed && local * KOLO_NCHANNELS * 2 * b.ring <= ((size_t)128 << 20);
-        fit_dev_shm(&b, local);
+        b.reserve = b.populate || tight;
         /* A connector answers the greeting when its process next runs: 5 s, and as many times
          * that as ranks crowd each of the cores (256 ranks on 2 cores took ~30 s to connect, and
          * a connector given 5 s was refused midway, failing the job). A silent stranger costs
