@@ -1159,6 +1159,34 @@ KT_TEST(multihost_mpich_mpirun_finds_rank_0_through_pmi, 90)
  * PET_MASTER_PORT+1. One rank per pod, TCP between them, results exact; a pod whose
  * PET_NPROC_PER_NODE asks for more processes than torchrun is there to start is one rank, and
  * rank 0 says so. */
+/* Two pods of a TrainJob, one on each host with nothing but the PET_* variables (master the
+ * address of host a, nproc its PET_NPROC_PER_NODE), rank 1's started first (pods come up in any
+ * order); both must end well with exact results over TCP. The pods' output stays in pod[] for the
+ * caller, who frees it. */
+static void trainjob_pods(cluster *c, proc pod[2], const char *master, const char *nproc)
+{
+    char addr[96], per[40], node_rank[2][32];
+    snprintf(addr, sizeof(addr), "PET_MASTER_ADDR=%s", master);
+    snprintf(per, sizeof(per), "PET_NPROC_PER_NODE=%s", nproc);
+    for (int r = 1; r >= 0; r--) {
+        snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
+        const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], per, addr, "PET_MASTER_PORT=29500",
+                              "KOLO_LOG_LEVEL=info", kt_self(), "--worker", "mh_job", NULL};
+        proc_start(&pod[r], c->ns[r ? NS_B : NS_A], argv);
+        if (r) usleep(300000);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = kt_proc_finish(&pod[r], 40);
+        KT_ASSERTF(rc == 0, "pod %d exited %d; stdout:\n%s\nstderr:\n%s", r, rc, pod[r].obuf, pod[r].ebuf);
+        char want[256];
+        snprintf(want, sizeof(want),
+                 "mh rank %d/2 local 0/1 cross %d/2 netns %llu transports %s hierarchical 0: results exact\n", r, r,
+                 c->ino[r ? NS_B : NS_A], r ? "0=tcp 1=self" : "0=self 1=tcp");
+        KT_ASSERTF(strstr(pod[r].obuf, want), "no line '%.*s' from pod %d; stdout:\n%s\nstderr:\n%s",
+                   (int)strlen(want) - 1, want, r, pod[r].obuf, pod[r].ebuf);
+    }
+}
+
 KT_TEST(multihost_trainjob_pods_without_torchrun, 60)
 {
     cluster c;
@@ -1168,29 +1196,10 @@ KT_TEST(multihost_trainjob_pods_without_torchrun, 60)
     }
     for (int round = 0; round < 2; round++) {
         proc pod[2];
-        char addr[64], node_rank[2][32], nproc[40];
-        snprintf(addr, sizeof(addr), "PET_MASTER_ADDR=%s", ns_addr[NS_A]);
-        snprintf(nproc, sizeof(nproc), "PET_NPROC_PER_NODE=%s", round ? "auto" : "1");
-        for (int r = 1; r >= 0; r--) {
-            snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
-            const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], nproc, addr, "PET_MASTER_PORT=29500",
-                                  kt_self(), "--worker", "mh_job", NULL};
-            proc_start(&pod[r], c.ns[r ? NS_B : NS_A], argv);
-            if (r) usleep(300000);
-        }
-        for (int r = 0; r < 2; r++) {
-            int rc = kt_proc_finish(&pod[r], 40);
-            KT_ASSERTF(rc == 0, "round %d: pod %d exited %d; stdout:\n%s\nstderr:\n%s", round, r, rc, pod[r].obuf,
-                       pod[r].ebuf);
-            char want[256];
-            snprintf(want, sizeof(want),
-                     "mh rank %d/2 local 0/1 cross %d/2 netns %llu transports %s hierarchical 0: results exact\n", r, r,
-                     c.ino[r ? NS_B : NS_A], r ? "0=tcp 1=self" : "0=self 1=tcp");
-            KT_ASSERTF(strstr(pod[r].obuf, want), "round %d: no line '%.*s' from pod %d; stdout:\n%s\nstderr:\n%s",
-                       round, (int)strlen(want) - 1, want, r, pod[r].obuf, pod[r].ebuf);
-        }
-        bool warned = strstr(pod[0].ebuf, "PET_NPROC_PER_NODE=auto, but this process was not started by torchrun") != NULL;
-        KT_ASSERTF(warned == (round == 1), "round %d: rank 0's stderr:\n%s", round, pod[0].ebuf);
+        trainjob_pods(&c, pod, ns_addr[NS_A], round ? "auto" : "1");
+        const char *warning = "PET_NPROC_PER_NODE=auto, but this process was not started by torchrun";
+        KT_ASSERTF((strstr(pod[0].ebuf, warning) != NULL) == (round == 1), "round %d: rank 0's stderr:\n%s", round,
+                   pod[0].ebuf);
         KT_ASSERTF(!strstr(pod[1].ebuf, "PET_NPROC_PER_NODE"), "round %d: rank 1's stderr:\n%s", round, pod[1].ebuf);
         for (int r = 0; r < 2; r++) kt_proc_free(&pod[r]);
     }
@@ -1210,27 +1219,15 @@ KT_TEST(multihost_ipv6_only_pods, 60)
     }
     static const char *const v6[2] = {"fd77::1", "fd77::2"};
     for (int r = 0; r < 2; r++)
-        must(&c, sh(&c, "ip -n %1$s addr flush dev eth0 && ip -n %1$s addr add %2$s/64 dev eth0 nodad", c.ns[r ? NS_B : NS_A],
-                    v6[r]),
+        must(&c,
+             sh(&c, "ip -n %1$s addr flush dev eth0 && ip -n %1$s addr add %2$s/64 dev eth0 nodad",
+                c.ns[r ? NS_B : NS_A], v6[r]),
              "IPv6 alone on a host");
     proc pod[2];
-    char node_rank[2][32];
-    for (int r = 1; r >= 0; r--) {
-        snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
-        const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], "PET_NPROC_PER_NODE=1",
-                              "PET_MASTER_ADDR=fd77::1", "PET_MASTER_PORT=29500", "KOLO_LOG_LEVEL=info",
-                              kt_self(), "--worker", "mh_job", NULL};
-        proc_start(&pod[r], c.ns[r ? NS_B : NS_A], argv);
-    }
+    trainjob_pods(&c, pod, v6[0], "1");
     for (int r = 0; r < 2; r++) {
-        int rc = kt_proc_finish(&pod[r], 40);
-        KT_ASSERTF(rc == 0, "pod %d exited %d; stdout:\n%s\nstderr:\n%s", r, rc, pod[r].obuf, pod[r].ebuf);
-        char want[256];
-        snprintf(want, sizeof(want), "mh rank %d/2 local 0/1 cross %d/2 netns %llu transports %s hierarchical 0: results exact\n",
-                 r, r, c.ino[r ? NS_B : NS_A], r ? "0=tcp 1=self" : "0=self 1=tcp");
-        KT_ASSERTF(strstr(pod[r].obuf, want), "no line '%.*s' from pod %d; stdout:\n%s\nstderr:\n%s",
-                   (int)strlen(want) - 1, want, r, pod[r].obuf, pod[r].ebuf);
         /* each names the other by its IPv6 address */
+        char want[64];
         snprintf(want, sizeof(want), "(%s) via tcp", v6[!r]);
         KT_ASSERTF(strstr(pod[r].ebuf, want), "pod %d: no '%s' in stderr:\n%s", r, want, pod[r].ebuf);
         kt_proc_free(&pod[r]);
