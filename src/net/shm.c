@@ -52,6 +52,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -1115,7 +1116,10 @@ int kolo__cma_write(int pid, uint64_t addr, const void *src, size_t n, size_t *d
 static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
 {
     int e = kolo__cma_read(s->peer_pid, x->buf, addr, x->len, &x->done);
-    if (e == EFAULT || (e && atomic_load(&s->rx_ctl->closed) == SHM_ABORTED)) return aborted_peer(c, s);
+    /* A sender marks its rings aborted before its buffers go back to its user: a buffer gone
+     * (EFAULT) without the mark is no abort, and "aborted the job because: (no reason given)" on
+     * both ranks named no cause */
+    if (e && atomic_load(&s->rx_ctl->closed) == SHM_ABORTED) return aborted_peer(c, s);
     if (e == ENODATA)
         return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL, "rank %d on %s described a buffer that cannot be read",
                                             c->peer, kolo__peer_name(c->mesh, c->peer)));
@@ -1125,8 +1129,8 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
         return kolo__conn_fail(c, KOLO_ERR_PEER_LOST);
     }
     if (e) {
-        kolo__err_sys(e, "single-copy read of %zu bytes from rank %d on %s failed", x->len, c->peer,
-                      kolo__peer_name(c->mesh, c->peer));
+        kolo__err_sys(e, "single-copy read of %zu bytes at 0x%" PRIx64 " from rank %d on %s (pid %d) failed", x->len,
+                      addr, c->peer, kolo__peer_name(c->mesh, c->peer), s->peer_pid);
         return kolo__conn_fail(c, KOLO_ERR_SYSTEM);
     }
     /* The sender marks its rings aborted before its buffers go back to its user; data read
