@@ -504,7 +504,7 @@ static void strangers(int rank, void *arg)
          * count itself in joins the records (mesh.c, publish_and_learn); that may be this, so
          * the joined records are set here too. kolo_init publishes the real one later and
          * counts itself in once more, too late to change what ranks 0 and 1 read. */
-        const char placeholder[] = "127.0.0.1 1 1 placeholder 0 placeholder";
+        const char placeholder[] = "127.0.0.1 1 1 placeholder 0 0 placeholder";
         char recs[3][256], all[800];
         for (int r = 0; r < 2; r++) {
             snprintf(key, sizeof(key), "%s/1/peer/%d", job, r);
@@ -901,23 +901,21 @@ KT_TEST(stale_shm_segments_of_dead_creators_are_removed, 30)
  * exact either way. Each rank's stderr goes to a file of its own, read by the test. */
 static char shm_test_dir[64];
 
-static void small_shm_rank(int rank, void *arg)
+/* This rank's stderr into shm_test_dir/rank<r>.err, which rank_err reads. */
+static void stderr_to_file(int rank)
 {
-    (void)arg;
     char path[128];
     snprintf(path, sizeof(path), "%s/rank%d.err", shm_test_dir, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     KT_ASSERT(fd >= 0 && dup2(fd, 2) == 2);
     close(fd);
-    KT_OK(kolo_init());
-    int n = kolo_size(), shm = 0, tcp = 0;
-    for (int p = 0; p < n; p++) {
-        const char *t = p == rank ? "self" : kolo_peer_transport(p);
-        shm += t && strcmp(t, "shm") == 0;
-        tcp += t && strcmp(t, "tcp") == 0;
-    }
-    /* sizes that go through the rings in pieces and wrap them many times */
-    size_t count = (size_t)1 << 18;
+}
+
+/* An allreduce, an allgather and a broadcast (from the last rank) of `count` floats on the world;
+ * returns how many of the results' elements are wrong. */
+static size_t three_collectives(size_t count)
+{
+    int rank = kolo_rank(), n = kolo_size();
     float *x = malloc(count * sizeof(float)), *y = malloc(count * sizeof(float) * (size_t)n);
     KT_ASSERT(x && y);
     for (size_t i = 0; i < count; i++) x[i] = (float)((rank + 1) * (int)(i % 251));
@@ -930,10 +928,26 @@ static void small_shm_rank(int rank, void *arg)
     for (size_t i = 0; i < count; i++) x[i] = rank == n - 1 ? (float)(i % 1021) : -1.0f;
     KT_OK(kolo_broadcast(x, count, KOLO_FLOAT32, n - 1, KOLO_WORLD));
     for (size_t i = 0; i < count; i++) bad += x[i] != (float)(i % 1021);
-    fprintf(stderr, "small shm: rank %d: %d peers by shared memory, %d by TCP, %zu wrong\n", rank, shm, tcp, bad);
-    fflush(stderr);
     free(x);
     free(y);
+    return bad;
+}
+
+static void small_shm_rank(int rank, void *arg)
+{
+    (void)arg;
+    stderr_to_file(rank);
+    KT_OK(kolo_init());
+    int n = kolo_size(), shm = 0, tcp = 0;
+    for (int p = 0; p < n; p++) {
+        const char *t = p == rank ? "self" : kolo_peer_transport(p);
+        shm += t && strcmp(t, "shm") == 0;
+        tcp += t && strcmp(t, "tcp") == 0;
+    }
+    /* sizes that go through the rings in pieces and wrap them many times */
+    size_t bad = three_collectives((size_t)1 << 18);
+    fprintf(stderr, "small shm: rank %d: %d peers by shared memory, %d by TCP, %zu wrong\n", rank, shm, tcp, bad);
+    fflush(stderr);
     kolo_shutdown();
     KT_EQ(bad, 0);
 }
@@ -1027,6 +1041,78 @@ KT_TEST(dev_shm_filled_by_another_program, 60)
     int tcp_pairs = shm_job(8, err);
     unlink("/dev/shm/kt-filler");
     KT_ASSERTF(tcp_pairs > 0, "every pair found room in the 4 MiB left:\n%s", err[0]);
+}
+
+/* ---- ranks in pid namespaces of their own ----
+ * Containers that share a host's network and /dev/shm (docker run --network=host --ipc=host) but
+ * not its pids: each rank is pid 1 of its own namespace, so the pid a peer publishes names the
+ * reader itself. The CMA probe read a constant, found it in the reader's own libkolo (forked ranks,
+ * or ASLR off, map it at one address) and passed; the first single-copy read then failed the job
+ * ("Bad address"; "aborted the job because: (no reason given)" on the other rank). Now the ranks
+ * compare their pid namespaces and draw the probe's value at random: shared memory by ring copies,
+ * exact results, and the reason in the log. */
+static void pid_ns_body(int rank)
+{
+    stderr_to_file(rank);
+    KT_EQ(getpid(), 1);
+    setenv("KOLO_SHM_CMA", "1", 1); /* single-copy from 128 KiB wherever the probe passes */
+    setenv("KOLO_LOG_LEVEL", "info", 1);
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    size_t bad = three_collectives((size_t)1 << 20), count = (size_t)4 << 20; /* 4 MiB: single-copy sizes */
+    /* 16 MiB of kolo_mem_alloc'd buffers: where pairs read single-copy, the ranks map each other's */
+    float *m = kolo_mem_alloc(count * sizeof(float)), *mo = kolo_mem_alloc(count * sizeof(float));
+    KT_ASSERT(m && mo);
+    for (size_t i = 0; i < count; i++) m[i] = (float)(rank + 1) * (float)(i % 509);
+    KT_OK(kolo_allreduce(m, mo, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (size_t i = 0; i < count; i++) bad += mo[i] != (float)(n * (n + 1) / 2) * (float)(i % 509);
+    fprintf(stderr, "pid namespaces: rank %d: %zu wrong\n", rank, bad);
+    fflush(stderr);
+    kolo_mem_free(m);
+    kolo_mem_free(mo);
+    kolo_shutdown();
+    KT_EQ(bad, 0);
+}
+
+static void own_pid_ns_rank(int rank, void *arg)
+{
+    (void)arg;
+    KT_ASSERT(unshare(CLONE_NEWPID) == 0);
+    pid_t child = fork(); /* pid 1 of the new namespace */
+    KT_ASSERT(child >= 0);
+    if (child == 0) {
+        pid_ns_body(rank);
+        _exit(0);
+    }
+    int st = 0;
+    while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+}
+
+KT_TEST(ranks_in_pid_namespaces_of_their_own, 60)
+{
+    pid_t probe = fork();
+    KT_ASSERT(probe >= 0);
+    if (probe == 0) _exit(unshare(CLONE_NEWPID) == 0 ? 0 : 1);
+    int st = 0;
+    waitpid(probe, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        printf("  skip: no pid namespace of its own here\n");
+        return;
+    }
+    snprintf(shm_test_dir, sizeof(shm_test_dir), "/tmp/kt-pidns-XXXXXX");
+    KT_ASSERT(mkdtemp(shm_test_dir) != NULL);
+    int status[3];
+    int failed = kt_job(3, own_pid_ns_rank, NULL, NULL, status);
+    char err[3][SHM_ERR_CAP];
+    for (int r = 0; r < 3; r++) rank_err(r, err[r], SHM_ERR_CAP);
+    rmdir(shm_test_dir);
+    for (int r = 0; r < 3; r++) {
+        KT_ASSERTF(failed == 0 && strstr(err[r], "pid namespaces: rank ") && strstr(err[r], ": 0 wrong"),
+                   "rank %d (of %d failed ranks): its stderr:\n%s", r, failed, err[r]);
+        KT_ASSERTF(strstr(err[r], "via shm (ring copies)"), "rank %d:\n%s", r, err[r]);
+    }
+    KT_CONTAINS(err[0], "rank 1 runs in another pid namespace (a container of its own?)");
 }
 
 /* ---- arguments ---- */

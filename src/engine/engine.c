@@ -195,7 +195,8 @@ static void explain_loss(char *msg, size_t cap)
     char killed[384] = "";
     size_t wk = 0;
     for (int p = 0; p < E.size; p++) {
-        if (p == E.rank || strcmp(peers[p].hostkey, peers[E.rank].hostkey) != 0) continue;
+        if (p == E.rank || strcmp(peers[p].hostkey, peers[E.rank].hostkey) != 0 || peers[p].pidns != peers[E.rank].pidns)
+            continue; /* its pid names another process here */
         char path[64], buf[1024];
         snprintf(path, sizeof(path), "/proc/%d/stat", peers[p].pid);
         FILE *f = fopen(path, "r");

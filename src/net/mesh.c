@@ -4,8 +4,9 @@
  *   1. Pick the local address: the one on the interface that routes to the rendezvous host
  *      (a UDP connect() reveals it without sending anything), or the first address of an
  *      interface allowed by KOLO_IFACE. Listen there on port 0.
- *   2. Publish "<job>/peer/<rank>" = address, port, pid, host key, host name; read every
- *      other rank's entry, waiting until KOLO_START_TIMEOUT, then name the missing ranks.
+ *   2. Publish "<job>/peer/<rank>" = address, port, pid, host key, cores, pid namespace, host
+ *      name; read every other rank's entry, waiting until KOLO_START_TIMEOUT, then name the
+ *      missing ranks.
  *   3. For each channel and each pair, the higher rank connects to the lower one. Handshake
  *      (all fixed-size binary messages; HMAC-SHA256 with the job secret, distinct labels):
  *        A (acceptor) -> C: "KOLOMSH6", rank_a, nonce_a
@@ -19,7 +20,9 @@
  *      labels per direction). Shared memory is offered only when the host keys (boot id +
  *      network namespace) are equal, and used only when the peer actually finds the creator's
  *      token in the segment, so "same host" is proven, not guessed from a hostname. A rank
- *      with KOLO_TRANSPORT=tcp neither offers nor accepts it: all of its pairs are TCP.
+ *      with KOLO_TRANSPORT=tcp neither offers nor accepts it: all of its pairs are TCP. A CMA
+ *      probe is read only between ranks of one pid namespace (a pid names another process in
+ *      another), and its value is random, so that a rank cannot pass it by reading itself.
  *   4. Anything else that connects (a stranger, garbage, a wrong secret, a duplicate) is
  *      refused, logged with its address, and the start-up goes on. All sockets are
  *      non-blocking in one epoll loop, so a silent stranger cannot stall the others.
@@ -63,8 +66,20 @@
 #define FINAL_LEN 4
 #define HS_BUF 192
 
-/* CMA probe: a value the peer reads from our memory to prove process_vm_readv works */
-static volatile uint64_t cma_probe = 0x6b6f6c6f2d636d61ull;
+/* CMA probe: a value the peer reads from our memory to prove process_vm_readv works, drawn anew
+ * by each start-up (set_cma_probe), as ranks forked from one process would share one drawn once.
+ * A constant let a rank whose peer's pid named itself (ranks in pid namespaces of their own are
+ * pid 1 alike) read its own copy and pass wherever the two mapped libkolo at one address (forked
+ * ranks, or ASLR off): the first single-copy read then failed the job ("Bad address") or read the
+ * rank's own buffer as the peer's. */
+static volatile uint64_t cma_probe;
+
+static void set_cma_probe(void)
+{
+    uint64_t v = 0;
+    if (kolo__random_bytes(&v, sizeof(v)) != KOLO_OK) v = kolo__now_ns() ^ ((uint64_t)getpid() << 32);
+    cma_probe = v;
+}
 
 enum hs_state {
     HS_CONNECTING,  /* C: waiting for connect() */
@@ -272,6 +287,26 @@ static void host_key(char *out, size_t cap)
     snprintf(out, cap, "%.40s/%.38s%.15s", boot, ns, test_host);
 }
 
+/* The inode of this process's pid namespace (0 where /proc does not say): ranks of one host with
+ * different ones cannot name each other by pid (containers sharing the host's network and
+ * /dev/shm, each with pids of its own). */
+static uint64_t pid_ns(void)
+{
+    char link[64];
+    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+    unsigned long long ino = 0;
+    if (n <= 0) return 0;
+    link[n] = '\0';
+    return sscanf(link, "pid:[%llu]", &ino) == 1 ? (uint64_t)ino : 0;
+}
+
+/* Whether this rank may read a peer's memory by the pid it published: the same pid namespace,
+ * or one of them could not tell (the random probe value still guards that case). */
+static bool pids_shared(const kolo__peer_info *a, const kolo__peer_info *b)
+{
+    return a->pidns == b->pidns || !a->pidns || !b->pidns;
+}
+
 /* Whether two ranks' host keys name the same boot of the same kernel (whatever their network
  * namespaces): they run on the same machine's cores. Never for ranks that could not read their
  * boot id (host_key's "noboot"). */
@@ -475,11 +510,21 @@ static int on_hello_c(build *b, hs *h)
     return KOLO_OK;
 }
 
-static bool cma_probe_peer(int pid, uint64_t addr, uint64_t expect)
+/* Whether this rank can read the probe value `expect` at `addr` in h's peer (single-copy reads
+ * from it will work), where KOLO_SHM_CMA allows them. */
+static bool cma_probe_peer(build *b, const hs *h, uint64_t addr, uint64_t expect)
 {
+    const kolo__peer_info *p = &b->peers[h->peer];
+    if (!b->want_cma) return false;
+    if (!pids_shared(p, &b->peers[b->wi->rank])) {
+        if (h->channel == 0)
+            KOLO_INFO("rank %d runs in another pid namespace (a container of its own?): no single-copy reads "
+                      "between us, ring copies only", h->peer);
+        return false;
+    }
     uint64_t v = 0;
     struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)addr, sizeof(v)};
-    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) && v == expect;
+    return process_vm_readv(p->pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) && v == expect;
 }
 
 static unsigned test_slow_us;
@@ -522,7 +567,7 @@ static int on_result(build *b, hs *h)
     uint64_t addr = get64(h->in + 8), val = get64(h->in + 16);
     /* KOLO_SHM_CMA=0 here answers as a failed probe: a pair reads single-copy only where both
      * ranks allow it, or one would send descriptors the other refuses */
-    bool cma_a = shm_ok && b->want_cma && cma_probe_peer(b->peers[h->peer].pid, addr, val);
+    bool cma_a = shm_ok && cma_probe_peer(b, h, addr, val);
     unsigned char fin[FINAL_LEN];
     put32(fin, cma_a);
     if (send_all(h, fin, sizeof(fin)) != 0)
@@ -599,8 +644,16 @@ static int on_ack(build *b, hs *h)
         KOLO_DEBUG("rank %d offered shared memory; declined, KOLO_TRANSPORT=tcp here", h->peer);
     } else if (offer == 1) {
         shm_ok = kolo__shm_open(c, name, b->populate) == KOLO_OK;
-        if (!shm_ok) KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
-        cma_c = shm_ok && b->want_cma && cma_probe_peer(b->peers[h->peer].pid, addr, val); /* as cma_a */
+        /* the same boot and network, another /dev/shm: containers on one host with the host's
+         * network and IPC of their own (Docker's --network=host, a pod's hostNetwork), whose
+         * pairs run at TCP's speed (half the shared rings' bus bandwidth here) */
+        if (!shm_ok && h->channel == 0 && b->shm_failed++ == 0)
+            KOLO_WARN("rank %d offered shared memory but it is not reachable here (%s); using TCP. Ranks on one host "
+                      "share memory only where they see the same /dev/shm: containers need the host's IPC "
+                      "(docker run --ipc=host, a Kubernetes pod's hostIPC)", h->peer, kolo__errmsg());
+        else if (!shm_ok)
+            KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
+        cma_c = shm_ok && cma_probe_peer(b, h, addr, val); /* as cma_a */
     }
     unsigned char res[RESULT_LEN];
     put32(res, shm_ok);
@@ -928,6 +981,7 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     me->pid = (int)getpid();
     host_key(me->hostkey, sizeof(me->hostkey));
     me->cores = cores_key();
+    me->pidns = pid_ns();
     const char *hn = kolo__setting_str(KOLO_SET_HOSTNAME);
     if (*hn) snprintf(me->hostname, sizeof(me->hostname), "%s", hn);
     else if (gethostname(me->hostname, sizeof(me->hostname)) != 0) snprintf(me->hostname, sizeof(me->hostname), "?");
@@ -940,8 +994,8 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     int epoch = wi->epoch ? wi->epoch : inits;
     char key[160], val[512];
     snprintf(key, sizeof(key), "%s/%d/peer/%d", wi->job_id, epoch, wi->rank);
-    int n = snprintf(val, sizeof(val), "%s %d %d %s %" PRIx64 " %s", me->addr, me->port, me->pid, me->hostkey,
-                     me->cores, me->hostname);
+    int n = snprintf(val, sizeof(val), "%s %d %d %s %" PRIx64 " %" PRIx64 " %s", me->addr, me->port, me->pid,
+                     me->hostkey, me->cores, me->pidns, me->hostname);
     int st = kolo__store_set(store, key, val, (size_t)n);
     if (st != KOLO_OK) return st;
     /* Each rank counts itself in after publishing; the last to arrive joins every record into one
@@ -1022,8 +1076,8 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
         at += tl + 1;
         if (r == wi->rank) continue;
         kolo__peer_info *p = &b->peers[r];
-        if (sscanf(text, "%63s %d %d %95s %" SCNx64 " %127s", p->addr, &p->port, &p->pid, p->hostkey, &p->cores,
-                   p->hostname) != 6)
+        if (sscanf(text, "%63s %d %d %95s %" SCNx64 " %" SCNx64 " %127s", p->addr, &p->port, &p->pid, p->hostkey,
+                   &p->cores, &p->pidns, p->hostname) != 7)
             st = kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a malformed address record '%s'", r, text);
     }
     kolo__free(v);
@@ -1166,6 +1220,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
 {
     build b;
     memset(&b, 0, sizeof(b));
+    set_cma_probe();
     b.epfd = -1;
     last_end = 0;
     b.wi = wi;

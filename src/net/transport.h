@@ -134,6 +134,7 @@ typedef struct kolo__peer_info {
     int pid;
     char hostkey[96];     /* boot id + network namespace: equal means "maybe the same host" */
     uint64_t cores;       /* the cores it may run on (kolo__host_cpus's set), hashed */
+    uint64_t pidns;       /* its pid namespace's inode (0: unknown); pid names it only where equal */
     char hostname[128];
 } kolo__peer_info;
 
