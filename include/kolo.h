@@ -134,13 +134,19 @@ KOLO_EXTERN const char *kolo_build_info(void);
  * fails with KOLO_ERR_STARTUP and a message naming the ranks that never came.
  * Calling it again while initialized returns KOLO_OK and does nothing.
  * After kolo_shutdown() it may be called again to join a new job.
- * Call it from one thread; not concurrently with any other kolo call. */
+ * Call it from one thread; not concurrently with any other kolo call.
+ * A child forked after kolo_init() (a data loader's worker) is not a rank:
+ * kolo_rank() and the other queries answer as in its parent, while
+ * collectives, waits on requests and kolo_init() fail there at once with
+ * KOLO_ERR_NOT_INITIALIZED, saying so, and its kolo_shutdown() leaves the
+ * parent's job alone. */
 KOLO_EXTERN int kolo_init(void);
 
 /* Leaves the job: stops the engine (its pending requests complete with
  * KOLO_ERR_SHUT_DOWN), closes every connection, frees everything.
  * Not collective: it does not wait for other ranks. Returns KOLO_OK, also
- * when not initialized. Not concurrently with other kolo calls. */
+ * when not initialized. Not concurrently with other kolo calls. In a child
+ * forked after kolo_init() it only marks kolo not initialized there. */
 KOLO_EXTERN int kolo_shutdown(void);
 
 /* 1 between a successful kolo_init() and kolo_shutdown(), else 0. */

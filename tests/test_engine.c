@@ -1994,6 +1994,77 @@ KT_TEST(engine_shutdown_with_stopped_peer, 30)
     KT_ASSERT(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
 }
 
+/* ---- a child forked after kolo_init ----
+ * A child has a copy of the job's state and none of its threads: its collectives and waits hung
+ * for ever, and its kolo_shutdown (Python's atexit in a child ending with sys.exit) hung waiting
+ * for an engine thread it does not have, its parent stuck in waitpid. Now it still answers who it
+ * is, refuses what would talk to the peers at once, and its shutdown leaves its parent's
+ * connections, rings and engine alone: the parent's job goes on. Rank 0 forks while its request
+ * is pending (rank 1 submits only after the barrier that rank 0 enters once its child is done). */
+static void forked_child(kolo_request_t *pending)
+{
+    float x[4] = {1, 2, 3, 4}, y[4];
+    kolo_shape_t sh = shape1(4);
+    kolo_request_t *r = NULL;
+    KT_EQ(kolo_is_initialized(), 1);
+    KT_EQ(kolo_rank(), 0);
+    KT_EQ(kolo_size(), 2);
+    KT_STATUS(kolo_request_wait(pending, -1), KOLO_ERR_NOT_INITIALIZED);
+    KT_CONTAINS(kolo_last_error(), "kolo_request_wait: this process (pid ");
+    KT_CONTAINS(kolo_last_error(), "after kolo_init, and only that process is rank 0 of the job");
+    int done = -1;
+    KT_STATUS(kolo_request_test(pending, &done), KOLO_ERR_NOT_INITIALIZED);
+    KT_EQ(done, 0);
+    KT_STATUS(kolo_allreduce(x, y, 4, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD), KOLO_ERR_NOT_INITIALIZED);
+    KT_CONTAINS(kolo_last_error(), "kolo_allreduce: this process");
+    KT_STATUS(kolo_iallreduce("child", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_NOT_INITIALIZED);
+    KT_STATUS(kolo_barrier(KOLO_WORLD), KOLO_ERR_NOT_INITIALIZED);
+    int id = 0, ranks[1] = {0};
+    KT_STATUS(kolo_process_set_add(ranks, 1, &id), KOLO_ERR_NOT_INITIALIZED);
+    KT_STATUS(kolo_init(), KOLO_ERR_NOT_INITIALIZED);
+    KT_OK(kolo_shutdown());
+    KT_EQ(kolo_is_initialized(), 0);
+    KT_STATUS(kolo_init(), KOLO_ERR_NOT_INITIALIZED); /* not a second rank 0 */
+    exit(0);                                          /* as a program ends: atexit handlers, stdio */
+}
+
+static void fork_after_init(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    float x[1024], y[1024];
+    for (int i = 0; i < 1024; i++) x[i] = (float)(rank + 1);
+    kolo_shape_t sh = shape1(1024);
+    kolo_request_t *r = NULL;
+    if (rank == 0) {
+        KT_OK(kolo_iallreduce("before the fork", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+        fflush(NULL);
+        pid_t child = fork();
+        KT_ASSERT(child >= 0);
+        if (child == 0) forked_child(r);
+        int st = 0;
+        KT_EQ(waitpid(child, &st, 0), child);
+        KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child ended with status 0x%x", st);
+        KT_OK(kolo_barrier(KOLO_WORLD));
+    } else {
+        KT_OK(kolo_barrier(KOLO_WORLD));
+        KT_OK(kolo_iallreduce("before the fork", x, y, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    }
+    wait_ok(r);
+    kolo_request_release(r);
+    for (int i = 0; i < 1024; i++) KT_ASSERTF(y[i] == 3.0f, "y[%d] = %g", i, (double)y[i]);
+    /* both channels still carry the job: the engine's, and the direct collectives' */
+    KT_OK(kolo_allreduce(x, y, 1024, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    for (int i = 0; i < 1024; i++) KT_ASSERTF(y[i] == 3.0f, "y[%d] = %g", i, (double)y[i]);
+    KT_OK(kolo_iallreduce("after the fork", x, y, KOLO_FLOAT32, &sh, KOLO_MAX, 1, 1, NULL, &r));
+    wait_ok(r);
+    kolo_request_release(r);
+    KT_EQ(y[0], 2.0f);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(forked_child_stays_out_of_the_job, 60) { kt_job_both(2, fork_after_init, NULL); }
+
 /* ---- every request kind ---- */
 
 static _Atomic int callbacks;

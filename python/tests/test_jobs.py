@@ -124,6 +124,43 @@ def test_barrier_on_a_process_set_then_on_the_world(tmp_path):
     assert out.count("DONE") == 2, out
 
 
+def test_a_child_forked_after_init_stays_out_of_the_job(tmp_path):
+    # A DataLoader's forked workers may ask their rank (seeding); a child of os.fork() that tries
+    # a collective is told at once, and its exit through sys.exit (Python's atexit calls
+    # shutdown()) leaves the parent's job running. Both hung before: the child's shutdown waited
+    # for an engine thread it does not have, and the parent for the child.
+    rc, out, dt = run_job(tmp_path, 2, """
+        import os, sys, torch, kolo.torch as hvd
+        hvd.init()
+        class Ranks(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, i):
+                return torch.tensor([float(hvd.rank()), float(hvd.size())])
+        loader = torch.utils.data.DataLoader(Ranks(), batch_size=2, num_workers=2,
+                                             multiprocessing_context="fork")
+        for batch in loader:
+            assert batch[:, 0].eq(hvd.rank()).all() and batch[:, 1].eq(2).all(), batch
+        pid = os.fork()
+        if pid == 0:
+            try:
+                hvd.allreduce(torch.ones(3), name="from_the_child")
+                print("CHILD_RAN_A_COLLECTIVE", flush=True)
+            except Exception as e:
+                print("CHILD_REFUSED:", type(e).__name__, e, flush=True)
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+        total = hvd.allreduce(torch.ones(3) * (hvd.rank() + 1), op=hvd.Sum, name="after_the_child")
+        assert total.tolist() == [3.0, 3.0, 3.0], total
+        print("PARENT_GOES_ON", hvd.rank(), flush=True)
+    """, timeout=90)
+    assert rc == 0, out
+    assert out.count("PARENT_GOES_ON") == 2 and "CHILD_RAN_A_COLLECTIVE" not in out, out
+    assert out.count("CHILD_REFUSED:") == 2, out
+    assert "was forked from pid" in out and "a forked child runs no collective" in out, out
+
+
 def run_driver(tmp_path, script, timeout=120):
     """A plain Python process (not under kolorun) that starts its own job, as kolo.run does."""
     path = tmp_path / "driver.py"

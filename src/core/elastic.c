@@ -219,6 +219,8 @@ int kolo_elastic_check(int *update)
 {
     if (!update) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_elastic_check: update is NULL");
     *update = KOLO_ELASTIC_NONE;
+    int forked = kolo__forked_refuse("kolo_elastic_check");
+    if (forked) return forked;
     if (!W.initialized) return kolo__err(KOLO_ERR_NOT_INITIALIZED, "kolo is not initialized: call kolo_init() first");
     if (!W.elastic) return KOLO_OK;
     int32_t v = KOLO_ELASTIC_NONE;

@@ -540,9 +540,44 @@ fail:
     return st;
 }
 
+/* ---- a child forked after kolo_init ----
+ * fork() in a process that runs kolo (os.fork(), a worker pool with the fork start method, a
+ * data loader's worker) gives the child a copy of the job's state, its sockets and shared rings,
+ * and none of its threads. A collective or a wait there hung for ever (no engine thread), and
+ * the child's kolo_shutdown (Python's atexit, when the child ends with sys.exit) waited for an
+ * engine thread that was not its own, its parent stuck in waitpid. The child may still ask who
+ * it is (kolo_rank(), a DataLoader worker seeding its generator); what would talk to the peers
+ * fails at once, and its kolo_shutdown leaves what it shares with its parent untouched. */
+bool kolo__forked;
+static pid_t forked_from;
+
+static void on_fork_child(void)
+{
+    if (W.initialized && !kolo__forked) {
+        kolo__forked = true;
+        forked_from = getppid();
+    }
+}
+
+static void watch_forks(void) { (void)pthread_atfork(NULL, NULL, on_fork_child); }
+
+int kolo__forked_refuse(const char *fn)
+{
+    if (!kolo__forked) return KOLO_OK;
+    return kolo__err(KOLO_ERR_NOT_INITIALIZED,
+                     "%s: this process (pid %d) was forked from pid %d after kolo_init, and only that process is "
+                     "rank %d of the job: a forked child runs no collective and waits for no request (run them in "
+                     "the parent, or exec a new program in the child); kolo_rank() and the like still answer",
+                     fn, (int)getpid(), (int)forked_from, W.info.rank);
+}
+
 int kolo_init(void)
 {
+    int forked = kolo__forked_refuse("kolo_init");
+    if (forked) return forked;
     if (W.initialized) return KOLO_OK;
+    static pthread_once_t forks_once = PTHREAD_ONCE_INIT;
+    pthread_once(&forks_once, watch_forks);
     kolo__err_clear();
     kolo__log_init();
     int st;
@@ -584,6 +619,10 @@ static void pass_on_failure(void)
 int kolo_shutdown(void)
 {
     if (!W.initialized) return KOLO_OK;
+    if (kolo__forked) { /* the parent's connections, rings and threads are the parent's to end */
+        W.initialized = 0;
+        return KOLO_OK;
+    }
     kolo__status_stop();
     kolo__status_lock_out(true);
     kolo__engine_stop(); /* before the meshes go: it says goodbye on its own */
@@ -632,9 +671,16 @@ static int check_init(void)
     return KOLO_OK;
 }
 
+/* check_init for what talks to the peers */
+static int check_live(const char *fn)
+{
+    int st = kolo__forked_refuse(fn);
+    return st ? st : check_init();
+}
+
 int kolo_process_set_add(const int *ranks, int nranks, int *id)
 {
-    int st = check_init();
+    int st = check_live("kolo_process_set_add");
     if (st) return st;
     if (!id) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_process_set_add: id is NULL");
     if (!ranks || nranks < 1 || nranks > W.info.size)
@@ -713,7 +759,7 @@ int kolo_process_set_add(const int *ranks, int nranks, int *id)
 
 int kolo_process_set_remove(int id)
 {
-    int st = check_init();
+    int st = check_live("kolo_process_set_remove");
     if (st) return st;
     if (id == KOLO_WORLD) return kolo__err(KOLO_ERR_INVALID_ARG, "the world process set (0) cannot be removed");
     pthread_mutex_lock(&W.pset_lock);
@@ -774,7 +820,7 @@ int kolo_process_set_ranks(int id, int *ranks, int cap)
 /* Common checks; on success *g is the member group and the direct lock is held. */
 static int enter(const char *fn, int pset, kolo__group **g)
 {
-    int st = check_init();
+    int st = check_live(fn);
     if (st) return st;
     pthread_mutex_lock(&W.direct_lock);
     if (!W.initialized) {

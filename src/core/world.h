@@ -79,6 +79,13 @@ typedef struct kolo__direct_now {
 } kolo__direct_now;
 const char *kolo__direct_call(kolo__direct_now *d);
 
+/* kolo.c: in a child forked after kolo_init (kolo_init's pthread_atfork handler), sets the error
+ * "fn: this process was forked ..." and returns KOLO_ERR_NOT_INITIALIZED; elsewhere KOLO_OK. The
+ * child holds a copy of the job's state and none of its threads: the functions that would talk
+ * to the peers or wait for the engine call this first. */
+extern bool kolo__forked;
+int kolo__forked_refuse(const char *fn);
+
 /* status.c: KOLO_STATUS_SIGNAL's handler and thread, started at the end of kolo_init (an
  * unknown signal name fails it) and stopped first in kolo_shutdown; lock_out(true) waits for
  * kolo_status_json's readers and keeps new ones out until lock_out(false) (kolo_shutdown's

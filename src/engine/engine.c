@@ -879,6 +879,8 @@ void kolo__engine_stop(void)
 int kolo_timeline_start(const char *path, int mark_cycles)
 {
     if (!path || !*path) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_timeline_start: path is empty");
+    int forked = kolo__forked_refuse("kolo_timeline_start");
+    if (forked) return forked;
     pthread_mutex_lock(&E.lock);
     int running = E.running;
     pthread_mutex_unlock(&E.lock);

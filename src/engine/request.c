@@ -334,13 +334,15 @@ int kolo_request_test(kolo_request_t *req, int *done)
 {
     if (!req || !done) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_request_test: %s is NULL", req ? "done" : "req");
     *done = seen_done(req);
-    return KOLO_OK;
+    return *done ? KOLO_OK : kolo__forked_refuse("kolo_request_test"); /* a child's would never end */
 }
 
 int kolo_request_wait(kolo_request_t *req, double timeout_s)
 {
     if (!req) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo_request_wait: req is NULL");
     if (seen_done(req)) return result(req);
+    int forked = kolo__forked_refuse("kolo_request_wait");
+    if (forked) return forked;
     pthread_once(&done_once, done_init);
     struct timespec dl = {0, 0};
     if (timeout_s >= 0) {
@@ -468,6 +470,8 @@ static int set_info(const char *fn, int pset, int *size)
 
 static int check_running(const char *fn)
 {
+    int forked = kolo__forked_refuse(fn);
+    if (forked) return forked;
     pthread_mutex_lock(&kolo__E.lock);
     int running = kolo__E.running && !kolo__E.stop;
     pthread_mutex_unlock(&kolo__E.lock);
