@@ -367,7 +367,7 @@ void kolo__tune_start(void)
     apply_x(T.x);
     const char *path = kolo__setting_str(KOLO_SET_AUTOTUNE_LOG);
     if (*path) {
-        T.log = fopen(path, "w");
+        T.log = fopen(path, "we");
         if (!T.log)
             KOLO_WARN("KOLO_AUTOTUNE_LOG: cannot write '%s' (%s); tuning goes on without a log", path,
                       strerror(errno));

@@ -199,7 +199,7 @@ static void explain_loss(char *msg, size_t cap)
             continue; /* its pid names another process here */
         char path[64], buf[1024];
         snprintf(path, sizeof(path), "/proc/%d/stat", peers[p].pid);
-        FILE *f = fopen(path, "r");
+        FILE *f = fopen(path, "re");
         size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
         if (f) fclose(f);
         buf[n] = '\0';
