@@ -1054,7 +1054,7 @@ KT_TEST(dev_shm_filled_by_another_program, 60)
 static void pid_ns_body(int rank)
 {
     stderr_to_file(rank);
-    KT_EQ(getpid(), 1);
+    KT_ASSERT(getpid() <= 5); /* one of the few in its namespace */
     setenv("KOLO_SHM_CMA", "1", 1); /* single-copy from 128 KiB wherever the probe passes */
     setenv("KOLO_LOG_LEVEL", "info", 1);
     KT_OK(kolo_init());
@@ -1074,22 +1074,55 @@ static void pid_ns_body(int rank)
     KT_EQ(bad, 0);
 }
 
-static void own_pid_ns_rank(int rank, void *arg)
+/* kt_job's rank r (arg: ranks per namespace, k) where r is a multiple of k makes a pid namespace
+ * and runs ranks r .. r+k-1 there, under an init of their own (pid 1, which must outlive them):
+ * they are pids 2 .. k+1 in every namespace, so a peer's pid names another process here (a rank
+ * of this namespace, or the reader itself). The other kt_job ranks end at once. */
+static void pid_ns_box(int rank, void *arg)
 {
-    (void)arg;
+    int k = *(const int *)arg;
+    if (rank % k) _exit(0);
     KT_ASSERT(unshare(CLONE_NEWPID) == 0);
-    pid_t child = fork(); /* pid 1 of the new namespace */
-    KT_ASSERT(child >= 0);
-    if (child == 0) {
-        pid_ns_body(rank);
-        _exit(0);
+    pid_t init = fork();
+    KT_ASSERT(init >= 0);
+    if (init == 0) {
+        int bad = 0;
+        for (int i = 0; i < k; i++) {
+            pid_t p = fork();
+            KT_ASSERT(p >= 0);
+            if (p == 0) {
+                char r[16];
+                snprintf(r, sizeof(r), "%d", rank + i);
+                setenv("KOLO_RANK", r, 1);
+                pid_ns_body(rank + i);
+                _exit(0);
+            }
+        }
+        int st = 0;
+        for (int i = 0; i < k; i++) {
+            while (wait(&st) < 0 && errno == EINTR) {}
+            bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+        _exit(bad);
     }
     int st = 0;
-    while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
+    while (waitpid(init, &st, 0) < 0 && errno == EINTR) {}
     _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 }
 
-KT_TEST(ranks_in_pid_namespaces_of_their_own, 60)
+/* The line of err that says how rank `me` reaches rank `peer` on channel 0 ("" if none). */
+static void pair_line(const char *err, int me, int peer, char *out, size_t cap)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "channel 0: rank %d <-> rank %d on ", me, peer);
+    const char *at = strstr(err, key), *nl = at ? strchr(at, '\n') : NULL;
+    snprintf(out, cap, "%.*s", at ? (int)(nl ? nl - at : (long)strlen(at)) : 0, at ? at : "");
+}
+
+/* n ranks, k to a pid namespace: every rank ends with exact results; pairs of one namespace read
+ * each other single-copy, pairs of two do not (the reader would have read itself or its
+ * neighbour: forked ranks map libkolo at one address). */
+static void pid_ns_job(int n, int k)
 {
     pid_t probe = fork();
     KT_ASSERT(probe >= 0);
@@ -1102,18 +1135,33 @@ KT_TEST(ranks_in_pid_namespaces_of_their_own, 60)
     }
     snprintf(shm_test_dir, sizeof(shm_test_dir), "/tmp/kt-pidns-XXXXXX");
     KT_ASSERT(mkdtemp(shm_test_dir) != NULL);
-    int status[3];
-    int failed = kt_job(3, own_pid_ns_rank, NULL, NULL, status);
-    char err[3][SHM_ERR_CAP];
-    for (int r = 0; r < 3; r++) rank_err(r, err[r], SHM_ERR_CAP);
+    int status[4];
+    KT_ASSERT(n <= 4);
+    int failed = kt_job(n, pid_ns_box, &k, NULL, status);
+    char err[4][SHM_ERR_CAP], line[256];
+    for (int r = 0; r < n; r++) rank_err(r, err[r], SHM_ERR_CAP);
     rmdir(shm_test_dir);
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < n; r++) {
         KT_ASSERTF(failed == 0 && strstr(err[r], "pid namespaces: rank ") && strstr(err[r], ": 0 wrong"),
                    "rank %d (of %d failed ranks): its stderr:\n%s", r, failed, err[r]);
-        KT_ASSERTF(strstr(err[r], "via shm (ring copies)"), "rank %d:\n%s", r, err[r]);
+        for (int p = 0; p < n; p++) {
+            if (p == r) continue;
+            pair_line(err[r], r, p, line, sizeof(line));
+            const char *want = r / k == p / k ? "via shm (single-copy CMA" : "via shm (ring copies)";
+            KT_ASSERTF(strstr(line, want), "rank %d to rank %d: '%s', not '%s'; its stderr:\n%s", r, p, line, want,
+                       err[r]);
+        }
     }
-    KT_CONTAINS(err[0], "rank 1 runs in another pid namespace (a container of its own?)");
+    char told[96];
+    snprintf(told, sizeof(told), "rank %d runs in another pid namespace (a container of its own?)", k);
+    KT_CONTAINS(err[0], told);
 }
+
+KT_TEST(ranks_in_pid_namespaces_of_their_own, 60) { pid_ns_job(3, 1); }
+
+/* two containers of two ranks: a host whose pairs differ in single-copy reads (each rank's way
+ * for a collective must still agree with the others') */
+KT_TEST(two_ranks_in_each_of_two_pid_namespaces, 60) { pid_ns_job(4, 2); }
 
 /* ---- arguments ---- */
 
