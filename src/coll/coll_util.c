@@ -556,16 +556,14 @@ static int pair_class(int kind, uint64_t bytes)
 }
 
 /* Whether a world of 3 or more members on a host with more ranks than cores chooses its exchanges'
- * way from the lead's timings (above, "crowded"): every pair shares memory, and this member's
- * pairs with the lead (the lead's with everyone) can send single-copy. */
+ * way from the lead's timings (above, "crowded"): every pair shares memory and can send
+ * single-copy, as the ranks agreed at init. Each member once read its own pairs with the lead
+ * (the lead all of its pairs): where pairs differ (ranks in containers with pids of their own
+ * read single-copy only within one), a member could follow a lead that was not choosing. */
 static bool crowded_choice_here(const kolo__mesh *m, const kolo__group *g)
 {
-    if (g->size < 3 || g->size != m->size || !kolo__coll_shm_crowded(m, g)) return false;
-    for (int i = 0; i < g->size; i++) {
-        int w = kolo__g2w(g, i);
-        if (w != m->rank && (g->rank == 0 || i == 0) && !kolo__shm_sends_single(m->conns[w])) return false;
-    }
-    return true;
+    unsigned want = KOLO_HOST_SHM | KOLO_HOST_CROWDED | KOLO_HOST_SINGLE;
+    return g->size >= 3 && g->size == m->size && (kolo__coll_group_flags(m, g) & want) == want;
 }
 
 /* The verdict of the nearest smaller class of the same kind that has timed both ways, or -1; *clear:
