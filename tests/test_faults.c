@@ -503,8 +503,12 @@ static void strangers(int rank, void *arg)
          * loops (they only accept from rank 2, so the address in it is never used). The last to
          * count itself in joins the records (mesh.c, publish_and_learn); that may be this, so
          * the joined records are set here too. kolo_init publishes the real one later and
-         * counts itself in once more, too late to change what ranks 0 and 1 read. */
-        const char placeholder[] = "127.0.0.1 1 1 placeholder 0 0 placeholder";
+         * counts itself in once more, too late to change what ranks 0 and 1 read. The
+         * placeholder names this process (pid and host key), as kolo_init finds its own rank's
+         * record in the joined ones and refuses one of another process. */
+        char placeholder[256], hostkey[96];
+        kolo__host_key(hostkey, sizeof(hostkey));
+        snprintf(placeholder, sizeof(placeholder), "127.0.0.1 1 %d %s 0 0 placeholder", (int)getpid(), hostkey);
         char recs[3][256], all[800];
         for (int r = 0; r < 2; r++) {
             snprintf(key, sizeof(key), "%s/1/peer/%d", job, r);

@@ -161,6 +161,43 @@ def test_a_child_forked_after_init_stays_out_of_the_job(tmp_path):
     assert "was forked from pid" in out and "a forked child runs no collective" in out, out
 
 
+def test_a_spawned_child_that_calls_init_is_told_at_once(tmp_path):
+    # multiprocessing's spawn start method re-runs the main module: an init() outside
+    # `if __name__ == "__main__":` joined the job as a second copy of the rank and failed after
+    # KOLO_START_TIMEOUT, blaming a firewall. Now it fails at once, naming the rank's process;
+    # the parent's job goes on.
+    rc, out, dt = run_job(tmp_path, 2, """
+        import multiprocessing as mp, sys, time, numpy as np, kolo
+        try:
+            kolo.init()          # also in the spawned child, which imports this as __mp_main__
+        except ValueError as e:
+            if __name__ == "__main__":
+                raise
+            print("CHILD_SAID", e, flush=True)
+            sys.exit(0)
+
+        def work():
+            pass
+
+        if __name__ == "__main__":
+            p = mp.get_context("spawn").Process(target=work)
+            t = time.time()
+            p.start()
+            p.join()
+            print("CHILD_ENDED", p.exitcode, round(time.time() - t, 1), flush=True)
+            y = kolo.allreduce(np.ones(4, np.float32), op=kolo.Sum)
+            print("PARENT_GOES_ON", y.tolist(), flush=True)
+    """, env={"KOLO_START_TIMEOUT": "30"}, timeout=90)
+    assert rc == 0, out
+    assert out.count("PARENT_GOES_ON [2.0, 2.0, 2.0, 2.0]") == 2, out
+    said = re.findall(r"CHILD_SAID (.*)", out)
+    assert len(said) == 2, out
+    for text in said:
+        assert "of this job is already process" in text and "has the same rank variables" in text, out
+    ended = re.findall(r"CHILD_ENDED (\S+) ([\d.]+)", out)
+    assert len(ended) == 2 and all(code == "0" and float(secs) < 20 for code, secs in ended), out  # not after 30 s
+
+
 def run_driver(tmp_path, script, timeout=120):
     """A plain Python process (not under kolorun) that starts its own job, as kolo.run does."""
     path = tmp_path / "driver.py"

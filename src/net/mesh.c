@@ -274,7 +274,7 @@ static socklen_t sockaddr_of(const char *addr, int port, struct sockaddr_storage
 static char test_host[16];
 void kolo__mesh_test_host(const char *name) { snprintf(test_host, sizeof(test_host), "%s", name ? name : ""); }
 
-static void host_key(char *out, size_t cap)
+void kolo__host_key(char *out, size_t cap)
 {
     char boot[64] = "noboot", ns[64] = "nons";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
@@ -969,6 +969,25 @@ static int join_records(kolo__store *store, const kolo__world_info *wi, int epoc
     return st;
 }
 
+/* Whether the job's record of this rank (`rec`, from the joined records) is this process's own
+ * (`me`): another process with the same rank variables published it first. A process the rank
+ * starts inherits them: Python's multiprocessing with the spawn start method re-runs the main
+ * module, whose kolo.init() (outside `if __name__ == "__main__":`) joined the job as a second
+ * rank 0, failed to reach the peers' listeners (closed after start-up) and said, after
+ * KOLO_START_TIMEOUT, "could not connect to rank(s) 1: ... a firewall, a wrong KOLO_IFACE, or
+ * those ranks died". Pid and host key, not the address: the same process publishing again (a
+ * retried start-up) stays itself. */
+static int not_taken(const kolo__peer_info *me, const kolo__peer_info *rec, int rank)
+{
+    if (rec->pid == me->pid && strcmp(rec->hostkey, me->hostkey) == 0) return KOLO_OK;
+    return kolo__err(KOLO_ERR_STARTUP,
+                     "rank %d of this job is already process %d on %s, and this process (pid %d) has the same rank "
+                     "variables: a process that a rank starts inherits them (Python's multiprocessing with the spawn "
+                     "start method runs the main module again: call init() under `if __name__ == \"__main__\":`); "
+                     "only the rank itself may call kolo_init",
+                     rank, rec->pid, rec->hostname, me->pid);
+}
+
 /* Waits for every rank's record until KOLO_START_TIMEOUT after the last rank arrived (the count
  * in the store is read while it waits, at most every second): ranks that start one by one, over ssh to
  * many hosts or as a cluster manager grants them, may take longer than that in all. */
@@ -979,7 +998,7 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
     snprintf(me->addr, sizeof(me->addr), "%s", addr);
     me->port = port;
     me->pid = (int)getpid();
-    host_key(me->hostkey, sizeof(me->hostkey));
+    kolo__host_key(me->hostkey, sizeof(me->hostkey));
     me->cores = cores_key();
     me->pidns = pid_ns();
     const char *hn = kolo__setting_str(KOLO_SET_HOSTNAME);
@@ -1074,11 +1093,12 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
         memcpy(text, at, tl);
         text[tl] = '\0';
         at += tl + 1;
-        if (r == wi->rank) continue;
-        kolo__peer_info *p = &b->peers[r];
+        kolo__peer_info other, *p = r == wi->rank ? &other : &b->peers[r];
         if (sscanf(text, "%63s %d %d %95s %" SCNx64 " %" SCNx64 " %127s", p->addr, &p->port, &p->pid, p->hostkey,
                    &p->cores, &p->pidns, p->hostname) != 7)
             st = kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a malformed address record '%s'", r, text);
+        else if (p == &other)
+            st = not_taken(b->peers + r, &other, r);
     }
     kolo__free(v);
     return st;

@@ -356,6 +356,8 @@ int kolo__conn_fail(kolo__conn *c, int status);
  * challenge-response, and picks shm or tcp per peer. On success meshes[c] are set and
  * *peers (array of size) and per-rank host info are filled in. */
 struct kolo__store;
+/* This process's host key (kolo__peer_info.hostkey): boot id and network namespace. */
+void kolo__host_key(char *out, size_t cap);
 /* The cores this host's ranks share: the ones this process may run on, or all online ones when
  * it was bound to a single core (a launcher that binds ranks has already given each its own). */
 long kolo__host_cpus(void);
