@@ -223,18 +223,18 @@ test-tensorflow: all
 
 # The Python suites under PyTorch 2.x from PyPI instead of Debian's 1.13 (not part of `make test`):
 # a virtual environment outside the tree (TORCH2_VENV, default ../venv-torch2) gets TORCH2_SPEC,
-# numpy and pytest on first use. PyPI's Linux torch wheel pulls the CUDA libraries: about 5 GB
+# numpy, pytest and cloudpickle (kolo.run's) on first use. PyPI's Linux torch wheel pulls the CUDA libraries: about 5 GB
 # downloaded and installed. TORCH2_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 # takes the CPU-only wheel instead (a few hundred MB) where that index is reachable.
 TORCH2_VENV ?= $(abspath $(CURDIR)/..)/venv-torch2
 TORCH2_SPEC ?= torch>=2,<3
 TORCH2_PIP_ARGS ?=
 test-python-torch2:
-	@if ! "$(TORCH2_VENV)/bin/python" -c "import numpy, pytest, torch" 2>/dev/null; then \
-	  echo "test-python-torch2: installing $(TORCH2_SPEC), numpy and pytest into $(TORCH2_VENV) (GBs from PyPI)"; \
+	@if ! "$(TORCH2_VENV)/bin/python" -c "import cloudpickle, numpy, pytest, torch" 2>/dev/null; then \
+	  echo "test-python-torch2: installing $(TORCH2_SPEC), numpy, pytest and cloudpickle into $(TORCH2_VENV) (GBs from PyPI)"; \
 	  { [ -x "$(TORCH2_VENV)/bin/python" ] || /usr/bin/python3 -m venv "$(TORCH2_VENV)"; } && \
 	  "$(TORCH2_VENV)/bin/pip" install --quiet $(TORCH2_PIP_ARGS) "$(TORCH2_SPEC)" && \
-	  "$(TORCH2_VENV)/bin/pip" install --quiet numpy pytest || exit 1; \
+	  "$(TORCH2_VENV)/bin/pip" install --quiet numpy pytest cloudpickle || exit 1; \
 	fi
 	KOLO_TEST_PYTHON="$(TORCH2_VENV)/bin/python" sh scripts/test-python.sh
 
