@@ -994,6 +994,7 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     const char *salloc[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
                             "private", "sh", "-c", mount, "sh", kolorun_path(), "-p", port_opt, "-i", c.key, "--ssh",
                             c.ssh, "--start-timeout", "20", kt_self(), "--worker", "mh_job", NULL};
+    slurm_idle(&c);
     run_mh_job(&c, &p, salloc);
     KT_CONTAINS(p.ebuf, "kolorun: hosts from the Slurm allocation (SLURM_JOB_NODELIST=nodea,nodeb, "
                         "SLURM_TASKS_PER_NODE=2(x2)): nodea:2,nodeb:2 (-H overrides)\n");
@@ -1004,6 +1005,7 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     const char *steps[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
                            "private", "sh", "-c", mount, "sh", kolorun_path(), "--start-timeout", "20", kt_self(),
                            "--worker", "mh_job", NULL};
+    slurm_idle(&c);
     run_mh_job(&c, &p, steps);
     KT_CONTAINS(p.ebuf, "nodea:2,nodeb:2 (-H overrides); remote workers start with srun, a step each "
                         "(--launcher ssh for ssh)\n");
