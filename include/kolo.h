@@ -136,10 +136,10 @@ KOLO_EXTERN const char *kolo_build_info(void);
  * After kolo_shutdown() it may be called again to join a new job.
  * Call it from one thread; not concurrently with any other kolo call.
  * A child forked after kolo_init() (a data loader's worker) is not a rank:
- * kolo_rank() and the other queries answer as in its parent, while
- * collectives, waits on requests and kolo_init() fail there at once with
- * KOLO_ERR_NOT_INITIALIZED, saying so, and its kolo_shutdown() leaves the
- * parent's job alone. */
+ * kolo_rank() and the other queries answer as in its parent (kolo_init()
+ * too returns KOLO_OK there), while collectives and waits on requests fail
+ * at once with KOLO_ERR_NOT_INITIALIZED, saying so; its kolo_shutdown()
+ * leaves the parent's job alone, and kolo_init() after it fails. */
 KOLO_EXTERN int kolo_init(void);
 
 /* Leaves the job: stops the engine (its pending requests complete with

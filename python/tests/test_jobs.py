@@ -143,6 +143,7 @@ def test_a_child_forked_after_init_stays_out_of_the_job(tmp_path):
             assert batch[:, 0].eq(hvd.rank()).all() and batch[:, 1].eq(2).all(), batch
         pid = os.fork()
         if pid == 0:
+            hvd.init()                       # a no-op, as in the parent: code that calls it defensively
             try:
                 hvd.allreduce(torch.ones(3), name="from_the_child")
                 print("CHILD_RAN_A_COLLECTIVE", flush=True)

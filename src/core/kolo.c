@@ -573,9 +573,9 @@ int kolo__forked_refuse(const char *fn)
 
 int kolo_init(void)
 {
-    int forked = kolo__forked_refuse("kolo_init");
+    if (W.initialized) return KOLO_OK; /* a forked child's copy too: code that calls init defensively */
+    int forked = kolo__forked_refuse("kolo_init"); /* after its kolo_shutdown: not a second copy of the rank */
     if (forked) return forked;
-    if (W.initialized) return KOLO_OK;
     static pthread_once_t forks_once = PTHREAD_ONCE_INIT;
     pthread_once(&forks_once, watch_forks);
     kolo__err_clear();
