@@ -118,14 +118,13 @@ static int hs_mac(uint8_t out[KOLO_MAC_LEN], const void *key, size_t keylen, con
     return kolo__hmac(out, key, keylen, label, msg, sizeof(msg));
 }
 
-/* "host:port", bracketing IPv6 literals. */
-static void fmt_hostport(char *out, size_t cap, const char *host, int port)
+void kolo__fmt_hostport(char *out, size_t cap, const char *host, int port)
 {
     if (strchr(host, ':')) snprintf(out, cap, "[%s]:%d", host, port);
     else snprintf(out, cap, "%s:%d", host, port);
 }
 
-static void fmt_sockaddr(char *out, size_t cap, const struct sockaddr *sa, socklen_t len)
+void kolo__fmt_sockaddr(char *out, size_t cap, const struct sockaddr *sa, socklen_t len)
 {
     char h[64], p[NI_MAXSERV]; /* numeric: INET6_ADDRSTRLEN plus a scope id */
     if (getnameinfo(sa, len, h, sizeof(h), p, sizeof(p), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
@@ -134,7 +133,7 @@ static void fmt_sockaddr(char *out, size_t cap, const struct sockaddr *sa, sockl
     }
     const char *host = h;
     if (strncmp(host, "::ffff:", 7) == 0 && strchr(host + 7, '.')) host += 7; /* v4-mapped */
-    fmt_hostport(out, cap, host, atoi(p));
+    kolo__fmt_hostport(out, cap, host, atoi(p));
 }
 
 /* ======================================================================== server */
@@ -516,7 +515,7 @@ static void on_readable(kolo__store_server *s, conn *c)
 static int add_conn(kolo__store_server *s, int fd, const struct sockaddr *sa, socklen_t salen)
 {
     char peer[80];
-    fmt_sockaddr(peer, sizeof(peer), sa, salen);
+    kolo__fmt_sockaddr(peer, sizeof(peer), sa, salen);
     if (s->nconns >= MAX_CONNS) {
         KOLO_WARN("store: refusing connection from %s: %d connections already open", peer, MAX_CONNS);
         return -1;
@@ -781,7 +780,7 @@ static int bind_server(kolo__store_server *s, const char *host, int port)
         s->lfd = fd;
         return KOLO_OK;
     }
-    fmt_hostport(where, sizeof(where), host, port);
+    kolo__fmt_hostport(where, sizeof(where), host, port);
     char ps[16];
     snprintf(ps, sizeof(ps), "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -1086,7 +1085,7 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
     if (!c) return kolo__err(KOLO_ERR_NO_MEMORY, "store connect: out of memory");
     c->fd = -1;
     c->io_timeout = KOLO_MAX(timeout_s, 10.0);
-    fmt_hostport(c->where, sizeof(c->where), host, port);
+    kolo__fmt_hostport(c->where, sizeof(c->where), host, port);
 
     uint64_t deadline = deadline_after(timeout_s);
     uint64_t sleep_us = 1000;

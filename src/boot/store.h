@@ -4,6 +4,14 @@
 
 #include "../common/common.h"
 
+#include <sys/socket.h>
+
+/* ---- Addresses, as every message of the store's and the mesh's prints them ----
+ * "host:port", an IPv6 literal bracketed; and a socket address so (numeric, a v4-mapped IPv6
+ * address as IPv4, "(unknown address)" where it cannot be read). */
+void kolo__fmt_hostport(char *out, size_t cap, const char *host, int port);
+void kolo__fmt_sockaddr(char *out, size_t cap, const struct sockaddr *sa, socklen_t len);
+
 /* ---- Server ----
  * Runs on its own thread; serves any number of clients until stopped.
  * Every connection must first pass the challenge-response with the job secret;

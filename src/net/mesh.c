@@ -687,7 +687,7 @@ static int start_connect(build *b, hs *h)
     h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0) return kolo__err_sys(errno, "socket()");
     kolo__tcp_congestion_early(h->fd, on_this_machine(b, h->peer));
-    snprintf(h->from, sizeof(h->from), sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", p->addr, p->port);
+    kolo__fmt_hostport(h->from, sizeof(h->from), p->addr, p->port);
     if (connect(h->fd, (struct sockaddr *)&sa, sl) != 0 && errno != EINPROGRESS) {
         int e = errno;
         close(h->fd);
@@ -750,7 +750,7 @@ static int on_connected(build *b, hs *h)
     return hs_watch(b, h, EPOLL_CTL_MOD);
 }
 
-static int on_accept(build *b, int fd, const struct sockaddr_storage *sa)
+static int on_accept(build *b, int fd, const struct sockaddr_storage *sa, socklen_t sl)
 {
     hs *h = hs_new(b);
     if (!h) {
@@ -764,16 +764,7 @@ static int on_accept(build *b, int fd, const struct sockaddr_storage *sa)
     h->need = HELLO_C_LEN;
     h->deadline = kolo__now_ns() + b->greet_ns;
     due_at(b, h->deadline + 1);
-    char ip[INET6_ADDRSTRLEN] = "?";
-    const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
-    const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
-    if (sa->ss_family == AF_INET6) {
-        inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof(ip));
-        snprintf(h->from, sizeof(h->from), "[%s]:%d", ip, ntohs(a6->sin6_port));
-    } else {
-        inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof(ip));
-        snprintf(h->from, sizeof(h->from), "%s:%d", ip, ntohs(a4->sin_port));
-    }
+    kolo__fmt_sockaddr(h->from, sizeof(h->from), (const struct sockaddr *)sa, sl);
     int st = hs_watch(b, h, EPOLL_CTL_ADD);
     if (st != KOLO_OK) {
         close(fd);
@@ -917,7 +908,7 @@ static int run_handshakes(build *b, int lfd)
                     socklen_t sl = sizeof(sa);
                     int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
                     if (fd < 0) break;
-                    if ((st = on_accept(b, fd, &sa)) != KOLO_OK) goto out;
+                    if ((st = on_accept(b, fd, &sa, sl)) != KOLO_OK) goto out;
                 }
                 continue;
             }
