@@ -1167,6 +1167,66 @@ KT_TEST(ranks_in_pid_namespaces_of_their_own, 60) { pid_ns_job(3, 1); }
  * for a collective must still agree with the others') */
 KT_TEST(two_ranks_in_each_of_two_pid_namespaces, 60) { pid_ns_job(4, 2); }
 
+/* Rank 1 of two on one host cannot open rank 0's shared memory segment: it runs as another user
+ * (containers with the host's IPC and users of their own: a segment is its maker's alone, mode
+ * 0600), or it has a /dev/shm of its own (containers with the host's network and IPC of their
+ * own). The pair talks TCP, exact, and rank 1 says what would share memory. */
+enum { OTHER_USER, OTHER_DEV_SHM };
+
+static void unreachable_shm_rank(int rank, void *arg)
+{
+    stderr_to_file(rank);
+    if (rank == 1 && *(int *)arg == OTHER_USER)
+        KT_ASSERT(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
+    if (rank == 1 && *(int *)arg == OTHER_DEV_SHM)
+        KT_ASSERT(unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+                  mount("kt-shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777") == 0);
+    KT_OK(kolo_init());
+    const char *t = kolo_peer_transport(1 - rank);
+    size_t bad = three_collectives((size_t)1 << 16);
+    fprintf(stderr, "unreachable shm: rank %d to rank %d by %s, %zu wrong\n", rank, 1 - rank, t ? t : "?", bad);
+    fflush(stderr);
+    kolo_shutdown();
+    KT_EQ(bad, 0);
+}
+
+static void unreachable_shm_job(int how, const char *told, const char *not_told)
+{
+    if (geteuid() != 0) {
+        printf("  skip: only root can run a rank as another user or mount a /dev/shm\n");
+        return;
+    }
+    snprintf(shm_test_dir, sizeof(shm_test_dir), "/tmp/kt-unreach-XXXXXX");
+    KT_ASSERT(mkdtemp(shm_test_dir) != NULL);
+    int status[2];
+    int failed = kt_job(2, unreachable_shm_rank, &how, NULL, status);
+    char err[2][SHM_ERR_CAP];
+    for (int r = 0; r < 2; r++) rank_err(r, err[r], SHM_ERR_CAP);
+    rmdir(shm_test_dir);
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(failed == 0 && strstr(err[r], "by tcp, 0 wrong"), "rank %d (of %d failed ranks): its stderr:\n%s",
+                   r, failed, err[r]);
+    KT_CONTAINS(err[1], "rank 0 offered shared memory but it is not reachable here (shm_open(/kolo-");
+    KT_CONTAINS(err[1], told);
+    KT_ASSERTF(!strstr(err[1], not_told), "rank 1 said '%s':\n%s", not_told, err[1]);
+}
+
+KT_TEST(ranks_of_two_users_on_one_host, 30)
+{
+    unreachable_shm_job(OTHER_USER,
+                        "Permission denied); using TCP. Its segment belongs to uid 0 and this rank runs as uid "
+                        "65534: ranks on one host share memory only where they run as one user",
+                        "ipc=host");
+}
+
+KT_TEST(ranks_with_a_dev_shm_of_their_own, 30)
+{
+    unreachable_shm_job(OTHER_DEV_SHM,
+                        "No such file or directory); using TCP. Ranks on one host share memory only where they see "
+                        "the same /dev/shm: containers need the host's IPC (docker run --ipc=host",
+                        "uid");
+}
+
 /* ---- arguments ---- */
 
 static void bad_args(int rank, void *arg)

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -583,6 +584,19 @@ static int on_result(build *b, hs *h)
 static int test_fail_shm_from = -1;
 void kolo__mesh_test_fail_shm_from(int peer) { test_fail_shm_from = peer; }
 
+/* Whether the shared memory segment `name` (seen in this rank's /dev/shm) belongs to another
+ * user: it is made mode 0600, so ranks of one host run as different users (containers with the
+ * host's IPC and users of their own, a pod's runAsUser) cannot open each other's. */
+static bool other_users_segment(const char *name, uid_t *owner)
+{
+    char path[SHM_NAME_LEN + 16];
+    struct stat st;
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    if (stat(path, &st) != 0 || st.st_uid == geteuid()) return false;
+    *owner = st.st_uid;
+    return true;
+}
+
 static int on_hello_a(build *b, hs *h)
 {
     const kolo__world_info *wi = b->wi;
@@ -645,12 +659,20 @@ static int on_ack(build *b, hs *h)
     } else if (offer == 1) {
         shm_ok = kolo__shm_open(c, name, b->populate) == KOLO_OK;
         /* the same boot and network, another /dev/shm: containers on one host with the host's
-         * network and IPC of their own (Docker's --network=host, a pod's hostNetwork), whose
-         * pairs run at TCP's speed (half the shared rings' bus bandwidth here) */
-        if (!shm_ok && h->channel == 0 && b->shm_failed++ == 0)
-            KOLO_WARN("rank %d offered shared memory but it is not reachable here (%s); using TCP. Ranks on one host "
-                      "share memory only where they see the same /dev/shm: containers need the host's IPC "
-                      "(docker run --ipc=host, a Kubernetes pod's hostIPC)", h->peer, kolo__errmsg());
+         * network and IPC of their own (Docker's --network=host, a pod's hostNetwork), or one
+         * /dev/shm and two users; such pairs run at TCP's speed (half the shared rings' bus
+         * bandwidth here), so the first says what would share memory */
+        uid_t owner;
+        if (!shm_ok && h->channel == 0 && b->shm_failed++ == 0) {
+            if (other_users_segment(name, &owner))
+                KOLO_WARN("rank %d offered shared memory but it is not reachable here (%s); using TCP. Its segment "
+                          "belongs to uid %u and this rank runs as uid %u: ranks on one host share memory only "
+                          "where they run as one user", h->peer, kolo__errmsg(), (unsigned)owner, (unsigned)geteuid());
+            else
+                KOLO_WARN("rank %d offered shared memory but it is not reachable here (%s); using TCP. Ranks on one "
+                          "host share memory only where they see the same /dev/shm: containers need the host's IPC "
+                          "(docker run --ipc=host, a Kubernetes pod's hostIPC)", h->peer, kolo__errmsg());
+        }
         else if (!shm_ok)
             KOLO_INFO("rank %d offered shared memory but it is not reachable here (%s); using TCP", h->peer, kolo__errmsg());
         cma_c = shm_ok && cma_probe_peer(b, h, addr, val); /* as cma_a */
