@@ -76,6 +76,8 @@ $(O)/obj/tools/%.o: tools/%.c include/kolo.h $(wildcard src/*/*.h) $(wildcard to
 $(SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libkolo.so.0 $(SANFLAGS) -o $@ $^ $(LDLIBS)
+	@# the soname beside it: a program linked against the build tree (-Lbuild/lib -lkolo) runs from it
+	ln -sf libkolo.so $(dir $@)libkolo.so.0
 
 $(AR_): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
