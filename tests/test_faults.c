@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1225,6 +1226,62 @@ KT_TEST(ranks_with_a_dev_shm_of_their_own, 30)
                         "No such file or directory); using TCP. Ranks on one host share memory only where they see "
                         "the same /dev/shm: containers need the host's IPC (docker run --ipc=host",
                         "uid");
+}
+
+/* ---- signals ----
+ * Programs take signals kolo does not expect: profilers' SIGPROF timers (gperftools, perf's
+ * user-space samplers), SIGALRM watchdogs, Python's handlers. Installed without SA_RESTART,
+ * every blocking call kolo makes (poll, epoll_wait, futex waits, connect, accept, read, write,
+ * sleeps) returns EINTR while one arrives. Each rank here takes one every 50 us of CPU time and
+ * every 50 us of wall time, from before kolo_init to its end. */
+static volatile sig_atomic_t storm_hits;
+static void storm_handler(int sig)
+{
+    (void)sig;
+    storm_hits++;
+}
+
+static void storm_rank(int rank, void *arg)
+{
+    (void)arg;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = storm_handler; /* no SA_RESTART */
+    KT_ASSERT(sigaction(SIGPROF, &sa, NULL) == 0 && sigaction(SIGALRM, &sa, NULL) == 0);
+    struct itimerval every = {{0, 50}, {0, 50}};
+    KT_ASSERT(setitimer(ITIMER_PROF, &every, NULL) == 0 && setitimer(ITIMER_REAL, &every, NULL) == 0);
+    KT_OK(kolo_init());
+    /* the small messages' path, the rings' pieces, and single-copy sizes */
+    size_t bad = three_collectives(1) + three_collectives(1000) + three_collectives((size_t)1 << 16) +
+                 three_collectives((size_t)1 << 20);
+    KT_EQ(bad, 0);
+    float v = (float)(rank + 1), sum = 0;
+    kolo_shape_t one = {1, {1}};
+    kolo_request_t *req;
+    KT_OK(kolo_iallreduce("storm", &v, &sum, KOLO_FLOAT32, &one, KOLO_SUM, 1, 1, NULL, &req));
+    KT_OK(kolo_request_wait(req, -1));
+    kolo_request_release(req);
+    int n = kolo_size();
+    KT_ASSERT(sum == (float)(n * (n + 1) / 2));
+    /* the others wait for rank 0 in a barrier, asleep */
+    if (rank == 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += 1;
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+        }
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_ASSERTF(storm_hits > 100, "only %d signals", (int)storm_hits);
+}
+
+KT_TEST(collectives_through_a_storm_of_signals, 120)
+{
+    KT_EQ(kt_job(3, storm_rank, NULL, NULL, NULL), 0);
+    kt_job_opts cma = {.env = {"KOLO_SHM_CMA=1", NULL}};
+    KT_EQ(kt_job(2, storm_rank, NULL, &cma, NULL), 0);
+    kt_job_opts tcp = {.tcp_only = 1};
+    KT_EQ(kt_job(2, storm_rank, NULL, &tcp, NULL), 0);
 }
 
 /* ---- arguments ---- */

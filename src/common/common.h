@@ -126,11 +126,15 @@ static inline uint64_t kolo__fnv1a(const void *p, size_t n)
     for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
     return h;
 }
-/* Sleeps ns nanoseconds (none for 0), through signals. */
+/* Sleeps ns nanoseconds (none for 0), through signals: to a deadline, since nanosleep's
+ * remaining time includes the timer slack (50 us), so a loop that restarts it with what it
+ * returns never ends under signals more frequent than that (a profiler's SIGPROF timer). */
 static inline void kolo__sleep_ns(uint64_t ns)
 {
-    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-    while (ns && nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    if (!ns) return;
+    uint64_t end = kolo__now_ns() + ns;
+    struct timespec until = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {}
 }
 /* Wall clock in microseconds since the epoch (for timestamps that cross processes). */
 uint64_t kolo__wall_us(void);
