@@ -748,6 +748,30 @@ KT_TEST(kolorun_sigterm_ignoring_worker_is_killed_after_grace, 15)
     assert_no_descendants(3);
 }
 
+/* A worker's process in a session of its own (setsid, a daemon, a server started with
+ * start_new_session) escapes the signals kolorun sends the worker's group: kolorun, the
+ * subreaper of whatever its workers start, ends it with the job, failed or not, and says so. */
+KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 30)
+{
+    subreaper();
+    const char *done = "setsid sleep 60 & setsid sh -c 'trap \"\" TERM; sleep 60' & sleep 0.3; echo started";
+    const char *args[] = {"-np", "2", "--grace-seconds", "1", "sh", "-c", done, NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 20), 0);
+    KT_CONTAINS(p.ebuf, "kolorun: the workers left 4 processes running in a session or group of their own: ");
+    KT_CONTAINS(p.ebuf, "sleep (pid ");
+    KT_CONTAINS(p.ebuf, "killed (SIGTERM, then SIGKILL after the grace period), as the job is over");
+    assert_no_descendants(3);
+
+    const char *failed = "setsid sleep 60 & sleep 0.3; if [ $KOLO_RANK = 1 ]; then exit 3; fi; sleep 60";
+    const char *args2[] = {"-np", "2", "sh", "-c", failed, NULL};
+    KT_EQ(run(&p, args2, 20), 3);
+    KT_CONTAINS(p.ebuf, "kolorun: the workers left 2 processes running in a session or group of their own: sleep "
+                        "(pid ");
+    KT_CONTAINS(p.ebuf, "; terminated, as the job is over");
+    assert_no_descendants(3);
+}
+
 KT_TEST(kolorun_forwards_sigterm_to_workers, 15)
 {
     subreaper();

@@ -313,16 +313,9 @@ int main(int argc, char **argv)
 
 out_guard:
     kr_guard_done(guard_fd);
-    /* reap what kill(-group) left as zombies of ours (subreaper) */
-    for (int tries = 0; tries < 100; tries++) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p < 0) break;
-        if (p == 0) {
-            struct timespec ts = {0, 10 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-    }
+    /* reap what kill(-group) left as zombies of ours (subreaper), and end what the workers left
+     * running in sessions of their own */
+    kr_end_leftovers(o.grace);
     close(sigfd);
 out_free:
     free_ranks(job.ranks, job.cap);

@@ -11,13 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define GROUP_WAITS_MAX 16 /* processes of a group kr_group_waits looks at */
 
 /* Reads /proc/PID/stat: state, process group and CPU ticks (user + system, its own and that of
  * the children it reaped). False when the process is gone or the line does not parse. */
-static bool read_stat_at(const char *path, char *state, int *pgrp, long long *ticks)
+static bool read_stat_at(const char *path, char *state, int *ppid_out, int *pgrp, long long *ticks)
 {
     char buf[1024];
     FILE *f = fopen(path, "r");
@@ -35,6 +36,7 @@ static bool read_stat_at(const char *path, char *state, int *pgrp, long long *ti
                      &st, &cut, &cst) != 7)
         return false;
     *ticks = (long long)(ut + st) + cut + cst;
+    if (ppid_out) *ppid_out = ppid;
     return true;
 }
 
@@ -42,7 +44,7 @@ static bool read_stat(long pid, char *state, int *pgrp, long long *ticks)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    return read_stat_at(path, state, pgrp, ticks);
+    return read_stat_at(path, state, NULL, pgrp, ticks);
 }
 
 /* Walks pgid's live processes: the leader (always, first) and the others into out (up to cap),
@@ -91,6 +93,93 @@ long long kr_group_cpu_ticks(pid_t pgid)
 }
 
 /* One thread's "in WCHAN" (sleeping in the kernel function named), or its state spelt out. */
+/* ---- leftovers ----
+ * A worker's process that starts a session or a process group of its own (setsid, a daemon, a
+ * server started with start_new_session) escapes the signals kolorun sends the worker's group.
+ * kolorun is the subreaper of everything its workers start, so such a process becomes kolorun's
+ * child when its parent ends; once the job is over, whatever children kolorun still has are
+ * those, and none may outlive it. */
+
+#define LEFTOVERS_MAX 64
+
+/* The live children of this process, up to cap, into out; returns how many there are. */
+static int live_children(pid_t *out, int cap)
+{
+    int n = 0, me = (int)getpid();
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end, path[64], state;
+        long pid = strtol(e->d_name, &end, 10);
+        int ppid, pgrp;
+        long long t;
+        if (*end || pid <= 0) continue;
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        if (!read_stat_at(path, &state, &ppid, &pgrp, &t) || ppid != me || state == 'Z' || state == 'X') continue;
+        if (n < cap) out[n] = (pid_t)pid;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void signal_leftover(pid_t pid, int sig)
+{
+    if (getpgid(pid) == pid) kill(-pid, sig); /* and its group, which it leads */
+    kill(pid, sig);
+}
+
+static void reap_all(void)
+{
+    int st;
+    while (waitpid(-1, &st, WNOHANG) > 0) {}
+}
+
+void kr_end_leftovers(double grace)
+{
+    pid_t seen[LEFTOVERS_MAX], kids[LEFTOVERS_MAX];
+    int nseen = 0, total = 0;
+    char names[512] = "";
+    size_t len = 0;
+    double t0 = kr_now();
+    bool hard = false;
+    for (;;) {
+        reap_all();
+        int n = live_children(kids, LEFTOVERS_MAX);
+        if (n > LEFTOVERS_MAX) n = LEFTOVERS_MAX;
+        if (n == 0) break;
+        if (!hard && kr_now() - t0 >= grace) hard = true;
+        for (int i = 0; i < n; i++) {
+            bool known = false;
+            for (int k = 0; k < nseen && !known; k++) known = seen[k] == kids[i];
+            if (!known) { /* first met: named in the message, sent SIGTERM */
+                char path[64], comm[32] = "?";
+                snprintf(path, sizeof(path), "/proc/%d/comm", (int)kids[i]);
+                FILE *f = fopen(path, "r");
+                if (f) {
+                    if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
+                    fclose(f);
+                }
+                if (len < sizeof(names) - 1)
+                    len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%s (pid %d)", total ? ", " : "", comm,
+                                            (int)kids[i]);
+                total++;
+                if (nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
+                signal_leftover(kids[i], SIGTERM);
+            }
+            if (hard) signal_leftover(kids[i], SIGKILL);
+        }
+        if (kr_now() - t0 > grace + 5) break; /* SIGKILLed and still there (in an uninterruptible wait) */
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (total)
+        kr_say("the workers left %d process%s running in a session or group of %s own: %s; %s, as the job is over",
+               total, total == 1 ? "" : "es", total == 1 ? "its" : "their", names,
+               hard ? "killed (SIGTERM, then SIGKILL after the grace period)" : "terminated");
+}
+
 static void thread_wait(long pid, const char *tid, char *out, size_t cap)
 {
     char path[320], wchan[64] = "", state = '?';
@@ -104,7 +193,7 @@ static void thread_wait(long pid, const char *tid, char *out, size_t cap)
     snprintf(path, sizeof(path), "/proc/%ld/task/%s/stat", pid, tid);
     int pgrp;
     long long ticks;
-    if (!read_stat_at(path, &state, &pgrp, &ticks)) state = '?';
+    if (!read_stat_at(path, &state, NULL, &pgrp, &ticks)) state = '?';
     if (state == 'R') snprintf(out, cap, "running");
     else if (state == 'T' || state == 't') snprintf(out, cap, "stopped");
     else if (wchan[0] && strcmp(wchan, "0") != 0) snprintf(out, cap, "in %s", wchan);
