@@ -101,6 +101,10 @@ typedef struct kr_stream {
     size_t len;
     int file_fd;              /* --output-filename file, or -1 */
     bool marker_seen;         /* remote stdout: the wrapper's start marker has arrived */
+    /* a partial line that rewrites itself with '\r' (a progress bar) is shown as it comes: */
+    size_t shown;             /* bytes of buf already written to our stdout/stderr */
+    bool begun;               /* the partial line is on our terminal already (its tag too) */
+    bool reprefix;            /* other output closed it there: its next bytes need the tag again */
 } kr_stream;
 
 typedef struct kr_rank {

@@ -13,7 +13,15 @@
  * order: a rank's line joins a twin held after that rank's last held line, or one held before it
  * that can move behind it (none of the twin's ranks has a line held after the twin).
  * kolorun's own messages (kr_say) print whatever is held first; files and failure tails get
- * every rank's lines as written. */
+ * every rank's lines as written.
+ *
+ * Progress bars (tqdm's, download meters) rewrite one line with carriage returns and end it
+ * with a newline only when they finish, minutes later: held whole, such a line showed nothing
+ * until then (the job looked hung) and its first '\r' sent the cursor back over the tag. A
+ * partial line with a '\r' in it is shown as it comes instead, each '\r' going out as '\r'
+ * and the tag, so that every rewrite keeps it; the stream remembers how much it has shown.
+ * Such a line is open on the terminal (the cursor after it): any other output first ends it
+ * with a newline, and its next bytes start with the tag again. Its file gets the raw bytes. */
 #include "kolorun.h"
 
 #include "../../src/common/common.h"
@@ -34,6 +42,17 @@
 extern const char kr_start_marker[];
 
 static bool broken[3]; /* our stdout/stderr gave EPIPE or another error: stop writing there */
+static kr_stream *open_line; /* the stream whose partial line was shown last, the cursor after it */
+static int open_fd;
+
+/* Before other output: ends a progress line left open on our terminal (stream `s` itself may go on). */
+static void close_open_line(const kr_stream *s)
+{
+    if (!open_line || open_line == s) return;
+    if (!broken[open_fd]) broken[open_fd] = !kr_write_all(open_fd, "\n", 1);
+    open_line->reprefix = true;
+    open_line = NULL;
+}
 
 bool kr_write_all(int fd, const void *buf, size_t n)
 {
@@ -111,6 +130,7 @@ static size_t rank_ranges(const held *h, char *out, size_t cap)
 static void held_print(const held *h)
 {
     if (broken[h->fd]) return;
+    close_open_line(NULL);
     size_t cap = strlen(h->ts) + 64 + 12 * (size_t)h->nr + h->len + 2;
     char *out = malloc(cap);
     if (!out) {
@@ -202,6 +222,7 @@ void kr_say(const char *fmt, ...)
     size_t room = sizeof(line) - (size_t)n - 2, len = (size_t)n;
     if (m > 0) len += (size_t)m < room ? (size_t)m : room;
     line[len++] = '\n';
+    close_open_line(NULL);
     if (!broken[2]) broken[2] = !kr_write_all(2, line, len);
 }
 
@@ -303,9 +324,59 @@ static void keep_status(kr_rank *r, const char *line, size_t len)
     r->want_status = false;
 }
 
-static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, size_t len)
+/* The timestamp (--prefix-timestamp) and the tag (--tag-output) a stream's output starts with,
+ * into prefix (96 bytes); *ts_len gets the timestamp's part. */
+static size_t make_prefix(const kr_opts *o, const kr_rank *r, const kr_stream *s, char *prefix, size_t *ts_len)
 {
-    if (!s->is_err && !s->marker_seen && r->host >= 0 && !o->hosts[r->host].local) {
+    size_t pl = 0;
+    if (o->prefix_timestamp) {
+        pl = kolo__wall_time(prefix, 40);
+        prefix[pl++] = ' ';
+    }
+    prefix[pl] = '\0';
+    *ts_len = pl;
+    if (o->tag_output)
+        pl += (size_t)snprintf(prefix + pl, 96 - pl, "[%d]<%s>:", r->rank, s->is_err ? "stderr" : "stdout");
+    return pl;
+}
+
+/* Writes text to fd in one write: the prefix first when `start`, the prefix again after each
+ * '\r' that is not text's last byte (a progress bar's rewrite keeps its tag; a CRLF line's '\r'
+ * gets none), a newline when `end`. */
+static void show(int fd, const char *prefix, size_t pl, const char *text, size_t len, bool start, bool end)
+{
+    size_t crs = 0;
+    for (size_t i = 0; i + 1 < len; i++) crs += text[i] == '\r';
+    char stackbuf[8192];
+    size_t total = (start ? pl : 0) + len + crs * pl + (end ? 1 : 0);
+    char *out = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
+    if (!out) { /* no memory for the joined text: several writes still keep it whole here */
+        broken[fd] = !((!start || kr_write_all(fd, prefix, pl)) && kr_write_all(fd, text, len) &&
+                       (!end || kr_write_all(fd, "\n", 1)));
+        return;
+    }
+    size_t n = 0;
+    if (start && !(len > 1 && text[0] == '\r')) { /* (a leading '\r' brings the prefix itself) */
+        memcpy(out, prefix, pl);
+        n = pl;
+    }
+    for (size_t i = 0; i < len; i++) {
+        out[n++] = text[i];
+        if (text[i] == '\r' && i + 1 < len) {
+            memcpy(out + n, prefix, pl);
+            n += pl;
+        }
+    }
+    if (end) out[n++] = '\n';
+    if (!kr_write_all(fd, out, n)) broken[fd] = true;
+    if (out != stackbuf) free(out);
+}
+
+/* A whole line of stream s (its newline, or the end of the stream, reached), of which the first
+ * `shown` bytes are on our terminal already when s->begun (a progress bar's earlier rewrites). */
+static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, size_t len, size_t shown, bool begun)
+{
+    if (!begun && !s->is_err && !s->marker_seen && r->host >= 0 && !o->hosts[r->host].local) {
         size_t ml = strlen(kr_start_marker);
         if (len >= ml && len < ml + 12 && memcmp(line, kr_start_marker, ml) == 0) { /* and the pid there */
             s->marker_seen = true;
@@ -324,37 +395,54 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
             s->file_fd = -1;
         }
     }
-    if (s->is_err) remember(r, line, len);
+    /* what a terminal shows of the line: its text after the last rewrite */
+    size_t vis = 0;
+    for (size_t i = 0; i + 1 < len; i++)
+        if (line[i] == '\r') vis = i + 1;
+    if (s->is_err) remember(r, line + vis, len - vis);
     if (s->is_err && r->want_status) keep_status(r, line, len);
     int fd = s->is_err ? 2 : 1;
+    bool was_open = open_line == s;
+    if (was_open) open_line = NULL;
+    bool reprefix = s->reprefix;
+    s->reprefix = false;
     if (broken[fd] || !kr_rank_shown(o, r->rank)) return;
 
     char prefix[96];
-    size_t pl = 0;
-    if (o->prefix_timestamp) {
-        pl = kolo__wall_time(prefix, 40);
-        prefix[pl++] = ' ';
-    }
-    if (o->merge_window > 0) {
-        prefix[pl] = '\0';
-        if (hold(o, fd, r->rank, line, len, prefix)) return;
-    }
-    if (o->tag_output)
-        pl += (size_t)snprintf(prefix + pl, sizeof(prefix) - pl, "[%d]<%s>:", r->rank, s->is_err ? "stderr" : "stdout");
-
-    /* one write per line: prefix, line and newline together */
-    char stackbuf[8192];
-    size_t total = pl + len + 1;
-    char *out = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
-    if (!out) { /* no memory for the joined line: three writes still keep the line whole here */
-        broken[fd] = !(kr_write_all(fd, prefix, pl) && kr_write_all(fd, line, len) && kr_write_all(fd, "\n", 1));
+    size_t ts_len, pl = make_prefix(o, r, s, prefix, &ts_len);
+    if (begun) { /* the rest of a progress line; nothing when other output has ended it already */
+        if (shown < len || !reprefix) show(fd, prefix, pl, line + shown, len - shown, reprefix && line[shown] != '\r', true);
         return;
     }
-    memcpy(out, prefix, pl);
-    memcpy(out + pl, line, len);
-    out[pl + len] = '\n';
-    if (!kr_write_all(fd, out, total)) broken[fd] = true;
-    if (out != stackbuf) free(out);
+    if (o->merge_window > 0 && vis == 0) {
+        char ts[96];
+        snprintf(ts, sizeof(ts), "%.*s", (int)ts_len, prefix);
+        if (hold(o, fd, r->rank, line, len, ts)) return;
+    }
+    close_open_line(s);
+    show(fd, prefix, pl, line, len, true, true);
+}
+
+/* Shows what has come of s's partial line, when it is a progress line (it holds a '\r', or its
+ * start is shown already); a last '\r' waits for the next byte (a CRLF's newline, or the rewrite). */
+static void show_partial(const kr_opts *o, kr_rank *r, kr_stream *s)
+{
+    size_t upto = s->len;
+    if (upto && s->buf[upto - 1] == '\r') upto--;
+    if (upto <= s->shown || (!s->begun && !memchr(s->buf + s->shown, '\r', upto - s->shown))) return;
+    int fd = s->is_err ? 2 : 1;
+    if (!broken[fd] && kr_rank_shown(o, r->rank)) {
+        close_open_line(s);
+        char prefix[96];
+        size_t ts_len, pl = make_prefix(o, r, s, prefix, &ts_len);
+        bool start = !s->begun || (s->reprefix && s->buf[s->shown] != '\r');
+        show(fd, prefix, pl, s->buf + s->shown, upto - s->shown, start, false);
+        open_line = s;
+        open_fd = fd;
+    }
+    s->reprefix = false;
+    s->shown = upto;
+    s->begun = true;
 }
 
 bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s)
@@ -374,23 +462,39 @@ bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s)
     size_t start = 0;
     for (size_t i = s->len - (size_t)n; i < s->len; i++) {
         if (s->buf[i] != '\n') continue;
-        emit(o, r, s, s->buf + start, i - start);
+        bool first = start == 0 && s->begun;
+        emit(o, r, s, s->buf + start, i - start, first ? s->shown : 0, first);
+        if (first) s->shown = 0, s->begun = false;
         start = i + 1;
     }
-    if (start == 0 && s->len == KR_LINE_MAX) { /* a line longer than the buffer: send this piece */
-        emit(o, r, s, s->buf, s->len);
-        s->len = 0;
-    } else if (start > 0) {
+    if (start > 0) {
         memmove(s->buf, s->buf + start, s->len - start);
         s->len -= start;
+    }
+    show_partial(o, r, s);
+    if (s->len == KR_LINE_MAX && s->begun && s->shown > 0) {
+        /* a progress line longer than the buffer: what is shown goes to the file, raw, and leaves */
+        if (s->file_fd >= 0 && !kr_write_all(s->file_fd, s->buf, s->shown)) {
+            close(s->file_fd);
+            s->file_fd = -1;
+        }
+        memmove(s->buf, s->buf + s->shown, s->len - s->shown);
+        s->len -= s->shown;
+        s->shown = 0;
+    } else if (s->len == KR_LINE_MAX) { /* a line longer than the buffer: send this piece */
+        emit(o, r, s, s->buf, s->len, s->shown, s->begun);
+        s->len = s->shown = 0;
+        s->begun = false;
     }
     return true;
 }
 
 void kr_output_flush(const kr_opts *o, kr_rank *r, kr_stream *s)
 {
-    if (s->len) emit(o, r, s, s->buf, s->len);
-    s->len = 0;
+    if (s->len) emit(o, r, s, s->buf, s->len, s->shown, s->begun);
+    if (open_line == s) open_line = NULL;
+    s->len = s->shown = 0;
+    s->begun = s->reprefix = false;
     if (s->fd >= 0) close(s->fd);
     s->fd = -1;
     if (s->file_fd >= 0) close(s->file_fd);
