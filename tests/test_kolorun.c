@@ -916,6 +916,24 @@ KT_TEST(kolorun_killed_launcher_stops_remote_workers, 20)
     assert_no_descendants(5);
 }
 
+/* A remote worker's process in a session of its own: kolorun is not its subreaper there, so
+ * the wrapper ends it, by the mark in its environment, and says so on the rank's stderr (here
+ * the fake ssh runs the wrapper under kolorun, whose own sweep must then find nothing left). */
+KT_TEST(kolorun_remote_wrapper_ends_what_the_worker_left, 20)
+{
+    subreaper();
+    char *ssh = make_fake_ssh();
+    const char *args[] = {"-H", "kt-remote-d:1", "--ssh", ssh, "--grace-seconds", "1", "sh", "-c",
+                          "setsid sleep 60 & setsid sh -c 'trap \"\" TERM; sleep 60' & sleep 0.3; echo done", NULL};
+    kproc p;
+    KT_EQ(run(&p, args, 15), 0);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:done\n");
+    KT_CONTAINS(p.ebuf, "[0]<stderr>:kolorun: the worker left processes running in a session or group of their own on ");
+    KT_CONTAINS(p.ebuf, "; terminating them, as the worker is over\n");
+    KT_ASSERTF(!strstr(p.ebuf, "kolorun: the workers left"), "kolorun found leftovers:\n%s", p.ebuf);
+    assert_no_descendants(3);
+}
+
 /* ---- CPU binding ---- */
 
 /* Rank r's CPUs as its worker printed them (Cpus_allowed_list) into got; checks that kolorun

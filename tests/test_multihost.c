@@ -1322,6 +1322,33 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
     cluster_down(&c);
 }
 
+/* What a worker on b leaves running in a session of its own (setsid; one ignoring SIGTERM) ends
+ * with the worker: b's wrapper finds it by the mark in its environment (kolorun, on a, is not
+ * its subreaper there). */
+KT_TEST(multihost_what_a_worker_leaves_on_b_ends_with_it, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2", ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                          "--start-timeout", "20", "--grace-seconds", "1", "sh", "-c",
+                          "setsid sleep 60 & setsid sh -c 'trap \"\" TERM; sleep 60' & sleep 0.3; echo done", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    int rc = kt_proc_finish(&p, 30);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_EQ(kt_count(p.obuf, "<stdout>:done\n"), 2);
+    KT_EQ(kt_count(p.ebuf, "<stderr>:kolorun: the worker left processes running in a session or group of their own on "),
+          2);
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* --timeout --get-stack-traces across hosts: rank 1 on b, asleep, never joins rank 0's allreduce
  * on a; at the timeout kolorun has both print their kolo status (b's asked over a short ssh),
  * names rank 1 as the one the job waits for, prints both ranks' stacks, b's over a second ssh,

@@ -20,6 +20,8 @@
  * only reaches each worker's first process, not the shell's children. */
 #include "kolorun.h"
 
+#include "../../src/boot/auth.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -124,7 +126,13 @@ void kr_guard_done(int guard_fd)
  * half second until it is gone, SIGKILL it when the grace period is over. The wrapper kills
  * the watcher once the command has ended, and exits with the command's status (128+N when
  * a signal killed it: sh cannot re-raise it across ssh). The start marker carries the
- * command's pid there (its process group's, by setsid), for --get-stack-traces (stacks.c). */
+ * command's pid there (its process group's, by setsid), for --get-stack-traces (stacks.c).
+ * Before it exits, the wrapper ends what the command left running in sessions or groups of its
+ * own (setsid, daemons), which no signal to the command's group reaches and kolorun, not their
+ * subreaper there, cannot see: every process whose environment holds this worker's
+ * KOLORUN_MARK (a random value kolorun sets per remote worker; the wrapper's own, and those of
+ * its finished pipeline, excepted), SIGTERM, then SIGKILL after the grace period. It needs
+ * GNU grep's -z; without it nothing is swept. */
 static const char remote_wrapper[] =
     "g=$1; shift\n"
     "exec 3<&0\n"
@@ -141,6 +149,15 @@ static const char remote_wrapper[] =
     "printf '\\001kolorun-remote-started\\001%s\\n' \"$c\"\n"
     "while :; do wait $c; s=$?; kill -0 $c 2>/dev/null || break; done\n"
     "kill -KILL -$w $w 2>/dev/null\n"
+    "n=0; t=\n"
+    "while :; do m=$(grep -lzx \"KOLORUN_MARK=$KOLORUN_MARK\" /proc/[0-9]*/environ 2>/dev/null)\n"
+    "  l=; for f in $m; do p=${f#/proc/}; p=${p%/environ}; [ \"$p\" != $$ ] && kill -0 \"$p\" 2>/dev/null && l=\"$l $p\"; done\n"
+    "  [ -z \"$l\" ] && break\n"
+    "  [ -z \"$t\" ] && { t=1; echo \"kolorun: the worker left processes running in a session or group of their own on "
+    "$(uname -n): pids$l; terminating them, as the worker is over\" >&2; }\n"
+    "  if [ $n -ge $g ]; then kill -KILL $l 2>/dev/null; else kill -TERM $l 2>/dev/null; fi\n"
+    "  [ $n -gt $((g + 4)) ] && break; sleep 0.5; n=$((n+1))\n"
+    "done\n"
     "exit $s\n";
 
 typedef struct {
@@ -267,6 +284,8 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
          cat(&cmd, &len, " on $(hostname); running in $HOME\" >&2; cd; }; exec env");
     free(qcwd);
     for (char **e = env; ok && e && *e; e++) ok = cat_quoted(&cmd, &len, *e);
+    char mark[80] = "KOLORUN_MARK=";
+    ok = ok && kolo__secret_make(mark + 13, sizeof(mark) - 13) == 0 && cat_quoted(&cmd, &len, mark);
     ok = ok && cat(&cmd, &len, " /bin/sh -c") && cat_quoted(&cmd, &len, remote_wrapper) &&
          cat(&cmd, &len, " kolorun-wrap") && cat_quoted(&cmd, &len, grace);
     for (int i = 0; ok && i < o->ncmd; i++) ok = cat_quoted(&cmd, &len, o->cmd[i]);
