@@ -900,6 +900,23 @@ KT_TEST(kolorun_remote_ssh_failure_and_start_timeout, 20)
     assert_no_descendants(3);
 }
 
+/* A SIGKILLed kolorun cannot end what its workers started in sessions of their own: its guard
+ * finds those by the job id in their environment. */
+KT_TEST(kolorun_killed_launcher_takes_what_workers_left_along, 15)
+{
+    subreaper();
+    const char *script = "setsid sleep 30 & setsid sh -c 'trap \"\" TERM; sleep 30' & sleep 0.3; echo \"pid $$\"; "
+                         "sleep 30";
+    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "pid ", 2, 10);
+    kill(p.pid, SIGKILL);
+    kt_proc_finish(&p, 10);
+    KT_EQ(p.status, SIGKILL);
+    assert_no_descendants(3);
+}
+
 KT_TEST(kolorun_killed_launcher_stops_remote_workers, 20)
 {
     subreaper();

@@ -246,8 +246,9 @@ int kr_bind_plan(const kr_opts *o, kr_rank *ranks, int n);
 
 /* ---- spawn.c ---- */
 /* Starts the guard process that kills every worker group if kolorun dies without saying
- * goodbye. Returns the write end of its pipe (O_CLOEXEC), or -1. */
-int kr_guard_start(void);
+ * goodbye, and then every process whose environment holds KOLO_JOB_ID=job_id (what workers
+ * started in sessions of their own). Returns the write end of its pipe (O_CLOEXEC), or -1. */
+int kr_guard_start(const char *job_id);
 void kr_guard_add(int guard_fd, pid_t pgid);
 /* Tells the guard the job ended cleanly; it exits without killing anything. */
 void kr_guard_done(int guard_fd);

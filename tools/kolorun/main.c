@@ -240,22 +240,24 @@ int main(int argc, char **argv)
         code = KR_EXIT_LAUNCH;
         goto out_free;
     }
+    char rnd[80];
+    if (kolo__secret_make(job.secret, sizeof(job.secret)) != 0 || kolo__secret_make(rnd, sizeof(rnd)) != 0) {
+        kr_say("error: cannot make the job secret: %s", kolo_last_error());
+        code = KR_EXIT_LAUNCH;
+        close(sigfd);
+        goto out_free;
+    }
+    snprintf(job.job_id, sizeof(job.job_id), "kolorun-%.40s-%d-%.8s", kr_hostname(), (int)getpid(), rnd);
+
     /* Orphans of workers (children of a shell that already exited) become ours to reap. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    int guard_fd = kr_guard_start();
+    int guard_fd = kr_guard_start(job.job_id);
     if (guard_fd < 0) kr_say("warning: no guard process (%s): if kolorun is killed, grandchildren of workers may stay",
                              strerror(errno));
     job.guard_fd = guard_fd;
 
     bool any_remote = false;
     for (int h = 0; h < o.nhosts; h++) any_remote |= !o.hosts[h].local;
-    char rnd[80];
-    if (kolo__secret_make(job.secret, sizeof(job.secret)) != 0 || kolo__secret_make(rnd, sizeof(rnd)) != 0) {
-        kr_say("error: cannot make the job secret: %s", kolo_last_error());
-        code = KR_EXIT_LAUNCH;
-        goto out_guard;
-    }
-    snprintf(job.job_id, sizeof(job.job_id), "kolorun-%.40s-%d-%.8s", kr_hostname(), (int)getpid(), rnd);
 
     /* Local-only jobs keep the store on loopback; with remote hosts (or hosts a discovery
      * script may name later) it listens everywhere and each host is told the address it

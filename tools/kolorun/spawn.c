@@ -16,12 +16,15 @@
  *
  * Guard: a process forked before anything else, in a process group of its own, that knows
  * every worker's process group. kolorun says goodbye (a 0) when it ends normally; if its pipe
- * closes without that (kolorun got SIGKILL) the guard SIGKILLs every group. PDEATHSIG alone
- * only reaches each worker's first process, not the shell's children. */
+ * closes without that (kolorun got SIGKILL) the guard SIGKILLs every group, then every process
+ * whose environment holds this job's KOLO_JOB_ID (what workers started in sessions of their
+ * own, which kolorun's end would have found as its children). PDEATHSIG alone only reaches
+ * each worker's first process, not the shell's children. */
 #include "kolorun.h"
 
 #include "../../src/boot/auth.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -32,6 +35,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -46,7 +50,42 @@ static const int reset_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, S
 
 static pid_t guard_pid;
 
-__attribute__((noreturn)) static void guard_main(int rfd)
+/* Whether process pid's environment holds the entry `want` ("NAME=value"). */
+static bool environ_has(const char *pid, const char *want)
+{
+    char path[64], buf[65536];
+    snprintf(path, sizeof(path), "/proc/%s/environ", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    size_t wl = strlen(want);
+    for (char *e = buf; e < buf + n; e += strlen(e) + 1)
+        if (strncmp(e, want, wl) == 0 && e[wl] == '\0') return true;
+    return false;
+}
+
+/* SIGKILLs every other process whose environment holds `want`; how many it found. */
+static int kill_marked(const char *want)
+{
+    int found = 0;
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid() || !environ_has(e->d_name, want)) continue;
+        kill((pid_t)pid, SIGKILL);
+        found++;
+    }
+    closedir(d);
+    return found;
+}
+
+__attribute__((noreturn)) static void guard_main(int rfd, const char *job_id)
 {
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull >= 0) {
@@ -77,10 +116,18 @@ __attribute__((noreturn)) static void guard_main(int rfd)
         groups[n++] = (pid_t)msg;
     }
     for (size_t i = 0; i < n; i++) kill(-groups[i], SIGKILL);
+    /* and what the workers started in sessions or groups of their own, by the job id they
+     * inherited (a few passes: a process being forked as the first ran may have escaped it) */
+    char want[128];
+    snprintf(want, sizeof(want), "KOLO_JOB_ID=%s", job_id);
+    for (int pass = 0; pass < 5 && kill_marked(want) > 0; pass++) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     _exit(0);
 }
 
-int kr_guard_start(void)
+int kr_guard_start(const char *job_id)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return -1;
@@ -93,7 +140,7 @@ int kr_guard_start(void)
     if (pid == 0) {
         close(p[1]);
         setpgid(0, 0); /* not in kolorun's group: a Ctrl-C or kill of that group spares it */
-        guard_main(p[0]);
+        guard_main(p[0], job_id);
     }
     setpgid(pid, pid);
     close(p[0]);
