@@ -789,6 +789,59 @@ KT_TEST(kolorun_forwards_sigterm_to_workers, 15)
     assert_no_descendants(3);
 }
 
+/* A process's state letter from /proc/PID/stat ('T' stopped), or '?' when it is gone. */
+static char proc_state(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = '\0';
+    const char *q = strrchr(buf, ')');
+    return q && q[1] == ' ' ? q[2] : '?';
+}
+
+/* Waits up to 5 s for pid to be in (want 'T') or out of (want 'R') a stopped state. */
+static void wait_state(int pid, char want)
+{
+    double end = now_s() + 5 * kt_timeout_scale();
+    char st;
+    while (((st = proc_state(pid)) == 'T') != (want == 'T') && now_s() < end) usleep(10000);
+    KT_ASSERTF((st == 'T') == (want == 'T'), "pid %d is in state %c, not %s", pid, st,
+               want == 'T' ? "stopped" : "running");
+}
+
+/* Ctrl-Z (SIGTSTP to kolorun, the terminal's foreground group) stops the workers with kolorun;
+ * SIGCONT (fg, bg) starts them again, and the job goes on. */
+KT_TEST(kolorun_ctrl_z_stops_the_workers_and_fg_resumes_them, 30)
+{
+    subreaper();
+    const char *script = "echo \"pid $$\"; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo finished";
+    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "pid ", 2, 10);
+    int pids[2];
+    for (int r = 0; r < 2; r++) {
+        char pat[32];
+        snprintf(pat, sizeof(pat), "[%d]<stdout>:pid ", r);
+        const char *at = strstr(p.obuf, pat);
+        KT_ASSERT(at && sscanf(at + strlen(pat), "%d", &pids[r]) == 1);
+    }
+    kill(p.pid, SIGTSTP);
+    wait_state(p.pid, 'T');
+    for (int r = 0; r < 2; r++) wait_state(pids[r], 'T');
+    usleep(500000);
+    for (int r = 0; r < 2; r++) KT_ASSERT(proc_state(pids[r]) == 'T'); /* still stopped */
+    kill(p.pid, SIGCONT);
+    for (int r = 0; r < 2; r++) wait_state(pids[r], 'R');
+    KT_EQ(kt_proc_finish(&p, 20), 0);
+    KT_EQ(kt_count(p.obuf, "<stdout>:finished\n"), 2);
+    KT_CONTAINS(p.ebuf, "kolorun: got SIGTSTP: stopping 2 local workers with kolorun (fg or bg resumes them)");
+    assert_no_descendants(3);
+}
+
 KT_TEST(kolorun_second_sigint_kills_at_once, 15)
 {
     subreaper();

@@ -230,7 +230,7 @@ int main(int argc, char **argv)
      * server's thread exists, so that it inherits the mask and never takes one. */
     sigset_t mask;
     sigemptyset(&mask);
-    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT};
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(sigs); i++) sigaddset(&mask, sigs[i]);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);

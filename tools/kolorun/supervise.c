@@ -191,6 +191,25 @@ static const char *sig_name(int sig)
 
 static void on_signal(sup *s, int sig)
 {
+    if (sig == SIGTSTP) {
+        /* Ctrl-Z: the workers, each in a process group of its own, would not see it, and would
+         * go on (and block on their full output pipes) while kolorun stood still. They stop with
+         * kolorun, as under mpirun, by SIGSTOP (a worker that catches SIGTSTP would stop half the
+         * job); `fg` or `bg` (SIGCONT) starts them again. A pause of the whole job does not count
+         * against KOLO_OP_TIMEOUT (by hand: 6 s stopped under a 3 s timeout, the job went on).
+         * Remote workers go on: a signal over ssh would end them. */
+        int live = count_running(s);
+        kr_say("got SIGTSTP: stopping %d local worker%s with kolorun (fg or bg resumes them)", live,
+               live == 1 ? "" : "s");
+        signal_groups(s, SIGSTOP, false, true);
+        raise(SIGSTOP);
+        signal_groups(s, SIGCONT, false, true);
+        return;
+    }
+    if (sig == SIGCONT) { /* kolorun was stopped by someone else: its workers go on with it */
+        signal_groups(s, SIGCONT, false, true);
+        return;
+    }
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         /* passed on to local workers only: for ssh it would be a kill */
         signal_groups(s, sig, false, true);
