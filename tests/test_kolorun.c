@@ -770,6 +770,20 @@ KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 30)
                         "(pid ");
     KT_CONTAINS(p.ebuf, "; terminated, as the job is over");
     assert_no_descendants(3);
+
+    /* what a script started before it exec'd kolorun is kolorun's child too, but not the job's */
+    char cmd[4200];
+    snprintf(cmd, sizeof(cmd), "sleep 7.77 >/dev/null 2>&1 & echo \"mine $!\"; exec %s -np 1 true", kolorun_path());
+    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    kt_proc_start(&p, argv, NULL);
+    KT_EQ(kt_proc_finish(&p, 10), 0);
+    KT_ASSERTF(!strstr(p.ebuf, "left"), "kolorun took the script's own child for the job's:\n%s", p.ebuf);
+    int mine = 0;
+    const char *at = strstr(p.obuf, "mine ");
+    KT_ASSERT(at && sscanf(at + 5, "%d", &mine) == 1 && mine > 0);
+    KT_ASSERTF(kill(mine, 0) == 0, "the script's own sleep (pid %d) is gone", mine);
+    kill(mine, SIGKILL);
+    assert_no_descendants(3);
 }
 
 KT_TEST(kolorun_forwards_sigterm_to_workers, 15)

@@ -314,9 +314,11 @@ int kr_group_members(pid_t pgid, pid_t *out, int cap);
  * have used, in clock ticks; -1 when none is alive. */
 long long kr_group_cpu_ticks(pid_t pgid);
 /* At the end of a job: terminates what the workers left running outside their process groups
- * (kolorun's remaining children: it is their subreaper), SIGKILL after grace seconds, reaps
- * everything, and says what it ended. */
-void kr_end_leftovers(double grace);
+ * (kolorun's remaining children, as their subreaper, that carry KOLO_JOB_ID=job_id), SIGKILL
+ * after grace seconds, reaps everything, and says what it ended. */
+void kr_end_leftovers(double grace, const char *job_id);
+/* Whether process pid's environment holds the entry `want` ("NAME=value"). */
+bool kr_environ_has(long pid, const char *want);
 /* Where the threads of group pgid's live processes wait, as the kernel says (their state and
  * wait channel, /proc/PID/task/TID/{stat,wchan}), counted: "3 in futex_wait_queue, 1 in
  * do_sys_poll, 1 running". Says where a worker taken for stuck sat; "" when none is alive. */

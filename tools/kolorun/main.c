@@ -317,7 +317,7 @@ out_guard:
     kr_guard_done(guard_fd);
     /* reap what kill(-group) left as zombies of ours (subreaper), and end what the workers left
      * running in sessions of their own */
-    kr_end_leftovers(o.grace);
+    kr_end_leftovers(o.grace, job.job_id);
     close(sigfd);
 out_free:
     free_ranks(job.ranks, job.cap);

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,18 +93,35 @@ long long kr_group_cpu_ticks(pid_t pgid)
     return scan_group(pgid, NULL, 0, NULL, &ticks) > 0 ? ticks : -1;
 }
 
-/* One thread's "in WCHAN" (sleeping in the kernel function named), or its state spelt out. */
 /* ---- leftovers ----
  * A worker's process that starts a session or a process group of its own (setsid, a daemon, a
  * server started with start_new_session) escapes the signals kolorun sends the worker's group.
  * kolorun is the subreaper of everything its workers start, so such a process becomes kolorun's
- * child when its parent ends; once the job is over, whatever children kolorun still has are
- * those, and none may outlive it. */
+ * child when its parent ends; once the job is over, its children that carry the job's
+ * KOLO_JOB_ID (not, say, what a script started before it exec'd kolorun) are those, and none
+ * may outlive it. */
 
 #define LEFTOVERS_MAX 64
 
-/* The live children of this process, up to cap, into out; returns how many there are. */
-static int live_children(pid_t *out, int cap)
+bool kr_environ_has(long pid, const char *want)
+{
+    char path[64], buf[65536];
+    snprintf(path, sizeof(path), "/proc/%ld/environ", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    size_t wl = strlen(want);
+    for (char *e = buf; e < buf + n; e += strlen(e) + 1)
+        if (strncmp(e, want, wl) == 0 && e[wl] == '\0') return true;
+    return false;
+}
+
+/* The live children of this process that carry `mark` in their environment (not, say, what a
+ * script started before it exec'd kolorun), up to cap, into out; returns how many there are. */
+static int live_children(const char *mark, pid_t *out, int cap)
 {
     int n = 0, me = (int)getpid();
     DIR *d = opendir("/proc");
@@ -116,7 +134,9 @@ static int live_children(pid_t *out, int cap)
         long long t;
         if (*end || pid <= 0) continue;
         snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        if (!read_stat_at(path, &state, &ppid, &pgrp, &t) || ppid != me || state == 'Z' || state == 'X') continue;
+        if (!read_stat_at(path, &state, &ppid, &pgrp, &t) || ppid != me || state == 'Z' || state == 'X' ||
+            !kr_environ_has(pid, mark))
+            continue;
         if (n < cap) out[n] = (pid_t)pid;
         n++;
     }
@@ -136,8 +156,10 @@ static void reap_all(void)
     while (waitpid(-1, &st, WNOHANG) > 0) {}
 }
 
-void kr_end_leftovers(double grace)
+void kr_end_leftovers(double grace, const char *job_id)
 {
+    char mark[128];
+    snprintf(mark, sizeof(mark), "KOLO_JOB_ID=%s", job_id);
     pid_t seen[LEFTOVERS_MAX], kids[LEFTOVERS_MAX];
     int nseen = 0, total = 0;
     char names[512] = "";
@@ -146,7 +168,7 @@ void kr_end_leftovers(double grace)
     bool hard = false;
     for (;;) {
         reap_all();
-        int n = live_children(kids, LEFTOVERS_MAX);
+        int n = live_children(mark, kids, LEFTOVERS_MAX);
         if (n > LEFTOVERS_MAX) n = LEFTOVERS_MAX;
         if (n == 0) break;
         if (!hard && kr_now() - t0 >= grace) hard = true;
@@ -180,6 +202,7 @@ void kr_end_leftovers(double grace)
                hard ? "killed (SIGTERM, then SIGKILL after the grace period)" : "terminated");
 }
 
+/* One thread's "in WCHAN" (sleeping in the kernel function named), or its state spelt out. */
 static void thread_wait(long pid, const char *tid, char *out, size_t cap)
 {
     char path[320], wchan[64] = "", state = '?';

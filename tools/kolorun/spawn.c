@@ -50,23 +50,6 @@ static const int reset_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, S
 
 static pid_t guard_pid;
 
-/* Whether process pid's environment holds the entry `want` ("NAME=value"). */
-static bool environ_has(const char *pid, const char *want)
-{
-    char path[64], buf[65536];
-    snprintf(path, sizeof(path), "/proc/%s/environ", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0) return false;
-    buf[n] = '\0';
-    size_t wl = strlen(want);
-    for (char *e = buf; e < buf + n; e += strlen(e) + 1)
-        if (strncmp(e, want, wl) == 0 && e[wl] == '\0') return true;
-    return false;
-}
-
 /* SIGKILLs every other process whose environment holds `want`; how many it found. */
 static int kill_marked(const char *want)
 {
@@ -77,7 +60,7 @@ static int kill_marked(const char *want)
     while ((e = readdir(d))) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0 || pid == (long)getpid() || !environ_has(e->d_name, want)) continue;
+        if (*end || pid <= 0 || pid == (long)getpid() || !kr_environ_has(pid, want)) continue;
         kill((pid_t)pid, SIGKILL);
         found++;
     }
