@@ -852,7 +852,7 @@ KT_TEST(kolorun_ctrl_z_stops_the_workers_and_fg_resumes_them, 30)
     for (int r = 0; r < 2; r++) wait_state(pids[r], 'R');
     KT_EQ(kt_proc_finish(&p, 20), 0);
     KT_EQ(kt_count(p.obuf, "<stdout>:finished\n"), 2);
-    KT_CONTAINS(p.ebuf, "kolorun: got SIGTSTP: stopping 2 local workers with kolorun (fg or bg resumes them)");
+    KT_CONTAINS(p.ebuf, "kolorun: got SIGTSTP: stopping 2 workers with kolorun (fg or bg resumes them)");
     assert_no_descendants(3);
 }
 
@@ -1015,6 +1015,31 @@ KT_TEST(kolorun_remote_wrapper_ends_what_the_worker_left, 20)
     KT_CONTAINS(p.ebuf, "[0]<stderr>:kolorun: the worker left processes running in a session or group of their own on ");
     KT_CONTAINS(p.ebuf, "; terminating them, as the worker is over\n");
     KT_ASSERTF(!strstr(p.ebuf, "kolorun: the workers left"), "kolorun found leftovers:\n%s", p.ebuf);
+    assert_no_descendants(3);
+}
+
+/* The same for a remote worker: kolorun tells its wrapper on the connection ("stop", "cont"). */
+KT_TEST(kolorun_ctrl_z_stops_remote_workers_too, 30)
+{
+    subreaper();
+    char *ssh = make_fake_ssh();
+    const char *script = "echo \"pid $$\"; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo finished";
+    const char *args[] = {"-H", "localhost:1,kt-remote-e:1", "--ssh", ssh, "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "pid ", 2, 10);
+    int pid = 0;
+    const char *at = strstr(p.obuf, "[1]<stdout>:pid ");
+    KT_ASSERT(at && sscanf(at + 16, "%d", &pid) == 1);
+    kill(p.pid, SIGTSTP);
+    wait_state(p.pid, 'T');
+    wait_state(pid, 'T');
+    usleep(300000);
+    KT_ASSERT(proc_state(pid) == 'T');
+    kill(p.pid, SIGCONT);
+    wait_state(pid, 'R');
+    KT_EQ(kt_proc_finish(&p, 20), 0);
+    KT_EQ(kt_count(p.obuf, "<stdout>:finished\n"), 2);
     assert_no_descendants(3);
 }
 

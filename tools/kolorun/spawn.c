@@ -9,8 +9,9 @@
  * Remote worker: the same, running `ssh host '<remote command>'`. The remote command goes to
  * the working directory, sets the environment with env(1) and runs a small POSIX sh wrapper
  * (below) that starts the command in a new session and watches its own stdin, which is the
- * ssh connection: when the connection drops (kolorun or ssh killed, network gone) the
- * watcher's `cat` sees end of file and the wrapper SIGTERMs the command's process group,
+ * ssh connection: kolorun writes nothing there but "stop" and "cont" lines (Ctrl-Z and fg,
+ * passed on as SIGSTOP and SIGCONT to the command's group); when the connection drops (kolorun
+ * or ssh killed, network gone) the watcher's `read` sees end of file and the wrapper SIGTERMs the command's process group,
  * waits the grace period and SIGKILLs it. kolorun keeps the write end of ssh's stdin open for
  * the whole job, so the remote stdin closes exactly when kolorun (or its ssh) goes away.
  *
@@ -152,7 +153,8 @@ void kr_guard_done(int guard_fd)
 /* ---- the remote wrapper ----
  * $1: the grace period in half-seconds, then the command. fd 3 keeps the ssh connection's
  * stdin for the watcher (an asynchronous list's stdin is /dev/null unless redirected
- * explicitly). The watcher: wait for end of file, SIGTERM the command's group, poll every
+ * explicitly). The watcher: read lines ("stop", "cont": SIGSTOP, SIGCONT to the command's
+ * group) until end of file, then SIGTERM the command's group, poll every
  * half second until it is gone, SIGKILL it when the grace period is over. The wrapper kills
  * the watcher once the command has ended, and exits with the command's status (128+N when
  * a signal killed it: sh cannot re-raise it across ssh). The start marker carries the
@@ -169,7 +171,8 @@ static const char remote_wrapper[] =
     "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n"
     "$S \"$@\" 3<&- </dev/null &\n"
     "c=$!\n"
-    "$S sh -c 'cat >/dev/null; kill -TERM -$1 $1 2>/dev/null; n=0; "
+    "$S sh -c 'while IFS= read -r l; do case $l in stop) kill -STOP -$1 $1;; cont) kill -CONT -$1 $1;; esac; done; "
+    "kill -TERM -$1 $1 2>/dev/null; n=0; "
     "while kill -0 -$1 2>/dev/null || kill -0 $1 2>/dev/null; do "
     "[ $n -ge $2 ] && { kill -KILL -$1 $1 2>/dev/null; break; }; sleep 0.5; n=$((n+1)); done' "
     "kolorun-watch $c $g <&3 >/dev/null 2>&1 &\n"

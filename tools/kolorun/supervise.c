@@ -113,6 +113,19 @@ static void signal_groups(sup *s, int sig, bool mark_terminated, bool local_only
     }
 }
 
+/* Ctrl-Z and fg for remote workers: a line to the wrapper on the connection's stdin, which it
+ * passes on as SIGSTOP or SIGCONT to the command's group (a signal to ssh would end it). Also
+ * before the wrapper's start marker has come (the command's first lines may come before it):
+ * the line waits in the pipe for the wrapper. */
+static void tell_remote_wrappers(sup *s, const char *line)
+{
+    for (int i = 0; i < s->n; i++) {
+        kr_rank *r = &s->ranks[i];
+        if (r->running && !s->o->hosts[r->host].local && r->stdin_fd >= 0)
+            (void)!write(r->stdin_fd, line, strlen(line)); /* a few bytes into an idle pipe */
+    }
+}
+
 static void begin_terminate(sup *s, int sig)
 {
     signal_groups(s, sig, true, false);
@@ -197,17 +210,19 @@ static void on_signal(sup *s, int sig)
          * kolorun, as under mpirun, by SIGSTOP (a worker that catches SIGTSTP would stop half the
          * job); `fg` or `bg` (SIGCONT) starts them again. A pause of the whole job does not count
          * against KOLO_OP_TIMEOUT (by hand: 6 s stopped under a 3 s timeout, the job went on).
-         * Remote workers go on: a signal over ssh would end them. */
+         * Remote workers stop by their wrappers (a signal over ssh would end them). */
         int live = count_running(s);
-        kr_say("got SIGTSTP: stopping %d local worker%s with kolorun (fg or bg resumes them)", live,
-               live == 1 ? "" : "s");
+        kr_say("got SIGTSTP: stopping %d worker%s with kolorun (fg or bg resumes them)", live, live == 1 ? "" : "s");
         signal_groups(s, SIGSTOP, false, true);
+        tell_remote_wrappers(s, "stop\n");
         raise(SIGSTOP);
         signal_groups(s, SIGCONT, false, true);
+        tell_remote_wrappers(s, "cont\n");
         return;
     }
     if (sig == SIGCONT) { /* kolorun was stopped by someone else: its workers go on with it */
         signal_groups(s, SIGCONT, false, true);
+        tell_remote_wrappers(s, "cont\n");
         return;
     }
     if (sig == SIGUSR1 || sig == SIGUSR2) {
