@@ -296,11 +296,16 @@ static int cache_insert(kolo__pset_state *s, const kolo__resp *rp)
                 best = s->slots[i].lru;
                 victim = i;
             }
+        /* Named tensors whose names change every step ("loss_%d") fill it too; they cannot be
+         * cached and cost nothing more for it (2 ranks, 20,000 small allreduces from Python:
+         * 49 us a step, against 51 under one name and 42 with no cache), so the warning names
+         * both tensors rather than only asking for a larger cache. */
         static atomic_int warned;
         if (!atomic_exchange(&warned, 1))
-            KOLO_WARN("a response was evicted from the cache of process set %d (capacity %d): more distinct tensor "
-                      "names are in use than KOLO_CACHE_CAPACITY; raise it (or set 0 to disable the cache)",
-                      s->id, s->cap);
+            KOLO_WARN("the response cache of process set %d is full (KOLO_CACHE_CAPACITY %d): '%s' made room for "
+                      "'%s'. If the job has more distinct tensors than that, raise it; names that change every "
+                      "call (a step number in the name) cannot be cached, and only cost a full negotiation each",
+                      s->id, s->cap, s->slots[victim].name ? s->slots[victim].name : "?", rp->name);
         atomic_fetch_add_explicit(&E.st.cache_evictions, 1, memory_order_relaxed);
         cache_erase(s, victim);
         s->erased[victim / 64] &= ~(1ull << (victim % 64));
