@@ -1349,6 +1349,59 @@ KT_TEST(multihost_what_a_worker_leaves_on_b_ends_with_it, 60)
     cluster_down(&c);
 }
 
+/* Whether pid is stopped ('T' in /proc/PID/stat), waiting up to 5 s for it to become `want`. */
+static bool stopped_becomes(pid_t pid, bool want)
+{
+    double end = now_s() + 5 * kt_timeout_scale();
+    for (;;) {
+        char path[64], buf[512] = "";
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = '\0';
+        const char *q = strrchr(buf, ')');
+        bool stopped = q && q[1] == ' ' && q[2] == 'T';
+        if (stopped == want || now_s() > end) return stopped;
+        usleep(10000);
+    }
+}
+
+/* Ctrl-Z across hosts: kolorun on a tells b's wrapper "stop" on the connection, and b's worker
+ * stops with it; "cont" resumes it (a signal to ssh would have ended it). */
+KT_TEST(multihost_ctrl_z_stops_the_worker_on_b, 60)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:1", ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                          "--start-timeout", "20", "sh", "-c",
+                          "echo \"pid $$\"; i=0; while [ $i -lt 40 ]; do sleep 0.1; i=$((i+1)); done; echo finished",
+                          NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    kt_proc_wait_for(&p, "[0]<stdout>:pid ", 1, 30);
+    int pid = 0;
+    KT_ASSERT(sscanf(strstr(p.obuf, "[0]<stdout>:pid ") + 16, "%d", &pid) == 1 && pid > 0);
+    KT_ASSERT(pid_netns(pid) == c.ino[NS_B]);
+    kill(p.pid, SIGTSTP);
+    KT_ASSERTF(stopped_becomes(pid, true), "the worker on b (pid %d) did not stop", pid);
+    usleep(300000);
+    KT_ASSERTF(stopped_becomes(pid, true), "the worker on b (pid %d) went on", pid);
+    kill(p.pid, SIGCONT);
+    KT_ASSERTF(!stopped_becomes(pid, false), "the worker on b (pid %d) stayed stopped", pid);
+    int rc = kt_proc_finish(&p, 30);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_CONTAINS(p.obuf, "[0]<stdout>:finished\n");
+    assert_no_leftovers(&c, false, 5);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* --timeout --get-stack-traces across hosts: rank 1 on b, asleep, never joins rank 0's allreduce
  * on a; at the timeout kolorun has both print their kolo status (b's asked over a short ssh),
  * names rank 1 as the one the job waits for, prints both ranks' stacks, b's over a second ssh,
