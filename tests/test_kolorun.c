@@ -826,13 +826,18 @@ static void wait_state(int pid, char want)
                want == 'T' ? "stopped" : "running");
 }
 
+/* A worker that sleeps 3 s in 30 naps without forking: a shell's `sleep` would leave the shell
+ * in the vfork wait (state D, not T) while its stopped child has not yet exec'd. */
+#define CTRL_Z_WORKER \
+    "import os, time\nprint('pid', os.getpid(), flush=True)\nfor _ in range(30): time.sleep(0.1)\nprint('finished')"
+
 /* Ctrl-Z (SIGTSTP to kolorun, the terminal's foreground group) stops the workers with kolorun;
  * SIGCONT (fg, bg) starts them again, and the job goes on. */
 KT_TEST(kolorun_ctrl_z_stops_the_workers_and_fg_resumes_them, 30)
 {
     subreaper();
-    const char *script = "echo \"pid $$\"; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo finished";
-    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+
+    const char *args[] = {"-np", "2", "/usr/bin/python3", "-c", CTRL_Z_WORKER, NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "pid ", 2, 10);
@@ -1012,7 +1017,8 @@ KT_TEST(kolorun_remote_wrapper_ends_what_the_worker_left, 20)
     kproc p;
     KT_EQ(run(&p, args, 15), 0);
     KT_CONTAINS(p.obuf, "[0]<stdout>:done\n");
-    KT_CONTAINS(p.ebuf, "[0]<stderr>:kolorun: the worker left processes running in a session or group of their own on ");
+    KT_CONTAINS(p.ebuf, "[0]<stderr>:kolorun: the worker left processes running in a session or group of their "
+                        "own on ");
     KT_CONTAINS(p.ebuf, "; terminating them, as the worker is over\n");
     KT_ASSERTF(!strstr(p.ebuf, "kolorun: the workers left"), "kolorun found leftovers:\n%s", p.ebuf);
     assert_no_descendants(3);
@@ -1023,8 +1029,9 @@ KT_TEST(kolorun_ctrl_z_stops_remote_workers_too, 30)
 {
     subreaper();
     char *ssh = make_fake_ssh();
-    const char *script = "echo \"pid $$\"; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo finished";
-    const char *args[] = {"-H", "localhost:1,kt-remote-e:1", "--ssh", ssh, "sh", "-c", script, NULL};
+
+    const char *args[] = {"-H", "localhost:1,kt-remote-e:1", "--ssh", ssh, "/usr/bin/python3", "-c", CTRL_Z_WORKER,
+                          NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "pid ", 2, 10);

@@ -1342,7 +1342,8 @@ KT_TEST(multihost_what_a_worker_leaves_on_b_ends_with_it, 60)
     int rc = kt_proc_finish(&p, 30);
     KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
     KT_EQ(kt_count(p.obuf, "<stdout>:done\n"), 2);
-    KT_EQ(kt_count(p.ebuf, "<stderr>:kolorun: the worker left processes running in a session or group of their own on "),
+    KT_EQ(kt_count(p.ebuf, "<stderr>:kolorun: the worker left processes running in a session or group of their "
+                           "own on "),
           2);
     assert_no_leftovers(&c, false, 5);
     kt_proc_free(&p);
@@ -1379,8 +1380,10 @@ KT_TEST(multihost_ctrl_z_stops_the_worker_on_b, 60)
     char hosts[64], port_opt[] = MH_PORT;
     snprintf(hosts, sizeof(hosts), "%s:1", ns_addr[NS_B]);
     const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
-                          "--start-timeout", "20", "sh", "-c",
-                          "echo \"pid $$\"; i=0; while [ $i -lt 40 ]; do sleep 0.1; i=$((i+1)); done; echo finished",
+                          "--start-timeout", "20", "/usr/bin/python3", "-c",
+                          /* no fork: a shell's `sleep` could hold the shell in its vfork wait (D, not T) */
+                          "import os, time\nprint('pid', os.getpid(), flush=True)\n"
+                          "for _ in range(40): time.sleep(0.1)\nprint('finished')",
                           NULL};
     proc p;
     proc_start(&p, c.ns[NS_A], argv);

@@ -411,7 +411,8 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
     char prefix[96];
     size_t ts_len, pl = make_prefix(o, r, s, prefix, &ts_len);
     if (begun) { /* the rest of a progress line; nothing when other output has ended it already */
-        if (shown < len || !reprefix) show(fd, prefix, pl, line + shown, len - shown, reprefix && line[shown] != '\r', true);
+        if (shown < len || !reprefix)
+            show(fd, prefix, pl, line + shown, len - shown, reprefix && line[shown] != '\r', true);
         return;
     }
     if (o->merge_window > 0 && vis == 0) {
