@@ -1349,29 +1349,42 @@ KT_TEST(kolorun_timeout_prints_where_each_rank_waits, 90)
     assert_no_descendants(5);
 }
 
+/* Creates the flag file `name` in the test's scratch directory. */
+static void raise_flag(const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s", kt_scratch(), name);
+    KT_ASSERT(close(open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) == 0);
+}
+
 /* A progress bar (tqdm's: '\r' rewrites, a newline when done) shows as it comes, each rewrite
  * with its tag, where whole lines alone would hold it back until its end (minutes, and the job
- * looks hung); another rank's line in the middle starts on a line of its own. */
+ * looks hung); another rank's line in the middle starts on a line of its own, while a line on the
+ * other stream (here another pipe, as stdout sent to a log while the bar is watched) leaves it. */
 KT_TEST(kolorun_shows_progress_bars_as_they_come, 30)
 {
     char script[1024];
     snprintf(script, sizeof(script),
-             "d=%s; if [ $KOLO_RANK = 0 ]; then printf '\\r 50%%%%|##'; while [ ! -e $d/two ]; do sleep 0.02; done; "
-             "printf '\\r100%%%%|####\\n'; else while [ ! -e $d/one ]; do sleep 0.02; done; echo line; fi",
+             "d=%s; w() { while [ ! -e $d/$1 ]; do sleep 0.02; done; }; if [ $KOLO_RANK = 0 ]; then "
+             "printf '\\r 50%%%%|##'; w one; printf '\\r 75%%%%|###'; w two; printf '\\r100%%%%|####\\n'; "
+             "else w err; echo err >&2; w line; echo line; fi",
              kt_scratch());
     const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
     kproc p;
     kp_start(&p, args, false);
     kt_proc_wait_for(&p, "\r[0]<stdout>: 50%|##", 1, 10); /* before its newline */
     KT_ASSERT(strstr(p.obuf, "[0]<stdout>:\r") == NULL);
-    char path[600];
-    snprintf(path, sizeof(path), "%s/one", kt_scratch());
-    KT_ASSERT(close(open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) == 0);
+    raise_flag("err");
+    double end = now_s() + 10 * kt_timeout_scale();
+    while (!strstr(p.ebuf, "[1]<stderr>:err\n") && now_s() < end) kt_proc_pump(&p, 20);
+    KT_CONTAINS(p.ebuf, "[1]<stderr>:err\n");
+    raise_flag("one");
+    kt_proc_wait_for(&p, "\r[0]<stdout>: 75%|###", 1, 10);
+    raise_flag("line");
     kt_proc_wait_for(&p, "[1]<stdout>:line\n", 1, 10);
-    snprintf(path, sizeof(path), "%s/two", kt_scratch());
-    KT_ASSERT(close(open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) == 0);
+    raise_flag("two");
     KT_EQ(kt_proc_finish(&p, 20), 0);
-    KT_CONTAINS(p.obuf, "\r[0]<stdout>: 50%|##\n[1]<stdout>:line\n\r[0]<stdout>:100%|####\n");
+    KT_CONTAINS(p.obuf, "\r[0]<stdout>: 50%|##\r[0]<stdout>: 75%|###\n[1]<stdout>:line\n\r[0]<stdout>:100%|####\n");
 }
 
 /* A Python worker that imported kolo prints its Python stacks (faulthandler on SIGUSR2); a job

@@ -45,10 +45,23 @@ static bool broken[3]; /* our stdout/stderr gave EPIPE or another error: stop wr
 static kr_stream *open_line; /* the stream whose partial line was shown last, the cursor after it */
 static int open_fd;
 
-/* Before other output: ends a progress line left open on our terminal (stream `s` itself may go on). */
-static void close_open_line(const kr_stream *s)
+/* Whether our stdout and stderr are one file (a terminal, both redirected to one log): output
+ * on one then lands beside a progress line open on the other. */
+static bool one_destination(void)
 {
-    if (!open_line || open_line == s) return;
+    static int same = -1;
+    if (same < 0) {
+        struct stat a, b;
+        same = fstat(1, &a) == 0 && fstat(2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    }
+    return same;
+}
+
+/* Before other output to fd: ends a progress line left open where it lands (stream `s` itself may
+ * go on; a bar on a terminal's stderr is not cut by lines that go to a file on stdout). */
+static void close_open_line(const kr_stream *s, int fd)
+{
+    if (!open_line || open_line == s || (fd != open_fd && !one_destination())) return;
     if (!broken[open_fd]) broken[open_fd] = !kr_write_all(open_fd, "\n", 1);
     open_line->reprefix = true;
     open_line = NULL;
@@ -130,7 +143,7 @@ static size_t rank_ranges(const held *h, char *out, size_t cap)
 static void held_print(const held *h)
 {
     if (broken[h->fd]) return;
-    close_open_line(NULL);
+    close_open_line(NULL, h->fd);
     size_t cap = strlen(h->ts) + 64 + 12 * (size_t)h->nr + h->len + 2;
     char *out = malloc(cap);
     if (!out) {
@@ -222,7 +235,7 @@ void kr_say(const char *fmt, ...)
     size_t room = sizeof(line) - (size_t)n - 2, len = (size_t)n;
     if (m > 0) len += (size_t)m < room ? (size_t)m : room;
     line[len++] = '\n';
-    close_open_line(NULL);
+    close_open_line(NULL, 2);
     if (!broken[2]) broken[2] = !kr_write_all(2, line, len);
 }
 
@@ -420,7 +433,7 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
         snprintf(ts, sizeof(ts), "%.*s", (int)ts_len, prefix);
         if (hold(o, fd, r->rank, line, len, ts)) return;
     }
-    close_open_line(s);
+    close_open_line(s, fd);
     show(fd, prefix, pl, line, len, true, true);
 }
 
@@ -433,7 +446,7 @@ static void show_partial(const kr_opts *o, kr_rank *r, kr_stream *s)
     if (upto <= s->shown || (!s->begun && !memchr(s->buf + s->shown, '\r', upto - s->shown))) return;
     int fd = s->is_err ? 2 : 1;
     if (!broken[fd] && kr_rank_shown(o, r->rank)) {
-        close_open_line(s);
+        close_open_line(s, fd);
         char prefix[96];
         size_t ts_len, pl = make_prefix(o, r, s, prefix, &ts_len);
         bool start = !s->begun || (s->reprefix && s->buf[s->shown] != '\r');
