@@ -784,6 +784,15 @@ KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 30)
     KT_ASSERTF(kill(mine, 0) == 0, "the script's own sleep (pid %d) is gone", mine);
     kill(mine, SIGKILL);
     assert_no_descendants(3);
+
+    /* an environment of 120 KB before kolorun's variables (module systems' tables) */
+    static char big[60001];
+    memset(big, 'x', sizeof(big) - 1);
+    KT_ASSERT(setenv("KT_BIG_1", big, 1) == 0 && setenv("KT_BIG_2", big, 1) == 0);
+    const char *args3[] = {"-np", "1", "sh", "-c", "setsid sleep 60 & sleep 0.3", NULL};
+    KT_EQ(run(&p, args3, 20), 0);
+    KT_CONTAINS(p.ebuf, "kolorun: the workers left 1 process running in a session or group of its own: sleep (pid ");
+    assert_no_descendants(3);
 }
 
 KT_TEST(kolorun_forwards_sigterm_to_workers, 15)

@@ -105,18 +105,36 @@ long long kr_group_cpu_ticks(pid_t pgid)
 
 bool kr_environ_has(long pid, const char *want)
 {
-    char path[64], buf[65536];
+    /* the whole environment: kolorun's variables come after the inherited ones, which past
+     * 64 KiB are no rarity (module systems' tables) */
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/environ", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap + 1);
+    ssize_t k = 0;
+    while (buf && (k = read(fd, buf + n, cap - n)) > 0) {
+        n += (size_t)k;
+        if (n == cap && cap < ((size_t)16 << 20)) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (!b) break;
+            buf = b;
+            cap *= 2;
+        } else if (n == cap) {
+            break;
+        }
+    }
     close(fd);
-    if (n <= 0) return false;
-    buf[n] = '\0';
-    size_t wl = strlen(want);
-    for (char *e = buf; e < buf + n; e += strlen(e) + 1)
-        if (strncmp(e, want, wl) == 0 && e[wl] == '\0') return true;
-    return false;
+    bool found = false;
+    if (buf) {
+        buf[n] = '\0';
+        size_t wl = strlen(want);
+        for (char *e = buf; e < buf + n && !found; e += strlen(e) + 1)
+            found = strncmp(e, want, wl) == 0 && e[wl] == '\0';
+    }
+    free(buf);
+    return found;
 }
 
 /* The live children of this process that carry `mark` in their environment (not, say, what a
