@@ -349,7 +349,7 @@ static bool outside_any(const uint64_t *sets)
  * thread stuck in a cycle (an exchange with a rank that does not come, a long collective)
  * cannot answer; what it does is published as it goes (act_*): a few relaxed stores a cycle,
  * and a lock per collective run for its name. */
-static pthread_cond_t status_cv = PTHREAD_COND_INITIALIZER; /* outlives the engine: CLOCK_REALTIME */
+static pthread_cond_t status_cv = PTHREAD_COND_INITIALIZER; /* outlives the engine; waited on by CLOCK_MONOTONIC */
 
 static void act(int phase, int set)
 {
@@ -426,13 +426,12 @@ void kolo__engine_status(kolo__sbuf *b)
     double cycle_ms = (double)atomic_load_explicit(&E.pub_cycle_ns, memory_order_relaxed) * 1e-6;
     size_t fusion = (size_t)atomic_load_explicit(&E.pub_fusion, memory_order_relaxed);
     double wait_s = KOLO_MAX(0.5, 4e-3 * cycle_ms);
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    uint64_t end = (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec + (uint64_t)(wait_s * 1e9);
-    dl.tv_sec = (time_t)(end / 1000000000ull);
-    dl.tv_nsec = (long)(end % 1000000000ull);
+    /* by the monotonic clock: a wall-clock step (NTP, a suspended VM) neither cuts the wait short
+     * nor stretches it */
+    uint64_t end = kolo__now_ns() + (uint64_t)(wait_s * 1e9);
+    struct timespec dl = {(time_t)(end / 1000000000ull), (long)(end % 1000000000ull)};
     while (E.status_served < want && E.running)
-        if (pthread_cond_timedwait(&status_cv, &E.lock, &dl) == ETIMEDOUT) break;
+        if (pthread_cond_clockwait(&status_cv, &E.lock, CLOCK_MONOTONIC, &dl) == ETIMEDOUT) break;
     bool answered = E.status_served >= want && E.status_text;
     kolo__sb_printf(b, "{\"down\":");
     if (E.down) kolo__sb_jstr(b, E.down_msg);
@@ -845,6 +844,8 @@ void kolo__engine_stop(void)
      * or stuck in a long transfer) must not hold kolo_shutdown for KOLO_OP_TIMEOUT: after
      * LEAVE_GRACE_S, cut the engine's connections (shutdown(2) is safe beside the engine
      * thread's own use of the sockets); its wait then fails at once and it exits. */
+    /* (pthread_timedjoin_np's deadline is by the wall clock; pthread_clockjoin_np would take the
+     * monotonic one, but ThreadSanitizer does not see it join: a false race on every shutdown) */
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += E.leave_grace_s;
