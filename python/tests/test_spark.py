@@ -251,6 +251,71 @@ def test_output_channel_ignores_a_stranger():
     assert col.failures == []
 
 
+def test_output_splitter_passes_bars_on_as_they_come():
+    cut = kolo.spark._Splitter()
+    assert cut.feed(b"epoch 1\nloss") == [(True, "epoch 1")]       # a plain line waits for its end
+    assert cut.feed(b" 0.5\n") == [(True, "loss 0.5")]
+    assert cut.feed(b"\r 10%") == [(False, "\r 10%")]              # a bar goes out as it comes
+    assert cut.feed(b"|\xe2\x96") == [(False, "|")]                 # a character split across reads
+    assert cut.feed(b"\x88\r 20%") == [(False, "\u2588\r 20%")]    # waits for its last byte
+    assert cut.feed(b"\r100%\nnext\r\n") == [(True, "\r100%"), (True, "next\r")]
+    assert cut.feed(b"\rlast") == [(False, "\rlast")]
+    assert cut.feed(b"", final=True) == [(True, "")]                # the bar's open line is closed
+    cut = kolo.spark._Splitter()
+    assert cut.feed(b"no newline") == [] and cut.feed(b"", final=True) == [(True, "no newline")]
+    assert kolo.spark._visible("\r 10%\r100%") == "100%" and kolo.spark._visible("crlf\r") == "crlf"
+
+
+def test_driver_draws_bars_with_their_tags_and_below_them_other_output():
+    out = io.StringIO()
+    col = kolo.spark._Collector("s3cret", out, out, False, lambda: None)  # both streams to one place
+    try:
+        with socket.create_connection(("127.0.0.1", col.port)) as s:
+            s.sendall(b"kolo.spark s3cret\no 0 \r 10%\no 0 \r 20%\nE 1 a warning\no 0 \r 30%\nO 0 \r100%\n"
+                      b"O 1 crlf\r\nO 1 done\n")
+        deadline = time.monotonic() + 10
+        while "done" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        col.close()
+    assert out.getvalue() == ("[0]<stdout>:\r[0]<stdout>: 10%\r[0]<stdout>: 20%\n"
+                              "[1]<stderr>:a warning\n"
+                              "[0]<stdout>:\r[0]<stdout>: 30%\r[0]<stdout>:100%\n"
+                              "[1]<stdout>:crlf\r\n[1]<stdout>:done\n")
+
+
+class _Watched(io.StringIO):
+    """The driver's stdout for the test below: makes `flag` when the bar's first step arrives."""
+
+    def __init__(self, flag):
+        super().__init__()
+        self.flag = flag
+
+    def write(self, text):
+        if "step 1" in text:
+            open(self.flag, "w").close()
+        return super().write(text)
+
+
+def _bar(flag):
+    import sys
+    import time
+    sys.stdout.write("\rstep 1")
+    sys.stdout.flush()
+    deadline = time.monotonic() + 20  # the driver shows the step while the rank runs, or never
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.stdout.write("\rstep 2\n")
+    return os.path.exists(flag)
+
+
+def test_a_ranks_progress_bar_reaches_the_driver_while_it_runs(spark, tmp_path):
+    flag = str(tmp_path / "seen")
+    out = _Watched(flag)
+    assert kolo.spark.run(_bar, args=(flag,), num_proc=1, stdout=out, verbose=0) == [True]
+    assert "[0]<stdout>:\r[0]<stdout>:step 1\r[0]<stdout>:step 2\n" in out.getvalue()
+
+
 def test_training_example_runs_on_spark():
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "..", "..", "examples", "spark", "spark_synthetic_digits.py")

@@ -21,17 +21,20 @@ of the worker Spark reuses, and a rank that crashes takes only its child down.
 
 The children's output reaches the driver, line by line, tagged like kolorun's
 ("[1]<stdout>:..."), through a socket the driver opens for this run (each task proves the run's
-secret first). A rank that fails tells the driver at once: the driver cancels the stage, so
-Spark neither waits for the other ranks nor retries a failing function, and raises
-KoloSparkError naming the rank, its host, its exit code and the last lines it wrote. A child
-whose task goes away (the stage cancelled, the executor lost) is killed with it (parent-death
-signal, and a check of its parent).
+secret first); a line holding a carriage return (a progress bar, which rewrites itself and ends
+its line only when done) goes out as it comes, each carriage return followed by the tag again, so
+the bar moves on the driver as on a terminal. A rank that fails tells the driver at once: the
+driver cancels the stage, so Spark neither waits for the other ranks nor retries a failing
+function, and raises KoloSparkError naming the rank, its host, its exit code and the last lines
+it wrote. A child whose task goes away (the stage cancelled, the executor lost) is killed with
+it (parent-death signal, and a check of its parent).
 
 Needs Spark 3.0 or later (barrier stages with allGather), kolo importable on the executors (the
 same package; libkolo.so found there as on the driver), and as many free task slots as ranks.
 """
 
 import base64
+import codecs
 import collections
 import os
 import secrets
@@ -72,6 +75,7 @@ class _Collector(Server):
         self.on_failure = on_failure
         self.failures = []  # (time received, rank, host, exit code, summary, tail)
         self.lock = threading.Lock()
+        self._open = {}  # destination -> (rank, stream) whose line is open there (a bar being drawn)
         self._listen(_relay.listen(128), "kolo.spark output")
 
     def _serve(self, conn):
@@ -91,14 +95,43 @@ class _Collector(Server):
             except OSError:  # silent past the hello's deadline, or the task's connection broke
                 pass
 
+    @staticmethod
+    def _destination(stream):
+        """Where a stream's text lands: stdout and stderr on one terminal are one place."""
+        try:
+            st = os.fstat(stream.fileno())
+            return (st.st_dev, st.st_ino)
+        except (AttributeError, OSError, ValueError):  # io.StringIO, a closed or detached stream
+            return id(stream)
+
     def _handle(self, line):
         kind, _, rest = line.partition(" ")
-        if kind in ("O", "E"):
+        if kind in ("O", "E", "o", "e"):
+            # O / E: (the rest of) a line; o / e: part of a line that holds a carriage return
             rank, _, text = rest.partition(" ")
-            stream = self.out if kind == "O" else self.err
+            err = kind in "Ee"
+            stream = self.err if err else self.out
             prefix = time.strftime("%a %b %d %H:%M:%S %Y") + " " if self.timestamps else ""
+            tag = "%s[%s]<%s>:" % (prefix, rank, "stderr" if err else "stdout")
+            src, ends = (rank, err), kind in "OE"
             with self.lock:
-                stream.write("%s[%s]<%s>:%s\n" % (prefix, rank, "stdout" if kind == "O" else "stderr", text))
+                dest = self._destination(stream)
+                opened = self._open.get(dest)
+                body = ""
+                if opened is not None and opened != src:
+                    body = "\n"  # a bar is open there: this output starts below it, not over it
+                if opened != src:
+                    body += tag
+                # after a carriage return the bar redraws from the line's start: the tag with it
+                # (not after one that ends the line, CRLF's)
+                last = text[:-1] if ends and text.endswith("\r") else text
+                body += last.replace("\r", "\r" + tag) + text[len(last):]
+                if ends:
+                    body += "\n"
+                    self._open.pop(dest, None)
+                else:
+                    self._open[dest] = src
+                stream.write(body)
                 stream.flush()
         elif kind == "X":
             # X rank host exit_code base64(summary) base64(tail, lines joined by newlines)
@@ -380,7 +413,7 @@ class _Channel:
                   % (addr, e), file=sys.stderr, flush=True)
             self.sock = None
 
-    def send(self, line, fallback=None):
+    def send(self, line, fallback=None, fallback_text=None):
         with self.lock:
             if self.sock is not None:
                 try:
@@ -389,7 +422,7 @@ class _Channel:
                 except OSError:
                     self.sock = None
             if fallback is not None:
-                fallback.write(line[2:] + "\n")
+                fallback.write(line[2:] + "\n" if fallback_text is None else fallback_text)
                 fallback.flush()
 
     def close(self):
@@ -488,10 +521,20 @@ def _task(spec):
         tail = collections.deque(maxlen=_TAIL_LINES)
 
         def pump(pipe, kind, fallback):
-            for raw in iter(pipe.readline, b""):
-                text = raw.decode("utf-8", "replace").rstrip("\n")
-                tail.append(text)
-                chan.send("%s %d %s" % (kind, rank, text), fallback)
+            cut, shown = _Splitter(), ""
+            fd = pipe.fileno()
+            while True:
+                data = os.read(fd, 65536)
+                for ends, text in cut.feed(data, final=not data):
+                    if ends:
+                        tail.append(_visible(shown + text))
+                        shown = ""
+                        chan.send("%s %d %s" % (kind, rank, text), fallback)
+                    else:
+                        shown = (shown + text)[-4096:]
+                        chan.send("%s %d %s" % (kind.lower(), rank, text), fallback, text)
+                if not data:
+                    break
             pipe.close()
 
         pumps = [threading.Thread(target=pump, args=(child.stdout, "O", sys.stdout), daemon=True),
@@ -526,6 +569,43 @@ def _task(spec):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [(rank, result)]
+
+
+class _Splitter:
+    """A rank's output cut into what the driver shows: (True, text) for a line's (remaining) text
+    as the line ends; (False, text) for text of a line that holds a carriage return, as it comes
+    (a progress bar ends its line only when done: line by line, the driver saw nothing of it for
+    an epoch, then the whole bar at once). UTF-8 split across reads is joined first."""
+
+    def __init__(self):
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._rest = ""     # the current line's text not yet passed on
+        self._live = False  # the current line holds a carriage return: passed on as it comes
+
+    def feed(self, data, final=False):
+        text = self._rest + self._decode(data, final)
+        out = []
+        lines = text.split("\n")
+        for line in lines[:-1]:
+            out.append((True, line))
+            self._live = False
+        text = lines[-1]
+        self._live = self._live or "\r" in text
+        if text and self._live and not final:
+            out.append((False, text))
+            text = ""
+        if final and (text or self._live):
+            out.append((True, text))  # the last line, unterminated; or a bar's open line closed
+            self._live = False
+            text = ""
+        self._rest = text
+        return out
+
+
+def _visible(line):
+    """What a terminal shows of a line that carriage returns rewrote: its last rewrite."""
+    line = line[:-1] if line.endswith("\r") else line
+    return line.rpartition("\r")[2]
 
 
 def _b64(text):
