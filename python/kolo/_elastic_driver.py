@@ -20,6 +20,7 @@ The service is one TCP port on every interface; every connection opens with the 
 (KOLO_DRIVER_KEY), and a stranger gets no answer (the driver names it on stderr).
 """
 
+import codecs
 import json
 import os
 import pickle
@@ -328,9 +329,18 @@ def _local_workers(status, local_address):
 
 
 def _copy(src, dst):
-    for line in iter(src.readline, b""):
-        dst.write(line.decode("utf-8", "replace"))
-        dst.flush()
+    # as it comes, not by lines: kolorun passes a progress bar's carriage-return rewrites on as the
+    # worker writes them, and a bar ends its line only when done
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    fd = src.fileno()
+    while True:
+        data = os.read(fd, 65536)
+        text = decode(data, not data)
+        if text:
+            dst.write(text)
+            dst.flush()
+        if not data:
+            break
 
 
 def _end(proc):

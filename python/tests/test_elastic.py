@@ -9,6 +9,7 @@ other two re-form the job with new ranks (the launcher's part played by the test
 a real elastic kolorun job grows from 2 workers to 3 in the middle of an epoch and the new worker gets
 the state."""
 
+import io
 import json
 import math
 import os
@@ -608,3 +609,35 @@ def test_elastic_driver_removes_its_directory_after_the_discoverer_stops(tmp_pat
     [(path, alive)] = removed
     assert alive == [], "the directory was removed while the discoverer still wrote into it"
     assert not os.path.exists(path)
+
+
+@pytest.mark.standalone
+def test_elastic_driver_passes_kolorun_output_on_as_it_comes(tmp_path):
+    # kolorun shows a worker's progress bar as it is drawn; the driver of kolo.ray's and
+    # kolo.spark's elastic jobs copied its output line by line, and so held a bar for an epoch
+    from kolo import _elastic_driver
+
+    class Local:
+        def nodes(self):
+            return {"localhost": 1}
+
+    flag = tmp_path / "seen"
+
+    class Watched(io.StringIO):
+        def write(self, text):
+            if "step 1" in text:
+                flag.touch()
+            return super().write(text)
+
+    kolorun = tmp_path / "kolorun"  # a bar's first step, then the next once the driver showed it
+    kolorun.write_text("#!/bin/sh\nprintf '[0]<stdout>:\\rstep 1 \\342\\226'\nprintf '\\210'\n"
+                       "n=0; while [ ! -e %s ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done\n"
+                       "printf '\\rstep 2\\n'\n" % flag)
+    kolorun.chmod(0o755)
+    job = _elastic_driver.Job(Local(), 1, 1, 10, 10)
+    job.kolorun = str(kolorun)
+    out = Watched()
+    t0 = time.monotonic()
+    assert job.run(b"unused", stdout=out, stderr=io.StringIO()) == []
+    assert out.getvalue() == "[0]<stdout>:\rstep 1 \u2588\rstep 2\n"
+    assert time.monotonic() - t0 < 15, "the driver showed the bar's first step only at its end"
