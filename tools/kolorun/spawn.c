@@ -12,8 +12,9 @@
  * ssh connection: kolorun writes nothing there but "stop" and "cont" lines (Ctrl-Z and fg,
  * passed on as SIGSTOP and SIGCONT to the command's group); when the connection drops (kolorun
  * or ssh killed, network gone) the watcher's `read` sees end of file and the wrapper SIGTERMs
- * the command's process group, waits the grace period and SIGKILLs it. kolorun keeps the write end of ssh's stdin open for
- * the whole job, so the remote stdin closes exactly when kolorun (or its ssh) goes away.
+ * the command's process group, waits the grace period and SIGKILLs it. kolorun keeps the write
+ * end of ssh's stdin open for the whole job, so the remote stdin closes exactly when kolorun (or
+ * its ssh) goes away.
  *
  * Guard: a process forked before anything else, in a process group of its own, that knows
  * every worker's process group. kolorun says goodbye (a 0) when it ends normally; if its pipe

@@ -208,9 +208,10 @@ static void on_signal(sup *s, int sig)
         /* Ctrl-Z: the workers, each in a process group of its own, would not see it, and would
          * go on (and block on their full output pipes) while kolorun stood still. They stop with
          * kolorun (Open MPI's mpirun does so only with orte_forward_job_control=1), by SIGSTOP (a
-         * worker that catches SIGTSTP would stop half the job); `fg` or `bg` (SIGCONT) starts them again. A pause of the whole job does not count
-         * against KOLO_OP_TIMEOUT (by hand: 6 s stopped under a 3 s timeout, the job went on).
-         * Remote workers stop by their wrappers (a signal over ssh would end them). */
+         * worker that catches SIGTSTP would stop half the job); `fg` or `bg` (SIGCONT) starts
+         * them again. A pause of the whole job does not count against KOLO_OP_TIMEOUT (by hand:
+         * 6 s stopped under a 3 s timeout, the job went on). Remote workers stop by their
+         * wrappers (a signal over ssh would end them). */
         int live = count_running(s);
         kr_say("got SIGTSTP: stopping %d worker%s with kolorun (fg or bg resumes them)", live, live == 1 ? "" : "s");
         signal_groups(s, SIGSTOP, false, true);
