@@ -912,6 +912,60 @@ static bool slurm_up(cluster *c, char *hosts, size_t cap)
     return true;
 }
 
+/* Whether pid is stopped ('T' in /proc/PID/stat), waiting up to 5 s for it to become `want`. */
+static bool stopped_becomes(pid_t pid, bool want)
+{
+    double end = now_s() + 5 * kt_timeout_scale();
+    for (;;) {
+        char path[64], buf[512] = "";
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = '\0';
+        const char *q = strrchr(buf, ')');
+        bool stopped = q && q[1] == ' ' && q[2] == 'T';
+        if (stopped == want || now_s() > end) return stopped;
+        usleep(10000);
+    }
+}
+
+/* The pid of the first descendant of root named comm, 0 if none (yet). */
+static pid_t descendant_named(pid_t root, const char *comm)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    pid_t found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        char *end, path[64], name[64] = "";
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        snprintf(path, sizeof(path), "/proc/%ld/comm", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (!fgets(name, sizeof(name), f)) name[0] = '\0';
+        fclose(f);
+        name[strcspn(name, "\n")] = '\0';
+        if (strcmp(name, comm) != 0) continue;
+        for (long up = pid; up > 1 && !found;) { /* its ancestors, by /proc/PID/stat's ppid */
+            char buf[512] = "";
+            snprintf(path, sizeof(path), "/proc/%ld/stat", up);
+            f = fopen(path, "r");
+            size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+            if (f) fclose(f);
+            buf[n] = '\0';
+            const char *q = strrchr(buf, ')');
+            long ppid = 0;
+            if (!q || sscanf(q + 2, "%*c %ld", &ppid) != 1) break;
+            if (ppid == root) found = (pid_t)pid;
+            up = ppid;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 /* Slurm for real, across the two hosts: srun starts 4 ranks, 2 per node (plainly, and with Slurm's
  * PMI-2 and PMIx servers, which set variables of their own), which find rank 0 at the first node
  * of the step (through the PMIx server, also where the node names do not resolve) and run the
@@ -1012,6 +1066,45 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
     kt_proc_free(&p);
     assert_no_leftovers(&c, true, 5);
 
+    /* Ctrl-Z of a kolorun whose workers are srun steps: its "stop" reaches each step's wrapper
+     * through srun's stdin, the workers on both nodes stop, and fg (SIGCONT) resumes them */
+    const char *tstp[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "2", "unshare", "-m", "--propagation",
+                          "private", "sh", "-c", mount, "sh", kolorun_path(), "--start-timeout", "20",
+                          "/usr/bin/python3", "-c",
+                          /* no fork: a shell's `sleep` could hold the shell in its vfork wait (D, not T) */
+                          "import os, time\nprint('pid', os.getpid(), flush=True)\n"
+                          "for _ in range(40): time.sleep(0.1)\nprint('finished')",
+                          NULL};
+    slurm_idle(&c);
+    proc_start(&p, c.ns[NS_L], tstp);
+    kt_proc_wait_for(&p, "<stdout>:pid ", 2, 40);
+    pid_t workers[2] = {0, 0}, launcher = descendant_named(p.pid, "kolorun");
+    for (int r = 0; r < 2; r++) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), "[%d]<stdout>:pid ", r);
+        const char *at = strstr(p.obuf, tag);
+        int pid = 0;
+        KT_ASSERTF(at && sscanf(at + strlen(tag), "%d", &pid) == 1 && pid > 0, "no pid of rank %d:\n%s", r, p.obuf);
+        workers[r] = (pid_t)pid;
+        KT_ASSERT(pid_netns(workers[r]) == c.ino[r == 0 ? NS_A : NS_B]);
+    }
+    KT_ASSERTF(launcher > 0, "no kolorun under salloc (pid %d)", (int)p.pid);
+    kill(launcher, SIGTSTP);
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(stopped_becomes(workers[r], true), "rank %d's step (pid %d) did not stop", r, (int)workers[r]);
+    usleep(300000);
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(stopped_becomes(workers[r], true), "rank %d's step (pid %d) went on", r, (int)workers[r]);
+    kill(launcher, SIGCONT);
+    for (int r = 0; r < 2; r++)
+        KT_ASSERTF(!stopped_becomes(workers[r], false), "rank %d's step (pid %d) stayed stopped", r,
+                   (int)workers[r]);
+    int rc = kt_proc_finish(&p, 40);
+    KT_ASSERTF(rc == 0, "kolorun under salloc exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    KT_EQ(kt_count(p.obuf, "<stdout>:finished\n"), 2);
+    kt_proc_free(&p);
+    assert_no_leftovers(&c, true, 5);
+
     /* rank 3 fails while the others sleep: kolorun ends their steps, names rank 3, and nothing
      * of the job is left on either node */
     const char *fail[] = {"/usr/bin/salloc", "--quiet", "-N", "2", "-n", "4", "unshare", "-m", "--propagation",
@@ -1021,7 +1114,7 @@ KT_TEST(multihost_slurm_srun_and_kolorun_in_salloc, 120)
      * with nothing said, as salloc --quiet says nothing while it waits) */
     slurm_idle(&c);
     proc_start(&p, c.ns[NS_L], fail);
-    int rc = kt_proc_finish(&p, 40);
+    rc = kt_proc_finish(&p, 40);
     KT_ASSERTF(rc == 7 && p.t_end - p.t0 < 30, "exit %d after %.1f s; stderr:\n%s", rc, p.t_end - p.t0, p.ebuf);
     KT_CONTAINS(p.ebuf, "rank 3 on host nodeb");
     kt_proc_free(&p);
@@ -1348,24 +1441,6 @@ KT_TEST(multihost_what_a_worker_leaves_on_b_ends_with_it, 60)
     assert_no_leftovers(&c, false, 5);
     kt_proc_free(&p);
     cluster_down(&c);
-}
-
-/* Whether pid is stopped ('T' in /proc/PID/stat), waiting up to 5 s for it to become `want`. */
-static bool stopped_becomes(pid_t pid, bool want)
-{
-    double end = now_s() + 5 * kt_timeout_scale();
-    for (;;) {
-        char path[64], buf[512] = "";
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "r");
-        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-        if (f) fclose(f);
-        buf[n] = '\0';
-        const char *q = strrchr(buf, ')');
-        bool stopped = q && q[1] == ' ' && q[2] == 'T';
-        if (stopped == want || now_s() > end) return stopped;
-        usleep(10000);
-    }
 }
 
 /* Ctrl-Z across hosts: kolorun on a tells b's wrapper "stop" on the connection, and b's worker
