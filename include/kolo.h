@@ -164,7 +164,9 @@ KOLO_EXTERN int kolo_cross_rank(void);
 KOLO_EXTERN int kolo_cross_size(void);
 
 /* The transport used to reach world rank `peer` ("self", "shm", "tcp"), or
- * NULL when not initialized or peer is out of range. Static string. */
+ * NULL when not initialized or peer is out of range. Static string. "shm" only
+ * when every connection to the peer (direct collectives', the engine's) has
+ * shared memory: where /dev/shm is short of room, one may go by TCP alone. */
 KOLO_EXTERN const char *kolo_peer_transport(int peer);
 
 /* ---- Process sets ------------------------------------------------------------

@@ -944,14 +944,18 @@ static void small_shm_rank(int rank, void *arg)
     stderr_to_file(rank);
     KT_OK(kolo_init());
     int n = kolo_size(), shm = 0, tcp = 0;
+    char tcp_peers[64] = "";
     for (int p = 0; p < n; p++) {
         const char *t = p == rank ? "self" : kolo_peer_transport(p);
         shm += t && strcmp(t, "shm") == 0;
         tcp += t && strcmp(t, "tcp") == 0;
+        if (t && strcmp(t, "tcp") == 0)
+            snprintf(tcp_peers + strlen(tcp_peers), sizeof(tcp_peers) - strlen(tcp_peers), "<%d>", p);
     }
     /* sizes that go through the rings in pieces and wrap them many times */
     size_t bad = three_collectives((size_t)1 << 18);
-    fprintf(stderr, "small shm: rank %d: %d peers by shared memory, %d by TCP, %zu wrong\n", rank, shm, tcp, bad);
+    fprintf(stderr, "small shm: rank %d: %d peers by shared memory, %d by TCP, %zu wrong; TCP: %s\n", rank, shm, tcp,
+            bad, tcp_peers);
     fflush(stderr);
     kolo_shutdown();
     KT_EQ(bad, 0);
@@ -1026,7 +1030,20 @@ KT_TEST(full_dev_shm_sends_pairs_by_tcp, 60)
     if (!private_dev_shm("1m")) return;
     char err[4][SHM_ERR_CAP];
     int tcp_pairs = shm_job(4, err), told = 0;
-    for (int r = 0; r < 4; r++) told += strstr(err[r], "using TCP: /dev/shm has no room for the ") != NULL;
+    for (int r = 0; r < 4; r++) {
+        told += strstr(err[r], "using TCP: /dev/shm has no room for the ") != NULL;
+        /* the peer a rank warned of goes by TCP in kolo_peer_transport too, whichever of the
+         * pair's connections (direct, engine) found no room */
+        const char *w = strstr(err[r], "shared memory with rank ");
+        int peer = -1;
+        if (w && sscanf(w + strlen("shared memory with rank "), "%d", &peer) == 1) {
+            char want[16];
+            snprintf(want, sizeof(want), "<%d>", peer);
+            const char *list = strstr(err[r], "; TCP: ");
+            KT_ASSERTF(list && strstr(list, want), "rank %d warned that rank %d goes by TCP, but does not say so:\n%s",
+                       r, peer, err[r]);
+        }
+    }
     KT_ASSERTF(tcp_pairs > 0 && told > 0, "no pair went by TCP, or none said why:\n%s\n%s\n%s\n%s", err[0], err[1],
                err[2], err[3]);
     KT_CONTAINS(err[0], "the least, and still more than half of it: pairs whose rings find no room go by TCP");

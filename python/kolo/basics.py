@@ -201,7 +201,8 @@ def build_info():
 
 
 def peer_transport(peer):
-    """"self", "shm" or "tcp": how this rank reaches world rank `peer`."""
+    """"self", "shm" or "tcp": how this rank reaches world rank `peer` ("shm" only when both its
+    connections there, the engine's and the direct collectives', have shared memory)."""
     t = _lib.kolo_peer_transport(int(peer))
     return t.decode() if t else None
 

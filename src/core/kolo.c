@@ -650,8 +650,18 @@ const char *kolo_peer_transport(int peer)
 {
     if (!W.initialized || peer < 0 || peer >= W.info.size) return NULL;
     if (peer == W.info.rank) return "self";
-    kolo__conn *c = W.mesh[KOLO_CHANNEL_DIRECT]->conns[peer];
-    return c && c->tp ? c->tp->name : NULL;
+    /* Each channel (direct collectives, the engine's) sets up its own connection to the peer, and
+     * where /dev/shm runs out of room one may get rings and the other not: "shm" only when all
+     * did. Reading the direct channel's alone said "shm" for pairs whose engine collectives, all
+     * a Python program calls, went by TCP (a 1 MiB /dev/shm in CI, the channels' hellos in the
+     * other order). */
+    const char *name = NULL;
+    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+        kolo__conn *c = W.mesh[ch] ? W.mesh[ch]->conns[peer] : NULL;
+        if (!c || !c->tp) continue;
+        if (!name || strcmp(c->tp->name, "shm") != 0) name = c->tp->name;
+    }
+    return name;
 }
 
 /* ---- process sets ---- */
