@@ -1093,8 +1093,10 @@ static size_t recover(char *text, size_t len)
 
 /* Children record flat out (the ring overflows, the writer flushes a megabyte at a time) and
  * are killed at random moments. Each file is either valid as it stands or made valid by the
- * documented recovery, and then holds events. */
-KT_TEST(trace_sigkill_while_writing, 10)
+ * documented recovery, and then holds events. (16 rounds take about 4 s alone, each waiting for
+ * a flush of the writer, which wakes every 50 ms; a CI run beside the sanitizer builds waited
+ * 7.5 s for a CPU and went past the 10 s this had.) */
+KT_TEST(trace_sigkill_while_writing, 30)
 {
     const char *path = tpath("busy.json");
     unsigned seed = 12345;
