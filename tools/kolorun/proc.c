@@ -162,13 +162,10 @@ static int live_children(const char *mark, pid_t *out, int cap)
     return n;
 }
 
-/* Signals a leftover and, when it leads its process group, the group; returns whether it did. */
-static bool signal_leftover(pid_t pid, int sig)
+static void signal_leftover(pid_t pid, int sig)
 {
-    bool leads = getpgid(pid) == pid;
-    if (leads) kill(-pid, sig); /* and its group, which it leads */
+    if (getpgid(pid) == pid) kill(-pid, sig); /* and its group, which it leads */
     kill(pid, sig);
-    return leads;
 }
 
 static void reap_all(void)
@@ -181,8 +178,8 @@ void kr_end_leftovers(double grace, const char *job_id)
 {
     char mark[128];
     snprintf(mark, sizeof(mark), "KOLO_JOB_ID=%s", job_id);
-    pid_t seen[LEFTOVERS_MAX], kids[LEFTOVERS_MAX], groups[LEFTOVERS_MAX];
-    int nseen = 0, ngroups = 0, total = 0;
+    pid_t seen[LEFTOVERS_MAX], kids[LEFTOVERS_MAX];
+    int nseen = 0, total = 0;
     char names[512] = "";
     size_t len = 0;
     double t0 = kr_now();
@@ -196,16 +193,13 @@ void kr_end_leftovers(double grace, const char *job_id)
         for (int i = 0; i < n; i++) {
             bool known = false;
             for (int k = 0; k < nseen && !known; k++) known = seen[k] == kids[i];
-            /* A member of a group signalled as a whole is its leader's: SIGKILLed with it, it can
-             * outlive the leader by a scheduling delay and come to kolorun, still running, as an
-             * orphan (a trap-ignoring `sh -c` and its `sleep`, in a CI run with a CPU wait of 1.1 s):
-             * it is signalled again but not named as one more process the workers left. */
+            /* A member of a group whose leader was met (and signalled with its group) is the
+             * leader's: SIGKILLed with it, it can outlive the leader by a scheduling delay and come
+             * to kolorun, still running, as an orphan (a trap-ignoring `sh -c` and its `sleep`, in
+             * a CI run with a CPU wait of 1.1 s): signalled again, not named as one more. */
             pid_t pg = known ? -1 : getpgid(kids[i]);
-            for (int k = 0; k < ngroups && !known; k++) {
-                if (groups[k] != pg) continue;
-                known = true;
-                if (nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
-            }
+            for (int k = 0; k < nseen && !known; k++) known = seen[k] == pg;
+            if (known && nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
             if (!known) { /* first met: named in the message, sent SIGTERM */
                 char path[64], comm[32] = "?";
                 snprintf(path, sizeof(path), "/proc/%d/comm", (int)kids[i]);
@@ -219,7 +213,7 @@ void kr_end_leftovers(double grace, const char *job_id)
                                             (int)kids[i]);
                 total++;
                 if (nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
-                if (signal_leftover(kids[i], SIGTERM) && ngroups < LEFTOVERS_MAX) groups[ngroups++] = kids[i];
+                signal_leftover(kids[i], SIGTERM);
             }
             if (hard) signal_leftover(kids[i], SIGKILL);
         }
