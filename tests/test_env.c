@@ -348,6 +348,15 @@ KT_TEST(env_pet_trainjob_pods, 10)
     KT_EQ(w.rdv_port, 29501);
     KT_EQ(w.rdv_serve, 1);
     KT_CONTAINS(w.job_id, "job-node-0-0.job:29500");
+    /* pods start minutes apart where a node or an image must come first: 10 minutes to assemble
+     * unless the job says otherwise (also through Horovod's name for the setting) */
+    KT_ASSERTF(w.start_timeout == 600.0, "start timeout %g", w.start_timeout);
+    setenv("KOLO_START_TIMEOUT", "45", 1);
+    KT_ASSERTF(detect_ok().start_timeout == 45.0, "start timeout %g", detect_ok().start_timeout);
+    unsetenv("KOLO_START_TIMEOUT");
+    setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "20", 1);
+    KT_ASSERTF(detect_ok().start_timeout == 20.0, "start timeout %g", detect_ok().start_timeout);
+    unsetenv("HOROVOD_GLOO_TIMEOUT_SECONDS");
     /* every pod computes the same job and secret */
     setenv("PET_NODE_RANK", "0", 1);
     kolo__world_info w0 = detect_ok();
@@ -371,6 +380,8 @@ KT_TEST(env_pet_trainjob_pods, 10)
     w = detect_ok();
     STR_EQ(w.source, "torchrun");
     KT_EQ(w.size, 12);
+    /* torchrun's agents assemble before any worker starts: the workers keep Horovod's 30 s */
+    KT_ASSERTF(w.start_timeout == 30.0, "start timeout %g", w.start_timeout);
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
     unsetenv("MASTER_ADDR");

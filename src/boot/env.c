@@ -769,7 +769,17 @@ static int from_slurm(kolo__world_info *w, ctx *c)
 }
 
 /* Kubeflow's TrainJob without torchrun (see the top of the file). Pods do not share /dev/shm or
- * a network namespace, so each is a host of one rank: TCP between all of them. */
+ * a network namespace, so each is a host of one rank: TCP between all of them.
+ *
+ * A TrainJob's pods start as the scheduler finds them nodes and the nodes pull the image, minutes
+ * apart where a node must be added or an image is large, and the program in each calls kolo_init
+ * at once. KOLO_START_TIMEOUT's 30 s (Horovod's, for processes one launcher starts together) would
+ * fail such a job and have Kubernetes restart it, so without the setting these ranks wait 10
+ * minutes: torchrun's own rendezvous, which the pods would otherwise go through, gives its nodes
+ * 600 s (static and c10d), and Flyte's Kubeflow plugin 15 minutes. Under torchrun the agents
+ * assemble before starting any worker, so the workers keep the 30 s. */
+#define PET_START_TIMEOUT 600.0
+
 static int from_pet(kolo__world_info *w, ctx *c)
 {
     const char *nn = var("PET_NNODES"), *colon = strchr(nn, ':');
@@ -915,6 +925,8 @@ int kolo__env_detect(kolo__world_info *out)
         w.rdv_serve = 0;
     }
     if ((s = make_secret(&w))) return s;
+    w.start_timeout = kolo__setting_double(KOLO_SET_START_TIMEOUT);
+    if (strcmp(src, "pet") == 0 && !kolo__setting_is_set(KOLO_SET_START_TIMEOUT)) w.start_timeout = PET_START_TIMEOUT;
     KOLO_DEBUG("environment: %s, rank %d of %d (local %d of %d, cross %d of %d), store %s:%d%s, job %s",
                w.source, w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size,
                w.rdv_port ? w.rdv_host : "-", w.rdv_port, w.rdv_serve ? " (rank 0 serves)" : "", w.job_id);

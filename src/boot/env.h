@@ -33,6 +33,10 @@ typedef struct kolo__world_info {
      * formed a newer round while this one was starting ("": none). */
     int epoch;
     char abort_key[224];
+    /* Seconds kolo_init waits without progress (a rank arriving, a connection made) before
+     * naming the ranks missing: KOLO_START_TIMEOUT where set, else its default, 30, but for a
+     * TrainJob's pods (source "pet"), 600 (see env.c, from_pet). */
+    double start_timeout;
 } kolo__world_info;
 
 /* Fills *out from the environment, in the order of DESIGN.md:

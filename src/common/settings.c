@@ -13,7 +13,8 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                            "1: kolo's log lines start with the wall-clock time (kolorun --log-with-timestamp)"},
     [KOLO_SET_START_TIMEOUT] = {"KOLO_START_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
                                 "seconds kolo_init() waits without progress (no rank arriving at the rendezvous, no "
-                                "connection made) before naming the ranks missing"},
+                                "connection made) before naming the ranks missing; unset, 600 for a Kubeflow "
+                                "TrainJob's pods (PET_*), which start as nodes and images come"},
     [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",
                              "seconds a collective waits for a silent (not dead) peer before failing"},
     [KOLO_SET_TRANSPORT] = {"KOLO_TRANSPORT", "", "auto",

@@ -100,7 +100,7 @@ int kolo__elastic_join(void)
     int st;
     if (!W.estore) {
         st = kolo__store_connect(&W.estore, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
-                                 kolo__setting_double(KOLO_SET_START_TIMEOUT));
+                                 W.info.start_timeout);
         if (st != KOLO_OK) return fail_store(st, "reach kolorun's store");
     }
     int want = W.elastic_round + 1;

@@ -489,7 +489,7 @@ static int init_once(void)
         kolo__store *store = W.estore; /* an elastic worker is connected already */
         if (!store) {
             st = kolo__store_connect(&store, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
-                                     kolo__setting_double(KOLO_SET_START_TIMEOUT));
+                                     W.info.start_timeout);
             if (st != KOLO_OK) {
                 kolo__err(st, "rank %d could not reach the rendezvous store at %s:%d: %s", W.info.rank, W.info.rdv_host,
                           W.info.rdv_port, kolo__errmsg());

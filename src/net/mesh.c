@@ -903,7 +903,7 @@ static int run_handshakes(build *b, int lfd)
             st = kolo__err(KOLO_ERR_STARTUP,
                            "rank %d could not connect to rank(s) %s: no connection was made for KOLO_START_TIMEOUT "
                            "(%g s): a firewall, a wrong KOLO_IFACE, or those ranks died during start-up",
-                           wi->rank, missing, kolo__setting_double(KOLO_SET_START_TIMEOUT));
+                           wi->rank, missing, wi->start_timeout);
             goto out;
         }
         if (now >= next_tick && b->next_due && now >= b->next_due) {
@@ -1085,11 +1085,11 @@ static int publish_and_learn(build *b, kolo__store *store, const char *addr, int
                              "rank %d waited %g s (KOLO_START_TIMEOUT): every rank published its address at the "
                              "rendezvous %s:%d, but the records were never joined (the last rank to arrive died "
                              "during start-up?)",
-                             wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), wi->rdv_host, wi->rdv_port);
+                             wi->rank, wi->start_timeout, wi->rdv_host, wi->rdv_port);
         return kolo__err(KOLO_ERR_STARTUP,
                          "rank %d waited %g s (KOLO_START_TIMEOUT) after the last rank arrived, but %d rank(s) "
                          "never arrived at the rendezvous %s:%d: missing rank(s) %s",
-                         wi->rank, kolo__setting_double(KOLO_SET_START_TIMEOUT), count, wi->rdv_host, wi->rdv_port,
+                         wi->rank, wi->start_timeout, count, wi->rdv_host, wi->rdv_port,
                          kolo__ranks_end(&t));
     }
     if (st != KOLO_OK) return st;
@@ -1284,7 +1284,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
     b.cma_threshold = b.want_cma == 2 ? 32 * 1024 : 128 * 1024;
     if (kolo__setting_bytes(KOLO_SET_RING_CHUNK) < b.cma_threshold) /* let tests push chunks through CMA */
         b.cma_threshold = kolo__setting_bytes(KOLO_SET_RING_CHUNK);
-    b.quiet_ns = (uint64_t)(kolo__setting_double(KOLO_SET_START_TIMEOUT) * 1e9);
+    b.quiet_ns = (uint64_t)(wi->start_timeout * 1e9);
 
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) meshes[ch] = NULL;
     b.peers = kolo__calloc((size_t)wi->size, sizeof(kolo__peer_info));
