@@ -1032,6 +1032,11 @@ KT_TEST(full_dev_shm_sends_pairs_by_tcp, 60)
     int tcp_pairs = shm_job(4, err), told = 0;
     for (int r = 0; r < 4; r++) {
         told += strstr(err[r], "using TCP: /dev/shm has no room for the ") != NULL;
+        /* and says which calls go by TCP: one channel of a pair may have found room */
+        const char *u = strstr(err[r], " unavailable for ");
+        KT_ASSERTF(!u || !strncmp(u, " unavailable for the engine's collectives (the *_async calls", 60) ||
+                       !strncmp(u, " unavailable for direct collectives (kolo_allreduce", 51),
+                   "rank %d:\n%s", r, err[r]);
         /* the peer a rank warned of goes by TCP in kolo_peer_transport too, whichever of the
          * pair's connections (direct, engine) found no room */
         const char *w = strstr(err[r], "shared memory with rank ");

@@ -490,12 +490,17 @@ static int on_hello_c(build *b, hs *h)
     if (hs_mac(ack, wi, "kolo-mesh-accept", nonce_c, (uint32_t)wi->rank, ch, rc) != KOLO_OK) return KOLO_ERR_INTERNAL;
     uint32_t offer = 0;
     if (!b->tcp_only && strcmp(b->peers[rc].hostkey, b->peers[wi->rank].hostkey) == 0) {
+        /* Each channel's connection makes its own segment, so in a short /dev/shm one channel of a
+         * pair may find room where the other did not: the message says which calls go slow. */
+        const char *calls = ch == KOLO_CHANNEL_ENGINE
+                                ? "the engine's collectives (the *_async calls, and every call of the Python bindings)"
+                                : "direct collectives (kolo_allreduce and the other blocking calls of the C API)";
         if (kolo__shm_create(c, h->shm_name, sizeof(h->shm_name), b->ring, b->populate, b->reserve) == KOLO_OK)
             offer = 1;
         else if (b->shm_failed++ == 0)
-            KOLO_WARN("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
+            KOLO_WARN("shared memory with rank %d unavailable for %s, using TCP: %s", (int)rc, calls, kolo__errmsg());
         else
-            KOLO_INFO("shared memory with rank %d unavailable, using TCP: %s", (int)rc, kolo__errmsg());
+            KOLO_INFO("shared memory with rank %d unavailable for %s, using TCP: %s", (int)rc, calls, kolo__errmsg());
     }
     put32(ack + KOLO_MAC_LEN, offer);
     memcpy(ack + KOLO_MAC_LEN + 4, h->shm_name, SHM_NAME_LEN);
