@@ -283,8 +283,10 @@ KOLO_EXTERN int kolo_elastic_check(int *update);
  * (any rank's buffer from malloc, ranks on several hosts, more than 16 ranks, a prescale factor
  * other than 1) the usual algorithms run: on one host from 4 MiB, the ring or the same direct
  * algorithm reading the peers' malloc'd buffers with process_vm_readv, whichever times faster
- * (KOLO_SHM_CMA). Works before kolo_init. NULL with kolo_last_error() set on failure;
- * kolo_mem_free(NULL) does nothing. */
+ * (KOLO_SHM_CMA). Works before kolo_init. A child forked from this process keeps the buffers
+ * at the same addresses as private memory, as it would malloc'd memory: what it writes stays its
+ * own (pages it has not written still show its parent's later writes). NULL with
+ * kolo_last_error() set on failure; kolo_mem_free(NULL) does nothing. */
 KOLO_EXTERN void *kolo_mem_alloc(size_t bytes);
 KOLO_EXTERN int kolo_mem_free(void *p);
 

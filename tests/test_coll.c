@@ -14,6 +14,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const kolo_dtype_t all_dtypes[] = {KOLO_UINT8,   KOLO_INT8,     KOLO_UINT16,  KOLO_INT16,
@@ -1656,6 +1657,83 @@ KT_TEST(zero_copy_allreduce, 120)
     KT_EQ(kt_job(2, zero_copy, NULL, NULL, NULL), 0);
     KT_EQ(kt_job(3, zero_copy, NULL, NULL, NULL), 0);
 }
+
+/* kolo_mem_alloc buffers in a child forked after they were used: the child reads what its parent
+ * had, and what it writes stays its own, as with malloc'd memory (the buffers were shared
+ * mappings, so a child's writes, a forked worker's backward pass into kolo.torch's gradient arena,
+ * landed in its parent's). The peers' buffers the parent had mapped are gone from the child; the
+ * parent's next zero-copy allreduce is exact. */
+static void mem_maps(int *own_private, int *shared)
+{
+    *own_private = *shared = 0;
+    FILE *f = fopen("/proc/self/maps", "re");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f))
+        if (strstr(line, "memfd:kolo-mem")) {
+            const char *perms = strchr(line, ' ');
+            if (perms && perms[4] == 'p') ++*own_private;
+            else ++*shared;
+        }
+    if (f) fclose(f);
+}
+
+static void mem_after_fork(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    int n = kolo_size();
+    size_t count = ((size_t)1 << 20) / 4;
+    float *a = kolo_mem_alloc(count * 4), *b = kolo_mem_alloc(count * 4);
+    KT_ASSERT(a && b);
+    for (size_t i = 0; i < count; i++) a[i] = zc_val(i, rank);
+    uint64_t runs = kolo__zc_runs();
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__zc_runs(), runs + 1); /* the peers' buffers are mapped here now */
+    if (rank == 0) {
+        int own, shared;
+        mem_maps(&own, &shared);
+        KT_ASSERTF(own == 0 && shared >= 2, "the parent maps %d private, %d shared", own, shared);
+        fflush(NULL);
+        pid_t child = fork();
+        KT_ASSERT(child >= 0);
+        if (child == 0) {
+            int bad = 0;
+            for (size_t i = 0; i < count; i++) {
+                float want = 0;
+                for (int r = 0; r < n; r++) want += zc_val(i, r);
+                bad += b[i] != want;
+                b[i] = -1.0f;
+                a[i] = -2.0f;
+            }
+            mem_maps(&own, &shared);
+            if (bad || own != 2 || shared != 0)
+                fprintf(stderr, "the child read %d wrong elements, maps %d private, %d shared\n", bad, own, shared);
+            _exit(bad || own != 2 || shared != 0 ? 3 : 0); /* no atexit: the parent's job is not the child's */
+        }
+        int st = 0;
+        KT_EQ(waitpid(child, &st, 0), child);
+        KT_ASSERTF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child ended with status 0x%x", st);
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += zc_val(i, r);
+            KT_ASSERTF(b[i] == want && a[i] == zc_val(i, 0), "[%zu] after the child wrote: a %g, b %g (want %g)", i,
+                       (double)a[i], (double)b[i], (double)want);
+        }
+    }
+    KT_OK(kolo_barrier(KOLO_WORLD));
+    KT_OK(kolo_allreduce(a, b, count, KOLO_FLOAT32, KOLO_MAX, 1, 1, KOLO_WORLD));
+    KT_EQ(kolo__zc_runs(), runs + 2);
+    for (size_t i = 0; i < count; i++) {
+        float want = zc_val(i, 0);
+        for (int r = 1; r < n; r++) want = fmaxf(want, zc_val(i, r));
+        KT_ASSERTF(b[i] == want, "max [%zu]: %g, want %g", i, (double)b[i], (double)want);
+    }
+    KT_OK(kolo_shutdown());
+    KT_OK(kolo_mem_free(a));
+    KT_OK(kolo_mem_free(b));
+}
+
+KT_TEST(mem_alloc_buffers_are_a_forked_childs_own, 60) { KT_EQ(kt_job(2, mem_after_fork, NULL, NULL, NULL), 0); }
 
 /* What the choice tests add to each call of the way they slow down: 30 ms, stretched with
  * KT_TIMEOUT_SCALE (a sanitizer build's calls take that long themselves). */

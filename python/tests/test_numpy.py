@@ -1,6 +1,8 @@
 """kolo's collectives on NumPy arrays (multi-rank): every dtype and op, scaling, in-place and
 async variants, grouped operations, uneven shapes, join, barrier, errors."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -306,6 +308,14 @@ def test_shared_empty_array_reduces_in_place_exactly():
         kolo.shared_empty(1 << 62, np.uint8)
     with pytest.raises(ValueError, match="negative dimension"):
         kolo.shared_empty((2, -1), np.float32)
+    # a forked child (a DataLoader's worker) reads the array and writes its own copy of it
+    pid = os.fork()
+    if pid == 0:
+        ok = np.array_equal(a, (base * n + n * (n - 1) // 2).astype(np.float32))
+        a[:] = -1
+        os._exit(0 if ok else 3)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert np.array_equal(a, (base * n + n * (n - 1) // 2).astype(np.float32))
 
 
 # ---- Adasum (the reference: adasum_ref.py) ----

@@ -12,6 +12,16 @@
  *
  * The collectives use this through kolo__mem_find (is [p, p+len) inside one of my allocations?)
  * and kolo__mem_map_peer / kolo__mem_unpin (coll/direct.c).
+ *
+ * A child forked from the owner (a DataLoader's worker, os.fork(), a pool with the fork start
+ * method) inherited these buffers as they are, shared: its writes landed in its parent's buffers
+ * (kolo.torch keeps gradients in them, so a forked child's backward pass rewrote the parent's),
+ * where malloc'd memory would have given the child a copy. The child now maps each buffer again
+ * from its memfd, privately (fork_child): pages it writes become its own, copied at the first
+ * write as the kernel copies private memory, at no cost for pages it does not write; pages it has
+ * not written still show what its parent writes later. The peers' buffers this process had mapped
+ * are unmapped in the child (it runs no collective, see kolo.c, and would keep their pages alive
+ * for as long as it lives).
  */
 #include "mem.h"
 
@@ -48,8 +58,28 @@ static int nmine, capmine;
 static peer_map peers[PEER_MAPS];
 static uint64_t clock_ticks;
 
+static void fork_prepare(void) { pthread_mutex_lock(&lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&lock); }
+
+static void fork_child(void)
+{
+    /* MAP_FIXED replaces the shared mapping in place: the same addresses, the same contents */
+    for (int i = 0; i < nmine; i++)
+        (void)mmap(mine[i].base, mine[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, mine[i].fd, 0);
+    for (int i = 0; i < PEER_MAPS; i++)
+        if (peers[i].base) {
+            munmap(peers[i].base, peers[i].len);
+            peers[i] = (peer_map){0};
+        }
+    pthread_mutex_unlock(&lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void watch_forks(void) { (void)pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
 void *kolo_mem_alloc(size_t bytes)
 {
+    pthread_once(&fork_once, watch_forks);
     if (bytes == 0) {
         kolo__err(KOLO_ERR_INVALID_ARG, "kolo_mem_alloc of 0 bytes");
         return NULL;
