@@ -1339,6 +1339,88 @@ KT_TEST(multihost_ipv6_only_pods, 60)
     cluster_down(&c);
 }
 
+/* kolo-tests --worker mh_vanish: rank 1 (on b) sleeps after a first allreduce; rank 0 (on a)
+ * says it calls, then waits in a 1 MiB allreduce for rank 1, and prints how it ended and when. */
+KT_WORKER(mh_vanish)
+{
+    (void)argc;
+    (void)argv;
+    if (kolo_init() != KOLO_OK) {
+        fprintf(stderr, "mh: kolo_init: %s\n", kolo_last_error());
+        return 3;
+    }
+    int rank = kolo_rank(), one = 1, sum = 0;
+    if (kolo_allreduce(&one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) return 5;
+    if (rank == 1) {
+        for (int k = 0; k < 1200; k++) usleep(100000); /* b is cut off meanwhile */
+        return 0;
+    }
+    static int32_t x[1 << 18], y[1 << 18];
+    printf("mh rank 0 calls\n");
+    fflush(stdout);
+    const char *how = getenv("MH_HOW");
+    if (how && strcmp(how, "late") == 0) sleep(2); /* b is cut off meanwhile */
+    double t0 = kt_now();
+    int st;
+    if (how && strcmp(how, "engine") == 0) { /* as every call of the Python bindings */
+        kolo_shape_t shape = {.ndim = 1, .dims = {1 << 18}};
+        kolo_request_t *r = NULL;
+        st = kolo_iallreduce("gradients", x, y, KOLO_INT32, &shape, KOLO_SUM, 1, 1, NULL, &r);
+        if (st == KOLO_OK) st = kolo_request_wait(r, -1);
+    } else {
+        st = kolo_allreduce(x, y, 1 << 18, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD);
+    }
+    printf("mh rank 0: allreduce returned %d after %.1f s: %s\n", st, kt_now() - t0, st ? kolo_last_error() : "");
+    fflush(stdout);
+    return st == KOLO_OK ? 0 : 1;
+}
+
+/* A machine that vanishes (powered off, a kernel panic, its network cut) sends nothing more, not
+ * even a reset: rank 0 on a, waiting in an allreduce for rank 1 on b when b's link goes down,
+ * waited out KOLO_OP_TIMEOUT (120 s here) and then blamed a silent peer. Now (KOLO_TCP_KEEPALIVE=3
+ * here) it fails within seconds, naming rank 1 and why: in the first round b had acknowledged
+ * rank 0's bytes before going (keepalive probes find it gone), in the second they were still on
+ * their way (retransmitted, and nothing acknowledged: tcp.c, kolo__tcp_unanswered). */
+KT_TEST(multihost_a_vanished_machine_is_named_in_seconds, 90)
+{
+    static const char *const hows[] = {"MH_HOW=early", "MH_HOW=late", "MH_HOW=engine"};
+    for (int late = 0; late < 3; late++) {
+        cluster c;
+        if (!cluster_up(&c)) {
+            cluster_down(&c);
+            return;
+        }
+        char addr[96], node_rank[2][32];
+        snprintf(addr, sizeof(addr), "PET_MASTER_ADDR=%s", ns_addr[NS_A]);
+        proc pod[2];
+        for (int r = 0; r < 2; r++) {
+            snprintf(node_rank[r], sizeof(node_rank[r]), "PET_NODE_RANK=%d", r);
+            const char *argv[] = {"/usr/bin/env", "PET_NNODES=2", node_rank[r], addr, "PET_MASTER_PORT=29500",
+                                  "KOLO_TCP_KEEPALIVE=3", "KOLO_OP_TIMEOUT=120", hows[late],
+                                  kt_self(), "--worker", "mh_vanish", NULL};
+            proc_start(&pod[r], c.ns[r ? NS_B : NS_A], argv);
+        }
+        kt_proc_wait_for(&pod[0], "mh rank 0 calls\n", 1, 30);
+        /* early: its first bytes reach b and are acknowledged first; late: it calls 2 s after */
+        if (late != 1) usleep(300000);
+        must(&c, sh(&c, "ip -n %s link set eth0 down", c.ns[NS_B]), "b's link down");
+        int rc = kt_proc_finish(&pod[0], 40);
+        KT_ASSERTF(rc == 1, "round %d: rank 0 exited %d; stdout:\n%s\nstderr:\n%s", late, rc, pod[0].obuf,
+                   pod[0].ebuf);
+        char want[192];
+        snprintf(want, sizeof(want), " (%s): receiving from it failed (Connection timed out): its machine stopped "
+                 "answering", ns_addr[NS_B]);
+        KT_ASSERTF(strstr(pod[0].obuf, "allreduce returned -10 after ") && strstr(pod[0].obuf, "lost rank 1 on ") &&
+                       strstr(pod[0].obuf, want) && strstr(pod[0].obuf, "answered nothing for KOLO_TCP_KEEPALIVE, 3 s"),
+                   "round %d: rank 0's stdout:\n%s\nstderr:\n%s", late, pod[0].obuf, pod[0].ebuf);
+        kill(-pod[1].pid, SIGKILL);
+        kt_proc_finish(&pod[1], 10);
+        kt_proc_free(&pod[0]);
+        kt_proc_free(&pod[1]);
+        cluster_down(&c);
+    }
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

@@ -34,6 +34,12 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                  "system: leave every connection alone\n"
                                  "or a name from /proc/sys/net/ipv4/tcp_allowed_congestion_control for every "
                                  "connection"},
+    [KOLO_SET_TCP_KEEPALIVE] = {"KOLO_TCP_KEEPALIVE", "", "60",
+                                "whole seconds a TCP connection may go without an answer from the peer's machine "
+                                "before the peer is lost, its machine down or the network to it cut: keepalive probes "
+                                "while the connection is idle, and bytes sent but not acknowledged, both of which a "
+                                "live machine answers within a round trip even while its rank is stopped or busy "
+                                "outside kolo (without them such a loss waited out KOLO_OP_TIMEOUT); 0: off"},
     [KOLO_SET_RENDEZVOUS] = {"KOLO_RENDEZVOUS", "", "",
                              "host:port of the rendezvous store (set by kolorun; under mpirun/srun rank 0 serves it)"},
     [KOLO_SET_RENDEZVOUS_SERVER] = {"KOLO_RENDEZVOUS_SERVER", "", "launcher",

@@ -40,6 +40,18 @@ static bool tcp_abort_reason(kolo__conn *c, char *buf, size_t cap);
 static bool drop_to_reason(kolo__conn *c, char *buf, size_t cap);
 static int progress_recv(kolo__conn *c);
 
+/* c's peer's machine answers nothing more: its connections fail as lost (keepalive, below). */
+static int machine_lost(kolo__conn *c, bool sending, int err)
+{
+    kolo__mesh *m = c->mesh;
+    return kolo__conn_fail(c, kolo__err(KOLO_ERR_PEER_LOST,
+                                        "lost rank %d on %s: %s failed (%s): its machine stopped answering, down or "
+                                        "cut off from this one (it answered nothing for KOLO_TCP_KEEPALIVE, %g s)",
+                                        c->peer, kolo__peer_name(m, c->peer),
+                                        sending ? "sending to it" : "receiving from it", strerror(err),
+                                        (double)m->keepalive_ns * 1e-9));
+}
+
 static int io_error(kolo__conn *c, bool sending, int err)
 {
     kolo__mesh *m = c->mesh;
@@ -62,6 +74,7 @@ static int io_error(kolo__conn *c, bool sending, int err)
      * before anything reads that frame */
     if (hangup && (tcp_abort_reason(c, why, sizeof(why)) || drop_to_reason(c, why, sizeof(why))))
         return kolo__conn_fail(c, kolo__err_aborted(c, why));
+    if (err == ETIMEDOUT || err == EHOSTUNREACH) return machine_lost(c, sending, err);
     if (!hangup && err != ENOTCONN)
         return kolo__conn_fail(c, kolo__err_sys(err, "rank %d on %s: %s failed", c->peer, kolo__peer_name(m, c->peer),
                                                 what));
@@ -571,6 +584,54 @@ const char *kolo__tcp_congestion(const kolo__conn *c)
     return name[0] ? name : "?";
 }
 
+/* A peer's machine that goes down (power, a kernel panic, a VM stopped) or whose network is cut
+ * sends nothing more, not even a reset: a rank waiting on it learned of it only when
+ * KOLO_OP_TIMEOUT (300 s) ran out, as of a peer merely silent, and a rank with nothing in flight
+ * never. Keepalive probes go out once a connection has been idle for a third of
+ * KOLO_TCP_KEEPALIVE, then four more over the rest of it; the kernel fails the connection
+ * (ETIMEDOUT, io_error) when none is answered. The peer's kernel answers them whatever its process
+ * does, so a rank stopped by Ctrl-Z or busy for hours outside kolo is not lost by them; a probe is
+ * a packet and its answer every 20 s per idle connection, nothing while it carries data. 60 s
+ * by default: a minute without a word from a machine is no passing loss of packets (the stall
+ * warning comes then too), and a network that comes back sooner loses the job nothing.
+ * Connections on which bytes wait to be acknowledged send no probes, and the kernel's
+ * retransmissions give up only after about 15 minutes: kolo__tcp_unanswered reads those. Measured
+ * with a machine cut off (tests/test_multihost.c, KOLO_TCP_KEEPALIVE=3): the rank waiting on it
+ * failed 3.1 s later, bytes in flight or not, in a direct collective and in the engine's; without,
+ * it waited for KOLO_OP_TIMEOUT. */
+static void keepalive(const kolo__conn *c)
+{
+    int fd = c->fd, t = c->mesh ? (int)(c->mesh->keepalive_ns / 1000000000u) : 0; /* 0: off (mesh.c) */
+    if (t == 0) return; /* also a connection of the tests, in no mesh */
+    int on = 1, idle = t / 3, intvl = (t - idle) / 4, cnt = 4;
+    if (idle < 1) idle = 1;
+    if (intvl < 1) intvl = 1;
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) != 0)
+        KOLO_DEBUG("TCP keepalive not set (%s): a lost machine is told by KOLO_OP_TIMEOUT", strerror(errno));
+}
+
+/* A live machine acknowledges what reaches it within a round trip, retransmissions included, and
+ * answers every probe of a zero window (a rank busy outside kolo, its socket full) even while the
+ * rank is stopped; what is left unanswered for seconds went to a machine that is down or cut off.
+ * The kernel's own verdict on such a connection comes only after its retransmissions give up,
+ * about 15 minutes (tcp_retries2), past KOLO_OP_TIMEOUT, which then blamed a silent rank. Read
+ * from the kernel's counters: a retransmission, or two probes in a row, waiting for an answer,
+ * and no acknowledgement of anything for ms. After a connection idle that long, the first
+ * segment lost and retransmitted reads so for the few hundred milliseconds until its
+ * retransmission is acknowledged; the wait that calls this has had no progress for ms itself. */
+int kolo__tcp_unanswered(kolo__conn *c, unsigned ms)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    memset(&ti, 0, sizeof(ti));
+    if (c->fd < 0 || getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return KOLO_OK;
+    if (!(ti.tcpi_retransmits > 0 || ti.tcpi_probes > 1) || ti.tcpi_last_ack_recv < ms) return KOLO_OK;
+    return machine_lost(c, c->sendq != NULL, ETIMEDOUT);
+}
+
 int kolo__tcp_attach(kolo__conn *c, bool same_machine)
 {
     int one = 1;
@@ -587,6 +648,7 @@ int kolo__tcp_attach(kolo__conn *c, bool same_machine)
         int unsent = (int)TCP_LOCAL_UNSENT_MAX;
         setsockopt(c->fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
     }
+    keepalive(c);
     c->tp = &kolo__tcp_transport;
     return KOLO_OK;
 }

@@ -199,6 +199,9 @@ struct kolo__mesh {
     kolo__conn **conns;             /* [size]; conns[rank] is NULL */
     const kolo__peer_info *peers;   /* shared by all channels; owned by the world */
     uint64_t op_timeout_ns;
+    /* KOLO_TCP_KEEPALIVE (0: off): a TCP peer whose machine has acknowledged nothing for this long
+     * while this rank waits with bytes unacknowledged is lost (kolo__tcp_unanswered) */
+    uint64_t keepalive_ns;
     /* a wait without progress this long (KOLO_STALL_CHECK_TIME; 0 never) calls on_stall once,
      * with how long it has waited and the ranks it waits on ("1, 3-5"), if the channel's owner
      * set it: the warning of a wait that names no tensor (core/kolo.c, engine/engine.c) */
@@ -422,6 +425,10 @@ const char *kolo__peer_name(const kolo__mesh *m, int peer);
 /* same_machine: the peer runs on this machine's kernel (another network namespace or container,
  * the same boot id), which tcp.c treats as it treats loopback. */
 int kolo__tcp_attach(kolo__conn *c, bool same_machine);
+/* Fails c, as lost, when its peer's machine has answered nothing for ms milliseconds while bytes
+ * sent to it go unacknowledged (retransmitted) or its zero window goes unprobed; KOLO_OK
+ * otherwise. For a wait that has made no progress for at least that long (xfer.c). */
+int kolo__tcp_unanswered(kolo__conn *c, unsigned ms);
 /* Sets KOLO_TCP_CONGESTION's algorithm on a socket before its connection is established: a
  * connecting socket (local: its peer runs on this machine) or a listening one (local: true; the
  * connections it accepts from other machines return to the system's choice in kolo__tcp_attach). */

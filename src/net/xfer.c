@@ -404,6 +404,14 @@ static int check_liveness(kolo__mesh *m, uint64_t idle_ns)
         kolo__conn *c = m->conns[p];
         if (c && c->lost && !c->error) return kolo__conn_fail(c, kolo__err(c->lost, "%s", c->lost_msg));
     }
+    /* a machine lost while bytes to it were in flight: keepalive probes wait for those, and the
+     * retransmissions go on for 15 minutes (tcp.c, keepalive) */
+    for (int p = 0; m->keepalive_ns && idle_ns >= m->keepalive_ns && p < m->size; p++) {
+        kolo__conn *c = m->conns[p];
+        if (!c || c->error || c->tp != &kolo__tcp_transport || (!c->sendq && !c->recvq)) continue;
+        int st = kolo__tcp_unanswered(c, (unsigned)(m->keepalive_ns / 1000000u));
+        if (st != KOLO_OK) return st;
+    }
     return KOLO_OK;
 }
 
