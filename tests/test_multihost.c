@@ -1421,6 +1421,59 @@ KT_TEST(multihost_a_vanished_machine_is_named_in_seconds, 90)
     }
 }
 
+/* kolo-tests --worker mh_idle: a first allreduce, "ready", then a minute outside kolo (an
+ * evaluation, a checkpoint being written). */
+KT_WORKER(mh_idle)
+{
+    (void)argc;
+    (void)argv;
+    int one = 1, sum = 0;
+    if (kolo_init() != KOLO_OK || kolo_allreduce(&one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD) != KOLO_OK) {
+        fprintf(stderr, "mh: %s\n", kolo_last_error());
+        return 3;
+    }
+    printf("mh rank %d ready\n", kolo_rank());
+    fflush(stdout);
+    for (int k = 0; k < 600; k++) usleep(100000);
+    kolo_shutdown();
+    return 0;
+}
+
+/* kolorun on a, two ranks there and two on b over ssh, all of them busy outside kolo when b's link
+ * goes down: no worker's call fails, and kolorun waited on b's ssh sessions for ssh's default (two
+ * hours of TCP keepalive), here the workers' minute. Its ssh sessions now ask the host every
+ * quarter of KOLO_TCP_KEEPALIVE (4 s here) and give up after 4 unanswered ("Timeout, server ...
+ * not responding" at ssh's default log level, which this cluster's ssh lowers): kolorun names a
+ * rank on b as the first failure and ends the job within seconds (4.9 s by hand). */
+KT_TEST(multihost_kolorun_names_a_host_that_stopped_answering, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                          "--start-timeout", "20", "--grace-seconds", "1", "-x", "KOLO_TCP_KEEPALIVE=4", kt_self(),
+                          "--worker", "mh_idle", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    kt_proc_wait_for(&p, " ready\n", 4, 30);
+    must(&c, sh(&c, "ip -n %s link set eth0 down", c.ns[NS_B]), "b's link down");
+    double t_cut = now_s();
+    int rc = kt_proc_finish(&p, 40);
+    printf("  kolorun ended %.2f s after b's link went down\n", p.t_end - t_cut);
+    KT_ASSERTF(rc == 255, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    char want[160];
+    snprintf(want, sizeof(want), " on host %s lost its ssh session (exit code 255: the host stopped answering",
+             ns_addr[NS_B]);
+    KT_ASSERTF(strstr(p.ebuf, want) && strstr(p.ebuf, ": the first failure of this job"), "stderr:\n%s", p.ebuf);
+    KT_ASSERTF(p.t_end - t_cut < 20, "kolorun ended %.2f s after the cut; stderr:\n%s", p.t_end - t_cut, p.ebuf);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

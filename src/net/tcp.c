@@ -597,7 +597,7 @@ const char *kolo__tcp_congestion(const kolo__conn *c)
  * Connections on which bytes wait to be acknowledged send no probes, and the kernel's
  * retransmissions give up only after about 15 minutes: kolo__tcp_unanswered reads those. Measured
  * with a machine cut off (tests/test_multihost.c, KOLO_TCP_KEEPALIVE=3): the rank waiting on it
- * failed 3.1 s later, bytes in flight or not, in a direct collective and in the engine's; without,
+ * failed 3.1-3.4 s later, bytes in flight or not, in a direct collective and in the engine's; without,
  * it waited for KOLO_OP_TIMEOUT. */
 static void keepalive(const kolo__conn *c)
 {

@@ -253,7 +253,26 @@ static bool srun_base(const kr_opts *o, int host, argvec *a)
            arg_push(a, strdup("--job-name=kolorun")) && arg_push(a, strdup("/bin/sh")) && arg_push(a, strdup("-c"));
 }
 
-/* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] host, into a.
+/* ssh's keepalive interval for the workers' sessions, in seconds (0: none): a quarter of
+ * KOLO_TCP_KEEPALIVE as the workers read it, so that ssh gives up on a machine that went down or
+ * was cut off (4 unanswered messages, "Timeout, server ... not responding", exit 255) about when
+ * the workers' own connections to it do. A job whose workers talk to that machine learns of it
+ * from them; one whose workers are all busy outside kolo (an evaluation, a checkpoint) waited on
+ * its session for ssh's system default, two hours of TCP keepalive, or for ever. */
+static int ssh_alive_interval(const kr_opts *o)
+{
+    size_t n;
+    const char *v = kr_worker_setting(o, "KOLO_TCP_KEEPALIVE");
+    const char *def = kolo__setting_table(&n)[KOLO_SET_TCP_KEEPALIVE].def;
+    char *end;
+    double t = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end) t = strtod(def, NULL);
+    if (!(t >= 1)) return 0;
+    return t >= 4 * 3600 ? 3600 : t >= 4 ? (int)(t / 4) : 1;
+}
+
+/* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T -o StrictHostKeyChecking=accept-new
+ * [-o ServerAliveInterval=I -o ServerAliveCountMax=4] [-p P] [-i F] host, into a.
  * Options of --ssh come first: ssh keeps the first value it sees for an option. With srun as the
  * launcher, srun_base instead: either way the remote shell command comes next. */
 static bool ssh_base(const kr_opts *o, int host, argvec *a)
@@ -270,6 +289,13 @@ static bool ssh_base(const kr_opts *o, int host, argvec *a)
     ok = ok && arg_push(a, strdup("-T")) && arg_push(a, strdup("-o")) && arg_push(a, strdup("BatchMode=yes")) &&
          arg_push(a, strdup("-o")) && arg_push(a, strdup(ct)) && arg_push(a, strdup("-o")) &&
          arg_push(a, strdup("StrictHostKeyChecking=accept-new"));
+    int alive = ssh_alive_interval(o);
+    if (ok && alive) {
+        char iv[48];
+        snprintf(iv, sizeof(iv), "ServerAliveInterval=%d", alive);
+        ok = arg_push(a, strdup("-o")) && arg_push(a, strdup(iv)) && arg_push(a, strdup("-o")) &&
+             arg_push(a, strdup("ServerAliveCountMax=4"));
+    }
     if (ok && o->ssh_port) {
         char port[16];
         snprintf(port, sizeof(port), "%d", o->ssh_port);
