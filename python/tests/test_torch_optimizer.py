@@ -114,6 +114,39 @@ def test_gradients_move_into_one_shared_arena_and_stay():
     assert [p.grad.data_ptr() for p in ps] == places
 
 
+def test_a_forked_child_leaves_the_parents_gradients_alone():
+    """The arena is shared memory: a child forked from the rank (a DataLoader's worker, a pool
+    with the fork start method) that zeroed or wrote the gradients (zero_grad, a backward pass,
+    whose collectives it may not run but whose gradients autograd writes first) wrote the
+    parent's, before the child got the arena as private memory (kolo_mem_alloc, fork_child)."""
+    model = make_model()
+    ps = list(model.parameters())
+    opt = averaged_step(model)
+    x, y = rank_batch(1)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    span, total = grad_span(ps)
+    assert span <= total + 64 * len(ps), "the gradients are not in one arena"
+    saved = [p.grad.clone() for p in ps]
+    pid = os.fork()
+    if pid == 0:  # the child's writes: none may reach the parent
+        code = 3
+        try:
+            ok = all(torch.equal(p.grad, s) for p, s in zip(ps, saved))
+            model.zero_grad(set_to_none=False)
+            for p in ps:
+                p.grad.add_(1.0)
+            code = 0 if ok else 4
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert all(torch.equal(p.grad, s) for p, s in zip(ps, saved))
+    with opt.skip_synchronize():
+        opt.step()
+    assert gathered_equal(ps)
+
+
 def test_shared_gradients_can_be_turned_off(monkeypatch):
     model = make_model()
     opt = averaged_step(model, shared_gradients=False)
