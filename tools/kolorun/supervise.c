@@ -270,8 +270,8 @@ void kr_describe(const kr_rank *r, const kr_opts *o, char *out, size_t cap)
                  WEXITSTATUS(r->wstatus));
     else if (remote && !o->use_srun && WIFEXITED(r->wstatus) && WEXITSTATUS(r->wstatus) == 255)
         /* ssh's own code: a session that broke (ServerAliveInterval: spawn.c) */
-        snprintf(out, cap, "lost its ssh session (exit code 255: the host stopped answering or the connection broke; "
-                 "or the worker itself exited with 255)");
+        snprintf(out, cap, "exited with code 255 (ssh's code for a lost session: the host stopped answering or the "
+                 "connection broke; unless the worker itself exited with 255)");
     else if (WIFEXITED(r->wstatus))
         snprintf(out, cap, "exited with code %d", WEXITSTATUS(r->wstatus));
     else if (WIFSIGNALED(r->wstatus))
