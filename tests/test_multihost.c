@@ -1474,6 +1474,38 @@ KT_TEST(multihost_kolorun_names_a_host_that_stopped_answering, 90)
     cluster_down(&c);
 }
 
+/* kolorun on a, two ranks there and two on b over ssh, training (an allreduce every 20 ms) when
+ * b's link goes down: ranks 0 and 1 fail within KOLO_TCP_KEEPALIVE (4 s here), blaming a rank on
+ * b, and kolorun's summary names b as the cause, beside the first failure on a. */
+KT_TEST(multihost_kolorun_names_the_machine_its_workers_lost, 90)
+{
+    cluster c;
+    if (!cluster_up(&c)) {
+        cluster_down(&c);
+        return;
+    }
+    char hosts[64], port_opt[] = MH_PORT;
+    snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
+                          "--start-timeout", "20", "--grace-seconds", "1", "-x", "KOLO_TCP_KEEPALIVE=4", kt_self(),
+                          "--worker", "mh_hold", NULL};
+    proc p;
+    proc_start(&p, c.ns[NS_A], argv);
+    kt_proc_wait_for(&p, " ready pid ", 4, 30);
+    must(&c, sh(&c, "ip -n %s link set eth0 down", c.ns[NS_B]), "b's link down");
+    int rc = kt_proc_finish(&p, 40);
+    KT_ASSERTF(rc != 0, "kolorun exited 0; stderr:\n%s", p.ebuf);
+    char want[192];
+    snprintf(want, sizeof(want), "kolorun:   the cause, by that error: host %s, where rank ", ns_addr[NS_B]);
+    const char *cause = strstr(p.ebuf, want);
+    KT_ASSERTF(cause && strstr(p.ebuf, ": the first failure of this job") &&
+                   (cause[strlen(want)] == '2' || cause[strlen(want)] == '3') &&
+                   strstr(cause, " ran, stopped answering (down, or the network to it cut)"),
+               "stderr:\n%s", p.ebuf);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* kolorun on host a (its ranks local, b's over ssh); rank 3 on b is SIGKILLed mid-training.
  * Ranks 0 and 1 get kolo's lost-peer error and exit 1, as a training script would; rank 2 (on
  * b too) ignores SIGTERM, so only b's wrapper SIGKILLing it after the grace period ends the job.

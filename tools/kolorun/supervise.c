@@ -332,6 +332,21 @@ static const char *who(const sup *s, const kr_rank *r, char *buf, size_t cap)
     return buf;
 }
 
+/* The rank whose machine r's last stderr lines say stopped answering (tcp.c: "lost rank N on
+ * HOST (ADDR): ... its machine stopped answering"), as an index into s->ranks; -1 for none. */
+static int machine_blamed(const sup *s, const kr_rank *r)
+{
+    for (int k = r->tail_count - 1; r->tail && k >= 0; k--) {
+        const char *line = r->tail[(r->tail_next - r->tail_count + k + KR_TAIL_LINES) % KR_TAIL_LINES];
+        const char *lost = strstr(line, "lost rank ");
+        int n;
+        if (!lost || !strstr(lost, "its machine stopped answering") || sscanf(lost, "lost rank %d", &n) != 1) continue;
+        for (int i = 0; i < s->n; i++) /* in an elastic job the rank of the worker's round */
+            if (s->ranks[i].rank == n && s->ranks[i].pid > 0 && s->ranks[i].round == r->round) return i;
+    }
+    return -1;
+}
+
 static void summary(sup *s)
 {
     char w[64];
@@ -344,6 +359,13 @@ static void summary(sup *s)
         kr_say("%s on host %s %s after %.2f s (pid %d): the first failure of this job", who(s, r, w, sizeof(w)),
                o->hosts[r->host].name, how, r->end_time, (int)r->pid);
         kr_print_tail(r, s->unit);
+        /* a machine that went down fails the others, each blaming a rank there: name the machine */
+        int gone = machine_blamed(s, r);
+        if (gone >= 0) {
+            char w2[64];
+            kr_say("  the cause, by that error: host %s, where %s ran, stopped answering (down, or the network to "
+                   "it cut)", o->hosts[s->ranks[gone].host].name, who(s, &s->ranks[gone], w2, sizeof(w2)));
+        }
         for (int i = 0; i < s->n; i++) {
             const kr_rank *q = &s->ranks[i];
             if (!q->failed || i == s->root) continue;
