@@ -1802,6 +1802,34 @@ KT_TEST(multihost_elastic_kills_a_stopped_worker_on_b, 90)
     elastic_on_a_and_b_done(&c, &p);
 }
 
+/* An elastic job whose host b goes down mid-training (its link cut): workers 0 and 1 on a lose
+ * worker 2 within KOLO_TCP_KEEPALIVE (4 s here; KOLO_OP_TIMEOUT is 120), kolorun cannot reach b to
+ * read worker 2's CPU time nor keep its ssh session, and the job goes on without it (--min-np 2). */
+KT_TEST(multihost_elastic_goes_on_when_b_goes_down, 90)
+{
+    cluster c;
+    proc p;
+    setenv("KOLO_TCP_KEEPALIVE", "4", 1);
+    bool up = elastic_on_a_and_b_start(&c, &p, "2", "120", "150", "");
+    unsetenv("KOLO_TCP_KEEPALIVE");
+    if (!up) return;
+    kt_proc_wait_for(&p, "step 10\n", 1, 30);
+    must(&c, sh(&c, "ip -n %s link set eth0 down", c.ns[NS_B]), "b's link down");
+    double t_cut = now_s();
+    int rc = kt_proc_finish(&p, 70);
+    KT_ASSERTF(rc == 0, "kolorun exited %d; stdout:\n%s\nstderr:\n%s", rc, p.obuf, p.ebuf);
+    printf("  the job ended %.1f s after b's link went down\n", p.t_end - t_cut);
+    KT_CONTAINS(p.ebuf, "kolorun: round 2: 2 workers (after losing worker 2; 0 new, 0 removed)");
+    for (int w = 0; w < 2; w++) {
+        char want[64];
+        snprintf(want, sizeof(want), "done: worker %d rank %d size 2 round ", w, w);
+        KT_CONTAINS(p.obuf, want);
+    }
+    assert_no_leftovers(&c, true, 10);
+    kt_proc_free(&p);
+    cluster_down(&c);
+}
+
 /* A worker on b that stops answering while b itself stops answering new ssh connections (its
  * listening sshd stopped; the job's sessions go on): kolorun's readings of its CPU time get no
  * answer, and after two (5 s each, 5 s apart) it kills it as silent, "its host did not tell its

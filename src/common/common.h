@@ -109,6 +109,11 @@ void kolo__sb_free(kolo__sbuf *b);
  * KOLO_ERR_STARTUP naming `who` ("rank 3 of a job of 1200 ranks (...)") and how to raise the
  * limit. Call it before opening them (fds.c). */
 int kolo__fd_room(size_t need, const char *who);
+/* TCP keepalive on a connected socket: probes after a third of `seconds` idle, then four over the
+ * rest, the connection failing (ETIMEDOUT) when none is answered; with user_timeout also bytes
+ * sent but unacknowledged that long (TCP_USER_TIMEOUT: only where the peer always reads, since a
+ * zero window it keeps counts too). seconds < 1: nothing. False where a setsockopt failed. */
+bool kolo__keepalive(int fd, int seconds, bool user_timeout);
 
 /* ---- Clocks ---------------------------------------------------------------------- */
 static inline uint64_t kolo__now_ns(void)

@@ -12,8 +12,11 @@
 #include "common.h"
 
 #include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 /* Descriptors open in this process now (the directory's own not counted); 0 without /proc. */
 static size_t open_now(void)
@@ -63,4 +66,18 @@ int kolo__fd_room(size_t need, const char *who)
     KOLO_INFO("raised the open-file limit (RLIMIT_NOFILE) from %llu to %llu: %s needs about %zu", (unsigned long long)old,
               (unsigned long long)rl.rlim_cur, who, need);
     return KOLO_OK;
+}
+
+bool kolo__keepalive(int fd, int seconds, bool user_timeout)
+{
+    if (seconds < 1) return true;
+    int on = 1, idle = seconds / 3, intvl = (seconds - idle) / 4, cnt = 4;
+    unsigned ms = (unsigned)seconds * 1000u;
+    if (idle < 1) idle = 1;
+    if (intvl < 1) intvl = 1;
+    return setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) == 0 &&
+           setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) == 0 &&
+           setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) == 0 &&
+           setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) == 0 &&
+           (!user_timeout || setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)) == 0);
 }

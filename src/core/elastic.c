@@ -99,8 +99,16 @@ int kolo__elastic_join(void)
     if (W.info.rdv_port == 0) return kolo__err(KOLO_ERR_INVALID_ARG, "KOLO_ELASTIC=1 but no KOLO_RENDEZVOUS: start elastic jobs with kolorun");
     int st;
     if (!W.estore) {
+        /* A worker that has been in a round reconnects (kolo_shutdown closed the connection) to a
+         * store that was there a moment ago: where it cannot for KOLO_TCP_KEEPALIVE, kolorun is
+         * gone or its machine cut off from this one, and the worker ends. It waited for
+         * KOLO_START_TIMEOUT, which kolorun makes its elastic timeout (600 s), and on a host cut
+         * off from kolorun's, whose wrapper cannot be told the job ended, outlived the job by
+         * that much (tests/test_multihost.c). */
+        double connect_s = W.info.start_timeout, ka = kolo__setting_double(KOLO_SET_TCP_KEEPALIVE);
+        if (W.elastic_round > 0 && ka >= 1 && ka < connect_s) connect_s = ka;
         st = kolo__store_connect(&W.estore, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
-                                 W.info.start_timeout);
+                                 connect_s);
         if (st != KOLO_OK) return fail_store(st, "reach kolorun's store");
     }
     int want = W.elastic_round + 1;

@@ -601,15 +601,9 @@ const char *kolo__tcp_congestion(const kolo__conn *c)
  * it waited for KOLO_OP_TIMEOUT. */
 static void keepalive(const kolo__conn *c)
 {
-    int fd = c->fd, t = c->mesh ? (int)(c->mesh->keepalive_ns / 1000000000u) : 0; /* 0: off (mesh.c) */
-    if (t == 0) return; /* also a connection of the tests, in no mesh */
-    int on = 1, idle = t / 3, intvl = (t - idle) / 4, cnt = 4;
-    if (idle < 1) idle = 1;
-    if (intvl < 1) intvl = 1;
-    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) != 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) != 0)
+    /* 0: off (mesh.c), also for a connection of the tests, in no mesh */
+    int t = c->mesh ? (int)(c->mesh->keepalive_ns / 1000000000u) : 0;
+    if (!kolo__keepalive(c->fd, t, false))
         KOLO_DEBUG("TCP keepalive not set (%s): a lost machine is told by KOLO_OP_TIMEOUT", strerror(errno));
 }
 
