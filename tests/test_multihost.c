@@ -1475,8 +1475,11 @@ KT_TEST(multihost_kolorun_names_a_host_that_stopped_answering, 90)
 }
 
 /* kolorun on a, two ranks there and two on b over ssh, training (an allreduce every 20 ms) when
- * b's link goes down: ranks 0 and 1 fail within KOLO_TCP_KEEPALIVE (4 s here), blaming a rank on
- * b, and kolorun's summary names b as the cause, beside the first failure on a. */
+ * b's link goes down. Ranks 0 and 1 fail within KOLO_TCP_KEEPALIVE (3 s here), blaming a rank on
+ * b; kolorun's ssh sessions to b, kept longer here (--ssh's 6 x 1 s beat kolorun's own options),
+ * end with 255 while kolorun ends the job (before the 5 s grace period and its SIGKILL). The
+ * summary names b as the cause by the first failure's error, and says of ranks 2 and 3 that their
+ * sessions were lost, not that kolorun terminated them. */
 KT_TEST(multihost_kolorun_names_the_machine_its_workers_lost, 90)
 {
     cluster c;
@@ -1484,23 +1487,28 @@ KT_TEST(multihost_kolorun_names_the_machine_its_workers_lost, 90)
         cluster_down(&c);
         return;
     }
-    char hosts[64], port_opt[] = MH_PORT;
+    char hosts[64], port_opt[] = MH_PORT, ssh[sizeof(c.ssh) + 64];
     snprintf(hosts, sizeof(hosts), "%s:2,%s:2", ns_addr[NS_A], ns_addr[NS_B]);
-    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
-                          "--start-timeout", "20", "--grace-seconds", "1", "-x", "KOLO_TCP_KEEPALIVE=4", kt_self(),
+    snprintf(ssh, sizeof(ssh), "%s -o ServerAliveInterval=1 -o ServerAliveCountMax=6", c.ssh);
+    const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", ssh,
+                          "--start-timeout", "20", "--grace-seconds", "5", "-x", "KOLO_TCP_KEEPALIVE=3", kt_self(),
                           "--worker", "mh_hold", NULL};
     proc p;
     proc_start(&p, c.ns[NS_A], argv);
     kt_proc_wait_for(&p, " ready pid ", 4, 30);
     must(&c, sh(&c, "ip -n %s link set eth0 down", c.ns[NS_B]), "b's link down");
     int rc = kt_proc_finish(&p, 40);
-    KT_ASSERTF(rc != 0, "kolorun exited 0; stderr:\n%s", p.ebuf);
+    KT_ASSERTF(rc == 1, "kolorun exited %d; stderr:\n%s", rc, p.ebuf);
     char want[192];
-    snprintf(want, sizeof(want), "kolorun:   the cause, by that error: host %s, where rank ", ns_addr[NS_B]);
-    const char *cause = strstr(p.ebuf, want);
-    KT_ASSERTF(cause && strstr(p.ebuf, ": the first failure of this job") &&
+    snprintf(want, sizeof(want), "'s error: host %s, where rank ", ns_addr[NS_B]);
+    const char *cause = strstr(p.ebuf, want), *first = strstr(p.ebuf, ": the first failure of this job");
+    KT_ASSERTF(first && cause && cause > first && strstr(p.ebuf, "kolorun:   the cause, by rank ") &&
                    (cause[strlen(want)] == '2' || cause[strlen(want)] == '3') &&
                    strstr(cause, " ran, stopped answering (down, or the network to it cut)"),
+               "stderr:\n%s", p.ebuf);
+    KT_ASSERTF(strstr(p.ebuf, "kolorun: ranks 2-3: their ssh sessions ended with code 255 (the host stopped answering "
+                              "or the connection broke) before they could be told to stop") &&
+                   !strstr(p.ebuf, "terminated by kolorun") && !strstr(p.ebuf, "killed with SIGKILL"),
                "stderr:\n%s", p.ebuf);
     kt_proc_free(&p);
     cluster_down(&c);

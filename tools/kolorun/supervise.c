@@ -313,7 +313,14 @@ static int rank_list(const sup *s, bool (*pred)(const kr_rank *), char *out, siz
     return count;
 }
 
-static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0; }
+/* A remote worker whose ssh ended with 255 (a session lost: spawn.c, ServerAliveInterval) while
+ * kolorun was ending the job: told nothing, it was not terminated by kolorun. */
+static bool is_cut_off(const kr_rank *r)
+{
+    return r->terminated && !r->failed && r->pid > 0 && r->started && !r->killed && WIFEXITED(r->wstatus) &&
+           WEXITSTATUS(r->wstatus) == 255;
+}
+static bool is_terminated(const kr_rank *r) { return r->terminated && !r->failed && r->pid > 0 && !is_cut_off(r); }
 static bool is_running(const kr_rank *r) { return r->running; }
 static bool is_killed(const kr_rank *r)
 {
@@ -359,12 +366,19 @@ static void summary(sup *s)
         kr_say("%s on host %s %s after %.2f s (pid %d): the first failure of this job", who(s, r, w, sizeof(w)),
                o->hosts[r->host].name, how, r->end_time, (int)r->pid);
         kr_print_tail(r, s->unit);
-        /* a machine that went down fails the others, each blaming a rank there: name the machine */
-        int gone = machine_blamed(s, r);
+        /* a machine that went down fails the others, each blaming a rank there, and its own ranks'
+         * ssh sessions end with 255 (which may come first): name the machine, by the first
+         * failure's error, else another failed rank's */
+        int gone = -1, by = s->root;
+        for (int i = -1; i < s->n && gone < 0; i++) {
+            by = i < 0 ? s->root : i;
+            if (i < 0 || (i != s->root && s->ranks[i].failed)) gone = machine_blamed(s, &s->ranks[by]);
+        }
         if (gone >= 0) {
-            char w2[64];
-            kr_say("  the cause, by that error: host %s, where %s ran, stopped answering (down, or the network to "
-                   "it cut)", o->hosts[s->ranks[gone].host].name, who(s, &s->ranks[gone], w2, sizeof(w2)));
+            char w2[64], w3[64];
+            kr_say("  the cause, by %s's error: host %s, where %s ran, stopped answering (down, or the network to it "
+                   "cut)", who(s, &s->ranks[by], w3, sizeof(w3)), o->hosts[s->ranks[gone].host].name,
+                   who(s, &s->ranks[gone], w2, sizeof(w2)));
         }
         for (int i = 0; i < s->n; i++) {
             const kr_rank *q = &s->ranks[i];
@@ -392,6 +406,12 @@ static void summary(sup *s)
         kr_say("%s%s %s: terminated by kolorun %s (not a failure of %s)", s->unit, t == 1 ? "" : "s", list, why,
                t == 1 ? "its own" : "their own");
     }
+    int cut = rank_list(s, is_cut_off, list, sizeof(list));
+    if (cut)
+        kr_say("%s%s %s: %s ssh session%s ended with code 255 (the host stopped answering or the connection broke) "
+               "before %s could be told to stop; where the host is up, the wrapper there ends %s",
+               s->unit, cut == 1 ? "" : "s", list, cut == 1 ? "its" : "their", cut == 1 ? "" : "s",
+               cut == 1 ? "it" : "they", cut == 1 ? "it" : "them");
     int k = rank_list(s, is_killed, list, sizeof(list));
     if (k && s->hard_kill)
         kr_say("%s%s %s: killed with SIGKILL at the second Ctrl-C", s->unit, k == 1 ? "" : "s", list);
