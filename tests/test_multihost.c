@@ -1444,7 +1444,8 @@ KT_WORKER(mh_idle)
  * hours of TCP keepalive), here the workers' minute. Its ssh sessions now ask the host every
  * quarter of KOLO_TCP_KEEPALIVE (4 s here) and give up after 4 unanswered ("Timeout, server ...
  * not responding" at ssh's default log level, which this cluster's ssh lowers): kolorun names a
- * rank on b as the first failure and ends the job within seconds (4.9 s by hand). */
+ * rank on b as the first failure and ends the job within seconds (4.9 s by hand). On b, the
+ * wrappers miss kolorun's beats and end the workers there too. */
 KT_TEST(multihost_kolorun_names_a_host_that_stopped_answering, 90)
 {
     cluster c;
@@ -1470,6 +1471,10 @@ KT_TEST(multihost_kolorun_names_a_host_that_stopped_answering, 90)
              "answering", ns_addr[NS_B]);
     KT_ASSERTF(strstr(p.ebuf, want) && strstr(p.ebuf, ": the first failure of this job"), "stderr:\n%s", p.ebuf);
     KT_ASSERTF(p.t_end - t_cut < 20, "kolorun ended %.2f s after the cut; stderr:\n%s", p.t_end - t_cut, p.ebuf);
+    /* and b, which could not be told, ends its workers when kolorun's beats stop coming: they
+     * slept on for their minute before (its sshd does not know the session is gone) */
+    assert_no_leftovers(&c, true, 10);
+    printf("  no worker left on b %.2f s after the cut\n", now_s() - t_cut);
     kt_proc_free(&p);
     cluster_down(&c);
 }
@@ -1619,7 +1624,9 @@ KT_TEST(multihost_what_a_worker_leaves_on_b_ends_with_it, 60)
 }
 
 /* Ctrl-Z across hosts: kolorun on a tells b's wrapper "stop" on the connection, and b's worker
- * stops with it; "cont" resumes it (a signal to ssh would have ended it). */
+ * stops with it; "cont" resumes it (a signal to ssh would have ended it). Stopped, kolorun sends
+ * no beats: b's wrapper, told "stop", waits past its 4 s heartbeat timeout (6 s here) without
+ * taking kolorun for gone. */
 KT_TEST(multihost_ctrl_z_stops_the_worker_on_b, 60)
 {
     cluster c;
@@ -1630,7 +1637,7 @@ KT_TEST(multihost_ctrl_z_stops_the_worker_on_b, 60)
     char hosts[64], port_opt[] = MH_PORT;
     snprintf(hosts, sizeof(hosts), "%s:1", ns_addr[NS_B]);
     const char *argv[] = {kolorun_path(), "-H", hosts, "-p", port_opt, "-i", c.key, "--ssh", c.ssh,
-                          "--start-timeout", "20", "/usr/bin/python3", "-c",
+                          "--start-timeout", "20", "-x", "KOLO_TCP_KEEPALIVE=4", "/usr/bin/python3", "-c",
                           /* no fork: a shell's `sleep` could hold the shell in its vfork wait (D, not T) */
                           "import os, time\nprint('pid', os.getpid(), flush=True)\n"
                           "for _ in range(40): time.sleep(0.1)\nprint('finished')",
@@ -1643,8 +1650,8 @@ KT_TEST(multihost_ctrl_z_stops_the_worker_on_b, 60)
     KT_ASSERT(pid_netns(pid) == c.ino[NS_B]);
     kill(p.pid, SIGTSTP);
     KT_ASSERTF(stopped_becomes(pid, true), "the worker on b (pid %d) did not stop", pid);
-    usleep(300000);
-    KT_ASSERTF(stopped_becomes(pid, true), "the worker on b (pid %d) went on", pid);
+    usleep(6000000);
+    KT_ASSERTF(stopped_becomes(pid, true), "the worker on b (pid %d) went on, or ended", pid);
     kill(p.pid, SIGCONT);
     KT_ASSERTF(!stopped_becomes(pid, false), "the worker on b (pid %d) stayed stopped", pid);
     int rc = kt_proc_finish(&p, 30);

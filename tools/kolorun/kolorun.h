@@ -233,6 +233,10 @@ void kr_env_free(char **env);
 /* The value of setting `name` that kr_env_build gives a local worker (-x, then the settings
  * from options, then kolorun's environment); NULL when unset. */
 const char *kr_worker_setting(const kr_opts *o, const char *name);
+/* Seconds a remote worker's wrapper waits for a line from kolorun before it takes kolorun for gone
+ * and ends the worker (spawn.c, the remote wrapper; kolorun writes "beat" every quarter of it):
+ * KOLO_TCP_KEEPALIVE as the workers read it, at least 4; 0 where that is 0 (no heartbeat). */
+int kr_beat_timeout(const kr_opts *o);
 /* Looks for the executable `cmd` in PATH (taken from env) the way execvp would. Writes the
  * path in out. Returns 0, or KR_EXIT_NOTFOUND / KR_EXIT_NOEXEC with errno-like reason. */
 int kr_find_exec(const char *cmd, char *const *env, char *out, size_t cap);

@@ -152,14 +152,23 @@ void kr_guard_done(int guard_fd)
 }
 
 /* ---- the remote wrapper ----
- * $1: the grace period in half-seconds, then the command. fd 3 keeps the ssh connection's
- * stdin for the watcher (an asynchronous list's stdin is /dev/null unless redirected
- * explicitly). The watcher: read lines ("stop", "cont": SIGSTOP, SIGCONT to the command's
- * group) until end of file, then SIGTERM the command's group, poll every
- * half second until it is gone, SIGKILL it when the grace period is over. The wrapper kills
- * the watcher once the command has ended, and exits with the command's status (128+N when
- * a signal killed it: sh cannot re-raise it across ssh). The start marker carries the
- * command's pid there (its process group's, by setsid), for --get-stack-traces (stacks.c).
+ * $1: the grace period in half-seconds, $2: the heartbeat timeout in seconds (0: none), then the
+ * command. fd 3 keeps the ssh connection's stdin for the watcher (an asynchronous list's stdin is
+ * /dev/null unless redirected explicitly). The watcher: read lines ("stop", "cont": SIGSTOP,
+ * SIGCONT to the command's group; "beat": kolorun is there) until end of file, then end the
+ * command ($E: SIGTERM the command's group, poll every half second until it is gone, SIGKILL it
+ * when the grace period is over). The wrapper kills the watcher once the command has ended, and
+ * exits with the command's status (128+N when a signal killed it: sh cannot re-raise it across
+ * ssh). The start marker carries the command's pid there (its process group's, by setsid), for
+ * --get-stack-traces (stacks.c).
+ * The heartbeat: end of file comes only where the connection ends cleanly. A machine cut off from
+ * kolorun's (its network down, kolorun's machine gone) hears nothing more, and its sshd learns that
+ * the session is gone only from its own TCP keepalive, two hours by default: a worker there that
+ * never called kolo again (or a program that does not use kolo) outlived the job. kolorun writes
+ * "beat" every quarter of the timeout (supervise.c); the watcher marks every line in a file, and
+ * the checker, after a first timeout, looks every half timeout: a half without a line ends the
+ * command as end of file does. "stop" pauses the check until "cont" (Ctrl-Z stops kolorun, and
+ * its beats, too). Without mktemp there is no check.
  * Before it exits, the wrapper ends what the command left running in sessions or groups of its
  * own (setsid, daemons), which no signal to the command's group reaches and kolorun, not their
  * subreaper there, cannot see: every process whose environment holds this worker's
@@ -167,22 +176,31 @@ void kr_guard_done(int guard_fd)
  * its finished pipeline, excepted), SIGTERM, then SIGKILL after the grace period. It needs
  * GNU grep's -z; without it nothing is swept. */
 static const char remote_wrapper[] =
-    "g=$1; shift\n"
+    "g=$1; b=$2; shift 2\n"
     "exec 3<&0\n"
     "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n"
     "$S \"$@\" 3<&- </dev/null &\n"
     "c=$!\n"
-    "$S sh -c 'while IFS= read -r l; do case $l in stop) kill -STOP -$1 $1;; cont) kill -CONT -$1 $1;; esac; done; "
-    "kill -TERM -$1 $1 2>/dev/null; n=0; "
-    "while kill -0 -$1 2>/dev/null || kill -0 $1 2>/dev/null; do "
-    "[ $n -ge $2 ] && { kill -KILL -$1 $1 2>/dev/null; break; }; sleep 0.5; n=$((n+1)); done' "
-    "kolorun-watch $c $g <&3 >/dev/null 2>&1 &\n"
+    "E='kill -TERM -$1 $1 2>/dev/null; n=0; while kill -0 -$1 2>/dev/null || kill -0 $1 2>/dev/null; do "
+    "[ $n -ge $2 ] && { kill -KILL -$1 $1 2>/dev/null; break; }; sleep 0.5; n=$((n+1)); done'\n"
+    "f=; [ \"$b\" -gt 0 ] 2>/dev/null && f=$(mktemp 2>/dev/null)\n"
+    "$S sh -c 'while IFS= read -r l; do [ -z \"$3\" ] || : > \"$3\"; case $l in stop) [ -z \"$3\" ] || : > \"$3.stop\"; "
+    "kill -STOP -$1 $1;; cont) rm -f \"$3.stop\"; kill -CONT -$1 $1;; esac; done; eval \"$4\"' "
+    "kolorun-watch $c $g \"$f\" \"$E\" <&3 >/dev/null 2>&1 &\n"
     "w=$!\n"
     "exec 3<&-\n"
+    "k=\n"
+    "if [ -n \"$f\" ]; then\n"
+    "  $S sh -c 'p=$(( ($5 + 1) / 2 )); sleep $5; while [ -e \"$3.stop\" ] || [ -e \"$3\" ]; do rm -f \"$3\"; sleep $p; "
+    "done; kill -KILL -$6 $6 2>/dev/null; eval \"$4\"' kolorun-beat $c $g \"$f\" \"$E\" $b $w >/dev/null 2>&1 &\n"
+    "  k=$!\n"
+    "fi\n"
     "trap 'kill -TERM -$c $c 2>/dev/null' TERM HUP INT\n"
     "printf '\\001kolorun-remote-started\\001%s\\n' \"$c\"\n"
     "while :; do wait $c; s=$?; kill -0 $c 2>/dev/null || break; done\n"
     "kill -KILL -$w $w 2>/dev/null\n"
+    "[ -z \"$k\" ] || kill -KILL -$k $k 2>/dev/null\n"
+    "[ -z \"$f\" ] || rm -f \"$f\" \"$f.stop\"\n"
     "n=0; t=\n"
     "while :; do m=$(grep -lzx \"KOLORUN_MARK=$KOLORUN_MARK\" /proc/[0-9]*/environ 2>/dev/null)\n"
     "  l=; for f in $m; do p=${f#/proc/}; p=${p%/environ}; [ \"$p\" != $$ ] && kill -0 \"$p\" 2>/dev/null && l=\"$l $p\"; done\n"
@@ -253,13 +271,7 @@ static bool srun_base(const kr_opts *o, int host, argvec *a)
            arg_push(a, strdup("--job-name=kolorun")) && arg_push(a, strdup("/bin/sh")) && arg_push(a, strdup("-c"));
 }
 
-/* ssh's keepalive interval for the workers' sessions, in seconds (0: none): a quarter of
- * KOLO_TCP_KEEPALIVE as the workers read it, so that ssh gives up on a machine that went down or
- * was cut off (4 unanswered messages, "Timeout, server ... not responding", exit 255) about when
- * the workers' own connections to it do. A job whose workers talk to that machine learns of it
- * from them; one whose workers are all busy outside kolo (an evaluation, a checkpoint) waited on
- * its session for ssh's system default, two hours of TCP keepalive, or for ever. */
-static int ssh_alive_interval(const kr_opts *o)
+int kr_beat_timeout(const kr_opts *o)
 {
     size_t n;
     const char *v = kr_worker_setting(o, "KOLO_TCP_KEEPALIVE");
@@ -268,8 +280,17 @@ static int ssh_alive_interval(const kr_opts *o)
     double t = v ? strtod(v, &end) : 0;
     if (!v || end == v || *end) t = strtod(def, NULL);
     if (!(t >= 1)) return 0;
-    return t >= 4 * 3600 ? 3600 : t >= 4 ? (int)(t / 4) : 1;
+    return t > 86400 ? 86400 : t < 4 ? 4 : (int)t;
 }
+
+/* ssh's keepalive interval for the workers' sessions, in seconds (0: none): a quarter of
+ * KOLO_TCP_KEEPALIVE as the workers read it (kr_beat_timeout), so that ssh gives up on a machine
+ * that went down or was cut off (4 unanswered messages, "Timeout, server ... not responding",
+ * exit 255) about when the workers' own connections to it do. A job whose workers talk to that
+ * machine learns of it from them; one whose workers are all busy outside kolo (an evaluation, a
+ * checkpoint) waited on its session for ssh's system default, two hours of TCP keepalive, or for
+ * ever. */
+static int ssh_alive_interval(const kr_opts *o) { return kr_beat_timeout(o) / 4; }
 
 /* ssh [--ssh words] -T -o BatchMode=yes -o ConnectTimeout=T -o StrictHostKeyChecking=accept-new
  * [-o ServerAliveInterval=I -o ServerAliveCountMax=4] [-p P] [-i F] host, into a.
@@ -320,7 +341,7 @@ void kr_argv_free(char **argv)
     arg_free(&a);
 }
 
-/* ssh ... host 'cd DIR; exec env VARS /bin/sh -c WRAPPER kolorun-wrap GRACE command...' */
+/* ssh ... host 'cd DIR; exec env VARS /bin/sh -c WRAPPER kolorun-wrap GRACE BEAT command...' */
 static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argvec *a)
 {
     bool ok = ssh_base(o, r->host, a);
@@ -329,8 +350,9 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
     char *cmd = NULL;
     size_t len = 0;
     char *qcwd = kr_shell_quote(cwd);
-    char grace[32];
+    char grace[32], beat[32];
     snprintf(grace, sizeof(grace), "%ld", (long)(o->grace * 2 + 0.999));
+    snprintf(beat, sizeof(beat), "%d", kr_beat_timeout(o));
     /* Like Open MPI: a missing directory on the remote host is a warning, and the worker
      * runs in the home directory there. */
     /* A Slurm step's task inherits srun's SLURM_* (and the site's PMI_*) variables, which would
@@ -347,7 +369,7 @@ static bool build_ssh_argv(const kr_opts *o, const kr_rank *r, char **env, argve
     char mark[80] = "KOLORUN_MARK=";
     ok = ok && kolo__secret_make(mark + 13, sizeof(mark) - 13) == 0 && cat_quoted(&cmd, &len, mark);
     ok = ok && cat(&cmd, &len, " /bin/sh -c") && cat_quoted(&cmd, &len, remote_wrapper) &&
-         cat(&cmd, &len, " kolorun-wrap") && cat_quoted(&cmd, &len, grace);
+         cat(&cmd, &len, " kolorun-wrap") && cat_quoted(&cmd, &len, grace) && cat_quoted(&cmd, &len, beat);
     for (int i = 0; ok && i < o->ncmd; i++) ok = cat_quoted(&cmd, &len, o->cmd[i]);
     if (ok) ok = arg_push(a, cmd);
     else free(cmd);

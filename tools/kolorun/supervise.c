@@ -71,6 +71,9 @@ typedef struct {
     bool start_timed_out;
     bool elastic_end;         /* the elastic job could not go on (too few slots), no worker failed */
     bool timed_out;           /* the job ran past --timeout */
+    /* "beat" lines to the remote wrappers every beat_every s (0: none), so that a machine cut off
+     * from this one ends its workers (spawn.c, the remote wrapper); next_beat: when the next */
+    double beat_every, next_beat;
     /* stdin forwarding to rank 0 */
     bool stdin_on;
     char *sbuf;
@@ -521,7 +524,10 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
     sup s = {.o = o, .j = j, .ranks = ranks, .n = n, .root = -1, .launch_code = launch_code, .t0 = o->t_launch,
              .settle = SETTLE_S, .unit = j->el ? "worker" : "rank"};
     for (int h = 0; h < o->nhosts; h++)
-        if (!o->hosts[h].local) s.settle = SETTLE_REMOTE_S;
+        if (!o->hosts[h].local) {
+            s.settle = SETTLE_REMOTE_S;
+            s.beat_every = kr_beat_timeout(o) / 4.0;
+        }
     s.sbuf = malloc(65536);
     /* Forward stdin only when reading it cannot stop us: a terminal we do not own (kolorun
      * started with &) would send SIGTTIN. */
@@ -662,7 +668,12 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
             }
         }
         kr_output_merge_flush(now);
+        if (s.beat_every > 0 && now >= s.next_beat) { /* nothing to write once stdin is closed */
+            tell_remote_wrappers(&s, "beat\n");
+            s.next_beat = now + s.beat_every;
+        }
         double wake = now + 3600;
+        if (s.beat_every > 0 && s.next_beat < wake) wake = s.next_beat;
         if (kr_output_merge_wake() < wake) wake = kr_output_merge_wake();
         if (s.phase == SETTLING || s.phase == TERMINATING) wake = s.deadline < wake ? s.deadline : wake;
         if (s.phase == KILLED && s.remote_deadline > 0 && s.remote_deadline < wake) wake = s.remote_deadline;
