@@ -751,7 +751,7 @@ KT_TEST(kolorun_sigterm_ignoring_worker_is_killed_after_grace, 15)
 /* A worker's process in a session of its own (setsid, a daemon, a server started with
  * start_new_session) escapes the signals kolorun sends the worker's group: kolorun, the
  * subreaper of whatever its workers start, ends it with the job, failed or not, and says so. */
-KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 30)
+KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 45)
 {
     subreaper();
     const char *done = "setsid sleep 60 & setsid sh -c 'trap \"\" TERM; sleep 60' & sleep 0.3; echo started";
@@ -793,6 +793,19 @@ KT_TEST(kolorun_ends_what_workers_left_in_sessions_of_their_own, 30)
     KT_EQ(run(&p, args4, 20), 0);
     KT_CONTAINS(p.ebuf, "kolorun: the workers left 1 process running in a session or group of its own: sh (pid ");
     KT_CONTAINS(p.ebuf, "killed (SIGTERM, then SIGKILL after the grace period)");
+    assert_no_descendants(3);
+
+    /* Each is named once however long the sweep runs: a leftover that ignores SIGTERM for the
+     * grace period (its sleep inherits the ignored signal; the worker ends once it ignores it) and,
+     * after 300 polls of the sweep, hands over to a second one in a session of its own and exits
+     * (half a second after, when the second has its session: until then it is in the first's group).
+     * f4659dd added every known leftover to the list of those met at every poll, which filled it
+     * after 64, and the second was then named at every poll until the SIGKILL. */
+    const char *late = "f=$(mktemp); setsid sh -c 'trap \"\" TERM; : > \"$0.ok\"; sleep 3; setsid sh -c \"sleep 60\" & "
+                       "sleep 0.5; exit' \"$f\" & while [ ! -e \"$f.ok\" ]; do sleep 0.05; done; rm -f \"$f\" \"$f.ok\"";
+    const char *args5[] = {"-np", "1", "--grace-seconds", "5", "sh", "-c", late, NULL};
+    KT_EQ(run(&p, args5, 25), 0);
+    KT_CONTAINS(p.ebuf, "kolorun: the workers left 2 processes running in a session or group of their own: sh (pid ");
     assert_no_descendants(3);
 
     /* an environment of 120 KB before kolorun's variables (module systems' tables) */

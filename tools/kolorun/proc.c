@@ -162,6 +162,13 @@ static int live_children(const char *mark, pid_t *out, int cap)
     return n;
 }
 
+static bool listed(const pid_t *pids, int n, pid_t pid)
+{
+    for (int k = 0; k < n; k++)
+        if (pids[k] == pid) return true;
+    return false;
+}
+
 static void signal_leftover(pid_t pid, int sig)
 {
     if (getpgid(pid) == pid) kill(-pid, sig); /* and its group, which it leads */
@@ -191,15 +198,15 @@ void kr_end_leftovers(double grace, const char *job_id)
         if (n == 0) break;
         if (!hard && kr_now() - t0 >= grace) hard = true;
         for (int i = 0; i < n; i++) {
-            bool known = false;
-            for (int k = 0; k < nseen && !known; k++) known = seen[k] == kids[i];
+            bool known = listed(seen, nseen, kids[i]);
             /* A member of a group whose leader was met (and signalled with its group) is the
              * leader's: SIGKILLed with it, it can outlive the leader by a scheduling delay and come
              * to kolorun, still running, as an orphan (a trap-ignoring `sh -c` and its `sleep`, in
              * a CI run with a CPU wait of 1.1 s): signalled again, not named as one more. */
-            pid_t pg = known ? -1 : getpgid(kids[i]);
-            for (int k = 0; k < nseen && !known; k++) known = seen[k] == pg;
-            if (known && nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
+            if (!known && listed(seen, nseen, getpgid(kids[i]))) {
+                known = true;
+                if (nseen < LEFTOVERS_MAX) seen[nseen++] = kids[i];
+            }
             if (!known) { /* first met: named in the message, sent SIGTERM */
                 char path[64], comm[32] = "?";
                 snprintf(path, sizeof(path), "/proc/%d/comm", (int)kids[i]);
