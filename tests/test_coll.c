@@ -670,20 +670,22 @@ KT_TEST(shm_auto_small_allreduce_in_place_by_ring, 60)
 /* In an exchange each direction's timings hold the other's: a rank busy copying a message into
  * the ring is late to read the one coming in single-copy. So when one side changes a size class's
  * way, the other side times that way too at once (the nudge, shm.c) instead of at its next probe,
- * up to 2.56 s on. Here single-copy is made 20 ms slower per message on both ranks (times
- * KT_TIMEOUT_SCALE), so both keep the ring after the first probe; then rank 1 leaves the ring for
- * single-copy (a test hook, as when the ring stayed dearer for 8 messages), and within 12 messages
- * rank 0 must ask for some single-copy too. Without the nudge it asked for none: its next probe
- * was 0.1-0.2 s away, 12 messages of 128 KiB by ring take 0.3 ms (under TSan some 30 ms). Not 2
- * ms: under TSan with both vCPUs busy besides (CI), ring messages took 40000-70000 ps/B (5-9 ms),
- * the 2 ms single-copy ones 30000-58000, so rank 1 had settled on single-copy itself and the hook
- * took it to the ring (1 launch in 30 with four busy loops; traced). */
+ * up to 2.56 s on. Here single-copy is made 20 ms dearer per message on both ranks, so both keep
+ * the ring after the first probe; then rank 1 leaves the ring for single-copy (a test hook, as
+ * when the ring stayed dearer for 8 messages), and within 12 messages rank 0 must ask for some
+ * single-copy too. Without the nudge it asked for none: its next probe was 0.2 s away, 12 messages
+ * of 128 KiB by ring take 0.3 ms. On the made-up clock (kolo__shm_test_virtual): on the real one
+ * a rank kept off its core made ring messages dearer than single-copy's 20 ms on its own, and the
+ * pair's ways then followed the machine, not the hook (CI, a task waiting 2.3 s for a CPU in the
+ * test's 2.4: rank 0 got no single-copy message; before, under TSan, rank 1 had settled on
+ * single-copy itself and the hook took it to the ring). */
 static void cma_nudges_the_peer(int rank, void *arg)
 {
     (void)arg;
     size_t count = (size_t)1 << 15; /* 128 KiB each way */
     float *x, *y;
-    kolo__conn *c = auto_pair(rank, 1, (uint64_t)(20e6 * kt_timeout_scale()), count, &x, &y);
+    kolo__shm_test_virtual(true);
+    kolo__conn *c = auto_pair(rank, 1, 20000000, count, &x, &y);
     if (!c) return;
     uint64_t before[2] = {0, 0}, after[2];
     for (int it = 0; it < 40; it++) /* the first probe comes after 8 messages by ring */
