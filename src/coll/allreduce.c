@@ -388,8 +388,9 @@ int kolo__coll_allreduce(kolo__mesh *m, const kolo__group *g, const void *send, 
         return st;
     }
 
-    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, n, 2 * sizeof(size_t)), *cnts = offs + n;
+    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, n, 2 * sizeof(size_t));
     if (!offs) return KOLO_ERR_NO_MEMORY;
+    size_t *cnts = offs + n;
     kolo__coll_blocks(count, n, offs, cnts);
     const char *src = send;
     if (pre != 1.0) {

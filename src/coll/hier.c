@@ -220,8 +220,9 @@ int kolo__coll_hier_allreduce(kolo__mesh *m, const kolo__group *g, const void *s
     size_t es = kolo_dtype_size(dtype);
     if (!kolo__coll_hier_groups(m, g, count * es, &lg, &xg)) return KOLO_HIER_DECLINED;
     int L = lg->size;
-    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, L, 2 * sizeof(size_t)), *counts = offs + L;
+    size_t own[2 * KOLO_STACK_MEMBERS], *offs = kolo__coll_members(own, L, 2 * sizeof(size_t));
     if (!offs) return KOLO_ERR_NO_MEMORY; /* every member decided to run it: fail, not decline */
+    size_t *counts = offs + L;
     kolo__coll_blocks(count, L, offs, counts);
     size_t off = offs[lg->rank];
     kolo_op_t sum = op == KOLO_AVERAGE ? KOLO_SUM : op;
