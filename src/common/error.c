@@ -39,7 +39,7 @@ static void vset(const char *fmt, va_list ap)
     memcpy(errbuf, tmp, sizeof(errbuf));
 }
 
-int kolo__err(int status, const char *fmt, ...)
+int(kolo__err)(int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -48,7 +48,7 @@ int kolo__err(int status, const char *fmt, ...)
     return status;
 }
 
-int kolo__err_sys(int err, const char *fmt, ...)
+int(kolo__err_sys)(int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

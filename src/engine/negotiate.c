@@ -289,9 +289,10 @@ static int cache_insert(kolo__pset_state *s, const kolo__resp *rp)
             victim = i;
             break;
         }
-    if (victim < 0) {
-        uint64_t best = UINT64_MAX;
-        for (int i = 0; i < s->cap; i++)
+    if (victim < 0) { /* the least recently used; cap >= 1 here */
+        uint64_t best = s->slots[0].lru;
+        victim = 0;
+        for (int i = 1; i < s->cap; i++)
             if (s->slots[i].lru < best) {
                 best = s->slots[i].lru;
                 victim = i;

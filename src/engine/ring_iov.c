@@ -179,7 +179,6 @@ static int recv_place(const iov_ctx *c, sender *snd, int from, size_t ra, size_t
             for (int i = done; i < posted; i++) ptrs[k++] = &rx[i % WINDOW];
             for (int i = snd->done; i < snd->posted; i++) ptrs[k++] = &snd->x[i % WINDOW];
             st = kolo__wait(c->m, ptrs, k);
-            done = posted;
             snd->done = snd->posted;
             break;
         }

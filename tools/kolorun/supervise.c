@@ -697,8 +697,7 @@ int kr_supervise(kr_job *j, int sigfd, int launch_code)
         }
         if (pfd[0].revents & POLLIN) {
             struct signalfd_siginfo si;
-            ssize_t r;
-            while ((r = read(sigfd, &si, sizeof(si))) == (ssize_t)sizeof(si)) {
+            while (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
                 if ((int)si.ssi_signo == SIGCHLD) reap(&s);
                 else on_signal(&s, (int)si.ssi_signo);
             }
