@@ -863,7 +863,11 @@ static int on_tick(build *b, uint64_t now)
 static int run_handshakes(build *b, int lfd)
 {
     const kolo__world_info *wi = b->wi;
-    for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
+    /* the engine's connections first: in a short /dev/shm the segments go to the pairs' first
+     * connections, and the engine's carry every call of the Python bindings (4 ranks in 1 MiB:
+     * 1-2 of the 5 pairs' connections left without rings were the engine's, 2-4 with the direct
+     * ones made first; 2 ranks with room for one segment: the engine's, 20 of 20) */
+    for (int ch = KOLO_NCHANNELS - 1; ch >= 0; ch--) {
         for (int p = 0; p < wi->rank; p++) {
             hs *h = hs_new(b);
             if (!h) return kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the handshake table");
