@@ -14,9 +14,11 @@ What it shows, beyond the digits example:
   * gradient clipping on the averaged gradients, Horovod's way: optimizer.synchronize(), clip,
     then step() inside optimizer.skip_synchronize();
   * --accumulate N: backward_passes_per_step, N micro-batches per exchange;
-  * at the end, a check that every worker holds the same model, and a sample of generated text.
+  * at the end, a check that every worker holds the same model, and a sample of generated text;
+  * --framework horovod runs it under Horovod, the import the only change.
 
     kolorun -np 2 python3 examples/pytorch/pytorch_char_transformer.py --steps 200
+    horovodrun -np 2 -H localhost:2 --gloo python3 examples/pytorch/pytorch_char_transformer.py --framework horovod
 """
 
 import argparse
@@ -30,9 +32,6 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import kolo.torch as hvd  # noqa: E402  (import horovod.torch as hvd works the same way)
 
 parser = argparse.ArgumentParser(description="kolo: a byte-level transformer learns to write Python",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -53,7 +52,15 @@ parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / local workers)")
 parser.add_argument("--fp16-allreduce", action="store_true")
 parser.add_argument("--sample", type=int, default=300, help="bytes of text rank 0 writes at the end")
+parser.add_argument("--framework", choices=["kolo", "horovod"], default="kolo",
+                    help="horovod: the same script under Horovod (horovodrun), its import the only change")
 args = parser.parse_args()
+
+if args.framework == "horovod":
+    import horovod.torch as hvd
+else:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import kolo.torch as hvd
 
 hvd.init()
 torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
@@ -166,9 +173,9 @@ def log(s):
 
 
 n_params = sum(p.numel() for p in model.parameters())
-log("kolo %s: %d worker(s), %d torch thread(s) each; %s: %.1f MB of Python (%.2f MB held out); %d parameters "
+log("%s %s: %d worker(s), %d torch thread(s) each; %s: %.1f MB of Python (%.2f MB held out); %d parameters "
     "in %d tensors; %d x %d bytes per worker and micro-batch, %d micro-batch(es) per step; lr %.4f x %d"
-    % (hvd.__version__, hvd.size(), torch.get_num_threads(), args.corpus_dir, len(text) / 2**20,
+    % (args.framework, __import__(args.framework).__version__, hvd.size(), torch.get_num_threads(), args.corpus_dir, len(text) / 2**20,
        len(val_text) / 2**20, n_params, len(list(model.parameters())), args.batch_size, args.context,
        args.accumulate, args.base_lr, hvd.size()))
 val_loss = evaluate()
