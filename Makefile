@@ -54,7 +54,7 @@ DEV_BINS := $(O)/bin/timeline-bench $(O)/bin/wait-bench
 EXAMPLES := $(O)/examples/train_digits
 TESTBIN := $(O)/tests/kolo-tests
 
-.PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2
+.PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2 analyze
 
 all: lib $(BINS) $(DEV_BINS) $(EXAMPLES) $(TESTBIN)
 lib: $(SO) $(AR_)
@@ -259,6 +259,14 @@ bench-train: deps
 
 check-build: all
 	$(O)/bin/kolo-bench --version
+
+# clang's static analyzer over libkolo and kolorun (Debian's clang-tools; a minute here), its
+# reports as HTML under $(O)/analyze/. Not part of make test: on 7cc4891 it reports 9 paths, all
+# checked and false (a sockaddr the kernel fills; a group has at least one member; a ring's blocks
+# lie inside its total); a tenth is new.
+analyze:
+	rm -rf $(O)/analyze $(O)/scan
+	scan-build -o $(O)/analyze $(MAKE) O=$(O)/scan CC=clang -j$$(nproc 2>/dev/null || echo 2) lib $(O)/scan/bin/kolorun
 
 install: lib $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
