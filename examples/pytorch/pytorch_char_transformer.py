@@ -86,42 +86,8 @@ split = int(len(text) * 0.95)
 train_text, val_text = text[:split].long(), text[split:].long()
 
 
-class Block(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x, mask):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
-class ByteGPT(nn.Module):
-    def __init__(self, context, dim, heads, layers):
-        super().__init__()
-        self.tok = nn.Embedding(256, dim)
-        self.pos = nn.Parameter(torch.zeros(context, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, 256, bias=False)
-        self.head.weight = self.tok.weight  # one tensor, two uses
-        self.register_buffer("mask", torch.ones(context, context, dtype=torch.bool).triu(1), persistent=False)
-        nn.init.normal_(self.pos, std=0.02)
-        nn.init.normal_(self.tok.weight, std=0.02)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos[:idx.shape[1]]
-        for blk in self.blocks:
-            x = blk(x, self.mask)
-        return self.head(self.ln(x))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory's bytegpt.py
+from bytegpt import ByteGPT  # noqa: E402
 
 
 def windows(source, n, gen):

@@ -17,7 +17,9 @@ without any communication (every worker prints its own RESULT line; bench/train_
 them up).
 
 The model is defined here (no torchvision needed): a ResNet for small images, resnet18
-(11 M parameters, 45 MB of gradients per step) or resnet20 (0.27 M). Each worker uses
+(11 M parameters, 45 MB of gradients per step) or resnet20 (0.27 M); or bytegpt, the byte-level
+transformer of pytorch_char_transformer.py (bytegpt.py: 0.12 M parameters in 28 tensors, many of
+them small, one used twice), where a sample ("img") is a window of --context random bytes. Each worker uses
 cpu_count / local_size threads unless --threads says otherwise. bench/train_compare.py runs all three
 side by side.
 """
@@ -36,7 +38,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 parser = argparse.ArgumentParser(description="PyTorch synthetic benchmark",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-parser.add_argument("--model", default="resnet18", choices=["resnet18", "resnet20"])
+parser.add_argument("--model", default="resnet18", choices=["resnet18", "resnet20", "bytegpt"],
+                    help="bytegpt: bytegpt.py's transformer (0.12 M parameters in 28 tensors, one tied) on "
+                         "random bytes; a sample is a window of --context bytes")
+parser.add_argument("--context", type=int, default=64, help="bytegpt: bytes a sample holds")
 parser.add_argument("--image-size", type=int, default=32)
 parser.add_argument("--batch-size", type=int, default=32, help="input batch size per worker")
 parser.add_argument("--num-warmup-batches", type=int, default=3, help="batches before timing")
@@ -94,6 +99,10 @@ class ResNet(nn.Module):
 
 
 def make_model(name):
+    if name == "bytegpt":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory's bytegpt.py
+        from bytegpt import ByteGPT
+        return ByteGPT(context=args.context)
     if name == "resnet18":
         return ResNet([64, 128, 256, 512], [2, 2, 2, 2])
     return ResNet([16, 32, 64], [3, 3, 3])
@@ -140,13 +149,17 @@ else:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-target = torch.randint(0, 10, (args.batch_size,))
+if args.model == "bytegpt":
+    data = torch.randint(0, 256, (args.batch_size, args.context))
+    target = torch.randint(0, 256, (args.batch_size * args.context,))
+else:
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, 10, (args.batch_size,))
 
 
 def benchmark_step():
     optimizer.zero_grad()
-    loss = F.cross_entropy(model(data), target)
+    loss = F.cross_entropy(model(data).flatten(0, -2), target)
     loss.backward()
     optimizer.step()
 
@@ -159,7 +172,8 @@ def log(s):
 nparams = sum(p.numel() for p in model.parameters())
 log("Framework: %s" % framework)
 log("Model: %s (%.2f M parameters)" % (args.model, nparams / 1e6))
-log("Batch size: %d, image size %d" % (args.batch_size, args.image_size))
+log("Batch size: %d, %s" % (args.batch_size, "windows of %d bytes" % args.context if args.model == "bytegpt"
+                                       else "image size %d" % args.image_size))
 log("Number of CPU workers: %d, torch threads each: %d" % (size, torch.get_num_threads()))
 
 log("Running warmup...")
