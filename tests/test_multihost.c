@@ -1568,6 +1568,10 @@ KT_TEST(multihost_worker_killed_on_b_stops_the_job, 60)
                "no root cause '%s...: the first failure of this job' in stderr:\n%s", want, p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: exit code 137\n");
     KT_EQ(kt_count(p.ebuf, "the first failure of this job"), 1);
+    /* the workers left nothing: b's wrappers must not take their own watcher and checker, which
+     * they SIGKILL before they look, for a worker's leftovers (they did, still dying, under load,
+     * and reported rank 3's end 0.5 s later, after ranks 0 and 1's own errors: exit code 1) */
+    KT_ASSERTF(!strstr(p.ebuf, "left processes running"), "stderr:\n%s", p.ebuf);
     /* Ranks 0 and 1 lose rank 3 and exit with an error of their own, usually before b's ssh
      * has reported the death: then they are listed as failing at the same time, otherwise as
      * terminated. Rank 2 never ends by itself: terminated, then SIGKILLed on b. */

@@ -174,7 +174,12 @@ void kr_guard_done(int guard_fd)
  * subreaper there, cannot see: every process whose environment holds this worker's
  * KOLORUN_MARK (a random value kolorun sets per remote worker; the wrapper's own, and those of
  * its finished pipeline, excepted), SIGTERM, then SIGKILL after the grace period. It needs
- * GNU grep's -z; without it nothing is swept. */
+ * GNU grep's -z; without it nothing is swept. The watcher and the checker carry the mark too,
+ * and are SIGKILLed just before: the sweep skips their process groups (/proc/PID/stat's fifth
+ * field), or it took them, still dying, for the worker's leftovers, said so, and reported the
+ * worker's end 0.5 s later (a CI run: a local rank's own error came first, and was blamed for
+ * the job). Waiting for those groups to go instead waited on their SIGKILLed sleeps, zombies
+ * until their subreaper reaps them. */
 static const char remote_wrapper[] =
     "g=$1; b=$2; shift 2\n"
     "exec 3<&0\n"
@@ -205,7 +210,9 @@ static const char remote_wrapper[] =
     "[ -z \"$f\" ] || rm -f \"$f\" \"$f.stop\"\n"
     "n=0; t=\n"
     "while :; do m=$(grep -lzx \"KOLORUN_MARK=$KOLORUN_MARK\" /proc/[0-9]*/environ 2>/dev/null)\n"
-    "  l=; for f in $m; do p=${f#/proc/}; p=${p%/environ}; [ \"$p\" != $$ ] && kill -0 \"$p\" 2>/dev/null && l=\"$l $p\"; done\n"
+    "  l=; for f in $m; do p=${f#/proc/}; p=${p%/environ}; q=; read -r q 2>/dev/null < /proc/$p/stat; q=${q##*) }\n"
+    "    set -- $q; [ \"$p\" != $$ ] && [ \"$3\" != \"$w\" ] && [ \"$3\" != \"${k:-$w}\" ] && kill -0 \"$p\" 2>/dev/null &&\n"
+    "      l=\"$l $p\"; done\n"
     "  [ -z \"$l\" ] && break\n"
     "  [ -z \"$t\" ] && { t=1; echo \"kolorun: the worker left processes running in a session or group of their own on "
     "$(uname -n): pids$l; terminating them, as the worker is over\" >&2; }\n"
