@@ -61,6 +61,8 @@ if args.framework == "horovod":
 else:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
     import kolo.torch as hvd
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory's bytegpt.py
+from bytegpt import ByteGPT  # noqa: E402
 
 hvd.init()
 torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
@@ -84,10 +86,6 @@ def read_corpus(directory, limit):
 text = torch.frombuffer(bytearray(read_corpus(args.corpus_dir, int(args.corpus_mb * 2**20))), dtype=torch.uint8)
 split = int(len(text) * 0.95)
 train_text, val_text = text[:split].long(), text[split:].long()
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory's bytegpt.py
-from bytegpt import ByteGPT  # noqa: E402
 
 
 def windows(source, n, gen):
