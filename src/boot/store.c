@@ -1114,7 +1114,7 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
      * 600 s) after its job had ended without it. The server always reads what comes (its thread
      * parks waiting requests, not their connections), so bytes left unacknowledged end the
      * connection too (TCP_USER_TIMEOUT). */
-    (void)kolo__keepalive(c->fd, (int)KOLO_MIN(kolo__setting_double(KOLO_SET_TCP_KEEPALIVE), 86400.0), true);
+    (void)kolo__keepalive(c->fd, kolo__keepalive_s(), true);
     uint64_t hs_deadline = KOLO_MAX(deadline, deadline_after(10.0));
     if ((st = client_handshake(c, secret, secret_len, hs_deadline)) != KOLO_OK) goto err_close;
     *out = c;

@@ -122,6 +122,8 @@ int kolo__fd_room(size_t need, const char *who);
  * sent but unacknowledged that long (TCP_USER_TIMEOUT: only where the peer always reads, since a
  * zero window it keeps counts too). seconds < 1: nothing. False where a setsockopt failed. */
 bool kolo__keepalive(int fd, int seconds, bool user_timeout);
+/* KOLO_TCP_KEEPALIVE in whole seconds, as every reader takes it: 0 (off) below 1, at most a day. */
+int kolo__keepalive_s(void);
 
 /* ---- Clocks ---------------------------------------------------------------------- */
 static inline uint64_t kolo__now_ns(void)

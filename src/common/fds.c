@@ -68,6 +68,12 @@ int kolo__fd_room(size_t need, const char *who)
     return KOLO_OK;
 }
 
+int kolo__keepalive_s(void)
+{
+    double s = kolo__setting_double(KOLO_SET_TCP_KEEPALIVE);
+    return s >= 1 ? (int)KOLO_MIN(s, 86400.0) : 0;
+}
+
 bool kolo__keepalive(int fd, int seconds, bool user_timeout)
 {
     if (seconds < 1) return true;

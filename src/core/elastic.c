@@ -105,8 +105,8 @@ int kolo__elastic_join(void)
          * KOLO_START_TIMEOUT, which kolorun makes its elastic timeout (600 s), and on a host cut
          * off from kolorun's, whose wrapper cannot be told the job ended, outlived the job by
          * that much (tests/test_multihost.c). */
-        double connect_s = W.info.start_timeout, ka = kolo__setting_double(KOLO_SET_TCP_KEEPALIVE);
-        if (W.elastic_round > 0 && ka >= 1 && ka < connect_s) connect_s = ka;
+        double connect_s = W.info.start_timeout, ka = kolo__keepalive_s();
+        if (W.elastic_round > 0 && ka > 0 && ka < connect_s) connect_s = ka;
         st = kolo__store_connect(&W.estore, W.info.rdv_host, W.info.rdv_port, W.info.secret, W.info.secret_len,
                                  connect_s);
         if (st != KOLO_OK) return fail_store(st, "reach kolorun's store");

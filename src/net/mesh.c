@@ -1322,8 +1322,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         m->channel = ch;
         m->peers = b.peers;
         m->op_timeout_ns = (uint64_t)(kolo__setting_double(KOLO_SET_OP_TIMEOUT) * 1e9);
-        double ka = kolo__setting_double(KOLO_SET_TCP_KEEPALIVE);
-        m->keepalive_ns = ka >= 1 ? (uint64_t)(KOLO_MIN(ka, 86400.0) * 1e9) : 0;
+        m->keepalive_ns = (uint64_t)kolo__keepalive_s() * 1000000000u;
         m->stall_ns = stall_ns;
         m->spin_ns = (uint64_t)kolo__setting_long(KOLO_SET_SPIN_US) * 1000u;
         meshes[ch] = m;
