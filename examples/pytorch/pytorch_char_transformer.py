@@ -55,6 +55,11 @@ parser.add_argument("--sample", type=int, default=300, help="bytes of text rank 
 parser.add_argument("--framework", choices=["kolo", "horovod"], default="kolo",
                     help="horovod: the same script under Horovod (horovodrun), its import the only change")
 args = parser.parse_args()
+for name in ("steps", "batch_size", "context", "layers", "dim", "heads", "accumulate", "eval_every"):
+    if getattr(args, name) < 1:
+        parser.error("--%s must be at least 1" % name.replace("_", "-"))
+if args.dim % args.heads:
+    parser.error("--dim (%d) must be a multiple of --heads (%d)" % (args.dim, args.heads))
 
 if args.framework == "horovod":
     import horovod.torch as hvd
@@ -78,8 +83,10 @@ def read_corpus(directory, limit):
         size += len(data)
         if size >= limit:
             break
-    if size < 10 * args.context:
-        sys.exit("%s: found %d bytes of *.py files, too few to learn from (--corpus-dir)" % (directory, size))
+    size = min(size, limit)
+    if size * 0.05 < 2 * (args.context + 1):  # the held-out 5 % must hold a window or two
+        sys.exit("%s: %d bytes of *.py files taken, too few to learn from with windows of %d bytes (--corpus-dir, "
+                 "--corpus-mb)" % (directory, size, args.context))
     return b"".join(out)[:limit]
 
 
