@@ -840,6 +840,21 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
             s->njoined++;
             s->last_joined = r;
         }
+    /* cache bits past the capacity name no slot: only a garbled message sets them (and reading
+     * the slots they would name reads past the table) */
+    if (s->cap % 64) {
+        uint64_t past = ~0ull << (s->cap % 64);
+        for (int r = 0; r < n; r++) {
+            const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
+                                                                      sizeof(kolo__fixed_hdr));
+            uint64_t bad = bits[s->words - 1] & past;
+            if (bad)
+                return kolo__err(KOLO_ERR_PROTOCOL,
+                                 "rank %d sent a malformed negotiation message for process set %d: it marks "
+                                 "response-cache slot %d, of %d",
+                                 wrank(s, r), s->id, (s->words - 1) * 64 + __builtin_ctzll(bad), s->cap);
+        }
+    }
     /* descriptions */
     for (int w = 0; w < s->words; w++) s->erased[w] = 0;
     size_t off = 0;
