@@ -34,6 +34,10 @@ endif
 ifeq ($(SAN),tsan)
 SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
 endif
+# libFuzzer's coverage hooks with ASan+UBSan, clang only (make fuzz)
+ifeq ($(SAN),fuzz)
+SANFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
 
 LIB_SRC   := $(sort $(wildcard src/*/*.c))
 LIB_OBJ   := $(patsubst src/%.c,$(O)/obj/%.o,$(LIB_SRC))
@@ -53,8 +57,11 @@ DEV_BINS := $(O)/bin/timeline-bench $(O)/bin/wait-bench
 # the examples in C, built as a user builds them (kolo.h only; tests/test_examples.c runs them)
 EXAMPLES := $(O)/examples/train_digits
 TESTBIN := $(O)/tests/kolo-tests
+# libFuzzer harnesses over what peers and strangers send (tests/fuzz/README.md), built by make fuzz
+FUZZ_SRC  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(O)/fuzz/%,$(FUZZ_SRC))
 
-.PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2 analyze
+.PHONY: all lib test test-c test-c-all test-python test-install demo deps install clean check-build bench-compare bench-train test-python-torch2 analyze fuzz fuzzers fuzz-regress
 
 all: lib $(BINS) $(DEV_BINS) $(EXAMPLES) $(TESTBIN)
 lib: $(SO) $(AR_)
@@ -121,6 +128,14 @@ $(O)/bin/kolorun: $(RUN_OBJ) $(AR_)
 $(TESTBIN): $(TEST_OBJ) $(AR_)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $(TEST_OBJ) $(AR_) $(LDLIBS)
+
+# A harness may #include the .c file whose static decoders it feeds: the archive's copy of that
+# object is then never pulled in.
+$(O)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(LIB_SRC) $(wildcard src/*/*.h) include/kolo.h $(AR_)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIBCFLAGS) $(SANFLAGS) -fsanitize=fuzzer -Wno-missing-prototypes -o $@ $< $(AR_) $(LDLIBS)
+
+fuzzers: $(FUZZ_BINS)
 
 # ---- what the README promises ----
 
@@ -267,6 +282,17 @@ check-build: all
 analyze:
 	rm -rf $(O)/analyze $(O)/scan
 	scan-build -o $(O)/analyze $(MAKE) O=$(O)/scan CC=clang -j$$(nproc 2>/dev/null || echo 2) lib $(O)/scan/bin/kolorun
+
+# The fuzzers (clang's libFuzzer with ASan+UBSan, under build/fuzz/): make fuzz runs each for
+# FUZZ_TIME seconds from its seeds (tests/fuzz/corpus/<name>/) and keeps what it learns under
+# build/fuzz/corpus/; make fuzz-regress runs each over its committed seeds only, once (seconds).
+FUZZ_TIME ?= 60
+fuzz:
+	$(MAKE) O=build/fuzz SAN=fuzz CC=clang OPT=-O1 -j$$(nproc 2>/dev/null || echo 2) fuzzers
+	sh scripts/fuzz.sh build/fuzz $(FUZZ_TIME)
+fuzz-regress:
+	$(MAKE) O=build/fuzz SAN=fuzz CC=clang OPT=-O1 -j$$(nproc 2>/dev/null || echo 2) fuzzers
+	sh scripts/fuzz.sh build/fuzz 0
 
 install: lib $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig

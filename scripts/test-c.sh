@@ -1,13 +1,15 @@
 #!/bin/sh
 # test-c.sh - `make test-c-all` after `make all`: the C suite, under ASan+UBSan and under TSan,
-# then the install test.
+# then the install test and the fuzzers' seeds.
 #
-#   1. the ASan and the TSan builds start in the background, at low priority (nice: the plain
+#   1. the ASan, TSan and fuzzer builds start in the background, at low priority (nice: the plain
 #      suite's processes come first), their output into $O/test-sanitizer-builds.log;
 #   2. the plain suite runs (printed as it runs);
 #   3. once the builds are done, the ASan suite (printed as it runs) and the TSan suite (into
 #      $O/test-tsan.log, printed when the ASan suite is done) run at once;
-#   4. the install test.
+#   4. the install test;
+#   5. every fuzzer over its committed seeds, once (make fuzz-regress; tests/fuzz/README.md): the
+#      inputs that once found a bug. 20 s of building, a second of running.
 #
 # Why the overlap: one after the other, `make test` took 17 m 39 s on this 2-core machine for
 # 15 m 33 s of user and 4 m 56 s of system time: 42 % of the CPUs idle, the suites waiting on the
@@ -33,7 +35,8 @@ TSANLOG=$O/test-tsan.log
 
 # 1. the sanitizer builds
 lane_start builds "$BUILDLOG" sh -c 'nice -n 10 $0 -j2 O=build/asan SAN=asan OPT=-O1 all &&
-                                     nice -n 10 $0 -j2 O=build/tsan SAN=tsan OPT=-O1 all' "$MAKE"
+                                     nice -n 10 $0 -j2 O=build/tsan SAN=tsan OPT=-O1 all &&
+                                     nice -n 10 $0 -j2 O=build/fuzz SAN=fuzz CC=clang OPT=-O1 fuzzers' "$MAKE"
 
 # 2. the plain suite
 $MAKE test-c
@@ -63,5 +66,11 @@ lane_show "$TSANLOG"
 $MAKE test-install
 keep install $?
 
-echo "== test-c: plain exit $(kept plain), ASan exit $(kept asan), TSan exit $(kept tsan), install exit $(kept install)"
-[ "$(kept plain)" = 0 ] && [ "$(kept asan)" = 0 ] && [ "$(kept tsan)" = 0 ] && [ "$(kept install)" = 0 ]
+# 5. the fuzzers' seeds
+sh scripts/fuzz.sh build/fuzz 0
+keep fuzz $?
+
+echo "== test-c: plain exit $(kept plain), ASan exit $(kept asan), TSan exit $(kept tsan), install exit $(kept install)," \
+  "fuzz seeds exit $(kept fuzz)"
+[ "$(kept plain)" = 0 ] && [ "$(kept asan)" = 0 ] && [ "$(kept tsan)" = 0 ] && [ "$(kept install)" = 0 ] &&
+  [ "$(kept fuzz)" = 0 ]

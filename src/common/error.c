@@ -31,6 +31,7 @@ const char *kolo_last_error(void) { return errbuf; }
 const char *kolo__errmsg(void) { return errbuf; }
 void kolo__err_clear(void) { errbuf[0] = '\0'; }
 
+static void vset(const char *fmt, va_list ap) KOLO_PRINTF(1, 0);
 static void vset(const char *fmt, va_list ap)
 {
     char tmp[sizeof(errbuf)];
