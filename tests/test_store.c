@@ -643,8 +643,31 @@ KT_TEST(store_bad_frames_after_auth, 30)
         const char *log = capture_wait(cases[i].why);
         KT_ASSERTF(strstr(log, cases[i].why), "case %zu: '%s' not logged", i, cases[i].why);
     }
-    /* a valid frame through the raw path works, and the half-sent request is dropped quietly */
+    /* a value over 16 MiB under a key short enough for its frame to pass the frame's limit: once
+     * stored, no client could have read it back (the answer would be over the client's limit) */
+    size_t vlen = (16u << 20) + 1, flen = 2 + 1 + vlen;
+    uint8_t *big = kolo__calloc(1, 4 + flen);
+    KT_ASSERT(big);
+    big[0] = (uint8_t)(flen >> 24);
+    big[1] = (uint8_t)(flen >> 16);
+    big[2] = (uint8_t)(flen >> 8);
+    big[3] = (uint8_t)flen;
+    big[4] = 1; /* SET */
+    big[5] = 1;
+    big[6] = 'v';
     int fd = raw_authenticated(port, SECRET);
+    send_raw(fd, big, 4 + flen);
+    kolo__free(big);
+    KT_ASSERT(closed_within(fd, 3));
+    close(fd);
+    KT_CONTAINS(capture_wait("value of 16777217 bytes"), "value of 16777217 bytes (allowed: at most 16777216)");
+    kolo__store *c = client(port);
+    void *v = NULL;
+    size_t n = 0;
+    KT_STATUS(kolo__store_get(c, "v", &v, &n, 0), KOLO_ERR_TIMEOUT); /* not stored */
+    kolo__store_close(c);
+    /* a valid frame through the raw path works, and the half-sent request is dropped quietly */
+    fd = raw_authenticated(port, SECRET);
     uint8_t req[] = {0, 0, 0, 6, 1, 1, 'r', 'a', 'w', '!'};
     send_raw(fd, req, sizeof(req));
     uint8_t resp[5];
@@ -652,7 +675,7 @@ KT_TEST(store_bad_frames_after_auth, 30)
     KT_ASSERT(resp[3] == 1 && resp[4] == 0);
     close(fd);
     still_serves(port);
-    kolo__store *c = client(port);
+    c = client(port);
     expect_value(c, "r", "aw!");
     kolo__store_close(c);
     kolo__store_server_stop(s);

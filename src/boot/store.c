@@ -327,6 +327,14 @@ static void handle_request(kolo__store_server *s, conn *c)
     size_t restlen = len - 2u - klen;
     switch (op) {
     case OP_SET: {
+        /* The frame's limit leaves room for the longest key, so under a shorter one a value can
+         * pass it and still be over 16 MiB: stored, no client could read it back (the answer to
+         * its GET would be over MAX_RESP, which the client takes for a broken stream). */
+        if (restlen > MAX_VALUE) {
+            snprintf(why, sizeof(why), "value of %zu bytes (allowed: at most %u)", restlen, MAX_VALUE);
+            drop_conn(c, why, true);
+            return;
+        }
         if (!put_entry(s, key, klen, rest, restlen)) {
             drop_conn(c, "out of memory storing a value", true);
             return;
