@@ -804,7 +804,7 @@ int kr_cli_parse(int argc, char **argv, kr_opts *o)
     if (i >= argc) return kr_usage_error("no command given (e.g. kolorun -np 2 python train.py)");
     o->cmd = argv + i;
     o->ncmd = argc - i;
-    if (o->stack_traces && !o->timeout)
+    if (o->stack_traces && o->timeout <= 0)
         return kr_usage_error("--get-stack-traces prints the stacks when --timeout expires: give --timeout too");
     if (o->discovery && (o->hosts_arg || o->hostfile))
         return kr_usage_error("--host-discovery-script finds the hosts: give it or -H/--hostfile, not both");
