@@ -132,6 +132,13 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
     snprintf(worker, sizeof(worker), "touch %s", marker);
     snprintf(hf, sizeof(hf), "%s/hosts", d);
     write_file(hf, "# two hosts\nlocalhost slots=2\nnode2 slots=two\n", 0644);
+    /* a comment longer than a line may be: its tail was once read as a host of its own */
+    char longhf[128], longline[4200];
+    snprintf(longhf, sizeof(longhf), "%s/long", d);
+    memset(longline, 'x', 4095);
+    longline[0] = '#';
+    snprintf(longline + 4095, sizeof(longline) - 4095, "evil slots=9\nlocalhost slots=1\n");
+    write_file(longhf, longline, 0644);
     struct {
         const char *args[12];
         const char *says;
@@ -148,6 +155,7 @@ KT_TEST(kolorun_usage_errors_exit_2_and_start_nothing, 20)
         {{"-np", "1", "-H", "a:1,a:2", "sh", "-c", worker, NULL}, "listed twice"},
         {{"-np", "1", "--hostfile", hf, "sh", "-c", worker, NULL}, "hosts:3"},
         {{"-np", "1", "--hostfile", "/nonexistent/hosts", "sh", "-c", worker, NULL}, "/nonexistent/hosts"},
+        {{"-np", "1", "--hostfile", longhf, "sh", "-c", worker, NULL}, "long:1: line longer than 4095 bytes"},
         {{"-np", "1", "-H", "localhost:1", "--hostfile", hf, "sh", "-c", worker, NULL}, "not both"},
         {{"-np", "1", "-x", "1BAD=2", "sh", "-c", worker, NULL}, "not a variable name"},
         {{"-np", "1", "--bind-to", "cache", "sh", "-c", worker, NULL}, "auto|none|core|socket|numa"},
@@ -210,6 +218,10 @@ KT_TEST(kolorun_reads_batch_allocations, 30)
         {{NULL}, "2", "badfile:2: '-oProxyCommand=x' is not a host name"},
         {{NULL}, "4", "-np 4 is more than the 3 slots of the PBS allocation"},
         {{"LSB_MCPU_HOSTS=nodeA 2 nodeB"}, "2", "LSB_MCPU_HOSTS='nodeA 2 nodeB' is not 'host slots host slots ...'"},
+        /* a name Slurm would not make reached ssh as an option; a long range took minutes */
+        {{"SLURM_JOB_NODELIST=-oops[1-2]", "SLURM_TASKS_PER_NODE=1(x2)"}, "2", "node 0 '-oops1' is not a host name"},
+        {{"SLURM_JOB_NODELIST=n[1-100000]", "SLURM_TASKS_PER_NODE=1(x100000)"}, "100001",
+         "-np 100001 is more than the 100000 slots of the Slurm allocation"},
     };
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(bad); c++) {
         for (size_t v = 0; v < KOLO_ARRAY_SIZE(vars); v++) unsetenv(vars[v]);

@@ -110,19 +110,65 @@ bool kr_valid_host_name(const char *s, size_t n)
     return true;
 }
 
-static int add_host(kr_opts *o, const char *name, size_t nlen, long slots, const char *where)
+/* The hosts' names by hash: a host listed twice is found without comparing each host with every
+ * other, which for a long Slurm range ("n[1-100000]") or PBS node file took minutes (hours for the
+ * million hosts a Slurm list may expand to). */
+typedef struct host_index {
+    int *at;    /* 1 + the host's index in o->hosts; 0: free */
+    size_t cap; /* a power of two, over twice the hosts */
+} host_index;
+
+static size_t name_slot(const host_index *x, const char *name, size_t n)
 {
-    for (int i = 0; i < o->nhosts; i++)
-        if (strlen(o->hosts[i].name) == nlen && strncmp(o->hosts[i].name, name, nlen) == 0)
-            return kr_usage_error("%s: host '%.*s' is listed twice", where, (int)nlen, name);
-    kr_host *grown = realloc(o->hosts, (size_t)(o->nhosts + 1) * sizeof(*grown));
-    if (!grown) return kr_usage_error("out of memory");
-    o->hosts = grown;
+    uint64_t h = 14695981039346656037ULL; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)name[i]) * 1099511628211ULL;
+    return (size_t)h & (x->cap - 1);
+}
+
+/* The index in o->hosts of the host named so, or -1. */
+static int find_host(const kr_opts *o, const host_index *x, const char *name, size_t n)
+{
+    if (!x->cap) return -1;
+    for (size_t k = name_slot(x, name, n);; k = (k + 1) & (x->cap - 1)) {
+        int i = x->at[k] - 1;
+        if (i < 0) return -1;
+        if (strlen(o->hosts[i].name) == n && strncmp(o->hosts[i].name, name, n) == 0) return i;
+    }
+}
+
+static int add_host(kr_opts *o, host_index *x, const char *name, size_t nlen, long slots, const char *where)
+{
+    if (find_host(o, x, name, nlen) >= 0)
+        return kr_usage_error("%s: host '%.*s' is listed twice", where, (int)nlen, name);
+    /* the array doubles (its size a power of two: the parsers here are the only ones to grow it
+     * before the job starts, each from no hosts), the index stays under half full */
+    int n = o->nhosts;
+    if ((n & (n - 1)) == 0) {
+        kr_host *grown = realloc(o->hosts, (size_t)(n ? 2 * n : 1) * sizeof(*grown));
+        if (!grown) return kr_usage_error("out of memory");
+        o->hosts = grown;
+    }
+    if (2 * (size_t)(n + 1) > x->cap) {
+        size_t cap = x->cap ? 2 * x->cap : 16;
+        int *at = calloc(cap, sizeof(*at));
+        if (!at) return kr_usage_error("out of memory");
+        free(x->at);
+        x->at = at;
+        x->cap = cap;
+        for (int i = 0; i < n; i++) {
+            size_t k = name_slot(x, o->hosts[i].name, strlen(o->hosts[i].name));
+            while (x->at[k]) k = (k + 1) & (cap - 1);
+            x->at[k] = i + 1;
+        }
+    }
     kr_host *h = &o->hosts[o->nhosts++];
     memset(h, 0, sizeof(*h));
     memcpy(h->name, name, nlen);
     h->name[nlen] = '\0';
     h->slots = (int)slots;
+    size_t k = name_slot(x, name, nlen);
+    while (x->at[k]) k = (k + 1) & (x->cap - 1);
+    x->at[k] = n + 1;
     return 0;
 }
 
@@ -143,7 +189,9 @@ static bool parse_slots(const char *s, size_t n, long *out)
 static int parse_hosts_arg(kr_opts *o, const char *arg)
 {
     const char *p = arg;
-    for (int item = 1;; item++) {
+    host_index x = {0};
+    int r = 0;
+    for (int item = 1; !r; item++) {
         size_t n = strcspn(p, ",");
         const char *colon = memchr(p, ':', n);
         size_t hl = colon ? (size_t)(colon - p) : n;
@@ -151,16 +199,35 @@ static int parse_hosts_arg(kr_opts *o, const char *arg)
         char where[64];
         snprintf(where, sizeof(where), "-H item %d", item);
         if (!kr_valid_host_name(p, hl))
-            return kr_usage_error("-H '%s': item %d '%.*s' is not host:slots (e.g. node1:4,node2:4)", arg, item,
-                                  (int)n, p);
-        if (colon && !parse_slots(colon + 1, n - hl - 1, &slots))
-            return kr_usage_error("-H '%s': item %d '%.*s' has no valid slot count after ':'", arg, item, (int)n, p);
-        int r = add_host(o, p, hl, slots, where);
-        if (r) return r;
+            r = kr_usage_error("-H '%s': item %d '%.*s' is not host:slots (e.g. node1:4,node2:4)", arg, item, (int)n,
+                               p);
+        else if (colon && !parse_slots(colon + 1, n - hl - 1, &slots))
+            r = kr_usage_error("-H '%s': item %d '%.*s' has no valid slot count after ':'", arg, item, (int)n, p);
+        else r = add_host(o, &x, p, hl, slots, where);
         if (!p[n]) break;
         p += n + 1;
     }
-    return 0;
+    free(x.at);
+    return r;
+}
+
+/* Reads one line of f, without its '\n', into line (cap bytes, NUL-terminated). Returns its length,
+ * -1 at the end of the file, -2 when the line does not fit (not read further: an endless one
+ * would never end), -3 when it holds a NUL byte. fgets handed the rest of a long line over as a
+ * line of its own (the tail of a long comment read as a host) and cut a line at a NUL silently. */
+static long read_line(FILE *f, char *line, size_t cap)
+{
+    size_t n = 0;
+    bool nul = false;
+    int c;
+    while ((c = getc(f)) != EOF && c != '\n') {
+        if (n + 1 == cap) return -2;
+        nul |= c == '\0';
+        line[n++] = (char)c;
+    }
+    line[n] = '\0';
+    if (c == EOF && n == 0) return -1;
+    return nul ? -3 : (long)n;
 }
 
 /* Lines "host", "host slots=N [max_slots=M]" (Open MPI, Horovod) or "host:N" (MPICH). */
@@ -170,10 +237,16 @@ static int parse_hostfile(kr_opts *o, const char *path)
     if (!f) return kr_usage_error("--hostfile %s: %s", path, strerror(errno));
     char line[4096];
     int lineno = 0, r = 0;
-    while (fgets(line, sizeof(line), f)) {
+    host_index x = {0};
+    for (long got; (got = read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
         char where[512];
         snprintf(where, sizeof(where), "%.400s:%d", path, lineno);
+        if (got < 0) {
+            r = got == -2 ? kr_usage_error("%s: line longer than %zu bytes", where, sizeof(line) - 1)
+                          : kr_usage_error("%s: a NUL byte (not a text file?)", where);
+            break;
+        }
         char *hash = strchr(line, '#');
         if (hash) *hash = '\0';
         char *s = line;
@@ -214,11 +287,12 @@ static int parse_hostfile(kr_opts *o, const char *path)
             r = kr_usage_error("%s: '%.*s' is not a host name", where, (int)hl, s);
             break;
         }
-        r = add_host(o, s, hl, slots, where);
+        r = add_host(o, &x, s, hl, slots, where);
         if (r) break;
     }
     if (!r && ferror(f)) r = kr_usage_error("--hostfile %s: read error", path);
     fclose(f);
+    free(x.at);
     if (!r && o->nhosts == 0) r = kr_usage_error("--hostfile %s: no hosts in the file", path);
     return r;
 }
@@ -241,13 +315,21 @@ const char *kr_allocation(void)
 
 typedef struct slurm_ctx {
     kr_opts *o;
-    const char *tasks, *tasks_var, *list;
+    const char *tasks, *tasks_var, *list, *list_var;
     int node, r;
+    host_index x;
 } slurm_ctx;
 
 static bool add_slurm_host(const char *host, void *arg)
 {
     slurm_ctx *c = arg;
+    /* Slurm's own names never start with '-', but a list from the environment is text like any
+     * other: a host "-oX" would reach ssh as an option (kr_valid_host_name, as for -H) */
+    if (!kr_valid_host_name(host, strlen(host))) {
+        c->r = kr_usage_error("Slurm allocation: %s='%s': node %d '%s' is not a host name", c->list_var, c->list,
+                              c->node, host);
+        return false;
+    }
     int slots;
     if (!kolo__slurm_tasks_on_node(c->tasks, c->node, &slots)) {
         c->r = kr_usage_error("Slurm allocation: %s='%s' gives no count for node %d (%s) of %s", c->tasks_var,
@@ -255,7 +337,7 @@ static bool add_slurm_host(const char *host, void *arg)
         return false;
     }
     c->node++;
-    c->r = add_host(c->o, host, strlen(host), slots, "the Slurm allocation");
+    c->r = add_host(c->o, &c->x, host, strlen(host), slots, "the Slurm allocation");
     return c->r == 0;
 }
 
@@ -264,7 +346,7 @@ static bool add_slurm_host(const char *host, void *arg)
 static int slurm_hosts(kr_opts *o, char *what, size_t cap)
 {
     const char *lv = env_var("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST";
-    slurm_ctx c = {o, env_var("SLURM_TASKS_PER_NODE"), "SLURM_TASKS_PER_NODE", env_var(lv), 0, 0};
+    slurm_ctx c = {o, env_var("SLURM_TASKS_PER_NODE"), "SLURM_TASKS_PER_NODE", env_var(lv), lv, 0, 0, {0}};
     if (!c.tasks) {
         c.tasks_var = "SLURM_JOB_CPUS_PER_NODE";
         c.tasks = env_var(c.tasks_var);
@@ -273,8 +355,9 @@ static int slurm_hosts(kr_opts *o, char *what, size_t cap)
         return kr_usage_error("Slurm allocation %s='%s': neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE "
                               "is set, so the slots per node are unknown; give -H", lv, c.list);
     snprintf(what, cap, "the Slurm allocation (%s=%s, %s=%s)", lv, c.list, c.tasks_var, c.tasks);
-    if (kolo__slurm_hosts(c.list, add_slurm_host, &c) < 0 && !c.r)
-        return kr_usage_error("Slurm allocation: %s='%s' is not a Slurm host list", lv, c.list);
+    long listed = kolo__slurm_hosts(c.list, add_slurm_host, &c);
+    free(c.x.at);
+    if (listed < 0 && !c.r) return kr_usage_error("Slurm allocation: %s='%s' is not a Slurm host list", lv, c.list);
     return c.r;
 }
 
@@ -285,22 +368,30 @@ static int pbs_hosts(kr_opts *o, char *what, size_t cap)
     snprintf(what, cap, "the PBS allocation (PBS_NODEFILE=%s)", path);
     FILE *f = fopen(path, "re");
     if (!f) return kr_usage_error("PBS allocation: PBS_NODEFILE=%s: %s", path, strerror(errno));
-    char line[KR_HOST_MAX + 2];
+    char line[4096];
     int lineno = 0, r = 0;
-    while (!r && fgets(line, sizeof(line), f)) {
+    host_index x = {0};
+    for (long got; !r && (got = read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
-        size_t n = strcspn(line, " \t\r\n");
+        if (got < 0) {
+            r = got == -2 ? kr_usage_error("PBS allocation: %s:%d: line longer than %zu bytes", path, lineno,
+                                           sizeof(line) - 1)
+                          : kr_usage_error("PBS allocation: %s:%d: a NUL byte (not a text file?)", path, lineno);
+            break;
+        }
+        size_t n = strcspn(line, " \t\r");
         if (n == 0) continue;
         if (!kr_valid_host_name(line, n)) {
             r = kr_usage_error("PBS allocation: %s:%d: '%.*s' is not a host name", path, lineno, (int)n, line);
             break;
         }
-        int i = 0;
-        while (i < o->nhosts && !(strlen(o->hosts[i].name) == n && strncmp(o->hosts[i].name, line, n) == 0)) i++;
-        if (i < o->nhosts) o->hosts[i].slots++;
-        else r = add_host(o, line, n, 1, "the PBS allocation");
+        int i = find_host(o, &x, line, n); /* a line per slot */
+        if (i >= 0) o->hosts[i].slots++;
+        else r = add_host(o, &x, line, n, 1, "the PBS allocation");
     }
+    if (!r && ferror(f)) r = kr_usage_error("PBS allocation: PBS_NODEFILE=%s: read error", path);
     fclose(f);
+    free(x.at);
     if (!r && o->nhosts == 0) r = kr_usage_error("PBS allocation: PBS_NODEFILE=%s names no host", path);
     return r;
 }
@@ -310,7 +401,9 @@ static int lsf_hosts(kr_opts *o, char *what, size_t cap)
 {
     const char *v = env_var("LSB_MCPU_HOSTS");
     snprintf(what, cap, "the LSF allocation (LSB_MCPU_HOSTS=%s)", v);
-    for (const char *p = v;;) {
+    host_index x = {0};
+    int r = 0;
+    for (const char *p = v; !r;) {
         p += strspn(p, " ");
         if (!*p) break;
         size_t hl = strcspn(p, " ");
@@ -318,11 +411,12 @@ static int lsf_hosts(kr_opts *o, char *what, size_t cap)
         size_t sl = strcspn(q, " ");
         long slots;
         if (!kr_valid_host_name(p, hl) || !parse_slots(q, sl, &slots))
-            return kr_usage_error("LSF allocation: LSB_MCPU_HOSTS='%s' is not 'host slots host slots ...'", v);
-        int r = add_host(o, p, hl, slots, "the LSF allocation");
-        if (r) return r;
+            r = kr_usage_error("LSF allocation: LSB_MCPU_HOSTS='%s' is not 'host slots host slots ...'", v);
+        else r = add_host(o, &x, p, hl, slots, "the LSF allocation");
         p = q + sl;
     }
+    free(x.at);
+    if (r) return r;
     return o->nhosts ? 0 : kr_usage_error("LSF allocation: LSB_MCPU_HOSTS is empty");
 }
 
@@ -351,9 +445,13 @@ int kr_hosts_resolve(kr_opts *o)
     bool alloc = false;
     if (o->hosts_arg) r = parse_hosts_arg(o, o->hosts_arg);
     else if (o->hostfile) r = parse_hostfile(o, o->hostfile);
-    else if ((r = allocation_hosts(o, what, sizeof(what))) == -1)
-        r = add_host(o, "localhost", strlen("localhost"), o->np, "default hosts");
-    else alloc = r == 0;
+    else if ((r = allocation_hosts(o, what, sizeof(what))) == -1) {
+        host_index x = {0};
+        r = add_host(o, &x, "localhost", strlen("localhost"), o->np, "default hosts");
+        free(x.at);
+    } else {
+        alloc = r == 0;
+    }
     if (r) return r;
     long total = 0;
     for (int i = 0; i < o->nhosts; i++) total += o->hosts[i].slots;
@@ -384,27 +482,20 @@ int kr_hosts_resolve(kr_opts *o)
 void kr_hosts_assign(const kr_opts *o, kr_rank *ranks)
 {
     int rank = 0;
-    int *per_host = calloc((size_t)o->nhosts, sizeof(int));
     for (int h = 0; h < o->nhosts && rank < o->np; h++) {
+        int first = rank;
         for (int s = 0; s < o->hosts[h].slots && rank < o->np; s++, rank++) {
             ranks[rank].rank = rank;
             ranks[rank].host = h;
             ranks[rank].local_rank = s;
         }
+        for (int r = first; r < rank; r++) ranks[r].local_size = rank - first;
     }
-    for (int r = 0; r < o->np; r++)
-        if (per_host) per_host[ranks[r].host]++;
-    for (int r = 0; r < o->np; r++) {
-        ranks[r].local_size = per_host ? per_host[ranks[r].host] : 1;
-        int cross_rank = 0, cross_size = 0;
-        for (int h = 0; h < o->nhosts; h++) {
-            if (per_host && per_host[h] > ranks[r].local_rank) {
-                if (h < ranks[r].host) cross_rank++;
-                cross_size++;
-            }
-        }
-        ranks[r].cross_rank = cross_rank;
-        ranks[r].cross_size = cross_size;
-    }
-    free(per_host);
+    /* The hosts come in order, so a rank's cross rank is the number of hosts before its own with
+     * a rank of its local rank: one pass, where comparing every rank with every host took minutes
+     * for a long Slurm range. */
+    int *hosts_with = calloc((size_t)(o->np > 0 ? o->np : 1), sizeof(int)); /* by local rank */
+    for (int r = 0; r < o->np; r++) ranks[r].cross_rank = hosts_with ? hosts_with[ranks[r].local_rank]++ : 0;
+    for (int r = 0; r < o->np; r++) ranks[r].cross_size = hosts_with ? hosts_with[ranks[r].local_rank] : 1;
+    free(hosts_with);
 }
