@@ -130,10 +130,17 @@ $(TESTBIN): $(TEST_OBJ) $(AR_)
 	$(CC) $(CFLAGS_BASE) $(SANFLAGS) -o $@ $(TEST_OBJ) $(AR_) $(LDLIBS)
 
 # A harness may #include the .c file whose static decoders it feeds: the archive's copy of that
-# object is then never pulled in.
-$(O)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(LIB_SRC) $(wildcard src/*/*.h) include/kolo.h $(AR_)
+# object is then never pulled in. kolorun's objects but its main() come as an archive too, for
+# the harnesses of what a user hands kolorun.
+FUZZ_RUN_AR := $(O)/lib/libkolorun.a
+$(FUZZ_RUN_AR): $(filter-out %/main.o,$(RUN_OBJ))
 	@mkdir -p $(dir $@)
-	$(CC) $(LIBCFLAGS) $(SANFLAGS) -fsanitize=fuzzer -Wno-missing-prototypes -o $@ $< $(AR_) $(LDLIBS)
+	rm -f $@ && ar rcs $@ $^
+
+$(O)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(LIB_SRC) $(RUN_SRC) $(wildcard src/*/*.h) $(wildcard tools/kolorun/*.h) \
+             include/kolo.h $(AR_) $(FUZZ_RUN_AR)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIBCFLAGS) $(SANFLAGS) -fsanitize=fuzzer -Wno-missing-prototypes -o $@ $< $(FUZZ_RUN_AR) $(AR_) $(LDLIBS)
 
 fuzzers: $(FUZZ_BINS)
 
