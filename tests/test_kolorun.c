@@ -1547,10 +1547,17 @@ KT_TEST(kolorun_config_file, 30)
         {"params:\n\tcycle_time_ms: 3\n", ":2: a tab"},
         {"controller: mpi\n", "run mpirun directly"},
         {"  cycle_time_ms: 3\n", ":1: 'cycle_time_ms' is indented but no section"},
+        {"params:\n  cycle_time_ms: 3\0 # x\n", ":2: a NUL byte (not a text file?)"},
     };
     for (size_t c = 0; c < KOLO_ARRAY_SIZE(cases); c++) {
         snprintf(bad, sizeof(bad), "%s/bad%zu.yaml", d, c);
-        write_file(bad, cases[c].text, 0644);
+        FILE *f = fopen(bad, "w"); /* write_file stops at a NUL */
+        KT_ASSERT(f);
+        const char *t = cases[c].text;
+        size_t tl = strlen(t);
+        if (strstr(cases[c].says, "NUL")) tl += 1 + strlen(t + tl + 1);
+        KT_EQ(fwrite(t, 1, tl, f), tl);
+        fclose(f);
         const char *a[] = {"-np", "1", "--config-file", bad, "true", NULL};
         code = run(&p, a, 10);
         KT_ASSERTF(code == 2, "case %zu: exit %d: %s", c, code, p.ebuf);
@@ -1567,6 +1574,10 @@ KT_TEST(kolorun_config_file, 30)
     const char *missing[] = {"-np", "1", "--config-file", "/nonexistent/hvd.yaml", "true", NULL};
     KT_EQ(run(&p, missing, 10), 2);
     KT_CONTAINS(p.ebuf, "cannot read '/nonexistent/hvd.yaml'");
+    /* a directory opens like a file and reads as nothing: it was taken for an empty config */
+    const char *dir[] = {"-np", "1", "--config-file", d, "true", NULL};
+    KT_EQ(run(&p, dir, 10), 2);
+    KT_CONTAINS(p.ebuf, "Is a directory");
 }
 
 /* --status-file: the job's state as JSON, while it runs and after. */

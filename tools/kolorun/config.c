@@ -52,6 +52,23 @@ static const char *scalar(char *v)
     return v;
 }
 
+/* fgets handed the rest of a long line over as a line of its own (in a hostfile, the tail of a
+ * long comment read as a host) and cut a line at a NUL byte silently. */
+long kr_read_line(FILE *f, char *line, size_t cap)
+{
+    size_t n = 0;
+    bool nul = false;
+    int c;
+    while ((c = getc(f)) != EOF && c != '\n') {
+        if (n + 1 == cap) return -2;
+        nul |= c == '\0';
+        line[n++] = (char)c;
+    }
+    line[n] = '\0';
+    if (c == EOF && n == 0) return -1;
+    return nul ? -3 : (long)n;
+}
+
 int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
 {
     FILE *f = fopen(path, "r");
@@ -59,10 +76,11 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
     char line[4096], section[128] = "";
     char seen[64][160];
     int nseen = 0, lineno = 0, indent = -1, rc = -1;
-    while (rc == -1 && fgets(line, sizeof(line), f)) {
+    for (long got; rc == -1 && (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            rc = kr_usage_error("%s:%d: line too long", path, lineno);
+        if (got < 0) {
+            rc = got == -2 ? kr_usage_error("%s:%d: line longer than %zu bytes", path, lineno, sizeof(line) - 1)
+                           : kr_usage_error("%s:%d: a NUL byte (not a text file?)", path, lineno);
             break;
         }
         if (strchr(line, '\t')) {
@@ -126,6 +144,8 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
         if (nseen < 64) snprintf(seen[nseen++], sizeof(seen[0]), "%s", full);
         rc = fn(ctx, ind ? section : "", key, v, path, lineno);
     }
+    if (rc == -1 && ferror(f)) /* a directory opens, and reads as nothing but this */
+        rc = kr_usage_error("--config-file: cannot read '%s': %s", path, strerror(errno));
     fclose(f);
     return rc;
 }

@@ -211,25 +211,6 @@ static int parse_hosts_arg(kr_opts *o, const char *arg)
     return r;
 }
 
-/* Reads one line of f, without its '\n', into line (cap bytes, NUL-terminated). Returns its length,
- * -1 at the end of the file, -2 when the line does not fit (not read further: an endless one
- * would never end), -3 when it holds a NUL byte. fgets handed the rest of a long line over as a
- * line of its own (the tail of a long comment read as a host) and cut a line at a NUL silently. */
-static long read_line(FILE *f, char *line, size_t cap)
-{
-    size_t n = 0;
-    bool nul = false;
-    int c;
-    while ((c = getc(f)) != EOF && c != '\n') {
-        if (n + 1 == cap) return -2;
-        nul |= c == '\0';
-        line[n++] = (char)c;
-    }
-    line[n] = '\0';
-    if (c == EOF && n == 0) return -1;
-    return nul ? -3 : (long)n;
-}
-
 /* Lines "host", "host slots=N [max_slots=M]" (Open MPI, Horovod) or "host:N" (MPICH). */
 static int parse_hostfile(kr_opts *o, const char *path)
 {
@@ -238,7 +219,7 @@ static int parse_hostfile(kr_opts *o, const char *path)
     char line[4096];
     int lineno = 0, r = 0;
     host_index x = {0};
-    for (long got; (got = read_line(f, line, sizeof(line))) != -1;) {
+    for (long got; (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
         char where[512];
         snprintf(where, sizeof(where), "%.400s:%d", path, lineno);
@@ -371,7 +352,7 @@ static int pbs_hosts(kr_opts *o, char *what, size_t cap)
     char line[4096];
     int lineno = 0, r = 0;
     host_index x = {0};
-    for (long got; !r && (got = read_line(f, line, sizeof(line))) != -1;) {
+    for (long got; !r && (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
         if (got < 0) {
             r = got == -2 ? kr_usage_error("PBS allocation: %s:%d: line longer than %zu bytes", path, lineno,

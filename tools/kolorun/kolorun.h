@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 /* Exit codes of kolorun itself (a worker's failure is reported with the worker's own code). */
@@ -203,6 +204,11 @@ typedef int (*kr_config_fn)(void *ctx, const char *section, const char *key, con
 /* Reads horovodrun's YAML config file. Returns -1 when every value was taken, or the exit code
  * of the first problem (one line printed, naming the file and line). */
 int kr_config_read(const char *path, kr_config_fn fn, void *ctx);
+/* Reads one line of f, without its '\n', into line (cap bytes, NUL-terminated), for the text files
+ * kolorun reads (config file, hostfile, PBS's node file). Returns its length, -1 at the end of
+ * the file, -2 when the line does not fit (not read further: an endless one would never end),
+ * -3 when it holds a NUL byte. */
+long kr_read_line(FILE *f, char *line, size_t cap);
 
 /* ---- hosts.c ---- */
 /* Fills o->hosts from -H, --hostfile, the batch system's allocation kolorun runs in (when it has
