@@ -169,6 +169,11 @@ KT_TEST(env_malformed_values, 10)
         {{"SLURM_PROCID=x", "SLURM_NTASKS=2"}, "SLURM_PROCID='x'"},
         {{"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=nohostport"}, "KOLO_RENDEZVOUS='nohostport'"},
         {{"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=h:0"}, "KOLO_RENDEZVOUS='h:0'"},
+        /* gave up at once, or converted to whole seconds without a defined value */
+        {{"KOLO_START_TIMEOUT=0"}, "KOLO_START_TIMEOUT (or HOROVOD_GLOO_TIMEOUT_SECONDS)='0' is not a number of"},
+        {{"KOLO_RANK=0", "KOLO_SIZE=2", "KOLO_START_TIMEOUT=-1"}, "KOLO_START_TIMEOUT (or "},
+        {{"HOROVOD_GLOO_TIMEOUT_SECONDS=nan"}, "HOROVOD_GLOO_TIMEOUT_SECONDS)='nan'"},
+        {{"KOLO_START_TIMEOUT=inf"}, "='inf' is not a number of seconds above 0 and up to 10000000"},
     };
     for (size_t i = 0; i < KOLO_ARRAY_SIZE(cases); i++) {
         clear_env();

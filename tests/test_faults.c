@@ -94,6 +94,23 @@ static void run_die(int n, int tcp)
     }
 }
 
+/* KOLO_OP_TIMEOUT=0 is never: a wait of 0 s failed every call whose peer was a moment late. */
+static void late_peer(int rank, void *arg)
+{
+    (void)arg;
+    KT_OK(kolo_init());
+    if (rank == 1) usleep(300000);
+    int v = 1, out = 0;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(out, 2);
+}
+
+KT_TEST(op_timeout_0_never_times_out, 30)
+{
+    kt_job_opts o = {.env = {"KOLO_OP_TIMEOUT=0"}};
+    KT_EQ(kt_job(2, late_peer, NULL, &o, NULL), 0);
+}
+
 KT_TEST(peer_killed_mid_allreduce_shm, 40) { run_die(4, 0); }
 KT_TEST(peer_killed_mid_allreduce_tcp, 40) { run_die(3, 1); }
 

@@ -861,6 +861,15 @@ static int make_secret(kolo__world_info *w)
 int kolo__env_detect(kolo__world_info *out)
 {
     if (!out) return kolo__err(KOLO_ERR_INVALID_ARG, "kolo__env_detect: out is NULL");
+    /* read as seconds and as whole seconds below (the PMI and PMIx exchanges), and waited out by
+     * the mesh: 0, a negative, "inf" or "nan" gave up at once or converted without a defined
+     * value (a fuzzer's find) */
+    double start_s = kolo__setting_double(KOLO_SET_START_TIMEOUT);
+    if (!(start_s > 0 && start_s <= 1e7))
+        return kolo__err(KOLO_ERR_INVALID_ARG,
+                         "environment variable KOLO_START_TIMEOUT (or HOROVOD_GLOO_TIMEOUT_SECONDS)='%s' is not a "
+                         "number of seconds above 0 and up to 10000000",
+                         kolo__setting_str(KOLO_SET_START_TIMEOUT));
     kolo__world_info w;
     memset(&w, 0, sizeof(w));
     w.local_rank = w.local_size = w.cross_rank = w.cross_size = -1;
@@ -925,7 +934,7 @@ int kolo__env_detect(kolo__world_info *out)
         w.rdv_serve = 0;
     }
     if ((s = make_secret(&w))) return s;
-    w.start_timeout = kolo__setting_double(KOLO_SET_START_TIMEOUT);
+    w.start_timeout = start_s;
     if (strcmp(src, "pet") == 0 && !kolo__setting_is_set(KOLO_SET_START_TIMEOUT)) w.start_timeout = PET_START_TIMEOUT;
     KOLO_DEBUG("environment: %s, rank %d of %d (local %d of %d, cross %d of %d), store %s:%d%s, job %s",
                w.source, w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size,

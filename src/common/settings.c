@@ -16,7 +16,7 @@ static const kolo__setting_info table[KOLO_SET_COUNT] = {
                                 "connection made) before naming the ranks missing; unset, 600 for a Kubeflow "
                                 "TrainJob's pods (PET_*), which start as nodes and images come"},
     [KOLO_SET_OP_TIMEOUT] = {"KOLO_OP_TIMEOUT", "", "300",
-                             "seconds a collective waits for a silent (not dead) peer before failing"},
+                             "seconds a collective waits for a silent (not dead) peer before failing; 0: never"},
     [KOLO_SET_TRANSPORT] = {"KOLO_TRANSPORT", "", "auto",
                             "auto (shared memory on one host, TCP between hosts) or tcp (TCP for every pair this "
                             "rank is in; set on all ranks, TCP everywhere)"},

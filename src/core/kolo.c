@@ -445,9 +445,10 @@ static void direct_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *
     else
         snprintf(what, sizeof(what), "%s of %zu element%s, call %llu on process set %d,", d.what, d.count,
                  d.count == 1 ? "" : "s", (unsigned long long)d.number, d.pset);
+    char when[64];
     KOLO_WARN("%s has waited %.3g s for rank(s) %s without progress: they have not reached it, or are stopped or "
-              "stuck (it fails after KOLO_OP_TIMEOUT, %.3g s; KOLO_STALL_CHECK_TIME sets when this warning comes)",
-              what, (double)waited_ns * 1e-9, ranks, (double)m->op_timeout_ns * 1e-9);
+              "stuck (%s; KOLO_STALL_CHECK_TIME sets when this warning comes)",
+              what, (double)waited_ns * 1e-9, ranks, kolo__op_timeout_text(m, when));
 }
 
 /* One attempt at joining: the job the environment describes, or in an elastic job the newest

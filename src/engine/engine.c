@@ -405,10 +405,10 @@ static void engine_stalled(const kolo__mesh *m, uint64_t waited_ns, const char *
         snprintf(what, sizeof(what), "running '%s'%s on process set %d", E.act_name, E.act_more ? " (fused)" : "",
                  set);
     else snprintf(what, sizeof(what), "negotiating on process set %d", set);
+    char when[64];
     KOLO_WARN("the engine has waited %.3g s for rank(s) %s without progress, %s: every rank's engine joins each "
-              "cycle, so theirs has stopped (the process stopped or swapping, or a request's callback stuck); it "
-              "fails after KOLO_OP_TIMEOUT, %.3g s",
-              (double)waited_ns * 1e-9, ranks, what, (double)m->op_timeout_ns * 1e-9);
+              "cycle, so theirs has stopped (the process stopped or swapping, or a request's callback stuck); %s",
+              (double)waited_ns * 1e-9, ranks, what, kolo__op_timeout_text(m, when));
 }
 
 void kolo__engine_status(kolo__sbuf *b)

@@ -1309,6 +1309,10 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
                          ? 0
                          : kolo__setting_double(KOLO_SET_STALL_CHECK_TIME);
     uint64_t stall_ns = stall_s > 0 && stall_s < 1e9 ? (uint64_t)(stall_s * 1e9) : 0;
+    /* a wait without progress this long fails (xfer.c); 0, negative or not finite: never, as a
+     * wait of 0 s failed every wait at once, and the others converted without a defined value */
+    double op_s = kolo__setting_double(KOLO_SET_OP_TIMEOUT);
+    uint64_t op_ns = op_s > 0 && op_s < 1e9 ? (uint64_t)(op_s * 1e9) : UINT64_MAX;
     for (int ch = 0; ch < KOLO_NCHANNELS; ch++) {
         kolo__mesh *m = kolo__calloc(1, sizeof(*m));
         if (m) m->conns = kolo__calloc((size_t)wi->size, sizeof(kolo__conn *));
@@ -1321,7 +1325,7 @@ int kolo__mesh_build(kolo__mesh *meshes[KOLO_NCHANNELS], kolo__peer_info **peers
         m->size = wi->size;
         m->channel = ch;
         m->peers = b.peers;
-        m->op_timeout_ns = (uint64_t)(kolo__setting_double(KOLO_SET_OP_TIMEOUT) * 1e9);
+        m->op_timeout_ns = op_ns;
         m->keepalive_ns = (uint64_t)kolo__keepalive_s() * 1000000000u;
         m->stall_ns = stall_ns;
         m->spin_ns = (uint64_t)kolo__setting_long(KOLO_SET_SPIN_US) * 1000u;

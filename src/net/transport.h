@@ -198,7 +198,7 @@ struct kolo__mesh {
     int rank, size, channel;
     kolo__conn **conns;             /* [size]; conns[rank] is NULL */
     const kolo__peer_info *peers;   /* shared by all channels; owned by the world */
-    uint64_t op_timeout_ns;
+    uint64_t op_timeout_ns; /* UINT64_MAX: never (KOLO_OP_TIMEOUT 0); kolo__op_timeout_text says which */
     /* KOLO_TCP_KEEPALIVE (0: off): a TCP peer whose machine has acknowledged nothing for this long
      * while this rank waits with bytes unacknowledged is lost (kolo__tcp_unanswered) */
     uint64_t keepalive_ns;
@@ -338,6 +338,9 @@ int kolo__call_scales(double prescale, double postscale);
 /* A call tag as text, "kolo_broadcast (float32, root 3)": a broadcast's root is ROOT where the
  * caller knows it, else the tag's (mod 64 where the mesh has more ranks: SIZE) */
 void kolo__call_text(uint16_t tag, int root, int size, char *buf, size_t cap);
+/* When a wait without progress fails, for the stall warnings: "it fails after KOLO_OP_TIMEOUT,
+ * 300 s", or "it waits on: KOLO_OP_TIMEOUT is 0". */
+const char *kolo__op_timeout_text(const kolo__mesh *m, char buf[64]);
 /* Validates a received header against the xfer's expected length; returns status (with a
  * message naming the peer). *flags receives the header's flags. */
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);

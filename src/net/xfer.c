@@ -118,6 +118,13 @@ void kolo__call_text(uint16_t tag, int root, int size, char *buf, size_t cap)
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
 }
 
+const char *kolo__op_timeout_text(const kolo__mesh *m, char buf[64])
+{
+    if (m->op_timeout_ns == UINT64_MAX) return "it waits on: KOLO_OP_TIMEOUT is 0";
+    snprintf(buf, 64, "it fails after KOLO_OP_TIMEOUT, %.3g s", (double)m->op_timeout_ns * 1e-9);
+    return buf;
+}
+
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags)
 {
     uint32_t magic;
