@@ -367,6 +367,11 @@ static inline const kolo__fixed_hdr *kolo__fixed_of(const kolo__pset_state *s, i
 {
     return (const kolo__fixed_hdr *)(const void *)(s->fix_all + s->fixed_len * (size_t)r);
 }
+/* Member r's cache bits (s->words words), after its header in the gathered fixed parts. */
+static inline const uint64_t *kolo__cache_bits_of(const kolo__pset_state *s, int r)
+{
+    return (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r + sizeof(kolo__fixed_hdr));
+}
 
 /* execute.c: runs s->resp[0 .. nresp) in order; completes this rank's requests. A returned
  * error is a job error (the mesh is failed). */

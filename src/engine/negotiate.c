@@ -845,8 +845,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
     if (s->cap % 64) {
         uint64_t past = ~0ull << (s->cap % 64);
         for (int r = 0; r < n; r++) {
-            const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
-                                                                      sizeof(kolo__fixed_hdr));
+            const uint64_t *bits = kolo__cache_bits_of(s, r);
             uint64_t bad = bits[s->words - 1] & past;
             if (bad)
                 return kolo__err(KOLO_ERR_PROTOCOL,
@@ -869,8 +868,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
     for (int w = 0; w < s->words; w++) {
         uint64_t a = ~0ull, o = 0;
         for (int r = 0; r < n; r++) {
-            const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
-                                                                      sizeof(kolo__fixed_hdr));
+            const uint64_t *bits = kolo__cache_bits_of(s, r);
             o |= bits[w];
             if (!s->joined[r]) a &= bits[w];
         }
@@ -901,8 +899,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
                     sl->seen_mask = 0;
                 }
                 for (int r = 0; r < n && r < 64; r++) {
-                    const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
-                                                                              sizeof(kolo__fixed_hdr));
+                    const uint64_t *bits = kolo__cache_bits_of(s, r);
                     if (((bits[w] >> (i % 64)) & 1) && !((sl->seen_mask >> r) & 1)) {
                         sl->seen_mask |= 1ull << r;
                         tick(s, q, sl->name, r);
@@ -917,8 +914,7 @@ static int decide(kolo__pset_state *s, kolo__trace_seq *q)
             rp->per_rank = sl->per_rank;
             rp->req = s->slot_req[i];
             for (int r = 0; r < n; r++) {
-                const uint64_t *bits = (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r +
-                                                                          sizeof(kolo__fixed_hdr));
+                const uint64_t *bits = kolo__cache_bits_of(s, r);
                 has[r] = (uint8_t)((bits[w] >> (i % 64)) & 1);
             }
             if (sl->negotiating) {
@@ -1044,8 +1040,7 @@ typedef struct stalled {
 static bool has_it(const kolo__pset_state *s, const stalled *t, int r)
 {
     if (t->rep) return t->rep[r] != 0;
-    const uint64_t *bits =
-        (const uint64_t *)(const void *)(s->fix_all + s->fixed_len * (size_t)r + sizeof(kolo__fixed_hdr));
+    const uint64_t *bits = kolo__cache_bits_of(s, r);
     return (bits[t->slot / 64] >> (t->slot % 64)) & 1;
 }
 
