@@ -69,6 +69,14 @@ long kr_read_line(FILE *f, char *line, size_t cap)
     return nul ? -3 : (long)n;
 }
 
+const char *kr_read_line_problem(long got, size_t cap)
+{
+    static char text[48];
+    if (got != -2) return "a NUL byte (not a text file?)";
+    snprintf(text, sizeof(text), "line longer than %zu bytes", cap - 1);
+    return text;
+}
+
 int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
 {
     FILE *f = fopen(path, "r");
@@ -79,8 +87,7 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
     for (long got; rc == -1 && (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
         if (got < 0) {
-            rc = got == -2 ? kr_usage_error("%s:%d: line longer than %zu bytes", path, lineno, sizeof(line) - 1)
-                           : kr_usage_error("%s:%d: a NUL byte (not a text file?)", path, lineno);
+            rc = kr_usage_error("%s:%d: %s", path, lineno, kr_read_line_problem(got, sizeof(line)));
             break;
         }
         if (strchr(line, '\t')) {

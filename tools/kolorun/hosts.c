@@ -112,10 +112,11 @@ bool kr_valid_host_name(const char *s, size_t n)
 
 /* The hosts' names by hash: a host listed twice is found without comparing each host with every
  * other, which for a long Slurm range ("n[1-100000]") or PBS node file took minutes (hours for the
- * million hosts a Slurm list may expand to). */
+ * million hosts a Slurm list may expand to). One per parser, with the room it gave o->hosts. */
 typedef struct host_index {
-    int *at;    /* 1 + the host's index in o->hosts; 0: free */
-    size_t cap; /* a power of two, over twice the hosts */
+    int *at;      /* 1 + the host's index in o->hosts; 0: free */
+    size_t cap;   /* a power of two, over twice the hosts */
+    int room;     /* hosts o->hosts has room for, as this index grew it (0: not grown yet) */
 } host_index;
 
 static size_t name_slot(const host_index *x, const char *name, size_t n)
@@ -136,39 +137,40 @@ static int find_host(const kr_opts *o, const host_index *x, const char *name, si
     }
 }
 
+static void index_put(host_index *x, const char *name, int i)
+{
+    size_t k = name_slot(x, name, strlen(name));
+    while (x->at[k]) k = (k + 1) & (x->cap - 1);
+    x->at[k] = i + 1;
+}
+
 static int add_host(kr_opts *o, host_index *x, const char *name, size_t nlen, long slots, const char *where)
 {
     if (find_host(o, x, name, nlen) >= 0)
         return kr_usage_error("%s: host '%.*s' is listed twice", where, (int)nlen, name);
-    /* the array doubles (its size a power of two: the parsers here are the only ones to grow it
-     * before the job starts, each from no hosts), the index stays under half full */
     int n = o->nhosts;
-    if ((n & (n - 1)) == 0) {
-        kr_host *grown = realloc(o->hosts, (size_t)(n ? 2 * n : 1) * sizeof(*grown));
+    if (n >= x->room) { /* the array doubles, whatever room it had before this parser */
+        int room = n ? 2 * n : 16;
+        kr_host *grown = realloc(o->hosts, (size_t)room * sizeof(*grown));
         if (!grown) return kr_usage_error("out of memory");
         o->hosts = grown;
+        x->room = room;
     }
-    if (2 * (size_t)(n + 1) > x->cap) {
-        size_t cap = x->cap ? 2 * x->cap : 16;
+    if (2 * (size_t)(n + 1) > x->cap) { /* the index stays under half full */
+        size_t cap = x->cap ? 2 * x->cap : 32;
         int *at = calloc(cap, sizeof(*at));
         if (!at) return kr_usage_error("out of memory");
         free(x->at);
         x->at = at;
         x->cap = cap;
-        for (int i = 0; i < n; i++) {
-            size_t k = name_slot(x, o->hosts[i].name, strlen(o->hosts[i].name));
-            while (x->at[k]) k = (k + 1) & (cap - 1);
-            x->at[k] = i + 1;
-        }
+        for (int i = 0; i < n; i++) index_put(x, o->hosts[i].name, i);
     }
     kr_host *h = &o->hosts[o->nhosts++];
     memset(h, 0, sizeof(*h));
     memcpy(h->name, name, nlen);
     h->name[nlen] = '\0';
     h->slots = (int)slots;
-    size_t k = name_slot(x, name, nlen);
-    while (x->at[k]) k = (k + 1) & (x->cap - 1);
-    x->at[k] = n + 1;
+    index_put(x, h->name, n);
     return 0;
 }
 
@@ -224,8 +226,7 @@ static int parse_hostfile(kr_opts *o, const char *path)
         char where[512];
         snprintf(where, sizeof(where), "%.400s:%d", path, lineno);
         if (got < 0) {
-            r = got == -2 ? kr_usage_error("%s: line longer than %zu bytes", where, sizeof(line) - 1)
-                          : kr_usage_error("%s: a NUL byte (not a text file?)", where);
+            r = kr_usage_error("%s: %s", where, kr_read_line_problem(got, sizeof(line)));
             break;
         }
         char *hash = strchr(line, '#');
@@ -355,9 +356,7 @@ static int pbs_hosts(kr_opts *o, char *what, size_t cap)
     for (long got; !r && (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
         if (got < 0) {
-            r = got == -2 ? kr_usage_error("PBS allocation: %s:%d: line longer than %zu bytes", path, lineno,
-                                           sizeof(line) - 1)
-                          : kr_usage_error("PBS allocation: %s:%d: a NUL byte (not a text file?)", path, lineno);
+            r = kr_usage_error("PBS allocation: %s:%d: %s", path, lineno, kr_read_line_problem(got, sizeof(line)));
             break;
         }
         size_t n = strcspn(line, " \t\r");

@@ -209,6 +209,8 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx);
  * the file, -2 when the line does not fit (not read further: an endless one would never end),
  * -3 when it holds a NUL byte. */
 long kr_read_line(FILE *f, char *line, size_t cap);
+/* What a line kr_read_line refused (got, -2 or -3) has: "line longer than 4095 bytes" for cap 4096. */
+const char *kr_read_line_problem(long got, size_t cap);
 
 /* ---- hosts.c ---- */
 /* Fills o->hosts from -H, --hostfile, the batch system's allocation kolorun runs in (when it has
