@@ -9,7 +9,7 @@
 #      $O/test-tsan.log, printed when the ASan suite is done) run at once;
 #   4. the install test;
 #   5. every fuzzer over its committed seeds, once (make fuzz-regress; tests/fuzz/README.md): the
-#      inputs that once found a bug. 20 s of building, a second of running.
+#      inputs that once found a bug. Under half a minute of building, a second of running.
 #
 # Why the overlap: one after the other, `make test` took 17 m 39 s on this 2-core machine for
 # 15 m 33 s of user and 4 m 56 s of system time: 42 % of the CPUs idle, the suites waiting on the
