@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -506,8 +507,9 @@ static void *fake_server(void *p)
 
 static int listen_any(int *port)
 {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)); /* a store may take the port after it */
     KT_ASSERT(bind(l, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(l, 8) == 0);
     socklen_t al = sizeof(a);
     getsockname(l, (struct sockaddr *)&a, &al);
@@ -613,6 +615,218 @@ KT_TEST(store_stranger_silent, 30)
     KT_ASSERTF(count_lines_with(copy, "no complete greeting within 0.5 s (4 of 40 bytes)") == 1, "log: %s", copy);
     KT_ASSERTF(count_lines_with(copy, "greeted, but no proof of the secret within 1.5 s (4 of 32 bytes)") == 1,
                "log: %s", copy);
+}
+
+/* ---- strangers that hold handshakes open: a flood, the descriptor limit, BUSY ---- */
+
+/* A connection from `from` (a loopback address: 127.0.0.2 stands in for another machine) that
+ * greets and then says nothing more: it holds a handshake for the proof's 60 s. */
+static int greeter_from(int port, const char *from)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET}, a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    KT_ASSERT(inet_pton(AF_INET, from, &src.sin_addr) == 1);
+    KT_ASSERTF(fd >= 0 && bind(fd, (struct sockaddr *)&src, sizeof(src)) == 0, "bind %s: %s", from, strerror(errno));
+    KT_ASSERTF(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "connect: %s", strerror(errno));
+    uint8_t hello[40];
+    memcpy(hello, "KOLOSTv1", 8);
+    KT_OK(kolo__random_bytes(hello + 8, 32));
+    send_raw(fd, hello, sizeof(hello));
+    return fd;
+}
+
+/* What a greeter got before the server closed it: 1 the challenge and BUSY, 0 still open after
+ * `secs`, -1 anything else. */
+static int busy_then_closed(int fd, double secs)
+{
+    uint8_t got[80];
+    size_t n = 0;
+    double end = now_s() + secs;
+    while (now_s() < end) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t r = recv(fd, got + n, sizeof(got) - n, 0);
+        if (r > 0 && (n += (size_t)r) < sizeof(got)) continue;
+        return r == 0 && n == 76 && memcmp(got, "KOLOSTv1", 8) == 0 && memcmp(got + 72, "KBSY", 4) == 0 ? 1 : -1;
+    }
+    return 0;
+}
+
+/* 300 connections from "another machine" greet and go silent (before, each held its slot for 60 s:
+ * 4,096 of them locked the job out). The server holds 256 handshakes: the oldest of the address
+ * holding the most are told BUSY and closed, a worker's slow handshake from its own address left
+ * alone; workers still get in at once, and the log says what happens in a few lines, not 300. */
+KT_TEST(store_strangers_cannot_hold_the_door, 60)
+{
+    int port;
+    capture_begin();
+    kolo__store_server *s = start_server(&port);
+    int early[8];
+    for (int i = 0; i < 8; i++) early[i] = greeter_from(port, "127.0.0.2");
+    /* a worker slow to prove the secret, from the job's own address */
+    int worker = raw_connect(port);
+    uint8_t hello[40], ch[72], msg[64], mac[32], ack[4];
+    memcpy(hello, "KOLOSTv1", 8);
+    KT_OK(kolo__random_bytes(hello + 8, 32));
+    send_raw(worker, hello, sizeof(hello));
+    recv_raw(worker, ch, sizeof(ch));
+    int flood[300];
+    for (int i = 0; i < 300; i++) flood[i] = greeter_from(port, "127.0.0.2");
+    double t0 = now_s();
+    still_serves(port);
+    double served = now_s() - t0;
+    int busy[8];
+    for (int i = 0; i < 8; i++) busy[i] = busy_then_closed(early[i], 3);
+    memcpy(msg, hello + 8, 32);
+    memcpy(msg + 32, ch + 8, 32);
+    KT_OK(kolo__hmac(mac, SECRET, strlen(SECRET), "kolo-store-v1 client", msg, sizeof(msg)));
+    send_raw(worker, mac, sizeof(mac));
+    recv_raw(worker, ack, sizeof(ack));
+    int newest = busy_then_closed(flood[299], 0.2);
+    kolo__store_server_stop(s); /* says how many it did not log */
+    const char *log = capture_wait("closed unlogged");
+    char copy[16384];
+    snprintf(copy, sizeof(copy), "%s", log);
+    capture_end();
+    for (int i = 0; i < 8; i++) close(early[i]);
+    for (int i = 0; i < 300; i++) close(flood[i]);
+    close(worker);
+    KT_ASSERTF(served < 3, "a good client waited %.3f s behind 308 silent greetings", served);
+    for (int i = 0; i < 8; i++)
+        KT_ASSERTF(busy[i] == 1, "greeter %d: %d (1: told BUSY and closed, 0: still open)", i, busy[i]);
+    KT_ASSERTF(memcmp(ack, "KSOK", 4) == 0, "the worker's slow handshake got '%.4s'", (const char *)ack);
+    KT_EQ(newest, 0);
+    KT_ASSERTF(count_lines_with(copy, "\n") <= 4, "%d lines: %s", count_lines_with(copy, "\n"), copy);
+    KT_CONTAINS(copy, "unauthenticated connections open, 255 of them from 127.0.0.2: closing the oldest handshakes "
+                      "from there (the store holds at most 256; a port scan or a flood?)");
+    KT_CONTAINS(copy, " handshakes closed for room in ");
+    KT_CONTAINS(copy, " s (the latest from 127.0.0.2:");
+}
+
+/* Out of descriptors (a process's soft limit, here 64, before the table's 4,096: before, the
+ * server then stopped accepting, and a worker's connection sat in the backlog unanswered): the
+ * server closes the oldest handshake of the busiest address to take the next connection. */
+KT_TEST(store_out_of_descriptors_closes_a_handshake, 60)
+{
+    int ports[2];
+    KT_ASSERT(pipe(ports) == 0);
+    pid_t pid = fork();
+    KT_ASSERT(pid >= 0);
+    if (pid == 0) {
+        close(ports[0]);
+        struct rlimit rl;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 64;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2); /* the server's warning, which the test above checks */
+        kolo__store_server *s = NULL;
+        if (kolo__store_server_start(&s, "127.0.0.1", 0, SECRET, strlen(SECRET)) != KOLO_OK) _exit(3);
+        int port = kolo__store_server_port(s);
+        if (write(ports[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(4);
+        char c;
+        while (read(ports[1], &c, 1) < 0 && errno == EINTR) {}
+        pause(); /* until the parent kills it */
+        _exit(0);
+    }
+    close(ports[1]);
+    int port = 0;
+    KT_EQ(read(ports[0], &port, sizeof(port)), (ssize_t)sizeof(port));
+    int greeters[100];
+    for (int i = 0; i < 100; i++) greeters[i] = greeter_from(port, "127.0.0.2");
+    kolo__store *c = NULL;
+    int st = kolo__store_connect(&c, "127.0.0.1", port, SECRET, strlen(SECRET), 5);
+    char err[512];
+    snprintf(err, sizeof(err), "%s", st ? kolo_last_error() : "");
+    if (st == KOLO_OK) {
+        KT_OK(kolo__store_set(c, "k", "v", 1));
+        expect_value(c, "k", "v");
+        kolo__store_close(c);
+    }
+    int first = busy_then_closed(greeters[0], 3);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    for (int i = 0; i < 100; i++) close(greeters[i]);
+    close(ports[0]);
+    KT_ASSERTF(st == KOLO_OK, "a worker behind 100 silent greetings, the server out of descriptors: %s", err);
+    KT_EQ(first, 1);
+}
+
+/* The client, told BUSY in place of the challenge or of the acceptance, connects again (here to
+ * the real store, started on the same port once the busy one has answered). */
+static void *busy_once(void *p)
+{
+    int *a = p; /* a[0] listening fd, a[1] 0: BUSY for a challenge, 1: for the acceptance; a[2] port */
+    int fd = accept(a[0], NULL, NULL);
+    uint8_t hello[40], ch[72], msg[64], mac[32];
+    recv_raw(fd, hello, sizeof(hello));
+    if (a[1] == 1) {
+        memcpy(ch, "KOLOSTv1", 8);
+        KT_OK(kolo__random_bytes(ch + 8, 32));
+        memcpy(msg, hello + 8, 32);
+        memcpy(msg + 32, ch + 8, 32);
+        KT_OK(kolo__hmac(ch + 40, SECRET, strlen(SECRET), "kolo-store-v1 server", msg, sizeof(msg)));
+        send_raw(fd, ch, sizeof(ch));
+        recv_raw(fd, mac, sizeof(mac));
+    }
+    send_raw(fd, "KBSY", 4);
+    close(fd);
+    close(a[0]);
+    kolo__store_server *s = NULL;
+    KT_OK(kolo__store_server_start(&s, "127.0.0.1", a[2], SECRET, strlen(SECRET)));
+    return s;
+}
+
+/* Told BUSY every time: the client gives up at its deadline, saying so. */
+static void *always_busy(void *p)
+{
+    int l = *(int *)p, n = 0;
+    for (;;) {
+        int fd = accept(l, NULL, NULL);
+        if (fd < 0) break;
+        uint8_t hello[40];
+        recv_raw(fd, hello, sizeof(hello));
+        send_raw(fd, "KBSY", 4);
+        close(fd);
+        n++;
+    }
+    return (void *)(intptr_t)n;
+}
+
+KT_TEST(store_client_connects_again_when_busy, 30)
+{
+    for (int how = 0; how < 2; how++) {
+        int port, l = listen_any(&port);
+        int a[3] = {l, how, port};
+        pthread_t th;
+        KT_ASSERT(pthread_create(&th, NULL, busy_once, a) == 0);
+        kolo__store *c = NULL;
+        int st = kolo__store_connect(&c, "127.0.0.1", port, SECRET, strlen(SECRET), 10);
+        void *s = NULL;
+        pthread_join(th, &s);
+        KT_ASSERTF(st == KOLO_OK, "BUSY in place of the %s: %s", how ? "acceptance" : "challenge", kolo_last_error());
+        KT_OK(kolo__store_set(c, "after", "busy", 4));
+        expect_value(c, "after", "busy");
+        kolo__store_close(c);
+        kolo__store_server_stop(s);
+    }
+    int port, l = listen_any(&port);
+    pthread_t th;
+    KT_ASSERT(pthread_create(&th, NULL, always_busy, &l) == 0);
+    kolo__store *c = NULL;
+    double t0 = now_s();
+    KT_STATUS(kolo__store_connect(&c, "127.0.0.1", port, SECRET, strlen(SECRET), 1), KOLO_ERR_TIMEOUT);
+    double dt = now_s() - t0;
+    KT_CONTAINS(kolo_last_error(), "the store at 127.0.0.1:");
+    KT_CONTAINS(kolo_last_error(), " was too busy with other handshakes to take ours");
+    KT_CONTAINS(kolo_last_error(), " connections tried in 1 s");
+    shutdown(l, SHUT_RDWR);
+    void *n = NULL;
+    pthread_join(th, &n);
+    close(l);
+    KT_ASSERTF(dt >= 0.9 && dt < 5, "gave up after %.2f s", dt);
+    KT_ASSERTF((intptr_t)n >= 3, "%d connections", (int)(intptr_t)n);
 }
 
 /* Authenticated connections that then break the framing rules are closed one by one. */

@@ -21,6 +21,19 @@
  * 60 s outlasts the workers' own deadline (KOLO_START_TIMEOUT, 30 s), so theirs is the one that
  * speaks, and it says how far the handshake got and when.
  *
+ * Strangers cannot hold the door: a connection that greets and then says nothing costs its sender
+ * 40 bytes and held a slot for those 60 s, so 4,096 of them (the table's size), or fewer where the
+ * process ran out of descriptors first, locked the job's workers out of its start-up. The server
+ * now holds at most 256 unauthenticated connections (KOLO_STORE_PENDING_MAX); one more, or an accept() out of
+ * descriptors, closes the oldest handshake of the address holding the most (an IPv6 /64 counts as
+ * one address), which under a flood is the flood's own, so that workers from other addresses are
+ * never the ones closed. A worker can still be, when the flood comes from its own address or a
+ * start-up of more than 256 handshakes at once outruns the server: before closing it the server
+ * sends it "KBSY" in place of its challenge or its "KSOK" (having read what the client sent, so
+ * that the close is no reset, which could overtake it), and the client, seeing that, connects
+ * again until its deadline. Refused strangers are logged 10 in 10 s at most, then counted in one
+ * line per 10 s.
+ *
  * Requests, one at a time per connection (the client waits for each response):
  *   u32 len | u8 op | u8 klen | key[klen] | body          len counts every byte after itself
  *   SET 1   body = the value (len - 2 - klen bytes, at most 16 MiB)
@@ -66,6 +79,7 @@
 #define MAGIC_LEN 8
 #define ACK "KSOK"
 #define ACK_LEN 4
+#define BUSY "KBSY" /* in place of the challenge or the ack: too many handshakes, connect again */
 #define HELLO_LEN (MAGIC_LEN + KOLO_NONCE_LEN)
 #define CHALLENGE_LEN (MAGIC_LEN + KOLO_NONCE_LEN + KOLO_MAC_LEN)
 #define LABEL_SERVER "kolo-store-v1 server"
@@ -76,6 +90,10 @@
 #define MAX_REQ (2u + MAX_KEY + MAX_VALUE)
 #define MAX_RESP (1u + MAX_VALUE)
 #define MAX_CONNS 4096
+#define ACCEPTS_PER_ROUND 64 /* evicted connections are closed at once, but a round's accepts are bounded */
+#define LOG_WINDOW_NS 10000000000ull /* refused strangers: LOG_BURST warnings per window, then a count */
+#define LOG_BURST 10
+#define ADDR_KEY_LEN 9      /* family, then 4 bytes of IPv4 or the 8 of an IPv6 /64 */
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3 };
 enum { ST_OK = 0, ST_TIMEOUT = 1, ST_NOT_INTEGER = 2 };
@@ -149,10 +167,13 @@ typedef struct entry {
 enum cstate { C_HELLO, C_PROOF, C_READY, C_WAIT };
 
 typedef struct conn {
+    struct kolo__store_server *srv;
     int fd;
     enum cstate state;
     bool dead;
     char peer[80];
+    uint8_t addr[ADDR_KEY_LEN];    /* the peer's address, as the eviction counts it */
+    uint64_t since_ns;             /* accepted */
     uint64_t deadline_ns;          /* end of the handshake, or of a parked GET */
     uint8_t nc[KOLO_NONCE_LEN], ns[KOLO_NONCE_LEN];
     uint8_t small[HELLO_LEN];      /* handshake messages and frame headers */
@@ -177,6 +198,11 @@ struct kolo__store_server {
     size_t secret_len;
     conn **conns;
     size_t nconns, capconns;
+    size_t npending;               /* connections not dead in C_HELLO or C_PROOF */
+    /* refused strangers' log: the window's start, its warnings, and what went unsaid */
+    uint64_t log_since_ns;
+    unsigned log_warned, log_quiet, log_evicted;
+    char log_peer[80], log_why[96], log_evicted_from[80];
     entry **tab;
     size_t nbuckets, nentries;
 };
@@ -235,11 +261,47 @@ static bool put_entry(kolo__store_server *s, const uint8_t *k, size_t n, const u
     return true;
 }
 
+static bool is_pending(const conn *c) { return !c->dead && (c->state == C_HELLO || c->state == C_PROOF); }
+
+/* Says what the window's quiet refusals were, once the window is over (or at once: now 0). */
+static void log_window_end(kolo__store_server *s, uint64_t now)
+{
+    if (now && now - s->log_since_ns < LOG_WINDOW_NS) return;
+    double secs = (double)((now ? now : kolo__now_ns()) - s->log_since_ns) / 1e9;
+    if (s->log_quiet)
+        KOLO_WARN("store: %u more unauthenticated connections closed in %.1f s, unlogged (the latest from %s: %s)",
+                  s->log_quiet, secs, s->log_peer, s->log_why);
+    if (s->log_evicted)
+        KOLO_WARN("store: %u handshakes closed for room in %.1f s (the latest from %s)", s->log_evicted, secs,
+                  s->log_evicted_from);
+    s->log_since_ns = now;
+    s->log_warned = s->log_quiet = s->log_evicted = 0;
+}
+
+/* The warning for a refused stranger: the first LOG_BURST of a window say each, the rest are counted
+ * (a port scan, or a flood, would otherwise write a line per connection). */
+static void log_refusal(kolo__store_server *s, const conn *c, const char *why)
+{
+    log_window_end(s, kolo__now_ns());
+    if (s->log_warned < LOG_BURST) {
+        s->log_warned++;
+        KOLO_WARN("store: closing connection from %s: %s%s", c->peer, why,
+                  s->log_warned == LOG_BURST ? " (more such are counted, not logged, for up to 10 s)" : "");
+        return;
+    }
+    s->log_quiet++;
+    snprintf(s->log_peer, sizeof(s->log_peer), "%s", c->peer);
+    snprintf(s->log_why, sizeof(s->log_why), "%s", why);
+}
+
 static void drop_conn(conn *c, const char *why, bool warn)
 {
     if (c->dead) return;
-    if (warn) KOLO_WARN("store: closing connection from %s: %s", c->peer, why);
+    bool pending = is_pending(c);
+    if (warn && pending) log_refusal(c->srv, c, why);
+    else if (warn) KOLO_WARN("store: closing connection from %s: %s", c->peer, why);
     else KOLO_DEBUG("store: connection from %s ends: %s", c->peer, why);
+    if (pending) c->srv->npending--;
     c->dead = true;
 }
 
@@ -436,6 +498,7 @@ static void on_unit(kolo__store_server *s, conn *c)
         c->out_off = 0;
         c->state = C_READY;
         c->deadline_ns = 0;
+        s->npending--;
         KOLO_DEBUG("store: %s authenticated", c->peer);
         return;
     }
@@ -520,10 +583,92 @@ static void on_readable(kolo__store_server *s, conn *c)
     }
 }
 
+/* The address as eviction counts it: IPv4 (a v4-mapped one too) whole, IPv6 by its /64 (one
+ * host's privacy addresses, which it may change at will, are one). */
+static void addr_key(uint8_t key[ADDR_KEY_LEN], const struct sockaddr *sa)
+{
+    memset(key, 0, ADDR_KEY_LEN);
+    if (sa->sa_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(a)) {
+            key[0] = 4;
+            memcpy(key + 1, a->s6_addr + 12, 4);
+        } else {
+            key[0] = 6;
+            memcpy(key + 1, a->s6_addr, 8);
+        }
+    }
+}
+
+static int by_addr_then_age(const void *a, const void *b)
+{
+    const conn *x = *(conn *const *)a, *y = *(conn *const *)b;
+    int d = memcmp(x->addr, y->addr, ADDR_KEY_LEN);
+    if (d) return d;
+    return (x->since_ns > y->since_ns) - (x->since_ns < y->since_ns);
+}
+
+/* Closes the oldest handshake of the address holding the most (ties: the older of the two), after
+ * telling it BUSY, and its descriptor at once: the caller may be out of them. false when no
+ * connection is unauthenticated. */
+static bool evict_one(kolo__store_server *s, const char *trigger)
+{
+    if (s->npending == 0) return false;
+    conn **p = kolo__malloc(s->npending * sizeof(*p));
+    if (!p) return false;
+    size_t n = 0;
+    for (size_t i = 0; i < s->nconns && n < s->npending; i++)
+        if (is_pending(s->conns[i])) p[n++] = s->conns[i];
+    qsort(p, n, sizeof(*p), by_addr_then_age);
+    size_t best = 0, best_n = 0;
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && memcmp(p[j]->addr, p[i]->addr, ADDR_KEY_LEN) == 0; j++) {}
+        if (j - i > best_n || (j - i == best_n && p[i]->since_ns < p[best]->since_ns)) {
+            best = i;
+            best_n = j - i;
+        }
+    }
+    conn *v = n ? p[best] : NULL;
+    kolo__free(p);
+    if (!v) return false;
+    if (v->out_len == 0) { /* a challenge half sent would make the BUSY unreadable: then only close */
+        ssize_t w = send(v->fd, BUSY, ACK_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+    }
+    uint8_t drain[512]; /* unread bytes at close() send a reset, which may discard the BUSY unread */
+    for (int i = 0; i < 8 && recv(v->fd, drain, sizeof(drain), MSG_DONTWAIT) > 0; i++) {}
+    log_window_end(s, kolo__now_ns());
+    if (s->log_evicted == 0) { /* the first of a window says what is going on; the rest are counted */
+        char host[80];
+        snprintf(host, sizeof(host), "%s", v->peer[0] == '[' ? v->peer + 1 : v->peer);
+        char *colon = strrchr(host, ':'); /* the port off: they come from many */
+        if (colon) *colon = '\0';
+        if (colon && colon > host && colon[-1] == ']') colon[-1] = '\0';
+        KOLO_WARN("store: %zu unauthenticated connections open, %zu of them from %s%s: closing the oldest handshakes "
+                  "from there (%s; a port scan or a flood?)", s->npending, best_n, host,
+                  v->addr[0] == 6 ? " and its /64" : "", trigger);
+    }
+    s->log_evicted++;
+    snprintf(s->log_evicted_from, sizeof(s->log_evicted_from), "%s", v->peer);
+    s->npending--;
+    v->dead = true;
+    close(v->fd);
+    v->fd = -1;
+    return true;
+}
+
 static int add_conn(kolo__store_server *s, int fd, const struct sockaddr *sa, socklen_t salen)
 {
     char peer[80];
     kolo__fmt_sockaddr(peer, sizeof(peer), sa, salen);
+    if (s->npending >= KOLO_STORE_PENDING_MAX) {
+        char trigger[48];
+        snprintf(trigger, sizeof(trigger), "the store holds at most %d", KOLO_STORE_PENDING_MAX);
+        evict_one(s, trigger);
+    }
     if (s->nconns >= MAX_CONNS) {
         KOLO_WARN("store: refusing connection from %s: %d connections already open", peer, MAX_CONNS);
         return -1;
@@ -537,13 +682,17 @@ static int add_conn(kolo__store_server *s, int fd, const struct sockaddr *sa, so
     }
     conn *c = kolo__calloc(1, sizeof(*c));
     if (!c) goto nomem;
+    c->srv = s;
     c->fd = fd;
     c->state = C_HELLO;
-    c->deadline_ns = kolo__now_ns() + (uint64_t)(greeting_timeout_s * 1e9);
+    c->since_ns = kolo__now_ns();
+    c->deadline_ns = c->since_ns + (uint64_t)(greeting_timeout_s * 1e9);
     memcpy(c->peer, peer, sizeof(peer));
+    addr_key(c->addr, sa);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     s->conns[s->nconns++] = c;
+    s->npending++;
     return 0;
 nomem:
     KOLO_WARN("store: refusing connection from %s: out of memory", peer);
@@ -552,28 +701,38 @@ nomem:
 
 static void free_conn(conn *c)
 {
-    close(c->fd);
+    if (c->fd >= 0) close(c->fd);
     kolo__free(c->body);
     kolo__free(c->out);
     kolo__free(c);
 }
 
-/* Accepts every pending connection. false when out of descriptors or memory: the caller then
- * stops polling the listening socket for a moment instead of spinning on it. */
+/* Accepts the pending connections, ACCEPTS_PER_ROUND at most (the next round takes the rest).
+ * Out of descriptors, it closes a handshake to take the next; false when out of descriptors with
+ * none to close, or of memory: the caller then stops polling the listening socket for a moment
+ * instead of spinning on it. */
 static bool accept_all(kolo__store_server *s)
 {
-    for (;;) {
+    for (int taken = 0; taken < ACCEPTS_PER_ROUND;) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-            KOLO_WARN("store: accept on port %d: %s", s->port, strerror(errno));
+            int e = errno;
+            if ((e == EMFILE || e == ENFILE) && evict_one(s, e == EMFILE ? "this process is out of file descriptors"
+                                                                          : "the system is out of file descriptors")) {
+                taken++;
+                continue;
+            }
+            KOLO_WARN("store: accept on port %d: %s", s->port, strerror(e));
             return false;
         }
+        taken++;
         if (add_conn(s, fd, (struct sockaddr *)&ss, sl) != 0) close(fd);
     }
+    return true;
 }
 
 /* The poll set of one round, reused from round to round. */
@@ -610,6 +769,8 @@ static size_t build_pollset(kolo__store_server *s, pollset *ps, int *ms)
         ps->pfd[2 + i] = (struct pollfd){.fd = c->fd, .events = ev};
         ps->pc[2 + i] = c;
     }
+    if ((s->log_quiet || s->log_evicted) && s->log_since_ns + LOG_WINDOW_NS < next)
+        next = s->log_since_ns + LOG_WINDOW_NS; /* the count is told when its window ends */
     *ms = next > now ? (int)((next - now + 999999) / 1000000) : 0;
     if (!ps->accept_ok) *ms = KOLO_MIN(*ms, 100);
     return n;
@@ -669,6 +830,7 @@ static void handle_events(kolo__store_server *s, pollset *ps, size_t polled)
         else s->conns[j++] = s->conns[i];
     }
     s->nconns = j;
+    log_window_end(s, now);
 }
 
 /* The server thread. It holds s->busy except while it sleeps in poll(), so that fork() (see
@@ -821,6 +983,7 @@ int kolo__store_server_start(kolo__store_server **out, const char *host, int por
     kolo__store_server *s = kolo__calloc(1, sizeof(*s));
     if (!s) return kolo__err(KOLO_ERR_NO_MEMORY, "store server: out of memory");
     s->lfd = s->wakefd = -1;
+    s->log_since_ns = kolo__now_ns();
     pthread_mutex_init(&s->busy, NULL);
     pthread_cond_init(&s->started, NULL);
     s->nbuckets = 64;
@@ -892,6 +1055,7 @@ void kolo__store_server_stop(kolo__store_server *s)
     registry_remove(s);
     pthread_cond_destroy(&s->started);
     pthread_mutex_destroy(&s->busy);
+    log_window_end(s, 0);
     for (size_t i = 0; i < s->nconns; i++) free_conn(s->conns[i]);
     kolo__free(s->conns);
     for (size_t b = 0; b < s->nbuckets; b++) {
@@ -1033,8 +1197,9 @@ static int try_connect(const char *host, int port, uint64_t deadline_ns, int *fd
     return -1;
 }
 
-/* The client's side of the handshake (see the top of the file). */
-static int client_handshake(kolo__store *c, const void *secret, size_t secret_len, uint64_t deadline_ns)
+/* The client's side of the handshake (see the top of the file). *again: the server closed it for
+ * room (it said BUSY), and a new connection may pass. */
+static int client_handshake(kolo__store *c, const void *secret, size_t secret_len, uint64_t deadline_ns, bool *again)
 {
     uint8_t hello[HELLO_LEN], ch[CHALLENGE_LEN], mac[KOLO_MAC_LEN], want[KOLO_MAC_LEN], ack[ACK_LEN];
     memcpy(hello, MAGIC, MAGIC_LEN);
@@ -1042,7 +1207,13 @@ static int client_handshake(kolo__store *c, const void *secret, size_t secret_le
     int s = kolo__random_bytes(hello + MAGIC_LEN, KOLO_NONCE_LEN);
     if (s) return s;
     int r = send_all(c->fd, hello, sizeof(hello), 0, deadline_ns);
-    if (r == IO_OK) r = recv_all(c->fd, ch, sizeof(ch), deadline_ns);
+    if (r == IO_OK) r = recv_all(c->fd, ch, ACK_LEN, deadline_ns);
+    if (r == IO_OK && memcmp(ch, BUSY, ACK_LEN) == 0) {
+        *again = true;
+        return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s was too busy with other handshakes to take ours (its "
+                         "log names where they come from)", c->where);
+    }
+    if (r == IO_OK) r = recv_all(c->fd, ch + ACK_LEN, sizeof(ch) - ACK_LEN, deadline_ns);
     if (r == IO_TIMEOUT)
         return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s accepted the connection but did not answer the "
                          "handshake in %.1f s (is it a kolo store?)", c->where, (double)(kolo__now_ns() - t0) / 1e9);
@@ -1069,10 +1240,14 @@ static int client_handshake(kolo__store *c, const void *secret, size_t secret_le
                          c->where, when);
     if (r == IO_OK) r = recv_all(c->fd, ack, sizeof(ack), deadline_ns);
     /* not a wrong secret: the store proved the same one */
+    *again = r == IO_OK && memcmp(ack, BUSY, ACK_LEN) == 0;
     if (r == IO_EOF)
         return kolo__err(KOLO_ERR_PEER_LOST, "the store at %s closed the connection instead of accepting our proof of "
                          "the secret (%s): it gave up waiting for the proof, or stopped; its log says which",
                          c->where, when);
+    if (*again)
+        return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s was too busy with other handshakes to take ours (%s; its "
+                         "log names where they come from)", c->where, when);
     if (r == IO_TIMEOUT)
         return kolo__err(KOLO_ERR_TIMEOUT, "the store at %s did not finish the handshake (%s)", c->where, when);
     if (r == IO_ERR) return kolo__err_sys(errno, "store %s: handshake", c->where);
@@ -1098,10 +1273,32 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
     uint64_t deadline = deadline_after(timeout_s);
     uint64_t sleep_us = 1000;
     int err = 0, gai = 0, st;
-    for (;;) {
+    for (unsigned tries = 1;; tries++) {
         uint64_t attempt = KOLO_MAX(deadline, deadline_after(1.0));
-        if (try_connect(host, port, attempt, &c->fd, &err, &gai) == 0) break;
+        bool again = false;
+        if (try_connect(host, port, attempt, &c->fd, &err, &gai) == 0) {
+            int one = 1;
+            setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            /* A store on a machine that went down or was cut off answers nothing more: an elastic
+             * worker there, waiting on kolorun's store for its next round, waited out
+             * KOLO_START_TIMEOUT (kolorun's 600 s) after its job had ended without it. The server
+             * always reads what comes (its thread parks waiting requests, not their connections),
+             * so bytes left unacknowledged end the connection too (TCP_USER_TIMEOUT). */
+            (void)kolo__keepalive(c->fd, kolo__keepalive_s(), true);
+            uint64_t hs_deadline = KOLO_MAX(deadline, deadline_after(10.0));
+            if ((st = client_handshake(c, secret, secret_len, hs_deadline, &again)) == KOLO_OK) break;
+            close(c->fd);
+            c->fd = -1;
+            if (!again) goto err_free;
+            KOLO_DEBUG("store %s: %s; connecting again", c->where, kolo__errmsg());
+        }
         uint64_t now = kolo__now_ns();
+        if (now >= deadline && again) { /* the handshake's error, and how often it came */
+            char msg[512];
+            snprintf(msg, sizeof(msg), "%s", kolo__errmsg());
+            if (tries > 1) kolo__err(st, "%s; %u connections tried in %g s", msg, tries, timeout_s);
+            goto err_free;
+        }
         if (now >= deadline) {
             char why[160];
             if (gai) snprintf(why, sizeof(why), "%s", gai == EAI_SYSTEM ? strerror(err) : gai_strerror(gai));
@@ -1115,21 +1312,9 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
         usleep((useconds_t)KOLO_MIN(sleep_us, left_us));
         sleep_us = KOLO_MIN(sleep_us * 2, (uint64_t)100000);
     }
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    /* A store on a machine that went down or was cut off answers nothing more: an elastic worker
-     * there, waiting on kolorun's store for its next round, waited out KOLO_START_TIMEOUT (kolorun's
-     * 600 s) after its job had ended without it. The server always reads what comes (its thread
-     * parks waiting requests, not their connections), so bytes left unacknowledged end the
-     * connection too (TCP_USER_TIMEOUT). */
-    (void)kolo__keepalive(c->fd, kolo__keepalive_s(), true);
-    uint64_t hs_deadline = KOLO_MAX(deadline, deadline_after(10.0));
-    if ((st = client_handshake(c, secret, secret_len, hs_deadline)) != KOLO_OK) goto err_close;
     *out = c;
     return KOLO_OK;
 
-err_close:
-    close(c->fd);
 err_free:
     kolo__free(c);
     return st;

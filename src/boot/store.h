@@ -32,6 +32,9 @@ void kolo__store_server_stop(kolo__store_server *s);
 /* Tests only: seconds a new connection has to greet (default 10), and one that greeted has to
  * prove the secret (default 60; store.c says why). Process-wide; call before starting a server. */
 void kolo__store_test_handshake_timeout(double greeting_s, double proof_s);
+/* Unauthenticated connections a server holds at once (store.c says why): descriptors a process
+ * serving the store keeps room for, beside its own, so that strangers cannot take its last. */
+#define KOLO_STORE_PENDING_MAX 256
 
 /* ---- Client ----
  * One connection, used by one thread at a time. Keys are <= 255 bytes of text, values
@@ -39,7 +42,7 @@ void kolo__store_test_handshake_timeout(double greeting_s, double proof_s);
 typedef struct kolo__store kolo__store;
 
 /* Connects and authenticates, retrying a refused connection until timeout_s passes (the
- * server may start after us). Fails with KOLO_ERR_TIMEOUT naming host:port, or
+ * server may start after us), and a handshake the server closed for room. Fails with KOLO_ERR_TIMEOUT naming host:port, or
  * KOLO_ERR_AUTH when the server does not accept our secret (or cannot prove its own). */
 int kolo__store_connect(kolo__store **out, const char *host, int port, const void *secret,
                         size_t secret_len, double timeout_s);

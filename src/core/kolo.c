@@ -468,13 +468,16 @@ static int init_once(void)
 #endif
     if (W.info.size > 1) {
         /* a connection per channel to every other rank, and rank 0 serving the rendezvous one
-         * per rank while the job assembles (fds.c) */
+         * per rank while the job assembles (fds.c), and the handshakes of strangers it may hold */
         bool serve = W.info.rdv_serve && W.info.rank == 0;
         size_t others = (size_t)W.info.size - 1;
-        char who[160];
+        char who[224];
         snprintf(who, sizeof(who), "rank %d of a job of %d ranks (%d connections to each other rank%s)", W.info.rank,
-                 W.info.size, KOLO_NCHANNELS, serve ? ", and one from each to the rendezvous store it serves" : "");
-        if ((st = kolo__fd_room(others * KOLO_NCHANNELS + (serve ? others + 1 : 0) + 2, who)) != KOLO_OK) goto fail;
+                 W.info.size, KOLO_NCHANNELS,
+                 serve ? ", and one from each to the rendezvous store it serves, with room for strangers' handshakes"
+                       : "");
+        size_t serving = serve ? others + 1 + KOLO_STORE_PENDING_MAX : 0;
+        if ((st = kolo__fd_room(others * KOLO_NCHANNELS + serving + 2, who)) != KOLO_OK) goto fail;
         if (serve) {
             /* a loopback rendezvous (one host) is served on loopback only */
             const char *bind_host = strncmp(W.info.rdv_host, "127.", 4) == 0 || strcmp(W.info.rdv_host, "localhost") == 0

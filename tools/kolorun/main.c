@@ -216,11 +216,12 @@ int main(int argc, char **argv)
 
     /* Room for what kolorun holds per worker (fds.c): the read ends of its stdout and stderr
      * pipes, the status pipe while it starts, its connection to the rendezvous store, and with
-     * --output-filename two files; a stdin pipe and the job's own descriptors are in the spare. */
+     * --output-filename two files, and the strangers' handshakes the store may hold; a stdin pipe
+     * and the job's own descriptors are in the spare. */
     int most = o.elastic && o.max_np > o.np ? o.max_np : o.np;
     char who[96];
     snprintf(who, sizeof(who), "kolorun, for %d workers (%d per worker)", most, o.output_dir ? 6 : 4);
-    if (kolo__fd_room((size_t)most * (o.output_dir ? 6 : 4) + 8, who) != KOLO_OK) {
+    if (kolo__fd_room((size_t)most * (o.output_dir ? 6 : 4) + 8 + KOLO_STORE_PENDING_MAX, who) != KOLO_OK) {
         kr_say("error: %s", kolo_last_error());
         code = KR_EXIT_LAUNCH;
         goto out_free;
