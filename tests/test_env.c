@@ -746,6 +746,22 @@ KT_TEST(env_pmi_rank_0_address_across_hosts, 20)
     KT_ASSERT(!o.finalized);
 }
 
+/* PMI counts whole seconds: a start time-out of half a second is 1 there, not 0 (truncated, every
+ * answer had to be there before it was asked for). */
+KT_TEST(env_pmi_start_timeout_under_a_second, 20)
+{
+    static const char *const r1[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",
+                                     "KOLO_START_TIMEOUT=0.5", NULL};
+    static const pmi_step ok[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", "cmd=barrier_out"},
+                                  {"cmd=get kvsname=kvs_42_0 key=kolo.rdv.0", "cmd=get_result rc=0 msg=success value=10.1.2.3:4567"}};
+    pmi_outcome o = pmi_run(r1, ok, 4);
+    KT_ASSERTF(o.status == KOLO_OK, "%s", o.text);
+    KT_CONTAINS(o.text, "10.1.2.3:4567 ");
+    static const pmi_step stuck[] = {PMI_INIT, PMI_KVS, {"cmd=barrier_in", NULL}};
+    o = pmi_run(r1, stuck, 3);
+    KT_CONTAINS(o.text, "no answer to barrier_in within 1 s (not every rank reached kolo_init)");
+}
+
 KT_TEST(env_pmi_server_faults_are_named, 30)
 {
     static const char *const r1[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1",

@@ -87,6 +87,7 @@
 
 #include <ctype.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -556,6 +557,11 @@ static bool pmix_server_known(void)
     return false;
 }
 
+/* KOLO_START_TIMEOUT for the PMI and PMIx exchanges, which count whole seconds: rounded up, as
+ * truncated 0.5 s was 0 (a PMI answer then had to be there already; PMIx took 0 for its 30 s).
+ * kolo__env_detect has refused values outside (0, 1e7] before any of them asks. */
+static int pmi_timeout_s(void) { return (int)ceil(kolo__setting_double(KOLO_SET_START_TIMEOUT)); }
+
 /* Whether Slurm's address goes through a PMIx server (srun --mpi=pmix). */
 static bool slurm_pmix(void) { return pmix_server_known() && kolo__pmix_loadable(); }
 
@@ -578,7 +584,7 @@ static int slurm_address(kolo__world_info *w, const char *source)
     bool listed = list && kolo__slurm_first_host(list, host, sizeof(host));
     if (slurm_pmix()) {
         const char *iface = kolo__setting_str(KOLO_SET_IFACE), *towards = NULL;
-        int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT);
+        int timeout = pmi_timeout_s();
         char addr[64], hp[300];
         if (w->rank == 0 && !*iface) {
             towards = var("SLURM_LAUNCH_NODE_IPADDR");
@@ -657,7 +663,7 @@ static int mpi_address(kolo__world_info *w, ctx *c, const char *source, const ch
     if (via) {
         char hp[300];
         const char *iface = kolo__setting_str(KOLO_SET_IFACE);
-        int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT);
+        int timeout = pmi_timeout_s();
         int st = via[3] ? kolo__pmix_rendezvous(w->rank, iface, NULL, timeout, hp, sizeof(hp))
                         : kolo__pmi_rendezvous(w->rank, iface, timeout, hp, sizeof(hp));
         if (st == KOLO_OK && kolo__parse_hostport(hp, w->rdv_host, sizeof(w->rdv_host), &w->rdv_port)) {
@@ -696,7 +702,7 @@ static int from_pmi(kolo__world_info *w, ctx *c)
         n.lrank = "PMI_LOCAL_RANK";
         n.lsize = "PMI_LOCAL_SIZE";
     }
-    int timeout = (int)kolo__setting_double(KOLO_SET_START_TIMEOUT), s;
+    int timeout = pmi_timeout_s(), s;
     bool by_port = !var("PMI_RANK"); /* mpiexec -pmi-port: rank and size come through the connection */
     if (by_port) {
         if ((s = kolo__pmi_identity(&w->rank, &w->size, timeout)) || (s = opt_int(n.lrank, &w->local_rank)) ||
