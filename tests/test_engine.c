@@ -2377,6 +2377,46 @@ KT_TEST(engine_garbled_descriptions_name_the_sender, 60)
         KT_EQ(kt_job(3, garbled_description, (void *)&cases[i], NULL, NULL), 0);
 }
 
+/* Rank 0's engine values, which every rank adopts, garbled on their way (a test hook): at the
+ * start a cache capacity of 2^40 (cast to int it was 0, another value's negative, and it sizes
+ * the slot table), and in an autotuned cycle's world header a cycle time of 71 minutes, which
+ * every rank took silently. Every rank fails, naming rank 0. */
+static void garbled_engine_values(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 0) kolo__engine_test_garble(KOLO__GARBLE_SETTINGS);
+    KT_STATUS(kolo_init(), KOLO_ERR_PROTOCOL);
+    KT_CONTAINS(kolo_last_error(), "rank 0 sent engine settings no kolo sends: KOLO_CACHE_CAPACITY=1099511627776 "
+                                   "(at most 65536)");
+    kolo__engine_test_garble(0);
+    KT_OK(kolo_init());
+    int32_t x[4] = {1, 2, 3, 4}, y[4];
+    kolo_shape_t sh = {1, {4}};
+    kolo_request_t *r = NULL;
+    KT_OK(kolo_iallreduce("warm", x, y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r));
+    KT_OK(kolo_request_wait(r, 20));
+    kolo_request_release(r);
+    if (rank == 0) kolo__engine_test_garble(KOLO__GARBLE_TUNE_CYCLE);
+    int st = kolo_iallreduce("after", x, y, KOLO_INT32, &sh, KOLO_SUM, 1, 1, NULL, &r);
+    const char *err;
+    if (st == KOLO_OK) {
+        KT_ASSERTF(kolo_request_wait(r, 20) == KOLO_ERR_PROTOCOL, "%s", kolo_request_error(r));
+        err = kolo_request_error(r);
+    } else {
+        KT_EQ(st, KOLO_ERR_SHUT_DOWN); /* the engine stopped on the header before this submission */
+        err = kolo_last_error();
+    }
+    KT_CONTAINS(err, "rank 0 sent autotuned engine values no kolo sends: a cycle time of 4294967295 us");
+    kolo_request_release(r);
+    KT_OK(kolo_shutdown());
+}
+
+KT_TEST(engine_garbled_engine_values_name_rank_0, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_AUTOTUNE=1", "KOLO_START_TIMEOUT=10"}};
+    KT_EQ(kt_job(3, garbled_engine_values, NULL, &o, NULL), 0);
+}
+
 /* ---- the timeline ---- */
 
 static void timeline(int rank, void *arg)

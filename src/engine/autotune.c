@@ -497,8 +497,14 @@ void kolo__tune_stop(void)
 }
 
 /* Every rank: the values rank 0 sent in this cycle's world header. */
-void kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state)
+int kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state)
 {
+    /* what rank 0 can send: KOLO_CYCLE_TIME is used below 1e6 ms (engine.c), a state is one of
+     * three; any threshold is one (it only bounds what is fused) */
+    if (cycle_us >= 1000000000u || (state & 0xff) > KOLO_AUTOTUNE_DONE)
+        return kolo__err(KOLO_ERR_PROTOCOL, "rank 0 sent autotuned engine values no kolo sends: a cycle time of %u "
+                         "us (below 10^9), state %u (at most %d); the message was garbled on its way", cycle_us,
+                         state & 0xff, KOLO_AUTOTUNE_DONE);
     E.fusion = (size_t)fusion;
     E.cycle_s = cycle_us * 1e-6;
     if (E.rank != 0) {
@@ -506,6 +512,7 @@ void kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state)
         E.tune_samples = (int)(state >> 8);
     }
     publish();
+    return KOLO_OK;
 }
 
 int kolo_engine_params(kolo_engine_params_t *out)

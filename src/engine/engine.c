@@ -127,6 +127,7 @@
 #define LEAVE_GRACE_S 2
 #define DOZE_SPIN_NS 10000ull       /* the spin before a doze (see "Dozing") */
 #define BLOCKED_YIELD_NS 5000000ull /* a thread blocked this long: cycles doze too (see "Dozing") */
+#define MAX_CACHE_CAPACITY 65536    /* KOLO_CACHE_CAPACITY is clamped to it */
 
 kolo__engine kolo__E = {.lock = PTHREAD_MUTEX_INITIALIZER, .act_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -504,7 +505,7 @@ static int cycle(kolo_request_t *q)
     atomic_fetch_add_explicit(&E.world_cycles, 1, memory_order_relaxed);
     if (E.autotune) {
         const kolo__fixed_hdr *h0 = kolo__fixed_of(s0, 0);
-        kolo__tune_apply(h0->tune_fusion, h0->tune_cycle_us, h0->tune_state);
+        if ((st = kolo__tune_apply(h0->tune_fusion, h0->tune_cycle_us, h0->tune_state))) return st;
     }
     /* the control fields every rank reads the same */
     uint64_t agreed[KOLO_MAX_PSETS / 64], held[KOLO_MAX_PSETS / 64] = {0}, waited[KOLO_MAX_PSETS / 64] = {0};
@@ -688,6 +689,7 @@ static void timeline_path(const char *path, int rank, char *out, size_t cap)
 static int agree_settings(void)
 {
     uint64_t mine[3] = {(uint64_t)E.capacity, (uint64_t)E.fusion, (uint64_t)E.autotune};
+    if (kolo__engine_garble_take(KOLO__GARBLE_SETTINGS)) mine[0] = (uint64_t)1 << 40;
     uint64_t *all = kolo__calloc((size_t)E.size * 3, sizeof(uint64_t));
     size_t *counts = kolo__calloc((size_t)E.size, sizeof(size_t));
     int st = (all && counts) ? KOLO_OK : kolo__err(KOLO_ERR_NO_MEMORY, "no memory for the engine's start");
@@ -698,6 +700,11 @@ static int agree_settings(void)
     int32_t one = 1, sum = 0;
     if (!st) st = kolo__coll_allreduce(E.mesh, W.psets[0], &one, &sum, 1, KOLO_INT32, KOLO_SUM, 1, 1);
     (void)kolo__coll_chunk();
+    /* rank 0's values as kolo_init reads them (a garbled capacity cast to int could be negative) */
+    if (!st && (all[0] > MAX_CACHE_CAPACITY || all[2] > KOLO_AUTOTUNE_DONE))
+        st = kolo__err(KOLO_ERR_PROTOCOL, "rank 0 sent engine settings no kolo sends: KOLO_CACHE_CAPACITY=%llu (at "
+                       "most %d), KOLO_AUTOTUNE state %llu (at most %d); the message was garbled on its way",
+                       (unsigned long long)all[0], MAX_CACHE_CAPACITY, (unsigned long long)all[2], KOLO_AUTOTUNE_DONE);
     if (!st) {
         if (all[0] != mine[0] || all[1] != mine[1])
             KOLO_WARN("engine: rank 0 uses KOLO_CACHE_CAPACITY=%llu and KOLO_FUSION_THRESHOLD=%llu; this rank had "
@@ -747,7 +754,7 @@ int kolo__engine_start(void)
     double ms = kolo__setting_double(KOLO_SET_CYCLE_TIME);
     E.cycle_s = ms > 0 && ms < 1e6 ? ms * 1e-3 : 0;
     long cap = kolo__setting_long(KOLO_SET_CACHE_CAPACITY);
-    E.capacity = (int)(cap < 0 ? 0 : cap > 65536 ? 65536 : cap);
+    E.capacity = (int)(cap < 0 ? 0 : cap > MAX_CACHE_CAPACITY ? MAX_CACHE_CAPACITY : cap);
     E.fusion = kolo__setting_bytes(KOLO_SET_FUSION_THRESHOLD);
     E.stall_disable = kolo__setting_long(KOLO_SET_STALL_CHECK_DISABLE) > 0;
     /* as many times LEAVE_GRACE_S as ranks crowd each core: their cycles take turns on it */

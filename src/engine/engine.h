@@ -62,6 +62,12 @@ enum {
     KOLO__GARBLE_COUNT
 };
 #define KOLO__GARBLE_SPLITS_MAX 64
+/* ...and rank 0's engine values, which every rank adopts (engine.c, autotune.c): every rank must
+ * fail, naming rank 0. Set before kolo_init for the settings, after it for the cycle time. */
+enum {
+    KOLO__GARBLE_SETTINGS = 100, /* at the start: a cache capacity of 2^40 */
+    KOLO__GARBLE_TUNE_CYCLE,     /* an autotuned cycle's world header: a cycle time of 71 minutes */
+};
 void kolo__engine_test_garble(int how);
 
 #endif

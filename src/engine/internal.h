@@ -400,8 +400,11 @@ void kolo__tune_stop(void);
 void kolo__tune_observe(int pset, const kolo__resp *rp);
 /* Rank 0, tuning: after each cycle, moves to the next configuration when a sample ended. */
 void kolo__tune_after_cycle(void);
-/* Every rank, E.autotune: the values of rank 0's world header, applied in the same cycle. */
-void kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state);
+/* Every rank, E.autotune: the values of rank 0's world header, applied in the same cycle.
+ * KOLO_ERR_PROTOCOL, naming rank 0, for values no kolo sends (a garbled header). */
+int kolo__tune_apply(uint64_t fusion, uint32_t cycle_us, uint32_t state);
+/* Tests (kolo__engine_test_garble): true, once, when the garbling asked for is `how`. */
+bool kolo__engine_garble_take(int how);
 uint32_t kolo__tune_word(void);
 
 /* engine.c: a job error found on the engine thread */

@@ -353,6 +353,13 @@ static _Atomic int garble_next; /* tests: see kolo__engine_test_garble */
 
 void kolo__engine_test_garble(int how) { atomic_store(&garble_next, how); }
 
+bool kolo__engine_garble_take(int how)
+{
+    int want = how;
+    return atomic_load_explicit(&garble_next, memory_order_relaxed) == how &&
+           atomic_compare_exchange_strong(&garble_next, &want, 0);
+}
+
 /* The tests' garbled descriptions (kolo__engine_test_garble): what this rank writes in place of
  * d's record, bytes a submission's checks (request.c) would never let through. */
 static void garble(int how, kolo__desc *d, uint8_t hdr[5], int64_t *splits, int n)
@@ -372,7 +379,8 @@ static void garble(int how, kolo__desc *d, uint8_t hdr[5], int64_t *splits, int 
 static int put_desc(kolo__pset_state *s, const kolo_request_t *r)
 {
     const kolo__desc *d = &r->d;
-    int how = atomic_load_explicit(&garble_next, memory_order_relaxed) ? atomic_exchange(&garble_next, 0) : 0;
+    int how = atomic_load_explicit(&garble_next, memory_order_relaxed);
+    how = how && how < KOLO__GARBLE_COUNT && kolo__engine_garble_take(how) ? how : 0; /* not the engine values' */
     if (s->n > KOLO__GARBLE_SPLITS_MAX) how = 0;
     kolo__desc g;
     int64_t gsplits[KOLO__GARBLE_SPLITS_MAX];
@@ -476,6 +484,7 @@ int kolo__negotiate_build(kolo__pset_state *s, uint32_t flags, const uint64_t *p
         h.tune_fusion = E.fusion;
         h.tune_cycle_us = (uint32_t)(E.cycle_s * 1e6 + 0.5);
         h.tune_state = kolo__tune_word();
+        if (kolo__engine_garble_take(KOLO__GARBLE_TUNE_CYCLE)) h.tune_cycle_us = UINT32_MAX;
     }
     memcpy(s->fix_mine, &h, sizeof(h));
     return KOLO_OK;
