@@ -378,13 +378,14 @@ static int parse_ranks(kr_opts *o, const char *opt, const char *v)
     for (size_t i = 0; i < items; i++) {
         char *end;
         errno = 0;
-        long a = strtol(p, &end, 10), b = a;
-        if (end == p || a < 0 || a > (1L << 30) || errno)
+        /* digits only: strtol would take "1- 5" (a space, or a sign, before a number) */
+        long a = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1, b = a;
+        if (a < 0 || a > (1L << 30) || errno)
             return kr_usage_error("%s: item %zu of '%s' is not a rank or a range like 4-7", opt, i + 1, v);
         if (*end == '-') {
             const char *q = end + 1;
-            b = strtol(q, &end, 10);
-            if (end == q || b < a || b > (1L << 30))
+            b = isdigit((unsigned char)*q) ? strtol(q, &end, 10) : -1;
+            if (b < a || b > (1L << 30))
                 return kr_usage_error("%s: item %zu of '%s' is not a range like 4-7", opt, i + 1, v);
         }
         if (*end != ',' && *end != '\0')

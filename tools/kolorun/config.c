@@ -82,7 +82,7 @@ int kr_config_read(const char *path, kr_config_fn fn, void *ctx)
     FILE *f = fopen(path, "r");
     if (!f) return kr_usage_error("--config-file: cannot read '%s': %s", path, strerror(errno));
     char line[4096], section[128] = "";
-    char seen[64][160];
+    char seen[64][160]; /* the keys read: every key accepted is one of cli.c's 23, so 64 hold them all */
     int nseen = 0, lineno = 0, indent = -1, rc = -1;
     for (long got; rc == -1 && (got = kr_read_line(f, line, sizeof(line))) != -1;) {
         lineno++;
