@@ -1272,7 +1272,7 @@ int kolo__store_connect(kolo__store **out, const char *host, int port, const voi
 
     uint64_t deadline = deadline_after(timeout_s);
     uint64_t sleep_us = 1000;
-    int err = 0, gai = 0, st;
+    int err = 0, gai = 0, st = KOLO_OK;
     for (unsigned tries = 1;; tries++) {
         uint64_t attempt = KOLO_MAX(deadline, deadline_after(1.0));
         bool again = false;
