@@ -145,21 +145,33 @@ static void recv_raw(int fd, void *p, size_t n)
     }
 }
 
-/* The client side of the handshake, by hand (mirrors the protocol comment in store.c). */
-static int raw_authenticated(int port, const char *secret)
+/* The client side of the handshake, by hand (mirrors the protocol comment in store.c): the
+ * greeting and the server's challenge, then the proof and the server's answer. */
+static void raw_greet(int fd, uint8_t hello[40], uint8_t ch[72])
 {
-    int fd = raw_connect(port);
-    uint8_t hello[40], ch[72], mac[32], ack[4], msg[64];
     memcpy(hello, "KOLOSTv1", 8);
     KT_OK(kolo__random_bytes(hello + 8, 32));
-    send_raw(fd, hello, sizeof(hello));
-    recv_raw(fd, ch, sizeof(ch));
+    send_raw(fd, hello, 40);
+    recv_raw(fd, ch, 72);
     KT_ASSERT(memcmp(ch, "KOLOSTv1", 8) == 0);
+}
+
+static void raw_prove(int fd, const uint8_t hello[40], const uint8_t ch[72], const char *secret, uint8_t ack[4])
+{
+    uint8_t msg[64], mac[32];
     memcpy(msg, hello + 8, 32);
     memcpy(msg + 32, ch + 8, 32);
     KT_OK(kolo__hmac(mac, secret, strlen(secret), "kolo-store-v1 client", msg, sizeof(msg)));
     send_raw(fd, mac, sizeof(mac));
-    recv_raw(fd, ack, sizeof(ack));
+    recv_raw(fd, ack, 4);
+}
+
+static int raw_authenticated(int port, const char *secret)
+{
+    int fd = raw_connect(port);
+    uint8_t hello[40], ch[72], ack[4];
+    raw_greet(fd, hello, ch);
+    raw_prove(fd, hello, ch, secret, ack);
     KT_ASSERT(memcmp(ack, "KSOK", 4) == 0);
     return fd;
 }
@@ -476,13 +488,11 @@ static void *impostor(void *p)
     return NULL;
 }
 
-/* A store that proves the secret, then closes instead of accepting the client's proof (as one
- * that gave up waiting for it does). */
-static void *gives_up(void *p)
+/* The server's side of the handshake by hand, after the client's greeting: the challenge with a
+ * right MAC; then the client's proof is read (and not checked). */
+static void prove_and_read_proof(int fd, const uint8_t hello[40])
 {
-    int fd = accept(*(int *)p, NULL, NULL);
-    uint8_t hello[40], ch[72], msg[64], mac[32];
-    recv_raw(fd, hello, sizeof(hello));
+    uint8_t ch[72], msg[64], mac[32];
     memcpy(ch, "KOLOSTv1", 8);
     KT_OK(kolo__random_bytes(ch + 8, 32));
     memcpy(msg, hello + 8, 32);
@@ -490,6 +500,16 @@ static void *gives_up(void *p)
     KT_OK(kolo__hmac(ch + 40, SECRET, strlen(SECRET), "kolo-store-v1 server", msg, sizeof(msg)));
     send_raw(fd, ch, sizeof(ch));
     recv_raw(fd, mac, sizeof(mac));
+}
+
+/* A store that proves the secret, then closes instead of accepting the client's proof (as one
+ * that gave up waiting for it does). */
+static void *gives_up(void *p)
+{
+    int fd = accept(*(int *)p, NULL, NULL);
+    uint8_t hello[40];
+    recv_raw(fd, hello, sizeof(hello));
+    prove_and_read_proof(fd, hello);
     close(fd);
     return NULL;
 }
@@ -666,11 +686,8 @@ KT_TEST(store_strangers_cannot_hold_the_door, 60)
     for (int i = 0; i < 8; i++) early[i] = greeter_from(port, "127.0.0.2");
     /* a worker slow to prove the secret, from the job's own address */
     int worker = raw_connect(port);
-    uint8_t hello[40], ch[72], msg[64], mac[32], ack[4];
-    memcpy(hello, "KOLOSTv1", 8);
-    KT_OK(kolo__random_bytes(hello + 8, 32));
-    send_raw(worker, hello, sizeof(hello));
-    recv_raw(worker, ch, sizeof(ch));
+    uint8_t hello[40], ch[72], ack[4];
+    raw_greet(worker, hello, ch);
     int flood[300];
     for (int i = 0; i < 300; i++) flood[i] = greeter_from(port, "127.0.0.2");
     double t0 = now_s();
@@ -678,14 +695,10 @@ KT_TEST(store_strangers_cannot_hold_the_door, 60)
     double served = now_s() - t0;
     int busy[8];
     for (int i = 0; i < 8; i++) busy[i] = busy_then_closed(early[i], 3);
-    memcpy(msg, hello + 8, 32);
-    memcpy(msg + 32, ch + 8, 32);
-    KT_OK(kolo__hmac(mac, SECRET, strlen(SECRET), "kolo-store-v1 client", msg, sizeof(msg)));
-    send_raw(worker, mac, sizeof(mac));
-    recv_raw(worker, ack, sizeof(ack));
+    raw_prove(worker, hello, ch, SECRET, ack);
     int newest = busy_then_closed(flood[299], 0.2);
     kolo__store_server_stop(s); /* says how many it did not log */
-    const char *log = capture_wait("closed unlogged");
+    const char *log = capture_wait("handshakes closed for room in");
     char copy[16384];
     snprintf(copy, sizeof(copy), "%s", log);
     capture_end();
@@ -759,17 +772,9 @@ static void *busy_once(void *p)
 {
     int *a = p; /* a[0] listening fd, a[1] 0: BUSY for a challenge, 1: for the acceptance; a[2] port */
     int fd = accept(a[0], NULL, NULL);
-    uint8_t hello[40], ch[72], msg[64], mac[32];
+    uint8_t hello[40];
     recv_raw(fd, hello, sizeof(hello));
-    if (a[1] == 1) {
-        memcpy(ch, "KOLOSTv1", 8);
-        KT_OK(kolo__random_bytes(ch + 8, 32));
-        memcpy(msg, hello + 8, 32);
-        memcpy(msg + 32, ch + 8, 32);
-        KT_OK(kolo__hmac(ch + 40, SECRET, strlen(SECRET), "kolo-store-v1 server", msg, sizeof(msg)));
-        send_raw(fd, ch, sizeof(ch));
-        recv_raw(fd, mac, sizeof(mac));
-    }
+    if (a[1] == 1) prove_and_read_proof(fd, hello);
     send_raw(fd, "KBSY", 4);
     close(fd);
     close(a[0]);
