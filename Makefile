@@ -137,7 +137,7 @@ $(FUZZ_RUN_AR): $(filter-out %/main.o,$(RUN_OBJ))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(O)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(LIB_SRC) $(RUN_SRC) $(wildcard src/*/*.h) $(wildcard tools/kolorun/*.h) \
+$(O)/fuzz/%: tests/fuzz/%.c $(wildcard tests/fuzz/*.h) $(LIB_SRC) $(RUN_SRC) $(wildcard src/*/*.h) $(wildcard tools/kolorun/*.h) \
              include/kolo.h $(AR_) $(FUZZ_RUN_AR)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBCFLAGS) $(SANFLAGS) -fsanitize=fuzzer -Wno-missing-prototypes -o $@ $< $(FUZZ_RUN_AR) $(AR_) $(LDLIBS)

@@ -92,6 +92,9 @@ KOLO_PRINTF(1, 2) static _Noreturn void fail(const char *fmt, ...)
     abort();
 }
 
+#define FZ_PEER "the server"
+#include "fuzz_net.h"
+
 /* ---------------------------------------------------------------- growing byte buffer */
 
 typedef struct buf {
@@ -192,7 +195,6 @@ static bool model_int(const uint8_t *v, size_t n, int64_t *out)
 
 /* ---------------------------------------------------------------- sockets */
 
-enum { RD_OK, RD_EOF, RD_TIMEOUT };
 
 static int dial(void)
 {
@@ -215,48 +217,6 @@ static int dial(void)
     return fd;
 }
 
-/* Writes all of p; a peer that closed (as predicted, or not: the reads find out) ends it early. */
-static void send_bytes(int fd, const uint8_t *p, size_t n)
-{
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(ANSWER_S * 1e9);
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) return;
-            uint64_t now = kolo__now_ns();
-            if (now >= deadline) fail("the server took none of %zu bytes in %g s", n, ANSWER_S);
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
-            continue;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static int read_full(int fd, uint8_t *p, size_t n, double timeout_s)
-{
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(timeout_s * 1e9);
-    while (n) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r == 0) return RD_EOF;
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            if (errno == ECONNRESET) return RD_EOF;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) fail("recv: %s", strerror(errno));
-            uint64_t now = kolo__now_ns();
-            if (now >= deadline) return RD_TIMEOUT;
-            struct pollfd pf = {.fd = fd, .events = POLLIN};
-            poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
-            continue;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return RD_OK;
-}
-
 /* The server must close fd, saying nothing more. */
 static void expect_eof(int fd, const char *what)
 {
@@ -275,13 +235,6 @@ static void expect_eof(int fd, const char *what)
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
     }
-}
-
-static void close_reset(int fd)
-{
-    struct linger l = {.l_onoff = 1, .l_linger = 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
-    close(fd);
 }
 
 /* ---------------------------------------------------------------- strangers */
