@@ -571,6 +571,12 @@ static int on_result(build *b, hs *h)
 {
     bool shm_ok = get32(h->in) != 0, cma_c = get32(h->in + 4) != 0;
     uint64_t addr = get64(h->in + 8), val = get64(h->in + 16);
+    /* Taken where none was offered (another host, KOLO_TRANSPORT=tcp), only a garbled result
+     * says: believed, it left the pair with no transport, and a CMA verdict wrote through the
+     * segment that was never made (found by tests/fuzz/fuzz_mesh.c). */
+    if (shm_ok && h->conn->tp != &kolo__shm_transport)
+        return kolo__err(KOLO_ERR_PROTOCOL, "rank %d at %s:%d says it took shared memory, which this rank did not "
+                         "offer it (a garbled handshake)", h->peer, b->peers[h->peer].addr, b->peers[h->peer].port);
     /* KOLO_SHM_CMA=0 here answers as a failed probe: a pair reads single-copy only where both
      * ranks allow it, or one would send descriptors the other refuses */
     bool cma_a = shm_ok && cma_probe_peer(b, h, addr, val);
