@@ -911,13 +911,14 @@ static void begin(uint8_t shape)
 /* Every handshake the input left open, rightly. */
 static void complete(void)
 {
-    for (int q = R + 1; q < N; q++)
-        for (int c = 0; c < NCH; c++) {
+    /* a result R already holds part of (pipelined behind its greeting) may still fail R: then stop */
+    for (int q = R + 1; q < N && !want_st; q++)
+        for (int c = 0; c < NCH && !want_st; c++) {
             if (pairs[q][c].state == P_NONE) cmd_connect(NULL, q, c);
             if (pairs[q][c].state == P_ACKED) cmd_result(NULL, &pairs[q][c]);
         }
-    for (int p = 0; p < R; p++)
-        while (accepted[p] < NCH) cmd_accept(NULL, p);
+    for (int p = 0; p < R && !want_st; p++)
+        while (accepted[p] < NCH && !want_st) cmd_accept(NULL, p);
 }
 
 static void end(void)
