@@ -9,6 +9,7 @@
 #include "../src/core/world.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -497,57 +498,84 @@ static int connect_to(const char *addr, int port)
     return fd;
 }
 
-/* Rank 2 first plays stranger against rank 0's listening port (found in the store), then joins. */
+/* Rank 2 of a 3-rank kt_job, before its kolo_init: lets ranks 0 and 1 reach their accept loops,
+ * and returns rank 0's listening address (found in the store), for rank 2 to play stranger there. */
+static void pose_as_rank_2(char addr[64], int *p0)
+{
+    const char *rdv = getenv("KOLO_RENDEZVOUS"), *secret = getenv("KOLO_SECRET"), *job = getenv("KOLO_JOB_ID");
+    char host[64];
+    int port = atoi(strchr(rdv, ':') + 1);
+    snprintf(host, sizeof(host), "%.*s", (int)(strchr(rdv, ':') - rdv), rdv);
+    kolo__store *st = NULL;
+    KT_OK(kolo__store_connect(&st, host, port, secret, strlen(secret), 10));
+    char key[128];
+    /* A placeholder record for rank 2, counted in, lets ranks 0 and 1 reach their accept
+     * loops (they only accept from rank 2, so the address in it is never used). The last to
+     * count itself in joins the records (mesh.c, publish_and_learn); that may be this, so
+     * the joined records are set here too. kolo_init publishes the real one later and
+     * counts itself in once more, too late to change what ranks 0 and 1 read. The
+     * placeholder names this process (pid and host key), as kolo_init finds its own rank's
+     * record in the joined ones and refuses one of another process. */
+    char placeholder[256], hostkey[96];
+    kolo__host_key(hostkey, sizeof(hostkey));
+    snprintf(placeholder, sizeof(placeholder), "127.0.0.1 1 %d %s 0 0 placeholder", (int)getpid(), hostkey);
+    char recs[3][256], all[800];
+    for (int r = 0; r < 2; r++) {
+        snprintf(key, sizeof(key), "%s/1/peer/%d", job, r);
+        void *val = NULL;
+        size_t len = 0;
+        KT_OK(kolo__store_get(st, key, &val, &len, 10));
+        snprintf(recs[r], sizeof(recs[r]), "%.*s", (int)len, (char *)val);
+        free(val);
+    }
+    snprintf(recs[2], sizeof(recs[2]), "%s", placeholder);
+    int alen = snprintf(all, sizeof(all), "%s\n%s\n%s\n", recs[0], recs[1], recs[2]);
+    snprintf(key, sizeof(key), "%s/1/peer/2", job);
+    KT_OK(kolo__store_set(st, key, placeholder, strlen(placeholder)));
+    snprintf(key, sizeof(key), "%s/1/peers", job);
+    KT_OK(kolo__store_set(st, key, all, (size_t)alen));
+    snprintf(key, sizeof(key), "%s/1/arrived", job);
+    KT_OK(kolo__store_add(st, key, 1, NULL));
+    KT_ASSERT(sscanf(recs[0], "%63s %d", addr, p0) == 2);
+    kolo__store_close(st);
+}
+
+/* rank 0 keeps its log in a file, to check what it said; read_log gives stderr back (for the
+ * assertions' messages) */
+static int stderr_kept = -1;
+
+static void log_to_file(char path[64], const char *name)
+{
+    snprintf(path, 64, "/tmp/kolo-kt-%s-%d.log", name, (int)getppid());
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    stderr_kept = dup(2);
+    dup2(fd, 2);
+    close(fd);
+}
+
+static void read_log(const char *path, char *text, size_t cap)
+{
+    fflush(stderr);
+    dup2(stderr_kept, 2);
+    close(stderr_kept);
+    FILE *f = fopen(path, "r");
+    KT_ASSERT(f);
+    size_t n = fread(text, 1, cap - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(path);
+}
+
+/* Rank 2 first plays stranger against rank 0's listening port, then joins. */
 static void strangers(int rank, void *arg)
 {
     (void)arg;
     char logpath[64];
-    if (rank == 0) {
-        /* keep rank 0's log to check that the refusals were reported */
-        snprintf(logpath, sizeof(logpath), "/tmp/kolo-kt-strangers-%d.log", (int)getppid());
-        int fd = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-        dup2(fd, 2);
-        close(fd);
-    }
+    if (rank == 0) log_to_file(logpath, "strangers");
     if (rank == 2) {
-        const char *rdv = getenv("KOLO_RENDEZVOUS"), *secret = getenv("KOLO_SECRET"), *job = getenv("KOLO_JOB_ID");
-        char host[64];
-        int port = atoi(strchr(rdv, ':') + 1);
-        snprintf(host, sizeof(host), "%.*s", (int)(strchr(rdv, ':') - rdv), rdv);
-        kolo__store *st = NULL;
-        KT_OK(kolo__store_connect(&st, host, port, secret, strlen(secret), 10));
-        char key[128];
-        /* A placeholder record for rank 2, counted in, lets ranks 0 and 1 reach their accept
-         * loops (they only accept from rank 2, so the address in it is never used). The last to
-         * count itself in joins the records (mesh.c, publish_and_learn); that may be this, so
-         * the joined records are set here too. kolo_init publishes the real one later and
-         * counts itself in once more, too late to change what ranks 0 and 1 read. The
-         * placeholder names this process (pid and host key), as kolo_init finds its own rank's
-         * record in the joined ones and refuses one of another process. */
-        char placeholder[256], hostkey[96];
-        kolo__host_key(hostkey, sizeof(hostkey));
-        snprintf(placeholder, sizeof(placeholder), "127.0.0.1 1 %d %s 0 0 placeholder", (int)getpid(), hostkey);
-        char recs[3][256], all[800];
-        for (int r = 0; r < 2; r++) {
-            snprintf(key, sizeof(key), "%s/1/peer/%d", job, r);
-            void *val = NULL;
-            size_t len = 0;
-            KT_OK(kolo__store_get(st, key, &val, &len, 10));
-            snprintf(recs[r], sizeof(recs[r]), "%.*s", (int)len, (char *)val);
-            free(val);
-        }
-        snprintf(recs[2], sizeof(recs[2]), "%s", placeholder);
-        int alen = snprintf(all, sizeof(all), "%s\n%s\n%s\n", recs[0], recs[1], recs[2]);
-        snprintf(key, sizeof(key), "%s/1/peer/2", job);
-        KT_OK(kolo__store_set(st, key, placeholder, strlen(placeholder)));
-        snprintf(key, sizeof(key), "%s/1/peers", job);
-        KT_OK(kolo__store_set(st, key, all, (size_t)alen));
-        snprintf(key, sizeof(key), "%s/1/arrived", job);
-        KT_OK(kolo__store_add(st, key, 1, NULL));
         char addr[64];
         int p0 = 0;
-        KT_ASSERT(sscanf(recs[0], "%63s %d", addr, &p0) == 2);
-        kolo__store_close(st);
+        pose_as_rank_2(addr, &p0);
         /* 1: garbage */
         int fd = connect_to(addr, p0);
         KT_ASSERT(fd >= 0);
@@ -595,12 +623,7 @@ static void strangers(int rank, void *arg)
     if (rank == 0) {
         KT_OK(kolo_shutdown());
         char text[8192] = "";
-        FILE *f = fopen(logpath, "r");
-        KT_ASSERT(f);
-        size_t n = fread(text, 1, sizeof(text) - 1, f);
-        text[n] = '\0';
-        fclose(f);
-        unlink(logpath);
+        read_log(logpath, text, sizeof(text));
         KT_CONTAINS(text, "refused a connection from 127.0.0.1");
         KT_CONTAINS(text, "not a kolo peer");
         KT_CONTAINS(text, "does not hold this job's secret");
@@ -610,6 +633,117 @@ static void strangers(int rank, void *arg)
 }
 
 KT_TEST(strangers_and_garbage_refused_at_startup, 30) { KT_EQ(kt_job(3, strangers, NULL, NULL, NULL), 0); }
+
+/* Silent strangers on rank 0's port take every descriptor it may open (its soft limit a few over
+ * what kolo_init asks room for): before, accept() failed, the listener stayed ready and rank 0
+ * spun on it until the strangers' greeting time ran out (5 s), its ranks' connections unanswered.
+ * Now rank 0 closes the stranger that waited longest for each connection it takes, the job starts,
+ * and the log says so in a dozen lines, not 60. */
+static void strangers_take_the_descriptors(int rank, void *arg)
+{
+    (void)arg;
+    char logpath[64];
+    int quiet[60];
+    if (rank == 0) {
+        log_to_file(logpath, "descriptors");
+        size_t open_now = 0;
+        DIR *d = opendir("/proc/self/fd");
+        KT_ASSERT(d);
+        for (struct dirent *e; (e = readdir(d));) open_now += e->d_name[0] != '.';
+        closedir(d);
+        /* kolo_init wants open + 2 * 4 connections + 2 + 32 spare (fds.c): 6 over that */
+        struct rlimit rl;
+        KT_ASSERT(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+        rl.rlim_cur = open_now + 10 + 32 + 6;
+        KT_ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    }
+    if (rank == 2) {
+        char addr[64];
+        int p0 = 0;
+        pose_as_rank_2(addr, &p0);
+        for (int i = 0; i < 60; i++) KT_ASSERT((quiet[i] = connect_to(addr, p0)) >= 0); /* the backlog takes them */
+    }
+    KT_OK(kolo_init());
+    int v = rank, out = 0;
+    KT_OK(kolo_allreduce(&v, &out, 1, KOLO_INT32, KOLO_SUM, 1, 1, KOLO_WORLD));
+    KT_EQ(out, 3);
+    KT_OK(kolo_shutdown());
+    if (rank == 2)
+        for (int i = 0; i < 60; i++) close(quiet[i]);
+    if (rank == 0) {
+        char text[16384] = "";
+        read_log(logpath, text, sizeof(text));
+        KT_CONTAINS(text, "closed for room: this process is out of file descriptors");
+        KT_CONTAINS(text, "(more refusals are counted, not logged)");
+        KT_CONTAINS(text, " more connections during the start-up (the latest from 127.0.0.1:");
+        KT_ASSERTF(kt_count(text, "\n") <= 14, "%d lines:\n%s", kt_count(text, "\n"), text);
+    }
+}
+
+/* A rank that closes every connection before accepting it (what another job's rank does to ours):
+ * the connector, which now connects again after such a close (it may have been closed for room),
+ * gives up after CONNECT_HANGUPS_MAX (16) on one pair and says so, instead of trying until
+ * KOLO_START_TIMEOUT. Rank 0 here is the test's own: its record names a socket that does that. */
+static void always_hangs_up(int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 1) {
+        double t0 = now_s();
+        KT_STATUS(kolo_init(), KOLO_ERR_STARTUP);
+        KT_CONTAINS(kolo_last_error(), "rank 0 (127.0.0.1:");
+        KT_CONTAINS(kolo_last_error(), ") closed this rank's connection 16 times before accepting it (another job's "
+                                       "secret? its log says why it refused)");
+        KT_ASSERTF(now_s() - t0 < 8, "gave up after %.1f s (KOLO_START_TIMEOUT is 20)", now_s() - t0);
+        return;
+    }
+    const char *rdv = getenv("KOLO_RENDEZVOUS"), *secret = getenv("KOLO_SECRET"), *job = getenv("KOLO_JOB_ID");
+    char host[64], key[128], rec[256], hostkey[96];
+    snprintf(host, sizeof(host), "%.*s", (int)(strchr(rdv, ':') - rdv), rdv);
+    kolo__store *st = NULL;
+    KT_OK(kolo__store_connect(&st, host, atoi(strchr(rdv, ':') + 1), secret, strlen(secret), 10));
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    KT_ASSERT(bind(l, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(l, 64) == 0);
+    getsockname(l, (struct sockaddr *)&a, &al);
+    kolo__host_key(hostkey, sizeof(hostkey));
+    snprintf(rec, sizeof(rec), "127.0.0.1 %d %d %s 0 0 refuser", ntohs(a.sin_port), (int)getpid(), hostkey);
+    snprintf(key, sizeof(key), "%s/1/peer/0", job);
+    KT_OK(kolo__store_set(st, key, rec, strlen(rec)));
+    int64_t arrived = 0;
+    snprintf(key, sizeof(key), "%s/1/arrived", job);
+    KT_OK(kolo__store_add(st, key, 1, &arrived));
+    if (arrived == 2) { /* the last to arrive joins the records (mesh.c) */
+        void *r1 = NULL;
+        size_t n = 0;
+        snprintf(key, sizeof(key), "%s/1/peer/1", job);
+        KT_OK(kolo__store_get(st, key, &r1, &n, 10));
+        char all[600];
+        int alen = snprintf(all, sizeof(all), "%s\n%.*s\n", rec, (int)n, (char *)r1);
+        free(r1);
+        snprintf(key, sizeof(key), "%s/1/peers", job);
+        KT_OK(kolo__store_set(st, key, all, (size_t)alen));
+    }
+    kolo__store_close(st);
+    for (int closed = 0; closed < 16 * KOLO_NCHANNELS;) { /* until rank 1 gives up on every pair */
+        struct pollfd p = {.fd = l, .events = POLLIN};
+        if (poll(&p, 1, 3000) <= 0) break;
+        int fd = accept(l, NULL, NULL);
+        if (fd >= 0) close(fd), closed++;
+    }
+    close(l);
+}
+
+KT_TEST(connector_gives_up_on_a_rank_that_always_hangs_up, 60)
+{
+    kt_job_opts o = {.env = {"KOLO_START_TIMEOUT=20"}};
+    KT_EQ(kt_job(2, always_hangs_up, NULL, &o, NULL), 0);
+}
+
+KT_TEST(strangers_taking_the_descriptors_at_startup, 60)
+{
+    KT_EQ(kt_job(3, strangers_take_the_descriptors, NULL, NULL, NULL), 0);
+}
 
 /* A rank with the wrong secret is refused by the store; the others name it as missing. */
 static void wrong_secret(int rank, void *arg)

@@ -66,6 +66,7 @@
 #define RESULT_LEN (4 + 4 + 8 + 8)
 #define FINAL_LEN 4
 #define HS_BUF 192
+#define CONNECT_HANGUPS_MAX 16 /* a connector's tries at an acceptor that closes before accepting */
 
 /* CMA probe: a value the peer reads from our memory to prove process_vm_readv works, drawn anew
  * by each start-up (set_cma_probe), as ranks forked from one process would share one drawn once.
@@ -97,6 +98,7 @@ typedef struct hs {
     int fd, state, role; /* role: 'A' or 'C' */
     uint32_t gen;        /* told apart from an earlier handshake in the same slot, in epoll's events */
     int peer, channel;
+    int hangups;         /* C: the acceptor closed before accepting (see on_readable) */
     uint64_t deadline, retry_at;
     size_t need, have;
     unsigned char in[HS_BUF];
@@ -126,6 +128,10 @@ typedef struct build {
     uint64_t next_due; /* the earliest retry or greeting deadline in the table (0: none known) */
     uint64_t quiet_ns; /* KOLO_START_TIMEOUT: how long the start-up may go without progress */
     uint64_t progress; /* when a handshake last finished (or the rendezvous did) */
+    /* refused connections: REFUSALS_LOGGED are logged, the rest counted (the latest kept) */
+    unsigned refusals;
+    char last_refused[96 + 192];
+    uint64_t accept_resume; /* out of descriptors with no handshake to close: the listener rests till then */
 } build;
 
 /* ---- elastic rounds ---- */
@@ -412,13 +418,45 @@ static int hs_watch(build *b, hs *h, int op)
     return KOLO_OK;
 }
 
+/* Refusals logged one by one: a port scan of a rank starting up wrote a line per port hit. The
+ * rest are counted, and told in one line when the handshakes end (report_refusals). */
+#define REFUSALS_LOGGED 10
+
 static void refuse(build *b, hs *h, const char *why)
 {
-    KOLO_WARN("refused a connection from %s: %s", h->from, why);
+    if (++b->refusals <= REFUSALS_LOGGED)
+        KOLO_WARN("refused a connection from %s: %s%s", h->from, why,
+                  b->refusals == REFUSALS_LOGGED ? " (more refusals are counted, not logged)" : "");
+    else
+        snprintf(b->last_refused, sizeof(b->last_refused), "%s: %s", h->from, why);
     close(h->fd); /* leaves the epoll set with it */
     h->fd = -1;
     h->state = HS_FREE;
     b->nfree++;
+}
+
+static void report_refusals(build *b)
+{
+    if (b->refusals > REFUSALS_LOGGED)
+        KOLO_WARN("refused %u more connections during the start-up (the latest from %s)", b->refusals - REFUSALS_LOGGED,
+                  b->last_refused);
+}
+
+/* Out of descriptors: closes the connection that has waited longest without saying who it is
+ * (under a flood of silent strangers, a stranger; a rank's connection says who it is within
+ * milliseconds). false when there is none. Before, accept() out of descriptors left the
+ * listener ready and the loop spinning on it until the strangers' greeting time ran out. */
+static bool make_room(build *b, const char *why)
+{
+    hs *oldest = NULL;
+    for (size_t i = 0; i < b->nhs; i++) {
+        hs *h = &b->hss[i];
+        if (h->role == 'A' && h->state == HS_WAIT_HELLO_C && h->fd >= 0 && (!oldest || h->deadline < oldest->deadline))
+            oldest = h;
+    }
+    if (!oldest) return false;
+    refuse(b, oldest, why);
+    return true;
 }
 
 static kolo__conn *conn_new(build *b, int channel, int peer, int fd)
@@ -718,6 +756,9 @@ static int start_connect(build *b, hs *h)
     socklen_t sl = sockaddr_of(p->addr, p->port, &sa);
     if (!sl) return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
     h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (h->fd < 0 && (errno == EMFILE || errno == ENFILE) && /* strangers took them (make_room) */
+        make_room(b, "closed for room: this rank is out of file descriptors for its own connections"))
+        h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0) return kolo__err_sys(errno, "socket()");
     kolo__tcp_congestion_early(h->fd, on_this_machine(b, h->peer));
     kolo__fmt_hostport(h->from, sizeof(h->from), p->addr, p->port);
@@ -744,6 +785,23 @@ static int on_readable(build *b, hs *h)
             refuse(b, h, "it hung up before identifying itself");
             return KOLO_OK;
         }
+        /* An acceptor that closes before it has accepted us may have closed for room (make_room:
+         * strangers had taken its descriptors, and ours waited longest): connect again. One that
+         * refuses us (another job's secret) does so every time: then say so. */
+        if (h->role == 'C' && (h->state == HS_WAIT_HELLO_A || h->state == HS_WAIT_ACK) &&
+            ++h->hangups < CONNECT_HANGUPS_MAX) {
+            KOLO_DEBUG("rank %d (%s) closed channel %d's handshake before accepting it: connecting again", h->peer,
+                       h->from, h->channel);
+            close(h->fd); /* leaves the epoll set with it */
+            h->fd = -1;
+            h->have = 0;
+            h->retry_at = kolo__now_ns() + 20000000;
+            due_at(b, h->retry_at);
+            return KOLO_OK;
+        }
+        if (h->hangups >= CONNECT_HANGUPS_MAX)
+            return kolo__err(KOLO_ERR_STARTUP, "rank %d (%s) closed this rank's connection %d times before accepting "
+                             "it (another job's secret? its log says why it refused)", h->peer, h->from, h->hangups);
         return kolo__err(KOLO_ERR_STARTUP, "rank %d (%s) hung up during the connection handshake", h->peer, h->from);
     }
     h->have += (size_t)k;
@@ -925,6 +983,13 @@ static int run_handshakes(build *b, int lfd)
             if ((st = on_tick(b, now)) != KOLO_OK) goto out;
             next_tick = now + TICK_NS;
         }
+        if (b->accept_resume && now >= b->accept_resume) {
+            if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, lfd, &lev) != 0) {
+                st = kolo__err_sys(errno, "epoll_ctl() on the listening socket");
+                goto out;
+            }
+            b->accept_resume = 0;
+        }
         /* a wake-up at least every TICK_NS, for the deadline and a superseded round */
         uint64_t wake = KOLO_MAX(next_tick, b->next_due ? b->next_due : now + TICK_NS);
         wake = KOLO_MIN(wake, now + TICK_NS);
@@ -944,6 +1009,14 @@ static int run_handshakes(build *b, int lfd)
                     struct sockaddr_storage sa;
                     socklen_t sl = sizeof(sa);
                     int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                        if (make_room(b, errno == EMFILE ? "closed for room: this process is out of file descriptors"
+                                                         : "closed for room: the system is out of file descriptors"))
+                            continue;
+                        /* nothing to close: rest the listener a tick rather than spin on it */
+                        (void)epoll_ctl(b->epfd, EPOLL_CTL_DEL, lfd, NULL);
+                        b->accept_resume = kolo__now_ns() + TICK_NS;
+                    }
                     if (fd < 0) break;
                     if ((st = on_accept(b, fd, &sa, sl)) != KOLO_OK) goto out;
                 }
@@ -960,6 +1033,7 @@ static int run_handshakes(build *b, int lfd)
         }
     }
 out:
+    report_refusals(b);
     close(b->epfd);
     b->epfd = -1;
     return st;

@@ -25,8 +25,10 @@
  *   - towards a rank below it R connects and must prove itself (its greeting checked as above);
  *     an acceptor's greeting of another wire version fails R with KOLO_ERR_PROTOCOL saying so, a
  *     wrong magic or rank with KOLO_ERR_PROTOCOL, a wrong acceptance MAC with KOLO_ERR_AUTH, each
- *     naming the rank and the address it published; an acceptor that hangs up fails R with
- *     KOLO_ERR_STARTUP naming the rank. Offered a segment that does not exist, R must go by TCP.
+ *     naming the rank and the address it published; an acceptor that hangs up before accepting
+ *     is connected to again (it may have closed R's connection for room: see mesh.c), one that
+ *     hangs up after fails R with KOLO_ERR_STARTUP naming the rank. Offered a segment that does
+ *     not exist, R must go by TCP.
  *
  * When the input ends without a failure predicted, the harness completes every handshake still
  * open rightly, and R must then succeed with exactly the predicted mesh: on every channel one
@@ -65,7 +67,9 @@
  *               segment name; a well-formed name of no segment; a u32 offer and a span), the MAC
  *               (% 6: right, a bit flipped (u8), the connect label, another channel's, u8 % 152
  *               bytes and a close, a close); checks R's result (no shared memory), and sends u8
- *               final (% 4: 0, 1, a u32, u8 % 4 bytes and a close).
+ *               final (% 4: 0, 1, a u32, u8 % 4 bytes and a close). The closes before the
+ *               acceptance (mut 4-6, MAC 4-5) are hang-ups R answers by connecting again; past
+ *               CONNECT_HANGUPS_MAX - 2 on one rank they are played as the proper step instead.
  *   4 PAUSE     u8: (u8 % 4) * 250 us.
  *   A span is a u16 length and then as many bytes (fz_span). A command whose preconditions do
  *   not hold (no pair waiting, no rank below R, every pair done: R's port closed) is skipped;
@@ -278,6 +282,7 @@ static bool same_host[NMAX];
 static int lfd[NMAX], lport[NMAX]; /* the harness's listeners, one per other rank */
 static pair pairs[NMAX][NCH];
 static int accepted[NMAX];         /* R's connections to a rank below it taken so far */
+static int hangups[NMAX];          /* the harness, as rank q, closed R's connection before accepting it */
 static int conns_opened;
 static int silent[MAX_SILENT], nsilent;
 static size_t silent_greeting[MAX_SILENT]; /* bytes of R's greeting left unread on each */
@@ -596,6 +601,21 @@ static void cmd_result(fz *f, pair *p)
     finish_result(p, rank, ch, res, tail, extra); /* trailing bytes are the transport's, after the handshake */
 }
 
+/* The harness, as rank p, closes R's connection before accepting it: R connects again after 20
+ * ms (mesh.c, on_readable: the acceptor may have closed it for room), and gives up after
+ * CONNECT_HANGUPS_MAX on one pair. The harness hangs up fewer times than that on each rank (the
+ * count per rank bounds each pair's), so R never gives up: false when the input's hang-up is to
+ * be played as a proper step instead. */
+static bool may_hang_up(int p) { return hangups[p] < CONNECT_HANGUPS_MAX - 1; }
+
+static void hang_up(int p, int fd, pair *pp)
+{
+    if (fd >= 0) close(fd);
+    hangups[p]++;
+    accepted[p]--; /* R's next connection to p takes its place */
+    if (pp) *pp = (pair){.state = P_NONE, .fd = -1};
+}
+
 /* ACCEPT (see the top); also the completion's (f NULL). */
 static void cmd_accept(fz *f, int p_rank)
 {
@@ -621,6 +641,7 @@ static void cmd_accept(fz *f, int p_rank)
     fresh_nonce(nonce_a);
     memcpy(hello + 12, nonce_a, KOLO_NONCE_LEN);
     uint8_t b;
+    if ((mut % 7 == 4 || mut % 7 == 5 || mut % 7 == 6) && !may_hang_up(p)) mut = 0;
     switch (mut % 7) {
     case 1:
         b = fz_u8(f);
@@ -643,12 +664,10 @@ static void cmd_accept(fz *f, int p_rank)
         return;
     case 4:
         send_bytes(fd, hello, fz_u8(f) % W_HELLO_A);
-        close(fd);
-        predict_failure(KOLO_ERR_STARTUP, who, NULL);
+        hang_up(p, fd, NULL);
         return;
     case 5:
-        close(fd);
-        predict_failure(KOLO_ERR_STARTUP, who, NULL);
+        hang_up(p, fd, NULL);
         return;
     default: break;
     }
@@ -666,13 +685,12 @@ static void cmd_accept(fz *f, int p_rank)
     pair *pp = &pairs[p][ch];
     *pp = (pair){.state = P_ACKED, .fd = fd};
     if (mut % 7 == 6) {
-        close(fd);
-        pp->fd = -1;
-        predict_failure(KOLO_ERR_STARTUP, who, NULL);
+        hang_up(p, fd, pp);
         return;
     }
     /* the acceptance */
     uint8_t ack[W_ACK], am = f ? fz_u8(f) : 0, om = f ? fz_u8(f) : 0;
+    if (am % 6 >= 4 && !may_hang_up(p)) am = 0;
     memset(ack, 0, sizeof(ack));
     const uint8_t *nonce_c = hc + 16;
     proof(ack, SECRET, "kolo-mesh-accept", nonce_c, (uint32_t)p, ch, (uint32_t)R);
@@ -709,14 +727,10 @@ static void cmd_accept(fz *f, int p_rank)
     case 3: proof(ack, SECRET, "kolo-mesh-accept", nonce_c, (uint32_t)p, ch ^ 1, (uint32_t)R); break;
     case 4:
         send_bytes(fd, ack, fz_u8(f) % W_ACK);
-        close(fd);
-        pp->fd = -1;
-        predict_failure(KOLO_ERR_STARTUP, who, NULL);
+        hang_up(p, fd, pp);
         return;
     default:
-        close(fd);
-        pp->fd = -1;
-        predict_failure(KOLO_ERR_STARTUP, who, NULL);
+        hang_up(p, fd, pp);
         return;
     }
     send_bytes(fd, ack, sizeof(ack));
@@ -877,6 +891,7 @@ static void begin(uint8_t shape)
     R = (shape >> 1 & 7) % N;
     memset(pairs, 0, sizeof(pairs));
     memset(accepted, 0, sizeof(accepted));
+    memset(hangups, 0, sizeof(hangups));
     for (int q = 0; q < NMAX; q++) {
         same_host[q] = shape >> (4 + q) & 1;
         lfd[q] = -1;
