@@ -186,27 +186,6 @@ static void join_real_rank(void)
 /* ---------------------------------------------------------------- sockets */
 
 
-static int dial(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) fail("socket: %s", strerror(errno));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        /* libFuzzer's SIGALRM (its -timeout) interrupts a blocking connect, which goes on alone */
-        if (errno != EINTR) fail("connect to port %d: %s", port, strerror(errno));
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        while (poll(&pf, 1, (int)(ANSWER_S * 1000)) < 0 && errno == EINTR) {}
-        int err = 0;
-        socklen_t el = sizeof(err);
-        if (!(pf.revents & POLLOUT) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err)
-            fail("connect to port %d: %s", port, err ? strerror(err) : "no connection within the deadline");
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
-
 /* R must close fd without a word. `greeting` bytes of R's greeting may still be unread on it. */
 static void expect_refused(int fd, size_t greeting, const char *what)
 {
@@ -229,21 +208,6 @@ static void expect_refused(int fd, size_t greeting, const char *what)
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
     }
-}
-
-static void w32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void w64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t r32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static uint64_t r64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
 }
 
 /* The protocol's MAC: HMAC-SHA256 under `secret` of label, then job id, a nonce and three

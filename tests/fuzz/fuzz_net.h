@@ -1,5 +1,6 @@
 /* fuzz_net.h - what the harnesses that talk to a real server over TCP share (fuzz_store.c,
- * fuzz_mesh.c): writing and reading with a deadline, and a reset.
+ * fuzz_mesh.c, fuzz_frames.c): connecting, writing and reading with a deadline, a reset, and the
+ * host-order integers of kolo's own wire.
  *
  * The includer defines, before including this:
  *   static _Noreturn void fail(const char *fmt, ...);   the harness's finding, with its context
@@ -9,6 +10,8 @@
 #define KOLO_FUZZ_NET_H
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
@@ -17,8 +20,47 @@
 
 enum { RD_OK, RD_EOF, RD_TIMEOUT };
 
+/* Connects to 127.0.0.1:port, with TCP_NODELAY. */
+static inline int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) fail("socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        /* libFuzzer's SIGALRM (its -timeout) interrupts a blocking connect, which goes on alone */
+        if (errno != EINTR) fail("connect to %s on port %d: %s", FZ_PEER, port, strerror(errno));
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        while (poll(&pf, 1, (int)(ANSWER_S * 1000)) < 0 && errno == EINTR) {}
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (!(pf.revents & POLLOUT) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err)
+            fail("connect to %s on port %d: %s", FZ_PEER, port,
+                 err ? strerror(err) : "no connection within the deadline");
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+}
+
+/* Integers in host order, as the mesh's handshake and the transports' headers carry them. */
+static inline void w32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void w64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline uint32_t r32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t r64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 /* Writes all of buf; a peer that closed (as predicted, or not: the reads find out) ends it early. */
-static void send_bytes(int fd, const void *buf, size_t n)
+static inline void send_bytes(int fd, const void *buf, size_t n)
 {
     const uint8_t *p = buf;
     uint64_t deadline = kolo__now_ns() + (uint64_t)(ANSWER_S * 1e9);
@@ -39,7 +81,7 @@ static void send_bytes(int fd, const void *buf, size_t n)
 }
 
 /* Reads exactly n bytes: RD_OK, RD_EOF (a close or a reset first) or RD_TIMEOUT. */
-static int read_full(int fd, void *buf, size_t n, double timeout_s)
+static inline int read_full(int fd, void *buf, size_t n, double timeout_s)
 {
     uint8_t *p = buf;
     uint64_t deadline = kolo__now_ns() + (uint64_t)(timeout_s * 1e9);
@@ -63,7 +105,7 @@ static int read_full(int fd, void *buf, size_t n, double timeout_s)
 }
 
 /* Closes fd with a reset (SO_LINGER 0) instead of a FIN. */
-static void close_reset(int fd)
+static inline void close_reset(int fd)
 {
     struct linger l = {.l_onoff = 1, .l_linger = 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));

@@ -196,27 +196,6 @@ static bool model_int(const uint8_t *v, size_t n, int64_t *out)
 /* ---------------------------------------------------------------- sockets */
 
 
-static int dial(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) fail("socket: %s", strerror(errno));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)srv_port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        /* libFuzzer's SIGALRM (its -timeout) interrupts a blocking connect, which goes on alone */
-        if (errno != EINTR) fail("connect to the store: %s", strerror(errno));
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        while (poll(&pf, 1, (int)(ANSWER_S * 1000)) < 0 && errno == EINTR) {}
-        int err = 0;
-        socklen_t el = sizeof(err);
-        if (!(pf.revents & POLLOUT) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err)
-            fail("connect to the store: %s", err ? strerror(err) : "no connection within the deadline");
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
-
 /* The server must close fd, saying nothing more. */
 static void expect_eof(int fd, const char *what)
 {
@@ -244,7 +223,7 @@ static void expect_eof(int fd, const char *what)
  * secret (the proof that follows cannot be right: it would need the server's fresh nonce). */
 static void stranger(const uint8_t *raw, size_t n, bool abrupt)
 {
-    int fd = dial();
+    int fd = dial(srv_port);
     send_bytes(fd, raw, n);
     if (abrupt) {
         close(fd);
@@ -311,7 +290,7 @@ static void slot_close(slot *h, int how)
  * Returns the socket of an authenticated connection, or -1 for the last two. */
 static int handshake(fz *f, uint8_t how)
 {
-    int fd = dial();
+    int fd = dial(srv_port);
     uint8_t hello[HELLO_LEN], ch[CHALLENGE_LEN], mac[KOLO_MAC_LEN], ack[ACK_LEN];
     memcpy(hello, MAGIC, MAGIC_LEN);
     memset(hello + MAGIC_LEN, 0x5a, KOLO_NONCE_LEN);
