@@ -342,7 +342,7 @@ void kolo__call_text(uint16_t tag, int root, int size, char *buf, size_t cap);
  * 300 s", or "it waits on: KOLO_OP_TIMEOUT is 0". */
 const char *kolo__op_timeout_text(const kolo__mesh *m, char buf[64]);
 /* Validates a received header against the xfer's expected length; returns status (with a
- * message naming the peer). *flags receives the header's flags. */
+ * message naming the peer). *flags receives the header's flags (0 where its magic is not kolo's). */
 int kolo__hdr_check(kolo__conn *c, const kolo__xfer *x, uint32_t *flags);
 /* Marks the head xfer of a queue complete and pops it. */
 void kolo__xfer_complete(kolo__xfer **q, kolo__xfer ***tail, int status);
