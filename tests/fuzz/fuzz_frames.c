@@ -132,6 +132,7 @@ static const char PEER[] = "rank 1 on fake1 (127.0.0.1)"; /* how R's messages na
 KOLO_PRINTF(1, 2) static _Noreturn void fail(const char *fmt, ...);
 #define FZ_PEER "R"
 #include "fuzz_net.h"
+#include "fuzz_rank.h"
 
 enum { OP_BCAST, OP_ALLREDUCE, OP_ALLGATHER, OP_BARRIER, OP_RAW, OP_KINDS };
 static const char *const op_names[] = {"broadcast", "allreduce", "allgather", "barrier", "receive"};
@@ -154,18 +155,7 @@ typedef struct rop {
     char msg[1024];
 } rop;
 
-static struct {
-    pthread_t thread;
-    atomic_int done;
-    int st;
-    char msg[1024];
-    kolo__world_info wi;
-    kolo__mesh *meshes[NCH];
-    kolo__peer_info *peers;
-} rr;
-
-static kolo__store_server *srv;
-static int srv_port, lfd_keep, lport_keep;
+static int lfd_keep, lport_keep;
 static int hfd[NCH];        /* the harness's end of each channel's connection, -1 once closed */
 static bool verbose;
 static rop *cur;             /* the operation running, for a finding's message */
@@ -185,21 +175,6 @@ static _Noreturn void fail(const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     abort();
-}
-
-static void *run_start(void *arg)
-{
-    (void)arg;
-    kolo__store *s = NULL;
-    int st = kolo__store_connect(&s, "127.0.0.1", srv_port, SECRET, strlen(SECRET), ANSWER_S);
-    if (st == KOLO_OK) {
-        st = kolo__mesh_build(rr.meshes, &rr.peers, &rr.wi, s);
-        kolo__store_close(s);
-    }
-    rr.st = st;
-    snprintf(rr.msg, sizeof(rr.msg), "%s", st == KOLO_OK ? "" : kolo__errmsg());
-    atomic_store(&rr.done, 1);
-    return NULL;
 }
 
 /* R's side of an operation, as core/kolo.c runs the direct collectives (the call tag set around
@@ -296,21 +271,7 @@ static int handshake(int rport, uint32_t ch)
 /* Rank 1's record counted in before R arrives, then R's port once it publishes, the handshakes. */
 static void start(void)
 {
-    if (kolo__store_server_start(&srv, "127.0.0.1", 0, SECRET, strlen(SECRET)) != KOLO_OK)
-        fail("cannot start the store: %s", kolo__errmsg());
-    srv_port = kolo__store_server_port(srv);
-    memset(&rr, 0, sizeof(rr));
-    rr.wi.rank = 0;
-    rr.wi.size = 2;
-    rr.wi.local_rank = rr.wi.local_size = rr.wi.cross_rank = rr.wi.cross_size = -1;
-    snprintf(rr.wi.rdv_host, sizeof(rr.wi.rdv_host), "127.0.0.1");
-    rr.wi.rdv_port = srv_port;
-    snprintf(rr.wi.source, sizeof(rr.wi.source), "kolo");
-    snprintf(rr.wi.job_id, sizeof(rr.wi.job_id), "%s", JOB);
-    memcpy(rr.wi.secret, SECRET, sizeof(SECRET));
-    rr.wi.secret_len = strlen(SECRET);
-    rr.wi.epoch = 1;
-    rr.wi.start_timeout = 10.0;
+    real_rank_begin(0, 2, 10.0);
     kolo__store *s = NULL;
     if (kolo__store_connect(&s, "127.0.0.1", srv_port, SECRET, strlen(SECRET), ANSWER_S) != KOLO_OK)
         fail("the harness cannot reach the store: %s", kolo__errmsg());
@@ -320,7 +281,7 @@ static void start(void)
     if (kolo__store_set(s, key, val, (size_t)n) != KOLO_OK) fail("store set: %s", kolo__errmsg());
     snprintf(key, sizeof(key), "%s/1/arrived", JOB);
     if (kolo__store_add(s, key, 1, NULL) != KOLO_OK) fail("store add: %s", kolo__errmsg());
-    if (pthread_create(&rr.thread, NULL, run_start, NULL) != 0) fail("pthread_create failed");
+    if (pthread_create(&rr.thread, NULL, run_real_rank, NULL) != 0) fail("pthread_create failed");
     snprintf(key, sizeof(key), "%s/1/peer/0", JOB);
     void *v = NULL;
     size_t len = 0;

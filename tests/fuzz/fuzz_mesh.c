@@ -121,37 +121,9 @@ static const char JOB[] = "fuzz-mesh-job";
 KOLO_PRINTF(1, 2) static _Noreturn void fail(const char *fmt, ...);
 #define FZ_PEER "R"
 #include "fuzz_net.h"
+#include "fuzz_rank.h"
 
 /* ---------------------------------------------------------------- the real rank */
-
-typedef struct real_rank {
-    pthread_t thread;
-    atomic_int done;
-    int st;
-    char msg[1024];
-    kolo__world_info wi;
-    kolo__mesh *meshes[NCH];
-    kolo__peer_info *peers;
-} real_rank;
-
-static real_rank rr;
-static kolo__store_server *srv;
-static int srv_port;
-
-static void *run_real_rank(void *arg)
-{
-    (void)arg;
-    kolo__store *s = NULL;
-    int st = kolo__store_connect(&s, "127.0.0.1", srv_port, SECRET, strlen(SECRET), ANSWER_S);
-    if (st == KOLO_OK) {
-        st = kolo__mesh_build(rr.meshes, &rr.peers, &rr.wi, s);
-        kolo__store_close(s);
-    }
-    rr.st = st;
-    snprintf(rr.msg, sizeof(rr.msg), "%s", st == KOLO_OK ? "" : kolo__errmsg());
-    atomic_store(&rr.done, 1);
-    return NULL;
-}
 
 /* What R did, for a finding's message. */
 static const char *rr_state(void)
@@ -867,23 +839,9 @@ static void begin(uint8_t shape)
     uint64_t v = 0;
     if (kolo__random_bytes(&v, sizeof(v)) != KOLO_OK) fail("no random bytes");
     fake_probe = v;
-    if (kolo__store_server_start(&srv, "127.0.0.1", 0, SECRET, strlen(SECRET)) != KOLO_OK)
-        fail("cannot start the store: %s", kolo__errmsg());
-    srv_port = kolo__store_server_port(srv);
+    real_rank_begin(R, N, START_S);
     for (int q = 0; q < N; q++)
         if (q != R) lfd[q] = listen_any(&lport[q]);
-    memset(&rr, 0, sizeof(rr));
-    rr.wi.rank = R;
-    rr.wi.size = N;
-    rr.wi.local_rank = rr.wi.local_size = rr.wi.cross_rank = rr.wi.cross_size = -1;
-    snprintf(rr.wi.rdv_host, sizeof(rr.wi.rdv_host), "127.0.0.1");
-    rr.wi.rdv_port = srv_port;
-    snprintf(rr.wi.source, sizeof(rr.wi.source), "kolo");
-    snprintf(rr.wi.job_id, sizeof(rr.wi.job_id), "%s", JOB);
-    memcpy(rr.wi.secret, SECRET, sizeof(SECRET));
-    rr.wi.secret_len = strlen(SECRET);
-    rr.wi.epoch = 1;
-    rr.wi.start_timeout = START_S;
     rendezvous();
 }
 
