@@ -67,6 +67,7 @@
 #define FINAL_LEN 4
 #define HS_BUF 192
 #define CONNECT_HANGUPS_MAX 16 /* a connector's tries at an acceptor that closes before accepting */
+#define ACCEPTS_PER_EVENT 256  /* connections taken from the backlog before the handshakes go on */
 
 /* CMA probe: a value the peer reads from our memory to prove process_vm_readv works, drawn anew
  * by each start-up (set_cma_probe), as ranks forked from one process would share one drawn once.
@@ -757,7 +758,8 @@ static int start_connect(build *b, hs *h)
     if (!sl) return kolo__err(KOLO_ERR_PROTOCOL, "rank %d published a bad address '%s'", h->peer, p->addr);
     h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0 && (errno == EMFILE || errno == ENFILE) && /* strangers took them (make_room) */
-        make_room(b, "closed for room: this rank is out of file descriptors for its own connections"))
+        make_room(b, errno == EMFILE ? "closed for room: this process is out of file descriptors to connect"
+                                     : "closed for room: the system is out of file descriptors to connect"))
         h->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (h->fd < 0) return kolo__err_sys(errno, "socket()");
     kolo__tcp_congestion_early(h->fd, on_this_machine(b, h->peer));
@@ -1004,8 +1006,11 @@ static int run_handshakes(build *b, int lfd)
             test_events++;
             if (d == UINT64_MAX) {
                 /* every connection waiting, not one an event: with hundreds of ranks connecting
-                 * at once the backlog overflowed (a dropped SYN is retried after 1 s, then 3) */
-                for (;;) {
+                 * at once the backlog overflowed (a dropped SYN is retried after 1 s, then 3); up to
+                 * ACCEPTS_PER_EVENT, as a flood closed for room would otherwise keep the loop here,
+                 * away from the handshakes waiting (the listener stays ready: the next event takes
+                 * the rest) */
+                for (int taken = 0; taken < ACCEPTS_PER_EVENT; taken++) {
                     struct sockaddr_storage sa;
                     socklen_t sl = sizeof(sa);
                     int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
