@@ -319,7 +319,9 @@ KOLO_EXTERN int kolo_mem_free(void *p);
  * past KOLO_STALL_SHUTDOWN_TIME. The job goes on after them. A lost peer fails every pending
  * request (KOLO_ERR_PEER_LOST, naming the rank); a rank that calls kolo_shutdown fails the other
  * ranks' pending requests with KOLO_ERR_SHUT_DOWN naming it; afterwards every submission fails
- * at once with KOLO_ERR_SHUT_DOWN and a message that names the original cause.
+ * at once with KOLO_ERR_SHUT_DOWN and a message that names the original cause. A submission
+ * that fails sets its handles (*req, or reqs[0 .. n) of a grouped one) to NULL, which
+ * kolo_request_release takes as a no-op.
  *
  * Thread safety: every function below may be called from any thread. */
 

@@ -2307,8 +2307,9 @@ static void bad_args(int rank, void *arg)
     (void)rank;
     float x[4] = {0};
     kolo_shape_t sh = shape1(4);
-    kolo_request_t *r;
+    kolo_request_t *r = (kolo_request_t *)&sh, *g[2] = {r, r}; /* a caller's stale handles */
     KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, NULL, &r), KOLO_ERR_NOT_INITIALIZED);
+    KT_ASSERT(r == NULL); /* a failed submission leaves no handle to release twice */
     KT_OK(kolo_init());
     KT_STATUS(kolo_iallreduce("x", x, x, KOLO_BOOL, &sh, KOLO_AVERAGE, 1, 1, NULL, &r), KOLO_ERR_INVALID_ARG);
     KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, NAN, 1, NULL, &r), KOLO_ERR_INVALID_ARG);
@@ -2320,7 +2321,15 @@ static void bad_args(int rank, void *arg)
     kolo_shape_t odd = shape1(3);
     KT_STATUS(kolo_ialltoall("x", x, KOLO_FLOAT32, &odd, NULL, NULL, &r), KOLO_ERR_INVALID_ARG);
     kolo_submit_opts_t o = {.process_set = 77};
+    r = (kolo_request_t *)&sh;
     KT_STATUS(kolo_iallreduce("x", x, x, KOLO_FLOAT32, &sh, KOLO_SUM, 1, 1, &o, &r), KOLO_ERR_INVALID_ARG);
+    KT_ASSERT(r == NULL);
+    const void *sb[2] = {x, x};
+    void *rb[2] = {x, NULL};
+    kolo_shape_t shs[2] = {sh, sh};
+    KT_STATUS(kolo_igrouped_allreduce(2, NULL, sb, rb, KOLO_FLOAT32, shs, KOLO_SUM, 1, 1, NULL, g),
+              KOLO_ERR_INVALID_ARG);
+    KT_ASSERT(g[0] == NULL && g[1] == NULL);
     KT_STATUS(kolo_request_wait(NULL, 1), KOLO_ERR_INVALID_ARG);
     kolo_request_release(NULL);
 }

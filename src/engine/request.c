@@ -697,6 +697,10 @@ out:
 static int submit1(const sub *s, kolo_request_t **req)
 {
     if (!req) return kolo__err(KOLO_ERR_INVALID_ARG, "%s: req is NULL", s->fn);
+    /* a failed submission leaves NULL: a caller reusing one handle variable (release, submit
+     * again, release) would otherwise release the previous request twice when the submission
+     * fails, as a test of ours did once the engine had stopped before its submission */
+    *req = NULL;
     int st = check_running(s->fn);
     if (st) return st;
     kolo_request_t *r;
@@ -721,6 +725,7 @@ int kolo_igrouped_allreduce(int n, const char *const *names, const void *const *
     const char *fn = "kolo_igrouped_allreduce";
     if (n < 1 || !sendbufs || !recvbufs || !shapes || !reqs)
         return kolo__err(KOLO_ERR_INVALID_ARG, "%s: need n >= 1 and non-NULL sendbufs, recvbufs, shapes and reqs", fn);
+    for (int i = 0; i < n; i++) reqs[i] = NULL; /* as submit1's */
     int st = check_running(fn);
     if (st) return st;
     kolo__rgroup *g = kolo__calloc(1, sizeof(*g) + (size_t)n * sizeof(kolo_request_t *));
