@@ -452,6 +452,66 @@ KT_TEST(tcp_abort_mid_frame_still_gives_the_reason, 30)
     }
 }
 
+/* A failing rank waits, after its ABORT frame, for the peer to acknowledge it (tcp.c, tcp_abort).
+ * When the peer resets the connection in that wait (it failed too, and closed with this rank's
+ * bytes unread), nothing will be acknowledged any more, but SIOCOUTQ keeps its count, so the wait
+ * lasted its stall limit, 50 ms per such peer. Here the peer does not read (a 4 KiB receive
+ * buffer: most of 64 KiB stays unacknowledged) and resets 5 ms into the abort; the abort must end
+ * within 30 ms of the reset in one of 3 tries (without the fix never: it ends 45 ms or more
+ * after it, as the stall limit counts from before the reset). */
+typedef struct abort_wait {
+    kolo__conn c;
+    double done;
+} abort_wait;
+
+static void *abort_in_thread(void *arg)
+{
+    abort_wait *w = arg;
+    kolo__tcp_transport.abort(&w->c, "a reason", kolo__now_ns() + 10000000000ull);
+    w->done = now_s();
+    return NULL;
+}
+
+static double abort_then_reset(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), small = 4096, big = 1 << 20;
+    KT_ASSERT(l >= 0);
+    KT_OK(setsockopt(l, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    KT_OK(bind(l, (struct sockaddr *)&a, sizeof(a)));
+    KT_OK(listen(l, 1));
+    KT_OK(getsockname(l, (struct sockaddr *)&a, &al));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    KT_ASSERT(fd >= 0);
+    KT_OK(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big)));
+    KT_OK(connect(fd, (struct sockaddr *)&a, sizeof(a)));
+    int peer = accept(l, NULL, NULL);
+    KT_ASSERT(peer >= 0);
+    close(l);
+    static char junk[64 << 10];
+    KT_EQ(send(fd, junk, sizeof(junk), MSG_DONTWAIT), (ssize_t)sizeof(junk));
+    abort_wait w = {.c = {.tp = &kolo__tcp_transport, .peer = 1, .fd = fd}};
+    pthread_t th;
+    KT_EQ(pthread_create(&th, NULL, abort_in_thread, &w), 0);
+    struct timespec five = {0, 5000000};
+    nanosleep(&five, NULL);
+    struct linger lg = {1, 0};
+    KT_OK(setsockopt(peer, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
+    double reset = now_s();
+    close(peer); /* with bytes unread and a zero linger: a reset */
+    pthread_join(th, NULL);
+    close(fd);
+    return w.done - reset;
+}
+
+KT_TEST(tcp_abort_leaves_a_peer_that_reset_at_once, 30)
+{
+    double best = 1e9;
+    for (int i = 0; i < 3 && best >= 0.030; i++) best = fmin(best, abort_then_reset());
+    KT_ASSERTF(best < 0.030, "the abort ended %.1f ms after the peer's reset, at best of 3", best * 1e3);
+}
+
 /* ---- a stopped rank: timeout, not a hang ---- */
 
 static void stopped(int rank, void *arg)

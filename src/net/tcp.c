@@ -397,15 +397,20 @@ static void tcp_abort(kolo__conn *c, const char *reason, uint64_t until_ns)
     c->midframe = 0;
     /* ... and stay until the peer has it all (SIOCOUTQ: bytes it has not acknowledged): our
      * close resets the connection when bytes the peer sent lie unread here, as they do when
-     * a job fails, and a reset throws away what the kernel has not sent yet, the reason too. */
+     * a job fails, and a reset throws away what the kernel has not sent yet, the reason too.
+     * Once the peer's own reset has come (it failed too and closed with our bytes unread),
+     * nothing more will be acknowledged, yet SIOCOUTQ keeps its count (the kernel empties the
+     * queue, not the sequence numbers it is counted from): the wait, woken by the reset, ends
+     * there and not ABORT_STALL_NS later (tcp_abort_leaves_a_peer_that_reset_at_once). */
     int q, last = INT_MAX;
     while (ioctl(c->fd, SIOCOUTQ, &q) == 0 && q > 0) {
         uint64_t now = kolo__now_ns();
         if (q < last) stall = now + ABORT_STALL_NS;
         last = q;
         if (now >= KOLO_MIN(until_ns, stall)) return;
+        struct pollfd p = {.fd = c->fd, .events = 0}; /* POLLERR and POLLHUP are reported anyway */
         struct timespec nap = {0, 100000};
-        nanosleep(&nap, NULL);
+        if (ppoll(&p, 1, &nap, NULL) > 0 && (p.revents & (POLLERR | POLLHUP))) return;
     }
 }
 
