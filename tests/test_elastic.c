@@ -316,7 +316,9 @@ KT_TEST(elastic_worker_without_a_place_is_told, 30) { KT_EQ(kt_job(1, never_plac
  * synced from rank 0 at each (re)start; a failing collective rolls back to the last commit, a
  * newer round at a commit re-joins without rolling back. Args: steps, then "die=ID:STEP" (the
  * worker with that id kills itself on reaching that step), "stop=ID:STEP" (stops itself there),
- * "busy=ID:STEP:MS" (in round 1, spins that many milliseconds there, outside kolo), "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
+ * "busy=ID:STEP:MS" (in round 1, spins that many milliseconds there, outside kolo), "impatient=S" (every worker
+ * but the busy one waits S seconds for a silent peer: KOLO_OP_TIMEOUT in its own environment, whatever
+ * kolorun passed), "mismatch=STEP" (in round 1, the ranks disagree on a count there), "hold=MS" (waits that long
  * before exiting), "linger=ID:MS" (after a failed collective, sleeps that long before it shuts
  * kolo down). Rank 0 prints "round G size S from
  * step N" at each start and "step N" at each commit; every worker prints "done: worker W rank R
@@ -326,7 +328,9 @@ KT_WORKER(elastic_train)
     int steps = argc > 1 ? atoi(argv[1]) : 20;
     int die_id = -1, die_step = -1, stop_id = -1, stop_step = -1, mismatch_step = -1, hold_ms = 0;
     int busy_id = -1, busy_step = -1, busy_ms = 0, linger_id = -1, linger_ms = 0;
+    char impatient[32] = "";
     for (int a = 2; a < argc; a++) {
+        sscanf(argv[a], "impatient=%31s", impatient);
         sscanf(argv[a], "linger=%d:%d", &linger_id, &linger_ms);
         sscanf(argv[a], "busy=%d:%d:%d", &busy_id, &busy_step, &busy_ms);
         sscanf(argv[a], "hold=%d", &hold_ms);
@@ -336,6 +340,7 @@ KT_WORKER(elastic_train)
     }
     const char *idv = getenv("KOLO_ELASTIC_ID");
     int me = idv ? atoi(idv) : -1;
+    if (impatient[0] && me != busy_id) setenv("KOLO_OP_TIMEOUT", impatient, 1);
     int step = 0, committed = 0;
     for (;;) {
         int st = kolo_init();
@@ -576,13 +581,19 @@ KT_TEST(kolorun_elastic_kills_a_worker_the_others_gave_up_on, 60)
  * without asking, but when the abort reaches it first its failed cycle asks for the new round
  * itself (engine.c), and kolorun then has no silent worker to wait for (CI's ASan lane, once in
  * 2026-12-06's runs). Either way the worker is not killed and all three go on. */
-void kt_spared_busy_worker(const char *ebuf)
+static void spared_busy_worker_told(const char *ebuf, const char *told)
 {
     KT_ASSERTF(!strstr(ebuf, "killing it"), "%s", ebuf);
     if (strstr(ebuf, "kolorun: worker 2 (rank 2) has not asked for the new round "))
-        KT_CONTAINS(ebuf, "but it is running (it used CPU time): waiting up to 30 s for it (KOLO_OP_TIMEOUT, at least 30 s)");
+        KT_CONTAINS(ebuf, told);
     else
         printf("  (worker 2's engine asked for the new round itself: kolorun had no busy worker to wait for)\n");
+}
+
+void kt_spared_busy_worker(const char *ebuf)
+{
+    spared_busy_worker_told(ebuf, "but it is running (it used CPU time): waiting up to 30 s for it (KOLO_OP_TIMEOUT, "
+                                  "at least 30 s)");
 }
 
 KT_TEST(kolorun_elastic_waits_for_a_busy_worker, 60)
@@ -594,6 +605,24 @@ KT_TEST(kolorun_elastic_waits_for_a_busy_worker, 60)
     KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
     kt_spared_busy_worker(p.ebuf);
     KT_CONTAINS(p.ebuf, "kolorun: every worker asked for a new round (a collective failed on all of them): forming it");
+    for (int w = 0; w < 3; w++) finished_after_round_1(p.obuf, w, 3, 40);
+    kt_proc_free(&p);
+}
+
+/* Under KOLO_OP_TIMEOUT=0 the workers wait for a silent peer without end, and kolorun waits for a
+ * busy one as long as it runs (it gave it 30 s, then killed it: an evaluation longer than that
+ * ended the worker). The two others give up on the busy one after 2 s all the same (their own
+ * KOLO_OP_TIMEOUT, "impatient"), which under 0 only a failure elsewhere would make them do. */
+KT_TEST(kolorun_elastic_waits_without_end_for_a_busy_worker_under_op_timeout_0, 60)
+{
+    kt_proc p;
+    int code = run_kolorun(&p, (const char *const[]){"-np", "3", "--min-np", "3", "-x", "KOLO_OP_TIMEOUT=0", kt_self(),
+                                                     "--worker", "elastic_train", "40", "busy=2:12:10000",
+                                                     "impatient=2", NULL},
+                           50);
+    KT_ASSERTF(code == 0, "kolorun exited %d\n%s\n%s", code, p.obuf, p.ebuf);
+    spared_busy_worker_told(p.ebuf, "but it is running (it used CPU time): waiting for it while it runs "
+                                    "(KOLO_OP_TIMEOUT=0: no limit)");
     for (int w = 0; w < 3; w++) finished_after_round_1(p.obuf, w, 3, 40);
     kt_proc_free(&p);
 }

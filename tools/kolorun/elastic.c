@@ -495,7 +495,10 @@ int kr_elastic_setup(kr_job *j, int sigfd)
         }
     }
     el->next_discovery = kr_now() + DISCOVERY_PERIOD_S;
-    el->busy_grace = KOLO_MAX(workers_op_timeout(o), BUSY_GRACE_MIN_S);
+    /* KOLO_OP_TIMEOUT=0: the workers wait for a silent peer without end, and so does kolorun for a
+     * busy one (it was given 30 s, then killed: an evaluation longer than that ended it) */
+    double op_timeout = workers_op_timeout(o);
+    el->busy_grace = op_timeout == 0 ? INFINITY : KOLO_MAX(op_timeout, BUSY_GRACE_MIN_S);
     int st = form_round(j, o->np, "");
     el->last_usable = usable_slots(j, kr_now());
     if (st != 0) return KR_EXIT_LAUNCH;
@@ -545,10 +548,16 @@ static void read_decide(kr_job *j, const long long *cpu, int n)
         bool known = c >= 0 && r->cpu_seen >= 0, busy = known && c > r->cpu_seen;
         r->cpu_seen = c;
         if (busy && silent < el->busy_grace) {
+            char wait[96];
+            if (isinf(el->busy_grace))
+                snprintf(wait, sizeof(wait), "waiting for it while it runs (KOLO_OP_TIMEOUT=0: no limit)");
+            else
+                snprintf(wait, sizeof(wait), "waiting up to %g s for it (KOLO_OP_TIMEOUT, at least %g s)",
+                         el->busy_grace, BUSY_GRACE_MIN_S);
             if (!r->said_busy)
                 kr_say("worker %d (rank %d) has not asked for the new round %.0f s after %d worker%s gave up on it, "
-                       "but it is running (it used CPU time): waiting up to %g s for it (KOLO_OP_TIMEOUT, at least %g s)",
-                       r->id, r->rank, silent, asking, asking == 1 ? "" : "s", el->busy_grace, BUSY_GRACE_MIN_S);
+                       "but it is running (it used CPU time): %s", r->id, r->rank, silent, asking, asking == 1 ? "" : "s",
+                       wait);
             r->said_busy = true;
             continue;
         }
