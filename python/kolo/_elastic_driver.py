@@ -59,23 +59,28 @@ class Service:
         self.closed = threading.Event()
         self.sock = _relay.listen(128)
         self.port = self.sock.getsockname()[1]
+        self.refusals = _relay.Refusals("the elastic job's driver")
         threading.Thread(target=self._accept, name="kolo elastic driver", daemon=True).start()
 
     def _accept(self):
-        while not self.closed.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
+        while True:
+            got = _relay.accept(self.sock, self.closed.is_set, "the elastic job's driver")
+            if got is None:
                 return
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            threading.Thread(target=self._serve, args=got, daemon=True).start()
 
     def _serve(self, conn, peer):
-        conn.settimeout(30)
         try:
-            hello = _relay.recv_json(conn, _relay.HELLO)
+            try:
+                hello = _relay.recv_hello(conn)
+            except (OSError, _relay.WireError) as e:
+                if not self.closed.is_set():
+                    self.refusals.say("the elastic job's driver turned away %s:%d (%s)" % (peer[0], peer[1], e))
+                return
             if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("key", "")), self.key):
-                sys.stderr.write("kolo: the elastic job's driver turned away %s:%d (not this run's secret)\n" % peer)
+                self.refusals.say("the elastic job's driver turned away %s:%d (not this run's secret)" % peer)
                 return  # a stranger on the port: no answer
+            conn.settimeout(30)  # a worker's request, once it has proven itself: each read as before
             op = hello.get("op")
             if op == "spawn":
                 conn.settimeout(None)

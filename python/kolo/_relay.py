@@ -26,6 +26,7 @@ then STDIN frames one way (an empty one is the end of stdin), STDOUT/STDERR fram
 one EXIT frame (JSON: {"code": N} or {"lost": why}) last.
 """
 
+import errno
 import hmac
 import json
 import os
@@ -36,6 +37,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 HELLO, REPLY, STDIN, STDOUT, STDERR, EXIT, DATA = b"H", b"R", b"I", b"O", b"E", b"X", b"P"
 MAX_FRAME = 1 << 30
@@ -97,6 +99,108 @@ def recv_json(sock, want):
         raise WireError("a garbled %r frame: %s" % (want, e)) from None
 
 
+# What a connection says before it has proven itself (the drivers' ports: kolo.run's service, the
+# elastic driver's, kolo.spark's output channel, a served command's port): its hello, within
+# HELLO_TIMEOUT seconds in all and HELLO_MAX bytes. A stranger's claimed length was read whole
+# (up to MAX_FRAME, 1 GiB, into memory) and each recv had the timeout anew, so one that sent a byte
+# now and then held its connection and thread for ever. A spawn request carries its command line,
+# at most ARG_MAX (2 MiB on Linux) as kolorun hands it to this script.
+HELLO_MAX = 4 << 20
+HELLO_TIMEOUT = 10.0
+
+
+def _exactly_by(sock, n, deadline, what):
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("no %s within its time" % what)
+        sock.settimeout(left)
+        got = sock.recv(min(n - len(buf), 1 << 20))
+        if not got:
+            raise WireError("the connection ended inside its %s" % what)
+        buf += got
+    return bytes(buf)
+
+
+def recv_hello(sock, timeout=None, limit=HELLO_MAX):
+    """The HELLO frame a connection opens with, as JSON: WireError for anything else or a length
+    over limit (not read), socket.timeout when it has not all come within timeout seconds
+    (HELLO_TIMEOUT by default). The socket is left with a timeout of what remained."""
+    deadline = time.monotonic() + (HELLO_TIMEOUT if timeout is None else timeout)
+    head = _exactly_by(sock, 5, deadline, "hello")
+    kind, n = head[:1], struct.unpack(">I", head[1:])[0]
+    if kind != HELLO:
+        raise WireError("expected a %r frame, got %r" % (HELLO, kind))
+    if n > limit:
+        raise WireError("a hello of %d bytes (at most %d)" % (n, limit))
+    try:
+        return json.loads(_exactly_by(sock, n, deadline, "hello"))
+    except ValueError as e:
+        raise WireError("a garbled hello: %s" % e) from None
+
+
+def recv_line(sock, limit, timeout=None):
+    """A line (without its newline) a connection opens with, read byte by byte so that what
+    follows stays in the socket: WireError past limit bytes or at the end, socket.timeout after
+    timeout seconds in all (HELLO_TIMEOUT by default)."""
+    deadline = time.monotonic() + (HELLO_TIMEOUT if timeout is None else timeout)
+    line = bytearray()
+    while len(line) <= limit:
+        c = _exactly_by(sock, 1, deadline, "first line")
+        if c == b"\n":
+            return bytes(line)
+        line += c
+    raise WireError("a first line over %d bytes" % limit)
+
+
+def accept(sock, closed, name):
+    """The next connection on a driver's listening socket, or None once closed() or the socket is
+    gone. Out of descriptors (strangers holding them, each at most its hello's time), it waits and
+    tries again: the accepting thread ended at the first such error, and the ranks that connected
+    after it were never served (their connections completed in the backlog and waited for ever)."""
+    said = False
+    while not closed():
+        try:
+            return sock.accept()
+        except OSError as e:
+            if closed():
+                return None
+            if e.errno in (errno.ECONNABORTED, errno.EPROTO):
+                continue
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                return None
+            if not said:
+                sys.stderr.write("kolo: %s cannot accept a connection (%s); trying again as connections end\n"
+                                 % (name, os.strerror(e.errno)))
+                said = True
+            time.sleep(0.05)
+    return None
+
+
+class Refusals:
+    """Lines about the connections a driver's port turned away: the first 10 of each 10 s, then
+    how many more (a port scan wrote one line per connection)."""
+
+    def __init__(self, name):
+        self.name, self.lock = name, threading.Lock()
+        self.since, self.said, self.more = -1e9, 0, 0
+
+    def say(self, text):
+        now = time.monotonic()
+        with self.lock:
+            if now - self.since >= 10:
+                if self.more:
+                    sys.stderr.write("kolo: %s turned away %d more connection%s in the 10 s before\n"
+                                     % (self.name, self.more, "" if self.more == 1 else "s"))
+                self.since, self.said, self.more = now, 0, 0
+            if self.said < 10:
+                self.said += 1
+                sys.stderr.write("kolo: %s\n" % text)
+            else:
+                self.more += 1
+
+
 def listen(backlog=4):
     """A TCP socket listening on every interface at a free port."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -149,9 +253,8 @@ def serve_command(listener, token, command, env=None, accept_timeout=60):
             conn, _ = listener.accept()
         except socket.timeout:
             return LOST
-        conn.settimeout(10)
         try:
-            hello = recv_json(conn, HELLO)
+            hello = recv_hello(conn)
         except (OSError, WireError):
             conn.close()
             continue

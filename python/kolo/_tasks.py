@@ -61,22 +61,23 @@ class Server:
     _listen."""
 
     def _listen(self, sock, name):
-        self.sock, self.port = sock, sock.getsockname()[1]
+        self.sock, self.port, self._name = sock, sock.getsockname()[1], name
         self.closed, self.serving = False, []
         threading.Thread(target=self._accept, name=name, daemon=True).start()
 
     def _accept(self):
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
+        from kolo import _relay
+        while True:
+            got = _relay.accept(self.sock, lambda: self.closed, self._name)
+            if got is None:
                 return
-            self._spawn(conn)
+            self._spawn(got[0])
 
     def _spawn(self, conn):
         t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
         with self.lock:
-            self.serving.append(t)
+            # the ended ones go: strangers' connections, each a thread, would pile up here
+            self.serving = [s for s in self.serving if s.is_alive()] + [t]
         t.start()
 
     def _stop(self, wait_s, take_queued=False):

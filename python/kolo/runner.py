@@ -120,8 +120,7 @@ class _Service(Server):
 
     def _serve(self, conn):
         try:
-            conn.settimeout(30)  # a rank sends its hello at once; a stranger gets 30 s
-            hello = _relay.recv_json(conn, _relay.HELLO)
+            hello = _relay.recv_hello(conn)  # a rank sends its hello at once; a stranger gets 10 s
             if not isinstance(hello, dict) or not hmac.compare_digest(str(hello.get("token", "")), self.token):
                 return  # a stranger, or another run's rank: nothing said
             rank = hello.get("rank")

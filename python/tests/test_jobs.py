@@ -271,6 +271,181 @@ def test_kolo_run_without_cloudpickle_says_what_to_install(tmp_path):
     assert "RESULT [3, 3]" in out
 
 
+# ---- strangers on the drivers' ports (kolo.run's service, the elastic driver's, kolo.spark's output) ----
+
+def _drivers_ports(stack):
+    """Each driver's port, started in this process: (name, port, a right hello, what it answers)."""
+    sys.path.insert(0, PYDIR)
+    import io
+    import kolo.spark
+    from kolo import _elastic_driver, _relay, runner
+    svc = runner._Service(1, b"payload", "tok", "127.0.0.1")
+    stack.callback(svc.close, 1.0)
+
+    class NoHosts:
+        def nodes(self):
+            return {}
+
+    el = _elastic_driver.Service(NoHosts(), b"the function", None)
+    stack.callback(el.close)
+    col = kolo.spark._Collector("s3cret", io.StringIO(), io.StringIO(), False, lambda: None)
+    stack.callback(col.close)
+
+    def frame(obj):
+        body = json.dumps(obj).encode()
+        return _relay.HELLO + len(body).to_bytes(4, "big") + body
+    return [("kolo.run", svc.port, frame({"token": "tok", "rank": 0}), _relay.DATA + b"\0\0\0\x07payload"),
+            ("elastic", el.port, frame({"key": el.key, "op": "fn"}), _relay.DATA + b"\0\0\0\x0cthe function"),
+            ("spark", col.port, b"kolo.spark s3cret\n", None)]
+
+
+def _closed_within(s, seconds):
+    """Whether the far end closed s (an end or a reset) within seconds."""
+    import socket
+    s.settimeout(seconds)
+    try:
+        while s.recv(1 << 16):
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_drivers_ports_do_not_read_a_strangers_huge_hello():
+    """A hello claiming 1 GiB was read whole into memory before the secret was compared (kolo.spark:
+    a first line of any length). Now the port closes at the header (at 16 + the secret's length
+    bytes of a line), and the right hello after is served."""
+    import contextlib
+    import socket
+    with contextlib.ExitStack() as stack:
+        for name, port, hello, answer in _drivers_ports(stack):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.settimeout(20)
+                first = b"H" + (1 << 30).to_bytes(4, "big") if name != "spark" else b"kolo.spark "
+                sent = 0
+                with pytest.raises((BrokenPipeError, ConnectionResetError)):  # closed on us mid-send
+                    s.sendall(first)
+                    while sent < 256 << 20:
+                        s.sendall(b"x" * (1 << 20))
+                        sent += 1 << 20
+                assert sent < 64 << 20, "%s: the port read %d MiB of a stranger's hello" % (name, sent >> 20)
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(hello + (b"O 0 after\n" if answer is None else b""))
+                if answer is not None:
+                    s.settimeout(20)
+                    got = b""
+                    while len(got) < len(answer):
+                        more = s.recv(1 << 16)
+                        assert more, "%s: the right hello got %r" % (name, got)
+                        got += more
+                    assert got == answer, name
+
+
+def test_drivers_ports_end_a_stranger_that_trickles(monkeypatch):
+    """Each read of a hello had its timeout anew, so a stranger that sent a byte now and then held
+    its connection (and a thread) for ever. Now the hello has HELLO_TIMEOUT in all (0.5 s here)."""
+    import contextlib
+    import socket
+    sys.path.insert(0, PYDIR)
+    from kolo import _relay
+    monkeypatch.setattr(_relay, "HELLO_TIMEOUT", 0.5, raising=False)
+    with contextlib.ExitStack() as stack:
+        for name, port, hello, _ in _drivers_ports(stack):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                t0, ended = time.monotonic(), False
+                for b in hello[:-1]:  # the right hello, less its last byte, 0.2 s a byte
+                    try:
+                        s.sendall(bytes([b]))
+                    except (BrokenPipeError, ConnectionResetError):
+                        ended = True
+                        break
+                    if _closed_within(s, 0.2):
+                        ended = True
+                        break
+                    if time.monotonic() - t0 > 8:
+                        break
+                assert ended, "%s: a trickling stranger still connected after %.1f s" % (name, time.monotonic() - t0)
+
+
+def test_drivers_port_serves_ranks_after_strangers_took_its_descriptors(tmp_path):
+    """kolo.run's service in a process with a few descriptors to spare: silent strangers take them,
+    accept() fails with EMFILE, and the accepting thread ended there, so the rank that connected
+    next was never served. Now it accepts again as the strangers' hellos run out (1 s here), and
+    the rank gets its function."""
+    import socket
+    script = tmp_path / "service.py"
+    script.write_text(textwrap.dedent("""
+        import os, resource, sys
+        from kolo import _relay, runner
+        _relay.HELLO_TIMEOUT = 1.0
+        svc = runner._Service(1, b"payload", "tok", "127.0.0.1")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 3, hard))
+        print(svc.port, flush=True)
+        sys.stdin.read()
+    """))
+    p = subprocess.Popen([PY, str(script)], env=dict(os.environ, PYTHONPATH=PYDIR), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    strangers = []
+    try:
+        port = int(p.stdout.readline())
+        for _ in range(12):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            strangers.append(s)
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+            body = json.dumps({"token": "tok", "rank": 0}).encode()
+            s.sendall(b"H" + len(body).to_bytes(4, "big") + body)
+            s.settimeout(30)
+            got = b""
+            while len(got) < 12:
+                more = s.recv(64)
+                if not more:
+                    break
+                got += more
+        assert got == b"P\0\0\0\x07payload", got
+    finally:
+        for s in strangers:
+            s.close()
+        p.stdin.close()
+        p.wait(10)
+    err = p.stderr.read()
+    assert "kolo.run service cannot accept a connection (Too many open files); trying again" in err, err
+
+
+def test_elastic_driver_says_ten_refusals_then_how_many_more(capfd):
+    """A port scan wrote one line per connection; now 10 of each 10 s, then the count."""
+    import socket
+    sys.path.insert(0, PYDIR)
+    from kolo import _elastic_driver, _relay
+
+    class NoHosts:
+        def nodes(self):
+            return {}
+
+    el = _elastic_driver.Service(NoHosts(), b"f", None)
+    try:
+        for _ in range(15):
+            with socket.create_connection(("127.0.0.1", el.port)) as s:
+                _relay.send_json(s, _relay.HELLO, {"key": "not it", "op": "fn"})
+                assert _closed_within(s, 20)
+        deadline = time.monotonic() + 10
+        while el.refusals.said + el.refusals.more < 15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (el.refusals.said, el.refusals.more) == (10, 5)
+        el.refusals.since -= 10  # the next window: the count is said
+        el.refusals.say("one more")
+    finally:
+        el.close()
+    err = capfd.readouterr().err
+    assert err.count("turned away 127.0.0.1:") == 10, err
+    assert "kolo: the elastic job's driver turned away 5 more connections in the 10 s before" in err, err
+
+
 def test_kolo_run_refuses_what_it_does_not_do():
     sys.path.insert(0, PYDIR)
     import kolo

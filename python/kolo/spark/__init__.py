@@ -81,18 +81,18 @@ class _Collector(Server):
     def _serve(self, conn):
         with conn:
             try:
-                f = conn.makefile("r", encoding="utf-8", errors="replace", newline="\n")
-                conn.settimeout(10)
-                hello = f.readline().rstrip("\n")
-                if not secrets.compare_digest(hello, "kolo.spark " + self.secret):
+                # a stranger's line was read whole, however long, before it was compared
+                hello = _relay.recv_line(conn, 16 + len(self.secret))
+                if not secrets.compare_digest(hello, ("kolo.spark " + self.secret).encode()):
                     return  # a stranger on the port: nothing it sends is shown
                 conn.settimeout(None)
+                f = conn.makefile("r", encoding="utf-8", errors="replace", newline="\n")
                 for line in f:
                     try:
                         self._handle(line.rstrip("\n"))
                     except ValueError:  # a garbled line (bad number or base64): the next ones still count
                         pass
-            except OSError:  # silent past the hello's deadline, or the task's connection broke
+            except (OSError, _relay.WireError):  # silent past the hello's deadline, a stranger, or a task's broken link
                 pass
 
     @staticmethod
