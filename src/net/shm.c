@@ -147,6 +147,10 @@ typedef struct shm_priv {
      * populated at start-up or the ring has been used, else 0 (first_pass) */
     uint64_t tx_ready, rx_ready;
     uint64_t tx_tail; /* sending: the reader's tail as last loaded */
+    /* this side's own counters, as it last published them: head sending, tail receiving. Never
+     * read back from the segment, whose words the peer can write (a peer that did moved where
+     * this side wrote and read, by any amount and unaligned: found by tests/fuzz/fuzz_shm.c) */
+    uint64_t tx_head, rx_tail;
     /* sending: ring copies around the cache when the cores sit far apart (see "far" below) */
     kolo__window wwin;   /* the last timed copies through the cache, ps/B */
     int crawls;          /* timed copies in a row whose window's median crawled */
@@ -974,11 +978,27 @@ static void ring_bell(shm_priv *s, uint32_t what)
     syscall(SYS_futex, &s->tx_ctl->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
+/* The peer's counter is more than a ring away from ours: the reader's tail ahead of our head
+ * or a ring behind it, the writer's head more than a ring past our tail. Believed, the space or
+ * the bytes it announced wrapped around, and a copy ran past the ring's end: over the other
+ * ring and out of the segment (found by tests/fuzz/fuzz_shm.c). */
+static int counter_garbled(kolo__conn *c, bool sending, uint64_t theirs, uint64_t ours)
+{
+    return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL,
+                                        "the shared-memory stream %s rank %d on %s is garbled: its %s %#llx is not "
+                                        "within a ring of %llu bytes %s this rank's %s %#llx",
+                                        sending ? "to" : "from", c->peer, kolo__peer_name(c->mesh, c->peer),
+                                        sending ? "reader's tail" : "head", (unsigned long long)theirs,
+                                        (unsigned long long)(((shm_priv *)c->priv)->mask + 1),
+                                        sending ? "behind" : "past", sending ? "head" : "tail",
+                                        (unsigned long long)ours));
+}
+
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
     uint64_t size = s->mask + 1;
-    uint64_t head = atomic_load_explicit(&ctl->head, memory_order_relaxed);
+    uint64_t head = s->tx_head;
     /* the reader's tail as last seen: reloaded only when the ring looks too full, so that a
      * stream of small messages does not pull the reader's tail line over for each one */
     uint64_t tail = s->tx_tail;
@@ -1008,6 +1028,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             uint64_t body = whole ? KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : x->len) : LINE - MARK_LEN;
             if (space < MARK_LEN + body + TERM_RESERVE) {
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+                if (head - tail > size) return counter_garbled(c, true, tail, head);
                 space = size - (head - tail);
                 if (space < MARK_LEN + body + TERM_RESERVE) break;
             }
@@ -1048,6 +1069,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         if (x->done < x->len) {
             if (space <= TERM_RESERVE) {
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+                if (head - tail > size) return counter_garbled(c, true, tail, head);
                 space = size - (head - tail);
                 if (space <= TERM_RESERVE) break;
             }
@@ -1059,9 +1081,11 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             if (x->done < x->len) {
                 /* publish what fits now so the reader can start draining */
                 atomic_store_explicit(&ctl->head, head, memory_order_release);
+                s->tx_head = head;
                 ring_bell(s, WANT_BYTES);
                 start = head;
                 tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+                if (head - tail > size) return counter_garbled(c, true, tail, head);
                 if (size - (head - tail) <= TERM_RESERVE) break;
                 continue;
             }
@@ -1075,6 +1099,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         atomic_store_explicit(&ctl->head, head, memory_order_release);
         ring_bell(s, WANT_BYTES);
     }
+    s->tx_head = head;
     s->tx_tail = tail;
     return KOLO_OK;
 }
@@ -1142,7 +1167,8 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
 static int progress_recv(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->rx_ctl;
-    uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_relaxed);
+    uint64_t size = s->mask + 1;
+    uint64_t tail = s->rx_tail;
     uint64_t head = 0; /* loaded when a streamed payload needs it */
     uint64_t start = tail;
     int st = KOLO_OK;
@@ -1219,6 +1245,10 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
                 head = atomic_load_explicit(&ctl->head, memory_order_acquire);
                 if (head <= tail) break;
             }
+            if (head - tail > size) {
+                st = counter_garbled(c, false, head, tail);
+                break;
+            }
             size_t n = (size_t)KOLO_MIN(KOLO_MIN((uint64_t)(x->len - x->done), head - tail), STREAM_STEP);
             rx_read(s, tail, x->buf + x->done, n, x->stream);
             tail += n;
@@ -1240,6 +1270,7 @@ static int progress_recv(kolo__conn *c, shm_priv *s)
         atomic_store_explicit(&ctl->tail, tail, memory_order_release);
         ring_bell(s, WANT_ROOM);
     }
+    s->rx_tail = tail;
     return st;
 }
 
@@ -1702,7 +1733,7 @@ void kolo__shm_garble(kolo__conn *c, bool whole_frame)
 {
     if (!c || c->tp != &kolo__shm_transport || !c->priv) return;
     shm_priv *s = c->priv;
-    uint64_t head = atomic_load_explicit(&s->tx_ctl->head, memory_order_relaxed);
+    uint64_t head = s->tx_head;
     if (!whole_frame) { /* scribble on the mark the reader polls next */
         atomic_store_explicit(mark_at(s->tx, s->mask, head), 0x6761726261676521ull, memory_order_release);
         return;
@@ -1716,5 +1747,6 @@ void kolo__shm_garble(kolo__conn *c, bool whole_frame)
     end_frame(s, &head);
     atomic_store_explicit(mark_at(s->tx, s->mask, at), at + 1, memory_order_release);
     atomic_store_explicit(&s->tx_ctl->head, head, memory_order_release);
+    s->tx_head = head;
     ring_bell(s, WANT_BYTES);
 }
