@@ -228,20 +228,6 @@ static void join_op(rop *o, double within_s)
 /* ---------------------------------------------------------------- sockets and the handshake */
 
 /* The protocol's MAC (mesh.c): HMAC-SHA256 of label, job id, a nonce and three integers. */
-static void proof(uint8_t out[KOLO_MAC_LEN], const char *label, const uint8_t *nonce, uint32_t a, uint32_t b,
-                  uint32_t c)
-{
-    uint8_t msg[sizeof(JOB) + KOLO_NONCE_LEN + 12];
-    size_t jl = strlen(JOB);
-    memcpy(msg, JOB, jl);
-    memcpy(msg + jl, nonce, KOLO_NONCE_LEN);
-    w32(msg + jl + KOLO_NONCE_LEN, a);
-    w32(msg + jl + KOLO_NONCE_LEN + 4, b);
-    w32(msg + jl + KOLO_NONCE_LEN + 8, c);
-    if (kolo__hmac(out, SECRET, strlen(SECRET), label, msg, jl + KOLO_NONCE_LEN + 12) != KOLO_OK)
-        fail("hmac: %s", kolo__errmsg());
-}
-
 /* Rank 1 connects to R on channel ch rightly, takes no shared memory, and returns the socket. */
 static int handshake(int rport, uint32_t ch)
 {
@@ -255,10 +241,10 @@ static int handshake(int rport, uint32_t ch)
     uint8_t *nonce_c = hc + 16;
     memset(nonce_c, 0x5c, KOLO_NONCE_LEN);
     nonce_c[0] = (uint8_t)ch;
-    proof(hc + 16 + KOLO_NONCE_LEN, "kolo-mesh-connect", ha + 12, 1, ch, 0);
+    proof(hc + 16 + KOLO_NONCE_LEN, SECRET, "kolo-mesh-connect", ha + 12, 1, ch, 0);
     send_bytes(fd, hc, sizeof(hc));
     if (read_full(fd, ack, sizeof(ack), ANSWER_S) != RD_OK) fail("channel %u: no acceptance from R", ch);
-    proof(want, "kolo-mesh-accept", nonce_c, 0, ch, 1);
+    proof(want, SECRET, "kolo-mesh-accept", nonce_c, 0, ch, 1);
     if (!kolo__mac_equal(want, ack) || r32(ack + KOLO_MAC_LEN) != 0)
         fail("channel %u: R's acceptance does not prove the secret, or offers shared memory to another host", ch);
     memset(res, 0, sizeof(res));
@@ -717,16 +703,6 @@ static bool one_op(fz *f)
 
 /* ---------------------------------------------------------------- one input */
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -737,13 +713,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     setenv("KOLO_OP_TIMEOUT", OP_TIMEOUT, 0);
     verbose = getenv("KOLO_FUZZ_VERBOSE") != NULL;
     /* rank 1's record names a listening port, which R (rank 0) never dials */
-    lfd_keep = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof(a);
-    if (lfd_keep < 0 || bind(lfd_keep, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd_keep, 4) != 0 ||
-        getsockname(lfd_keep, (struct sockaddr *)&a, &al) != 0)
-        fail("a listener of the harness: %s", strerror(errno));
-    lport_keep = ntohs(a.sin_port);
+    lfd_keep = listen_loopback(&lport_keep);
     return 0;
 }
 

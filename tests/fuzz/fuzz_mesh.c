@@ -184,20 +184,6 @@ static void expect_refused(int fd, size_t greeting, const char *what)
 
 /* The protocol's MAC: HMAC-SHA256 under `secret` of label, then job id, a nonce and three
  * integers as they go on the wire (4 bytes each, the hosts' order). */
-static void proof(uint8_t out[KOLO_MAC_LEN], const char *secret, const char *label, const uint8_t *nonce, uint32_t a,
-                  uint32_t b, uint32_t c)
-{
-    uint8_t msg[sizeof(JOB) + KOLO_NONCE_LEN + 12];
-    size_t jl = strlen(JOB);
-    memcpy(msg, JOB, jl);
-    memcpy(msg + jl, nonce, KOLO_NONCE_LEN);
-    w32(msg + jl + KOLO_NONCE_LEN, a);
-    w32(msg + jl + KOLO_NONCE_LEN + 4, b);
-    w32(msg + jl + KOLO_NONCE_LEN + 8, c);
-    if (kolo__hmac(out, secret, strlen(secret), label, msg, jl + KOLO_NONCE_LEN + 12) != KOLO_OK)
-        fail("hmac: %s", kolo__errmsg());
-}
-
 /* ---------------------------------------------------------------- the input's job */
 
 enum { P_NONE, P_ACKED, P_DONE };
@@ -698,16 +684,6 @@ static void cmd_accept(fz *f, int p_rank)
 }
 
 /* ---------------------------------------------------------------- one input */
-
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* Segments of this process left in /dev/shm. */
 static int count_segments(void)

@@ -1,6 +1,6 @@
 /* fuzz_net.h - what the harnesses that talk to a real server over TCP share (fuzz_store.c,
- * fuzz_mesh.c, fuzz_frames.c): connecting, writing and reading with a deadline, a reset, and the
- * host-order integers of kolo's own wire.
+ * fuzz_mesh.c, fuzz_frames.c, fuzz_shm.c): connecting, listening, writing and reading with a
+ * deadline, a reset, the host-order integers of kolo's own wire, and the process's descriptors.
  *
  * The includer defines, before including this:
  *   static _Noreturn void fail(const char *fmt, ...);   the harness's finding, with its context
@@ -9,7 +9,9 @@
 #ifndef KOLO_FUZZ_NET_H
 #define KOLO_FUZZ_NET_H
 
+#include <dirent.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -110,6 +112,30 @@ static inline void close_reset(int fd)
     struct linger l = {.l_onoff = 1, .l_linger = 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
     close(fd);
+}
+
+/* A socket listening on 127.0.0.1 at a free port, which it gives in *port. */
+static inline int listen_loopback(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 4) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &al) != 0)
+        fail("a listener of the harness: %s", strerror(errno));
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* The descriptors this process holds (each input must leave as many as it found). */
+static inline int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* fuzz_rank.h - the real rank of the harnesses that start one through the mesh (fuzz_mesh.c,
- * fuzz_frames.c): a fresh store on 127.0.0.1, the rank's identity, and its start-up on a thread.
+ * fuzz_frames.c, fuzz_shm.c): a fresh store on 127.0.0.1, the rank's identity, its start-up on a
+ * thread, and the proofs of the mesh's handshake as the other ranks make them.
  *
  * The includer has kolo__mesh_build in reach (mesh.c, or an object that links it) and defines,
  * before including this: SECRET and JOB (strings), NCH (the channels), ANSWER_S, and fail() as
@@ -58,6 +59,22 @@ static void real_rank_begin(int rank, int size, double start_timeout_s)
     rr.wi.secret_len = strlen(SECRET);
     rr.wi.epoch = 1;
     rr.wi.start_timeout = start_timeout_s;
+}
+
+/* The MAC of a mesh handshake's step: label over the job id, a nonce and three numbers (mesh.c,
+ * hs_mac), under secret. */
+static void proof(uint8_t out[KOLO_MAC_LEN], const char *secret, const char *label, const uint8_t *nonce, uint32_t a,
+                  uint32_t b, uint32_t c)
+{
+    uint8_t msg[sizeof(JOB) + KOLO_NONCE_LEN + 12];
+    size_t jl = strlen(JOB);
+    memcpy(msg, JOB, jl);
+    memcpy(msg + jl, nonce, KOLO_NONCE_LEN);
+    w32(msg + jl + KOLO_NONCE_LEN, a);
+    w32(msg + jl + KOLO_NONCE_LEN + 4, b);
+    w32(msg + jl + KOLO_NONCE_LEN + 8, c);
+    if (kolo__hmac(out, secret, strlen(secret), label, msg, jl + KOLO_NONCE_LEN + 12) != KOLO_OK)
+        fail("hmac: %s", kolo__errmsg());
 }
 
 #endif
