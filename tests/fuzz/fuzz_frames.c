@@ -112,13 +112,6 @@ _Static_assert(F_MAGIC == KOLO_MSG_MAGIC && F_HDR == KOLO_HDR_LEN && F_GOODBYE =
                    TCP_PAD_MASK == 0xfff,
                "the harness's frame differs from tcp.c's");
 
-/* The mesh handshake's wire (mesh.c, checked by fuzz_mesh.c), played rightly as rank 1. */
-#define W_MAGIC "KOLOMSH6"
-#define W_HELLO_A (8 + 4 + KOLO_NONCE_LEN)
-#define W_HELLO_C (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)
-#define W_ACK (KOLO_MAC_LEN + 4 + 96 + 4 + 8 + 8)
-#define W_RESULT (4 + 4 + 8 + 8)
-#define W_FINAL 4
 
 static const char SECRET[] = "fuzz-frames-secret";
 static const char JOB[] = "fuzz-frames-job";
@@ -227,67 +220,23 @@ static void join_op(rop *o, double within_s)
 
 /* ---------------------------------------------------------------- sockets and the handshake */
 
-/* The protocol's MAC (mesh.c): HMAC-SHA256 of label, job id, a nonce and three integers. */
-/* Rank 1 connects to R on channel ch rightly, takes no shared memory, and returns the socket. */
-static int handshake(int rport, uint32_t ch)
+/* Rank 1 connects to R on channel ch rightly and takes no shared memory (none is offered). */
+static void handshake(int rport, uint32_t ch)
 {
-    int fd = dial(rport);
-    uint8_t ha[W_HELLO_A], hc[W_HELLO_C], ack[W_ACK], res[W_RESULT], fin[W_FINAL], want[KOLO_MAC_LEN];
-    if (read_full(fd, ha, sizeof(ha), ANSWER_S) != RD_OK || memcmp(ha, W_MAGIC, 8) != 0 || r32(ha + 8) != 0)
-        fail("channel %u: no greeting from R as rank 0", ch);
-    memcpy(hc, W_MAGIC, 8);
-    w32(hc + 8, 1);
-    w32(hc + 12, ch);
-    uint8_t *nonce_c = hc + 16;
-    memset(nonce_c, 0x5c, KOLO_NONCE_LEN);
-    nonce_c[0] = (uint8_t)ch;
-    proof(hc + 16 + KOLO_NONCE_LEN, SECRET, "kolo-mesh-connect", ha + 12, 1, ch, 0);
-    send_bytes(fd, hc, sizeof(hc));
-    if (read_full(fd, ack, sizeof(ack), ANSWER_S) != RD_OK) fail("channel %u: no acceptance from R", ch);
-    proof(want, SECRET, "kolo-mesh-accept", nonce_c, 0, ch, 1);
-    if (!kolo__mac_equal(want, ack) || r32(ack + KOLO_MAC_LEN) != 0)
-        fail("channel %u: R's acceptance does not prove the secret, or offers shared memory to another host", ch);
+    uint8_t ack[W_ACK], res[W_RESULT], fin[W_FINAL];
+    int fd = connect_as_rank_1(rport, ch, 0x5c, ack);
+    if (r32(ack + KOLO_MAC_LEN) != 0) fail("channel %u: R offers shared memory to another host", ch);
     memset(res, 0, sizeof(res));
     send_bytes(fd, res, sizeof(res));
     if (read_full(fd, fin, sizeof(fin), ANSWER_S) != RD_OK || r32(fin) != 0)
         fail("channel %u: no final answer from R, or one saying CMA works without shared memory", ch);
-    return fd;
+    hfd[ch] = fd;
 }
 
-/* Rank 1's record counted in before R arrives, then R's port once it publishes, the handshakes. */
+/* R started, rank 1 by TCP (another host's key) on both channels. */
 static void start(void)
 {
-    real_rank_begin(0, 2, 10.0);
-    kolo__store *s = NULL;
-    if (kolo__store_connect(&s, "127.0.0.1", srv_port, SECRET, strlen(SECRET), ANSWER_S) != KOLO_OK)
-        fail("the harness cannot reach the store: %s", kolo__errmsg());
-    char key[160], val[256];
-    snprintf(key, sizeof(key), "%s/1/peer/1", JOB);
-    int n = snprintf(val, sizeof(val), "127.0.0.1 %d %d otherboot/fuzz 0 0 fake1", lport_keep, (int)getpid());
-    if (kolo__store_set(s, key, val, (size_t)n) != KOLO_OK) fail("store set: %s", kolo__errmsg());
-    snprintf(key, sizeof(key), "%s/1/arrived", JOB);
-    if (kolo__store_add(s, key, 1, NULL) != KOLO_OK) fail("store add: %s", kolo__errmsg());
-    if (pthread_create(&rr.thread, NULL, run_real_rank, NULL) != 0) fail("pthread_create failed");
-    snprintf(key, sizeof(key), "%s/1/peer/0", JOB);
-    void *v = NULL;
-    size_t len = 0;
-    if (kolo__store_get(s, key, &v, &len, ANSWER_S) != KOLO_OK)
-        fail("R did not publish its record: %s", kolo__errmsg());
-    char text[256], addr[64];
-    int rport = 0;
-    snprintf(text, sizeof(text), "%.*s", (int)KOLO_MIN(len, sizeof(text) - 1), (const char *)v);
-    kolo__free(v);
-    kolo__store_close(s);
-    if (sscanf(text, "%63s %d", addr, &rport) != 2 || strcmp(addr, "127.0.0.1") != 0)
-        fail("R published '%s', not an address on 127.0.0.1", text);
-    for (int ch = 0; ch < NCH; ch++) hfd[ch] = handshake(rport, (uint32_t)ch);
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(ANSWER_S * 1e9);
-    while (!atomic_load(&rr.done)) {
-        if (kolo__now_ns() > deadline) fail("R's start-up did not end within %g s", ANSWER_S);
-        usleep(50);
-    }
-    pthread_join(rr.thread, NULL);
-    if (rr.st != KOLO_OK) fail("R's start-up failed: %s", rr.msg);
+    start_as_rank_1(lport_keep, "otherboot/fuzz", handshake);
     for (int ch = 0; ch < NCH; ch++) {
         kolo__conn *c = rr.meshes[ch]->conns[1];
         if (!c || c->tp != &kolo__tcp_transport) fail("channel %d: R's connection to rank 1 is not by TCP", ch);

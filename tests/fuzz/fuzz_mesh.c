@@ -97,17 +97,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
-/* The wire, from the protocol at the top of mesh.c (checked against mesh.c's lengths below). */
-#define W_MAGIC "KOLOMSH6"
-#define W_HELLO_A (8 + 4 + KOLO_NONCE_LEN)                     /* magic, rank_a, nonce_a */
-#define W_HELLO_C (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)  /* magic, rank_c, channel, nonce_c, mac */
-#define W_NAME 96
-#define W_ACK (KOLO_MAC_LEN + 4 + W_NAME + 4 + 8 + 8)          /* mac, offer, name, pid, probe address, value */
-#define W_RESULT (4 + 4 + 8 + 8)                               /* shm taken, cma, probe address, value */
-#define W_FINAL 4                                              /* cma */
-_Static_assert(W_HELLO_A == HELLO_A_LEN && W_HELLO_C == HELLO_C_LEN && W_ACK == ACK_LEN && W_RESULT == RESULT_LEN &&
-                   W_FINAL == FINAL_LEN && W_NAME == SHM_NAME_LEN,
-               "the harness's wire differs from mesh.c's");
 
 static const char SECRET[] = "fuzz-mesh-secret";
 static const char JOB[] = "fuzz-mesh-job";
@@ -122,6 +111,11 @@ KOLO_PRINTF(1, 2) static _Noreturn void fail(const char *fmt, ...);
 #define FZ_PEER "R"
 #include "fuzz_net.h"
 #include "fuzz_rank.h"
+
+/* the wire as fuzz_rank.h has it, from the protocol at the top of mesh.c */
+_Static_assert(W_HELLO_A == HELLO_A_LEN && W_HELLO_C == HELLO_C_LEN && W_ACK == ACK_LEN && W_RESULT == RESULT_LEN &&
+                   W_FINAL == FINAL_LEN && W_NAME == SHM_NAME_LEN,
+               "the harness's wire differs from mesh.c's");
 
 /* ---------------------------------------------------------------- the real rank */
 
@@ -182,8 +176,6 @@ static void expect_refused(int fd, size_t greeting, const char *what)
     }
 }
 
-/* The protocol's MAC: HMAC-SHA256 under `secret` of label, then job id, a nonce and three
- * integers as they go on the wire (4 bytes each, the hosts' order). */
 /* ---------------------------------------------------------------- the input's job */
 
 enum { P_NONE, P_ACKED, P_DONE };
@@ -698,18 +690,6 @@ static int count_segments(void)
     return n;
 }
 
-static int listen_any(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 16) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &al) != 0)
-        fail("a listener of the harness: %s", strerror(errno));
-    *port = ntohs(a.sin_port);
-    return fd;
-}
-
 /* The other ranks' records, counted in before R arrives, and R's port once it publishes. */
 static void rendezvous(void)
 {
@@ -817,7 +797,7 @@ static void begin(uint8_t shape)
     fake_probe = v;
     real_rank_begin(R, N, START_S);
     for (int q = 0; q < N; q++)
-        if (q != R) lfd[q] = listen_any(&lport[q]);
+        if (q != R) lfd[q] = listen_loopback(&lport[q]);
     rendezvous();
 }
 

@@ -146,14 +146,6 @@ _Static_assert(F_MAGIC == KOLO_MSG_MAGIC && F_HDR == KOLO_HDR_LEN && F_GOODBYE =
                    R_ABORTED == SHM_ABORTED,
                "the harness's ring differs from shm.c's");
 
-/* The mesh handshake's wire (mesh.c, checked by fuzz_mesh.c), played rightly as rank 1. */
-#define W_MAGIC "KOLOMSH6"
-#define W_NAME 96
-#define W_HELLO_A (8 + 4 + KOLO_NONCE_LEN)
-#define W_HELLO_C (8 + 4 + 4 + KOLO_NONCE_LEN + KOLO_MAC_LEN)
-#define W_ACK (KOLO_MAC_LEN + 4 + W_NAME + 4 + 8 + 8)
-#define W_RESULT (4 + 4 + 8 + 8)
-#define W_FINAL 4
 
 static const char SECRET[] = "fuzz-shm-secret";
 static const char JOB[] = "fuzz-shm-job";
@@ -311,21 +303,8 @@ static void take_segment(chan *c, const uint8_t *name_field, uint32_t ch)
 static void handshake(int rport, uint32_t ch)
 {
     chan *c = &chs[ch];
-    int fd = dial(rport);
-    uint8_t ha[W_HELLO_A], hc[W_HELLO_C], ack[W_ACK], res[W_RESULT], fin[W_FINAL], want[KOLO_MAC_LEN];
-    if (read_full(fd, ha, sizeof(ha), ANSWER_S) != RD_OK || memcmp(ha, W_MAGIC, 8) != 0 || r32(ha + 8) != 0)
-        fail("channel %u: no greeting from R as rank 0", ch);
-    memcpy(hc, W_MAGIC, 8);
-    w32(hc + 8, 1);
-    w32(hc + 12, ch);
-    uint8_t *nonce_c = hc + 16;
-    memset(nonce_c, 0x3c, KOLO_NONCE_LEN);
-    nonce_c[0] = (uint8_t)ch;
-    proof(hc + 16 + KOLO_NONCE_LEN, SECRET, "kolo-mesh-connect", ha + 12, 1, ch, 0);
-    send_bytes(fd, hc, sizeof(hc));
-    if (read_full(fd, ack, sizeof(ack), ANSWER_S) != RD_OK) fail("channel %u: no acceptance from R", ch);
-    proof(want, SECRET, "kolo-mesh-accept", nonce_c, 0, ch, 1);
-    if (!kolo__mac_equal(want, ack)) fail("channel %u: R's acceptance does not prove the secret", ch);
+    uint8_t ack[W_ACK], res[W_RESULT], fin[W_FINAL];
+    int fd = connect_as_rank_1(rport, ch, 0x3c, ack);
     if (r32(ack + KOLO_MAC_LEN) != 1)
         fail("channel %u: R offers no shared memory to a rank of its host (is /dev/shm full?)", ch);
     take_segment(c, ack + KOLO_MAC_LEN + 4, ch);
@@ -337,39 +316,10 @@ static void handshake(int rport, uint32_t ch)
     c->fd = fd;
 }
 
+/* R started, rank 1 on its host (R's own host key) by shared memory on both channels. */
 static void start(void)
 {
-    real_rank_begin(0, 2, 10.0);
-    kolo__store *s = NULL;
-    if (kolo__store_connect(&s, "127.0.0.1", srv_port, SECRET, strlen(SECRET), ANSWER_S) != KOLO_OK)
-        fail("the harness cannot reach the store: %s", kolo__errmsg());
-    char key[160], val[256];
-    snprintf(key, sizeof(key), "%s/1/peer/1", JOB);
-    int n = snprintf(val, sizeof(val), "127.0.0.1 %d %d %s 0 0 fake1", lport_keep, (int)getpid(), hostkey);
-    if (kolo__store_set(s, key, val, (size_t)n) != KOLO_OK) fail("store set: %s", kolo__errmsg());
-    snprintf(key, sizeof(key), "%s/1/arrived", JOB);
-    if (kolo__store_add(s, key, 1, NULL) != KOLO_OK) fail("store add: %s", kolo__errmsg());
-    if (pthread_create(&rr.thread, NULL, run_real_rank, NULL) != 0) fail("pthread_create failed");
-    snprintf(key, sizeof(key), "%s/1/peer/0", JOB);
-    void *v = NULL;
-    size_t len = 0;
-    if (kolo__store_get(s, key, &v, &len, ANSWER_S) != KOLO_OK)
-        fail("R did not publish its record: %s", kolo__errmsg());
-    char text[256], addr[64];
-    int rport = 0;
-    snprintf(text, sizeof(text), "%.*s", (int)KOLO_MIN(len, sizeof(text) - 1), (const char *)v);
-    kolo__free(v);
-    kolo__store_close(s);
-    if (sscanf(text, "%63s %d", addr, &rport) != 2 || strcmp(addr, "127.0.0.1") != 0)
-        fail("R published '%s', not an address on 127.0.0.1", text);
-    for (int ch = 0; ch < NCH; ch++) handshake(rport, (uint32_t)ch);
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(ANSWER_S * 1e9);
-    while (!atomic_load(&rr.done)) {
-        if (kolo__now_ns() > deadline) fail("R's start-up did not end within %g s", ANSWER_S);
-        usleep(50);
-    }
-    pthread_join(rr.thread, NULL);
-    if (rr.st != KOLO_OK) fail("R's start-up failed: %s", rr.msg);
+    start_as_rank_1(lport_keep, hostkey, handshake);
     for (int ch = 0; ch < NCH; ch++) {
         kolo__conn *c = rr.meshes[ch]->conns[1];
         if (!c || c->tp != &kolo__shm_transport)
@@ -384,16 +334,24 @@ static uint64_t pad(uint64_t v) { return (v + R_LINE - 1) & ~(uint64_t)(R_LINE -
 
 static uint8_t pay(uint8_t seed, size_t i) { return (uint8_t)(seed * 29u + i * 131u + (i >> 8) * 7u + 1u); }
 
+/* n bytes between a ring of `size` bytes at stream position pos (wrapping) and flat memory:
+ * into the ring (to_ring) or out of it. */
+static void ring_copy(uint8_t *ring, size_t size, uint64_t pos, void *flat, size_t n, bool to_ring)
+{
+    uint8_t *f = flat;
+    for (size_t k = 0; k < n;) {
+        size_t off = (size_t)((pos + k) & (size - 1)), m = KOLO_MIN(n - k, size - off);
+        if (to_ring) memcpy(ring + off, f + k, m);
+        else memcpy(f + k, ring + off, m);
+        k += m;
+    }
+}
+
 /* Bytes into ring 1 at stream position pos (wrapping), and into the harness's copy. */
 static void rx_put(chan *c, uint64_t pos, const void *src, size_t n)
 {
-    const uint8_t *p = src;
-    for (size_t k = 0; k < n;) {
-        size_t off = (size_t)((pos + k) & (c->size - 1)), m = KOLO_MIN(n - k, c->size - off);
-        memcpy(c->rx + off, p + k, m);
-        memcpy(c->shadow + off, p + k, m);
-        k += m;
-    }
+    ring_copy(c->rx, c->size, pos, (void *)(uintptr_t)src, n, true);
+    ring_copy(c->shadow, c->size, pos, (void *)(uintptr_t)src, n, true);
 }
 
 static void rx_payload(chan *c, uint64_t pos, size_t len, uint8_t seed)
@@ -423,12 +381,7 @@ static uint64_t shadow_word(const chan *c, uint64_t pos)
 
 static void shadow_get(const chan *c, uint64_t pos, void *dst, size_t n)
 {
-    uint8_t *d = dst;
-    for (size_t k = 0; k < n;) {
-        size_t off = (size_t)((pos + k) & (c->size - 1)), m = KOLO_MIN(n - k, c->size - off);
-        memcpy(d + k, c->shadow + off, m);
-        k += m;
-    }
+    ring_copy(c->shadow, c->size, pos, dst, n, false);
 }
 
 static void set_head(chan *c, uint64_t h)
@@ -609,12 +562,7 @@ static uint64_t tx_word(const chan *c, uint64_t pos)
 
 static void tx_get(const chan *c, uint64_t pos, void *dst, size_t n)
 {
-    uint8_t *d = dst;
-    for (size_t k = 0; k < n;) {
-        size_t off = (size_t)((pos + k) & (c->size - 1)), m = KOLO_MIN(n - k, c->size - off);
-        memcpy(d + k, c->tx + off, m);
-        k += m;
-    }
+    ring_copy(c->tx, c->size, pos, dst, n, false);
 }
 
 static void set_tx_tail(chan *c, uint64_t v)
