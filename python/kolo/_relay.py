@@ -180,7 +180,8 @@ def accept(sock, closed, name):
 
 class Refusals:
     """Lines about the connections a driver's port turned away: the first 10 of each 10 s, then
-    how many more (a port scan wrote one line per connection)."""
+    how many more, said with the first refusal after those 10 s (a port scan wrote one line per
+    connection)."""
 
     def __init__(self, name):
         self.name, self.lock = name, threading.Lock()

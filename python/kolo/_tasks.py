@@ -6,6 +6,8 @@ import socket
 import threading
 import time
 
+from kolo import _relay
+
 
 def placement(hosts):
     """For tasks on the given hosts (by task index): each task's (rank, local rank, local size,
@@ -66,7 +68,6 @@ class Server:
         threading.Thread(target=self._accept, name=name, daemon=True).start()
 
     def _accept(self):
-        from kolo import _relay
         while True:
             got = _relay.accept(self.sock, lambda: self.closed, self._name)
             if got is None:

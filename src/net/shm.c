@@ -994,6 +994,14 @@ static int counter_garbled(kolo__conn *c, bool sending, uint64_t theirs, uint64_
                                         (unsigned long long)ours));
 }
 
+/* The reader's tail, loaded anew (acquire: the bytes before it are free), into *tail; a protocol
+ * error where it is more than a ring from our head. */
+static int reader_tail(kolo__conn *c, shm_priv *s, uint64_t head, uint64_t *tail)
+{
+    *tail = atomic_load_explicit(&s->tx_ctl->tail, memory_order_acquire);
+    return head - *tail > s->mask + 1 ? counter_garbled(c, true, *tail, head) : KOLO_OK;
+}
+
 static int progress_send(kolo__conn *c, shm_priv *s)
 {
     ring_ctl *ctl = s->tx_ctl;
@@ -1003,6 +1011,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
      * stream of small messages does not pull the reader's tail line over for each one */
     uint64_t tail = s->tx_tail;
     uint64_t start = head;
+    int st;
     while (c->sendq) {
         kolo__xfer *x = c->sendq;
         if (x->cma_seq) { /* descriptor written: wait for the reader's ack */
@@ -1027,8 +1036,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
             /* a streamed payload starts on the line after the header's */
             uint64_t body = whole ? KOLO_HDR_LEN + (cma ? CMA_DESC_LEN : x->len) : LINE - MARK_LEN;
             if (space < MARK_LEN + body + TERM_RESERVE) {
-                tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
-                if (head - tail > size) return counter_garbled(c, true, tail, head);
+                if ((st = reader_tail(c, s, head, &tail))) return st;
                 space = size - (head - tail);
                 if (space < MARK_LEN + body + TERM_RESERVE) break;
             }
@@ -1068,8 +1076,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
         }
         if (x->done < x->len) {
             if (space <= TERM_RESERVE) {
-                tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
-                if (head - tail > size) return counter_garbled(c, true, tail, head);
+                if ((st = reader_tail(c, s, head, &tail))) return st;
                 space = size - (head - tail);
                 if (space <= TERM_RESERVE) break;
             }
@@ -1084,8 +1091,7 @@ static int progress_send(kolo__conn *c, shm_priv *s)
                 s->tx_head = head;
                 ring_bell(s, WANT_BYTES);
                 start = head;
-                tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
-                if (head - tail > size) return counter_garbled(c, true, tail, head);
+                if ((st = reader_tail(c, s, head, &tail))) return st;
                 if (size - (head - tail) <= TERM_RESERVE) break;
                 continue;
             }

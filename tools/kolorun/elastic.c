@@ -548,16 +548,15 @@ static void read_decide(kr_job *j, const long long *cpu, int n)
         bool known = c >= 0 && r->cpu_seen >= 0, busy = known && c > r->cpu_seen;
         r->cpu_seen = c;
         if (busy && silent < el->busy_grace) {
-            char wait[96];
-            if (isinf(el->busy_grace))
-                snprintf(wait, sizeof(wait), "waiting for it while it runs (KOLO_OP_TIMEOUT=0: no limit)");
-            else
-                snprintf(wait, sizeof(wait), "waiting up to %g s for it (KOLO_OP_TIMEOUT, at least %g s)",
-                         el->busy_grace, BUSY_GRACE_MIN_S);
-            if (!r->said_busy)
+            if (!r->said_busy) {
+                char wait[96] = "waiting for it while it runs (KOLO_OP_TIMEOUT=0: no limit)";
+                if (!isinf(el->busy_grace))
+                    snprintf(wait, sizeof(wait), "waiting up to %g s for it (KOLO_OP_TIMEOUT, at least %g s)",
+                             el->busy_grace, BUSY_GRACE_MIN_S);
                 kr_say("worker %d (rank %d) has not asked for the new round %.0f s after %d worker%s gave up on it, "
                        "but it is running (it used CPU time): %s", r->id, r->rank, silent, asking, asking == 1 ? "" : "s",
                        wait);
+            }
             r->said_busy = true;
             continue;
         }
