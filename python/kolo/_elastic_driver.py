@@ -60,6 +60,7 @@ class Service:
         self.sock = _relay.listen(128)
         self.port = self.sock.getsockname()[1]
         self.refusals = _relay.Refusals("the elastic job's driver")
+        self.handshakes = _relay.Handshakes("the elastic job's driver")
         threading.Thread(target=self._accept, name="kolo elastic driver", daemon=True).start()
 
     def _accept(self):
@@ -67,12 +68,13 @@ class Service:
             got = _relay.accept(self.sock, self.closed.is_set, "the elastic job's driver")
             if got is None:
                 return
+            self.handshakes.enter(*got)
             threading.Thread(target=self._serve, args=got, daemon=True).start()
 
     def _serve(self, conn, peer):
         try:
             try:
-                hello = _relay.recv_hello(conn)
+                hello = self.handshakes.read(conn, _relay.recv_hello)
             except (OSError, _relay.WireError) as e:
                 if not self.closed.is_set():
                     self.refusals.say("the elastic job's driver turned away %s:%d (%s)" % (peer[0], peer[1], e))

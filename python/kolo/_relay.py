@@ -202,6 +202,63 @@ class Refusals:
                 self.more += 1
 
 
+# How many connections of a driver's port may be in their hello at once. Each holds a thread and a
+# descriptor for up to HELLO_TIMEOUT, and there was no bound: strangers connecting faster than
+# their hellos ran out took every descriptor (then the port waited, accept() failing, until theirs
+# ended) and a thread each. Ranks say their hello at once, so a full table is strangers' (the
+# rendezvous store's C side holds 256 so, KOLO_STORE_PENDING_MAX). 128 is more than the
+# connections a driver's ranks open together: each rank opens one at a time.
+HANDSHAKES_MAX = 128
+
+
+class Handshakes:
+    """The connections of a driver's port that have not said their hello yet, at most limit: one
+    more closes the oldest of the address holding the most (a flood from one place gives way
+    first, and its newest connections, where a rank's would be among them, stay). The accepting
+    thread enters each connection; the thread reading its hello reads it through read(), which
+    takes it out again before the caller can close it (so that no close races a shutdown here)."""
+
+    def __init__(self, name, limit=None):
+        self.name, self.limit, self.lock = name, limit or HANDSHAKES_MAX, threading.Lock()
+        self.open = {}  # connection -> (host, when it was accepted)
+        self.since, self.closed = -1e9, 0
+
+    def enter(self, conn, peer):
+        with self.lock:
+            if len(self.open) >= self.limit:
+                self._close_one()
+            self.open[conn] = (peer[0] if isinstance(peer, tuple) else str(peer), time.monotonic())
+
+    def read(self, conn, reader, *args):
+        """reader(conn, *args), the hello's read, with conn among the open handshakes meanwhile."""
+        try:
+            return reader(conn, *args)
+        finally:
+            with self.lock:
+                self.open.pop(conn, None)
+
+    def _close_one(self):
+        count = {}
+        for host, _ in self.open.values():
+            count[host] = count.get(host, 0) + 1
+        host = max(count, key=count.get)
+        conn = min((c for c, (h, _) in self.open.items() if h == host), key=lambda c: self.open[c][1])
+        del self.open[conn]
+        try:
+            conn.shutdown(socket.SHUT_RDWR)  # its reader wakes at the end, and closes it
+        except OSError:
+            pass
+        now = time.monotonic()
+        if now - self.since >= 10:  # the first of each 10 s says what is going on, with the count before
+            more = " (%d more in the 10 s before)" % self.closed if self.closed else ""
+            sys.stderr.write("kolo: %s has %d connections in their hello, %d of them from %s: closing the oldest "
+                             "from there (a port scan or a flood?)%s\n"
+                             % (self.name, len(self.open) + 1, count[host], host, more))
+            self.since, self.closed = now, 0
+        else:
+            self.closed += 1
+
+
 def listen(backlog=4):
     """A TCP socket listening on every interface at a free port."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -59,12 +59,14 @@ def check_call(who, fn, args, kwargs, num_proc):
 
 class Server:
     """A driver's port that the ranks connect to (kolo.run's, kolo.spark.run's): a thread accepts,
-    and a thread per connection runs self._serve(conn). Subclasses set self.lock before
+    and a thread per connection runs self._serve(conn), which reads the connection's hello through
+    self.handshakes.read (at most _relay.HANDSHAKES_MAX at once). Subclasses set self.lock before
     _listen."""
 
     def _listen(self, sock, name):
         self.sock, self.port, self._name = sock, sock.getsockname()[1], name
         self.closed, self.serving = False, []
+        self.handshakes = _relay.Handshakes(name)
         threading.Thread(target=self._accept, name=name, daemon=True).start()
 
     def _accept(self):
@@ -72,9 +74,10 @@ class Server:
             got = _relay.accept(self.sock, lambda: self.closed, self._name)
             if got is None:
                 return
-            self._spawn(got[0])
+            self._spawn(*got)
 
-    def _spawn(self, conn):
+    def _spawn(self, conn, peer):
+        self.handshakes.enter(conn, peer)  # its _serve reads the hello through self.handshakes.read
         t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
         with self.lock:
             # the ended ones go: strangers' connections, each a thread, would pile up here
@@ -91,11 +94,11 @@ class Server:
             self.sock.setblocking(False)
             while True:
                 try:
-                    conn, _ = self.sock.accept()
+                    conn, peer = self.sock.accept()
                 except OSError:
                     break
                 conn.setblocking(True)
-                self._spawn(conn)
+                self._spawn(conn, peer)
         try:
             self.sock.close()
         except OSError:

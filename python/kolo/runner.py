@@ -120,7 +120,7 @@ class _Service(Server):
 
     def _serve(self, conn):
         try:
-            hello = _relay.recv_hello(conn)  # a rank sends its hello at once; a stranger gets 10 s
+            hello = self.handshakes.read(conn, _relay.recv_hello)  # a rank sends its hello at once; a stranger gets 10 s
             if not isinstance(hello, dict) or not hmac.compare_digest(str(hello.get("token", "")), self.token):
                 return  # a stranger, or another run's rank: nothing said
             rank = hello.get("rank")

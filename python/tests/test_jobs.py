@@ -369,6 +369,45 @@ def test_drivers_ports_end_a_stranger_that_trickles(monkeypatch):
                 assert ended, "%s: a trickling stranger still connected after %.1f s" % (name, time.monotonic() - t0)
 
 
+def test_drivers_ports_close_the_oldest_hello_past_their_bound(monkeypatch, capfd):
+    """Connections in their hello had no bound: strangers connecting faster than their hellos ran
+    out took a thread and a descriptor each, and all the descriptors in the end. Now at most
+    HANDSHAKES_MAX (8 here) at once: one more closes the oldest from the address holding the most,
+    at once (not after HELLO_TIMEOUT, an hour here), the others stay, and a rank's hello after
+    them is served."""
+    import contextlib
+    import socket
+    sys.path.insert(0, PYDIR)
+    from kolo import _relay
+    monkeypatch.setattr(_relay, "HANDSHAKES_MAX", 8, raising=False)
+    monkeypatch.setattr(_relay, "HELLO_TIMEOUT", 3600.0)
+    with contextlib.ExitStack() as stack:
+        for name, port, hello, answer in _drivers_ports(stack):
+            strangers = []
+            for _ in range(9):
+                s = socket.create_connection(("127.0.0.1", port))
+                stack.callback(s.close)
+                strangers.append(s)
+            assert _closed_within(strangers[0], 20), "%s: the oldest of 9 silent strangers still open" % name
+            for i, s in enumerate(strangers[1:], 1):
+                assert not _closed_within(s, 0.05), "%s: stranger %d closed, not the oldest" % (name, i)
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(hello + (b"O 0 after\n" if answer is None else b""))
+                if answer is not None:
+                    s.settimeout(20)
+                    got = b""
+                    while len(got) < len(answer):
+                        more = s.recv(1 << 16)
+                        assert more, "%s: the right hello got %r" % (name, got)
+                        got += more
+                    assert got == answer, name
+            assert _closed_within(strangers[1], 20), "%s: the rank's connection closed no stranger" % name
+    err = capfd.readouterr().err
+    for name in ("kolo.run service", "the elastic job's driver", "kolo.spark output"):
+        assert ("kolo: %s has 8 connections in their hello, 8 of them from 127.0.0.1: closing the oldest from "
+                "there (a port scan or a flood?)\n" % name) in err, err
+
+
 def test_drivers_port_serves_ranks_after_strangers_took_its_descriptors(tmp_path):
     """kolo.run's service in a process with a few descriptors to spare: silent strangers take them,
     accept() fails with EMFILE, and the accepting thread ended there, so the rank that connected

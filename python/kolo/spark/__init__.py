@@ -82,7 +82,7 @@ class _Collector(Server):
         with conn:
             try:
                 # a stranger's line was read whole, however long, before it was compared
-                hello = _relay.recv_line(conn, 16 + len(self.secret))
+                hello = self.handshakes.read(conn, _relay.recv_line, 16 + len(self.secret))
                 if not secrets.compare_digest(hello, ("kolo.spark " + self.secret).encode()):
                     return  # a stranger on the port: nothing it sends is shown
                 conn.settimeout(None)
