@@ -79,10 +79,10 @@ class Server:
     def _spawn(self, conn, peer):
         self.handshakes.enter(conn, peer)  # its _serve reads the hello through self.handshakes.read
         t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+        t.start()  # before _stop can see it: joining a thread not yet started raises
         with self.lock:
             # the ended ones go: strangers' connections, each a thread, would pile up here
             self.serving = [s for s in self.serving if s.is_alive()] + [t]
-        t.start()
 
     def _stop(self, wait_s, take_queued=False):
         """Stops accepting, then joins the serving threads, all within wait_s seconds in total:
