@@ -237,6 +237,16 @@ class Handshakes:
             with self.lock:
                 self.open.pop(conn, None)
 
+    def close_all(self):
+        """Ends every connection still in its hello (their readers close them)."""
+        with self.lock:
+            for conn in self.open:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.open.clear()
+
     def _close_one(self):
         count = {}
         for host, _ in self.open.values():
@@ -300,29 +310,62 @@ def exit_code(status):
     return 128 - status if status < 0 else status
 
 
+def _first_proven(listener, token, timeout):
+    """The first connection on listener whose hello says token within timeout seconds, or None.
+    Hellos are read beside each other: read one at a time, each silent stranger held the port for
+    its hello's time (10 s) while the right connection waited behind it, and a stream of them, each
+    accept having the timeout anew, kept it waiting for ever."""
+    proven = []
+    lock = threading.Lock()
+    handshakes = Handshakes("a served command's port")
+
+    def check(conn):
+        try:
+            hello = handshakes.read(conn, recv_hello)
+            ok = isinstance(hello, dict) and hmac.compare_digest(str(hello.get("token", "")), token)
+        except (OSError, WireError):
+            ok = False
+        with lock:
+            if ok and not proven:
+                proven.append(conn)
+                return
+        conn.close()  # a stranger, or a second proven one after the first
+
+    deadline = time.monotonic() + timeout
+    listener.settimeout(0.05)  # between connections the loop looks for a winner (a start 50 ms later at most)
+    while True:
+        with lock:
+            if not proven and time.monotonic() >= deadline:
+                proven.append(None)  # one proven later is closed by check
+            if proven:
+                handshakes.close_all()  # strangers still in their hellos need not hold theirs
+                return proven[0]
+        try:
+            conn, peer = listener.accept()
+        except socket.timeout:
+            continue
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(0.05)  # strangers hold the descriptors: they run out within their hellos' time
+                continue
+            raise
+        conn.settimeout(None)
+        handshakes.enter(conn, peer)
+        threading.Thread(target=check, args=(conn,), daemon=True).start()
+
+
 def serve_command(listener, token, command, env=None, accept_timeout=60):
     """Waits on listener for the connection that says token (strangers are turned away), runs
-    `/bin/sh -c command` there and relays it; returns its exit code (LOST when no one came).
+    `/bin/sh -c command` there and relays it; returns its exit code (LOST when no one came within
+    accept_timeout seconds).
     When the connection is lost before the command ends, the command's stdin is closed and it
     gets SIGTERM (sshd would hang it up)."""
-    listener.settimeout(accept_timeout)
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            return LOST
-        try:
-            hello = recv_hello(conn)
-        except (OSError, WireError):
-            conn.close()
-            continue
-        if not isinstance(hello, dict) or not hmac.compare_digest(str(hello.get("token", "")), token):
-            conn.close()
-            continue
-        conn.settimeout(None)
-        keepalive(conn)
-        break
+    conn = _first_proven(listener, token, accept_timeout)
     listener.close()
+    if conn is None:
+        return LOST
+    conn.settimeout(None)
+    keepalive(conn)
     proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
     lock = threading.Lock()

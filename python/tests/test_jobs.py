@@ -408,6 +408,44 @@ def test_drivers_ports_close_the_oldest_hello_past_their_bound(monkeypatch, capf
                 "there (a port scan or a flood?)\n" % name) in err, err
 
 
+def test_served_commands_port_serves_its_connection_behind_silent_strangers(monkeypatch):
+    """A served command's port (an elastic Spark or Ray job's worker, kolo._relay.serve_command)
+    read one hello at a time: each silent stranger held it for its hello's time (an hour here),
+    the right connection waiting behind, and a stream of them held it for ever. Now the hellos are
+    read beside each other: the command runs at once, and the strangers' connections are ended."""
+    import socket
+    import threading
+    sys.path.insert(0, PYDIR)
+    from kolo import _relay
+    monkeypatch.setattr(_relay, "HELLO_TIMEOUT", 3600.0)
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(8)
+    port = lst.getsockname()[1]
+    code = []
+    t = threading.Thread(target=lambda: code.append(_relay.serve_command(lst, "tok", "echo out; exit 3")), daemon=True)
+    t.start()
+    strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    try:
+        with _relay.connect("127.0.0.1", port, timeout=20) as s:
+            _relay.send_json(s, _relay.HELLO, {"token": "tok"})
+            s.settimeout(20)  # behind the strangers, an hour
+            got = b""
+            while True:
+                kind, body = _relay.recv(s)
+                assert kind is not None, "the connection ended before the command's exit, after %r" % got
+                if kind == _relay.EXIT:
+                    break
+                got += body
+        t.join(20)
+        assert got == b"out\n" and code == [3], (got, code)
+        for i, s in enumerate(strangers):
+            assert _closed_within(s, 20), "stranger %d still connected after the command ran" % i
+    finally:
+        for s in strangers:
+            s.close()
+
+
 def test_drivers_port_serves_ranks_after_strangers_took_its_descriptors(tmp_path):
     """kolo.run's service in a process with a few descriptors to spare: silent strangers take them,
     accept() fails with EMFILE, and the accepting thread ended there, so the rank that connected
