@@ -1434,6 +1434,36 @@ KT_TEST(kolorun_shows_progress_bars_as_they_come, 30)
     KT_CONTAINS(p.obuf, "\r[0]<stdout>: 50%|##\r[0]<stdout>: 75%|###\n[1]<stdout>:line\n\r[0]<stdout>:100%|####\n");
 }
 
+/* A bar's character split across two writes (tqdm draws 3-byte blocks, and a pipe may split them)
+ * was shown in halves, and another rank's line between them broke both halves; now the first
+ * half waits for the rest. */
+KT_TEST(kolorun_progress_bar_characters_stay_whole, 30)
+{
+    char script[1024];
+    snprintf(script, sizeof(script),
+             "d=%s; w() { while [ ! -e $d/$1 ]; do sleep 0.02; done; }; if [ $KOLO_RANK = 0 ]; then "
+             "printf '\\r 50%%%%|\\342\\226\\210\\342\\226'; w rest; printf '\\210\\n'; "
+             "else w line; echo line; fi",
+             kt_scratch());
+    const char *args[] = {"-np", "2", "sh", "-c", script, NULL};
+    kproc p;
+    kp_start(&p, args, false);
+    kt_proc_wait_for(&p, "\r[0]<stdout>: 50%|\xe2\x96\x88", 1, 10);
+    kt_proc_pump(&p, 200); /* the half character would follow now */
+    raise_flag("line");
+    kt_proc_wait_for(&p, "[1]<stdout>:line\n", 1, 10);
+    raise_flag("rest");
+    KT_EQ(kt_proc_finish(&p, 20), 0);
+    KT_CONTAINS(p.obuf, "\r[0]<stdout>: 50%|\xe2\x96\x88\n[1]<stdout>:line\n[0]<stdout>:\xe2\x96\x88\n");
+
+    /* a line longer than KR_LINE_MAX goes in pieces: one never ends inside a character */
+    const char *longer[] = {"-np", "1", "sh", "-c",
+                            "head -c 65535 /dev/zero | tr '\\0' a; printf '\\342\\226\\210\\n'", NULL};
+    KT_EQ(run(&p, longer, 20), 0);
+    KT_EQ(p.olen, 12 + 65535 + 1 + 12 + 4);
+    KT_CONTAINS(p.obuf, "aaa\n[0]<stdout>:\xe2\x96\x88\n");
+}
+
 /* A Python worker that imported kolo prints its Python stacks (faulthandler on SIGUSR2); a job
  * that ends in time is not touched. */
 KT_TEST(kolorun_timeout_python_stacks_and_a_job_in_time, 90)

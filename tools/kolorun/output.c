@@ -4,8 +4,9 @@
  * buffer until a newline; each complete line leaves in a single write() of prefix + line +
  * newline, so lines of different ranks never mix mid-line (kolorun is single-threaded and
  * writes each line whole, retrying partial writes). A line longer than KR_LINE_MAX goes out
- * in KR_LINE_MAX pieces, each tagged; the partial line left at end of file goes out with a
- * newline added. Per-rank files (--output-filename) get the raw lines, without tag.
+ * in pieces of up to KR_LINE_MAX, each tagged, none ending inside a UTF-8 character; the
+ * partial line left at end of file goes out with a newline added. Per-rank files
+ * (--output-filename) get the raw lines, without tag.
  *
  * --merge-output S holds each printed line for S seconds: the same text on the same stream from
  * other ranks in that time joins it, and it goes out once, tagged with every rank that wrote it
@@ -437,12 +438,28 @@ static void emit(const kr_opts *o, kr_rank *r, kr_stream *s, const char *line, s
     show(fd, prefix, pl, line, len, true, true);
 }
 
+/* How many of the n bytes at p are a UTF-8 character not yet whole (0-3). Shown as it came, a
+ * character split across two reads (tqdm's bars are 3-byte blocks, and pipes split them) went out
+ * in halves, and another rank's line could fall between the two, leaving both broken. */
+static size_t utf8_unfinished(const char *p, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)p[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: its lead is further back */
+        size_t want = c >= 0xF8 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return want > k ? k : 0;
+    }
+    return 0;
+}
+
 /* Shows what has come of s's partial line, when it is a progress line (it holds a '\r', or its
- * start is shown already); a last '\r' waits for the next byte (a CRLF's newline, or the rewrite). */
+ * start is shown already); a last '\r' waits for the next byte (a CRLF's newline, or the rewrite),
+ * and so does a character not yet whole. */
 static void show_partial(const kr_opts *o, kr_rank *r, kr_stream *s)
 {
     size_t upto = s->len;
     if (upto && s->buf[upto - 1] == '\r') upto--;
+    else if (upto > s->shown) upto -= utf8_unfinished(s->buf + s->shown, upto - s->shown);
     if (upto <= s->shown || (!s->begun && !memchr(s->buf + s->shown, '\r', upto - s->shown))) return;
     int fd = s->is_err ? 2 : 1;
     if (!broken[fd] && kr_rank_shown(o, r->rank)) {
@@ -496,8 +513,11 @@ bool kr_output_read(const kr_opts *o, kr_rank *r, kr_stream *s)
         s->len -= s->shown;
         s->shown = 0;
     } else if (s->len == KR_LINE_MAX) { /* a line longer than the buffer: send this piece */
-        emit(o, r, s, s->buf, s->len, s->shown, s->begun);
-        s->len = s->shown = 0;
+        size_t rest = utf8_unfinished(s->buf, s->len); /* a character cut here goes with the next piece */
+        emit(o, r, s, s->buf, s->len - rest, s->shown, s->begun);
+        memmove(s->buf, s->buf + s->len - rest, rest);
+        s->len = rest;
+        s->shown = 0;
         s->begun = false;
     }
     return true;
