@@ -61,6 +61,7 @@
 #include "auth.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -716,6 +717,10 @@ static bool accept_all(kolo__store_server *s)
     for (int taken = 0; taken < ACCEPTS_PER_ROUND;) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
+        /* accept4 fills it with the peer's address; zeroed first so that addr_key always reads a
+         * family the kernel wrote or AF_UNSPEC (clang's analyzer, which does not model accept4,
+         * took it for garbage). A memset per connection, not per message. */
+        memset(&ss, 0, sizeof(ss));
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -747,6 +752,9 @@ typedef struct pollset {
  * 0 when out of memory; *ms is the time to the nearest deadline. */
 static size_t build_pollset(kolo__store_server *s, pollset *ps, int *ms)
 {
+    /* add_conn refuses a connection past MAX_CONNS, so n cannot wrap around to below ps->cap
+     * while the arrays are still NULL. */
+    assert(s->nconns <= MAX_CONNS);
     size_t n = 2 + s->nconns;
     if (n > ps->cap) {
         struct pollfd *np = kolo__realloc(ps->pfd, n * sizeof(*np));
@@ -998,6 +1006,7 @@ int kolo__store_server_start(kolo__store_server **out, const char *host, int por
     if ((st = bind_server(s, host, port)) != KOLO_OK) goto err_free;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
+    memset(&ss, 0, sizeof(ss)); /* getsockname fills it on success; zeroed, as in accept_all */
     if (getsockname(s->lfd, (struct sockaddr *)&ss, &sl) != 0) {
         st = kolo__err_sys(errno, "store: getsockname");
         goto err_close;

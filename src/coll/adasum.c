@@ -42,6 +42,8 @@
 
 #include "../reduce/reduce.h"
 
+#include <assert.h>
+
 #define MAX_LEVELS 31
 
 typedef struct job {
@@ -456,6 +458,7 @@ int kolo__coll_adasum(kolo__mesh *m, const kolo__group *g, const void *send, voi
         return kolo__err(KOLO_ERR_INVALID_ARG, "adasum is defined for floating dtypes only, not %s",
                          kolo_dtype_name(dtype));
     int n = g->size;
+    assert(n >= 1); /* the world or a process set kolo_process_set_add made, which refuses an empty one */
     size_t total = 0;
     for (size_t t = 0; t < ntensor; t++) total += counts[t];
     if (n == 1) { /* a world of one has no mesh */

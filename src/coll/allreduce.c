@@ -37,6 +37,7 @@
 
 #include "../reduce/reduce.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -425,6 +426,9 @@ static int reducescatter_exchange(kolo__mesh *m, const kolo__group *g, const cha
                                   kolo_op_t op, double pre, double post)
 {
     int n = g->size, r = g->rank;
+    /* reducescatter_moving takes the exchange for these only: xs[], ptrs[] and slots[] are sized
+     * for EXCHANGE_MEMBERS, and combine_in_order needs 2 or more */
+    assert(n >= 3 && n <= EXCHANGE_MEMBERS);
     size_t es = kolo_dtype_size(dtype), bytes = counts[r] * es;
     size_t stride = (bytes + 63) & ~(size_t)63;
     /* n slots for the copies of this member's block, then the pre-scaled buffer if any */

@@ -11,6 +11,8 @@
 
 #include "../net/transport.h"
 
+#include <assert.h>
+
 typedef struct kolo__hosts kolo__hosts;
 typedef struct kolo__group {
     int size;    /* members */
@@ -499,18 +501,26 @@ typedef struct kolo__walker {
     const kolo__seg *segs;
     const size_t *start;
     int seg;
+    int nseg; /* the segments, where the caller sets it after kolo__walk_init (0: not given); for the assert */
     size_t pos, end, chunk;
 } kolo__walker;
 static inline void kolo__walk_init(kolo__walker *w, const kolo__seg *segs, const size_t *start, size_t pos,
                                    size_t end, size_t chunk)
 {
-    *w = (kolo__walker){segs, start, 0, pos, end, chunk};
+    *w = (kolo__walker){segs, start, 0, 0, pos, end, chunk};
 }
 /* The next piece: segment, offset inside it and length, in elements; false at the end. */
 static inline bool kolo__walk_next(kolo__walker *w, int *seg, size_t *off, size_t *len)
 {
     if (w->pos >= w->end) return false;
-    while (w->start[w->seg + 1] <= w->pos) w->seg++;
+    /* pos < end <= start[nseg] (the range lies inside the segments), so the walk never passes the
+     * last segment: asserted at each segment passed, where the caller gave nseg. clang's analyzer
+     * cannot follow pos through the pieces' sums, and without it took ring.c's one-segment walk
+     * past start[1]. */
+    while (w->start[w->seg + 1] <= w->pos) {
+        w->seg++;
+        assert(!w->nseg || w->seg < w->nseg);
+    }
     size_t n = w->end - w->pos < w->chunk ? w->end - w->pos : w->chunk;
     if (n > w->start[w->seg + 1] - w->pos) n = w->start[w->seg + 1] - w->pos;
     *seg = w->seg;
@@ -525,12 +535,13 @@ static inline bool kolo__walk_next(kolo__walker *w, int *seg, size_t *off, size_
 #define KOLO_RING_PIECES 64
 size_t kolo__ring_chunk_elems(size_t total, int n, size_t es);
 /* The last reduce-scatter step and the first allgather step of a ring allreduce as one (ring.c),
- * over the concatenation of segs (one segment for a plain buffer; start as for kolo__walker),
- * with blocks off[b], cnt[b] and pieces of `chunk` elements, the same on every member. Each
- * piece of this member's block is reduced, scaled, written out and sent on from a slot in cache.
+ * over the concatenation of the nseg segments segs (one for a plain buffer; start as for
+ * kolo__walker), with blocks off[b], cnt[b] inside them and pieces of `chunk` elements, the same
+ * on every member. Each piece of this member's block is reduced, scaled, written out and sent on
+ * from a slot in cache.
  * slots: 2 * kolo__fused_slots(chunk * es) pieces' bytes; the piece lists and transfers live in
  * the mesh's KOLO_SCRATCH_WORK area. */
-int kolo__ring_fused_step(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, const size_t *start,
+int kolo__ring_fused_step(kolo__mesh *m, const kolo__group *g, const kolo__seg *segs, const size_t *start, int nseg,
                           const size_t *off, const size_t *cnt, size_t chunk, kolo_dtype_t dtype, kolo_op_t op,
                           double post, char *slots);
 /* Test hook: kolo__ring_allreduce and the engine's ring over a list of buffers run reduce-scatter,

@@ -249,7 +249,7 @@ static int iov_ring(kolo__mesh *m, const kolo__group *g, kolo__seg *segs, int ns
             st = recv_reduce(&c, &snd, left, off[rb], off[rb] + cnt[rb], true, false, s == n - 2 ? &fin : NULL);
     }
     if (st) goto out;
-    if (fuse) st = kolo__ring_fused_step(m, g, segs, start, off, cnt, chunk, dtype, op, post, scratch);
+    if (fuse) st = kolo__ring_fused_step(m, g, segs, start, nseg, off, cnt, chunk, dtype, op, post, scratch);
     /* allgather: reduced blocks travel in place */
     for (int s = fuse; s < n - 1 && (phases & AG) && !st; s++) {
         int sb = mod(r - s, n), rb = mod(r - s - 1, n);

@@ -465,6 +465,10 @@ static bool stays_on_host(int fd)
 {
     struct sockaddr_storage me, peer;
     socklen_t ml = sizeof(me), pl = sizeof(peer);
+    /* The kernel fills both on success; zeroed first so that the family read below is always one
+     * it wrote or AF_UNSPEC (clang's analyzer, which does not model these calls, took it for garbage). */
+    memset(&me, 0, sizeof(me));
+    memset(&peer, 0, sizeof(peer));
     if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
         return false;
     if (peer.ss_family == AF_INET) {

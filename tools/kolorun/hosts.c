@@ -84,6 +84,7 @@ bool kr_route_source(const char *host, char *out, size_t cap)
         if (fd < 0) continue;
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
+        memset(&ss, 0, sizeof(ss)); /* getsockname fills it on success; zeroed, as in src/net/tcp.c */
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
             getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
             const void *a = ss.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&ss)->sin_addr
@@ -156,7 +157,9 @@ static int add_host(kr_opts *o, host_index *x, const char *name, size_t nlen, lo
         o->hosts = grown;
         x->room = room;
     }
-    if (2 * (size_t)(n + 1) > x->cap) { /* the index stays under half full */
+    /* the index gets its table with the first host (x->at is NULL until then, as find_host knows),
+     * and stays under half full */
+    if (!x->cap || 2 * (size_t)(n + 1) > x->cap) {
         size_t cap = x->cap ? 2 * x->cap : 32;
         int *at = calloc(cap, sizeof(*at));
         if (!at) return kr_usage_error("out of memory");
