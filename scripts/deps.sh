@@ -6,7 +6,7 @@ need=""
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in build-essential libssl-dev pkg-config python3 python3-numpy python3-pytest python3-torch python3-cloudpickle \
          openmpi-bin libopenmpi-dev libpmix-dev mpich slurmctld slurmd slurm-client munge procps iproute2 openssh-server openssh-client linux-perf gdb \
-         clang libclang-rt-dev; do
+         clang libclang-rt-dev clang-tools; do
   have_pkg "$p" || need="$need $p"
 done
 if [ -n "$need" ]; then

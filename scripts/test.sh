@@ -2,7 +2,8 @@
 # test.sh - `make test` after `make all`: the C suites and the Python suites in two lanes at once.
 #
 #   C lane (foreground):  make test-c-all (scripts/test-c.sh): the C suite, the ASan+UBSan and
-#                         TSan builds and suites, the install test (printed as they run);
+#                         TSan builds and suites, clang's static analyzer, the install test
+#                         (printed as they run);
 #   Python lane:          scripts/test-python.sh, its output into $O/test-python.log (`tail -f`
 #                         it to watch), printed here whole when the C lane is done, then the rest
 #                         as it comes.
