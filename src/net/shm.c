@@ -1151,9 +1151,17 @@ static int cma_read(kolo__conn *c, shm_priv *s, kolo__xfer *x, uint64_t addr)
      * (EFAULT) without the mark is no abort, and "aborted the job because: (no reason given)" on
      * both ranks named no cause */
     if (e && atomic_load(&s->rx_ctl->closed) == SHM_ABORTED) return aborted_peer(c, s);
-    if (e == ENODATA)
-        return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL, "rank %d on %s described a buffer that cannot be read",
-                                            c->peer, kolo__peer_name(c->mesh, c->peer)));
+    /* EFAULT: the descriptor names memory the peer does not have (unmapped, inaccessible, past
+     * its address space, or shorter than the header's length), our own buffer being the caller's
+     * and valid by the xfer contract. That is the peer's garbled stream, a protocol error naming
+     * it, not a failure of this system: until found by tests/fuzz/fuzz_cma.c it was
+     * KOLO_ERR_SYSTEM ("single-copy read ... failed: Bad address"). */
+    if (e == ENODATA || e == EFAULT)
+        return kolo__conn_fail(c, kolo__err(KOLO_ERR_PROTOCOL,
+                                            "rank %d on %s described a buffer that cannot be read: %zu bytes at "
+                                            "0x%" PRIx64 " (%s)",
+                                            c->peer, kolo__peer_name(c->mesh, c->peer), x->len, addr,
+                                            e == EFAULT ? "not all mapped in its process" : "none read"));
     if (e == ESRCH) {
         kolo__err(KOLO_ERR_PEER_LOST, "lost rank %d on %s: the process is gone", c->peer,
                   kolo__peer_name(c->mesh, c->peer));
