@@ -603,6 +603,14 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
                              kolo__g2w(g, i), (unsigned long long)all[i].total,
                              all[i].total != me.total ? "where" : "split into other blocks than", m->rank,
                              total * es);
+        /* the pid is whose memory the others read as member i's: the handshake's, or a garbled
+         * desc made them read any process this user may ptrace (found by tests/fuzz/fuzz_cma.c) */
+        if (i != r && all[i].pid != m->peers[kolo__g2w(g, i)].pid)
+            return kolo__err(KOLO_ERR_PROTOCOL,
+                             "reducescatter: rank %d on %s described a buffer of process %d, not of its own (%d): a "
+                             "garbled description",
+                             kolo__g2w(g, i), kolo__peer_name(m, kolo__g2w(g, i)), (int)all[i].pid,
+                             m->peers[kolo__g2w(g, i)].pid);
         ok = ok && all[i].ok;
     }
     if (st != KOLO_OK) return st;
@@ -648,6 +656,14 @@ static int reducescatter_direct(kolo__mesh *m, const kolo__group *g, const char 
     if (st != KOLO_OK) return st;
     for (int i = 0; i < n; i++)
         if (sts[i].err) {
+            /* a failed read names the member read, and only ENOMEM none (-1); a member index from
+             * a garbled status was looked up in the group's ranks as it came, past their end
+             * (found by tests/fuzz/fuzz_cma.c) */
+            if (!(sts[i].whom >= 0 && sts[i].whom < n) && !(sts[i].whom == -1 && sts[i].err == ENOMEM))
+                return kolo__err(KOLO_ERR_PROTOCOL,
+                                 "reducescatter: rank %d on %s sent a garbled status: errno %d with member %d of %d",
+                                 kolo__g2w(g, i), kolo__peer_name(m, kolo__g2w(g, i)), (int)sts[i].err,
+                                 (int)sts[i].whom, n);
             int whom = sts[i].whom >= 0 ? kolo__g2w(g, sts[i].whom) : -1;
             char what[160];
             snprintf(what, sizeof(what), "reducescatter: rank %d could not read the buffer of rank %d: %s",

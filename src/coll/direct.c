@@ -555,6 +555,16 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
                            "allreduce: rank %d cut its %zu bytes into %d buffers of other sizes than rank %d did: "
                            "the ranks fused tensors of different shapes",
                            kolo__g2w(g, i), bytes, nseg, kolo__g2w(g, r));
+        /* The pid is where the others read, write and map member i's buffers. Taken as it came,
+         * a garbled or forged desc made this rank read and write the memory of whatever process it
+         * named (any this user may ptrace) as member i's, and report a pid of no process as member
+         * i gone (found by tests/fuzz/fuzz_cma.c). It must be the pid member i's handshake gave. */
+        else if (i != r && all[i].pid != m->peers[kolo__g2w(g, i)].pid)
+            st = kolo__err(KOLO_ERR_PROTOCOL,
+                           "allreduce: rank %d on %s described buffers of process %d, not of its own (%d): a "
+                           "garbled description",
+                           kolo__g2w(g, i), kolo__peer_name(m, kolo__g2w(g, i)), (int)all[i].pid,
+                           m->peers[kolo__g2w(g, i)].pid);
         mapped = mapped && all[i].mapped;
     }
     if (st == KOLO_OK && !mapped) {
@@ -674,6 +684,13 @@ int kolo__direct_allreduce(kolo__mesh *m, const kolo__group *g, const kolo__seg 
         for (int q = 0; q < MAX_REGIONS; q++)
             if (bases[i][q]) kolo__mem_unpin(bases[i][q]);
     if (st != KOLO_OK) return st;
+    /* A failure names the member it could not read or write, or -1 for no memory of its own; a
+     * member index from a garbled status was looked up in the group's ranks as it came, past
+     * their end (found by tests/fuzz/fuzz_cma.c). */
+    if (bad.err && !(bad.peer >= 0 && bad.peer < n) && !(bad.peer == -1 && bad.err == ENOMEM))
+        return kolo__err(KOLO_ERR_PROTOCOL,
+                         "allreduce: rank %d on %s sent a garbled status: errno %d with member %d of %d",
+                         kolo__g2w(g, who), kolo__peer_name(m, kolo__g2w(g, who)), (int)bad.err, (int)bad.peer, n);
     if (bad.err == ENOMEM && bad.peer < 0)
         return kolo__err(KOLO_ERR_NO_MEMORY, "allreduce: rank %d had no memory for %zu bytes of scratch space",
                          kolo__g2w(g, who), 2 * STEP);
