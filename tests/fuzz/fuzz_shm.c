@@ -105,11 +105,12 @@
  *                waits). A close or reset is for good.
  *   A span is a u16 length and then as many bytes (fz_span); past the input's end every draw is 0.
  *
- * Not reached: single-copy (CMA) descriptors, the way choice by timings and its control words'
- * effects (want_cma, nudge, call_way are written, never read by R here), the sleeping
- * producer's side of the doorbell on ring 0, receives of payloads longer than the ring (the
- * harness writes a receive's bytes before R reads them; SEND streams R's longer frames), the
- * allgather, the ring allreduce and every algorithm of 3 or more members, the engine's goodbye.
+ * Not reached here: single-copy (CMA) descriptors (fuzz_cma.c reaches them), the way choice by
+ * timings and its control words' effects (want_cma, nudge, call_way are written, never read by R
+ * here), the sleeping producer's side of the doorbell on ring 0, receives of payloads longer than
+ * the ring (the harness writes a receive's bytes before R reads them; SEND streams R's longer
+ * frames; fuzz_cma.c streams them to R, rightly only), the allgather, the ring allreduce and every
+ * algorithm of 3 or more members, the engine's goodbye.
  *
  * shm.c's layout (ring_ctl) is the wire's: this file includes shm.c. Set KOLO_LOG_LEVEL to see
  * R's errors, KOLO_FUZZ_VERBOSE for how each operation ended. */
@@ -126,27 +127,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
-/* The frame and the ring, from transport.h and the top of shm.c (checked against shm.c's below). */
-#define F_MAGIC 0x4b4f4c4du
-#define F_HDR 16
-#define F_GOODBYE 0x80000000u
-#define F_ABORT 0x40000000u
-#define F_REASON_MAX 384
-#define F_LEN_BITS 48
-#define R_MARK 8
-#define R_LINE 64
-#define R_INLINE 4096
-#define R_CMA 1u
-#define R_CLOSED 1u
-#define R_ABORTED 2u
-_Static_assert(F_MAGIC == KOLO_MSG_MAGIC && F_HDR == KOLO_HDR_LEN && F_GOODBYE == KOLO_HDR_GOODBYE &&
-                   F_ABORT == KOLO_HDR_ABORT && F_REASON_MAX == KOLO_ABORT_REASON_MAX &&
-                   F_LEN_BITS == KOLO_HDR_LEN_BITS && R_MARK == MARK_LEN && R_LINE == LINE &&
-                   R_INLINE == INLINE_MAX && R_CMA == SHM_FLAG_CMA && R_CLOSED == SHM_CLOSED &&
-                   R_ABORTED == SHM_ABORTED,
-               "the harness's ring differs from shm.c's");
-
-
 static const char SECRET[] = "fuzz-shm-secret";
 static const char JOB[] = "fuzz-shm-job";
 #define NCH KOLO_NCHANNELS
@@ -159,6 +139,7 @@ static const char PEER[] = "rank 1 on fake1 (127.0.0.1)";
 
 KOLO_PRINTF(1, 2) static _Noreturn void fail(const char *fmt, ...);
 #define FZ_PEER "R"
+#define FZ_SHM_RING
 #include "fuzz_net.h"
 #include "fuzz_rank.h"
 
@@ -253,50 +234,24 @@ static void *run_op(void *arg)
     return NULL;
 }
 
-static void join_op(rop *o, double within_s)
-{
-    uint64_t deadline = kolo__now_ns() + (uint64_t)(within_s * 1e9);
-    while (!atomic_load(&o->done)) {
-        if (kolo__now_ns() > deadline) fail("R did not end the operation within %g s", within_s);
-        usleep(50);
-    }
-    pthread_join(o->thread, NULL);
-}
+static void join_op(rop *o, double within_s) { fz_join_op(&o->done, o->thread, within_s); }
 
 /* ---------------------------------------------------------------- the handshake and the segment */
 
-/* Maps the segment R offered, as kolo__shm_open does: its size from the file, R's token checked. */
+/* Maps the segment R offered (fuzz_rank.h), and makes the harness's copy of ring 1. */
 static void take_segment(chan *c, const uint8_t *name_field, uint32_t ch)
 {
-    char name[W_NAME + 1];
-    memcpy(name, name_field, W_NAME);
-    name[W_NAME] = '\0';
-    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) fail("channel %u: R offered segment '%s', which does not open: %s", ch, name, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) fail("fstat: %s", strerror(errno));
-    c->maplen = (size_t)sb.st_size;
-    c->size = c->maplen / 2 - sizeof(ring_ctl);
-    if (c->size != 65536 && !getenv("KOLO_FUZZ_ANY_RING"))
-        fail("channel %u: R's rings are %zu bytes, not the " RING " asked for", ch, c->size);
-    if ((c->size & (c->size - 1)) || 2 * (sizeof(ring_ctl) + c->size) != c->maplen)
-        fail("channel %u: R's segment is %zu bytes, not two control blocks and rings of a power of two", ch, c->maplen);
-    c->base = mmap(NULL, c->maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (c->base == MAP_FAILED) fail("mmap: %s", strerror(errno));
-    c->txc = (ring_ctl *)(void *)c->base;
-    c->tx = c->base + sizeof(ring_ctl);
-    c->rxc = (ring_ctl *)(void *)(c->tx + c->size);
-    c->rx = (uint8_t *)c->rxc + sizeof(ring_ctl);
-    const char *dash = strrchr(name, '-');
-    if (!dash || c->txc->token != strtoull(dash + 1, NULL, 16))
-        fail("channel %u: segment %s does not hold the token its name carries", ch, name);
+    fz_seg sg;
+    fz_take_segment(&sg, name_field, ch, 65536);
+    c->base = sg.base;
+    c->maplen = sg.maplen;
+    c->size = sg.size;
+    c->txc = sg.txc;
+    c->rxc = sg.rxc;
+    c->tx = sg.tx;
+    c->rx = sg.rx;
     c->shadow = calloc(1, c->size);
     if (!c->shadow) fail("no memory");
-    /* a fresh segment is zeroes, and R has sent nothing yet */
-    for (size_t i = 0; i < c->size; i += 4096)
-        for (size_t j = 0; j < 4096 && i + j < c->size; j++)
-            if (c->rx[i + j] || c->tx[i + j]) fail("channel %u: a fresh segment's rings are not zero", ch);
 }
 
 /* Rank 1 connects to R on channel ch rightly, takes the shared memory, declines single-copy. */
@@ -330,22 +285,7 @@ static void start(void)
 
 /* ---------------------------------------------------------------- writing ring 1 */
 
-static uint64_t pad(uint64_t v) { return (v + R_LINE - 1) & ~(uint64_t)(R_LINE - 1); }
-
 static uint8_t pay(uint8_t seed, size_t i) { return (uint8_t)(seed * 29u + i * 131u + (i >> 8) * 7u + 1u); }
-
-/* n bytes between a ring of `size` bytes at stream position pos (wrapping) and flat memory:
- * into the ring (to_ring) or out of it. */
-static void ring_copy(uint8_t *ring, size_t size, uint64_t pos, void *flat, size_t n, bool to_ring)
-{
-    uint8_t *f = flat;
-    for (size_t k = 0; k < n;) {
-        size_t off = (size_t)((pos + k) & (size - 1)), m = KOLO_MIN(n - k, size - off);
-        if (to_ring) memcpy(ring + off, f + k, m);
-        else memcpy(f + k, ring + off, m);
-        k += m;
-    }
-}
 
 /* Bytes into ring 1 at stream position pos (wrapping), and into the harness's copy. */
 static void rx_put(chan *c, uint64_t pos, const void *src, size_t n)
@@ -391,11 +331,7 @@ static void set_head(chan *c, uint64_t h)
 }
 
 /* The producer's doorbell: bumped and woken, whether R sleeps or not. */
-static void ring_rx_bell(chan *c)
-{
-    atomic_fetch_add(&c->rxc->bell, 1);
-    syscall(SYS_futex, &c->rxc->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
-}
+static void ring_rx_bell(chan *c) { fz_bell(c->rxc); }
 
 /* Whether [.., end) and the next mark's slot lie where R has nothing unread. */
 static bool fits(const chan *c, uint64_t end) { return !c->full && end + R_MARK <= c->rt + c->size; }
@@ -721,26 +657,7 @@ static void start_op(rop *o)
 
 /* R has failed: it marked its ring aborted with its message and shut the sentinel; its mesh
  * refuses the next call at once, alike. */
-static void check_told(const rop *o, chan *c)
-{
-    if (atomic_load(&c->txc->closed) != R_ABORTED)
-        fail("R failed but its ring's closed word reads %u, not ABORTED", atomic_load(&c->txc->closed));
-    size_t want = KOLO_MIN(strlen(o->msg), (size_t)F_REASON_MAX - 1);
-    if (memchr(c->txc->reason, 0, F_REASON_MAX) != c->txc->reason + want || memcmp(c->txc->reason, o->msg, want) != 0)
-        fail("R's ring gives the reason '%.*s', not its message", F_REASON_MAX, c->txc->reason);
-    if (c->fd >= 0) {
-        uint8_t b;
-        int r = read_full(c->fd, &b, 1, ANSWER_S);
-        if (r != RD_EOF) fail("R %s on the sentinel after failing", r == RD_OK ? "sent a byte" : "left it open");
-    }
-    kolo__mesh *m = rr.meshes[o->ch];
-    uint8_t b;
-    kolo__xfer x;
-    kolo__irecv(m, 1, &b, 1, &x);
-    int st = kolo__wait1(m, &x);
-    if (st != o->st || strcmp(kolo__errmsg(), o->msg) != 0)
-        fail("the failed mesh's next call ended with %s: '%s'", kolo_strerror(st), kolo__errmsg());
-}
+static void check_told(const rop *o, chan *c) { fz_check_told(c->txc, c->fd, rr.meshes[o->ch], o->st, o->msg); }
 
 static void check_success(const rop *o, const chan *c, uint64_t at)
 {
@@ -864,17 +781,6 @@ static bool one_op(fz *f)
 }
 
 /* ---------------------------------------------------------------- one input */
-
-static int own_segments(void)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    char prefix[32];
-    int n = 0, k = snprintf(prefix, sizeof(prefix), "kolo-%d-", (int)getpid());
-    for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, (size_t)k) == 0;
-    closedir(d);
-    return n;
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
