@@ -156,13 +156,15 @@ def recv_line(sock, limit, timeout=None):
 
 def accept(sock, closed, name):
     """The next connection on a driver's listening socket, or None once closed() or the socket is
-    gone. Out of descriptors (strangers holding them, each at most its hello's time), it waits and
+    gone (socket.timeout where the socket has a timeout). Out of descriptors (strangers holding them, each at most its hello's time), it waits and
     tries again: the accepting thread ended at the first such error, and the ranks that connected
     after it were never served (their connections completed in the backlog and waited for ever)."""
     said = False
     while not closed():
         try:
             return sock.accept()
+        except socket.timeout:
+            raise  # a listener with a timeout: its caller's turn
         except OSError as e:
             if closed():
                 return None
@@ -341,14 +343,12 @@ def _first_proven(listener, token, timeout):
                 handshakes.close_all()  # strangers still in their hellos need not hold theirs
                 return proven[0]
         try:
-            conn, peer = listener.accept()
+            got = accept(listener, lambda: False, "a served command's port")
         except socket.timeout:
             continue
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                time.sleep(0.05)  # strangers hold the descriptors: they run out within their hellos' time
-                continue
-            raise
+        if got is None:
+            raise OSError("a served command's port is gone")
+        conn, peer = got
         conn.settimeout(None)
         handshakes.enter(conn, peer)
         threading.Thread(target=check, args=(conn,), daemon=True).start()
