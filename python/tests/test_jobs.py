@@ -274,7 +274,8 @@ def test_kolo_run_without_cloudpickle_says_what_to_install(tmp_path):
 # ---- strangers on the drivers' ports (kolo.run's service, the elastic driver's, kolo.spark's output) ----
 
 def _drivers_ports(stack):
-    """Each driver's port, started in this process: (name, port, a right hello, what it answers)."""
+    """Each driver's port, started in this process: (name, port, a right hello, what it answers;
+    for kolo.spark's output channel, which answers nothing, the stream its lines go to)."""
     sys.path.insert(0, PYDIR)
     import io
     import kolo.spark
@@ -288,7 +289,8 @@ def _drivers_ports(stack):
 
     el = _elastic_driver.Service(NoHosts(), b"the function", None)
     stack.callback(el.close)
-    col = kolo.spark._Collector("s3cret", io.StringIO(), io.StringIO(), False, lambda: None)
+    out = io.StringIO()
+    col = kolo.spark._Collector("s3cret", out, io.StringIO(), False, lambda: None)
     stack.callback(col.close)
 
     def frame(obj):
@@ -296,7 +298,28 @@ def _drivers_ports(stack):
         return _relay.HELLO + len(body).to_bytes(4, "big") + body
     return [("kolo.run", svc.port, frame({"token": "tok", "rank": 0}), _relay.DATA + b"\0\0\0\x07payload"),
             ("elastic", el.port, frame({"key": el.key, "op": "fn"}), _relay.DATA + b"\0\0\0\x0cthe function"),
-            ("spark", col.port, b"kolo.spark s3cret\n", None)]
+            ("spark", col.port, b"kolo.spark s3cret\n", out)]
+
+
+def _served(name, port, hello, answer):
+    """Asserts that a rank saying hello on a driver's port is served: its answer comes (kolo.spark:
+    the line it sends after is shown)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(hello + (b"O 0 served\n" if name == "spark" else b""))
+        s.settimeout(20)
+        if name == "spark":
+            deadline = time.monotonic() + 20
+            while "served" not in answer.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert "served" in answer.getvalue(), "spark: the line after the right hello not shown"
+            return
+        got = b""
+        while len(got) < len(answer):
+            more = s.recv(1 << 16)
+            assert more, "%s: the right hello got %r" % (name, got)
+            got += more
+        assert got == answer, name
 
 
 def _closed_within(s, seconds):
@@ -331,16 +354,7 @@ def test_drivers_ports_do_not_read_a_strangers_huge_hello():
                         s.sendall(b"x" * (1 << 20))
                         sent += 1 << 20
                 assert sent < 64 << 20, "%s: the port read %d MiB of a stranger's hello" % (name, sent >> 20)
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(hello + (b"O 0 after\n" if answer is None else b""))
-                if answer is not None:
-                    s.settimeout(20)
-                    got = b""
-                    while len(got) < len(answer):
-                        more = s.recv(1 << 16)
-                        assert more, "%s: the right hello got %r" % (name, got)
-                        got += more
-                    assert got == answer, name
+            _served(name, port, hello, answer)
 
 
 def test_drivers_ports_end_a_stranger_that_trickles(monkeypatch):
@@ -391,16 +405,7 @@ def test_drivers_ports_close_the_oldest_hello_past_their_bound(monkeypatch, capf
             assert _closed_within(strangers[0], 20), "%s: the oldest of 9 silent strangers still open" % name
             for i, s in enumerate(strangers[1:], 1):
                 assert not _closed_within(s, 0.05), "%s: stranger %d closed, not the oldest" % (name, i)
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(hello + (b"O 0 after\n" if answer is None else b""))
-                if answer is not None:
-                    s.settimeout(20)
-                    got = b""
-                    while len(got) < len(answer):
-                        more = s.recv(1 << 16)
-                        assert more, "%s: the right hello got %r" % (name, got)
-                        got += more
-                    assert got == answer, name
+            _served(name, port, hello, answer)
             assert _closed_within(strangers[1], 20), "%s: the rank's connection closed no stranger" % name
     err = capfd.readouterr().err
     for name in ("kolo.run service", "the elastic job's driver", "kolo.spark output"):
